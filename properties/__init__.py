@@ -1,0 +1,1 @@
+"""Hypothesis strategies and chex checks for JAX modules."""

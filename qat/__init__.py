@@ -1,0 +1,1 @@
+"""Quantization-aware training and int8 inference for the TFT."""

@@ -1,0 +1,1 @@
+"""tft-jax: the Temporal Fusion Transformer as Flax Linen modules."""

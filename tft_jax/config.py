@@ -1,0 +1,145 @@
+"""`TFTConfig`: the hyperparameters of a Temporal Fusion Transformer, validated once."""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import Any
+
+import jax.numpy as jnp
+
+_FLOAT_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def _require_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"TFTConfig.{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"TFTConfig.{name} must be >= {minimum}, got {value}")
+
+
+def canonical_dtype(name: str, value: Any) -> str:
+    """Returns the name of a supported floating dtype, or raises naming the field."""
+    try:
+        dtype_name = jnp.dtype(value).name
+    except TypeError as error:
+        raise TypeError(f"{name} must be a floating dtype, got {value!r}") from error
+    if dtype_name not in _FLOAT_DTYPES:
+        raise ValueError(f"{name} must be one of {sorted(_FLOAT_DTYPES)}, got {dtype_name!r}")
+    return dtype_name
+
+
+@dataclasses.dataclass(frozen=True)
+class TFTConfig:
+    """Hyperparameters of `TemporalFusionTransformer` (Lim et al. 2021).
+
+    Attributes:
+      num_static_features: real-valued static inputs `S` (may be 0).
+      num_known_features: known-future inputs `K` (at least 1).
+      num_observed_features: observed-only past inputs `U`, the target included
+        by the caller (at least 1).
+      hidden_dim: model width `D`.
+      num_heads: attention heads; must divide `hidden_dim`.
+      sequence_length: history length `T`.
+      prediction_horizon: forecast horizon `H`.
+      quantiles: strictly increasing levels in (0, 1).
+      dropout_rate: dropout probability in [0, 1).
+      static_categorical_cardinalities: one cardinality per categorical static,
+        each embedded into `D` dimensions.
+      variable_hidden_dim: width of each input variable's own GRN in the
+        variable selection networks; None means `hidden_dim` (the paper).
+      attend_to_self: whether a time step may attend to itself (the paper and
+        neuralforecast: True; pytorch-forecasting: False).
+      dtype: compute dtype (`float32` or `bfloat16`); parameters stay `param_dtype`.
+      param_dtype: parameter dtype.
+    """
+
+    num_static_features: int = 5
+    num_known_features: int = 10
+    num_observed_features: int = 15
+    hidden_dim: int = 32
+    num_heads: int = 4
+    sequence_length: int = 10
+    prediction_horizon: int = 5
+    quantiles: tuple[float, ...] = (0.1, 0.5, 0.9)
+    dropout_rate: float = 0.1
+    static_categorical_cardinalities: tuple[int, ...] = ()
+    variable_hidden_dim: int | None = None
+    attend_to_self: bool = True
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        _require_int("num_static_features", self.num_static_features, 0)
+        _require_int("num_known_features", self.num_known_features, 1)
+        _require_int("num_observed_features", self.num_observed_features, 1)
+        _require_int("hidden_dim", self.hidden_dim, 1)
+        _require_int("num_heads", self.num_heads, 1)
+        _require_int("sequence_length", self.sequence_length, 1)
+        _require_int("prediction_horizon", self.prediction_horizon, 1)
+        if self.hidden_dim % self.num_heads:
+            raise ValueError(
+                f"TFTConfig.hidden_dim ({self.hidden_dim}) must be divisible by "
+                f"TFTConfig.num_heads ({self.num_heads})"
+            )
+        if isinstance(self.dropout_rate, bool) or not isinstance(self.dropout_rate, numbers.Real):
+            raise TypeError(f"TFTConfig.dropout_rate must be a float, got {self.dropout_rate!r}")
+        if not 0.0 <= float(self.dropout_rate) < 1.0:
+            raise ValueError(f"TFTConfig.dropout_rate must be in [0, 1), got {self.dropout_rate}")
+        object.__setattr__(self, "dropout_rate", float(self.dropout_rate))
+
+        quantiles = tuple(float(q) for q in self.quantiles)
+        if not quantiles:
+            raise ValueError("TFTConfig.quantiles must hold at least one level, got ()")
+        if any(not 0.0 < q < 1.0 for q in quantiles):
+            raise ValueError(f"TFTConfig.quantiles must lie in (0, 1), got {quantiles}")
+        if any(b <= a for a, b in zip(quantiles, quantiles[1:], strict=False)):
+            raise ValueError(f"TFTConfig.quantiles must be strictly increasing, got {quantiles}")
+        object.__setattr__(self, "quantiles", quantiles)
+
+        cardinalities = tuple(self.static_categorical_cardinalities)
+        for index, cardinality in enumerate(cardinalities):
+            _require_int(f"static_categorical_cardinalities[{index}]", cardinality, 1)
+        object.__setattr__(self, "static_categorical_cardinalities", cardinalities)
+
+        if self.variable_hidden_dim is not None:
+            _require_int("variable_hidden_dim", self.variable_hidden_dim, 1)
+        if not isinstance(self.attend_to_self, bool):
+            raise TypeError(f"TFTConfig.attend_to_self must be a bool, got {self.attend_to_self!r}")
+        object.__setattr__(self, "dtype", canonical_dtype("TFTConfig.dtype", self.dtype))
+        object.__setattr__(
+            self, "param_dtype", canonical_dtype("TFTConfig.param_dtype", self.param_dtype)
+        )
+
+    @property
+    def num_quantiles(self) -> int:
+        """Number of predicted quantiles `Q`."""
+        return len(self.quantiles)
+
+    @property
+    def num_static_categoricals(self) -> int:
+        """Number of categorical statics `C`."""
+        return len(self.static_categorical_cardinalities)
+
+    @property
+    def num_static_inputs(self) -> int:
+        """Variables seen by the static selection network: `S + C`."""
+        return self.num_static_features + self.num_static_categoricals
+
+    @property
+    def input_dim(self) -> int:
+        """Total number of input variables: `S + C + K + U`."""
+        return self.num_static_inputs + self.num_known_features + self.num_observed_features
+
+    @property
+    def variable_width(self) -> int:
+        """Width of each per-variable GRN (`variable_hidden_dim` or `hidden_dim`)."""
+        return self.variable_hidden_dim or self.hidden_dim
+
+    @property
+    def compute_dtype(self) -> Any:
+        return _FLOAT_DTYPES[self.dtype]
+
+    @property
+    def parameter_dtype(self) -> Any:
+        return _FLOAT_DTYPES[self.param_dtype]

@@ -1,0 +1,140 @@
+"""Dense layers whose contraction can be replaced, the hook that quantization uses.
+
+Every matrix product of the TFT that multiplies an activation by a weight goes
+through `Linear` or `VariableLinear`. Both call `lax.dot_general` by default; a
+module factory passed as `dot_general_cls` takes its place, which is how
+`qat` injects fake quantization and integer matmuls without a copy of the
+model code (the same pattern as Flax's `nn.Dense(dot_general_cls=...)`).
+
+The protocol of `dot_general_cls`: it is called as
+``dot_general_cls(name="dot_general", lhs_bounds=bounds)`` inside the layer's
+scope, and the module it returns is called like ``lax.dot_general``:
+``module(lhs, rhs, dimension_numbers) -> array``. ``lhs`` is the activation,
+``rhs`` the kernel (passed unconverted when it is an integer array, so an int8
+kernel stays int8). The kernel axes that are not contracted are its output
+channels. ``lhs_bounds`` is ``(low, high)`` when the activation has a range
+known from the math (an LSTM hidden state lies in ``[-1, 1]``), else None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax.numpy as jnp
+from flax import linen as nn
+from jax import lax
+
+Array = Any
+Dtype = Any
+Initializer = Callable[..., Array]
+
+default_kernel_init = nn.initializers.glorot_uniform()
+
+
+def _cast_operands(
+    x: Array, kernel: Array, bias: Array | None, dtype: Dtype | None
+) -> tuple[Array, Array, Array | None]:
+    """Casts activation, kernel and bias to the compute dtype; integer kernels stay integer."""
+    if dtype is None:
+        float_operands = [x, bias] if bias is not None else [x]
+        if not jnp.issubdtype(kernel.dtype, jnp.integer):
+            float_operands.append(kernel)
+        dtype = jnp.result_type(*float_operands)
+    x = jnp.asarray(x, dtype)
+    if not jnp.issubdtype(kernel.dtype, jnp.integer):
+        kernel = jnp.asarray(kernel, dtype)
+    if bias is not None:
+        bias = jnp.asarray(bias, dtype)
+    return x, kernel, bias
+
+
+class Linear(nn.Module):
+    """Affine map over the last axis: `(..., I) -> (..., features)`.
+
+    Parameters: `kernel (I, features)`, `bias (features,)`.
+    """
+
+    features: int
+    use_bias: bool = True
+    dtype: Dtype | None = None
+    param_dtype: Dtype = jnp.float32
+    kernel_init: Initializer = default_kernel_init
+    bias_init: Initializer = nn.initializers.zeros_init()
+    dot_general_cls: Callable[..., nn.Module] | None = None
+    input_bounds: tuple[float, float] | None = None
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        kernel = self.param(
+            "kernel", self.kernel_init, (x.shape[-1], self.features), self.param_dtype
+        )
+        bias = (
+            self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+            if self.use_bias
+            else None
+        )
+        x, kernel, bias = _cast_operands(x, kernel, bias, self.dtype)
+        dimension_numbers = (((x.ndim - 1,), (0,)), ((), ()))
+        if self.dot_general_cls is None:
+            y = lax.dot_general(x, kernel, dimension_numbers)
+        else:
+            dot_general = self.dot_general_cls(name="dot_general", lhs_bounds=self.input_bounds)
+            y = dot_general(x, kernel, dimension_numbers)
+        if bias is not None:
+            y = y + bias
+        return y
+
+
+class VariableLinear(nn.Module):
+    """One affine map per input variable, computed as a single batched contraction.
+
+    `x (..., V, I) -> (..., V, features)` with parameters `kernel (V, I, features)`
+    and `bias (V, features)`: variable `v` uses only `kernel[v]`, so the V
+    per-variable networks of a variable selection network cost one matmul.
+    """
+
+    num_variables: int
+    features: int
+    use_bias: bool = True
+    dtype: Dtype | None = None
+    param_dtype: Dtype = jnp.float32
+    kernel_init: Initializer = nn.initializers.variance_scaling(
+        1.0, "fan_avg", "uniform", in_axis=-2, out_axis=-1, batch_axis=(0,)
+    )
+    bias_init: Initializer = nn.initializers.zeros_init()
+    dot_general_cls: Callable[..., nn.Module] | None = None
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        if x.ndim < 2 or x.shape[-2] != self.num_variables:
+            raise ValueError(
+                f"VariableLinear expects x of shape (..., {self.num_variables}, I), "
+                f"got {tuple(x.shape)}"
+            )
+        kernel = self.param(
+            "kernel",
+            self.kernel_init,
+            (self.num_variables, x.shape[-1], self.features),
+            self.param_dtype,
+        )
+        bias = (
+            self.param(
+                "bias", self.bias_init, (self.num_variables, self.features), self.param_dtype
+            )
+            if self.use_bias
+            else None
+        )
+        x, kernel, bias = _cast_operands(x, kernel, bias, self.dtype)
+        variable_axis = x.ndim - 2
+        dimension_numbers = (((x.ndim - 1,), (1,)), ((variable_axis,), (0,)))
+        if self.dot_general_cls is None:
+            y = lax.dot_general(x, kernel, dimension_numbers)
+        else:
+            dot_general = self.dot_general_cls(name="dot_general", lhs_bounds=None)
+            y = dot_general(x, kernel, dimension_numbers)
+        # dot_general puts the batch (variable) axis first: (V, ..., features).
+        y = jnp.moveaxis(y, 0, -2)
+        if bias is not None:
+            y = y + bias
+        return y
