@@ -50,6 +50,9 @@ class TFTConfig:
         variable selection networks; None means `hidden_dim` (the paper).
       attend_to_self: whether a time step may attend to itself (the paper and
         neuralforecast: True; pytorch-forecasting: False).
+      use_known_history: whether the model takes the known inputs over the
+        history too (`known_history (B, T, K)`, as in the paper); they then
+        join the observed inputs in the history's variable selection.
       dtype: compute dtype (`float32` or `bfloat16`); parameters stay `param_dtype`.
       param_dtype: parameter dtype.
     """
@@ -66,6 +69,7 @@ class TFTConfig:
     static_categorical_cardinalities: tuple[int, ...] = ()
     variable_hidden_dim: int | None = None
     attend_to_self: bool = True
+    use_known_history: bool = False
     dtype: str = "float32"
     param_dtype: str = "float32"
 
@@ -104,8 +108,9 @@ class TFTConfig:
 
         if self.variable_hidden_dim is not None:
             _require_int("variable_hidden_dim", self.variable_hidden_dim, 1)
-        if not isinstance(self.attend_to_self, bool):
-            raise TypeError(f"TFTConfig.attend_to_self must be a bool, got {self.attend_to_self!r}")
+        for flag in ("attend_to_self", "use_known_history"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TypeError(f"TFTConfig.{flag} must be a bool, got {getattr(self, flag)!r}")
         object.__setattr__(self, "dtype", canonical_dtype("TFTConfig.dtype", self.dtype))
         object.__setattr__(
             self, "param_dtype", canonical_dtype("TFTConfig.param_dtype", self.param_dtype)
@@ -130,6 +135,13 @@ class TFTConfig:
     def input_dim(self) -> int:
         """Total number of input variables: `S + C + K + U`."""
         return self.num_static_inputs + self.num_known_features + self.num_observed_features
+
+    @property
+    def num_history_inputs(self) -> int:
+        """Variables seen by the history's selection network: `U` (+ `K` with known history)."""
+        return self.num_observed_features + (
+            self.num_known_features if self.use_known_history else 0
+        )
 
     @property
     def variable_width(self) -> int:

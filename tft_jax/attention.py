@@ -1,0 +1,262 @@
+"""Scaled dot-product attention and the temporal self-attention block.
+
+`scaled_dot_product_attention` is the one attention kernel of the project:
+`AttentionHead`, `TemporalSelfAttention` and the TFT's interpretable
+multi-head attention all call it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+Array = Any
+Dtype = Any
+
+
+def causal_mask(num_queries: int, num_keys: int, attend_to_self: bool = True) -> np.ndarray:
+    """Boolean `(num_queries, num_keys)` mask, True = may attend.
+
+    Queries are the last `num_queries` of the `num_keys` steps, so query `i`
+    sits at step `num_keys - num_queries + i` and may attend to every step
+    before it, and to itself when `attend_to_self`.
+    """
+    query_steps = np.arange(num_keys - num_queries, num_keys)[:, None]
+    key_steps = np.arange(num_keys)[None, :]
+    return key_steps <= query_steps if attend_to_self else key_steps < query_steps
+
+
+def _check_concrete_positive(name: str, value: Any) -> None:
+    if isinstance(value, jax.core.Tracer):
+        return
+    if not np.all(np.asarray(value) > 0):
+        raise ValueError(f"{name} must be positive, got {value}")
+
+
+def scaled_dot_product_attention(
+    query: Array,
+    key: Array,
+    value: Array,
+    mask: Array | None = None,
+    temperature: float | Array = 1.0,
+    dropout_rate: float = 0.0,
+    dropout_rng: Array | None = None,
+    deterministic: bool = True,
+) -> tuple[Array, Array]:
+    """`softmax(Q Kᵀ / (sqrt(d) · temperature) + mask) V` with a NaN-free masked softmax.
+
+    Args:
+      query: `(..., Tq, d)`.
+      key: `(..., Tk, d)`.
+      value: `(..., Tk, dv)`; leading axes broadcast against the weights, so a
+        value shared by all heads can be passed with a head axis of size 1.
+      mask: boolean, broadcastable to `(..., Tq, Tk)`; True = may attend. A
+        query row with no allowed key gets all-zero weights and a zero output.
+      temperature: divides the logits (> 1 flattens the distribution).
+      dropout_rate: dropout on the attention probabilities when not deterministic.
+      dropout_rng: PRNG key for that dropout.
+      deterministic: disables dropout.
+
+    Returns:
+      `(output (..., Tq, dv), weights (..., Tq, Tk))`; the weights are the
+      probabilities before dropout (what interpretability reads).
+    """
+    dtype = query.dtype
+    depth = query.shape[-1]
+    logits = jnp.matmul(query, jnp.swapaxes(key, -1, -2)).astype(jnp.float32)
+    logits = logits / (math.sqrt(depth) * jnp.asarray(temperature, jnp.float32))
+    if mask is not None:
+        mask = jnp.asarray(mask, bool)
+        # The dtype's lowest finite value, not -inf or -1e9: no inf - inf in the softmax,
+        # no overflow in half precision (pytorch-forecasting issue #285).
+        logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    weights = jax.nn.softmax(logits, axis=-1)
+    if mask is not None:
+        weights = jnp.where(jnp.any(mask, axis=-1, keepdims=True), weights, 0.0)
+    weights = weights.astype(dtype)
+    probabilities = weights
+    if not deterministic and dropout_rate > 0.0:
+        if dropout_rng is None:
+            raise ValueError("scaled_dot_product_attention: dropout_rng is required for dropout")
+        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+        probabilities = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0).astype(dtype)
+    output = jnp.matmul(probabilities, value.astype(dtype))
+    return output, weights
+
+
+def sinusoidal_encoding(length: int, dim: int) -> np.ndarray:
+    """Interleaved sinusoidal positions `(length, dim)` of Vaswani et al. (2017).
+
+    `PE[t, 2i] = sin(t / 10000^(2i/dim))`, `PE[t, 2i+1] = cos(t / 10000^(2i/dim))`.
+    """
+    positions = np.arange(length, dtype=np.float64)[:, None]
+    even = np.arange(0, dim, 2, dtype=np.float64)
+    angles = positions / np.power(10000.0, even / dim)
+    encoding = np.zeros((length, dim), dtype=np.float64)
+    encoding[:, 0::2] = np.sin(angles)
+    encoding[:, 1::2] = np.cos(angles[:, : dim // 2])
+    return encoding.astype(np.float32)
+
+
+class PositionalEncoding(nn.Module):
+    """Adds the interleaved sinusoidal encoding: `(B, T, dim) -> (B, T, dim)`; no parameters."""
+
+    dim: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim < 1:
+            raise ValueError(f"PositionalEncoding: dim must be a positive int, got {self.dim!r}")
+        super().__post_init__()
+
+    def __call__(self, x: Array) -> Array:
+        if x.ndim < 2 or x.shape[-1] != self.dim:
+            raise ValueError(
+                f"PositionalEncoding: x must have shape (..., T, {self.dim}), got {tuple(x.shape)}"
+            )
+        return x + jnp.asarray(sinusoidal_encoding(x.shape[-2], self.dim), x.dtype)
+
+
+def _check_sequence(name: str, x: Array, hidden_dim: int) -> None:
+    if x.ndim != 3:
+        raise ValueError(f"{name}: x must be 3-D (B, T, {hidden_dim}), got shape {tuple(x.shape)}")
+    if x.shape[-1] != hidden_dim:
+        raise ValueError(
+            f"{name}: x.shape[-1] must equal hidden_dim={hidden_dim}, got {x.shape[-1]} "
+            f"(shape {tuple(x.shape)})"
+        )
+    if x.shape[1] == 0:
+        raise ValueError(f"{name}: sequence length T must be > 0, got shape {tuple(x.shape)}")
+
+
+class AttentionHead(nn.Module):
+    """One attention head with its own Q/K/V projections: `(B, T, D) -> (B, T, head_dim)`.
+
+    Returns `(output (B, T, head_dim), weights (B, T, T))`. `mask` is boolean
+    `(T, T)` or `(B, T, T)`, True = may attend.
+    """
+
+    hidden_dim: int
+    head_dim: int
+    dtype: Dtype | None = None
+
+    @nn.compact
+    def __call__(
+        self, x: Array, mask: Array | None = None, temperature: float | Array = 1.0
+    ) -> tuple[Array, Array]:
+        _check_sequence("AttentionHead", x, self.hidden_dim)
+        steps = x.shape[1]
+        if mask is not None:
+            mask = jnp.asarray(mask)
+            if mask.dtype != jnp.bool_:
+                raise TypeError(f"AttentionHead: mask must be boolean, got dtype {mask.dtype}")
+            if mask.shape not in ((steps, steps), (x.shape[0], steps, steps)):
+                raise ValueError(
+                    f"AttentionHead: mask must have shape ({steps}, {steps}) or "
+                    f"({x.shape[0]}, {steps}, {steps}), got {tuple(mask.shape)}"
+                )
+        _check_concrete_positive("AttentionHead: temperature", temperature)
+        dtype = self.dtype or x.dtype
+        query = nn.Dense(self.head_dim, dtype=dtype, name="query")(x)
+        key = nn.Dense(self.head_dim, dtype=dtype, name="key")(x)
+        value = nn.Dense(self.head_dim, dtype=dtype, name="value")(x)
+        return scaled_dot_product_attention(query, key, value, mask, temperature)
+
+
+class TemporalSelfAttention(nn.Module):
+    """Multi-head self-attention over time with positional encoding, residual and LayerNorm.
+
+    `y = LayerNorm(h + Dropout(W_o · MultiHead(h)))` with `h = x + PE`; head `j`
+    uses columns `j·head_dim:(j+1)·head_dim` of the Q/K/V projections.
+    Shapes: `x (B, T, D) -> y (B, T, D)`, weights `(B, heads, T, T)`.
+
+    `use_flash_attention=True` computes the same function with
+    `jax.nn.dot_product_attention` (cuDNN's fused kernel on GPU where it
+    applies, XLA elsewhere). Fused kernels do not expose the probabilities, so
+    on that path there is no dropout on them (dropout applies to the output
+    projection only), and `return_weights=True` recomputes the weights with
+    the explicit kernel.
+    """
+
+    hidden_dim: int
+    num_heads: int
+    dropout_rate: float = 0.0
+    use_flash_attention: bool = False
+    dtype: Dtype | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_dim", "num_heads"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"TemporalSelfAttention: {name} must be a positive int, got {value!r}")
+        if self.hidden_dim % self.num_heads:
+            raise ValueError(
+                f"TemporalSelfAttention: hidden_dim ({self.hidden_dim}) must be divisible by "
+                f"num_heads ({self.num_heads})"
+            )
+        if not 0.0 <= self.dropout_rate < 1.0:
+            raise ValueError(
+                f"TemporalSelfAttention: dropout_rate must be in [0, 1), got {self.dropout_rate}"
+            )
+        super().__post_init__()
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_dim // self.num_heads
+
+    @nn.compact
+    def __call__(
+        self,
+        x: Array,
+        causal: bool = True,
+        deterministic: bool = True,
+        return_weights: bool = False,
+        temperature: float | Array = 1.0,
+    ) -> Array | tuple[Array, Array]:
+        _check_sequence("TemporalSelfAttention", x, self.hidden_dim)
+        _check_concrete_positive("TemporalSelfAttention: temperature", temperature)
+        dtype = self.dtype or x.dtype
+        batch, steps, _ = x.shape
+        h = PositionalEncoding(self.hidden_dim)(x.astype(dtype))
+
+        def heads(name: str) -> Array:
+            projected = nn.Dense(self.hidden_dim, dtype=dtype, name=name)(h)
+            return projected.reshape(batch, steps, self.num_heads, self.head_dim)
+
+        query, key, value = heads("query"), heads("key"), heads("value")
+        mask = causal_mask(steps, steps) if causal else None
+        weights = None
+        if self.use_flash_attention:
+            scale = 1.0 / (math.sqrt(self.head_dim) * jnp.asarray(temperature, jnp.float32))
+            attended = jax.nn.dot_product_attention(
+                query, key, value, scale=scale, is_causal=causal
+            )
+        else:
+            # (B, heads, T, head_dim) layout for the explicit kernel.
+            attended, weights = scaled_dot_product_attention(
+                *(jnp.swapaxes(t, 1, 2) for t in (query, key, value)),
+                mask=mask,
+                temperature=temperature,
+                dropout_rate=self.dropout_rate,
+                dropout_rng=None if deterministic or self.dropout_rate == 0.0
+                else self.make_rng("dropout"),
+                deterministic=deterministic,
+            )
+            attended = jnp.swapaxes(attended, 1, 2)
+        merged = attended.reshape(batch, steps, self.hidden_dim)
+        projected = nn.Dense(self.hidden_dim, dtype=dtype, name="out")(merged)
+        projected = nn.Dropout(self.dropout_rate)(projected, deterministic=deterministic)
+        y = nn.LayerNorm(dtype=dtype, name="layer_norm")(h + projected)
+        if not return_weights:
+            return y
+        if weights is None:
+            _, weights = scaled_dot_product_attention(
+                *(jnp.swapaxes(t, 1, 2) for t in (query, key, value)),
+                mask=mask,
+                temperature=temperature,
+            )
+        return y, weights

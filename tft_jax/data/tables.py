@@ -1,0 +1,352 @@
+"""Validation of long-format tables and their regular time grid per series.
+
+A long-format table has one row per (series, timestamp): a series id column, a
+time column, the target and optional static, known-future and observed
+columns. `validate_table` rejects tables the rest of the pipeline cannot use,
+with a message that names the column or series and the fix;
+`to_regular_grid` inserts the missing timestamps of each series, fills the gaps
+and flags them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from pandas.api import types as ptypes
+from pandas.tseries.frequencies import to_offset
+
+
+def parse_frequency(freq: Any) -> pd.DateOffset:
+    """Returns the pandas offset for an offset alias such as 'h', 'D' or '15min'."""
+    if not isinstance(freq, str):
+        raise TypeError(f"freq must be a pandas offset alias string such as 'h', got {freq!r}")
+    try:
+        return to_offset(freq)
+    except ValueError as error:
+        raise ValueError(
+            f"unknown frequency freq={freq!r}; use a pandas offset alias such as 'h' (hourly), "
+            f"'D' (daily), '15min', 'W' or 'MS' (pandas error: {error})"
+        ) from None
+
+
+def typical_step(freq: str) -> pd.Timedelta:
+    """Returns the usual duration of one step of `freq` (28 days for 'MS', 7 days for 'W')."""
+    grid = pd.date_range("2001-01-01", periods=3, freq=parse_frequency(freq))
+    return grid[2] - grid[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class TableSpec:
+    """Which columns of a long-format table play which role, and how it is sampled.
+
+    Attributes:
+      id_col: the series id column; becomes a static categorical input.
+      time_col: timestamps (datetimes or strings pandas parses, ISO 8601 with
+        offsets included).
+      target: the column to forecast.
+      static_cols: real-valued columns constant within each series.
+      known_cols: real-valued columns known in advance (also over the horizon).
+      observed_cols: real-valued columns known only up to the forecast start.
+      freq: pandas offset alias of the sampling frequency, e.g. 'h'.
+      timezone: IANA zone (e.g. 'Australia/Melbourne') in which calendar
+        features are read, for timezone-aware time columns; None reads them in
+        the time column's own zone.
+    """
+
+    id_col: str
+    time_col: str
+    target: str
+    static_cols: tuple[str, ...] = ()
+    known_cols: tuple[str, ...] = ()
+    observed_cols: tuple[str, ...] = ()
+    freq: str = "h"
+    timezone: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("static_cols", "known_cols", "observed_cols"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                raise TypeError(
+                    f"{name} must be a list of column names, got the string {value!r}; "
+                    f"write [{value!r}]"
+                )
+            object.__setattr__(self, name, tuple(value))
+        roles: dict[str, list[str]] = {}
+        for role, column in self._roles():
+            roles.setdefault(column, []).append(role)
+        shared = {column: where for column, where in roles.items() if len(where) > 1}
+        if shared:
+            column, where = next(iter(shared.items()))
+            raise ValueError(
+                f"column {column!r} is given more than one role ({', '.join(where)}); "
+                "give each column one role"
+            )
+        parse_frequency(self.freq)
+        if self.timezone is not None:
+            try:
+                pd.Timestamp(0, tz="UTC").tz_convert(self.timezone)
+            except Exception as error:
+                raise ValueError(
+                    f"unknown timezone={self.timezone!r}; use an IANA name such as "
+                    f"'Australia/Melbourne' or None ({error})"
+                ) from None
+
+    def _roles(self) -> list[tuple[str, str]]:
+        return [
+            ("id_col", self.id_col),
+            ("time_col", self.time_col),
+            ("target", self.target),
+            *(("static_cols", c) for c in self.static_cols),
+            *(("known_cols", c) for c in self.known_cols),
+            *(("observed_cols", c) for c in self.observed_cols),
+        ]
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """All columns the spec uses, id and time first."""
+        return tuple(column for _, column in self._roles())
+
+    @property
+    def numeric_columns(self) -> tuple[str, ...]:
+        """Columns that must hold numbers: target, static, known, observed."""
+        return (self.target, *self.static_cols, *self.known_cols, *self.observed_cols)
+
+
+def read_table(table: pd.DataFrame | str | os.PathLike) -> pd.DataFrame:
+    """Returns `table` itself if it is a DataFrame, else reads it as a CSV path."""
+    if isinstance(table, pd.DataFrame):
+        return table
+    if isinstance(table, str | os.PathLike):
+        return pd.read_csv(table)
+    raise TypeError(f"table must be a pandas DataFrame or a CSV path, got {type(table).__name__}")
+
+
+def _require_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def _parse_times(values: pd.Series, column: str, ids: pd.Series) -> pd.Series:
+    """Parses a time column to datetimes, naming the first bad value if any."""
+    empty = values.isna()
+    if empty.any():
+        row = int(np.flatnonzero(empty.to_numpy())[0])
+        raise ValueError(
+            f"column {column!r} has {int(empty.sum())} empty timestamps, the first in series "
+            f"{ids.iloc[row]!r} at row {row}; drop or fill those rows"
+        )
+    if ptypes.is_datetime64_any_dtype(values):
+        return values
+    if ptypes.is_numeric_dtype(values) or ptypes.is_bool_dtype(values):
+        raise ValueError(
+            f"column {column!r} holds numbers ({values.dtype}), not timestamps; convert it first, "
+            f"e.g. pd.to_datetime(df[{column!r}], unit='s')"
+        )
+    for utc in (False, True):  # utc=True: strings with mixed UTC offsets
+        try:
+            return pd.to_datetime(values, utc=utc)
+        except (ValueError, TypeError, OverflowError):
+            continue
+    parsed = pd.to_datetime(values, errors="coerce", format="mixed", utc=True)
+    bad = parsed.isna().to_numpy()
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise ValueError(
+            f"column {column!r} has {int(bad.sum())} unparseable timestamps, e.g. "
+            f"{values.iloc[row]!r} in series {ids.iloc[row]!r} at row {row}; "
+            "fix them or write ISO 8601 times such as '2015-01-01T13:00:00Z'"
+        )
+    raise ValueError(
+        f"column {column!r} mixes timestamp formats; write all times in one format "
+        "(ISO 8601 such as '2015-01-01T13:00:00Z')"
+    )
+
+
+def _to_float(values: pd.Series, column: str, ids: pd.Series) -> pd.Series:
+    """Converts a column to float64, naming the first non-numeric value if any."""
+    if ptypes.is_bool_dtype(values) or ptypes.is_numeric_dtype(values):
+        numbers = values.astype("float64")
+    else:
+        numbers = pd.to_numeric(values, errors="coerce").astype("float64")
+        bad = (numbers.isna() & values.notna()).to_numpy()
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"column {column!r} has {int(bad.sum())} non-numeric values, e.g. "
+                f"{values.iloc[row]!r} in series {ids.iloc[row]!r} at row {row}; convert them to "
+                "numbers (leave a cell empty to mark a missing value)"
+            )
+    infinite = np.isinf(numbers.to_numpy())
+    if infinite.any():
+        row = int(np.flatnonzero(infinite)[0])
+        raise ValueError(
+            f"column {column!r} has {int(infinite.sum())} infinite values, the first in series "
+            f"{ids.iloc[row]!r} at row {row}; replace them with numbers or leave them empty"
+        )
+    return numbers
+
+
+def _check_statics(frame: pd.DataFrame, spec: TableSpec) -> None:
+    for column in spec.static_cols:
+        empty = frame[column].isna().to_numpy()
+        if empty.any():
+            row = int(np.flatnonzero(empty)[0])
+            raise ValueError(
+                f"static column {column!r} is empty for series {frame[spec.id_col].iloc[row]!r} "
+                f"(row {row}); give every series a value"
+            )
+        counts = frame.groupby(spec.id_col, sort=False)[column].nunique()
+        varying = counts[counts > 1]
+        if len(varying):
+            raise ValueError(
+                f"static column {column!r} takes {int(varying.iloc[0])} different values within "
+                f"series {varying.index[0]!r}; a static must be constant per series "
+                "(move it to known_cols or observed_cols)"
+            )
+
+
+def _check_not_all_empty(frame: pd.DataFrame, spec: TableSpec) -> None:
+    for column in (spec.target, *spec.known_cols, *spec.observed_cols):
+        present = frame[column].notna().groupby(frame[spec.id_col], sort=False).any()
+        if not present.all():
+            series = present.index[~present.to_numpy()][0]
+            raise ValueError(
+                f"column {column!r} has no values at all for series {series!r}; "
+                "drop that series or supply values"
+            )
+
+
+def _check_duplicates(frame: pd.DataFrame, spec: TableSpec) -> None:
+    duplicated = frame.duplicated([spec.id_col, spec.time_col], keep=False).to_numpy()
+    if duplicated.any():
+        row = int(np.flatnonzero(duplicated)[0])
+        raise ValueError(
+            f"{int(duplicated.sum())} rows repeat a ({spec.id_col!r}, {spec.time_col!r}) pair, "
+            f"e.g. series {frame[spec.id_col].iloc[row]!r} at {frame[spec.time_col].iloc[row]}; "
+            f"aggregate them (e.g. df.groupby([{spec.id_col!r}, {spec.time_col!r}]).mean()) "
+            "or drop the duplicates"
+        )
+
+
+def series_grid(times: pd.Series | pd.DatetimeIndex, freq: str) -> pd.DatetimeIndex:
+    """Returns the regular grid of `freq` from the first to the last of sorted `times`."""
+    return pd.date_range(times[0], times[-1], freq=parse_frequency(freq))
+
+
+def _check_grids(frame: pd.DataFrame, spec: TableSpec, min_length: int) -> None:
+    for series, group in frame.groupby(spec.id_col, sort=False):
+        times = pd.DatetimeIndex(group[spec.time_col])
+        grid = series_grid(times, spec.freq)
+        off_grid = ~times.isin(grid)
+        if off_grid.any():
+            raise ValueError(
+                f"series {series!r} has {int(off_grid.sum())} timestamps off the freq="
+                f"{spec.freq!r} grid that starts at {times[0]}, e.g. {times[off_grid][0]}; "
+                "resample the table to that frequency first (e.g. df.set_index(time)"
+                f".groupby(id).resample({spec.freq!r}).mean()) or pass the frequency the data "
+                "is recorded at"
+            )
+        if len(grid) < min_length:
+            raise ValueError(
+                f"series {series!r} spans {len(grid)} steps of freq={spec.freq!r} "
+                f"({times[0]} to {times[-1]}) but a window needs history + horizon = "
+                f"{min_length}; drop that series or shorten history/horizon"
+            )
+
+
+def validate_table(
+    frame: pd.DataFrame, spec: TableSpec, history: int, horizon: int
+) -> pd.DataFrame:
+    """Checks a long-format table and returns a clean copy sorted by (id, time).
+
+    The copy holds only the spec's columns; times are parsed (timezone-aware
+    where the source is) and numeric columns are float64 with NaN marking a
+    missing value.
+
+    Raises:
+      ValueError: naming the column or series and the fix, for: missing
+        columns, an empty table, empty ids, unparseable or empty times,
+        non-numeric or infinite values, statics that vary within a series or
+        are empty, a column with no value at all in a series, duplicate
+        (id, time) rows, timestamps off the `freq` grid, or a series shorter
+        than `history + horizon` steps.
+    """
+    _require_positive_int("history", history)
+    _require_positive_int("horizon", horizon)
+    missing = [column for column in spec.columns if column not in frame.columns]
+    if missing:
+        raise ValueError(
+            f"table lacks columns {missing}; it has {list(frame.columns)}. "
+            "Rename the columns or pass the right names (id_col, time_col, target, ...)"
+        )
+    if len(frame) == 0:
+        raise ValueError("table has no rows")
+    clean = frame.loc[:, list(spec.columns)].reset_index(drop=True)
+    ids = clean[spec.id_col]
+    if ids.isna().any():
+        row = int(np.flatnonzero(ids.isna().to_numpy())[0])
+        raise ValueError(
+            f"id column {spec.id_col!r} is empty at row {row}; give every row a series id"
+        )
+    clean[spec.time_col] = _parse_times(clean[spec.time_col], spec.time_col, ids)
+    for column in spec.numeric_columns:
+        clean[column] = _to_float(clean[column], column, ids)
+    aware = clean[spec.time_col].dt.tz is not None
+    if spec.timezone is not None and not aware:
+        raise ValueError(
+            f"timezone={spec.timezone!r} needs timezone-aware times, but column "
+            f"{spec.time_col!r} has none; pass timezone=None (calendar read as given) or "
+            "times with a UTC offset"
+        )
+    _check_statics(clean, spec)
+    _check_not_all_empty(clean, spec)
+    _check_duplicates(clean, spec)
+    clean = clean.sort_values([spec.id_col, spec.time_col], kind="stable").reset_index(drop=True)
+    _check_grids(clean, spec, history + horizon)
+    return clean
+
+
+def to_regular_grid(clean: pd.DataFrame, spec: TableSpec, missing_col: str) -> pd.DataFrame:
+    """Puts every series of a validated table on its regular time grid.
+
+    Each series keeps its own first and last timestamp; timestamps missing in
+    between are inserted. Gaps are filled so no row is dropped: target,
+    observed and known columns forward-fill within the series (then
+    back-fill, for values missing at a series' start); statics are constant.
+    `missing_col` is 1.0 where the target was filled (inserted row or empty
+    target) and 0.0 where it was observed.
+
+    Args:
+      clean: the output of `validate_table` (sorted by id, time).
+      spec: the table spec.
+      missing_col: name of the indicator column to add.
+
+    Returns:
+      A DataFrame sorted by (id, time), with the spec's columns and `missing_col`.
+    """
+    grids = [
+        series_grid(pd.DatetimeIndex(group[spec.time_col]), spec.freq)
+        for _, group in clean.groupby(spec.id_col, sort=False)
+    ]
+    series = clean[spec.id_col].drop_duplicates().to_numpy()
+    index = pd.MultiIndex.from_arrays(
+        [np.repeat(series, [len(grid) for grid in grids]), grids[0].append(grids[1:])],
+        names=[spec.id_col, spec.time_col],
+    )
+    grid = clean.set_index([spec.id_col, spec.time_col]).reindex(index).reset_index()
+    grid[missing_col] = grid[spec.target].isna().astype("float64")
+    by_series = grid.groupby(spec.id_col, sort=False)
+    filled: Sequence[str] = (spec.target, *spec.known_cols, *spec.observed_cols)
+    if filled:
+        grid[list(filled)] = by_series[list(filled)].ffill()
+        grid[list(filled)] = grid.groupby(spec.id_col, sort=False)[list(filled)].bfill()
+    for column in spec.static_cols:
+        grid[column] = by_series[column].transform("first")
+    return grid

@@ -1,0 +1,184 @@
+"""Gating blocks of the TFT: GLU, gated residual network, gate-add-norm.
+
+Each block works on `(..., F)` inputs, or, with `num_variables=V`, on
+`(..., V, F)` inputs with separate weights per variable computed as one
+batched contraction (the per-variable GRNs of a variable selection network).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax.numpy as jnp
+from flax import linen as nn
+
+from tft_jax.linear import Linear, VariableLinear
+
+Array = Any
+Dtype = Any
+
+
+def make_dense(
+    features: int,
+    num_variables: int | None,
+    *,
+    name: str,
+    use_bias: bool = True,
+    dtype: Dtype | None = None,
+    param_dtype: Dtype = jnp.float32,
+    dot_general_cls: Callable[..., nn.Module] | None = None,
+) -> nn.Module:
+    """`Linear`, or with `num_variables` a `VariableLinear` (one affine map per variable)."""
+    common = dict(
+        use_bias=use_bias,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        dot_general_cls=dot_general_cls,
+        name=name,
+    )
+    if num_variables is None:
+        return Linear(features, **common)
+    return VariableLinear(num_variables, features, **common)
+
+
+class FeatureLayerNorm(nn.Module):
+    """LayerNorm over the last axis; with `num_variables`, scale and bias `(V, F)` per variable."""
+
+    num_variables: int | None = None
+    epsilon: float = 1e-6
+    dtype: Dtype | None = None
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        shape = (x.shape[-1],) if self.num_variables is None else (self.num_variables, x.shape[-1])
+        scale = self.param("scale", nn.initializers.ones_init(), shape, self.param_dtype)
+        bias = self.param("bias", nn.initializers.zeros_init(), shape, self.param_dtype)
+        dtype = self.dtype or x.dtype
+        x32 = x.astype(jnp.float32)
+        mean = jnp.mean(x32, axis=-1, keepdims=True)
+        variance = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+        normalized = (x32 - mean) * jnp.reciprocal(jnp.sqrt(variance + self.epsilon))
+        return (normalized * scale + bias).astype(dtype)
+
+
+class GatedLinearUnit(nn.Module):
+    """GLU with input dropout: `Dropout(x) -> (W4 x + b4) ⊙ σ(W5 x + b5)`, `(..., I) -> (..., F)`.
+
+    Both halves come from one fused projection to `2F`.
+    """
+
+    features: int
+    dropout_rate: float = 0.0
+    num_variables: int | None = None
+    dtype: Dtype | None = None
+    param_dtype: Dtype = jnp.float32
+    dot_general_cls: Callable[..., nn.Module] | None = None
+
+    @nn.compact
+    def __call__(self, x: Array, deterministic: bool = True) -> Array:
+        x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+        projected = make_dense(
+            2 * self.features,
+            self.num_variables,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            dot_general_cls=self.dot_general_cls,
+            name="projection",
+        )(x)
+        value, gate = jnp.split(projected, 2, axis=-1)
+        return value * nn.sigmoid(gate)
+
+
+class GateAddNorm(nn.Module):
+    """`LayerNorm(skip + GLU(x))`: the gated skip connection of the TFT, `(..., F)`."""
+
+    features: int
+    dropout_rate: float = 0.0
+    num_variables: int | None = None
+    dtype: Dtype | None = None
+    param_dtype: Dtype = jnp.float32
+    dot_general_cls: Callable[..., nn.Module] | None = None
+
+    @nn.compact
+    def __call__(self, x: Array, skip: Array, deterministic: bool = True) -> Array:
+        gated = GatedLinearUnit(
+            self.features,
+            self.dropout_rate,
+            self.num_variables,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            dot_general_cls=self.dot_general_cls,
+            name="glu",
+        )(x, deterministic)
+        return FeatureLayerNorm(
+            self.num_variables, dtype=self.dtype, param_dtype=self.param_dtype, name="layer_norm"
+        )(skip.astype(gated.dtype) + gated)
+
+
+class GatedResidualNetwork(nn.Module):
+    """The TFT's gated residual network, `(..., I) -> (..., features)`.
+
+    `η2 = ELU(W2 x + W3 c + b2)`, `η1 = W1 η2 + b1`,
+    `GRN(x, c) = LayerNorm(skip(x) + GLU(η1))`, where `skip` is the identity
+    when `I == features` and a learned linear map otherwise, and the context
+    term `W3 c` (no bias) is present only when a context is given.
+
+    Args (call):
+      x: `(..., I)`, or `(..., V, I)` with `num_variables=V`.
+      context: optional `(B, C)`, broadcast over every axis between the batch
+        and the feature axis of `x` (time, variables).
+    """
+
+    features: int
+    hidden_features: int | None = None
+    dropout_rate: float = 0.0
+    num_variables: int | None = None
+    dtype: Dtype | None = None
+    param_dtype: Dtype = jnp.float32
+    dot_general_cls: Callable[..., nn.Module] | None = None
+
+    @nn.compact
+    def __call__(
+        self, x: Array, context: Array | None = None, deterministic: bool = True
+    ) -> Array:
+        hidden = self.hidden_features or self.features
+
+        def dense(features: int, name: str) -> nn.Module:
+            return make_dense(
+                features,
+                self.num_variables,
+                name=name,
+                dtype=self.dtype,
+                param_dtype=self.param_dtype,
+                dot_general_cls=self.dot_general_cls,
+            )
+
+        skip = x if x.shape[-1] == self.features else dense(self.features, "skip")(x)
+        eta = dense(hidden, "input")(x)
+        if context is not None:
+            projected_context = Linear(
+                hidden,
+                use_bias=False,
+                dtype=self.dtype,
+                param_dtype=self.param_dtype,
+                dot_general_cls=self.dot_general_cls,
+                name="context",
+            )(context)
+            # (B, hidden) -> (B, 1, ..., 1, hidden) to broadcast over time / variables.
+            expand = eta.ndim - projected_context.ndim
+            eta = eta + projected_context.reshape(
+                projected_context.shape[:1] + (1,) * expand + projected_context.shape[1:]
+            )
+        eta = nn.elu(eta)
+        eta = dense(hidden, "hidden")(eta)
+        return GateAddNorm(
+            self.features,
+            self.dropout_rate,
+            self.num_variables,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            dot_general_cls=self.dot_general_cls,
+            name="gate_add_norm",
+        )(eta, skip, deterministic)

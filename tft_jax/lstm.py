@@ -1,0 +1,101 @@
+"""A single-layer LSTM over time, scanned with `nn.scan`, seeded with a given state."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from tft_jax.linear import Linear
+
+Array = Any
+Dtype = Any
+
+# Collections read (never written) inside the scanned step: parameters, and the
+# quantization state that `qat` may attach to the recurrent projection.
+_BROADCAST_COLLECTIONS = ("params", "quant_stats", "int8")
+
+
+def _lstm_bias_init(key: Array, shape: tuple[int, ...], dtype: Dtype = jnp.float32) -> Array:
+    """Zero biases except the forget gate's, set to 1 (Jozefowicz et al. 2015; Keras' default)."""
+    del key
+    features = shape[0] // 4
+    return jnp.zeros(shape, dtype).at[features : 2 * features].set(1.0)
+
+
+class _LSTMStep(nn.Module):
+    """One LSTM step given the precomputed input projection of that step."""
+
+    features: int
+    dtype: Dtype | None = None
+    param_dtype: Dtype = jnp.float32
+    dot_general_cls: Callable[..., nn.Module] | None = None
+
+    @nn.compact
+    def __call__(self, carry: tuple[Array, Array], input_gates: Array):
+        hidden, cell = carry
+        gates = input_gates + Linear(
+            4 * self.features,
+            use_bias=False,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            kernel_init=nn.initializers.orthogonal(),
+            dot_general_cls=self.dot_general_cls,
+            # h = o · tanh(c) lies in [-1, 1]: a quantizer needs no observer for it.
+            input_bounds=(-1.0, 1.0),
+            name="recurrent",
+        )(hidden)
+        input_gate, forget_gate, candidate, output_gate = jnp.split(gates, 4, axis=-1)
+        cell = nn.sigmoid(forget_gate) * cell + nn.sigmoid(input_gate) * jnp.tanh(candidate)
+        hidden = nn.sigmoid(output_gate) * jnp.tanh(cell)
+        return (hidden, cell), hidden
+
+
+class LSTM(nn.Module):
+    """LSTM over `(B, T, I) -> (B, T, features)` from an initial `(h, c)`, each `(B, features)`.
+
+    The input projection of all steps is one matmul outside the loop; only the
+    recurrent projection runs inside `nn.scan`. Gate order: input, forget,
+    candidate, output. Returns `(outputs, (h_T, c_T))`.
+    """
+
+    features: int
+    dtype: Dtype | None = None
+    param_dtype: Dtype = jnp.float32
+    dot_general_cls: Callable[..., nn.Module] | None = None
+
+    @nn.compact
+    def __call__(
+        self, inputs: Array, initial_state: tuple[Array, Array] | None = None
+    ) -> tuple[Array, tuple[Array, Array]]:
+        dtype = self.dtype or inputs.dtype
+        input_gates = Linear(
+            4 * self.features,
+            dtype=dtype,
+            param_dtype=self.param_dtype,
+            bias_init=_lstm_bias_init,
+            dot_general_cls=self.dot_general_cls,
+            name="input",
+        )(inputs)
+        if initial_state is None:
+            zeros = jnp.zeros((inputs.shape[0], self.features), dtype)
+            initial_state = (zeros, zeros)
+        carry = jax.tree.map(lambda t: t.astype(dtype), tuple(initial_state))
+        scan = nn.scan(
+            _LSTMStep,
+            variable_broadcast=_BROADCAST_COLLECTIONS,
+            split_rngs={"params": False},
+            in_axes=1,
+            out_axes=1,
+        )
+        final_state, outputs = scan(
+            self.features,
+            dtype=dtype,
+            param_dtype=self.param_dtype,
+            dot_general_cls=self.dot_general_cls,
+            name="cell",
+        )(carry, input_gates)
+        return outputs, final_state

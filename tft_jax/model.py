@@ -1,0 +1,261 @@
+"""The Temporal Fusion Transformer (Lim et al. 2021) as a Flax Linen module."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+from flax import struct
+
+from tft_jax.attention import causal_mask
+from tft_jax.config import TFTConfig
+from tft_jax.embeddings import CategoricalEmbedding, RealEmbedding
+from tft_jax.gating import GateAddNorm, GatedResidualNetwork
+from tft_jax.interpretable_attention import InterpretableMultiHeadAttention
+from tft_jax.linear import Linear
+from tft_jax.lstm import LSTM
+from tft_jax.variable_selection import VariableSelectionNetwork
+
+Array = Any
+
+STATIC_CONTEXTS = ("selection", "enrichment", "state_h", "state_c")
+
+
+@struct.dataclass
+class TFTOutput:
+    """What the TFT returns: forecasts and every interpretability weight.
+
+    Attributes:
+      quantiles: `(B, H, Q)` forecasts on the model's (scaled) output scale.
+      attention: `(B, heads, H, T+H)` weights of the decoder queries over the window.
+      static_weights: `(B, S+C)` static variable selection weights.
+      history_weights: `(B, T, U[+K])` history variable selection weights.
+      future_weights: `(B, H, K)` future variable selection weights.
+    """
+
+    quantiles: Array
+    attention: Array
+    static_weights: Array
+    history_weights: Array
+    future_weights: Array
+
+
+def _shape(value: Any) -> tuple[int, ...]:
+    return tuple(np.shape(value))
+
+
+def _check_array(name: str, value: Any, expected: tuple[Any, ...], integer: bool = False) -> None:
+    """Raises `ValueError` naming `name` unless `value` has the `expected` shape.
+
+    `expected` holds ints or None (any size); the message shows both shapes.
+    """
+    if value is None:
+        raise ValueError(f"TemporalFusionTransformer: {name} is required, expected shape {expected}")
+    shape = _shape(value)
+    if len(shape) != len(expected) or any(
+        want is not None and got != want for got, want in zip(shape, expected, strict=True)
+    ):
+        pretty = tuple("B" if want is None else want for want in expected)
+        raise ValueError(
+            f"TemporalFusionTransformer: {name} must have shape {pretty}, got {shape}"
+        )
+    dtype = jnp.result_type(value)
+    if integer and not jnp.issubdtype(dtype, jnp.integer):
+        raise TypeError(f"TemporalFusionTransformer: {name} must be integer codes, got {dtype}")
+    if not integer and not (
+        jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)
+    ):
+        raise TypeError(f"TemporalFusionTransformer: {name} must be real-valued, got {dtype}")
+
+
+def validate_inputs(
+    config: TFTConfig,
+    static: Any,
+    historical: Any,
+    future: Any,
+    known_history: Any = None,
+    static_categorical: Any = None,
+) -> int:
+    """Checks every input against `config` and returns the batch size `B`."""
+    cfg = config
+    _check_array("historical", historical, (None, cfg.sequence_length, cfg.num_observed_features))
+    batch = _shape(historical)[0]
+    if batch == 0:
+        raise ValueError("TemporalFusionTransformer: the batch is empty (historical has B = 0)")
+    _check_array("future", future, (batch, cfg.prediction_horizon, cfg.num_known_features))
+    if static is None and cfg.num_static_features == 0:
+        pass
+    else:
+        _check_array("static", static, (batch, cfg.num_static_features))
+    if cfg.use_known_history:
+        _check_array(
+            "known_history", known_history, (batch, cfg.sequence_length, cfg.num_known_features)
+        )
+    elif known_history is not None:
+        raise ValueError(
+            "TemporalFusionTransformer: known_history was given but "
+            "TFTConfig.use_known_history is False; set it to True to use known inputs "
+            f"over the history (got shape {_shape(known_history)})"
+        )
+    cardinalities = cfg.static_categorical_cardinalities
+    if cardinalities:
+        _check_array(
+            "static_categorical", static_categorical, (batch, len(cardinalities)), integer=True
+        )
+        if not isinstance(static_categorical, jax.core.Tracer):
+            codes = np.asarray(static_categorical)
+            for index, cardinality in enumerate(cardinalities):
+                column = codes[:, index]
+                if column.min() < 0 or column.max() >= cardinality:
+                    raise ValueError(
+                        f"TemporalFusionTransformer: static_categorical[:, {index}] must lie in "
+                        f"[0, {cardinality}), got values in [{column.min()}, {column.max()}]"
+                    )
+    elif static_categorical is not None and _shape(static_categorical)[-1:] != (0,):
+        raise ValueError(
+            "TemporalFusionTransformer: static_categorical was given but the config has no "
+            "static_categorical_cardinalities (got shape "
+            f"{_shape(static_categorical)})"
+        )
+    return batch
+
+
+class TemporalFusionTransformer(nn.Module):
+    """Multi-horizon quantile forecaster with interpretable attention (Lim et al. 2021).
+
+    Inputs: `static (B, S)`, `historical (B, T, U)`, `future (B, H, K)`,
+    optional `known_history (B, T, K)` (with `use_known_history`) and
+    `static_categorical (B, C)` integer codes. Returns a `TFTOutput`.
+
+    Data flow: variable selection networks (statics unconditioned; history and
+    future conditioned on the static selection context) -> LSTM encoder over
+    the history seeded with the static state contexts `(h, c)` -> LSTM decoder
+    over the horizon -> gated skip + LayerNorm -> static enrichment -> causal
+    interpretable multi-head attention with the horizon steps as queries over
+    all `T + H` steps -> gated skip -> position-wise GRN -> gated skip over the
+    whole attention block -> linear quantile head.
+
+    `dot_general_cls` replaces every weight matmul (see `tft_jax.linear`); it
+    is how `qat` quantizes this very model. Dropout uses the `'dropout'` RNG.
+    """
+
+    config: TFTConfig
+    dot_general_cls: Callable[..., nn.Module] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.config, TFTConfig):
+            raise TypeError(
+                f"TemporalFusionTransformer: config must be a TFTConfig, got "
+                f"{type(self.config).__name__}"
+            )
+        super().__post_init__()
+
+    @nn.compact
+    def __call__(
+        self,
+        static: Array | None,
+        historical: Array,
+        future: Array,
+        known_history: Array | None = None,
+        static_categorical: Array | None = None,
+        deterministic: bool = True,
+    ) -> TFTOutput:
+        cfg = self.config
+        batch = validate_inputs(cfg, static, historical, future, known_history, static_categorical)
+        dtype = cfg.compute_dtype
+        width = cfg.variable_width
+        hidden = cfg.hidden_dim
+        steps = cfg.sequence_length
+        common = dict(
+            dtype=dtype, param_dtype=cfg.parameter_dtype, dot_general_cls=self.dot_general_cls
+        )
+        gated = dict(dropout_rate=cfg.dropout_rate, **common)
+
+        def grn(name: str) -> GatedResidualNetwork:
+            return GatedResidualNetwork(hidden, name=name, **gated)
+
+        # Static covariate encoders: four contexts, each routed to one place.
+        contexts: dict[str, Array | None] = dict.fromkeys(STATIC_CONTEXTS)
+        if cfg.num_static_inputs:
+            parts = []
+            if cfg.num_static_features:
+                parts.append(
+                    RealEmbedding(cfg.num_static_features, width, name="static_embedding", **common)(
+                        jnp.asarray(static, dtype)
+                    )
+                )
+            if cfg.num_static_categoricals:
+                parts.append(
+                    CategoricalEmbedding(
+                        cfg.static_categorical_cardinalities,
+                        width,
+                        dtype=dtype,
+                        param_dtype=cfg.parameter_dtype,
+                        name="static_categorical_embedding",
+                    )(jnp.asarray(static_categorical))
+                )
+            static_encoding, static_weights = VariableSelectionNetwork(
+                cfg.num_static_inputs, hidden, name="static_selection", **gated
+            )(jnp.concatenate(parts, axis=1), None, deterministic)
+            for context in STATIC_CONTEXTS:
+                contexts[context] = grn(f"static_context_{context}")(
+                    static_encoding, None, deterministic
+                )
+        else:
+            static_weights = jnp.zeros((batch, 0), jnp.float32)
+
+        # Variable selection over the history and the horizon.
+        known_embedding = RealEmbedding(
+            cfg.num_known_features, width, name="known_embedding", **common
+        )
+        history_embedded = RealEmbedding(
+            cfg.num_observed_features, width, name="observed_embedding", **common
+        )(jnp.asarray(historical, dtype))
+        if cfg.use_known_history:
+            history_embedded = jnp.concatenate(
+                [history_embedded, known_embedding(jnp.asarray(known_history, dtype))], axis=-2
+            )
+        history_encoding, history_weights = VariableSelectionNetwork(
+            cfg.num_history_inputs, hidden, name="history_selection", **gated
+        )(history_embedded, contexts["selection"], deterministic)
+        future_encoding, future_weights = VariableSelectionNetwork(
+            cfg.num_known_features, hidden, name="future_selection", **gated
+        )(known_embedding(jnp.asarray(future, dtype)), contexts["selection"], deterministic)
+
+        # Sequence-to-sequence LSTM seeded with the static state.
+        initial_state = (
+            None if contexts["state_h"] is None else (contexts["state_h"], contexts["state_c"])
+        )
+        encoded, state = LSTM(hidden, name="encoder", **common)(history_encoding, initial_state)
+        decoded, _ = LSTM(hidden, name="decoder", **common)(future_encoding, state)
+        temporal = GateAddNorm(hidden, name="lstm_gate", **gated)(
+            jnp.concatenate([encoded, decoded], axis=1),
+            jnp.concatenate([history_encoding, future_encoding], axis=1),
+            deterministic,
+        )
+
+        # Static enrichment, then attention of the horizon steps over the whole window.
+        enriched = grn("static_enrichment")(temporal, contexts["enrichment"], deterministic)
+        mask = causal_mask(cfg.prediction_horizon, steps + cfg.prediction_horizon, cfg.attend_to_self)
+        attended, attention = InterpretableMultiHeadAttention(
+            cfg.num_heads, hidden, name="attention", **gated
+        )(enriched[:, steps:], enriched, mask, deterministic)
+        attended = GateAddNorm(hidden, name="attention_gate", **gated)(
+            attended, enriched[:, steps:], deterministic
+        )
+        decoded_features = grn("positionwise_grn")(attended, None, deterministic)
+        decoded_features = GateAddNorm(hidden, name="output_gate", **gated)(
+            decoded_features, temporal[:, steps:], deterministic
+        )
+        quantiles = Linear(cfg.num_quantiles, name="quantile_head", **common)(decoded_features)
+        return TFTOutput(
+            quantiles=quantiles,
+            attention=attention,
+            static_weights=static_weights,
+            history_weights=history_weights,
+            future_weights=future_weights,
+        )
