@@ -192,7 +192,9 @@ class TemporalSelfAttention(nn.Module):
         for name in ("hidden_dim", "num_heads"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"TemporalSelfAttention: {name} must be a positive int, got {value!r}")
+                raise ValueError(
+                    f"TemporalSelfAttention: {name} must be a positive int, got {value!r}"
+                )
         if self.hidden_dim % self.num_heads:
             raise ValueError(
                 f"TemporalSelfAttention: hidden_dim ({self.hidden_dim}) must be divisible by "
@@ -242,7 +244,8 @@ class TemporalSelfAttention(nn.Module):
                 mask=mask,
                 temperature=temperature,
                 dropout_rate=self.dropout_rate,
-                dropout_rng=None if deterministic or self.dropout_rate == 0.0
+                dropout_rng=None
+                if deterministic or self.dropout_rate == 0.0
                 else self.make_rng("dropout"),
                 deterministic=deterministic,
             )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import numbers
 from typing import Any
 
@@ -97,7 +98,7 @@ class TFTConfig:
             raise ValueError("TFTConfig.quantiles must hold at least one level, got ()")
         if any(not 0.0 < q < 1.0 for q in quantiles):
             raise ValueError(f"TFTConfig.quantiles must lie in (0, 1), got {quantiles}")
-        if any(b <= a for a, b in zip(quantiles, quantiles[1:], strict=False)):
+        if any(b <= a for a, b in itertools.pairwise(quantiles)):
             raise ValueError(f"TFTConfig.quantiles must be strictly increasing, got {quantiles}")
         object.__setattr__(self, "quantiles", quantiles)
 

@@ -140,9 +140,7 @@ class GatedResidualNetwork(nn.Module):
     dot_general_cls: Callable[..., nn.Module] | None = None
 
     @nn.compact
-    def __call__(
-        self, x: Array, context: Array | None = None, deterministic: bool = True
-    ) -> Array:
+    def __call__(self, x: Array, context: Array | None = None, deterministic: bool = True) -> Array:
         hidden = self.hidden_features or self.features
 
         def dense(features: int, name: str) -> nn.Module:

@@ -54,15 +54,15 @@ def _check_array(name: str, value: Any, expected: tuple[Any, ...], integer: bool
     `expected` holds ints or None (any size); the message shows both shapes.
     """
     if value is None:
-        raise ValueError(f"TemporalFusionTransformer: {name} is required, expected shape {expected}")
+        raise ValueError(
+            f"TemporalFusionTransformer: {name} is required, expected shape {expected}"
+        )
     shape = _shape(value)
     if len(shape) != len(expected) or any(
         want is not None and got != want for got, want in zip(shape, expected, strict=True)
     ):
-        pretty = tuple("B" if want is None else want for want in expected)
-        raise ValueError(
-            f"TemporalFusionTransformer: {name} must have shape {pretty}, got {shape}"
-        )
+        pretty = "(" + ", ".join("B" if want is None else str(want) for want in expected) + ")"
+        raise ValueError(f"TemporalFusionTransformer: {name} must have shape {pretty}, got {shape}")
     dtype = jnp.result_type(value)
     if integer and not jnp.issubdtype(dtype, jnp.integer):
         raise TypeError(f"TemporalFusionTransformer: {name} must be integer codes, got {dtype}")
@@ -184,9 +184,9 @@ class TemporalFusionTransformer(nn.Module):
             parts = []
             if cfg.num_static_features:
                 parts.append(
-                    RealEmbedding(cfg.num_static_features, width, name="static_embedding", **common)(
-                        jnp.asarray(static, dtype)
-                    )
+                    RealEmbedding(
+                        cfg.num_static_features, width, name="static_embedding", **common
+                    )(jnp.asarray(static, dtype))
                 )
             if cfg.num_static_categoricals:
                 parts.append(
@@ -240,7 +240,9 @@ class TemporalFusionTransformer(nn.Module):
 
         # Static enrichment, then attention of the horizon steps over the whole window.
         enriched = grn("static_enrichment")(temporal, contexts["enrichment"], deterministic)
-        mask = causal_mask(cfg.prediction_horizon, steps + cfg.prediction_horizon, cfg.attend_to_self)
+        mask = causal_mask(
+            cfg.prediction_horizon, steps + cfg.prediction_horizon, cfg.attend_to_self
+        )
         attended, attention = InterpretableMultiHeadAttention(
             cfg.num_heads, hidden, name="attention", **gated
         )(enriched[:, steps:], enriched, mask, deterministic)

@@ -15,7 +15,7 @@ Dtype = Any
 
 
 class VariableSelectionNetwork(nn.Module):
-    """Selects among `V` embedded variables: `(..., V, width) -> ((..., D), weights (..., V))`; weights are float32.
+    """Selects among `V` embedded variables: `(..., V, width) -> ((..., D), weights (..., V))`.
 
     Each variable passes through its own GRN (all `V` computed as one batched
     contraction); a GRN over the flattened embeddings, conditioned on the

@@ -1,0 +1,327 @@
+"""The temporal self-attention block: reference values, masks, causality, gradient flow."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tft_jax import (
+    AttentionHead,
+    PositionalEncoding,
+    TemporalSelfAttention,
+    causal_mask,
+    scaled_dot_product_attention,
+    sinusoidal_encoding,
+)
+
+HIDDEN, HEADS = 16, 4
+HEAD_DIM = HIDDEN // HEADS
+
+
+@functools.cache
+def block(dropout_rate: float = 0.0, flash: bool = False) -> TemporalSelfAttention:
+    return TemporalSelfAttention(HIDDEN, HEADS, dropout_rate, use_flash_attention=flash)
+
+
+@functools.cache
+def params_for(steps: int, batch: int = 2) -> dict:
+    x = jnp.zeros((batch, steps, HIDDEN))
+    return jax.jit(block().init)(jax.random.key(0), x)
+
+
+@functools.partial(
+    jax.jit, static_argnames=("causal", "deterministic", "dropout_rate", "flash", "weights")
+)
+def apply(
+    variables,
+    x,
+    rng,
+    temperature=1.0,
+    *,
+    causal=True,
+    deterministic=True,
+    dropout_rate=0.0,
+    flash=False,
+    weights=False,
+):
+    return block(dropout_rate, flash).apply(
+        variables,
+        x,
+        causal=causal,
+        deterministic=deterministic,
+        return_weights=weights,
+        temperature=temperature,
+        rngs={"dropout": rng},
+    )
+
+
+def random_input(batch: int, steps: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(batch, steps, HIDDEN)).astype(np.float32)
+
+
+def numpy_layer_norm(x, scale, bias, eps=1e-6):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * scale + bias
+
+
+def numpy_block(params, x, causal, temperature=1.0):
+    """An independent float64 implementation of the block's formula."""
+    p = jax.tree.map(lambda a: np.asarray(a, np.float64), params["params"])
+    batch, steps, _ = x.shape
+    h = x.astype(np.float64) + sinusoidal_encoding(steps, HIDDEN)
+    out = np.zeros_like(h)
+    for b in range(batch):
+        q = h[b] @ p["query"]["kernel"] + p["query"]["bias"]
+        k = h[b] @ p["key"]["kernel"] + p["key"]["bias"]
+        v = h[b] @ p["value"]["kernel"] + p["value"]["bias"]
+        for j in range(HEADS):
+            cols = slice(j * HEAD_DIM, (j + 1) * HEAD_DIM)
+            logits = q[:, cols] @ k[:, cols].T / (np.sqrt(HEAD_DIM) * temperature)
+            if causal:
+                logits = np.where(np.tril(np.ones((steps, steps), bool)), logits, -np.inf)
+            w = np.exp(logits - logits.max(-1, keepdims=True))
+            w /= w.sum(-1, keepdims=True)
+            out[b, :, cols] = w @ v[:, cols]
+    projected = out @ p["out"]["kernel"] + p["out"]["bias"]
+    return numpy_layer_norm(h + projected, p["layer_norm"]["scale"], p["layer_norm"]["bias"])
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_block_matches_independent_numpy_reference(causal):
+    x = random_input(3, 7)
+    params = params_for(7, 3)
+    got = apply(params, x, jax.random.key(1), causal=causal)
+    np.testing.assert_allclose(got, numpy_block(params, x, causal), rtol=1e-4, atol=1e-4)
+
+
+def test_temperature_divides_the_logits():
+    x = random_input(2, 7)
+    params = params_for(7)
+    got = apply(params, x, jax.random.key(1), 2.0)
+    np.testing.assert_allclose(got, numpy_block(params, x, True, 2.0), rtol=1e-4, atol=1e-4)
+    assert not np.allclose(got, apply(params, x, jax.random.key(1), 1.0), atol=1e-4)
+
+
+def test_positional_encoding_is_the_interleaved_sinusoid():
+    x = np.zeros((1, 5, 6), np.float32)
+    pe = np.asarray(PositionalEncoding(6).apply({}, x))[0]
+    for t in range(5):
+        for i in range(3):
+            angle = t / 10000 ** (2 * i / 6)
+            assert pe[t, 2 * i] == pytest.approx(np.sin(angle), abs=1e-6)
+            assert pe[t, 2 * i + 1] == pytest.approx(np.cos(angle), abs=1e-6)
+
+
+def test_causal_output_ignores_future_inputs():
+    x = random_input(2, 9)
+    params = params_for(9)
+    base = np.asarray(apply(params, x, jax.random.key(0)))
+    for t in range(8):
+        changed = x.copy()
+        changed[:, t + 1 :] += 5.0
+        out = np.asarray(apply(params, changed, jax.random.key(0)))
+        np.testing.assert_array_equal(out[:, : t + 1], base[:, : t + 1])
+        assert not np.allclose(out[:, t + 1 :], base[:, t + 1 :])
+
+
+def test_non_causal_output_sees_future_inputs():
+    x = random_input(2, 9)
+    params = params_for(9)
+    changed = x.copy()
+    changed[:, -1] += 5.0
+    base = apply(params, x, jax.random.key(0), causal=False)
+    out = apply(params, changed, jax.random.key(0), causal=False)
+    assert not np.allclose(np.asarray(out)[:, 0], np.asarray(base)[:, 0])
+
+
+def test_causal_weights_are_lower_triangular_rows_summing_to_one():
+    params = params_for(7)
+    _, w = apply(params, random_input(2, 7), jax.random.key(0), weights=True)
+    assert w.shape == (2, HEADS, 7, 7)
+    np.testing.assert_array_equal(np.triu(np.asarray(w), 1), 0.0)
+    np.testing.assert_allclose(np.asarray(w).sum(-1), 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_flash_path_matches_default_path(causal):
+    x = random_input(2, 7)
+    params = params_for(7)
+    default, w_default = apply(params, x, jax.random.key(0), causal=causal, weights=True)
+    flash, w_flash = apply(params, x, jax.random.key(0), causal=causal, flash=True, weights=True)
+    np.testing.assert_allclose(flash, default, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(w_flash, w_default, rtol=1e-6)
+
+
+def test_dropout_is_active_only_when_not_deterministic():
+    x = random_input(2, 7)
+    params = params_for(7)
+    key = jax.random.key(3)
+    off = apply(params, x, key, dropout_rate=0.5)
+    on = apply(params, x, key, dropout_rate=0.5, deterministic=False)
+    again = apply(params, x, key, dropout_rate=0.5, deterministic=False)
+    other = apply(params, x, jax.random.key(4), dropout_rate=0.5, deterministic=False)
+    np.testing.assert_array_equal(off, apply(params, x, key))
+    np.testing.assert_array_equal(on, again)
+    assert not np.allclose(on, off)
+    assert not np.allclose(on, other)
+
+
+# Gradient flow: the twelve checks of the original suite, strict.
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "deterministic", "dropout_rate"))
+def grads(variables, x, rng, temperature=1.0, *, causal=True, deterministic=True, dropout_rate=0.0):
+    def loss(variables, x):
+        y = block(dropout_rate).apply(
+            variables,
+            x,
+            causal=causal,
+            deterministic=deterministic,
+            temperature=temperature,
+            rngs={"dropout": rng},
+        )
+        # A loss that is not invariant to the LayerNorm's normalization.
+        return jnp.sum(y * jnp.arange(y.size, dtype=y.dtype).reshape(y.shape) / y.size)
+
+    return jax.grad(loss, argnums=(0, 1))(variables, x)
+
+
+def assert_gradient_flows_everywhere(param_grads, input_grad):
+    assert np.all(np.isfinite(input_grad)), "input gradient is not finite"
+    assert np.linalg.norm(input_grad) > 1e-6, "input gradient is zero"
+    flat = jax.tree_util.tree_flatten_with_path(param_grads)[0]
+    dead = [jax.tree_util.keystr(path) for path, g in flat if not np.any(np.asarray(g) != 0)]
+    assert not dead, f"parameters with zero gradient: {dead}"
+    assert all(np.all(np.isfinite(g)) for _, g in flat)
+    # Each head's Q/K/V column slice must receive gradient of its own.
+    for name in ("query", "key", "value"):
+        kernel = np.asarray(param_grads["params"][name]["kernel"])
+        for head in range(HEADS):
+            piece = kernel[:, head * HEAD_DIM : (head + 1) * HEAD_DIM]
+            assert np.linalg.norm(piece) > 0, f"head {head} of {name} receives no gradient"
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(),
+        dict(causal=False),
+        dict(dropout_rate=0.5, deterministic=False),
+        dict(temperature=2.0),
+    ],
+    ids=["causal", "non_causal", "dropout_training", "temperature_2"],
+)
+def test_gradient_reaches_every_parameter_head_and_input(case):
+    x = random_input(4, 8)
+    temperature = case.pop("temperature", 1.0)
+    param_grads, input_grad = grads(params_for(8, 4), x, jax.random.key(7), temperature, **case)
+    assert_gradient_flows_everywhere(param_grads, input_grad)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_gradient_flows_for_batch_sizes_with_shared_parameters(batch):
+    params = params_for(8, 4)
+    param_grads, input_grad = grads(params, random_input(batch, 8), jax.random.key(0))
+    assert input_grad.shape == (batch, 8, HIDDEN)
+    assert_gradient_flows_everywhere(param_grads, input_grad)
+
+
+def test_gradient_flows_over_a_long_sequence():
+    x = random_input(2, 100)
+    param_grads, input_grad = grads(params_for(100), x, jax.random.key(0))
+    assert_gradient_flows_everywhere(param_grads, input_grad)
+    # The first step still influences the last output through attention.
+    assert np.linalg.norm(np.asarray(input_grad)[:, 0]) > 0
+
+
+def test_positional_encoding_contributes_to_the_output():
+    x = random_input(2, 7)
+    params = params_for(7)
+    y = np.asarray(apply(params, x, jax.random.key(0), causal=False))
+    # Shifting the sequence by one step changes positions, so outputs are not shifted copies.
+    rolled = np.asarray(apply(params, np.roll(x, 1, axis=1), jax.random.key(0), causal=False))
+    assert not np.allclose(rolled[:, 1:], y[:, :-1], atol=1e-4)
+
+
+# The attention kernel and its single head.
+
+
+def test_fully_masked_row_gives_zeros_and_finite_gradients():
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.normal(size=(1, 4, 3)), jnp.float32) for _ in range(3))
+    mask = np.ones((4, 4), bool)
+    mask[2] = False
+    out, w = scaled_dot_product_attention(q, k, v, mask)
+    np.testing.assert_array_equal(out[0, 2], 0.0)
+    np.testing.assert_array_equal(w[0, 2], 0.0)
+    g = jax.grad(lambda q: jnp.sum(scaled_dot_product_attention(q, k, v, mask)[0]))(q)
+    assert np.all(np.isfinite(g))
+
+
+def test_attention_head_matches_numpy_with_mask_and_temperature():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(2, 5, 8)).astype(np.float32)
+    head = AttentionHead(8, 4)
+    variables = head.init(jax.random.key(0), x)
+    mask = rng.random((2, 5, 5)) < 0.7
+    mask[:, :, 0] = True
+    out, w = head.apply(variables, x, mask=mask, temperature=1.5)
+    p = variables["params"]
+    q = x @ p["query"]["kernel"] + p["query"]["bias"]
+    k = x @ p["key"]["kernel"] + p["key"]["bias"]
+    v = x @ p["value"]["kernel"] + p["value"]["bias"]
+    logits = np.where(mask, q @ np.swapaxes(k, 1, 2) / (2.0 * 1.5), -np.inf)
+    expected_w = np.exp(logits - logits.max(-1, keepdims=True))
+    expected_w /= expected_w.sum(-1, keepdims=True)
+    np.testing.assert_allclose(w, expected_w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out, expected_w @ v, rtol=1e-5, atol=1e-5)
+
+
+def test_causal_mask_convention():
+    np.testing.assert_array_equal(causal_mask(3, 3), np.tril(np.ones((3, 3), bool)))
+    np.testing.assert_array_equal(
+        causal_mask(3, 3, attend_to_self=False), np.tril(np.ones((3, 3), bool), -1)
+    )
+    # Two queries at the end of five steps: the first sees steps 0..3, the second 0..4.
+    np.testing.assert_array_equal(causal_mask(2, 5), [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+
+
+def test_bfloat16_inputs_compute_in_bfloat16_with_float32_params():
+    x = random_input(2, 7).astype(jnp.bfloat16)
+    params = params_for(7)
+    y = block().apply(params, x)
+    assert y.dtype == jnp.bfloat16
+    assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(params))
+    reference = apply(params, np.asarray(x, np.float32), jax.random.key(0))
+    np.testing.assert_allclose(np.asarray(y, np.float32), reference, atol=0.1)
+
+
+# Errors at the boundary.
+
+
+def test_heads_must_divide_hidden_dim():
+    with pytest.raises(ValueError, match=r"hidden_dim \(10\).*num_heads \(4\)"):
+        TemporalSelfAttention(10, 4)
+
+
+@pytest.mark.parametrize(
+    "shape, message",
+    [
+        ((2, 5, 12), r"x.shape\[-1\] must equal hidden_dim=16, got 12"),
+        ((5, 16), r"3-D"),
+        ((2, 0, 16), r"T must be > 0"),
+    ],
+)
+def test_bad_input_shapes_are_rejected_with_the_numbers(shape, message):
+    with pytest.raises(ValueError, match=message):
+        block().apply(params_for(7), np.zeros(shape, np.float32))
+
+
+def test_non_positive_temperature_is_rejected():
+    with pytest.raises(ValueError, match="temperature"):
+        block().apply(params_for(7), random_input(2, 7), temperature=0.0)

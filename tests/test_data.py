@@ -1,0 +1,520 @@
+"""Tests of `tft_jax.data`: validation, regular grid, calendar, scaling, windows, split, loader."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tft_jax.data import (
+    TableSpec,
+    batch_indices,
+    calendar_feature_names,
+    calendar_features,
+    load_pedestrian,
+    prepare_dataset,
+    prepare_pedestrian,
+    to_regular_grid,
+    validate_table,
+)
+
+SPEC = dict(
+    id_col="id",
+    time_col="time",
+    target="y",
+    static_cols=["size"],
+    known_cols=["promo"],
+    observed_cols=["temp"],
+    freq="h",
+)
+STEP = pd.Timedelta(hours=1)
+
+
+def make_table(lengths: dict[str, int] | None = None, seed: int = 0) -> pd.DataFrame:
+    """A gapless hourly long table; series k starts k*5 hours after the first."""
+    lengths = lengths or {"a": 80, "b": 64}
+    rng = np.random.default_rng(seed)
+    parts = []
+    for k, (series, n) in enumerate(lengths.items()):
+        times = pd.date_range("2021-03-01", periods=n, freq="h", tz="UTC") + 5 * k * STEP
+        parts.append(
+            pd.DataFrame(
+                {
+                    "id": series,
+                    "time": times,
+                    "y": 100.0 * (k + 1) + rng.normal(0.0, 10.0 * (k + 1), n),
+                    "size": float(k + 2),
+                    "promo": rng.integers(0, 2, n).astype(float),
+                    "temp": rng.normal(20.0, 5.0, n),
+                }
+            )
+        )
+    return pd.concat(parts, ignore_index=True)
+
+
+def prepare(table: pd.DataFrame, **options) -> object:
+    return prepare_dataset(table, **{**SPEC, "history": 6, "horizon": 3, **options})
+
+
+def rows_of(table: pd.DataFrame, series: str, begin: pd.Timestamp, end: pd.Timestamp):
+    """The source rows of one series with time in [begin, end), by a direct pandas slice."""
+    mask = (table["id"] == series) & (table["time"] >= begin) & (table["time"] < end)
+    return table[mask].sort_values("time")
+
+
+# Regular grid
+
+
+def test_grid_inserts_missing_timestamps_flags_them_and_keeps_every_row():
+    table = make_table({"a": 20})
+    gappy = table.drop(index=[3, 4, 10]).reset_index(drop=True)
+    gappy.loc[gappy["time"] == table["time"][7], "y"] = np.nan
+    spec = TableSpec(**SPEC)
+    grid = to_regular_grid(validate_table(gappy, spec, 2, 2), spec, "y_missing")
+
+    pd.testing.assert_index_equal(pd.DatetimeIndex(grid["time"]), pd.DatetimeIndex(table["time"]))
+    assert grid["y_missing"].to_list() == [float(i in (3, 4, 7, 10)) for i in range(20)]
+    kept = gappy.dropna(subset=["y"])
+    merged = kept.merge(grid, on=["id", "time"], suffixes=("", "_grid"))
+    assert len(merged) == len(kept)
+    np.testing.assert_array_equal(merged["y"], merged["y_grid"])
+    expected_fill = {3: 2, 4: 2, 7: 6, 10: 9}  # forward fill from the last observed step
+    for row, source in expected_fill.items():
+        assert grid["y"][row] == table["y"][source]
+    assert (grid["size"] == 2.0).all()
+
+
+def test_missing_target_windows_are_left_out_unless_asked():
+    table = make_table({"a": 60})
+    table.loc[30, "y"] = np.nan
+    strict = prepare(table, validation_fraction=0.0, test_fraction=0.0)
+    horizons = strict.train.starts[:, None] + np.arange(3)
+    assert not np.isin(30, horizons)
+    assert strict.train.arrays()["target_mask"].min() == 1.0
+    loose = prepare(
+        table, validation_fraction=0.0, test_fraction=0.0, require_observed_target=False
+    )
+    assert len(loose.train) == len(strict.train) + 3
+    arrays = loose.train.arrays()
+    assert (arrays["target_mask"] == 0).sum() == 3
+    history_flags = arrays["historical"][:, :, -1]
+    assert history_flags.sum() == 6  # the filled step sits in 6 windows' histories
+
+
+# Bad tables
+
+
+def _with(column: str, row: int, value: object):
+    def mutate(table: pd.DataFrame) -> pd.DataFrame:
+        table = table.astype({column: object})
+        table.loc[row, column] = value
+        return table
+
+    return mutate
+
+
+BAD_TABLES = {
+    "missing column": (lambda t: t.drop(columns="temp"), {}, r"lacks columns \['temp'\]"),
+    "non-numeric target": (_with("y", 5, "abc"), {}, r"column 'y' .*non-numeric.*'abc'.*'a'"),
+    "infinite value": (_with("temp", 5, np.inf), {}, r"column 'temp' .*infinite.*'a'"),
+    "duplicate timestamp": (
+        lambda t: pd.concat([t, t.iloc[[70]]], ignore_index=True),
+        {},
+        r"repeat a \('id', 'time'\) pair, e.g. series 'a'.*groupby",
+    ),
+    "unparseable time": (
+        lambda t: t.assign(time=t["time"].astype(str)).pipe(_with("time", 9, "not a time")),
+        {},
+        r"column 'time' .*unparseable.*'not a time'.*'a'",
+    ),
+    "empty time": (_with("time", 9, None), {}, r"column 'time' has 1 empty.*'a'"),
+    "short series": (
+        lambda t: t[(t["id"] == "a") | (t.index < 90)],
+        {},
+        r"series 'b' spans 10 steps .* history \+ horizon = 12",
+    ),
+    "unknown frequency": (lambda t: t, {"freq": "xyz"}, r"unknown frequency freq='xyz'"),
+    "off-grid timestamp": (
+        lambda t: t.assign(time=t["time"].where(t.index != 4, t["time"][4] + pd.Timedelta("1min"))),
+        {},
+        r"series 'a' has 1 timestamps off the freq='h' grid",
+    ),
+    "varying static": (_with("size", 3, 9.0), {}, r"static column 'size' .*series 'a'"),
+    "empty id": (_with("id", 3, None), {}, r"id column 'id' is empty at row 3"),
+    "column in two roles": (lambda t: t, {"known_cols": ["temp"]}, r"'temp' .*more than one"),
+    "reserved name": (
+        lambda t: t.rename(columns={"promo": "time_index"}),
+        {"known_cols": ["time_index"]},
+        r"reserved",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TABLES))
+def test_bad_table_is_rejected_with_a_message_naming_the_problem(case):
+    mutate, options, message = BAD_TABLES[case]
+    with pytest.raises(ValueError, match=message):
+        prepare_dataset(
+            mutate(make_table({"a": 80, "b": 40})),
+            **{**SPEC, "history": 8, "horizon": 4, **options},
+        )
+
+
+def test_naive_times_with_a_timezone_are_rejected():
+    table = make_table().assign(time=lambda t: t["time"].dt.tz_localize(None))
+    with pytest.raises(ValueError, match="timezone='Australia/Melbourne' needs timezone-aware"):
+        prepare(table, timezone="Australia/Melbourne")
+
+
+def test_column_list_given_as_a_string_is_a_type_error():
+    with pytest.raises(TypeError, match=r"static_cols must be a list.*\['size'\]"):
+        TableSpec(id_col="id", time_col="time", target="y", static_cols="size")
+
+
+# Calendar
+
+
+def test_calendar_features_exact_values_for_known_timestamps():
+    times = pd.DatetimeIndex(
+        ["2021-03-15 06:00", "2021-03-15 06:30", "2020-12-31 18:00", "2021-01-01 00:00"]
+    )
+    features = calendar_features(times, "h")
+    hours = np.array([6.0, 6.5, 18.0, 0.0]) / 24
+    weekdays = np.array([0, 0, 3, 4]) / 7  # Monday, Monday, Thursday, Friday
+    year_days = np.array([73 / 365, 73 / 365, 365 / 366, 0.0])  # 2020 is a leap year
+    expected = np.stack(
+        [f(2 * np.pi * p) for p in (hours, weekdays, year_days) for f in (np.sin, np.cos)],
+        axis=1,
+    )
+    np.testing.assert_allclose(features, expected, atol=1e-12)
+    assert calendar_feature_names("h") == (
+        "hour_of_day_sin",
+        "hour_of_day_cos",
+        "day_of_week_sin",
+        "day_of_week_cos",
+        "day_of_year_sin",
+        "day_of_year_cos",
+    )
+    np.testing.assert_allclose(features[0, :2], [1.0, 0.0], atol=1e-12)  # 06:00 = quarter day
+
+
+def test_calendar_features_read_in_the_given_timezone():
+    utc = pd.DatetimeIndex(["2014-12-31T13:00:00Z"])  # Melbourne: 2015-01-01 00:00, Thursday
+    features = calendar_features(utc, "h", "Australia/Melbourne")
+    np.testing.assert_allclose(features[0, :2], [0.0, 1.0], atol=1e-12)
+    np.testing.assert_allclose(
+        features[0, 2:4], [np.sin(2 * np.pi * 3 / 7), np.cos(2 * np.pi * 3 / 7)], atol=1e-12
+    )
+    np.testing.assert_allclose(features[0, 4:], [0.0, 1.0], atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("freq", "cycles"),
+    [("15min", 3), ("h", 3), ("D", 2), ("B", 2), ("W", 1), ("MS", 1), ("YS", 0)],
+)
+def test_calendar_cycles_are_only_those_the_frequency_resolves(freq, cycles):
+    names = calendar_feature_names(freq)
+    assert len(names) == 2 * cycles
+    times = pd.date_range("2021-01-04", periods=5, freq=freq)
+    assert calendar_features(times, freq).shape == (5, 2 * cycles)
+
+
+def test_time_index_counts_steps_and_is_unit_over_training():
+    dataset = prepare(make_table())
+    frame = dataset.frame
+    steps = (frame["time"] - frame["time"].min()) / STEP
+    train_steps = (dataset.validation_start - frame["time"].min()) / STEP
+    np.testing.assert_allclose(frame["time_index"], steps / train_steps, rtol=1e-6)
+
+
+def test_daily_table_prepares_with_daily_calendar():
+    table = make_table({"a": 50, "b": 45})
+    day = table.groupby("id").cumcount() * pd.Timedelta(days=1)
+    table["time"] = pd.Timestamp("2021-01-01", tz="UTC") + day
+    dataset = prepare(table, freq="D")
+    assert dataset.known_feature_names == (*calendar_feature_names("D"), "time_index", "promo")
+    np.testing.assert_allclose(
+        dataset.frame["day_of_week_sin"][:7],
+        np.sin(2 * np.pi * np.array([4, 5, 6, 0, 1, 2, 3]) / 7),  # 2021-01-01 was a Friday
+        atol=1e-6,
+    )
+
+
+# Scaling
+
+
+def test_target_scaler_is_fitted_on_observed_training_targets_only():
+    table = make_table()
+    dataset = prepare(table)
+    train = table[table["time"] < dataset.validation_start]
+    stats = train.groupby("id")["y"].agg(["mean", "std"])
+    np.testing.assert_allclose(dataset.target_scaler.loc, stats["mean"].to_numpy())
+    n = train.groupby("id")["y"].size().to_numpy()
+    np.testing.assert_allclose(
+        dataset.target_scaler.scale, stats["std"].to_numpy() * np.sqrt((n - 1) / n)
+    )
+
+
+def test_changing_later_targets_changes_neither_scaler_nor_training_windows():
+    table = make_table()
+    dataset = prepare(table)
+    changed = table.copy()
+    later = changed["time"] >= dataset.validation_start
+    changed.loc[later, ["y", "temp", "promo"]] = changed.loc[later, ["y", "temp", "promo"]] * 50 + 7
+    other = prepare(changed)
+    np.testing.assert_array_equal(dataset.target_scaler.loc, other.target_scaler.loc)
+    np.testing.assert_array_equal(dataset.target_scaler.scale, other.target_scaler.scale)
+    np.testing.assert_array_equal(dataset.feature_scaler.loc, other.feature_scaler.loc)
+    for key, value in dataset.train.arrays().items():
+        np.testing.assert_array_equal(value, other.train.arrays()[key])
+    assert not np.array_equal(dataset.test.arrays()["target"], other.test.arrays()["target"])
+
+
+@pytest.mark.parametrize("method", ["standard", "robust", "mean_abs", "none"])
+def test_inverse_transform_round_trips_forecast_shaped_arrays(method):
+    dataset = prepare(make_table(), scaler=method)
+    rng = np.random.default_rng(1)
+    codes = rng.integers(0, 2, 7)
+    values = rng.normal(0, 100, (7, 3, 5))
+    scaler = dataset.target_scaler
+    np.testing.assert_allclose(
+        dataset.inverse_transform(scaler.transform(values, codes), codes), values, rtol=1e-12
+    )
+    expected = values * scaler.scale[codes][:, None, None] + scaler.loc[codes][:, None, None]
+    np.testing.assert_allclose(dataset.inverse_transform(values, codes), expected)
+
+
+def test_inverse_transform_rejects_mismatched_codes():
+    dataset = prepare(make_table())
+    with pytest.raises(ValueError, match=r"series_code must have shape \(4,\)"):
+        dataset.inverse_transform(np.zeros((4, 3, 2)), np.zeros(3, dtype=int))
+    with pytest.raises(ValueError, match=r"lie in \[0, 2\)"):
+        dataset.inverse_transform(np.zeros((2, 3)), np.array([0, 2]))
+
+
+# Windows
+
+
+@pytest.mark.parametrize("split", ["train", "validation", "test"])
+def test_window_contents_equal_the_source_rows(split):
+    table = make_table()
+    history, horizon = 6, 3
+    dataset = prepare(table)
+    windows = dataset.split(split)
+    arrays = windows.arrays()
+    train = table[table["time"] < dataset.validation_start]
+    temp_mean, temp_std = train["temp"].mean(), train["temp"].std(ddof=0)
+    promo_mean, promo_std = train["promo"].mean(), train["promo"].std(ddof=0)
+    assert len(windows) > 0
+    for i, start in enumerate(windows.forecast_start):
+        series = dataset.series_ids[arrays["series_code"][i]]
+        past = rows_of(table, series, start - history * STEP, start)
+        ahead = rows_of(table, series, start, start + horizon * STEP)
+        assert len(past) == history and len(ahead) == horizon
+        code = np.array([arrays["series_code"][i]])
+        np.testing.assert_allclose(
+            dataset.inverse_transform(arrays["target"][i : i + 1], code)[0], ahead["y"], rtol=1e-5
+        )
+        np.testing.assert_allclose(
+            dataset.inverse_transform(arrays["historical"][i : i + 1, :, 0], code)[0],
+            past["y"],
+            rtol=1e-5,
+        )
+        np.testing.assert_allclose(
+            arrays["historical"][i, :, 1], (past["temp"] - temp_mean) / temp_std, atol=1e-5
+        )
+        np.testing.assert_array_equal(arrays["historical"][i, :, 2], 0.0)
+        np.testing.assert_allclose(
+            arrays["future"][i, :, -1], (ahead["promo"] - promo_mean) / promo_std, atol=1e-5
+        )
+        np.testing.assert_allclose(
+            arrays["known_history"][i, :, :6], calendar_features(past["time"], "h"), atol=1e-6
+        )
+        np.testing.assert_allclose(
+            arrays["future"][i, :, :6], calendar_features(ahead["time"], "h"), atol=1e-6
+        )
+        assert arrays["static"][i, 0] == past["size"].iloc[0]
+        assert arrays["static_categorical"][i, 0] == arrays["series_code"][i]
+        pd.testing.assert_index_equal(windows.forecast_times(i), pd.DatetimeIndex(ahead["time"]))
+
+
+def test_window_arrays_have_the_model_shapes_and_dtypes():
+    dataset = prepare(make_table())
+    arrays = dataset.train.take(np.arange(4))
+    expected = {
+        "static": ((4, 1), np.float32),
+        "static_categorical": ((4, 1), np.int32),
+        "historical": ((4, 6, 3), np.float32),
+        "known_history": ((4, 6, 8), np.float32),
+        "future": ((4, 3, 8), np.float32),
+        "target": ((4, 3), np.float32),
+        "series_code": ((4,), np.int32),
+    }
+    for key, (shape, dtype) in expected.items():
+        assert arrays[key].shape == shape and arrays[key].dtype == dtype, key
+    config = dataset.tft_config_kwargs()
+    assert config["num_observed_features"] == 3 and config["num_known_features"] == 8
+    assert config["static_categorical_cardinalities"] == (2,)
+    assert dataset.observed_feature_names == ("y", "temp", "y_missing")
+    assert dataset.static_weight_names == ("size", "id")
+
+
+def test_every_window_of_a_gapless_table_is_in_exactly_one_split_or_straddles_a_cut():
+    table = make_table()
+    dataset = prepare(table)
+    counted = sum(len(dataset.split(name)) for name in ("train", "validation", "test"))
+    per_series = table.groupby("id").size().to_numpy() - 6 - 3 + 1
+    cuts = [dataset.validation_start, dataset.test_start]
+    straddling = 0
+    for _, group in table.groupby("id"):
+        times = group["time"].sort_values().to_numpy()
+        for start in range(6, len(times) - 3 + 1):
+            first, last = times[start], times[start + 2]
+            straddling += sum(first < cut <= last for cut in cuts)
+    assert counted + straddling == per_series.sum()
+
+
+def test_csv_path_gives_the_same_windows_as_the_dataframe(tmp_path):
+    table = make_table()
+    path = tmp_path / "table.csv"
+    table.assign(time=table["time"].dt.strftime("%Y-%m-%dT%H:%M:%SZ")).to_csv(path, index=False)
+    from_frame, from_csv = prepare(table), prepare(str(path))
+    for key, value in from_frame.validation.arrays().items():
+        np.testing.assert_array_equal(value, from_csv.validation.arrays()[key])
+
+
+# Split
+
+
+@given(
+    history=st.integers(1, 8),
+    horizon=st.integers(1, 5),
+    validation_fraction=st.sampled_from([0.1, 0.2, 0.3]),
+    test_fraction=st.sampled_from([0.1, 0.2]),
+    stride=st.integers(1, 3),
+)
+def test_split_has_no_leakage(history, horizon, validation_fraction, test_fraction, stride):
+    dataset = prepare(
+        make_table({"a": 90, "b": 70, "c": 60}),
+        history=history,
+        horizon=horizon,
+        validation_fraction=validation_fraction,
+        test_fraction=test_fraction,
+        train_stride=stride,
+        eval_stride=stride,
+    )
+    times = {
+        name: dataset.panel.times[(windows.starts[:, None] + np.arange(horizon)).ravel()]
+        for name in ("train", "validation", "test")
+        for windows in [dataset.split(name)]
+    }
+    assert all(len(value) for value in times.values())
+    assert times["train"].max() < dataset.validation_start <= times["validation"].min()
+    assert times["validation"].max() < dataset.test_start <= times["test"].min()
+    panel = dataset.panel
+    train_history = panel.times[(dataset.train.starts[:, None] + np.arange(-history, 0)).ravel()]
+    assert train_history.max() < dataset.validation_start
+    assert np.all(
+        panel.series_code[dataset.train.starts[:, None] + np.arange(-history, horizon)]
+        == dataset.train.series_code[:, None]
+    )
+
+
+def test_explicit_cut_times_are_respected():
+    table = make_table()
+    dataset = prepare(table, validation_start="2021-03-03 12:00", test_start="2021-03-04")
+    assert dataset.validation_start == pd.Timestamp("2021-03-03 12:00", tz="UTC")
+    assert dataset.validation.forecast_start.min() >= dataset.validation_start
+    last_train = dataset.train.forecast_start.max() + 2 * STEP
+    assert last_train == dataset.validation_start - STEP
+    with pytest.raises(ValueError, match=r"validation_start .*<= test_start"):
+        prepare(table, validation_start="2021-03-04", test_start="2021-03-03")
+
+
+def test_a_split_without_windows_is_an_error():
+    with pytest.raises(ValueError, match=r"the test period .* holds no complete window"):
+        prepare(make_table(), test_fraction=0.01)
+
+
+# Batches
+
+
+def test_batches_cover_every_window_once_in_a_seeded_order():
+    dataset = prepare(make_table())
+    n = len(dataset.train)
+    first = [b["index"] for b in dataset.train.batches(16, seed=3)]
+    again = [b["index"] for b in dataset.train.batches(16, seed=3)]
+    other = [b["index"] for b in dataset.train.batches(16, seed=4)]
+    np.testing.assert_array_equal(np.sort(np.concatenate(first)), np.arange(n))
+    np.testing.assert_array_equal(np.concatenate(first), np.concatenate(again))
+    assert not np.array_equal(np.concatenate(first), np.concatenate(other))
+    assert [len(b) for b in first[:-1]] == [16] * (len(first) - 1)
+
+
+def test_drop_last_skips_only_the_short_final_batch():
+    sizes = [len(b) for b in batch_indices(10, 4, drop_last=True)]
+    assert sizes == [4, 4]
+    assert [len(b) for b in batch_indices(10, 4, shuffle=False)] == [4, 4, 2]
+    np.testing.assert_array_equal(next(batch_indices(10, 4, shuffle=False)), [0, 1, 2, 3])
+
+
+# Bundled data and module boundaries
+
+
+@pytest.fixture(scope="module")
+def pedestrian():
+    return prepare_pedestrian(history=24, horizon=6)
+
+
+def test_pedestrian_table_has_four_hourly_sensors():
+    table = load_pedestrian()
+    assert list(table.columns) == ["Sensor", "Date_Time", "Date", "Time", "Count"]
+    assert len(table) == 66037
+    assert table["Sensor"].nunique() == 4
+
+
+def test_pedestrian_windows_have_the_documented_shapes(pedestrian):
+    arrays = pedestrian.test.take(np.arange(8))
+    assert arrays["static"].shape == (8, 0)
+    assert arrays["historical"].shape == (8, 24, 2)
+    assert arrays["known_history"].shape == (8, 24, 7)
+    assert arrays["future"].shape == (8, 6, 7)
+    assert arrays["target"].shape == (8, 6)
+    assert pedestrian.static_categorical_cardinalities == (4,)
+    summary = pedestrian.summary()
+    assert summary["rows"] == 66037 + 3011
+    assert sorted(summary["filled_target_steps"].values()) == [2, 5, 26, 2978]
+    assert min(summary["windows"].values()) > 1000
+
+
+def test_pedestrian_hour_of_day_is_the_local_time_column(pedestrian):
+    table = load_pedestrian()
+    frame = pedestrian.frame.dropna(subset=["Count"])
+    merged = frame.merge(
+        table.assign(Date_Time=pd.to_datetime(table["Date_Time"])), on=["Sensor", "Date_Time"]
+    )
+    angle = 2 * np.pi * merged["Time"] / 24
+    np.testing.assert_allclose(merged["hour_of_day_sin"], np.sin(angle), atol=1e-6)
+    np.testing.assert_allclose(merged["hour_of_day_cos"], np.cos(angle), atol=1e-6)
+
+
+def test_data_package_imports_neither_the_model_nor_jax():
+    forbidden = ("jax", "flax", "optax", "qat", "tft_jax.model", "tft_jax.train")
+    package = pathlib.Path(__file__).resolve().parent.parent / "tft_jax" / "data"
+    for path in package.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                assert name.startswith("tft_jax.data") or not name.startswith(
+                    (*forbidden, "tft_jax")
+                ), f"{path.name} imports {name}"

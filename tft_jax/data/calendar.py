@@ -1,0 +1,106 @@
+"""Calendar known inputs generated from timestamps, and the relative time index.
+
+Each calendar cycle is encoded as a sin/cos pair of its phase, so the last
+hour of a day sits next to the first:
+
+- hour of day: phase `2π · (hour + minute/60 + second/3600) / 24`;
+- day of week: phase `2π · dayofweek / 7` (Monday = 0);
+- day of year: phase `2π · (dayofyear - 1) / days_in_year` (365, or 366 in
+  leap years; 1 January = 0).
+
+Only the cycles a frequency can resolve are generated: a step shorter than a
+day gets all three; a step of at least a day but under a week (daily,
+business-daily) gets day of week and day of year; a step of a week up to under
+a year (weekly, monthly, quarterly) gets day of year; yearly and longer get
+none. A step's length is its usual duration (`typical_step`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from tft_jax.data.tables import parse_frequency, typical_step
+
+HOUR_OF_DAY = ("hour_of_day_sin", "hour_of_day_cos")
+DAY_OF_WEEK = ("day_of_week_sin", "day_of_week_cos")
+DAY_OF_YEAR = ("day_of_year_sin", "day_of_year_cos")
+TIME_INDEX = "time_index"
+
+
+def _cycles(freq: str) -> tuple[str, ...]:
+    step = typical_step(freq)
+    if step < pd.Timedelta(days=1):
+        return ("hour", "week", "year")
+    if step < pd.Timedelta(days=7):
+        return ("week", "year")
+    if step < pd.Timedelta(days=364):
+        return ("year",)
+    return ()
+
+
+def calendar_feature_names(freq: str) -> tuple[str, ...]:
+    """Names of the calendar features `calendar_features` generates for `freq`, in order."""
+    names = {"hour": HOUR_OF_DAY, "week": DAY_OF_WEEK, "year": DAY_OF_YEAR}
+    return tuple(name for cycle in _cycles(freq) for name in names[cycle])
+
+
+def _local(times: pd.DatetimeIndex, timezone: str | None) -> pd.DatetimeIndex:
+    if timezone is None:
+        return times
+    if times.tz is None:
+        raise ValueError(
+            f"timezone={timezone!r} needs timezone-aware times, got naive ones; "
+            "pass timezone=None or localize the times"
+        )
+    return times.tz_convert(timezone)
+
+
+def _phases(times: pd.DatetimeIndex, cycle: str) -> np.ndarray:
+    if cycle == "hour":
+        hours = times.hour + times.minute / 60.0 + times.second / 3600.0
+        return np.asarray(hours, dtype=np.float64) / 24.0
+    if cycle == "week":
+        return np.asarray(times.day_of_week, dtype=np.float64) / 7.0
+    days_in_year = np.where(times.is_leap_year, 366.0, 365.0)
+    return (np.asarray(times.day_of_year, dtype=np.float64) - 1.0) / days_in_year
+
+
+def calendar_features(
+    times: pd.DatetimeIndex, freq: str, timezone: str | None = None
+) -> np.ndarray:
+    """Sin/cos calendar features of `times`, read in `timezone` (see the module docstring).
+
+    Args:
+      times: (R,) timestamps.
+      freq: the sampling frequency; selects the cycles.
+      timezone: IANA zone to convert timezone-aware `times` to first; None
+        reads them as they are.
+
+    Returns:
+      (R, F) float64, columns named by `calendar_feature_names(freq)`.
+    """
+    local = _local(pd.DatetimeIndex(times), timezone)
+    columns = []
+    for cycle in _cycles(freq):
+        angle = 2.0 * np.pi * _phases(local, cycle)
+        columns += [np.sin(angle), np.cos(angle)]
+    if not columns:
+        return np.zeros((len(local), 0))
+    return np.stack(columns, axis=-1)
+
+
+def steps_since(times: pd.DatetimeIndex, origin: pd.Timestamp, freq: str) -> np.ndarray:
+    """Number of `freq` steps from `origin` to each of `times`, as (R,) float64.
+
+    Fixed-length frequencies ('h', 'D', '15min') divide the elapsed time by the
+    step; calendar frequencies ('W', 'MS', 'B') count grid points from `origin`.
+    """
+    times = pd.DatetimeIndex(times)
+    offset = parse_frequency(freq)
+    try:
+        step = pd.Timedelta(offset)
+    except ValueError:
+        grid = pd.date_range(origin, times.max(), freq=offset)
+        return grid.searchsorted(times).astype(np.float64)
+    return np.asarray((times - origin) / step, dtype=np.float64)

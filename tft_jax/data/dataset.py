@@ -1,0 +1,438 @@
+"""`prepare_dataset`: a long-format table to train/validation/test windows for the TFT.
+
+Inputs per window (the order of the feature names below is the order of the
+last axis of each array):
+
+- static: the real-valued `static_cols` as given; static categorical: the
+  series id as an integer code (sorted ids -> 0 .. n-1).
+- observed (U): the target scaled per series, the `observed_cols`
+  standardised, and the missing indicator `<target>_missing` (1 = the target
+  at that step was filled).
+- known (K): the calendar sin/cos pairs (`calendar.py`), `time_index` (steps
+  since the earliest timestamp of the table divided by the number of steps in
+  the training period, so 0..1 over training), then the `known_cols`
+  standardised.
+
+Scalers are fitted on the training period only (rows before the validation
+start; observed target values only). The split is by time: a window belongs
+to the period containing all of its forecast steps (windows straddling a cut
+are not used); its history may reach back into earlier periods. Train
+targets therefore all precede the validation start and validation targets
+the test start. By default windows whose horizon contains a filled target
+are left out of every split (they would teach and score made-up values);
+their timestamps stay in the grid, flagged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tft_jax.data.calendar import TIME_INDEX, calendar_feature_names, calendar_features, steps_since
+from tft_jax.data.scaling import FeatureScaler, TargetScaler
+from tft_jax.data.tables import TableSpec, read_table, to_regular_grid, validate_table
+from tft_jax.data.windows import Panel, WindowSet, window_starts
+
+SPLITS = ("train", "validation", "test")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PreparedDataset:
+    """A table turned into windows for the TFT, with what is needed to build and read the model.
+
+    Attributes:
+      spec: the table spec.
+      history: T.
+      horizon: H.
+      series_ids: original id of each series code.
+      static_feature_names: (S,) names of the real-valued statics.
+      static_categorical_names: (C,) names of the categorical statics (the id column).
+      static_categorical_cardinalities: (C,) number of categories of each.
+      known_feature_names: (K,) names of the known inputs.
+      observed_feature_names: (U,) names of the observed inputs.
+      target_scaler: the per-series target scaler (fitted on training).
+      feature_scaler: standardisation of `observed_cols` then `known_cols`.
+      validation_start: first time of the validation period.
+      test_start: first time of the test period.
+      train, validation, test: the windows of each period.
+      frame: the regular grid as a DataFrame, rows in panel order: id, time,
+        the target in its own units (NaN where missing), the missing
+        indicator, `series_code` and the known inputs under their names.
+    """
+
+    spec: TableSpec
+    history: int
+    horizon: int
+    series_ids: tuple[Any, ...]
+    static_feature_names: tuple[str, ...]
+    static_categorical_names: tuple[str, ...]
+    static_categorical_cardinalities: tuple[int, ...]
+    known_feature_names: tuple[str, ...]
+    observed_feature_names: tuple[str, ...]
+    target_scaler: TargetScaler
+    feature_scaler: FeatureScaler
+    validation_start: pd.Timestamp
+    test_start: pd.Timestamp
+    train: WindowSet
+    validation: WindowSet
+    test: WindowSet
+    frame: pd.DataFrame
+
+    @property
+    def panel(self) -> Panel:
+        """The panel all splits index into."""
+        return self.train.panel
+
+    @property
+    def num_series(self) -> int:
+        """Number of series."""
+        return len(self.series_ids)
+
+    @property
+    def num_static_features(self) -> int:
+        """S, the real-valued statics."""
+        return len(self.static_feature_names)
+
+    @property
+    def num_known_features(self) -> int:
+        """K, the known inputs."""
+        return len(self.known_feature_names)
+
+    @property
+    def num_observed_features(self) -> int:
+        """U, the observed inputs (scaled target included)."""
+        return len(self.observed_feature_names)
+
+    @property
+    def static_weight_names(self) -> tuple[str, ...]:
+        """Labels for the model's `static_weights` (S + C): real statics, then categorical."""
+        return self.static_feature_names + self.static_categorical_names
+
+    @property
+    def history_weight_names(self) -> tuple[str, ...]:
+        """Labels for `history_weights` (U + K) when `known_history` is passed: observed, known."""
+        return self.observed_feature_names + self.known_feature_names
+
+    def split(self, name: str) -> WindowSet:
+        """The windows of split `name` ('train', 'validation' or 'test')."""
+        if name not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {name!r}")
+        return getattr(self, name)
+
+    def tft_config_kwargs(self) -> dict[str, Any]:
+        """The data-determined `TFTConfig` fields: `TFTConfig(**ds.tft_config_kwargs(), ...)`.
+
+        `use_known_history` is True since every window carries `known_history`
+        (the known inputs over the history, as in the paper).
+        """
+        return {
+            "num_static_features": self.num_static_features,
+            "num_known_features": self.num_known_features,
+            "num_observed_features": self.num_observed_features,
+            "sequence_length": self.history,
+            "prediction_horizon": self.horizon,
+            "static_categorical_cardinalities": self.static_categorical_cardinalities,
+            "use_known_history": True,
+        }
+
+    def inverse_transform(self, values: np.ndarray, series_code: np.ndarray) -> np.ndarray:
+        """Scaled values (B, ...), e.g. quantile forecasts (B, H, Q), in the target's units."""
+        return self.target_scaler.inverse_transform(values, series_code)
+
+    def summary(self) -> dict[str, Any]:
+        """Counts for a report: grid rows, inserted/filled target steps per series, windows."""
+        missing = self.frame.groupby(self.spec.id_col, sort=True)[self.missing_col].sum()
+        return {
+            "series": self.num_series,
+            "rows": len(self.frame),
+            "filled_target_steps": {str(k): int(v) for k, v in missing.items()},
+            "validation_start": str(self.validation_start),
+            "test_start": str(self.test_start),
+            "windows": {name: len(self.split(name)) for name in SPLITS},
+        }
+
+    @property
+    def missing_col(self) -> str:
+        """Name of the missing indicator input."""
+        return missing_column(self.spec)
+
+
+def missing_column(spec: TableSpec) -> str:
+    """Name of the missing-target indicator for `spec`: `<target>_missing`."""
+    return f"{spec.target}_missing"
+
+
+def _to_timestamp(value: Any, name: str, tz: Any, timezone: str | None) -> pd.Timestamp:
+    try:
+        stamp = pd.Timestamp(value)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"{name}={value!r} is not a timestamp ({error})") from None
+    if tz is not None and stamp.tz is None:
+        return stamp.tz_localize(timezone or tz)
+    if tz is None and stamp.tz is not None:
+        raise ValueError(
+            f"{name}={value!r} carries a timezone but the time column has none; "
+            "pass a naive timestamp"
+        )
+    return stamp
+
+
+def _check_fraction(name: str, value: float) -> None:
+    if not isinstance(value, int | float) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+
+
+def split_times(
+    times: pd.DatetimeIndex,
+    end: pd.Timestamp,
+    validation_fraction: float,
+    test_fraction: float,
+) -> tuple[pd.Timestamp, pd.Timestamp]:
+    """Cut times splitting the span `[times.min(), end)` by fractions, snapped to `times`.
+
+    Each cut is the first of `times` at or after its fractional position, or
+    `end` if none is.
+    """
+    _check_fraction("validation_fraction", validation_fraction)
+    _check_fraction("test_fraction", test_fraction)
+    if validation_fraction + test_fraction >= 1.0:
+        raise ValueError(
+            "validation_fraction + test_fraction must be < 1, got "
+            f"{validation_fraction} + {test_fraction}"
+        )
+    unique = pd.DatetimeIndex(times.unique()).sort_values()
+    span = end - unique[0]
+
+    def snap(fraction: float) -> pd.Timestamp:
+        position = unique.searchsorted(unique[0] + span * fraction)
+        return unique[position] if position < len(unique) else end
+
+    return snap(1.0 - validation_fraction - test_fraction), snap(1.0 - test_fraction)
+
+
+def _feature_arrays(
+    grid: pd.DataFrame,
+    spec: TableSpec,
+    train_rows: np.ndarray,
+    validation_start: pd.Timestamp,
+) -> tuple[np.ndarray, np.ndarray, FeatureScaler, tuple[str, ...]]:
+    """Standardised observed columns (R, U-2), known inputs (R, K), their scaler, calendar names.
+
+    Known inputs are the calendar features, the time index, then the
+    standardised `known_cols`.
+    """
+    times = pd.DatetimeIndex(grid[spec.time_col])
+    user = list(spec.observed_cols) + list(spec.known_cols)
+    scaler = FeatureScaler.fit(grid.loc[train_rows, user].to_numpy(dtype=np.float64))
+    scaled_user = scaler.transform(grid[user].to_numpy(dtype=np.float64))
+    observed_user = scaled_user[:, : len(spec.observed_cols)]
+    known_user = scaled_user[:, len(spec.observed_cols) :]
+    origin = times.min()
+    train_steps = steps_since(pd.DatetimeIndex([validation_start]), origin, spec.freq)[0]
+    time_index = steps_since(times, origin, spec.freq) / max(train_steps, 1.0)
+    calendar = calendar_features(times, spec.freq, spec.timezone)
+    known = np.concatenate([calendar, time_index[:, None], known_user], axis=1)
+    return observed_user, known, scaler, calendar_feature_names(spec.freq)
+
+
+def _windows(
+    panel: Panel,
+    history: int,
+    horizon: int,
+    periods: dict[str, tuple[pd.Timestamp, pd.Timestamp]],
+    strides: dict[str, int],
+    require_observed_target: bool,
+) -> dict[str, WindowSet]:
+    return {
+        name: WindowSet(
+            panel=panel,
+            starts=window_starts(
+                panel, history, horizon, begin, end, strides[name], require_observed_target
+            ),
+            history=history,
+            horizon=horizon,
+        )
+        for name, (begin, end) in periods.items()
+    }
+
+
+def _check_windows(
+    windows: dict[str, WindowSet],
+    periods: dict[str, tuple[pd.Timestamp, pd.Timestamp]],
+    horizon: int,
+    wanted: dict[str, bool],
+) -> None:
+    """Raises if a period that was asked for (`wanted`) has no window."""
+    for name, window_set in windows.items():
+        begin, end = periods[name]
+        if len(window_set) == 0 and wanted[name]:
+            raise ValueError(
+                f"the {name} period [{begin}, {end}) holds no complete window (a window needs "
+                f"history steps before it and {horizon} horizon steps inside it with an observed "
+                "target); widen that period (fractions or cut times) or shorten history/horizon"
+            )
+
+
+def prepare_dataset(
+    table: pd.DataFrame | str | os.PathLike,
+    *,
+    id_col: str,
+    time_col: str,
+    target: str,
+    freq: str,
+    history: int,
+    horizon: int,
+    static_cols: Sequence[str] = (),
+    known_cols: Sequence[str] = (),
+    observed_cols: Sequence[str] = (),
+    timezone: str | None = None,
+    validation_fraction: float = 0.1,
+    test_fraction: float = 0.1,
+    validation_start: Any = None,
+    test_start: Any = None,
+    scaler: str = "standard",
+    train_stride: int = 1,
+    eval_stride: int = 1,
+    require_observed_target: bool = True,
+) -> PreparedDataset:
+    """Validates a long-format table and turns it into TFT windows (see the module docstring).
+
+    Args:
+      table: a DataFrame or a CSV path, one row per (series, time).
+      id_col, time_col, target, static_cols, known_cols, observed_cols, freq,
+        timezone: the column roles and sampling (see `TableSpec`).
+      history: T, steps of history per window.
+      horizon: H, steps forecast per window.
+      validation_fraction, test_fraction: shares of the table's time span
+        (earliest to latest timestamp) given to validation and test, at the end.
+      validation_start, test_start: explicit cut times instead of the
+        fractions (naive ones read in `timezone`, else the time column's zone).
+      scaler: target scaler method, one of `scaling.TARGET_SCALERS`.
+      train_stride, eval_stride: keep every n-th window per series in
+        training / in validation and test.
+      require_observed_target: leave out windows whose horizon has a filled target.
+
+    Returns:
+      The `PreparedDataset`.
+
+    Raises:
+      ValueError: for a bad table (see `validate_table`), bad cuts, a series
+        with no training target, or a period without any window.
+    """
+    spec = TableSpec(
+        id_col=id_col,
+        time_col=time_col,
+        target=target,
+        static_cols=tuple(static_cols),
+        known_cols=tuple(known_cols),
+        observed_cols=tuple(observed_cols),
+        freq=freq,
+        timezone=timezone,
+    )
+    missing_col = missing_column(spec)
+    calendar_names = calendar_feature_names(freq)
+    generated = {missing_col, TIME_INDEX, "series_code", *calendar_names}
+    clash = generated.intersection(spec.columns)
+    if clash:
+        raise ValueError(
+            f"column names {sorted(clash)} are reserved for generated inputs; rename them"
+        )
+    clean = validate_table(read_table(table), spec, history, horizon)
+    grid = to_regular_grid(clean, spec, missing_col)
+    times = pd.DatetimeIndex(grid[spec.time_col])
+    end = times.max() + pd.tseries.frequencies.to_offset(freq)
+
+    if validation_start is None and test_start is None:
+        cut_validation, cut_test = split_times(times, end, validation_fraction, test_fraction)
+    elif validation_start is None or test_start is None:
+        raise ValueError("pass both validation_start and test_start, or neither (use fractions)")
+    else:
+        cut_validation = _to_timestamp(validation_start, "validation_start", times.tz, timezone)
+        cut_test = _to_timestamp(test_start, "test_start", times.tz, timezone)
+    if not times.min() < cut_validation <= cut_test:
+        raise ValueError(
+            f"cuts must satisfy first time {times.min()} < validation_start {cut_validation} "
+            f"<= test_start {cut_test}"
+        )
+
+    series_code, series_ids = pd.factorize(grid[spec.id_col], sort=True)
+    # Rows of a series must be contiguous and in code order; the grid is already
+    # time-ordered within each series, so a stable sort by code keeps that.
+    order = np.argsort(series_code, kind="stable")
+    grid = grid.iloc[order].reset_index(drop=True)
+    times = pd.DatetimeIndex(grid[spec.time_col])
+    series_code = series_code[order].astype(np.int32)
+    num_series = len(series_ids)
+    train_rows = np.asarray(times < cut_validation)
+    raw_target = grid[spec.target].to_numpy(dtype=np.float64)
+    target_mask = 1.0 - grid[missing_col].to_numpy(dtype=np.float64)
+    target_scaler = TargetScaler.fit(
+        np.where(target_mask[train_rows] > 0, raw_target[train_rows], np.nan),
+        series_code[train_rows],
+        num_series,
+        scaler,
+        series_names=list(series_ids),
+    )
+    scaled_target = target_scaler.transform(raw_target, series_code)
+    observed_user, known, feature_scaler, calendar_names = _feature_arrays(
+        grid, spec, train_rows, cut_validation
+    )
+    observed = np.concatenate(
+        [scaled_target[:, None], observed_user, grid[[missing_col]].to_numpy(np.float64)], axis=1
+    )
+    first_rows = np.searchsorted(series_code, np.arange(num_series))
+    panel = Panel(
+        series_code=series_code,
+        times=times,
+        observed=observed.astype(np.float32),
+        known=known.astype(np.float32),
+        target=scaled_target.astype(np.float32),
+        target_mask=target_mask.astype(np.float32),
+        static=grid[list(spec.static_cols)].to_numpy(np.float32)[first_rows],
+        series_start=first_rows.astype(np.int64),
+        series_length=np.bincount(series_code, minlength=num_series).astype(np.int64),
+    )
+    periods = {
+        "train": (times.min(), cut_validation),
+        "validation": (cut_validation, cut_test),
+        "test": (cut_test, end),
+    }
+    strides = {"train": train_stride, "validation": eval_stride, "test": eval_stride}
+    windows = _windows(panel, history, horizon, periods, strides, require_observed_target)
+    if validation_start is None:
+        wanted = {"validation": validation_fraction > 0, "test": test_fraction > 0}
+    else:
+        wanted = {name: begin < end for name, (begin, end) in periods.items()}
+    _check_windows(windows, periods, horizon, {**wanted, "train": True})
+
+    known_names = (*calendar_names, TIME_INDEX, *spec.known_cols)
+    observed_names = (spec.target, *spec.observed_cols, missing_col)
+    frame = grid[[spec.id_col, spec.time_col]].copy()
+    frame[spec.target] = np.where(target_mask > 0, raw_target, np.nan)
+    frame[missing_col] = grid[missing_col]
+    frame["series_code"] = series_code
+    frame[list(known_names)] = panel.known
+    return PreparedDataset(
+        spec=spec,
+        history=history,
+        horizon=horizon,
+        series_ids=tuple(series_ids),
+        static_feature_names=spec.static_cols,
+        static_categorical_names=(spec.id_col,),
+        static_categorical_cardinalities=(num_series,),
+        known_feature_names=known_names,
+        observed_feature_names=observed_names,
+        target_scaler=target_scaler,
+        feature_scaler=feature_scaler,
+        validation_start=cut_validation,
+        test_start=cut_test,
+        train=windows["train"],
+        validation=windows["validation"],
+        test=windows["test"],
+        frame=frame,
+    )

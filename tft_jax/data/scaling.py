@@ -1,0 +1,167 @@
+"""Affine scalers fitted on the training period: per-series for the target, per-column for inputs.
+
+Both map `x -> (x - loc) / scale`. A scale that is zero, not finite, or below
+`1e-8 · max(1, |loc|)` (a constant series or column) is replaced by 1, so a
+constant is centred but never divided by ~0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+TARGET_SCALERS = ("standard", "robust", "mean_abs", "none")
+
+
+def _location_scale(values: np.ndarray, method: str) -> tuple[float, float]:
+    """Location and scale of a 1-D array with no NaN, by `method`."""
+    if values.size == 0:
+        raise ValueError("cannot fit a scaler on no values")
+    if method == "standard":
+        loc, scale = float(np.mean(values)), float(np.std(values))
+    elif method == "robust":
+        q25, q50, q75 = np.quantile(values, (0.25, 0.5, 0.75))
+        loc, scale = float(q50), float(q75 - q25)
+    elif method == "mean_abs":
+        loc, scale = 0.0, float(np.mean(np.abs(values)))
+    else:
+        loc, scale = 0.0, 1.0
+    if not np.isfinite(scale) or scale <= 1e-8 * max(1.0, abs(loc)):
+        scale = 1.0
+    return loc, scale
+
+
+def _check_codes(codes: np.ndarray, leading: int, num_series: int) -> np.ndarray:
+    codes = np.asarray(codes)
+    if codes.ndim != 1 or codes.shape[0] != leading:
+        raise ValueError(
+            f"series_code must have shape ({leading},) to match values, got {codes.shape}"
+        )
+    if not np.issubdtype(codes.dtype, np.integer):
+        raise TypeError(f"series_code must hold integers, got dtype {codes.dtype}")
+    if codes.size and (codes.min() < 0 or codes.max() >= num_series):
+        raise ValueError(
+            f"series_code values must lie in [0, {num_series}), got range "
+            f"[{codes.min()}, {codes.max()}]"
+        )
+    return codes
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TargetScaler:
+    """Per-series affine scaling of the target, `scaled = (y - loc[code]) / scale[code]`.
+
+    Methods: 'standard' (mean, population std), 'robust' (median,
+    interquartile range), 'mean_abs' (0, mean of |y|), 'none' (0, 1).
+
+    Attributes:
+      loc: (num_series,) float64 location per series code.
+      scale: (num_series,) float64 positive scale per series code.
+      method: the method the scaler was fitted with.
+    """
+
+    loc: np.ndarray
+    scale: np.ndarray
+    method: str
+
+    @classmethod
+    def fit(
+        cls,
+        values: np.ndarray,
+        codes: np.ndarray,
+        num_series: int,
+        method: str = "standard",
+        series_names: Sequence[object] | None = None,
+    ) -> TargetScaler:
+        """Fits one location and scale per series from `values`, ignoring NaN.
+
+        Args:
+          values: (R,) target values; only the rows to fit on (the training
+            period), NaN where missing.
+          codes: (R,) int series code of each value, in [0, num_series).
+          num_series: number of series.
+          method: one of `TARGET_SCALERS`.
+          series_names: names for error messages, indexed by code.
+
+        Raises:
+          ValueError: for an unknown method, or a series without any value.
+        """
+        if method not in TARGET_SCALERS:
+            raise ValueError(f"scaler must be one of {TARGET_SCALERS}, got {method!r}")
+        values = np.asarray(values, dtype=np.float64)
+        codes = _check_codes(codes, values.shape[0], num_series)
+        present = ~np.isnan(values)
+        loc, scale = np.zeros(num_series), np.ones(num_series)
+        for code in range(num_series):
+            series_values = values[(codes == code) & present]
+            if series_values.size == 0:
+                name = series_names[code] if series_names is not None else code
+                raise ValueError(
+                    f"series {name!r} has no observed target in the training period, so its "
+                    "scaler cannot be fitted there; move the validation start later or drop "
+                    "that series"
+                )
+            loc[code], scale[code] = _location_scale(series_values, method)
+        return cls(loc=loc, scale=scale, method=method)
+
+    @property
+    def num_series(self) -> int:
+        """Number of series the scaler covers."""
+        return int(self.loc.shape[0])
+
+    def _broadcast(self, values: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if values.ndim == 0:
+            raise ValueError("values must have a leading batch axis (B, ...), got a scalar")
+        codes = _check_codes(codes, values.shape[0], self.num_series)
+        trailing = (1,) * (values.ndim - 1)
+        return self.loc[codes].reshape(-1, *trailing), self.scale[codes].reshape(-1, *trailing)
+
+    def transform(self, values: np.ndarray, series_code: np.ndarray) -> np.ndarray:
+        """Scales `values` (B, ...) of the series `series_code` (B,); returns float64."""
+        values = np.asarray(values, dtype=np.float64)
+        loc, scale = self._broadcast(values, series_code)
+        return (values - loc) / scale
+
+    def inverse_transform(self, values: np.ndarray, series_code: np.ndarray) -> np.ndarray:
+        """Maps scaled `values` (B, ...), e.g. forecasts (B, H, Q), back to the target's units.
+
+        Args:
+          values: (B, ...) scaled values; any trailing shape.
+          series_code: (B,) int series code of each row.
+
+        Returns:
+          (B, ...) float64 `values * scale[code] + loc[code]`.
+        """
+        values = np.asarray(values, dtype=np.float64)
+        loc, scale = self._broadcast(values, series_code)
+        return values * scale + loc
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FeatureScaler:
+    """Per-column standardisation `(x - mean) / std` of real-valued inputs, shared by all series.
+
+    Attributes:
+      loc: (F,) column means.
+      scale: (F,) column standard deviations (1 for constant columns).
+    """
+
+    loc: np.ndarray
+    scale: np.ndarray
+
+    @classmethod
+    def fit(cls, values: np.ndarray) -> FeatureScaler:
+        """Fits on `values` (R, F), the training rows, ignoring NaN."""
+        values = np.asarray(values, dtype=np.float64)
+        if values.ndim != 2:
+            raise ValueError(f"values must be (R, F), got shape {values.shape}")
+        stats = [_location_scale(column[~np.isnan(column)], "standard") for column in values.T]
+        loc = np.array([s[0] for s in stats], dtype=np.float64)
+        scale = np.array([s[1] for s in stats], dtype=np.float64)
+        return cls(loc=loc, scale=scale)
+
+    def transform(self, values: np.ndarray) -> np.ndarray:
+        """Standardises `values` (R, F); returns float64."""
+        return (np.asarray(values, dtype=np.float64) - self.loc) / self.scale

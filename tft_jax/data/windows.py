@@ -1,0 +1,212 @@
+"""Sliding windows over a panel of regular series, gathered lazily into model-ready arrays.
+
+A window is identified by the row `s` of its first forecast step in the
+concatenated panel: its history is rows `s-T .. s-1` and its horizon rows
+`s .. s+H-1`, all of one series. Arrays are gathered only for the windows
+asked for, so an epoch over many long windows never holds them all at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import numpy as np
+import pandas as pd
+
+MODEL_FIELDS = (
+    "static",
+    "static_categorical",
+    "historical",
+    "future",
+    "known_history",
+    "target",
+)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Panel:
+    """All series on their regular grids, concatenated row-wise (R rows), as model inputs.
+
+    Attributes:
+      series_code: (R,) int32 series code of each row; rows of a series are
+        contiguous and in time order.
+      times: (R,) timestamps of the rows.
+      observed: (R, U) float32 observed inputs (scaled target first).
+      known: (R, K) float32 known inputs.
+      target: (R,) float32 scaled target, gaps filled.
+      target_mask: (R,) float32, 1 where the target was observed, 0 where filled.
+      static: (num_series, S) float32 real-valued statics per series code.
+      series_start: (num_series,) int64 first row of each series.
+      series_length: (num_series,) int64 number of rows of each series.
+    """
+
+    series_code: np.ndarray
+    times: pd.DatetimeIndex
+    observed: np.ndarray
+    known: np.ndarray
+    target: np.ndarray
+    target_mask: np.ndarray
+    static: np.ndarray
+    series_start: np.ndarray
+    series_length: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.series_code.shape[0])
+
+
+def window_starts(
+    panel: Panel,
+    history: int,
+    horizon: int,
+    begin: pd.Timestamp,
+    end: pd.Timestamp,
+    stride: int = 1,
+    require_observed_target: bool = True,
+) -> np.ndarray:
+    """Rows of the first forecast step of every window whose horizon lies in `[begin, end)`.
+
+    A window needs `history` rows of its own series before its start and
+    `horizon` rows from it; its history may reach back before `begin`.
+
+    Args:
+      panel: the panel.
+      history: T.
+      horizon: H.
+      begin: earliest allowed time of the first forecast step.
+      end: the last forecast step must be earlier than this.
+      stride: keep every `stride`-th eligible window of each series, from its first.
+      require_observed_target: drop windows with a filled (missing) target in the horizon.
+
+    Returns:
+      (N,) int64 start rows, ordered by series code then time.
+    """
+    if isinstance(stride, bool) or not isinstance(stride, int | np.integer) or stride < 1:
+        raise ValueError(f"stride must be an int >= 1, got {stride!r}")
+    rows = np.arange(len(panel), dtype=np.int64)
+    code = panel.series_code
+    offset = rows - panel.series_start[code]
+    fits = (offset >= history) & (offset + horizon <= panel.series_length[code])
+    candidates = rows[fits]
+    last = candidates + horizon - 1
+    times = panel.times
+    inside = (times[candidates] >= begin) & (times[last] < end)
+    candidates = candidates[np.asarray(inside)]
+    if require_observed_target:
+        filled = np.concatenate([[0.0], np.cumsum(1.0 - panel.target_mask)])
+        candidates = candidates[filled[candidates + horizon] - filled[candidates] == 0]
+    if stride == 1:
+        return candidates
+    keep = np.zeros(candidates.shape[0], dtype=bool)
+    for series in np.unique(code[candidates]):
+        (positions,) = np.nonzero(code[candidates] == series)
+        keep[positions[::stride]] = True
+    return candidates[keep]
+
+
+def batch_indices(
+    num_items: int,
+    batch_size: int,
+    *,
+    shuffle: bool = True,
+    seed: int | np.random.Generator = 0,
+    drop_last: bool = False,
+) -> Iterator[np.ndarray]:
+    """Yields index arrays that cover `range(num_items)` once, in batches.
+
+    Args:
+      num_items: number of items.
+      batch_size: items per batch.
+      shuffle: permute with `np.random.default_rng(seed)` first.
+      seed: int seed or a Generator; one seed gives one order.
+      drop_last: skip the final batch when it is smaller than `batch_size`.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer):
+        raise TypeError(f"batch_size must be an int, got {batch_size!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    order = np.random.default_rng(seed).permutation(num_items) if shuffle else np.arange(num_items)
+    stop = num_items - num_items % batch_size if drop_last else num_items
+    for first in range(0, stop, batch_size):
+        yield order[first : first + batch_size]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class WindowSet:
+    """The windows of one split (N of them) over a shared panel.
+
+    Attributes:
+      panel: the panel the windows index into.
+      starts: (N,) int64 row of each window's first forecast step.
+      history: T.
+      horizon: H.
+    """
+
+    panel: Panel
+    starts: np.ndarray
+    history: int
+    horizon: int
+
+    def __len__(self) -> int:
+        return int(self.starts.shape[0])
+
+    @property
+    def series_code(self) -> np.ndarray:
+        """(N,) int32 series code of each window."""
+        return self.panel.series_code[self.starts]
+
+    @property
+    def forecast_start(self) -> pd.DatetimeIndex:
+        """(N,) time of each window's first forecast step."""
+        return self.panel.times[self.starts]
+
+    def forecast_times(self, window: int) -> pd.DatetimeIndex:
+        """(H,) times of the forecast steps of window number `window`."""
+        start = self.starts[window]
+        return self.panel.times[start : start + self.horizon]
+
+    def take(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+        """Gathers windows `indices` (B,) into arrays for the model.
+
+        Returns:
+          A dict of NumPy arrays: `static` (B, S) float32, `static_categorical`
+          (B, 1) int32 (the series code), `historical` (B, T, U) float32,
+          `known_history` (B, T, K) float32, `future` (B, H, K) float32,
+          `target` (B, H) float32 (scaled), `target_mask` (B, H) float32 (1 =
+          observed), `series_code` (B,) int32 and `index` (B,) int64 (the
+          window numbers, for `forecast_start`).
+        """
+        indices = np.asarray(indices, dtype=np.int64)
+        starts = self.starts[indices]
+        past = starts[:, None] + np.arange(-self.history, 0)
+        ahead = starts[:, None] + np.arange(self.horizon)
+        code = self.panel.series_code[starts]
+        return {
+            "static": self.panel.static[code],
+            "static_categorical": code[:, None].astype(np.int32),
+            "historical": self.panel.observed[past],
+            "known_history": self.panel.known[past],
+            "future": self.panel.known[ahead],
+            "target": self.panel.target[ahead],
+            "target_mask": self.panel.target_mask[ahead],
+            "series_code": code.astype(np.int32),
+            "index": indices,
+        }
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """All N windows at once, as `take` returns them."""
+        return self.take(np.arange(len(self)))
+
+    def batches(
+        self,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int | np.random.Generator = 0,
+        drop_last: bool = False,
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """Yields one epoch of batches, each a dict as `take` returns (see `batch_indices`)."""
+        for indices in batch_indices(
+            len(self), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last
+        ):
+            yield self.take(indices)
