@@ -281,7 +281,7 @@ def test_batched_variable_linear_equals_separate_linear_maps():
         ("num_observed_features", 0, "num_observed_features must be >= 1, got 0"),
         ("sequence_length", 0, "sequence_length must be >= 1, got 0"),
         ("static_categorical_cardinalities", (3, 0), r"cardinalities\[1\] must be >= 1"),
-        ("dtype", "float64", "dtype must be one of"),
+        ("dtype", "int8", "dtype must be one of"),
     ],
 )
 def test_config_rejects_bad_values_naming_the_field(field, value, message):

@@ -67,14 +67,16 @@ def scaled_dot_product_attention(
       probabilities before dropout (what interpretability reads).
     """
     dtype = query.dtype
+    # The softmax runs in at least float32 (float64 stays float64 for finite differences).
+    softmax_dtype = jnp.promote_types(dtype, jnp.float32)
     depth = query.shape[-1]
-    logits = jnp.matmul(query, jnp.swapaxes(key, -1, -2)).astype(jnp.float32)
-    logits = logits / (math.sqrt(depth) * jnp.asarray(temperature, jnp.float32))
+    logits = jnp.matmul(query, jnp.swapaxes(key, -1, -2)).astype(softmax_dtype)
+    logits = logits / (math.sqrt(depth) * jnp.asarray(temperature, softmax_dtype))
     if mask is not None:
         mask = jnp.asarray(mask, bool)
         # The dtype's lowest finite value, not -inf or -1e9: no inf - inf in the softmax,
         # no overflow in half precision (pytorch-forecasting issue #285).
-        logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+        logits = jnp.where(mask, logits, jnp.finfo(softmax_dtype).min)
     weights = jax.nn.softmax(logits, axis=-1)
     if mask is not None:
         weights = jnp.where(jnp.any(mask, axis=-1, keepdims=True), weights, 0.0)

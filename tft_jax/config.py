@@ -9,7 +9,13 @@ from typing import Any
 
 import jax.numpy as jnp
 
-_FLOAT_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# float64 is for gradient checks under `jax.enable_x64` only.
+_FLOAT_DTYPES = {
+    "float32": jnp.float32,
+    "bfloat16": jnp.bfloat16,
+    "float16": jnp.float16,
+    "float64": jnp.float64,
+}
 
 
 def _require_int(name: str, value: Any, minimum: int) -> None:
@@ -54,7 +60,8 @@ class TFTConfig:
       use_known_history: whether the model takes the known inputs over the
         history too (`known_history (B, T, K)`, as in the paper); they then
         join the observed inputs in the history's variable selection.
-      dtype: compute dtype (`float32` or `bfloat16`); parameters stay `param_dtype`.
+      dtype: compute dtype (`float32` or `bfloat16`; `float64` for finite-difference
+        checks under `jax.enable_x64`); parameters stay `param_dtype`.
       param_dtype: parameter dtype.
     """
 

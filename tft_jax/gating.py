@@ -56,10 +56,11 @@ class FeatureLayerNorm(nn.Module):
         scale = self.param("scale", nn.initializers.ones_init(), shape, self.param_dtype)
         bias = self.param("bias", nn.initializers.zeros_init(), shape, self.param_dtype)
         dtype = self.dtype or x.dtype
-        x32 = x.astype(jnp.float32)
-        mean = jnp.mean(x32, axis=-1, keepdims=True)
-        variance = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
-        normalized = (x32 - mean) * jnp.reciprocal(jnp.sqrt(variance + self.epsilon))
+        # Statistics in at least float32, whatever the compute dtype.
+        wide = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+        mean = jnp.mean(wide, axis=-1, keepdims=True)
+        variance = jnp.mean(jnp.square(wide - mean), axis=-1, keepdims=True)
+        normalized = (wide - mean) * jnp.reciprocal(jnp.sqrt(variance + self.epsilon))
         return (normalized * scale + bias).astype(dtype)
 
 

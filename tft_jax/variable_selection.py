@@ -56,12 +56,16 @@ class VariableSelectionNetwork(nn.Module):
             **common,
         )(embedded, context if single else None, deterministic)
         if single:
-            weights = jnp.ones(embedded.shape[:-1], jnp.float32)
+            weights = jnp.ones(
+                embedded.shape[:-1], jnp.promote_types(embedded.dtype, jnp.float32)
+            )
         else:
             flat = embedded.reshape(*embedded.shape[:-2], self.num_variables * width)
             logits = GatedResidualNetwork(
                 self.num_variables, hidden_features=self.features, name="selection_grn", **common
             )(flat, context, deterministic)
-            weights = nn.softmax(logits.astype(jnp.float32), axis=-1)
+            weights = nn.softmax(
+                logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), axis=-1
+            )
         combined = jnp.einsum("...v,...vd->...d", weights.astype(processed.dtype), processed)
         return combined, weights

@@ -1,0 +1,989 @@
+"""Property checks for any JAX function: plain functions that raise `AssertionError`.
+
+Each check takes a user function and concrete inputs, evaluates it on the
+host side of `jit` and raises `AssertionError` with a message that names the
+offending leaves (by pytree path), positions or samples (chex asserts tree
+structures and shapes; the value comparisons are NumPy, in float64). Bad arguments to a
+check raise `ValueError`/`TypeError` naming the argument. Nothing here
+imports `tft_jax`: the checks work for any function of arrays and pytrees.
+
+- `assert_finite(tree)`: every float leaf is free of NaN and inf.
+- `assert_nonzero_grads(grads, min_norm)`: every leaf's L2 norm exceeds `min_norm`.
+- `assert_causal(fn, x, axis)`: outputs at steps `<= t` ignore inputs at steps `> t`.
+- `assert_batch_independent(fn, x)`: sample `i`'s output and gradient ignore sample `j`.
+- `assert_batch_order_equivariant(fn, x)`: permuting the batch permutes the output.
+- `assert_jit_matches_eager(fn, *args)`: `jax.jit(fn)` equals op-by-op execution.
+- `assert_grads_match_finite_differences(fn, args)`: `jax.test_util.check_grads` in float64.
+- `assert_ste_gradient(quantize_fn, ...)`: the gradient is exactly the clipped-STE mask.
+- `assert_quantization_error_bounded(quantize_fn, ...)`: `|fq(x) - x| <= scale/2` in range.
+- `assert_idempotent(fn, x)`: `fn(fn(x)) == fn(x)`.
+- `assert_clipped(updates, max_norm)`: global norm bound (and optax's exact rescaling).
+- `count_compiles()` / `assert_max_compiles(n)`: how many computations were lowered.
+
+Keeping a property suite fast (compile time dominates, not run time):
+
+- Pass a function that calls a jitted function built once at module level
+  (``apply = jax.jit(model.apply)``; ``fn = lambda x: apply(variables, x)``).
+  The checks evaluate `fn` several times on inputs of one shape, so it
+  compiles once per shape bucket; `jax.vjp` of such a closure reuses the
+  compiled forward and backward across examples too.
+- Give NumPy inputs; the checks build perturbations and cotangents in NumPy,
+  never with eager `jnp` ops (each would compile once per new shape).
+- `assert_jit_matches_eager` necessarily runs `fn` op by op; pass an already
+  jitted `fn` so that the compiled side is reused rather than re-traced.
+- Bound compiles explicitly with ``with checks.assert_max_compiles(n): ...``
+  around a loop of examples, or with `chex.assert_max_traces` on a function
+  that is jitted once::
+
+      @jax.jit
+      @chex.assert_max_traces(n=1)
+      def step(params, x): ...
+
+  (`chex.clear_trace_counter()` between tests). A second trace of ``step``
+  then fails loudly instead of silently recompiling.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.test_util import check_grads
+
+__all__ = [
+    "FLOAT32_FINITE_DIFFERENCE_EPS",
+    "CompileLog",
+    "assert_batch_independent",
+    "assert_batch_order_equivariant",
+    "assert_causal",
+    "assert_clipped",
+    "assert_finite",
+    "assert_grads_match_finite_differences",
+    "assert_idempotent",
+    "assert_jit_matches_eager",
+    "assert_max_compiles",
+    "assert_nonzero_grads",
+    "assert_quantization_error_bounded",
+    "assert_ste_gradient",
+    "count_compiles",
+]
+
+PyTree = Any
+
+# Finite-difference step that passes reliably in float32 (1e-2 and <= 1e-5 fail often).
+FLOAT32_FINITE_DIFFERENCE_EPS = 1e-4
+
+# Default (rtol, atol) for comparing a jitted result with the op-by-op one, by dtype.
+_JIT_TOLERANCE = {
+    "float64": (1e-10, 1e-12),
+    "float32": (1e-5, 1e-6),
+    "float16": (5e-3, 5e-3),
+    "bfloat16": (2e-2, 2e-2),
+}
+_MAX_REPORTED = 6
+_LOWERING_EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"
+
+
+def _path_name(path: tuple[Any, ...]) -> str:
+    return jax.tree_util.keystr(path) or "<root>"
+
+
+def _to_numpy(name: str, leaf: Any) -> np.ndarray:
+    """A host copy of one leaf; tracers are refused (checks run outside transformations)."""
+    if isinstance(leaf, jax.core.Tracer):
+        raise TypeError(
+            f"{name} is a traced value: call the checks outside jax.jit/grad/vmap, "
+            "on concrete arrays"
+        )
+    return np.asarray(leaf)
+
+
+def _named_leaves(name: str, tree: PyTree) -> list[tuple[str, np.ndarray]]:
+    """`(path, numpy leaf)` pairs of a pytree, paths rendered like `['params']['out']`."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    named = []
+    for path, leaf in flat:
+        label = _path_name(path)
+        named.append((label, _to_numpy(f"{name}{label}", leaf)))
+    return named
+
+
+def _is_inexact(array: np.ndarray) -> bool:
+    return bool(jnp.issubdtype(array.dtype, jnp.inexact))
+
+
+def _as_float64(array: np.ndarray) -> np.ndarray:
+    if jnp.issubdtype(array.dtype, jnp.complexfloating):
+        return np.asarray(array, np.complex128)
+    return np.asarray(array, np.float64)
+
+
+def _float_array(name: str, x: Any) -> np.ndarray:
+    array = _to_numpy(name, x)
+    if not _is_inexact(array):
+        raise TypeError(f"{name} must be a floating array, got dtype {array.dtype}")
+    return array
+
+
+def _normalize_axis(name: str, axis: int, ndim: int) -> int:
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"{name}={axis} is out of range for an array with {ndim} axes")
+    return axis % ndim
+
+
+def _index(index: Sequence[Any]) -> str:
+    """`[i, j]` for an element index."""
+    return "[" + ", ".join(str(int(i)) for i in index) + "]"
+
+
+def _summarize(header: str, problems: Sequence[str]) -> str:
+    lines = [header, *(f"  {problem}" for problem in problems[:_MAX_REPORTED])]
+    if len(problems) > _MAX_REPORTED:
+        lines.append(f"  ... and {len(problems) - _MAX_REPORTED} more")
+    return "\n".join(lines)
+
+
+def _mismatch(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> str | None:
+    """Describes where `actual` is not within `atol + rtol*|expected|` of `expected`, or None.
+
+    NaN matches NaN and equal infinities match; shapes must agree exactly.
+    """
+    if actual.shape != expected.shape:
+        return f"shape {actual.shape} != expected {expected.shape}"
+    a, e = _as_float64(actual), _as_float64(expected)
+    with np.errstate(invalid="ignore", over="ignore"):
+        difference = np.abs(a - e)
+        close = (a == e) | (np.isnan(a) & np.isnan(e)) | (difference <= atol + rtol * np.abs(e))
+    if close.all():
+        return None
+    bad = ~close
+    first = tuple(np.argwhere(bad)[0])
+    finite_difference = np.where(bad & np.isfinite(difference), difference, 0.0)
+    return (
+        f"{int(bad.sum())} of {bad.size} elements differ (max |diff| "
+        f"{float(finite_difference.max()):.3g}); first at {_index(first)}: "
+        f"{a[first]:.7g} vs expected {e[first]:.7g}"
+    )
+
+
+def _compare_trees(
+    actual: PyTree,
+    expected: PyTree,
+    atol: float | None,
+    rtol: float | None,
+    default_tolerance: dict[str, tuple[float, float]] | None = None,
+) -> list[str]:
+    """Per-leaf mismatch descriptions of two pytrees (structure, shape, dtype and values)."""
+    actual_structure = jax.tree_util.tree_structure(actual)
+    expected_structure = jax.tree_util.tree_structure(expected)
+    if actual_structure != expected_structure:
+        return [f"tree structure {actual_structure} != expected {expected_structure}"]
+    problems = []
+    pairs = zip(_named_leaves("actual", actual), _named_leaves("expected", expected), strict=True)
+    for (path, a), (_, e) in pairs:
+        if a.dtype != e.dtype:
+            problems.append(f"{path}: dtype {a.dtype} != expected {e.dtype}")
+            continue
+        leaf_rtol, leaf_atol = (default_tolerance or {}).get(e.dtype.name, (0.0, 0.0))
+        leaf_rtol = leaf_rtol if rtol is None else rtol
+        leaf_atol = leaf_atol if atol is None else atol
+        problem = _mismatch(a, e, leaf_atol, leaf_rtol)
+        if problem is not None:
+            problems.append(f"{path}: {problem}")
+    return problems
+
+
+def assert_finite(tree: PyTree, *, name: str = "tree") -> None:
+    """Asserts that no float leaf of `tree` holds NaN or inf, naming every leaf that does.
+
+    Integer and boolean leaves are always finite. Example::
+
+        checks.assert_finite(jax.grad(loss)(params, batch), name="grads")
+
+    Raises:
+      AssertionError: listing each non-finite leaf's path, NaN and inf counts
+        and the first offending index.
+    """
+    problems = []
+    for path, leaf in _named_leaves(name, tree):
+        if not _is_inexact(leaf):
+            continue
+        with np.errstate(invalid="ignore"):
+            nan, inf = np.isnan(leaf), np.isinf(leaf)
+        if nan.any() or inf.any():
+            first = np.argwhere(nan | inf)[0]
+            problems.append(
+                f"{path}: {int(nan.sum())} NaN, {int(inf.sum())} inf of {leaf.size} "
+                f"elements (first at {_index(first)})"
+            )
+    if problems:
+        raise AssertionError(_summarize(f"{name} has non-finite leaves:", problems))
+
+
+def assert_nonzero_grads(grads: PyTree, min_norm: float = 0.0, *, name: str = "grads") -> None:
+    """Asserts that every float leaf of `grads` has an L2 norm above `min_norm`.
+
+    A leaf whose norm is `<= min_norm` (or not finite) is dead: its parameter
+    does not learn. All dead leaves are reported at once, by path. Empty
+    leaves (a zero-sized axis) carry nothing and are skipped; integer and
+    `float0` leaves are skipped. Inputs that legitimately zero a gradient (a
+    constant sequence through a LayerNorm) should be excluded with
+    `hypothesis.assume` before calling this.
+
+    Args:
+      grads: a pytree of gradients (e.g. `jax.grad(loss)(params)`).
+      min_norm: the norm a leaf must exceed, >= 0.
+      name: how the tree is called in the message.
+
+    Raises:
+      AssertionError: naming every dead leaf and its norm.
+    """
+    if isinstance(min_norm, bool) or not isinstance(min_norm, int | float | np.floating):
+        raise TypeError(f"min_norm must be a real number, got {min_norm!r}")
+    if not math.isfinite(min_norm) or min_norm < 0:
+        raise ValueError(f"min_norm must be finite and >= 0, got {min_norm}")
+    checked, dead = 0, []
+    for path, leaf in _named_leaves(name, grads):
+        if not _is_inexact(leaf) or leaf.size == 0:
+            continue
+        checked += 1
+        norm = float(np.linalg.norm(_as_float64(leaf).ravel()))
+        if not norm > min_norm:
+            dead.append(f"{path}: norm {norm:.3g}")
+    if checked == 0:
+        raise AssertionError(f"{name} has no non-empty float leaves: nothing has a gradient")
+    if dead:
+        header = f"{len(dead)} of {checked} leaves of {name} have a norm <= {min_norm:g}:"
+        raise AssertionError(_summarize(header, dead))
+
+
+def _perturb(values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Adds noise at least as large as each value (so saturating functions still see a change)."""
+    wide = _as_float64(values)
+    noise = rng.standard_normal(wide.shape) * (1.0 + np.abs(wide))
+    return (wide + noise).astype(values.dtype)
+
+
+def _causal_positions(
+    length: int, positions: Sequence[int] | None, max_positions: int | None, seed: int
+) -> list[int]:
+    """The steps `t` to test: given ones, or every `t < length - 1`, optionally subsampled."""
+    if positions is not None:
+        chosen = [int(t) for t in positions]
+        bad = [t for t in chosen if not 0 <= t < length]
+        if bad:
+            raise ValueError(f"positions must lie in [0, {length}), got {bad}")
+        return chosen
+    chosen = list(range(length - 1))
+    if max_positions is not None:
+        if max_positions < 1:
+            raise ValueError(f"max_positions must be >= 1, got {max_positions}")
+        if len(chosen) > max_positions:
+            rng = np.random.default_rng(seed)
+            middle = rng.choice(chosen[1:-1], size=max(max_positions - 2, 0), replace=False)
+            chosen = sorted({chosen[0], chosen[-1], *(int(t) for t in middle)})[:max_positions]
+    return chosen
+
+
+def assert_causal(
+    fn: Callable[[Any], PyTree],
+    x: Any,
+    *,
+    axis: int = 1,
+    out_axis: int | None = None,
+    positions: Sequence[int] | None = None,
+    max_positions: int | None = None,
+    atol: float = 0.0,
+    rtol: float = 0.0,
+    seed: int = 0,
+) -> None:
+    """Asserts that `fn`'s outputs at steps `<= t` do not change when inputs at steps `> t` do.
+
+    For each tested step `t`, the inputs after `t` along `axis` are replaced by
+    noisy copies (noise as large as the values); every output leaf, sliced to
+    `[:t+1]` along `out_axis`, must stay equal. With the default `atol = rtol
+    = 0` equality is exact: a masked softmax gives exactly zero weight to
+    masked steps, so any leak, however small, is caught.
+
+    Args:
+      fn: `x -> pytree`; every output leaf must have length `T` along `out_axis`.
+      x: float array with time axis `axis`, e.g. `(B, T, D)`.
+      axis: the time axis of `x`.
+      out_axis: the time axis of each output leaf (default: `axis`). Use e.g.
+        `out_axis=2` for attention weights `(B, heads, T, T)`.
+      positions: the steps `t` to test (default: every `t < T - 1`).
+      max_positions: subsample that many steps (first and last always in).
+      atol, rtol: tolerance of the comparison.
+      seed: seed of the perturbation noise.
+
+    Raises:
+      AssertionError: naming the steps, output leaves and positions that changed.
+    """
+    x = _float_array("x", x)
+    axis = _normalize_axis("axis", axis, x.ndim)
+    length = x.shape[axis]
+    if length == 0:
+        raise ValueError(f"x must have at least one step along axis {axis}, got shape {x.shape}")
+    out_axis = axis if out_axis is None else out_axis
+    steps = _causal_positions(length, positions, max_positions, seed)
+    baseline = _named_leaves("fn(x)", fn(x))
+    for path, leaf in baseline:
+        leaf_axis = _normalize_axis(f"out_axis for output leaf {path}", out_axis, leaf.ndim)
+        if leaf.shape[leaf_axis] != length:
+            raise ValueError(
+                f"output leaf {path} has shape {leaf.shape}: length {leaf.shape[leaf_axis]} along "
+                f"out_axis={out_axis}, expected the input length {length}"
+            )
+    rng = np.random.default_rng(seed)
+    problems = []
+    for t in steps:
+        perturbed = x.copy()
+        future = (slice(None),) * axis + (slice(t + 1, None),)
+        perturbed[future] = _perturb(x[future], rng)
+        outputs = _named_leaves("fn(x)", fn(perturbed))
+        if len(outputs) != len(baseline):
+            raise AssertionError(f"fn returned a different pytree for the perturbed input at t={t}")
+        for (path, before), (_, after) in zip(baseline, outputs, strict=True):
+            leaf_axis = out_axis % before.ndim
+            past = (slice(None),) * leaf_axis + (slice(0, t + 1),)
+            problem = _mismatch(after[past], before[past], atol, rtol)
+            if problem is not None:
+                problems.append(f"t={t}, output {path}[:{t + 1} along axis {leaf_axis}]: {problem}")
+    if problems:
+        header = (
+            f"fn is not causal along axis {axis}: changing inputs at steps > t changed "
+            f"outputs at steps <= t:"
+        )
+        raise AssertionError(_summarize(header, problems))
+
+
+def _batched_leaves(x: PyTree, axis: int) -> tuple[list[tuple[str, np.ndarray]], Any, int]:
+    """Named numpy leaves of `x`, its treedef and the common batch size along `axis`."""
+    named = _named_leaves("x", x)
+    if not named:
+        raise ValueError("x must hold at least one array")
+    sizes = {}
+    for path, leaf in named:
+        leaf_axis = _normalize_axis(f"axis for input leaf {path}", axis, leaf.ndim)
+        sizes[path] = leaf.shape[leaf_axis]
+    if len(set(sizes.values())) != 1:
+        raise ValueError(
+            f"every leaf of x must have the same batch size along axis {axis}, got {sizes}"
+        )
+    return named, jax.tree_util.tree_structure(x), next(iter(sizes.values()))
+
+
+def _perturb_other_samples(
+    leaf: np.ndarray, sample: int, axis: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Changes every sample but `sample` along `axis`.
+
+    Float samples get noise; integer and boolean samples become copies of
+    `sample` (always valid values, e.g. category ids).
+    """
+    moved = np.moveaxis(leaf, axis, 0).copy()
+    others = np.arange(moved.shape[0]) != sample
+    if _is_inexact(leaf):
+        moved[others] = _perturb(moved[others], rng)
+    else:
+        moved[others] = moved[sample]
+    return np.moveaxis(moved, 0, axis)
+
+
+def _take(leaf: np.ndarray, index: Any, axis: int) -> np.ndarray:
+    return np.take(leaf, index, axis=axis % leaf.ndim)
+
+
+def _check_output_batch(outputs: list[tuple[str, np.ndarray]], axis: int, batch: int) -> None:
+    for path, leaf in outputs:
+        leaf_axis = _normalize_axis(f"axis for output leaf {path}", axis, leaf.ndim)
+        if leaf.shape[leaf_axis] != batch:
+            raise ValueError(
+                f"output leaf {path} has shape {leaf.shape}: batch size {leaf.shape[leaf_axis]} "
+                f"along axis {axis}, expected {batch}"
+            )
+
+
+def _gradient_leaks(
+    fn: Callable[[Any], PyTree],
+    named: list[tuple[str, np.ndarray]],
+    treedef: Any,
+    samples: Sequence[int],
+    axis: int,
+    atol: float,
+    seed: int,
+) -> list[str]:
+    """Where the gradient of sample `i`'s outputs reaches another sample's inputs."""
+    float_index = [k for k, (_, leaf) in enumerate(named) if _is_inexact(leaf)]
+    if not float_index:
+        return []
+    leaves = [leaf for _, leaf in named]
+
+    def float_outputs(*float_leaves: Any) -> tuple[Any, ...]:
+        full = list(leaves)
+        for k, value in zip(float_index, float_leaves, strict=True):
+            full[k] = value
+        outputs = jax.tree_util.tree_leaves(fn(jax.tree_util.tree_unflatten(treedef, full)))
+        return tuple(o for o in outputs if jnp.issubdtype(jnp.result_type(o), jnp.inexact))
+
+    outputs, pullback = jax.vjp(float_outputs, *(leaves[k] for k in float_index))
+    if not outputs:
+        return []
+    rng = np.random.default_rng(seed)
+    problems = []
+    for sample in samples:
+        cotangents = []
+        for output in outputs:
+            cotangent = np.zeros(output.shape, output.dtype)
+            moved = np.moveaxis(cotangent, axis % cotangent.ndim, 0)
+            moved[sample] = rng.uniform(0.5, 1.5, moved.shape[1:])
+            cotangents.append(cotangent)
+        gradients = pullback(tuple(cotangents))
+        for k, gradient in zip(float_index, gradients, strict=True):
+            path = named[k][0]
+            moved = np.moveaxis(_as_float64(np.asarray(gradient)), axis % gradient.ndim, 0)
+            for other in range(moved.shape[0]):
+                if other == sample:
+                    continue
+                with np.errstate(invalid="ignore"):
+                    leak = float(np.nanmax(np.abs(moved[other]), initial=0.0))
+                if np.isnan(moved[other]).any() or leak > atol:
+                    problems.append(
+                        f"gradient of outputs[sample {sample}] w.r.t. x{path}[sample {other}] "
+                        f"is nonzero (max |g| {leak:.3g})"
+                    )
+    return problems
+
+
+def assert_batch_independent(
+    fn: Callable[[Any], PyTree],
+    x: PyTree,
+    *,
+    axis: int = 0,
+    samples: Sequence[int] | None = None,
+    check_gradients: bool = True,
+    atol: float = 0.0,
+    rtol: float = 0.0,
+    seed: int = 0,
+) -> None:
+    """Asserts that sample `i`'s output and its gradient ignore every other sample `j`.
+
+    Forward: for each tested sample `i`, all other samples of every input
+    leaf are changed (floats get noise; integer leaves get copies of sample
+    `i`); every output leaf's sample `i` must stay equal. Backward: the
+    gradient of a random weighting of sample `i`'s outputs w.r.t. the float
+    inputs must be zero at every other sample. This catches batch statistics
+    (a mean over the batch, BatchNorm, a per-batch quantization range) in
+    either pass. A batch of one passes vacuously.
+
+    Args:
+      fn: `x -> pytree`, every float output leaf batched along `axis`.
+      x: an array or a pytree of arrays (e.g. a tuple of model inputs), every
+        leaf batched along `axis`.
+      axis: the batch axis of every input and output leaf.
+      samples: the samples `i` to test (default: all).
+      check_gradients: also run the backward check (one `jax.vjp`).
+      atol, rtol: tolerance (exact by default).
+      seed: seed of the perturbations and cotangents.
+
+    Raises:
+      AssertionError: naming the leaves and the pair `(i, j)` that interact.
+    """
+    named, treedef, batch = _batched_leaves(x, axis)
+    tested = range(batch) if samples is None else [int(i) for i in samples]
+    bad = [i for i in tested if not 0 <= i < batch]
+    if bad:
+        raise ValueError(f"samples must lie in [0, {batch}), got {bad}")
+    if batch < 2:
+        return
+    leaves = [leaf for _, leaf in named]
+    baseline = _named_leaves("fn(x)", fn(jax.tree_util.tree_unflatten(treedef, leaves)))
+    _check_output_batch(baseline, axis, batch)
+    rng = np.random.default_rng(seed)
+    problems = []
+    for sample in tested:
+        perturbed = [_perturb_other_samples(leaf, sample, axis, rng) for leaf in leaves]
+        outputs = _named_leaves("fn(x)", fn(jax.tree_util.tree_unflatten(treedef, perturbed)))
+        for (path, before), (_, after) in zip(baseline, outputs, strict=True):
+            problem = _mismatch(_take(after, sample, axis), _take(before, sample, axis), atol, rtol)
+            if problem is not None:
+                problems.append(f"output {path}[sample {sample}] changed: {problem}")
+    if check_gradients:
+        problems += _gradient_leaks(fn, named, treedef, tested, axis, atol, seed)
+    if problems:
+        header = f"fn mixes samples along batch axis {axis} (batch size {batch}):"
+        raise AssertionError(_summarize(header, problems))
+
+
+def assert_batch_order_equivariant(
+    fn: Callable[[Any], PyTree],
+    x: PyTree,
+    *,
+    axis: int = 0,
+    atol: float = 1e-6,
+    rtol: float = 1e-6,
+    seed: int = 0,
+) -> None:
+    """Asserts that permuting the batch of every input leaf permutes every output leaf alike.
+
+    A small tolerance is the default: a matmul may sum a row in a different
+    order when it moves within the batch.
+
+    Raises:
+      AssertionError: naming the output leaves that do not follow the permutation.
+    """
+    named, treedef, batch = _batched_leaves(x, axis)
+    if batch < 2:
+        return
+    permutation = np.random.default_rng(seed).permutation(batch)
+    if np.array_equal(permutation, np.arange(batch)):
+        permutation = np.roll(permutation, 1)
+    leaves = [leaf for _, leaf in named]
+    permuted = [_take(leaf, permutation, axis) for leaf in leaves]
+    baseline = _named_leaves("fn(x)", fn(jax.tree_util.tree_unflatten(treedef, leaves)))
+    _check_output_batch(baseline, axis, batch)
+    outputs = _named_leaves("fn(x)", fn(jax.tree_util.tree_unflatten(treedef, permuted)))
+    problems = []
+    for (path, before), (_, after) in zip(baseline, outputs, strict=True):
+        problem = _mismatch(after, _take(before, permutation, axis), atol, rtol)
+        if problem is not None:
+            problems.append(f"output {path}: {problem}")
+    if problems:
+        header = f"fn(x[perm]) != fn(x)[perm] along axis {axis} for perm {permutation.tolist()}:"
+        raise AssertionError(_summarize(header, problems))
+
+
+def assert_jit_matches_eager(
+    fn: Callable[..., PyTree], *args: Any, rtol: float | None = None, atol: float | None = None
+) -> None:
+    """Asserts that `jax.jit(fn)(*args)` equals `fn(*args)` run op by op (`jax.disable_jit`).
+
+    Both results must have the same structure, shapes and dtypes. Default
+    tolerances follow each leaf's dtype (float32: rtol 1e-5, atol 1e-6;
+    bfloat16: 2e-2) since XLA may fuse and reassociate. If `fn` is already a
+    `jax.jit` function it is used as the compiled side as is, so a module-level
+    jitted function is not traced again.
+
+    Raises:
+      AssertionError: naming each differing leaf, its largest difference and
+        first differing index.
+    """
+    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    compiled = jitted(*args)
+    with jax.disable_jit():
+        eager = fn(*args)
+    chex.assert_trees_all_equal_shapes_and_dtypes(compiled, eager)
+    problems = _compare_trees(compiled, eager, atol, rtol, _JIT_TOLERANCE)
+    if problems:
+        raise AssertionError(_summarize("jit(fn) differs from fn run op by op:", problems))
+
+
+def _enable_x64() -> contextlib.AbstractContextManager[Any]:
+    """The 64-bit context manager (`jax.enable_x64` in JAX >= 0.7, else `jax.experimental`)."""
+    if callable(getattr(jax, "enable_x64", None)):
+        return jax.enable_x64(True)
+    from jax.experimental import enable_x64
+
+    return enable_x64()
+
+
+def _to_float64(leaf: Any) -> Any:
+    array = np.asarray(leaf)
+    if jnp.issubdtype(array.dtype, jnp.complexfloating):
+        return array.astype(np.complex128)
+    if jnp.issubdtype(array.dtype, jnp.floating):
+        return array.astype(np.float64)
+    return leaf
+
+
+def assert_grads_match_finite_differences(
+    fn: Callable[..., PyTree],
+    args: Sequence[Any],
+    *,
+    order: int = 1,
+    modes: Sequence[str] = ("fwd", "rev"),
+    eps: float | None = None,
+    atol: float | None = None,
+    rtol: float | None = None,
+    use_x64: bool = True,
+    jit: bool = True,
+) -> None:
+    """Asserts that JAX's derivatives of `fn` match central finite differences.
+
+    Runs `jax.test_util.check_grads(fn, args, order, modes)`, which compares
+    forward- and reverse-mode derivatives with finite differences along a
+    random direction. With `use_x64` (default) it runs under 64-bit mode and
+    every float leaf of `args` is cast to float64, where the default step
+    (1e-4) and tolerance (1e-5) are sound. Pass parameters through `args`:
+    closed-over float32 arrays stay float32 and the check then works at
+    float32 precision (`check_grads` picks its tolerance from the output dtype).
+
+    Float32 fallback (`use_x64=False`): `eps` defaults to
+    `FLOAT32_FINITE_DIFFERENCE_EPS` = 1e-4, which passes reliably on small
+    functions; 1e-2 (truncation error) and 1e-5 or below (cancellation) fail
+    often. On a whole block float32 round-off can still exceed the default
+    float32 tolerance (2e-3): prefer float64, or pass `rtol`/`atol`.
+    64-bit mode is `jax.enable_x64(True)` (JAX >= 0.7; older JAX:
+    `jax.experimental.enable_x64()`).
+
+    Functions built on `jax.custom_vjp` (a straight-through estimator) have no
+    forward mode: pass `modes=("rev",)`. An STE gradient is a surrogate, not
+    the derivative, so check it with `assert_ste_gradient`, never here.
+
+    Args:
+      fn: a function of `*args` returning an array or pytree.
+      args: the point at which to differentiate.
+      order: derivative order (1 or more).
+      modes: any of `"fwd"`, `"rev"`.
+      eps: finite-difference step (None: 1e-4).
+      atol, rtol: tolerances (None: by dtype, `check_grads`' defaults).
+      use_x64: run in float64.
+      jit: wrap `fn` in `jax.jit` (unless it already is one), so that each of
+        `check_grads`' evaluations compiles once instead of primitive by
+        primitive (a Flax block: ~6 s instead of ~19 s on a small CPU).
+
+    Raises:
+      AssertionError: with `check_grads`' report of the differing derivative.
+    """
+    if isinstance(order, bool) or not isinstance(order, int) or order < 1:
+        raise ValueError(f"order must be an int >= 1, got {order!r}")
+    modes = tuple(modes)
+    if not modes or any(mode not in ("fwd", "rev") for mode in modes):
+        raise ValueError(f"modes must be a non-empty subset of ('fwd', 'rev'), got {modes}")
+    args = tuple(args)
+    step = FLOAT32_FINITE_DIFFERENCE_EPS if eps is None else eps
+    precision = "float64" if use_x64 else "the given dtypes"
+    context = _enable_x64() if use_x64 else contextlib.nullcontext()
+    with context:
+        point = jax.tree_util.tree_map(_to_float64, args) if use_x64 else args
+        checked = jax.jit(fn) if jit and not hasattr(fn, "lower") else fn
+        try:
+            check_grads(checked, point, order, modes=modes, eps=step, atol=atol, rtol=rtol)
+        except AssertionError as error:
+            hint = (
+                "\n(a relative error near 1e-3 in float64 usually means fn casts to float32 "
+                "inside, e.g. a hard-coded dtype: float32 round-off divided by eps)"
+                if use_x64
+                else ""
+            )
+            raise AssertionError(
+                f"derivatives of fn differ from central finite differences "
+                f"(order {order}, modes {modes}, eps {step:g}, in {precision}):\n{error}{hint}"
+            ) from error
+
+
+def _integer_grid(qmin: Any, qmax: Any) -> tuple[int, int]:
+    for name, value in (("qmin", qmin), ("qmax", qmax)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer):
+            raise TypeError(f"{name} must be an int, got {value!r}")
+    if qmin >= qmax:
+        raise ValueError(f"qmin must be < qmax, got qmin={qmin}, qmax={qmax}")
+    return int(qmin), int(qmax)
+
+
+def _quantization_codes(
+    x: np.ndarray, scale: Any, zero_point: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """`round(x / scale) + zero_point` (half to even) in `x`'s dtype, two ways; float64 out.
+
+    The first uses IEEE division, the second multiplies by the rounded
+    reciprocal, which is what XLA emits for a division by a broadcast scalar
+    (its algebraic simplifier rewrites `x / s` to `x * (1 / s)`). They differ
+    only where `x / s` is within an ulp of a tie.
+    """
+    step = np.asarray(scale, x.dtype)
+    if np.any(~(_as_float64(step) > 0)):
+        raise ValueError(f"scale must be positive, got {scale}")
+    offset = np.asarray(zero_point, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        divided = np.round(x / step)
+        reciprocal = np.round(x * (np.ones_like(step) / step))
+    return _as_float64(divided) + offset, _as_float64(reciprocal) + offset
+
+
+def assert_ste_gradient(
+    quantize_fn: Callable[..., Any],
+    x: Any,
+    scale: Any,
+    zero_point: Any,
+    qmin: int,
+    qmax: int,
+    *,
+    seed: int = 0,
+) -> None:
+    """Asserts that the gradient of `quantize_fn` w.r.t. `x` is exactly the clipped-STE mask.
+
+    The surrogate (PyTorch's `fake_quantize_per_tensor_affine`) passes the
+    upstream gradient `g` where the rounded code lies in the grid, inclusive
+    at both ends, and zero elsewhere::
+
+        dL/dx = g * (qmin <= round(x / scale) + zero_point <= qmax)
+
+    The check pulls back a random nonzero `g` and demands bitwise equality,
+    so a half gradient at a bound (`jnp.clip`'s), a gradient blocked at a
+    saturated bound (`>` for `>=`) or a missing mask all fail. Include grid
+    bounds and ties in `x` (`strategies.fake_quantize_cases` does).
+
+    One ambiguity is allowed: XLA computes `x / s` for a scalar `s` as
+    `x * (1 / s)`, which can round a tie `x / s = qmax + 0.5` to the other
+    side of the grid's edge than IEEE division does. Where the two
+    roundings disagree on the mask, the gradient may be `g` or `0` (still
+    exactly one of them); everywhere else it must be exact.
+
+    Args:
+      quantize_fn: called as `quantize_fn(x, scale, zero_point, qmin, qmax)`.
+      x: float array.
+      scale: positive step, scalar or broadcastable to `x` (per channel).
+      zero_point: integer offset, scalar or broadcastable to `x`.
+      qmin, qmax: the inclusive integer grid.
+      seed: seed of the upstream gradient.
+
+    Raises:
+      AssertionError: with counts per region (inside, at a bound, outside)
+        and examples showing `x`, its code, and the gradient ratio `got / g`.
+    """
+    x = _float_array("x", x)
+    qmin, qmax = _integer_grid(qmin, qmax)
+    divided, reciprocal = (
+        np.broadcast_to(codes, x.shape) for codes in _quantization_codes(x, scale, zero_point)
+    )
+    mask = (divided >= qmin) & (divided <= qmax)
+    ambiguous = mask != ((reciprocal >= qmin) & (reciprocal <= qmax))
+    codes = divided
+    output, pullback = jax.vjp(lambda v: quantize_fn(v, scale, zero_point, qmin, qmax), x)
+    if output.shape != x.shape:
+        raise AssertionError(f"quantize_fn changed the shape: {x.shape} -> {output.shape}")
+    rng = np.random.default_rng(seed)
+    upstream = (rng.uniform(0.5, 1.5, x.shape) * rng.choice((-1.0, 1.0), x.shape)).astype(
+        output.dtype
+    )
+    (gradient,) = pullback(upstream)
+    gradient = _to_numpy("gradient", gradient)
+    expected = np.where(mask, upstream, np.zeros_like(upstream))
+    if gradient.shape != x.shape:
+        raise AssertionError(f"gradient has shape {gradient.shape}, expected {x.shape}")
+    zero = np.zeros_like(upstream)
+    wrong = ~((gradient == expected) | (ambiguous & ((gradient == upstream) | (gradient == zero))))
+    if not wrong.any():
+        return
+    at_bound = (codes == qmin) | (codes == qmax)
+    regions = {
+        "inside the grid": wrong & mask & ~at_bound,
+        "at qmin or qmax": wrong & at_bound,
+        "outside the grid": wrong & ~mask,
+    }
+    counts = ", ".join(f"{int(region.sum())} {label}" for label, region in regions.items())
+    ratio = _as_float64(gradient) / _as_float64(upstream)
+    examples = [
+        f"x{_index(index)} = {float(x[index]):.7g}: code {codes[index]:g}, "
+        f"gradient / g = {ratio[index]:.6g}, expected {int(mask[index])}"
+        for index in map(tuple, np.argwhere(wrong))
+    ]
+    header = (
+        f"gradient of quantize_fn is not the clipped STE mask on [{qmin}, {qmax}] at "
+        f"{int(wrong.sum())} of {x.size} elements ({counts}):"
+    )
+    raise AssertionError(_summarize(header, examples))
+
+
+def assert_quantization_error_bounded(
+    quantize_fn: Callable[..., Any],
+    x: Any,
+    scale: Any,
+    zero_point: Any,
+    qmin: int,
+    qmax: int,
+    *,
+    ulps: float = 4.0,
+) -> None:
+    """Asserts `|fq(x) - x| <= scale / 2` inside the range and saturation to the ends outside it.
+
+    The representable range is `[(qmin - zp) * scale, (qmax - zp) * scale]`.
+    Inside it the rounding error is at most half a step; below or above it
+    the output must equal the nearest end. Both allow a float slack of `ulps`
+    units of `x`'s dtype relative to `|x| + scale`.
+
+    Args:
+      quantize_fn: called as `quantize_fn(x, scale, zero_point, qmin, qmax)`.
+      x: float array.
+      scale, zero_point: scalars or broadcastable to `x` (per channel).
+      qmin, qmax: the inclusive integer grid.
+      ulps: float slack in units of `x`'s machine epsilon.
+
+    Raises:
+      AssertionError: with examples of violations and their error in steps.
+    """
+    x = _float_array("x", x)
+    qmin, qmax = _integer_grid(qmin, qmax)
+    _quantization_codes(x, scale, zero_point)  # validates scale
+    output = _as_float64(_to_numpy("quantize_fn(x)", quantize_fn(x, scale, zero_point, qmin, qmax)))
+    if output.shape != x.shape:
+        raise AssertionError(f"quantize_fn changed the shape: {x.shape} -> {output.shape}")
+    values = _as_float64(x)
+    step = np.broadcast_to(_as_float64(np.asarray(scale, x.dtype)), x.shape)
+    offset = np.broadcast_to(np.asarray(zero_point, np.float64), x.shape)
+    low, high = (qmin - offset) * step, (qmax - offset) * step
+    slack = ulps * float(jnp.finfo(x.dtype).eps) * (np.abs(values) + step)
+    inside = (values >= low) & (values <= high)
+    with np.errstate(invalid="ignore"):
+        error = np.abs(output - values)
+        nearest_end = np.where(values < low, low, high)
+        violations = ~np.isfinite(output) | np.where(
+            inside, error > step / 2 + slack, np.abs(output - nearest_end) > slack
+        )
+    if not violations.any():
+        return
+    examples = []
+    for index in map(tuple, np.argwhere(violations)):
+        where = "inside the range" if inside[index] else "outside the range"
+        examples.append(
+            f"x{_index(index)} = {values[index]:.7g} ({where}): fq(x) = "
+            f"{output[index]:.7g}, |fq(x) - x| = {error[index] / step[index]:.4g} steps"
+        )
+    header = (
+        f"quantization error out of bounds at {int(violations.sum())} of {x.size} elements "
+        f"(range [{float(np.min(low)):g}, {float(np.max(high)):g}], inside: |fq(x) - x| <= "
+        f"scale/2, outside: fq(x) = nearest end):"
+    )
+    raise AssertionError(_summarize(header, examples))
+
+
+def assert_idempotent(
+    fn: Callable[[Any], PyTree], x: Any, *, atol: float = 0.0, rtol: float = 0.0
+) -> None:
+    """Asserts `fn(fn(x)) == fn(x)` leaf by leaf (exact by default), e.g. for a fake quantizer.
+
+    Raises:
+      AssertionError: naming the leaves where a second application changes the result.
+    """
+    once = fn(x)
+    twice = fn(once)
+    problems = _compare_trees(twice, once, atol, rtol)
+    if problems:
+        raise AssertionError(_summarize("fn(fn(x)) != fn(x):", problems))
+
+
+def _global_norm(named: list[tuple[str, np.ndarray]]) -> float:
+    return math.sqrt(sum(float(np.sum(np.abs(_as_float64(leaf)) ** 2)) for _, leaf in named))
+
+
+def assert_clipped(
+    updates: PyTree, max_norm: float, *, grads: PyTree | None = None, rtol: float = 1e-5
+) -> None:
+    """Asserts that the global L2 norm of `updates` is at most `max_norm`.
+
+    With `grads`, also asserts the exact rescaling of
+    `optax.clip_by_global_norm`: `updates == grads * min(1, max_norm / ||grads||)`
+    leaf by leaf (tolerance `rtol`, and `rtol * max_norm` absolute), so
+    clipping that changes the direction, shrinks gradients already inside
+    the ball, or clips per leaf instead of globally fails too.
+
+    Args:
+      updates: pytree after clipping.
+      max_norm: the bound, finite and > 0.
+      grads: optional pytree before clipping, same structure.
+      rtol: relative slack of the bound and of the comparison.
+
+    Raises:
+      AssertionError: with the norm found and the largest leaves.
+    """
+    if isinstance(max_norm, bool) or not isinstance(max_norm, int | float | np.floating):
+        raise TypeError(f"max_norm must be a real number, got {max_norm!r}")
+    if not (math.isfinite(max_norm) and max_norm > 0):
+        raise ValueError(f"max_norm must be finite and > 0, got {max_norm}")
+    named = [(path, leaf) for path, leaf in _named_leaves("updates", updates) if _is_inexact(leaf)]
+    norm = _global_norm(named)
+    if not math.isfinite(norm) or norm > max_norm * (1 + rtol):
+        leaf_norms = sorted(
+            ((float(np.linalg.norm(_as_float64(leaf).ravel())), path) for path, leaf in named),
+            reverse=True,
+        )
+        largest = [f"{path}: norm {value:.4g}" for value, path in leaf_norms]
+        header = f"global norm of updates is {norm:.6g} > max_norm {max_norm:g}; largest leaves:"
+        raise AssertionError(_summarize(header, largest))
+    if grads is None:
+        return
+    chex.assert_trees_all_equal_shapes(updates, grads)
+    gradient_norm = _global_norm(_named_leaves("grads", grads))
+    factor = 1.0 if gradient_norm <= max_norm else max_norm / gradient_norm
+    expected = jax.tree_util.tree_map(lambda g: _as_float64(np.asarray(g)) * factor, grads)
+    actual = jax.tree_util.tree_map(lambda u: _as_float64(np.asarray(u)), updates)
+    problems = _compare_trees(actual, expected, rtol * max_norm, rtol)
+    if problems:
+        header = (
+            f"updates are not grads * min(1, max_norm / ||grads||) = grads * {factor:.6g} "
+            f"(||grads|| = {gradient_norm:.6g}, max_norm = {max_norm:g}):"
+        )
+        raise AssertionError(_summarize(header, problems))
+
+
+@dataclasses.dataclass
+class CompileLog:
+    """Names of the computations lowered for compilation while a `count_compiles` block ran.
+
+    Every `jax.jit` trace that reaches XLA is one entry, persistent-cache hits
+    included (those skip only the backend compile), and so is every eager
+    primitive run on a new shape.
+    """
+
+    names: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        """Number of lowerings."""
+        return len(self.names)
+
+    def summary(self) -> str:
+        """`name xN` per computation, most frequent first."""
+        counts = collections.Counter(self.names).most_common()
+        return ", ".join(f"{name} x{count}" for name, count in counts)
+
+
+@contextlib.contextmanager
+def count_compiles() -> Iterator[CompileLog]:
+    """Context manager recording every computation JAX lowers inside the block.
+
+    Example::
+
+        with checks.count_compiles() as log:
+            for config in configs:
+                step(config)
+        print(log.count, log.summary())
+    """
+    log = CompileLog()
+
+    def listener(event: str, duration_secs: float, **kwargs: Any) -> None:
+        del duration_secs
+        if event == _LOWERING_EVENT:
+            log.names.append(str(kwargs.get("fun_name", "<unknown>")))
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield log
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
+@contextlib.contextmanager
+def assert_max_compiles(max_compiles: int) -> Iterator[CompileLog]:
+    """Context manager asserting that at most `max_compiles` computations are lowered inside it.
+
+    Raises:
+      AssertionError: on exit, listing what was compiled and how often.
+    """
+    if isinstance(max_compiles, bool) or not isinstance(max_compiles, int) or max_compiles < 0:
+        raise ValueError(f"max_compiles must be an int >= 0, got {max_compiles!r}")
+    with count_compiles() as log:
+        yield log
+    if log.count > max_compiles:
+        raise AssertionError(
+            f"{log.count} computations compiled, expected at most {max_compiles}: {log.summary()}"
+        )

@@ -1,0 +1,635 @@
+"""Hypothesis strategies for attention blocks, TFT configs and inputs, QAT configs and observers.
+
+Configs come first and inputs are drawn for a config, so strategies compose::
+
+    from hypothesis import given
+    from properties import strategies as st_tft
+
+    @given(st_tft.attention_configs(), st_tft.data())
+    def test_block(config, data):
+        x = data.draw(st_tft.attention_inputs(config))   # NumPy (B, T, D)
+
+Every size is drawn with `sampled_from` over a short tuple of buckets (the
+module constants below, overridable per call), so values shrink towards the
+first bucket and a minimal counterexample is a small, readable config.
+
+Keeping compiles bounded (compile time, not run time, dominates a JAX suite):
+
+- A jitted function compiles once per distinct input shape and per distinct
+  static argument (a config). A test therefore compiles at most
+  ``min(max_examples, product of the bucket sizes it draws from)`` times.
+  Narrow the buckets (``attention_configs(hidden_dims=(8,))``) for a test that
+  must stay fast.
+- A whole TFT compiles in seconds to tens of seconds on a small CPU: draw
+  model-level properties from `tft_config_presets()` (three configs that
+  cover every edge) with one batch size, and keep `tft_configs` for cheap
+  properties (config validation, shapes, input pipelines).
+- Configs are frozen and hashable: build the jitted function once per config
+  at module level, e.g. ``functools.cache`` over a function of the config
+  that returns ``jax.jit(model.apply)``, never a fresh ``jax.jit(lambda ...)``
+  per example.
+- Arrays are NumPy arrays made on the host (a seeded `numpy.random.Generator`
+  or `hypothesis.extra.numpy.arrays`), never eager `jnp` ops, which compile
+  once per new shape; hand them to the jitted function as they are.
+- The `ci` profile is derandomized: every run draws the same examples, so the
+  persistent compilation cache (see `tests/conftest.py`) serves them warm.
+- `properties.checks.count_compiles` / `assert_max_compiles` measure it.
+
+Input kinds (the ``kinds`` argument): ``"normal"`` standard normal;
+``"large"`` uniform in ``±LARGE_MAGNITUDE`` (1e4); ``"tiny"`` uniform in
+``±TINY_MAGNITUDE`` (1e-6); ``"constant"`` constant along the time axis;
+``"zeros"``; ``"positive"`` (one-signed, |normal|); ``"huge"`` magnitudes
+around ``HUGE_MAGNITUDE`` (1e30) with random signs; ``"elements"``
+element-wise `hypothesis.extra.numpy.arrays` in ``±LARGE_MAGNITUDE``
+(adversarial values that shrink element by element). ``observer_batches``
+adds ``"single"``: a one-element batch. The seeded kinds shrink to seed 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import hypothesis.extra.numpy as hnp
+import hypothesis.strategies as st
+import jax.numpy as jnp
+import numpy as np
+from hypothesis.strategies import data
+
+from tft_jax.config import TFTConfig
+
+__all__ = [
+    "ATTENTION_HIDDEN_DIMS",
+    "BATCH_SIZES",
+    "INPUT_KINDS",
+    "NUM_HEADS",
+    "OBSERVER_KINDS",
+    "OBSERVER_SHAPES",
+    "QUANTILE_SETS",
+    "SEQUENCE_LENGTHS",
+    "TFT_PRESETS",
+    "AttentionConfig",
+    "FakeQuantizeCase",
+    "TFTInputs",
+    "attention_configs",
+    "attention_inputs",
+    "data",
+    "fake_quantize_cases",
+    "float_arrays",
+    "observer_batch_sequences",
+    "observer_batches",
+    "qat_configs",
+    "tft_config_presets",
+    "tft_configs",
+    "tft_inputs",
+]
+
+LARGE_MAGNITUDE = 1e4
+TINY_MAGNITUDE = 1e-6
+HUGE_MAGNITUDE = 1e30
+
+ATTENTION_HIDDEN_DIMS = (8, 16)
+NUM_HEADS = (1, 2, 4)
+SEQUENCE_LENGTHS = (1, 4, 7)
+BATCH_SIZES = (1, 3)
+
+TFT_STATIC_FEATURES = (0, 1, 3)
+TFT_KNOWN_FEATURES = (1, 2)
+TFT_OBSERVED_FEATURES = (1, 3)
+TFT_HIDDEN_DIMS = (8, 16)
+TFT_SEQUENCE_LENGTHS = (4, 7)
+TFT_HORIZONS = (1, 3)
+QUANTILE_SETS = ((0.5,), (0.1, 0.5, 0.9), (0.02, 0.1, 0.25, 0.5, 0.75, 0.9, 0.98))
+TFT_DROPOUT_RATES = (0.0, 0.1)
+CATEGORICAL_CARDINALITIES = ((), (3,), (2, 5))
+VARIABLE_HIDDEN_DIMS = (None, 4)
+
+INPUT_KINDS = ("normal", "large", "tiny", "constant", "elements")
+OBSERVER_KINDS = ("normal", "constant", "zeros", "single", "huge", "tiny", "positive", "elements")
+OBSERVER_SHAPES = ((16,), (4, 8), (2, 3, 4))
+
+_SEEDED_KINDS = ("normal", "large", "tiny", "constant", "zeros", "positive", "huge")
+_ALL_KINDS = (*_SEEDED_KINDS, "elements")
+
+
+def _buckets(name: str, values: Sequence[Any]) -> tuple[Any, ...]:
+    """Validates a non-empty tuple of bucket values, naming the argument."""
+    values = tuple(values)
+    if not values:
+        raise ValueError(f"{name} must hold at least one bucket, got ()")
+    return values
+
+
+def _check_kinds(name: str, kinds: Sequence[str], allowed: Sequence[str]) -> tuple[str, ...]:
+    kinds = _buckets(name, kinds)
+    unknown = [kind for kind in kinds if kind not in allowed]
+    if unknown:
+        raise ValueError(f"{name} must be drawn from {tuple(allowed)}, got unknown {unknown}")
+    return kinds
+
+
+def _numpy_dtype(dtype: Any) -> np.dtype:
+    """A NumPy floating dtype (bfloat16 through ml_dtypes), or raises naming `dtype`."""
+    try:
+        resolved = np.dtype(jnp.dtype(dtype))
+    except TypeError as error:
+        raise TypeError(f"dtype must be a floating dtype, got {dtype!r}") from error
+    if not jnp.issubdtype(resolved, jnp.floating):
+        raise TypeError(f"dtype must be a floating dtype, got {resolved}")
+    return resolved
+
+
+def _seeded_array(kind: str, shape: tuple[int, ...], seed: int, constant_axis: int) -> np.ndarray:
+    """A float64 array of one seeded kind; `constant` repeats one slice along `constant_axis`."""
+    rng = np.random.default_rng(seed)
+    if kind == "normal":
+        return rng.standard_normal(shape)
+    if kind == "large":
+        return rng.uniform(-LARGE_MAGNITUDE, LARGE_MAGNITUDE, shape)
+    if kind == "tiny":
+        return rng.uniform(-TINY_MAGNITUDE, TINY_MAGNITUDE, shape)
+    if kind == "zeros":
+        return np.zeros(shape)
+    if kind == "positive":
+        return np.abs(rng.standard_normal(shape))
+    if kind == "huge":
+        magnitude = HUGE_MAGNITUDE * 10.0 ** rng.uniform(-2.0, 0.0, shape)
+        return magnitude * rng.choice((-1.0, 1.0), shape)
+    if kind == "constant":
+        if len(shape) <= constant_axis:
+            return np.full(shape, rng.standard_normal())
+        slice_shape = list(shape)
+        slice_shape[constant_axis] = 1
+        return np.broadcast_to(rng.standard_normal(slice_shape), shape).copy()
+    raise ValueError(f"kind must be one of {_SEEDED_KINDS}, got {kind!r}")
+
+
+def float_arrays(
+    shape: Sequence[int],
+    *,
+    kinds: Sequence[str] = INPUT_KINDS,
+    dtype: Any = np.float32,
+    constant_axis: int = 1,
+) -> st.SearchStrategy[np.ndarray]:
+    """NumPy float arrays of a fixed `shape`, one drawn kind per array (see the module docstring).
+
+    Args:
+      shape: the array shape; zero-sized axes are allowed.
+      kinds: the kinds to draw from; the first is the shrink target.
+      dtype: float32, float16, bfloat16 (values are made in float64 and cast)...
+      constant_axis: the axis along which a `"constant"` array is constant
+        (the time axis of `(B, T, F)` data).
+
+    Returns:
+      A strategy of `np.ndarray` of `shape` and `dtype`.
+    """
+    shape = tuple(int(size) for size in shape)
+    kinds = _check_kinds("kinds", kinds, _ALL_KINDS)
+    resolved = _numpy_dtype(dtype)
+    elements = st.floats(
+        -LARGE_MAGNITUDE, LARGE_MAGNITUDE, width=32, allow_nan=False, allow_subnormal=False
+    )
+
+    @st.composite
+    def draw_array(draw: st.DrawFn) -> np.ndarray:
+        kind = draw(st.sampled_from(kinds))
+        if kind == "elements":
+            values = draw(hnp.arrays(np.float32, shape, elements=elements))
+        else:
+            values = _seeded_array(kind, shape, draw(st.integers(0, 2**32 - 1)), constant_axis)
+        return np.asarray(values).astype(resolved)
+
+    return draw_array()
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    """Sizes of one self-attention example: input `(B, T, D)`, `num_heads` dividing `D`."""
+
+    hidden_dim: int
+    num_heads: int
+    sequence_length: int
+    batch_size: int
+    dropout_rate: float = 0.0
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one head, `D / num_heads`."""
+        return self.hidden_dim // self.num_heads
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """`(B, T, D)`."""
+        return (self.batch_size, self.sequence_length, self.hidden_dim)
+
+
+def _divisors_in(value: int, candidates: Sequence[int]) -> list[int]:
+    return [candidate for candidate in candidates if value % candidate == 0]
+
+
+@st.composite
+def _heads_for(draw: st.DrawFn, hidden_dim: int, num_heads: Sequence[int]) -> int:
+    """A head count from `num_heads` dividing `hidden_dim` (1 when none does)."""
+    return draw(st.sampled_from(_divisors_in(hidden_dim, num_heads) or [1]))
+
+
+def attention_configs(
+    *,
+    hidden_dims: Sequence[int] = ATTENTION_HIDDEN_DIMS,
+    num_heads: Sequence[int] = NUM_HEADS,
+    sequence_lengths: Sequence[int] = SEQUENCE_LENGTHS,
+    batch_sizes: Sequence[int] = BATCH_SIZES,
+    dropout_rates: Sequence[float] = (0.0,),
+) -> st.SearchStrategy[AttentionConfig]:
+    """`AttentionConfig`s drawn from buckets; heads always divide the hidden size.
+
+    At most ``len(hidden_dims) * len(num_heads) * len(sequence_lengths) *
+    len(batch_sizes) * len(dropout_rates)`` distinct configs, hence compiles.
+    """
+    hidden_dims = _buckets("hidden_dims", hidden_dims)
+    num_heads = _buckets("num_heads", num_heads)
+    sequence_lengths = _buckets("sequence_lengths", sequence_lengths)
+    batch_sizes = _buckets("batch_sizes", batch_sizes)
+    dropout_rates = _buckets("dropout_rates", dropout_rates)
+
+    @st.composite
+    def draw_config(draw: st.DrawFn) -> AttentionConfig:
+        hidden_dim = draw(st.sampled_from(hidden_dims))
+        return AttentionConfig(
+            hidden_dim=hidden_dim,
+            num_heads=draw(_heads_for(hidden_dim, num_heads)),
+            sequence_length=draw(st.sampled_from(sequence_lengths)),
+            batch_size=draw(st.sampled_from(batch_sizes)),
+            dropout_rate=draw(st.sampled_from(dropout_rates)),
+        )
+
+    return draw_config()
+
+
+def attention_inputs(
+    config: AttentionConfig, *, kinds: Sequence[str] = INPUT_KINDS, dtype: Any = np.float32
+) -> st.SearchStrategy[np.ndarray]:
+    """NumPy inputs `(B, T, D)` for an `AttentionConfig`, constant kind along `T`."""
+    return float_arrays(config.input_shape, kinds=kinds, dtype=dtype, constant_axis=1)
+
+
+def tft_configs(
+    *,
+    static_features: Sequence[int] = TFT_STATIC_FEATURES,
+    known_features: Sequence[int] = TFT_KNOWN_FEATURES,
+    observed_features: Sequence[int] = TFT_OBSERVED_FEATURES,
+    hidden_dims: Sequence[int] = TFT_HIDDEN_DIMS,
+    num_heads: Sequence[int] = NUM_HEADS,
+    sequence_lengths: Sequence[int] = TFT_SEQUENCE_LENGTHS,
+    horizons: Sequence[int] = TFT_HORIZONS,
+    quantile_sets: Sequence[tuple[float, ...]] = QUANTILE_SETS,
+    dropout_rates: Sequence[float] = TFT_DROPOUT_RATES,
+    categorical_cardinalities: Sequence[tuple[int, ...]] = CATEGORICAL_CARDINALITIES,
+    variable_hidden_dims: Sequence[int | None] = VARIABLE_HIDDEN_DIMS,
+    attend_to_self: Sequence[bool] = (True, False),
+    use_known_history: Sequence[bool] = (False, True),
+    dtypes: Sequence[str] = ("float32",),
+) -> st.SearchStrategy[TFTConfig]:
+    """Valid `TFTConfig`s drawn from buckets (0 statics included, heads dividing `hidden_dim`).
+
+    Each argument is the tuple of values to draw from; its first entry is the
+    shrink target. Pass one-element tuples to pin a field, e.g.
+    ``tft_configs(dropout_rates=(0.0,), dtypes=("bfloat16",))``.
+    """
+    fields = {
+        "static_features": _buckets("static_features", static_features),
+        "known_features": _buckets("known_features", known_features),
+        "observed_features": _buckets("observed_features", observed_features),
+        "hidden_dims": _buckets("hidden_dims", hidden_dims),
+        "sequence_lengths": _buckets("sequence_lengths", sequence_lengths),
+        "horizons": _buckets("horizons", horizons),
+        "quantile_sets": _buckets("quantile_sets", quantile_sets),
+        "dropout_rates": _buckets("dropout_rates", dropout_rates),
+        "categorical_cardinalities": _buckets(
+            "categorical_cardinalities", categorical_cardinalities
+        ),
+        "variable_hidden_dims": _buckets("variable_hidden_dims", variable_hidden_dims),
+        "attend_to_self": _buckets("attend_to_self", attend_to_self),
+        "use_known_history": _buckets("use_known_history", use_known_history),
+        "dtypes": _buckets("dtypes", dtypes),
+    }
+    num_heads = _buckets("num_heads", num_heads)
+
+    @st.composite
+    def draw_config(draw: st.DrawFn) -> TFTConfig:
+        def pick(name: str) -> Any:
+            return draw(st.sampled_from(fields[name]))
+
+        hidden_dim = pick("hidden_dims")
+        return TFTConfig(
+            num_static_features=pick("static_features"),
+            num_known_features=pick("known_features"),
+            num_observed_features=pick("observed_features"),
+            hidden_dim=hidden_dim,
+            num_heads=draw(_heads_for(hidden_dim, num_heads)),
+            sequence_length=pick("sequence_lengths"),
+            prediction_horizon=pick("horizons"),
+            quantiles=tuple(pick("quantile_sets")),
+            dropout_rate=pick("dropout_rates"),
+            static_categorical_cardinalities=tuple(pick("categorical_cardinalities")),
+            variable_hidden_dim=pick("variable_hidden_dims"),
+            attend_to_self=pick("attend_to_self"),
+            use_known_history=pick("use_known_history"),
+            dtype=pick("dtypes"),
+        )
+
+    return draw_config()
+
+
+# Three configs that between them cover every edge of `tft_configs`: zero and
+# several statics, categorical statics, known history, one and seven quantiles,
+# a narrow variable GRN, both mask conventions, dropout on and off.
+TFT_PRESETS = (
+    TFTConfig(
+        num_static_features=0,
+        num_known_features=1,
+        num_observed_features=1,
+        hidden_dim=8,
+        num_heads=1,
+        sequence_length=4,
+        prediction_horizon=1,
+        quantiles=(0.5,),
+        dropout_rate=0.0,
+    ),
+    TFTConfig(
+        num_static_features=2,
+        num_known_features=2,
+        num_observed_features=3,
+        hidden_dim=8,
+        num_heads=2,
+        sequence_length=5,
+        prediction_horizon=3,
+        quantiles=(0.1, 0.5, 0.9),
+        dropout_rate=0.1,
+        static_categorical_cardinalities=(3,),
+        variable_hidden_dim=4,
+        use_known_history=True,
+    ),
+    TFTConfig(
+        num_static_features=0,
+        num_known_features=1,
+        num_observed_features=2,
+        hidden_dim=16,
+        num_heads=4,
+        sequence_length=4,
+        prediction_horizon=2,
+        quantiles=QUANTILE_SETS[2],
+        dropout_rate=0.0,
+        static_categorical_cardinalities=(2, 5),
+        attend_to_self=False,
+        use_known_history=True,
+    ),
+)
+
+
+def tft_config_presets(
+    presets: Sequence[TFTConfig] = TFT_PRESETS, *, dtype: str | None = None
+) -> st.SearchStrategy[TFTConfig]:
+    """One of a few fixed `TFTConfig`s: at most `len(presets)` compiles per test.
+
+    A full TFT compiles in seconds to tens of seconds on a small CPU, so a
+    property over the whole model should draw from these presets (with one
+    batch size, e.g. ``tft_inputs(config, batch_sizes=(2,))``) rather than
+    from `tft_configs`, which reaches thousands of distinct configs.
+    `dtype` (e.g. ``"bfloat16"``) replaces every preset's compute dtype.
+    """
+    presets = _buckets("presets", presets)
+    if dtype is not None:
+        presets = tuple(dataclasses.replace(config, dtype=dtype) for config in presets)
+    return st.sampled_from(presets)
+
+
+class TFTInputs(NamedTuple):
+    """One batch of NumPy inputs for a `TFTConfig` (the arguments of the model, plus a target).
+
+    Attributes:
+      static: `(B, S)` float.
+      historical: `(B, T, U)` float.
+      future: `(B, H, K)` float.
+      known_history: `(B, T, K)` float when `config.use_known_history`, else None.
+      static_categorical: `(B, C)` int32 with column `c` in `[0, cardinality_c)`,
+        or None when the config has no categorical statics.
+      target: `(B, H)` float.
+    """
+
+    static: np.ndarray
+    historical: np.ndarray
+    future: np.ndarray
+    known_history: np.ndarray | None
+    static_categorical: np.ndarray | None
+    target: np.ndarray
+
+    @property
+    def batch_size(self) -> int:
+        """`B`."""
+        return int(self.historical.shape[0])
+
+
+def tft_inputs(
+    config: TFTConfig,
+    *,
+    batch_sizes: Sequence[int] = BATCH_SIZES,
+    kinds: Sequence[str] = INPUT_KINDS,
+    dtype: Any = None,
+) -> st.SearchStrategy[TFTInputs]:
+    """`TFTInputs` for `config`: one batch size for all arrays, one drawn kind per array.
+
+    Args:
+      config: the model config fixing `S, C, K, U, T, H` and whether
+        `known_history` is given (`use_known_history`).
+      batch_sizes: buckets for `B`.
+      kinds: input kinds (module docstring); `"constant"` is constant over time.
+      dtype: float dtype of the float arrays; None means `config.dtype`.
+    """
+    if not isinstance(config, TFTConfig):
+        raise TypeError(f"config must be a TFTConfig, got {type(config).__name__}")
+    batch_sizes = _buckets("batch_sizes", batch_sizes)
+    kinds = _check_kinds("kinds", kinds, _ALL_KINDS)
+    resolved = _numpy_dtype(config.dtype if dtype is None else dtype)
+
+    def floats(shape: tuple[int, ...]) -> st.SearchStrategy[np.ndarray]:
+        return float_arrays(shape, kinds=kinds, dtype=resolved, constant_axis=1)
+
+    @st.composite
+    def draw_inputs(draw: st.DrawFn) -> TFTInputs:
+        batch = draw(st.sampled_from(batch_sizes))
+        steps, horizon = config.sequence_length, config.prediction_horizon
+        known = config.num_known_features
+        categorical = None
+        if config.static_categorical_cardinalities:
+            columns = [
+                draw(hnp.arrays(np.int32, (batch,), elements=st.integers(0, cardinality - 1)))
+                for cardinality in config.static_categorical_cardinalities
+            ]
+            categorical = np.stack(columns, axis=1)
+        return TFTInputs(
+            static=draw(floats((batch, config.num_static_features))),
+            historical=draw(floats((batch, steps, config.num_observed_features))),
+            future=draw(floats((batch, horizon, known))),
+            known_history=(
+                draw(floats((batch, steps, known))) if config.use_known_history else None
+            ),
+            static_categorical=categorical,
+            target=draw(floats((batch, horizon))),
+        )
+
+    return draw_inputs()
+
+
+def qat_configs(
+    *,
+    bits: Sequence[int | None] = (8, 4),
+    symmetric: Sequence[bool] = (True, False),
+    per_channel: Sequence[bool] = (False, True),
+    channel_axes: Sequence[int] = (-1, 0),
+    observers: Sequence[str] = ("minmax", "moving_average"),
+    averaging_constants: Sequence[float] = (0.01, 0.5),
+    calibration_batches: Sequence[int] = (100,),
+    learnable_scale: Sequence[bool] = (False,),
+) -> st.SearchStrategy[Any]:
+    """`qat.config.QATConfig`s drawn from buckets.
+
+    `channel_axis` is drawn only for per-channel configs (per-tensor ones keep
+    -1), so equivalent configs are not drawn twice. `qat` is imported here,
+    not at module import, so `properties.strategies` works without it.
+    """
+    from qat.config import QATConfig
+
+    fields = {
+        "bits": _buckets("bits", bits),
+        "symmetric": _buckets("symmetric", symmetric),
+        "per_channel": _buckets("per_channel", per_channel),
+        "channel_axes": _buckets("channel_axes", channel_axes),
+        "observers": _buckets("observers", observers),
+        "averaging_constants": _buckets("averaging_constants", averaging_constants),
+        "calibration_batches": _buckets("calibration_batches", calibration_batches),
+        "learnable_scale": _buckets("learnable_scale", learnable_scale),
+    }
+
+    @st.composite
+    def draw_config(draw: st.DrawFn) -> QATConfig:
+        def pick(name: str) -> Any:
+            return draw(st.sampled_from(fields[name]))
+
+        channel_wise = pick("per_channel")
+        return QATConfig(
+            bits=pick("bits"),
+            symmetric=pick("symmetric"),
+            per_channel=channel_wise,
+            channel_axis=pick("channel_axes") if channel_wise else -1,
+            observer=pick("observers"),
+            averaging_constant=pick("averaging_constants"),
+            calibration_batches=pick("calibration_batches"),
+            learnable_scale=pick("learnable_scale"),
+        )
+
+    return draw_config()
+
+
+def observer_batches(
+    *,
+    shapes: Sequence[tuple[int, ...]] = OBSERVER_SHAPES,
+    kinds: Sequence[str] = OBSERVER_KINDS,
+    dtype: Any = np.float32,
+) -> st.SearchStrategy[np.ndarray]:
+    """Batches for a quantization observer, degenerate ones included.
+
+    Kinds: the module's kinds plus ``"single"`` (a one-element batch with the
+    drawn shape's number of axes, so a channel axis stays valid). Constant and
+    all-zero batches give `min == max`; ``"huge"`` reaches ~1e30 (the range
+    `max - min` stays finite in float32).
+    """
+    shapes = tuple(tuple(int(size) for size in shape) for shape in _buckets("shapes", shapes))
+    kinds = _check_kinds("kinds", kinds, (*_ALL_KINDS, "single"))
+
+    @st.composite
+    def draw_batch(draw: st.DrawFn) -> np.ndarray:
+        shape = draw(st.sampled_from(shapes))
+        kind = draw(st.sampled_from(kinds))
+        if kind == "single":
+            shape, kind = (1,) * len(shape), "normal"
+        return draw(float_arrays(shape, kinds=(kind,), dtype=dtype, constant_axis=0))
+
+    return draw_batch()
+
+
+def observer_batch_sequences(
+    *,
+    shapes: Sequence[tuple[int, ...]] = OBSERVER_SHAPES,
+    lengths: Sequence[int] = (1, 3),
+    kinds: Sequence[str] = tuple(kind for kind in OBSERVER_KINDS if kind != "single"),
+    dtype: Any = np.float32,
+) -> st.SearchStrategy[list[np.ndarray]]:
+    """Lists of same-shaped observer batches (one kind drawn per batch), for running statistics."""
+    shapes = tuple(tuple(int(size) for size in shape) for shape in _buckets("shapes", shapes))
+    lengths = _buckets("lengths", lengths)
+    kinds = _check_kinds("kinds", kinds, _ALL_KINDS)
+
+    @st.composite
+    def draw_sequence(draw: st.DrawFn) -> list[np.ndarray]:
+        shape = draw(st.sampled_from(shapes))
+        batch = float_arrays(shape, kinds=kinds, dtype=dtype, constant_axis=0)
+        return [draw(batch) for _ in range(draw(st.sampled_from(lengths)))]
+
+    return draw_sequence()
+
+
+class FakeQuantizeCase(NamedTuple):
+    """Arguments of `fake_quantize(x, scale, zero_point, qmin, qmax)` with telling `x` values.
+
+    `x (N,)` float32 holds every grid point `(k - zero_point) * scale` for `k`
+    in `[qmin, qmax]` (the bounds exactly included), the half-way points
+    between them (ties of the rounding), points beyond both ends, and random
+    values over twice the range.
+    """
+
+    x: np.ndarray
+    scale: np.float32
+    zero_point: int
+    qmin: int
+    qmax: int
+
+
+def fake_quantize_cases(
+    *,
+    bits: Sequence[int] = (8, 4, 2),
+    symmetric: Sequence[bool] = (True, False),
+    scales: st.SearchStrategy[float] | None = None,
+) -> st.SearchStrategy[FakeQuantizeCase]:
+    """`FakeQuantizeCase`s: grid, tie and saturating inputs for a drawn integer grid and scale.
+
+    Symmetric grids are `[-2^(b-1), 2^(b-1)-1]` with zero point 0; affine grids
+    `[0, 2^b-1]` with a drawn zero point in the grid. `scales` defaults to a
+    few exact powers of two and 0.1, or any float32 in `[2^-10, 16]`.
+    """
+    bits = _buckets("bits", bits)
+    symmetric = _buckets("symmetric", symmetric)
+    if scales is None:
+        scales = st.one_of(
+            st.sampled_from((1.0, 0.5, 0.1, 2.0**-7)),
+            st.floats(2.0**-10, 16.0, width=32, allow_subnormal=False),
+        )
+
+    @st.composite
+    def draw_case(draw: st.DrawFn) -> FakeQuantizeCase:
+        width = draw(st.sampled_from(bits))
+        signed = draw(st.sampled_from(symmetric))
+        qmin, qmax = (-(2 ** (width - 1)), 2 ** (width - 1) - 1) if signed else (0, 2**width - 1)
+        zero_point = 0 if signed else draw(st.integers(qmin, qmax))
+        scale = np.float32(draw(scales))
+        levels = np.arange(qmin, qmax + 1, dtype=np.float64) - zero_point
+        beyond = np.array([qmin - 3.0, qmin - 1.0, qmin - 0.5, qmax + 0.5, qmax + 1.0, qmax + 3.0])
+        rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+        spread = rng.uniform(2 * qmin - qmax, 2 * qmax - qmin, 16)
+        outside = np.concatenate([beyond, spread]) - zero_point
+        units = np.concatenate([levels, levels[:-1] + 0.5, outside])
+        x = (units * np.float64(scale)).astype(np.float32)
+        return FakeQuantizeCase(x, scale, zero_point, qmin, qmax)
+
+    return draw_case()

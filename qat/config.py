@@ -1,0 +1,117 @@
+"""`QATConfig`: how tensors are quantized, validated once on construction."""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import Any, Literal
+
+ObserverKind = Literal["minmax", "moving_average"]
+_OBSERVERS = ("minmax", "moving_average")
+MIN_BITS = 2
+MAX_BITS = 8
+
+
+def _require_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"QATConfig.{name} must be a bool, got {type(value).__name__} {value!r}")
+
+
+def _require_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"QATConfig.{name} must be an int, got {type(value).__name__} {value!r}")
+
+
+def integer_range(bits: int, symmetric: bool) -> tuple[int, int]:
+    """The integer grid `[qmin, qmax]` of a `bits`-bit quantizer.
+
+    Symmetric quantizers use the signed range `[-2^(b-1), 2^(b-1) - 1]` (zero
+    point 0); affine ones the unsigned range `[0, 2^b - 1]`.
+    """
+    if symmetric:
+        return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    return 0, 2**bits - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class QATConfig:
+    """Quantization settings of an observer, a fake quantizer or the QAT model.
+
+    Attributes:
+      bits: integer width in 2..8, or None to disable quantization entirely
+        (the QAT model then computes exactly what the FP32 model computes).
+      symmetric: signed range with zero point 0 (True) or unsigned affine range
+        with a learned-from-data zero point (False).
+      per_channel: one scale per slice along `channel_axis` instead of one per tensor.
+      channel_axis: the channel axis for `per_channel` (any axis, negative allowed).
+      observer: `'minmax'` (running min and max over every batch seen) or
+        `'moving_average'` (first batch sets the range, then
+        `m += averaging_constant * (batch_m - m)`).
+      averaging_constant: the moving-average constant, in (0, 1].
+      calibration_batches: how many batches `qat.calibrate` feeds the observers.
+      learnable_scale: make the activation step size trainable with the LSQ
+        gradient (Esser et al. 2020).
+
+    In `QATTemporalFusionTransformer` the layout is fixed to the standard QAT
+    recipe: weights per-channel symmetric, activations per-tensor affine with a
+    moving-average observer; `symmetric`, `per_channel`, `channel_axis` and
+    `observer` configure stand-alone observers and fake quantizers.
+    """
+
+    bits: int | None = 8
+    symmetric: bool = True
+    per_channel: bool = False
+    channel_axis: int = -1
+    observer: ObserverKind = "minmax"
+    averaging_constant: float = 0.01
+    calibration_batches: int = 100
+    learnable_scale: bool = False
+
+    def __post_init__(self) -> None:
+        if self.bits is not None:
+            _require_int("bits", self.bits)
+            if not MIN_BITS <= self.bits <= MAX_BITS:
+                raise ValueError(
+                    f"QATConfig.bits must be in {MIN_BITS}..{MAX_BITS} or None, got {self.bits}"
+                )
+            object.__setattr__(self, "bits", int(self.bits))
+        _require_bool("symmetric", self.symmetric)
+        _require_bool("per_channel", self.per_channel)
+        _require_int("channel_axis", self.channel_axis)
+        object.__setattr__(self, "channel_axis", int(self.channel_axis))
+        if self.observer not in _OBSERVERS:
+            raise ValueError(
+                f"QATConfig.observer must be one of {_OBSERVERS}, got {self.observer!r}"
+            )
+        constant = self.averaging_constant
+        if isinstance(constant, bool) or not isinstance(constant, numbers.Real):
+            raise TypeError(f"QATConfig.averaging_constant must be a float, got {constant!r}")
+        if not 0.0 < float(constant) <= 1.0:
+            raise ValueError(f"QATConfig.averaging_constant must be in (0, 1], got {constant}")
+        object.__setattr__(self, "averaging_constant", float(constant))
+        _require_int("calibration_batches", self.calibration_batches)
+        if self.calibration_batches < 1:
+            raise ValueError(
+                f"QATConfig.calibration_batches must be >= 1, got {self.calibration_batches}"
+            )
+        _require_bool("learnable_scale", self.learnable_scale)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether quantization is on (`bits` is not None)."""
+        return self.bits is not None
+
+    @property
+    def qmin(self) -> int:
+        """Lowest integer of the grid."""
+        return integer_range(self._required_bits(), self.symmetric)[0]
+
+    @property
+    def qmax(self) -> int:
+        """Highest integer of the grid."""
+        return integer_range(self._required_bits(), self.symmetric)[1]
+
+    def _required_bits(self) -> int:
+        if self.bits is None:
+            raise ValueError("QATConfig.bits is None (quantization disabled): there is no grid")
+        return self.bits

@@ -1,0 +1,288 @@
+"""Contractions that plug into `Linear(dot_general_cls=...)`: fake-quant QAT and true int8.
+
+Both modules follow the protocol of `tft_jax.linear`: built as
+`cls(name="dot_general", lhs_bounds=...)` inside a dense layer and called like
+`lax.dot_general(lhs, rhs, dimension_numbers)`, `lhs` the activation and `rhs`
+the kernel.
+
+Quantization layout (the standard QAT recipe):
+
+* weights: per-channel symmetric, one scale per kernel slice along the axes
+  that are not contracted (output features, and the variable axis of a
+  `VariableLinear`). The scale is computed from the current kernel,
+  `max|w| / qmax`, so weights need no state. Dividing by `qmax` rather than
+  by PyTorch's `(qmax - qmin) / 2` keeps the largest weight on the grid
+  (`+max|w|` would otherwise land on 127.5, round to 128 and be clipped,
+  which also zeroes its straight-through gradient).
+* activations: per-tensor affine. With `lhs_bounds` the range is fixed by the
+  math (the LSTM hidden state lies in `[-1, 1]`) and no state is kept.
+  Otherwise a moving-average min-max observer lives in the `'quant_stats'`
+  collection (`min`, `max`, `num_batches`), updated only when
+  `calibrate=True` (never by `init`); a layer called twice per forward
+  observes twice. Until an observer has seen a batch its activations pass
+  through unquantized (only the weights are fake-quantized).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+from flax import linen as nn
+from jax import lax
+
+from qat.config import QATConfig, integer_range
+from qat.fake_quant import fake_quantize, quantize
+from qat.lsq import lsq_fake_quantize
+from qat.observers import EPS, QuantizationObserver, compute_qparams
+
+Array = Any
+DimensionNumbers = tuple[
+    tuple[tuple[int, ...], tuple[int, ...]], tuple[tuple[int, ...], tuple[int, ...]]
+]
+
+QUANT_STATS = "quant_stats"
+QUANT_PARAMS = "quant_params"
+INT8 = "int8"
+
+
+def activation_config(cfg: QATConfig) -> QATConfig:
+    """The activation quantizer of the QAT model: per-tensor affine, moving average."""
+    return dataclasses.replace(cfg, symmetric=False, per_channel=False, observer="moving_average")
+
+
+def weight_grid(bits: int) -> tuple[int, int]:
+    """The symmetric weight grid `[-2^(b-1), 2^(b-1) - 1]`."""
+    return integer_range(bits, symmetric=True)
+
+
+def weight_scale(kernel: Array, contracting: tuple[int, ...], bits: int) -> Array:
+    """Per-channel symmetric scale `max|w| / qmax`, reduced over `contracting` (dims kept).
+
+    Floored at float32 eps so an all-zero channel gets a finite positive scale.
+    """
+    qmax = weight_grid(bits)[1]
+    magnitude = jnp.max(jnp.abs(kernel.astype(jnp.float32)), axis=contracting, keepdims=True)
+    return jnp.maximum(magnitude / qmax, EPS)
+
+
+def fake_quantize_weight(kernel: Array, contracting: tuple[int, ...], bits: int) -> Array:
+    """The kernel fake-quantized per channel (symmetric); the gradient is straight through."""
+    scale = lax.stop_gradient(weight_scale(kernel, contracting, bits))
+    qmin, qmax = weight_grid(bits)
+    return fake_quantize(kernel, scale, 0, qmin, qmax)
+
+
+def quantize_weight(kernel: Array, contracting: tuple[int, ...], bits: int) -> tuple[Array, Array]:
+    """`(int8 kernel, scale)`: integer codes and the per-channel scale (contracted dims kept)."""
+    scale = weight_scale(kernel, contracting, bits)
+    qmin, qmax = weight_grid(bits)
+    return quantize(kernel, scale, 0, qmin, qmax).astype(jnp.int8), scale
+
+
+def rhs_channels_to_output(
+    channel_values: Array, dimension_numbers: DimensionNumbers, lhs_ndim: int, rhs_ndim: int
+) -> Array:
+    """Reshapes per-channel values of the kernel to broadcast against the contraction's output.
+
+    `channel_values` has the kernel's shape with the contracting axes removed
+    (kernel order). `lax.dot_general` orders its output as
+    `(batch..., lhs free..., rhs free...)`; this returns the values permuted and
+    padded with singleton lhs-free axes to match.
+    """
+    (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
+    remaining = [axis for axis in range(rhs_ndim) if axis not in rhs_contract]
+    rhs_free = [axis for axis in remaining if axis not in rhs_batch]
+    order = [remaining.index(axis) for axis in (*rhs_batch, *rhs_free)]
+    values = jnp.transpose(channel_values, order)
+    lhs_free = lhs_ndim - len(lhs_contract) - len(lhs_batch)
+    shape = values.shape[: len(rhs_batch)] + (1,) * lhs_free + values.shape[len(rhs_batch) :]
+    return jnp.reshape(values, shape)
+
+
+def _contracting_dims(dimension_numbers: DimensionNumbers, rhs: Array) -> tuple[int, ...]:
+    (_, rhs_contract), _ = dimension_numbers
+    return tuple(axis % rhs.ndim for axis in rhs_contract)
+
+
+class _ActivationQParams(nn.Module):
+    """Shared logic: the activation grid and its qparams from bounds or the observer."""
+
+    config: QATConfig
+    lhs_bounds: tuple[float, float] | None = None
+
+    @property
+    def activation_grid(self) -> tuple[int, int]:
+        return integer_range(self.config.bits, symmetric=False)
+
+    def _observer(self) -> QuantizationObserver:
+        """The observer held in `'quant_stats'` (created fresh on init)."""
+        fresh = QuantizationObserver.create(activation_config(self.config))
+        low = self.variable(QUANT_STATS, "min", lambda: fresh.min_val)
+        high = self.variable(QUANT_STATS, "max", lambda: fresh.max_val)
+        count = self.variable(QUANT_STATS, "num_batches", lambda: fresh.num_batches)
+        return fresh.replace(min_val=low.value, max_val=high.value, num_batches=count.value)
+
+    def _store(self, observer: QuantizationObserver) -> None:
+        self.put_variable(QUANT_STATS, "min", observer.min_val)
+        self.put_variable(QUANT_STATS, "max", observer.max_val)
+        self.put_variable(QUANT_STATS, "num_batches", observer.num_batches)
+
+    def _bounded_qparams(self) -> tuple[Array, Array]:
+        low, high = self.lhs_bounds
+        qmin, qmax = self.activation_grid
+        return compute_qparams(low, high, qmin, qmax, symmetric=False)
+
+    def _scale_offset(self) -> Array:
+        """The trainable LSQ offset of the observed step size (collection `'quant_params'`)."""
+        return self.variable(QUANT_PARAMS, "scale_offset", lambda: jnp.zeros((), jnp.float32)).value
+
+
+def _check_bounds(lhs_bounds: tuple[float, float] | None) -> None:
+    if lhs_bounds is None:
+        return
+    low, high = lhs_bounds
+    if not low < high:
+        raise ValueError(f"lhs_bounds must satisfy low < high, got {lhs_bounds}")
+
+
+class QATDotGeneral(_ActivationQParams):
+    """`lax.dot_general` with fake-quantized operands (weights per channel, activations per tensor).
+
+    Attributes:
+      config: bits and observer settings; `bits=None` makes this exactly
+        `lax.dot_general` (no variables, no rounding).
+      calibrate: update the activation observer with this call's `lhs`. Needs
+        the `'quant_stats'` collection mutable; False freezes the observer.
+      lhs_bounds: a known activation range `(low, high)`; then the activation
+        is quantized on that fixed range from the start and nothing is stored.
+
+    With `config.learnable_scale`, an observed activation uses the step size
+    `s_observer + scale_offset`, `scale_offset` a trainable scalar in the
+    `'quant_params'` collection (initialised to 0) with the LSQ gradient. It
+    lives outside `'params'` so that the parameter tree stays the FP32 one.
+    Until the observer has seen a batch, activations pass through unquantized.
+    """
+
+    calibrate: bool = False
+
+    @nn.compact
+    def __call__(
+        self,
+        lhs: Array,
+        rhs: Array,
+        dimension_numbers: DimensionNumbers,
+        precision: Any = None,
+        preferred_element_type: Any = None,
+    ) -> Array:
+        if not self.config.enabled:
+            return lax.dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type)
+        _check_bounds(self.lhs_bounds)
+        rhs = fake_quantize_weight(rhs, _contracting_dims(dimension_numbers, rhs), self.config.bits)
+        lhs = self._fake_quantize_activation(lhs)
+        return lax.dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type)
+
+    def _fake_quantize_activation(self, lhs: Array) -> Array:
+        qmin, qmax = self.activation_grid
+        if self.lhs_bounds is not None:
+            scale, zero_point = self._bounded_qparams()
+            return fake_quantize(lhs, scale, zero_point, qmin, qmax)
+        if self.calibrate and not self.is_mutable_collection(QUANT_STATS):
+            raise ValueError(
+                "calibrate=True updates the observers: apply with mutable=['quant_stats']"
+            )
+        observer = self._observer()
+        if self.calibrate and not self.is_initializing():
+            observer = observer.observe(lhs)
+            self._store(observer)
+        scale, zero_point = observer.qparams()
+        if self.config.learnable_scale:
+            quantized = lsq_fake_quantize(lhs, scale + self._scale_offset(), zero_point, qmin, qmax)
+        else:
+            quantized = fake_quantize(lhs, scale, zero_point, qmin, qmax)
+        return jnp.where(observer.is_calibrated, quantized, lhs)
+
+
+class Int8DotGeneral(_ActivationQParams):
+    """`lax.dot_general` with integer operands: `int8 x int8 -> int32`, then rescaled.
+
+    `rhs` must be the int8 kernel made by `qat.convert`; its per-channel scales
+    are read from the `'int8'` collection (`weight_scale`, the kernel's shape
+    without the contracted axes). The activation is quantized with the same
+    qparams as `QATDotGeneral` (its bounds, or the calibrated observer in
+    `'quant_stats'`), shifted to int8 by `2^(b-1)`, contracted in int32 with
+    the zero-point correction `sum_k (q_k - zp) w_k = sum_k q_k w_k - zp sum_k w_k`,
+    and rescaled by `s_activation * s_weight`. An activation whose observer
+    never saw a batch stays float (as in QAT) and meets the dequantized kernel.
+    """
+
+    @nn.compact
+    def __call__(
+        self,
+        lhs: Array,
+        rhs: Array,
+        dimension_numbers: DimensionNumbers,
+        precision: Any = None,
+        preferred_element_type: Any = None,
+    ) -> Array:
+        if not self.config.enabled:
+            return lax.dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type)
+        if rhs.dtype != jnp.int8:
+            raise TypeError(f"Int8DotGeneral expects an int8 kernel (qat.convert), got {rhs.dtype}")
+        _check_bounds(self.lhs_bounds)
+        contracting = _contracting_dims(dimension_numbers, rhs)
+        channel_shape = tuple(n for axis, n in enumerate(rhs.shape) if axis not in contracting)
+        stored = self.variable(INT8, "weight_scale", lambda: jnp.ones(channel_shape, jnp.float32))
+        if tuple(stored.value.shape) != channel_shape:
+            raise ValueError(
+                f"int8 weight_scale has shape {tuple(stored.value.shape)}, the kernel "
+                f"{tuple(rhs.shape)} needs {channel_shape}"
+            )
+        out_dtype = preferred_element_type or lhs.dtype
+        weight_scale_out = rhs_channels_to_output(
+            stored.value, dimension_numbers, lhs.ndim, rhs.ndim
+        )
+
+        if self.lhs_bounds is not None:
+            scale, zero_point = self._bounded_qparams()
+            y = self._integer_contraction(lhs, rhs, scale, zero_point, dimension_numbers)
+            return (y * weight_scale_out).astype(out_dtype)
+
+        observer = self._observer()
+        scale, zero_point = observer.qparams()
+        if self.config.learnable_scale:
+            scale = jnp.maximum(jnp.abs(scale + self._scale_offset()), EPS)
+
+        def integer_path(lhs: Array) -> Array:
+            return self._integer_contraction(lhs, rhs, scale, zero_point, dimension_numbers)
+
+        def float_path(lhs: Array) -> Array:
+            dequantized = rhs.astype(lhs.dtype)
+            return lax.dot_general(lhs, dequantized, dimension_numbers, precision).astype(
+                jnp.float32
+            )
+
+        y = lax.cond(observer.is_calibrated, integer_path, float_path, lhs)
+        return (y * weight_scale_out).astype(out_dtype)
+
+    def _integer_contraction(
+        self,
+        lhs: Array,
+        rhs: Array,
+        scale: Array,
+        zero_point: Array,
+        dimension_numbers: DimensionNumbers,
+    ) -> Array:
+        """`s_a * sum_k (q_k - zp) w_k` in float32, the sum computed in int32."""
+        qmin, qmax = self.activation_grid
+        shift = 2 ** (self.config.bits - 1)
+        codes = (quantize(lhs, scale, zero_point, qmin, qmax) - shift).astype(jnp.int8)
+        accumulator = lax.dot_general(
+            codes, rhs, dimension_numbers, preferred_element_type=jnp.int32
+        )
+        contracting = _contracting_dims(dimension_numbers, rhs)
+        rhs_sums = jnp.sum(rhs.astype(jnp.int32), axis=contracting)
+        rhs_sums = rhs_channels_to_output(rhs_sums, dimension_numbers, lhs.ndim, rhs.ndim)
+        accumulator = accumulator - (zero_point - shift) * rhs_sums
+        return accumulator.astype(jnp.float32) * scale

@@ -1,0 +1,232 @@
+"""Fake quantization with a straight-through gradient, and the `FakeQuantize` pytree.
+
+Fake quantization rounds a float tensor onto the integer grid `[qmin, qmax]`
+and maps it straight back: `(clip(round(x/s) + zp, qmin, qmax) - zp) * s`, so
+training sees the quantization error while every tensor stays floating point.
+Rounding is half to even (`jnp.round`, PyTorch's `nearbyint`).
+
+The gradient is the clipped straight-through estimator of PyTorch's
+`fake_quantize_per_tensor_affine`: `g * 1[qmin <= round(x/s) + zp <= qmax]`,
+inclusive at both ends and exactly 0 or 1 per element. It is written out in a
+`jax.custom_vjp` because differentiating the forward would give 0 almost
+everywhere (round) and 0.5 at a clip bound (`jnp.clip` splits ties).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from qat.config import QATConfig
+
+Array = Any
+
+
+def compute_dtype(dtype: Any) -> Any:
+    """The float type quantization arithmetic runs in: at least float32 (bfloat16 is too coarse)."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def sum_to_shape(values: Array, shape: tuple[int, ...]) -> Array:
+    """Sums `values` over the axes that broadcasting `shape` up to `values.shape` created.
+
+    The adjoint of broadcasting: the cotangent of a broadcast parameter.
+    """
+    extra = values.ndim - len(shape)
+    values = jnp.sum(values, axis=tuple(range(extra))) if extra else values
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and values.shape[i] != 1)
+    return jnp.sum(values, axis=axes, keepdims=True) if axes else values
+
+
+def check_grid(qmin: Any, qmax: Any) -> tuple[int, int]:
+    """Validates an integer grid `[qmin, qmax]` given as Python ints."""
+    for name, value in (("qmin", qmin), ("qmax", qmax)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer):
+            raise TypeError(f"{name} must be a Python int, got {type(value).__name__} {value!r}")
+    if not qmin < qmax:
+        raise ValueError(f"qmin must be < qmax, got qmin={qmin}, qmax={qmax}")
+    return int(qmin), int(qmax)
+
+
+def check_broadcastable(name: str, value: Array, x_shape: tuple[int, ...]) -> None:
+    """Raises unless `value` broadcasts to `x_shape` without enlarging it."""
+    try:
+        shape = jnp.broadcast_shapes(jnp.shape(value), x_shape)
+    except ValueError:
+        shape = None
+    if shape != tuple(x_shape):
+        raise ValueError(
+            f"{name} of shape {tuple(jnp.shape(value))} must broadcast to x's shape "
+            f"{tuple(x_shape)}"
+        )
+
+
+def _grid_position(x: Array, scale: Array, zero_point: Array) -> Array:
+    """`round(x / s) + zp` in the compute dtype (not yet clipped)."""
+    return jnp.round(x / scale) + zero_point
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _fake_quantize(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: int) -> Array:
+    position = _grid_position(x, scale, zero_point)
+    return (jnp.clip(position, qmin, qmax) - zero_point) * scale
+
+
+def _fake_quantize_fwd(x, scale, zero_point, qmin, qmax):
+    position = _grid_position(x, scale, zero_point)
+    inside = (position >= qmin) & (position <= qmax)
+    y = (jnp.clip(position, qmin, qmax) - zero_point) * scale
+    return y, (inside, scale, zero_point)
+
+
+def _fake_quantize_bwd(qmin, qmax, residuals, g):
+    del qmin, qmax
+    inside, scale, zero_point = residuals
+    # Scale and zero point are constants of the estimator (PyTorch's
+    # fake_quantize_*_affine gives them no gradient); `lsq_fake_quantize` learns the scale.
+    return (
+        jnp.where(inside, g, jnp.zeros_like(g)),
+        jnp.zeros_like(scale),
+        jnp.zeros_like(zero_point),
+    )
+
+
+_fake_quantize.defvjp(_fake_quantize_fwd, _fake_quantize_bwd)
+
+
+def fake_quantize(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: int) -> Array:
+    """Quantizes `x` onto `[qmin, qmax]` and back, with the clipped straight-through gradient.
+
+    Forward: `(clip(round(x/s) + zp, qmin, qmax) - zp) * s`, rounding half to
+    even. Backward: `g * 1[qmin <= round(x/s) + zp <= qmax]` (inclusive at both
+    ends); `scale` and `zero_point` receive zero gradient.
+
+    Args:
+      x: float array of any shape.
+      scale: positive step size, broadcastable to `x` (a scalar per tensor, or
+        e.g. shape `(1, C)` for per-channel along the last axis of `(N, C)`).
+      zero_point: integer-valued zero point, broadcastable to `x`.
+      qmin: lowest integer of the grid (a Python int).
+      qmax: highest integer of the grid (a Python int).
+
+    Returns:
+      An array of `x`'s shape and dtype. The arithmetic runs in at least float32.
+
+    References:
+      PyTorch `torch.fake_quantize_per_tensor_affine` / `per_channel_affine`.
+    """
+    qmin, qmax = check_grid(qmin, qmax)
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"x must be a floating array, got dtype {x.dtype}")
+    check_broadcastable("scale", scale, x.shape)
+    check_broadcastable("zero_point", zero_point, x.shape)
+    dtype = compute_dtype(x.dtype)
+    y = _fake_quantize(
+        x.astype(dtype), jnp.asarray(scale, dtype), jnp.asarray(zero_point, dtype), qmin, qmax
+    )
+    return y.astype(x.dtype)
+
+
+def quantize(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: int) -> Array:
+    """The integer codes `clip(round(x/s) + zp, qmin, qmax)` as int32 (no gradient)."""
+    dtype = compute_dtype(x.dtype)
+    position = _grid_position(
+        x.astype(dtype), jnp.asarray(scale, dtype), jnp.asarray(zero_point, dtype)
+    )
+    return jnp.clip(position, qmin, qmax).astype(jnp.int32)
+
+
+def channel_broadcast(values: Array, ndim: int, axis: int | None) -> Array:
+    """Reshapes per-channel `values (C,)` to broadcast along `axis` of an `ndim`-d array.
+
+    With `axis=None` (per tensor) `values` is returned unchanged.
+    """
+    if axis is None:
+        return values
+    shape = [1] * ndim
+    shape[axis % ndim] = values.shape[0]
+    return jnp.reshape(values, shape)
+
+
+@struct.dataclass
+class FakeQuantize:
+    """A fake quantizer with fixed qparams: a pytree holding `scale` and `zero_point`.
+
+    Per tensor, `scale` and `zero_point` are scalars; per channel they have
+    shape `(C,)` and apply along `channel_axis` of the input.
+    """
+
+    scale: Array
+    zero_point: Array
+    qmin: int = struct.field(pytree_node=False)
+    qmax: int = struct.field(pytree_node=False)
+    channel_axis: int | None = struct.field(pytree_node=False, default=None)
+
+    @classmethod
+    def create(cls, cfg: QATConfig, *, scale: Any, zero_point: Any = 0) -> FakeQuantize:
+        """A fake quantizer on `cfg`'s grid with the given qparams.
+
+        Per channel (`cfg.per_channel`), `scale` is `(C,)` and `zero_point` a
+        scalar or `(C,)`; per tensor both are scalars.
+        """
+        if not isinstance(cfg, QATConfig):
+            raise TypeError(f"cfg must be a QATConfig, got {type(cfg).__name__}")
+        scale = jnp.asarray(scale, jnp.float32)
+        expected_ndim = 1 if cfg.per_channel else 0
+        if scale.ndim != expected_ndim:
+            layout = "per-channel (C,)" if cfg.per_channel else "per-tensor scalar"
+            raise ValueError(f"scale must be a {layout}, got shape {tuple(scale.shape)}")
+        zero_point = jnp.broadcast_to(jnp.asarray(zero_point, jnp.int32), scale.shape)
+        if not isinstance(scale, jax.core.Tracer) and bool(jnp.any(scale <= 0)):
+            raise ValueError(f"scale must be positive, got {scale}")
+        if not isinstance(zero_point, jax.core.Tracer) and bool(
+            jnp.any((zero_point < cfg.qmin) | (zero_point > cfg.qmax))
+        ):
+            raise ValueError(f"zero_point must lie in [{cfg.qmin}, {cfg.qmax}], got {zero_point}")
+        return cls(
+            scale=scale,
+            zero_point=zero_point,
+            qmin=cfg.qmin,
+            qmax=cfg.qmax,
+            channel_axis=cfg.channel_axis if cfg.per_channel else None,
+        )
+
+    @classmethod
+    def from_observer(cls, observer: Any) -> FakeQuantize:
+        """A fake quantizer with the qparams a `QuantizationObserver` has computed."""
+        scale, zero_point = observer.qparams()
+        return cls(
+            scale=scale,
+            zero_point=zero_point,
+            qmin=observer.qmin,
+            qmax=observer.qmax,
+            channel_axis=observer.channel_axis if observer.per_channel else None,
+        )
+
+    def scale_zero_point(self) -> tuple[Array, Array]:
+        """`(scale, zero_point)`: scalars, or `(C,)` per channel."""
+        return self.scale, self.zero_point
+
+    def __call__(self, x: Array) -> Array:
+        """Fake-quantizes `x` (any shape; per channel, `x.shape[channel_axis] == C`)."""
+        x = jnp.asarray(x)
+        if self.channel_axis is not None:
+            if not -x.ndim <= self.channel_axis < x.ndim:
+                raise ValueError(
+                    f"channel_axis {self.channel_axis} is out of range for x of shape "
+                    f"{tuple(x.shape)}"
+                )
+            if x.shape[self.channel_axis] != self.scale.shape[0]:
+                raise ValueError(
+                    f"x has {x.shape[self.channel_axis]} channels on axis {self.channel_axis}, "
+                    f"the quantizer has {self.scale.shape[0]}"
+                )
+        scale = channel_broadcast(self.scale, x.ndim, self.channel_axis)
+        zero_point = channel_broadcast(self.zero_point, x.ndim, self.channel_axis)
+        return fake_quantize(x, scale, zero_point, self.qmin, self.qmax)

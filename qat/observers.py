@@ -1,0 +1,175 @@
+"""Range observers as pure pytrees, and the qparams formulas they feed.
+
+An observer tracks the `[min, max]` range of the tensors it sees; `qparams()`
+turns that range into a scale and zero point with PyTorch's observer formulas:
+the range is widened to include 0, then
+
+  symmetric: `scale = max(-min, max) / ((qmax - qmin) / 2)`, `zero_point = 0`;
+  affine:    `scale = (max - min) / (qmax - qmin)`,
+             `zero_point = clip(qmin - round(min / scale), qmin, qmax)`;
+
+with the scale floored at float32 eps, so a constant or all-zero tensor (or an
+observer that has seen nothing) still gives a finite positive scale.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from qat.config import QATConfig, integer_range
+
+Array = Any
+EPS = float(jnp.finfo(jnp.float32).eps)
+
+
+def compute_qparams(
+    min_val: Array, max_val: Array, qmin: int, qmax: int, symmetric: bool
+) -> tuple[Array, Array]:
+    """Scale (float32) and zero point (int32) of the grid `[qmin, qmax]` for a range.
+
+    `min_val` and `max_val` may be scalars or per-channel arrays; `+inf`/`-inf`
+    (nothing observed) behave as 0. Huge ranges do not overflow.
+    """
+    low = jnp.minimum(jnp.asarray(min_val, jnp.float32), 0.0)
+    high = jnp.maximum(jnp.asarray(max_val, jnp.float32), 0.0)
+    levels = float(qmax - qmin)
+    if symmetric:
+        scale = jnp.maximum(-low, high) / (levels / 2)
+        scale = jnp.maximum(scale, EPS)
+        return scale, jnp.zeros(scale.shape, jnp.int32)
+    width = high - low
+    # (high - low) overflows past float32 max; the split form does not.
+    scale = jnp.where(jnp.isfinite(width), width / levels, high / levels - low / levels)
+    scale = jnp.maximum(scale, EPS)
+    zero_point = jnp.clip(qmin - jnp.round(low / scale), qmin, qmax).astype(jnp.int32)
+    return scale, zero_point
+
+
+def batch_range(x: Array, channel_axis: int | None) -> tuple[Array, Array]:
+    """`(min, max)` of `x` as float32: scalars, or `(C,)` over every axis but `channel_axis`."""
+    x = jax.lax.stop_gradient(jnp.asarray(x)).astype(jnp.float32)
+    if channel_axis is None:
+        return jnp.min(x), jnp.max(x)
+    axis = channel_axis % x.ndim
+    axes = tuple(i for i in range(x.ndim) if i != axis)
+    return jnp.min(x, axis=axes), jnp.max(x, axis=axes)
+
+
+def moving_average_update(
+    old: Array, new: Array, num_batches: Array, averaging_constant: float
+) -> Array:
+    """`new` on the first batch, then `old + c * (new - old)`."""
+    previous = jnp.where(num_batches == 0, new, old)
+    return previous + averaging_constant * (new - previous)
+
+
+@struct.dataclass
+class QuantizationObserver:
+    """A min-max or moving-average min-max range observer; `observe` returns a new one.
+
+    Fields `min_val`/`max_val` are float32 scalars (per tensor) or `(C,)` (per
+    channel; shape `()` until the first batch when `create` is not told `C`),
+    starting at `+inf`/`-inf`; `num_batches` counts the batches observed.
+    """
+
+    min_val: Array
+    max_val: Array
+    num_batches: Array
+    bits: int = struct.field(pytree_node=False)
+    symmetric: bool = struct.field(pytree_node=False)
+    per_channel: bool = struct.field(pytree_node=False)
+    channel_axis: int = struct.field(pytree_node=False)
+    kind: str = struct.field(pytree_node=False)
+    averaging_constant: float = struct.field(pytree_node=False)
+
+    @classmethod
+    def create(cls, cfg: QATConfig, num_channels: int | None = None) -> QuantizationObserver:
+        """An observer that has seen nothing, configured by `cfg`.
+
+        `num_channels` fixes the per-channel state shape `(C,)` up front (useful
+        when the observer is a `jax.lax.scan` carry); otherwise the first batch sets it.
+        """
+        if not isinstance(cfg, QATConfig):
+            raise TypeError(f"cfg must be a QATConfig, got {type(cfg).__name__}")
+        if not cfg.enabled:
+            raise ValueError("QATConfig.bits is None (quantization disabled): nothing to observe")
+        shape: tuple[int, ...] = ()
+        if num_channels is not None:
+            if not cfg.per_channel:
+                raise ValueError("num_channels is only meaningful with QATConfig.per_channel=True")
+            if (
+                isinstance(num_channels, bool)
+                or not isinstance(num_channels, int)
+                or (num_channels < 1)
+            ):
+                raise ValueError(f"num_channels must be a positive int, got {num_channels!r}")
+            shape = (num_channels,)
+        return cls(
+            min_val=jnp.full(shape, jnp.inf, jnp.float32),
+            max_val=jnp.full(shape, -jnp.inf, jnp.float32),
+            num_batches=jnp.zeros((), jnp.int32),
+            bits=cfg.bits,
+            symmetric=cfg.symmetric,
+            per_channel=cfg.per_channel,
+            channel_axis=cfg.channel_axis,
+            kind=cfg.observer,
+            averaging_constant=cfg.averaging_constant,
+        )
+
+    @property
+    def qmin(self) -> int:
+        """Lowest integer of the grid."""
+        return integer_range(self.bits, self.symmetric)[0]
+
+    @property
+    def qmax(self) -> int:
+        """Highest integer of the grid."""
+        return integer_range(self.bits, self.symmetric)[1]
+
+    @property
+    def is_calibrated(self) -> Array:
+        """Whether at least one batch has been observed (a boolean array)."""
+        return self.num_batches > 0
+
+    def _check_input(self, x: Array) -> None:
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise TypeError(f"x must be a floating array, got dtype {x.dtype}")
+        if x.size == 0:
+            raise ValueError(f"x must hold at least one element, got shape {tuple(x.shape)}")
+        if not self.per_channel:
+            return
+        if not -x.ndim <= self.channel_axis < x.ndim:
+            raise ValueError(
+                f"channel_axis {self.channel_axis} is out of range for x of shape {tuple(x.shape)}"
+            )
+        channels = x.shape[self.channel_axis]
+        if self.min_val.ndim == 1 and self.min_val.shape[0] != channels:
+            raise ValueError(
+                f"x has {channels} channels on axis {self.channel_axis}, the observer has "
+                f"{self.min_val.shape[0]}"
+            )
+
+    def observe(self, x: Array) -> QuantizationObserver:
+        """The observer after seeing `x` (any float array; no gradient flows)."""
+        x = jnp.asarray(x)
+        self._check_input(x)
+        low, high = batch_range(x, self.channel_axis if self.per_channel else None)
+        if self.kind == "moving_average":
+            low = moving_average_update(
+                self.min_val, low, self.num_batches, self.averaging_constant
+            )
+            high = moving_average_update(
+                self.max_val, high, self.num_batches, self.averaging_constant
+            )
+        else:
+            low = jnp.minimum(self.min_val, low)
+            high = jnp.maximum(self.max_val, high)
+        return self.replace(min_val=low, max_val=high, num_batches=self.num_batches + 1)
+
+    def qparams(self) -> tuple[Array, Array]:
+        """`(scale, zero_point)` for the range seen so far (see the module docstring)."""
+        return compute_qparams(self.min_val, self.max_val, self.qmin, self.qmax, self.symmetric)

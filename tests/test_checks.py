@@ -1,0 +1,398 @@
+"""Every check in `properties.checks` passes on a correct function and fails on a wrong one."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from properties import checks
+
+_RNG = np.random.default_rng(0)
+_X = _RNG.standard_normal((3, 5, 4)).astype(np.float32)  # (B, T, D)
+_W = _RNG.standard_normal((4, 4)).astype(np.float32)
+
+
+# Functions under test: built once, jitted at module level, tiny shapes.
+
+
+@jax.jit
+def _cumsum(x):
+    return jnp.cumsum(x, axis=1)
+
+
+@jax.jit
+def _reverse_cumsum(x):
+    """Sums from the end: output t depends on inputs after t."""
+    return jnp.flip(jnp.cumsum(jnp.flip(x, axis=1), axis=1), axis=1)
+
+
+def _masked_attention(x, shift):
+    """Self-attention whose step t sees steps <= t + shift (shift 0: causal)."""
+    steps = x.shape[1]
+    allowed = jnp.arange(steps)[None, :] <= jnp.arange(steps)[:, None] + shift
+    logits = jnp.einsum("btd,bsd->bts", x, x)
+    logits = jnp.where(allowed, logits, -jnp.inf)
+    return jnp.einsum("bts,bsd->btd", jax.nn.softmax(logits, axis=-1), x)
+
+
+_causal_attention = jax.jit(lambda x: _masked_attention(x, 0))
+_leaky_attention = jax.jit(lambda x: _masked_attention(x, 1))
+
+
+@jax.jit
+def _per_sample(x):
+    return jnp.tanh(x @ _W)
+
+
+@jax.jit
+def _batch_centered(x):
+    """Subtracts the batch mean: every sample's output depends on the others."""
+    return x - x.mean(axis=0, keepdims=True)
+
+
+@jax.jit
+def _backward_mixing(x):
+    """Forward is exactly per sample; the gradient flows into every sample through the mean."""
+    mean = x.mean(axis=0, keepdims=True)
+    return jnp.tanh(x @ _W) + (mean - jax.lax.stop_gradient(mean))
+
+
+@jax.jit
+def _embedded(inputs):
+    """A pytree input with an integer leaf: `values * table[ids]` per sample."""
+    values, ids = inputs
+    table = jnp.arange(1.0, 6.0)
+    return values * table[ids][:, None]
+
+
+def _loss(params, x):
+    hidden = jnp.tanh(x @ params["w"] + params["b"])
+    return jnp.sum(hidden**2)
+
+
+def _loss_with_dead_bias(params, x):
+    hidden = jnp.tanh(x @ params["w"] + jax.lax.stop_gradient(params["b"]))
+    return jnp.sum(hidden**2)
+
+
+_PARAMS = {"w": _W, "b": _RNG.standard_normal(4).astype(np.float32)}
+_grads = jax.jit(jax.grad(_loss))
+_dead_grads = jax.jit(jax.grad(_loss_with_dead_bias))
+
+
+@jax.custom_vjp
+def _fake_quantize(x, scale, zero_point, qmin, qmax):
+    """Reference fake quantizer: forward of PyTorch, clipped STE backward."""
+    codes = jnp.clip(jnp.round(x / scale) + zero_point, qmin, qmax)
+    return (codes - zero_point) * scale
+
+
+def _fake_quantize_fwd(x, scale, zero_point, qmin, qmax):
+    codes = jnp.round(x / scale) + zero_point
+    inside = (codes >= qmin) & (codes <= qmax)
+    return _fake_quantize(x, scale, zero_point, qmin, qmax), inside
+
+
+def _fake_quantize_bwd(inside, g):
+    return (jnp.where(inside, g, 0.0), None, None, None, None)
+
+
+_fake_quantize.defvjp(_fake_quantize_fwd, _fake_quantize_bwd)
+
+
+@jax.custom_vjp
+def _strict_ste(x, scale, zero_point, qmin, qmax):
+    """Fake quantizer whose STE mask excludes the bounds (`>` for `>=`, pytorch/ao PR #4806)."""
+    return _fake_quantize(x, scale, zero_point, qmin, qmax)
+
+
+def _strict_ste_fwd(x, scale, zero_point, qmin, qmax):
+    codes = jnp.round(x / scale) + zero_point
+    return _strict_ste(x, scale, zero_point, qmin, qmax), (codes > qmin) & (codes < qmax)
+
+
+_strict_ste.defvjp(_strict_ste_fwd, _fake_quantize_bwd)
+
+
+def _clip_ste(x, scale, zero_point, qmin, qmax):
+    """STE through `jnp.clip`: its gradient at exactly a bound is 0.5."""
+    units = x / scale
+    rounded = units + jax.lax.stop_gradient(jnp.round(units) - units)
+    return (jnp.clip(rounded + zero_point, qmin, qmax) - zero_point) * scale
+
+
+def _floor_quantize(x, scale, zero_point, qmin, qmax):
+    """Truncates instead of rounding: error up to a whole step."""
+    return (jnp.clip(jnp.floor(x / scale) + zero_point, qmin, qmax) - zero_point) * scale
+
+
+def _unclipped_quantize(x, scale, zero_point, qmin, qmax):
+    """Rounds but never saturates."""
+    del qmin, qmax
+    return jnp.round(x / scale) * scale + 0 * zero_point
+
+
+_SCALE, _ZERO_POINT, _QMIN, _QMAX = np.float32(0.5), 0, -8, 7
+# Every grid point (the bounds included), ties, and values beyond both ends.
+_GRID_X = (np.arange(-12.0, 12.0, 0.5) * _SCALE).astype(np.float32)
+
+
+# assert_finite
+
+
+def test_finite_passes_on_finite_tree_with_integer_leaves():
+    checks.assert_finite({"a": np.ones(3, np.float32), "b": (np.arange(4), 2.0)})
+
+
+def test_finite_names_every_non_finite_leaf():
+    tree = {"ok": np.ones(2), "bad": {"nan": np.array([1.0, np.nan]), "inf": np.array([np.inf])}}
+    with pytest.raises(AssertionError) as error:
+        checks.assert_finite(tree, name="grads")
+    message = str(error.value)
+    assert "['bad']['nan']: 1 NaN, 0 inf" in message
+    assert "['bad']['inf']: 0 NaN, 1 inf" in message
+    assert "['ok']" not in message
+
+
+def test_finite_detects_nan_in_bfloat16_leaf():
+    leaf = np.array([1.0, np.nan], np.float32).astype(jnp.bfloat16)
+    with pytest.raises(AssertionError, match="1 NaN"):
+        checks.assert_finite([leaf])
+
+
+# assert_nonzero_grads
+
+
+def test_nonzero_grads_passes_when_every_parameter_learns():
+    checks.assert_nonzero_grads(_grads(_PARAMS, _X[0]), min_norm=1e-6)
+
+
+def test_nonzero_grads_reports_stop_gradient_leaf_by_path():
+    with pytest.raises(AssertionError) as error:
+        checks.assert_nonzero_grads(_dead_grads(_PARAMS, _X[0]), min_norm=1e-6)
+    message = str(error.value)
+    assert "1 of 2 leaves" in message
+    assert "['b']: norm 0" in message
+    assert "['w']" not in message
+
+
+def test_nonzero_grads_treats_nan_norm_as_dead_and_rejects_negative_min_norm():
+    with pytest.raises(AssertionError, match="norm nan"):
+        checks.assert_nonzero_grads({"w": np.array([np.nan, 1.0])})
+    with pytest.raises(ValueError, match="min_norm"):
+        checks.assert_nonzero_grads({"w": np.ones(2)}, min_norm=-1.0)
+
+
+# assert_causal
+
+
+def test_causal_passes_on_cumsum_and_masked_attention_exactly():
+    checks.assert_causal(_cumsum, _X)
+    checks.assert_causal(_causal_attention, _X)
+
+
+def test_causal_catches_reverse_cumsum():
+    with pytest.raises(AssertionError, match="not causal along axis 1") as error:
+        checks.assert_causal(_reverse_cumsum, _X)
+    assert "t=0" in str(error.value)
+
+
+def test_causal_catches_mask_shifted_by_one_step():
+    with pytest.raises(AssertionError, match="not causal"):
+        checks.assert_causal(_leaky_attention, _X, max_positions=2)
+
+
+def test_causal_rejects_output_of_other_length():
+    with pytest.raises(ValueError, match="expected the input length 5"):
+        checks.assert_causal(lambda x: x[:, :2], _X)
+
+
+# assert_batch_independent and assert_batch_order_equivariant
+
+
+def test_batch_independent_passes_on_per_sample_function_and_pytree_with_integers():
+    checks.assert_batch_independent(_per_sample, _X)
+    ids = np.array([0, 4, 2], np.int32)
+    checks.assert_batch_independent(_embedded, (_X[:, 0], ids))
+
+
+def test_batch_independent_catches_batch_mean_in_forward():
+    with pytest.raises(AssertionError, match="mixes samples") as error:
+        checks.assert_batch_independent(_batch_centered, _X, check_gradients=False)
+    assert "[sample 0] changed" in str(error.value)
+
+
+def test_batch_independent_catches_gradient_that_mixes_samples_behind_exact_forward():
+    checks.assert_batch_independent(_backward_mixing, _X, check_gradients=False)
+    with pytest.raises(AssertionError, match="gradient of outputs\\[sample 0\\]"):
+        checks.assert_batch_independent(_backward_mixing, _X)
+
+
+def test_batch_order_equivariance_holds_per_sample_and_fails_for_order_dependent_fn():
+    checks.assert_batch_order_equivariant(_per_sample, _X)
+    with pytest.raises(AssertionError, match="fn\\(x\\[perm\\]\\) != fn\\(x\\)\\[perm\\]"):
+        checks.assert_batch_order_equivariant(lambda x: jnp.cumsum(x, axis=0), _X)
+
+
+# assert_jit_matches_eager
+
+
+def test_jit_matches_eager_on_jitted_and_plain_functions():
+    checks.assert_jit_matches_eager(_causal_attention, _X)
+    checks.assert_jit_matches_eager(lambda w, x: {"y": jnp.tanh(x @ w)}, _W, _X)
+
+
+def test_jit_matches_eager_catches_trace_dependent_branch():
+    def traced_differently(x):
+        return x * 2.0 if isinstance(x, jax.core.Tracer) else x
+
+    with pytest.raises(AssertionError, match="jit\\(fn\\) differs"):
+        checks.assert_jit_matches_eager(traced_differently, _X[0])
+
+
+# assert_grads_match_finite_differences
+
+
+def test_grads_match_finite_differences_in_float64_and_float32_fallback():
+    x, y = _X[0, 0], _X[1, 0]
+    checks.assert_grads_match_finite_differences(lambda a, b: jnp.sin(a) * b, (x, y), order=2)
+    checks.assert_grads_match_finite_differences(lambda a: jnp.tanh(a) ** 2, (x,), use_x64=False)
+    assert jnp.asarray(1.0).dtype == jnp.float32  # 64-bit mode does not leak out
+
+
+def test_grads_match_finite_differences_catches_wrong_custom_derivative():
+    @jax.custom_jvp
+    def sine(a):
+        return jnp.sin(a)
+
+    @sine.defjvp
+    def sine_jvp(primals, tangents):
+        (a,), (da,) = primals, tangents
+        return jnp.sin(a), jnp.sin(a) * da  # should be cos(a)
+
+    with pytest.raises(AssertionError, match="differ from central finite differences"):
+        checks.assert_grads_match_finite_differences(sine, (_X[0, 0],))
+
+
+# assert_ste_gradient
+
+
+def test_ste_gradient_passes_on_clipped_straight_through_estimator():
+    checks.assert_ste_gradient(_fake_quantize, _GRID_X, _SCALE, _ZERO_POINT, _QMIN, _QMAX)
+    affine_x = (np.arange(-4.0, 20.0, 0.5) * 0.25).astype(np.float32)
+    checks.assert_ste_gradient(_fake_quantize, affine_x, np.float32(0.25), 3, 0, 15)
+
+
+def test_ste_gradient_catches_jnp_clip_half_gradient_at_bounds():
+    with pytest.raises(AssertionError) as error:
+        checks.assert_ste_gradient(_clip_ste, _GRID_X, _SCALE, _ZERO_POINT, _QMIN, _QMAX)
+    message = str(error.value)
+    assert "0 inside the grid, 4 at qmin or qmax, 0 outside the grid" in message  # ties included
+    assert "gradient / g = 0.5" in message
+
+
+def test_ste_gradient_catches_mask_that_excludes_bounds():
+    with pytest.raises(AssertionError, match="0 inside the grid, 4 at qmin or qmax"):
+        checks.assert_ste_gradient(_strict_ste, _GRID_X, _SCALE, _ZERO_POINT, _QMIN, _QMAX)
+
+
+def test_ste_gradient_accepts_either_side_only_where_xla_rounds_a_tie_differently():
+    # x / s is exactly 7.5 in IEEE division (code 8, outside) but XLA computes
+    # x * (1 / s) = 7.4999995 (code 7, inside); 8 * s is outside either way.
+    scale = np.float32(3.03287)
+    x = np.array([7.5 * scale, 7 * scale, 8 * scale], np.float32)
+    checks.assert_ste_gradient(_fake_quantize, x, scale, 0, -8, 7)
+
+    def unmasked(x, scale, zero_point, qmin, qmax):
+        return x + jax.lax.stop_gradient(_fake_quantize(x, scale, zero_point, qmin, qmax) - x)
+
+    with pytest.raises(AssertionError, match="1 outside the grid"):
+        checks.assert_ste_gradient(unmasked, x, scale, 0, -8, 7)
+
+
+# assert_quantization_error_bounded
+
+
+def test_quantization_error_bounded_for_round_to_nearest_with_saturation():
+    x = np.concatenate([_GRID_X, _RNG.uniform(-6, 6, 64).astype(np.float32)])
+    checks.assert_quantization_error_bounded(_fake_quantize, x, _SCALE, _ZERO_POINT, _QMIN, _QMAX)
+
+
+def test_quantization_error_bound_catches_floor_and_missing_saturation():
+    x = np.array([0.3, 0.7, -0.7, 3.4], np.float32)  # inside [-4, 3.5]
+    with pytest.raises(AssertionError, match="inside the range"):
+        checks.assert_quantization_error_bounded(_floor_quantize, x, _SCALE, 0, _QMIN, _QMAX)
+    beyond = np.array([10.0, -10.0], np.float32)
+    with pytest.raises(AssertionError, match="outside the range"):
+        checks.assert_quantization_error_bounded(_unclipped_quantize, beyond, _SCALE, 0, -8, 7)
+
+
+# assert_idempotent
+
+
+def test_idempotent_fake_quantize_and_not_when_dequantizing_with_another_scale():
+    def quantize(x):
+        return _fake_quantize(x, _SCALE, _ZERO_POINT, _QMIN, _QMAX)
+
+    def stale_scale(x):
+        return jnp.round(x / _SCALE) * (_SCALE * 1.25)
+
+    checks.assert_idempotent(quantize, _GRID_X)
+    with pytest.raises(AssertionError, match="fn\\(fn\\(x\\)\\) != fn\\(x\\)"):
+        checks.assert_idempotent(stale_scale, _GRID_X)
+
+
+# assert_clipped
+
+
+_CLIP = optax.clip_by_global_norm(1.0)
+_clip_update = jax.jit(lambda grads: _CLIP.update(grads, _CLIP.init(grads))[0])
+
+
+def test_clipped_holds_for_optax_global_norm_clipping_large_and_small():
+    large = {"a": np.full(3, 2.0, np.float32), "b": np.array([[-1.0, 4.0]], np.float32)}
+    small = jax.tree_util.tree_map(lambda g: g / 100, large)
+    for grads in (large, small):
+        checks.assert_clipped(_clip_update(grads), 1.0, grads=grads)
+
+
+def test_clipped_catches_per_leaf_clipping_and_renormalizing_small_grads():
+    grads = {"a": np.full(3, 2.0, np.float32), "b": np.array([[-1.0, 4.0]], np.float32)}
+    per_leaf = {k: v / np.linalg.norm(v) for k, v in grads.items()}
+    with pytest.raises(AssertionError, match=r"global norm of updates is 1\.41"):
+        checks.assert_clipped(per_leaf, 1.0)
+    small = jax.tree_util.tree_map(lambda g: g / 100, grads)
+    norm = np.sqrt(sum(np.sum(v**2) for v in small.values()))
+    renormalized = jax.tree_util.tree_map(lambda g: g / norm, small)
+    with pytest.raises(AssertionError, match="not grads \\* min"):
+        checks.assert_clipped(renormalized, 1.0, grads=small)
+
+
+# count_compiles and assert_max_compiles
+
+
+def test_count_compiles_counts_one_lowering_per_new_shape():
+    def add_one(x):
+        return x + 1
+
+    add_one_jit = jax.jit(add_one)
+    with checks.count_compiles() as log:
+        add_one_jit(np.zeros(2, np.float32))
+        add_one_jit(np.ones(2, np.float32))
+        add_one_jit(np.zeros(3, np.float32))
+    assert log.count == 2
+    assert all("add_one" in name for name in log.names)
+    with checks.count_compiles() as log:
+        add_one_jit(np.zeros(3, np.float32))
+    assert log.count == 0
+
+
+def test_assert_max_compiles_fails_when_a_jit_retraces():
+    square = jax.jit(lambda x: x * x)
+    expected = "2 computations compiled, expected at most 1"
+    with pytest.raises(AssertionError, match=expected), checks.assert_max_compiles(1):
+        square(np.zeros(2, np.float32))
+        square(np.zeros(4, np.float32))

@@ -1,0 +1,245 @@
+"""`fake_quantize` and `FakeQuantize` against an independent numpy reference."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from qat import FakeQuantize, QATConfig, fake_quantize
+from qat.config import integer_range
+
+BITS = (2, 4, 8)
+
+
+def reference(x, scale, zero_point, qmin, qmax):
+    """Numpy fake quantization in float32: `(forward, straight-through mask)`."""
+    x = np.asarray(x, np.float32)
+    scale = np.asarray(scale, np.float32)
+    zero_point = np.asarray(zero_point, np.float32)
+    position = np.round(x / scale) + zero_point  # numpy rounds half to even too
+    forward = (np.clip(position, qmin, qmax) - zero_point) * scale
+    mask = ((position >= qmin) & (position <= qmax)).astype(np.float32)
+    return forward, mask
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def forward_and_vjp(x, scale, zero_point, qmin, qmax, cotangent):
+    y, pullback = jax.vjp(lambda x: fake_quantize(x, scale, zero_point, qmin, qmax), x)
+    return y, pullback(cotangent)[0]
+
+
+@jax.jit
+def quantizer_forward_and_vjp(quantizer, x, cotangent):
+    y, pullback = jax.vjp(quantizer, x)
+    return y, pullback(cotangent)[0]
+
+
+def grid(bits: int, symmetric: bool) -> tuple[int, int, int]:
+    qmin, qmax = integer_range(bits, symmetric)
+    zero_point = 0 if symmetric else qmin + (qmax - qmin) // 3
+    return qmin, qmax, zero_point
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("bits", BITS)
+def test_forward_and_gradient_match_numpy_on_every_half_step(bits, symmetric):
+    qmin, qmax, zero_point = grid(bits, symmetric)
+    scale = np.float32(0.125)  # a power of two: x / scale is exact, so ties are real ties
+    half_steps = np.arange(2 * (qmin - zero_point - 3), 2 * (qmax - zero_point + 3) + 1)
+    x = (half_steps / 2 * scale).astype(np.float32)
+    cotangent = np.linspace(0.5, 2.0, x.size, dtype=np.float32)
+
+    y, grad = forward_and_vjp(x, scale, zero_point, qmin, qmax, cotangent)
+    expected, mask = reference(x, scale, zero_point, qmin, qmax)
+
+    np.testing.assert_array_equal(np.asarray(y), expected)
+    np.testing.assert_array_equal(np.asarray(grad), cotangent * mask)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("bits", BITS)
+def test_gradient_is_one_exactly_at_both_bounds_and_zero_one_step_beyond(bits, symmetric):
+    qmin, qmax, zero_point = grid(bits, symmetric)
+    scale = np.float32(0.25)
+    x = (
+        np.array(
+            [qmin - zero_point, qmax - zero_point, qmin - zero_point - 1, qmax - zero_point + 1],
+            np.float32,
+        )
+        * scale
+    )
+    _, grad = forward_and_vjp(x, scale, zero_point, qmin, qmax, np.ones(4, np.float32))
+    # jax.grad of jnp.clip would give 0.5 at the bounds; the STE mask is inclusive.
+    np.testing.assert_array_equal(np.asarray(grad), [1.0, 1.0, 0.0, 0.0])
+
+
+def test_ties_round_half_to_even():
+    scale = np.float32(1.0)
+    x = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5], np.float32)
+    y, _ = forward_and_vjp(x, scale, 0, -128, 127, np.ones(6, np.float32))
+    np.testing.assert_array_equal(np.asarray(y), [0.0, 2.0, 2.0, -0.0, -2.0, -2.0])
+
+
+def test_half_step_beyond_qmax_rounds_out_of_range_and_gets_no_gradient():
+    # 127.5 rounds to 128 (even), outside [-128, 127]; -128.5 rounds to -128, inside.
+    x = np.array([127.5, -128.5], np.float32)
+    y, grad = forward_and_vjp(x, np.float32(1.0), 0, -128, 127, np.ones(2, np.float32))
+    np.testing.assert_array_equal(np.asarray(y), [127.0, -128.0])
+    np.testing.assert_array_equal(np.asarray(grad), [0.0, 1.0])
+
+
+@st.composite
+def quantization_cases(draw):
+    bits = draw(st.sampled_from(BITS))
+    symmetric = draw(st.booleans())
+    qmin, qmax = integer_range(bits, symmetric)
+    zero_point = 0 if symmetric else draw(st.integers(qmin, qmax))
+    scale = np.float32(draw(st.floats(0.0009765625, 10.0, width=32)))
+    x = draw(hnp.arrays(np.float32, (16,), elements=st.floats(-3000, 3000, width=32)))
+    return x, scale, zero_point, qmin, qmax
+
+
+@given(quantization_cases())
+def test_forward_and_gradient_match_numpy_on_random_inputs(case):
+    x, scale, zero_point, qmin, qmax = case
+    cotangent = np.arange(1, 17, dtype=np.float32)
+    y, grad = forward_and_vjp(x, scale, zero_point, qmin, qmax, cotangent)
+    expected, mask = reference(x, scale, zero_point, qmin, qmax)
+    np.testing.assert_array_equal(np.asarray(y), expected)
+    np.testing.assert_array_equal(np.asarray(grad), cotangent * mask)
+    assert set(np.unique(np.asarray(grad) / cotangent)) <= {0.0, 1.0}
+
+
+@given(quantization_cases(), st.floats(0.0, 1.0))
+def test_error_is_at_most_half_a_step_inside_the_range(case, fraction):
+    _, scale, zero_point, qmin, qmax = case
+    low, high = (qmin - zero_point) * scale, (qmax - zero_point) * scale
+    x = np.linspace(low, high, 16, dtype=np.float32)
+    x = np.clip(x + np.float32(fraction) * scale, low, high).astype(np.float32)
+    y, _ = forward_and_vjp(x, scale, zero_point, qmin, qmax, np.ones(16, np.float32))
+    slack = 4 * np.finfo(np.float32).eps * max(abs(low), abs(high))
+    assert np.max(np.abs(np.asarray(y) - x)) <= scale / 2 + slack
+
+
+@given(quantization_cases())
+def test_fake_quantization_is_idempotent(case):
+    x, scale, zero_point, qmin, qmax = case
+    ones = np.ones(16, np.float32)
+    once, _ = forward_and_vjp(x, scale, zero_point, qmin, qmax, ones)
+    twice, _ = forward_and_vjp(once, scale, zero_point, qmin, qmax, ones)
+    np.testing.assert_array_equal(np.asarray(twice), np.asarray(once))
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, -1, -2, -3])
+def test_per_channel_matches_numpy_on_each_axis(axis):
+    rng = np.random.default_rng(3)
+    x = rng.normal(scale=2.0, size=(2, 3, 4)).astype(np.float32)
+    channels = x.shape[axis]
+    scale = rng.uniform(0.02, 0.2, channels).astype(np.float32)
+    zero_point = rng.integers(0, 256, channels)
+    cfg = QATConfig(symmetric=False, per_channel=True, channel_axis=axis)
+    quantizer = FakeQuantize.create(cfg, scale=scale, zero_point=zero_point)
+    cotangent = rng.uniform(0.5, 1.5, x.shape).astype(np.float32)
+
+    y, grad = quantizer_forward_and_vjp(quantizer, x, cotangent)
+
+    shape = [1, 1, 1]
+    shape[axis] = channels
+    expected, mask = reference(x, scale.reshape(shape), zero_point.reshape(shape), 0, 255)
+    np.testing.assert_array_equal(np.asarray(y), expected)
+    np.testing.assert_array_equal(np.asarray(grad), cotangent * mask)
+
+
+def test_scale_and_zero_point_get_zero_gradient():
+    x = jnp.linspace(-3.0, 3.0, 11)
+
+    def loss(scale, zero_point):
+        return jnp.sum(fake_quantize(x, scale, zero_point, 0, 15) ** 2)
+
+    d_scale, d_zero_point = jax.grad(loss, argnums=(0, 1))(0.3, 2.0)
+    assert d_scale == 0.0 and d_zero_point == 0.0
+
+
+def test_bfloat16_input_gives_bfloat16_output_computed_in_float32():
+    x = jnp.linspace(-2.0, 2.0, 33, dtype=jnp.bfloat16)
+    y = fake_quantize(x, 0.1, 0, -128, 127)
+    assert y.dtype == jnp.bfloat16
+    expected = fake_quantize(x.astype(jnp.float32), 0.1, 0, -128, 127).astype(jnp.bfloat16)
+    np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(expected, np.float32))
+
+
+def test_fake_quantize_jits_and_vmaps_over_the_batch():
+    x = jnp.arange(12.0).reshape(3, 4) / 7
+    vmapped = jax.vmap(lambda row: fake_quantize(row, 0.25, 0, -8, 7))(x)
+    np.testing.assert_array_equal(np.asarray(vmapped), reference(x, 0.25, 0, -8, 7)[0])
+
+
+def test_from_observer_quantizes_with_the_observer_qparams():
+    from qat import QuantizationObserver
+
+    cfg = QATConfig(symmetric=False)
+    x = jnp.linspace(-1.0, 3.0, 9)
+    observer = QuantizationObserver.create(cfg).observe(x)
+    quantizer = FakeQuantize.from_observer(observer)
+    scale, zero_point = quantizer.scale_zero_point()
+    assert (quantizer.qmin, quantizer.qmax) == (0, 255)
+    np.testing.assert_array_equal(
+        np.asarray(quantizer(x)), reference(x, scale, zero_point, 0, 255)[0]
+    )
+
+
+def test_create_uses_the_config_grid():
+    quantizer = FakeQuantize.create(QATConfig(bits=4), scale=0.5)
+    assert (quantizer.qmin, quantizer.qmax) == (-8, 7)
+    np.testing.assert_array_equal(np.asarray(quantizer(jnp.array([10.0, -10.0]))), [3.5, -4.0])
+
+
+def test_fake_quantizer_is_a_pytree_of_its_qparams():
+    quantizer = FakeQuantize.create(QATConfig(per_channel=True), scale=[0.1, 0.2])
+    leaves = jax.tree.leaves(quantizer)
+    assert len(leaves) == 2
+    rebuilt = jax.tree.unflatten(jax.tree.structure(quantizer), leaves)
+    assert rebuilt.qmax == 127 and rebuilt.channel_axis == -1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (dict(qmin=5, qmax=5), ValueError, "qmin must be < qmax"),
+        (dict(qmin=0.0, qmax=5), TypeError, "qmin must be a Python int"),
+        (dict(scale=jnp.ones(3)), ValueError, r"scale of shape \(3,\) must broadcast"),
+        (dict(zero_point=jnp.ones((2, 4))), ValueError, "zero_point of shape"),
+        (dict(x=jnp.arange(4)), TypeError, "floating"),
+    ],
+)
+def test_bad_arguments_raise_naming_them(kwargs, error, match):
+    arguments = dict(x=jnp.ones(4), scale=0.1, zero_point=0, qmin=-8, qmax=7) | kwargs
+    with pytest.raises(error, match=match):
+        fake_quantize(**arguments)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "kwargs", "match"),
+    [
+        (QATConfig(), dict(scale=0.0), "scale must be positive"),
+        (QATConfig(), dict(scale=[0.1, 0.2]), "per-tensor scalar"),
+        (QATConfig(per_channel=True), dict(scale=0.1), r"per-channel \(C,\)"),
+        (QATConfig(symmetric=False), dict(scale=0.1, zero_point=300), "zero_point must lie"),
+    ],
+)
+def test_create_rejects_invalid_qparams(cfg, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        FakeQuantize.create(cfg, **kwargs)
+
+
+def test_per_channel_call_rejects_a_channel_count_mismatch():
+    quantizer = FakeQuantize.create(QATConfig(per_channel=True), scale=[0.1, 0.2])
+    with pytest.raises(ValueError, match="3 channels on axis -1, the quantizer has 2"):
+        quantizer(jnp.ones((4, 3)))

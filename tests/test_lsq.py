@@ -1,0 +1,157 @@
+"""Learned step size quantization: forward, the LSQ gradient formula, positivity of the step."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from qat import fake_quantize, lsq_fake_quantize
+from qat.config import integer_range
+
+EPS = np.finfo(np.float32).eps
+
+
+def reference_gradients(x, scale, zero_point, qmin, qmax, cotangent, grad_scale):
+    """Numpy LSQ gradients (Esser et al. 2020, eq. 3, with a zero point) of sum(cotangent * y)."""
+    x = np.asarray(x, np.float32)
+    step = max(abs(np.float32(scale)), EPS)
+    ratio = (x / step).astype(np.float64)  # the grid position in float32, as the forward
+    rounded = np.round(ratio)
+    position = rounded + zero_point
+    below, above = position < qmin, position > qmax
+    inside = ~(below | above)
+    d_step = np.where(below, qmin - zero_point, np.where(above, qmax - zero_point, rounded - ratio))
+    sign = -1.0 if scale < 0 else 1.0
+    return (
+        cotangent * inside,
+        np.sum(cotangent * d_step) * grad_scale * sign,
+        np.sum(cotangent * np.where(inside, 0.0, -step)) * grad_scale,
+    )
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+def lsq_gradients(x, scale, zero_point, qmin, qmax, grad_scale, cotangent):
+    def weighted(x, scale, zero_point):
+        y = lsq_fake_quantize(x, scale, zero_point, qmin, qmax, grad_scale)
+        return jnp.sum(cotangent * y)
+
+    return jax.grad(weighted, argnums=(0, 1, 2))(x, scale, zero_point)
+
+
+def test_step_size_gradient_matches_the_paper_on_a_worked_example():
+    # 4-bit signed: Qn = 8, Qp = 7; s = 1. Elements: below the grid, above it, and two inside.
+    x = jnp.array([-10.0, 10.0, 0.3, 2.6])
+    grad = jax.grad(lambda s: jnp.sum(lsq_fake_quantize(x, s, 0, -8, 7)))(1.0)
+    g = 1 / math.sqrt(4 * 7)
+    expected = (-8 + 7 + (0 - 0.3) + (3 - 2.6)) * g
+    np.testing.assert_allclose(float(grad), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("scale", [0.37, -0.37])
+def test_forward_equals_fake_quantize_with_the_absolute_step(scale):
+    x = jnp.linspace(-60.0, 60.0, 41)
+    np.testing.assert_array_equal(
+        np.asarray(lsq_fake_quantize(x, scale, 3, 0, 255)),
+        np.asarray(fake_quantize(x, abs(scale), 3, 0, 255)),
+    )
+
+
+@given(
+    hnp.arrays(np.float32, (12,), elements=st.floats(-20, 20, width=32)),
+    st.floats(0.0625, 2.0, width=32),
+    st.sampled_from([2, 4, 8]),
+    st.booleans(),
+    st.integers(0, 3),
+)
+def test_gradients_match_numpy_for_x_scale_and_zero_point(x, scale, bits, symmetric, zp_index):
+    qmin, qmax = integer_range(bits, symmetric)
+    zero_point = 0 if symmetric else [qmin, qmax, (qmin + qmax) // 2, qmin + 1][zp_index]
+    cotangent = np.linspace(-1.0, 2.0, 12, dtype=np.float32)
+    grad_scale = 1 / math.sqrt(12 * qmax)
+    dx, dscale, dzp = lsq_gradients(
+        x, np.float32(scale), np.float32(zero_point), qmin, qmax, grad_scale, cotangent
+    )
+    expected = reference_gradients(x, float(scale), zero_point, qmin, qmax, cotangent, grad_scale)
+    np.testing.assert_array_equal(np.asarray(dx), expected[0])
+    np.testing.assert_allclose(float(dscale), expected[1], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(float(dzp), expected[2], rtol=1e-4, atol=1e-5)
+
+
+def test_default_gradient_scale_is_one_over_sqrt_n_qmax():
+    x = jnp.linspace(-3.0, 5.0, 24)
+
+    def d_scale(grad_scale):
+        return jax.grad(lambda s: jnp.sum(lsq_fake_quantize(x, s, 0, -8, 7, grad_scale)))(0.4)
+
+    np.testing.assert_allclose(
+        float(d_scale(None)), float(d_scale(1.0)) / math.sqrt(24 * 7), rtol=1e-6
+    )
+
+
+def test_per_channel_step_sizes_get_their_own_channel_gradient():
+    rng = np.random.default_rng(0)
+    x = rng.normal(scale=3.0, size=(5, 3)).astype(np.float32)
+    scale = np.array([[0.1, 0.5, 2.0]], np.float32)
+    grad = jax.grad(lambda s: jnp.sum(lsq_fake_quantize(x, s, 0, -8, 7, 1.0)))(scale)
+    assert grad.shape == (1, 3)
+    for channel in range(3):
+        expected = reference_gradients(x[:, channel], scale[0, channel], 0, -8, 7, 1.0, 1.0)[1]
+        np.testing.assert_allclose(float(grad[0, channel]), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_clipped_elements_get_the_exact_derivative():
+    # Outside the grid y = (qmax - zp) * s is linear in s: finite differences agree with LSQ.
+    x = jnp.array([40.0, 55.0, -30.0])
+
+    def total(s):
+        return jnp.sum(lsq_fake_quantize(x, s, 0, -8, 7, 1.0))
+
+    step = 1e-3
+    finite_difference = (total(1.0 + step) - total(1.0 - step)) / (2 * step)
+    np.testing.assert_allclose(float(jax.grad(total)(1.0)), float(finite_difference), rtol=1e-3)
+
+
+def test_negative_scale_gets_a_sign_flipped_gradient():
+    x = jnp.linspace(-3.0, 3.0, 13)
+
+    def d_scale(s):
+        return jax.grad(lambda s: jnp.sum(lsq_fake_quantize(x, s, 0, -8, 7) ** 2))(s)
+
+    np.testing.assert_allclose(float(d_scale(-0.3)), -float(d_scale(0.3)), rtol=1e-6)
+
+
+def test_zero_scale_stays_finite_and_can_recover():
+    x = jnp.linspace(-1.0, 1.0, 9)
+    y = lsq_fake_quantize(x, 0.0, 0, -128, 127)
+    grad = jax.grad(lambda s: jnp.sum((lsq_fake_quantize(x, s, 0, -128, 127) - x) ** 2))(0.0)
+    assert np.all(np.isfinite(np.asarray(y)))
+    assert np.isfinite(float(grad)) and float(grad) < 0.0  # descent increases the step
+
+
+def test_descending_the_lsq_gradient_shrinks_the_quantization_error():
+    x = jnp.asarray(np.random.default_rng(1).normal(size=256), jnp.float32)
+
+    def error(s):
+        return jnp.mean((lsq_fake_quantize(x, s, 0, -8, 7) - x) ** 2)
+
+    step_size = jnp.float32(0.01)  # far too small: almost everything is clipped
+    initial = float(error(step_size))
+    update = jax.jit(lambda s: s - 0.05 * jnp.sign(jax.grad(error)(s)) * s)
+    for _ in range(60):
+        step_size = update(step_size)
+    assert float(error(step_size)) < 0.1 * initial
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(ValueError, match="qmin must be < qmax"):
+        lsq_fake_quantize(jnp.ones(3), 0.1, 0, 3, 3)
+    with pytest.raises(ValueError, match=r"scale of shape \(2,\)"):
+        lsq_fake_quantize(jnp.ones(3), jnp.ones(2), 0, 0, 3)

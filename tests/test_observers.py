@@ -1,0 +1,218 @@
+"""`QATConfig` validation and `QuantizationObserver` against numpy and closed forms."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from qat import FakeQuantize, QATConfig, QuantizationObserver
+
+EPS = np.finfo(np.float32).eps
+
+
+def reference_qparams(low, high, qmin, qmax, symmetric):
+    """PyTorch's observer formulas in numpy float32 (as PyTorch computes them)."""
+    f32 = np.float32
+    low, high = min(f32(low), f32(0)), max(f32(high), f32(0))
+    if symmetric:
+        return max(max(-low, high) / f32((qmax - qmin) / 2), f32(EPS)), 0
+    scale = max((high - low) / f32(qmax - qmin), f32(EPS))
+    return scale, int(np.clip(qmin - np.round(low / scale), qmin, qmax))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (dict(bits=1), ValueError, r"bits must be in 2\.\.8 or None, got 1"),
+        (dict(bits=9), ValueError, "got 9"),
+        (dict(bits=8.0), TypeError, "bits must be an int"),
+        (dict(bits=True), TypeError, "bits must be an int"),
+        (dict(averaging_constant=0.0), ValueError, r"averaging_constant must be in \(0, 1\]"),
+        (dict(averaging_constant=1.5), ValueError, "averaging_constant"),
+        (dict(calibration_batches=0), ValueError, "calibration_batches must be >= 1"),
+        (dict(observer="histogram"), ValueError, "observer must be one of"),
+        (dict(symmetric=1), TypeError, "symmetric must be a bool"),
+        (dict(channel_axis=0.5), TypeError, "channel_axis must be an int"),
+    ],
+)
+def test_config_rejects_invalid_fields_naming_them(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        QATConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("bits", "symmetric", "grid"),
+    [(8, True, (-128, 127)), (8, False, (0, 255)), (4, True, (-8, 7)), (2, False, (0, 3))],
+)
+def test_config_integer_grid(bits, symmetric, grid):
+    cfg = QATConfig(bits=bits, symmetric=symmetric)
+    assert (cfg.qmin, cfg.qmax) == grid
+
+
+def test_disabled_config_has_no_grid_and_no_observer():
+    cfg = QATConfig(bits=None)
+    assert not cfg.enabled
+    with pytest.raises(ValueError, match="quantization disabled"):
+        _ = cfg.qmax
+    with pytest.raises(ValueError, match="quantization disabled"):
+        QuantizationObserver.create(cfg)
+
+
+def test_minmax_observer_keeps_the_running_extremes():
+    rng = np.random.default_rng(0)
+    batches = [rng.normal(scale=s, size=(3, 5)).astype(np.float32) for s in (1.0, 4.0, 0.5)]
+    observer = QuantizationObserver.create(QATConfig())
+    for batch in batches:
+        observer = observer.observe(batch)
+    everything = np.stack(batches)
+    assert float(observer.min_val) == everything.min()
+    assert float(observer.max_val) == everything.max()
+    assert int(observer.num_batches) == 3
+
+
+@given(
+    st.lists(
+        st.tuples(st.floats(-50, 0, width=32), st.floats(0, 50, width=32)), min_size=1, max_size=6
+    ),
+    st.sampled_from([0.01, 0.1, 0.5, 1.0]),
+)
+def test_moving_average_matches_its_closed_form(ranges, constant):
+    observer = QuantizationObserver.create(
+        QATConfig(observer="moving_average", averaging_constant=constant)
+    )
+    for low, high in ranges:
+        observer = observer.observe(np.array([low, high, (low + high) / 2], np.float32))
+    # m_n = (1-c)^(n-1) m_1 + sum_{k=2..n} c (1-c)^(n-k) m_k
+    n = len(ranges)
+    for index, value in ((0, observer.min_val), (1, observer.max_val)):
+        series = np.array([r[index] for r in ranges], np.float64)
+        weights = np.array(
+            [(1 - constant) ** (n - 1)]
+            + [constant * (1 - constant) ** (n - k) for k in range(2, n + 1)]
+        )
+        np.testing.assert_allclose(float(value), weights @ series, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, -1])
+@pytest.mark.parametrize("kind", ["minmax", "moving_average"])
+def test_per_channel_observer_reduces_every_other_axis(axis, kind):
+    rng = np.random.default_rng(1)
+    first, second = rng.normal(size=(2, 2, 3, 4)).astype(np.float32)
+    cfg = QATConfig(per_channel=True, channel_axis=axis, observer=kind, averaging_constant=0.25)
+    observer = QuantizationObserver.create(cfg).observe(first).observe(second)
+    others = tuple(i for i in range(3) if i != axis % 3)
+    lows = [b.min(axis=others) for b in (first, second)]
+    highs = [b.max(axis=others) for b in (first, second)]
+    if kind == "minmax":
+        expected = np.minimum(*lows), np.maximum(*highs)
+    else:
+        expected = lows[0] + 0.25 * (lows[1] - lows[0]), highs[0] + 0.25 * (highs[1] - highs[0])
+    np.testing.assert_allclose(np.asarray(observer.min_val), expected[0], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(observer.max_val), expected[1], rtol=1e-6)
+
+
+@given(
+    hnp.arrays(np.float32, st.integers(1, 8), elements=st.floats(-1e4, 1e4, width=32)),
+    st.sampled_from([2, 4, 8]),
+    st.booleans(),
+)
+@example(np.array([-1.0, 1.0], np.float32), 8, False)  # low / scale is a near-tie at -127.5
+def test_qparams_follow_the_standard_formulas(x, bits, symmetric):
+    cfg = QATConfig(bits=bits, symmetric=symmetric)
+    scale, zero_point = QuantizationObserver.create(cfg).observe(x).qparams()
+    expected_scale, expected_zero_point = reference_qparams(
+        x.min(), x.max(), cfg.qmin, cfg.qmax, symmetric
+    )
+    np.testing.assert_allclose(float(scale), expected_scale, rtol=1e-6)
+    assert int(zero_point) == expected_zero_point
+    assert zero_point.dtype == jnp.int32
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize(
+    "x",
+    [
+        np.full((4, 3), 2.5, np.float32),
+        np.full((4, 3), -7.0, np.float32),
+        np.zeros((5,), np.float32),
+        np.array([3.0], np.float32),
+        np.array([-3.0e38, 3.0e38], np.float32),
+        np.array([1.0e-30, 2.0e-30], np.float32),
+    ],
+    ids=["constant", "negative-constant", "all-zero", "single", "huge", "tiny"],
+)
+def test_degenerate_inputs_give_finite_positive_qparams(x, symmetric):
+    for kind in ("minmax", "moving_average"):
+        cfg = QATConfig(symmetric=symmetric, observer=kind)
+        observer = QuantizationObserver.create(cfg).observe(x)
+        scale, zero_point = observer.qparams()
+        assert np.isfinite(float(scale)) and float(scale) >= EPS
+        assert cfg.qmin <= int(zero_point) <= cfg.qmax
+        assert np.all(np.isfinite(np.asarray(FakeQuantize.from_observer(observer)(x))))
+
+
+def test_fresh_observer_is_uncalibrated_with_finite_qparams():
+    for cfg in (QATConfig(), QATConfig(symmetric=False), QATConfig(per_channel=True)):
+        observer = QuantizationObserver.create(cfg)
+        assert not bool(observer.is_calibrated)
+        scale, zero_point = observer.qparams()
+        assert np.all(np.asarray(scale) == np.float32(EPS))
+        assert np.all(np.asarray(zero_point) == 0)
+    assert bool(QuantizationObserver.create(QATConfig()).observe(np.ones(2)).is_calibrated)
+
+
+def test_constant_input_is_represented_exactly():
+    x = np.full((6,), 2.5, np.float32)
+    observer = QuantizationObserver.create(QATConfig(symmetric=False)).observe(x)
+    np.testing.assert_allclose(np.asarray(FakeQuantize.from_observer(observer)(x)), x, rtol=1e-6)
+
+
+def test_observe_is_pure_and_runs_inside_jit_and_scan():
+    cfg = QATConfig(per_channel=True, channel_axis=0, observer="moving_average")
+    batches = jnp.arange(24.0).reshape(4, 3, 2)
+    start = QuantizationObserver.create(cfg, num_channels=3)
+
+    @jax.jit
+    def run(observer, batches):
+        return jax.lax.scan(lambda obs, batch: (obs.observe(batch), None), observer, batches)[0]
+
+    scanned = run(start, batches)
+    eager = start
+    for batch in batches:
+        eager = eager.observe(batch)
+    assert not bool(start.is_calibrated)  # the input observer is unchanged
+    np.testing.assert_allclose(np.asarray(scanned.min_val), np.asarray(eager.min_val))
+    np.testing.assert_allclose(np.asarray(scanned.max_val), np.asarray(eager.max_val))
+    assert int(scanned.num_batches) == 4
+
+
+def test_observed_values_carry_no_gradient():
+    def loss(x):
+        observer = QuantizationObserver.create(QATConfig()).observe(x)
+        return observer.qparams()[0]
+
+    assert float(jax.grad(loss)(jnp.array([1.0, -2.0]))[0]) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("cfg", "x", "error", "match"),
+    [
+        (QATConfig(), np.zeros((0, 3), np.float32), ValueError, "at least one element"),
+        (QATConfig(), np.arange(3), TypeError, "floating"),
+        (QATConfig(per_channel=True, channel_axis=2), np.ones((2, 2)), ValueError, "out of range"),
+    ],
+)
+def test_observe_rejects_bad_input(cfg, x, error, match):
+    with pytest.raises(error, match=match):
+        QuantizationObserver.create(cfg).observe(x)
+
+
+def test_per_channel_observer_rejects_a_channel_count_change():
+    observer = QuantizationObserver.create(QATConfig(per_channel=True)).observe(np.ones((2, 3)))
+    with pytest.raises(ValueError, match="4 channels on axis -1, the observer has 3"):
+        observer.observe(np.ones((2, 4)))

@@ -1,0 +1,301 @@
+"""The quantization-aware TFT: FP32 parameter tree, calibration, gradients, int8 inference."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from qat import (
+    QATConfig,
+    QATTemporalFusionTransformer,
+    calibrate,
+    convert,
+    from_fp32,
+    int8_apply,
+    model_size,
+)
+from qat.model import tree_bytes
+from tft_jax import TemporalFusionTransformer, TFTConfig
+from tft_jax.losses import quantile_loss
+
+CONFIG = TFTConfig(
+    num_static_features=1,
+    num_known_features=1,
+    num_observed_features=2,
+    hidden_dim=4,
+    num_heads=2,
+    sequence_length=3,
+    prediction_horizon=2,
+    dropout_rate=0.1,
+    static_categorical_cardinalities=(3,),
+    use_known_history=True,
+)
+QAT_CONFIG = QATConfig(calibration_batches=2, averaging_constant=0.1)
+BATCH = 4
+
+
+def make_inputs(seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    normal = lambda *shape: rng.normal(size=shape).astype(np.float32)  # noqa: E731
+    return dict(
+        static=normal(BATCH, 1),
+        historical=normal(BATCH, 3, 2),
+        future=normal(BATCH, 2, 1),
+        known_history=normal(BATCH, 3, 1),
+        static_categorical=rng.integers(0, 3, size=(BATCH, 1)).astype(np.int32),
+    )
+
+
+INPUTS = [make_inputs(seed) for seed in range(3)]
+TARGET = np.random.default_rng(9).normal(size=(BATCH, 2)).astype(np.float32)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def forward(model, variables, inputs):
+    return model.apply(variables, **inputs)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def loss_and_grads(qat_model, variables, inputs):
+    """Quantile loss, output, quant_stats after the call, grads w.r.t. params (+ quant_params)."""
+    trainable = {k: v for k, v in variables.items() if k in ("params", "quant_params")}
+
+    def loss(trainable):
+        output, state = qat_model.apply(
+            {**variables, **trainable}, **inputs, calibrate=False, mutable=["quant_stats"]
+        )
+        return quantile_loss(output.quantiles, TARGET, CONFIG.quantiles), (output, state)
+
+    (value, (output, state)), grads = jax.value_and_grad(loss, has_aux=True)(trainable)
+    return value, output, state, grads
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def int8_forward(qat_model, int8_variables, inputs):
+    return int8_apply(qat_model, int8_variables, **inputs)
+
+
+@functools.cache
+def fp32_variables():
+    model = TemporalFusionTransformer(CONFIG)
+    return jax.jit(model.init)({"params": jax.random.key(0)}, **INPUTS[0])
+
+
+def shape_args(inputs):
+    return (inputs["static"], inputs["historical"], inputs["future"]), {
+        "known_history": inputs["known_history"],
+        "static_categorical": inputs["static_categorical"],
+    }
+
+
+@functools.cache
+def qat_setup(qat_config: QATConfig = QAT_CONFIG):
+    """`(model, fresh variables, calibrated variables)`; three batches offered, two used."""
+    model = QATTemporalFusionTransformer(CONFIG, qat_config)
+    args, kwargs = shape_args(INPUTS[0])
+    fresh = from_fp32(fp32_variables(), model, *args, **kwargs)
+    return model, fresh, calibrate(model, fresh, INPUTS)
+
+
+def flat(tree):
+    return traverse_util.flatten_dict(tree, sep="/")
+
+
+def test_qat_params_tree_is_the_fp32_tree_and_from_fp32_keeps_the_values():
+    model, fresh, _ = qat_setup()
+    fp32 = fp32_variables()["params"]
+    qat_shapes = jax.eval_shape(
+        model.init,
+        {"params": jax.random.key(1)},
+        *shape_args(INPUTS[0])[0],
+        **shape_args(INPUTS[0])[1],
+    )["params"]
+    assert jax.tree.map(lambda leaf: leaf.shape, qat_shapes) == jax.tree.map(jnp.shape, fp32)
+    assert set(fresh) == {"params", "quant_stats"}
+    for path, leaf in flat(fp32).items():
+        np.testing.assert_array_equal(np.asarray(flat(fresh["params"])[path]), np.asarray(leaf))
+    stats = flat(fresh["quant_stats"])
+    assert stats and all(
+        int(value) == 0 for path, value in stats.items() if path.endswith("num_batches")
+    )
+
+
+def test_observers_sit_on_every_unbounded_dense_layer_and_not_on_the_lstm_recurrence():
+    _, fresh, _ = qat_setup()
+    kernels = {path[: -len("/kernel")] for path in flat(fresh["params"]) if path.endswith("kernel")}
+    observed = {
+        path[: -len("/dot_general/num_batches")]
+        for path in flat(fresh["quant_stats"])
+        if path.endswith("num_batches")
+    }
+    recurrent = {path for path in kernels if path.endswith("cell/recurrent")}
+    assert recurrent and observed == kernels - recurrent
+
+
+def test_disabled_quantization_reproduces_fp32_outputs_exactly():
+    model = QATTemporalFusionTransformer(CONFIG, QATConfig(bits=None))
+    args, kwargs = shape_args(INPUTS[1])
+    variables = from_fp32(fp32_variables(), model, *args, **kwargs)
+    expected = forward(TemporalFusionTransformer(CONFIG), fp32_variables(), INPUTS[1])
+    got = forward(model, variables, INPUTS[1])
+    jax.tree.map(np.testing.assert_array_equal, got, expected)
+
+
+def test_calibrate_true_without_mutable_quant_stats_raises_naming_it():
+    model, fresh, _ = qat_setup()
+    with pytest.raises(ValueError, match="mutable=\\['quant_stats'\\]"):
+        model.apply(fresh, **INPUTS[0], calibrate=True)
+
+
+def test_calibration_stops_after_calibration_batches_and_tracks_the_moving_average():
+    _, _, calibrated = qat_setup()
+    stats = calibrated["quant_stats"]["quantile_head"]["dot_general"]
+    assert int(stats["num_batches"]) == QAT_CONFIG.calibration_batches
+    for path, value in flat(calibrated["quant_stats"]).items():
+        if path.endswith("num_batches"):
+            # The known-input embedding runs twice per forward (history and horizon).
+            calls = 2 if path.startswith("known_embedding") else 1
+            assert int(value) == calls * QAT_CONFIG.calibration_batches, path
+    # The static prescaler sees the raw static input: its range is the closed form.
+    static = calibrated["quant_stats"]["static_embedding"]["prescaler"]["dot_general"]
+    first, second = INPUTS[0]["static"], INPUTS[1]["static"]
+    c = QAT_CONFIG.averaging_constant
+    np.testing.assert_allclose(
+        float(static["min"]), first.min() + c * (second.min() - first.min()), rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        float(static["max"]), first.max() + c * (second.max() - first.max()), rtol=1e-6
+    )
+
+
+def test_training_forward_freezes_observers_and_every_param_gets_a_nonzero_gradient():
+    model, _, calibrated = qat_setup()
+    loss, output, state, grads = loss_and_grads(model, calibrated, INPUTS[2])
+    assert np.isfinite(float(loss))
+    for leaf in jax.tree.leaves(output):
+        assert np.all(np.isfinite(np.asarray(leaf)))
+    jax.tree.map(np.testing.assert_array_equal, state["quant_stats"], calibrated["quant_stats"])
+    norms = {path: float(jnp.linalg.norm(g)) for path, g in flat(grads["params"]).items()}
+    assert norms.keys() == flat(calibrated["params"]).keys()
+    zero = [path for path, norm in norms.items() if not norm > 0.0]
+    assert not zero, f"zero gradient through the fake quantizers: {zero}"
+
+
+def test_calibrated_fake_quantization_stays_close_to_fp32_on_the_calibration_data():
+    model, fresh, _ = qat_setup()
+    calibrated = calibrate(model, fresh, [INPUTS[2]])
+    fp32 = np.asarray(
+        forward(TemporalFusionTransformer(CONFIG), fp32_variables(), INPUTS[2]).quantiles
+    )
+    _, output, _, _ = loss_and_grads(model, calibrated, INPUTS[2])
+    difference = np.abs(np.asarray(output.quantiles) - fp32)
+    # Quantization changes the output, by a few percent of its range at 8 bits.
+    assert 0.0 < difference.max() < 0.05 * np.ptp(fp32)
+
+
+def test_convert_stores_int8_kernels_and_per_channel_scales():
+    _, _, calibrated = qat_setup()
+    converted = convert(calibrated)
+    params, new_params = flat(calibrated["params"]), flat(converted["params"])
+    scales = flat(converted["int8"])
+    assert params.keys() == new_params.keys()
+    for path, leaf in params.items():
+        new = new_params[path]
+        if not path.endswith("kernel"):
+            np.testing.assert_array_equal(np.asarray(new), np.asarray(leaf))
+            continue
+        assert new.dtype == jnp.int8 and new.shape == leaf.shape
+        scale = scales[path[: -len("kernel")] + "dot_general/weight_scale"]
+        assert scale.shape == leaf.shape[:-2] + leaf.shape[-1:]
+        dequantized = np.asarray(new, np.float32) * np.expand_dims(np.asarray(scale), -2)
+        # Symmetric rounding: within half a step, and the largest weight is exact.
+        assert np.all(np.abs(dequantized - leaf) <= np.expand_dims(scale, -2) / 2 + 1e-7)
+        assert np.all(np.abs(np.asarray(new)).max(axis=-2) == 127)
+    jax.tree.map(np.testing.assert_array_equal, converted["quant_stats"], calibrated["quant_stats"])
+
+
+def test_int8_apply_agrees_with_fake_quant_within_one_output_step():
+    model, _, calibrated = qat_setup()
+    _, fake, _, _ = loss_and_grads(model, calibrated, INPUTS[2])
+    integer = int8_forward(model, convert(calibrated), INPUTS[2])
+    step = np.ptp(np.asarray(fake.quantiles)) / 255  # an 8-bit affine step of the output range
+    assert np.max(np.abs(np.asarray(integer.quantiles) - np.asarray(fake.quantiles))) <= step
+    np.testing.assert_allclose(np.asarray(integer.attention), np.asarray(fake.attention), atol=1e-3)
+
+
+def test_int8_apply_contracts_int8_by_int8_into_int32_for_every_kernel():
+    model, _, calibrated = qat_setup()
+    converted = convert(calibrated)
+    jaxpr = jax.make_jaxpr(lambda v: int8_apply(model, v, **INPUTS[2]))(converted)
+    integer_dots = [
+        eqn
+        for eqn in all_equations(jaxpr.jaxpr)
+        if eqn.primitive.name == "dot_general"
+        and [v.aval.dtype for v in eqn.invars] == [jnp.int8, jnp.int8]
+        and eqn.outvars[0].aval.dtype == jnp.int32
+    ]
+    kernels = [path for path in flat(converted["params"]) if path.endswith("kernel")]
+    assert len(integer_dots) >= len(kernels)
+
+
+def all_equations(jaxpr):
+    """Every equation of a jaxpr, including those of nested jaxprs (scan, cond, pjit)."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for item in value if isinstance(value, tuple | list) else (value,):
+                inner = getattr(item, "jaxpr", item)
+                if hasattr(inner, "eqns"):
+                    yield from all_equations(inner)
+
+
+def test_int8_model_is_smaller_with_kernels_at_a_quarter_of_their_size():
+    _, _, calibrated = qat_setup()
+    converted = convert(calibrated)
+    sizes = model_size(calibrated, converted)
+    assert sizes["int8_bytes"] < sizes["fp32_bytes"]
+    assert sizes["ratio"] == sizes["int8_bytes"] / sizes["fp32_bytes"]
+
+    def kernel_bytes(variables):
+        return tree_bytes([v for p, v in flat(variables["params"]).items() if p.endswith("kernel")])
+
+    assert 4 * kernel_bytes(converted) == kernel_bytes(calibrated)
+
+
+def test_learnable_step_sizes_keep_the_fp32_params_and_receive_gradients():
+    model, fresh, calibrated = qat_setup(QATConfig(learnable_scale=True, calibration_batches=2))
+    assert jax.tree.structure(fresh["params"]) == jax.tree.structure(fp32_variables()["params"])
+    offsets = flat(fresh["quant_params"])
+    assert offsets.keys() == {
+        p.replace("num_batches", "scale_offset")
+        for p in flat(fresh["quant_stats"])
+        if p.endswith("num_batches")
+    }
+    assert all(float(v) == 0.0 for v in offsets.values())
+    _, _, _, grads = loss_and_grads(model, calibrated, INPUTS[2])
+    step_grads = np.array([float(g) for g in flat(grads["quant_params"]).values()])
+    assert np.all(np.isfinite(step_grads)) and np.count_nonzero(step_grads) > len(step_grads) // 2
+
+
+def test_from_fp32_rejects_params_of_another_shape():
+    model, _, _ = qat_setup()
+    params = flat(fp32_variables()["params"])
+    path = next(p for p in params if p.endswith("quantile_head/kernel"))
+    params[path] = jnp.zeros((params[path].shape[0] + 1, params[path].shape[1]))
+    args, kwargs = shape_args(INPUTS[0])
+    with pytest.raises(ValueError, match="does not match the QAT model's parameter tree"):
+        from_fp32({"params": traverse_util.unflatten_dict(params, sep="/")}, model, *args, **kwargs)
+
+
+def test_int8_apply_needs_converted_variables_and_enabled_quantization():
+    model, _, calibrated = qat_setup()
+    with pytest.raises(ValueError, match="'int8' collection"):
+        int8_apply(model, calibrated, **INPUTS[0])
+    disabled = QATTemporalFusionTransformer(CONFIG, QATConfig(bits=None))
+    with pytest.raises(ValueError, match="bits is None"):
+        int8_apply(disabled, convert(calibrated), **INPUTS[0])

@@ -1,0 +1,178 @@
+"""`properties.strategies` draws valid configs and inputs, reaches edge cases, shrinks small."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import find, given
+
+from properties import strategies as st_tft
+from qat.config import QATConfig
+from tft_jax.config import TFTConfig
+
+
+@given(st_tft.attention_configs(), st_tft.data())
+def test_attention_configs_use_buckets_and_heads_divide_hidden(config, data):
+    assert config.hidden_dim in st_tft.ATTENTION_HIDDEN_DIMS
+    assert config.hidden_dim % config.num_heads == 0
+    assert config.sequence_length in st_tft.SEQUENCE_LENGTHS
+    assert config.batch_size in st_tft.BATCH_SIZES
+    x = data.draw(st_tft.attention_inputs(config))
+    assert isinstance(x, np.ndarray)
+    assert x.shape == config.input_shape
+    assert x.dtype == np.float32
+    assert np.isfinite(x).all()
+
+
+_BOUNDS = {
+    "large": st_tft.LARGE_MAGNITUDE,
+    "tiny": st_tft.TINY_MAGNITUDE,
+    "elements": st_tft.LARGE_MAGNITUDE,
+    "zeros": 0.0,
+}
+
+
+@given(
+    st.sampled_from(["normal", "large", "tiny", "constant", "zeros", "huge", "elements"]),
+    st.sampled_from([np.float32, jnp.bfloat16]),
+    st.data(),
+)
+def test_each_input_kind_has_its_magnitude_and_dtype(kind, dtype, data):
+    x = data.draw(st_tft.float_arrays((2, 5, 3), kinds=(kind,), dtype=dtype))
+    assert x.dtype == np.dtype(dtype)
+    wide = x.astype(np.float64)
+    assert np.isfinite(wide).all()
+    if kind in _BOUNDS:
+        assert np.abs(wide).max() <= _BOUNDS[kind] * (1 + 1e-2)
+    if kind == "constant":
+        assert (wide == wide[:, :1]).all()
+    if kind == "huge":
+        assert np.abs(wide).min() >= st_tft.HUGE_MAGNITUDE / 100 * (1 - 1e-2)
+        assert np.isfinite(np.float32(wide.max()) - np.float32(wide.min()))
+
+
+@given(st_tft.tft_configs(), st_tft.data())
+def test_tft_inputs_match_the_config_shapes(config, data):
+    inputs = data.draw(st_tft.tft_inputs(config))
+    batch = inputs.batch_size
+    steps, horizon = config.sequence_length, config.prediction_horizon
+    assert inputs.static.shape == (batch, config.num_static_features)
+    assert inputs.historical.shape == (batch, steps, config.num_observed_features)
+    assert inputs.future.shape == (batch, horizon, config.num_known_features)
+    assert inputs.target.shape == (batch, horizon)
+    if config.use_known_history:
+        assert inputs.known_history.shape == (batch, steps, config.num_known_features)
+    else:
+        assert inputs.known_history is None
+    if config.num_static_categoricals:
+        assert inputs.static_categorical.shape == (batch, config.num_static_categoricals)
+        assert inputs.static_categorical.dtype == np.int32
+        cardinalities = np.array(config.static_categorical_cardinalities)
+        assert (
+            (inputs.static_categorical >= 0) & (inputs.static_categorical < cardinalities)
+        ).all()
+    else:
+        assert inputs.static_categorical is None
+
+
+def test_tft_configs_reach_zero_statics_categoricals_prescalers_and_seven_quantiles():
+    assert find(st_tft.tft_configs(), lambda c: c.num_static_features == 0).num_static_inputs == 0
+    assert find(st_tft.tft_configs(), lambda c: c.num_static_categoricals == 2)
+    assert find(st_tft.tft_configs(), lambda c: c.variable_width < c.hidden_dim)
+    assert find(st_tft.tft_configs(), lambda c: c.num_quantiles == 7)
+
+
+@given(st_tft.tft_configs(use_known_history=(True,), dtypes=("bfloat16",)), st_tft.data())
+def test_bfloat16_configs_get_bfloat16_inputs(config, data):
+    assert config.compute_dtype == jnp.bfloat16
+    inputs = data.draw(st_tft.tft_inputs(config))
+    for array in (inputs.static, inputs.historical, inputs.future, inputs.known_history):
+        assert array.dtype == jnp.bfloat16
+
+
+def test_presets_cover_every_edge_of_tft_configs():
+    presets = st_tft.TFT_PRESETS
+    assert {c.num_static_features for c in presets} >= {0, 2}
+    assert {c.num_static_categoricals for c in presets} >= {0, 1, 2}
+    assert {c.num_quantiles for c in presets} == {1, 3, 7}
+    assert {c.use_known_history for c in presets} == {False, True}
+    assert {c.attend_to_self for c in presets} == {False, True}
+    assert {c.dropout_rate > 0 for c in presets} == {False, True}
+    assert any(c.variable_width < c.hidden_dim for c in presets)
+    bf16 = find(st_tft.tft_config_presets(dtype="bfloat16"), lambda c: c.hidden_dim == 16)
+    assert bf16.dtype == "bfloat16"
+    assert bf16.num_quantiles == 7
+
+
+def test_configs_shrink_to_the_first_bucket_of_every_field():
+    assert find(st_tft.attention_configs(), lambda c: True) == st_tft.AttentionConfig(8, 1, 1, 1)
+    minimal = find(st_tft.tft_configs(), lambda c: c.hidden_dim == 16)
+    assert minimal == TFTConfig(
+        num_static_features=0,
+        num_known_features=1,
+        num_observed_features=1,
+        hidden_dim=16,
+        num_heads=1,
+        sequence_length=4,
+        prediction_horizon=1,
+        quantiles=(0.5,),
+        dropout_rate=0.0,
+        static_categorical_cardinalities=(),
+        variable_hidden_dim=None,
+        attend_to_self=True,
+        use_known_history=False,
+    )
+
+
+@given(st_tft.qat_configs())
+def test_qat_configs_are_valid_and_per_tensor_ones_keep_the_default_axis(config):
+    assert isinstance(config, QATConfig)
+    assert config.bits in (8, 4)
+    if not config.per_channel:
+        assert config.channel_axis == -1
+
+
+@given(st_tft.observer_batches())
+def test_observer_batches_are_finite_float32(batch):
+    assert batch.dtype == np.float32
+    assert batch.size >= 1
+    assert np.isfinite(batch).all()
+    assert np.isfinite(batch.max() - batch.min())
+
+
+def test_observer_batches_reach_degenerate_ranges():
+    assert find(st_tft.observer_batches(), lambda b: b.size == 1 and b.ndim == 2).shape == (1, 1)
+    assert find(st_tft.observer_batches(), lambda b: b.size > 1 and (b == 0).all()) is not None
+    constant = find(st_tft.observer_batches(), lambda b: b.size > 1 and b.min() == b.max() != 0)
+    assert constant.min() == constant.max()
+    assert find(st_tft.observer_batches(), lambda b: np.abs(b).max() > 1e25) is not None
+
+
+@given(st_tft.observer_batch_sequences())
+def test_observer_batch_sequences_share_one_shape(batches):
+    assert len(batches) in (1, 3)
+    assert len({batch.shape for batch in batches}) == 1
+
+
+@given(st_tft.fake_quantize_cases())
+def test_fake_quantize_cases_hit_both_bounds_ties_and_saturation(case):
+    assert case.x.dtype == np.float32
+    codes = np.round(case.x / case.scale).astype(np.float64) + case.zero_point
+    assert codes.min() < case.qmin and codes.max() > case.qmax
+    assert case.qmin in codes and case.qmax in codes
+    if case.qmin < 0:  # symmetric grid
+        assert case.zero_point == 0
+    assert case.qmin <= case.zero_point <= case.qmax
+
+
+def test_strategy_arguments_are_validated_at_the_boundary():
+    with pytest.raises(ValueError, match="hidden_dims must hold at least one bucket"):
+        st_tft.attention_configs(hidden_dims=())
+    with pytest.raises(ValueError, match="unknown \\['gaussian'\\]"):
+        st_tft.float_arrays((2,), kinds=("gaussian",))
+    with pytest.raises(TypeError, match="config must be a TFTConfig"):
+        st_tft.tft_inputs({"hidden_dim": 8})
+    with pytest.raises(TypeError, match="floating dtype"):
+        st_tft.float_arrays((2,), dtype=np.int32)
