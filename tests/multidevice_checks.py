@@ -1,0 +1,178 @@
+"""Data-parallel checks on 8 simulated CPU devices; run in a subprocess by test_distributed.py.
+
+The device count must be fixed before JAX starts, so these checks cannot share
+the pytest process. Each check raises AssertionError with a message; the
+script prints one line per passed check.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+
+import jax
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+jax.config.update("jax_compilation_cache_dir", os.path.join(_ROOT, ".jax_cache"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+from qat import QATConfig, QATTemporalFusionTransformer  # noqa: E402
+from tft_jax import TemporalFusionTransformer, TFTConfig  # noqa: E402
+from tft_jax.checkpoint import TrainingCheckpointer  # noqa: E402
+from tft_jax.distributed import data_mesh, place_state, replicated, shard_batch  # noqa: E402
+from tft_jax.train import Batch, create_train_state, train_step  # noqa: E402
+
+CONFIG = TFTConfig(
+    num_static_features=2,
+    num_known_features=2,
+    num_observed_features=3,
+    hidden_dim=16,
+    num_heads=2,
+    sequence_length=6,
+    prediction_horizon=3,
+    dropout_rate=0.0,
+    static_categorical_cardinalities=(3,),
+)
+GLOBAL_BATCH = 16
+
+
+def make_batch(seed: int) -> Batch:
+    rng = np.random.default_rng(seed)
+    normal = lambda *shape: rng.normal(size=shape).astype(np.float32)  # noqa: E731
+    return Batch(
+        static=normal(GLOBAL_BATCH, 2),
+        historical=normal(GLOBAL_BATCH, 6, 3),
+        future=normal(GLOBAL_BATCH, 3, 2),
+        known_history=None,
+        static_categorical=rng.integers(0, 3, size=(GLOBAL_BATCH, 1)).astype(np.int32),
+        target=normal(GLOBAL_BATCH, 3),
+    )
+
+
+def fresh_state(model, mesh, fsdp=False):
+    # Plain SGD after clipping: Adam's first steps are sign-like, so a gradient that
+    # is ~0 up to summation order would turn into a full-size difference.
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1))
+    state = create_train_state(model, tx, jax.random.key(0), make_batch(0))
+    return place_state(state, mesh, fsdp=fsdp)
+
+
+def run_steps(model, mesh, steps, calibrate=None, fsdp=False, state=None):
+    state = fresh_state(model, mesh, fsdp) if state is None else state
+    for step in range(steps):
+        batch = shard_batch(make_batch(step + 1), mesh)
+        state, _ = train_step(state, batch, jax.random.key(step), calibrate=calibrate)
+    return state
+
+
+def assert_trees_close(a, b, what, atol=2e-5):
+    for (path, x), y in zip(
+        jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b), strict=True
+    ):
+        np.testing.assert_allclose(
+            np.asarray(x),
+            np.asarray(y),
+            rtol=1e-4,
+            atol=atol,
+            err_msg=f"{what}: {jax.tree_util.keystr(path)} differs",
+        )
+
+
+def check_fp32_sharded_step_equals_single_device() -> None:
+    model = TemporalFusionTransformer(CONFIG)
+    single = run_steps(model, data_mesh(1), 3)
+    sharded = run_steps(model, data_mesh(8), 3)
+    assert len(sharded.params["quantile_head"]["kernel"].sharding.device_set) == 8
+    assert_trees_close(sharded.params, single.params, "fp32 params")
+
+
+def check_fsdp_sharded_step_equals_single_device() -> None:
+    model = TemporalFusionTransformer(CONFIG)
+    single = run_steps(model, data_mesh(1), 2)
+    sharded = run_steps(model, data_mesh(8), 2, fsdp=True)
+    assert_trees_close(sharded.params, single.params, "fsdp params")
+
+
+def check_qat_sharded_step_equals_single_device_and_replicas_agree() -> None:
+    model = QATTemporalFusionTransformer(CONFIG, QATConfig())
+    single = run_steps(model, data_mesh(1), 3, calibrate=True)
+    sharded = run_steps(model, data_mesh(8), 3, calibrate=True)
+    assert_trees_close(sharded.params, single.params, "qat params")
+    assert_trees_close(sharded.model_state, single.model_state, "qat observers", atol=1e-6)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(sharded.model_state)[0]:
+        shards = [np.asarray(shard.data) for shard in leaf.addressable_shards]
+        assert len(shards) == 8, jax.tree_util.keystr(path)
+        for shard in shards[1:]:
+            np.testing.assert_array_equal(
+                shard, shards[0], err_msg=f"replicas disagree on {jax.tree_util.keystr(path)}"
+            )
+
+
+def check_checkpoint_from_8_devices_restores_on_1_and_continues_identically() -> None:
+    model = TemporalFusionTransformer(CONFIG)
+    mesh8, mesh1 = data_mesh(8), data_mesh(1)
+    state8 = run_steps(model, mesh8, 2)
+    with tempfile.TemporaryDirectory() as directory:
+        with TrainingCheckpointer(directory) as checkpointer:
+            checkpointer.save_latest(state8, jax.random.key(0), {"step": 2})
+        template = fresh_state(model, mesh1)
+        with TrainingCheckpointer(directory) as checkpointer:
+            restored = checkpointer.restore_latest(template)
+    assert restored is not None and restored.step == 2
+    assert all(
+        leaf.sharding.device_set == {jax.devices()[0]}
+        for leaf in jax.tree.leaves(restored.state.params)
+    )
+    assert_trees_close(restored.state.params, state8.params, "restored params", atol=0)
+    continued1 = run_steps(model, mesh1, 1, state=restored.state)
+    continued8 = run_steps(model, mesh8, 1, state=place_state(state8, mesh8))
+    assert_trees_close(continued1.params, continued8.params, "continued params")
+
+
+def check_clear_errors() -> None:
+    mesh = data_mesh(8)
+    batch = make_batch(0)
+    odd = jax.tree.map(lambda x: x[:12], batch)
+    try:
+        shard_batch(odd, mesh)
+    except ValueError as error:
+        assert "12" in str(error) and "8" in str(error), error
+    else:
+        raise AssertionError("a batch of 12 over 8 devices was accepted")
+    try:
+        data_mesh(9)
+    except ValueError as error:
+        assert "9" in str(error) and "8 available" in str(error), error
+    else:
+        raise AssertionError("a mesh of 9 devices on 8 was accepted")
+    assert replicated(mesh).is_fully_replicated
+
+
+CHECKS = [
+    check_fp32_sharded_step_equals_single_device,
+    check_fsdp_sharded_step_equals_single_device,
+    check_qat_sharded_step_equals_single_device_and_replicas_agree,
+    check_checkpoint_from_8_devices_restores_on_1_and_continues_identically,
+    check_clear_errors,
+]
+
+
+def main(names: list[str]) -> None:
+    assert jax.device_count() == 8, f"expected 8 simulated devices, got {jax.device_count()}"
+    for check in CHECKS:
+        if names and check.__name__ not in names:
+            continue
+        check()
+        print(f"passed {check.__name__}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
