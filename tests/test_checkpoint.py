@@ -1,0 +1,451 @@
+"""Tests of checkpointing and resume (`tft_jax.checkpoint`, `tft_jax.train.fit`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tft_jax.checkpoint import CORRUPT, LATEST, TrainingCheckpointer, load_state
+from tft_jax.config import TFTConfig
+from tft_jax.model import TemporalFusionTransformer
+from tft_jax.train import Batch, TrainState, create_train_state, fit, make_optimizer
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+CONFIG = TFTConfig(
+    num_static_features=1,
+    num_known_features=2,
+    num_observed_features=1,
+    hidden_dim=8,
+    num_heads=2,
+    sequence_length=4,
+    prediction_horizon=2,
+    dropout_rate=0.1,
+)
+MODEL = TemporalFusionTransformer(CONFIG)
+TX = make_optimizer(1e-3, clip_norm=1.0, weight_decay=1e-4)
+
+
+def sample_batch(batch_size: int = 2) -> Batch:
+    rng = np.random.default_rng(0)
+    cfg = CONFIG
+    return Batch(
+        static=rng.normal(size=(batch_size, 1)).astype(np.float32),
+        historical=rng.normal(size=(batch_size, cfg.sequence_length, 1)).astype(np.float32),
+        future=rng.normal(size=(batch_size, cfg.prediction_horizon, 2)).astype(np.float32),
+        known_history=None,
+        static_categorical=None,
+        target=rng.normal(size=(batch_size, cfg.prediction_horizon)).astype(np.float32),
+    )
+
+
+TEMPLATE = create_train_state(MODEL, TX, jax.random.key(0), sample_batch())
+
+
+def randomized(state: TrainState, seed: int, step: int) -> TrainState:
+    """`state` with every float leaf (params and Adam moments) replaced by noise."""
+    rng = np.random.default_rng(seed)
+
+    def noise(leaf: Any) -> Any:
+        if jnp.issubdtype(leaf.dtype, jnp.floating):
+            return jnp.asarray(rng.normal(size=leaf.shape).astype(leaf.dtype))
+        return leaf
+
+    noisy = jax.tree.map(noise, state)
+    return noisy.replace(step=jnp.asarray(step, jnp.int32), skipped_steps=jnp.asarray(1, jnp.int32))
+
+
+def _data(tree: Any) -> Any:
+    """The array fields of a `TrainState` (the static ones hold per-instance callables)."""
+    if isinstance(tree, TrainState):
+        return (tree.step, tree.params, tree.opt_state, tree.model_state, tree.skipped_steps)
+    return tree
+
+
+def assert_bitwise_equal(left: Any, right: Any) -> None:
+    left, right = _data(left), _data(right)
+    assert jax.tree.structure(left) == jax.tree.structure(right)
+    for a, b in zip(jax.tree.leaves(left), jax.tree.leaves(right), strict=True):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert a.tobytes() == b.tobytes()
+
+
+LOOP = {"epoch": 1, "batches_done": 3, "history": {"val_loss": [0.1 + 0.2, None]}, "x": 1 / 3}
+
+
+def test_save_restore_round_trip_is_bit_identical(tmp_path: pathlib.Path) -> None:
+    state = randomized(TEMPLATE, seed=1, step=7)
+    rng = jax.random.fold_in(jax.random.key(42), 3)
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+        assert checkpointer.save_latest(state, rng, LOOP)
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+        restored = checkpointer.restore_latest(TEMPLATE)
+    assert restored is not None
+    assert restored.step == 7
+    assert_bitwise_equal(restored.state, state)
+    assert restored.state.apply_fn == TEMPLATE.apply_fn
+    assert restored.state.quantiles == TEMPLATE.quantiles
+    np.testing.assert_array_equal(jax.random.key_data(restored.rng), jax.random.key_data(rng))
+    assert restored.loop == LOOP
+
+
+def test_saving_a_step_again_keeps_the_first_copy(tmp_path: pathlib.Path) -> None:
+    first, second = randomized(TEMPLATE, 8, step=4), randomized(TEMPLATE, 9, step=4)
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+        assert checkpointer.save_latest(first, jax.random.key(0), {})
+        assert not checkpointer.save_latest(second, jax.random.key(0), {})
+        restored = checkpointer.restore_latest(TEMPLATE)
+    assert restored is not None
+    assert_bitwise_equal(restored.state, first)
+
+
+def test_restore_without_checkpoints_returns_none(tmp_path: pathlib.Path) -> None:
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+        assert checkpointer.restore_latest(TEMPLATE) is None
+        assert checkpointer.restore_best(TEMPLATE) is None
+
+
+def _array_files(step_dir: pathlib.Path) -> list[pathlib.Path]:
+    files = [path for path in (step_dir / "state").rglob("d/*") if path.is_file()]
+    assert files, f"no array data files under {step_dir}"
+    return files
+
+
+def _truncate(step_dir: pathlib.Path) -> None:
+    for path in _array_files(step_dir):
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+
+
+def _flip_bytes(step_dir: pathlib.Path) -> None:
+    for path in _array_files(step_dir):
+        data = bytearray(path.read_bytes())
+        middle = len(data) // 2
+        data[middle : middle + 16] = bytes(255 - value for value in data[middle : middle + 16])
+        path.write_bytes(bytes(data))
+
+
+def _arrays_of_older_step(step_dir: pathlib.Path) -> None:
+    # Well-formed arrays that are not the ones saved: only the digest can tell.
+    shutil.rmtree(step_dir / "state")
+    shutil.copytree(step_dir.parent / "5" / "state", step_dir / "state")
+
+
+def _empty_step(step_dir: pathlib.Path) -> None:
+    for path in sorted(step_dir.rglob("*"), reverse=True):
+        path.unlink() if path.is_file() else path.rmdir()
+
+
+def _garble_meta(step_dir: pathlib.Path) -> None:
+    for path in (step_dir / "meta").rglob("*"):
+        if path.is_file():
+            path.write_text("{not json")
+
+
+# A failed read inside orbax leaves an asyncio callback behind; it is harmless.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize(
+    "damage", [_truncate, _flip_bytes, _arrays_of_older_step, _empty_step, _garble_meta]
+)
+def test_damaged_newest_checkpoint_is_never_restored(tmp_path: pathlib.Path, damage: Any) -> None:
+    good, newer = randomized(TEMPLATE, 2, step=5), randomized(TEMPLATE, 3, step=10)
+    rng = jax.random.key(0)
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+        checkpointer.save_latest(good, rng, {"step": 5})
+        checkpointer.save_latest(newer, rng, {"step": 10})
+    damage(tmp_path / LATEST / "10")
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+        restored = checkpointer.restore_latest(TEMPLATE)
+        assert restored is not None and restored.step == 5
+        assert_bitwise_equal(restored.state, good)
+        assert checkpointer.steps() == [5]
+    assert (tmp_path / CORRUPT / "latest-10").is_dir()
+
+
+def test_interrupted_save_leaves_a_temporary_directory_that_is_never_a_step(
+    tmp_path: pathlib.Path,
+) -> None:
+    state = randomized(TEMPLATE, 4, step=3)
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+        checkpointer.save_latest(state, jax.random.key(0), {})
+    # What a process killed inside orbax's save leaves behind: a temporary directory.
+    partial = tmp_path / LATEST / "8.orbax-checkpoint-tmp-1700000000"
+    (partial / "state").mkdir(parents=True)
+    (partial / "state" / "manifest.ocdbt").write_bytes(b"\x00" * 7)
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+        assert checkpointer.steps() == [3]
+        restored = checkpointer.restore_latest(TEMPLATE)
+    assert restored is not None and restored.step == 3
+
+
+def test_every_checkpoint_damaged_means_nothing_is_restored(tmp_path: pathlib.Path) -> None:
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+        for step in (1, 2):
+            checkpointer.save_latest(randomized(TEMPLATE, step, step), jax.random.key(0), {})
+    for step in (1, 2):
+        _truncate(tmp_path / LATEST / str(step))
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+        assert checkpointer.restore_latest(TEMPLATE) is None
+
+
+def test_checkpoint_of_another_model_raises_and_is_kept(tmp_path: pathlib.Path) -> None:
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+        checkpointer.save_latest(randomized(TEMPLATE, 5, 4), jax.random.key(0), {})
+    wider = TemporalFusionTransformer(
+        TFTConfig(**{**CONFIG.__dict__, "hidden_dim": 12, "num_heads": 2})
+    )
+    other = create_train_state(wider, TX, jax.random.key(0), sample_batch())
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+        with pytest.raises(ValueError, match="does not fit the template"):
+            checkpointer.restore_latest(other)
+        assert checkpointer.steps() == [4]
+
+
+def test_best_checkpoints_newer_than_the_resumed_step_are_discarded(
+    tmp_path: pathlib.Path,
+) -> None:
+    rng = jax.random.key(0)
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+        checkpointer.save_best(randomized(TEMPLATE, 6, 4), rng, {})
+        checkpointer.save_best(randomized(TEMPLATE, 7, 9), rng, {})
+        assert checkpointer.steps("best") == [9]
+        checkpointer.discard_best_after(6)
+        assert checkpointer.steps("best") == []
+
+
+# ---------------------------------------------------------------------------
+# Resume through fit, in process, on a stand-in forecaster
+
+STAND_IN = '''
+import time
+
+from flax import linen as nn
+from flax import struct
+import jax.numpy as jnp
+import numpy as np
+
+from tft_jax.train import Batch
+
+
+@struct.dataclass
+class Output:
+    quantiles: jnp.ndarray
+
+
+class Config:
+    quantiles = (0.1, 0.5, 0.9)
+
+
+class StandIn(nn.Module):
+    """Inputs flattened -> Dense -> tanh -> Dropout -> Dense -> (B, H, Q)."""
+
+    config: Config = Config()
+
+    @nn.compact
+    def __call__(self, static, historical, future, known_history=None,
+                 static_categorical=None, deterministic=True):
+        batch = historical.shape[0]
+        x = jnp.concatenate([static, historical.reshape(batch, -1),
+                             future.reshape(batch, -1)], axis=-1)
+        hidden = nn.Dropout(0.3)(jnp.tanh(nn.Dense(16)(x)), deterministic=deterministic)
+        return Output(nn.Dense(future.shape[1] * 3)(hidden).reshape(batch, -1, 3))
+
+
+def make_batches(seed, count, batch_size=4):
+    rng = np.random.default_rng(seed)
+    batches = []
+    for _ in range(count):
+        future = rng.normal(size=(batch_size, 2, 2)).astype(np.float32)
+        batches.append(Batch(
+            static=rng.normal(size=(batch_size, 1)).astype(np.float32),
+            historical=rng.normal(size=(batch_size, 3, 1)).astype(np.float32),
+            future=future, known_history=None, static_categorical=None,
+            target=(future.sum(-1) + 0.1 * rng.normal(size=(batch_size, 2))).astype(np.float32),
+        ))
+    return batches
+
+
+TRAIN = make_batches(0, 6)
+VAL = make_batches(1, 2)
+
+
+def epoch_batches(epoch, delay=0.0):
+    """The training batches of `epoch`, shuffled by a generator seeded with (0, epoch)."""
+    order = np.random.default_rng([0, epoch]).permutation(len(TRAIN))
+    for index in order:
+        if delay:
+            time.sleep(delay)
+        yield TRAIN[index]
+'''
+
+namespace: dict[str, Any] = {}
+exec(STAND_IN, namespace)  # the very source the subprocesses run
+StandIn, TRAIN, VAL, epoch_batches = (
+    namespace[name] for name in ("StandIn", "TRAIN", "VAL", "epoch_batches")
+)
+STAND_IN_TX = make_optimizer(3e-2, clip_norm=1.0, weight_decay=1e-3)
+
+
+def stand_in_state() -> TrainState:
+    return create_train_state(StandIn(), STAND_IN_TX, jax.random.key(3), TRAIN[0])
+
+
+def test_resume_of_a_finished_run_returns_its_results_without_training(
+    tmp_path: pathlib.Path,
+) -> None:
+    first = fit(stand_in_state(), epoch_batches, VAL, epochs=2, checkpoint_dir=tmp_path, quiet=True)
+    again = fit(
+        stand_in_state(),
+        epoch_batches,
+        VAL,
+        epochs=2,
+        checkpoint_dir=tmp_path,
+        resume=True,
+        quiet=True,
+    )
+    assert again.history == first.history
+    assert_bitwise_equal(again.state, first.state)
+    assert_bitwise_equal(again.best_state, first.best_state)
+    assert_bitwise_equal(load_state(tmp_path, stand_in_state()), first.best_state)
+    assert_bitwise_equal(load_state(tmp_path, stand_in_state(), prefer="latest"), first.state)
+    with pytest.raises(FileNotFoundError):
+        load_state(tmp_path / "missing", stand_in_state())
+
+
+def test_resuming_a_finished_run_with_more_epochs_equals_training_them_at_once(
+    tmp_path: pathlib.Path,
+) -> None:
+    def run(directory: pathlib.Path, epochs: int, resume: bool) -> Any:
+        return fit(
+            stand_in_state(),
+            epoch_batches,
+            VAL,
+            epochs=epochs,
+            checkpoint_dir=directory,
+            resume=resume,
+            quiet=True,
+        )
+
+    run(tmp_path / "extended", epochs=2, resume=False)
+    extended = run(tmp_path / "extended", epochs=3, resume=True)
+    at_once = run(tmp_path / "at_once", epochs=3, resume=False)
+    assert extended.history == at_once.history
+    assert extended.history["epoch"] == [0, 1, 2]
+    assert_bitwise_equal(extended.state, at_once.state)
+    assert_bitwise_equal(extended.best_state, at_once.best_state)
+
+
+def test_resume_with_another_seed_is_rejected(tmp_path: pathlib.Path) -> None:
+    fit(stand_in_state(), epoch_batches, VAL, epochs=1, seed=0, checkpoint_dir=tmp_path, quiet=True)
+    with pytest.raises(ValueError, match="seed"):
+        fit(
+            stand_in_state(),
+            epoch_batches,
+            epochs=1,
+            seed=1,
+            checkpoint_dir=tmp_path,
+            resume=True,
+            quiet=True,
+        )
+
+
+# ---------------------------------------------------------------------------
+# SIGKILL mid-training, then resume: bit-identical to the uninterrupted run
+
+SCRIPT = (
+    """
+import json, pathlib, sys, time
+import jax
+jax.config.update("jax_compilation_cache_dir", sys.argv[4])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+import numpy as np
+from tft_jax.train import create_train_state, fit, make_optimizer
+"""
+    + STAND_IN
+    + """
+mode, directory, out = sys.argv[1], pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
+tx = make_optimizer(3e-2, clip_norm=1.0, weight_decay=1e-3)
+state = create_train_state(StandIn(), tx, jax.random.key(3), TRAIN[0])
+delay = 0.04 if mode == "killed" else 0.0
+result = fit(state, lambda epoch: epoch_batches(epoch, delay), VAL, epochs=8, seed=11,
+             patience=100, checkpoint_dir=directory, checkpoint_every=2,
+             resume=mode == "resumed", quiet=True)
+trees = {"state": result.state, "best": result.best_state}
+arrays = {f"{name}/{i}": np.asarray(leaf)
+          for name, tree in trees.items() for i, leaf in enumerate(jax.tree.leaves(tree))}
+np.savez(out / "arrays.npz", **arrays)
+(out / "history.json").write_text(json.dumps(result.history))
+"""
+)
+
+
+def _launch(mode: str, directory: pathlib.Path, out: pathlib.Path, script: pathlib.Path):
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, str(script), mode, str(directory), str(out), str(ROOT / ".jax_cache")],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def _finished(process: subprocess.Popen, timeout: float = 300) -> None:
+    output, _ = process.communicate(timeout=timeout)
+    assert process.returncode == 0, output.decode()[-3000:]
+
+
+def _steps(directory: pathlib.Path) -> list[int]:
+    latest = directory / LATEST
+    if not latest.is_dir():
+        return []
+    return sorted(int(path.name) for path in latest.iterdir() if path.name.isdigit())
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_ends_bit_identical_to_an_uninterrupted_run(
+    tmp_path: pathlib.Path,
+) -> None:
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    reference = _launch("reference", tmp_path / "reference", tmp_path / "reference_out", script)
+    victim = _launch("killed", tmp_path / "victim", tmp_path / "victim_out", script)
+    # 8 epochs of 6 steps: kill once a checkpoint past the second epoch exists.
+    deadline = time.monotonic() + 240
+    while max(_steps(tmp_path / "victim"), default=0) < 14:
+        assert victim.poll() is None, "the run ended before it could be killed"
+        assert time.monotonic() < deadline, "no checkpoint appeared in time"
+        time.sleep(0.02)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    assert victim.returncode == -signal.SIGKILL
+    assert max(_steps(tmp_path / "victim")) < 48
+    assert not (tmp_path / "victim_out" / "arrays.npz").exists()
+
+    resumed = _launch("resumed", tmp_path / "victim", tmp_path / "victim_out", script)
+    _finished(reference)
+    _finished(resumed)
+    want = np.load(tmp_path / "reference_out" / "arrays.npz")
+    got = np.load(tmp_path / "victim_out" / "arrays.npz")
+    assert sorted(want.files) == sorted(got.files)
+    for name in want.files:
+        assert want[name].dtype == got[name].dtype
+        assert want[name].tobytes() == got[name].tobytes(), name
+    history = json.loads((tmp_path / "reference_out" / "history.json").read_text())
+    assert json.loads((tmp_path / "victim_out" / "history.json").read_text()) == history
+    assert history["step"][-1] == 48

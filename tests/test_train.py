@@ -1,0 +1,669 @@
+"""Tests of the optimizer, the train step and the training loop (`tft_jax.train`).
+
+The optimizer and train-step mechanics are checked on a tiny stand-in
+forecaster with the TFT's call signature (a handful of parameters, so each
+check is exact and compiles in a second) against numpy references written
+here; the training dynamics run the real `TemporalFusionTransformer`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import linen as nn
+from flax import struct
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tft_jax.config import TFTConfig
+from tft_jax.model import TemporalFusionTransformer
+from tft_jax.train import (
+    Batch,
+    FitResult,
+    Optimizer,
+    TrainState,
+    create_train_state,
+    eval_step,
+    evaluate,
+    fit,
+    make_optimizer,
+    predict,
+    train_step,
+    warmup_cosine_schedule,
+)
+
+QUANTILES = (0.1, 0.5, 0.9)
+B, T, H, S, U, K = 4, 3, 2, 2, 2, 2
+
+
+# ---------------------------------------------------------------------------
+# Stand-in models with the TFT's apply signature
+
+
+class TinyConfig(NamedTuple):
+    quantiles: tuple[float, ...] = QUANTILES
+    horizon: int = H
+
+
+@struct.dataclass
+class TinyOutput:
+    quantiles: jax.Array
+
+
+def _flat_inputs(static: Any, historical: Any, future: Any) -> jax.Array:
+    batch = historical.shape[0]
+    return jnp.concatenate(
+        [static, historical.reshape(batch, -1), future.reshape(batch, -1)], axis=-1
+    )
+
+
+class TinyForecaster(nn.Module):
+    """A two-layer network with dropout: inputs flattened -> `(B, H, Q)` quantiles."""
+
+    config: TinyConfig = TinyConfig()
+
+    @nn.compact
+    def __call__(
+        self,
+        static: Any,
+        historical: Any,
+        future: Any,
+        known_history: Any = None,
+        static_categorical: Any = None,
+        deterministic: bool = True,
+    ) -> TinyOutput:
+        x = _flat_inputs(static, historical, future)
+        hidden = jnp.tanh(nn.Dense(8, name="hidden")(x))
+        hidden = nn.Dropout(0.25)(hidden, deterministic=deterministic)
+        levels = len(self.config.quantiles)
+        out = nn.Dense(self.config.horizon * levels, name="head")(hidden)
+        return TinyOutput(quantiles=out.reshape(x.shape[0], self.config.horizon, levels))
+
+
+class ObservedForecaster(nn.Module):
+    """The stand-in with the QAT model's collections besides `'params'`.
+
+    `quant_stats` (not trained): with `calibrate=True` (and the collection
+    mutable) an observer records the running maximum of `|x|`; the input is
+    always divided by it. `quant_params` (trained, like LSQ step sizes): a
+    log-scale applied to the input.
+    """
+
+    config: TinyConfig = TinyConfig()
+
+    @nn.compact
+    def __call__(
+        self,
+        static: Any,
+        historical: Any,
+        future: Any,
+        known_history: Any = None,
+        static_categorical: Any = None,
+        deterministic: bool = True,
+        calibrate: bool = False,
+    ) -> TinyOutput:
+        x = _flat_inputs(static, historical, future)
+        max_abs = self.variable("quant_stats", "max_abs", lambda: jnp.ones((), jnp.float32))
+        if calibrate:
+            max_abs.value = jnp.maximum(max_abs.value, jnp.max(jnp.abs(x)))
+        log_scale = self.variable("quant_params", "log_scale", lambda: jnp.zeros((), jnp.float32))
+        x = x / max_abs.value * jnp.exp(log_scale.value)
+        levels = len(self.config.quantiles)
+        out = nn.Dense(self.config.horizon * levels, name="head")(x)
+        return TinyOutput(quantiles=out.reshape(x.shape[0], self.config.horizon, levels))
+
+
+def make_batch(seed: int, scale: float = 1.0) -> Batch:
+    rng = np.random.default_rng(seed)
+    return Batch(
+        static=(scale * rng.normal(size=(B, S))).astype(np.float32),
+        historical=(scale * rng.normal(size=(B, T, U))).astype(np.float32),
+        future=(scale * rng.normal(size=(B, H, K))).astype(np.float32),
+        known_history=None,
+        static_categorical=None,
+        target=rng.normal(size=(B, H)).astype(np.float32),
+    )
+
+
+def host_copy(tree: Any) -> Any:
+    """A numpy copy that survives the donation of the device buffers."""
+    return jax.tree.map(lambda leaf: np.array(leaf, copy=True), tree)
+
+
+def assert_trees_equal(left: Any, right: Any) -> None:
+    assert jax.tree.structure(left) == jax.tree.structure(right)
+    for a, b in zip(jax.tree.leaves(left), jax.tree.leaves(right), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+# ---------------------------------------------------------------------------
+# Independent references
+
+
+def reference_loss(pred: jax.Array, target: jax.Array) -> jax.Array:
+    """Mean pinball loss, written independently of `tft_jax.losses`."""
+    levels = jnp.asarray(QUANTILES)
+    error = target[..., None] - pred
+    return jnp.mean(jnp.where(error >= 0, levels * error, (levels - 1.0) * error))
+
+
+def reference_grads(model: nn.Module, params: Any, batch: Batch, rng: jax.Array) -> Any:
+    def loss(p: Any) -> jax.Array:
+        out = model.apply(
+            {"params": p},
+            batch.static,
+            batch.historical,
+            batch.future,
+            deterministic=False,
+            rngs={"dropout": rng},
+        )
+        return reference_loss(out.quantiles, jnp.asarray(batch.target))
+
+    return jax.grad(loss)(params)
+
+
+class NumpyAdamW:
+    """AdamW (Loshchilov & Hutter) after optional global-norm clipping, in float64 numpy."""
+
+    def __init__(self, params: Any, lr: float, weight_decay: float, clip_norm: float | None):
+        self.lr, self.weight_decay, self.clip_norm = lr, weight_decay, clip_norm
+        self.b1, self.b2, self.eps = 0.9, 0.999, 1e-8
+        self.params = jax.tree.map(lambda p: np.asarray(p, np.float64), params)
+        self.mu = jax.tree.map(np.zeros_like, self.params)
+        self.nu = jax.tree.map(np.zeros_like, self.params)
+        self.count = 0
+
+    def step(self, grads: Any) -> None:
+        grads = jax.tree.map(lambda g: np.asarray(g, np.float64), grads)
+        norm = math.sqrt(sum(float(np.sum(g**2)) for g in jax.tree.leaves(grads)))
+        if self.clip_norm is not None and norm >= self.clip_norm:
+            grads = jax.tree.map(lambda g: g * (self.clip_norm / norm), grads)
+        self.count += 1
+        self.mu = jax.tree.map(lambda m, g: self.b1 * m + (1 - self.b1) * g, self.mu, grads)
+        self.nu = jax.tree.map(lambda v, g: self.b2 * v + (1 - self.b2) * g**2, self.nu, grads)
+        mu_hat = jax.tree.map(lambda m: m / (1 - self.b1**self.count), self.mu)
+        nu_hat = jax.tree.map(lambda v: v / (1 - self.b2**self.count), self.nu)
+        self.params = jax.tree.map(
+            lambda p, m, v: p - self.lr * (m / (np.sqrt(v) + self.eps) + self.weight_decay * p),
+            self.params,
+            mu_hat,
+            nu_hat,
+        )
+
+
+def global_norm(tree: Any) -> float:
+    squares = (float(np.sum(np.asarray(x, np.float64) ** 2)) for x in jax.tree.leaves(tree))
+    return math.sqrt(sum(squares))
+
+
+# ---------------------------------------------------------------------------
+# Shared stand-in states (one optimizer, hence one compilation, per setting)
+
+LR, WEIGHT_DECAY, CLIP = 1e-2, 0.1, 1e-4
+TINY = TinyForecaster()
+TINY_TX = make_optimizer(LR, clip_norm=CLIP, weight_decay=WEIGHT_DECAY)
+OBSERVED = ObservedForecaster()
+OBSERVED_TX = make_optimizer(LR, clip_norm=1.0, weight_decay=WEIGHT_DECAY)
+
+
+def tiny_state(seed: int = 0) -> TrainState:
+    return create_train_state(TINY, TINY_TX, jax.random.key(seed), make_batch(0))
+
+
+# ---------------------------------------------------------------------------
+# make_optimizer and the schedule
+
+
+def test_make_optimizer_is_an_optax_transformation_recording_its_threshold() -> None:
+    tx = make_optimizer(1e-3, clip_norm=0.5)
+    assert isinstance(tx, optax.GradientTransformation)
+    assert isinstance(tx, Optimizer)
+    assert tx.clip_norm == 0.5
+    assert make_optimizer(clip_norm=None).clip_norm is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "fragment"),
+    [
+        ({"learning_rate": 0.0}, ValueError, "learning_rate"),
+        ({"learning_rate": -1e-3}, ValueError, "learning_rate"),
+        ({"learning_rate": "fast"}, TypeError, "learning_rate"),
+        ({"clip_norm": 0.0}, ValueError, "clip_norm"),
+        ({"clip_norm": float("inf")}, ValueError, "clip_norm"),
+        ({"weight_decay": -0.1}, ValueError, "weight_decay"),
+        ({"weight_decay": True}, TypeError, "weight_decay"),
+    ],
+)
+def test_make_optimizer_rejects_bad_arguments_naming_them(
+    kwargs: dict[str, Any], error: type[Exception], fragment: str
+) -> None:
+    with pytest.raises(error, match=fragment):
+        make_optimizer(**kwargs)
+
+
+def tree_strategy() -> st.SearchStrategy[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:
+    """A small `(params, grads)` pair of pytrees with two leaves."""
+
+    @st.composite
+    def build(draw: st.DrawFn) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        seed = draw(st.integers(0, 2**16))
+        rng = np.random.default_rng(seed)
+        params = {
+            "w": rng.normal(size=(3, 2)).astype(np.float32),
+            "b": rng.normal(size=(2,)).astype(np.float32),
+        }
+        grads = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in params.items()}
+        return params, grads
+
+    return build()
+
+
+@given(
+    trees=tree_strategy(),
+    log_ratio=st.floats(-3.0, 3.0),
+    weight_decay=st.sampled_from([0.0, 0.05]),
+)
+def test_first_update_equals_numpy_adamw_of_clipped_gradients(
+    trees: tuple[dict[str, np.ndarray], dict[str, np.ndarray]],
+    log_ratio: float,
+    weight_decay: float,
+) -> None:
+    params, grads = trees
+    clip = float(global_norm(grads) * 10.0**log_ratio)
+    tx = make_optimizer(1e-2, clip_norm=clip, weight_decay=weight_decay)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    reference = NumpyAdamW(params, 1e-2, weight_decay, clip)
+    reference.step(grads)
+    for name in params:
+        expected = reference.params[name] - params[name]
+        np.testing.assert_allclose(updates[name], expected, rtol=2e-5, atol=1e-8)
+
+
+def test_weight_decay_is_applied_after_clipping_and_never_scaled() -> None:
+    rng = np.random.default_rng(1)
+    params = {"w": 3.0 * np.ones((4, 3), np.float32), "b": -2.0 * np.ones((3,), np.float32)}
+    grads = {k: 100.0 * rng.normal(size=v.shape).astype(np.float32) for k, v in params.items()}
+    lr, clip, decay = 1e-2, 1e-3, 0.1
+    with_decay = make_optimizer(lr, clip_norm=clip, weight_decay=decay)
+    without = make_optimizer(lr, clip_norm=clip, weight_decay=0.0)
+    decayed, _ = with_decay.update(grads, with_decay.init(params), params)
+    plain, _ = without.update(grads, without.init(params), params)
+    decay_part = {k: np.asarray(decayed[k]) - np.asarray(plain[k]) for k in params}
+    for name in params:
+        np.testing.assert_allclose(decay_part[name], -lr * decay * params[name], rtol=1e-5)
+    # The decay term is far larger than anything the clip would allow through.
+    assert global_norm(decay_part) > 100 * lr * clip
+
+
+def test_clip_norm_none_leaves_gradients_unclipped() -> None:
+    rng = np.random.default_rng(2)
+    params = {"w": rng.normal(size=(3, 3)).astype(np.float32)}
+    grads = {"w": 1e3 * rng.normal(size=(3, 3)).astype(np.float32)}
+    tx = make_optimizer(1e-2, clip_norm=None)
+    state = tx.init(params)
+    for _ in range(2):  # the second step depends on the gradient scale through Adam's moments
+        updates, state = tx.update(grads, state, params)
+    reference = optax.adamw(1e-2, weight_decay=0.0)
+    ref_state = reference.init(params)
+    for _ in range(2):
+        ref_updates, ref_state = reference.update(grads, ref_state, params)
+    np.testing.assert_array_equal(updates["w"], ref_updates["w"])
+
+
+def test_warmup_cosine_schedule_rises_linearly_then_decays_to_end() -> None:
+    schedule = warmup_cosine_schedule(1e-3, total_steps=100, warmup_steps=10)
+    assert float(schedule(0)) == 0.0
+    np.testing.assert_allclose(float(schedule(5)), 0.5e-3, rtol=1e-6)
+    np.testing.assert_allclose(float(schedule(10)), 1e-3, rtol=1e-6)
+    midpoint = 10 + 90 // 2
+    np.testing.assert_allclose(float(schedule(midpoint)), 0.5e-3, rtol=1e-5)
+    np.testing.assert_allclose(float(schedule(100)), 0.0, atol=1e-12)
+    with pytest.raises(ValueError, match="warmup_steps"):
+        warmup_cosine_schedule(1e-3, total_steps=10, warmup_steps=10)
+    with pytest.raises(ValueError, match="total_steps"):
+        warmup_cosine_schedule(1e-3, total_steps=0, warmup_steps=0)
+
+
+# ---------------------------------------------------------------------------
+# train_step
+
+
+def test_train_step_update_equals_numpy_adamw_of_clipped_gradients_over_three_steps() -> None:
+    state = tiny_state()
+    reference = NumpyAdamW(host_copy(state.params), LR, WEIGHT_DECAY, CLIP)
+    unclipped = NumpyAdamW(host_copy(state.params), LR, WEIGHT_DECAY, None)
+    for step in range(3):
+        batch, rng = make_batch(10 + step), jax.random.key(100 + step)
+        ref_params = jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), reference.params)
+        grads = reference_grads(TINY, ref_params, batch, rng)
+        norm = global_norm(grads)
+        assert norm >= 100 * CLIP  # the regime of the issue: gradients 100x the threshold
+        state, metrics = train_step(state, batch, rng)
+        reference.step(grads)
+        unclipped.step(grads)
+        np.testing.assert_allclose(float(metrics["grad_norm"]), norm, rtol=1e-5)
+        assert float(metrics["clipped_grad_norm"]) <= CLIP * (1 + 1e-6)
+        np.testing.assert_allclose(float(metrics["clipped_grad_norm"]), CLIP, rtol=1e-5)
+        assert int(metrics["skipped"]) == 0
+        for got, want in zip(
+            jax.tree.leaves(state.params), jax.tree.leaves(reference.params), strict=True
+        ):
+            np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-7)
+    # The check can tell: without clipping the trajectory would differ measurably.
+    pairs = zip(jax.tree.leaves(state.params), jax.tree.leaves(unclipped.params), strict=True)
+    differences = [np.max(np.abs(np.asarray(a) - b)) for a, b in pairs]
+    assert max(differences) > 1e-5
+    assert int(state.step) == 3 and int(state.skipped_steps) == 0
+
+
+def test_train_step_below_threshold_reports_equal_norms() -> None:
+    state = create_train_state(OBSERVED, OBSERVED_TX, jax.random.key(0), make_batch(0))
+    state, metrics = train_step(state, make_batch(3), jax.random.key(1), calibrate=False)
+    assert float(metrics["grad_norm"]) < 1.0
+    assert float(metrics["clipped_grad_norm"]) == float(metrics["grad_norm"])
+
+
+@pytest.mark.parametrize("poison", ["target_nan", "input_inf"])
+def test_non_finite_step_is_skipped_with_state_unchanged_and_counted(poison: str) -> None:
+    state = tiny_state()
+    state, _ = train_step(state, make_batch(1), jax.random.key(1))
+    before = host_copy((state.params, state.opt_state))
+    bad = make_batch(2)
+    if poison == "target_nan":
+        target = np.array(bad.target)
+        target[0, 0] = np.nan
+        bad = bad.replace(target=target)
+    else:
+        historical = np.array(bad.historical)
+        historical[1, 0, 0] = np.inf
+        bad = bad.replace(historical=historical)
+    state, metrics = train_step(state, bad, jax.random.key(2))
+    assert int(metrics["skipped"]) == 1
+    assert not math.isfinite(float(metrics["grad_norm"])) or not math.isfinite(
+        float(metrics["loss"])
+    )
+    assert int(state.skipped_steps) == 1
+    assert int(state.step) == 2
+    assert_trees_equal((state.params, state.opt_state), before)
+    # Training continues normally afterwards.
+    state, metrics = train_step(state, make_batch(3), jax.random.key(3))
+    assert int(metrics["skipped"]) == 0 and int(state.skipped_steps) == 1
+    changed = [
+        not np.array_equal(np.asarray(a), b)
+        for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(before[0]), strict=True)
+    ]
+    assert all(changed)
+
+
+def test_quant_stats_never_enter_params_gradients_or_weight_decay() -> None:
+    batch = make_batch(4, scale=5.0)
+    state = create_train_state(OBSERVED, OBSERVED_TX, jax.random.key(0), batch)
+    assert set(state.params) == {"head"}
+    assert set(state.extra_params) == {"quant_params"}
+    assert set(state.model_state) == {"quant_stats"}
+    mu = state.opt_state[1][0].mu
+    assert jax.tree.map(np.shape, mu) == jax.tree.map(np.shape, state.trainables())
+
+    # Calibration: the observer follows its own rule; the gradient covers the
+    # trained collections only.
+    trainables = host_copy(state.trainables())
+    grads = jax.grad(
+        lambda trained: reference_loss(
+            OBSERVED.apply(
+                {**trained, "quant_stats": {"max_abs": jnp.ones(())}},
+                batch.static,
+                batch.historical,
+                batch.future,
+                calibrate=True,
+                mutable=["quant_stats"],
+            )[0].quantiles,
+            jnp.asarray(batch.target),
+        )
+    )(trainables)
+    state, metrics = train_step(state, batch, jax.random.key(1), calibrate=True)
+    expected_max = max(
+        float(np.max(np.abs(x))) for x in (batch.static, batch.historical, batch.future)
+    )
+    np.testing.assert_allclose(
+        float(state.model_state["quant_stats"]["max_abs"]), expected_max, rtol=1e-6
+    )
+    np.testing.assert_allclose(float(metrics["grad_norm"]), global_norm(grads), rtol=1e-5)
+    assert float(state.extra_params["quant_params"]["log_scale"]) != 0.0
+
+    # Frozen observers stay bit-identical through training with weight decay.
+    frozen = host_copy(state.model_state)
+    for step in range(3):
+        state, _ = train_step(state, make_batch(20 + step, 9.0), jax.random.key(step), False)
+    assert_trees_equal(state.model_state, frozen)
+
+
+def test_create_train_state_starts_from_given_variables_and_checks_them() -> None:
+    source = tiny_state(seed=5)
+    variables = host_copy(source.variables)
+    state = create_train_state(TINY, TINY_TX, jax.random.key(0), make_batch(0), variables=variables)
+    assert_trees_equal(state.params, variables["params"])
+    wrong = {"params": {**variables["params"], "head": {"kernel": np.zeros((8, 1), np.float32)}}}
+    with pytest.raises(ValueError, match="head"):
+        create_train_state(TINY, TINY_TX, jax.random.key(0), make_batch(0), variables=wrong)
+    with pytest.raises(ValueError, match="collections"):
+        create_train_state(
+            TINY, TINY_TX, jax.random.key(0), make_batch(0), variables={**variables, "extra": {}}
+        )
+
+
+def test_calibrate_true_without_model_state_is_rejected() -> None:
+    state = tiny_state()
+    with pytest.raises(ValueError, match="calibrate=True"):
+        train_step(state, make_batch(1), jax.random.key(0), calibrate=True)
+
+
+def test_train_step_rejects_wrong_argument_types() -> None:
+    state = tiny_state()
+    with pytest.raises(TypeError, match="Batch"):
+        train_step(state, {"target": np.zeros((B, H))}, jax.random.key(0))
+    with pytest.raises(TypeError, match="TrainState"):
+        train_step(state.params, make_batch(1), jax.random.key(0))
+    bad_target = make_batch(1).replace(target=np.zeros((B, H, 1), np.float32))
+    with pytest.raises(ValueError, match="target"):
+        train_step(state, bad_target, jax.random.key(0))
+
+
+def test_create_train_state_needs_quantiles_from_the_model_or_the_caller() -> None:
+    class Bare(nn.Module):
+        @nn.compact
+        def __call__(self, static: Any, historical: Any, future: Any, **_: Any) -> TinyOutput:
+            return TinyOutput(quantiles=jnp.zeros((historical.shape[0], H, 3)))
+
+    with pytest.raises(TypeError, match="quantiles"):
+        create_train_state(Bare(), TINY_TX, jax.random.key(0), make_batch(0))
+
+
+def numpy_pinball_mean(pred: np.ndarray, target: np.ndarray, observed: np.ndarray) -> float:
+    levels = np.asarray(QUANTILES, np.float64)
+    error = target.astype(np.float64)[..., None] - pred.astype(np.float64)
+    losses = np.maximum(levels * error, (levels - 1.0) * error)
+    return float(losses[observed].mean())
+
+
+def test_target_mask_restricts_the_loss_to_observed_steps_even_over_nan_gaps() -> None:
+    state = tiny_state()
+    batch = make_batch(5)
+    mask = np.ones((B, H), np.float32)
+    mask[0, 1] = mask[2, 0] = 0.0
+    target = np.array(batch.target)
+    target[mask == 0] = np.nan  # what a filled gap may hold
+    masked = batch.replace(target=target, target_mask=mask)
+    pred = np.asarray(predict(state, masked).quantiles)
+    expected = numpy_pinball_mean(pred, target, mask != 0)
+    np.testing.assert_allclose(float(eval_step(state, masked)), expected, rtol=1e-6)
+    state, metrics = train_step(state, masked, jax.random.key(0))
+    assert int(metrics["skipped"]) == 0
+    assert math.isfinite(float(metrics["grad_norm"]))
+
+
+def test_evaluate_is_the_mean_over_every_target_whatever_the_batch_sizes() -> None:
+    state = tiny_state()
+    full = make_batch(6)
+    mask = np.ones((B, H), np.float32)
+    mask[1] = 0.0
+    parts = [
+        jax.tree.map(lambda x: x[:1], full),
+        jax.tree.map(lambda x: x[1:], full).replace(target_mask=mask[1:]),
+    ]
+    pred = np.asarray(predict(state, full).quantiles)
+    expected = numpy_pinball_mean(pred, np.asarray(full.target), mask != 0)
+    np.testing.assert_allclose(evaluate(state, parts), expected, rtol=1e-6)
+    with pytest.raises(ValueError, match="no observed target"):
+        evaluate(state, [])
+
+
+def test_target_mask_of_the_wrong_shape_is_rejected() -> None:
+    bad = make_batch(1).replace(target_mask=np.ones((B, H + 1), np.float32))
+    with pytest.raises(ValueError, match="target_mask"):
+        train_step(tiny_state(), bad, jax.random.key(0))
+
+
+# ---------------------------------------------------------------------------
+# fit on the stand-in
+
+
+def test_fit_stops_after_patience_evaluations_without_improvement() -> None:
+    frozen = make_optimizer(optax.constant_schedule(0.0), clip_norm=1.0)
+    state = create_train_state(TINY, frozen, jax.random.key(0), make_batch(0))
+    batches = [make_batch(30 + i) for i in range(2)]
+    result = fit(state, batches, [make_batch(40)], epochs=10, patience=2, quiet=True)
+    # A zero learning rate never improves on the first evaluation: 1 + patience evaluations.
+    assert isinstance(result, FitResult)
+    assert result.history["epoch"] == [0, 1, 2]
+    assert result.history["step"] == [2, 4, 6]
+    assert len(set(result.history["val_loss"])) == 1
+    assert int(result.state.step) == 6
+
+
+def test_fit_evaluates_every_n_steps_and_once_more_after_the_last() -> None:
+    batches = [make_batch(60 + i) for i in range(3)]
+    result = fit(
+        tiny_state(), batches, [make_batch(70)], epochs=5, eval_every=3, max_steps=7, quiet=True
+    )
+    assert result.history["step"] == [3, 6, 7]
+    assert result.history["epoch"] == [0, 1, 2]
+    assert int(result.state.step) == 7
+    assert all(isinstance(loss, float) for loss in result.history["val_loss"])
+
+
+def test_fit_calibrates_observers_for_the_first_calibrate_steps_only() -> None:
+    batches = [make_batch(80 + i, scale=2.0 + 3.0 * i) for i in range(4)]
+    state = create_train_state(OBSERVED, OBSERVED_TX, jax.random.key(0), batches[0])
+    result = fit(state, batches, epochs=1, calibrate_steps=2, quiet=True)
+    seen = [
+        max(float(np.max(np.abs(x))) for x in (b.static, b.historical, b.future)) for b in batches
+    ]
+    observed = float(result.state.model_state["quant_stats"]["max_abs"])
+    np.testing.assert_allclose(observed, max(seen[:2]), rtol=1e-6)
+    assert observed < max(seen)
+    assert result.history["val_loss"] == [None]
+
+
+def test_fit_is_deterministic_given_the_seed_and_depends_on_it() -> None:
+    def run(seed: int) -> list[np.ndarray]:
+        state = tiny_state()
+        result = fit(state, lambda epoch: [make_batch(50 + epoch)], epochs=3, seed=seed, quiet=True)
+        return [np.asarray(leaf) for leaf in jax.tree.leaves(result.state.params)]
+
+    first, again, other = run(0), run(0), run(1)
+    for a, b in zip(first, again, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert any(not np.array_equal(a, b) for a, b in zip(first, other, strict=True))
+
+
+# ---------------------------------------------------------------------------
+# The real model
+
+TFT_CONFIG = TFTConfig(
+    num_static_features=1,
+    num_known_features=2,
+    num_observed_features=1,
+    hidden_dim=8,
+    num_heads=2,
+    sequence_length=6,
+    prediction_horizon=3,
+    quantiles=QUANTILES,
+    dropout_rate=0.1,
+)
+
+
+def synthetic_tft_batch(seed: int, batch_size: int = 16) -> Batch:
+    """A learnable problem: the target is a fixed function of the known future inputs."""
+    cfg = TFT_CONFIG
+    rng = np.random.default_rng(seed)
+    steps = cfg.sequence_length + cfg.prediction_horizon
+    phase = rng.uniform(0, 2 * np.pi, size=(batch_size, 1))
+    time = np.arange(steps)[None, :]
+    known = np.stack([np.sin(phase + 0.7 * time), np.cos(phase + 0.7 * time)], axis=-1)
+    level = rng.normal(size=(batch_size, 1))
+    series = 2.0 * known[..., 0] + level
+    history = series[:, : cfg.sequence_length, None]
+    return Batch(
+        static=level.astype(np.float32),
+        historical=history.astype(np.float32),
+        future=known[:, cfg.sequence_length :].astype(np.float32),
+        known_history=None,
+        static_categorical=None,
+        target=series[:, cfg.sequence_length :].astype(np.float32),
+    )
+
+
+@pytest.mark.slow
+def test_tft_training_lowers_the_loss_and_keeps_the_best_validation_state() -> None:
+    model = TemporalFusionTransformer(TFT_CONFIG)
+    tx = make_optimizer(1e-2, clip_norm=1.0)
+    train = [synthetic_tft_batch(seed) for seed in range(4)]
+    val = [synthetic_tft_batch(100)]
+    state = create_train_state(model, tx, jax.random.key(0), train[0])
+    initial_val = evaluate(state, val)
+    result = fit(state, train, val, epochs=10, seed=0, quiet=True)
+    history = result.history
+    assert history["epoch"] == list(range(10))
+    assert history["step"] == [4 * (e + 1) for e in range(10)]
+    assert all(math.isfinite(loss) for loss in history["train_loss"])
+    assert min(history["val_loss"]) < 0.5 * initial_val
+    assert history["train_loss"][-1] < 0.5 * history["train_loss"][0]
+    best = int(np.argmin(history["val_loss"]))
+    assert evaluate(result.best_state, val) == pytest.approx(history["val_loss"][best], rel=1e-6)
+    assert int(result.best_state.step) == history["step"][best]
+    output = predict(result.state, val[0])
+    assert output.quantiles.shape == (16, TFT_CONFIG.prediction_horizon, len(QUANTILES))
+
+
+@pytest.mark.slow
+def test_qat_model_trains_params_and_quant_params_while_quant_stats_only_observe() -> None:
+    from qat.config import QATConfig
+    from qat.model import QATTemporalFusionTransformer, from_fp32
+
+    batch = synthetic_tft_batch(7, batch_size=4)
+    tx = make_optimizer(1e-2, clip_norm=1.0, weight_decay=1e-4)
+    fp32 = create_train_state(TemporalFusionTransformer(TFT_CONFIG), tx, jax.random.key(0), batch)
+    qat_model = QATTemporalFusionTransformer(TFT_CONFIG, QATConfig(learnable_scale=True))
+    variables = from_fp32(fp32.variables, qat_model, batch.static, batch.historical, batch.future)
+    state = create_train_state(qat_model, tx, jax.random.key(0), batch, variables=variables)
+    assert set(state.extra_params) == {"quant_params"}
+    assert set(state.model_state) == {"quant_stats"}
+    assert set(state.opt_state[1][0].mu) == {"params", "quant_params"}
+    assert_trees_equal(state.params, host_copy(fp32.params))
+
+    before = host_copy(state.variables)
+    state, metrics = train_step(state, batch, jax.random.key(1), calibrate=True)
+    assert int(metrics["skipped"]) == 0
+    assert all(math.isfinite(float(metrics[name])) for name in ("loss", "grad_norm"))
+    after = host_copy(state.variables)
+    for collection in ("params", "quant_params", "quant_stats"):
+        pairs = zip(
+            jax.tree.leaves(after[collection]), jax.tree.leaves(before[collection]), strict=True
+        )
+        assert any(not np.array_equal(a, b) for a, b in pairs), collection

@@ -1,0 +1,304 @@
+"""Atomic, verified checkpoints of a training run (orbax-checkpoint).
+
+A run directory holds two orbax `CheckpointManager`s: `latest/` (the most
+recent steps, for `resume`) and `best/` (the step with the lowest validation
+loss). Each checkpoint is a composite of
+
+- `state`: the train state pytree and the raw data of the run's PRNG key;
+- `meta`: JSON with the loop position and history, the layout of `state`
+  (path, shape, dtype of every leaf) and a SHA-256 digest of its bytes.
+
+Why a checkpoint is never restored half-written: orbax writes each step into a
+temporary directory and renames it when complete, and a leftover temporary
+directory is not a step. What a rename cannot guard against (a step directory
+truncated or altered afterwards, a directory without its files) is caught by
+the digest: `restore_*` tries steps newest first, moves any step that fails to
+load or whose bytes do not match its digest into `corrupt/`, and returns the
+newest intact one. A checkpoint whose layout differs from the template (another
+model or optimizer) raises `ValueError` instead: that is a user error, not
+corruption.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import pathlib
+import shutil
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+PyTree = Any
+Array = Any
+
+logger = logging.getLogger(__name__)
+
+LATEST = "latest"
+BEST = "best"
+CORRUPT = "corrupt"
+
+
+class Restored(NamedTuple):
+    """A checkpoint read back.
+
+    Attributes:
+      step: the step it was saved at.
+      state: the train state, with the template's structure and static fields.
+      rng: the run's PRNG key (a typed key array).
+      loop: the JSON dict saved with it (loop position, history, ...).
+    """
+
+    step: int
+    state: PyTree
+    rng: Array
+    loop: dict[str, Any]
+
+
+class CorruptCheckpointError(RuntimeError):
+    """A checkpoint step that cannot be read back intact."""
+
+
+def layout(tree: PyTree) -> list[list[Any]]:
+    """`[path, shape, dtype]` of every leaf of `tree`, in flattening order."""
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return [
+        [jax.tree_util.keystr(path), list(np.shape(leaf)), _dtype_name(leaf)]
+        for path, leaf in leaves
+    ]
+
+
+def _dtype_name(leaf: Any) -> str:
+    dtype = getattr(leaf, "dtype", None)
+    return str(np.dtype(dtype) if dtype is not None else np.result_type(leaf))
+
+
+def digest(tree: PyTree) -> str:
+    """SHA-256 over the layout and the raw bytes of every leaf of `tree`."""
+    hasher = hashlib.sha256()
+    hasher.update(repr(layout(tree)).encode())
+    for leaf in jax.tree.leaves(jax.device_get(tree)):
+        hasher.update(np.ascontiguousarray(leaf).tobytes())
+    return hasher.hexdigest()
+
+
+def _payload(state: PyTree, rng: Array) -> dict[str, PyTree]:
+    return {"train_state": state, "rng": jax.random.key_data(rng)}
+
+
+def _abstract(tree: PyTree) -> PyTree:
+    return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
+
+
+def _loop_json(loop: Any) -> dict[str, Any]:
+    if hasattr(loop, "to_json"):
+        loop = loop.to_json()
+    if not isinstance(loop, Mapping):
+        raise TypeError(f"loop must be a mapping or have .to_json(), got {type(loop).__name__}")
+    return dict(loop)
+
+
+class TrainingCheckpointer:
+    """The latest and best checkpoints of one training run under `directory`.
+
+    Saves are synchronous (the train step donates its buffers, and a finished
+    `save_*` call means the step is on disk). `max_to_keep` latest steps are
+    kept (at least 2, so a corrupt newest step leaves an intact one); one best.
+    """
+
+    def __init__(self, directory: str | pathlib.Path, max_to_keep: int = 2) -> None:
+        if isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 2:
+            raise ValueError(
+                f"TrainingCheckpointer: max_to_keep must be an int >= 2, got {max_to_keep!r}"
+            )
+        self.directory = pathlib.Path(directory).expanduser().resolve()
+        self._managers = {
+            LATEST: self._manager(LATEST, max_to_keep),
+            BEST: self._manager(BEST, 1),
+        }
+
+    def _manager(self, kind: str, max_to_keep: int) -> ocp.CheckpointManager:
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep,
+            enable_async_checkpointing=False,
+            cleanup_tmp_directories=True,
+            create=True,
+        )
+        return ocp.CheckpointManager(self.directory / kind, options=options)
+
+    # Saving -----------------------------------------------------------------
+
+    def save_latest(self, state: PyTree, rng: Array, loop: Any) -> bool:
+        """Saves `state` (with `.step`), the PRNG key and the loop dict as the latest step."""
+        return self._save(LATEST, state, rng, loop)
+
+    def save_best(self, state: PyTree, rng: Array, loop: Any) -> bool:
+        """Saves `state` as the best step, replacing the previous best."""
+        return self._save(BEST, state, rng, loop)
+
+    def _save(self, kind: str, state: PyTree, rng: Array, loop: Any) -> bool:
+        manager = self._managers[kind]
+        step = int(state.step)
+        if step in manager.all_steps():
+            # A replay after resume writes exactly the same bytes: keep the existing step.
+            return False
+        payload = _payload(state, rng)
+        meta = {
+            "step": step,
+            "loop": _loop_json(loop),
+            "layout": layout(payload),
+            "digest": digest(payload),
+        }
+        return manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(payload), meta=ocp.args.JsonSave(meta)
+            ),
+        )
+
+    # Restoring --------------------------------------------------------------
+
+    def restore_latest(self, template: PyTree) -> Restored | None:
+        """The newest intact latest step restored into `template`'s structure, or None."""
+        return self.restore(LATEST, template)
+
+    def restore_best(self, template: PyTree) -> Restored | None:
+        """The intact best step restored into `template`'s structure, or None."""
+        return self.restore(BEST, template)
+
+    def steps(self, kind: str = LATEST) -> list[int]:
+        """The saved steps of `kind` (`'latest'` or `'best'`), ascending."""
+        return sorted(self._managers[kind].all_steps())
+
+    def discard_best_after(self, step: int) -> None:
+        """Deletes best steps newer than `step` (written after the checkpoint resumed from)."""
+        manager = self._managers[BEST]
+        for saved in manager.all_steps():
+            if saved > step:
+                manager.delete(saved)
+
+    def restore(self, kind: str, template: PyTree) -> Restored | None:
+        """The newest intact step of `kind` (`'latest'` or `'best'`), or None."""
+        if kind not in self._managers:
+            raise ValueError(f"kind must be 'latest' or 'best', got {kind!r}")
+        manager = self._managers[kind]
+        template_payload = _payload(template, jax.random.key(0))
+        for step in sorted(manager.all_steps(), reverse=True):
+            try:
+                return self._restore_step(manager, step, template, template_payload)
+            except CorruptCheckpointError as error:
+                self._quarantine(kind, step, error)
+        return None
+
+    def _restore_step(
+        self,
+        manager: ocp.CheckpointManager,
+        step: int,
+        template: PyTree,
+        template_payload: PyTree,
+    ) -> Restored:
+        try:
+            meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))[
+                "meta"
+            ]
+            saved_layout, saved_digest, loop = meta["layout"], meta["digest"], meta["loop"]
+        except Exception as error:  # orbax, tensorstore and json raise many types
+            raise CorruptCheckpointError(f"unreadable metadata: {error!r}") from error
+        expected_layout = layout(template_payload)
+        if saved_layout != expected_layout:
+            raise ValueError(
+                f"checkpoint step {step} in {manager.directory} does not fit the template: "
+                f"{_layout_difference(saved_layout, expected_layout)}"
+            )
+        try:
+            restored = manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(_abstract(template_payload))
+                ),
+            )["state"]
+        except Exception as error:  # orbax, tensorstore and json raise many types
+            raise CorruptCheckpointError(f"unreadable arrays: {error!r}") from error
+        if digest(restored) != saved_digest:
+            raise CorruptCheckpointError("the bytes do not match the saved digest")
+        state = jax.tree.unflatten(
+            jax.tree.structure(template), jax.tree.leaves(restored["train_state"])
+        )
+        rng = jax.random.wrap_key_data(jnp.asarray(restored["rng"]))
+        return Restored(step=step, state=state, rng=rng, loop=loop)
+
+    def _quarantine(self, kind: str, step: int, error: Exception) -> None:
+        manager = self._managers[kind]
+        source = pathlib.Path(manager.directory) / str(step)
+        target_root = self.directory / CORRUPT
+        target_root.mkdir(parents=True, exist_ok=True)
+        target = target_root / f"{kind}-{step}"
+        suffix = 0
+        while target.exists():
+            suffix += 1
+            target = target_root / f"{kind}-{step}-{suffix}"
+        logger.warning(
+            "checkpoint %s step %d is corrupt (%s); moved to %s", kind, step, error, target
+        )
+        shutil.move(str(source), str(target))
+        manager.reload()
+
+    def close(self) -> None:
+        """Waits for pending writes and releases the managers."""
+        for manager in self._managers.values():
+            manager.close()
+
+    def __enter__(self) -> TrainingCheckpointer:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+
+def _layout_difference(saved: list[list[Any]], expected: list[list[Any]]) -> str:
+    saved_map = {entry[0]: entry[1:] for entry in saved}
+    expected_map = {entry[0]: entry[1:] for entry in expected}
+    missing = sorted(set(expected_map) - set(saved_map))
+    extra = sorted(set(saved_map) - set(expected_map))
+    changed = [
+        f"{path}: saved {saved_map[path]}, expected {expected_map[path]}"
+        for path in sorted(set(saved_map) & set(expected_map))
+        if saved_map[path] != expected_map[path]
+    ]
+    parts = []
+    if missing:
+        parts.append(f"missing leaves {missing[:5]}")
+    if extra:
+        parts.append(f"unexpected leaves {extra[:5]}")
+    if changed:
+        parts.append("; ".join(changed[:5]))
+    return "; ".join(parts) or "leaf order differs"
+
+
+def load_state(directory: str | pathlib.Path, template: PyTree, prefer: str = BEST) -> PyTree:
+    """The trained state saved under `directory`: the best step, else the latest.
+
+    Args:
+      directory: a run's checkpoint directory (as given to `fit`).
+      template: a state of the same model and optimizer (e.g. a fresh
+        `create_train_state`), giving structure, shapes and static fields.
+      prefer: `'best'` (fall back to the latest when there is no best) or `'latest'`.
+
+    Raises:
+      FileNotFoundError: when `directory` holds no intact checkpoint.
+    """
+    if prefer not in (BEST, LATEST):
+        raise ValueError(f"load_state: prefer must be 'best' or 'latest', got {prefer!r}")
+    if not pathlib.Path(directory).is_dir():
+        raise FileNotFoundError(f"load_state: no checkpoint directory {directory}")
+    order = (BEST, LATEST) if prefer == BEST else (LATEST,)
+    with TrainingCheckpointer(directory) as checkpointer:
+        for kind in order:
+            restored = checkpointer.restore(kind, template)
+            if restored is not None:
+                return restored.state
+    raise FileNotFoundError(f"load_state: no intact checkpoint under {directory}")

@@ -1,0 +1,875 @@
+"""Training: the optimizer, the train state, a jitted train step, evaluation and `fit`.
+
+One optimizer factory (`make_optimizer`: clip by global norm, then AdamW), one
+train step (`train_step`) for the FP32 TFT and for models with extra
+non-trainable collections (the QAT model's `quant_stats`), and one loop
+(`fit`) with validation, early stopping, checkpoints and `resume`.
+
+Every random number is a function of the seed and a counter: the dropout key of
+step `s` is `fold_in(key(seed), s)` and the training batches of epoch `e` come
+from `train_batches(e)`. A run resumed from a checkpoint therefore repeats the
+uninterrupted run exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import pathlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from functools import partial
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+from flax.core import unfreeze
+from tqdm.auto import tqdm
+
+from tft_jax.checkpoint import TrainingCheckpointer
+from tft_jax.losses import pinball, quantile_loss
+
+Array = Any
+PyTree = Any
+History = dict[str, list]
+BatchSource = Iterable["Batch"] | Callable[[int], Iterable["Batch"]]
+
+HISTORY_KEYS = ("epoch", "step", "train_loss", "val_loss", "skipped_steps")
+_MAX_PENDING = 1024  # step metrics held on the device before `fit` sums them on the host
+
+
+# ---------------------------------------------------------------------------
+# Optimizer
+
+
+class Optimizer(optax.GradientTransformationExtraArgs):
+    """An optax transformation that also records its gradient clipping threshold.
+
+    It is the `optax.chain` built by `make_optimizer` (a plain
+    `GradientTransformationExtraArgs`, usable anywhere optax expects one) with
+    the attribute `clip_norm` (float or None), which `create_train_state` reads
+    so that `train_step` can report the clipped gradient norm.
+    """
+
+    clip_norm: float | None
+
+
+def _require_positive_float(name: str, value: Any, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0.0 or (value == 0.0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be finite and {bound}, got {value}")
+    return value
+
+
+def make_optimizer(
+    learning_rate: float | optax.Schedule = 1e-3,
+    clip_norm: float | None = 1.0,
+    weight_decay: float = 0.0,
+    *,
+    weight_decay_mask: Any = None,
+) -> Optimizer:
+    """Gradient clipping by global norm followed by AdamW.
+
+    The chain is `optax.chain(optax.clip_by_global_norm(clip_norm),
+    optax.adamw(learning_rate, weight_decay=weight_decay))`: clipping sees the
+    raw gradients only, and the decoupled weight decay that `adamw` adds after
+    the Adam scaling is never clipped.
+
+    Args:
+      learning_rate: a positive float or an optax schedule `step -> lr`.
+      clip_norm: the global-norm threshold (> 0); None disables clipping.
+      weight_decay: the decoupled weight decay coefficient (>= 0).
+      weight_decay_mask: optional pytree or callable passed to `optax.adamw` as
+        `mask`, selecting which parameters are decayed.
+
+    Returns:
+      An `Optimizer` (an optax `GradientTransformationExtraArgs` with a
+      `clip_norm` attribute).
+
+    References:
+      Pascanu et al., On the difficulty of training recurrent neural networks, 2013.
+      Loshchilov & Hutter, Decoupled weight decay regularization, ICLR 2019.
+    """
+    if not callable(learning_rate):
+        learning_rate = _require_positive_float("make_optimizer: learning_rate", learning_rate)
+    if clip_norm is not None:
+        clip_norm = _require_positive_float("make_optimizer: clip_norm", clip_norm)
+    weight_decay = _require_positive_float(
+        "make_optimizer: weight_decay", weight_decay, allow_zero=True
+    )
+    adamw = optax.adamw(learning_rate, weight_decay=weight_decay, mask=weight_decay_mask)
+    chain = adamw if clip_norm is None else optax.chain(optax.clip_by_global_norm(clip_norm), adamw)
+    optimizer = Optimizer(chain.init, chain.update)
+    optimizer.clip_norm = clip_norm
+    return optimizer
+
+
+def warmup_cosine_schedule(
+    peak_lr: float, total_steps: int, warmup_steps: int, end_lr: float = 0.0
+) -> optax.Schedule:
+    """Linear warmup from 0 to `peak_lr` over `warmup_steps`, then cosine decay to `end_lr`.
+
+    The cosine part spans steps `warmup_steps .. total_steps`.
+    """
+    peak_lr = _require_positive_float("warmup_cosine_schedule: peak_lr", peak_lr)
+    end_lr = _require_positive_float("warmup_cosine_schedule: end_lr", end_lr, allow_zero=True)
+    for name, value in (("total_steps", total_steps), ("warmup_steps", warmup_steps)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"warmup_cosine_schedule: {name} must be an int, got {value!r}")
+    if total_steps < 1:
+        raise ValueError(f"warmup_cosine_schedule: total_steps must be >= 1, got {total_steps}")
+    if not 0 <= warmup_steps < total_steps:
+        raise ValueError(
+            f"warmup_cosine_schedule: warmup_steps must be in [0, total_steps={total_steps}), "
+            f"got {warmup_steps}"
+        )
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=peak_lr,
+        warmup_steps=int(warmup_steps),
+        decay_steps=int(total_steps),
+        end_value=end_lr,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Batch and train state
+
+
+@struct.dataclass
+class Batch:
+    """One minibatch of model inputs and targets (a pytree).
+
+    Attributes:
+      static: `(B, S)` real-valued static inputs.
+      historical: `(B, T, U)` observed inputs over the history.
+      future: `(B, H, K)` known inputs over the horizon.
+      known_history: `(B, T, K)` known inputs over the history, or None.
+      static_categorical: `(B, C)` integer codes, or None.
+      target: `(B, H)` targets on the model's (scaled) output scale.
+      target_mask: optional `(B, H)`, nonzero where the target was observed;
+        the loss ignores the other steps (filled gaps). None = all observed.
+    """
+
+    static: Array
+    historical: Array
+    future: Array
+    known_history: Array | None
+    static_categorical: Array | None
+    target: Array
+    target_mask: Array | None = None
+
+    @property
+    def batch_size(self) -> int:
+        """The leading dimension `B` of `target`."""
+        return int(np.shape(self.target)[0])
+
+
+@struct.dataclass
+class TrainState:
+    """Everything that changes during training (a pytree) plus how to apply the model.
+
+    Attributes:
+      step: int32 scalar, the number of `train_step` calls so far (skipped ones included).
+      params: the `'params'` collection (trained).
+      extra_params: other trained collections by name, e.g. the QAT model's
+        `'quant_params'` (learnable step sizes); `{}` for the FP32 TFT.
+      opt_state: the optimizer state of `trainables()`, i.e. of
+        `{'params': params, **extra_params}`.
+      model_state: every other variable collection of the model (e.g. the QAT
+        model's `'quant_stats'`): never differentiated, never decayed.
+      skipped_steps: int32 scalar, steps skipped for a non-finite loss or gradient.
+      apply_fn: the model's `apply` (static).
+      tx: the optimizer (static).
+      quantiles: the model's quantile levels (static), used by the loss.
+      clip_norm: the optimizer's clipping threshold or None (static), used to
+        report the clipped gradient norm.
+    """
+
+    step: Array
+    params: PyTree
+    extra_params: dict[str, PyTree]
+    opt_state: PyTree
+    model_state: dict[str, PyTree]
+    skipped_steps: Array
+    apply_fn: Callable[..., Any] = struct.field(pytree_node=False)
+    tx: optax.GradientTransformation = struct.field(pytree_node=False)
+    quantiles: tuple[float, ...] = struct.field(pytree_node=False)
+    clip_norm: float | None = struct.field(pytree_node=False, default=None)
+
+    def trainables(self) -> dict[str, PyTree]:
+        """The trained collections, `{'params': params, **extra_params}` (what `tx` sees)."""
+        return {"params": self.params, **self.extra_params}
+
+    @property
+    def variables(self) -> dict[str, PyTree]:
+        """Every variable collection, as `model.apply` takes them."""
+        return {**self.trainables(), **self.model_state}
+
+
+_FROM_TX = object()
+TRAINABLE_COLLECTIONS = ("params", "quant_params")
+
+
+def _model_quantiles(model: Any) -> tuple[float, ...]:
+    for name in ("config", "tft_config"):
+        levels = getattr(getattr(model, name, None), "quantiles", None)
+        if levels is not None:
+            return tuple(float(q) for q in levels)
+    raise TypeError(
+        f"create_train_state: cannot find the quantile levels of {type(model).__name__} "
+        "(no .config.quantiles); pass quantiles=..."
+    )
+
+
+def _check_batch(name: str, batch: Any) -> None:
+    if not isinstance(batch, Batch):
+        raise TypeError(f"{name}: batch must be a tft_jax.train.Batch, got {type(batch).__name__}")
+    target_shape = np.shape(batch.target)
+    if len(target_shape) != 2:
+        raise ValueError(f"{name}: batch.target must have shape (B, H), got {target_shape}")
+    if batch.target_mask is not None and np.shape(batch.target_mask) != target_shape:
+        raise ValueError(
+            f"{name}: batch.target_mask must have the shape of batch.target {target_shape}, "
+            f"got {np.shape(batch.target_mask)}"
+        )
+
+
+def _check_variables(variables: Any, expected: Mapping[str, PyTree]) -> None:
+    """Raises `ValueError` unless `variables` has `expected`'s collections and leaf shapes."""
+    if not isinstance(variables, Mapping):
+        raise TypeError(
+            f"create_train_state: variables must be a mapping of collections, got "
+            f"{type(variables).__name__}"
+        )
+    if set(variables) != set(expected):
+        raise ValueError(
+            f"create_train_state: variables must hold the collections {sorted(expected)}, "
+            f"got {sorted(variables)}"
+        )
+
+    def signature(tree: PyTree) -> PyTree:
+        return jax.tree.map(lambda leaf: (tuple(np.shape(leaf)), jnp.dtype(leaf.dtype).name), tree)
+
+    for name, tree in expected.items():
+        got, want = signature(unfreeze(variables[name])), signature(unfreeze(tree))
+        if got != want:
+            raise ValueError(
+                f"create_train_state: variables[{name!r}] does not match the model: "
+                f"got {got}, expected {want}"
+            )
+
+
+def _model_inputs(batch: Batch) -> tuple[tuple[Array, ...], dict[str, Array | None]]:
+    args = (batch.static, batch.historical, batch.future)
+    kwargs = {"known_history": batch.known_history, "static_categorical": batch.static_categorical}
+    return args, kwargs
+
+
+def create_train_state(
+    model: Any,
+    tx: optax.GradientTransformation,
+    rng: Array,
+    sample_batch: Batch,
+    *,
+    variables: Mapping[str, PyTree] | None = None,
+    trainable: Sequence[str] = TRAINABLE_COLLECTIONS,
+    clip_norm: Any = _FROM_TX,
+    quantiles: Sequence[float] | None = None,
+) -> TrainState:
+    """Initializes the model (jitted), or takes given variables, and the optimizer.
+
+    Args:
+      model: a Flax module called as `model(static, historical, future,
+        known_history=None, static_categorical=None, deterministic=True)` and
+        returning an object with `.quantiles (B, H, Q)`.
+      tx: the optimizer, normally from `make_optimizer`.
+      rng: a PRNG key; split into the `'params'` and `'dropout'` init streams.
+      sample_batch: a `Batch` with the shapes used for training.
+      variables: start from these variables (e.g. a trained FP32 model's, or
+        `qat.from_fp32(...)`) instead of a fresh init; they must have the
+        collections, structure, shapes and dtypes that `model.init` gives.
+      trainable: the collections that are trained (those present); every
+        other collection goes to `model_state`.
+      clip_norm: the clipping threshold for the reported clipped gradient norm;
+        by default `tx.clip_norm` (set by `make_optimizer`), else None.
+      quantiles: the quantile levels; by default `model.config.quantiles`.
+
+    Returns:
+      A `TrainState` at step 0: `params` holds the `'params'` collection,
+      `extra_params` the other `trainable` ones, `model_state` the rest.
+    """
+    if not callable(getattr(model, "init", None)) or not callable(getattr(model, "apply", None)):
+        raise TypeError(
+            f"create_train_state: model must be a Flax module, got {type(model).__name__}"
+        )
+    if not callable(getattr(tx, "init", None)) or not callable(getattr(tx, "update", None)):
+        raise TypeError(
+            f"create_train_state: tx must be an optax GradientTransformation, got "
+            f"{type(tx).__name__}"
+        )
+    _check_batch("create_train_state", sample_batch)
+    levels = _model_quantiles(model) if quantiles is None else tuple(float(q) for q in quantiles)
+    if clip_norm is _FROM_TX:
+        clip_norm = getattr(tx, "clip_norm", None)
+    params_rng, dropout_rng = jax.random.split(rng)
+    args, kwargs = _model_inputs(sample_batch)
+    init_rngs = {"params": params_rng, "dropout": dropout_rng}
+    if variables is None:
+        variables = jax.jit(model.init)(init_rngs, *args, **kwargs)
+    else:
+        _check_variables(variables, jax.eval_shape(model.init, init_rngs, *args, **kwargs))
+    variables = {name: unfreeze(value) for name, value in variables.items()}
+    if "params" not in variables:
+        raise ValueError("create_train_state: the model has no 'params' collection")
+    extra_params = {
+        name: variables[name] for name in trainable if name != "params" and name in variables
+    }
+    model_state = {
+        name: value
+        for name, value in variables.items()
+        if name != "params" and name not in extra_params
+    }
+    params = variables["params"]
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        extra_params=extra_params,
+        opt_state=jax.jit(tx.init)({"params": params, **extra_params}),
+        model_state=model_state,
+        skipped_steps=jnp.zeros((), jnp.int32),
+        apply_fn=model.apply,
+        tx=tx,
+        quantiles=levels,
+        clip_norm=clip_norm,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Steps
+
+
+def _forward(
+    state: TrainState,
+    trainables: dict[str, PyTree],
+    batch: Batch,
+    *,
+    deterministic: bool,
+    rng: Array | None,
+    calibrate: bool | None,
+) -> tuple[Any, dict[str, PyTree]]:
+    """Applies the model; returns its output and the (possibly updated) model state.
+
+    With `calibrate=True` every collection of `model_state` is mutable (the
+    QAT observers update); with None the model gets no `calibrate` argument.
+    """
+    args, kwargs = _model_inputs(batch)
+    kwargs["deterministic"] = deterministic
+    if rng is not None:
+        kwargs["rngs"] = {"dropout": rng}
+    if calibrate is not None:
+        kwargs["calibrate"] = calibrate
+    variables = {**trainables, **state.model_state}
+    if calibrate:
+        output, updates = state.apply_fn(
+            variables, *args, mutable=list(state.model_state), **kwargs
+        )
+        return output, {**state.model_state, **updates}
+    return state.apply_fn(variables, *args, **kwargs), state.model_state
+
+
+def batch_loss(output: Any, batch: Batch, quantiles: Sequence[float]) -> tuple[Array, Array]:
+    """The mean quantile loss of a batch over its observed targets, and their number.
+
+    Without `batch.target_mask` this is `quantile_loss(output.quantiles,
+    batch.target, quantiles)` over all `B·H` targets; with it, the mean runs
+    over the targets where the mask is nonzero only (0 when there are none).
+
+    Returns:
+      `(loss, count)`: float32 scalars.
+    """
+    pred, target = output.quantiles, jnp.asarray(batch.target)
+    if batch.target_mask is None:
+        return quantile_loss(pred, target, quantiles), jnp.asarray(target.size, jnp.float32)
+    if pred.shape[:-1] != target.shape:
+        raise ValueError(
+            f"batch_loss: target must have shape {tuple(pred.shape[:-1])}, got {target.shape}"
+        )
+    observed = jnp.asarray(batch.target_mask) != 0
+    levels = jnp.asarray(quantiles, jnp.float32)
+    losses = pinball(pred.astype(jnp.float32), target[..., None].astype(jnp.float32), levels)
+    # `where`, not a product: a filled gap may hold NaN, and NaN * 0 is NaN.
+    total = jnp.sum(jnp.where(observed[..., None], losses, 0.0))
+    count = jnp.sum(observed).astype(jnp.float32)
+    return total / jnp.maximum(count * levels.size, 1.0), count
+
+
+def _clipped_norm(grads: PyTree, clip_norm: float | None) -> Array:
+    """The global norm of the gradients after `optax.clip_by_global_norm(clip_norm)`."""
+    if clip_norm is None:
+        return optax.tree.norm(grads)
+    clipped, _ = optax.clip_by_global_norm(clip_norm).update(grads, optax.EmptyState())
+    return optax.tree.norm(clipped)
+
+
+def _keep_if(condition: Array, new: PyTree, old: PyTree) -> PyTree:
+    return jax.tree.map(lambda n, o: jnp.where(condition, n, o), new, old)
+
+
+@partial(jax.jit, static_argnames=("calibrate",), donate_argnums=(0,))
+def _train_step(
+    state: TrainState, batch: Batch, rng: Array, calibrate: bool | None
+) -> tuple[TrainState, dict[str, Array]]:
+    def loss_fn(trainables: dict[str, PyTree]) -> tuple[Array, dict[str, PyTree]]:
+        output, model_state = _forward(
+            state, trainables, batch, deterministic=False, rng=rng, calibrate=calibrate
+        )
+        loss, _ = batch_loss(output, batch, state.quantiles)
+        return loss, model_state
+
+    trainables = state.trainables()
+    (loss, model_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainables)
+    grad_norm = optax.tree.norm(grads)
+    updates, opt_state = state.tx.update(grads, state.opt_state, trainables)
+    trained = optax.apply_updates(trainables, updates)
+
+    # A NaN or inf in any gradient makes the global norm non-finite, so one
+    # scalar test covers every leaf (and a norm overflowing float32 as well).
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    skipped = jnp.logical_not(finite).astype(jnp.int32)
+    trained = _keep_if(finite, trained, trainables)
+    new_state = state.replace(
+        step=state.step + 1,
+        params=trained["params"],
+        extra_params={name: trained[name] for name in state.extra_params},
+        opt_state=_keep_if(finite, opt_state, state.opt_state),
+        model_state=_keep_if(finite, model_state, state.model_state),
+        skipped_steps=state.skipped_steps + skipped,
+    )
+    metrics = {
+        "loss": loss,
+        "grad_norm": grad_norm,
+        "clipped_grad_norm": _clipped_norm(grads, state.clip_norm),
+        "skipped": skipped,
+    }
+    return new_state, metrics
+
+
+def _check_state(name: str, state: Any) -> None:
+    if not isinstance(state, TrainState):
+        raise TypeError(f"{name}: state must be a TrainState, got {type(state).__name__}")
+
+
+def _check_calibrate(name: str, calibrate: Any, state: TrainState) -> None:
+    if calibrate not in (None, True, False) or isinstance(calibrate, np.bool_):
+        raise TypeError(f"{name}: calibrate must be None, True or False, got {calibrate!r}")
+    if calibrate and not state.model_state:
+        raise ValueError(
+            f"{name}: calibrate=True needs a model with non-trainable collections "
+            "(e.g. 'quant_stats'), but state.model_state is empty"
+        )
+
+
+def train_step(
+    state: TrainState, batch: Batch, rng: Array, calibrate: bool | None = None
+) -> tuple[TrainState, dict[str, Array]]:
+    """One jitted optimization step on the quantile loss; `state` is donated.
+
+    The model runs with `deterministic=False` and `rng` as its `'dropout'`
+    key; gradients are taken w.r.t. `state.trainables()` only (`'params'` and
+    e.g. `'quant_params'`, never `model_state`). A step whose loss or
+    gradient norm is not finite (a NaN or inf in any gradient, or a norm that
+    overflows) leaves `params`, `opt_state` and `model_state` unchanged and
+    increments `skipped_steps`; `step` always advances.
+
+    Args:
+      state: the current state; its buffers are donated, do not reuse it.
+      batch: a `Batch`; `target (B, H)` on the model's output scale.
+      rng: the dropout key of this step.
+      calibrate: None for models without calibration (the FP32 TFT); True to
+        run the QAT model with `calibrate=True` and every `model_state`
+        collection mutable (observers update); False to pass `calibrate=False`.
+
+    Returns:
+      `(new_state, metrics)` with float32 scalars `loss`, `grad_norm` (before
+      clipping), `clipped_grad_norm` (after `clip_by_global_norm`) and the
+      int32 `skipped` (1 when the step was skipped).
+    """
+    _check_state("train_step", state)
+    _check_batch("train_step", batch)
+    _check_calibrate("train_step", calibrate, state)
+    return _train_step(state, batch, rng, calibrate)
+
+
+@partial(jax.jit, static_argnames=("calibrate",))
+def _eval_loss(state: TrainState, batch: Batch, calibrate: bool | None) -> tuple[Array, Array]:
+    output, _ = _forward(
+        state, state.trainables(), batch, deterministic=True, rng=None, calibrate=calibrate
+    )
+    return batch_loss(output, batch, state.quantiles)
+
+
+def _check_frozen(name: str, calibrate: Any, state: TrainState) -> None:
+    if calibrate is True:
+        raise ValueError(f"{name}: calibrate must be None or False, the model is frozen here")
+    _check_calibrate(name, calibrate, state)
+
+
+def eval_step(state: TrainState, batch: Batch, calibrate: bool | None = None) -> Array:
+    """The mean quantile loss of one batch in deterministic mode (jitted; a float32 scalar).
+
+    `calibrate` may be None or False (evaluation never updates observers).
+    """
+    _check_state("eval_step", state)
+    _check_batch("eval_step", batch)
+    _check_frozen("eval_step", calibrate, state)
+    return _eval_loss(state, batch, calibrate)[0]
+
+
+def evaluate(state: TrainState, batches: Iterable[Batch], calibrate: bool | None = None) -> float:
+    """The mean quantile loss over every observed target of `batches`.
+
+    Each batch's mean is weighted by its number of observed targets, so the
+    result does not depend on how the data is split into batches. Raises
+    `ValueError` when `batches` holds no observed target.
+    """
+    _check_state("evaluate", state)
+    _check_frozen("evaluate", calibrate, state)
+    total, count = 0.0, 0.0
+    for batch in batches:
+        _check_batch("evaluate", batch)
+        loss, observed = _eval_loss(state, batch, calibrate)
+        total += float(loss) * float(observed)
+        count += float(observed)
+    if count == 0:
+        raise ValueError("evaluate: batches hold no observed target")
+    return total / count
+
+
+@partial(jax.jit, static_argnames=("calibrate",))
+def _predict(state: TrainState, batch: Batch, calibrate: bool | None) -> Any:
+    output, _ = _forward(
+        state, state.trainables(), batch, deterministic=True, rng=None, calibrate=calibrate
+    )
+    return output
+
+
+def predict(state: TrainState, batch: Batch, calibrate: bool | None = None) -> Any:
+    """The model output (a `TFTOutput`) for `batch` in deterministic mode (jitted).
+
+    `batch.target` is not used but must be present (any `(B, H)` array).
+    """
+    _check_state("predict", state)
+    _check_batch("predict", batch)
+    _check_frozen("predict", calibrate, state)
+    return _predict(state, batch, calibrate)
+
+
+# ---------------------------------------------------------------------------
+# The loop
+
+
+@jax.jit
+def step_key(seed_key: Array, step: int | Array) -> Array:
+    """The dropout key of training step `step`: `fold_in(seed_key, step)` (jitted)."""
+    return jax.random.fold_in(seed_key, step)
+
+
+@dataclasses.dataclass
+class LoopState:
+    """Where the training loop is: everything `fit` needs to resume, JSON-serialisable.
+
+    Attributes:
+      epoch: the current epoch.
+      batches_done: batches of `epoch` already trained on (the data position).
+      step: global step count (equals `TrainState.step`).
+      history: per evaluation, lists under `HISTORY_KEYS`.
+      best_val_loss: the lowest validation loss so far, or None.
+      evals_since_best: evaluations since the best one (for patience).
+      loss_sum: sum of finite training losses since the last evaluation.
+      loss_count: number of them.
+      stopped_early: whether patience ran out.
+    """
+
+    epoch: int = 0
+    batches_done: int = 0
+    step: int = 0
+    history: History = dataclasses.field(default_factory=lambda: {key: [] for key in HISTORY_KEYS})
+    best_val_loss: float | None = None
+    evals_since_best: int = 0
+    loss_sum: float = 0.0
+    loss_count: int = 0
+    stopped_early: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict of the fields."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LoopState:
+        """The inverse of `to_json`."""
+        return cls(**data)
+
+
+class FitResult(NamedTuple):
+    """What `fit` returns.
+
+    Attributes:
+      state: the final train state.
+      best_state: the state with the lowest validation loss (the final state
+        when there is no validation data).
+      history: per evaluation, lists under `HISTORY_KEYS`: epoch, step, mean
+        training loss since the previous evaluation, validation loss (None
+        without validation data) and the running count of skipped steps.
+    """
+
+    state: TrainState
+    best_state: TrainState
+    history: History
+
+
+def _batches_for_epoch(source: BatchSource, epoch: int) -> Iterable[Batch]:
+    return source(epoch) if callable(source) else source
+
+
+def _epoch_length(source: BatchSource) -> int | None:
+    try:
+        return len(_batches_for_epoch(source, 0))  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def _copy_state(state: TrainState) -> TrainState:
+    """A copy with fresh buffers, safe from the donation in `train_step`."""
+    return jax.tree.map(jnp.copy, state)
+
+
+def _skip(iterator: Iterator[Batch], count: int) -> None:
+    for _ in range(count):
+        next(iterator, None)
+
+
+def _check_fit_args(
+    epochs: int,
+    patience: int | None,
+    eval_every: int | None,
+    checkpoint_every: int | None,
+    max_steps: int | None,
+    calibrate_steps: int | None,
+    log_every: int,
+) -> None:
+    named = {
+        "epochs": (epochs, 1),
+        "patience": (patience, 1),
+        "eval_every": (eval_every, 1),
+        "checkpoint_every": (checkpoint_every, 1),
+        "max_steps": (max_steps, 1),
+        "calibrate_steps": (calibrate_steps, 0),
+        "log_every": (log_every, 1),
+    }
+    for name, (value, minimum) in named.items():
+        if value is None and name not in ("epochs", "log_every"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"fit: {name} must be an int, got {value!r}")
+        if value < minimum:
+            raise ValueError(f"fit: {name} must be >= {minimum}, got {value}")
+
+
+def fit(
+    state: TrainState,
+    train_batches: BatchSource,
+    val_batches: Iterable[Batch] | None = None,
+    *,
+    epochs: int,
+    seed: int = 0,
+    patience: int | None = None,
+    eval_every: int | None = None,
+    max_steps: int | None = None,
+    checkpoint_dir: str | pathlib.Path | None = None,
+    checkpoint_every: int | None = None,
+    resume: bool = False,
+    calibrate_steps: int | None = None,
+    quiet: bool = False,
+    log_every: int = 10,
+) -> FitResult:
+    """Trains `state` for `epochs` epochs with validation, early stopping and checkpoints.
+
+    Args:
+      state: the initial state (from `create_train_state`); donated.
+      train_batches: an iterable of `Batch` re-iterated every epoch, or a
+        callable `epoch -> iterable of Batch` (shuffle inside it with a
+        generator seeded by `(seed, epoch)` so that `resume` is exact).
+      val_batches: a re-iterable of validation batches, or None.
+      epochs: number of passes over `train_batches`.
+      seed: the seed of the dropout keys (`fold_in(key(seed), step)`).
+      patience: stop after this many evaluations without a lower validation
+        loss; None never stops early.
+      eval_every: evaluate every this many steps; None evaluates once per epoch.
+        A final evaluation follows the last step when it had none.
+      max_steps: stop after this many steps in total; None runs every epoch.
+      checkpoint_dir: where the latest and best checkpoints go (see
+        `tft_jax.checkpoint`); None keeps no checkpoints.
+      checkpoint_every: also save the latest checkpoint every this many steps
+        (it is always saved after each evaluation and at the end).
+      resume: continue from the newest intact checkpoint in `checkpoint_dir` if
+        there is one (a fresh start otherwise); `state` then only gives the
+        structure. With the same arguments the result equals that of the
+        uninterrupted run; a finished run returns at once, unless `epochs` or
+        `max_steps` were raised, when it trains on.
+      calibrate_steps: None for models without calibration; N for the QAT
+        model: steps `< N` run with `calibrate=True`, later ones `calibrate=False`.
+      quiet: no progress bar.
+      log_every: refresh the training loss in the progress bar every this many steps.
+
+    Returns:
+      A `FitResult(state, best_state, history)`.
+    """
+    _check_state("fit", state)
+    _check_fit_args(
+        epochs, patience, eval_every, checkpoint_every, max_steps, calibrate_steps, log_every
+    )
+    if resume and checkpoint_dir is None:
+        raise ValueError("fit: resume=True needs a checkpoint_dir")
+    if val_batches is not None and not isinstance(val_batches, Sequence):
+        val_batches = list(val_batches)
+    eval_calibrate = None if calibrate_steps is None else False
+
+    seed_key = jax.random.key(seed)
+    loop = LoopState()
+    checkpointer = None if checkpoint_dir is None else TrainingCheckpointer(checkpoint_dir)
+    best_state: TrainState | None = None
+    if checkpointer is not None and resume:
+        restored = checkpointer.restore_latest(state)
+        if restored is not None:
+            _check_resume_seed(restored.rng, seed_key, seed)
+            state, loop = restored.state, LoopState.from_json(restored.loop)
+            checkpointer.discard_best_after(loop.step)
+            best = checkpointer.restore_best(state)
+            best_state = None if best is None else best.state
+    if best_state is None:
+        best_state = _copy_state(state)
+
+    per_epoch = _epoch_length(train_batches)
+    total = None if per_epoch is None else per_epoch * epochs
+    if max_steps is not None:
+        total = max_steps if total is None else min(total, max_steps)
+    progress = tqdm(total=total, initial=loop.step, disable=quiet, unit="step", dynamic_ncols=True)
+    postfix: dict[str, str] = {}
+    # Step metrics wait on the device until an evaluation or a checkpoint needs
+    # them (no host sync per step); they are then added in step order, so a
+    # resumed run sums exactly as the uninterrupted one.
+    pending: list[tuple[Array, Array]] = []
+
+    def flush() -> None:
+        for loss, skipped in jax.device_get(pending):
+            if not skipped:
+                loop.loss_sum += float(loss)
+                loop.loss_count += 1
+        pending.clear()
+
+    def record() -> bool:
+        """Evaluates, appends to the history and saves the best state; True = stop early."""
+        nonlocal best_state
+        flush()
+        count = loop.loss_count
+        train_loss = loop.loss_sum / count if count else math.nan
+        loop.loss_sum, loop.loss_count = 0.0, 0
+        val_loss = None if val_batches is None else evaluate(state, val_batches, eval_calibrate)
+        for key, value in zip(
+            HISTORY_KEYS,
+            (loop.epoch, loop.step, train_loss, val_loss, int(state.skipped_steps)),
+            strict=True,
+        ):
+            loop.history[key].append(value)
+        if val_loss is not None:
+            if loop.best_val_loss is None or val_loss < loop.best_val_loss:
+                loop.best_val_loss, loop.evals_since_best = val_loss, 0
+                best_state = _copy_state(state)
+                if checkpointer is not None:
+                    checkpointer.save_best(state, seed_key, _loop_snapshot(loop))
+            else:
+                loop.evals_since_best += 1
+        postfix.update(train_loss=f"{train_loss:.4f}", val_loss=_format(val_loss))
+        progress.set_postfix(postfix)
+        return patience is not None and loop.evals_since_best >= patience
+
+    def save_latest() -> None:
+        if checkpointer is not None:
+            flush()
+            snapshot = _loop_snapshot(loop)
+            checkpointer.save_latest(state, seed_key, snapshot)
+
+    def done() -> bool:
+        return (
+            loop.stopped_early
+            or loop.epoch >= epochs
+            or (max_steps is not None and loop.step >= max_steps)
+        )
+
+    try:
+        while not done():
+            iterator = iter(_batches_for_epoch(train_batches, loop.epoch))
+            _skip(iterator, loop.batches_done)
+            for batch in iterator:
+                calibrate = None if calibrate_steps is None else loop.step < calibrate_steps
+                state, metrics = train_step(state, batch, step_key(seed_key, loop.step), calibrate)
+                loop.step += 1
+                loop.batches_done += 1
+                pending.append((metrics["loss"], metrics["skipped"]))
+                if len(pending) >= _MAX_PENDING:
+                    flush()
+                progress.update(1)
+                if not quiet and loop.step % log_every == 0:
+                    postfix["loss"] = f"{float(metrics['loss']):.4f}"
+                    progress.set_postfix(postfix)
+                if eval_every is not None and loop.step % eval_every == 0:
+                    loop.stopped_early = record()
+                    save_latest()
+                elif checkpoint_every is not None and loop.step % checkpoint_every == 0:
+                    save_latest()
+                if done():
+                    break
+            else:  # the epoch ran to its end
+                if eval_every is None:
+                    loop.stopped_early = record()
+                loop.epoch, loop.batches_done = loop.epoch + 1, 0
+            if done() and not _evaluated_at(loop):
+                record()
+            save_latest()
+    finally:
+        progress.close()
+        if checkpointer is not None:
+            checkpointer.close()
+    if val_batches is None:
+        best_state = state
+    return FitResult(state=state, best_state=best_state, history=loop.history)
+
+
+def _evaluated_at(loop: LoopState) -> bool:
+    steps = loop.history["step"]
+    return bool(steps) and steps[-1] == loop.step
+
+
+def _loop_snapshot(loop: LoopState) -> LoopState:
+    return dataclasses.replace(
+        loop, history={key: list(values) for key, values in loop.history.items()}
+    )
+
+
+def _format(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _check_resume_seed(saved_key: Array, seed_key: Array, seed: int) -> None:
+    if not np.array_equal(jax.random.key_data(saved_key), jax.random.key_data(seed_key)):
+        raise ValueError(
+            f"fit: the checkpoint was written by a run with another seed than seed={seed}; "
+            "resume with the original seed"
+        )
