@@ -667,3 +667,12 @@ def test_qat_model_trains_params_and_quant_params_while_quant_stats_only_observe
             jax.tree.leaves(after[collection]), jax.tree.leaves(before[collection]), strict=True
         )
         assert any(not np.array_equal(a, b) for a, b in pairs), collection
+
+
+def test_weight_decay_never_touches_quantizer_step_sizes():
+    tx = make_optimizer(learning_rate=0.1, clip_norm=None, weight_decay=0.5)
+    trainables = {"params": {"w": jnp.ones(3)}, "quant_params": {"scale_offset": jnp.ones(())}}
+    zero_grads = jax.tree.map(jnp.zeros_like, trainables)
+    updates, _ = tx.update(zero_grads, tx.init(trainables), trainables)
+    np.testing.assert_allclose(updates["params"]["w"], -0.1 * 0.5 * np.ones(3), rtol=1e-6)
+    assert float(updates["quant_params"]["scale_offset"]) == 0.0

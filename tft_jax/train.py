@@ -67,6 +67,21 @@ def _require_positive_float(name: str, value: Any, allow_zero: bool = False) -> 
     return value
 
 
+def decay_model_params_only(trainables: PyTree) -> PyTree:
+    """Weight-decay mask: the model's `'params'` decay, other trainable collections do not.
+
+    The train state optimizes `{'params': ..., 'quant_params': ...}`; shrinking
+    a quantizer's learned step size toward 0 is not regularization, it is a
+    bias. A tree without a top-level `'params'` key decays everywhere.
+    """
+    if isinstance(trainables, Mapping) and "params" in trainables:
+        return {
+            name: jax.tree.map(lambda _, decay=name == "params": decay, tree)
+            for name, tree in trainables.items()
+        }
+    return jax.tree.map(lambda _: True, trainables)
+
+
 def make_optimizer(
     learning_rate: float | optax.Schedule = 1e-3,
     clip_norm: float | None = 1.0,
@@ -86,7 +101,8 @@ def make_optimizer(
       clip_norm: the global-norm threshold (> 0); None disables clipping.
       weight_decay: the decoupled weight decay coefficient (>= 0).
       weight_decay_mask: optional pytree or callable passed to `optax.adamw` as
-        `mask`, selecting which parameters are decayed.
+        `mask`, selecting which parameters are decayed; by default
+        `decay_model_params_only` (quantizer step sizes are never decayed).
 
     Returns:
       An `Optimizer` (an optax `GradientTransformationExtraArgs` with a
@@ -103,6 +119,8 @@ def make_optimizer(
     weight_decay = _require_positive_float(
         "make_optimizer: weight_decay", weight_decay, allow_zero=True
     )
+    if weight_decay_mask is None:
+        weight_decay_mask = decay_model_params_only
     adamw = optax.adamw(learning_rate, weight_decay=weight_decay, mask=weight_decay_mask)
     chain = adamw if clip_norm is None else optax.chain(optax.clip_by_global_norm(clip_norm), adamw)
     optimizer = Optimizer(chain.init, chain.update)
