@@ -27,9 +27,11 @@ import numpy as np
 import optax
 from flax import struct
 from flax.core import unfreeze
+from jax.sharding import Mesh
 from tqdm.auto import tqdm
 
 from tft_jax.checkpoint import TrainingCheckpointer
+from tft_jax.distributed import data_mesh, place_state, shard_batch
 from tft_jax.losses import pinball, quantile_loss
 
 Array = Any
@@ -716,6 +718,8 @@ def fit(
     calibrate_steps: int | None = None,
     quiet: bool = False,
     log_every: int = 10,
+    mesh: Mesh | None = None,
+    fsdp: bool = False,
 ) -> FitResult:
     """Trains `state` for `epochs` epochs with validation, early stopping and checkpoints.
 
@@ -745,6 +749,10 @@ def fit(
         model: steps `< N` run with `calibrate=True`, later ones `calibrate=False`.
       quiet: no progress bar.
       log_every: refresh the training loss in the progress bar every this many steps.
+      mesh: the `data` mesh to train on (`tft_jax.distributed.data_mesh`); None
+        uses every device. Batches are split over it (their size must divide
+        evenly), the state is replicated, or with `fsdp=True` split too.
+      fsdp: shard parameters and optimizer state over the mesh (large models).
 
     Returns:
       A `FitResult(state, best_state, history)`.
@@ -771,8 +779,12 @@ def fit(
             checkpointer.discard_best_after(loop.step)
             best = checkpointer.restore_best(state)
             best_state = None if best is None else best.state
+    mesh = data_mesh() if mesh is None else mesh
+    state = place_state(state, mesh, fsdp)
     if best_state is None:
         best_state = _copy_state(state)
+    if val_batches is not None:
+        val_batches = _ShardedBatches(val_batches, mesh)
 
     per_epoch = _epoch_length(train_batches)
     total = None if per_epoch is None else per_epoch * epochs
@@ -837,7 +849,9 @@ def fit(
             _skip(iterator, loop.batches_done)
             for batch in iterator:
                 calibrate = None if calibrate_steps is None else loop.step < calibrate_steps
-                state, metrics = train_step(state, batch, step_key(seed_key, loop.step), calibrate)
+                state, metrics = train_step(
+                    state, shard_batch(batch, mesh), step_key(seed_key, loop.step), calibrate
+                )
                 loop.step += 1
                 loop.batches_done += 1
                 pending.append((metrics["loss"], metrics["skipped"]))
@@ -868,6 +882,16 @@ def fit(
     if val_batches is None:
         best_state = state
     return FitResult(state=state, best_state=best_state, history=loop.history)
+
+
+class _ShardedBatches:
+    """Re-iterable view of validation batches, each placed on the mesh when reached."""
+
+    def __init__(self, batches: Sequence[Batch], mesh: Mesh) -> None:
+        self.batches, self.mesh = batches, mesh
+
+    def __iter__(self) -> Iterator[Batch]:
+        return (shard_batch(batch, self.mesh) for batch in self.batches)
 
 
 def _evaluated_at(loop: LoopState) -> bool:
