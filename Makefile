@@ -15,7 +15,7 @@ demo: $(STAMP)
 	$(VENV)/bin/tft-jax demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
