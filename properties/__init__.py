@@ -1,14 +1,15 @@
-"""Hypothesis strategies and chex-style checks for JAX modules, importable by any project.
+"""Hypothesis strategies and chex-based checks for JAX modules, and proof that they catch bugs.
 
-- `properties.strategies`: configs drawn from a few shape buckets and NumPy
-  inputs for them (needs `hypothesis`).
-- `properties.checks`: assertions over any JAX function (finite, live
-  gradients, causal, batch-independent, jit == eager, finite differences,
-  straight-through estimator, quantization error, idempotence, clipping).
+- `properties.strategies`: configs and NumPy inputs drawn from a few shape buckets.
+- `properties.checks`: assertions on any JAX function (finite, live gradients,
+  causal, batch-independent, jit == eager, finite differences, STE, ...).
+- `properties.backends`: run the same properties on every platform JAX finds.
+- `properties.suite`: the properties of this project's modules, shared by the
+  tests and the fault catalogue.
+- `properties.faults`: `python -m properties.faults` applies deliberate faults to
+  the real code and reports which property catches each.
 
-Usage: ``from properties import checks, strategies as st_tft``. The
-submodules are not imported here, so `properties.checks` works without
-Hypothesis installed.
+The submodules are imported on demand, so `properties.checks` works without Hypothesis.
 """
 
-__all__ = ["checks", "strategies"]
+__all__ = ["backends", "checks", "faults", "strategies", "suite"]

@@ -1,0 +1,184 @@
+"""The project's own property suite: check functions over drawn cases, for tests and fault runs.
+
+Each submodule pairs Hypothesis strategies of *cases* (a config plus NumPy
+data) with *check functions* `check_*(case)` that raise `AssertionError`
+when a property of the real code fails:
+
+- `properties.suite.attention`: the attention kernel and `TemporalSelfAttention`.
+- `properties.suite.tft`: the full `TemporalFusionTransformer` and its
+  interpretable attention.
+- `properties.suite.qat_tft`: the quantization-aware TFT.
+- `properties.suite.quantization`: `fake_quantize`, LSQ, observers, the QAT dense layer.
+- `properties.suite.optimizer`: `make_optimizer` and `train_step`.
+
+`tests/test_properties_*.py` run them under `@given` on every platform;
+`properties.faults` runs them against deliberately broken code. Each module
+lists its `PROPERTIES` (name, strategy, check) for such runs.
+
+Code under test is looked up through its module at call time (``attention.
+TemporalSelfAttention``, not a name imported once), and compiled functions
+are cached per config by `platform_cache`, which `clear_caches` empties: so
+a patched module is traced afresh.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from properties import backends
+
+__all__ = [
+    "CI_EXAMPLES",
+    "PARAM_KEY_IMPL",
+    "Property",
+    "assert_gradient_stays_in_sample",
+    "clear_caches",
+    "examples",
+    "param_key",
+    "parameter_cache",
+    "platform_cache",
+    "random_cotangent",
+    "zeros_like_tree",
+]
+
+# The number of examples of the `ci` Hypothesis profile (tests/conftest.py).
+CI_EXAMPLES = 15
+
+# RngBitGenerator keys: a TFT's initializers compile ~2.5x faster than with threefry.
+PARAM_KEY_IMPL = "rbg"
+
+
+class Property(NamedTuple):
+    """A named property: cases drawn from `strategy`, each checked by `check(case)`."""
+
+    name: str
+    strategy: Any
+    check: Callable[[Any], None]
+
+
+def examples(ci_examples: int) -> int:
+    """Examples for a test that runs `ci_examples` in the `ci` profile, scaled to the active one.
+
+    `dev` (5 by default) gives a third, `thorough` (200) about 13 times as many.
+    """
+    from hypothesis import settings
+
+    return max(1, settings.default.max_examples * ci_examples // CI_EXAMPLES)
+
+
+_CACHES: list[tuple[Any, bool]] = []
+
+
+def _platform_keyed(fn: Callable[..., Any], holds_parameters: bool) -> Callable[..., Any]:
+    @functools.cache
+    def keyed(platform: str, *args: Any) -> Any:
+        del platform
+        return fn(*args)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any) -> Any:
+        return keyed(backends.current_platform(), *args)
+
+    wrapper.cache_clear = keyed.cache_clear  # type: ignore[attr-defined]
+    _CACHES.append((keyed, holds_parameters))
+    return wrapper
+
+
+def platform_cache(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`functools.cache` keyed also by the current platform, emptied by `clear_caches`.
+
+    For functions that build jitted functions for a (hashable) config: each
+    is built once per config and platform.
+    """
+    return _platform_keyed(fn, holds_parameters=False)
+
+
+def parameter_cache(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`platform_cache` for initialized parameters; `clear_caches(keep_parameters=True)` keeps them.
+
+    A fault that leaves the parameter tree alone can then reuse the
+    parameters initialized by the real code instead of compiling `init` again.
+    """
+    return _platform_keyed(fn, holds_parameters=True)
+
+
+def clear_caches(*, keep_parameters: bool = False) -> None:
+    """Drops the functions built by `platform_cache` and JAX's compiled-function caches.
+
+    Call it after patching code under test, so that the next call traces the
+    patched code, and after restoring it. Parameters (`parameter_cache`)
+    survive with `keep_parameters=True`.
+    """
+    for cache, holds_parameters in _CACHES:
+        if not (keep_parameters and holds_parameters):
+            cache.cache_clear()
+    jax.clear_caches()
+
+
+def param_key(seed: int = 0) -> Any:
+    """A PRNG key for parameter initialization (`PARAM_KEY_IMPL`)."""
+    return jax.random.key(seed, impl=PARAM_KEY_IMPL)
+
+
+def random_cotangent(like: Any, seed: int, *, only_sample: int | None = None) -> Any:
+    """NumPy cotangents shaped like the arrays of `like`: `±U(0.5, 1.5)`, never zero.
+
+    With `only_sample=i`, every leaf is zero except sample `i` of its first axis.
+    """
+    rng = np.random.default_rng(seed)
+
+    def draw(leaf: Any) -> np.ndarray:
+        shape, dtype = np.shape(leaf), np.dtype(leaf.dtype)
+        values = rng.uniform(0.5, 1.5, shape) * rng.choice((-1.0, 1.0), shape)
+        if only_sample is not None:
+            keep = np.zeros(shape, bool)
+            keep[only_sample] = True
+            values = np.where(keep, values, 0.0)
+        return values.astype(dtype)
+
+    return jax.tree.map(draw, like)
+
+
+def zeros_like_tree(like: Any) -> Any:
+    """NumPy zeros shaped and typed like the arrays of `like`."""
+    return jax.tree.map(lambda leaf: np.zeros(np.shape(leaf), np.dtype(leaf.dtype)), like)
+
+
+def assert_gradient_stays_in_sample(
+    pullback: Callable[[Any], Any], outputs: Any, *, seed: int = 0, samples: Sequence[int] = ()
+) -> None:
+    """Asserts that a cotangent on sample `i`'s outputs gives zero input gradient at every `j != i`.
+
+    The backward half of batch independence, for a compiled pullback.
+
+    Args:
+      pullback: `cotangents -> input gradients` (a pytree, every leaf batched on axis 0).
+      outputs: the outputs (a pytree of arrays batched on axis 0) the cotangents match.
+      seed: seed of the cotangents.
+      samples: the samples `i` to test (default: all).
+
+    Raises:
+      AssertionError: naming the input leaf and the pair `(i, j)`.
+    """
+    batch = int(np.shape(jax.tree.leaves(outputs)[0])[0])
+    problems = []
+    for sample in samples or range(batch):
+        cotangent = random_cotangent(outputs, seed + sample, only_sample=sample)
+        gradients = jax.tree_util.tree_flatten_with_path(pullback(cotangent))[0]
+        for path, gradient in gradients:
+            values = np.asarray(gradient, np.float64)
+            for other in range(values.shape[0]):
+                leak = np.abs(values[other]).max(initial=0.0)
+                if other != sample and leak != 0.0:
+                    problems.append(
+                        f"gradient of outputs[sample {sample}] w.r.t. "
+                        f"{jax.tree_util.keystr(path)}[sample {other}] is {leak:.3g}, not 0"
+                    )
+    if problems:
+        shown = "\n  ".join(problems[:6])
+        raise AssertionError(f"the gradient mixes samples ({len(problems)} leaks):\n  {shown}")

@@ -1,0 +1,223 @@
+"""Properties of the quantization-aware TFT, calibrated on the drawn batch and then frozen.
+
+Cases are `tft.ModelCase`s of the smallest preset (the QAT model compiles
+more than the FP32 one). The QAT model starts from the FP32 preset's
+parameters (`qat.from_fp32`), `qat.calibrate` runs its observers over the
+case's batch, and a jitted pullback of the frozen model (`calibrate=False`)
+serves every property: three compiles per config (fresh observers,
+calibration step, pullback).
+
+Properties: finite outputs and gradients; the straight-through gradient
+reaches every parameter and input; causality; batch independence (forward
+and backward); batch-order equivariance of the frozen model and of the
+calibration itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from properties import checks
+from properties import strategies as st_tft
+from properties.suite import (
+    Property,
+    assert_gradient_stays_in_sample,
+    platform_cache,
+    random_cotangent,
+)
+from properties.suite import tft as tft_suite
+from qat import model as qat_model
+from qat.config import QATConfig
+from tft_jax.config import TFTConfig
+
+__all__ = [
+    "PROPERTIES",
+    "QAT_CONFIG",
+    "check_batch_independent",
+    "check_batch_order_equivariant",
+    "check_causal",
+    "check_finite",
+    "check_live_gradients",
+    "qat_cases",
+]
+
+QAT_CONFIG = QATConfig(bits=8)
+PRESET = st_tft.TFT_PRESETS[0]
+QUANT_STATS = "quant_stats"
+
+
+def qat_cases(kinds: tuple[str, ...] = st_tft.INPUT_KINDS) -> Any:
+    """`tft.ModelCase`s of the smallest preset: only the data varies."""
+    return tft_suite.model_cases((PRESET,), kinds=kinds)
+
+
+class _QATFunctions(NamedTuple):
+    model: Any
+    variables: dict[str, Any]
+    pullback: Any
+
+
+@platform_cache
+def qat_functions(config: TFTConfig, qat_config: QATConfig) -> _QATFunctions:
+    """The QAT model, its variables from the FP32 preset, and the frozen model's jitted pullback."""
+    model = qat_model.QATTemporalFusionTransformer(config, qat_config)
+    fp32 = tft_suite.model_functions(config)
+    variables = qat_model.from_fp32({"params": fp32.params}, model, **_zero_inputs(config))
+
+    @jax.jit
+    def pullback(params: Any, stats: Any, floats: Any, integers: Any, cotangent: Any) -> Any:
+        def forward(params: Any, floats: Any) -> Any:
+            return model.apply(
+                {"params": params, QUANT_STATS: stats},
+                **floats,
+                **integers,
+                deterministic=True,
+                calibrate=False,
+            )
+
+        outputs, vjp = jax.vjp(forward, params, floats)
+        param_grads, input_grads = vjp(cotangent)
+        return outputs, param_grads, input_grads
+
+    return _QATFunctions(model, variables, pullback)
+
+
+def _zero_inputs(config: TFTConfig) -> dict[str, np.ndarray]:
+    """All-zero model inputs of batch size 1 (they fix shapes only)."""
+    like = st_tft.TFTInputs(
+        static=np.zeros((1, config.num_static_features), np.float32),
+        historical=np.zeros((1, config.sequence_length, config.num_observed_features), np.float32),
+        future=np.zeros((1, config.prediction_horizon, config.num_known_features), np.float32),
+        known_history=(
+            np.zeros((1, config.sequence_length, config.num_known_features), np.float32)
+            if config.use_known_history
+            else None
+        ),
+        static_categorical=(
+            np.zeros((1, len(config.static_categorical_cardinalities)), np.int32)
+            if config.static_categorical_cardinalities
+            else None
+        ),
+        target=np.zeros((1, config.prediction_horizon), np.float32),
+    )
+    floats, integers = tft_suite.split_inputs(like)
+    return {**floats, **integers}
+
+
+def calibrated_stats(case: tft_suite.ModelCase, inputs: st_tft.TFTInputs | None = None) -> Any:
+    """The observers' state after `qat.calibrate` over one batch (the case's by default)."""
+    functions = qat_functions(case.config, QAT_CONFIG)
+    batch = case.inputs if inputs is None else inputs
+    return qat_model.calibrate(functions.model, functions.variables, [batch])[QUANT_STATS]
+
+
+def _frozen(case: tft_suite.ModelCase) -> tuple[_QATFunctions, Any]:
+    return qat_functions(case.config, QAT_CONFIG), calibrated_stats(case)
+
+
+def _run(case: tft_suite.ModelCase, stats: Any, cotangent: Any) -> tuple[Any, Any, Any]:
+    functions = qat_functions(case.config, QAT_CONFIG)
+    floats, integers = tft_suite.split_inputs(case.inputs)
+    return functions.pullback(functions.variables["params"], stats, floats, integers, cotangent)
+
+
+def _forward_of(case: tft_suite.ModelCase, stats: Any) -> Any:
+    functions = qat_functions(case.config, QAT_CONFIG)
+    zero = tft_suite.output_like(case.config, case.inputs.batch_size)
+
+    def forward(inputs: dict[str, np.ndarray]) -> Any:
+        integers = {k: v for k, v in inputs.items() if k == "static_categorical"}
+        floats = {k: v for k, v in inputs.items() if k != "static_categorical"}
+        params = functions.variables["params"]
+        return functions.pullback(params, stats, floats, integers, zero)[0]
+
+    return forward
+
+
+def _all_inputs(case: tft_suite.ModelCase) -> dict[str, np.ndarray]:
+    floats, integers = tft_suite.split_inputs(case.inputs)
+    return {**floats, **integers}
+
+
+def check_finite(case: tft_suite.ModelCase) -> None:
+    """Calibrated on the batch, the frozen QAT model's outputs and gradients are finite."""
+    _, stats = _frozen(case)
+    checks.assert_finite(stats, name="quant_stats")
+    like = tft_suite.output_like(case.config, case.inputs.batch_size)
+    outputs, param_grads, input_grads = _run(case, stats, random_cotangent(like, case.seed))
+    checks.assert_finite(outputs, name="outputs")
+    checks.assert_finite({"params": param_grads, "inputs": input_grads}, name="gradients")
+
+
+def check_live_gradients(case: tft_suite.ModelCase) -> None:
+    """Through every fake quantizer the straight-through gradient reaches each parameter and input.
+
+    Needs non-degenerate inputs (`kinds=("normal",)`).
+    """
+    _, stats = _frozen(case)
+    like = tft_suite.output_like(case.config, case.inputs.batch_size)
+    cotangent = like.replace(quantiles=random_cotangent(like.quantiles, case.seed))
+    _, param_grads, input_grads = _run(case, stats, cotangent)
+    checks.assert_nonzero_grads(param_grads, name="parameter gradients")
+    checks.assert_nonzero_grads(input_grads, name="input gradients")
+
+
+def check_causal(case: tft_suite.ModelCase) -> None:
+    """The frozen QAT forecast at horizon step `i` ignores known inputs after `i`."""
+    _, stats = _frozen(case)
+    inputs = _all_inputs(case)
+    forward = _forward_of(case, stats)
+
+    def by_horizon_step(future: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        outputs = forward({**inputs, "future": future})
+        return np.asarray(outputs.quantiles), np.swapaxes(np.asarray(outputs.attention), 1, 2)
+
+    checks.assert_causal(by_horizon_step, inputs["future"])
+
+
+def check_batch_independent(case: tft_suite.ModelCase) -> None:
+    """Frozen, sample `i`'s outputs and their input gradients ignore sample `j`.
+
+    (While calibrating, the observed range is a batch statistic by design.)
+    """
+    _, stats = _frozen(case)
+    checks.assert_batch_independent(
+        _forward_of(case, stats), _all_inputs(case), check_gradients=False
+    )
+    like = tft_suite.output_like(case.config, case.inputs.batch_size)
+    assert_gradient_stays_in_sample(
+        lambda cotangent: _run(case, stats, cotangent)[2], like, seed=case.seed
+    )
+
+
+def check_batch_order_equivariant(case: tft_suite.ModelCase) -> None:
+    """Calibration ignores the batch order, and the frozen model's outputs follow it."""
+    _, stats = _frozen(case)
+    permutation = np.roll(np.arange(case.inputs.batch_size), 1)
+    permuted = st_tft.TFTInputs(
+        *(None if array is None else np.asarray(array)[permutation] for array in case.inputs)
+    )
+    permuted_stats = calibrated_stats(case, permuted)
+    expected = jax.tree_util.tree_flatten_with_path(stats)[0]
+    actual = jax.tree.leaves(permuted_stats)
+    for (path, before), after in zip(expected, actual, strict=True):
+        leaf = jax.tree_util.keystr(path)
+        np.testing.assert_allclose(
+            np.asarray(after),
+            np.asarray(before),
+            rtol=1e-6,
+            err_msg=f"a permuted batch calibrates quant_stats{leaf} differently",
+        )
+    checks.assert_batch_order_equivariant(_forward_of(case, stats), _all_inputs(case), atol=1e-5)
+
+
+PROPERTIES = (
+    Property("qat-tft: finite", qat_cases(), check_finite),
+    Property("qat-tft: live gradients", qat_cases(("normal",)), check_live_gradients),
+    Property("qat-tft: causal", qat_cases(), check_causal),
+    Property("qat-tft: batch independent", qat_cases(), check_batch_independent),
+    Property("qat-tft: batch order", qat_cases(), check_batch_order_equivariant),
+)

@@ -1,0 +1,507 @@
+"""Properties of the full `TemporalFusionTransformer` and of its interpretable attention.
+
+A `ModelCase` is one of a few preset configs (`strategies.TFT_PRESETS`) and a
+batch of 3 drawn inputs: Hypothesis varies the data, not the shapes, since a
+TFT compiles in tens of seconds on a small CPU. Per preset there are two
+compiles, shared by every property: `init` and
+`pullback(params, floats, integers, cotangent) -> (outputs, param_grads,
+input_grads)`, whose forward half (zero cotangent) serves the forward
+properties.
+
+Properties: finite outputs and gradients; a gradient to every parameter
+and input; interpretability weights are distributions; the forecast at
+horizon step `i` ignores known inputs after `i`; batch independence (forward
+and backward); batch-order equivariance; each static context reaches only
+its own destination; jit == eager and derivatives == float64 finite
+differences (smallest preset); the interpretable attention's documented
+formula (heads share one value projection and are averaged).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from properties import checks
+from properties import strategies as st_tft
+from properties.suite import (
+    Property,
+    assert_gradient_stays_in_sample,
+    param_key,
+    parameter_cache,
+    platform_cache,
+    random_cotangent,
+)
+from tft_jax import interpretable_attention
+from tft_jax import model as tft_model
+from tft_jax.config import TFTConfig
+
+__all__ = [
+    "BATCH_SIZE",
+    "PROPERTIES",
+    "AttentionCase",
+    "ModelCase",
+    "check_attention_matches_reference",
+    "check_batch_independent",
+    "check_batch_order_equivariant",
+    "check_causal",
+    "check_context_routing",
+    "check_finite",
+    "check_grads_match_finite_differences",
+    "check_jit_matches_eager",
+    "check_live_gradients",
+    "check_weights_are_distributions",
+    "interpretable_attention_cases",
+    "model_cases",
+    "model_functions",
+    "model_parameters",
+    "output_like",
+    "split_inputs",
+]
+
+BATCH_SIZE = 3
+# The GRNs' ELU has a second-derivative jump at 0: central differences with a step of
+# 1e-4 can miss by O(step) (3e-5 relative seen); float64 round-off allows far smaller steps.
+FINITE_DIFFERENCE_EPS = 1e-6
+# Compiled and op-by-op float32 backward passes of the TFT differ by reassociation:
+# a gradient element of 5e-3 was seen 2.5e-6 apart.
+JIT_EAGER_TOLERANCE = dict(rtol=1e-4, atol=1e-5)
+STATIC_CONTEXTS = ("selection", "enrichment", "state_h", "state_c")
+
+
+class ModelCase(NamedTuple):
+    """A TFT config and a batch of NumPy inputs for it; `seed` drives cotangents."""
+
+    config: TFTConfig
+    inputs: st_tft.TFTInputs
+    seed: int
+
+
+def model_cases(
+    presets: Sequence[TFTConfig] = st_tft.TFT_PRESETS,
+    *,
+    kinds: Sequence[str] = st_tft.INPUT_KINDS,
+) -> st.SearchStrategy[ModelCase]:
+    """`ModelCase`s: a preset config and a batch of `BATCH_SIZE` inputs (only the data varies)."""
+
+    @st.composite
+    def draw(draw_: st.DrawFn) -> ModelCase:
+        config = draw_(st_tft.tft_config_presets(presets))
+        inputs = draw_(st_tft.tft_inputs(config, batch_sizes=(BATCH_SIZE,), kinds=kinds))
+        return ModelCase(config, inputs, draw_(st.integers(0, 2**16)))
+
+    return draw()
+
+
+def split_inputs(inputs: st_tft.TFTInputs) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """`(float inputs, integer inputs)` as keyword dicts for the model (absent ones left out)."""
+    floats = {"static": inputs.static, "historical": inputs.historical, "future": inputs.future}
+    if inputs.known_history is not None:
+        floats["known_history"] = inputs.known_history
+    integers = {}
+    if inputs.static_categorical is not None:
+        integers["static_categorical"] = inputs.static_categorical
+    return floats, integers
+
+
+def _sample_inputs(config: TFTConfig, batch: int) -> dict[str, np.ndarray]:
+    """All-zero inputs of the config's shapes (category 0 is always valid)."""
+    dtype = np.dtype(config.compute_dtype)
+    steps, horizon, known = (
+        config.sequence_length,
+        config.prediction_horizon,
+        config.num_known_features,
+    )
+    inputs = {
+        "static": np.zeros((batch, config.num_static_features), dtype),
+        "historical": np.zeros((batch, steps, config.num_observed_features), dtype),
+        "future": np.zeros((batch, horizon, known), dtype),
+    }
+    if config.use_known_history:
+        inputs["known_history"] = np.zeros((batch, steps, known), dtype)
+    if config.static_categorical_cardinalities:
+        columns = len(config.static_categorical_cardinalities)
+        inputs["static_categorical"] = np.zeros((batch, columns), np.int32)
+    return inputs
+
+
+def output_like(config: TFTConfig, batch: int) -> tft_model.TFTOutput:
+    """A `TFTOutput` of NumPy zeros with the model's output shapes and dtypes."""
+    dtype = np.dtype(config.compute_dtype)
+    weights_dtype = np.promote_types(dtype, np.float32)
+    steps, horizon = config.sequence_length, config.prediction_horizon
+    return tft_model.TFTOutput(
+        quantiles=np.zeros((batch, horizon, config.num_quantiles), dtype),
+        attention=np.zeros((batch, config.num_heads, horizon, steps + horizon), dtype),
+        static_weights=np.zeros((batch, config.num_static_inputs), weights_dtype),
+        history_weights=np.zeros((batch, steps, config.num_history_inputs), weights_dtype),
+        future_weights=np.zeros((batch, horizon, config.num_known_features), weights_dtype),
+    )
+
+
+class _ModelFunctions(NamedTuple):
+    params: Any
+    pullback: Any
+
+
+@parameter_cache
+def model_parameters(config: TFTConfig) -> Any:
+    """The config's `'params'` from a jitted `init`, once per config."""
+    model = tft_model.TemporalFusionTransformer(config)
+    return jax.jit(model.init)(param_key(), **_sample_inputs(config, 1))["params"]
+
+
+@platform_cache
+def model_functions(config: TFTConfig) -> _ModelFunctions:
+    """The config's parameters and its jitted pullback, built once per config."""
+    model = tft_model.TemporalFusionTransformer(config)
+
+    @jax.jit
+    def pullback(params: Any, floats: Any, integers: Any, cotangent: Any) -> Any:
+        def forward(params: Any, floats: Any) -> Any:
+            return model.apply({"params": params}, **floats, **integers, deterministic=True)
+
+        outputs, vjp = jax.vjp(forward, params, floats)
+        param_grads, input_grads = vjp(cotangent)
+        return outputs, param_grads, input_grads
+
+    return _ModelFunctions(model_parameters(config), pullback)
+
+
+def _run(case: ModelCase, cotangent: Any) -> tuple[Any, Any, Any]:
+    functions = model_functions(case.config)
+    floats, integers = split_inputs(case.inputs)
+    return functions.pullback(functions.params, floats, integers, cotangent)
+
+
+def _quantile_cotangent(case: ModelCase) -> tft_model.TFTOutput:
+    """A random cotangent on the forecasts only (the training signal), zero on the weights."""
+    like = output_like(case.config, case.inputs.batch_size)
+    return like.replace(quantiles=random_cotangent(like.quantiles, case.seed))
+
+
+def _forward_of(case: ModelCase) -> Any:
+    """`inputs dict (floats and integers) -> TFTOutput`, the pullback's forward half."""
+    functions = model_functions(case.config)
+    zero = output_like(case.config, case.inputs.batch_size)
+
+    def forward(inputs: dict[str, np.ndarray]) -> Any:
+        integers = {k: v for k, v in inputs.items() if k == "static_categorical"}
+        floats = {k: v for k, v in inputs.items() if k != "static_categorical"}
+        return functions.pullback(functions.params, floats, integers, zero)[0]
+
+    return forward
+
+
+def _all_inputs(case: ModelCase) -> dict[str, np.ndarray]:
+    floats, integers = split_inputs(case.inputs)
+    return {**floats, **integers}
+
+
+def check_finite(case: ModelCase) -> None:
+    """Forecasts, weights and every parameter and input gradient are finite, whatever the scale."""
+    like = output_like(case.config, case.inputs.batch_size)
+    outputs, param_grads, input_grads = _run(case, random_cotangent(like, case.seed))
+    checks.assert_finite(outputs, name="outputs")
+    checks.assert_finite({"params": param_grads, "inputs": input_grads}, name="gradients")
+
+
+def check_live_gradients(case: ModelCase) -> None:
+    """A loss on the forecasts gives every parameter leaf and every float input a gradient.
+
+    Needs non-degenerate inputs (`kinds=("normal",)`).
+    """
+    _, param_grads, input_grads = _run(case, _quantile_cotangent(case))
+    checks.assert_nonzero_grads(param_grads, name="parameter gradients")
+    checks.assert_nonzero_grads(input_grads, name="input gradients")
+
+
+def _rows_are_distributions(name: str, weights: np.ndarray, tolerance: float) -> list[str]:
+    weights = np.asarray(weights, np.float64)
+    if weights.shape[-1] == 0:
+        return []
+    problems = []
+    if (weights < 0).any():
+        problems.append(f"{name} has negative weights (min {weights.min():.3g})")
+    sums = weights.sum(-1)
+    worst = np.unravel_index(np.argmax(np.abs(sums - 1)), sums.shape)
+    if not abs(sums[worst] - 1) <= tolerance:
+        problems.append(f"{name} row {list(worst)} sums to {sums[worst]:.7g}, not 1")
+    return problems
+
+
+def check_weights_are_distributions(case: ModelCase) -> None:
+    """Static, history, future and attention weights are non-negative rows summing to 1."""
+    outputs = _forward_of(case)(_all_inputs(case))
+    problems = []
+    for name in ("static_weights", "history_weights", "future_weights", "attention"):
+        problems += _rows_are_distributions(name, getattr(outputs, name), 1e-5)
+    if problems:
+        raise AssertionError(
+            "interpretability weights are not distributions:\n  " + "\n  ".join(problems)
+        )
+
+
+def check_causal(case: ModelCase) -> None:
+    """The forecast, future weights and attention at horizon step `i` ignore known inputs after `i`.
+
+    And the history weights at step `t` ignore observed inputs after `t`.
+    """
+    inputs = _all_inputs(case)
+    forward = _forward_of(case)
+
+    def by_horizon_step(future: np.ndarray) -> tuple[np.ndarray, ...]:
+        outputs = forward({**inputs, "future": future})
+        attention = np.swapaxes(np.asarray(outputs.attention), 1, 2)  # (B, H, heads, T+H)
+        return np.asarray(outputs.quantiles), np.asarray(outputs.future_weights), attention
+
+    def by_history_step(historical: np.ndarray) -> np.ndarray:
+        return np.asarray(forward({**inputs, "historical": historical}).history_weights)
+
+    checks.assert_causal(by_horizon_step, inputs["future"])
+    checks.assert_causal(by_history_step, inputs["historical"])
+
+
+def check_batch_independent(case: ModelCase) -> None:
+    """Sample `i`'s outputs ignore sample `j`, and so do their gradients w.r.t. every input."""
+    inputs = _all_inputs(case)
+    checks.assert_batch_independent(_forward_of(case), inputs, check_gradients=False)
+    like = output_like(case.config, case.inputs.batch_size)
+    assert_gradient_stays_in_sample(
+        lambda cotangent: _run(case, cotangent)[2], like, seed=case.seed
+    )
+
+
+def check_batch_order_equivariant(case: ModelCase) -> None:
+    """Permuting the batch permutes every output alike."""
+    checks.assert_batch_order_equivariant(_forward_of(case), _all_inputs(case), atol=1e-5)
+
+
+def _subtree_norms(param_grads: Any) -> dict[str, float]:
+    norms = {}
+    for context in STATIC_CONTEXTS:
+        name = f"static_context_{context}"
+        if name not in param_grads:
+            raise AssertionError(f"the model has no {name} parameters (has {sorted(param_grads)})")
+        leaves = jax.tree.leaves(param_grads[name])
+        norms[context] = math.sqrt(
+            sum(float(np.sum(np.square(np.asarray(g, np.float64)))) for g in leaves)
+        )
+    return norms
+
+
+def check_context_routing(case: ModelCase) -> None:
+    """Each static context reaches only its destination (Lim et al. 2021, section 4.3).
+
+    The variable selection weights depend on the selection context and on no
+    other; the attention weights (after the LSTM and static enrichment) depend
+    on the enrichment and LSTM state contexts. Needs statics and more than
+    one history variable.
+    """
+    like = output_like(case.config, case.inputs.batch_size)
+    selection_cotangent = like.replace(
+        history_weights=random_cotangent(like.history_weights, case.seed)
+    )
+    norms = _subtree_norms(_run(case, selection_cotangent)[1])
+    problems = [
+        f"static context {context!r} reaches the history variable selection (gradient norm "
+        f"{norms[context]:.3g})"
+        for context in ("enrichment", "state_h", "state_c")
+        if norms[context] != 0.0
+    ]
+    if not norms["selection"] > 0.0:
+        problems.append("the selection context does not reach the history variable selection")
+    attention_cotangent = like.replace(attention=random_cotangent(like.attention, case.seed))
+    norms = _subtree_norms(_run(case, attention_cotangent)[1])
+    problems += [
+        f"static context {context!r} does not reach the attention weights"
+        for context in ("enrichment", "state_h", "state_c")
+        if not norms[context] > 0.0
+    ]
+    if problems:
+        raise AssertionError("static contexts are misrouted:\n  " + "\n  ".join(problems))
+
+
+def check_jit_matches_eager(case: ModelCase) -> None:
+    """The compiled forward and backward equal their op-by-op execution (float32 tolerance).
+
+    Op by op, the TFT's backward pass runs a thousand primitives, each
+    compiled on first use: about 40 s on a small CPU.
+    """
+    functions = model_functions(case.config)
+    floats, integers = split_inputs(case.inputs)
+    like = output_like(case.config, case.inputs.batch_size)
+    checks.assert_jit_matches_eager(
+        functions.pullback,
+        functions.params,
+        floats,
+        integers,
+        random_cotangent(like, case.seed),
+        **JIT_EAGER_TOLERANCE,
+    )
+
+
+@platform_cache
+def _weighted_forecast(config: TFTConfig) -> Any:
+    """`(params, floats) -> sum(quantiles * W)` in float64, `W` fixed by the shape."""
+    model = tft_model.TemporalFusionTransformer(dataclasses.replace(config, dtype="float64"))
+
+    def weighted(params: Any, floats: Any) -> Any:
+        quantiles = model.apply({"params": params}, **floats, deterministic=True).quantiles
+        weights = np.cos(np.arange(math.prod(quantiles.shape))).reshape(quantiles.shape)
+        return jnp.sum(quantiles * jnp.asarray(weights, quantiles.dtype))
+
+    return weighted
+
+
+def check_grads_match_finite_differences(case: ModelCase) -> None:
+    """Reverse-mode derivatives w.r.t. every parameter and input match float64 differences.
+
+    The model runs in float64 (`TFTConfig.dtype="float64"` under
+    `jax.enable_x64`) with the preset's parameters. Needs a preset without
+    categorical statics (integer inputs have no derivative).
+    """
+    if case.config.static_categorical_cardinalities:
+        raise ValueError("check_grads_match_finite_differences needs a config without categoricals")
+    functions = model_functions(case.config)
+    floats, _ = split_inputs(case.inputs)
+    checks.assert_grads_match_finite_differences(
+        _weighted_forecast(case.config),
+        (functions.params, floats),
+        modes=("rev",),
+        eps=FINITE_DIFFERENCE_EPS,
+    )
+
+
+class AttentionCase(NamedTuple):
+    """Interpretable attention operands: queries `(B, Tq, D)`, keys/values `(B, Tk, D)`."""
+
+    num_heads: int
+    queries: np.ndarray
+    keys_values: np.ndarray
+
+
+def interpretable_attention_cases(
+    *,
+    num_heads: Sequence[int] = (1, 2, 4),
+    features: int = 8,
+    query_steps: Sequence[int] = (2,),
+    key_steps: Sequence[int] = (5,),
+    kinds: Sequence[str] = ("normal", "constant", "tiny"),
+) -> st.SearchStrategy[AttentionCase]:
+    """`AttentionCase`s with batch 2 and the last `Tq` steps of the window as queries."""
+
+    @st.composite
+    def draw(draw_: st.DrawFn) -> AttentionCase:
+        heads = draw_(st.sampled_from(num_heads))
+        queries = draw_(st.sampled_from(query_steps))
+        keys = draw_(st.sampled_from(key_steps))
+        window = draw_(st_tft.float_arrays((2, keys, features), kinds=kinds))
+        return AttentionCase(heads, window[:, keys - queries :], window)
+
+    return draw()
+
+
+@platform_cache
+def _attention_functions(num_heads: int, features: int) -> tuple[Any, Any]:
+    layer = interpretable_attention.InterpretableMultiHeadAttention(num_heads, features)
+    params = jax.jit(layer.init)(
+        param_key(), np.zeros((1, 1, features), np.float32), np.zeros((1, 2, features), np.float32)
+    )["params"]
+    return params, jax.jit(lambda params, q, kv, mask: layer.apply({"params": params}, q, kv, mask))
+
+
+def check_attention_matches_reference(case: AttentionCase) -> None:
+    """The TFT's attention: per-head Q/K, ONE value projection `(D, D/heads)`, heads averaged.
+
+    Kernels: query and key `(D, D)` (head `h` uses columns `h·D/heads...`), value
+    `(D, D/heads)` shared by all heads, out `(D/heads, D)` applied to the mean.
+
+    `output = W_o · mean_h(softmax(Q_h K_hᵀ / sqrt(D/heads) + causal mask) · V)`
+    (Lim et al. 2021, eq. 14-16), against float64 NumPy; the returned weights
+    are the per-head softmax rows.
+    """
+    features = case.queries.shape[-1]
+    head_dim = features // case.num_heads
+    params, apply = _attention_functions(case.num_heads, features)
+    expected_shapes = {
+        "query": (features, features),
+        "key": (features, features),
+        "value": (features, head_dim),
+        "out": (head_dim, features),
+    }
+    shapes = {name: tuple(np.shape(p["kernel"])) for name, p in params.items() if "kernel" in p}
+    if shapes != expected_shapes:
+        raise AssertionError(
+            f"kernel shapes {shapes} are not {expected_shapes}: the heads do not share one "
+            "value projection of width D/heads"
+        )
+    steps_q, steps_k = case.queries.shape[1], case.keys_values.shape[1]
+    query_steps = np.arange(steps_k - steps_q, steps_k)[:, None]
+    mask = np.arange(steps_k)[None, :] <= query_steps
+    output, weights = apply(params, case.queries, case.keys_values, mask)
+
+    p = {name: np.asarray(leaf["kernel"], np.float64) for name, leaf in params.items()}
+    q = case.queries.astype(np.float64) @ p["query"]
+    k = case.keys_values.astype(np.float64) @ p["key"]
+    v = case.keys_values.astype(np.float64) @ p["value"]
+    heads, expected_weights = [], []
+    for head in range(case.num_heads):
+        columns = slice(head * head_dim, (head + 1) * head_dim)
+        logits = q[..., columns] @ np.swapaxes(k[..., columns], 1, 2) / math.sqrt(head_dim)
+        logits = np.where(mask, logits, -np.inf)
+        w = np.exp(logits - logits.max(-1, keepdims=True))
+        w /= w.sum(-1, keepdims=True)
+        expected_weights.append(w)
+        heads.append(w @ v)
+    expected = np.mean(heads, axis=0) @ p["out"]
+    np.testing.assert_allclose(
+        np.asarray(weights, np.float64),
+        np.stack(expected_weights, 1),
+        rtol=1e-5,
+        atol=1e-6,
+        err_msg="per-head attention weights differ from softmax(Q_h K_h^T / sqrt(d) + mask)",
+    )
+    np.testing.assert_allclose(
+        np.asarray(output, np.float64),
+        expected,
+        rtol=1e-4,
+        atol=1e-5,
+        err_msg="interpretable attention output differs from W_o mean_h(A_h V), V shared",
+    )
+
+
+SMALLEST = st_tft.TFT_PRESETS[0]
+WITH_STATICS = tuple(config for config in st_tft.TFT_PRESETS if config.num_static_inputs)
+
+PROPERTIES = (
+    Property("tft: finite", model_cases(), check_finite),
+    Property("tft: live gradients", model_cases(kinds=("normal",)), check_live_gradients),
+    Property("tft: weights are distributions", model_cases(), check_weights_are_distributions),
+    Property("tft: causal", model_cases(), check_causal),
+    Property("tft: batch independent", model_cases(), check_batch_independent),
+    Property("tft: batch order", model_cases(), check_batch_order_equivariant),
+    Property(
+        "tft: context routing", model_cases(WITH_STATICS, kinds=("normal",)), check_context_routing
+    ),
+    Property(
+        "tft: jit == eager", model_cases((SMALLEST,), kinds=("normal",)), check_jit_matches_eager
+    ),
+    Property(
+        "tft: finite differences",
+        model_cases((SMALLEST,), kinds=("normal",)),
+        check_grads_match_finite_differences,
+    ),
+    Property(
+        "tft: interpretable attention",
+        interpretable_attention_cases(),
+        check_attention_matches_reference,
+    ),
+)

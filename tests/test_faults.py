@@ -1,0 +1,74 @@
+"""The property suite catches every deliberate fault of `properties.faults`; real code passes."""
+
+from __future__ import annotations
+
+import pytest
+
+from properties import faults
+from qat import dot_general, fake_quant, lsq, observers
+from tft_jax import attention, interpretable_attention, train
+from tft_jax import model as tft_model
+
+# Where the catalogue patches the real code.
+_PATCH_TARGETS = (
+    (attention, "scaled_dot_product_attention"),
+    (attention, "causal_mask"),
+    (attention, "sinusoidal_encoding"),
+    (tft_model, "causal_mask"),
+    (tft_model, "InterpretableMultiHeadAttention"),
+    (interpretable_attention, "InterpretableMultiHeadAttention"),
+    (fake_quant, "_fake_quantize"),
+    (observers.QuantizationObserver, "observe"),
+    (lsq, "default_grad_scale"),
+    (dot_general, "fake_quantize"),
+    (train, "optax"),
+)
+
+
+def _snapshot() -> list[object]:
+    return [getattr(owner, name) for owner, name in _PATCH_TARGETS]
+
+
+def test_catalogue_holds_at_least_twelve_distinct_faults_each_with_properties():
+    names = [fault.name for fault in faults.CATALOGUE]
+    assert len(names) >= 12
+    assert len(set(names)) == len(names)
+    assert all(fault.properties for fault in faults.CATALOGUE)
+
+
+def test_every_fault_patches_the_real_code_and_restores_it():
+    before = _snapshot()
+    for fault in faults.CATALOGUE:
+        with fault.patch():
+            pass
+        assert _snapshot() == before, fault.name
+    changed = set()
+    for fault in faults.CATALOGUE:
+        with fault.patch():
+            changed |= {
+                i for i, (a, b) in enumerate(zip(_snapshot(), before, strict=True)) if a is not b
+            }
+    assert changed == set(range(len(_PATCH_TARGETS)))
+
+
+def test_every_fault_is_caught_and_every_property_passes_on_the_real_code():
+    reports = faults.run_catalogue(examples=2)
+    table = faults.format_table(reports)
+    print(table)
+    baselines = [r for r in reports if r.fault is None]
+    assert baselines and all(
+        outcome.status == "passed" for r in baselines for outcome in r.outcomes.values()
+    ), table
+    for report in reports:
+        if report.fault is None:
+            continue
+        assert report.caught_by, f"{report.fault.name} escaped every property\n{table}"
+        assert not report.errors, f"{report.fault.name} crashed {report.errors}\n{table}"
+
+
+def test_command_line_lists_the_catalogue_and_rejects_unknown_names(capsys):
+    assert faults.main(["--list", "--cache-dir", ""]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert len(listed) == len(faults.CATALOGUE)
+    with pytest.raises(SystemExit):
+        faults.main(["--only", "no such fault", "--cache-dir", ""])
