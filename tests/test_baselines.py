@@ -1,0 +1,103 @@
+"""Seasonal naive forecasts and their default periods."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from tft_jax.baselines import seasonal_naive, seasonal_period
+
+
+def test_seasonal_naive_repeats_the_last_season_hand_computed():
+    history = np.array([[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], [10.0, 20.0, 30.0, 40.0, 50.0, 60.0]])
+    forecast = seasonal_naive(history, horizon=7, period=3)
+    np.testing.assert_array_equal(forecast, [[4, 5, 6, 4, 5, 6, 4], [40, 50, 60, 40, 50, 60, 40]])
+
+
+def test_seasonal_naive_with_period_one_is_the_last_value():
+    forecast = seasonal_naive(np.array([[3.0, 1.0, 7.0]]), horizon=4, period=1)
+    np.testing.assert_array_equal(forecast, [[7, 7, 7, 7]])
+
+
+def test_seasonal_naive_with_period_equal_to_history_replays_it():
+    history = np.arange(5.0)[None]
+    np.testing.assert_array_equal(seasonal_naive(history, 6, 5), [[0, 1, 2, 3, 4, 0]])
+
+
+def _reference(history: np.ndarray, horizon: int, period: int) -> np.ndarray:
+    """y[t + h] = y[t + h - k m] with k the fewest whole seasons that reach the history."""
+    steps = history.shape[1]
+    out = np.empty((history.shape[0], horizon), history.dtype)
+    for h in range(horizon):
+        k = 1
+        while h - k * period >= 0:
+            k += 1
+        out[:, h] = history[:, steps + h - k * period]
+    return out
+
+
+@given(
+    history=hnp.arrays(
+        np.float64,
+        st.tuples(st.integers(1, 3), st.integers(1, 12)),
+        elements=st.floats(-1e3, 1e3),
+    ),
+    horizon=st.integers(1, 30),
+    data=st.data(),
+)
+def test_seasonal_naive_matches_a_loop_reference(history, horizon, data):
+    period = data.draw(st.integers(1, history.shape[1]))
+    np.testing.assert_array_equal(
+        seasonal_naive(history, horizon, period), _reference(history, horizon, period)
+    )
+
+
+def test_seasonal_naive_rejects_a_period_longer_than_the_history():
+    with pytest.raises(ValueError, match=r"seasonal period \(24\) is longer than the history"):
+        seasonal_naive(np.zeros((2, 12)), horizon=4, period=24)
+
+
+@pytest.mark.parametrize(
+    ("history", "horizon", "period", "error", "match"),
+    [
+        (np.zeros(5), 2, 1, ValueError, r"shape \(B, T\)"),
+        (np.zeros((1, 5)), 0, 1, ValueError, "horizon must be >= 1"),
+        (np.zeros((1, 5)), 2, 0, ValueError, "period must be >= 1"),
+        (np.zeros((1, 5)), 2, 1.5, TypeError, "period must be an int"),
+    ],
+)
+def test_seasonal_naive_bad_arguments_name_the_argument(history, horizon, period, error, match):
+    with pytest.raises(error, match=match):
+        seasonal_naive(history, horizon, period)
+
+
+@pytest.mark.parametrize(
+    ("freq", "period"),
+    [
+        ("h", 24),
+        ("30min", 48),
+        ("15min", 96),
+        ("D", 7),
+        ("B", 5),
+        ("W", 52),
+        ("MS", 12),
+        ("ME", 12),
+        ("QS", 4),
+        ("YS", 1),
+    ],
+)
+def test_seasonal_period_follows_the_documented_table(freq, period):
+    assert seasonal_period(freq) == period
+
+
+def test_seasonal_period_of_a_step_not_dividing_a_day_asks_for_one():
+    with pytest.raises(ValueError, match="does not divide a day"):
+        seasonal_period("7min")
+
+
+def test_seasonal_period_of_an_unknown_frequency_is_rejected():
+    with pytest.raises(ValueError, match="unknown frequency"):
+        seasonal_period("fortnightly")

@@ -1,0 +1,227 @@
+"""Evaluation: metrics in the target's units, batching of windows, forecast tables."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tft_jax.data import prepare_dataset
+from tft_jax.evaluation import (
+    actuals,
+    evenly_spaced,
+    fan_window_indices,
+    forecast_frame,
+    forecast_metrics,
+    padded_batches,
+    predict_windows,
+    quantile_column,
+    seasonal_naive_forecast,
+    to_original_units,
+    window_scales,
+)
+from tft_jax.model import TFTOutput
+
+QUANTILES = (0.1, 0.5, 0.9)
+HISTORY, HORIZON = 14, 7
+
+
+def make_table(seed: int = 0) -> pd.DataFrame:
+    """Three daily series at very different levels, one with a gap."""
+    rng = np.random.default_rng(seed)
+    frames = []
+    for code, (name, level) in enumerate({"a": 10.0, "b": 200.0, "c": 5000.0}.items()):
+        times = pd.date_range("2024-01-01", periods=90, freq="D")
+        values = level * (1 + 0.3 * np.sin(2 * np.pi * np.arange(90) / 7))
+        values = values + rng.normal(scale=0.05 * level, size=90)
+        frame = pd.DataFrame({"shop": name, "day": times, "sales": values})
+        if code == 1:
+            frame = frame.drop(index=[30, 31])
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    return prepare_dataset(
+        make_table(),
+        id_col="shop",
+        time_col="day",
+        target="sales",
+        freq="D",
+        history=HISTORY,
+        horizon=HORIZON,
+        validation_fraction=0.2,
+        test_fraction=0.2,
+    )
+
+
+def pinball(pred: np.ndarray, target: np.ndarray, q: float) -> np.ndarray:
+    error = target - pred
+    return np.maximum(q * error, (q - 1) * error)
+
+
+def offset_predictor(offsets: np.ndarray, heads: int = 2):
+    """A stand-in model: the scaled target plus a fixed offset per quantile."""
+
+    def predict(batch):
+        target = np.asarray(batch.target, dtype=np.float64)
+        size = target.shape[0]
+        steps = HISTORY + HORIZON
+        attention = np.tile(np.arange(steps, dtype=np.float64), (size, heads, HORIZON, 1))
+        return TFTOutput(
+            quantiles=target[..., None] + offsets,
+            attention=attention * np.asarray(batch.static_categorical)[:, :1, None, None],
+            static_weights=np.ones((size, 1)),
+            history_weights=np.broadcast_to(
+                np.asarray(batch.static_categorical, dtype=np.float64)[:, :, None],
+                (size, HISTORY, 3),
+            ),
+            future_weights=np.full((size, HORIZON, 2), 0.5),
+        )
+
+    return predict
+
+
+def test_q_risk_is_computed_in_the_targets_units(dataset):
+    windows = dataset.test
+    offsets = np.array([-0.5, 0.2, 0.7])
+    predictions = predict_windows(offset_predictor(offsets), windows, batch_size=8)
+    forecast = to_original_units(dataset, windows, predictions.quantiles)
+    actual = actuals(dataset, windows)
+    metrics = forecast_metrics(forecast, actual, QUANTILES, window_scales(dataset, windows))
+
+    # Independent reference: the error of each quantile is offset * the series' scale.
+    scale = dataset.target_scaler.scale[windows.series_code][:, None]
+    for index, q in enumerate(QUANTILES):
+        expected = (
+            2 * pinball(actual + offsets[index] * scale, actual, q).sum() / np.abs(actual).sum()
+        )
+        assert metrics["q_risk"][f"{q:g}"] == pytest.approx(expected, rel=1e-4)
+    assert metrics["p50_q_risk"] == metrics["q_risk"]["0.5"]
+    assert metrics["p90_q_risk"] == metrics["q_risk"]["0.9"]
+    stacked = np.stack([actual + o * scale for o in offsets], axis=-1)
+    expected_loss = np.mean([pinball(stacked[..., i], actual, q) for i, q in enumerate(QUANTILES)])
+    assert metrics["mean_quantile_loss"] == pytest.approx(expected_loss, rel=1e-4)
+    expected_scaled = np.mean([pinball(o, 0.0, q) for o, q in zip(offsets, QUANTILES, strict=True)])
+    assert metrics["mean_quantile_loss_scaled"] == pytest.approx(expected_scaled, rel=1e-4)
+
+
+def test_scaled_and_original_q_risk_differ_when_series_levels_differ(dataset):
+    """The check above would pass by accident if scales were equal; they are not."""
+    scales = dataset.target_scaler.scale
+    assert scales.max() / scales.min() > 10
+
+
+def test_actuals_are_the_tables_own_values(dataset):
+    table = make_table()
+    windows = dataset.test
+    actual = actuals(dataset, windows)
+    for index in (0, len(windows) // 2, len(windows) - 1):
+        times = windows.forecast_times(index)
+        shop = dataset.series_ids[windows.series_code[index]]
+        rows = table[(table.shop == shop) & table.day.isin(times)].sort_values("day")
+        np.testing.assert_array_equal(actual[index], rows.sales.to_numpy())
+
+
+def test_point_forecast_scores_every_level_with_the_same_value():
+    actual = np.array([[1.0, 2.0], [3.0, 5.0]])
+    point = np.array([[2.0, 2.0], [2.0, 2.0]])
+    metrics = forecast_metrics(point, actual, QUANTILES)
+    for q in QUANTILES:
+        expected = 2 * pinball(point, actual, q).sum() / np.abs(actual).sum()
+        assert metrics["q_risk"][f"{q:g}"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_perfect_forecast_has_zero_risk():
+    actual = np.array([[1.0, -2.0, 4.0]])
+    metrics = forecast_metrics(np.repeat(actual[..., None], 3, -1), actual, QUANTILES)
+    assert metrics["p50_q_risk"] == 0.0
+    assert metrics["mean_quantile_loss"] == 0.0
+
+
+def test_forecast_metrics_rejects_mismatched_shapes():
+    with pytest.raises(ValueError, match=r"forecast must have shape \(2, 3\) or \(2, 3, 3\)"):
+        forecast_metrics(np.zeros((2, 3, 2)), np.zeros((2, 3)), QUANTILES)
+
+
+def test_seasonal_naive_of_windows_repeats_last_week_in_original_units(dataset):
+    windows = dataset.test
+    naive = seasonal_naive_forecast(dataset, windows, period=7)
+    table = make_table()
+    index = 3
+    shop = dataset.series_ids[windows.series_code[index]]
+    start = windows.forecast_start[index]
+    series = table[table.shop == shop].set_index("day").sales
+    expected = series.loc[start - pd.Timedelta(days=7) : start - pd.Timedelta(days=1)].to_numpy()
+    np.testing.assert_allclose(naive[index], expected, rtol=1e-5)
+
+
+def test_padded_batches_cover_every_window_once_with_one_shape(dataset):
+    windows = dataset.test
+    seen, shapes = [], set()
+    for batch, valid in padded_batches(windows, batch_size=8):
+        shapes.add(batch.target.shape)
+        seen.append(np.asarray(batch.target)[:valid])
+    assert shapes == {(8, HORIZON)}
+    np.testing.assert_array_equal(np.concatenate(seen), windows.arrays()["target"])
+
+
+def test_predict_windows_averages_weights_over_windows_heads_and_steps(dataset):
+    windows = dataset.test
+    predictions = predict_windows(offset_predictor(np.zeros(3)), windows, batch_size=5)
+    codes = windows.series_code.astype(np.float64)
+    assert predictions.quantiles.shape == (len(windows), HORIZON, 3)
+    np.testing.assert_allclose(
+        predictions.attention, np.tile(np.arange(HISTORY + HORIZON), (HORIZON, 1)) * codes.mean()
+    )
+    np.testing.assert_allclose(predictions.history_weights, np.full(3, codes.mean()))
+    np.testing.assert_allclose(predictions.future_weights, [0.5, 0.5])
+    np.testing.assert_allclose(predictions.static_weights, [1.0])
+
+
+def test_forecast_frame_has_one_row_per_window_step_with_the_right_times(dataset):
+    windows = dataset.test
+    forecast = np.arange(len(windows) * HORIZON * 3, dtype=np.float64).reshape(-1, HORIZON, 3)
+    table = forecast_frame(dataset, windows, forecast, QUANTILES)
+    assert list(table.columns) == [
+        "shop",
+        "forecast_start",
+        "day",
+        "horizon",
+        "p10",
+        "p50",
+        "p90",
+        "actual",
+    ]
+    assert len(table) == len(windows) * HORIZON
+    row = table.iloc[HORIZON + 2]  # window 1, horizon step 3
+    assert row["day"] == windows.forecast_times(1)[2]
+    assert row["forecast_start"] == windows.forecast_start[1]
+    assert row["horizon"] == 3
+    assert row["p50"] == forecast[1, 2, 1]
+    assert row["actual"] == actuals(dataset, windows)[1, 2]
+
+
+def test_quantile_columns_are_percent_names():
+    assert [quantile_column(q) for q in (0.1, 0.5, 0.9, 0.025)] == ["p10", "p50", "p90", "p2.5"]
+
+
+def test_fan_windows_tile_time_without_overlap(dataset):
+    windows = dataset.test
+    chosen = fan_window_indices(windows, per_series=3, max_series=2)
+    codes = windows.series_code[chosen]
+    assert set(codes) == {0, 1}
+    for code in (0, 1):
+        starts = windows.starts[chosen[codes == code]]
+        assert 1 <= len(starts) <= 3
+        assert np.all(np.diff(starts) >= HORIZON)
+
+
+def test_evenly_spaced_keeps_the_requested_count_in_order(dataset):
+    windows = dataset.train
+    kept = evenly_spaced(windows, 10)
+    assert len(kept) == 10
+    assert np.all(np.diff(kept.starts) > 0)
+    assert kept.starts[0] == windows.starts[0] and kept.starts[-1] == windows.starts[-1]
+    assert evenly_spaced(windows, 10**6) is windows

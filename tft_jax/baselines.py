@@ -1,0 +1,99 @@
+"""Seasonal naive forecasts: the last seasonal period of the history, repeated.
+
+For a season of `m` steps the forecast of horizon step `h` (0-based) is the
+observation `m · (h // m + 1) - h` steps before it, i.e. the value at the
+same phase of the last full season before the forecast start:
+`ŷ[h] = y[T - m + (h mod m)]` with `y` the `T` history values. It is the
+usual "what happened this time last day / week" baseline (Hyndman &
+Athanasopoulos, Forecasting: Principles and Practice, section 5.2).
+
+The season comes from the sampling frequency (`seasonal_period`):
+
+==================================  ================================
+step                                 period
+==================================  ================================
+shorter than a day ('h', '15min')    steps per day (24 for hourly)
+business day ('B')                   5 (a working week)
+day ('D')                            7 (a week)
+week ('W')                           52 (a year)
+month ('MS', 'ME')                   12 (a year)
+quarter ('QS', 'QE')                 4 (a year)
+year and longer                      1 (the last value)
+==================================  ================================
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tft_jax.data.tables import parse_frequency, typical_step
+
+_DAY = pd.Timedelta(days=1)
+
+
+def seasonal_period(freq: str) -> int:
+    """The season length in steps for the pandas frequency alias `freq` (module table).
+
+    Raises:
+      ValueError: for an unknown alias, or a sub-daily step that does not
+        divide a day (say '7min'); pass the period explicitly then.
+    """
+    offset = parse_frequency(freq)
+    if isinstance(offset, pd.offsets.BusinessDay):
+        return 5
+    step = typical_step(freq)
+    if step < _DAY:
+        per_day = _DAY / step
+        if per_day != int(per_day):
+            raise ValueError(
+                f"freq={freq!r}: a step of {step} does not divide a day, so there is no "
+                "default seasonal period; pass one explicitly (e.g. --season-period)"
+            )
+        return int(per_day)
+    if step < pd.Timedelta(days=7):
+        return 7
+    if step < pd.Timedelta(days=28):
+        return 52
+    if step < pd.Timedelta(days=90):
+        return 12
+    if step < pd.Timedelta(days=365):
+        return 4
+    return 1
+
+
+def _require_positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return int(value)
+
+
+def seasonal_naive(history: Any, horizon: int, period: int) -> np.ndarray:
+    """Forecasts `(B, H)` that repeat the last `period` values of `history` `(B, T)`.
+
+    Args:
+      history: `(B, T)` past values, the last column just before the forecast start.
+      horizon: `H`, steps to forecast.
+      period: the season length `m`, at most `T`.
+
+    Returns:
+      `(B, H)` array, `out[:, h] = history[:, T - m + (h mod m)]`, in the dtype of `history`.
+    """
+    history = np.asarray(history)
+    horizon = _require_positive_int("horizon", horizon)
+    period = _require_positive_int("period", period)
+    if history.ndim != 2:
+        raise ValueError(f"history must have shape (B, T), got {history.shape}")
+    steps = history.shape[1]
+    if period > steps:
+        raise ValueError(
+            f"the seasonal period ({period}) is longer than the history ({steps} steps); "
+            "lengthen the history or choose a shorter period"
+        )
+    columns = steps - period + np.arange(horizon) % period
+    return history[:, columns]

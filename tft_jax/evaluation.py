@@ -1,0 +1,315 @@
+"""Evaluation on a split: batches of windows, predictions, metrics in the target's units, CSVs.
+
+Every metric is computed on the original scale: model quantiles are mapped
+back with the dataset's per-series inverse transform and compared with the
+table's own target values (never a round trip through the scaler).
+
+Metrics per model (`forecast_metrics`):
+
+- `q_risk`: the paper's normalized quantile loss `2 Σ QL_q / Σ |y|` for every
+  quantile level (`tft_jax.losses.q_risk`), summed over all windows and
+  horizon steps; `p50_q_risk` and `p90_q_risk` repeat the 0.5 and 0.9 levels.
+- `mean_quantile_loss`: the pinball loss averaged over windows, steps and
+  levels, in the target's units (`tft_jax.losses.quantile_loss`).
+- `mean_quantile_loss_scaled`: the same on the per-series scaled target, the
+  quantity the model is trained on (comparable across series).
+
+A point forecast (the seasonal naive baseline) is scored as if it predicted
+every quantile level with that one value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tft_jax.baselines import seasonal_naive
+from tft_jax.data import PreparedDataset, WindowSet
+from tft_jax.losses import q_risk, quantile_loss
+from tft_jax.train import Batch
+
+Predictor = Callable[[Batch], Any]
+
+
+def to_batch(arrays: dict[str, np.ndarray]) -> Batch:
+    """The `tft_jax.train.Batch` of a window dict from `WindowSet.take` / `.batches`."""
+    return Batch(
+        static=arrays["static"],
+        historical=arrays["historical"],
+        future=arrays["future"],
+        known_history=arrays["known_history"],
+        static_categorical=arrays["static_categorical"],
+        target=arrays["target"],
+        target_mask=arrays.get("target_mask"),
+    )
+
+
+def padded_batches(windows: WindowSet, batch_size: int) -> Iterator[tuple[Batch, int]]:
+    """Yields `(batch, valid)` over all windows in order, every batch of exactly `batch_size`.
+
+    The last batch is filled up by repeating its final window so that a jitted
+    predictor compiles once; only its first `valid` rows are real.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    count = len(windows)
+    if count == 0:
+        raise ValueError("there are no windows to evaluate")
+    for first in range(0, count, batch_size):
+        indices = np.arange(first, min(first + batch_size, count))
+        valid = indices.size
+        indices = np.concatenate([indices, np.full(batch_size - valid, indices[-1])])
+        yield to_batch(windows.take(indices)), valid
+
+
+def evenly_spaced(windows: WindowSet, count: int) -> WindowSet:
+    """At most `count` windows of `windows`, evenly spaced over it (all of them if fewer)."""
+    if len(windows) <= count:
+        return windows
+    return subset(windows, np.linspace(0, len(windows) - 1, count).round().astype(np.int64))
+
+
+def fixed_batches(windows: WindowSet, batch_size: int) -> list[Batch]:
+    """Consecutive batches of exactly `batch_size` windows (a short remainder is dropped)."""
+    return [
+        to_batch(arrays) for arrays in windows.batches(batch_size, shuffle=False, drop_last=True)
+    ]
+
+
+def subset(windows: WindowSet, indices: np.ndarray) -> WindowSet:
+    """The windows `indices` (M,) of `windows`, in that order, as a `WindowSet`."""
+    return dataclasses.replace(windows, starts=windows.starts[np.asarray(indices, dtype=np.int64)])
+
+
+def fan_window_indices(windows: WindowSet, per_series: int, max_series: int) -> np.ndarray:
+    """Indices of up to `per_series` back-to-back windows for each of the first `max_series` series.
+
+    For each series, its first window, then each next window starting at
+    least `horizon` rows after the previous one: forecasts that tile a stretch
+    of time without overlapping, as a fan chart shows them.
+    """
+    codes = windows.series_code
+    chosen: list[int] = []
+    for code in np.unique(codes)[:max_series]:
+        (positions,) = np.nonzero(codes == code)
+        next_start = -1
+        taken = 0
+        for position in positions:
+            if taken == per_series:
+                break
+            if windows.starts[position] >= next_start:
+                chosen.append(int(position))
+                next_start = windows.starts[position] + windows.horizon
+                taken += 1
+    return np.asarray(chosen, dtype=np.int64)
+
+
+def epoch_batches(windows: WindowSet, batch_size: int, seed: int) -> Callable[[int], Any]:
+    """`epoch -> batches`: full-size shuffled batches, the order a function of `(seed, epoch)`."""
+
+    def batches(epoch: int) -> Any:
+        generator = np.random.default_rng([seed, epoch])
+        return (
+            to_batch(arrays)
+            for arrays in windows.batches(batch_size, seed=generator, drop_last=True)
+        )
+
+    return batches
+
+
+@dataclasses.dataclass(frozen=True)
+class Predictions:
+    """A model's outputs over N windows: the forecasts and the averaged interpretability weights.
+
+    Attributes:
+      quantiles: `(N, H, Q)` forecasts on the model's (scaled) output scale.
+      attention: `(H, T+H)` attention of each horizon query over the window,
+        averaged over windows and heads.
+      static_weights: `(S+C,)` static selection weights averaged over windows.
+      history_weights: `(U[+K],)` history selection weights averaged over windows and steps.
+      future_weights: `(K,)` future selection weights averaged over windows and steps.
+    """
+
+    quantiles: np.ndarray
+    attention: np.ndarray
+    static_weights: np.ndarray
+    history_weights: np.ndarray
+    future_weights: np.ndarray
+
+
+def predict_windows(predict: Predictor, windows: WindowSet, batch_size: int = 256) -> Predictions:
+    """Runs `predict` (a `Batch` to a `TFTOutput`) over every window and gathers `Predictions`.
+
+    Weights are averaged on the fly, so the `(N, heads, H, T+H)` attention of
+    all windows is never held at once.
+    """
+    quantiles = []
+    sums: dict[str, np.ndarray] = {}
+    reductions = {
+        "attention": (0, 1),
+        "static_weights": (0,),
+        "history_weights": (0, 1),
+        "future_weights": (0, 1),
+    }
+    for batch, valid in padded_batches(windows, batch_size):
+        output = predict(batch)
+        quantiles.append(np.asarray(output.quantiles, dtype=np.float64)[:valid])
+        for name, axes in reductions.items():
+            value = np.asarray(getattr(output, name), dtype=np.float64)[:valid]
+            total = value.sum(axis=axes)
+            if name != "static_weights":
+                total = total / np.prod([value.shape[a] for a in axes[1:]])
+            sums[name] = sums.get(name, 0.0) + total
+    count = len(windows)
+    return Predictions(
+        quantiles=np.concatenate(quantiles, axis=0),
+        **{name: total / count for name, total in sums.items()},
+    )
+
+
+def horizon_rows(windows: WindowSet) -> np.ndarray:
+    """`(N, H)` panel rows of every window's forecast steps."""
+    return windows.starts[:, None] + np.arange(windows.horizon)
+
+
+def actuals(dataset: PreparedDataset, windows: WindowSet) -> np.ndarray:
+    """`(N, H)` observed targets of the windows' forecast steps in the target's units.
+
+    Raises `ValueError` if a forecast step has no observed target (windows
+    built with `require_observed_target=False`).
+    """
+    values = dataset.frame[dataset.spec.target].to_numpy(dtype=np.float64)[horizon_rows(windows)]
+    if np.isnan(values).any():
+        raise ValueError(
+            f"{int(np.isnan(values).sum())} forecast steps have no observed target; "
+            "evaluate on windows prepared with require_observed_target=True"
+        )
+    return values
+
+
+def filled_history(dataset: PreparedDataset, windows: WindowSet) -> np.ndarray:
+    """`(N, T)` history targets in the target's units, gaps filled as the model sees them."""
+    panel = windows.panel
+    rows = windows.starts[:, None] + np.arange(-windows.history, 0)
+    codes = panel.series_code[windows.starts]
+    return dataset.inverse_transform(panel.target[rows].astype(np.float64), codes)
+
+
+def seasonal_naive_forecast(
+    dataset: PreparedDataset, windows: WindowSet, period: int
+) -> np.ndarray:
+    """`(N, H)` seasonal naive forecasts of the windows in the target's units (`baselines`)."""
+    return seasonal_naive(filled_history(dataset, windows), windows.horizon, period)
+
+
+def to_original_units(
+    dataset: PreparedDataset, windows: WindowSet, quantiles: np.ndarray
+) -> np.ndarray:
+    """Scaled forecasts `(N, H, Q)` of `windows` in the target's units."""
+    return dataset.inverse_transform(quantiles, windows.series_code)
+
+
+def quantile_key(level: float) -> str:
+    """The JSON key of a quantile level: '0.1', '0.5', ..."""
+    return f"{float(level):g}"
+
+
+def forecast_metrics(
+    forecast: np.ndarray,
+    actual: np.ndarray,
+    quantiles: Sequence[float],
+    scale: np.ndarray | None = None,
+) -> dict[str, Any]:
+    """q-risk per level, P50/P90 q-risk and mean quantile losses (see the module docstring).
+
+    Args:
+      forecast: `(N, H, Q)` quantile forecasts, or `(N, H)` a point forecast
+        used for every level; in the target's units.
+      actual: `(N, H)` observed values in the same units.
+      quantiles: the `Q` levels.
+      scale: optional `(N,)` per-window target scale; adds
+        `mean_quantile_loss_scaled` (the loss of `forecast / scale`).
+
+    Returns:
+      A JSON-ready dict of floats.
+    """
+    levels = tuple(float(q) for q in quantiles)
+    forecast = np.asarray(forecast, dtype=np.float64)
+    actual = np.asarray(actual, dtype=np.float64)
+    if forecast.shape == actual.shape:
+        forecast = np.repeat(forecast[..., None], len(levels), axis=-1)
+    if forecast.shape != (*actual.shape, len(levels)):
+        raise ValueError(
+            f"forecast must have shape {actual.shape} or {(*actual.shape, len(levels))} for "
+            f"actual {actual.shape} and {len(levels)} quantiles, got {forecast.shape}"
+        )
+    risks = {
+        quantile_key(q): float(q_risk(forecast[..., i], actual, q)) for i, q in enumerate(levels)
+    }
+    metrics: dict[str, Any] = {
+        "p50_q_risk": risks.get("0.5"),
+        "p90_q_risk": risks.get("0.9"),
+        "mean_quantile_loss": float(quantile_loss(forecast, actual, levels)),
+        "q_risk": risks,
+    }
+    if scale is not None:
+        divisor = np.asarray(scale, dtype=np.float64).reshape(-1, 1)
+        metrics["mean_quantile_loss_scaled"] = float(
+            quantile_loss(forecast / divisor[..., None], actual / divisor, levels)
+        )
+    return metrics
+
+
+def window_scales(dataset: PreparedDataset, windows: WindowSet) -> np.ndarray:
+    """`(N,)` the target scale of each window's series."""
+    return dataset.target_scaler.scale[windows.series_code]
+
+
+def quantile_column(level: float) -> str:
+    """The CSV column of a quantile level: 0.1 -> 'p10', 0.025 -> 'p2.5'."""
+    return f"p{100.0 * float(level):g}"
+
+
+def forecast_frame(
+    dataset: PreparedDataset,
+    windows: WindowSet,
+    forecast: np.ndarray,
+    quantiles: Sequence[float],
+) -> pd.DataFrame:
+    """Long-format forecasts, one row per (window, horizon step), in the target's units.
+
+    Columns: the id column, `forecast_start` (the first forecast step of the
+    window), the time column (the step forecast), `horizon` (1..H), one
+    column per quantile (`quantile_column`) and `actual` (NaN where the
+    target is missing).
+    """
+    forecast = np.asarray(forecast, dtype=np.float64)
+    count, horizon = len(windows), windows.horizon
+    if forecast.shape != (count, horizon, len(quantiles)):
+        raise ValueError(
+            f"forecast must have shape {(count, horizon, len(quantiles))}, got {forecast.shape}"
+        )
+    spec = dataset.spec
+    rows = horizon_rows(windows).reshape(-1)
+    frame = dataset.frame
+    table = pd.DataFrame(
+        {
+            spec.id_col: frame[spec.id_col].to_numpy()[rows],
+            "forecast_start": windows.forecast_start.repeat(horizon),
+            spec.time_col: windows.panel.times[rows],
+            "horizon": np.tile(np.arange(1, horizon + 1), count),
+        }
+    )
+    for index, level in enumerate(quantiles):
+        table[quantile_column(level)] = forecast[..., index].reshape(-1)
+    table["actual"] = frame[spec.target].to_numpy(dtype=np.float64)[rows]
+    return table
+
+
+def write_forecasts(table: pd.DataFrame, path: str) -> None:
+    """Writes a `forecast_frame` table as CSV (ISO 8601 timestamps, no index)."""
+    table.to_csv(path, index=False, date_format="%Y-%m-%dT%H:%M:%S%z")

@@ -1,0 +1,308 @@
+"""PNG plots of forecasts, attention, variable importance and training curves (matplotlib).
+
+Figures are built with `matplotlib.figure.Figure` and written by the Agg
+canvas, so no display, no `pyplot` global state and no backend switch is
+involved. Each function writes one PNG and returns its path.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+PathLike = str | pathlib.Path
+
+_BAND = "#9ecae1"
+_MEDIAN = "#08519c"
+_ACTUAL = "#252525"
+_ARMS = {True: "#1b9e77", False: "#d95f02"}
+
+
+def _save(figure: Figure, path: PathLike) -> pathlib.Path:
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Room between stacked panels for the tick labels of one and the title of the next.
+    figure.get_layout_engine().set(h_pad=0.12)
+    figure.savefig(path, dpi=110)
+    return path
+
+
+def plot_forecast_fans(
+    path: PathLike,
+    forecasts: pd.DataFrame,
+    context: pd.DataFrame,
+    *,
+    id_col: str,
+    time_col: str,
+    lower: str,
+    median: str,
+    upper: str,
+    title: str = "",
+    units: str = "",
+) -> pathlib.Path:
+    """Fan charts, one panel per series: the `lower`-`upper` band, the median, the actuals.
+
+    Args:
+      path: the PNG to write.
+      forecasts: rows of forecast steps with columns `id_col`, `time_col`,
+        `lower`, `median`, `upper` and `actual` (as `evaluation.forecast_frame`).
+      context: actuals shown before (and under) the forecasts: columns
+        `id_col`, `time_col`, `actual`.
+      id_col, time_col: the id and time columns.
+      lower, median, upper: the quantile columns of the band and the median.
+      title: figure title.
+      units: y-axis label.
+    """
+    series = list(pd.unique(forecasts[id_col]))
+    if not series:
+        raise ValueError("forecasts is empty: nothing to plot")
+    figure = Figure(figsize=(11, 2.6 * len(series)), layout="constrained")
+    axes = figure.subplots(len(series), 1, squeeze=False)[:, 0]
+    for axis, name in zip(axes, series, strict=True):
+        rows = forecasts[forecasts[id_col] == name].sort_values(time_col)
+        past = context[context[id_col] == name].sort_values(time_col)
+        actual = pd.concat([past[[time_col, "actual"]], rows[[time_col, "actual"]]])
+        actual = actual.drop_duplicates(time_col).sort_values(time_col)
+        axis.plot(actual[time_col], actual["actual"], color=_ACTUAL, lw=1.0, label="actual")
+        # One band per forecast window, so consecutive windows are not joined.
+        for start, window in rows.groupby("forecast_start", sort=True):
+            first = start == rows["forecast_start"].min()
+            axis.fill_between(
+                window[time_col],
+                window[lower],
+                window[upper],
+                color=_BAND,
+                alpha=0.7,
+                lw=0,
+                label=f"{lower}-{upper}" if first else None,
+            )
+            axis.plot(
+                window[time_col],
+                window[median],
+                color=_MEDIAN,
+                lw=1.3,
+                label=median if first else None,
+            )
+        axis.set_title(str(name), fontsize=10, loc="left")
+        axis.set_ylabel(units)
+        axis.grid(alpha=0.3)
+    axes[0].legend(loc="upper right", fontsize=8, ncol=3)
+    if title:
+        figure.suptitle(title)
+    return _save(figure, path)
+
+
+def plot_attention(
+    path: PathLike,
+    attention: Any,
+    history: int,
+    *,
+    horizons: Sequence[int] | None = None,
+    title: str = "Attention over the history (test set mean)",
+) -> pathlib.Path:
+    """Mean attention of horizon queries over the history positions `-T .. -1`.
+
+    Args:
+      path: the PNG to write.
+      attention: `(H, T+H)` weights of each horizon query over the window,
+        averaged over windows and heads.
+      history: `T`.
+      horizons: 1-based horizon steps drawn as their own curves; default the
+        first, middle and last. The mean over all horizons is drawn bold.
+      title: figure title.
+    """
+    attention = np.asarray(attention, dtype=np.float64)
+    if attention.ndim != 2 or attention.shape[1] <= history:
+        raise ValueError(
+            f"attention must have shape (H, T+H) with T={history}, got {attention.shape}"
+        )
+    steps = attention.shape[0]
+    if horizons is None:
+        horizons = sorted({1, (steps + 1) // 2, steps})
+    for step in horizons:
+        if not 1 <= step <= steps:
+            raise ValueError(f"horizons must lie in 1..{steps}, got {step}")
+    lags = np.arange(-history, 0)
+    figure = Figure(figsize=(10, 3.8), layout="constrained")
+    axis = figure.subplots()
+    for step in horizons:
+        axis.plot(lags, attention[step - 1, :history], lw=0.9, alpha=0.8, label=f"horizon {step}")
+    axis.plot(lags, attention[:, :history].mean(axis=0), color="black", lw=1.8, label="mean")
+    axis.set_xlabel("history position (steps before the forecast start)")
+    axis.set_ylabel("attention weight")
+    axis.set_title(title)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    return _save(figure, path)
+
+
+def plot_variable_importance(
+    path: PathLike,
+    groups: Sequence[tuple[str, Sequence[str], Any]],
+    *,
+    title: str = "Variable selection weights (test set mean)",
+) -> pathlib.Path:
+    """Horizontal bars of mean selection weights, one panel per group.
+
+    Args:
+      path: the PNG to write.
+      groups: `(panel title, variable names, weights)` triples, e.g. static,
+        history and future inputs; `weights` has one entry per name. Empty
+        groups are left out.
+      title: figure title.
+    """
+    kept = []
+    for name, labels, weights in groups:
+        weights = np.asarray(weights, dtype=np.float64).reshape(-1)
+        if len(labels) != weights.size:
+            raise ValueError(
+                f"group {name!r}: {len(labels)} names for {weights.size} weights; they must match"
+            )
+        if weights.size:
+            kept.append((name, list(labels), weights))
+    if not kept:
+        raise ValueError("every group is empty: nothing to plot")
+    heights = [max(1.2, 0.32 * len(labels) + 0.8) for _, labels, _ in kept]
+    figure = Figure(figsize=(7, sum(heights)), layout="constrained")
+    axes = figure.subplots(len(kept), 1, squeeze=False, height_ratios=heights)[:, 0]
+    for axis, (name, labels, weights) in zip(axes, kept, strict=True):
+        order = np.argsort(weights)
+        axis.barh(np.arange(weights.size), weights[order], color=_MEDIAN)
+        axis.set_yticks(np.arange(weights.size), [labels[i] for i in order], fontsize=8)
+        axis.set_title(name, fontsize=10, loc="left")
+        axis.set_xlim(0, max(1e-9, float(weights.max())) * 1.1)
+        axis.grid(axis="x", alpha=0.3)
+    axes[-1].set_xlabel("mean selection weight")
+    figure.suptitle(title)
+    return _save(figure, path)
+
+
+def _finite(values: Sequence[Any]) -> np.ndarray:
+    return np.array([math.nan if v is None else float(v) for v in values], dtype=np.float64)
+
+
+def plot_loss_curves(
+    path: PathLike,
+    phases: Mapping[str, Mapping[str, Sequence[Any]]],
+    *,
+    title: str = "Training and validation loss",
+) -> pathlib.Path:
+    """Training and validation loss against the step, phase after phase.
+
+    Args:
+      path: the PNG to write.
+      phases: phase name (e.g. 'fp32', 'qat') to a training history with
+        lists `step`, `train_loss`, `val_loss` (None where absent), as
+        `tft_jax.train.fit` returns. Each phase's steps continue where the
+        previous phase ended.
+      title: figure title.
+    """
+    if not phases:
+        raise ValueError("phases is empty: nothing to plot")
+    figure = Figure(figsize=(9, 4), layout="constrained")
+    axis = figure.subplots()
+    offset = 0.0
+    colors = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
+    for index, (name, history) in enumerate(phases.items()):
+        steps = _finite(history["step"]) + offset
+        color = colors[index % len(colors)]
+        axis.plot(steps, _finite(history["train_loss"]), color=color, lw=1.2, label=f"{name} train")
+        axis.plot(
+            steps,
+            _finite(history["val_loss"]),
+            color=color,
+            lw=1.2,
+            ls="--",
+            marker=".",
+            label=f"{name} validation",
+        )
+        if steps.size:
+            offset = float(steps[-1])
+            axis.axvline(offset, color="grey", lw=0.6, alpha=0.5)
+    axis.set_xlabel("step")
+    axis.set_ylabel("mean quantile loss (scaled target)")
+    axis.set_title(title)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    return _save(figure, path)
+
+
+def _smooth(values: np.ndarray, width: int) -> np.ndarray:
+    """Trailing mean over the last `width` values at each step, ignoring NaN and inf."""
+    finite = np.isfinite(values)
+    sums = np.concatenate([[0.0], np.cumsum(np.where(finite, values, 0.0))])
+    counts = np.concatenate([[0], np.cumsum(finite)])
+    upper = np.arange(1, values.size + 1)
+    lower = np.maximum(upper - width, 0)
+    count = counts[upper] - counts[lower]
+    return np.where(count > 0, (sums[upper] - sums[lower]) / np.maximum(count, 1), np.nan)
+
+
+def plot_clipping_experiment(
+    path: PathLike, result: Mapping[str, Any], *, title: str | None = None
+) -> pathlib.Path:
+    """Per-step training loss and gradient norm of every run by arm, and final validation losses.
+
+    Args:
+      path: the PNG to write.
+      result: the dict of `tft_jax.experiments.clipping_experiment`: `runs`,
+        each with `clip` (bool), `step_loss` and `step_grad_norm` (per step),
+        `final_val_loss` and `diverged`; and `settings` with `learning_rate`
+        and `clip_norm`.
+      title: figure title (default from the settings).
+    """
+    runs = result["runs"]
+    if not runs:
+        raise ValueError("result has no runs: nothing to plot")
+    settings = result.get("settings", {})
+    figure = Figure(figsize=(15, 4.2), layout="constrained")
+    losses, norms, finals = figure.subplots(1, 3, width_ratios=(1.6, 1.6, 1))
+    labelled: set[bool] = set()
+    for run in runs:
+        clip = bool(run["clip"])
+        label = None if clip in labelled else ("with clipping" if clip else "without clipping")
+        labelled.add(clip)
+        style = dict(color=_ARMS[clip], lw=0.9, alpha=0.75, ls=":" if run["diverged"] else "-")
+        step_loss = _finite(run["step_loss"])
+        steps = np.arange(1, step_loss.size + 1)
+        losses.plot(steps, _smooth(step_loss, 5), label=label, **style)
+        norms.plot(steps, _smooth(_finite(run["step_grad_norm"]), 5), **style)
+    if settings.get("clip_norm") is not None:
+        norms.axhline(settings["clip_norm"], color="black", lw=0.8, ls="--", label="clip_norm")
+        norms.legend(fontsize=8)
+    for axis, name in ((losses, "training quantile loss"), (norms, "gradient norm (unclipped)")):
+        axis.set_yscale("log")
+        axis.set_xlabel("step")
+        axis.set_ylabel(name)
+        axis.set_title(f"{name}, 5-step mean (dotted: diverged)", fontsize=10)
+        axis.grid(alpha=0.3, which="both")
+    losses.legend(fontsize=8)
+    for position, clip in enumerate((False, True)):
+        values = _finite([run["final_val_loss"] for run in runs if bool(run["clip"]) == clip])
+        jitter = np.linspace(-0.12, 0.12, max(values.size, 1))[: values.size]
+        finals.scatter(position + jitter, values, color=_ARMS[clip], zorder=3)
+        failed = int(np.sum(~np.isfinite(values)))
+        if failed:
+            finals.annotate(
+                f"{failed} non-finite", (position, 0.02), xycoords=("data", "axes fraction")
+            )
+    finals.set_xticks([0, 1], ["without clipping", "with clipping"])
+    finals.set_xlim(-0.6, 1.6)
+    finals.set_ylabel("final validation loss")
+    finals.set_yscale("log")
+    finals.grid(alpha=0.3, which="both")
+    finals.set_title("final validation loss per seed", fontsize=10)
+    figure.suptitle(
+        title
+        or (
+            f"QAT at learning rate {settings.get('learning_rate')}: "
+            f"clip_by_global_norm({settings.get('clip_norm')}) vs none"
+        )
+    )
+    return _save(figure, path)
