@@ -1,0 +1,190 @@
+"""Attention benchmark: `TemporalSelfAttention` forward+backward against sequence length.
+
+For each length `T` and each path (`default`: the explicit kernel
+`scaled_dot_product_attention`; `flash`: `use_flash_attention=True`, i.e.
+`jax.nn.dot_product_attention`, cuDNN's fused kernel on GPU where it
+applies), one jitted call computes the causal self-attention block, a scalar
+loss and the gradients with respect to the parameters and the input. Reported:
+compile time, median time, tokens/s, XLA FLOPs and the executable's memory
+(the `T x T` probabilities dominate the default path's temp bytes).
+
+Usage::
+
+    python -m benchmarks.attention --lengths 64,256,1024,4096 --paths default,flash [--json]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks import common
+from tft_jax import TemporalSelfAttention
+
+PATHS = ("default", "flash")
+DEFAULT_LENGTHS = (64, 128, 256, 512, 1024, 2048, 4096)
+
+
+def make_step(
+    seq_len: int, path: str, batch_size: int, hidden_dim: int, num_heads: int, dtype: str
+) -> tuple[Any, tuple[Any, ...]]:
+    """`(jitted forward+backward, its arguments)` for one length and path.
+
+    The loss is the mean of the block's output; gradients are taken with
+    respect to the parameters and the input `x (B, T, D)`.
+    """
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    module = TemporalSelfAttention(
+        hidden_dim,
+        num_heads,
+        dropout_rate=0.0,
+        use_flash_attention=path == "flash",
+        dtype=jnp.dtype(dtype),
+    )
+    x = jax.random.normal(jax.random.key(0), (batch_size, seq_len, hidden_dim), jnp.dtype(dtype))
+    params = jax.jit(module.init)(jax.random.key(1), x)
+
+    def loss(variables: Any, inputs: Any) -> Any:
+        return jnp.mean(module.apply(variables, inputs, causal=True).astype(jnp.float32))
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1))), (params, x)
+
+
+def bench(
+    seq_len: int,
+    path: str,
+    steps: int = common.MIN_TIMED_STEPS,
+    warmup: int = common.DEFAULT_WARMUP,
+    batch_size: int = 1,
+    hidden_dim: int = 64,
+    num_heads: int = 4,
+    dtype: str = "float32",
+) -> dict[str, Any]:
+    """Compiles and times the forward+backward of one length and path; returns the record."""
+    common.check_step_counts(steps, warmup)
+    step, args = make_step(seq_len, path, batch_size, hidden_dim, num_heads, dtype)
+    compiled = common.compile_timed(step, *args)
+    times = common.time_steps(lambda: jax.block_until_ready(step(*args)), steps, warmup)
+    flops = common.cost_flops(compiled.compiled)
+    return common.make_record(
+        "attention",
+        f"T{seq_len}-{path}",
+        seq_len=seq_len,
+        path=path,
+        batch_size=batch_size,
+        hidden_dim=hidden_dim,
+        num_heads=num_heads,
+        dtype=jnp.dtype(dtype).name,
+        compile_s=compiled.total_s,
+        **times.summary(),
+        tokens_per_s=batch_size * seq_len / times.median,
+        **common.throughput_fields(flops, times.median, None),
+        memory=common.memory_stats(compiled.compiled),
+        device_peak_bytes=common.device_peak_bytes(),
+    )
+
+
+REQUIRED_FIELDS: dict[str, Any] = {
+    "seq_len": int,
+    "path": str,
+    "batch_size": int,
+    "dtype": str,
+    "compile_s": float,
+    "median_s": float,
+    "steps": int,
+    "tokens_per_s": float,
+    "flops": (float, type(None)),
+    "memory": (dict, type(None)),
+}
+
+COLUMNS = [
+    ("T", "seq_len", ""),
+    ("path", "path", ""),
+    ("dtype", "dtype", ""),
+    ("compile s", "compile_s", ".2f"),
+    ("median ms", "median_ms", ".3f"),
+    ("tokens/s", "tokens_per_s", ".0f"),
+    ("GFLOP/s", "gflops_per_s", ".2f"),
+    ("temp MiB", "temp_mib", ".1f"),
+]
+
+
+def table_view(record: dict[str, Any]) -> dict[str, Any]:
+    """Milliseconds and MiB for the table."""
+    memory = record.get("memory") or {}
+    return {
+        **record,
+        "median_ms": record["median_s"] * 1e3,
+        "temp_mib": memory["temp_bytes"] / 2**20 if memory else None,
+    }
+
+
+def parse_lengths(text: str) -> list[int]:
+    """Comma-separated positive sequence lengths."""
+    try:
+        lengths = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as error:
+        raise ValueError(f"--lengths must be comma-separated ints, got {text!r}") from error
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f"--lengths must be positive ints, got {text!r}")
+    return lengths
+
+
+def run(
+    lengths: Sequence[int],
+    paths: Sequence[str],
+    steps: int,
+    warmup: int,
+    batch_size: int = 1,
+    hidden_dim: int = 64,
+    num_heads: int = 4,
+    dtype: str = "float32",
+) -> list[dict[str, Any]]:
+    """One record per (length, path)."""
+    return [
+        bench(length, path, steps, warmup, batch_size, hidden_dim, num_heads, dtype)
+        for length in lengths
+        for path in paths
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Command line: `python -m benchmarks.attention [--lengths ...] [--paths ...] [--json]`."""
+    parser = common.base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)))
+    parser.add_argument("--paths", default=",".join(PATHS), help=f"subset of {list(PATHS)}")
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--hidden-dim", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    args = parser.parse_args(argv)
+    lengths = parse_lengths(args.lengths)
+    paths = common.split_names(args.paths, PATHS, "--paths")
+    common.setup(args)
+    records = run(
+        lengths,
+        paths,
+        args.steps,
+        args.warmup,
+        args.batch_size,
+        args.hidden_dim,
+        args.heads,
+        args.dtype,
+    )
+    common.emit(
+        records,
+        COLUMNS,
+        args.json,
+        args.output,
+        title="TemporalSelfAttention forward+backward (causal)",
+        view=table_view,
+    )
+    return records
+
+
+if __name__ == "__main__":
+    main()

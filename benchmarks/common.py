@@ -1,0 +1,538 @@
+"""Timing helpers shared by the benchmarks: compile time, step medians, FLOPs, memory, JSON.
+
+Every benchmark measures the public functions users call, the same way:
+
+* compile time: wall time of `jitted.lower(...)` (trace and lowering) and of
+  `.compile()` (XLA), with the persistent compilation cache switched off;
+* step time: `warmup` untimed calls, then the median (and p10/p90) over
+  `steps >= 20` calls, each ended by `jax.block_until_ready`;
+* FLOPs: XLA's cost analysis of the compiled executable;
+* the float32 matmul peak of this machine, measured in the same process, so
+  achieved GFLOP/s can be read as a fraction of it;
+* memory: XLA's memory analysis of the executable (argument + output - alias +
+  temp bytes), the device's peak bytes where the runtime reports them, and the
+  process's peak resident set.
+
+Each result is a flat dict (a "record") printed as a table row or, with
+`--json`, as one JSON line that carries the machine, the date and the versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import functools
+import importlib.metadata
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+SCHEMA_VERSION = 1
+MIN_TIMED_STEPS = 20
+DEFAULT_WARMUP = 3
+_PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy", "torch", "pytorch-forecasting")
+
+# Keys every record carries, with their types (checked by `validate_record`).
+RECORD_KEYS: dict[str, type | tuple[type, ...]] = {
+    "schema_version": int,
+    "benchmark": str,
+    "config": str,
+    "load_average_1m": float,
+    "env": dict,
+}
+ENV_KEYS: dict[str, type | tuple[type, ...]] = {
+    "date_utc": str,
+    "python": str,
+    "platform": str,
+    "cpu_model": str,
+    "logical_cpus": int,
+    "backend": str,
+    "device_kind": str,
+    "device_count": int,
+    "versions": dict,
+}
+
+
+# ---------------------------------------------------------------------------
+# Set-up
+
+
+def disable_compilation_cache() -> None:
+    """Switches JAX's persistent compilation cache off, so that compile times are real."""
+    jax.config.update("jax_enable_compilation_cache", False)
+
+
+def check_step_counts(steps: int, warmup: int, minimum: int = 1) -> None:
+    """Raises `ValueError` unless `steps >= minimum` and `warmup >= 0` (both ints)."""
+    for name, value, low in (("steps", steps, minimum), ("warmup", warmup, 0)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        if value < low:
+            raise ValueError(f"{name} must be >= {low}, got {value}")
+
+
+# ---------------------------------------------------------------------------
+# Timing
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTimes:
+    """Wall-clock seconds of individual timed calls (after warm-up)."""
+
+    seconds: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return float(statistics.median(self.seconds))
+
+    def percentile(self, q: float) -> float:
+        """The `q`-th percentile (0..100) of the call times."""
+        return float(np.percentile(np.asarray(self.seconds), q))
+
+    def summary(self, prefix: str = "") -> dict[str, float | int]:
+        """`{prefix}median_s`, `p10_s`, `p90_s`, `min_s` and the number of timed steps."""
+        return {
+            f"{prefix}median_s": self.median,
+            f"{prefix}p10_s": self.percentile(10),
+            f"{prefix}p90_s": self.percentile(90),
+            f"{prefix}min_s": float(min(self.seconds)),
+            f"{prefix}steps": len(self.seconds),
+        }
+
+
+def time_steps(step: Callable[[], Any], steps: int, warmup: int = DEFAULT_WARMUP) -> StepTimes:
+    """Calls `step()` `warmup` times untimed, then `steps` times, each timed on its own.
+
+    `step` must block until its work is done (end it with `jax.block_until_ready`,
+    or synchronise the peer framework).
+    """
+    check_step_counts(steps, warmup)
+    for _ in range(warmup):
+        step()
+    seconds = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        seconds.append(time.perf_counter() - start)
+    return StepTimes(tuple(seconds))
+
+
+def time_alternating(
+    steps: Mapping[str, Callable[[], Any]],
+    blocks: int,
+    steps_per_block: int,
+    warmup: int = DEFAULT_WARMUP,
+) -> dict[str, StepTimes]:
+    """Times several step functions in turns: `blocks` rounds of `steps_per_block` calls each.
+
+    Interleaving spreads the load of a shared machine evenly over the
+    contenders, so their ratio is fair even when absolute times drift. Each
+    function is warmed up `warmup` times first; every timed call is recorded.
+    """
+    check_step_counts(blocks, warmup)
+    check_step_counts(steps_per_block, 0)
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    seconds: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(blocks):
+        for name, step in steps.items():
+            for _ in range(steps_per_block):
+                start = time.perf_counter()
+                step()
+                seconds[name].append(time.perf_counter() - start)
+    return {name: StepTimes(tuple(values)) for name, values in seconds.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileResult:
+    """A compiled executable and how long it took to get it."""
+
+    compiled: Any
+    lower_s: float
+    compile_s: float
+
+    @property
+    def total_s(self) -> float:
+        """Trace + lowering + XLA compilation, the cost of a first call."""
+        return self.lower_s + self.compile_s
+
+
+def compile_timed(jitted: Any, *args: Any, **kwargs: Any) -> CompileResult:
+    """Lowers and compiles `jitted` (a `jax.jit` function) for these arguments, timed.
+
+    JAX keeps the executable, so the next call of `jitted` with arguments of
+    the same shapes runs it without compiling again.
+    """
+    start = time.perf_counter()
+    lowered = jitted.lower(*args, **kwargs)
+    lowered_at = time.perf_counter()
+    compiled = lowered.compile()
+    done = time.perf_counter()
+    return CompileResult(compiled, lowered_at - start, done - lowered_at)
+
+
+# ---------------------------------------------------------------------------
+# FLOPs and memory
+
+
+def _first_analysis(analysis: Any) -> Mapping[str, Any] | None:
+    """Cost analysis is a dict in current JAX and a one-element list in older releases."""
+    if isinstance(analysis, Sequence) and not isinstance(analysis, str | bytes):
+        analysis = analysis[0] if analysis else None
+    return analysis if isinstance(analysis, Mapping) else None
+
+
+def cost_flops(compiled: Any) -> float | None:
+    """The FLOPs of one call of a compiled executable, from XLA's cost analysis (None if absent).
+
+    XLA counts each loop body once: a `lax.scan` over `T` steps contributes
+    the FLOPs of a single step.
+    """
+    try:
+        analysis = _first_analysis(compiled.cost_analysis())
+    except Exception:  # some backends do not implement cost analysis
+        return None
+    if not analysis or "flops" not in analysis:
+        return None
+    flops = float(analysis["flops"])
+    return flops if flops > 0 else None
+
+
+def memory_stats(compiled: Any) -> dict[str, int] | None:
+    """Bytes of a compiled executable's buffers from XLA's memory analysis (None if absent).
+
+    `peak_bytes` is `argument + output - alias + temp`: what the executable
+    needs on the device at once (donated arguments alias outputs).
+    """
+    try:
+        analysis = compiled.memory_analysis()
+    except Exception:  # some backends do not implement memory analysis
+        return None
+    if analysis is None:
+        return None
+    fields = {
+        "argument_bytes": int(analysis.argument_size_in_bytes),
+        "output_bytes": int(analysis.output_size_in_bytes),
+        "alias_bytes": int(analysis.alias_size_in_bytes),
+        "temp_bytes": int(analysis.temp_size_in_bytes),
+    }
+    fields["peak_bytes"] = (
+        fields["argument_bytes"]
+        + fields["output_bytes"]
+        - fields["alias_bytes"]
+        + fields["temp_bytes"]
+    )
+    return fields
+
+
+def peak_rss_bytes() -> int:
+    """The peak resident set size of this process so far (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def device_peak_bytes(device: Any = None) -> int | None:
+    """The device allocator's peak bytes in use (GPU/TPU); None where it reports nothing (CPU)."""
+    device = device or jax.devices()[0]
+    try:
+        stats = device.memory_stats()
+    except Exception:  # the CPU client raises or returns None depending on the release
+        return None
+    if not stats or "peak_bytes_in_use" not in stats:
+        return None
+    return int(stats["peak_bytes_in_use"])
+
+
+def matmul_peak_gflops(dtype: str = "float32", size: int | None = None, repeats: int = 8) -> dict:
+    """This machine's matmul peak: the best GFLOP/s of a jitted square matmul, measured now.
+
+    `size` defaults to 1024 on CPU and 8192 on accelerators. The best of
+    `repeats` timed calls stands for the peak (contention only slows calls down).
+    Returns `{"matmul_peak_gflops", "matmul_peak_dtype", "matmul_peak_size"}`.
+    """
+    check_step_counts(repeats, 0)
+    accelerator = jax.default_backend() != "cpu"
+    size = size or (8192 if accelerator else 1024)
+    keys = jax.random.split(jax.random.key(0))
+    a = jax.random.normal(keys[0], (size, size), jnp.dtype(dtype))
+    b = jax.random.normal(keys[1], (size, size), jnp.dtype(dtype))
+    matmul = jax.jit(jnp.matmul)
+    times = time_steps(lambda: matmul(a, b).block_until_ready(), repeats, warmup=2)
+    return {
+        "matmul_peak_gflops": 2.0 * size**3 / min(times.seconds) / 1e9,
+        "matmul_peak_dtype": jnp.dtype(dtype).name,
+        "matmul_peak_size": size,
+    }
+
+
+def throughput_fields(
+    flops: float | None, median_s: float, peak_gflops: float | None
+) -> dict[str, float | None]:
+    """Achieved GFLOP/s of a step and its fraction of the measured matmul peak."""
+    achieved = flops / median_s / 1e9 if flops else None
+    fraction = achieved / peak_gflops if achieved and peak_gflops else None
+    return {"flops": flops, "gflops_per_s": achieved, "peak_fraction": fraction}
+
+
+# ---------------------------------------------------------------------------
+# Records and output
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.cache
+def environment() -> dict[str, Any]:
+    """The machine, the date and the package versions, recorded with every result."""
+    devices = jax.devices()
+    return {
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_model": _cpu_model(),
+        "logical_cpus": os.cpu_count() or 0,
+        "backend": jax.default_backend(),
+        "device_kind": devices[0].device_kind,
+        "device_count": len(devices),
+        "versions": {name: _version(name) for name in _PACKAGES},
+    }
+
+
+def make_record(benchmark: str, config: str, **fields: Any) -> dict[str, Any]:
+    """A result: the benchmark's name, its configuration, the fields, the load and the machine."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "benchmark": benchmark,
+        "config": config,
+        **fields,
+        "load_average_1m": float(os.getloadavg()[0]),
+        "env": environment(),
+    }
+
+
+def validate_record(record: Mapping[str, Any], required: Mapping[str, Any] = ()) -> None:
+    """Raises `ValueError` naming the key when a record misses a field or has the wrong type.
+
+    `required` maps benchmark-specific keys to a type or a tuple of types
+    (`type(None)` allowed for fields some backends cannot measure).
+    """
+    for expected in (RECORD_KEYS, dict(required)):
+        for key, types in expected.items():
+            if key not in record:
+                raise ValueError(f"record of {record.get('benchmark')!r} lacks {key!r}")
+            value = record[key]
+            allowed = types if isinstance(types, tuple) else (types,)
+            if float in allowed and isinstance(value, int) and not isinstance(value, bool):
+                continue
+            if not isinstance(value, allowed):
+                raise ValueError(
+                    f"record field {key!r} must be {allowed}, got {type(value).__name__} {value!r}"
+                )
+    for key, types in ENV_KEYS.items():
+        if not isinstance(record["env"].get(key), types):
+            raise ValueError(f"record env field {key!r} must be {types}, got {record['env']}")
+    json.dumps(record, allow_nan=False)
+
+
+def _format_value(value: Any, spec: str) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and spec:
+        return format(value, spec)
+    return str(value)
+
+
+def format_table(
+    records: Iterable[Mapping[str, Any]], columns: Sequence[tuple[str, str, str]]
+) -> str:
+    """A plain text table; `columns` are `(header, record key, format spec)`."""
+    rows = [[header for header, _, _ in columns]]
+    rows += [[_format_value(r.get(key), spec) for _, key, spec in columns] for r in records]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
+    lines = [
+        "  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True))
+        for row in rows
+    ]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def emit(
+    records: Sequence[Mapping[str, Any]],
+    columns: Sequence[tuple[str, str, str]],
+    as_json: bool,
+    output: str | None = None,
+    title: str | None = None,
+    view: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
+) -> None:
+    """Prints `records` as JSON lines or as a table; with `output`, appends the JSON lines there.
+
+    `view` maps a record to the row the table shows (derived display fields).
+    """
+    lines = [json.dumps(record, allow_nan=False) for record in records]
+    if output:
+        with open(output, "a", encoding="utf-8") as handle:
+            handle.writelines(line + "\n" for line in lines)
+    if as_json:
+        print("\n".join(lines), flush=True)
+        return
+    if title:
+        print(title)
+    rows = [view(record) for record in records] if view else records
+    print(format_table(rows, columns), flush=True)
+
+
+def base_parser(description: str, steps: int = MIN_TIMED_STEPS) -> argparse.ArgumentParser:
+    """The options every benchmark shares: `--json`, `--output`, `--steps`, `--warmup`."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--json", action="store_true", help="print one JSON object per line")
+    parser.add_argument("--output", help="also append the JSON lines to this file")
+    parser.add_argument(
+        "--steps", type=int, default=steps, help=f"timed calls per measurement (default {steps})"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=DEFAULT_WARMUP, help="untimed calls before timing"
+    )
+    parser.add_argument(
+        "--compile-cache",
+        action="store_true",
+        help="keep JAX's persistent compilation cache on (compile times then measure cache loads)",
+    )
+    return parser
+
+
+def setup(args: argparse.Namespace) -> None:
+    """Checks the shared options and switches the compilation cache off unless asked to keep it."""
+    check_step_counts(args.steps, args.warmup)
+    if not args.compile_cache:
+        disable_compilation_cache()
+
+
+def split_names(text: str, allowed: Iterable[str], option: str) -> list[str]:
+    """Parses a comma-separated list of names, each from `allowed` (`ValueError` otherwise)."""
+    allowed = list(allowed)
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in allowed]
+    if unknown or not names:
+        raise ValueError(f"{option} must be a comma-separated subset of {allowed}, got {text!r}")
+    return names
+
+
+# ---------------------------------------------------------------------------
+# Suites
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One unit of a suite: a name, what produces its records, and how to show them."""
+
+    name: str
+    part: str
+    run: Callable[[], list[dict[str, Any]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class PartView:
+    """How a suite prints the records of one part (a benchmark module)."""
+
+    title: str
+    columns: Sequence[tuple[str, str, str]]
+    view: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+
+
+def run_suite(
+    suite: str,
+    tasks: Sequence[Task],
+    budget_s: float | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+    report: Callable[[Task, list[dict[str, Any]]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Runs `tasks` in order until the time budget is spent; returns their records and a summary.
+
+    A task is started only while `budget_s` has not run out (None = no
+    budget); those left are named in the final `suite` record, with the
+    elapsed time, so a cut-short run says what it skipped. `report(task,
+    records)` is called as each task finishes (to print results as they come).
+    """
+    start = clock()
+    records: list[dict[str, Any]] = []
+    done: list[str] = []
+    skipped: list[str] = []
+    for task in tasks:
+        if budget_s is not None and clock() - start >= budget_s:
+            skipped.append(task.name)
+            continue
+        produced = task.run()
+        records.extend(produced)
+        done.append(task.name)
+        if report is not None:
+            report(task, produced)
+    summary = make_record(
+        "suite",
+        suite,
+        tasks_run=done,
+        tasks_skipped=skipped,
+        elapsed_s=clock() - start,
+        budget_s=budget_s,
+    )
+    if report is not None:
+        report(Task(suite, "suite", list), [summary])
+    return [*records, summary]
+
+
+def suite_reporter(
+    views: Mapping[str, PartView], as_json: bool, output: str | None = None
+) -> Callable[[Task, list[dict[str, Any]]], None]:
+    """A `run_suite` report callback: JSON lines, or one table per benchmark, as tasks finish.
+
+    With `output`, every record is also appended to that file as it comes.
+    """
+
+    def report(task: Task, records: list[dict[str, Any]]) -> None:
+        if output:
+            with open(output, "a", encoding="utf-8") as handle:
+                handle.writelines(json.dumps(r, allow_nan=False) + "\n" for r in records)
+        if as_json:
+            if records:
+                print("\n".join(json.dumps(r, allow_nan=False) for r in records), flush=True)
+            return
+        for record in (r for r in records if r["benchmark"] == "suite"):
+            skipped = ", ".join(record["tasks_skipped"]) or "none"
+            print(
+                f"\n{record['config']}: {len(record['tasks_run'])} tasks in "
+                f"{record['elapsed_s']:.0f} s; skipped: {skipped}",
+                flush=True,
+            )
+        for benchmark, part in views.items():
+            rows = [r for r in records if r["benchmark"] == benchmark]
+            if rows:
+                emit(rows, part.columns, False, None, title=f"\n{part.title}", view=part.view)
+
+    return report

@@ -1,0 +1,185 @@
+"""Where a train step spends its time: a `jax.profiler` trace attributed to model modules.
+
+Runs `steps` train steps of one configuration under `jax.profiler.trace`
+(with a Perfetto trace), reads the per-operation events of the trace, and maps
+each executed HLO instruction to the `op_name` metadata of the compiled
+module (`jit(_train_step)/jvp(TemporalFusionTransformer)/history_selection/...`),
+so the time adds up per model module and per pass (forward `fwd`, backward
+`bwd`, the optimizer and the rest `other`). Loop and call instructions are
+left out so that their bodies are not counted twice.
+
+On CPU the per-operation events need `--xla_cpu_enable_xprof_traceme=true`
+in `XLA_FLAGS`; this script adds it when JAX has not started a backend yet.
+
+Usage::
+
+    python -m benchmarks.profile_step --config electricity --steps 2 --depth 2 [--json]
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+_TRACEME_FLAG = "--xla_cpu_enable_xprof_traceme=true"
+# Trace events that are not HLO instructions (runtime, Python, bookkeeping).
+_RUNTIME = re.compile(
+    r"^(\$|end: |ThunkExecutor|PjitFunction|Pjrt|PjRt|CommonPjRt|ParseArguments|Handle |"
+    r"SlinkyThreadPool|TfrtCpu|Execute)"
+)
+_CONTAINERS = re.compile(r"^(while|call|conditional)(\.\d+)?$")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(\S+) = .*?op_name=\"([^\"]*)\"", re.MULTILINE)
+
+
+def enable_op_events() -> None:
+    """Adds the XLA:CPU flag that emits one trace event per executed operation."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if _TRACEME_FLAG not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {_TRACEME_FLAG}".strip()
+
+
+def instruction_op_names(hlo_text: str) -> dict[str, str]:
+    """`{instruction name: op_name metadata}` of a compiled HLO module's text."""
+    return {match.group(1): match.group(2) for match in _INSTRUCTION.finditer(hlo_text)}
+
+
+def module_of(op_name: str, depth: int) -> tuple[str, str]:
+    """`(pass, module path)` of an `op_name`: the first `depth` scopes under the model.
+
+    `jit(f)/transpose(jvp(Model))/a/b/c` is `("bwd", "a/b")` at depth 2;
+    `jit(f)/jvp(Model)/a/b/c` is `("fwd", "a/b")`; anything else (optimizer,
+    loss) is `("other", <first two scopes after jit(f)>)`.
+    """
+    parts = op_name.split("/")[1:] if op_name.startswith("jit(") else op_name.split("/")
+    if parts and parts[0].startswith("transpose(jvp("):
+        return "bwd", "/".join(parts[1 : 1 + depth])
+    if parts and parts[0].startswith("jvp("):
+        return "fwd", "/".join(parts[1 : 1 + depth])
+    return "other", "/".join(parts[:2])
+
+
+def op_durations(trace: Mapping[str, Any]) -> collections.Counter:
+    """Total microseconds per HLO instruction name in a Perfetto/Chrome trace."""
+    totals: collections.Counter = collections.Counter()
+    for event in trace.get("traceEvents", []):
+        if event.get("ph") != "X":
+            continue
+        name = event.get("name", "")
+        if _RUNTIME.match(name) or _CONTAINERS.match(name):
+            continue
+        totals[name] += float(event.get("dur", 0.0))
+    return totals
+
+
+def attribute(
+    durations: Mapping[str, float], op_names: Mapping[str, str], depth: int
+) -> collections.Counter:
+    """Microseconds per `(pass, module)`; instructions without metadata go to `("?", name)`."""
+    totals: collections.Counter = collections.Counter()
+    for name, micros in durations.items():
+        op_name = op_names.get(name)
+        key = module_of(op_name, depth) if op_name else ("?", re.sub(r"\.\d+$", "", name))
+        totals[key] += micros
+    return totals
+
+
+def load_trace(directory: str) -> dict[str, Any]:
+    """The newest `perfetto_trace.json.gz` under a `jax.profiler.trace` directory."""
+    paths = sorted(
+        glob.glob(os.path.join(directory, "**", "perfetto_trace.json.gz"), recursive=True)
+    )
+    if not paths:
+        raise FileNotFoundError(f"no perfetto_trace.json.gz under {directory}")
+    with gzip.open(paths[-1], "rt", encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def profile(
+    config_name: str,
+    mode: str = "float",
+    steps: int = 2,
+    depth: int = 2,
+    trace_dir: str | None = None,
+    top: int = 25,
+) -> list[dict[str, Any]]:
+    """Profiles `steps` train steps; returns one record per `(pass, module)`, largest first."""
+    import jax
+
+    from benchmarks import common
+    from benchmarks import train_step as steps_bench
+
+    common.check_step_counts(steps, 0)
+    prepared = steps_bench.PreparedStep(steps_bench.get_config(config_name), mode)
+    prepared()
+    directory = trace_dir or tempfile.mkdtemp(prefix="tft-profile-")
+    with jax.profiler.trace(directory, create_perfetto_trace=True):
+        for _ in range(steps):
+            prepared()
+    durations = op_durations(load_trace(directory))
+    totals = attribute(durations, instruction_op_names(prepared.compile.compiled.as_text()), depth)
+    overall = sum(totals.values()) or 1.0
+    return [
+        common.make_record(
+            "profile",
+            config_name,
+            mode=mode,
+            phase=phase,
+            module=module,
+            ms_per_step=micros / steps / 1e3,
+            share=micros / overall,
+            op_ms_per_step=overall / steps / 1e3,
+            trace_dir=directory,
+        )
+        for (phase, module), micros in totals.most_common(top)
+    ]
+
+
+COLUMNS = [
+    ("pass", "phase", ""),
+    ("module", "module", ""),
+    ("ms/step", "ms_per_step", ".1f"),
+    ("share %", "share_percent", ".1f"),
+]
+
+
+def table_view(record: dict[str, Any]) -> dict[str, Any]:
+    """Percent for the table."""
+    return {**record, "share_percent": 100 * record["share"]}
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Command line: `python -m benchmarks.profile_step [--config electricity] [--depth 2]`."""
+    enable_op_events()
+    from benchmarks import common
+    from benchmarks import train_step as steps_bench
+
+    parser = common.base_parser(__doc__.splitlines()[0], steps=2)
+    parser.add_argument("--config", default="electricity", choices=list(steps_bench.CONFIGS))
+    parser.add_argument("--mode", default="float", choices=steps_bench.MODES)
+    parser.add_argument("--depth", type=int, default=2, help="module scopes to group by")
+    parser.add_argument("--top", type=int, default=25, help="rows to report")
+    parser.add_argument("--trace-dir", default=None, help="keep the trace here")
+    args = parser.parse_args(argv)
+    common.setup(args)
+    records = profile(args.config, args.mode, args.steps, args.depth, args.trace_dir, args.top)
+    total = records[0]["op_ms_per_step"] if records else 0.0
+    common.emit(
+        records,
+        COLUMNS,
+        args.json,
+        args.output,
+        title=f"{args.config} {args.mode} train step: {total:.1f} ms of operations per step",
+        view=table_view,
+    )
+    return records
+
+
+if __name__ == "__main__":
+    main()

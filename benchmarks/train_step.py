@@ -1,0 +1,393 @@
+"""Train-step benchmark: FP32 and QAT steps of `tft_jax.train.train_step` on named configurations.
+
+One step is what `train_step` runs: the forward with dropout, the quantile
+loss, the backward, clipping by global norm and AdamW (`make_optimizer`).
+Modes:
+
+* `float`: `TemporalFusionTransformer` at the configuration's dtype (FP32 by
+  default, bfloat16 with `--dtype bfloat16`);
+* `qat`: `QATTemporalFusionTransformer`, observers calibrated once with
+  `qat.calibrate`, then trained frozen (`calibrate=False`, the documented flow);
+* `qat-observe`: the same with the observers updated every step
+  (`calibrate=True`, PyTorch's default QAT behaviour).
+
+Usage::
+
+    python -m benchmarks.train_step --config seed,electricity --mode float,qat [--json]
+    python -m benchmarks.train_step --config electricity --batch-size 1024 --dtype bfloat16
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 \\
+        python -m benchmarks.train_step --config seed --batch-size 64 --devices 8
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+import qat
+import tft_jax.train as train
+from benchmarks import common
+from tft_jax import TemporalFusionTransformer, TFTConfig
+
+MODES = ("float", "qat", "qat-observe")
+DTYPES = ("float32", "bfloat16")
+_NUM_KEYS = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    """A named benchmark configuration: the model's `TFTConfig` and the batch size `B`."""
+
+    name: str
+    model: TFTConfig
+    batch_size: int
+
+
+def _electricity(**overrides: Any) -> TFTConfig:
+    """The paper's electricity model (hidden 160, 4 heads, T 168, H 24) with 5/10/15 inputs."""
+    fields = dict(
+        num_static_features=5,
+        num_known_features=10,
+        num_observed_features=15,
+        hidden_dim=160,
+        num_heads=4,
+        sequence_length=168,
+        prediction_horizon=24,
+        dropout_rate=0.1,
+        variable_hidden_dim=16,
+    )
+    fields.update(overrides)
+    return TFTConfig(**fields)
+
+
+CONFIGS: dict[str, BenchConfig] = {
+    "seed": BenchConfig(
+        "seed",
+        TFTConfig(
+            num_static_features=5,
+            num_known_features=10,
+            num_observed_features=15,
+            hidden_dim=32,
+            num_heads=4,
+            sequence_length=10,
+            prediction_horizon=5,
+            dropout_rate=0.1,
+        ),
+        batch_size=4,
+    ),
+    "electricity": BenchConfig("electricity", _electricity(), batch_size=64),
+    "electricity-paper": BenchConfig(
+        "electricity-paper", _electricity(variable_hidden_dim=160), batch_size=64
+    ),
+    "traffic": BenchConfig("traffic", _electricity(hidden_dim=320), batch_size=128),
+}
+
+
+def get_config(name: str, dtype: str = "float32", batch_size: int | None = None) -> BenchConfig:
+    """The named configuration, optionally with another compute dtype or batch size."""
+    if name not in CONFIGS:
+        raise ValueError(f"config must be one of {sorted(CONFIGS)}, got {name!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    base = CONFIGS[name]
+    return BenchConfig(
+        name,
+        dataclasses.replace(base.model, dtype=dtype),
+        batch_size or base.batch_size,
+    )
+
+
+def make_batch(config: TFTConfig, batch_size: int, seed: int = 0) -> train.Batch:
+    """A float32 `Batch` of standard normal inputs and targets with the configuration's shapes."""
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape: int) -> np.ndarray:
+        return rng.standard_normal(shape, dtype=np.float32)
+
+    steps, horizon = config.sequence_length, config.prediction_horizon
+    return train.Batch(
+        static=normal(batch_size, config.num_static_features),
+        historical=normal(batch_size, steps, config.num_observed_features),
+        future=normal(batch_size, horizon, config.num_known_features),
+        known_history=(
+            normal(batch_size, steps, config.num_known_features)
+            if config.use_known_history
+            else None
+        ),
+        static_categorical=None,
+        target=normal(batch_size, horizon),
+    )
+
+
+def parameter_count(params: Any) -> int:
+    """The number of scalars in a parameter pytree."""
+    return int(sum(math.prod(np.shape(leaf)) for leaf in jax.tree.leaves(params)))
+
+
+def build_model(mode: str, config: TFTConfig) -> Any:
+    """The Flax module a mode trains: the TFT, or the QAT-TFT for the `qat*` modes."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode == "float":
+        return TemporalFusionTransformer(config)
+    return qat.QATTemporalFusionTransformer(config, qat.QATConfig())
+
+
+def build_state(mode: str, config: TFTConfig, batch: train.Batch, seed: int = 0) -> tuple[Any, Any]:
+    """`(TrainState, calibrate)` ready for `train_step(state, batch, rng, calibrate)`.
+
+    The optimizer is `make_optimizer(1e-3, clip_norm=1.0)`. In the `qat`
+    modes the observers first see `batch` once (`qat.calibrate`) so that every
+    activation is fake-quantized from the first timed step.
+    """
+    model = build_model(mode, config)
+    tx = train.make_optimizer(learning_rate=1e-3, clip_norm=1.0)
+    state = train.create_train_state(model, tx, jax.random.key(seed), batch)
+    if mode == "float":
+        return state, None
+    calibrated = qat.calibrate(model, state.variables, [batch], 1)
+    state = train.create_train_state(model, tx, jax.random.key(seed), batch, variables=calibrated)
+    return state, mode == "qat-observe"
+
+
+def _jitted_train_step() -> Any:
+    """The `jax.jit` function that `tft_jax.train.train_step` dispatches to.
+
+    Lowering it gives the compile time, FLOPs and memory of the very
+    executable that the public `train_step` then runs (JAX reuses it).
+    """
+    return train._train_step
+
+
+def _distribute(state: Any, batch: train.Batch, devices: int) -> tuple[Any, train.Batch]:
+    """Data parallelism over the first `devices` devices: batch split, state replicated."""
+    available = jax.devices()
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise ValueError(f"devices must be a positive int, got {devices!r}")
+    if devices > len(available):
+        raise ValueError(
+            f"devices={devices} but only {len(available)} are visible; on CPU set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={devices}"
+        )
+    if batch.batch_size % devices:
+        raise ValueError(
+            f"the batch size ({batch.batch_size}) must be divisible by devices ({devices})"
+        )
+    if devices == 1:
+        return state, jax.device_put(batch)
+    mesh = jax.sharding.Mesh(np.asarray(available[:devices]), ("data",))
+    sharded = NamedSharding(mesh, PartitionSpec("data"))
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return jax.device_put(state, replicated), jax.device_put(batch, sharded)
+
+
+class PreparedStep:
+    """A compiled train step for one configuration and mode; calling it runs one step.
+
+    Attributes:
+      config: the `BenchConfig`; mode: one of `MODES`; devices: data-parallel devices.
+      compile: the `CompileResult` of the step's executable.
+      first_call_s: wall time of the first public `train_step` call after compiling.
+      params: the parameter count.
+    """
+
+    def __init__(self, config: BenchConfig, mode: str, devices: int = 1, seed: int = 0) -> None:
+        self.config, self.mode, self.devices = config, mode, devices
+        batch = make_batch(config.model, config.batch_size, seed)
+        state, self.calibrate = build_state(mode, config.model, batch, seed)
+        self.params = parameter_count(state.params)
+        self.state, self.batch = _distribute(state, batch, devices)
+        self._keys = list(jax.random.split(jax.random.key(seed + 1), _NUM_KEYS))
+        self._count = 0
+        self.compile = common.compile_timed(
+            _jitted_train_step(), self.state, self.batch, self._keys[0], self.calibrate
+        )
+        self.first_call_s = common.time_steps(self, steps=1, warmup=0).seconds[0]
+
+    def __call__(self) -> dict[str, Any]:
+        key = self._keys[self._count % _NUM_KEYS]
+        self._count += 1
+        self.state, metrics = train.train_step(self.state, self.batch, key, self.calibrate)
+        return jax.block_until_ready(metrics)
+
+
+def measure(
+    prepared: PreparedStep,
+    times: common.StepTimes,
+    peak: dict[str, Any] | None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The record of a timed train step."""
+    cfg = prepared.config
+    median = times.median
+    flops = common.cost_flops(prepared.compile.compiled)
+    peak_gflops = peak["matmul_peak_gflops"] if peak else None
+    return common.make_record(
+        "train_step",
+        cfg.name,
+        mode=prepared.mode,
+        dtype=cfg.model.dtype,
+        batch_size=cfg.batch_size,
+        devices=prepared.devices,
+        params=prepared.params,
+        compile_s=prepared.compile.total_s,
+        lower_s=prepared.compile.lower_s,
+        xla_compile_s=prepared.compile.compile_s,
+        first_call_s=prepared.first_call_s,
+        **times.summary(),
+        samples_per_s=cfg.batch_size / median,
+        **common.throughput_fields(flops, median, peak_gflops),
+        **(peak or {}),
+        memory=common.memory_stats(prepared.compile.compiled),
+        device_peak_bytes=common.device_peak_bytes(),
+        rss_peak_bytes=common.peak_rss_bytes(),
+        **extra,
+    )
+
+
+def bench(
+    config: BenchConfig,
+    mode: str,
+    steps: int = common.MIN_TIMED_STEPS,
+    warmup: int = common.DEFAULT_WARMUP,
+    devices: int = 1,
+    peak: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Compiles and times `steps` train steps of one configuration and mode; returns the record."""
+    common.check_step_counts(steps, warmup)
+    prepared = PreparedStep(config, mode, devices)
+    return measure(prepared, common.time_steps(prepared, steps, warmup), peak)
+
+
+def bench_modes(
+    config: BenchConfig,
+    modes: Sequence[str],
+    steps: int = common.MIN_TIMED_STEPS,
+    warmup: int = common.DEFAULT_WARMUP,
+    devices: int = 1,
+    peak: dict[str, Any] | None = None,
+    steps_per_block: int = 5,
+) -> list[dict[str, Any]]:
+    """Compiles every mode of one configuration, then times them in alternating blocks.
+
+    Interleaving makes the ratio between modes (QAT/FP32) fair on a shared
+    machine. Returns one record per mode, with `ratio_to_float` when `float`
+    is among the modes.
+    """
+    common.check_step_counts(steps, warmup)
+    prepared = {mode: PreparedStep(config, mode, devices) for mode in modes}
+    block = min(steps_per_block, steps)
+    times = common.time_alternating(prepared, max(1, -(-steps // block)), block, warmup)
+    records = [measure(prepared[mode], times[mode], peak) for mode in modes]
+    add_float_ratios(records)
+    return records
+
+
+def add_float_ratios(records: Sequence[dict[str, Any]]) -> None:
+    """Adds `ratio_to_float` (step time / the float step of the same configuration) in place."""
+    float_median = {
+        (r["config"], r["dtype"], r["batch_size"]): r["median_s"]
+        for r in records
+        if r["mode"] == "float"
+    }
+    for record in records:
+        base = float_median.get((record["config"], record["dtype"], record["batch_size"]))
+        record["ratio_to_float"] = record["median_s"] / base if base else None
+
+
+REQUIRED_FIELDS: dict[str, Any] = {
+    "mode": str,
+    "dtype": str,
+    "batch_size": int,
+    "devices": int,
+    "params": int,
+    "compile_s": float,
+    "first_call_s": float,
+    "median_s": float,
+    "p10_s": float,
+    "p90_s": float,
+    "steps": int,
+    "samples_per_s": float,
+    "flops": (float, type(None)),
+    "gflops_per_s": (float, type(None)),
+    "peak_fraction": (float, type(None)),
+    "matmul_peak_gflops": (float, type(None)),
+    "memory": (dict, type(None)),
+    "rss_peak_bytes": int,
+}
+
+COLUMNS = [
+    ("config", "config", ""),
+    ("mode", "mode", ""),
+    ("dtype", "dtype", ""),
+    ("B", "batch_size", ""),
+    ("params", "params", ""),
+    ("compile s", "compile_s", ".1f"),
+    ("median ms", "median_ms", ".2f"),
+    ("samples/s", "samples_per_s", ".0f"),
+    ("GFLOP/step", "gflop", ".3f"),
+    ("GFLOP/s", "gflops_per_s", ".2f"),
+    ("% peak", "peak_percent", ".1f"),
+    ("vs float", "ratio_to_float", ".2f"),
+    ("peak MiB", "peak_mib", ".1f"),
+]
+
+
+def table_view(record: dict[str, Any]) -> dict[str, Any]:
+    """Derived display fields (ms, GFLOP, percent, MiB) for the table."""
+    memory = record.get("memory") or {}
+    return {
+        **record,
+        "median_ms": record["median_s"] * 1e3,
+        "gflop": record["flops"] / 1e9 if record.get("flops") else None,
+        "peak_percent": 100 * record["peak_fraction"] if record.get("peak_fraction") else None,
+        "peak_mib": memory["peak_bytes"] / 2**20 if memory else None,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Command line: `python -m benchmarks.train_step [--config ...] [--mode ...] [--json]`."""
+    parser = common.base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--config", default="seed,electricity", help=f"subset of {list(CONFIGS)}")
+    parser.add_argument("--mode", default="float,qat", help=f"subset of {list(MODES)}")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES)
+    parser.add_argument("--batch-size", type=int, default=None, help="override the batch size")
+    parser.add_argument("--devices", type=int, default=1, help="data-parallel devices")
+    args = parser.parse_args(argv)
+    names = common.split_names(args.config, CONFIGS, "--config")
+    modes = common.split_names(args.mode, MODES, "--mode")
+    common.setup(args)
+    peak = common.matmul_peak_gflops()
+    records = [
+        record
+        for name in names
+        for record in bench_modes(
+            get_config(name, args.dtype, args.batch_size),
+            modes,
+            args.steps,
+            args.warmup,
+            args.devices,
+            peak,
+        )
+    ]
+    common.emit(
+        records,
+        COLUMNS,
+        args.json,
+        args.output,
+        title=f"train_step (float32 matmul peak {peak['matmul_peak_gflops']:.1f} GFLOP/s)",
+        view=table_view,
+    )
+    return records
+
+
+if __name__ == "__main__":
+    main()
