@@ -715,8 +715,12 @@ def config_from_json(section: dict[str, Any]) -> TFTConfig:
 
 
 def enable_compile_cache(directory: str) -> None:
-    """Turns on JAX's persistent compilation cache in `directory` ('none' leaves it off)."""
-    if directory.strip().lower() == "none":
+    """Turns on JAX's persistent compilation cache in `directory` ('none' leaves it off).
+
+    A cache directory configured already (`JAX_COMPILATION_CACHE_DIR`, or by
+    the process embedding the CLI) is kept.
+    """
+    if directory.strip().lower() == "none" or jax.config.jax_compilation_cache_dir:
         return
     path = pathlib.Path(directory).expanduser()
     path.mkdir(parents=True, exist_ok=True)
