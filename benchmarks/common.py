@@ -198,7 +198,7 @@ def cost_flops(compiled: Any) -> float | None:
     """The FLOPs of one call of a compiled executable, from XLA's cost analysis (None if absent).
 
     XLA counts each loop body once: a `lax.scan` over `T` steps contributes
-    the FLOPs of a single step.
+    the FLOPs of a single step. A sharded executable reports one device's share.
     """
     try:
         analysis = _first_analysis(compiled.cost_analysis())
