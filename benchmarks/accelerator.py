@@ -38,7 +38,7 @@ def tasks(steps: int, warmup: int, quick: bool = False) -> list[common.Task]:
     """The accelerator set as suite tasks; `quick` runs tiny stand-ins of each (for tests)."""
     peak: dict[str, Any] = {}
     train_records: list[dict[str, Any]] = []
-    name = "seed" if quick else "electricity"
+    name = "tiny" if quick else "electricity"
     big_batch = 8 if quick else HEADLINE_BATCH
     lengths = [16, 32] if quick else list(attention.DEFAULT_LENGTHS)
     sizes = [2**10] if quick else [2**20, 2**24, 2**26]
@@ -101,7 +101,7 @@ def tasks(steps: int, warmup: int, quick: bool = False) -> list[common.Task]:
             lambda: inference.run([name], [1, 8 if quick else 256], inference.KINDS, steps, warmup),
         ),
         common.Task("fake_quant", "fake_quant", quantization),
-        train_task("seed" if quick else "traffic", "float", "bfloat16", big_batch),
+        train_task("tiny" if quick else "traffic", "float", "bfloat16", big_batch),
     ]
 
 

@@ -46,7 +46,7 @@ VIEWS = {
 
 def tasks(steps: int, warmup: int, quick: bool = False) -> list[common.Task]:
     """The CPU set as suite tasks; `quick` shrinks it to the smallest configurations."""
-    configs = ["seed"] if quick else ["seed", "electricity"]
+    configs = ["tiny"] if quick else ["seed", "electricity"]
     lengths = [16, 32] if quick else [64, 128, 256, 512, 1024]
     sizes = [2**10] if quick else list(fake_quant.DEFAULT_SIZES)
     batch_sizes = [1] if quick else [1, 256]

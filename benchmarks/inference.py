@@ -44,20 +44,25 @@ def _inputs(batch: Any) -> tuple[Any, Any, Any]:
 
 
 def prepare(config: steps_bench.BenchConfig, kind: str, seed: int = 0) -> Prepared:
-    """The forward of one kind at the configuration's shapes, with initialised weights."""
+    """The forward of one kind at the configuration's shapes, with initialised weights.
+
+    The weights (and, for `int8`, the calibrated QAT variables) are those of
+    the train-step benchmark's `build_state`, so the two scripts share code
+    and, at equal shapes, compiled executables.
+    """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    batch = jax.device_put(steps_bench.make_batch(config.model, config.batch_size, seed))
-    inputs = _inputs(batch)
-    model = TemporalFusionTransformer(config.model)
-    variables = jax.jit(model.init)(jax.random.key(seed), *inputs)
+    host_batch = steps_bench.make_batch(config.model, config.batch_size, seed)
+    mode = "float" if kind == "float" else "qat"
+    state, _ = steps_bench.build_state(mode, config.model, host_batch, seed)
+    variables = state.variables
+    inputs = _inputs(jax.device_put(host_batch))
     if kind == "float":
+        model = TemporalFusionTransformer(config.model)
         forward = jax.jit(functools.partial(model.apply, deterministic=True))
         return Prepared(forward, (variables, *inputs), tree_bytes(variables["params"]))
-    qat_model = qat.QATTemporalFusionTransformer(config.model, qat.QATConfig())
-    qat_variables = qat.from_fp32(variables, qat_model, *inputs)
-    qat_variables = qat.calibrate(qat_model, qat_variables, [batch], 1)
-    int8_variables = qat.convert(qat_variables)
+    qat_model = steps_bench.build_model("qat", config.model)
+    int8_variables = qat.convert(variables)
     forward = jax.jit(functools.partial(qat.int8_apply, qat_model))
     return Prepared(forward, (int8_variables, *inputs), tree_bytes(int8_variables))
 

@@ -6,8 +6,9 @@ Modes:
 
 * `float`: `TemporalFusionTransformer` at the configuration's dtype (FP32 by
   default, bfloat16 with `--dtype bfloat16`);
-* `qat`: `QATTemporalFusionTransformer`, observers calibrated once with
-  `qat.calibrate`, then trained frozen (`calibrate=False`, the documented flow);
+* `qat`: `QATTemporalFusionTransformer` from the FP32 weights (`qat.from_fp32`),
+  observers calibrated once with `qat.calibrate`, then trained frozen
+  (`calibrate=False`, the documented flow);
 * `qat-observe`: the same with the observers updated every step
   (`calibrate=True`, PyTorch's default QAT behaviour).
 
@@ -15,6 +16,7 @@ Usage::
 
     python -m benchmarks.train_step --config seed,electricity --mode float,qat [--json]
     python -m benchmarks.train_step --config electricity --batch-size 1024 --dtype bfloat16
+    python -m benchmarks.train_step --config electricity --mode float --fast-compile
     XLA_FLAGS=--xla_force_host_platform_device_count=8 \\
         python -m benchmarks.train_step --config seed --batch-size 64 --devices 8
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,6 +85,22 @@ CONFIGS: dict[str, BenchConfig] = {
         batch_size=4,
     ),
     "electricity": BenchConfig("electricity", _electricity(), batch_size=64),
+    # The cheapest model to compile, for smoke tests of the scripts: no statics,
+    # one known and one observed input (no selection GRNs), no dropout.
+    "tiny": BenchConfig(
+        "tiny",
+        TFTConfig(
+            num_static_features=0,
+            num_known_features=1,
+            num_observed_features=1,
+            hidden_dim=4,
+            num_heads=2,
+            sequence_length=3,
+            prediction_horizon=2,
+            dropout_rate=0.0,
+        ),
+        batch_size=2,
+    ),
     "electricity-paper": BenchConfig(
         "electricity-paper", _electricity(variable_hidden_dim=160), batch_size=64
     ),
@@ -144,27 +163,25 @@ def build_model(mode: str, config: TFTConfig) -> Any:
 def build_state(mode: str, config: TFTConfig, batch: train.Batch, seed: int = 0) -> tuple[Any, Any]:
     """`(TrainState, calibrate)` ready for `train_step(state, batch, rng, calibrate)`.
 
-    The optimizer is `make_optimizer(1e-3, clip_norm=1.0)`. In the `qat`
-    modes the observers first see `batch` once (`qat.calibrate`) so that every
-    activation is fake-quantized from the first timed step.
+    The optimizer is `make_optimizer(1e-3, clip_norm=1.0)`. The `qat` modes
+    follow the documented flow from the FP32 state of the same seed:
+    `qat.from_fp32`, then the observers see `batch` once (`qat.calibrate`) so
+    that every activation is fake-quantized from the first timed step. The
+    initial weights are drawn with the `rbg` PRNG: the jitted init then
+    compiles in half the time of the default `threefry` one, and the values
+    do not change the speed of a step.
     """
     model = build_model(mode, config)
     tx = train.make_optimizer(learning_rate=1e-3, clip_norm=1.0)
-    state = train.create_train_state(model, tx, jax.random.key(seed), batch)
+    key = jax.random.key(seed, impl="rbg")
+    fp32 = train.create_train_state(TemporalFusionTransformer(config), tx, key, batch)
     if mode == "float":
-        return state, None
-    calibrated = qat.calibrate(model, state.variables, [batch], 1)
-    state = train.create_train_state(model, tx, jax.random.key(seed), batch, variables=calibrated)
+        return fp32, None
+    inputs = (batch.static, batch.historical, batch.future, batch.known_history)
+    variables = qat.from_fp32(fp32.variables, model, *inputs, batch.static_categorical)
+    calibrated = qat.calibrate(model, variables, [batch], 1)
+    state = train.create_train_state(model, tx, key, batch, variables=calibrated)
     return state, mode == "qat-observe"
-
-
-def _jitted_train_step() -> Any:
-    """The `jax.jit` function that `tft_jax.train.train_step` dispatches to.
-
-    Lowering it gives the compile time, FLOPs and memory of the very
-    executable that the public `train_step` then runs (JAX reuses it).
-    """
-    return train._train_step
 
 
 def _distribute(state: Any, batch: train.Batch, devices: int) -> tuple[Any, train.Batch]:
@@ -194,28 +211,57 @@ class PreparedStep:
 
     Attributes:
       config: the `BenchConfig`; mode: one of `MODES`; devices: data-parallel devices.
+      compiler_options: the XLA options of the step (`train_step(compiler_options=...)`).
       compile: the `CompileResult` of the step's executable.
       first_call_s: wall time of the first public `train_step` call after compiling.
       params: the parameter count.
+
+    Raises `RuntimeError` if the first step is skipped (a non-finite loss or
+    gradient): a skipped step leaves out the update and would time less work.
     """
 
-    def __init__(self, config: BenchConfig, mode: str, devices: int = 1, seed: int = 0) -> None:
+    def __init__(
+        self,
+        config: BenchConfig,
+        mode: str,
+        devices: int = 1,
+        seed: int = 0,
+        compiler_options: dict[str, Any] | None = None,
+    ) -> None:
         self.config, self.mode, self.devices = config, mode, devices
+        self.compiler_options = compiler_options
         batch = make_batch(config.model, config.batch_size, seed)
         state, self.calibrate = build_state(mode, config.model, batch, seed)
         self.params = parameter_count(state.params)
         self.state, self.batch = _distribute(state, batch, devices)
         self._keys = list(jax.random.split(jax.random.key(seed + 1), _NUM_KEYS))
         self._count = 0
-        self.compile = common.compile_timed(
-            _jitted_train_step(), self.state, self.batch, self._keys[0], self.calibrate
+        # The very executable that the public `train_step` then runs (JAX reuses
+        # it: `first_call_s` shows that no second compile happens).
+        self.compile = common.compile_lowering_timed(
+            train.lower_train_step,
+            self.state,
+            self.batch,
+            self._keys[0],
+            self.calibrate,
+            compiler_options=compiler_options,
         )
-        self.first_call_s = common.time_steps(self, steps=1, warmup=0).seconds[0]
+        start = time.perf_counter()
+        metrics = self()
+        self.first_call_s = time.perf_counter() - start
+        if int(metrics["skipped"]):
+            raise RuntimeError(
+                f"{config.name} {mode}: the first train step was skipped (loss "
+                f"{float(metrics['loss'])}, grad_norm {float(metrics['grad_norm'])}); "
+                "timing skipped steps would leave out the update"
+            )
 
     def __call__(self) -> dict[str, Any]:
         key = self._keys[self._count % _NUM_KEYS]
         self._count += 1
-        self.state, metrics = train.train_step(self.state, self.batch, key, self.calibrate)
+        self.state, metrics = train.train_step(
+            self.state, self.batch, key, self.calibrate, compiler_options=self.compiler_options
+        )
         return jax.block_until_ready(metrics)
 
 
@@ -237,6 +283,7 @@ def measure(
         dtype=cfg.model.dtype,
         batch_size=cfg.batch_size,
         devices=prepared.devices,
+        compiler_options=prepared.compiler_options,
         params=prepared.params,
         compile_s=prepared.compile.total_s,
         lower_s=prepared.compile.lower_s,
@@ -260,10 +307,11 @@ def bench(
     warmup: int = common.DEFAULT_WARMUP,
     devices: int = 1,
     peak: dict[str, Any] | None = None,
+    compiler_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Compiles and times `steps` train steps of one configuration and mode; returns the record."""
     common.check_step_counts(steps, warmup)
-    prepared = PreparedStep(config, mode, devices)
+    prepared = PreparedStep(config, mode, devices, compiler_options=compiler_options)
     return measure(prepared, common.time_steps(prepared, steps, warmup), peak)
 
 
@@ -275,6 +323,7 @@ def bench_modes(
     devices: int = 1,
     peak: dict[str, Any] | None = None,
     steps_per_block: int = 5,
+    compiler_options: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Compiles every mode of one configuration, then times them in alternating blocks.
 
@@ -283,7 +332,10 @@ def bench_modes(
     is among the modes.
     """
     common.check_step_counts(steps, warmup)
-    prepared = {mode: PreparedStep(config, mode, devices) for mode in modes}
+    prepared = {
+        mode: PreparedStep(config, mode, devices, compiler_options=compiler_options)
+        for mode in modes
+    }
     block = min(steps_per_block, steps)
     times = common.time_alternating(prepared, max(1, -(-steps // block)), block, warmup)
     records = [measure(prepared[mode], times[mode], peak) for mode in modes]
@@ -308,6 +360,7 @@ REQUIRED_FIELDS: dict[str, Any] = {
     "dtype": str,
     "batch_size": int,
     "devices": int,
+    "compiler_options": (dict, type(None)),
     "params": int,
     "compile_s": float,
     "first_call_s": float,
@@ -361,6 +414,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--dtype", default="float32", choices=DTYPES)
     parser.add_argument("--batch-size", type=int, default=None, help="override the batch size")
     parser.add_argument("--devices", type=int, default=1, help="data-parallel devices")
+    parser.add_argument(
+        "--fast-compile",
+        action="store_true",
+        help="compile the step with tft_jax.train.FAST_COMPILE_OPTIONS",
+    )
     args = parser.parse_args(argv)
     names = common.split_names(args.config, CONFIGS, "--config")
     modes = common.split_names(args.mode, MODES, "--mode")
@@ -376,6 +434,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
             args.warmup,
             args.devices,
             peak,
+            compiler_options=train.FAST_COMPILE_OPTIONS if args.fast_compile else None,
         )
     ]
     common.emit(

@@ -334,10 +334,118 @@ def test_model_works_from_flax_nnx_through_the_bridge():
 
     inputs = make_inputs()
     model = bridge.ToNNX(TemporalFusionTransformer(CONFIG), rngs=nnx.Rngs(0, dropout=1))
-    bridge.lazy_init(model, **inputs)
-    out = model(**inputs)
+    # Under nnx.jit: op by op, the TFT's ~1000 primitives would each compile.
+    nnx.jit(lambda m, kw: bridge.lazy_init(m, **kw))(model, inputs)
+    out = nnx.jit(lambda m, kw: m(**kw))(model, inputs)
     assert out.quantiles.shape == (BATCH, CONFIG.prediction_horizon, 3)
     # The NNX module holds the same parameters; the Linen apply gives the same forecast.
     linen_params = nnx.to_pure_dict(nnx.split(model, nnx.Param, ...)[1])
-    reference = TemporalFusionTransformer(CONFIG).apply({"params": linen_params}, **inputs)
-    np.testing.assert_allclose(out.quantiles, reference.quantiles, rtol=1e-6)
+    reference = jax.jit(TemporalFusionTransformer(CONFIG).apply)({"params": linen_params}, **inputs)
+    np.testing.assert_allclose(out.quantiles, reference.quantiles, rtol=1e-5, atol=1e-6)
+
+
+# Variable-major per-variable layers: the layout the variable selection networks run in.
+
+
+def test_variable_major_variable_linear_equals_the_variable_last_layout():
+    x = np.random.default_rng(1).normal(size=(2, 5, 3, 4)).astype(np.float32)
+    last = VariableLinear(3, 6)
+    major = VariableLinear(3, 6, variable_major=True)
+    variables = last.init(jax.random.key(0), x)
+    # Same parameter names and shapes in both layouts.
+    assert jax.tree.map(np.shape, major.init(jax.random.key(0), np.moveaxis(x, -2, 0))) == (
+        jax.tree.map(np.shape, variables)
+    )
+    expected = np.moveaxis(np.asarray(last.apply(variables, x)), -2, 0)
+    np.testing.assert_allclose(
+        major.apply(variables, np.moveaxis(x, -2, 0)), expected, rtol=1e-6, atol=1e-6
+    )
+    with pytest.raises(ValueError, match=r"\(3, \.\.\., I\), got \(2, 5, 3, 4\)"):
+        major.apply(variables, x)
+
+
+def variable_last_selection(variables, embedded, context, features, dot_general_cls=None):
+    """The variable selection network as computed before the variable-major layout.
+
+    Per-variable GRNs on `(B, T, V, width)` (conditioned on the context when
+    V = 1), the selection GRN, softmax, and the weighted sum as an einsum over
+    `V`: the reference for the current module. `variables` holds each
+    submodule's collections; returns `(combined, weights, quant_stats)`.
+    """
+    from tft_jax.gating import GatedResidualNetwork
+
+    num_variables, width = embedded.shape[-2:]
+    common = dict(dropout_rate=0.1, dot_general_cls=dot_general_cls)
+    single = num_variables == 1
+    processed, stats = GatedResidualNetwork(
+        features, hidden_features=width, num_variables=num_variables, **common
+    ).apply(
+        variables["variable_grns"], embedded, context if single else None, mutable=["quant_stats"]
+    )
+    quant_stats = {"variable_grns": stats.get("quant_stats", {})}
+    if single:
+        weights = jnp.ones(embedded.shape[:-1], jnp.float32)
+    else:
+        flat = embedded.reshape(*embedded.shape[:-2], num_variables * width)
+        logits, stats = GatedResidualNetwork(
+            num_variables, hidden_features=features, **common
+        ).apply(variables["selection_grn"], flat, context, mutable=["quant_stats"])
+        quant_stats["selection_grn"] = stats.get("quant_stats", {})
+        weights = jax.nn.softmax(logits, axis=-1)
+    combined = jnp.einsum("...v,...vd->...d", weights, processed)
+    return combined, weights, {name: tree for name, tree in quant_stats.items() if tree}
+
+
+@pytest.mark.parametrize("num_variables, quantized", [(3, False), (3, True), (1, False)])
+def test_variable_selection_equals_the_variable_last_layout_with_gradients(
+    num_variables, quantized
+):
+    from tft_jax.variable_selection import VariableSelectionNetwork
+
+    dot_general_cls = None
+    if quantized:
+        from qat import QATConfig
+        from qat.dot_general import QATDotGeneral
+
+        # Observers update in this call: their statistics must agree too.
+        dot_general_cls = functools.partial(QATDotGeneral, config=QATConfig(), calibrate=True)
+    features, rng = 6, np.random.default_rng(2)
+    embedded = rng.normal(size=(2, 4, num_variables, 5)).astype(np.float32)  # (B, T, V, width)
+    context = rng.normal(size=(2, features)).astype(np.float32)
+    vsn = VariableSelectionNetwork(
+        num_variables, features, dropout_rate=0.1, dot_general_cls=dot_general_cls
+    )
+    variables = jax.jit(vsn.init)(jax.random.key(0), embedded, context)
+    stats = variables.get("quant_stats", {})
+
+    def current(params, embedded):
+        (combined, weights), updated = vsn.apply(
+            {**variables, "params": params}, embedded, context, mutable=["quant_stats"]
+        )
+        return combined, weights, dict(updated.get("quant_stats", {}))
+
+    def reference(params, embedded):
+        per_module = {
+            name: {"params": params[name], **({"quant_stats": stats[name]} if stats else {})}
+            for name in params
+        }
+        return variable_last_selection(per_module, embedded, context, features, dot_general_cls)
+
+    cotangent = rng.normal(size=(2, 4, features)).astype(np.float32)
+
+    @functools.partial(jax.jit, static_argnames=("use_reference",))
+    def value_and_grads(params, embedded, use_reference):
+        def scalar(params, embedded):
+            combined, weights, stats = (reference if use_reference else current)(params, embedded)
+            value = jnp.sum(combined * cotangent) + jnp.sum(jnp.sin(weights))
+            return value, (combined, weights, stats)
+
+        return jax.grad(scalar, argnums=(0, 1), has_aux=True)(params, embedded)
+
+    grads, got = value_and_grads(variables["params"], embedded, False)
+    expected, want = value_and_grads(variables["params"], embedded, True)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

@@ -676,3 +676,57 @@ def test_weight_decay_never_touches_quantizer_step_sizes():
     updates, _ = tx.update(zero_grads, tx.init(trainables), trainables)
     np.testing.assert_allclose(updates["params"]["w"], -0.1 * 0.5 * np.ones(3), rtol=1e-6)
     assert float(updates["quant_params"]["scale_offset"]) == 0.0
+
+
+# ---------------------------------------------------------------------------
+# The step as one conditional update, and its ahead-of-time lowering
+
+
+def test_skipped_step_keeps_observers_and_reports_a_nan_clipped_norm() -> None:
+    state = create_train_state(OBSERVED, OBSERVED_TX, jax.random.key(0), make_batch(0))
+    state, _ = train_step(state, make_batch(1), jax.random.key(1), calibrate=True)
+    before = host_copy((state.trainables(), state.opt_state, state.model_state))
+    historical = np.array(make_batch(2).historical)
+    historical[0, 0, 0] = np.inf  # the observer would record inf
+    bad = make_batch(2).replace(historical=historical)
+    state, metrics = train_step(state, bad, jax.random.key(2), calibrate=True)
+    assert int(metrics["skipped"]) == 1
+    assert math.isnan(float(metrics["clipped_grad_norm"]))
+    assert_trees_equal((state.trainables(), state.opt_state, state.model_state), before)
+
+
+def test_lower_train_step_compiles_the_step_that_train_step_runs(caplog) -> None:
+    import jax.stages
+
+    from tft_jax.train import FAST_COMPILE_OPTIONS, lower_train_step
+
+    state, batch, rng = tiny_state(), make_batch(1), jax.random.key(1)
+    lowered = lower_train_step(state, batch, rng)
+    assert isinstance(lowered, jax.stages.Lowered)
+    compiled = lowered.compile()
+    analysis = compiled.cost_analysis()
+    analysis = analysis[0] if isinstance(analysis, list) else analysis
+    assert analysis["flops"] > 0
+    # Lowering donates nothing (the state is still usable); train_step then
+    # runs that very executable without compiling again, and computes what
+    # the compiled step computes.
+    copy, second_copy = jax.tree.map(jnp.copy, state), jax.tree.map(jnp.copy, state)
+    with jax.log_compiles(), caplog.at_level("WARNING"):
+        expected_state, expected_metrics = train_step(copy, batch, rng)
+    assert not [r for r in caplog.records if "_train_step" in r.getMessage()]
+    got_state, got_metrics = compiled(state, batch, rng)
+    assert_trees_equal(got_metrics, expected_metrics)
+    assert_trees_equal(got_state.params, expected_state.params)
+    # Other compiler options are another executable (and the log shows compiles).
+    with jax.log_compiles(), caplog.at_level("WARNING"):
+        _, other_metrics = train_step(
+            second_copy, batch, rng, compiler_options=FAST_COMPILE_OPTIONS
+        )
+    assert [r for r in caplog.records if "_train_step" in r.getMessage()]
+    np.testing.assert_allclose(other_metrics["loss"], expected_metrics["loss"], rtol=1e-6)
+    with pytest.raises(TypeError, match="lower_train_step: batch must be"):
+        lower_train_step(tiny_state(), {"target": np.zeros((B, H))}, rng)
+    with pytest.raises(ValueError, match="lower_train_step: calibrate=True"):
+        lower_train_step(tiny_state(), batch, rng, calibrate=True)
+    with pytest.raises(TypeError, match="train_step: compiler_options must be"):
+        train_step(tiny_state(), batch, rng, compiler_options="fast")

@@ -3,6 +3,10 @@
 Each block works on `(..., F)` inputs, or, with `num_variables=V`, on
 `(..., V, F)` inputs with separate weights per variable computed as one
 batched contraction (the per-variable GRNs of a variable selection network).
+With `variable_major=True` as well, the variable axis comes first,
+`(V, ..., F)`: the layout the batched contractions produce, so a whole
+per-variable GRN runs without transposing its wide activations (same
+parameters, same values).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from typing import Any
 import jax.numpy as jnp
 from flax import linen as nn
 
-from tft_jax.linear import Linear, VariableLinear
+from tft_jax.linear import Linear, VariableLinear, variable_major_broadcast
 
 Array = Any
 Dtype = Any
@@ -28,8 +32,12 @@ def make_dense(
     dtype: Dtype | None = None,
     param_dtype: Dtype = jnp.float32,
     dot_general_cls: Callable[..., nn.Module] | None = None,
+    variable_major: bool = False,
 ) -> nn.Module:
-    """`Linear`, or with `num_variables` a `VariableLinear` (one affine map per variable)."""
+    """`Linear`, or with `num_variables` a `VariableLinear` (one affine map per variable).
+
+    `variable_major` (only with `num_variables`) selects the `(V, ..., I)` layout.
+    """
     common = dict(
         use_bias=use_bias,
         dtype=dtype,
@@ -38,17 +46,23 @@ def make_dense(
         name=name,
     )
     if num_variables is None:
+        if variable_major:
+            raise ValueError("make_dense: variable_major=True needs num_variables")
         return Linear(features, **common)
-    return VariableLinear(num_variables, features, **common)
+    return VariableLinear(num_variables, features, variable_major=variable_major, **common)
 
 
 class FeatureLayerNorm(nn.Module):
-    """LayerNorm over the last axis; with `num_variables`, scale and bias `(V, F)` per variable."""
+    """LayerNorm over the last axis; with `num_variables`, scale and bias `(V, F)` per variable.
+
+    Per-variable inputs are `(..., V, F)`, or `(V, ..., F)` with `variable_major`.
+    """
 
     num_variables: int | None = None
     epsilon: float = 1e-6
     dtype: Dtype | None = None
     param_dtype: Dtype = jnp.float32
+    variable_major: bool = False
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
@@ -61,6 +75,9 @@ class FeatureLayerNorm(nn.Module):
         mean = jnp.mean(wide, axis=-1, keepdims=True)
         variance = jnp.mean(jnp.square(wide - mean), axis=-1, keepdims=True)
         normalized = (wide - mean) * jnp.reciprocal(jnp.sqrt(variance + self.epsilon))
+        if self.variable_major and self.num_variables is not None:
+            scale = variable_major_broadcast(scale, x.ndim)
+            bias = variable_major_broadcast(bias, x.ndim)
         return (normalized * scale + bias).astype(dtype)
 
 
@@ -76,6 +93,7 @@ class GatedLinearUnit(nn.Module):
     dtype: Dtype | None = None
     param_dtype: Dtype = jnp.float32
     dot_general_cls: Callable[..., nn.Module] | None = None
+    variable_major: bool = False
 
     @nn.compact
     def __call__(self, x: Array, deterministic: bool = True) -> Array:
@@ -86,6 +104,7 @@ class GatedLinearUnit(nn.Module):
             dtype=self.dtype,
             param_dtype=self.param_dtype,
             dot_general_cls=self.dot_general_cls,
+            variable_major=self.variable_major,
             name="projection",
         )(x)
         value, gate = jnp.split(projected, 2, axis=-1)
@@ -101,6 +120,7 @@ class GateAddNorm(nn.Module):
     dtype: Dtype | None = None
     param_dtype: Dtype = jnp.float32
     dot_general_cls: Callable[..., nn.Module] | None = None
+    variable_major: bool = False
 
     @nn.compact
     def __call__(self, x: Array, skip: Array, deterministic: bool = True) -> Array:
@@ -111,11 +131,27 @@ class GateAddNorm(nn.Module):
             dtype=self.dtype,
             param_dtype=self.param_dtype,
             dot_general_cls=self.dot_general_cls,
+            variable_major=self.variable_major,
             name="glu",
         )(x, deterministic)
         return FeatureLayerNorm(
-            self.num_variables, dtype=self.dtype, param_dtype=self.param_dtype, name="layer_norm"
+            self.num_variables,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            variable_major=self.variable_major,
+            name="layer_norm",
         )(skip.astype(gated.dtype) + gated)
+
+
+def _broadcast_context(context: Array, ndim: int, variable_major: bool) -> Array:
+    """`(B, F)` -> `(B, 1, ..., 1, F)`, or `(1, B, 1, ..., 1, F)` for variable-major inputs.
+
+    The result has `ndim` axes and broadcasts over time and variables.
+    """
+    batch, features = context.shape
+    if variable_major:
+        return context.reshape((1, batch) + (1,) * (ndim - 3) + (features,))
+    return context.reshape((batch,) + (1,) * (ndim - 2) + (features,))
 
 
 class GatedResidualNetwork(nn.Module):
@@ -127,9 +163,10 @@ class GatedResidualNetwork(nn.Module):
     term `W3 c` (no bias) is present only when a context is given.
 
     Args (call):
-      x: `(..., I)`, or `(..., V, I)` with `num_variables=V`.
-      context: optional `(B, C)`, broadcast over every axis between the batch
-        and the feature axis of `x` (time, variables).
+      x: `(B, ..., I)`; with `num_variables=V` `(B, ..., V, I)`, or
+        `(V, B, ..., I)` with `variable_major=True` as well.
+      context: optional `(B, C)`, broadcast over every axis of `x` but the
+        batch and the feature axis (time, variables).
     """
 
     features: int
@@ -139,6 +176,7 @@ class GatedResidualNetwork(nn.Module):
     dtype: Dtype | None = None
     param_dtype: Dtype = jnp.float32
     dot_general_cls: Callable[..., nn.Module] | None = None
+    variable_major: bool = False
 
     @nn.compact
     def __call__(self, x: Array, context: Array | None = None, deterministic: bool = True) -> Array:
@@ -152,6 +190,7 @@ class GatedResidualNetwork(nn.Module):
                 dtype=self.dtype,
                 param_dtype=self.param_dtype,
                 dot_general_cls=self.dot_general_cls,
+                variable_major=self.variable_major,
             )
 
         skip = x if x.shape[-1] == self.features else dense(self.features, "skip")(x)
@@ -165,11 +204,7 @@ class GatedResidualNetwork(nn.Module):
                 dot_general_cls=self.dot_general_cls,
                 name="context",
             )(context)
-            # (B, hidden) -> (B, 1, ..., 1, hidden) to broadcast over time / variables.
-            expand = eta.ndim - projected_context.ndim
-            eta = eta + projected_context.reshape(
-                projected_context.shape[:1] + (1,) * expand + projected_context.shape[1:]
-            )
+            eta = eta + _broadcast_context(projected_context, eta.ndim, self.variable_major)
         eta = nn.elu(eta)
         eta = dense(hidden, "hidden")(eta)
         return GateAddNorm(
@@ -179,5 +214,6 @@ class GatedResidualNetwork(nn.Module):
             dtype=self.dtype,
             param_dtype=self.param_dtype,
             dot_general_cls=self.dot_general_cls,
+            variable_major=self.variable_major,
             name="gate_add_norm",
         )(eta, skip, deterministic)

@@ -92,6 +92,13 @@ class VariableLinear(nn.Module):
     `x (..., V, I) -> (..., V, features)` with parameters `kernel (V, I, features)`
     and `bias (V, features)`: variable `v` uses only `kernel[v]`, so the V
     per-variable networks of a variable selection network cost one matmul.
+
+    With `variable_major=True` the variable axis comes first instead:
+    `x (V, ..., I) -> (V, ..., features)`, the same parameters and the same
+    values. That is the layout the batched contraction produces, so no
+    transpose of the (possibly wide) output is needed; a stack of
+    per-variable layers (the per-variable GRNs) runs in it end to end and
+    the caller moves the variable axis once.
     """
 
     num_variables: int
@@ -104,14 +111,18 @@ class VariableLinear(nn.Module):
     )
     bias_init: Initializer = nn.initializers.zeros_init()
     dot_general_cls: Callable[..., nn.Module] | None = None
+    variable_major: bool = False
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
-        if x.ndim < 2 or x.shape[-2] != self.num_variables:
-            raise ValueError(
-                f"VariableLinear expects x of shape (..., {self.num_variables}, I), "
-                f"got {tuple(x.shape)}"
+        variable_axis = 0 if self.variable_major else x.ndim - 2
+        if x.ndim < 2 or x.shape[variable_axis] != self.num_variables:
+            expected = (
+                f"({self.num_variables}, ..., I)"
+                if self.variable_major
+                else f"(..., {self.num_variables}, I)"
             )
+            raise ValueError(f"VariableLinear expects x of shape {expected}, got {tuple(x.shape)}")
         kernel = self.param(
             "kernel",
             self.kernel_init,
@@ -126,7 +137,6 @@ class VariableLinear(nn.Module):
             else None
         )
         x, kernel, bias = _cast_operands(x, kernel, bias, self.dtype)
-        variable_axis = x.ndim - 2
         dimension_numbers = (((x.ndim - 1,), (1,)), ((variable_axis,), (0,)))
         if self.dot_general_cls is None:
             y = lax.dot_general(x, kernel, dimension_numbers)
@@ -134,7 +144,13 @@ class VariableLinear(nn.Module):
             dot_general = self.dot_general_cls(name="dot_general", lhs_bounds=None)
             y = dot_general(x, kernel, dimension_numbers)
         # dot_general puts the batch (variable) axis first: (V, ..., features).
-        y = jnp.moveaxis(y, 0, -2)
+        if not self.variable_major:
+            y = jnp.moveaxis(y, 0, -2)
         if bias is not None:
-            y = y + bias
+            y = y + (variable_major_broadcast(bias, y.ndim) if self.variable_major else bias)
         return y
+
+
+def variable_major_broadcast(per_variable: Array, ndim: int) -> Array:
+    """`(V, F) -> (V, 1, ..., 1, F)` with `ndim` axes, to broadcast over `(V, ..., F)`."""
+    return per_variable.reshape(per_variable.shape[:1] + (1,) * (ndim - 2) + per_variable.shape[1:])

@@ -430,22 +430,44 @@ def batch_loss(output: Any, batch: Batch, quantiles: Sequence[float]) -> tuple[A
     return total / jnp.maximum(count * levels.size, 1.0), count
 
 
-def _clipped_norm(grads: PyTree, clip_norm: float | None) -> Array:
-    """The global norm of the gradients after `optax.clip_by_global_norm(clip_norm)`."""
+def _clipped_norm(grad_norm: Array, clip_norm: float | None) -> Array:
+    """The global norm after `optax.clip_by_global_norm(clip_norm)`, from the norm before.
+
+    Clipping leaves gradients of norm `g < c` unchanged and rescales the
+    others by `c / g`, so the clipped norm is `min(g, c)`: no second pass
+    over the gradients. A non-finite `g` gives NaN, as clipping such
+    gradients does (`t / g * c` is NaN for an infinite or NaN leaf).
+    """
     if clip_norm is None:
-        return optax.tree.norm(grads)
-    clipped, _ = optax.clip_by_global_norm(clip_norm).update(grads, optax.EmptyState())
-    return optax.tree.norm(clipped)
+        return grad_norm
+    return jnp.where(jnp.isfinite(grad_norm), jnp.minimum(grad_norm, clip_norm), jnp.nan)
 
 
-def _keep_if(condition: Array, new: PyTree, old: PyTree) -> PyTree:
-    return jax.tree.map(lambda n, o: jnp.where(condition, n, o), new, old)
+def _keep_if(condition: Array, update: Callable[[], PyTree], old: PyTree) -> PyTree:
+    """`update()` when `condition` (a scalar) holds, else `old`: one `lax.cond` for the tree.
+
+    A single conditional rather than a select per leaf: the skipped branch
+    never runs the update, and the step has one operation instead of one
+    `select` (and a copy of the donated buffer) per parameter and optimizer
+    leaf.
+    """
+    return jax.lax.cond(condition, update, lambda: old)
 
 
-@partial(jax.jit, static_argnames=("calibrate",), donate_argnums=(0,))
+# XLA options for `train_step(..., compiler_options=...)` that trade step speed
+# for compile speed: LLVM at -O1 instead of -O2. On the 2-core CPU of
+# BENCHMARKS.md the step compiles 30-45% faster; the `electricity` step is as
+# fast, the small `seed` step about 10% slower. (For `fit`, the same through
+# `XLA_FLAGS=--xla_backend_optimization_level=1`.)
+FAST_COMPILE_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 1}
+_STEP_JITS: dict[tuple[tuple[str, Any], ...], Any] = {}
+
+
 def _train_step(
     state: TrainState, batch: Batch, rng: Array, calibrate: bool | None
 ) -> tuple[TrainState, dict[str, Array]]:
+    """The body of `train_step` (jitted by `_jitted_train_step`)."""
+
     def loss_fn(trainables: dict[str, PyTree]) -> tuple[Array, dict[str, PyTree]]:
         output, model_state = _forward(
             state, trainables, batch, deterministic=False, rng=rng, calibrate=calibrate
@@ -456,29 +478,63 @@ def _train_step(
     trainables = state.trainables()
     (loss, model_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainables)
     grad_norm = optax.tree.norm(grads)
-    updates, opt_state = state.tx.update(grads, state.opt_state, trainables)
-    trained = optax.apply_updates(trainables, updates)
+
+    def update() -> tuple[dict[str, PyTree], PyTree, dict[str, PyTree]]:
+        updates, opt_state = state.tx.update(grads, state.opt_state, trainables)
+        return optax.apply_updates(trainables, updates), opt_state, model_state
 
     # A NaN or inf in any gradient makes the global norm non-finite, so one
     # scalar test covers every leaf (and a norm overflowing float32 as well).
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     skipped = jnp.logical_not(finite).astype(jnp.int32)
-    trained = _keep_if(finite, trained, trainables)
+    trained, opt_state, model_state = _keep_if(
+        finite, update, (trainables, state.opt_state, state.model_state)
+    )
     new_state = state.replace(
         step=state.step + 1,
         params=trained["params"],
         extra_params={name: trained[name] for name in state.extra_params},
-        opt_state=_keep_if(finite, opt_state, state.opt_state),
-        model_state=_keep_if(finite, model_state, state.model_state),
+        opt_state=opt_state,
+        model_state=model_state,
         skipped_steps=state.skipped_steps + skipped,
     )
     metrics = {
         "loss": loss,
         "grad_norm": grad_norm,
-        "clipped_grad_norm": _clipped_norm(grads, state.clip_norm),
+        "clipped_grad_norm": _clipped_norm(grad_norm, state.clip_norm),
         "skipped": skipped,
     }
     return new_state, metrics
+
+
+def _jitted_train_step(options: tuple[tuple[str, Any], ...]) -> Any:
+    """`_train_step` under `jax.jit` with these XLA options (one jitted function per options)."""
+    if options not in _STEP_JITS:
+        _STEP_JITS[options] = jax.jit(
+            _train_step,
+            static_argnames=("calibrate",),
+            donate_argnums=(0,),
+            compiler_options=dict(options) or None,
+        )
+    return _STEP_JITS[options]
+
+
+def _check_compiler_options(name: str, compiler_options: Any) -> tuple[tuple[str, Any], ...]:
+    """The XLA options to compile the step with, as sorted `(name, value)` pairs.
+
+    None: none (XLA's defaults and `XLA_FLAGS`); a mapping: those options.
+    """
+    if compiler_options is None:
+        compiler_options = {}
+    if not isinstance(compiler_options, Mapping) or not all(
+        isinstance(key, str) and isinstance(value, str | int | float | bool)
+        for key, value in compiler_options.items()
+    ):
+        raise TypeError(
+            f"{name}: compiler_options must be None or a mapping of XLA option names "
+            f"to str/int/float/bool values, got {compiler_options!r}"
+        )
+    return tuple(sorted(compiler_options.items()))
 
 
 def _check_state(name: str, state: Any) -> None:
@@ -497,7 +553,12 @@ def _check_calibrate(name: str, calibrate: Any, state: TrainState) -> None:
 
 
 def train_step(
-    state: TrainState, batch: Batch, rng: Array, calibrate: bool | None = None
+    state: TrainState,
+    batch: Batch,
+    rng: Array,
+    calibrate: bool | None = None,
+    *,
+    compiler_options: Mapping[str, Any] | None = None,
 ) -> tuple[TrainState, dict[str, Array]]:
     """One jitted optimization step on the quantile loss; `state` is donated.
 
@@ -515,6 +576,9 @@ def train_step(
       calibrate: None for models without calibration (the FP32 TFT); True to
         run the QAT model with `calibrate=True` and every `model_state`
         collection mutable (observers update); False to pass `calibrate=False`.
+      compiler_options: XLA options for compiling the step, e.g.
+        `FAST_COMPILE_OPTIONS`; None (default): XLA's defaults (and
+        `XLA_FLAGS`). Each distinct value is its own compiled step.
 
     Returns:
       `(new_state, metrics)` with float32 scalars `loss`, `grad_norm` (before
@@ -524,7 +588,43 @@ def train_step(
     _check_state("train_step", state)
     _check_batch("train_step", batch)
     _check_calibrate("train_step", calibrate, state)
-    return _train_step(state, batch, rng, calibrate)
+    options = _check_compiler_options("train_step", compiler_options)
+    return _jitted_train_step(options)(state, batch, rng, calibrate)
+
+
+def lower_train_step(
+    state: TrainState,
+    batch: Batch,
+    rng: Array,
+    calibrate: bool | None = None,
+    *,
+    compiler_options: Mapping[str, Any] | None = None,
+) -> jax.stages.Lowered:
+    """The jitted step of `train_step` lowered for these arguments, without running it.
+
+    Ahead-of-time access to the step: `.compile()` on the result gives the
+    executable that `train_step` runs for arguments of the same shapes,
+    dtypes and shardings (JAX keeps it, so the next `train_step` call does
+    not compile again), with its `cost_analysis()`, `memory_analysis()` and
+    `as_text()`; timing `.compile()` measures the step's compile time.
+    Nothing is donated or changed: `state` stays usable.
+
+    Args:
+      state, batch, rng, calibrate, compiler_options: as for `train_step`
+        (checked the same way).
+
+    Returns:
+      A `jax.stages.Lowered`.
+
+    Example:
+      >>> compiled = lower_train_step(state, batch, rng).compile()  # doctest: +SKIP
+      >>> flops = compiled.cost_analysis()["flops"]  # doctest: +SKIP
+    """
+    _check_state("lower_train_step", state)
+    _check_batch("lower_train_step", batch)
+    _check_calibrate("lower_train_step", calibrate, state)
+    options = _check_compiler_options("lower_train_step", compiler_options)
+    return _jitted_train_step(options).lower(state, batch, rng, calibrate)
 
 
 @partial(jax.jit, static_argnames=("calibrate",))
@@ -771,6 +871,10 @@ def fit(
     loop = LoopState()
     checkpointer = None if checkpoint_dir is None else TrainingCheckpointer(checkpoint_dir)
     best_state: TrainState | None = None
+    mesh = data_mesh() if mesh is None else mesh
+    # Placed first: a checkpoint then restores straight into the mesh's shardings
+    # (whatever device count wrote it), in every process of a multi-host run.
+    state = place_state(state, mesh, fsdp)
     if checkpointer is not None and resume:
         restored = checkpointer.restore_latest(state)
         if restored is not None:
@@ -779,8 +883,6 @@ def fit(
             checkpointer.discard_best_after(loop.step)
             best = checkpointer.restore_best(state)
             best_state = None if best is None else best.state
-    mesh = data_mesh() if mesh is None else mesh
-    state = place_state(state, mesh, fsdp)
     if best_state is None:
         best_state = _copy_state(state)
     if val_batches is not None:
@@ -790,7 +892,13 @@ def fit(
     total = None if per_epoch is None else per_epoch * epochs
     if max_steps is not None:
         total = max_steps if total is None else min(total, max_steps)
-    progress = tqdm(total=total, initial=loop.step, disable=quiet, unit="step", dynamic_ncols=True)
+    progress = tqdm(
+        total=total,
+        initial=loop.step,
+        disable=quiet or jax.process_index() != 0,  # one progress bar per run
+        unit="step",
+        dynamic_ncols=True,
+    )
     postfix: dict[str, str] = {}
     # Step metrics wait on the device until an evaluation or a checkpoint needs
     # them (no host sync per step); they are then added in step order, so a

@@ -24,6 +24,13 @@ class VariableSelectionNetwork(nn.Module):
     single variable the weight is 1 and the context conditions that
     variable's GRN instead, so the context still acts.
 
+    The per-variable GRNs run variable-major: the narrow embeddings are
+    transposed once to `(V, B, [T,] width)`, every per-variable layer is then
+    a contraction with the variable axis leading (where XLA puts it), and the
+    wide `(V, B, [T,] D)` result is combined by one contraction over `V`. The
+    other layout would transpose the `D`-wide activations after every layer,
+    forward and backward (1.4x slower at electricity shapes on CPU).
+
     Args (call):
       embedded: `(B, [T,] V, width)`.
       context: optional `(B, D)` static context.
@@ -52,13 +59,12 @@ class VariableSelectionNetwork(nn.Module):
             self.features,
             hidden_features=width,
             num_variables=self.num_variables,
+            variable_major=True,
             name="variable_grns",
             **common,
-        )(embedded, context if single else None, deterministic)
+        )(jnp.moveaxis(embedded, -2, 0), context if single else None, deterministic)
         if single:
-            weights = jnp.ones(
-                embedded.shape[:-1], jnp.promote_types(embedded.dtype, jnp.float32)
-            )
+            weights = jnp.ones(embedded.shape[:-1], jnp.promote_types(embedded.dtype, jnp.float32))
         else:
             flat = embedded.reshape(*embedded.shape[:-2], self.num_variables * width)
             logits = GatedResidualNetwork(
@@ -67,5 +73,14 @@ class VariableSelectionNetwork(nn.Module):
             weights = nn.softmax(
                 logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), axis=-1
             )
-        combined = jnp.einsum("...v,...vd->...d", weights.astype(processed.dtype), processed)
-        return combined, weights
+        return combine_variables(weights, processed), weights
+
+
+def combine_variables(weights: Array, processed: Array) -> Array:
+    """`sum_v weights[..., v] * processed[v, ...]`: `(..., V)`, `(V, ..., D)` -> `(..., D)`.
+
+    One contraction over `V`. XLA:CPU runs it well (its producer writes the
+    operand in the layout the contraction wants); a multiply reduced over the
+    leading axis runs as a slow strided reduction there instead.
+    """
+    return jnp.einsum("...v,v...d->...d", weights.astype(processed.dtype), processed)
