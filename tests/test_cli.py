@@ -10,68 +10,27 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pathlib
+import re
+import socket
+import subprocess
+import sys
 
+import jax
 import numpy as np
 import pandas as pd
 import pytest
+from flax import serialization
 
 from tft_jax import cli
-from tft_jax.experiments import diverged
+from tft_jax.checkpoint import load_state
+from tft_jax.distributed import process_rows
+from tft_jax.evaluation import epoch_batches, fixed_batches
+from tft_jax.model import TemporalFusionTransformer
+from tft_jax.train import create_train_state, make_optimizer, warmup_cosine_schedule
 
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-HISTORY, HORIZON = 14, 7
-
-
-def write_table(path: pathlib.Path, seed: int = 0) -> pathlib.Path:
-    """Three daily stores, 100 days each: weekly pattern, promotions, a static size."""
-    rng = np.random.default_rng(seed)
-    frames = []
-    for code, store in enumerate(("alpha", "beta", "gamma")):
-        days = pd.date_range("2024-01-01", periods=100, freq="D")
-        promo = (rng.random(100) < 0.2).astype(float)
-        weekend = (days.dayofweek >= 5).astype(float)
-        sales = 10 + 3 * code + 2 * weekend + 4 * promo + rng.normal(scale=0.5, size=100)
-        frames.append(
-            pd.DataFrame(
-                {
-                    "store": store,
-                    "day": days.strftime("%Y-%m-%d"),
-                    "sales": sales,
-                    "size": 1.0 + code,
-                    "promo": promo,
-                    "temperature": rng.normal(size=100),
-                }
-            )
-        )
-    pd.concat(frames).to_csv(path, index=False)
-    return path
-
-
-def table_args(csv: pathlib.Path) -> list[str]:
-    return [
-        "--csv", str(csv),
-        "--id-col", "store",
-        "--time-col", "day",
-        "--target", "sales",
-        "--static-cols", "size",
-        "--known-cols", "promo",
-        "--observed-cols", "temperature",
-        "--freq", "D",
-        "--history", str(HISTORY),
-        "--horizon", str(HORIZON),
-        "--validation-fraction", "0.15",
-        "--test-fraction", "0.15",
-    ]  # fmt: skip
-
-
-TINY_MODEL = ["--hidden-dim", "8", "--heads", "2", "--compile-cache", "none", "--quiet"]
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = cli.main(list(argv))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+from .cli_tables import HISTORY, HORIZON, PNG_SIGNATURE, TINY_MODEL, run, table_args, write_table
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +127,66 @@ def test_commands_on_a_directory_without_a_run_say_so(capsys, tmp_path, command)
     assert "config.json does not exist" in err
 
 
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--coordinator", "h:1234"], "--coordinator without --num-processes, --process-id"),
+        (["--num-processes", "2", "--process-id", "0"], "without --coordinator"),
+        (
+            ["--coordinator", "h:1", "--num-processes", "2", "--process-id", "2"],
+            r"--process-id \(2\) must be below --num-processes \(2\)",
+        ),
+        (
+            ["--coordinator", "h", "--num-processes", "2", "--process-id", "0"],
+            "--coordinator: coordinator must be HOST:PORT",
+        ),
+    ],
+)
+def test_multihost_flags_are_checked_before_joining_a_run(
+    capsys, csv_path, tmp_path, flags, message
+):
+    code, _, err = run(capsys, "train", *table_args(csv_path), *flags, "--out", str(tmp_path / "r"))
+    assert code == 2
+    assert re.search(message, err), err
+    assert not (tmp_path / "r").exists()
+
+
+def test_global_batch_must_divide_over_every_device_of_every_process():
+    cli.check_global_batch(8, 4, 2)
+    with pytest.raises(
+        cli.UsageError,
+        match=r"--batch-size \(6\) is the global batch .* 4 "
+        r"devices of 2 processes; use a multiple of 4",
+    ):
+        cli.check_global_batch(6, 4, 2)
+
+
+def _stack(batches):
+    return jax.tree.map(lambda *leaves: np.concatenate(leaves), *batches)
+
+
+def test_processes_read_their_own_rows_of_the_same_shuffled_global_batches(csv_path):
+    args = cli.build_parser().parse_args(["train", *table_args(csv_path)])
+    windows = cli.load_dataset(cli.data_options(args)).train
+    for epoch in (0, 1):
+        whole = list(epoch_batches(windows, 8, seed=3)(epoch))
+        parts = [
+            list(epoch_batches(windows, 8, seed=3, rows=process_rows(8, index, 2))(epoch))
+            for index in range(2)
+        ]
+        assert len(whole) == len(parts[0]) == len(parts[1]) == len(windows) // 8
+        for step, batch in enumerate(whole):
+            assert parts[0][step].batch_size == parts[1][step].batch_size == 4
+            assembled = _stack([parts[0][step], parts[1][step]])
+            for got, want in zip(jax.tree.leaves(assembled), jax.tree.leaves(batch), strict=True):
+                np.testing.assert_array_equal(got, want)
+    fixed = fixed_batches(windows, 8)
+    halves = [fixed_batches(windows, 8, process_rows(8, index, 2)) for index in range(2)]
+    for step, batch in enumerate(fixed):
+        assembled = _stack([halves[0][step], halves[1][step]])
+        np.testing.assert_array_equal(assembled.target, batch.target)
+
+
 def test_demo_options_parse_as_train_arguments():
     args = cli.build_parser().parse_args(["train", *cli.demo_argv()])
     assert args.qat and args.history == 72 and args.horizon == 24
@@ -177,33 +196,6 @@ def test_demo_options_parse_as_train_arguments():
 def test_json_ready_turns_non_finite_floats_into_null():
     data = {"a": math.nan, "b": [1.0, math.inf], "c": np.float32(0.5), "d": (1, 2)}
     assert cli.json_ready(data) == {"a": None, "b": [1.0, None], "c": 0.5, "d": [1, 2]}
-
-
-# ---------------------------------------------------------------------------
-# Divergence rule of the clipping experiment
-
-
-def history(train, val, skipped=0):
-    return {
-        "train_loss": train,
-        "val_loss": val,
-        "skipped_steps": [0] * (len(train) - 1) + [skipped],
-    }
-
-
-@pytest.mark.parametrize(
-    ("record", "expected"),
-    [
-        (history([0.5, 0.4, 0.3], [0.5, 0.4, 0.3]), False),
-        (history([0.5, 0.4, 1.6], [0.5, 0.4, 0.3]), True),  # > 3x the first interval
-        (history([0.5, 1.4, 0.3], [0.5, 0.4, 0.3]), False),  # below 3x
-        (history([0.5, math.nan, 0.3], [0.5, 0.4, 0.3]), True),
-        (history([0.5, 0.4, 0.3], [0.5, math.inf, 0.3]), True),
-        (history([0.5, 0.4, 0.3], [0.5, 0.4, 0.3], skipped=2), True),
-    ],
-)
-def test_divergence_rule(record, expected):
-    assert diverged(record, explode_factor=3.0) is expected
 
 
 # ---------------------------------------------------------------------------
@@ -300,25 +292,126 @@ def test_forecast_command_writes_the_chosen_models_csv(capsys, trained_run):
     assert len(table) % HORIZON == 0 and len(table) > 0
 
 
+# ---------------------------------------------------------------------------
+# Two processes (jax.distributed on CPU, gloo collectives)
+
+# The FP32 phase of `trained_run`: same data, model, seed and global batch.
+FP32_ARGS = [
+    "--batch-size", "8", "--max-steps", "4", "--eval-every", "2", "--val-windows", "16",
+    "--eval-batch-size", "32",
+]  # fmt: skip
+# What `tft-jax train` without --qat writes, checkpoint steps included.
+FP32_RUN_FILES = {
+    "config.json", "metrics.json", "history.json", "forecasts.csv", "models/fp32.msgpack",
+    "plots/forecasts_fp32.png", "plots/attention.png", "plots/variable_importance.png",
+    "plots/loss_curves.png", "checkpoints/fp32/latest/2", "checkpoints/fp32/latest/4",
+    "checkpoints/fp32/best/4",
+}  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        return probe.getsockname()[1]
+
+
+def _run_files(run: pathlib.Path) -> set[str]:
+    """Files of a run; inside a checkpoint step only the step itself (orbax's own layout)."""
+    names = set()
+    for path in run.rglob("*"):
+        parts = path.relative_to(run).parts
+        if parts[0] == "checkpoints" and len(parts) >= 4:
+            names.add("/".join(parts[:4]))
+        elif path.is_file():
+            names.add("/".join(parts))
+    return names
+
+
+def _two_process_env() -> dict[str, str]:
+    env = dict(os.environ)
+    flags = [flag for flag in env.get("XLA_FLAGS", "").split() if "device_count" not in flag]
+    env.update(
+        XLA_FLAGS=" ".join(flags),
+        JAX_PLATFORMS="cpu",
+        # Process 0 reads and writes the test cache (JAX lets only process 0 write).
+        JAX_COMPILATION_CACHE_DIR=str(
+            pathlib.Path(__file__).resolve().parent.parent / ".jax_cache"
+        ),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
+    )
+    return env
+
+
+def _train_in_two_processes(argv: list[str], logs: pathlib.Path) -> None:
+    """`tft-jax train argv` as processes 0 and 1 of a 2-process run; raises if either fails."""
+    coordinator = f"localhost:{_free_port()}"
+    env = _two_process_env()
+    processes = []
+    for index in range(2):
+        log = (logs / f"process{index}.log").open("w")
+        command = [sys.executable, "-m", "tft_jax.cli", "train", *argv]
+        command += ["--coordinator", coordinator, "--num-processes", "2"]
+        command += ["--process-id", str(index)]
+        processes.append((subprocess.Popen(command, stdout=log, stderr=log, env=env), log))
+    try:
+        codes = [process.wait(timeout=900) for process, _ in processes]
+    finally:
+        for process, log in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            log.close()
+    output = "".join((logs / f"process{i}.log").read_text()[-3000:] for i in range(2))
+    assert codes == [0, 0], output
+
+
 @pytest.mark.slow
-def test_clipping_experiment_writes_paired_runs_a_summary_and_a_plot(capsys, csv_path, tmp_path):
-    code, out, _ = run(
-        capsys, "experiment", "clipping", *table_args(csv_path), *TINY_MODEL,
-        "--seeds", "2", "--steps", "4", "--eval-every", "2", "--batch-size", "8",
-        "--val-windows", "16", "--out", str(tmp_path),
-    )  # fmt: skip
-    assert code == 0
-    result = json.loads((tmp_path / "clipping.json").read_text())
-    pairs = sorted((run["clip"], run["seed"]) for run in result["runs"])
-    assert pairs == [(False, 0), (False, 1), (True, 0), (True, 1)]
-    for record in result["runs"]:
-        assert record["step"] == [2, 4]
-        assert len(record["train_loss"]) == len(record["val_loss"]) == 2
-        assert len(record["step_loss"]) == len(record["step_grad_norm"]) == 4
-        assert all(math.isfinite(v) for v in record["step_grad_norm"])
-        # The interval means are the means of the per-step losses.
-        assert record["train_loss"][1] == pytest.approx(np.mean(record["step_loss"][2:]))
-    assert result["summary"]["with_clipping"]["runs"] == 2
-    assert result["settings"]["clip_norm"] == 0.05
-    assert (tmp_path / "clipping.png").read_bytes()[:8] == PNG_SIGNATURE
-    assert "with_clipping" in out
+@pytest.mark.multidevice
+def test_two_processes_train_the_same_model_as_one_and_write_the_same_run(
+    csv_path, trained_run, tmp_path
+):
+    out = tmp_path / "run"
+    _train_in_two_processes(
+        ["--out", str(out), *table_args(csv_path), *TINY_MODEL, *FP32_ARGS], tmp_path
+    )
+    two = serialization.msgpack_restore((out / "models" / "fp32.msgpack").read_bytes())
+    one = serialization.msgpack_restore((trained_run / "models" / "fp32.msgpack").read_bytes())
+    for (path, got), want in zip(
+        jax.tree_util.tree_flatten_with_path(two)[0], jax.tree.leaves(one), strict=True
+    ):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=str(path))
+    history_two = json.loads((out / "history.json").read_text())["fp32"]
+    history_one = json.loads((trained_run / "history.json").read_text())["fp32"]
+    assert history_two["step"] == history_one["step"] == [2, 4]
+    for key in ("train_loss", "val_loss"):
+        np.testing.assert_allclose(history_two[key], history_one[key], rtol=1e-5)
+    metrics_two = json.loads((out / "metrics.json").read_text())["models"]
+    metrics_one = json.loads((trained_run / "metrics.json").read_text())["models"]
+    assert metrics_two["fp32"]["p50_q_risk"] == pytest.approx(
+        metrics_one["fp32"]["p50_q_risk"], rel=1e-4
+    )
+    assert _run_files(out) == FP32_RUN_FILES
+    assert FP32_RUN_FILES.issubset(_run_files(trained_run))  # later tests add files there
+    config = json.loads((out / "config.json").read_text())
+    assert config["environment"]["processes"] == 2
+
+    # The checkpoint written by two processes restores on this process's one device.
+    data = cli.load_dataset(config["data"])
+    training = config["training"]
+    tx = make_optimizer(
+        warmup_cosine_schedule(training["lr"], training["total_steps"], training["warmup_steps"]),
+        clip_norm=training["clip_norm"],
+    )
+    template = create_train_state(
+        TemporalFusionTransformer(cli.config_from_json(config["model"])),
+        tx,
+        jax.random.key(0),
+        cli._sample_batch(data, 8),
+    )
+    restored = load_state(out / "checkpoints" / "fp32", template)
+    assert int(restored.step) == 4
+    for got, want in zip(
+        jax.tree.leaves(restored.params), jax.tree.leaves(two["params"]), strict=True
+    ):
+        np.testing.assert_array_equal(np.asarray(got), want)

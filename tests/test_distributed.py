@@ -7,9 +7,19 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from tft_jax.distributed import data_mesh, fsdp_spec, initialize_multihost, process_slice
+from tft_jax.distributed import (
+    check_multihost_arguments,
+    data_mesh,
+    fsdp_spec,
+    initialize_multihost,
+    process_rows,
+    process_slice,
+    to_host,
+)
 
 SCRIPT = pathlib.Path(__file__).with_name("multidevice_checks.py")
 
@@ -38,7 +48,12 @@ def test_fsdp_splits_the_largest_divisible_axis_and_replicates_small_leaves():
 
 @pytest.mark.parametrize(
     "coordinator, processes, index, message",
-    [("localhost", 2, 0, "HOST:PORT"), ("h:1", 0, 0, "num_processes"), ("h:1", 2, 2, "process_id")],
+    [
+        ("localhost", 2, 0, "HOST:PORT"),
+        ("h:70000", 2, 0, "port in 1..65535"),
+        ("h:1", 0, 0, "num_processes"),
+        ("h:1", 2, 2, "process_id"),
+    ],
 )
 def test_multihost_arguments_are_checked_before_jax_distributed(
     coordinator, processes, index, message
@@ -49,3 +64,44 @@ def test_multihost_arguments_are_checked_before_jax_distributed(
 
 def test_a_single_process_reads_every_window():
     assert process_slice(10) == slice(0, 10)
+
+
+@pytest.mark.parametrize("processes", [1, 2, 4])
+def test_process_rows_split_a_global_batch_into_contiguous_blocks_in_process_order(processes):
+    rows = np.arange(8)
+    blocks = [rows[process_rows(8, index, processes)] for index in range(processes)]
+    assert all(len(block) == 8 // processes for block in blocks)
+    np.testing.assert_array_equal(np.concatenate(blocks), rows)
+
+
+@pytest.mark.parametrize(
+    "size, index, count, message",
+    [
+        (6, 0, 4, "global batch size 6 must be a positive multiple of the 4 processes"),
+        (8, 2, 2, r"process_index must be in \[0, 2\), got 2"),
+        (8, 0, 0, "process_count must be >= 1"),
+    ],
+)
+def test_process_rows_rejects_batches_that_do_not_split(size, index, count, message):
+    with pytest.raises(ValueError, match=message):
+        process_rows(size, index, count)
+
+
+def test_multihost_arguments_are_checked_without_starting_jax_distributed():
+    check_multihost_arguments("10.0.0.1:1234", 4, 3)
+    with pytest.raises(TypeError, match="process_id must be an int"):
+        check_multihost_arguments("h:1", 2, 1.0)
+
+
+def test_to_host_returns_numpy_copies_of_the_values():
+    tree = {"a": jnp.arange(6.0).reshape(2, 3), "b": np.int32(3)}
+    host = to_host(tree)
+    assert all(isinstance(leaf, np.ndarray) for leaf in jax.tree.leaves(host))
+    np.testing.assert_array_equal(host["a"], np.arange(6.0).reshape(2, 3))
+    assert host["b"] == 3
+
+
+def test_data_mesh_orders_devices_by_process():
+    mesh = data_mesh()
+    order = [(device.process_index, device.id) for device in mesh.devices.flat]
+    assert order == sorted(order)

@@ -33,6 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from tft_jax.distributed import barrier, is_primary, to_host
+
 PyTree = Any
 Array = Any
 
@@ -78,16 +80,22 @@ def _dtype_name(leaf: Any) -> str:
 
 
 def digest(tree: PyTree) -> str:
-    """SHA-256 over the layout and the raw bytes of every leaf of `tree`."""
+    """SHA-256 over the layout and the raw bytes of every leaf of `tree`.
+
+    Leaves are read with `tft_jax.distributed.to_host`: in a multi-process run
+    every process computes the digest of the whole global value (a leaf split
+    across processes is gathered, so every process must call this).
+    """
     hasher = hashlib.sha256()
     hasher.update(repr(layout(tree)).encode())
-    for leaf in jax.tree.leaves(jax.device_get(tree)):
+    for leaf in jax.tree.leaves(to_host(tree)):
         hasher.update(np.ascontiguousarray(leaf).tobytes())
     return hasher.hexdigest()
 
 
 def _payload(state: PyTree, rng: Array) -> dict[str, PyTree]:
-    return {"train_state": state, "rng": jax.random.key_data(rng)}
+    # The key's data as NumPy: the same in every process, so saved once (by process 0).
+    return {"train_state": state, "rng": np.asarray(jax.random.key_data(rng))}
 
 
 def _abstract(tree: PyTree) -> PyTree:
@@ -233,18 +241,21 @@ class TrainingCheckpointer:
 
     def _quarantine(self, kind: str, step: int, error: Exception) -> None:
         manager = self._managers[kind]
-        source = pathlib.Path(manager.directory) / str(step)
-        target_root = self.directory / CORRUPT
-        target_root.mkdir(parents=True, exist_ok=True)
-        target = target_root / f"{kind}-{step}"
-        suffix = 0
-        while target.exists():
-            suffix += 1
-            target = target_root / f"{kind}-{step}-{suffix}"
-        logger.warning(
-            "checkpoint %s step %d is corrupt (%s); moved to %s", kind, step, error, target
-        )
-        shutil.move(str(source), str(target))
+        # Every process finds the same step corrupt (same bytes); process 0 moves it.
+        if is_primary():
+            source = pathlib.Path(manager.directory) / str(step)
+            target_root = self.directory / CORRUPT
+            target_root.mkdir(parents=True, exist_ok=True)
+            target = target_root / f"{kind}-{step}"
+            suffix = 0
+            while target.exists():
+                suffix += 1
+                target = target_root / f"{kind}-{step}-{suffix}"
+            logger.warning(
+                "checkpoint %s step %d is corrupt (%s); moved to %s", kind, step, error, target
+            )
+            shutil.move(str(source), str(target))
+        barrier(f"tft-jax quarantine {kind} {step}")
         manager.reload()
 
     def close(self) -> None:

@@ -2,7 +2,7 @@
 
 Subcommands::
 
-    tft-jax train      [data] [model] [training] [--qat ...] --out DIR
+    tft-jax train      [data] [model] [training] [--qat ...] [distributed] --out DIR
     tft-jax evaluate   --run DIR [--split test]
     tft-jax forecast   --run DIR [--model int8] [--split test] [--output PATH]
     tft-jax plot       --run DIR
@@ -33,6 +33,14 @@ A training run writes into `--out`:
 - `forecasts.csv`: test-split quantile forecasts of the final model;
 - `plots/*.png`: forecast fan charts, attention, variable importance, losses.
 
+Several hosts: start `tft-jax train` once per host with the same arguments
+plus `--coordinator HOST:PORT --num-processes N --process-id I`. Training is
+data-parallel over every device of every process (`--batch-size` is the
+global batch); each process reads only its rows of every batch
+(`tft_jax.distributed.process_rows`). Process 0 writes the run's files; the
+checkpoints are written jointly (orbax), so `--out` must be a directory that
+every host sees.
+
 This is the one module of `tft_jax` that imports `qat` (for `--qat`).
 """
 
@@ -51,7 +59,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
@@ -60,6 +67,17 @@ from tft_jax import plots
 from tft_jax.baselines import seasonal_period
 from tft_jax.config import TFTConfig
 from tft_jax.data import TARGET_SCALERS, PreparedDataset, prepare_dataset, prepare_pedestrian
+from tft_jax.distributed import (
+    barrier,
+    check_multihost_arguments,
+    data_mesh,
+    initialize_multihost,
+    is_primary,
+    local_rows,
+    place_state,
+    shard_batch,
+    to_host,
+)
 from tft_jax.evaluation import (
     Predictions,
     actuals,
@@ -433,6 +451,23 @@ def _add_training_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_distributed_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "distributed",
+        "one process per host, all three flags together (jax.distributed.initialize); "
+        "--batch-size is the global batch, divisible by the total device count",
+    )
+    group.add_argument(
+        "--coordinator", metavar="HOST:PORT", help="address of process 0, the same on every host"
+    )
+    group.add_argument(
+        "--num-processes", type=positive_int, metavar="N", help="number of processes (hosts)"
+    )
+    group.add_argument(
+        "--process-id", type=non_negative_int, metavar="I", help="this process, 0..N-1"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `tft-jax` argument parser."""
     parser = argparse.ArgumentParser(
@@ -451,6 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_arguments(train, hidden=32, heads=4, variable_hidden=None)
     _add_training_arguments(train)
     _add_runtime_arguments(train)
+    _add_distributed_arguments(train)
 
     for name, text in (
         ("evaluate", "recompute metrics.json of a run (any split)"),
@@ -659,6 +695,48 @@ def check_model_arguments(args: argparse.Namespace) -> None:
         )
 
 
+def multihost_arguments(args: argparse.Namespace) -> tuple[str, int, int] | None:
+    """`(coordinator, num_processes, process_id)` of a multi-host run, None for one process.
+
+    Checked without touching JAX: the three flags come together or not at all.
+    """
+    flags = {
+        "--coordinator": getattr(args, "coordinator", None),
+        "--num-processes": getattr(args, "num_processes", None),
+        "--process-id": getattr(args, "process_id", None),
+    }
+    given = [flag for flag, value in flags.items() if value is not None]
+    if not given:
+        return None
+    missing = [flag for flag, value in flags.items() if value is None]
+    if missing:
+        raise UsageError(
+            f"{', '.join(given)} without {', '.join(missing)}: a multi-host run needs "
+            "--coordinator, --num-processes and --process-id together"
+        )
+    coordinator, processes, index = flags.values()
+    if index >= processes:
+        raise UsageError(
+            f"--process-id ({index}) must be below --num-processes ({processes}); "
+            f"processes are numbered 0..{processes - 1}"
+        )
+    try:
+        check_multihost_arguments(coordinator, processes, index)
+    except ValueError as error:
+        raise UsageError(f"--coordinator: {error}") from None
+    return coordinator, processes, index
+
+
+def check_global_batch(batch_size: int, device_count: int, process_count: int) -> None:
+    """Raises `UsageError` unless the global `--batch-size` splits evenly over the devices."""
+    if batch_size % device_count:
+        where = f" of {process_count} processes" if process_count > 1 else ""
+        raise UsageError(
+            f"--batch-size ({batch_size}) is the global batch and must be divisible by the "
+            f"{device_count} devices{where}; use a multiple of {device_count}"
+        )
+
+
 def load_dataset(options: dict[str, Any]) -> PreparedDataset:
     """Prepares the table described by the data section of a config."""
     common = {
@@ -820,6 +898,7 @@ def _inputs(batch: Batch) -> tuple[tuple[Any, ...], dict[str, Any]]:
 
 def fp32_predictor(model: TemporalFusionTransformer, variables: Any) -> Callable[[Batch], Any]:
     """`batch -> TFTOutput` of the FP32 model, jitted, deterministic."""
+    variables = jax.device_put(variables)  # once, not at every call
 
     @jax.jit
     def apply(variables: Any, batch: Batch) -> Any:
@@ -831,6 +910,7 @@ def fp32_predictor(model: TemporalFusionTransformer, variables: Any) -> Callable
 
 def qat_predictor(model: qat.QATTemporalFusionTransformer, variables: Any) -> Callable:
     """`batch -> TFTOutput` of the QAT model with frozen observers (fake quantization)."""
+    variables = jax.device_put(variables)  # once, not at every call
 
     @jax.jit
     def apply(variables: Any, batch: Batch) -> Any:
@@ -842,6 +922,7 @@ def qat_predictor(model: qat.QATTemporalFusionTransformer, variables: Any) -> Ca
 
 def int8_predictor(model: qat.QATTemporalFusionTransformer, variables: Any) -> Callable:
     """`batch -> TFTOutput` of the converted model with integer matmuls."""
+    variables = jax.device_put(variables)  # once, not at every call
 
     @jax.jit
     def apply(variables: Any, batch: Batch) -> Any:
@@ -1033,8 +1114,8 @@ def _first_starts(windows: Any) -> list[int]:
 # Training
 
 
-def _sample_batch(dataset: PreparedDataset, batch_size: int) -> Batch:
-    return fixed_batches(evenly_spaced(dataset.train, batch_size), batch_size)[0]
+def _sample_batch(dataset: PreparedDataset, batch_size: int, rows: slice = slice(None)) -> Batch:
+    return fixed_batches(evenly_spaced(dataset.train, batch_size), batch_size, rows)[0]
 
 
 def _schedule(peak: float, total: int, warmup: int | None) -> Any:
@@ -1044,9 +1125,12 @@ def _schedule(peak: float, total: int, warmup: int | None) -> Any:
     return warmup_cosine_schedule(peak, total, warmup), warmup
 
 
-def _validation_batches(dataset: PreparedDataset, count: int, batch_size: int) -> list[Batch]:
+def _validation_batches(
+    dataset: PreparedDataset, count: int, batch_size: int, rows: slice = slice(None)
+) -> list[Batch]:
+    """Validation batches of `batch_size` over `count` evenly spaced windows; `rows` of each."""
     count = max(batch_size, count // batch_size * batch_size)
-    batches = fixed_batches(evenly_spaced(dataset.validation, count), batch_size)
+    batches = fixed_batches(evenly_spaced(dataset.validation, count), batch_size, rows)
     if not batches:
         raise UsageError(
             f"the validation split has {len(dataset.validation)} windows, fewer than one "
@@ -1056,14 +1140,17 @@ def _validation_batches(dataset: PreparedDataset, count: int, batch_size: int) -
 
 
 def _check_out(paths: RunPaths, resume: bool, overwrite: bool) -> None:
-    if paths.checkpoints.exists() and not resume:
-        if not overwrite:
-            raise UsageError(
-                f"--out {paths.root} already holds a run; pass --resume to continue it, "
-                "--overwrite to start over, or another --out"
-            )
-        shutil.rmtree(paths.checkpoints)
-    paths.root.mkdir(parents=True, exist_ok=True)
+    """Every process checks `--out`; process 0 clears it (`--overwrite`), the others wait."""
+    if paths.checkpoints.exists() and not resume and not overwrite:
+        raise UsageError(
+            f"--out {paths.root} already holds a run; pass --resume to continue it, "
+            "--overwrite to start over, or another --out"
+        )
+    if is_primary():
+        if paths.checkpoints.exists() and not resume:
+            shutil.rmtree(paths.checkpoints)
+        paths.root.mkdir(parents=True, exist_ok=True)
+    barrier("tft-jax train: --out ready")
 
 
 def _steps(dataset: PreparedDataset, args: argparse.Namespace) -> tuple[int, int]:
@@ -1078,7 +1165,7 @@ def _steps(dataset: PreparedDataset, args: argparse.Namespace) -> tuple[int, int
 
 
 def _print(args: argparse.Namespace, message: str) -> None:
-    if not args.quiet:
+    if not args.quiet and is_primary():
         print(message, flush=True)
 
 
@@ -1088,17 +1175,21 @@ def train_fp32(
     args: argparse.Namespace,
     paths: RunPaths,
     val_batches: list[Batch],
+    rows: slice = slice(None),
 ) -> tuple[TrainState, dict[str, list], dict[str, Any]]:
-    """FP32 training with the warmup + cosine schedule; returns best state, history, settings."""
+    """FP32 training with the warmup + cosine schedule; returns best state, history, settings.
+
+    `rows`: this process's rows of every global batch (all of them in one process).
+    """
     per_epoch, total = _steps(dataset, args)
     schedule, warmup = _schedule(args.lr, total, args.warmup_steps)
     tx = make_optimizer(schedule, clip_norm=args.clip_norm, weight_decay=args.weight_decay)
     state = create_train_state(
-        model, tx, jax.random.key(args.seed), _sample_batch(dataset, args.batch_size)
+        model, tx, jax.random.key(args.seed), _sample_batch(dataset, args.batch_size, rows)
     )
     result = fit(
         state,
-        epoch_batches(dataset.train, args.batch_size, args.seed),
+        epoch_batches(dataset.train, args.batch_size, args.seed, rows),
         val_batches,
         epochs=args.epochs,
         seed=args.seed,
@@ -1120,22 +1211,29 @@ def train_qat(
     args: argparse.Namespace,
     paths: RunPaths,
     val_batches: list[Batch],
+    rows: slice = slice(None),
 ) -> tuple[dict[str, Any], dict[str, list], dict[str, Any]]:
     """QAT fine-tuning from the FP32 variables; returns the best variables, history, settings.
 
     Calibration first: the activation observers see `--qat-calibration-batches`
-    training batches (deterministic forward, `qat.calibrate`). Then the
-    fake-quantized model trains with the observers frozen, except during the
-    first `--qat-observer-steps` steps, where they keep updating.
+    training batches (deterministic forward, `qat.calibrate`), each the global
+    batch assembled from every process's `rows`, so the observed ranges are
+    those of the whole batch. Then the fake-quantized model trains with the
+    observers frozen, except during the first `--qat-observer-steps` steps,
+    where they keep updating.
     """
     total = args.qat_steps
     schedule, warmup = _schedule(args.qat_lr, total, min(50, total // 10))
     tx = make_optimizer(schedule, clip_norm=args.clip_norm, weight_decay=args.weight_decay)
-    sample = _sample_batch(dataset, args.batch_size)
+    sample = _sample_batch(dataset, args.batch_size, rows)
     inputs, kwargs = _inputs(sample)
-    # Copies: the train step donates its state, the FP32 arrays must survive it.
-    variables = jax.tree.map(jnp.copy, qat.from_fp32(fp32_variables, qat_model, *inputs, **kwargs))
-    calibration = epoch_batches(dataset.train, args.batch_size, args.seed + 2)(0)
+    mesh = data_mesh()
+    # Fresh device buffers: the train step donates its state, the FP32 arrays must survive it.
+    variables = place_state(qat.from_fp32(fp32_variables, qat_model, *inputs, **kwargs), mesh)
+    calibration = (
+        shard_batch(batch, mesh)
+        for batch in epoch_batches(dataset.train, args.batch_size, args.seed + 2, rows)(0)
+    )
     variables = qat.calibrate(
         qat_model, variables, calibration, num_batches=args.qat_calibration_batches
     )
@@ -1145,7 +1243,7 @@ def train_qat(
     per_epoch = len(dataset.train) // args.batch_size
     result = fit(
         state,
-        epoch_batches(dataset.train, args.batch_size, args.seed + 1),
+        epoch_batches(dataset.train, args.batch_size, args.seed + 1, rows),
         val_batches,
         epochs=max(1, math.ceil(total / per_epoch)),
         seed=args.seed + 1,
@@ -1157,7 +1255,7 @@ def train_qat(
         quiet=args.quiet,
     )
     settings = {"total_steps": total, "warmup_steps": warmup}
-    return result.best_state.variables, result.history, settings
+    return to_host(result.best_state.variables), result.history, settings
 
 
 def environment() -> dict[str, Any]:
@@ -1171,21 +1269,31 @@ def environment() -> dict[str, Any]:
         "optax": optax.__version__,
         "backend": jax.default_backend(),
         "devices": [str(device) for device in jax.devices()],
+        "processes": jax.process_count(),
         "cpu_count": os.cpu_count(),
     }
 
 
-def run_training(args: argparse.Namespace) -> dict[str, Any]:
-    """`tft-jax train`: the whole pipeline into `args.out`; returns the metrics."""
+def run_training(args: argparse.Namespace) -> dict[str, Any] | None:
+    """`tft-jax train`: the whole pipeline into `args.out`; returns the metrics.
+
+    In a multi-process run (`--coordinator ...`) every process trains, each
+    reading its own rows of every global batch; process 0 alone evaluates,
+    plots and writes the files and returns the metrics, the others return None
+    once it is done.
+    """
     started = time.perf_counter()
     options = data_options(args)
     check_model_arguments(args)
+    check_global_batch(args.batch_size, jax.device_count(), jax.process_count())
+    primary = is_primary()
     paths = RunPaths(pathlib.Path(args.out))
     _check_out(paths, args.resume, args.overwrite)
     dataset = load_dataset(options)
     period = season_period(dataset, args.season_period)
     tft_config = model_config(dataset, args)
-    val_batches = _validation_batches(dataset, args.val_windows, args.batch_size)
+    rows = local_rows(args.batch_size)
+    val_batches = _validation_batches(dataset, args.val_windows, args.batch_size, rows)
     timing: dict[str, float] = {"data": time.perf_counter() - started}
     config = {
         "arguments": {key: value for key, value in vars(args).items() if key != "func"},
@@ -1219,47 +1327,58 @@ def run_training(args: argparse.Namespace) -> dict[str, Any]:
         "environment": environment(),
     }
     config["training"]["schedule"] = "linear warmup + cosine decay to 0"
-    write_json(paths.config, config)
+    if primary:
+        write_json(paths.config, config)
     _print(args, f"data: {dataset.summary()['windows']} windows; model {tft_config}")
 
     model = TemporalFusionTransformer(tft_config)
     phase = time.perf_counter()
-    fp32_state, fp32_history, fp32_settings = train_fp32(model, dataset, args, paths, val_batches)
-    fp32_variables = fp32_state.variables
-    save_variables(paths.model("fp32"), fp32_variables)
+    fp32_state, fp32_history, fp32_settings = train_fp32(
+        model, dataset, args, paths, val_batches, rows
+    )
+    # Host copies: from here on every model runs in one process on its own device.
+    fp32_variables = to_host(fp32_state.variables)
+    del fp32_state
+    if primary:
+        save_variables(paths.model("fp32"), fp32_variables)
     timing["fp32_training"] = time.perf_counter() - phase
     config["training"].update(fp32_settings)
     histories = {"fp32": fp32_history}
-    predictors = {"fp32": fp32_predictor(model, fp32_variables)}
 
     if args.qat:
         phase = time.perf_counter()
         qat_model = qat_model_for(tft_config, args.qat_bits)
         qat_variables, qat_history, qat_settings = train_qat(
-            qat_model, fp32_variables, dataset, args, paths, val_batches
+            qat_model, fp32_variables, dataset, args, paths, val_batches, rows
         )
-        int8_variables = qat.convert(qat_variables, bits=args.qat_bits)
-        save_variables(paths.model("qat"), qat_variables)
-        save_variables(paths.model("int8"), int8_variables)
-        timing["qat_training"] = time.perf_counter() - phase
         histories["qat"] = qat_history
-        config["qat"] = {
-            "enabled": True,
-            "bits": args.qat_bits,
-            "steps": args.qat_steps,
-            "lr": args.qat_lr,
-            "calibration_batches": args.qat_calibration_batches,
-            "observer_steps": args.qat_observer_steps,
-            "qat_config": dataclasses.asdict(qat_model.qat_config),
-            "layout": "weights per-channel symmetric, activations per-tensor affine "
-            "(moving-average observers)",
-            **qat_settings,
-            "size": qat.model_size(qat_variables, int8_variables),
-        }
+        if primary:
+            int8_variables = qat.convert(qat_variables, bits=args.qat_bits)
+            save_variables(paths.model("qat"), qat_variables)
+            save_variables(paths.model("int8"), int8_variables)
+            config["qat"] = {
+                "enabled": True,
+                "bits": args.qat_bits,
+                "steps": args.qat_steps,
+                "lr": args.qat_lr,
+                "calibration_batches": args.qat_calibration_batches,
+                "observer_steps": args.qat_observer_steps,
+                "qat_config": dataclasses.asdict(qat_model.qat_config),
+                "layout": "weights per-channel symmetric, activations per-tensor affine "
+                "(moving-average observers)",
+                **qat_settings,
+                "size": qat.model_size(qat_variables, int8_variables),
+            }
+        timing["qat_training"] = time.perf_counter() - phase
+    if not primary:
+        barrier("tft-jax train: files written")
+        return None
+
+    predictors = {"fp32": fp32_predictor(model, fp32_variables)}
+    if args.qat:
         predictors["qat"] = qat_predictor(qat_model, qat_variables)
         predictors["int8"] = int8_predictor(qat_model, int8_variables)
     write_json(paths.history, histories)
-
     phase = time.perf_counter()
     metrics, predictions = evaluate_models(
         dataset, "test", predictors, tft_config.quantiles, period, args.eval_batch_size
@@ -1284,6 +1403,7 @@ def run_training(args: argparse.Namespace) -> dict[str, Any]:
     metrics["plots"] = [str(path) for path in figures]
     write_json(paths.config, config)
     write_json(paths.metrics, metrics)
+    barrier("tft-jax train: files written")
     return metrics
 
 
@@ -1317,6 +1437,8 @@ def metrics_table(metrics: dict[str, Any]) -> str:
 
 def command_train(args: argparse.Namespace) -> int:
     metrics = run_training(args)
+    if metrics is None:  # not process 0 of a multi-host run: process 0 reports
+        return 0
     print(metrics_table(metrics))
     print(f"metrics: {pathlib.Path(args.out) / 'metrics.json'}")
     print(f"plots:   {pathlib.Path(args.out) / 'plots'}")
@@ -1494,12 +1616,24 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
+def join_multihost(args: argparse.Namespace) -> None:
+    """Joins the multi-host run that `--coordinator/--num-processes/--process-id` describe.
+
+    Runs before any JAX computation (`jax.distributed.initialize` must come
+    first); does nothing without those flags.
+    """
+    settings = multihost_arguments(args)
+    if settings is not None:
+        initialize_multihost(*settings)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `tft-jax` console script; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    enable_compile_cache(args.compile_cache)
     try:
+        join_multihost(args)
+        enable_compile_cache(args.compile_cache)
         return COMMANDS[args.command](args)
     except (UsageError, ValueError, FileNotFoundError) as error:
         print(f"tft-jax {args.command}: error: {error}", file=sys.stderr)

@@ -19,6 +19,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 DATA_AXIS = "data"
@@ -27,8 +28,15 @@ PyTree = Any
 
 
 def data_mesh(num_devices: int | None = None, devices: Sequence[Any] | None = None) -> Mesh:
-    """A 1-D mesh named `data` over the first `num_devices` devices (default: all of them)."""
-    available = list(jax.devices() if devices is None else devices)
+    """A 1-D mesh named `data` over the first `num_devices` devices (default: all of them).
+
+    Without `devices` they are ordered by process, then id, so that each
+    process owns one contiguous block of the batch (`process_rows`).
+    """
+    if devices is None:
+        available = sorted(jax.devices(), key=lambda device: (device.process_index, device.id))
+    else:
+        available = list(devices)
     count = len(available) if num_devices is None else num_devices
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ValueError(f"num_devices must be a positive int, got {num_devices!r}")
@@ -63,20 +71,27 @@ def shard_batch(batch: PyTree, mesh: Mesh) -> PyTree:
     """Places a batch pytree (leaves `(B, ...)`, None allowed) split over `data`.
 
     In a single process `batch` is the global batch. With several processes
-    each passes its own `(B / num_processes, ...)` slice and the result is
-    the global array assembled from them.
+    each passes its own `(B / num_processes, ...)` slice, rows
+    `process_rows(B, process_index, num_processes)` of the global batch, and
+    the result is the global array assembled from them.
     """
     sharding = batch_sharding(mesh)
     leaves = [leaf for leaf in jax.tree.leaves(batch) if leaf is not None]
     if not leaves:
         raise ValueError("shard_batch: the batch has no arrays")
-    local_size = np.shape(leaves[0])[0]
-    check_divisible(local_size * jax.process_count(), mesh)
-    if jax.process_count() == 1:
+    processes = jax.process_count()
+    global_size = np.shape(leaves[0])[0] * processes
+    check_divisible(global_size, mesh)
+    if processes == 1:
         return jax.device_put(batch, sharding)
-    return jax.tree.map(
-        lambda leaf: jax.make_array_from_process_local_data(sharding, np.asarray(leaf)), batch
-    )
+
+    def assemble(leaf: Any) -> jax.Array:
+        local = np.asarray(leaf)
+        return jax.make_array_from_process_local_data(
+            sharding, local, (global_size, *local.shape[1:])
+        )
+
+    return jax.tree.map(assemble, batch)
 
 
 def fsdp_spec(shape: tuple[int, ...], mesh_size: int, min_size: int = 2**14) -> PartitionSpec:
@@ -106,15 +121,32 @@ def place_state(tree: PyTree, mesh: Mesh, fsdp: bool = False) -> PyTree:
     return jax.device_put(tree, state_shardings(tree, mesh, fsdp))
 
 
-def initialize_multihost(coordinator: str, num_processes: int, process_id: int) -> None:
-    """Joins a multi-host run (`jax.distributed.initialize`) after checking the arguments."""
-    host, _, port = coordinator.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"coordinator must be HOST:PORT, got {coordinator!r}")
+def check_multihost_arguments(coordinator: str, num_processes: int, process_id: int) -> None:
+    """Raises `ValueError` unless `coordinator` is HOST:PORT and `0 <= process_id < num_processes`.
+
+    Pure (JAX is not touched), so a command line can check its flags first.
+    """
+    host, _, port = str(coordinator).rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 2**16:
+        raise ValueError(
+            f"coordinator must be HOST:PORT with a port in 1..65535, got {coordinator!r}"
+        )
+    for name, value in (("num_processes", num_processes), ("process_id", process_id)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {value!r}")
     if num_processes < 1:
         raise ValueError(f"num_processes must be >= 1, got {num_processes}")
     if not 0 <= process_id < num_processes:
         raise ValueError(f"process_id must be in [0, {num_processes}), got {process_id}")
+
+
+def initialize_multihost(coordinator: str, num_processes: int, process_id: int) -> None:
+    """Joins a multi-host run (`jax.distributed.initialize`) after checking the arguments.
+
+    Call it before any other JAX computation, in every process, with the same
+    `coordinator` (process 0's HOST:PORT) and `num_processes`.
+    """
+    check_multihost_arguments(coordinator, num_processes, process_id)
     jax.distributed.initialize(
         coordinator_address=coordinator, num_processes=num_processes, process_id=process_id
     )
@@ -125,3 +157,70 @@ def process_slice(num_items: int) -> slice:
     count, index = jax.process_count(), jax.process_index()
     per_process = num_items // count
     return slice(index * per_process, (index + 1) * per_process)
+
+
+def process_rows(global_size: int, process_index: int, process_count: int) -> slice:
+    """The rows `[i·B/P, (i+1)·B/P)` of a global batch of `B` that process `i` of `P` holds.
+
+    `shard_batch` assembles the global batch from these blocks in process
+    order, which is the layout of `data_mesh` (devices ordered by process).
+
+    Raises:
+      ValueError: `B` not divisible by `P`, or `i` outside `[0, P)`.
+    """
+    for name, value in (
+        ("global_size", global_size),
+        ("process_index", process_index),
+        ("process_count", process_count),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer):
+            raise TypeError(f"process_rows: {name} must be an int, got {value!r}")
+    if process_count < 1:
+        raise ValueError(f"process_rows: process_count must be >= 1, got {process_count}")
+    if not 0 <= process_index < process_count:
+        raise ValueError(
+            f"process_rows: process_index must be in [0, {process_count}), got {process_index}"
+        )
+    if global_size < 1 or global_size % process_count:
+        raise ValueError(
+            f"process_rows: the global batch size {global_size} must be a positive multiple "
+            f"of the {process_count} processes"
+        )
+    per_process = global_size // process_count
+    return slice(process_index * per_process, (process_index + 1) * per_process)
+
+
+def local_rows(global_size: int) -> slice:
+    """`process_rows` of this process (all rows in a single-process run)."""
+    return process_rows(global_size, jax.process_index(), jax.process_count())
+
+
+def is_primary() -> bool:
+    """True in process 0, the one that writes a run's files (always True in one process)."""
+    return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+    """Waits until every process reaches the barrier `name` (nothing in one process)."""
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
+
+
+def to_host(tree: PyTree) -> PyTree:
+    """Every leaf of `tree` as a NumPy array holding its whole (global) value.
+
+    A fully addressable leaf is copied from its device; a replicated leaf that
+    spans other processes' devices is read from this process's replica (no
+    communication); a leaf split across processes (FSDP) is gathered with
+    `multihost_utils.process_allgather`, a collective, so in a multi-process
+    run every process must call `to_host` on the same tree.
+    """
+
+    def fetch(leaf: Any) -> np.ndarray:
+        if not isinstance(leaf, jax.Array) or leaf.is_fully_addressable:
+            return np.asarray(jax.device_get(leaf))
+        if leaf.is_fully_replicated:
+            return np.asarray(leaf.addressable_data(0))
+        return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
+
+    return jax.tree.map(fetch, tree)

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from tft_jax.baselines import seasonal_naive
-from tft_jax.data import PreparedDataset, WindowSet
+from tft_jax.data import PreparedDataset, WindowSet, batch_indices
 from tft_jax.losses import q_risk, quantile_loss
 from tft_jax.train import Batch
 
@@ -73,10 +73,15 @@ def evenly_spaced(windows: WindowSet, count: int) -> WindowSet:
     return subset(windows, np.linspace(0, len(windows) - 1, count).round().astype(np.int64))
 
 
-def fixed_batches(windows: WindowSet, batch_size: int) -> list[Batch]:
-    """Consecutive batches of exactly `batch_size` windows (a short remainder is dropped)."""
+def fixed_batches(windows: WindowSet, batch_size: int, rows: slice = slice(None)) -> list[Batch]:
+    """Consecutive batches of exactly `batch_size` windows (a short remainder is dropped).
+
+    `rows` keeps only those rows of every batch, e.g. this process's share
+    `tft_jax.distributed.process_rows(batch_size, i, P)` in a multi-process run.
+    """
     return [
-        to_batch(arrays) for arrays in windows.batches(batch_size, shuffle=False, drop_last=True)
+        to_batch(windows.take(indices[rows]))
+        for indices in batch_indices(len(windows), batch_size, shuffle=False, drop_last=True)
     ]
 
 
@@ -108,15 +113,21 @@ def fan_window_indices(windows: WindowSet, per_series: int, max_series: int) -> 
     return np.asarray(chosen, dtype=np.int64)
 
 
-def epoch_batches(windows: WindowSet, batch_size: int, seed: int) -> Callable[[int], Any]:
-    """`epoch -> batches`: full-size shuffled batches, the order a function of `(seed, epoch)`."""
+def epoch_batches(
+    windows: WindowSet, batch_size: int, seed: int, rows: slice = slice(None)
+) -> Callable[[int], Iterator[Batch]]:
+    """`epoch -> batches`: full-size shuffled batches, the order a function of `(seed, epoch)`.
 
-    def batches(epoch: int) -> Any:
+    `rows` keeps only those rows of every (global) batch of `batch_size`: in a
+    multi-process run each process passes its own
+    `tft_jax.distributed.process_rows(batch_size, i, P)`; the shuffled order
+    is the same in every process and each gathers only its own windows.
+    """
+
+    def batches(epoch: int) -> Iterator[Batch]:
         generator = np.random.default_rng([seed, epoch])
-        return (
-            to_batch(arrays)
-            for arrays in windows.batches(batch_size, seed=generator, drop_last=True)
-        )
+        for indices in batch_indices(len(windows), batch_size, seed=generator, drop_last=True):
+            yield to_batch(windows.take(indices[rows]))
 
     return batches
 
