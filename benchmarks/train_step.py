@@ -31,12 +31,12 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
 
 import qat
 import tft_jax.train as train
 from benchmarks import common
 from tft_jax import TemporalFusionTransformer, TFTConfig
+from tft_jax.distributed import data_mesh, place_state, shard_batch
 
 MODES = ("float", "qat", "qat-observe")
 DTYPES = ("float32", "bfloat16")
@@ -185,25 +185,22 @@ def build_state(mode: str, config: TFTConfig, batch: train.Batch, seed: int = 0)
 
 
 def _distribute(state: Any, batch: train.Batch, devices: int) -> tuple[Any, train.Batch]:
-    """Data parallelism over the first `devices` devices: batch split, state replicated."""
-    available = jax.devices()
+    """Data parallelism over the first `devices` devices: batch split, state replicated.
+
+    The placement `fit` uses (`tft_jax.distributed`, which also rejects a
+    batch that does not split evenly); one device keeps the state where it is.
+    """
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
         raise ValueError(f"devices must be a positive int, got {devices!r}")
-    if devices > len(available):
+    if devices > jax.device_count():
         raise ValueError(
-            f"devices={devices} but only {len(available)} are visible; on CPU set "
+            f"devices={devices} but only {jax.device_count()} are visible; on CPU set "
             f"XLA_FLAGS=--xla_force_host_platform_device_count={devices}"
-        )
-    if batch.batch_size % devices:
-        raise ValueError(
-            f"the batch size ({batch.batch_size}) must be divisible by devices ({devices})"
         )
     if devices == 1:
         return state, jax.device_put(batch)
-    mesh = jax.sharding.Mesh(np.asarray(available[:devices]), ("data",))
-    sharded = NamedSharding(mesh, PartitionSpec("data"))
-    replicated = NamedSharding(mesh, PartitionSpec())
-    return jax.device_put(state, replicated), jax.device_put(batch, sharded)
+    mesh = data_mesh(devices)
+    return place_state(state, mesh), shard_batch(batch, mesh)
 
 
 class PreparedStep:
