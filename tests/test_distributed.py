@@ -16,8 +16,8 @@ from tft_jax.distributed import (
     data_mesh,
     fsdp_spec,
     initialize_multihost,
+    local_rows,
     process_rows,
-    process_slice,
     to_host,
 )
 
@@ -62,8 +62,8 @@ def test_multihost_arguments_are_checked_before_jax_distributed(
         initialize_multihost(coordinator, processes, index)
 
 
-def test_a_single_process_reads_every_window():
-    assert process_slice(10) == slice(0, 10)
+def test_a_single_process_reads_every_row_of_a_batch():
+    assert local_rows(10) == slice(0, 10)
 
 
 @pytest.mark.parametrize("processes", [1, 2, 4])

@@ -152,13 +152,6 @@ def initialize_multihost(coordinator: str, num_processes: int, process_id: int) 
     )
 
 
-def process_slice(num_items: int) -> slice:
-    """The contiguous share of `num_items` windows that this process reads."""
-    count, index = jax.process_count(), jax.process_index()
-    per_process = num_items // count
-    return slice(index * per_process, (index + 1) * per_process)
-
-
 def process_rows(global_size: int, process_index: int, process_count: int) -> slice:
     """The rows `[i·B/P, (i+1)·B/P)` of a global batch of `B` that process `i` of `P` holds.
 
