@@ -4,7 +4,11 @@ Both models get the same configuration: the same real-valued inputs (static
 reals, known reals over the horizon, observed reals over the history), hidden
 size, heads, history and horizon, batch, 3 quantiles, dropout 0.1, Adam at
 1e-3 with gradient clipping at norm 1, and pytorch-forecasting's
-`hidden_continuous_size` set to our `variable_width`. The peer's step is a
+`hidden_continuous_size` set to our `variable_width`. By default ours is built
+with `compact_selection=True`, the selection-GRN width pytorch-forecasting
+uses (`min(hidden, V)`), so both run the same architecture up to the
+learned skip projections (`--selection paper` times the paper's width
+instead). The peer's step is a
 plain PyTorch loop (zero_grad, forward, its `QuantileLoss`, backward,
 `clip_grad_norm_`, `Adam.step`) without Lightning's per-step bookkeeping,
 which only favours the peer. Torch gets as many threads as JAX's CPU client
@@ -15,11 +19,12 @@ Needs the `peers` extra (`pip install -e '.[peers]'`, CPU build of torch).
 
 Usage::
 
-    python -m benchmarks.peer --config seed,electricity [--json]
+    python -m benchmarks.peer --config seed,electricity [--selection compact|paper] [--json]
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from collections.abc import Sequence
@@ -35,6 +40,7 @@ from tft_jax.train import Batch
 # Targets of the issue: our samples/s over the peer's, per configuration.
 TARGET_SPEEDUP = {"seed": 20.0, "electricity": 5.0}
 PARAM_TOLERANCE = 0.15
+SELECTIONS = ("compact", "paper")
 
 
 def _require_torch() -> Any:
@@ -174,11 +180,19 @@ def bench(
     steps: int = common.MIN_TIMED_STEPS,
     warmup: int = common.DEFAULT_WARMUP,
     steps_per_block: int = 5,
+    selection: str = "compact",
 ) -> dict[str, Any]:
-    """Times our FP32 train step and the peer's in alternating blocks; returns the record."""
+    """Times our FP32 train step and the peer's in alternating blocks; returns the record.
+
+    `selection` is `"compact"` (ours with `compact_selection=True`, the
+    peer's selection-GRN width) or `"paper"` (the paper's `hidden_dim`).
+    """
+    if selection not in SELECTIONS:
+        raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
     common.check_step_counts(steps, warmup)
     blocks = max(1, -(-steps // steps_per_block))
-    mine = ours.PreparedStep(config, "float")
+    model = dataclasses.replace(config.model, compact_selection=selection == "compact")
+    mine = ours.PreparedStep(dataclasses.replace(config, model=model), "float")
     theirs = PeerStep(config)
     times = common.time_alternating(
         {"ours": mine, "theirs": theirs}, blocks, min(steps_per_block, steps), warmup
@@ -191,6 +205,7 @@ def bench(
         "peer",
         config.name,
         batch_size=config.batch_size,
+        selection=selection,
         ours_params=mine.params,
         theirs_params=theirs.params,
         param_ratio=param_ratio,
@@ -210,6 +225,7 @@ def bench(
 
 REQUIRED_FIELDS: dict[str, Any] = {
     "batch_size": int,
+    "selection": str,
     "ours_params": int,
     "theirs_params": int,
     "param_ratio": float,
@@ -254,12 +270,21 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         "--config", default="seed,electricity", help=f"subset of {list(ours.CONFIGS)}"
     )
     parser.add_argument("--block", type=int, default=5, help="steps per alternating block")
+    parser.add_argument(
+        "--selection",
+        choices=SELECTIONS,
+        default="compact",
+        help="our selection-GRN width: the peer's min(hidden, V) (compact) or hidden (paper)",
+    )
     args = parser.parse_args(argv)
     names = common.split_names(args.config, ours.CONFIGS, "--config")
     common.check_step_counts(args.block, 0)
     _require_torch()
     common.setup(args)
-    records = [bench(ours.get_config(name), args.steps, args.warmup, args.block) for name in names]
+    records = [
+        bench(ours.get_config(name), args.steps, args.warmup, args.block, args.selection)
+        for name in names
+    ]
     common.emit(
         records,
         COLUMNS,

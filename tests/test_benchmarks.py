@@ -141,7 +141,7 @@ def test_peer_records_both_frameworks_and_their_parameter_counts(train_run, caps
     (record,) = run_json(peer.main, ["--config", "tiny", "--block", "1"], capsys)
     common.validate_record(record, peer.REQUIRED_FIELDS)
     assert record["ours_params"] == train_run[0][0]["params"]
-    assert record["theirs_params"] > 0
+    assert record["theirs_params"] > 0 and record["selection"] == "compact"
     assert record["param_ratio"] == pytest.approx(record["ours_params"] / record["theirs_params"])
     assert record["speedup"] == pytest.approx(record["theirs_median_s"] / record["ours_median_s"])
     # No target is set for `tiny`.

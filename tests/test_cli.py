@@ -210,7 +210,7 @@ def trained_run(csv_path, tmp_path_factory):
             "train", *table_args(csv_path), *TINY_MODEL,
             "--batch-size", "8", "--max-steps", "4", "--eval-every", "2", "--val-windows", "16",
             "--qat", "--qat-steps", "3", "--qat-calibration-batches", "2",
-            "--eval-batch-size", "32", "--out", str(out),
+            "--eval-batch-size", "32", "--compact-selection", "--out", str(out),
         ]
     )  # fmt: skip
     assert code == 0
@@ -237,6 +237,7 @@ def test_train_writes_the_config_it_used(trained_run, csv_path):
     assert config["data"]["csv"] == str(csv_path.resolve())
     assert config["data"]["static_cols"] == ["size"]
     assert config["model"]["hidden_dim"] == 8 and config["model"]["num_heads"] == 2
+    assert config["model"]["compact_selection"] is True
     assert config["model"]["sequence_length"] == HISTORY
     assert config["training"]["total_steps"] == 4
     assert config["qat"]["enabled"] and config["qat"]["bits"] == 8

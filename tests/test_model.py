@@ -209,9 +209,10 @@ def dead_leaves(tree) -> list[str]:
             static_categorical_cardinalities=(),
             use_known_history=False,
             variable_hidden_dim=4,
+            compact_selection=True,
         ),
     ],
-    ids=["statics_known_history", "no_statics_narrow_variables"],
+    ids=["statics_known_history", "no_statics_narrow_variables_compact_selection"],
 )
 def test_every_parameter_and_input_receives_a_finite_nonzero_gradient(cfg):
     inputs = make_inputs(cfg)
@@ -298,6 +299,40 @@ def test_derived_config_fields():
     assert CONFIG.num_quantiles == 3
     assert CONFIG.input_dim == 2 + 1 + 2 + 3
     assert CONFIG.variable_width == CONFIG.hidden_dim
+
+
+@pytest.mark.parametrize("flag", ["compact_selection", "attend_to_self", "use_known_history"])
+def test_config_flags_must_be_bools(flag):
+    with pytest.raises(TypeError, match=f"TFTConfig.{flag} must be a bool, got 1"):
+        TFTConfig(**{flag: 1})
+
+
+def test_compact_selection_narrows_only_the_selection_grns_to_min_hidden_and_variables():
+    wide = dataclasses.replace(CONFIG, hidden_dim=16, num_observed_features=12)
+    compact = dataclasses.replace(wide, compact_selection=True)
+
+    def shapes(cfg):
+        inputs = make_inputs(cfg)
+        init = TemporalFusionTransformer(cfg).init
+        variables = jax.eval_shape(lambda: init({"params": jax.random.key(0)}, **inputs))
+        return jax.tree.map(lambda leaf: leaf.shape, variables["params"])
+
+    paper, small = shapes(wide), shapes(compact)
+    # V = 3 statics, 12 observed + 2 known over the history, 2 known in the future.
+    for name, variables in [("static", 3), ("history", 14), ("future", 2)]:
+        hidden = min(16, variables)
+        grn = small[f"{name}_selection"]["selection_grn"]
+        assert grn["hidden"]["kernel"] == (hidden, hidden), name
+        assert grn["gate_add_norm"]["glu"]["projection"]["kernel"] == (hidden, 2 * variables)
+        assert paper[f"{name}_selection"]["selection_grn"]["hidden"]["kernel"] == (16, 16)
+    assert small["history_selection"]["selection_grn"]["context"]["kernel"] == (16, 14)
+    # Everything else, the per-variable GRNs included, is untouched.
+    networks = {"static_selection", "history_selection", "future_selection"}
+    assert small.keys() == paper.keys()
+    for name in small.keys() - networks:
+        assert small[name] == paper[name], name
+    for name in networks:
+        assert small[name]["variable_grns"] == paper[name]["variable_grns"], name
 
 
 @pytest.mark.parametrize(

@@ -325,6 +325,11 @@ def _add_model_arguments(
         help="width of each input variable's GRN (default: --hidden-dim)",
     )
     group.add_argument(
+        "--compact-selection",
+        action="store_true",
+        help="selection GRNs of width min(--hidden-dim, variables), as pytorch-forecasting",
+    )
+    group.add_argument(
         "--quantiles",
         type=float,
         nargs="+",
@@ -783,6 +788,7 @@ def model_config(dataset: PreparedDataset, args: argparse.Namespace) -> TFTConfi
         num_heads=args.heads,
         dropout_rate=args.dropout,
         variable_hidden_dim=args.variable_hidden_dim,
+        compact_selection=args.compact_selection,
         quantiles=tuple(args.quantiles),
     )
 

@@ -199,7 +199,11 @@ class TemporalFusionTransformer(nn.Module):
                     )(jnp.asarray(static_categorical))
                 )
             static_encoding, static_weights = VariableSelectionNetwork(
-                cfg.num_static_inputs, hidden, name="static_selection", **gated
+                cfg.num_static_inputs,
+                hidden,
+                selection_hidden_features=cfg.selection_hidden_dim(cfg.num_static_inputs),
+                name="static_selection",
+                **gated,
             )(jnp.concatenate(parts, axis=1), None, deterministic)
             for context in STATIC_CONTEXTS:
                 contexts[context] = grn(f"static_context_{context}")(
@@ -220,10 +224,18 @@ class TemporalFusionTransformer(nn.Module):
                 [history_embedded, known_embedding(jnp.asarray(known_history, dtype))], axis=-2
             )
         history_encoding, history_weights = VariableSelectionNetwork(
-            cfg.num_history_inputs, hidden, name="history_selection", **gated
+            cfg.num_history_inputs,
+            hidden,
+            selection_hidden_features=cfg.selection_hidden_dim(cfg.num_history_inputs),
+            name="history_selection",
+            **gated,
         )(history_embedded, contexts["selection"], deterministic)
         future_encoding, future_weights = VariableSelectionNetwork(
-            cfg.num_known_features, hidden, name="future_selection", **gated
+            cfg.num_known_features,
+            hidden,
+            selection_hidden_features=cfg.selection_hidden_dim(cfg.num_known_features),
+            name="future_selection",
+            **gated,
         )(known_embedding(jnp.asarray(future, dtype)), contexts["selection"], deterministic)
 
         # Sequence-to-sequence LSTM seeded with the static state.

@@ -22,7 +22,9 @@ class VariableSelectionNetwork(nn.Module):
     optional static context, gives softmax weights, and the output is the
     weighted sum of the processed variables (Lim et al. 2021, eq. 6-8). With a
     single variable the weight is 1 and the context conditions that
-    variable's GRN instead, so the context still acts.
+    variable's GRN instead, so the context still acts. The weight GRN's hidden
+    width is `selection_hidden_features` (default `features`, the paper;
+    pytorch-forecasting uses `min(features, V)`).
 
     The per-variable GRNs run variable-major: the narrow embeddings are
     transposed once to `(V, B, [T,] width)`, every per-variable layer is then
@@ -39,6 +41,7 @@ class VariableSelectionNetwork(nn.Module):
     num_variables: int
     features: int
     dropout_rate: float = 0.0
+    selection_hidden_features: int | None = None
     dtype: Dtype | None = None
     param_dtype: Dtype = jnp.float32
     dot_general_cls: Callable[..., nn.Module] | None = None
@@ -68,7 +71,10 @@ class VariableSelectionNetwork(nn.Module):
         else:
             flat = embedded.reshape(*embedded.shape[:-2], self.num_variables * width)
             logits = GatedResidualNetwork(
-                self.num_variables, hidden_features=self.features, name="selection_grn", **common
+                self.num_variables,
+                hidden_features=self.selection_hidden_features or self.features,
+                name="selection_grn",
+                **common,
             )(flat, context, deterministic)
             weights = nn.softmax(
                 logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), axis=-1
