@@ -134,11 +134,11 @@ def test_commands_on_a_directory_without_a_run_say_so(capsys, tmp_path, command)
         (["--num-processes", "2", "--process-id", "0"], "without --coordinator"),
         (
             ["--coordinator", "h:1", "--num-processes", "2", "--process-id", "2"],
-            r"--process-id \(2\) must be below --num-processes \(2\)",
+            r"--process-id must be in \[0, 2\) for 2 processes, got 2",
         ),
         (
             ["--coordinator", "h", "--num-processes", "2", "--process-id", "0"],
-            "--coordinator: coordinator must be HOST:PORT",
+            "--coordinator must be HOST:PORT with a port in 1..65535, got 'h'",
         ),
     ],
 )

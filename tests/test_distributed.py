@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tft_jax.distributed import (
+    MultihostArgumentError,
     check_multihost_arguments,
     data_mesh,
     fsdp_spec,
@@ -87,10 +88,25 @@ def test_process_rows_rejects_batches_that_do_not_split(size, index, count, mess
         process_rows(size, index, count)
 
 
-def test_multihost_arguments_are_checked_without_starting_jax_distributed():
+@pytest.mark.parametrize(
+    "coordinator, processes, index, argument, detail",
+    [
+        ("h", 2, 0, "coordinator", "must be HOST:PORT with a port in 1..65535, got 'h'"),
+        ("h:70000", 2, 0, "coordinator", "must be HOST:PORT"),
+        ("h:1", 0, 0, "num_processes", "must be >= 1, got 0"),
+        ("h:1", 2, 2, "process_id", r"must be in \[0, 2\) for 2 processes, got 2"),
+        ("h:1", 2, -1, "process_id", r"must be in \[0, 2\) for 2 processes, got -1"),
+    ],
+)
+def test_multihost_arguments_are_checked_without_starting_jax_distributed(
+    coordinator, processes, index, argument, detail
+):
     check_multihost_arguments("10.0.0.1:1234", 4, 3)
     with pytest.raises(TypeError, match="process_id must be an int"):
         check_multihost_arguments("h:1", 2, 1.0)
+    with pytest.raises(MultihostArgumentError, match=f"^{argument} {detail}") as info:
+        check_multihost_arguments(coordinator, processes, index)
+    assert info.value.argument == argument and isinstance(info.value, ValueError)
 
 
 def test_to_host_returns_numpy_copies_of_the_values():

@@ -68,6 +68,7 @@ from tft_jax.baselines import seasonal_period
 from tft_jax.config import TFTConfig
 from tft_jax.data import TARGET_SCALERS, PreparedDataset, prepare_dataset, prepare_pedestrian
 from tft_jax.distributed import (
+    MultihostArgumentError,
     barrier,
     check_multihost_arguments,
     data_mesh,
@@ -706,30 +707,30 @@ def multihost_arguments(args: argparse.Namespace) -> tuple[str, int, int] | None
     Checked without touching JAX: the three flags come together or not at all.
     """
     flags = {
-        "--coordinator": getattr(args, "coordinator", None),
-        "--num-processes": getattr(args, "num_processes", None),
-        "--process-id": getattr(args, "process_id", None),
+        "coordinator": getattr(args, "coordinator", None),
+        "num_processes": getattr(args, "num_processes", None),
+        "process_id": getattr(args, "process_id", None),
     }
-    given = [flag for flag, value in flags.items() if value is not None]
+    given = [_flag(name) for name, value in flags.items() if value is not None]
     if not given:
         return None
-    missing = [flag for flag, value in flags.items() if value is None]
+    missing = [_flag(name) for name, value in flags.items() if value is None]
     if missing:
         raise UsageError(
             f"{', '.join(given)} without {', '.join(missing)}: a multi-host run needs "
             "--coordinator, --num-processes and --process-id together"
         )
     coordinator, processes, index = flags.values()
-    if index >= processes:
-        raise UsageError(
-            f"--process-id ({index}) must be below --num-processes ({processes}); "
-            f"processes are numbered 0..{processes - 1}"
-        )
     try:
         check_multihost_arguments(coordinator, processes, index)
-    except ValueError as error:
-        raise UsageError(f"--coordinator: {error}") from None
+    except MultihostArgumentError as error:
+        raise UsageError(f"{_flag(error.argument)} {error.detail}") from None
     return coordinator, processes, index
+
+
+def _flag(name: str) -> str:
+    """The command-line flag of an argument name: `process_id` -> `--process-id`."""
+    return "--" + name.replace("_", "-")
 
 
 def check_global_batch(batch_size: int, device_count: int, process_count: int) -> None:

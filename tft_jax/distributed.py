@@ -121,23 +121,36 @@ def place_state(tree: PyTree, mesh: Mesh, fsdp: bool = False) -> PyTree:
     return jax.device_put(tree, state_shardings(tree, mesh, fsdp))
 
 
+class MultihostArgumentError(ValueError):
+    """A bad multi-host argument: `argument` names it, `detail` says what is wrong with it."""
+
+    def __init__(self, argument: str, detail: str) -> None:
+        super().__init__(f"{argument} {detail}")
+        self.argument, self.detail = argument, detail
+
+
 def check_multihost_arguments(coordinator: str, num_processes: int, process_id: int) -> None:
-    """Raises `ValueError` unless `coordinator` is HOST:PORT and `0 <= process_id < num_processes`.
+    """Raises unless `coordinator` is HOST:PORT and `0 <= process_id < num_processes`.
 
     Pure (JAX is not touched), so a command line can check its flags first.
+    A wrong type raises `TypeError`; a wrong value `MultihostArgumentError`
+    (a `ValueError`), whose `argument` names the parameter at fault.
     """
-    host, _, port = str(coordinator).rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 2**16:
-        raise ValueError(
-            f"coordinator must be HOST:PORT with a port in 1..65535, got {coordinator!r}"
-        )
     for name, value in (("num_processes", num_processes), ("process_id", process_id)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name} must be an int, got {value!r}")
+    host, _, port = str(coordinator).rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 2**16:
+        raise MultihostArgumentError(
+            "coordinator", f"must be HOST:PORT with a port in 1..65535, got {coordinator!r}"
+        )
     if num_processes < 1:
-        raise ValueError(f"num_processes must be >= 1, got {num_processes}")
+        raise MultihostArgumentError("num_processes", f"must be >= 1, got {num_processes}")
     if not 0 <= process_id < num_processes:
-        raise ValueError(f"process_id must be in [0, {num_processes}), got {process_id}")
+        raise MultihostArgumentError(
+            "process_id",
+            f"must be in [0, {num_processes}) for {num_processes} processes, got {process_id}",
+        )
 
 
 def initialize_multihost(coordinator: str, num_processes: int, process_id: int) -> None:
