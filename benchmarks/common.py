@@ -329,6 +329,9 @@ def environment() -> dict[str, Any]:
         "backend": jax.default_backend(),
         "device_kind": devices[0].device_kind,
         "device_count": len(devices),
+        # Several CPU devices in one process exist only through
+        # --xla_force_host_platform_device_count: they share the same cores.
+        "simulated_devices": jax.default_backend() == "cpu" and len(jax.local_devices()) > 1,
         "versions": {name: _version(name) for name in _PACKAGES},
     }
 

@@ -45,6 +45,8 @@ def test_train_step_writes_one_valid_json_record_per_mode(train_run):
     for record in records:
         common.validate_record(record, train_step.REQUIRED_FIELDS)
         assert record["benchmark"] == "train_step" and record["config"] == "tiny"
+        # One real CPU device in the test process: nothing simulated.
+        assert record["env"]["device_count"] == 1 and record["env"]["simulated_devices"] is False
         assert record["batch_size"] == tiny.batch_size and record["steps"] == 1
         assert record["samples_per_s"] == pytest.approx(tiny.batch_size / record["median_s"])
         assert record["p10_s"] <= record["median_s"] <= record["p90_s"]

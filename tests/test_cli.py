@@ -8,6 +8,7 @@ persistent cache of tests/conftest.py a second run is much faster.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -193,6 +194,16 @@ def test_demo_options_parse_as_train_arguments():
     assert args.history >= 24  # the hourly seasonal naive period must fit
 
 
+def test_compact_selection_flag_reaches_the_model_config_and_survives_config_json(csv_path):
+    args = cli.build_parser().parse_args(["train", *table_args(csv_path), "--compact-selection"])
+    dataset = cli.load_dataset(cli.data_options(args))
+    config = cli.model_config(dataset, args)
+    assert config.compact_selection is True
+    assert cli.config_from_json(json.loads(json.dumps(dataclasses.asdict(config)))) == config
+    default = cli.build_parser().parse_args(["train", *table_args(csv_path)])
+    assert cli.model_config(dataset, default).compact_selection is False
+
+
 def test_json_ready_turns_non_finite_floats_into_null():
     data = {"a": math.nan, "b": [1.0, math.inf], "c": np.float32(0.5), "d": (1, 2)}
     assert cli.json_ready(data) == {"a": None, "b": [1.0, None], "c": 0.5, "d": [1, 2]}
@@ -210,7 +221,7 @@ def trained_run(csv_path, tmp_path_factory):
             "train", *table_args(csv_path), *TINY_MODEL,
             "--batch-size", "8", "--max-steps", "4", "--eval-every", "2", "--val-windows", "16",
             "--qat", "--qat-steps", "3", "--qat-calibration-batches", "2",
-            "--eval-batch-size", "32", "--compact-selection", "--out", str(out),
+            "--eval-batch-size", "32", "--out", str(out),
         ]
     )  # fmt: skip
     assert code == 0
@@ -237,7 +248,7 @@ def test_train_writes_the_config_it_used(trained_run, csv_path):
     assert config["data"]["csv"] == str(csv_path.resolve())
     assert config["data"]["static_cols"] == ["size"]
     assert config["model"]["hidden_dim"] == 8 and config["model"]["num_heads"] == 2
-    assert config["model"]["compact_selection"] is True
+    assert config["model"]["compact_selection"] is False
     assert config["model"]["sequence_length"] == HISTORY
     assert config["training"]["total_steps"] == 4
     assert config["qat"]["enabled"] and config["qat"]["bits"] == 8
