@@ -20,7 +20,7 @@ def write_table(path: pathlib.Path, seed: int = 0) -> pathlib.Path:
     for code, store in enumerate(("alpha", "beta", "gamma")):
         days = pd.date_range("2024-01-01", periods=100, freq="D")
         promo = (rng.random(100) < 0.2).astype(float)
-        weekend = (days.dayofweek >= 5).astype(float)
+        weekend = (days.day_of_week >= 5).astype(float)
         sales = 10 + 3 * code + 2 * weekend + 4 * promo + rng.normal(scale=0.5, size=100)
         frames.append(
             pd.DataFrame(
