@@ -31,7 +31,7 @@ from jax.sharding import Mesh
 from tqdm.auto import tqdm
 
 from tft_jax.checkpoint import TrainingCheckpointer
-from tft_jax.distributed import data_mesh, place_state, shard_batch
+from tft_jax.distributed import data_mesh, is_primary, place_state, shard_batch
 from tft_jax.losses import pinball, quantile_loss
 
 Array = Any
@@ -552,6 +552,16 @@ def _check_calibrate(name: str, calibrate: Any, state: TrainState) -> None:
         )
 
 
+def _checked_train_step(
+    name: str, state: Any, batch: Any, calibrate: Any, compiler_options: Any
+) -> Any:
+    """The jitted step for these compiler options, once the arguments of `name` pass the checks."""
+    _check_state(name, state)
+    _check_batch(name, batch)
+    _check_calibrate(name, calibrate, state)
+    return _jitted_train_step(_check_compiler_options(name, compiler_options))
+
+
 def train_step(
     state: TrainState,
     batch: Batch,
@@ -585,11 +595,8 @@ def train_step(
       clipping), `clipped_grad_norm` (after `clip_by_global_norm`) and the
       int32 `skipped` (1 when the step was skipped).
     """
-    _check_state("train_step", state)
-    _check_batch("train_step", batch)
-    _check_calibrate("train_step", calibrate, state)
-    options = _check_compiler_options("train_step", compiler_options)
-    return _jitted_train_step(options)(state, batch, rng, calibrate)
+    step = _checked_train_step("train_step", state, batch, calibrate, compiler_options)
+    return step(state, batch, rng, calibrate)
 
 
 def lower_train_step(
@@ -620,11 +627,8 @@ def lower_train_step(
       >>> compiled = lower_train_step(state, batch, rng).compile()  # doctest: +SKIP
       >>> flops = compiled.cost_analysis()["flops"]  # doctest: +SKIP
     """
-    _check_state("lower_train_step", state)
-    _check_batch("lower_train_step", batch)
-    _check_calibrate("lower_train_step", calibrate, state)
-    options = _check_compiler_options("lower_train_step", compiler_options)
-    return _jitted_train_step(options).lower(state, batch, rng, calibrate)
+    step = _checked_train_step("lower_train_step", state, batch, calibrate, compiler_options)
+    return step.lower(state, batch, rng, calibrate)
 
 
 @partial(jax.jit, static_argnames=("calibrate",))
@@ -895,7 +899,7 @@ def fit(
     progress = tqdm(
         total=total,
         initial=loop.step,
-        disable=quiet or jax.process_index() != 0,  # one progress bar per run
+        disable=quiet or not is_primary(),  # one progress bar per run
         unit="step",
         dynamic_ncols=True,
     )
