@@ -88,6 +88,12 @@ def test_process_rows_rejects_batches_that_do_not_split(size, index, count, mess
         process_rows(size, index, count)
 
 
+def test_good_multihost_arguments_pass_and_a_float_id_is_a_type_error():
+    check_multihost_arguments("10.0.0.1:1234", 4, 3)
+    with pytest.raises(TypeError, match="process_id must be an int"):
+        check_multihost_arguments("h:1", 2, 1.0)
+
+
 @pytest.mark.parametrize(
     "coordinator, processes, index, argument, detail",
     [
@@ -98,12 +104,9 @@ def test_process_rows_rejects_batches_that_do_not_split(size, index, count, mess
         ("h:1", 2, -1, "process_id", r"must be in \[0, 2\) for 2 processes, got -1"),
     ],
 )
-def test_multihost_arguments_are_checked_without_starting_jax_distributed(
+def test_bad_multihost_arguments_name_the_argument_without_starting_jax_distributed(
     coordinator, processes, index, argument, detail
 ):
-    check_multihost_arguments("10.0.0.1:1234", 4, 3)
-    with pytest.raises(TypeError, match="process_id must be an int"):
-        check_multihost_arguments("h:1", 2, 1.0)
     with pytest.raises(MultihostArgumentError, match=f"^{argument} {detail}") as info:
         check_multihost_arguments(coordinator, processes, index)
     assert info.value.argument == argument and isinstance(info.value, ValueError)
