@@ -359,7 +359,7 @@ def test_window_arrays_have_the_model_shapes_and_dtypes():
         assert arrays[key].shape == shape and arrays[key].dtype == dtype, key
     config = dataset.tft_config_kwargs()
     assert config["num_observed_features"] == 3 and config["num_known_features"] == 8
-    assert config["static_categorical_cardinalities"] == (2,)
+    assert config["static_categorical_cardinalities"] == (3,)  # two series + unknown
     assert dataset.observed_feature_names == ("y", "temp", "y_missing")
     assert dataset.static_weight_names == ("size", "id")
 
@@ -485,7 +485,7 @@ def test_pedestrian_windows_have_the_documented_shapes(pedestrian):
     assert arrays["known_history"].shape == (8, 24, 7)
     assert arrays["future"].shape == (8, 6, 7)
     assert arrays["target"].shape == (8, 6)
-    assert pedestrian.static_categorical_cardinalities == (4,)
+    assert pedestrian.static_categorical_cardinalities == (5,)  # four sensors + unknown
     summary = pedestrian.summary()
     assert summary["rows"] == 66037 + 3011
     assert sorted(summary["filled_target_steps"].values()) == [2, 5, 26, 2978]

@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tft_jax.data.calendar import TIME_INDEX, calendar_feature_names, calendar_features, steps_since
+from tft_jax.data.calendar import TIME_INDEX, calendar_feature_names
+from tft_jax.data.preprocessing import Preprocessor, missing_column
 from tft_jax.data.scaling import FeatureScaler, TargetScaler
 from tft_jax.data.tables import TableSpec, read_table, to_regular_grid, validate_table
 from tft_jax.data.windows import Panel, WindowSet, window_starts
@@ -63,6 +64,8 @@ class PreparedDataset:
       frame: the regular grid as a DataFrame, rows in panel order: id, time,
         the target in its own units (NaN where missing), the missing
         indicator, `series_code` and the known inputs under their names.
+      preprocessor: the fitted map from a table to model inputs (reusable on
+        new tables of the same spec, see `preprocessing`).
     """
 
     spec: TableSpec
@@ -82,6 +85,7 @@ class PreparedDataset:
     validation: WindowSet
     test: WindowSet
     frame: pd.DataFrame
+    preprocessor: Preprocessor
 
     @property
     def panel(self) -> Panel:
@@ -162,11 +166,6 @@ class PreparedDataset:
         return missing_column(self.spec)
 
 
-def missing_column(spec: TableSpec) -> str:
-    """Name of the missing-target indicator for `spec`: `<target>_missing`."""
-    return f"{spec.target}_missing"
-
-
 def _to_timestamp(value: Any, name: str, tz: Any, timezone: str | None) -> pd.Timestamp:
     try:
         stamp = pd.Timestamp(value)
@@ -213,31 +212,6 @@ def split_times(
         return unique[position] if position < len(unique) else end
 
     return snap(1.0 - validation_fraction - test_fraction), snap(1.0 - test_fraction)
-
-
-def _feature_arrays(
-    grid: pd.DataFrame,
-    spec: TableSpec,
-    train_rows: np.ndarray,
-    validation_start: pd.Timestamp,
-) -> tuple[np.ndarray, np.ndarray, FeatureScaler, tuple[str, ...]]:
-    """Standardised observed columns (R, U-2), known inputs (R, K), their scaler, calendar names.
-
-    Known inputs are the calendar features, the time index, then the
-    standardised `known_cols`.
-    """
-    times = pd.DatetimeIndex(grid[spec.time_col])
-    user = list(spec.observed_cols) + list(spec.known_cols)
-    scaler = FeatureScaler.fit(grid.loc[train_rows, user].to_numpy(dtype=np.float64))
-    scaled_user = scaler.transform(grid[user].to_numpy(dtype=np.float64))
-    observed_user = scaled_user[:, : len(spec.observed_cols)]
-    known_user = scaled_user[:, len(spec.observed_cols) :]
-    origin = times.min()
-    train_steps = steps_since(pd.DatetimeIndex([validation_start]), origin, spec.freq)[0]
-    time_index = steps_since(times, origin, spec.freq) / max(train_steps, 1.0)
-    calendar = calendar_features(times, spec.freq, spec.timezone)
-    known = np.concatenate([calendar, time_index[:, None], known_user], axis=1)
-    return observed_user, known, scaler, calendar_feature_names(spec.freq)
 
 
 def _windows(
@@ -299,6 +273,7 @@ def prepare_dataset(
     train_stride: int = 1,
     eval_stride: int = 1,
     require_observed_target: bool = True,
+    preprocessor: Preprocessor | None = None,
 ) -> PreparedDataset:
     """Validates a long-format table and turns it into TFT windows (see the module docstring).
 
@@ -316,6 +291,9 @@ def prepare_dataset(
       train_stride, eval_stride: keep every n-th window per series in
         training / in validation and test.
       require_observed_target: leave out windows whose horizon has a filled target.
+      preprocessor: a fitted `Preprocessor` of this spec to apply instead of
+        fitting one on this table's training period (`scaler` is then unused):
+        how a trained model is evaluated on a new table.
 
     Returns:
       The `PreparedDataset`.
@@ -360,43 +338,15 @@ def prepare_dataset(
             f"<= test_start {cut_test}"
         )
 
-    series_code, series_ids = pd.factorize(grid[spec.id_col], sort=True)
-    # Rows of a series must be contiguous and in code order; the grid is already
-    # time-ordered within each series, so a stable sort by code keeps that.
-    order = np.argsort(series_code, kind="stable")
-    grid = grid.iloc[order].reset_index(drop=True)
-    times = pd.DatetimeIndex(grid[spec.time_col])
-    series_code = series_code[order].astype(np.int32)
-    num_series = len(series_ids)
-    train_rows = np.asarray(times < cut_validation)
-    raw_target = grid[spec.target].to_numpy(dtype=np.float64)
-    target_mask = 1.0 - grid[missing_col].to_numpy(dtype=np.float64)
-    target_scaler = TargetScaler.fit(
-        np.where(target_mask[train_rows] > 0, raw_target[train_rows], np.nan),
-        series_code[train_rows],
-        num_series,
-        scaler,
-        series_names=list(series_ids),
-    )
-    scaled_target = target_scaler.transform(raw_target, series_code)
-    observed_user, known, feature_scaler, calendar_names = _feature_arrays(
-        grid, spec, train_rows, cut_validation
-    )
-    observed = np.concatenate(
-        [scaled_target[:, None], observed_user, grid[[missing_col]].to_numpy(np.float64)], axis=1
-    )
-    first_rows = np.searchsorted(series_code, np.arange(num_series))
-    panel = Panel(
-        series_code=series_code,
-        times=times,
-        observed=observed.astype(np.float32),
-        known=known.astype(np.float32),
-        target=scaled_target.astype(np.float32),
-        target_mask=target_mask.astype(np.float32),
-        static=grid[list(spec.static_cols)].to_numpy(np.float32)[first_rows],
-        series_start=first_rows.astype(np.int64),
-        series_length=np.bincount(series_code, minlength=num_series).astype(np.int64),
-    )
+    if preprocessor is None:
+        preprocessor = Preprocessor.fit(grid, spec, cut_validation, scaler)
+    elif preprocessor.spec != spec:
+        raise ValueError(
+            f"preprocessor was fitted for {preprocessor.spec}, not for this table's {spec}"
+        )
+    transformed = preprocessor.transform(grid)
+    panel = transformed.panel
+    times = panel.times
     periods = {
         "train": (times.min(), cut_validation),
         "validation": (cut_validation, cut_test),
@@ -410,29 +360,23 @@ def prepare_dataset(
         wanted = {name: begin < end for name, (begin, end) in periods.items()}
     _check_windows(windows, periods, horizon, {**wanted, "train": True})
 
-    known_names = (*calendar_names, TIME_INDEX, *spec.known_cols)
-    observed_names = (spec.target, *spec.observed_cols, missing_col)
-    frame = grid[[spec.id_col, spec.time_col]].copy()
-    frame[spec.target] = np.where(target_mask > 0, raw_target, np.nan)
-    frame[missing_col] = grid[missing_col]
-    frame["series_code"] = series_code
-    frame[list(known_names)] = panel.known
     return PreparedDataset(
         spec=spec,
         history=history,
         horizon=horizon,
-        series_ids=tuple(series_ids),
+        series_ids=transformed.series_ids,
         static_feature_names=spec.static_cols,
         static_categorical_names=(spec.id_col,),
-        static_categorical_cardinalities=(num_series,),
-        known_feature_names=known_names,
-        observed_feature_names=observed_names,
-        target_scaler=target_scaler,
-        feature_scaler=feature_scaler,
+        static_categorical_cardinalities=preprocessor.static_categorical_cardinalities,
+        known_feature_names=preprocessor.known_feature_names,
+        observed_feature_names=preprocessor.observed_feature_names,
+        target_scaler=transformed.target_scaler,
+        feature_scaler=preprocessor.feature_scaler,
         validation_start=cut_validation,
         test_start=cut_test,
         train=windows["train"],
         validation=windows["validation"],
         test=windows["test"],
-        frame=frame,
+        frame=transformed.frame,
+        preprocessor=preprocessor,
     )

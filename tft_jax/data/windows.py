@@ -39,6 +39,8 @@ class Panel:
       static: (num_series, S) float32 real-valued statics per series code.
       series_start: (num_series,) int64 first row of each series.
       series_length: (num_series,) int64 number of rows of each series.
+      static_categorical: (num_series, C) int32 categorical statics per series
+        code (the id's vocabulary code); None uses the series code itself.
     """
 
     series_code: np.ndarray
@@ -50,6 +52,7 @@ class Panel:
     static: np.ndarray
     series_start: np.ndarray
     series_length: np.ndarray
+    static_categorical: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.series_code.shape[0])
@@ -170,7 +173,7 @@ class WindowSet:
 
         Returns:
           A dict of NumPy arrays: `static` (B, S) float32, `static_categorical`
-          (B, 1) int32 (the series code), `historical` (B, T, U) float32,
+          (B, C) int32 (the id's vocabulary code), `historical` (B, T, U) float32,
           `known_history` (B, T, K) float32, `future` (B, H, K) float32,
           `target` (B, H) float32 (scaled), `target_mask` (B, H) float32 (1 =
           observed), `series_code` (B,) int32 and `index` (B,) int64 (the
@@ -183,7 +186,10 @@ class WindowSet:
         code = self.panel.series_code[starts]
         return {
             "static": self.panel.static[code],
-            "static_categorical": code[:, None].astype(np.int32),
+            "static_categorical": (
+                code[:, None] if self.panel.static_categorical is None
+                else self.panel.static_categorical[code]
+            ).astype(np.int32),
             "historical": self.panel.observed[past],
             "known_history": self.panel.known[past],
             "future": self.panel.known[ahead],
