@@ -15,6 +15,18 @@ Faults change traced code, so compiled functions are dropped on entering
 and leaving a fault (`properties.suite.clear_caches`). Jit-versus-eager
 properties are left out of fault runs: op-by-op execution is slow, and
 none of these faults depends on the execution mode.
+
+`REFERENCE_FAULTS` are faults of the TFT's equations that leave every
+structural property intact (a ReLU for the GRN's ELU, the LayerNorm epsilon
+outside the square root, the decoder seeded with the static state, a
+one-variable VSN deaf to its context). What catches them is a value-level
+comparison with an independent float64 NumPy TFT, which lives with the tests
+(`tests/reference_tft.py`), not in this package: `tests/test_reference_tft.py`
+applies each of these patches and asserts that the comparison fails. They
+have no properties here and are not part of `CATALOGUE`; they patch the
+real code the same way (module attributes, Flax method interceptors) and
+never change initialization (apply them to parameters initialized by the
+real code).
 """
 
 from __future__ import annotations
@@ -43,11 +55,20 @@ from properties.suite import optimizer as optimizer_suite
 from properties.suite import quantization as quantization_suite
 from properties.suite import tft as tft_suite
 from qat import dot_general, fake_quant, lsq, observers
-from tft_jax import attention, interpretable_attention, linear, train, variable_selection
+from tft_jax import (
+    attention,
+    gating,
+    interpretable_attention,
+    linear,
+    lstm,
+    train,
+    variable_selection,
+)
 from tft_jax import model as tft_model
 
 __all__ = [
     "CATALOGUE",
+    "REFERENCE_FAULTS",
     "Fault",
     "FaultReport",
     "Outcome",
@@ -312,6 +333,114 @@ def _enrichment_to_selection() -> contextlib.AbstractContextManager[Any]:
         return next_fun(*args, **kwargs)
 
     return nn.intercept_methods(interceptor)
+
+
+# ---------------------------------------------------------------------------
+# TFT equation faults (caught by the float64 reference, see REFERENCE_FAULTS)
+
+
+@contextlib.contextmanager
+def _relu_for_elu() -> Iterator[None]:
+    """The GRN's ELU becomes a ReLU wherever the model looks it up (`nn.elu`, `jax.nn.elu`)."""
+    with _replaced(nn, "elu", jax.nn.relu), _replaced(jax.nn, "elu", jax.nn.relu):
+        yield
+
+
+def _layer_norm_epsilon_outside_sqrt() -> contextlib.AbstractContextManager[Any]:
+    """Every `FeatureLayerNorm` divides by `sqrt(var) + eps` instead of `sqrt(var + eps)`."""
+
+    def interceptor(next_fun: Any, args: Any, kwargs: Any, context: Any) -> Any:
+        module = context.module
+        if not (isinstance(module, gating.FeatureLayerNorm) and context.method_name == "__call__"):
+            return next_fun(*args, **kwargs)
+        real = next_fun(*args, **kwargs)  # creates or reads the parameters
+        x = args[0]
+        wide = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+        mean = jnp.mean(wide, axis=-1, keepdims=True)
+        variance = jnp.mean(jnp.square(wide - mean), axis=-1, keepdims=True)
+        normalized = (wide - mean) / (jnp.sqrt(variance) + module.epsilon)  # the fault
+        scale = module.get_variable("params", "scale")
+        bias = module.get_variable("params", "bias")
+        if module.variable_major and module.num_variables is not None:
+            scale = linear.variable_major_broadcast(scale, x.ndim)
+            bias = linear.variable_major_broadcast(bias, x.ndim)
+        return (normalized * scale + bias).astype(real.dtype)
+
+    return nn.intercept_methods(interceptor)
+
+
+def _decoder_seeded_with_static_state() -> contextlib.AbstractContextManager[Any]:
+    """The decoder LSTM starts from the static state `(c_h, c_c)`, not the encoder's final state."""
+    contexts: dict[str, Any] = {}
+    names = ("static_context_state_h", "static_context_state_c")
+
+    def interceptor(next_fun: Any, args: Any, kwargs: Any, context: Any) -> Any:
+        module = context.module
+        if context.method_name != "__call__":
+            return next_fun(*args, **kwargs)
+        if module.name in names:
+            contexts[module.name] = next_fun(*args, **kwargs)
+            return contexts[module.name]
+        if isinstance(module, lstm.LSTM) and module.name == "decoder":
+            seed = tuple(contexts[name] for name in names) if contexts else None
+            if "initial_state" in kwargs:
+                kwargs = {**kwargs, "initial_state": seed}
+            else:
+                args = (args[0], seed, *args[2:])
+        return next_fun(*args, **kwargs)
+
+    return nn.intercept_methods(interceptor)
+
+
+def _single_variable_selection_ignores_context() -> contextlib.AbstractContextManager[Any]:
+    """A one-variable VSN drops its static context (its only variable's GRN is unconditioned)."""
+
+    def interceptor(next_fun: Any, args: Any, kwargs: Any, context: Any) -> Any:
+        module = context.module
+        if (
+            isinstance(module, variable_selection.VariableSelectionNetwork)
+            and module.num_variables == 1
+            and context.method_name == "__call__"
+        ):
+            if "context" in kwargs:
+                kwargs = {**kwargs, "context": None}
+            elif len(args) > 1:
+                args = (args[0], None, *args[2:])
+        return next_fun(*args, **kwargs)
+
+    return nn.intercept_methods(interceptor)
+
+
+REFERENCE_FAULTS = (
+    Fault(
+        "tft: ReLU for ELU",
+        "the gated residual networks use ReLU where the paper has ELU",
+        _relu_for_elu,
+        (),
+        keeps_parameters=True,
+    ),
+    Fault(
+        "tft: LayerNorm epsilon outside the square root",
+        "(x - mean) / (sqrt(var) + eps) instead of (x - mean) / sqrt(var + eps)",
+        _layer_norm_epsilon_outside_sqrt,
+        (),
+        keeps_parameters=True,
+    ),
+    Fault(
+        "tft: decoder seeded with the static state",
+        "the decoder LSTM starts from (c_h, c_c) instead of the encoder's final state",
+        _decoder_seeded_with_static_state,
+        (),
+        keeps_parameters=True,
+    ),
+    Fault(
+        "tft: one-variable selection ignores its context",
+        "a variable selection network over one variable drops the static context",
+        _single_variable_selection_ignores_context,
+        (),
+        keeps_parameters=True,
+    ),
+)
 
 
 # ---------------------------------------------------------------------------
