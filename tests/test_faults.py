@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import jax
 import pytest
+from flax import linen as nn
 
 from properties import faults
 from qat import dot_general, fake_quant, lsq, observers
@@ -49,6 +51,21 @@ def test_every_fault_patches_the_real_code_and_restores_it():
                 i for i, (a, b) in enumerate(zip(_snapshot(), before, strict=True)) if a is not b
             }
     assert changed == set(range(len(_PATCH_TARGETS)))
+
+
+def test_reference_faults_are_distinct_and_restore_the_real_code():
+    """The equation faults (caught by `tests/test_reference_tft.py`) undo their patches."""
+    names = [fault.name for fault in faults.REFERENCE_FAULTS]
+    assert len(names) == 4
+    assert len(set(names) | {fault.name for fault in faults.CATALOGUE}) == len(names) + len(
+        faults.CATALOGUE
+    )
+    before = _snapshot(), nn.elu, jax.nn.elu
+    for fault in faults.REFERENCE_FAULTS:
+        with fault.patch():
+            if "ELU" in fault.name:
+                assert nn.elu is jax.nn.relu and jax.nn.elu is jax.nn.relu
+        assert (_snapshot(), nn.elu, jax.nn.elu) == before, fault.name
 
 
 def test_every_fault_is_caught_and_every_property_passes_on_the_real_code():
