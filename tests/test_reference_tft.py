@@ -223,6 +223,11 @@ def test_reference_mask_and_weights_are_well_formed():
                 np.testing.assert_allclose(expected[field].sum(-1), 1.0, rtol=1e-12)
         np.testing.assert_allclose(expected["attention"].sum(-1), 1.0, rtol=1e-12)
         steps, horizon = cfg.sequence_length, cfg.prediction_horizon
+        inner = ref.tft_forward(
+            parameters(name), **inputs(cfg), attend_to_self=cfg.attend_to_self, intermediates=True
+        )
+        np.testing.assert_array_equal(inner["encoded"][:, -1], inner["encoder_h"])
+        assert inner["enriched"].shape == (BATCH, steps + horizon, cfg.hidden_dim)
         for query in range(horizon):
             first_hidden = steps + query + (1 if cfg.attend_to_self else 0)
             assert np.all(expected["attention"][..., query, first_hidden:] == 0.0)
