@@ -324,3 +324,23 @@ def forecast_frame(
 def write_forecasts(table: pd.DataFrame, path: str) -> None:
     """Writes a `forecast_frame` table as CSV (ISO 8601 timestamps, no index)."""
     table.to_csv(path, index=False, date_format="%Y-%m-%dT%H:%M:%S%z")
+
+
+def _relative(new: float | None, reference: float | None) -> float | None:
+    if new is None or reference is None or reference == 0:
+        return None
+    return (new - reference) / reference
+
+
+def comparisons(models: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Relative P50/P90 q-risk changes: fp32 vs seasonal naive, int8 and qat vs fp32."""
+    pairs = (("fp32", "seasonal_naive"), ("qat", "fp32"), ("int8", "fp32"))
+    result = {}
+    for new, reference in pairs:
+        if new in models and reference in models:
+            for level in ("p50", "p90"):
+                key = f"{level}_q_risk"
+                result[f"{new}_vs_{reference}_{key}_relative"] = _relative(
+                    models[new][key], models[reference][key]
+                )
+    return result

@@ -240,7 +240,7 @@ def series_grid(times: pd.Series | pd.DatetimeIndex, freq: str) -> pd.DatetimeIn
     return pd.date_range(times[0], times[-1], freq=parse_frequency(freq))
 
 
-def _check_grids(frame: pd.DataFrame, spec: TableSpec, min_length: int) -> None:
+def _check_grids(frame: pd.DataFrame, spec: TableSpec, min_length: int, need: str) -> None:
     for series, group in frame.groupby(spec.id_col, sort=False):
         times = pd.DatetimeIndex(group[spec.time_col])
         grid = series_grid(times, spec.freq)
@@ -256,13 +256,17 @@ def _check_grids(frame: pd.DataFrame, spec: TableSpec, min_length: int) -> None:
         if len(grid) < min_length:
             raise ValueError(
                 f"series {series!r} spans {len(grid)} steps of freq={spec.freq!r} "
-                f"({times[0]} to {times[-1]}) but a window needs history + horizon = "
-                f"{min_length}; drop that series or shorten history/horizon"
+                f"({times[0]} to {times[-1]}) but {need} = {min_length}; drop that series or "
+                "shorten history/horizon"
             )
 
 
 def validate_table(
-    frame: pd.DataFrame, spec: TableSpec, history: int, horizon: int
+    frame: pd.DataFrame,
+    spec: TableSpec,
+    history: int,
+    horizon: int,
+    min_length: int | None = None,
 ) -> pd.DataFrame:
     """Checks a long-format table and returns a clean copy sorted by (id, time).
 
@@ -276,7 +280,8 @@ def validate_table(
         non-numeric or infinite values, statics that vary within a series or
         are empty, a column with no value at all in a series, duplicate
         (id, time) rows, timestamps off the `freq` grid, or a series shorter
-        than `history + horizon` steps.
+        than `min_length` steps (default `history + horizon`, what a training
+        window needs; forecasting from the end of the data needs `history`).
     """
     _require_positive_int("history", history)
     _require_positive_int("horizon", horizon)
@@ -309,7 +314,10 @@ def validate_table(
     _check_not_all_empty(clean, spec)
     _check_duplicates(clean, spec)
     clean = clean.sort_values([spec.id_col, spec.time_col], kind="stable").reset_index(drop=True)
-    _check_grids(clean, spec, history + horizon)
+    if min_length is None:
+        _check_grids(clean, spec, history + horizon, "a window needs history + horizon")
+    else:
+        _check_grids(clean, spec, min_length, "forecasting needs history")
     return clean
 
 

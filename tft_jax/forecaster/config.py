@@ -1,0 +1,322 @@
+"""The settings of a forecasting run: data, model, training and QAT, each default stated once.
+
+Every other place reads these dataclasses: the `Forecaster`, the CLI's
+argparse defaults and help, `config.json` (written with `dataclasses.asdict`
+and read back with `from_json`), the demo and the README. Each validates
+itself on construction (`ValueError`/`TypeError` naming the field).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import Any
+
+from tft_jax.data import TARGET_SCALERS, TableSpec
+from tft_jax.data.pedestrian import PEDESTRIAN_SPEC
+
+
+def _require_int(owner: str, name: str, value: Any, minimum: int, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{owner}.{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{owner}.{name} must be >= {minimum}, got {value}")
+
+
+def _require_float(
+    owner: str, name: str, value: Any, low: float, high: float | None = None, *, open_low=True
+) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{owner}.{name} must be a number, got {type(value).__name__} {value!r}")
+    below = value <= low if open_low else value < low
+    if below or (high is not None and value >= high):
+        bounds = f"{'(' if open_low else '['}{low}, {high if high is not None else 'inf'})"
+        raise ValueError(f"{owner}.{name} must lie in {bounds}, got {value}")
+
+
+def _tuple_of_names(owner: str, name: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        raise TypeError(f"{owner}.{name} must be a list of column names, got the string {value!r}")
+    names = tuple(value)
+    for item in names:
+        if not isinstance(item, str):
+            raise TypeError(f"{owner}.{name} must hold column names, got {item!r}")
+    return names
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Which columns play which role, how the table is sampled, windowed and split.
+
+    Attributes:
+      id_col, time_col, target: the series id, time and target columns.
+      freq: pandas offset alias of the sampling, e.g. 'h', 'D', 'MS'.
+      static_cols, known_cols, observed_cols: real-valued inputs by role (see
+        `tft_jax.data.TableSpec`); calendar inputs are generated from `freq`.
+      timezone: IANA zone calendar inputs are read in (aware times only).
+      history: T, steps of history per window.
+      horizon: H, steps forecast per window.
+      validation_fraction, test_fraction: shares of the time span at the end.
+      validation_start, test_start: cut times instead of the fractions (both or neither).
+      scaler: per-series target scaling, one of `TARGET_SCALERS`.
+      train_stride: keep every n-th training window per series.
+      season_period: the seasonal naive baseline's period in steps; None
+        takes the frequency's (`tft_jax.baselines.seasonal_period`).
+    """
+
+    id_col: str
+    time_col: str
+    target: str
+    freq: str
+    static_cols: tuple[str, ...] = ()
+    known_cols: tuple[str, ...] = ()
+    observed_cols: tuple[str, ...] = ()
+    timezone: str | None = None
+    history: int = 168
+    horizon: int = 24
+    validation_fraction: float = 0.1
+    test_fraction: float = 0.1
+    validation_start: str | None = None
+    test_start: str | None = None
+    scaler: str = "standard"
+    train_stride: int = 1
+    season_period: int | None = None
+
+    def __post_init__(self) -> None:
+        owner = "DataConfig"
+        for name in ("static_cols", "known_cols", "observed_cols"):
+            object.__setattr__(self, name, _tuple_of_names(owner, name, getattr(self, name)))
+        for name in ("id_col", "time_col", "target", "freq"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise TypeError(f"{owner}.{name} must be a non-empty string, got {value!r}")
+        self.table_spec()  # roles, frequency and timezone are checked there
+        _require_int(owner, "history", self.history, 1)
+        _require_int(owner, "horizon", self.horizon, 1)
+        _require_int(owner, "train_stride", self.train_stride, 1)
+        _require_int(owner, "season_period", self.season_period, 1, optional=True)
+        for name in ("validation_fraction", "test_fraction"):
+            _require_float(owner, name, getattr(self, name), 0.0, 1.0, open_low=False)
+        if self.validation_fraction + self.test_fraction >= 1.0:
+            raise ValueError(
+                f"{owner}.validation_fraction + test_fraction must be < 1, got "
+                f"{self.validation_fraction} + {self.test_fraction}"
+            )
+        if (self.validation_start is None) != (self.test_start is None):
+            raise ValueError(
+                f"{owner}: give both validation_start and test_start, or neither (fractions)"
+            )
+        for name in ("validation_start", "test_start"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, str(value))
+        if self.scaler not in TARGET_SCALERS:
+            raise ValueError(f"{owner}.scaler must be one of {TARGET_SCALERS}, got {self.scaler!r}")
+
+    def table_spec(self) -> TableSpec:
+        """The column roles and sampling as a `TableSpec`."""
+        return TableSpec(
+            id_col=self.id_col,
+            time_col=self.time_col,
+            target=self.target,
+            static_cols=self.static_cols,
+            known_cols=self.known_cols,
+            observed_cols=self.observed_cols,
+            freq=self.freq,
+            timezone=self.timezone,
+        )
+
+    def prepare_options(self) -> dict[str, Any]:
+        """The keywords of `tft_jax.data.prepare_dataset` these settings give."""
+        return {
+            **dataclasses.asdict(self.table_spec()),
+            "history": self.history,
+            "horizon": self.horizon,
+            "validation_fraction": self.validation_fraction,
+            "test_fraction": self.test_fraction,
+            "validation_start": self.validation_start,
+            "test_start": self.test_start,
+            "scaler": self.scaler,
+            "train_stride": self.train_stride,
+        }
+
+    @classmethod
+    def pedestrian(cls, **overrides: Any) -> DataConfig:
+        """The bundled Melbourne pedestrian counts (`tft_jax.data.load_pedestrian`)."""
+        return cls(**{**PEDESTRIAN_SPEC, **overrides})
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """The TFT's size and quantiles; the data fills in the input counts (`TFTConfig`).
+
+    Attributes:
+      hidden_dim: model width D.
+      num_heads: attention heads, dividing `hidden_dim`.
+      dropout_rate: dropout probability.
+      variable_hidden_dim: width of each input variable's GRN; None = `hidden_dim`.
+      compact_selection: selection GRNs of width min(hidden_dim, V) (pytorch-forecasting).
+      quantiles: increasing levels in (0, 1), including 0.5 and 0.9 (the
+        metrics report P50 and P90 q-risk).
+    """
+
+    hidden_dim: int = 32
+    num_heads: int = 4
+    dropout_rate: float = 0.1
+    variable_hidden_dim: int | None = None
+    compact_selection: bool = False
+    quantiles: tuple[float, ...] = (0.1, 0.5, 0.9)
+
+    def __post_init__(self) -> None:
+        owner = "ModelConfig"
+        _require_int(owner, "hidden_dim", self.hidden_dim, 1)
+        _require_int(owner, "num_heads", self.num_heads, 1)
+        _require_int(owner, "variable_hidden_dim", self.variable_hidden_dim, 1, optional=True)
+        _require_float(owner, "dropout_rate", self.dropout_rate, 0.0, 1.0, open_low=False)
+        if self.hidden_dim % self.num_heads:
+            raise ValueError(
+                f"{owner}.hidden_dim ({self.hidden_dim}) must be divisible by num_heads "
+                f"({self.num_heads})"
+            )
+        if not isinstance(self.compact_selection, bool):
+            raise TypeError(
+                f"{owner}.compact_selection must be a bool, got {self.compact_selection!r}"
+            )
+        levels = tuple(float(q) for q in self.quantiles)
+        object.__setattr__(self, "quantiles", levels)
+        if any(not 0.0 < q < 1.0 for q in levels) or sorted(set(levels)) != list(levels):
+            raise ValueError(f"{owner}.quantiles must be increasing levels in (0, 1), got {levels}")
+        if 0.5 not in levels or 0.9 not in levels:
+            raise ValueError(
+                f"{owner}.quantiles must include 0.5 and 0.9 (metrics report P50 and P90 "
+                f"q-risk), got {levels}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingConfig:
+    """FP32 training: AdamW after `clip_by_global_norm`, linear warmup then cosine decay.
+
+    Attributes:
+      epochs: passes over the training windows.
+      max_steps: stop after this many steps (None: the epochs decide).
+      batch_size: the global batch, divisible by the device count.
+      learning_rate: peak learning rate.
+      warmup_steps: linear warmup steps; None = 5% of the steps, at most 200.
+      clip_norm: `clip_by_global_norm` threshold; None disables clipping.
+      weight_decay: AdamW weight decay.
+      patience: early stopping after this many evaluations without improvement.
+      eval_every: steps between validation evaluations (None: once per epoch).
+      validation_windows: validation windows per evaluation, evenly spaced.
+      seed: random seed.
+      eval_batch_size: windows per batch when predicting.
+    """
+
+    epochs: int = 10
+    max_steps: int | None = None
+    batch_size: int = 64
+    learning_rate: float = 1e-3
+    warmup_steps: int | None = None
+    clip_norm: float | None = 1.0
+    weight_decay: float = 0.0
+    patience: int | None = None
+    eval_every: int | None = None
+    validation_windows: int = 2048
+    seed: int = 0
+    eval_batch_size: int = 256
+
+    def __post_init__(self) -> None:
+        owner = "TrainingConfig"
+        _require_int(owner, "epochs", self.epochs, 1)
+        _require_int(owner, "max_steps", self.max_steps, 1, optional=True)
+        _require_int(owner, "batch_size", self.batch_size, 1)
+        _require_float(owner, "learning_rate", self.learning_rate, 0.0)
+        _require_int(owner, "warmup_steps", self.warmup_steps, 0, optional=True)
+        if self.clip_norm is not None:
+            _require_float(owner, "clip_norm", self.clip_norm, 0.0)
+        _require_float(owner, "weight_decay", self.weight_decay, 0.0, open_low=False)
+        _require_int(owner, "patience", self.patience, 1, optional=True)
+        _require_int(owner, "eval_every", self.eval_every, 1, optional=True)
+        _require_int(owner, "validation_windows", self.validation_windows, 1)
+        _require_int(owner, "seed", self.seed, 0)
+        _require_int(owner, "eval_batch_size", self.eval_batch_size, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class QATTrainingConfig:
+    """Quantization-aware fine-tuning of the trained FP32 model, then int8 conversion.
+
+    Attributes:
+      bits: integer width (2..8) of weights and activations.
+      steps: QAT fine-tuning steps.
+      learning_rate: peak QAT learning rate.
+      calibration_batches: training batches the activation observers see first.
+      observer_steps: first QAT steps during which the observers keep updating.
+    """
+
+    bits: int = 8
+    steps: int = 300
+    learning_rate: float = 1e-4
+    calibration_batches: int = 50
+    observer_steps: int = 0
+
+    def __post_init__(self) -> None:
+        owner = "QATTrainingConfig"
+        _require_int(owner, "bits", self.bits, 2)
+        if self.bits > 8:
+            raise ValueError(f"{owner}.bits must be in 2..8, got {self.bits}")
+        _require_int(owner, "steps", self.steps, 1)
+        _require_float(owner, "learning_rate", self.learning_rate, 0.0)
+        _require_int(owner, "calibration_batches", self.calibration_batches, 1)
+        _require_int(owner, "observer_steps", self.observer_steps, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ForecasterConfig:
+    """All settings of a `Forecaster`; `qat=None` trains FP32 only."""
+
+    data: DataConfig
+    model: ModelConfig = ModelConfig()
+    training: TrainingConfig = TrainingConfig()
+    qat: QATTrainingConfig | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """`dataclasses.asdict` of every section (tuples as lists once serialised)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ForecasterConfig:
+        """The config `to_json` wrote."""
+        return cls(
+            data=DataConfig(**data["data"]),
+            model=ModelConfig(**data["model"]),
+            training=TrainingConfig(**data["training"]),
+            qat=None if data.get("qat") is None else QATTrainingConfig(**data["qat"]),
+        )
+
+
+def field_default(config: type, name: str) -> Any:
+    """The default of field `name` of a config dataclass (for argparse defaults and help)."""
+    field = config.__dataclass_fields__[name]
+    if field.default is dataclasses.MISSING:
+        raise KeyError(f"{config.__name__}.{name} has no default")
+    return field.default
+
+
+# The demo: the whole pipeline on the bundled pedestrian counts in minutes on two CPU cores.
+DEMO = ForecasterConfig(
+    data=DataConfig.pedestrian(history=72, horizon=24),
+    model=ModelConfig(hidden_dim=32, num_heads=4, dropout_rate=0.1, variable_hidden_dim=8),
+    training=TrainingConfig(
+        epochs=100,
+        max_steps=1200,
+        batch_size=64,
+        learning_rate=3e-3,
+        eval_every=200,
+        patience=4,
+        validation_windows=1024,
+    ),
+    qat=QATTrainingConfig(steps=300, learning_rate=3e-4, calibration_batches=50),
+)

@@ -1,0 +1,579 @@
+"""`Forecaster`: fit, evaluate, backtest, save, load and forecast the future of a long table.
+
+The one pipeline that the CLI, the demo and the README use (as
+neuralforecast's `NeuralForecast` owns fit/predict/save/load there): data
+preparation (`tft_jax.data`), the model (`TemporalFusionTransformer`),
+training (`tft_jax.train`), quantization (`qat`) and evaluation
+(`tft_jax.evaluation`) stay separate; this class only wires them.
+
+Quantile forecasts are returned in increasing order at every step (sorted
+across levels): a sorted set of quantiles never has a larger total pinball
+loss than the unsorted one (rearrangement, Chernozhukov et al. 2010), and
+crossing quantiles are not a forecast anyone can use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import pandas as pd
+
+import qat
+from tft_jax.baselines import seasonal_period
+from tft_jax.config import TFTConfig
+from tft_jax.data import PreparedDataset, WindowSet, prepare_dataset, window_starts
+from tft_jax.data.future import future_windows
+from tft_jax.data.preprocessing import Preprocessor
+from tft_jax.distributed import local_rows
+from tft_jax.evaluation import (
+    Predictions,
+    actuals,
+    comparisons,
+    forecast_metrics,
+    predict_windows,
+    seasonal_naive_forecast,
+    to_original_units,
+    window_scales,
+)
+from tft_jax.forecaster import run_folder
+from tft_jax.forecaster.config import (
+    DataConfig,
+    ForecasterConfig,
+    ModelConfig,
+    QATTrainingConfig,
+    TrainingConfig,
+)
+from tft_jax.forecaster.predictors import MODEL_NAMES, Predictor, make_predictor, qat_model_for
+from tft_jax.forecaster.training import train_fp32, train_qat, validation_batches
+from tft_jax.model import TemporalFusionTransformer
+
+Table = pd.DataFrame | str | os.PathLike
+
+
+def quantile_name(level: float) -> str:
+    """The column of a quantile level in `predict`'s output: 0.1 -> 'q0.1'."""
+    return f"q{float(level):g}"
+
+
+def monotone(quantiles: np.ndarray) -> np.ndarray:
+    """Quantile forecasts `(..., Q)` sorted along the levels (see the module docstring)."""
+    return np.sort(np.asarray(quantiles, dtype=np.float64), axis=-1)
+
+
+def _check_global_batch(batch_size: int) -> None:
+    """Raises unless the global batch splits evenly over every device of every process."""
+    devices, processes = jax.device_count(), jax.process_count()
+    if batch_size % devices:
+        where = f" of {processes} processes" if processes > 1 else ""
+        raise ValueError(
+            f"TrainingConfig.batch_size ({batch_size}) is the global batch and must be divisible "
+            f"by the {devices} devices{where}; use a multiple of {devices}"
+        )
+
+
+@dataclasses.dataclass
+class _Fitted:
+    """What fitting learned: the preprocessing, the model config and the trained variables."""
+
+    preprocessor: Preprocessor
+    tft_config: TFTConfig
+    season_period: int
+    variables: dict[str, Any]
+    history: dict[str, Any]
+    summary: dict[str, Any]
+
+
+class Forecaster:
+    """A TFT forecasting pipeline for long-format tables (one row per series and time).
+
+    Example::
+
+        f = Forecaster(DataConfig(id_col="store", time_col="day", target="sales",
+                                  freq="D", known_cols=("promo",), history=28, horizon=7),
+                       qat=QATTrainingConfig())
+        f.fit(df)                                   # FP32 training, QAT, int8 conversion
+        f.save("runs/sales"); f = Forecaster.load("runs/sales")
+        fc = f.predict(df, future=promos, model="int8")   # the 7 days after each series' end
+
+    Args:
+      data: the column roles, sampling, windows and split.
+      model: the model size and quantile levels.
+      training: FP32 training.
+      qat: QAT fine-tuning and int8 conversion after FP32 training; None skips it.
+    """
+
+    def __init__(
+        self,
+        data: DataConfig,
+        model: ModelConfig | None = None,
+        training: TrainingConfig | None = None,
+        qat: QATTrainingConfig | None = None,
+    ) -> None:
+        if not isinstance(data, DataConfig):
+            raise TypeError(f"Forecaster: data must be a DataConfig, got {type(data).__name__}")
+        self.config = ForecasterConfig(
+            data=data, model=model or ModelConfig(), training=training or TrainingConfig(), qat=qat
+        )
+        self.dataset: PreparedDataset | None = None
+        self._fitted: _Fitted | None = None
+        self._predictors: dict[str, Predictor] = {}
+
+    @classmethod
+    def from_config(cls, config: ForecasterConfig) -> Forecaster:
+        """A forecaster with the settings of `config`."""
+        return cls(config.data, config.model, config.training, config.qat)
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def is_fitted(self) -> bool:
+        """Whether the forecaster has been fitted (or loaded)."""
+        return self._fitted is not None
+
+    def _require_fitted(self) -> _Fitted:
+        if self._fitted is None:
+            raise RuntimeError("this Forecaster is not fitted; call fit(df) or Forecaster.load")
+        return self._fitted
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """The trained forms: ('fp32',) or ('fp32', 'qat', 'int8')."""
+        return tuple(self._require_fitted().variables)
+
+    @property
+    def tft_config(self) -> TFTConfig:
+        """The fitted model's `TFTConfig`."""
+        return self._require_fitted().tft_config
+
+    @property
+    def preprocessor(self) -> Preprocessor:
+        """The fitted map from tables to model inputs."""
+        return self._require_fitted().preprocessor
+
+    @property
+    def variables(self) -> dict[str, Any]:
+        """The trained variables of each model form, by name."""
+        return dict(self._require_fitted().variables)
+
+    @property
+    def history(self) -> dict[str, Any]:
+        """Training and validation losses per evaluation, by phase ('fp32', 'qat')."""
+        return self._require_fitted().history
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """Step counts, timings and sizes recorded by `fit`."""
+        return self._require_fitted().summary
+
+    @property
+    def season_period(self) -> int:
+        """The seasonal naive baseline's period in steps."""
+        return self._require_fitted().season_period
+
+    def _check_model(self, model: str) -> str:
+        if model not in MODEL_NAMES:
+            raise ValueError(f"model must be one of {MODEL_NAMES}, got {model!r}")
+        if model not in self.models:
+            raise ValueError(
+                f"model={model!r} was not trained: this forecaster has {self.models} "
+                "(train with qat=QATTrainingConfig() for 'qat' and 'int8')"
+            )
+        return model
+
+    def predictor(self, model: str) -> Predictor:
+        """The jitted `Batch -> TFTOutput` of one trained form (compiled on first use)."""
+        model = self._check_model(model)
+        if model not in self._predictors:
+            fitted = self._require_fitted()
+            bits = self.config.qat.bits if self.config.qat is not None else 8
+            self._predictors[model] = make_predictor(
+                model, fitted.tft_config, fitted.variables[model], bits
+            )
+        return self._predictors[model]
+
+    # ------------------------------------------------------------------ data
+
+    def prepare(self, table: Table | PreparedDataset) -> PreparedDataset:
+        """`table` as windows split by the data settings, with the fitted preprocessing.
+
+        A `PreparedDataset` is returned as it is.
+        """
+        if isinstance(table, PreparedDataset):
+            return table
+        fitted = self._require_fitted()
+        return prepare_dataset(
+            table, **self.config.data.prepare_options(), preprocessor=fitted.preprocessor
+        )
+
+    def _season_period(self, dataset: PreparedDataset) -> int:
+        data = self.config.data
+        period = data.season_period or seasonal_period(data.freq)
+        if period > dataset.history:
+            raise ValueError(
+                f"the seasonal naive period ({period} steps) exceeds the history "
+                f"({dataset.history}); lengthen DataConfig.history or set a shorter "
+                "DataConfig.season_period"
+            )
+        return period
+
+    # ------------------------------------------------------------------ fit
+
+    def fit(
+        self,
+        table: Table,
+        *,
+        checkpoint_dir: str | os.PathLike | None = None,
+        resume: bool = False,
+        quiet: bool = False,
+    ) -> Forecaster:
+        """Trains the FP32 TFT on `table` (then QAT and int8 with `qat` settings).
+
+        Args:
+          table: a long-format DataFrame or CSV path with the columns of `data`.
+          checkpoint_dir: where training checkpoints go (`fp32/`, `qat/`); None keeps none.
+          resume: continue from the newest checkpoint in `checkpoint_dir`.
+          quiet: no progress bars.
+
+        In a multi-process run (`tft_jax.distributed.initialize_multihost`)
+        every process calls `fit` with the same table; each reads its own rows
+        of every global batch.
+
+        Returns:
+          self, fitted.
+        """
+        started = time.perf_counter()
+        settings = self.config
+        _check_global_batch(settings.training.batch_size)
+        dataset = prepare_dataset(table, **settings.data.prepare_options())
+        period = self._season_period(dataset)
+        tft_config = TFTConfig(
+            **dataset.tft_config_kwargs(),
+            hidden_dim=settings.model.hidden_dim,
+            num_heads=settings.model.num_heads,
+            dropout_rate=settings.model.dropout_rate,
+            variable_hidden_dim=settings.model.variable_hidden_dim,
+            compact_selection=settings.model.compact_selection,
+            quantiles=settings.model.quantiles,
+        )
+        rows = local_rows(settings.training.batch_size)
+        val_batches = validation_batches(
+            dataset, settings.training.validation_windows, settings.training.batch_size, rows
+        )
+        checkpoints = None if checkpoint_dir is None else pathlib.Path(checkpoint_dir)
+        timing = {"data": time.perf_counter() - started}
+        phase = time.perf_counter()
+        fp32 = train_fp32(
+            TemporalFusionTransformer(tft_config),
+            dataset,
+            settings.training,
+            val_batches,
+            checkpoints,
+            resume,
+            quiet,
+            rows,
+        )
+        timing["fp32_training"] = time.perf_counter() - phase
+        variables = {"fp32": fp32.variables}
+        history = {"fp32": fp32.history}
+        summary: dict[str, Any] = {"fp32": fp32.settings, "dataset": dataset.summary()}
+        if settings.qat is not None:
+            phase = time.perf_counter()
+            qat_model = qat_model_for(tft_config, settings.qat.bits)
+            tuned = train_qat(
+                qat_model,
+                fp32.variables,
+                dataset,
+                settings.training,
+                settings.qat,
+                val_batches,
+                checkpoints,
+                resume,
+                quiet,
+                rows,
+            )
+            variables["qat"] = tuned.variables
+            variables["int8"] = qat.convert(tuned.variables, bits=settings.qat.bits)
+            history["qat"] = tuned.history
+            summary["qat"] = {
+                **tuned.settings,
+                "qat_config": dataclasses.asdict(qat_model.qat_config),
+                "layout": "weights per-channel symmetric, activations per-tensor affine "
+                "(moving-average observers)",
+                "size": qat.model_size(variables["qat"], variables["int8"]),
+            }
+            timing["qat_training"] = time.perf_counter() - phase
+        summary["seconds"] = timing
+        self.dataset = dataset
+        self._fitted = _Fitted(
+            preprocessor=dataset.preprocessor,
+            tft_config=tft_config,
+            season_period=period,
+            variables=variables,
+            history=history,
+            summary=summary,
+        )
+        self._predictors = {}
+        return self
+
+    # ------------------------------------------------------------------ predict
+
+    def predict(
+        self,
+        table: Table,
+        future: pd.DataFrame | None = None,
+        model: str = "fp32",
+        batch_size: int | None = None,
+    ) -> pd.DataFrame:
+        """Quantile forecasts of the `H` steps after each series' last time in `table`.
+
+        Args:
+          table: history in long format with the columns of `data` (new data
+            is fine: more recent history, other series of the same spec);
+            each series needs at least `history` steps.
+          future: the id, time and every known column for exactly the `H`
+            steps after each series' last time (calendar inputs are
+            generated); not needed without known columns.
+          model: 'fp32', 'qat' or 'int8'.
+          batch_size: series per batch (default the training eval batch size).
+
+        Returns:
+          A long DataFrame: the id and time columns, then one column per
+          quantile level (`q0.1`, `q0.5`, ...), in the target's units, rows
+          ordered by series then time.
+        """
+        fitted = self._require_fitted()
+        predict = self.predictor(model)
+        data = self.config.data
+        ahead = future_windows(fitted.preprocessor, table, future, data.history, data.horizon)
+        windows = ahead.windows
+        batch_size = batch_size or self.config.training.eval_batch_size
+        predictions = predict_windows(predict, windows, min(batch_size, len(windows)))
+        forecast = monotone(
+            ahead.transformed.target_scaler.inverse_transform(
+                predictions.quantiles, windows.series_code
+            )
+        )
+        horizon = data.horizon
+        rows = (windows.starts[:, None] + np.arange(horizon)).reshape(-1)
+        spec = fitted.preprocessor.spec
+        result = pd.DataFrame(
+            {
+                spec.id_col: np.repeat(
+                    np.asarray(ahead.transformed.series_ids, dtype=object), horizon
+                ),
+                spec.time_col: windows.panel.times[rows],
+            }
+        )
+        for index, level in enumerate(fitted.tft_config.quantiles):
+            result[quantile_name(level)] = forecast[..., index].reshape(-1)
+        return result
+
+    # ------------------------------------------------------------------ evaluate
+
+    def predictions(
+        self, dataset: PreparedDataset, windows: WindowSet, models: Sequence[str] | None = None
+    ) -> dict[str, Predictions]:
+        """Each model's `Predictions` over `windows` of `dataset` (model-scale quantiles)."""
+        names = self.models if models is None else tuple(self._check_model(m) for m in models)
+        batch_size = self.config.training.eval_batch_size
+        return {name: predict_windows(self.predictor(name), windows, batch_size) for name in names}
+
+    def _metrics(
+        self,
+        dataset: PreparedDataset,
+        windows: WindowSet,
+        predictions: dict[str, Predictions],
+        seconds: dict[str, float] | None = None,
+    ) -> dict[str, dict[str, Any]]:
+        quantiles = self.tft_config.quantiles
+        actual = actuals(dataset, windows)
+        scale = window_scales(dataset, windows)
+        naive = seasonal_naive_forecast(dataset, windows, self.season_period)
+        models = {"seasonal_naive": forecast_metrics(naive, actual, quantiles, scale)}
+        for name, prediction in predictions.items():
+            forecast = monotone(to_original_units(dataset, windows, prediction.quantiles))
+            models[name] = forecast_metrics(forecast, actual, quantiles, scale)
+            if seconds is not None:
+                models[name]["seconds"] = seconds[name]
+        return models
+
+    def evaluation(
+        self,
+        table: Table | PreparedDataset,
+        split: str = "test",
+        models: Sequence[str] | None = None,
+    ) -> tuple[dict[str, Any], dict[str, Predictions]]:
+        """`(metrics, predictions)` of every model on `split` of `table` (see `evaluate`)."""
+        dataset = self.prepare(table)
+        windows = dataset.split(split)
+        names = self.models if models is None else tuple(self._check_model(m) for m in models)
+        predictions, seconds = {}, {}
+        for name in names:
+            started = time.perf_counter()
+            predictions.update(self.predictions(dataset, windows, [name]))
+            seconds[name] = time.perf_counter() - started
+        models_metrics = self._metrics(dataset, windows, predictions, seconds)
+        metrics = {
+            "split": split,
+            "windows": len(windows),
+            "horizon": dataset.horizon,
+            "history": dataset.history,
+            "units": f"{dataset.spec.target} (original units)",
+            "seasonal_naive_period": self.season_period,
+            "models": models_metrics,
+            "comparison": comparisons(models_metrics),
+        }
+        return metrics, predictions
+
+    def evaluate(
+        self,
+        table: Table | PreparedDataset,
+        split: str = "test",
+        models: Sequence[str] | None = None,
+    ) -> dict[str, Any]:
+        """Metrics of the seasonal naive baseline and every model on `split` of `table`.
+
+        `table` is split as in training (the data settings' fractions or cut
+        times); metrics are in the target's units (`tft_jax.evaluation`):
+        P50/P90 q-risk, q-risk per level, mean quantile loss, and the relative
+        changes fp32 vs seasonal naive and qat/int8 vs fp32.
+        """
+        return self.evaluation(table, split, models)[0]
+
+    def backtest(
+        self,
+        table: Table,
+        n_windows: int = 3,
+        step: int | None = None,
+        models: Sequence[str] | None = None,
+    ) -> pd.DataFrame:
+        """Rolling-origin evaluation over `n_windows` cutoffs, without retraining.
+
+        The last cutoff forecasts the final `H` steps of `table`; each earlier
+        one starts `step` steps (default `H`) before the next. At each cutoff
+        every series with `history` steps before it and an observed target
+        over the next `H` steps is forecast once.
+
+        Returns:
+          A DataFrame, one row per (cutoff, model), the seasonal naive baseline
+          included: `cutoff` (the first forecast step), `model`, `windows`,
+          `p50_q_risk`, `p90_q_risk`, `mean_quantile_loss`.
+        """
+        for name, value in (("n_windows", n_windows), ("step", step)):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ValueError(f"backtest: {name} must be an int >= 1, got {value!r}")
+        data = self.config.data
+        step = data.horizon if step is None else step
+        options = {**data.prepare_options(), "validation_fraction": 0.0, "test_fraction": 0.0}
+        options.update(validation_start=None, test_start=None)
+        dataset = prepare_dataset(table, **options, preprocessor=self.preprocessor)
+        panel = dataset.panel
+        grid_times = pd.DatetimeIndex(np.unique(panel.times))
+        last_start = len(grid_times) - data.horizon
+        positions = [last_start - k * step for k in range(n_windows)][::-1]
+        if positions[0] < 0:
+            raise ValueError(
+                f"backtest: {n_windows} cutoffs {step} steps apart need "
+                f"{data.horizon + (n_windows - 1) * step} steps of data, the table has "
+                f"{len(grid_times)}"
+            )
+        records = []
+        for position in positions:
+            cutoff = grid_times[position]
+            end = grid_times[position + data.horizon - 1] + pd.tseries.frequencies.to_offset(
+                data.freq
+            )
+            starts = window_starts(panel, data.history, data.horizon, cutoff, end)
+            starts = starts[panel.times[starts] == cutoff]
+            if starts.size == 0:
+                raise ValueError(
+                    f"backtest: no series has {data.history} steps of history before the cutoff "
+                    f"{cutoff} and an observed target over the {data.horizon} steps after it"
+                )
+            windows = WindowSet(panel, starts, data.history, data.horizon)
+            metrics = self._metrics(dataset, windows, self.predictions(dataset, windows, models))
+            for name, row in metrics.items():
+                records.append(
+                    {
+                        "cutoff": cutoff,
+                        "model": name,
+                        "windows": int(starts.size),
+                        "p50_q_risk": row["p50_q_risk"],
+                        "p90_q_risk": row["p90_q_risk"],
+                        "mean_quantile_loss": row["mean_quantile_loss"],
+                    }
+                )
+        return pd.DataFrame.from_records(records)
+
+    # ------------------------------------------------------------------ save / load
+
+    def save(self, path: str | os.PathLike, extra: dict[str, Any] | None = None) -> pathlib.Path:
+        """Writes a self-contained run folder (`run_folder`); loading needs no training data.
+
+        `extra` adds sections to config.json (the CLI records its arguments there).
+        """
+        fitted = self._require_fitted()
+        root = pathlib.Path(path)
+        for name, variables in fitted.variables.items():
+            run_folder.save_variables(run_folder.model_path(root, name), variables)
+        run_folder.write_json(root / run_folder.HISTORY_FILE, fitted.history)
+        config = {
+            "format": run_folder.FORMAT,
+            "format_version": run_folder.FORMAT_VERSION,
+            **self.config.to_json(),
+            "tft_config": dataclasses.asdict(fitted.tft_config),
+            "preprocessor": fitted.preprocessor.to_json(),
+            "season_period": fitted.season_period,
+            "models": list(fitted.variables),
+            "summary": fitted.summary,
+            "versions": run_folder.versions(),
+            **(extra or {}),
+        }
+        run_folder.write_json(root / run_folder.CONFIG_FILE, config)
+        return root
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Forecaster:
+        """The forecaster `save` wrote into `path`."""
+        root = pathlib.Path(path)
+        if not root.is_dir():
+            raise run_folder.RunFolderError(f"{root} is not a folder (Forecaster.load)")
+        config = run_folder.read_json(root / run_folder.CONFIG_FILE)
+        run_folder.check_format(config, root)
+        try:
+            forecaster = cls.from_config(ForecasterConfig.from_json(config))
+            tft_config = TFTConfig(
+                **{
+                    key: tuple(value) if isinstance(value, list) else value
+                    for key, value in config["tft_config"].items()
+                }
+            )
+            preprocessor = Preprocessor.from_json(config["preprocessor"])
+        except (KeyError, TypeError) as error:
+            raise run_folder.RunFolderError(
+                f"{root / run_folder.CONFIG_FILE} is damaged: {error!r}"
+            ) from None
+        variables = {
+            name: run_folder.load_variables(run_folder.model_path(root, name))
+            for name in config["models"]
+        }
+        history_file = root / run_folder.HISTORY_FILE
+        history = run_folder.read_json(history_file) if history_file.is_file() else {}
+        forecaster._fitted = _Fitted(
+            preprocessor=preprocessor,
+            tft_config=tft_config,
+            season_period=int(config["season_period"]),
+            variables=variables,
+            history=history,
+            summary=config.get("summary", {}),
+        )
+        return forecaster

@@ -1,0 +1,172 @@
+"""The two training phases of a forecasting run: FP32 training, then QAT fine-tuning.
+
+Both read their settings from the config dataclasses and train data-parallel
+over every device (`tft_jax.distributed`); in a multi-process run each
+process passes its own `rows` of every global batch.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+from typing import Any, NamedTuple
+
+import jax
+
+import qat
+from tft_jax.data import PreparedDataset
+from tft_jax.distributed import data_mesh, place_state, shard_batch, to_host
+from tft_jax.evaluation import epoch_batches, evenly_spaced, fixed_batches
+from tft_jax.forecaster.config import QATTrainingConfig, TrainingConfig
+from tft_jax.forecaster.predictors import batch_inputs
+from tft_jax.model import TemporalFusionTransformer
+from tft_jax.train import (
+    Batch,
+    create_train_state,
+    fit,
+    make_optimizer,
+    warmup_cosine_schedule,
+)
+
+
+class PhaseResult(NamedTuple):
+    """What a training phase returns: the best variables (host copies), losses and step counts."""
+
+    variables: dict[str, Any]
+    history: dict[str, list]
+    settings: dict[str, Any]
+
+
+def sample_batch(dataset: PreparedDataset, batch_size: int, rows: slice = slice(None)) -> Batch:
+    """A fixed batch of training windows, to shape the model's variables."""
+    return fixed_batches(evenly_spaced(dataset.train, batch_size), batch_size, rows)[0]
+
+
+def validation_batches(
+    dataset: PreparedDataset, count: int, batch_size: int, rows: slice = slice(None)
+) -> list[Batch]:
+    """Batches of `batch_size` over `count` evenly spaced validation windows; `rows` of each."""
+    count = max(batch_size, count // batch_size * batch_size)
+    batches = fixed_batches(evenly_spaced(dataset.validation, count), batch_size, rows)
+    if not batches:
+        raise ValueError(
+            f"the validation split has {len(dataset.validation)} windows, fewer than one "
+            f"batch of {batch_size}; lower the batch size or raise the validation fraction"
+        )
+    return batches
+
+
+def steps_of(dataset: PreparedDataset, training: TrainingConfig) -> tuple[int, int]:
+    """`(steps per epoch, total steps)` of FP32 training on `dataset`."""
+    per_epoch = len(dataset.train) // training.batch_size
+    if per_epoch == 0:
+        raise ValueError(
+            f"the training split has {len(dataset.train)} windows, fewer than one batch of "
+            f"{training.batch_size}; lower the batch size"
+        )
+    total = per_epoch * training.epochs
+    return per_epoch, total if training.max_steps is None else min(total, training.max_steps)
+
+
+def schedule_of(peak: float, total: int, warmup: int | None) -> tuple[Any, int]:
+    """The warmup + cosine schedule and its warmup steps (default 5% of `total`, at most 200)."""
+    warmup = min(200, total // 20) if warmup is None else warmup
+    if warmup >= total:
+        raise ValueError(f"warmup_steps ({warmup}) must be below the total steps ({total})")
+    return warmup_cosine_schedule(peak, total, warmup), warmup
+
+
+def train_fp32(
+    model: TemporalFusionTransformer,
+    dataset: PreparedDataset,
+    training: TrainingConfig,
+    val_batches: list[Batch],
+    checkpoint_dir: pathlib.Path | None,
+    resume: bool,
+    quiet: bool,
+    rows: slice = slice(None),
+) -> PhaseResult:
+    """FP32 training with the warmup + cosine schedule; the best state by validation loss."""
+    per_epoch, total = steps_of(dataset, training)
+    schedule, warmup = schedule_of(training.learning_rate, total, training.warmup_steps)
+    tx = make_optimizer(schedule, clip_norm=training.clip_norm, weight_decay=training.weight_decay)
+    state = create_train_state(
+        model,
+        tx,
+        jax.random.key(training.seed),
+        sample_batch(dataset, training.batch_size, rows),
+    )
+    result = fit(
+        state,
+        epoch_batches(dataset.train, training.batch_size, training.seed, rows),
+        val_batches,
+        epochs=training.epochs,
+        seed=training.seed,
+        patience=training.patience,
+        eval_every=training.eval_every,
+        max_steps=total,
+        checkpoint_dir=None if checkpoint_dir is None else checkpoint_dir / "fp32",
+        resume=resume,
+        quiet=quiet,
+    )
+    settings = {"steps_per_epoch": per_epoch, "total_steps": total, "warmup_steps": warmup}
+    return PhaseResult(to_host(result.best_state.variables), result.history, settings)
+
+
+def train_qat(
+    qat_model: qat.QATTemporalFusionTransformer,
+    fp32_variables: dict[str, Any],
+    dataset: PreparedDataset,
+    training: TrainingConfig,
+    settings: QATTrainingConfig,
+    val_batches: list[Batch],
+    checkpoint_dir: pathlib.Path | None,
+    resume: bool,
+    quiet: bool,
+    rows: slice = slice(None),
+) -> PhaseResult:
+    """QAT fine-tuning from the FP32 variables; the best QAT variables by validation loss.
+
+    Calibration first: the activation observers see `calibration_batches`
+    training batches (deterministic forward, `qat.calibrate`), each the global
+    batch assembled from every process's `rows`. Then the fake-quantized model
+    trains with the observers frozen, except during the first
+    `observer_steps` steps, where they keep updating.
+    """
+    total = settings.steps
+    schedule, warmup = schedule_of(settings.learning_rate, total, min(50, total // 10))
+    tx = make_optimizer(schedule, clip_norm=training.clip_norm, weight_decay=training.weight_decay)
+    sample = sample_batch(dataset, training.batch_size, rows)
+    inputs, kwargs = batch_inputs(sample)
+    mesh = data_mesh()
+    # Fresh device buffers: the train step donates its state, the FP32 arrays must survive it.
+    variables = place_state(qat.from_fp32(fp32_variables, qat_model, *inputs, **kwargs), mesh)
+    calibration = (
+        shard_batch(batch, mesh)
+        for batch in epoch_batches(dataset.train, training.batch_size, training.seed + 2, rows)(0)
+    )
+    variables = qat.calibrate(
+        qat_model, variables, calibration, num_batches=settings.calibration_batches
+    )
+    state = create_train_state(
+        qat_model, tx, jax.random.key(training.seed + 1), sample, variables=variables
+    )
+    per_epoch = len(dataset.train) // training.batch_size
+    result = fit(
+        state,
+        epoch_batches(dataset.train, training.batch_size, training.seed + 1, rows),
+        val_batches,
+        epochs=max(1, math.ceil(total / per_epoch)),
+        seed=training.seed + 1,
+        eval_every=min(training.eval_every or total, total),
+        max_steps=total,
+        checkpoint_dir=None if checkpoint_dir is None else checkpoint_dir / "qat",
+        resume=resume,
+        calibrate_steps=settings.observer_steps,
+        quiet=quiet,
+    )
+    return PhaseResult(
+        to_host(result.best_state.variables),
+        result.history,
+        {"total_steps": total, "warmup_steps": warmup},
+    )
