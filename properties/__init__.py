@@ -9,7 +9,23 @@
 - `properties.faults`: `python -m properties.faults` applies deliberate faults to
   the real code and reports which property catches each.
 
-The submodules are imported on demand, so `properties.checks` works without Hypothesis.
+The submodules are imported on first access (`import properties;
+properties.checks` works), so `properties.checks` works without Hypothesis.
 """
 
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
 __all__ = ["backends", "checks", "faults", "strategies", "suite"]
+
+
+def __getattr__(name: str) -> ModuleType:
+    if name not in __all__:
+        raise AttributeError(f"module 'properties' has no attribute {name!r}")
+    return importlib.import_module(f"properties.{name}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

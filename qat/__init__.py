@@ -1,24 +1,32 @@
-"""Quantization-aware training and int8 inference for the TFT.
+"""Quantization-aware training and int8 inference for the TFT and any Linen model.
 
 Fake quantization with a straight-through gradient (`fake_quantize`,
 `FakeQuantize`), range observers (`QuantizationObserver`), learned step size
-(`lsq_fake_quantize`), the contraction modules that plug into
-`tft_jax.linear` (`QATDotGeneral`, `Int8DotGeneral`), and the quantized TFT
-with its conversion to int8 (`QATTemporalFusionTransformer`, `from_fp32`,
-`calibrate`, `convert`, `int8_apply`, `model_size`).
+(`lsq_fake_quantize`), the contraction modules that plug into a dense layer's
+`dot_general_cls` hook (`QATDotGeneral`, `Int8DotGeneral`, and the factories
+`qat_dot_general`, `int8_dot_general`), the QAT wrappers
+(`QATModel` for any Linen model with that hook, `QATTemporalFusionTransformer`)
+and the conversion to int8 (`from_fp32`, `calibrate`, `convert`, `int8_apply`,
+`model_size`).
+
+The straight-through estimators are `jax.custom_vjp` rules: differentiate
+with reverse mode (`jax.grad`, `jax.vjp`). Forward mode (`jax.jvp`,
+`jax.jacfwd`, `jax.linearize`) raises an error naming `fake_quantize`.
 """
 
 from qat.config import QATConfig
-from qat.dot_general import Int8DotGeneral, QATDotGeneral
+from qat.dot_general import Int8DotGeneral, QATDotGeneral, int8_dot_general, qat_dot_general
 from qat.fake_quant import FakeQuantize, fake_quantize
 from qat.lsq import lsq_fake_quantize
 from qat.model import (
+    QATModel,
     QATTemporalFusionTransformer,
     calibrate,
     convert,
     from_fp32,
     int8_apply,
     model_size,
+    quantized_layers,
 )
 from qat.observers import QuantizationObserver
 
@@ -27,6 +35,7 @@ __all__ = [
     "Int8DotGeneral",
     "QATConfig",
     "QATDotGeneral",
+    "QATModel",
     "QATTemporalFusionTransformer",
     "QuantizationObserver",
     "calibrate",
@@ -34,6 +43,9 @@ __all__ = [
     "fake_quantize",
     "from_fp32",
     "int8_apply",
+    "int8_dot_general",
     "lsq_fake_quantize",
     "model_size",
+    "qat_dot_general",
+    "quantized_layers",
 ]

@@ -1,9 +1,17 @@
-"""Contractions that plug into `Linear(dot_general_cls=...)`: fake-quant QAT and true int8.
+"""Contractions that plug into a dense layer's `dot_general_cls`: fake-quant QAT and true int8.
 
-Both modules follow the protocol of `tft_jax.linear`: built as
-`cls(name="dot_general", lhs_bounds=...)` inside a dense layer and called like
-`lax.dot_general(lhs, rhs, dimension_numbers)`, `lhs` the activation and `rhs`
-the kernel.
+Both modules follow the protocol of `tft_jax.linear` (and of `flax.linen.Dense`,
+which builds `dot_general_cls()` without arguments): built inside a dense
+layer and called like `lax.dot_general(lhs, rhs, dimension_numbers)`, `lhs`
+the activation and `rhs` the layer's `kernel` parameter, whose second-to-last
+axis is the contracted input axis (`Linear`/`nn.Dense` `(I, F)`,
+`VariableLinear` `(V, I, F)`). `qat_dot_general` and `int8_dot_general` build
+factories that name the module `dot_general` in every layer, so the QAT and
+the int8 model find their variables at the same paths.
+
+Every enabled `QATDotGeneral` records its bit width in `'quant_stats'`
+(`bits`, an int32 scalar, written by `init`): that marker is how `qat.convert`
+knows exactly which layers are quantized and with how many bits.
 
 Quantization layout (the standard QAT recipe):
 
@@ -21,11 +29,16 @@ Quantization layout (the standard QAT recipe):
   `calibrate=True` (never by `init`); a layer called twice per forward
   observes twice. Until an observer has seen a batch its activations pass
   through unquantized (only the weights are fake-quantized).
+
+Fake quantization has a straight-through gradient (`jax.custom_vjp`): use
+reverse mode (`jax.grad`, `jax.vjp`); forward mode (`jax.jvp`, `jax.linearize`,
+`jax.jacfwd`) raises.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
@@ -45,6 +58,8 @@ DimensionNumbers = tuple[
 QUANT_STATS = "quant_stats"
 QUANT_PARAMS = "quant_params"
 INT8 = "int8"
+BITS = "bits"
+DOT_GENERAL_NAME = "dot_general"
 
 
 def activation_config(cfg: QATConfig) -> QATConfig:
@@ -156,7 +171,10 @@ class QATDotGeneral(_ActivationQParams):
       calibrate: update the activation observer with this call's `lhs`. Needs
         the `'quant_stats'` collection mutable; False freezes the observer.
       lhs_bounds: a known activation range `(low, high)`; then the activation
-        is quantized on that fixed range from the start and nothing is stored.
+        is quantized on that fixed range from the start and no observer is kept.
+
+    Whatever the activation, `init` writes the bit width to `'quant_stats'`
+    (`bits`), the marker by which `qat.convert` finds the quantized layers.
 
     With `config.learnable_scale`, an observed activation uses the step size
     `s_observer + scale_offset`, `scale_offset` a trainable scalar in the
@@ -179,6 +197,8 @@ class QATDotGeneral(_ActivationQParams):
         if not self.config.enabled:
             return lax.dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type)
         _check_bounds(self.lhs_bounds)
+        if self.is_mutable_collection(QUANT_STATS) or self.has_variable(QUANT_STATS, BITS):
+            self.variable(QUANT_STATS, BITS, lambda: jnp.asarray(self.config.bits, jnp.int32))
         rhs = fake_quantize_weight(rhs, _contracting_dims(dimension_numbers, rhs), self.config.bits)
         lhs = self._fake_quantize_activation(lhs)
         return lax.dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type)
@@ -207,7 +227,7 @@ class QATDotGeneral(_ActivationQParams):
 class Int8DotGeneral(_ActivationQParams):
     """`lax.dot_general` with integer operands: `int8 x int8 -> int32`, then rescaled.
 
-    `rhs` must be the int8 kernel made by `qat.convert`; its per-channel scales
+    `rhs` is the int8 kernel made by `qat.convert`; its per-channel scales
     are read from the `'int8'` collection (`weight_scale`, the kernel's shape
     without the contracted axes). The activation is quantized with the same
     qparams as `QATDotGeneral` (its bounds, or the calibrated observer in
@@ -215,6 +235,12 @@ class Int8DotGeneral(_ActivationQParams):
     the zero-point correction `sum_k (q_k - zp) w_k = sum_k q_k w_k - zp sum_k w_k`,
     and rescaled by `s_activation * s_weight`. An activation whose observer
     never saw a batch stays float (as in QAT) and meets the dequantized kernel.
+
+    `flax.linen.Dense` casts its kernel to the compute dtype before calling the
+    contraction; the int8 codes are small integers, exact in every float type
+    (bfloat16 included), so a floating `rhs` is read back as those codes. Only
+    `qat.convert`'s output holds such a kernel: `qat.int8_apply` checks that
+    every quantized layer's kernel is int8 before running.
     """
 
     @nn.compact
@@ -228,8 +254,14 @@ class Int8DotGeneral(_ActivationQParams):
     ) -> Array:
         if not self.config.enabled:
             return lax.dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type)
-        if rhs.dtype != jnp.int8:
-            raise TypeError(f"Int8DotGeneral expects an int8 kernel (qat.convert), got {rhs.dtype}")
+        if jnp.issubdtype(rhs.dtype, jnp.floating):
+            # nn.Dense cast the int8 codes to its compute dtype: exact, so cast them back.
+            rhs = rhs.astype(jnp.int8)
+        elif rhs.dtype != jnp.int8:
+            raise TypeError(
+                f"Int8DotGeneral expects the int8 kernel made by qat.convert (or that kernel "
+                f"cast to a float dtype by nn.Dense), got {rhs.dtype}"
+            )
         _check_bounds(self.lhs_bounds)
         contracting = _contracting_dims(dimension_numbers, rhs)
         channel_shape = tuple(n for axis, n in enumerate(rhs.shape) if axis not in contracting)
@@ -286,3 +318,24 @@ class Int8DotGeneral(_ActivationQParams):
         rhs_sums = rhs_channels_to_output(rhs_sums, dimension_numbers, lhs.ndim, rhs.ndim)
         accumulator = accumulator - (zero_point - shift) * rhs_sums
         return accumulator.astype(jnp.float32) * scale
+
+
+def _named_factory(cls: type[nn.Module], **fields: Any) -> Callable[..., nn.Module]:
+    def factory(name: str = DOT_GENERAL_NAME, lhs_bounds: Any = None, **kwargs: Any) -> nn.Module:
+        return cls(name=name, lhs_bounds=lhs_bounds, **fields, **kwargs)
+
+    return factory
+
+
+def qat_dot_general(config: QATConfig, calibrate: bool = False) -> Callable[..., nn.Module]:
+    """A `dot_general_cls` for `Linear`, `VariableLinear` or `nn.Dense`: a `QATDotGeneral`.
+
+    The module is named `dot_general` in every layer (`nn.Dense` would
+    otherwise name it after its class), the name `int8_dot_general` uses too.
+    """
+    return _named_factory(QATDotGeneral, config=config, calibrate=calibrate)
+
+
+def int8_dot_general(config: QATConfig) -> Callable[..., nn.Module]:
+    """A `dot_general_cls` running the converted layer in integers: an `Int8DotGeneral`."""
+    return _named_factory(Int8DotGeneral, config=config)

@@ -1,42 +1,54 @@
-"""The quantization-aware TFT, its conversion to int8 and integer inference.
+"""Quantization-aware models, their conversion to int8 and integer inference.
 
-`QATTemporalFusionTransformer` is `tft_jax.TemporalFusionTransformer` itself
-with `QATDotGeneral` injected into every dense layer (every weight matmul of
-the model goes through `tft_jax.linear`); no model code is copied. The
-wrapper shares its scope with the wrapped model, so its `'params'` tree is
-the FP32 model's, and `from_fp32` only adds a fresh `'quant_stats'`
-collection (plus `'quant_params'` with `learnable_scale`).
+A model is quantized through its dense layers' `dot_general_cls` hook (the
+one of `tft_jax.linear.Linear`/`VariableLinear` and of `flax.linen.Dense`);
+no model code is copied. `QATModel(model, qat_config)` does this for any Linen
+model with a `dot_general_cls` field, `QATTemporalFusionTransformer(config,
+qat_config)` for the TFT. The wrapper shares its scope with the wrapped
+model, so its `'params'` tree is the FP32 model's, and `from_fp32` only adds
+a fresh `'quant_stats'` collection (plus `'quant_params'` with
+`learnable_scale`). Layers built without the hook (a float head) stay float
+through QAT, `convert` and `int8_apply`.
 
 Typical flow::
 
-    qat_vars = from_fp32(fp32_vars, qat_model, static, historical, future)
-    qat_vars = calibrate(qat_model, qat_vars, batches)     # observers see data
+    qat_model = QATModel(my_model, QATConfig(bits=8))   # or QATTemporalFusionTransformer
+    qat_vars = from_fp32(fp32_vars, qat_model, x)       # sample inputs fix the shapes
+    qat_vars = calibrate(qat_model, qat_vars, batches)  # observers see data
     ... train qat_vars['params'] with calibrate=False ...  # fake-quant forward, STE gradient
     int8_vars = convert(qat_vars)
-    out = int8_apply(qat_model, int8_vars, static, historical, future)
+    out = int8_apply(qat_model, int8_vars, x)
 
-The activation-activation products inside attention (`QKᵀ`, `PV`) and the
-variable-selection weighting are not weight matmuls and stay in float.
+Fake quantization has a straight-through gradient: train with reverse mode
+(`jax.grad`, `jax.vjp`); forward mode (`jax.jvp`, `jax.linearize`) raises.
+
+In the TFT the activation-activation products inside attention (`QKᵀ`, `PV`)
+and the variable-selection weighting are not weight matmuls and stay in float.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Iterable, Mapping
+import inspect
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
+from flax import traverse_util
 from flax.core import unfreeze
 
 from qat.config import QATConfig
 from qat.dot_general import (
+    BITS,
     INT8,
     QUANT_PARAMS,
     QUANT_STATS,
-    Int8DotGeneral,
-    QATDotGeneral,
+    int8_dot_general,
+    qat_dot_general,
     quantize_weight,
 )
 from tft_jax.config import TFTConfig
@@ -47,7 +59,103 @@ Variables = Mapping[str, Any]
 _INPUT_NAMES = ("static", "historical", "future", "known_history", "static_categorical")
 
 
-class QATTemporalFusionTransformer(nn.Module):
+def _check_qat_config(qat_config: Any) -> None:
+    if not isinstance(qat_config, QATConfig):
+        raise TypeError(f"qat_config must be a QATConfig, got {type(qat_config).__name__}")
+
+
+def _accepts_deterministic(module: nn.Module) -> bool:
+    try:
+        parameters = inspect.signature(type(module).__call__).parameters
+    except (TypeError, ValueError):
+        return False
+    return "deterministic" in parameters
+
+
+class _QuantizedModel(nn.Module):
+    """What `from_fp32`, `calibrate` and `int8_apply` need of a QAT wrapper."""
+
+    def with_dot_general(
+        self, dot_general_cls: Callable[..., nn.Module] | None, parent: Any = None
+    ) -> nn.Module:
+        """The wrapped model with `dot_general_cls` in every hooked layer."""
+        raise NotImplementedError
+
+    def batch_inputs(self, batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """`(args, kwargs)` of the model for one calibration batch."""
+        if isinstance(batch, Mapping):
+            return (), dict(batch)
+        if isinstance(batch, tuple | list):
+            return tuple(batch), {}
+        return (batch,), {}
+
+    def inference_kwargs(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """`kwargs` plus `deterministic=True` when the model takes it and it was not given."""
+        kwargs = dict(kwargs)
+        if "deterministic" not in kwargs and _accepts_deterministic(self.with_dot_general(None)):
+            kwargs["deterministic"] = True
+        return kwargs
+
+    def _quantized_call(self, calibrate: bool, args: tuple[Any, ...], kwargs: dict[str, Any]):
+        if calibrate and not self.is_mutable_collection(QUANT_STATS):
+            raise ValueError(
+                "calibrate=True updates the observers: apply with mutable=['quant_stats']"
+            )
+        # Quantization off: the FP32 model itself, so the output is exactly the FP32 one.
+        dot_general_cls = (
+            qat_dot_general(self.qat_config, calibrate) if self.qat_config.enabled else None
+        )
+        model = self.with_dot_general(dot_general_cls, parent=self)
+        nn.share_scope(self, model)
+        return model(*args, **kwargs)
+
+
+class QATModel(_QuantizedModel):
+    """Any Linen model with a `dot_general_cls` field, fake-quantized where it uses the hook.
+
+    The wrapped model's layers that receive its `dot_general_cls` (e.g.
+    `nn.Dense(..., dot_general_cls=self.dot_general_cls)` or
+    `tft_jax.Linear(..., dot_general_cls=...)`) get a `QATDotGeneral`;
+    every other layer stays float, in QAT and after `convert`.
+
+    Attributes:
+      model: the FP32 model (its own `dot_general_cls` is replaced).
+      qat_config: bits, moving-average constant and `learnable_scale`; the
+        layout is `QATTemporalFusionTransformer`'s (weights per-channel
+        symmetric, activations per-tensor affine with a moving-average observer).
+
+    Call: the model's own arguments plus `calibrate` (True updates the
+    observers; apply with `mutable=['quant_stats']`).
+    """
+
+    model: nn.Module
+    qat_config: QATConfig = QATConfig()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, nn.Module):
+            raise TypeError(f"model must be a flax.linen Module, got {type(self.model).__name__}")
+        fields = {field.name for field in dataclasses.fields(self.model)}
+        if "dot_general_cls" not in fields:
+            raise TypeError(
+                f"model must have a dot_general_cls field (the hook its dense layers take), "
+                f"{type(self.model).__name__} has none"
+            )
+        _check_qat_config(self.qat_config)
+        super().__post_init__()
+
+    def with_dot_general(
+        self, dot_general_cls: Callable[..., nn.Module] | None, parent: Any = None
+    ) -> nn.Module:
+        # A fresh name: the field's own ("model") is taken by the adopted submodule.
+        name = None if parent is None else "quantized"
+        return self.model.clone(parent=parent, name=name, dot_general_cls=dot_general_cls)
+
+    @nn.compact
+    def __call__(self, *args: Any, calibrate: bool = False, **kwargs: Any) -> Any:
+        return self._quantized_call(calibrate, args, kwargs)
+
+
+class QATTemporalFusionTransformer(_QuantizedModel):
     """The TFT with fake quantization in every dense layer (the FP32 model with QATDotGeneral).
 
     Attributes:
@@ -67,7 +175,8 @@ class QATTemporalFusionTransformer(nn.Module):
     activation observers (apply with `mutable=['quant_stats']`), False freezes
     them. An observer that has not seen a batch leaves its activation
     unquantized, so before the first calibration only the weights are
-    fake-quantized.
+    fake-quantized. As in the FP32 model, `deterministic` is required when
+    `dropout_rate > 0`.
     """
 
     config: TFTConfig
@@ -76,9 +185,21 @@ class QATTemporalFusionTransformer(nn.Module):
     def __post_init__(self) -> None:
         if not isinstance(self.config, TFTConfig):
             raise TypeError(f"config must be a TFTConfig, got {type(self.config).__name__}")
-        if not isinstance(self.qat_config, QATConfig):
-            raise TypeError(f"qat_config must be a QATConfig, got {type(self.qat_config).__name__}")
+        _check_qat_config(self.qat_config)
         super().__post_init__()
+
+    def with_dot_general(
+        self, dot_general_cls: Callable[..., nn.Module] | None, parent: Any = None
+    ) -> nn.Module:
+        return TemporalFusionTransformer(
+            self.config, dot_general_cls=dot_general_cls, parent=parent
+        )
+
+    def batch_inputs(self, batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The TFT inputs of a mapping or an object (e.g. `tft_jax.train.Batch`) by name."""
+        if isinstance(batch, Mapping):
+            return (), {name: batch.get(name) for name in _INPUT_NAMES}
+        return (), {name: getattr(batch, name, None) for name in _INPUT_NAMES}
 
     @nn.compact
     def __call__(
@@ -88,31 +209,18 @@ class QATTemporalFusionTransformer(nn.Module):
         future: Array,
         known_history: Array | None = None,
         static_categorical: Array | None = None,
-        deterministic: bool = True,
+        deterministic: bool | None = None,
         calibrate: bool = False,
     ) -> TFTOutput:
-        if calibrate and not self.is_mutable_collection(QUANT_STATS):
-            raise ValueError(
-                "calibrate=True updates the observers: apply with mutable=['quant_stats']"
-            )
-        dot_general_cls = functools.partial(
-            QATDotGeneral, config=self.qat_config, calibrate=calibrate
-        )
-        model = TemporalFusionTransformer(self.config, dot_general_cls=dot_general_cls)
-        nn.share_scope(self, model)
-        return model(static, historical, future, known_history, static_categorical, deterministic)
-
-
-def _int8_model(qat_model: QATTemporalFusionTransformer) -> TemporalFusionTransformer:
-    """The same TFT with integer contractions; its variable tree is the QAT model's."""
-    dot_general_cls = functools.partial(Int8DotGeneral, config=qat_model.qat_config)
-    return TemporalFusionTransformer(qat_model.config, dot_general_cls=dot_general_cls)
+        args = (static, historical, future, known_history, static_categorical, deterministic)
+        return self._quantized_call(calibrate, args, {})
 
 
 def _check_model(qat_model: Any) -> None:
-    if not isinstance(qat_model, QATTemporalFusionTransformer):
+    if not isinstance(qat_model, _QuantizedModel):
         raise TypeError(
-            f"qat_model must be a QATTemporalFusionTransformer, got {type(qat_model).__name__}"
+            "qat_model must be a qat.QATModel or a qat.QATTemporalFusionTransformer, got "
+            f"{type(qat_model).__name__}"
         )
 
 
@@ -120,37 +228,45 @@ def _tree_shapes(tree: Any) -> Any:
     return jax.tree.map(lambda leaf: (tuple(jnp.shape(leaf)), jnp.result_type(leaf).name), tree)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
+def _split_flags(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[Any, ...]]:
+    """`(array kwargs, hashable flag items)`: bools and strings must stay static under jit."""
+    flags = tuple(sorted((k, v) for k, v in kwargs.items() if isinstance(v, bool | str)))
+    arrays = {k: v for k, v in kwargs.items() if not isinstance(v, bool | str)}
+    return arrays, flags
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 4))
 def _fresh_state(
-    qat_model: QATTemporalFusionTransformer, collections: tuple[str, ...], *inputs: Any
+    qat_model: _QuantizedModel,
+    collections: tuple[str, ...],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    flags: tuple[Any, ...],
 ) -> dict[str, Any]:
     """The initial non-parameter collections; XLA prunes the unused params init and forward."""
     rngs = {"params": jax.random.key(0), "dropout": jax.random.key(0)}
-    variables = qat_model.init(rngs, *inputs)
+    variables = qat_model.init(rngs, *args, **kwargs, **dict(flags))
     return {name: variables[name] for name in collections}
 
 
 def from_fp32(
-    fp32_variables: Variables,
-    qat_model: QATTemporalFusionTransformer,
-    static: Array | None,
-    historical: Array,
-    future: Array,
-    known_history: Array | None = None,
-    static_categorical: Array | None = None,
+    fp32_variables: Variables, qat_model: _QuantizedModel, *inputs: Any, **kwargs: Any
 ) -> dict[str, Any]:
     """The QAT model's variables from a trained FP32 model's: same params, fresh observers.
 
-    The sample inputs only fix shapes. Returns `{'params': fp32 params,
-    'quant_stats': fresh}` (and `'quant_params'` of zeros with `learnable_scale`).
-    Raises `ValueError` if the FP32 params do not match the QAT model's tree.
+    `inputs` and `kwargs` are sample inputs of the model (only their shapes
+    matter), e.g. `static, historical, future[, known_history,
+    static_categorical]` for the TFT or `x` for an MLP. Returns `{'params':
+    fp32 params, 'quant_stats': fresh}` (and `'quant_params'` of zeros with
+    `learnable_scale`). Raises `ValueError` if the FP32 params do not match
+    the QAT model's tree.
     """
     _check_model(qat_model)
     if "params" not in fp32_variables:
         raise ValueError(f"fp32_variables must hold 'params', got keys {sorted(fp32_variables)}")
-    inputs = (static, historical, future, known_history, static_categorical)
+    kwargs = qat_model.inference_kwargs(kwargs)
     rngs = {"params": jax.random.key(0), "dropout": jax.random.key(0)}
-    expected = jax.eval_shape(qat_model.init, rngs, *inputs)
+    expected = jax.eval_shape(functools.partial(qat_model.init, **kwargs), rngs, *inputs)
     params = unfreeze(fp32_variables["params"])
     if _tree_shapes(params) != _tree_shapes(unfreeze(expected["params"])):
         raise ValueError(
@@ -158,38 +274,42 @@ def from_fp32(
             f"got {_tree_shapes(params)}, expected {_tree_shapes(unfreeze(expected['params']))}"
         )
     state_collections = tuple(name for name in expected if name != "params")
-    state = unfreeze(_fresh_state(qat_model, state_collections, *inputs))
+    state = unfreeze(
+        _fresh_state(qat_model, state_collections, tuple(inputs), *_split_flags(kwargs))
+    )
     state.setdefault(QUANT_STATS, {})
     return {"params": params, **state}
 
 
-def _batch_inputs(batch: Any) -> dict[str, Any]:
-    """The model inputs of a batch given as a mapping or an object with those attributes."""
-    if isinstance(batch, Mapping):
-        return {name: batch.get(name) for name in _INPUT_NAMES}
-    return {name: getattr(batch, name, None) for name in _INPUT_NAMES}
-
-
-@functools.partial(jax.jit, static_argnums=0)
+@functools.partial(jax.jit, static_argnums=(0, 4))
 def _calibration_step(
-    qat_model: QATTemporalFusionTransformer, variables: dict[str, Any], inputs: dict[str, Any]
+    qat_model: _QuantizedModel,
+    variables: dict[str, Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    flags: tuple[Any, ...],
 ) -> dict[str, Any]:
     """The variables after one deterministic forward with the observers updating."""
-    _, updates = qat_model.apply(variables, **inputs, calibrate=True, mutable=[QUANT_STATS])
+    _, updates = qat_model.apply(
+        variables, *args, **kwargs, **dict(flags), calibrate=True, mutable=[QUANT_STATS]
+    )
     return {**variables, QUANT_STATS: updates[QUANT_STATS]}
 
 
 def calibrate(
-    qat_model: QATTemporalFusionTransformer,
+    qat_model: _QuantizedModel,
     qat_variables: Variables,
     batches: Iterable[Any],
     num_batches: int | None = None,
 ) -> dict[str, Any]:
     """Runs the observers over at most `num_batches` batches (default `calibration_batches`).
 
-    Each batch is a mapping or an object (e.g. `tft_jax.train.Batch`) with
-    `static, historical, future` and optionally `known_history,
-    static_categorical`. The forward is deterministic; only `'quant_stats'` changes.
+    For the TFT each batch is a mapping or an object (e.g.
+    `tft_jax.train.Batch`) with `static, historical, future` and optionally
+    `known_history, static_categorical`. For a `QATModel` a batch is the
+    model's input: an array (one argument), a tuple or list (positional
+    arguments) or a mapping (keyword arguments). The forward is deterministic
+    (`deterministic=True` when the model takes it); only `'quant_stats'` changes.
     """
     _check_model(qat_model)
     limit = qat_model.qat_config.calibration_batches if num_batches is None else num_batches
@@ -200,81 +320,152 @@ def calibrate(
     for index, batch in enumerate(batches):
         if index == limit:
             break
-        variables = _calibration_step(qat_model, variables, _batch_inputs(batch))
+        args, kwargs = qat_model.batch_inputs(batch)
+        variables = _calibration_step(
+            qat_model, variables, args, *_split_flags(qat_model.inference_kwargs(kwargs))
+        )
     return variables
 
 
-def _quantize_kernels(params: Any, bits: int) -> tuple[Any, Any]:
-    """Int8 kernels in the params tree and the matching `'int8'` weight scales tree."""
-    if not isinstance(params, Mapping):
-        return params, None
-    new_params: dict[str, Any] = {}
-    scales: dict[str, Any] = {}
-    for name, value in params.items():
-        if name == "kernel" and not isinstance(value, Mapping):
-            if jnp.ndim(value) < 2:
-                raise ValueError(f"a kernel must have >= 2 axes, got shape {jnp.shape(value)}")
-            # Linear (I, F) and VariableLinear (V, I, F) both contract axis -2.
-            contracting = (jnp.ndim(value) - 2,)
-            kernel, scale = quantize_weight(jnp.asarray(value), contracting, bits)
-            new_params[name] = kernel
-            scales["dot_general"] = {"weight_scale": jnp.squeeze(scale, contracting)}
-        else:
-            new_params[name], child_scales = _quantize_kernels(value, bits)
-            if child_scales:
-                scales[name] = child_scales
-    return new_params, scales
+def _is_concrete(value: Any) -> bool:
+    return not isinstance(value, jax.core.Tracer)
 
 
-_quantize_all_kernels = jax.jit(_quantize_kernels, static_argnums=1)
+def quantized_layers(qat_variables: Variables) -> dict[tuple[str, ...], int | None]:
+    """`{dot_general path: bits}` of every layer that ran through `QATDotGeneral`.
+
+    Read from the `bits` markers in `'quant_stats'`; a path is the layer's
+    path plus the contraction module's name (e.g. `('Dense_0', 'dot_general')`).
+    `bits` is None when the marker is traced (inside `jax.jit`).
+    """
+    stats = traverse_util.flatten_dict(unfreeze(qat_variables.get(QUANT_STATS, {})))
+    return {
+        path[:-1]: int(np.asarray(value)) if _is_concrete(value) else None
+        for path, value in stats.items()
+        if path[-1] == BITS
+    }
 
 
-def convert(qat_variables: Variables, bits: int = 8) -> dict[str, Any]:
-    """The int8 model: int8 kernels in `'params'`, per-channel scales in `'int8'`.
+@functools.partial(jax.jit, static_argnums=1)
+def _quantize_kernels(kernels: tuple[Array, ...], bits: tuple[int, ...]) -> tuple[Any, ...]:
+    # Linear/nn.Dense (I, F) and VariableLinear (V, I, F) all contract axis -2.
+    return tuple(
+        quantize_weight(kernel, (kernel.ndim - 2,), width)
+        for kernel, width in zip(kernels, bits, strict=True)
+    )
 
-    Every leaf named `kernel` (the kernels of `Linear` `(I, F)` and
-    `VariableLinear` `(V, I, F)`) becomes its integer codes
-    `round(w / s)`, `s = max|w| / qmax` over the input axis, with the same
-    shape and dtype int8; the scales go to `int8/<layer>/dot_general/weight_scale`
+
+def convert(qat_variables: Variables, bits: int | None = None) -> dict[str, Any]:
+    """The int8 model: int8 kernels where the QAT model quantized, per-channel scales in `'int8'`.
+
+    Exactly the layers that ran through `QATDotGeneral` are converted (found
+    by the `bits` markers their `QATDotGeneral` wrote to `'quant_stats'`);
+    every other leaf, a float `nn.Dense` head included, is returned
+    unchanged. A converted layer's `kernel` (`(I, F)` of `Linear`/`nn.Dense`,
+    `(V, I, F)` of `VariableLinear`) becomes its integer codes
+    `round(w / s)`, `s = max|w| / qmax` over the input axis, dtype int8 and
+    the same shape; its scale goes to `int8/<layer>/dot_general/weight_scale`
     (`(F,)` or `(V, F)`). Biases, LayerNorm and embeddings stay float.
     `'quant_stats'` (and `'quant_params'`) are carried over for the activations.
-    `bits` must be the QAT model's `qat_config.bits`.
+
+    Args:
+      qat_variables: the QAT model's variables (from `from_fp32`, calibrated, trained).
+      bits: optional check: the bit width the QAT model used (its
+        `QATConfig.bits`); the width itself is always the one recorded in
+        the variables.
+
+    Raises:
+      ValueError: no layer was quantized (variables not made by `from_fp32`
+        of a QAT model with quantization on), `bits` differs from the QAT
+        config's, or a quantized layer has no `kernel` of at least 2 axes.
     """
     if "params" not in qat_variables:
         raise ValueError(f"qat_variables must hold 'params', got keys {sorted(qat_variables)}")
-    if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 8:
-        raise ValueError(f"bits must be an int in 2..8, got {bits!r}")
-    params, scales = _quantize_all_kernels(unfreeze(qat_variables["params"]), bits)
-    converted = {"params": params, INT8: scales or {}}
+    if bits is not None and (isinstance(bits, bool) or not isinstance(bits, int)):
+        raise TypeError(f"bits must be an int or None, got {type(bits).__name__} {bits!r}")
+    layers = quantized_layers(qat_variables)
+    if not layers:
+        raise ValueError(
+            "qat_variables has no quantized layer (no 'bits' marker in 'quant_stats'): make "
+            "them with qat.from_fp32 of a QAT model whose QATConfig.bits is not None"
+        )
+    if any(width is None for width in layers.values()):
+        raise ValueError("convert reads the bit widths on the host: call it outside jax.jit")
+    if bits is not None and set(layers.values()) != {bits}:
+        raise ValueError(
+            f"bits={bits} does not match the QAT model's QATConfig.bits "
+            f"{sorted(set(layers.values()))}: the weights were trained for that width"
+        )
+    params = traverse_util.flatten_dict(unfreeze(qat_variables["params"]))
+    kernel_paths = []
+    for path in layers:
+        kernel_path = (*path[:-1], "kernel")
+        if kernel_path not in params or jnp.ndim(params[kernel_path]) < 2:
+            got = jnp.shape(params[kernel_path]) if kernel_path in params else "no such leaf"
+            raise ValueError(
+                f"quantized layer {'/'.join(path[:-1])} needs a 'kernel' param with >= 2 axes "
+                f"(I, F) or (V, I, F), got {got}"
+            )
+        kernel_paths.append(kernel_path)
+    quantized = _quantize_kernels(
+        tuple(jnp.asarray(params[path]) for path in kernel_paths), tuple(layers.values())
+    )
+    scales = {}
+    for path, kernel_path, (codes, scale) in zip(layers, kernel_paths, quantized, strict=True):
+        params[kernel_path] = codes
+        scales[(*path, "weight_scale")] = jnp.squeeze(scale, -2)
+    converted = {
+        "params": traverse_util.unflatten_dict(params),
+        INT8: traverse_util.unflatten_dict(scales),
+    }
     for name in (QUANT_STATS, QUANT_PARAMS):
         if name in qat_variables:
             converted[name] = unfreeze(qat_variables[name])
     return converted
 
 
+def _check_int8_variables(qat_model: _QuantizedModel, int8_variables: Variables) -> None:
+    if INT8 not in int8_variables:
+        raise ValueError("int8_variables lacks the 'int8' collection: make it with qat.convert")
+    layers = quantized_layers(int8_variables)
+    widths = {width for width in layers.values() if width is not None}
+    if widths and widths != {qat_model.qat_config.bits}:
+        raise ValueError(
+            f"int8_variables were converted from a {sorted(widths)}-bit QAT model, qat_model has "
+            f"QATConfig.bits={qat_model.qat_config.bits}"
+        )
+    params = traverse_util.flatten_dict(unfreeze(int8_variables.get("params", {})))
+    for path in layers:
+        kernel = params.get((*path[:-1], "kernel"))
+        if kernel is not None and jnp.result_type(kernel) != jnp.int8:
+            raise ValueError(
+                f"the kernel of quantized layer {'/'.join(path[:-1])} is "
+                f"{jnp.result_type(kernel)}, not int8: convert the variables with qat.convert"
+            )
+
+
 def int8_apply(
-    qat_model: QATTemporalFusionTransformer,
-    int8_variables: Variables,
-    static: Array | None,
-    historical: Array,
-    future: Array,
-    known_history: Array | None = None,
-    static_categorical: Array | None = None,
-) -> TFTOutput:
+    qat_model: _QuantizedModel, int8_variables: Variables, *inputs: Any, **kwargs: Any
+) -> Any:
     """The deterministic forward of the converted model with integer matmuls.
 
-    Every dense layer computes `int8 x int8 -> int32` (`lax.dot_general` with
-    `preferred_element_type=int32`) and rescales; see `Int8DotGeneral`.
-    Wrap it in `jax.jit` (with `qat_model` static) for speed.
+    `inputs` and `kwargs` are the model's (for the TFT `static, historical,
+    future[, known_history, static_categorical]`); `deterministic=True` is
+    added when the model takes it. Every quantized layer computes
+    `int8 x int8 -> int32` (`lax.dot_general` with
+    `preferred_element_type=int32`) and rescales; see `Int8DotGeneral`. Wrap
+    it in `jax.jit` (with `qat_model` static) for speed.
+
+    Raises:
+      ValueError: quantization is off, the variables are not `convert`'s
+        output, or they were converted from a model of another bit width.
     """
     _check_model(qat_model)
     if not qat_model.qat_config.enabled:
         raise ValueError("qat_model.qat_config.bits is None: there is no int8 model to run")
-    if INT8 not in int8_variables:
-        raise ValueError("int8_variables lacks the 'int8' collection: make it with qat.convert")
-    return _int8_model(qat_model).apply(
-        int8_variables, static, historical, future, known_history, static_categorical, True
-    )
+    _check_int8_variables(qat_model, int8_variables)
+    model = qat_model.with_dot_general(int8_dot_general(qat_model.qat_config))
+    return model.apply(int8_variables, *inputs, **qat_model.inference_kwargs(kwargs))
 
 
 def tree_bytes(tree: Any) -> int:

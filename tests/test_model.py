@@ -371,11 +371,13 @@ def test_model_works_from_flax_nnx_through_the_bridge():
     model = bridge.ToNNX(TemporalFusionTransformer(CONFIG), rngs=nnx.Rngs(0, dropout=1))
     # Under nnx.jit: op by op, the TFT's ~1000 primitives would each compile.
     nnx.jit(lambda m, kw: bridge.lazy_init(m, **kw))(model, inputs)
-    out = nnx.jit(lambda m, kw: m(**kw))(model, inputs)
+    out = nnx.jit(lambda m, kw: m(**kw, deterministic=True))(model, inputs)
     assert out.quantiles.shape == (BATCH, CONFIG.prediction_horizon, 3)
     # The NNX module holds the same parameters; the Linen apply gives the same forecast.
     linen_params = nnx.to_pure_dict(nnx.split(model, nnx.Param, ...)[1])
-    reference = jax.jit(TemporalFusionTransformer(CONFIG).apply)({"params": linen_params}, **inputs)
+    reference = jax.jit(TemporalFusionTransformer(CONFIG).apply, static_argnames="deterministic")(
+        {"params": linen_params}, **inputs, deterministic=True
+    )
     np.testing.assert_allclose(out.quantiles, reference.quantiles, rtol=1e-5, atol=1e-6)
 
 
@@ -415,7 +417,11 @@ def variable_last_selection(variables, embedded, context, features, dot_general_
     processed, stats = GatedResidualNetwork(
         features, hidden_features=width, num_variables=num_variables, **common
     ).apply(
-        variables["variable_grns"], embedded, context if single else None, mutable=["quant_stats"]
+        variables["variable_grns"],
+        embedded,
+        context if single else None,
+        deterministic=True,
+        mutable=["quant_stats"],
     )
     quant_stats = {"variable_grns": stats.get("quant_stats", {})}
     if single:
@@ -424,7 +430,9 @@ def variable_last_selection(variables, embedded, context, features, dot_general_
         flat = embedded.reshape(*embedded.shape[:-2], num_variables * width)
         logits, stats = GatedResidualNetwork(
             num_variables, hidden_features=features, **common
-        ).apply(variables["selection_grn"], flat, context, mutable=["quant_stats"])
+        ).apply(
+            variables["selection_grn"], flat, context, deterministic=True, mutable=["quant_stats"]
+        )
         quant_stats["selection_grn"] = stats.get("quant_stats", {})
         weights = jax.nn.softmax(logits, axis=-1)
     combined = jnp.einsum("...v,...vd->...d", weights, processed)
@@ -455,7 +463,11 @@ def test_variable_selection_equals_the_variable_last_layout_with_gradients(
 
     def current(params, embedded):
         (combined, weights), updated = vsn.apply(
-            {**variables, "params": params}, embedded, context, mutable=["quant_stats"]
+            {**variables, "params": params},
+            embedded,
+            context,
+            deterministic=True,
+            mutable=["quant_stats"],
         )
         return combined, weights, dict(updated.get("quant_stats", {}))
 

@@ -161,11 +161,13 @@ def test_calibrated_forward_matches_numpy_fake_quantization_of_both_operands():
     )
 
 
-def test_known_input_bounds_quantize_from_the_start_and_store_nothing():
+def test_known_input_bounds_quantize_from_the_start_and_keep_no_observer():
     module = qat_linear(input_bounds=(-1.0, 1.0))
     x = np.tanh(X2)
     variables = init(module, x)
-    assert set(variables) == {"params"}
+    assert set(variables) == {"params", "quant_stats"}
+    # Only the bit-width marker by which convert finds the layer.
+    assert jax.tree.map(int, variables["quant_stats"]) == {"dot_general": {"bits": 8}}
     x_quantized, _, _ = reference_activation(x, -1.0, 1.0)
     kernel = np.asarray(variables["params"]["kernel"])
     expected = x_quantized @ reference_weight(kernel, 0) + np.asarray(variables["params"]["bias"])
@@ -330,10 +332,12 @@ def _sub_jaxprs(eqn):
                 yield item
 
 
-def test_int8_layer_rejects_a_float_kernel():
+def test_int8_layer_rejects_a_wide_integer_kernel():
     variables = init(qat_linear(), X)
     integer_module = Linear(
         4, dot_general_cls=functools.partial(Int8DotGeneral, config=QATConfig())
     )
-    with pytest.raises(TypeError, match="int8 kernel"):
-        integer_module.apply({**variables, "int8": {}}, X)
+    kernel = jnp.asarray(variables["params"]["kernel"] * 100, jnp.int32)
+    params = {**variables["params"], "kernel": kernel}
+    with pytest.raises(TypeError, match="int8 kernel made by qat.convert"):
+        integer_module.apply({**variables, "params": params, "int8": {}}, X)

@@ -57,7 +57,7 @@ TARGET = np.random.default_rng(9).normal(size=(BATCH, 2)).astype(np.float32)
 
 @functools.partial(jax.jit, static_argnums=0)
 def forward(model, variables, inputs):
-    return model.apply(variables, **inputs)
+    return model.apply(variables, **inputs, deterministic=True)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -67,7 +67,11 @@ def loss_and_grads(qat_model, variables, inputs):
 
     def loss(trainable):
         output, state = qat_model.apply(
-            {**variables, **trainable}, **inputs, calibrate=False, mutable=["quant_stats"]
+            {**variables, **trainable},
+            **inputs,
+            deterministic=True,
+            calibrate=False,
+            mutable=["quant_stats"],
         )
         return quantile_loss(output.quantiles, TARGET, CONFIG.quantiles), (output, state)
 
@@ -133,8 +137,15 @@ def test_observers_sit_on_every_unbounded_dense_layer_and_not_on_the_lstm_recurr
         for path in flat(fresh["quant_stats"])
         if path.endswith("num_batches")
     }
+    marked = {
+        path[: -len("/dot_general/bits")]
+        for path, value in flat(fresh["quant_stats"]).items()
+        if path.endswith("bits") and int(value) == QAT_CONFIG.bits
+    }
     recurrent = {path for path in kernels if path.endswith("cell/recurrent")}
     assert recurrent and observed == kernels - recurrent
+    # Every quantized layer, the bounded recurrence included, carries its bit width.
+    assert marked == kernels
 
 
 def test_disabled_quantization_reproduces_fp32_outputs_exactly():
@@ -296,6 +307,8 @@ def test_int8_apply_needs_converted_variables_and_enabled_quantization():
     model, _, calibrated = qat_setup()
     with pytest.raises(ValueError, match="'int8' collection"):
         int8_apply(model, calibrated, **INPUTS[0])
+    with pytest.raises(ValueError, match="not int8: convert"):
+        int8_apply(model, {**calibrated, "int8": convert(calibrated)["int8"]}, **INPUTS[0])
     disabled = QATTemporalFusionTransformer(CONFIG, QATConfig(bits=None))
     with pytest.raises(ValueError, match="bits is None"):
         int8_apply(disabled, convert(calibrated), **INPUTS[0])

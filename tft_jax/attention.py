@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from tft_jax._dropout import resolve_deterministic
+
 Array = Any
 Dtype = Any
 
@@ -172,9 +174,11 @@ class AttentionHead(nn.Module):
 class TemporalSelfAttention(nn.Module):
     """Multi-head self-attention over time with positional encoding, residual and LayerNorm.
 
-    `y = LayerNorm(h + Dropout(W_o · MultiHead(h)))` with `h = x + PE`; head `j`
-    uses columns `j·head_dim:(j+1)·head_dim` of the Q/K/V projections.
-    Shapes: `x (B, T, D) -> y (B, T, D)`, weights `(B, heads, T, T)`.
+    `y = LayerNorm(h + Dropout(W_o · MultiHead(h)))` with `h = x + PE`
+    (`h = x` with `use_positional_encoding=False`, e.g. for every block of a
+    stack but the first); head `j` uses columns `j·head_dim:(j+1)·head_dim` of
+    the Q/K/V projections. Shapes: `x (B, T, D) -> y (B, T, D)`, weights
+    `(B, heads, T, T)`.
 
     `use_flash_attention=True` computes the same function with
     `jax.nn.dot_product_attention` (cuDNN's fused kernel on GPU where it
@@ -182,6 +186,20 @@ class TemporalSelfAttention(nn.Module):
     on that path there is no dropout on them (dropout applies to the output
     projection only), and `return_weights=True` recomputes the weights with
     the explicit kernel.
+
+    Args (call):
+      x: `(B, T, D)`.
+      causal: step `t` attends to steps `s <= t` only.
+      deterministic: required when `dropout_rate > 0` (False: dropout on,
+        with the `'dropout'` RNG; True: off); may be left out without dropout.
+      return_weights: also return the attention weights `(B, heads, T, T)`.
+      temperature: divides the logits.
+      mask: optional boolean user mask, combined with `causal` (both must
+        allow a pair): `(B, T)` marks the valid steps (a padded step is never
+        attended to; its own output row is computed but meaningless), or
+        `(B, 1, T, T)` / `(B, heads, T, T)` with True = query may attend to
+        key. A query with no allowed key gets zero weights and a zero
+        attention output (`y = LayerNorm(h + b_out)` there), never NaN.
     """
 
     hidden_dim: int
@@ -189,6 +207,7 @@ class TemporalSelfAttention(nn.Module):
     dropout_rate: float = 0.0
     use_flash_attention: bool = False
     dtype: Dtype | None = None
+    use_positional_encoding: bool = True
 
     def __post_init__(self) -> None:
         for name in ("hidden_dim", "num_heads"):
@@ -217,33 +236,47 @@ class TemporalSelfAttention(nn.Module):
         self,
         x: Array,
         causal: bool = True,
-        deterministic: bool = True,
+        deterministic: bool | None = None,
         return_weights: bool = False,
         temperature: float | Array = 1.0,
+        mask: Array | None = None,
     ) -> Array | tuple[Array, Array]:
+        deterministic = resolve_deterministic(
+            "TemporalSelfAttention", deterministic, self.dropout_rate, self.is_initializing()
+        )
         _check_sequence("TemporalSelfAttention", x, self.hidden_dim)
         _check_concrete_positive("TemporalSelfAttention: temperature", temperature)
         dtype = self.dtype or x.dtype
         batch, steps, _ = x.shape
-        h = PositionalEncoding(self.hidden_dim)(x.astype(dtype))
+        allowed = attention_mask(mask, batch, steps, self.num_heads, causal)
+        h = x.astype(dtype)
+        if self.use_positional_encoding:
+            h = PositionalEncoding(self.hidden_dim)(h)
 
         def heads(name: str) -> Array:
             projected = nn.Dense(self.hidden_dim, dtype=dtype, name=name)(h)
             return projected.reshape(batch, steps, self.num_heads, self.head_dim)
 
         query, key, value = heads("query"), heads("key"), heads("value")
-        mask = causal_mask(steps, steps) if causal else None
         weights = None
         if self.use_flash_attention:
             scale = 1.0 / (math.sqrt(self.head_dim) * jnp.asarray(temperature, jnp.float32))
-            attended = jax.nn.dot_product_attention(
-                query, key, value, scale=scale, is_causal=causal
-            )
+            if mask is None:
+                attended = jax.nn.dot_product_attention(
+                    query, key, value, scale=scale, is_causal=causal
+                )
+            else:
+                attended = jax.nn.dot_product_attention(
+                    query, key, value, scale=scale, mask=allowed
+                )
+                # The fused softmax spreads a fully masked row uniformly; the contract is zeros.
+                any_allowed = jnp.swapaxes(jnp.any(allowed, axis=-1), 1, 2)[..., None]
+                attended = jnp.where(any_allowed, attended, jnp.zeros((), attended.dtype))
         else:
             # (B, heads, T, head_dim) layout for the explicit kernel.
             attended, weights = scaled_dot_product_attention(
                 *(jnp.swapaxes(t, 1, 2) for t in (query, key, value)),
-                mask=mask,
+                mask=allowed,
                 temperature=temperature,
                 dropout_rate=self.dropout_rate,
                 dropout_rng=None
@@ -261,7 +294,42 @@ class TemporalSelfAttention(nn.Module):
         if weights is None:
             _, weights = scaled_dot_product_attention(
                 *(jnp.swapaxes(t, 1, 2) for t in (query, key, value)),
-                mask=mask,
+                mask=allowed,
                 temperature=temperature,
             )
         return y, weights
+
+
+def attention_mask(
+    mask: Array | None, batch: int, steps: int, num_heads: int, causal: bool
+) -> Array | None:
+    """The boolean mask `(B, 1|heads, T, T)` (or `(T, T)`) allowed by `mask` and `causal`.
+
+    `mask` is None, `(B, T)` valid steps (keys outside are never attended
+    to), or `(B, 1|heads, T, T)` with True = may attend. Returns None when
+    nothing is masked.
+
+    Raises:
+      TypeError: `mask` is not boolean.
+      ValueError: `mask` has another shape (the message shows both).
+    """
+    causal_part = jnp.asarray(causal_mask(steps, steps)) if causal else None
+    if mask is None:
+        return causal_part
+    mask = jnp.asarray(mask)
+    if mask.dtype != jnp.bool_:
+        raise TypeError(f"TemporalSelfAttention: mask must be boolean, got dtype {mask.dtype}")
+    if mask.shape == (batch, steps):
+        mask = mask[:, None, None, :]
+    elif mask.ndim != 4 or mask.shape not in (
+        (batch, 1, steps, steps),
+        (batch, num_heads, steps, steps),
+    ):
+        raise ValueError(
+            f"TemporalSelfAttention: mask must have shape (B, T) = ({batch}, {steps}) or "
+            f"(B, 1|heads, T, T) = ({batch}, 1 or {num_heads}, {steps}, {steps}), "
+            f"got {tuple(mask.shape)}"
+        )
+    if causal_part is not None:
+        mask = mask & causal_part
+    return jnp.broadcast_to(mask, (batch, mask.shape[1], steps, steps))

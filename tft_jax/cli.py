@@ -910,7 +910,7 @@ def fp32_predictor(model: TemporalFusionTransformer, variables: Any) -> Callable
     @jax.jit
     def apply(variables: Any, batch: Batch) -> Any:
         args, kwargs = _inputs(batch)
-        return model.apply(variables, *args, **kwargs)
+        return model.apply(variables, *args, **kwargs, deterministic=True)
 
     return lambda batch: apply(variables, batch)
 
@@ -922,7 +922,7 @@ def qat_predictor(model: qat.QATTemporalFusionTransformer, variables: Any) -> Ca
     @jax.jit
     def apply(variables: Any, batch: Batch) -> Any:
         args, kwargs = _inputs(batch)
-        return model.apply(variables, *args, **kwargs, calibrate=False)
+        return model.apply(variables, *args, **kwargs, deterministic=True, calibrate=False)
 
     return lambda batch: apply(variables, batch)
 

@@ -17,6 +17,7 @@ from typing import Any
 import jax.numpy as jnp
 from flax import linen as nn
 
+from tft_jax._dropout import resolve_deterministic
 from tft_jax.linear import Linear, VariableLinear, variable_major_broadcast
 
 Array = Any
@@ -84,7 +85,8 @@ class FeatureLayerNorm(nn.Module):
 class GatedLinearUnit(nn.Module):
     """GLU with input dropout: `Dropout(x) -> (W4 x + b4) ⊙ σ(W5 x + b5)`, `(..., I) -> (..., F)`.
 
-    Both halves come from one fused projection to `2F`.
+    Both halves come from one fused projection to `2F`. With `dropout_rate > 0`
+    the call needs `deterministic` (True: inference, False: training).
     """
 
     features: int
@@ -96,7 +98,10 @@ class GatedLinearUnit(nn.Module):
     variable_major: bool = False
 
     @nn.compact
-    def __call__(self, x: Array, deterministic: bool = True) -> Array:
+    def __call__(self, x: Array, deterministic: bool | None = None) -> Array:
+        deterministic = resolve_deterministic(
+            "GatedLinearUnit", deterministic, self.dropout_rate, self.is_initializing()
+        )
         x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
         projected = make_dense(
             2 * self.features,
@@ -123,7 +128,10 @@ class GateAddNorm(nn.Module):
     variable_major: bool = False
 
     @nn.compact
-    def __call__(self, x: Array, skip: Array, deterministic: bool = True) -> Array:
+    def __call__(self, x: Array, skip: Array, deterministic: bool | None = None) -> Array:
+        deterministic = resolve_deterministic(
+            "GateAddNorm", deterministic, self.dropout_rate, self.is_initializing()
+        )
         gated = GatedLinearUnit(
             self.features,
             self.dropout_rate,
@@ -141,6 +149,17 @@ class GateAddNorm(nn.Module):
             variable_major=self.variable_major,
             name="layer_norm",
         )(skip.astype(gated.dtype) + gated)
+
+
+def _check_context(context: Array, x: Array, variable_major: bool) -> None:
+    """Raises `ValueError` unless `context` is `(B, C)` with `x`'s batch size."""
+    batch = x.shape[1] if variable_major else x.shape[0]
+    if jnp.ndim(context) != 2 or context.shape[0] != batch:
+        layout = "(V, B, ..., I)" if variable_major else "(B, ..., I)"
+        raise ValueError(
+            f"GatedResidualNetwork: context must have shape (B, C) = ({batch}, C) for x of "
+            f"shape {tuple(x.shape)} {layout}, got {tuple(jnp.shape(context))}"
+        )
 
 
 def _broadcast_context(context: Array, ndim: int, variable_major: bool) -> Array:
@@ -167,6 +186,12 @@ class GatedResidualNetwork(nn.Module):
         `(V, B, ..., I)` with `variable_major=True` as well.
       context: optional `(B, C)`, broadcast over every axis of `x` but the
         batch and the feature axis (time, variables).
+      deterministic: required when `dropout_rate > 0` (False: dropout on, with
+        the `'dropout'` RNG; True: off); may be left out without dropout.
+
+    Raises:
+      ValueError: `context` is not `(B, C)` with `x`'s batch size, or dropout
+        is on and `deterministic` was not given.
     """
 
     features: int
@@ -179,8 +204,15 @@ class GatedResidualNetwork(nn.Module):
     variable_major: bool = False
 
     @nn.compact
-    def __call__(self, x: Array, context: Array | None = None, deterministic: bool = True) -> Array:
+    def __call__(
+        self, x: Array, context: Array | None = None, deterministic: bool | None = None
+    ) -> Array:
+        deterministic = resolve_deterministic(
+            "GatedResidualNetwork", deterministic, self.dropout_rate, self.is_initializing()
+        )
         hidden = self.hidden_features or self.features
+        if context is not None:
+            _check_context(context, x, self.variable_major)
 
         def dense(features: int, name: str) -> nn.Module:
             return make_dense(

@@ -8,6 +8,7 @@ from typing import Any
 import jax.numpy as jnp
 from flax import linen as nn
 
+from tft_jax._dropout import resolve_deterministic
 from tft_jax.attention import scaled_dot_product_attention
 from tft_jax.linear import Linear
 
@@ -26,7 +27,8 @@ class InterpretableMultiHeadAttention(nn.Module):
 
     Args (call):
       queries: `(B, Tq, D)`; keys_values: `(B, Tk, D)`; mask: boolean
-      `(Tq, Tk)`, True = may attend.
+      `(Tq, Tk)`, True = may attend; deterministic: required when
+      `dropout_rate > 0` (False: dropout on, with the `'dropout'` RNG).
 
     Returns:
       `(output (B, Tq, D), weights (B, heads, Tq, Tk))`.
@@ -45,8 +47,20 @@ class InterpretableMultiHeadAttention(nn.Module):
         queries: Array,
         keys_values: Array,
         mask: Array | None = None,
-        deterministic: bool = True,
+        deterministic: bool | None = None,
     ) -> tuple[Array, Array]:
+        deterministic = resolve_deterministic(
+            "InterpretableMultiHeadAttention",
+            deterministic,
+            self.dropout_rate,
+            self.is_initializing(),
+        )
+        for name, x in (("queries", queries), ("keys_values", keys_values)):
+            if jnp.ndim(x) != 3:
+                raise ValueError(
+                    f"InterpretableMultiHeadAttention: {name} must be 3-D (B, T, D), got shape "
+                    f"{tuple(jnp.shape(x))}"
+                )
         head_dim = self.features // self.num_heads
 
         def project(features: int, name: str, x: Array) -> Array:

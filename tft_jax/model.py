@@ -11,6 +11,7 @@ import numpy as np
 from flax import linen as nn
 from flax import struct
 
+from tft_jax._dropout import resolve_deterministic
 from tft_jax.attention import causal_mask
 from tft_jax.config import TFTConfig
 from tft_jax.embeddings import CategoricalEmbedding, RealEmbedding
@@ -140,7 +141,10 @@ class TemporalFusionTransformer(nn.Module):
     whole attention block -> linear quantile head.
 
     `dot_general_cls` replaces every weight matmul (see `tft_jax.linear`); it
-    is how `qat` quantizes this very model. Dropout uses the `'dropout'` RNG.
+    is how `qat` quantizes this very model. Dropout uses the `'dropout'` RNG;
+    with `dropout_rate > 0` every `apply` must say `deterministic=True`
+    (inference) or `False` (training), or it raises `ValueError` (`init` may
+    leave it out).
     """
 
     config: TFTConfig
@@ -162,10 +166,13 @@ class TemporalFusionTransformer(nn.Module):
         future: Array,
         known_history: Array | None = None,
         static_categorical: Array | None = None,
-        deterministic: bool = True,
+        deterministic: bool | None = None,
     ) -> TFTOutput:
         cfg = self.config
         batch = validate_inputs(cfg, static, historical, future, known_history, static_categorical)
+        deterministic = resolve_deterministic(
+            "TemporalFusionTransformer", deterministic, cfg.dropout_rate, self.is_initializing()
+        )
         dtype = cfg.compute_dtype
         width = cfg.variable_width
         hidden = cfg.hidden_dim

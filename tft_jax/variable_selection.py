@@ -8,6 +8,7 @@ from typing import Any
 import jax.numpy as jnp
 from flax import linen as nn
 
+from tft_jax._dropout import resolve_deterministic
 from tft_jax.gating import GatedResidualNetwork
 
 Array = Any
@@ -48,8 +49,11 @@ class VariableSelectionNetwork(nn.Module):
 
     @nn.compact
     def __call__(
-        self, embedded: Array, context: Array | None = None, deterministic: bool = True
+        self, embedded: Array, context: Array | None = None, deterministic: bool | None = None
     ) -> tuple[Array, Array]:
+        deterministic = resolve_deterministic(
+            "VariableSelectionNetwork", deterministic, self.dropout_rate, self.is_initializing()
+        )
         width = embedded.shape[-1]
         common = dict(
             dropout_rate=self.dropout_rate,
