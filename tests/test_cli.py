@@ -8,7 +8,6 @@ persistent cache of tests/conftest.py a second run is much faster.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -26,8 +25,19 @@ from flax import serialization
 
 from tft_jax import cli
 from tft_jax.checkpoint import load_state
+from tft_jax.cli_parser import flag_message, forecaster_config
+from tft_jax.data import prepare_dataset
 from tft_jax.distributed import process_rows
 from tft_jax.evaluation import epoch_batches, fixed_batches
+from tft_jax.forecaster import (
+    Forecaster,
+    ForecasterConfig,
+    ModelConfig,
+    QATTrainingConfig,
+    TrainingConfig,
+)
+from tft_jax.forecaster.forecaster import check_global_batch
+from tft_jax.forecaster.training import sample_batch
 from tft_jax.model import TemporalFusionTransformer
 from tft_jax.train import create_train_state, make_optimizer, warmup_cosine_schedule
 
@@ -153,13 +163,15 @@ def test_multihost_flags_are_checked_before_joining_a_run(
 
 
 def test_global_batch_must_divide_over_every_device_of_every_process():
-    cli.check_global_batch(8, 4, 2)
+    check_global_batch(8, 4, 2)
     with pytest.raises(
-        cli.UsageError,
-        match=r"--batch-size \(6\) is the global batch .* 4 "
+        ValueError,
+        match=r"TrainingConfig.batch_size \(6\) is the global batch .* 4 "
         r"devices of 2 processes; use a multiple of 4",
     ):
-        cli.check_global_batch(6, 4, 2)
+        check_global_batch(6, 4, 2)
+    message = "TrainingConfig.batch_size (6) must be divisible by ..."
+    assert flag_message(message).startswith("--batch-size (6)")
 
 
 def _stack(batches):
@@ -168,7 +180,8 @@ def _stack(batches):
 
 def test_processes_read_their_own_rows_of_the_same_shuffled_global_batches(csv_path):
     args = cli.build_parser().parse_args(["train", *table_args(csv_path)])
-    windows = cli.load_dataset(cli.data_options(args)).train
+    settings = forecaster_config(args, qat=False)
+    windows = prepare_dataset(csv_path, **settings.data.prepare_options()).train
     for epoch in (0, 1):
         whole = list(epoch_batches(windows, 8, seed=3)(epoch))
         parts = [
@@ -196,12 +209,18 @@ def test_demo_options_parse_as_train_arguments():
 
 def test_compact_selection_flag_reaches_the_model_config_and_survives_config_json(csv_path):
     args = cli.build_parser().parse_args(["train", *table_args(csv_path), "--compact-selection"])
-    dataset = cli.load_dataset(cli.data_options(args))
-    config = cli.model_config(dataset, args)
-    assert config.compact_selection is True
-    assert cli.config_from_json(json.loads(json.dumps(dataclasses.asdict(config)))) == config
+    config = forecaster_config(args, qat=True)
+    assert config.model.compact_selection is True
+    assert ForecasterConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
     default = cli.build_parser().parse_args(["train", *table_args(csv_path)])
-    assert cli.model_config(dataset, default).compact_selection is False
+    assert forecaster_config(default, qat=False).model.compact_selection is False
+
+
+def test_every_flag_default_is_the_config_default(csv_path):
+    args = cli.build_parser().parse_args(["train", *table_args(csv_path)])
+    config = forecaster_config(args, qat=True)
+    assert config.model == ModelConfig() and config.training == TrainingConfig()
+    assert config.qat == QATTrainingConfig()
 
 
 def test_json_ready_turns_non_finite_floats_into_null():
@@ -245,14 +264,16 @@ def test_train_writes_metrics_of_all_four_models_with_finite_values(trained_run)
 @pytest.mark.slow
 def test_train_writes_the_config_it_used(trained_run, csv_path):
     config = json.loads((trained_run / "config.json").read_text())
-    assert config["data"]["csv"] == str(csv_path.resolve())
+    assert config["source"]["csv"] == str(csv_path.resolve())
     assert config["data"]["static_cols"] == ["size"]
     assert config["model"]["hidden_dim"] == 8 and config["model"]["num_heads"] == 2
     assert config["model"]["compact_selection"] is False
-    assert config["model"]["sequence_length"] == HISTORY
-    assert config["training"]["total_steps"] == 4
-    assert config["qat"]["enabled"] and config["qat"]["bits"] == 8
-    assert config["baseline"]["seasonal_naive_period"] == 7
+    assert config["tft_config"]["sequence_length"] == HISTORY
+    assert config["summary"]["fp32"]["total_steps"] == 4
+    assert config["qat"]["bits"] == 8 and config["qat"]["calibration_batches"] == 2
+    assert config["summary"]["qat"]["qat_config"]["calibration_batches"] == 2
+    assert config["season_period"] == 7
+    assert config["models"] == ["fp32", "qat", "int8"]
 
 
 @pytest.mark.slow
@@ -406,20 +427,23 @@ def test_two_processes_train_the_same_model_as_one_and_write_the_same_run(
     assert _run_files(out) == FP32_RUN_FILES
     assert FP32_RUN_FILES.issubset(_run_files(trained_run))  # later tests add files there
     config = json.loads((out / "config.json").read_text())
-    assert config["environment"]["processes"] == 2
+    assert config["versions"]["processes"] == 2
 
     # The checkpoint written by two processes restores on this process's one device.
-    data = cli.load_dataset(config["data"])
-    training = config["training"]
+    forecaster = Forecaster.load(out)
+    data = forecaster.prepare(csv_path)
+    training, steps = config["training"], config["summary"]["fp32"]
     tx = make_optimizer(
-        warmup_cosine_schedule(training["lr"], training["total_steps"], training["warmup_steps"]),
+        warmup_cosine_schedule(
+            training["learning_rate"], steps["total_steps"], steps["warmup_steps"]
+        ),
         clip_norm=training["clip_norm"],
     )
     template = create_train_state(
-        TemporalFusionTransformer(cli.config_from_json(config["model"])),
+        TemporalFusionTransformer(forecaster.tft_config),
         tx,
         jax.random.key(0),
-        cli._sample_batch(data, 8),
+        sample_batch(data, 8),
     )
     restored = load_state(out / "checkpoints" / "fp32", template)
     assert int(restored.step) == 4

@@ -16,12 +16,29 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from tft_jax.data import PreparedDataset
+from tft_jax.evaluation import (
+    Predictions,
+    fan_window_indices,
+    forecast_frame,
+    quantile_column,
+    subset,
+    to_original_units,
+)
+
 PathLike = str | pathlib.Path
 
 _BAND = "#9ecae1"
 _MEDIAN = "#08519c"
 _ACTUAL = "#252525"
 _ARMS = {True: "#1b9e77", False: "#d95f02"}
+
+MODEL_LABELS = {
+    "seasonal_naive": "seasonal naive",
+    "fp32": "TFT fp32",
+    "qat": "TFT QAT (fake-quant)",
+    "int8": "TFT int8",
+}
 
 
 def _save(figure: Figure, path: PathLike) -> pathlib.Path:
@@ -306,3 +323,133 @@ def plot_clipping_experiment(
         )
     )
     return _save(figure, path)
+
+
+def draw_run_plots(
+    dataset: PreparedDataset,
+    split: str,
+    predictions: dict[str, Predictions],
+    quantiles: Sequence[float],
+    history: dict[str, Any] | None,
+    directory: pathlib.Path,
+    interpret: str = "fp32",
+) -> list[pathlib.Path]:
+    """Fan charts per model, attention, variable importance and loss curves as PNGs."""
+    windows = dataset.split(split)
+    spec = dataset.spec
+    low, high = quantile_column(min(quantiles)), quantile_column(max(quantiles))
+    chosen = fan_window_indices(windows, per_series=7, max_series=6)
+    fan_windows = subset(windows, chosen)
+    written = []
+    context_steps = min(dataset.history, 2 * dataset.horizon)
+    frame = dataset.frame
+    context_rows = np.concatenate(
+        [np.arange(start - context_steps, start) for start in _first_starts(fan_windows)]
+    )
+    context = frame.iloc[context_rows][[spec.id_col, spec.time_col, spec.target]].rename(
+        columns={spec.target: "actual"}
+    )
+    for name, prediction in predictions.items():
+        table = forecast_frame(
+            dataset,
+            fan_windows,
+            to_original_units(dataset, fan_windows, prediction.quantiles[chosen]),
+            quantiles,
+        )
+        written.append(
+            plot_forecast_fans(
+                directory / f"forecasts_{name}.png",
+                table,
+                context,
+                id_col=spec.id_col,
+                time_col=spec.time_col,
+                lower=low,
+                median="p50",
+                upper=high,
+                title=f"{MODEL_LABELS[name]}: {split} forecasts ({low}-{high} band, median)",
+                units=spec.target,
+            )
+        )
+    shown = predictions.get(interpret) or next(iter(predictions.values()))
+    written.append(
+        plot_attention(
+            directory / "attention.png",
+            shown.attention,
+            dataset.history,
+            title=f"{MODEL_LABELS[interpret]}: attention over the history ({split} mean)",
+        )
+    )
+    history_names = (
+        dataset.history_weight_names
+        if len(shown.history_weights) == len(dataset.history_weight_names)
+        else dataset.observed_feature_names
+    )
+    written.append(
+        plot_variable_importance(
+            directory / "variable_importance.png",
+            [
+                ("static inputs", dataset.static_weight_names, shown.static_weights),
+                ("history inputs", history_names, shown.history_weights),
+                ("future inputs", dataset.known_feature_names, shown.future_weights),
+            ],
+            title=f"{MODEL_LABELS[interpret]}: variable selection weights ({split} mean)",
+        )
+    )
+    if history:
+        written.append(plot_loss_curves(directory / "loss_curves.png", history))
+    return written
+
+
+def _first_starts(windows: Any) -> list[int]:
+    """First forecast row of each series among `windows` (in series order)."""
+    codes = windows.series_code
+    return [int(windows.starts[np.nonzero(codes == code)[0][0]]) for code in np.unique(codes)]
+
+
+def plot_future(
+    path: PathLike,
+    forecast: pd.DataFrame,
+    history: pd.DataFrame,
+    *,
+    id_col: str,
+    time_col: str,
+    target: str,
+    quantiles: Sequence[float],
+    tail: int,
+    series: Sequence[Any] | None = None,
+    title: str = "",
+) -> pathlib.Path:
+    """Fan chart of the forecast after the end of the data, one panel per series.
+
+    Args:
+      path: the PNG to write.
+      forecast: `Forecaster.predict` output (id, time, `q<level>` columns).
+      history: the history table (id, time, target); its last `tail` steps
+        per series are drawn before the forecast.
+      id_col, time_col, target: the column names.
+      quantiles: the levels; the band spans the lowest to the highest.
+      tail: history steps shown per series.
+      series: the series to draw (default all), in that order.
+      title: figure title.
+    """
+    if series is not None:
+        unknown = [name for name in series if name not in set(forecast[id_col])]
+        if unknown:
+            raise ValueError(
+                f"series {unknown} are not in the forecast; it has "
+                f"{list(pd.unique(forecast[id_col]))}"
+            )
+        forecast = forecast[forecast[id_col].isin(series)]
+    rows = forecast.copy()
+    rows[time_col] = pd.to_datetime(rows[time_col])
+    rows["forecast_start"] = rows.groupby(id_col)[time_col].transform("min")
+    rows["actual"] = np.nan
+    context = history[[id_col, time_col, target]].rename(columns={target: "actual"})
+    context = context[context[id_col].isin(set(rows[id_col]))].copy()
+    context[time_col] = pd.to_datetime(context[time_col])
+    context = context.sort_values(time_col).groupby(id_col).tail(tail)
+    low, high = f"q{min(quantiles):g}", f"q{max(quantiles):g}"
+    return plot_forecast_fans(
+        path, rows, context, id_col=id_col, time_col=time_col, lower=low, median="q0.5",
+        upper=high, title=title, units=target,
+    )  # fmt: skip

@@ -177,8 +177,8 @@ class ModelConfig:
         _require_float(owner, "dropout_rate", self.dropout_rate, 0.0, 1.0, open_low=False)
         if self.hidden_dim % self.num_heads:
             raise ValueError(
-                f"{owner}.hidden_dim ({self.hidden_dim}) must be divisible by num_heads "
-                f"({self.num_heads})"
+                f"{owner}.hidden_dim ({self.hidden_dim}) must be divisible by "
+                f"{owner}.num_heads ({self.num_heads})"
             )
         if not isinstance(self.compact_selection, bool):
             raise TypeError(

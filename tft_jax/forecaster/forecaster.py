@@ -67,9 +67,15 @@ def monotone(quantiles: np.ndarray) -> np.ndarray:
     return np.sort(np.asarray(quantiles, dtype=np.float64), axis=-1)
 
 
-def _check_global_batch(batch_size: int) -> None:
-    """Raises unless the global batch splits evenly over every device of every process."""
-    devices, processes = jax.device_count(), jax.process_count()
+def check_global_batch(
+    batch_size: int, devices: int | None = None, processes: int | None = None
+) -> None:
+    """Raises unless the global batch splits evenly over every device of every process.
+
+    `devices` and `processes` default to what JAX sees.
+    """
+    devices = jax.device_count() if devices is None else devices
+    processes = jax.process_count() if processes is None else processes
     if batch_size % devices:
         where = f" of {processes} processes" if processes > 1 else ""
         raise ValueError(
@@ -217,9 +223,8 @@ class Forecaster:
         period = data.season_period or seasonal_period(data.freq)
         if period > dataset.history:
             raise ValueError(
-                f"the seasonal naive period ({period} steps) exceeds the history "
-                f"({dataset.history}); lengthen DataConfig.history or set a shorter "
-                "DataConfig.season_period"
+                f"the seasonal naive period ({period} steps) exceeds DataConfig.history "
+                f"({dataset.history}); lengthen it or set a shorter DataConfig.season_period"
             )
         return period
 
@@ -250,7 +255,7 @@ class Forecaster:
         """
         started = time.perf_counter()
         settings = self.config
-        _check_global_batch(settings.training.batch_size)
+        check_global_batch(settings.training.batch_size)
         dataset = prepare_dataset(table, **settings.data.prepare_options())
         period = self._season_period(dataset)
         tft_config = TFTConfig(

@@ -1,0 +1,218 @@
+"""`Forecaster`: forecasts after the end of the data, save/load, evaluation, bad input.
+
+One tiny FP32 model is fitted once on the synthetic stores table (three
+daily series, a known promotion column, an observed temperature, a static
+size); every test reads it. The QAT and int8 forms are exercised through the
+CLI's trained run in `tests/test_cli.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tft_jax.data import WindowSet
+from tft_jax.evaluation import to_original_units
+from tft_jax.forecaster import (
+    DataConfig,
+    Forecaster,
+    ModelConfig,
+    RunFolderError,
+    TrainingConfig,
+)
+from tft_jax.forecaster.forecaster import monotone
+
+from .cli_tables import HISTORY, HORIZON, write_table
+
+DATA = DataConfig(
+    id_col="store", time_col="day", target="sales", freq="D", static_cols=("size",),
+    known_cols=("promo",), observed_cols=("temperature",), history=HISTORY, horizon=HORIZON,
+    validation_fraction=0.15, test_fraction=0.15,
+)  # fmt: skip
+QUANTILES = ["q0.1", "q0.5", "q0.9"]
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    """`(forecaster, table, saved folder)`; the training CSV is deleted after fitting."""
+    folder = tmp_path_factory.mktemp("forecaster")
+    csv = write_table(folder / "stores.csv")
+    table = pd.read_csv(csv)
+    forecaster = Forecaster(
+        DATA,
+        ModelConfig(hidden_dim=8, num_heads=2),
+        TrainingConfig(batch_size=8, max_steps=3, eval_every=3, validation_windows=16,
+                       eval_batch_size=16),
+    ).fit(csv, quiet=True)  # fmt: skip
+    saved = forecaster.save(folder / "run")
+    csv.unlink()
+    return forecaster, table, saved
+
+
+def cut(table: pd.DataFrame, day: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """History before `day`, and the known column over the H days from `day`."""
+    history = table[table["day"] < day]
+    days = pd.date_range(day, periods=HORIZON, freq="D").strftime("%Y-%m-%d")
+    future = table[table["day"].isin(days)][["store", "day", "promo"]]
+    return history, future
+
+
+def test_forecasts_start_one_step_after_each_series_end_and_survive_save_and_load(fitted):
+    forecaster, table, saved = fitted
+    history, future = cut(table, "2024-03-30")
+    history = history[~((history["store"] == "beta") & (history["day"] >= "2024-03-27"))]
+    future = pd.concat(
+        [
+            future[future["store"] != "beta"],
+            table[(table["store"] == "beta") & table["day"].between("2024-03-27", "2024-04-02")][
+                ["store", "day", "promo"]
+            ],
+        ]
+    )
+    forecast = forecaster.predict(history, future)
+    assert list(forecast.columns) == ["store", "day", *QUANTILES]
+    for store, rows in forecast.groupby("store"):
+        last = pd.Timestamp(history[history["store"] == store]["day"].max())
+        expected = pd.date_range(last + pd.Timedelta(days=1), periods=HORIZON, freq="D")
+        np.testing.assert_array_equal(pd.DatetimeIndex(rows["day"]), expected)
+    values = forecast[QUANTILES].to_numpy()
+    assert np.isfinite(values).all()
+    assert (np.diff(values, axis=1) >= 0).all()
+    loaded = Forecaster.load(saved)  # the training CSV is gone
+    pd.testing.assert_frame_equal(loaded.predict(history, future), forecast)
+
+
+def test_the_model_reads_the_known_column_of_the_future_table(fitted):
+    forecaster, table, _ = fitted
+    history, future = cut(table, "2024-03-30")
+    flipped = future.assign(promo=1.0 - future["promo"])
+    base = forecaster.predict(history, future)[QUANTILES].to_numpy()
+    changed = forecaster.predict(history, flipped)[QUANTILES].to_numpy()
+    assert np.abs(base - changed).max() > 1e-4
+
+
+def test_predicting_from_a_truncated_table_equals_the_test_window_at_that_origin(fitted):
+    forecaster, table, _ = fitted
+    dataset = forecaster.prepare(table)
+    test = dataset.test
+    origin = test.forecast_start[0]
+    at_origin = test.starts[test.forecast_start == origin]
+    windows = WindowSet(dataset.panel, at_origin, HISTORY, HORIZON)
+    predicted = forecaster.predictions(dataset, windows, ["fp32"])["fp32"]
+    expected = monotone(to_original_units(dataset, windows, predicted.quantiles))
+    history, future = cut(table, origin.strftime("%Y-%m-%d"))
+    forecast = forecaster.predict(history, future)
+    got = forecast[QUANTILES].to_numpy().reshape(len(at_origin), HORIZON, 3)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_backtest_scores_each_cutoff_step_apart(fitted):
+    forecaster, table, _ = fitted
+    result = forecaster.backtest(table, n_windows=3, step=2)
+    cutoffs = sorted(result["cutoff"].unique())
+    last = pd.Timestamp(table["day"].max()) - pd.Timedelta(days=HORIZON - 1)
+    assert cutoffs == [last - pd.Timedelta(days=2 * k) for k in (2, 1, 0)]
+    assert set(result["model"]) == {"seasonal_naive", "fp32"}
+    assert (result["windows"] == 3).all()
+    assert np.isfinite(result[["p50_q_risk", "p90_q_risk"]].to_numpy()).all()
+
+
+def test_a_series_unseen_in_training_is_forecast_with_a_warning(fitted):
+    forecaster, table, _ = fitted
+    history, future = cut(table, "2024-03-30")
+    new = history[history["store"] == "alpha"].assign(store="delta")
+    new_future = future[future["store"] == "alpha"].assign(store="delta")
+    with pytest.warns(UserWarning, match=r"series \['delta'\] were not in the training data"):
+        forecast = forecaster.predict(new, new_future)
+    assert set(forecast["store"]) == {"delta"}
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda f: f[f["store"] != "beta"], r"no row for series 'beta' at 2024-03-30"),
+        (lambda f: f.iloc[1:], r"no row for series 'alpha' at 2024-03-30"),
+        (lambda f: f.drop(columns="promo"), r"future lacks the columns \['promo'\]"),
+        (
+            lambda f: f.assign(promo=np.where(np.arange(len(f)) == 2, np.nan, f["promo"])),
+            r"future column 'promo' is empty for series 'alpha' at 2024-04-01",
+        ),
+        (lambda f: pd.concat([f, f.iloc[:1]]), r"future repeats series 'alpha' at 2024-03-30"),
+        (
+            lambda f: pd.concat([f, f.iloc[:1].assign(day="2024-05-01")]),
+            r"rows outside the forecast steps, e.g. series 'alpha' at 2024-05-01",
+        ),
+        (
+            lambda f: pd.concat([f, f.iloc[:1].assign(store="omega")]),
+            r"future has series \['omega'\] that the history does not",
+        ),
+    ],
+)
+def test_a_bad_future_table_is_named_in_the_error(fitted, edit, message):
+    forecaster, table, _ = fitted
+    history, future = cut(table, "2024-03-30")
+    with pytest.raises(ValueError, match=message):
+        forecaster.predict(history, edit(future.reset_index(drop=True)))
+
+
+def test_known_columns_need_a_future_table_and_models_must_exist(fitted):
+    forecaster, table, _ = fitted
+    history, _ = cut(table, "2024-03-30")
+    with pytest.raises(ValueError, match=r"future is required: the model uses the known columns"):
+        forecaster.predict(history)
+    with pytest.raises(ValueError, match=r"model must be one of \('fp32', 'qat', 'int8'\)"):
+        forecaster.predict(history, model="fp16")
+    with pytest.raises(ValueError, match=r"model='int8' was not trained"):
+        forecaster.predict(history, model="int8")
+
+
+def test_a_short_history_names_the_series(fitted):
+    forecaster, table, _ = fitted
+    history, future = cut(table, "2024-03-30")
+    short = history[~((history["store"] == "gamma") & (history["day"] < "2024-03-25"))]
+    with pytest.raises(ValueError, match=r"series 'gamma' spans 5 steps .* forecasting needs"):
+        forecaster.predict(short, future)
+
+
+def test_an_incomplete_or_foreign_run_folder_is_refused(fitted, tmp_path):
+    _, _, saved = fitted
+    broken = tmp_path / "broken"
+    shutil.copytree(saved, broken)
+    (broken / "models" / "fp32.msgpack").unlink()
+    with pytest.raises(RunFolderError, match=r"fp32.msgpack does not exist"):
+        Forecaster.load(broken)
+    foreign = tmp_path / "foreign"
+    shutil.copytree(saved, foreign)
+    config = json.loads((foreign / "config.json").read_text())
+    config["format_version"] = 99
+    (foreign / "config.json").write_text(json.dumps(config))
+    with pytest.raises(RunFolderError, match=r"version 99, .* reads 'tft-jax-forecaster' version 1"):
+        Forecaster.load(foreign)
+    with pytest.raises(RunFolderError, match=r"config.json does not exist"):
+        Forecaster.load(tmp_path)
+
+
+def test_evaluate_on_the_training_table_reports_every_model_and_the_baseline(fitted):
+    forecaster, table, _ = fitted
+    metrics = forecaster.evaluate(table)
+    assert set(metrics["models"]) == {"seasonal_naive", "fp32"}
+    assert metrics["windows"] == len(forecaster.prepare(table).test)
+    assert metrics["seasonal_naive_period"] == 7
+
+
+def test_unfitted_forecaster_says_so():
+    with pytest.raises(RuntimeError, match=r"not fitted; call fit\(df\)"):
+        Forecaster(DATA).predict(pd.DataFrame())
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match=r"ModelConfig.hidden_dim \(10\) must be divisible"):
+        ModelConfig(hidden_dim=10, num_heads=4)
+    with pytest.raises(ValueError, match=r"DataConfig: give both validation_start and test_start"):
+        DataConfig(**{**DATA.__dict__, "validation_start": "2024-03-01"})
+    with pytest.raises(TypeError, match=r"DataConfig.known_cols must be a list of column names"):
+        DataConfig(**{**DATA.__dict__, "known_cols": "promo"})

@@ -1,0 +1,495 @@
+"""The `tft-jax` command-line options: each flag named once, bound to a config field.
+
+A flag's default and the range its help states come from the config
+dataclass field it sets (`tft_jax.forecaster.config`), so argparse, the
+`Forecaster`, `config.json` and the README cannot disagree. Errors that a
+config raises name its field (`ModelConfig.hidden_dim`); `flag_message`
+rewrites them with the flag (`--hidden-dim`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import pathlib
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tft_jax.data import TARGET_SCALERS
+from tft_jax.experiments import ClippingSettings
+from tft_jax.forecaster.config import (
+    DEMO,
+    DataConfig,
+    ForecasterConfig,
+    ModelConfig,
+    QATTrainingConfig,
+    TrainingConfig,
+    field_default,
+)
+
+SECTIONS: dict[str, type] = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "training": TrainingConfig,
+    "qat": QATTrainingConfig,
+}
+
+
+class UsageError(ValueError):
+    """A command-line argument that cannot be used; printed without a traceback."""
+
+
+def _bounded(kind: Callable[[str], Any], low: float, inclusive: bool, what: str):
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < low or (not inclusive and value == low):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text}")
+        return value
+
+    return parse
+
+
+positive_int = _bounded(int, 1, True, "an integer >= 1")
+non_negative_int = _bounded(int, 0, True, "an integer >= 0")
+positive_float = _bounded(float, 0.0, False, "a number > 0")
+non_negative_float = _bounded(float, 0.0, True, "a number >= 0")
+
+
+def fraction(text: str) -> float:
+    value = non_negative_float(text)
+    if value >= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text}")
+    return value
+
+
+def clip_norm_value(text: str) -> float | None:
+    return None if text.strip().lower() == "none" else positive_float(text)
+
+
+def column_list(values: Sequence[str] | None) -> tuple[str, ...]:
+    """Column names given as separate words and/or comma-separated lists."""
+    if not values:
+        return ()
+    return tuple(name.strip() for value in values for name in value.split(",") if name.strip())
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One flag bound to `section.field` of the settings."""
+
+    flag: str
+    section: str
+    field: str
+    help: str
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+    def default(self, overrides: dict[str, Any]) -> Any:
+        if self.flag in overrides:
+            return overrides[self.flag]
+        field = SECTIONS[self.section].__dataclass_fields__[self.field]
+        return (
+            None
+            if field.default is dataclasses.MISSING
+            else field_default(SECTIONS[self.section], self.field)
+        )
+
+
+def _columns(help_text: str) -> dict[str, Any]:
+    return {"nargs": "*", "default": None, "metavar": "COL", "help": help_text}
+
+
+DATA_OPTIONS = (
+    Option("--id-col", "data", "id_col", "series id column (required with --csv)"),
+    Option("--time-col", "data", "time_col", "time column (required with --csv)"),
+    Option("--target", "data", "target", "column to forecast (required with --csv)"),
+    Option("--static-cols", "data", "static_cols", "real-valued columns constant per series",
+           {"nargs": "*", "metavar": "COL"}),
+    Option("--known-cols", "data", "known_cols",
+           "columns known in advance (calendar inputs are generated)",
+           {"nargs": "*", "metavar": "COL"}),
+    Option("--observed-cols", "data", "observed_cols",
+           "columns known only up to the forecast start", {"nargs": "*", "metavar": "COL"}),
+    Option("--freq", "data", "freq",
+           "pandas frequency alias, e.g. h, D, 15min, W, MS (required with --csv)"),
+    Option("--timezone", "data", "timezone", "IANA zone calendar inputs are read in"),
+    Option("--history", "data", "history", "history length T in steps", {"type": positive_int}),
+    Option("--horizon", "data", "horizon", "forecast horizon H in steps", {"type": positive_int}),
+    Option("--validation-fraction", "data", "validation_fraction",
+           "share of the time span for validation", {"type": fraction}),
+    Option("--test-fraction", "data", "test_fraction",
+           "share of the time span for testing, at the end", {"type": fraction}),
+    Option("--validation-start", "data", "validation_start",
+           "first time of the validation period (with --test-start, instead of the fractions)",
+           {"metavar": "TIMESTAMP"}),
+    Option("--test-start", "data", "test_start",
+           "first time of the test period (with --validation-start)", {"metavar": "TIMESTAMP"}),
+    Option("--scaler", "data", "scaler", "per-series target scaling",
+           {"choices": TARGET_SCALERS}),
+    Option("--train-stride", "data", "train_stride", "keep every n-th training window per series",
+           {"type": positive_int}),
+    Option("--season-period", "data", "season_period",
+           "seasonal naive period in steps (default from --freq: 24 hourly, 7 daily, "
+           "5 business-daily, 52 weekly, 12 monthly, 4 quarterly)", {"type": positive_int}),
+)  # fmt: skip
+MODEL_OPTIONS = (
+    Option("--hidden-dim", "model", "hidden_dim", "model width D", {"type": positive_int}),
+    Option("--heads", "model", "num_heads", "attention heads, dividing --hidden-dim",
+           {"type": positive_int}),
+    Option("--dropout", "model", "dropout_rate", "dropout", {"type": fraction}),
+    Option("--variable-hidden-dim", "model", "variable_hidden_dim",
+           "width of each input variable's GRN (default: --hidden-dim)", {"type": positive_int}),
+    Option("--compact-selection", "model", "compact_selection",
+           "selection GRNs of width min(--hidden-dim, variables), as pytorch-forecasting",
+           {"action": "store_true"}),
+    Option("--quantiles", "model", "quantiles",
+           "quantile levels, must include 0.5 and 0.9", {"type": float, "nargs": "+"}),
+)  # fmt: skip
+TRAINING_OPTIONS = (
+    Option("--epochs", "training", "epochs", "passes over the training windows",
+           {"type": positive_int}),
+    Option("--max-steps", "training", "max_steps", "stop after this many steps",
+           {"type": positive_int}),
+    Option("--batch-size", "training", "batch_size", "global batch", {"type": positive_int}),
+    Option("--lr", "training", "learning_rate",
+           "peak learning rate of the warmup + cosine schedule", {"type": positive_float}),
+    Option("--warmup-steps", "training", "warmup_steps",
+           "linear warmup steps (default: 5%% of the steps, at most 200)",
+           {"type": non_negative_int}),
+    Option("--clip-norm", "training", "clip_norm",
+           "clip_by_global_norm threshold; 'none' disables", {"type": clip_norm_value}),
+    Option("--weight-decay", "training", "weight_decay", "AdamW weight decay",
+           {"type": non_negative_float}),
+    Option("--patience", "training", "patience",
+           "early stopping: evaluations without improvement (default: none)",
+           {"type": positive_int}),
+    Option("--eval-every", "training", "eval_every",
+           "steps between validation evaluations (default: once per epoch)",
+           {"type": positive_int}),
+    Option("--val-windows", "training", "validation_windows",
+           "validation windows per evaluation, evenly spaced", {"type": positive_int}),
+    Option("--seed", "training", "seed", "random seed", {"type": non_negative_int}),
+)  # fmt: skip
+QAT_OPTIONS = (
+    Option("--qat-steps", "qat", "steps", "QAT fine-tuning steps", {"type": positive_int}),
+    Option("--qat-lr", "qat", "learning_rate", "peak QAT learning rate", {"type": positive_float}),
+    Option("--qat-calibration-batches", "qat", "calibration_batches",
+           "training batches the activation observers see before QAT", {"type": positive_int}),
+    Option("--qat-observer-steps", "qat", "observer_steps",
+           "first QAT steps during which the observers keep updating (0: frozen after "
+           "calibration)", {"type": non_negative_int}),
+    Option("--qat-bits", "qat", "bits", "integer width",
+           {"type": int, "choices": range(2, 9), "metavar": "{2..8}"}),
+)  # fmt: skip
+EVAL_BATCH = Option(
+    "--eval-batch-size",
+    "training",
+    "eval_batch_size",
+    "windows per batch when predicting",
+    {"type": positive_int},
+)
+ALL_OPTIONS = (*DATA_OPTIONS, *MODEL_OPTIONS, *TRAINING_OPTIONS, *QAT_OPTIONS, EVAL_BATCH)
+
+
+def add_options(
+    group: Any, options: Sequence[Option], overrides: dict[str, Any] | None = None
+) -> None:
+    """Adds `options` to an argparse group, defaults from the config fields (or `overrides`)."""
+    overrides = overrides or {}
+    for option in options:
+        default = option.default(overrides)
+        kwargs = dict(option.kwargs)
+        text = option.help
+        if kwargs.get("action") != "store_true" and default not in (None, ()):
+            shown = " ".join(map(str, default)) if isinstance(default, tuple) else default
+            text = f"{text} (default {shown})"
+        if kwargs.get("nargs") in ("*", "+") and isinstance(default, tuple):
+            default = list(default)
+        group.add_argument(option.flag, default=default, help=text, **kwargs)
+
+
+def section_values(args: argparse.Namespace, section: str) -> dict[str, Any]:
+    """The fields of `section` that flags of `args` set."""
+    values = {}
+    for option in ALL_OPTIONS:
+        if option.section == section and hasattr(args, option.dest):
+            value = getattr(args, option.dest)
+            if option.field in ("static_cols", "known_cols", "observed_cols"):
+                value = column_list(value)
+            elif isinstance(value, list):
+                value = tuple(value)
+            values[option.field] = value
+    return values
+
+
+_FIELD = re.compile(r"\b(DataConfig|ModelConfig|TrainingConfig|QATTrainingConfig)\.(\w+)")
+_OWNER = {cls.__name__: section for section, cls in SECTIONS.items()}
+
+
+def flag_message(message: str) -> str:
+    """A config error with each `Config.field` replaced by the flag that sets it."""
+
+    def flag(match: re.Match[str]) -> str:
+        section, field = _OWNER[match.group(1)], match.group(2)
+        for option in ALL_OPTIONS:
+            if option.section == section and option.field == field:
+                return option.flag
+        return match.group(0)
+
+    return _FIELD.sub(flag, message)
+
+
+def forecaster_config(args: argparse.Namespace, qat: bool) -> ForecasterConfig:
+    """The settings the parsed arguments describe; the bundled data without `--csv`."""
+    data_values = section_values(args, "data")
+    table_flags = ("id_col", "time_col", "target", "freq")
+    if getattr(args, "csv", None) is None:
+        given = [
+            option.flag
+            for option in DATA_OPTIONS
+            if option.field
+            in ("id_col", "time_col", "target", "freq", "static_cols", "known_cols",
+                "observed_cols", "timezone")
+            and data_values.get(option.field)
+        ]  # fmt: skip
+        if given:
+            raise UsageError(
+                f"{', '.join(given)} describe a table but no --csv was given; pass --csv PATH "
+                "(without --csv the bundled pedestrian data is used)"
+            )
+        for name in (*table_flags, "static_cols", "known_cols", "observed_cols", "timezone"):
+            data_values.pop(name)
+        make_data = DataConfig.pedestrian
+    else:
+        missing = [
+            option.flag
+            for option in DATA_OPTIONS
+            if option.field in table_flags and not data_values.get(option.field)
+        ]
+        if missing:
+            raise UsageError(f"--csv needs {', '.join(missing)} as well")
+        if not pathlib.Path(args.csv).is_file():
+            raise UsageError(f"--csv {args.csv}: no such file")
+        make_data = DataConfig
+    try:
+        return ForecasterConfig(
+            data=make_data(**data_values),
+            model=ModelConfig(**section_values(args, "model")),
+            training=TrainingConfig(**section_values(args, "training")),
+            qat=QATTrainingConfig(**section_values(args, "qat")) if qat else None,
+        )
+    except (ValueError, TypeError) as error:
+        raise UsageError(flag_message(str(error))) from None
+
+
+SPLITS = ("train", "validation", "test")
+DEFAULT_CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser()
+DEFAULT_COMPILE_CACHE = DEFAULT_CACHE / "tft-jax" / "jax"
+CLIPPING_DEFAULTS = {
+    "--history": 48,
+    "--horizon": 24,
+    "--hidden-dim": 16,
+    "--heads": 2,
+    "--variable-hidden-dim": 8,
+}
+
+
+def demo_argv() -> list[str]:
+    """The `tft-jax train` arguments of the demo (`tft_jax.forecaster.DEMO`)."""
+    argv = ["--qat"]
+    sections = dataclasses.asdict(DEMO)
+    for option in (*DATA_OPTIONS, *MODEL_OPTIONS, *TRAINING_OPTIONS, *QAT_OPTIONS):
+        value = sections[option.section][option.field]
+        if option.field in ("id_col", "time_col", "target", "freq", "timezone"):
+            continue  # the bundled table is the default data
+        if value is None or value == () or value == option.default({}):
+            continue
+        argv += (
+            [option.flag, *map(str, value)]
+            if isinstance(value, tuple)
+            else [f"{option.flag}={value}"]
+        )
+    return argv
+
+
+def _runtime(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("runtime")
+    group.add_argument("--quiet", action="store_true", help="no progress bars")
+    group.add_argument(
+        "--compile-cache",
+        default=str(DEFAULT_COMPILE_CACHE),
+        help=f"persistent XLA compilation cache, or 'none' (default {DEFAULT_COMPILE_CACHE})",
+    )
+    add_options(group, [EVAL_BATCH])
+
+
+def _run_argument(parser: argparse.ArgumentParser, table_help: str) -> None:
+    parser.add_argument("--run", type=pathlib.Path, required=True, help="a `tft-jax train` folder")
+    parser.add_argument("--csv", type=pathlib.Path, help=table_help)
+
+
+def _model_choice(parser: argparse.ArgumentParser, default_help: str) -> None:
+    parser.add_argument("--model", choices=("fp32", "qat", "int8"), help=default_help)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `tft-jax` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="tft-jax",
+        description="Temporal Fusion Transformer in JAX: train, quantize, evaluate, forecast.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    train = commands.add_parser(
+        "train",
+        help="train the TFT (and with --qat quantize it)",
+        description="Train the FP32 TFT, optionally fine-tune with QAT and convert to int8; "
+        "evaluate on the test split and plot.",
+    )
+    data = train.add_argument_group(
+        "data", "a long-format table (default: the bundled Melbourne pedestrian counts)"
+    )
+    data.add_argument("--csv", type=pathlib.Path, help="long-format CSV, one row per series/time")
+    add_options(data, DATA_OPTIONS)
+    add_options(train.add_argument_group("model"), MODEL_OPTIONS)
+    group = train.add_argument_group("training")
+    add_options(group, TRAINING_OPTIONS)
+    group.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=pathlib.Path("runs/latest"),
+        help="output folder (default runs/latest)",
+    )
+    group.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its newest intact checkpoint",
+    )
+    group.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="delete the checkpoints of an earlier run in --out first",
+    )
+    group = train.add_argument_group("quantization-aware training")
+    group.add_argument(
+        "--qat",
+        action="store_true",
+        help="after FP32 training: QAT fine-tuning, then int8 conversion",
+    )
+    add_options(group, QAT_OPTIONS)
+    _runtime(train)
+    group = train.add_argument_group(
+        "distributed",
+        "one process per host, all three flags together (jax.distributed.initialize); "
+        "--batch-size is the global batch, divisible by the total device count",
+    )
+    group.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0")
+    group.add_argument("--num-processes", type=positive_int, metavar="N", help="processes")
+    group.add_argument("--process-id", type=non_negative_int, metavar="I", help="0..N-1")
+
+    predict = commands.add_parser(
+        "predict",
+        help="forecast the steps after the end of a table",
+        description="Quantile forecasts of the H steps after each series' last time in --csv "
+        "(columns: id, time, q<level>, in the target's units).",
+    )
+    predict.add_argument("--run", type=pathlib.Path, required=True, help="a `tft-jax train` folder")
+    predict.add_argument("--csv", type=pathlib.Path, required=True, help="history, long format")
+    predict.add_argument(
+        "--future-csv",
+        type=pathlib.Path,
+        help="known columns for the H steps after each series' end",
+    )
+    predict.add_argument("--out", type=pathlib.Path, required=True, help="forecasts CSV to write")
+    _model_choice(predict, "default: int8 when the run has it, else fp32")
+    _runtime(predict)
+
+    for name, text in (
+        ("evaluate", "recompute metrics.json of a run (any split)"),
+        ("forecast", "write a CSV of the forecasts of a split's windows, with actuals"),
+        ("plot", "redraw a run's plots, and the forecast after the end of the table"),
+    ):
+        sub = commands.add_parser(name, help=text, description=text)
+        _run_argument(sub, "the table (default: the one the run was trained on)")
+        sub.add_argument("--split", choices=SPLITS, default="test", help="default test")
+        _runtime(sub)
+        if name == "forecast":
+            _model_choice(sub, "default: int8 when the run has it, else fp32")
+            sub.add_argument(
+                "--output",
+                type=pathlib.Path,
+                help="CSV path (default RUN/forecasts_<model>_<split>.csv)",
+            )
+        if name == "plot":
+            _model_choice(sub, "model whose attention, weights and future are drawn (default fp32)")
+            sub.add_argument(
+                "--future-csv",
+                type=pathlib.Path,
+                help="known columns after the table's end (models with known columns)",
+            )
+            sub.add_argument(
+                "--series", nargs="+", metavar="ID", help="series of the future chart (default all)"
+            )
+
+    demo = commands.add_parser(
+        "demo",
+        help="the whole pipeline on the pedestrian data",
+        description="Train, QAT fine-tune, convert to int8, evaluate and plot on the bundled "
+        "pedestrian counts with settings that run in minutes on two CPU cores.",
+    )
+    demo.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=pathlib.Path("runs/demo"),
+        help="output folder (default runs/demo)",
+    )
+    _runtime(demo)
+
+    experiment = commands.add_parser("experiment", help="experiments")
+    kinds = experiment.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
+    clipping = kinds.add_parser(
+        "clipping",
+        help="QAT at an aggressive learning rate with and without gradient clipping",
+        description="QAT training from scratch at an aggressive constant learning rate, with "
+        "clip_by_global_norm and without, over several seeds: loss curves, diverged runs, "
+        "final validation loss.",
+    )
+    data = clipping.add_argument_group("data")
+    data.add_argument("--csv", type=pathlib.Path, help="long-format CSV, one row per series/time")
+    add_options(data, DATA_OPTIONS, CLIPPING_DEFAULTS)
+    add_options(clipping.add_argument_group("model"), MODEL_OPTIONS, CLIPPING_DEFAULTS)
+    add_options(clipping, [option for option in QAT_OPTIONS if option.flag == "--qat-bits"])
+    defaults = ClippingSettings()
+    for flag, kind, value, text in (
+        ("--seeds", positive_int, len(defaults.seeds), "runs per arm, seeds 0..N-1"),
+        ("--steps", positive_int, defaults.steps, "training steps per run"),
+        ("--lr", positive_float, defaults.learning_rate, "constant learning rate"),
+        ("--clip-norm", positive_float, defaults.clip_norm, "threshold of the clipped arm"),
+        ("--batch-size", positive_int, defaults.batch_size, "batch size"),
+        ("--eval-every", positive_int, defaults.eval_every, "steps between recorded points"),
+        ("--calibration-steps", non_negative_int, None, "steps observers update (default all)"),
+        (
+            "--explode-factor",
+            positive_float,
+            defaults.explode_factor,
+            "divergence: interval loss above this times the first",
+        ),
+        ("--val-windows", positive_int, defaults.validation_windows, "validation windows"),
+    ):
+        shown = "" if value is None else f" (default {value})"
+        clipping.add_argument(flag, type=kind, default=value, help=text + shown)
+    clipping.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=pathlib.Path("runs/clipping"),
+        help="output folder (default runs/clipping)",
+    )
+    _runtime(clipping)
+    return parser
