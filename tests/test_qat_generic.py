@@ -1,0 +1,196 @@
+"""QAT and int8 for a user's own Linen model: only the hooked layers are quantized."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from qat import (
+    QATConfig,
+    QATModel,
+    calibrate,
+    convert,
+    from_fp32,
+    int8_apply,
+    quantized_layers,
+)
+from tft_jax import Linear
+
+FEATURES, HIDDEN, OUT, BATCH = 5, 16, 3, 32
+
+
+class MixedModel(nn.Module):
+    """A quantized `Linear`, then a float `nn.Dense` head that never sees the hook."""
+
+    dot_general_cls: Any = None
+
+    @nn.compact
+    def __call__(self, x):
+        hidden = nn.tanh(Linear(HIDDEN, dot_general_cls=self.dot_general_cls, name="body")(x))
+        return nn.Dense(OUT, name="head")(hidden)
+
+
+class DenseMLP(nn.Module):
+    """Two hooked `flax.linen.Dense` layers with dropout between them."""
+
+    dot_general_cls: Any = None
+    dropout_rate: float = 0.2
+
+    @nn.compact
+    def __call__(self, x, deterministic: bool | None = None):
+        hidden = nn.relu(nn.Dense(HIDDEN, dot_general_cls=self.dot_general_cls)(x))
+        hidden = nn.Dropout(self.dropout_rate, deterministic=deterministic)(hidden)
+        return nn.Dense(OUT, dot_general_cls=self.dot_general_cls)(hidden)
+
+
+def batches(count: int = 3) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [rng.normal(size=(BATCH, FEATURES)).astype(np.float32) for _ in range(count)]
+
+
+@functools.cache
+def quantized(model_cls: type, bits: int = 8):
+    """`(qat_model, fp32 variables, calibrated QAT variables)`."""
+    model = model_cls()
+    x = batches()[0]
+    # Flax's Dropout needs `deterministic` even in init; from_fp32 and calibrate add it.
+    kwargs = {"deterministic": True} if model_cls is DenseMLP else {}
+    fp32 = jax.jit(functools.partial(model.init, **kwargs))(jax.random.key(0), x)
+    qat_model = QATModel(model, QATConfig(bits=bits, calibration_batches=2))
+    qat_vars = calibrate(qat_model, from_fp32(fp32, qat_model, x), batches())
+    return qat_model, fp32, qat_vars
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def fake_forward(qat_model, variables, x):
+    kwargs = {"deterministic": True} if isinstance(qat_model.model, DenseMLP) else {}
+    return qat_model.apply(variables, x, **kwargs)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def int8_forward(qat_model, variables, x):
+    return int8_apply(qat_model, variables, x)
+
+
+def test_convert_quantizes_the_hooked_layer_and_leaves_the_float_head_untouched():
+    _, fp32, qat_vars = quantized(MixedModel)
+    assert set(quantized_layers(qat_vars)) == {("body", "dot_general")}
+    int8_vars = convert(qat_vars)
+    assert int8_vars["params"]["body"]["kernel"].dtype == jnp.int8
+    for name in ("kernel", "bias"):
+        head = int8_vars["params"]["head"][name]
+        assert head.dtype == jnp.float32
+        np.testing.assert_array_equal(head, fp32["params"]["head"][name])
+    assert set(int8_vars["int8"]) == {"body"}
+
+
+def test_mixed_model_int8_output_matches_fake_quant_within_one_output_step():
+    qat_model, _, qat_vars = quantized(MixedModel)
+    x = batches(4)[3]
+    fake = np.asarray(fake_forward(qat_model, qat_vars, x))
+    integer = np.asarray(int8_forward(qat_model, convert(qat_vars), x))
+    step = np.ptp(fake) / 255
+    assert np.max(np.abs(integer - fake)) <= step
+    # The head really is float: the same hidden state through the float head is the output.
+    params = qat_vars["params"]
+    body = Linear(HIDDEN).apply({"params": params["body"]}, x)
+    assert not np.allclose(
+        np.tanh(body) @ params["head"]["kernel"] + params["head"]["bias"], fake, atol=1e-6
+    ), "the body is fake-quantized, so the float body must differ"
+
+
+def test_flax_dense_round_trips_through_qat_convert_and_int8():
+    qat_model, fp32, qat_vars = quantized(DenseMLP)
+    assert set(quantized_layers(qat_vars)) == {
+        ("Dense_0", "dot_general"),
+        ("Dense_1", "dot_general"),
+    }
+    # Same parameter tree as the FP32 model.
+    assert jax.tree.structure(qat_vars["params"]) == jax.tree.structure(fp32["params"])
+    int8_vars = convert(qat_vars)
+    x = batches(4)[3]
+    fake = np.asarray(fake_forward(qat_model, qat_vars, x))
+    integer = np.asarray(int8_forward(qat_model, int8_vars, x))
+    assert np.max(np.abs(integer - fake)) <= np.ptp(fake) / 255
+    # Every hooked Dense contracts int8 codes into int32.
+    jaxpr = jax.make_jaxpr(lambda v: int8_apply(qat_model, v, x))(int8_vars)
+    integer_dots = [
+        eqn
+        for eqn in all_equations(jaxpr.jaxpr)
+        if eqn.primitive.name == "dot_general"
+        and [v.aval.dtype for v in eqn.invars] == [jnp.int8, jnp.int8]
+        and eqn.outvars[0].aval.dtype == jnp.int32
+    ]
+    assert len(integer_dots) == 2
+
+
+def all_equations(jaxpr):
+    """Every equation of a jaxpr, including those of nested jaxprs (cond, pjit)."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for item in value if isinstance(value, tuple | list) else (value,):
+                inner = getattr(item, "jaxpr", item)
+                if hasattr(inner, "eqns"):
+                    yield from all_equations(inner)
+
+
+def test_a_4_bit_qat_model_converts_with_4_bit_weights():
+    qat_model, _, qat_vars = quantized(MixedModel, bits=4)
+    assert quantized_layers(qat_vars) == {("body", "dot_general"): 4}
+    int8_vars = convert(qat_vars)
+    codes = np.asarray(int8_vars["params"]["body"]["kernel"])
+    kernel = np.asarray(qat_vars["params"]["body"]["kernel"], np.float64)
+    # Symmetric 4-bit grid: scale max|w| / 7 per output channel, codes in [-8, 7].
+    scale = np.abs(kernel).max(axis=0) / 7
+    np.testing.assert_array_equal(codes, np.clip(np.round(kernel / scale), -8, 7))
+    np.testing.assert_allclose(int8_vars["int8"]["body"]["dot_general"]["weight_scale"], scale)
+    assert np.abs(codes).max() == 7
+    x = batches(4)[3]
+    fake = np.asarray(fake_forward(qat_model, qat_vars, x))
+    integer = np.asarray(int8_forward(qat_model, int8_vars, x))
+    assert np.max(np.abs(integer - fake)) <= np.ptp(fake) / 15
+
+
+def test_a_bit_width_other_than_the_qat_config_is_an_error():
+    _, _, qat_vars = quantized(MixedModel, bits=4)
+    with pytest.raises(
+        ValueError, match=r"bits=8 does not match the QAT model's QATConfig.bits \[4\]"
+    ):
+        convert(qat_vars, bits=8)
+    eight_bit = QATModel(MixedModel(), QATConfig(bits=8))
+    with pytest.raises(ValueError, match=r"\[4\]-bit QAT model, qat_model has QATConfig.bits=8"):
+        int8_apply(eight_bit, convert(qat_vars), batches()[0])
+
+
+def test_variables_without_quantized_layers_cannot_be_converted():
+    _, fp32, _ = quantized(MixedModel)
+    with pytest.raises(ValueError, match="no quantized layer"):
+        convert(fp32)
+
+
+def test_qat_model_needs_a_dot_general_cls_field():
+    class Plain(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(2)(x)
+
+    with pytest.raises(TypeError, match=r"dot_general_cls field.*Plain has none"):
+        QATModel(Plain())
+
+
+def test_disabled_quantization_is_the_fp32_model_exactly():
+    model = MixedModel()
+    x = batches()[0]
+    fp32 = jax.jit(model.init)(jax.random.key(0), x)
+    qat_model = QATModel(model, QATConfig(bits=None))
+    qat_vars = from_fp32(fp32, qat_model, x)
+    np.testing.assert_array_equal(
+        fake_forward(qat_model, qat_vars, x), jax.jit(model.apply)(fp32, x)
+    )
