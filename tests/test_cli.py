@@ -325,6 +325,69 @@ def test_forecast_command_writes_the_chosen_models_csv(capsys, trained_run):
     assert len(table) % HORIZON == 0 and len(table) > 0
 
 
+@pytest.mark.slow
+def test_predict_command_writes_what_the_python_predict_returns(capsys, trained_run, csv_path):
+    table = pd.read_csv(csv_path)
+    history = table[table["day"] < "2024-03-30"]
+    days = pd.date_range("2024-03-30", periods=HORIZON, freq="D").strftime("%Y-%m-%d")
+    future = table[table["day"].isin(days)][["store", "day", "promo"]]
+    history.to_csv(trained_run / "history_in.csv", index=False)
+    future.to_csv(trained_run / "future_in.csv", index=False)
+    out = trained_run / "predicted.csv"
+    code, stdout, _ = run(
+        capsys, "predict", "--run", str(trained_run), "--csv", str(trained_run / "history_in.csv"),
+        "--future-csv", str(trained_run / "future_in.csv"), "--out", str(out),
+        "--compile-cache", "none",
+    )  # fmt: skip
+    assert code == 0 and stdout.startswith("int8: 21 forecast rows (3 series)")
+    written = pd.read_csv(out)
+    expected = Forecaster.load(trained_run).predict(history, future, model="int8")
+    assert list(written.columns) == ["store", "day", "q0.1", "q0.5", "q0.9"]
+    assert list(written["store"]) == list(expected["store"])
+    np.testing.assert_array_equal(
+        pd.to_datetime(written["day"]).to_numpy(), expected["day"].to_numpy()
+    )
+    np.testing.assert_allclose(
+        written[["q0.1", "q0.5", "q0.9"]].to_numpy(),
+        expected[["q0.1", "q0.5", "q0.9"]].to_numpy(),
+        rtol=1e-6,
+    )
+
+
+@pytest.mark.slow
+def test_predict_command_rejects_an_unknown_model_and_a_missing_future(
+    capsys, trained_run, csv_path
+):
+    with pytest.raises(SystemExit):
+        cli.main(["predict", "--run", str(trained_run), "--csv", str(csv_path), "--out", "x.csv",
+                  "--model", "fp16"])  # fmt: skip
+    assert "invalid choice: 'fp16'" in capsys.readouterr().err
+    code, _, err = run(
+        capsys, "predict", "--run", str(trained_run), "--csv", str(csv_path),
+        "--out", str(trained_run / "none.csv"), "--compile-cache", "none",
+    )  # fmt: skip
+    assert code == 2 and "future is required" in err
+
+
+@pytest.mark.slow
+def test_plot_draws_the_forecast_after_the_data(capsys, trained_run, csv_path):
+    table = pd.read_csv(csv_path)
+    last = pd.Timestamp(table["day"].max())
+    days = pd.date_range(last + pd.Timedelta(days=1), periods=HORIZON, freq="D")
+    future = pd.DataFrame(
+        [(store, day.strftime("%Y-%m-%d"), 0.0) for store in ("alpha", "beta", "gamma")
+         for day in days],
+        columns=["store", "day", "promo"],
+    )  # fmt: skip
+    future.to_csv(trained_run / "future_end.csv", index=False)
+    code, stdout, _ = run(
+        capsys, "plot", "--run", str(trained_run), "--future-csv",
+        str(trained_run / "future_end.csv"), "--series", "beta", "--compile-cache", "none",
+    )  # fmt: skip
+    assert code == 0 and "future_fp32.png" in stdout
+    assert (trained_run / "plots" / "future_fp32.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
 # ---------------------------------------------------------------------------
 # Two processes (jax.distributed on CPU, gloo collectives)
 

@@ -290,7 +290,9 @@ class Forecaster:
         summary: dict[str, Any] = {"fp32": fp32.settings, "dataset": dataset.summary()}
         if settings.qat is not None:
             phase = time.perf_counter()
-            qat_model = qat_model_for(tft_config, settings.qat.bits)
+            qat_model = qat_model_for(
+                tft_config, settings.qat.bits, settings.qat.calibration_batches
+            )
             tuned = train_qat(
                 qat_model,
                 fp32.variables,

@@ -29,9 +29,12 @@ def batch_inputs(batch: Batch) -> tuple[tuple[Any, ...], dict[str, Any]]:
     }
 
 
-def qat_model_for(config: TFTConfig, bits: int) -> qat.QATTemporalFusionTransformer:
-    """The QAT TFT of `config` at `bits` bits."""
-    return qat.QATTemporalFusionTransformer(config, qat.QATConfig(bits=bits))
+def qat_model_for(
+    config: TFTConfig, bits: int, calibration_batches: int | None = None
+) -> qat.QATTemporalFusionTransformer:
+    """The QAT TFT of `config` at `bits` bits (observers calibrated on `calibration_batches`)."""
+    settings = {} if calibration_batches is None else {"calibration_batches": calibration_batches}
+    return qat.QATTemporalFusionTransformer(config, qat.QATConfig(bits=bits, **settings))
 
 
 def _jitted(forward: Callable[..., Any], variables: Any) -> Predictor:
