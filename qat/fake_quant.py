@@ -8,8 +8,14 @@ Rounding is half to even (`jnp.round`, PyTorch's `nearbyint`).
 The gradient is the clipped straight-through estimator of PyTorch's
 `fake_quantize_per_tensor_affine`: `g * 1[qmin <= round(x/s) + zp <= qmax]`,
 inclusive at both ends and exactly 0 or 1 per element. It is written out in a
-`jax.custom_vjp` because differentiating the forward would give 0 almost
-everywhere (round) and 0.5 at a clip bound (`jnp.clip` splits ties).
+`jax.custom_jvp` rule (differentiating the forward would give 0 almost
+everywhere (round) and 0.5 at a clip bound, `jnp.clip` splits ties) whose
+transpose is that estimator.
+
+The estimator is a surrogate gradient for training: use reverse mode
+(`jax.grad`, `jax.vjp`). Forward mode (`jax.jvp`, `jax.jacfwd`, calling the
+function `jax.linearize` returns) raises `ForwardModeError` naming
+`fake_quantize`.
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+from jax.custom_derivatives import SymbolicZero
 
+from qat._forward_mode import reverse_mode_only
 from qat.config import QATConfig
 
 Array = Any
@@ -71,13 +79,14 @@ def _grid_position(x: Array, scale: Array, zero_point: Array) -> Array:
     return jnp.round(x / scale) + zero_point
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
 def _fake_quantize(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: int) -> Array:
     position = _grid_position(x, scale, zero_point)
     return (jnp.clip(position, qmin, qmax) - zero_point) * scale
 
 
 def _fake_quantize_fwd(x, scale, zero_point, qmin, qmax):
+    """`(y, residuals)`: the forward and what the estimator needs (the in-range mask)."""
     position = _grid_position(x, scale, zero_point)
     inside = (position >= qmin) & (position <= qmax)
     y = (jnp.clip(position, qmin, qmax) - zero_point) * scale
@@ -85,6 +94,7 @@ def _fake_quantize_fwd(x, scale, zero_point, qmin, qmax):
 
 
 def _fake_quantize_bwd(qmin, qmax, residuals, g):
+    """The estimator's cotangents `(g * mask, 0, 0)` for `(x, scale, zero_point)`."""
     del qmin, qmax
     inside, scale, zero_point = residuals
     # Scale and zero point are constants of the estimator (PyTorch's
@@ -96,7 +106,19 @@ def _fake_quantize_bwd(qmin, qmax, residuals, g):
     )
 
 
-_fake_quantize.defvjp(_fake_quantize_fwd, _fake_quantize_bwd)
+def _fake_quantize_jvp(qmin, qmax, primals, tangents):
+    # The estimator's map `g -> g * mask` is symmetric, so the tangent map is the
+    # backward rule applied to the tangent of x; JAX transposes it into exactly
+    # that rule for jax.grad. Forward mode stops at `reverse_mode_only`.
+    y, residuals = _fake_quantize_fwd(*primals, qmin, qmax)
+    x_dot = tangents[0]
+    if isinstance(x_dot, SymbolicZero):
+        return y, SymbolicZero(jax.typeof(y))
+    masked = _fake_quantize_bwd(qmin, qmax, residuals, x_dot)[0]
+    return y, reverse_mode_only(masked, "fake_quantize")
+
+
+_fake_quantize.defjvp(_fake_quantize_jvp, symbolic_zeros=True)
 
 
 def fake_quantize(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: int) -> Array:
@@ -104,7 +126,9 @@ def fake_quantize(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: in
 
     Forward: `(clip(round(x/s) + zp, qmin, qmax) - zp) * s`, rounding half to
     even. Backward: `g * 1[qmin <= round(x/s) + zp <= qmax]` (inclusive at both
-    ends); `scale` and `zero_point` receive zero gradient.
+    ends); `scale` and `zero_point` receive zero gradient. The backward is a
+    surrogate for training: use reverse mode (`jax.grad`, `jax.vjp`); forward
+    mode (`jax.jvp`, `jax.jacfwd`, `jax.linearize`) raises `ForwardModeError`.
 
     Args:
       x: float array of any shape.
@@ -159,7 +183,11 @@ class FakeQuantize:
     """A fake quantizer with fixed qparams: a pytree holding `scale` and `zero_point`.
 
     Per tensor, `scale` and `zero_point` are scalars; per channel they have
-    shape `(C,)` and apply along `channel_axis` of the input.
+    shape `(C,)` and apply along `channel_axis` of the input. Both leaves are
+    float32 (the zero point holds an integer value), so the quantizer is a
+    pytree `jax.grad` can differentiate with respect to; the straight-through
+    estimator gives both a zero gradient (learn the step size with
+    `lsq_fake_quantize`). The grid bounds are static fields.
     """
 
     scale: Array
@@ -182,7 +210,12 @@ class FakeQuantize:
         if scale.ndim != expected_ndim:
             layout = "per-channel (C,)" if cfg.per_channel else "per-tensor scalar"
             raise ValueError(f"scale must be a {layout}, got shape {tuple(scale.shape)}")
-        zero_point = jnp.broadcast_to(jnp.asarray(zero_point, jnp.int32), scale.shape)
+        zero_point = jnp.asarray(zero_point)
+        if not isinstance(zero_point, jax.core.Tracer) and bool(
+            jnp.any(zero_point != jnp.round(zero_point))
+        ):
+            raise ValueError(f"zero_point must be integer-valued, got {zero_point}")
+        zero_point = jnp.broadcast_to(zero_point.astype(jnp.float32), scale.shape)
         if not isinstance(scale, jax.core.Tracer) and bool(jnp.any(scale <= 0)):
             raise ValueError(f"scale must be positive, got {scale}")
         if not isinstance(zero_point, jax.core.Tracer) and bool(
@@ -203,14 +236,14 @@ class FakeQuantize:
         scale, zero_point = observer.qparams()
         return cls(
             scale=scale,
-            zero_point=zero_point,
+            zero_point=jnp.asarray(zero_point, jnp.float32),
             qmin=observer.qmin,
             qmax=observer.qmax,
             channel_axis=observer.channel_axis if observer.per_channel else None,
         )
 
     def scale_zero_point(self) -> tuple[Array, Array]:
-        """`(scale, zero_point)`: scalars, or `(C,)` per channel."""
+        """`(scale, zero_point)` as float32: scalars, or `(C,)` per channel."""
         return self.scale, self.zero_point
 
     def __call__(self, x: Array) -> Array:

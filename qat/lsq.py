@@ -15,6 +15,10 @@ scale `g = 1 / sqrt(N * qmax)`, `N` the number of elements per step size.
 The raw parameter receives `sign(scale) * dL/ds` (sign(0) = +1): the exact
 derivative where `|scale| > eps`, and straight through at the eps floor so
 that a step size pushed to 0 can recover.
+
+The gradient is a surrogate for training: use reverse mode (`jax.grad`,
+`jax.vjp`); forward mode (`jax.jvp`, `jax.jacfwd`, `jax.linearize`) raises
+`ForwardModeError` naming `lsq_fake_quantize`.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero
 
-from qat.fake_quant import check_broadcastable, check_grid, compute_dtype, sum_to_shape
+from qat._forward_mode import reverse_mode_only
+from qat.fake_quant import check_broadcastable, check_grid, compute_dtype
 from qat.observers import EPS
 
 Array = Any
@@ -42,20 +48,22 @@ def _step_size(scale: Array) -> Array:
     return jnp.maximum(jnp.abs(scale), EPS)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _lsq(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: int, grad_scale: float):
-    del grad_scale
+def _lsq_forward(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: int) -> Array:
     step = _step_size(scale)
     position = jnp.round(x / step) + zero_point
     return (jnp.clip(position, qmin, qmax) - zero_point) * step
 
 
-def _lsq_fwd(x, scale, zero_point, qmin, qmax, grad_scale):
-    return _lsq(x, scale, zero_point, qmin, qmax, grad_scale), (x, scale, zero_point)
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4, 5))
+def _lsq(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: int, grad_scale: float):
+    del grad_scale
+    return _lsq_forward(x, scale, zero_point, qmin, qmax)
 
 
-def _lsq_bwd(qmin, qmax, grad_scale, residuals, g):
-    x, scale, zero_point = residuals
+def _lsq_partials(
+    x: Array, scale: Array, zero_point: Array, qmin: int, qmax: int
+) -> tuple[Array, Array, Array, Array]:
+    """`(inside, dy/dstep, dy/dzero_point, sign(scale))` per element (before grad scaling)."""
     step = _step_size(scale)
     ratio = x / step
     rounded = jnp.round(ratio)
@@ -68,14 +76,32 @@ def _lsq_bwd(qmin, qmax, grad_scale, residuals, g):
     )
     d_zero_point = jnp.where(inside, jnp.zeros_like(step), -step)
     sign = jnp.where(scale < 0, -1.0, 1.0).astype(scale.dtype)
-    return (
-        jnp.where(inside, g, jnp.zeros_like(g)),
-        sum_to_shape(g * d_step, scale.shape) * grad_scale * sign,
-        sum_to_shape(g * d_zero_point, zero_point.shape) * grad_scale,
-    )
+    return inside, d_step, d_zero_point, sign
 
 
-_lsq.defvjp(_lsq_fwd, _lsq_bwd)
+def _lsq_jvp(qmin, qmax, grad_scale, primals, tangents):
+    # A linear tangent map whose transpose is the estimator: `g * inside` for x,
+    # `sum(g * dy/dstep) * grad_scale * sign` for the scale (the broadcast of the
+    # scale's tangent transposes into that sum), `sum(g * dy/dzp) * grad_scale`
+    # for the zero point. Forward mode stops at `reverse_mode_only`.
+    x, scale, zero_point = primals
+    y = _lsq_forward(x, scale, zero_point, qmin, qmax)
+    inside, d_step, d_zero_point, sign = _lsq_partials(x, scale, zero_point, qmin, qmax)
+    x_dot, scale_dot, zero_point_dot = tangents
+    terms = []
+    if not isinstance(x_dot, SymbolicZero):
+        terms.append(jnp.where(inside, x_dot, jnp.zeros_like(x_dot)))
+    if not isinstance(scale_dot, SymbolicZero):
+        terms.append(d_step * (scale_dot * (grad_scale * sign)))
+    if not isinstance(zero_point_dot, SymbolicZero):
+        terms.append(d_zero_point * (zero_point_dot * grad_scale))
+    if not terms:
+        return y, SymbolicZero(jax.typeof(y))
+    tangent = functools.reduce(jnp.add, terms)
+    return y, reverse_mode_only(jnp.broadcast_to(tangent, y.shape), "lsq_fake_quantize")
+
+
+_lsq.defjvp(_lsq_jvp, symbolic_zeros=True)
 
 
 def lsq_fake_quantize(
