@@ -8,7 +8,8 @@ check raise `ValueError`/`TypeError` naming the argument. Nothing here
 imports `tft_jax`: the checks work for any function of arrays and pytrees.
 
 - `assert_finite(tree)`: every float leaf is free of NaN and inf.
-- `assert_nonzero_grads(grads, min_norm)`: every leaf's L2 norm exceeds `min_norm`.
+- `assert_nonzero_grads(grads, min_norm, per_element)`: every leaf's L2 norm
+  (or, with `per_element=True`, every element) exceeds `min_norm`.
 - `assert_causal(fn, x, axis)`: outputs at steps `<= t` ignore inputs at steps `> t`.
 - `assert_batch_independent(fn, x)`: sample `i`'s output and gradient ignore sample `j`.
 - `assert_batch_order_equivariant(fn, x)`: permuting the batch permutes the output.
@@ -19,6 +20,10 @@ imports `tft_jax`: the checks work for any function of arrays and pytrees.
 - `assert_idempotent(fn, x)`: `fn(fn(x)) == fn(x)`.
 - `assert_clipped(updates, max_norm)`: global norm bound (and optax's exact rescaling).
 - `count_compiles()` / `assert_max_compiles(n)`: how many computations were lowered.
+
+Functions with several outputs are checked in one call: `out_axis` takes an
+int per part of the output (`out_axis=(1, 2)` for `fn -> (y, weights)`), and
+`select` picks the parts to check (`select=lambda out: out.quantiles`).
 
 Keeping a property suite fast (compile time dominates, not run time):
 
@@ -49,6 +54,7 @@ import collections
 import contextlib
 import dataclasses
 import math
+import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -228,23 +234,32 @@ def assert_finite(tree: PyTree, *, name: str = "tree") -> None:
         raise AssertionError(_summarize(f"{name} has non-finite leaves:", problems))
 
 
-def assert_nonzero_grads(grads: PyTree, min_norm: float = 0.0, *, name: str = "grads") -> None:
-    """Asserts that every float leaf of `grads` has an L2 norm above `min_norm`.
+def assert_nonzero_grads(
+    grads: PyTree, min_norm: float = 0.0, *, per_element: bool = False, name: str = "grads"
+) -> None:
+    """Asserts that every float leaf of `grads` (or every element) has a live gradient.
 
-    A leaf whose norm is `<= min_norm` (or not finite) is dead: its parameter
-    does not learn. All dead leaves are reported at once, by path. Empty
-    leaves (a zero-sized axis) carry nothing and are skipped; integer and
-    `float0` leaves are skipped. Inputs that legitimately zero a gradient (a
-    constant sequence through a LayerNorm) should be excluded with
-    `hypothesis.assume` before calling this.
+    By default a leaf is dead when its L2 norm is `<= min_norm` (or not
+    finite): its parameter does not learn. That misses a partially dead
+    parameter (one row under `stop_gradient`, a masked-out slice), so with
+    `per_element=True` every element must have `|g| > min_norm` instead, and
+    each dead element is named by leaf path and index. All dead leaves are
+    reported at once. Empty leaves (a zero-sized axis) carry nothing and are
+    skipped; integer and `float0` leaves are skipped. Inputs that legitimately
+    zero a gradient (a constant sequence through a LayerNorm, a ReLU that is
+    off for the whole batch) should be excluded with `hypothesis.assume`
+    before calling this.
 
     Args:
       grads: a pytree of gradients (e.g. `jax.grad(loss)(params)`).
-      min_norm: the norm a leaf must exceed, >= 0.
+      min_norm: the norm (per leaf) or magnitude (per element) to exceed, >= 0.
+      per_element: check every element instead of every leaf's norm.
       name: how the tree is called in the message.
 
     Raises:
-      AssertionError: naming every dead leaf and its norm.
+      AssertionError: naming every dead leaf and its norm, or with
+        `per_element` every leaf with dead elements, how many, and their
+        first indices.
     """
     if isinstance(min_norm, bool) or not isinstance(min_norm, int | float | np.floating):
         raise TypeError(f"min_norm must be a real number, got {min_norm!r}")
@@ -255,13 +270,30 @@ def assert_nonzero_grads(grads: PyTree, min_norm: float = 0.0, *, name: str = "g
         if not _is_inexact(leaf) or leaf.size == 0:
             continue
         checked += 1
+        if per_element:
+            with np.errstate(invalid="ignore"):
+                alive = np.abs(_as_float64(leaf)) > min_norm
+            if not alive.all():
+                indices = np.argwhere(~alive)
+                shown = ", ".join(_index(index) for index in indices[:_MAX_REPORTED])
+                more = (
+                    f", ... ({len(indices) - _MAX_REPORTED} more)"
+                    if (len(indices) > _MAX_REPORTED)
+                    else ""
+                )
+                dead.append(
+                    f"{path} (shape {leaf.shape}): {len(indices)} of {leaf.size} elements dead "
+                    f"at {shown}{more}"
+                )
+            continue
         norm = float(np.linalg.norm(_as_float64(leaf).ravel()))
         if not norm > min_norm:
             dead.append(f"{path}: norm {norm:.3g}")
     if checked == 0:
         raise AssertionError(f"{name} has no non-empty float leaves: nothing has a gradient")
     if dead:
-        header = f"{len(dead)} of {checked} leaves of {name} have a norm <= {min_norm:g}:"
+        what = f"elements with |g| <= {min_norm:g}" if per_element else f"a norm <= {min_norm:g}"
+        header = f"{len(dead)} of {checked} leaves of {name} have {what}:"
         raise AssertionError(_summarize(header, dead))
 
 
@@ -293,12 +325,57 @@ def _causal_positions(
     return chosen
 
 
+def _selected(fn: Callable[[Any], PyTree], select: Callable[[PyTree], PyTree] | None) -> Any:
+    """`fn` followed by `select` (the outputs to check), or `fn` itself."""
+    if select is None:
+        return fn
+    if not callable(select):
+        raise TypeError(f"select must be a function of fn's output, got {select!r}")
+    return lambda x: select(fn(x))
+
+
+def _is_axis(value: Any) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+def _leaf_axes(out_axis: Any, output: PyTree, default: int) -> list[int]:
+    """One axis per output leaf (in `tree_leaves` order).
+
+    `out_axis` is None (`default` everywhere), an int (every leaf), or a
+    pytree that is a prefix of the output's structure with an int per
+    subtree, e.g. `(1, 2)` for `fn -> (y, weights)`.
+    """
+    if out_axis is None:
+        out_axis = default
+    if _is_axis(out_axis):
+        return [int(out_axis)] * len(jax.tree_util.tree_leaves(output))
+    axes_leaves, treedef = jax.tree_util.tree_flatten(out_axis)
+    bad = [axis for axis in axes_leaves if not _is_axis(axis)]
+    if bad or not axes_leaves:
+        raise TypeError(
+            f"out_axis must be an int or a pytree of ints (a prefix of fn's output), got "
+            f"{out_axis!r}"
+        )
+    try:
+        subtrees = treedef.flatten_up_to(output)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"out_axis {out_axis!r} must be a prefix of fn's output structure "
+            f"{jax.tree_util.tree_structure(output)}: {error}"
+        ) from None
+    axes = []
+    for axis, subtree in zip(axes_leaves, subtrees, strict=True):
+        axes += [int(axis)] * len(jax.tree_util.tree_leaves(subtree))
+    return axes
+
+
 def assert_causal(
     fn: Callable[[Any], PyTree],
     x: Any,
     *,
     axis: int = 1,
-    out_axis: int | None = None,
+    out_axis: int | PyTree | None = None,
+    select: Callable[[PyTree], PyTree] | None = None,
     positions: Sequence[int] | None = None,
     max_positions: int | None = None,
     atol: float = 0.0,
@@ -317,8 +394,12 @@ def assert_causal(
       fn: `x -> pytree`; every output leaf must have length `T` along `out_axis`.
       x: float array with time axis `axis`, e.g. `(B, T, D)`.
       axis: the time axis of `x`.
-      out_axis: the time axis of each output leaf (default: `axis`). Use e.g.
-        `out_axis=2` for attention weights `(B, heads, T, T)`.
+      out_axis: the time axis of the output leaves (default: `axis`): an int
+        for every leaf, or a pytree with an int per part of the output (a
+        prefix of its structure), e.g. `out_axis=(1, 2)` for
+        `fn -> (y (B, T, D), weights (B, heads, T, T))`: one call checks both.
+      select: a function of `fn`'s output picking the parts to check (e.g.
+        `lambda out: out.quantiles`); `out_axis` then refers to its result.
       positions: the steps `t` to test (default: every `t < T - 1`).
       max_positions: subsample that many steps (first and last always in).
       atol, rtol: tolerance of the comparison.
@@ -332,16 +413,21 @@ def assert_causal(
     length = x.shape[axis]
     if length == 0:
         raise ValueError(f"x must have at least one step along axis {axis}, got shape {x.shape}")
-    out_axis = axis if out_axis is None else out_axis
+    fn = _selected(fn, select)
     steps = _causal_positions(length, positions, max_positions, seed)
-    baseline = _named_leaves("fn(x)", fn(x))
-    for path, leaf in baseline:
-        leaf_axis = _normalize_axis(f"out_axis for output leaf {path}", out_axis, leaf.ndim)
+    output = fn(x)
+    baseline = _named_leaves("fn(x)", output)
+    leaf_axes = []
+    for (path, leaf), leaf_out_axis in zip(
+        baseline, _leaf_axes(out_axis, output, axis), strict=True
+    ):
+        leaf_axis = _normalize_axis(f"out_axis for output leaf {path}", leaf_out_axis, leaf.ndim)
         if leaf.shape[leaf_axis] != length:
             raise ValueError(
                 f"output leaf {path} has shape {leaf.shape}: length {leaf.shape[leaf_axis]} along "
-                f"out_axis={out_axis}, expected the input length {length}"
+                f"out_axis={leaf_out_axis}, expected the input length {length}"
             )
+        leaf_axes.append(leaf_axis)
     rng = np.random.default_rng(seed)
     problems = []
     for t in steps:
@@ -351,8 +437,7 @@ def assert_causal(
         outputs = _named_leaves("fn(x)", fn(perturbed))
         if len(outputs) != len(baseline):
             raise AssertionError(f"fn returned a different pytree for the perturbed input at t={t}")
-        for (path, before), (_, after) in zip(baseline, outputs, strict=True):
-            leaf_axis = out_axis % before.ndim
+        for (path, before), (_, after), leaf_axis in zip(baseline, outputs, leaf_axes, strict=True):
             past = (slice(None),) * leaf_axis + (slice(0, t + 1),)
             problem = _mismatch(after[past], before[past], atol, rtol)
             if problem is not None:
@@ -402,14 +487,20 @@ def _take(leaf: np.ndarray, index: Any, axis: int) -> np.ndarray:
     return np.take(leaf, index, axis=axis % leaf.ndim)
 
 
-def _check_output_batch(outputs: list[tuple[str, np.ndarray]], axis: int, batch: int) -> None:
-    for path, leaf in outputs:
-        leaf_axis = _normalize_axis(f"axis for output leaf {path}", axis, leaf.ndim)
+def _check_output_batch(
+    outputs: list[tuple[str, np.ndarray]], axes: Sequence[int], batch: int
+) -> list[int]:
+    """The normalized batch axis of every output leaf, checked to hold `batch` samples."""
+    normalized = []
+    for (path, leaf), axis in zip(outputs, axes, strict=True):
+        leaf_axis = _normalize_axis(f"out_axis for output leaf {path}", axis, leaf.ndim)
         if leaf.shape[leaf_axis] != batch:
             raise ValueError(
                 f"output leaf {path} has shape {leaf.shape}: batch size {leaf.shape[leaf_axis]} "
                 f"along axis {axis}, expected {batch}"
             )
+        normalized.append(leaf_axis)
+    return normalized
 
 
 def _gradient_leaks(
@@ -418,10 +509,14 @@ def _gradient_leaks(
     treedef: Any,
     samples: Sequence[int],
     axis: int,
+    output_axes: Sequence[int],
     atol: float,
     seed: int,
 ) -> list[str]:
-    """Where the gradient of sample `i`'s outputs reaches another sample's inputs."""
+    """Where the gradient of sample `i`'s outputs reaches another sample's inputs.
+
+    `output_axes` holds the batch axis of each float output leaf, in order.
+    """
     float_index = [k for k, (_, leaf) in enumerate(named) if _is_inexact(leaf)]
     if not float_index:
         return []
@@ -441,9 +536,9 @@ def _gradient_leaks(
     problems = []
     for sample in samples:
         cotangents = []
-        for output in outputs:
+        for output, output_axis in zip(outputs, output_axes, strict=True):
             cotangent = np.zeros(output.shape, output.dtype)
-            moved = np.moveaxis(cotangent, axis % cotangent.ndim, 0)
+            moved = np.moveaxis(cotangent, output_axis, 0)
             moved[sample] = rng.uniform(0.5, 1.5, moved.shape[1:])
             cotangents.append(cotangent)
         gradients = pullback(tuple(cotangents))
@@ -468,6 +563,8 @@ def assert_batch_independent(
     x: PyTree,
     *,
     axis: int = 0,
+    out_axis: int | PyTree | None = None,
+    select: Callable[[PyTree], PyTree] | None = None,
     samples: Sequence[int] | None = None,
     check_gradients: bool = True,
     atol: float = 0.0,
@@ -488,7 +585,11 @@ def assert_batch_independent(
       fn: `x -> pytree`, every float output leaf batched along `axis`.
       x: an array or a pytree of arrays (e.g. a tuple of model inputs), every
         leaf batched along `axis`.
-      axis: the batch axis of every input and output leaf.
+      axis: the batch axis of every input leaf.
+      out_axis: the batch axis of the output leaves (default: `axis`): an int,
+        or a pytree with an int per part of the output (a prefix of its
+        structure), as in `assert_causal`.
+      select: a function of `fn`'s output picking the parts to check.
       samples: the samples `i` to test (default: all).
       check_gradients: also run the backward check (one `jax.vjp`).
       atol, rtol: tolerance (exact by default).
@@ -504,20 +605,25 @@ def assert_batch_independent(
         raise ValueError(f"samples must lie in [0, {batch}), got {bad}")
     if batch < 2:
         return
+    fn = _selected(fn, select)
     leaves = [leaf for _, leaf in named]
-    baseline = _named_leaves("fn(x)", fn(jax.tree_util.tree_unflatten(treedef, leaves)))
-    _check_output_batch(baseline, axis, batch)
+    output = fn(jax.tree_util.tree_unflatten(treedef, leaves))
+    baseline = _named_leaves("fn(x)", output)
+    output_axes = _check_output_batch(baseline, _leaf_axes(out_axis, output, axis), batch)
     rng = np.random.default_rng(seed)
     problems = []
     for sample in tested:
         perturbed = [_perturb_other_samples(leaf, sample, axis, rng) for leaf in leaves]
         outputs = _named_leaves("fn(x)", fn(jax.tree_util.tree_unflatten(treedef, perturbed)))
-        for (path, before), (_, after) in zip(baseline, outputs, strict=True):
-            problem = _mismatch(_take(after, sample, axis), _take(before, sample, axis), atol, rtol)
+        for (path, before), (_, after), out in zip(baseline, outputs, output_axes, strict=True):
+            problem = _mismatch(_take(after, sample, out), _take(before, sample, out), atol, rtol)
             if problem is not None:
                 problems.append(f"output {path}[sample {sample}] changed: {problem}")
     if check_gradients:
-        problems += _gradient_leaks(fn, named, treedef, tested, axis, atol, seed)
+        float_axes = [
+            out for (_, leaf), out in zip(baseline, output_axes, strict=True) if _is_inexact(leaf)
+        ]
+        problems += _gradient_leaks(fn, named, treedef, tested, axis, float_axes, atol, seed)
     if problems:
         header = f"fn mixes samples along batch axis {axis} (batch size {batch}):"
         raise AssertionError(_summarize(header, problems))
@@ -528,6 +634,8 @@ def assert_batch_order_equivariant(
     x: PyTree,
     *,
     axis: int = 0,
+    out_axis: int | PyTree | None = None,
+    select: Callable[[PyTree], PyTree] | None = None,
     atol: float = 1e-6,
     rtol: float = 1e-6,
     seed: int = 0,
@@ -535,7 +643,8 @@ def assert_batch_order_equivariant(
     """Asserts that permuting the batch of every input leaf permutes every output leaf alike.
 
     A small tolerance is the default: a matmul may sum a row in a different
-    order when it moves within the batch.
+    order when it moves within the batch. `out_axis` and `select` work as in
+    `assert_batch_independent` (the output's batch axes; the parts to check).
 
     Raises:
       AssertionError: naming the output leaves that do not follow the permutation.
@@ -546,14 +655,16 @@ def assert_batch_order_equivariant(
     permutation = np.random.default_rng(seed).permutation(batch)
     if np.array_equal(permutation, np.arange(batch)):
         permutation = np.roll(permutation, 1)
+    fn = _selected(fn, select)
     leaves = [leaf for _, leaf in named]
     permuted = [_take(leaf, permutation, axis) for leaf in leaves]
-    baseline = _named_leaves("fn(x)", fn(jax.tree_util.tree_unflatten(treedef, leaves)))
-    _check_output_batch(baseline, axis, batch)
+    output = fn(jax.tree_util.tree_unflatten(treedef, leaves))
+    baseline = _named_leaves("fn(x)", output)
+    output_axes = _check_output_batch(baseline, _leaf_axes(out_axis, output, axis), batch)
     outputs = _named_leaves("fn(x)", fn(jax.tree_util.tree_unflatten(treedef, permuted)))
     problems = []
-    for (path, before), (_, after) in zip(baseline, outputs, strict=True):
-        problem = _mismatch(after, _take(before, permutation, axis), atol, rtol)
+    for (path, before), (_, after), out in zip(baseline, outputs, output_axes, strict=True):
+        problem = _mismatch(after, _take(before, permutation, out), atol, rtol)
         if problem is not None:
             problems.append(f"output {path}: {problem}")
     if problems:
@@ -602,6 +713,41 @@ def _to_float64(leaf: Any) -> Any:
     if jnp.issubdtype(array.dtype, jnp.floating):
         return array.astype(np.float64)
     return leaf
+
+
+_RELATIVE_ERROR = re.compile(r"Max relative difference[^:]*:\s*([-+0-9.eE]+|inf|nan)")
+
+
+def _float32_hint(report: str, fn: Callable[..., PyTree], args: tuple[Any, ...]) -> str:
+    """The "fn computes in float32" hint, where the evidence points to it, else "".
+
+    It applies when `fn` returns a lower precision than float64 for float64
+    inputs, or when the reported relative error is the size that float32
+    round-off divided by the finite-difference step gives (1e-5 to 1e-2),
+    not when the derivative is plainly wrong (a relative error near 1).
+    """
+    try:
+        outputs = jax.tree_util.tree_leaves(jax.eval_shape(fn, *args))
+    except Exception:  # the report itself is what matters; the hint is a bonus
+        outputs = []
+    narrow = [
+        str(leaf.dtype)
+        for leaf in outputs
+        if jnp.issubdtype(leaf.dtype, jnp.floating) and jnp.finfo(leaf.dtype).bits < 64
+    ]
+    if narrow:
+        return (
+            f"\n(fn returns {', '.join(sorted(set(narrow)))} for float64 inputs: it casts to a "
+            "lower precision inside, e.g. a hard-coded dtype; finite differences then measure "
+            "its round-off)"
+        )
+    errors = [float(value) for value in _RELATIVE_ERROR.findall(report)]
+    if errors and all(1e-5 <= error <= 1e-2 for error in errors):
+        return (
+            f"\n(a relative error of {max(errors):.3g} in float64 usually means fn casts to "
+            "float32 inside, e.g. a hard-coded dtype: float32 round-off divided by eps)"
+        )
+    return ""
 
 
 def assert_grads_match_finite_differences(
@@ -668,12 +814,7 @@ def assert_grads_match_finite_differences(
         try:
             check_grads(checked, point, order, modes=modes, eps=step, atol=atol, rtol=rtol)
         except AssertionError as error:
-            hint = (
-                "\n(a relative error near 1e-3 in float64 usually means fn casts to float32 "
-                "inside, e.g. a hard-coded dtype: float32 round-off divided by eps)"
-                if use_x64
-                else ""
-            )
+            hint = _float32_hint(str(error), checked, point) if use_x64 else ""
             raise AssertionError(
                 f"derivatives of fn differ from central finite differences "
                 f"(order {order}, modes {modes}, eps {step:g}, in {precision}):\n{error}{hint}"
