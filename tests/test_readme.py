@@ -5,6 +5,8 @@ from __future__ import annotations
 import pathlib
 import re
 
+import pandas as pd
+
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
 
 
@@ -17,3 +19,13 @@ def test_readme_python_examples_run():
     assert namespace["out"].quantiles.shape == (8, 5, 3)
     assert namespace["out8"].quantiles.shape == (8, 5, 3)
     assert set(namespace["metrics"]) >= {"loss", "grad_norm", "clipped_grad_norm"}
+    forecast = namespace["forecast"]
+    assert forecast.columns.tolist() == ["store", "day", "q0.1", "q0.5", "q0.9"]
+    assert forecast.groupby("store")["day"].min().eq(pd.Timestamp("2024-04-30")).all()
+    assert set(namespace["scores"]["models"]) == {"seasonal_naive", "fp32"}
+    assert namespace["cutoffs"]["cutoff"].nunique() == 3
+    # Quantizing your own model: int8 output, hooked layers int8, the float head untouched.
+    assert namespace["mlp_out8"].shape == (256, 1)
+    int8_params = namespace["mlp_int8"]["params"]
+    assert int8_params["Dense_0"]["kernel"].dtype == "int8"
+    assert int8_params["Dense_2"]["kernel"].dtype == "float32"

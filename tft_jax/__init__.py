@@ -28,10 +28,12 @@ from tft_jax.model import TemporalFusionTransformer, TFTOutput
 from tft_jax.variable_selection import VariableSelectionNetwork
 
 if TYPE_CHECKING:
+    from tft_jax.forecaster import Forecaster
     from tft_jax.train import Batch, make_optimizer
 
 # Public names imported on first access: `name -> module`.
 _LAZY = {
+    "Forecaster": "tft_jax.forecaster",
     "Batch": "tft_jax.train",
     "make_optimizer": "tft_jax.train",
 }
@@ -53,6 +55,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "AttentionHead",
     "Batch",
+    "Forecaster",
     "GateAddNorm",
     "GatedLinearUnit",
     "GatedResidualNetwork",
