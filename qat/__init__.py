@@ -11,9 +11,11 @@ and the conversion to int8 (`from_fp32`, `calibrate`, `convert`, `int8_apply`,
 
 The straight-through estimators are `jax.custom_vjp` rules: differentiate
 with reverse mode (`jax.grad`, `jax.vjp`). Forward mode (`jax.jvp`,
-`jax.jacfwd`, `jax.linearize`) raises an error naming `fake_quantize`.
+`jax.jacfwd`, `jax.linearize`) raises `ForwardModeError` (a `TypeError`)
+naming `fake_quantize` or `lsq_fake_quantize`.
 """
 
+from qat._forward_mode import ForwardModeError
 from qat.config import QATConfig
 from qat.dot_general import Int8DotGeneral, QATDotGeneral, int8_dot_general, qat_dot_general
 from qat.fake_quant import FakeQuantize, fake_quantize
@@ -32,6 +34,7 @@ from qat.observers import QuantizationObserver
 
 __all__ = [
     "FakeQuantize",
+    "ForwardModeError",
     "Int8DotGeneral",
     "QATConfig",
     "QATDotGeneral",
