@@ -135,3 +135,5 @@ def test_attention_inputs_of_the_wrong_rank_are_named():
     message = r"keys_values must be 3-D \(B, T, D\), got shape \(3, 4\)"
     with pytest.raises(ValueError, match=message):
         layer.apply(variables, X, jnp.ones((3, 4)))
+    with pytest.raises(ValueError, match=r"features \(4\) must be divisible by num_heads \(3\)"):
+        InterpretableMultiHeadAttention(3, 4).init(jax.random.key(0), X, X)

@@ -339,5 +339,5 @@ def test_int8_layer_rejects_a_wide_integer_kernel():
     )
     kernel = jnp.asarray(variables["params"]["kernel"] * 100, jnp.int32)
     params = {**variables["params"], "kernel": kernel}
-    with pytest.raises(TypeError, match="int8 kernel made by qat.convert"):
+    with pytest.raises(TypeError, match=r"int8 kernel made by qat\.convert"):
         integer_module.apply({**variables, "params": params, "int8": {}}, X)

@@ -61,6 +61,11 @@ class InterpretableMultiHeadAttention(nn.Module):
                     f"InterpretableMultiHeadAttention: {name} must be 3-D (B, T, D), got shape "
                     f"{tuple(jnp.shape(x))}"
                 )
+        if self.features % self.num_heads:
+            raise ValueError(
+                f"InterpretableMultiHeadAttention: features ({self.features}) must be divisible "
+                f"by num_heads ({self.num_heads})"
+            )
         head_dim = self.features // self.num_heads
 
         def project(features: int, name: str, x: Array) -> Array:
