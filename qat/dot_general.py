@@ -265,6 +265,13 @@ class Int8DotGeneral(_ActivationQParams):
         _check_bounds(self.lhs_bounds)
         contracting = _contracting_dims(dimension_numbers, rhs)
         channel_shape = tuple(n for axis, n in enumerate(rhs.shape) if axis not in contracting)
+        if not (self.is_initializing() or self.has_variable(INT8, "weight_scale")):
+            raise ValueError(
+                f"no int8 weight_scale for the layer at '{'/'.join(self.scope.path)}': the "
+                "variables must come from qat.convert, and the layers' contraction must carry "
+                "the QAT one's name (build it with qat.int8_dot_general and the QAT side with "
+                "qat.qat_dot_general, both named 'dot_general', or run qat.int8_apply)"
+            )
         stored = self.variable(INT8, "weight_scale", lambda: jnp.ones(channel_shape, jnp.float32))
         if tuple(stored.value.shape) != channel_shape:
             raise ValueError(

@@ -12,12 +12,14 @@ import pytest
 from flax import linen as nn
 
 from qat import (
+    Int8DotGeneral,
     QATConfig,
     QATModel,
     calibrate,
     convert,
     from_fp32,
     int8_apply,
+    int8_dot_general,
     quantized_layers,
 )
 from tft_jax import Linear
@@ -193,4 +195,21 @@ def test_disabled_quantization_is_the_fp32_model_exactly():
     qat_vars = from_fp32(fp32, qat_model, x)
     np.testing.assert_array_equal(
         fake_forward(qat_model, qat_vars, x), jax.jit(model.apply)(fp32, x)
+    )
+
+
+def test_a_hand_built_int8_contraction_under_another_name_is_told_where_to_look():
+    qat_model, _, qat_vars = quantized(DenseMLP)
+    by_class_name = functools.partial(Int8DotGeneral, config=qat_model.qat_config)
+    with pytest.raises(ValueError, match=r"no int8 weight_scale for the layer at 'Dense_0/Int8"):
+        DenseMLP(dot_general_cls=by_class_name).apply(
+            convert(qat_vars), batches()[0], deterministic=True
+        )
+    # The factory names it as the QAT side does, and the variables are found.
+    named = DenseMLP(dot_general_cls=int8_dot_general(qat_model.qat_config))
+    np.testing.assert_allclose(
+        named.apply(convert(qat_vars), batches()[0], deterministic=True),
+        int8_forward(qat_model, convert(qat_vars), batches()[0]),
+        rtol=1e-6,
+        atol=1e-6,
     )
