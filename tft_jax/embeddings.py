@@ -7,11 +7,82 @@ from typing import Any
 
 import jax.numpy as jnp
 from flax import linen as nn
+from flax import struct
 
-from tft_jax.linear import VariableLinear
+from tft_jax.linear import VariableLinear, _cast_operands
 
 Array = Any
 Dtype = Any
+
+
+@struct.dataclass
+class AffineEmbedding:
+    """Real inputs with their per-variable affine embedding not yet applied.
+
+    Stands for the `(..., V, width)` embeddings `values[..., v] * slope[v] +
+    intercept[v]`; `materialize()` computes them. A variable selection network
+    that receives one folds the embedding into its first layers instead (see
+    `tft_jax.folded_selection`).
+
+    Attributes:
+      values: `(..., V)` the inputs, in the compute dtype.
+      slope: `(V, width)` the prescaler kernels.
+      intercept: `(V, width)` the prescaler biases.
+    """
+
+    values: Array
+    slope: Array
+    intercept: Array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape of the embeddings it stands for, `(..., V, width)`."""
+        return (*tuple(self.values.shape), self.slope.shape[-1])
+
+    def materialize(self) -> Array:
+        """The embeddings `(..., V, width)`, exactly as `RealEmbedding` computes them."""
+        return self.values[..., None] * self.slope + self.intercept
+
+    @staticmethod
+    def concatenate(parts: Sequence[AffineEmbedding]) -> AffineEmbedding:
+        """The variables of several embeddings side by side (same leading shape and width)."""
+        return AffineEmbedding(
+            values=jnp.concatenate([part.values for part in parts], axis=-1),
+            slope=jnp.concatenate([part.slope for part in parts], axis=0),
+            intercept=jnp.concatenate([part.intercept for part in parts], axis=0),
+        )
+
+
+def concatenate_variables(parts: Sequence[Array | AffineEmbedding]) -> Array | AffineEmbedding:
+    """Embeddings `(..., V_i, width)` joined along the variable axis.
+
+    Stays an `AffineEmbedding` when every part is one, else materializes.
+    """
+    if all(isinstance(part, AffineEmbedding) for part in parts):
+        return AffineEmbedding.concatenate(parts)
+    arrays = [part.materialize() if isinstance(part, AffineEmbedding) else part for part in parts]
+    return jnp.concatenate(arrays, axis=-2)
+
+
+class _PrescalerParams(nn.Module):
+    """The prescaler's parameters as `VariableLinear(V, width)` declares them, not applied."""
+
+    num_variables: int
+    width: int
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self) -> tuple[Array, Array]:
+        kernel = self.param(
+            "kernel",
+            VariableLinear.kernel_init,
+            (self.num_variables, 1, self.width),
+            self.param_dtype,
+        )
+        bias = self.param(
+            "bias", nn.initializers.zeros_init(), (self.num_variables, self.width), self.param_dtype
+        )
+        return kernel, bias
 
 
 class RealEmbedding(nn.Module):
@@ -19,6 +90,12 @@ class RealEmbedding(nn.Module):
 
     The per-variable "prescaler" of the paper (and pytorch-forecasting's
     `hidden_continuous_size`), computed as one batched contraction.
+
+    With `lazy=True` and no `dot_general_cls` it returns an `AffineEmbedding`
+    (the inputs and the same parameters, not yet multiplied out) for a
+    variable selection network to fold into its first layers. A quantized
+    model (`dot_general_cls` set) always gets the computed embeddings: its
+    quantizers observe the prescaler's input and weights.
     """
 
     num_variables: int
@@ -26,9 +103,21 @@ class RealEmbedding(nn.Module):
     dtype: Dtype | None = None
     param_dtype: Dtype = jnp.float32
     dot_general_cls: Callable[..., nn.Module] | None = None
+    lazy: bool = False
 
     @nn.compact
-    def __call__(self, x: Array) -> Array:
+    def __call__(self, x: Array) -> Array | AffineEmbedding:
+        if self.lazy and self.dot_general_cls is None:
+            if x.ndim < 1 or x.shape[-1] != self.num_variables:
+                raise ValueError(
+                    f"RealEmbedding expects x of shape (..., {self.num_variables}), "
+                    f"got {tuple(x.shape)}"
+                )
+            kernel, bias = _PrescalerParams(
+                self.num_variables, self.width, self.param_dtype, name="prescaler"
+            )()
+            values, kernel, bias = _cast_operands(x, kernel, bias, self.dtype)
+            return AffineEmbedding(values, kernel[:, 0, :], bias)
         return VariableLinear(
             self.num_variables,
             self.width,

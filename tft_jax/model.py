@@ -14,7 +14,7 @@ from flax import struct
 from tft_jax._dropout import resolve_deterministic
 from tft_jax.attention import causal_mask
 from tft_jax.config import TFTConfig
-from tft_jax.embeddings import CategoricalEmbedding, RealEmbedding
+from tft_jax.embeddings import CategoricalEmbedding, RealEmbedding, concatenate_variables
 from tft_jax.gating import GateAddNorm, GatedResidualNetwork
 from tft_jax.interpretable_attention import InterpretableMultiHeadAttention
 from tft_jax.linear import Linear
@@ -220,15 +220,16 @@ class TemporalFusionTransformer(nn.Module):
             static_weights = jnp.zeros((batch, 0), jnp.float32)
 
         # Variable selection over the history and the horizon.
+        # Lazy: the selection networks fold the embeddings into their first layers.
         known_embedding = RealEmbedding(
-            cfg.num_known_features, width, name="known_embedding", **common
+            cfg.num_known_features, width, name="known_embedding", lazy=True, **common
         )
         history_embedded = RealEmbedding(
-            cfg.num_observed_features, width, name="observed_embedding", **common
+            cfg.num_observed_features, width, name="observed_embedding", lazy=True, **common
         )(jnp.asarray(historical, dtype))
         if cfg.use_known_history:
-            history_embedded = jnp.concatenate(
-                [history_embedded, known_embedding(jnp.asarray(known_history, dtype))], axis=-2
+            history_embedded = concatenate_variables(
+                [history_embedded, known_embedding(jnp.asarray(known_history, dtype))]
             )
         history_encoding, history_weights = VariableSelectionNetwork(
             cfg.num_history_inputs,

@@ -9,6 +9,8 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from tft_jax._dropout import resolve_deterministic
+from tft_jax.embeddings import AffineEmbedding
+from tft_jax.folded_selection import DEFAULT_CHUNK_ROWS, folded_selection
 from tft_jax.gating import GatedResidualNetwork
 
 Array = Any
@@ -32,10 +34,18 @@ class VariableSelectionNetwork(nn.Module):
     a contraction with the variable axis leading (where XLA puts it), and the
     wide `(V, B, [T,] D)` result is combined by one contraction over `V`. The
     other layout would transpose the `D`-wide activations after every layer,
-    forward and backward (1.4x slower at electricity shapes on CPU).
+    forward and backward.
+
+    Given real inputs as an `AffineEmbedding` (`RealEmbedding(lazy=True)`)
+    and no `dot_general_cls`, the same function runs through
+    `tft_jax.folded_selection`: the embedding folded into the first layers,
+    the GRNs and the weighted sum over chunks of `chunk_rows` rows under
+    `lax.scan` + `jax.checkpoint`. Same parameters, same dropout masks. The
+    quantized model materializes the embedding and runs the layers one by
+    one, so that every quantizer sees what it sees without the fold.
 
     Args (call):
-      embedded: `(B, [T,] V, width)`.
+      embedded: `(B, [T,] V, width)`, or an `AffineEmbedding` of `(B, [T,] V)` inputs.
       context: optional `(B, D)` static context.
     """
 
@@ -46,6 +56,7 @@ class VariableSelectionNetwork(nn.Module):
     dtype: Dtype | None = None
     param_dtype: Dtype = jnp.float32
     dot_general_cls: Callable[..., nn.Module] | None = None
+    chunk_rows: int = DEFAULT_CHUNK_ROWS
 
     @nn.compact
     def __call__(
@@ -54,6 +65,10 @@ class VariableSelectionNetwork(nn.Module):
         deterministic = resolve_deterministic(
             "VariableSelectionNetwork", deterministic, self.dropout_rate, self.is_initializing()
         )
+        if isinstance(embedded, AffineEmbedding):
+            if self.dot_general_cls is None:
+                return folded_selection(self, embedded, context, deterministic, self.chunk_rows)
+            embedded = embedded.materialize()
         width = embedded.shape[-1]
         common = dict(
             dropout_rate=self.dropout_rate,

@@ -1,0 +1,188 @@
+"""The folded, chunked variable selection path equals the layer-by-layer layout.
+
+The reference is the same model with a `dot_general_cls` that is plain
+`lax.dot_general`: a model with the hook set takes the layer-by-layer path
+(embeddings computed, each GRN layer its own matmul, no chunks), so both run
+from one parameter tree and one dropout key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+from jax import lax
+
+from tft_jax import TemporalFusionTransformer, TFTConfig
+from tft_jax.embeddings import AffineEmbedding, RealEmbedding
+from tft_jax.variable_selection import VariableSelectionNetwork
+
+
+class PlainDotGeneral(nn.Module):
+    """The `dot_general_cls` protocol with no change to the product."""
+
+    lhs_bounds: tuple[float, float] | None = None
+
+    def __call__(self, lhs, rhs, dimension_numbers):
+        return lax.dot_general(lhs, rhs, dimension_numbers)
+
+
+def assert_trees_close(actual, expected, rtol, per_leaf=True):
+    """Every leaf within `rtol` of the expected leaf's largest magnitude.
+
+    With `per_leaf=False` the scale is the largest magnitude in the whole tree
+    (for gradients: a leaf whose gradient is ~1e-6 of the others cancels
+    catastrophically in float32 in either layout).
+    """
+    leaves = [np.asarray(leaf, np.float64) for leaf in jax.tree.leaves(expected)]
+    tree_scale = max((np.max(np.abs(leaf)) for leaf in leaves if leaf.size), default=0.0)
+    for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(actual), leaves, strict=True):
+        got = np.asarray(got, np.float64)
+        assert got.shape == want.shape, jax.tree_util.keystr(path)
+        if not want.size:
+            continue
+        scale = max(np.max(np.abs(want)) if per_leaf else tree_scale, 1e-30)
+        error = np.max(np.abs(got - want)) / scale
+        assert error <= rtol, f"{jax.tree_util.keystr(path)}: relative error {error:.2e}"
+
+
+@pytest.mark.parametrize(
+    "num_variables, width, chunk_rows",
+    # Several chunks, the last padded; one variable with an identity skip (width == D).
+    [(4, 5, 5), (1, 6, 4)],
+)
+def test_folded_selection_equals_layer_by_layer_with_dropout_and_gradients(
+    num_variables, width, chunk_rows
+):
+    batch, steps, features, with_context = 3, 7, 6, True
+    rng = np.random.default_rng(num_variables)
+    values = rng.normal(size=(batch, steps, num_variables)).astype(np.float32)
+    context = rng.normal(size=(batch, features)).astype(np.float32) if with_context else None
+
+    def build(dot_general_cls):
+        embedding = RealEmbedding(num_variables, width, lazy=True, dot_general_cls=dot_general_cls)
+        vsn = VariableSelectionNetwork(
+            num_variables,
+            features,
+            dropout_rate=0.3,
+            dot_general_cls=dot_general_cls,
+            chunk_rows=chunk_rows,
+        )
+        return embedding, vsn
+
+    class Pair(nn.Module):
+        dot_general_cls: object = None
+
+        @nn.compact
+        def __call__(self, values, context, deterministic):
+            embedding, vsn = build(self.dot_general_cls)
+            embedded = embedding(values)
+            assert isinstance(embedded, AffineEmbedding) == (self.dot_general_cls is None)
+            return vsn(embedded, context, deterministic)
+
+    fast, layered = Pair(), Pair(PlainDotGeneral)
+    keys = {"params": jax.random.key(0), "dropout": jax.random.key(1)}
+    variables = jax.jit(fast.init, static_argnums=3)(keys, values, context, True)
+    assert_trees_close(
+        jax.jit(layered.init, static_argnums=3)(keys, values, context, True), variables, 0.0
+    )
+    cotangent = rng.normal(size=(batch, steps, features)).astype(np.float32)
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def value_and_grads(model, params, values):
+        def scalar(params, values):
+            combined, weights = model.apply(
+                {"params": params}, values, context, False, rngs={"dropout": jax.random.key(2)}
+            )
+            return jnp.sum(combined * cotangent) + jnp.sum(jnp.sin(3.0 * weights)), (
+                combined,
+                weights,
+            )
+
+        grads = jax.grad(scalar, argnums=(0, 1), has_aux=True)(params, values)
+        return grads, model.apply({"params": params}, values, context, True)[0]
+
+    (grads, outputs), deterministic = value_and_grads(fast, variables["params"], values)
+    (want_grads, want_outputs), _ = value_and_grads(layered, variables["params"], values)
+    assert_trees_close(outputs, want_outputs, 2e-6)
+    assert_trees_close(grads, want_grads, 2e-6, per_leaf=False)
+    # Dropout acted (so the outputs above agree because the masks are the same).
+    assert np.max(np.abs(np.asarray(deterministic) - np.asarray(outputs[0]))) > 1e-3
+
+
+def small_config(**overrides):
+    fields = dict(
+        num_static_features=2,
+        num_known_features=3,
+        num_observed_features=4,
+        hidden_dim=8,
+        num_heads=2,
+        sequence_length=6,
+        prediction_horizon=3,
+        dropout_rate=0.2,
+        variable_hidden_dim=4,
+        use_known_history=True,
+    )
+    fields.update(overrides)
+    return TFTConfig(**fields)
+
+
+def test_model_fast_path_equals_layer_by_layer_in_outputs_loss_and_gradients():
+    # No statics (the static selection takes no fast path; fewer operations to
+    # compile); the context reaching the fast path is tested above.
+    config = small_config(num_static_features=0)
+    rng = np.random.default_rng(0)
+    batch = 3
+    static = None
+    historical = rng.normal(
+        size=(batch, config.sequence_length, config.num_observed_features)
+    ).astype(np.float32)
+    future = rng.normal(size=(batch, config.prediction_horizon, config.num_known_features)).astype(
+        np.float32
+    )
+    known = rng.normal(size=(batch, config.sequence_length, config.num_known_features)).astype(
+        np.float32
+    )
+    target = rng.normal(size=(batch, config.prediction_horizon)).astype(np.float32)
+    fast = TemporalFusionTransformer(config)
+    layered = TemporalFusionTransformer(config, dot_general_cls=PlainDotGeneral)
+    inputs = (static, historical, future, known)
+    keys = {"params": jax.random.key(3), "dropout": jax.random.key(4)}
+    variables = jax.jit(fast.init)(keys, *inputs)
+    assert_trees_close(jax.jit(layered.init)(keys, *inputs), variables, 0.0)
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def loss_and_grads(model, params):
+        def loss(params):
+            out = model.apply(
+                {"params": params}, *inputs, deterministic=False, rngs={"dropout": keys["dropout"]}
+            )
+            errors = out.quantiles - target[..., None]
+            levels = jnp.asarray(config.quantiles)
+            return jnp.mean(jnp.maximum(levels * errors, (levels - 1) * errors)), out
+
+        return jax.value_and_grad(loss, has_aux=True)(params)
+
+    (loss, out), grads = loss_and_grads(fast, variables["params"])
+    (want_loss, want_out), want_grads = loss_and_grads(layered, variables["params"])
+    np.testing.assert_allclose(loss, want_loss, rtol=2e-6)
+    assert_trees_close(dataclasses.asdict(out), dataclasses.asdict(want_out), 5e-6)
+    assert_trees_close(grads, want_grads, 2e-6, per_leaf=False)
+
+
+def test_affine_embedding_materializes_to_the_prescaler_output_exactly():
+    values = np.random.default_rng(1).normal(size=(2, 5, 3)).astype(np.float32)
+    lazy = RealEmbedding(3, 4, lazy=True)
+    eager = RealEmbedding(3, 4)
+    variables = lazy.init(jax.random.key(0), values)
+    assert_trees_close(eager.init(jax.random.key(0), values), variables, 0.0)
+    np.testing.assert_array_equal(
+        lazy.apply(variables, values).materialize(), eager.apply(variables, values)
+    )
+    with pytest.raises(ValueError, match=r"\(\.\.\., 3\)"):
+        lazy.apply(variables, values[..., :2])
