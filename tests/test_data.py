@@ -133,10 +133,10 @@ BAD_TABLES = {
         r"column 'time' .*unparseable.*'not a time'.*'a'",
     ),
     "empty time": (_with("time", 9, None), {}, r"column 'time' has 1 empty.*'a'"),
-    "short series": (
-        lambda t: t[(t["id"] == "a") | (t.index < 90)],
+    "every series short": (
+        lambda t: t[t.index < 10],
         {},
-        r"series 'b' spans 10 steps .* history \+ horizon = 12",
+        r"every series \(1\) is shorter than 12 steps .*'a' \(10 steps\)",
     ),
     "unknown frequency": (lambda t: t, {"freq": "xyz"}, r"unknown frequency freq='xyz'"),
     "off-grid timestamp": (
@@ -328,7 +328,7 @@ def test_window_contents_equal_the_source_rows(split):
         np.testing.assert_allclose(
             arrays["historical"][i, :, 1], (past["temp"] - temp_mean) / temp_std, atol=1e-5
         )
-        np.testing.assert_array_equal(arrays["historical"][i, :, 2], 0.0)
+        assert arrays["historical"].shape[-1] == 2  # no target is missing: no missing flag
         np.testing.assert_allclose(
             arrays["future"][i, :, -1], (ahead["promo"] - promo_mean) / promo_std, atol=1e-5
         )
@@ -349,7 +349,7 @@ def test_window_arrays_have_the_model_shapes_and_dtypes():
     expected = {
         "static": ((4, 1), np.float32),
         "static_categorical": ((4, 1), np.int32),
-        "historical": ((4, 6, 3), np.float32),
+        "historical": ((4, 6, 2), np.float32),  # target, temp (no missing flag: none missing)
         "known_history": ((4, 6, 8), np.float32),
         "future": ((4, 3, 8), np.float32),
         "target": ((4, 3), np.float32),
@@ -358,9 +358,9 @@ def test_window_arrays_have_the_model_shapes_and_dtypes():
     for key, (shape, dtype) in expected.items():
         assert arrays[key].shape == shape and arrays[key].dtype == dtype, key
     config = dataset.tft_config_kwargs()
-    assert config["num_observed_features"] == 3 and config["num_known_features"] == 8
+    assert config["num_observed_features"] == 2 and config["num_known_features"] == 8
     assert config["static_categorical_cardinalities"] == (3,)  # two series + unknown
-    assert dataset.observed_feature_names == ("y", "temp", "y_missing")
+    assert dataset.observed_feature_names == ("y", "temp")  # the flag would be all zeros
     assert dataset.static_weight_names == ("size", "id")
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,7 +37,17 @@ import pandas as pd
 from tft_jax.data.calendar import TIME_INDEX, calendar_feature_names
 from tft_jax.data.preprocessing import Preprocessor, missing_column
 from tft_jax.data.scaling import FeatureScaler, TargetScaler
-from tft_jax.data.tables import TableSpec, read_table, to_regular_grid, validate_table
+from tft_jax.data.tables import (
+    TableSpec,
+    check_density,
+    check_missing_fraction,
+    infer_categorical,
+    missing_texts,
+    read_table,
+    series_grid,
+    to_regular_grid,
+    validate_table,
+)
 from tft_jax.data.windows import Panel, WindowSet, window_starts
 
 SPLITS = ("train", "validation", "test")
@@ -66,6 +77,8 @@ class PreparedDataset:
         indicator, `series_code` and the known inputs under their names.
       preprocessor: the fitted map from a table to model inputs (reusable on
         new tables of the same spec, see `preprocessing`).
+      missing_texts: per column, the cells read as missing because they held
+        a missing-value text such as 'n/a' (`tables.MISSING_TEXTS`).
     """
 
     spec: TableSpec
@@ -86,6 +99,7 @@ class PreparedDataset:
     test: WindowSet
     frame: pd.DataFrame
     preprocessor: Preprocessor
+    missing_texts: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def panel(self) -> Panel:
@@ -142,7 +156,17 @@ class PreparedDataset:
             "prediction_horizon": self.horizon,
             "static_categorical_cardinalities": self.static_categorical_cardinalities,
             "use_known_history": True,
-        }
+            **{
+                name: value
+                for name, value in (
+                    ("known_categorical_cardinalities",
+                     self.preprocessor.known_categorical_cardinalities),
+                    ("observed_categorical_cardinalities",
+                     self.preprocessor.observed_categorical_cardinalities),
+                )
+                if value
+            },
+        }  # fmt: skip
 
     def inverse_transform(self, values: np.ndarray, series_code: np.ndarray) -> np.ndarray:
         """Scaled values (B, ...), e.g. quantile forecasts (B, H, Q), in the target's units."""
@@ -158,12 +182,40 @@ class PreparedDataset:
             "validation_start": str(self.validation_start),
             "test_start": str(self.test_start),
             "windows": {name: len(self.split(name)) for name in SPLITS},
+            "missing_texts": dict(self.missing_texts),
         }
 
     @property
     def missing_col(self) -> str:
         """Name of the missing indicator input."""
         return missing_column(self.spec)
+
+    def missing_report(self) -> pd.DataFrame:
+        """Per series: grid rows, filled target steps (and their share), windows kept and left out.
+
+        Windows left out are those whose horizon holds a filled target (they
+        would teach and score made-up values); their count is over all splits.
+        """
+        panel = self.panel
+        frame = self.frame
+        filled = frame.groupby("series_code", sort=True)[self.missing_col].sum()
+        every = window_starts(panel, self.history, self.horizon, panel.times.min(),
+                              panel.times.max() + pd.tseries.frequencies.to_offset(self.spec.freq),
+                              require_observed_target=False)  # fmt: skip
+        kept = np.concatenate([self.split(name).starts for name in SPLITS])
+        codes = np.arange(self.num_series)
+        return pd.DataFrame(
+            {
+                self.spec.id_col: list(self.series_ids),
+                "rows": panel.series_length,
+                "filled_target_steps": filled.reindex(codes, fill_value=0).to_numpy(int),
+                "filled_fraction": filled.reindex(codes, fill_value=0).to_numpy()
+                / panel.series_length,
+                "windows": np.bincount(panel.series_code[kept], minlength=self.num_series),
+                "windows_left_out": np.bincount(panel.series_code[every], minlength=self.num_series)
+                - np.bincount(panel.series_code[kept], minlength=self.num_series),
+            }
+        )
 
 
 def _to_timestamp(value: Any, name: str, tz: Any, timezone: str | None) -> pd.Timestamp:
@@ -248,7 +300,8 @@ def _check_windows(
             raise ValueError(
                 f"the {name} period [{begin}, {end}) holds no complete window (a window needs "
                 f"history steps before it and {horizon} horizon steps inside it with an observed "
-                "target); widen that period (fractions or cut times) or shorten history/horizon"
+                "target); widen that period (validation_fraction/test_fraction, or "
+                "validation_start/test_start) or shorten history/horizon"
             )
 
 
@@ -274,6 +327,12 @@ def prepare_dataset(
     eval_stride: int = 1,
     require_observed_target: bool = True,
     preprocessor: Preprocessor | None = None,
+    categorical_cols: Sequence[str] = (),
+    time_format: str | None = None,
+    dayfirst: bool = False,
+    encoding: str = "utf-8",
+    max_missing_fraction: float = 0.5,
+    min_series_length: int | None = None,
 ) -> PreparedDataset:
     """Validates a long-format table and turns it into TFT windows (see the module docstring).
 
@@ -294,6 +353,18 @@ def prepare_dataset(
       preprocessor: a fitted `Preprocessor` of this spec to apply instead of
         fitting one on this table's training period (`scaler` is then unused):
         how a trained model is evaluated on a new table.
+      categorical_cols: integer-coded inputs to treat as categorical (inputs
+        holding text are categorical without being listed).
+      time_format, dayfirst: how to read the time column (see `TableSpec`).
+      encoding: text encoding of a CSV path.
+      max_missing_fraction: refuse a series whose filled target steps exceed
+        this share of its grid.
+      min_series_length: leave out series shorter than this many steps (and
+        always those shorter than `history + horizon`), with a warning.
+
+    Cells holding a missing-value text ('n/a', 'null', '-', ...) are read as
+    missing, and filled target steps are announced with a `UserWarning`
+    (`PreparedDataset.missing_report` has the numbers per series).
 
     Returns:
       The `PreparedDataset`.
@@ -311,7 +382,12 @@ def prepare_dataset(
         observed_cols=tuple(observed_cols),
         freq=freq,
         timezone=timezone,
+        categorical_cols=tuple(categorical_cols),
+        time_format=time_format,
+        dayfirst=dayfirst,
     )
+    if not isinstance(max_missing_fraction, int | float) or not 0 <= max_missing_fraction <= 1:
+        raise ValueError(f"max_missing_fraction must be in [0, 1], got {max_missing_fraction!r}")
     missing_col = missing_column(spec)
     calendar_names = calendar_feature_names(freq)
     generated = {missing_col, TIME_INDEX, "series_code", *calendar_names}
@@ -320,8 +396,41 @@ def prepare_dataset(
         raise ValueError(
             f"column names {sorted(clash)} are reserved for generated inputs; rename them"
         )
-    clean = validate_table(read_table(table), spec, history, horizon)
+    raw = read_table(table, encoding)
+    raw, texts = missing_texts(
+        raw, [c for c in spec.columns if c != spec.time_col and c in raw.columns]
+    )
+    if texts:
+        warnings.warn(
+            "read cells holding a missing-value text as missing: "
+            + ", ".join(f"{count} in {column!r}" for column, count in texts.items()),
+            UserWarning,
+            stacklevel=2,
+        )
+    spec = preprocessor.spec if preprocessor is not None else infer_categorical(raw, spec)
+    minimum = max(history + horizon, min_series_length or 0)
+    clean = validate_table(raw, spec, history, horizon, min_length=None, drop_short=True)
+    if min_series_length is not None and min_series_length > history + horizon:
+        lengths = clean.groupby(spec.id_col, sort=False)[spec.time_col].agg(["min", "max"])
+        steps = {
+            series: len(series_grid(pd.DatetimeIndex([row["min"], row["max"]]), freq))
+            for series, row in lengths.iterrows()
+        }
+        short = [series for series, count in steps.items() if count < minimum]
+        if len(short) == len(steps):
+            raise ValueError(f"every series is shorter than min_series_length={minimum} steps")
+        if short:
+            warnings.warn(
+                f"left out {len(short)} series shorter than min_series_length={minimum} "
+                f"steps: {short}",
+                UserWarning,
+                stacklevel=2,
+            )
+            clean = clean[~clean[spec.id_col].isin(short)].reset_index(drop=True)
     grid = to_regular_grid(clean, spec, missing_col)
+    check_density(clean, grid, spec)
+    if preprocessor is None:
+        check_missing_fraction(grid, spec, missing_col, max_missing_fraction)
     times = pd.DatetimeIndex(grid[spec.time_col])
     end = times.max() + pd.tseries.frequencies.to_offset(freq)
 
@@ -332,18 +441,14 @@ def prepare_dataset(
     else:
         cut_validation = _to_timestamp(validation_start, "validation_start", times.tz, timezone)
         cut_test = _to_timestamp(test_start, "test_start", times.tz, timezone)
-    if not times.min() < cut_validation <= cut_test:
+    if not times.min() < cut_validation <= cut_test <= end:
         raise ValueError(
             f"cuts must satisfy first time {times.min()} < validation_start {cut_validation} "
-            f"<= test_start {cut_test}"
+            f"<= test_start {cut_test} <= the end of the data {end} (last time + one step)"
         )
 
     if preprocessor is None:
         preprocessor = Preprocessor.fit(grid, spec, cut_validation, scaler)
-    elif preprocessor.spec != spec:
-        raise ValueError(
-            f"preprocessor was fitted for {preprocessor.spec}, not for this table's {spec}"
-        )
     transformed = preprocessor.transform(grid)
     panel = transformed.panel
     times = panel.times
@@ -360,13 +465,13 @@ def prepare_dataset(
         wanted = {name: begin < end for name, (begin, end) in periods.items()}
     _check_windows(windows, periods, horizon, {**wanted, "train": True})
 
-    return PreparedDataset(
+    dataset = PreparedDataset(
         spec=spec,
         history=history,
         horizon=horizon,
         series_ids=transformed.series_ids,
-        static_feature_names=spec.static_cols,
-        static_categorical_names=(spec.id_col,),
+        static_feature_names=preprocessor.static_feature_names,
+        static_categorical_names=preprocessor.static_categorical_names,
         static_categorical_cardinalities=preprocessor.static_categorical_cardinalities,
         known_feature_names=preprocessor.known_feature_names,
         observed_feature_names=preprocessor.observed_feature_names,
@@ -379,4 +484,16 @@ def prepare_dataset(
         test=windows["test"],
         frame=transformed.frame,
         preprocessor=preprocessor,
+        missing_texts=texts,
     )
+    filled = grid.groupby(spec.id_col, sort=True)[missing_col].sum()
+    if filled.sum():
+        report = ", ".join(f"{series!r} {int(n)}" for series, n in filled[filled > 0].items())
+        warnings.warn(
+            f"filled {int(filled.sum())} missing target steps (forward fill; flagged) in "
+            f"{int((filled > 0).sum())} of {len(filled)} series: {report}; windows whose "
+            "horizon holds one are left out (PreparedDataset.missing_report())",
+            UserWarning,
+            stacklevel=2,
+        )
+    return dataset

@@ -12,14 +12,17 @@ naming the series, the time and the column.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import numpy as np
 import pandas as pd
 
 from tft_jax.data.preprocessing import Preprocessor, Transformed
 from tft_jax.data.tables import (
+    _categorical_values,
     _parse_times,
     _to_float,
+    missing_texts,
     parse_frequency,
     read_table,
     to_regular_grid,
@@ -90,7 +93,8 @@ def _future_table(
             "like the history's"
         )
     for column in known:
-        table[column] = _to_float(table[column], f"future {column}", ids)
+        convert = _categorical_values if column in spec.categorical_cols else _to_float
+        table[column] = convert(table[column], f"future {column}", ids)
     duplicated = table.duplicated([spec.id_col, spec.time_col], keep=False).to_numpy()
     if duplicated.any():
         row = int(np.flatnonzero(duplicated)[0])
@@ -150,7 +154,16 @@ def future_windows(
         series needing `history` steps) or a bad `future` table.
     """
     spec = preprocessor.spec
-    clean = validate_table(read_table(table), spec, history, horizon, min_length=history)
+    raw = read_table(table)
+    raw, texts = missing_texts(raw, [c for c in spec.columns if c != spec.time_col and c in raw])
+    if texts:
+        warnings.warn(
+            "read cells holding a missing-value text as missing: "
+            + ", ".join(f"{count} in {column!r}" for column, count in texts.items()),
+            UserWarning,
+            stacklevel=3,
+        )
+    clean = validate_table(raw, spec, history, horizon, min_length=history)
     grid = to_regular_grid(clean, spec, preprocessor.missing_col)
     last = grid.groupby(spec.id_col, sort=True)[spec.time_col].max()
     expected = {series: future_steps(time, spec.freq, horizon) for series, time in last.items()}
@@ -160,8 +173,9 @@ def future_windows(
     for column in spec.static_cols:
         ahead[column] = ahead[spec.id_col].map(statics[column])
     ahead[spec.target] = np.nan
-    for column in spec.observed_cols:
-        ahead[column] = 0.0  # never read: observed inputs enter only over the history
+    latest = grid.groupby(spec.id_col, sort=True)[list(spec.observed_cols)].last()
+    for column in spec.observed_cols:  # never read: observed inputs enter only over the history
+        ahead[column] = ahead[spec.id_col].map(latest[column])
     ahead[preprocessor.missing_col] = 1.0
     combined = pd.concat([grid, ahead[grid.columns]], ignore_index=True)
     combined = combined.sort_values([spec.id_col, spec.time_col], kind="stable")

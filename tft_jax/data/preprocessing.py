@@ -9,10 +9,14 @@ of the same spec: the training table (training, evaluation) or a new one
 (more recent history, other series), which is how a saved model forecasts
 without its training data.
 
-A series the vocabulary does not know gets the reserved code
-`len(series_ids)` (its id embedding is the "unknown" entry, never trained)
-and a target scaler fitted on its own observed values in the new table;
-both are announced with a `UserWarning`.
+Categorical inputs (the id column, and every column of
+`spec.categorical_cols`) are coded by a vocabulary fitted on the training
+period: its sorted values get codes `0 .. n-1` and code `n` is reserved for
+"unknown", a value the training period did not have. A series the vocabulary
+does not know gets the unknown id code and a target scaler fitted on its own
+observed values in the new table; unknown values are announced with a
+`UserWarning`. The missing-target flag is an input only when the training
+period has a filled target step (an all-zero flag carries no information).
 """
 
 from __future__ import annotations
@@ -72,7 +76,9 @@ class Preprocessor:
       origin: the earliest time of the training table (`time_index` 0).
       train_steps: steps from `origin` to the validation start (`time_index` 1).
       target_scaler: per vocabulary code, fitted on the training period.
-      feature_scaler: standardisation of `observed_cols` then `known_cols`.
+      feature_scaler: standardisation of the real observed then known columns.
+      vocabularies: the sorted training values of each categorical column.
+      missing_flag: whether `<target>_missing` is an observed input.
     """
 
     spec: TableSpec
@@ -81,6 +87,8 @@ class Preprocessor:
     train_steps: float
     target_scaler: TargetScaler
     feature_scaler: FeatureScaler
+    vocabularies: dict[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
+    missing_flag: bool = True
 
     @property
     def missing_col(self) -> str:
@@ -89,18 +97,54 @@ class Preprocessor:
 
     @property
     def known_feature_names(self) -> tuple[str, ...]:
-        """(K,) the known inputs: calendar features, `time_index`, then `known_cols`."""
-        return (*calendar_feature_names(self.spec.freq), TIME_INDEX, *self.spec.known_cols)
+        """(K,) the known inputs: calendar features, `time_index`, then real `known_cols`."""
+        real = self.spec.real(self.spec.known_cols)
+        return (*calendar_feature_names(self.spec.freq), TIME_INDEX, *real)
 
     @property
     def observed_feature_names(self) -> tuple[str, ...]:
-        """(U,) the observed inputs: the scaled target, `observed_cols`, the missing flag."""
-        return (self.spec.target, *self.spec.observed_cols, self.missing_col)
+        """(U,) the observed inputs: the scaled target, real `observed_cols`, the missing flag."""
+        flag = (self.missing_col,) if self.missing_flag else ()
+        return (self.spec.target, *self.spec.real(self.spec.observed_cols), *flag)
+
+    @property
+    def static_feature_names(self) -> tuple[str, ...]:
+        """(S,) the real-valued statics."""
+        return self.spec.real(self.spec.static_cols)
+
+    @property
+    def static_categorical_names(self) -> tuple[str, ...]:
+        """(C,) the categorical statics: the id column, then categorical `static_cols`."""
+        return (self.spec.id_col, *self.spec.categorical(self.spec.static_cols))
+
+    @property
+    def known_categorical_names(self) -> tuple[str, ...]:
+        """The categorical known inputs."""
+        return self.spec.categorical(self.spec.known_cols)
+
+    @property
+    def observed_categorical_names(self) -> tuple[str, ...]:
+        """The categorical observed inputs."""
+        return self.spec.categorical(self.spec.observed_cols)
+
+    def _cardinalities(self, names: Sequence[str]) -> tuple[int, ...]:
+        return tuple(len(self.vocabularies[name]) + 1 for name in names)
 
     @property
     def static_categorical_cardinalities(self) -> tuple[int, ...]:
-        """The id column's categories: the training series plus the reserved unknown code."""
-        return (len(self.series_ids) + 1,)
+        """Categories of each categorical static (its training values plus unknown)."""
+        statics = self._cardinalities(self.static_categorical_names[1:])
+        return (len(self.series_ids) + 1, *statics)
+
+    @property
+    def known_categorical_cardinalities(self) -> tuple[int, ...]:
+        """Categories of each categorical known input (its training values plus unknown)."""
+        return self._cardinalities(self.known_categorical_names)
+
+    @property
+    def observed_categorical_cardinalities(self) -> tuple[int, ...]:
+        """Categories of each categorical observed input (its training values plus unknown)."""
+        return self._cardinalities(self.observed_categorical_names)
 
     @classmethod
     def fit(
@@ -119,10 +163,14 @@ class Preprocessor:
             scaler,
             series_names=list(series_ids),
         )
-        user = [*spec.observed_cols, *spec.known_cols]
+        user = [*spec.real(spec.observed_cols), *spec.real(spec.known_cols)]
         feature_scaler = FeatureScaler.fit(grid.loc[train_rows, user].to_numpy(np.float64))
         origin = times.min()
         train_steps = float(steps_since(pd.DatetimeIndex([validation_start]), origin, spec.freq)[0])
+        vocabularies = {
+            column: tuple(sorted({_json_value(v) for v in grid.loc[train_rows, column].dropna()}))
+            for column in spec.categorical_cols
+        }
         return cls(
             spec=spec,
             series_ids=tuple(_json_value(value) for value in series_ids),
@@ -130,7 +178,25 @@ class Preprocessor:
             train_steps=max(train_steps, 1.0),
             target_scaler=target_scaler,
             feature_scaler=feature_scaler,
+            vocabularies=vocabularies,
+            missing_flag=bool((~observed[train_rows]).any()),
         )
+
+    def encode(self, column: str, values: pd.Series) -> np.ndarray:
+        """(R,) int32 codes of a categorical column; values not in its vocabulary are unknown."""
+        vocabulary = self.vocabularies[column]
+        position = {value: code for code, value in enumerate(vocabulary)}
+        raw = [_json_value(value) for value in values]
+        codes = np.array([position.get(value, len(vocabulary)) for value in raw], np.int32)
+        unseen = sorted({str(v) for v, c in zip(raw, codes, strict=True) if c == len(vocabulary)})
+        if unseen:
+            warnings.warn(
+                f"categorical column {column!r} has values not seen in training, coded as "
+                f"unknown: {unseen[:10]}{' ...' if len(unseen) > 10 else ''}",
+                UserWarning,
+                stacklevel=4,
+            )
+        return codes
 
     def vocabulary_codes(self, ids: Sequence[Any]) -> np.ndarray:
         """(m,) int32 vocabulary code of each id; unknown ids get `len(series_ids)`."""
@@ -183,20 +249,30 @@ class Preprocessor:
         target_scaler = self._panel_target_scaler(vocabulary, ids, raw_target, codes)
         filled_target = grid[spec.target].to_numpy(np.float64)
         scaled_target = target_scaler.transform(np.nan_to_num(filled_target), codes)
-        user = [*spec.observed_cols, *spec.known_cols]
+        real_observed = spec.real(spec.observed_cols)
+        user = [*real_observed, *spec.real(spec.known_cols)]
         scaled_user = self.feature_scaler.transform(grid[user].to_numpy(np.float64))
-        observed_user = scaled_user[:, : len(spec.observed_cols)]
-        known_user = scaled_user[:, len(spec.observed_cols) :]
+        observed_user = scaled_user[:, : len(real_observed)]
+        known_user = scaled_user[:, len(real_observed) :]
         time_index = steps_since(times, self.origin, spec.freq) / self.train_steps
         known = np.concatenate(
             [calendar_features(times, spec.freq, spec.timezone), time_index[:, None], known_user],
             axis=1,
         )
-        observed = np.concatenate(
-            [scaled_target[:, None], observed_user, missing[:, None]], axis=1
-        )
+        flag = [missing[:, None]] if self.missing_flag else []
+        observed = np.concatenate([scaled_target[:, None], observed_user, *flag], axis=1)
         num_series = len(ids)
         first_rows = np.searchsorted(codes, np.arange(num_series))
+
+        def categorical(names: Sequence[str], rows: Any = slice(None)) -> np.ndarray:
+            columns = [self.encode(name, grid[name].iloc[rows]) for name in names]
+            length = len(grid) if isinstance(rows, slice) else len(rows)
+            return np.stack(columns, axis=1) if columns else np.zeros((length, 0), np.int32)
+
+        static_categorical = np.concatenate(
+            [vocabulary[:, None], categorical(self.static_categorical_names[1:], first_rows)],
+            axis=1,
+        )
         panel = Panel(
             series_code=codes,
             times=times,
@@ -204,10 +280,12 @@ class Preprocessor:
             known=known.astype(np.float32),
             target=scaled_target.astype(np.float32),
             target_mask=(1.0 - missing).astype(np.float32),
-            static=grid[list(spec.static_cols)].to_numpy(np.float32)[first_rows],
+            static=grid[list(self.static_feature_names)].to_numpy(np.float32)[first_rows],
             series_start=first_rows.astype(np.int64),
             series_length=np.bincount(codes, minlength=num_series).astype(np.int64),
-            static_categorical=vocabulary[:, None],
+            static_categorical=static_categorical.astype(np.int32),
+            known_categorical=categorical(self.known_categorical_names),
+            observed_categorical=categorical(self.observed_categorical_names),
         )
         frame = grid[[spec.id_col, spec.time_col]].copy()
         frame[spec.target] = raw_target
@@ -232,6 +310,8 @@ class Preprocessor:
                 "loc": self.feature_scaler.loc.tolist(),
                 "scale": self.feature_scaler.scale.tolist(),
             },
+            "vocabularies": {name: list(values) for name, values in self.vocabularies.items()},
+            "missing_flag": self.missing_flag,
         }
 
     @classmethod
@@ -252,4 +332,8 @@ class Preprocessor:
                 loc=np.asarray(features["loc"], np.float64).reshape(-1),
                 scale=np.asarray(features["scale"], np.float64).reshape(-1),
             ),
+            vocabularies={
+                name: tuple(values) for name, values in data.get("vocabularies", {}).items()
+            },
+            missing_flag=bool(data.get("missing_flag", True)),
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -56,6 +57,12 @@ class TableSpec:
       timezone: IANA zone (e.g. 'Australia/Melbourne') in which calendar
         features are read, for timezone-aware time columns; None reads them in
         the time column's own zone.
+      categorical_cols: static, known or observed columns that are categorical
+        (strings, or integer codes); each gets a vocabulary and an embedding.
+        Columns holding strings are added by `infer_categorical`.
+      time_format: strftime format of the time column (e.g. '%d/%m/%Y');
+        None lets pandas infer it.
+      dayfirst: read ambiguous dates such as 01/02/2024 as day first.
     """
 
     id_col: str
@@ -66,9 +73,12 @@ class TableSpec:
     observed_cols: tuple[str, ...] = ()
     freq: str = "h"
     timezone: str | None = None
+    categorical_cols: tuple[str, ...] = ()
+    time_format: str | None = None
+    dayfirst: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("static_cols", "known_cols", "observed_cols"):
+        for name in ("static_cols", "known_cols", "observed_cols", "categorical_cols"):
             value = getattr(self, name)
             if isinstance(value, str):
                 raise TypeError(
@@ -86,6 +96,15 @@ class TableSpec:
                 f"column {column!r} is given more than one role ({', '.join(where)}); "
                 "give each column one role"
             )
+        inputs = {*self.static_cols, *self.known_cols, *self.observed_cols}
+        stray = [column for column in self.categorical_cols if column not in inputs]
+        if stray:
+            raise ValueError(
+                f"categorical_cols {stray} are not static, known or observed columns; give "
+                "each a role first"
+            )
+        if not isinstance(self.dayfirst, bool):
+            raise TypeError(f"dayfirst must be a bool, got {self.dayfirst!r}")
         parse_frequency(self.freq)
         if self.timezone is not None:
             try:
@@ -113,17 +132,93 @@ class TableSpec:
 
     @property
     def numeric_columns(self) -> tuple[str, ...]:
-        """Columns that must hold numbers: target, static, known, observed."""
-        return (self.target, *self.static_cols, *self.known_cols, *self.observed_cols)
+        """Columns that must hold numbers: the target and the real-valued inputs."""
+        return (self.target, *self.real(self.static_cols), *self.real(self.known_cols),
+                *self.real(self.observed_cols))  # fmt: skip
+
+    def real(self, columns: Sequence[str]) -> tuple[str, ...]:
+        """The real-valued ones of `columns`, in order."""
+        return tuple(column for column in columns if column not in self.categorical_cols)
+
+    def categorical(self, columns: Sequence[str]) -> tuple[str, ...]:
+        """The categorical ones of `columns`, in order."""
+        return tuple(column for column in columns if column in self.categorical_cols)
 
 
-def read_table(table: pd.DataFrame | str | os.PathLike) -> pd.DataFrame:
-    """Returns `table` itself if it is a DataFrame, else reads it as a CSV path."""
+# Cell texts read as a missing value (case and surrounding spaces ignored).
+MISSING_TEXTS = frozenset({"", "na", "n/a", "nan", "null", "none", "-", "?", "#n/a", "missing"})
+
+
+def missing_texts(frame: pd.DataFrame, columns: Sequence[str]) -> tuple[pd.DataFrame, dict]:
+    """`frame` with missing-value texts ('n/a', 'null', '-', ...) in `columns` made NaN.
+
+    Returns the new frame and `{column: count}` of the cells replaced (only
+    columns with any), so the caller can say how many it found.
+    """
+    counts: dict[str, int] = {}
+    frame = frame.copy()
+    for column in columns:
+        values = frame[column]
+        if ptypes.is_numeric_dtype(values) or ptypes.is_bool_dtype(values):
+            continue
+        text = values.astype("string").str.strip().str.lower()
+        hits = (
+            text.isin(MISSING_TEXTS).fillna(False).to_numpy(dtype=bool) & values.notna().to_numpy()
+        )
+        if hits.any():
+            frame.loc[hits, column] = np.nan
+            counts[column] = int(hits.sum())
+    return frame, counts
+
+
+def infer_categorical(frame: pd.DataFrame, spec: TableSpec) -> TableSpec:
+    """`spec` with every static, known or observed column that holds only text made categorical.
+
+    A column whose non-empty cells are all non-numeric text is categorical; one
+    that mixes numbers and text stays numeric (and `validate_table` names the
+    text cells).
+    """
+    found = []
+    for column in (*spec.static_cols, *spec.known_cols, *spec.observed_cols):
+        if column in spec.categorical_cols or column not in frame.columns:
+            continue
+        values = frame[column].dropna()
+        if ptypes.is_numeric_dtype(values) or ptypes.is_bool_dtype(values) or values.empty:
+            continue
+        if pd.to_numeric(values, errors="coerce").isna().all():
+            found.append(column)
+    if not found:
+        return spec
+    return dataclasses.replace(spec, categorical_cols=(*spec.categorical_cols, *found))
+
+
+def read_table(table: pd.DataFrame | str | os.PathLike, encoding: str = "utf-8") -> pd.DataFrame:
+    """Returns `table` itself if it is a DataFrame, else reads it as a CSV file.
+
+    Raises:
+      ValueError: naming the file, when it is missing, is not valid `encoding`
+        text (with the byte and a hint), or is not CSV.
+    """
     if isinstance(table, pd.DataFrame):
         return table
-    if isinstance(table, str | os.PathLike):
-        return pd.read_csv(table)
-    raise TypeError(f"table must be a pandas DataFrame or a CSV path, got {type(table).__name__}")
+    if not isinstance(table, str | os.PathLike):
+        raise TypeError(
+            f"table must be a pandas DataFrame or a CSV path, got {type(table).__name__}"
+        )
+    if not os.path.isfile(table):
+        raise ValueError(f"{os.fspath(table)}: no such file")
+    try:
+        return pd.read_csv(table, encoding=encoding)
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{os.fspath(table)} is not {encoding} text (byte {error.object[error.start]:#x} at "
+            f"offset {error.start}); pass its encoding, e.g. encoding='latin-1' "
+            "(--encoding latin-1)"
+        ) from None
+    except LookupError:
+        raise ValueError(f"unknown encoding {encoding!r} for {os.fspath(table)}") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as error:
+        raise ValueError(f"{os.fspath(table)} cannot be read as CSV: {error}") from None
 
 
 def _require_positive_int(name: str, value: Any) -> None:
@@ -133,7 +228,27 @@ def _require_positive_int(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be >= 1, got {value}")
 
 
-def _parse_times(values: pd.Series, column: str, ids: pd.Series) -> pd.Series:
+_DAY_MONTH = r"^\s*\d{1,2}[/.-]\d{1,2}[/.-]\d{2,4}"
+
+
+def _format_hint(values: pd.Series) -> str:
+    """A hint for day-first dates when the texts look like dd/mm/yyyy."""
+    text = values.astype("string")
+    if text.str.match(_DAY_MONTH).fillna(False).mean() > 0.5:
+        return (
+            "; the times look like day/month/year: pass dayfirst=True (--dayfirst) or "
+            "time_format='%d/%m/%Y' (--time-format)"
+        )
+    return ""
+
+
+def _parse_times(
+    values: pd.Series,
+    column: str,
+    ids: pd.Series,
+    time_format: str | None = None,
+    dayfirst: bool = False,
+) -> pd.Series:
     """Parses a time column to datetimes, naming the first bad value if any."""
     empty = values.isna()
     if empty.any():
@@ -149,23 +264,35 @@ def _parse_times(values: pd.Series, column: str, ids: pd.Series) -> pd.Series:
             f"column {column!r} holds numbers ({values.dtype}), not timestamps; convert it first, "
             f"e.g. pd.to_datetime(df[{column!r}], unit='s')"
         )
+    if time_format is not None:
+        parsed = pd.to_datetime(values, format=time_format, errors="coerce")
+        bad = parsed.isna().to_numpy()
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"column {column!r} has {int(bad.sum())} times not in time_format="
+                f"{time_format!r}, e.g. {values.iloc[row]!r} in series {ids.iloc[row]!r} at "
+                f"row {row}"
+            )
+        return parsed
     for utc in (False, True):  # utc=True: strings with mixed UTC offsets
         try:
-            return pd.to_datetime(values, utc=utc)
+            return pd.to_datetime(values, utc=utc, dayfirst=dayfirst)
         except (ValueError, TypeError, OverflowError):
             continue
-    parsed = pd.to_datetime(values, errors="coerce", format="mixed", utc=True)
+    hint = _format_hint(values) if not dayfirst else ""
+    parsed = pd.to_datetime(values, errors="coerce", format="mixed", utc=True, dayfirst=dayfirst)
     bad = parsed.isna().to_numpy()
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
         raise ValueError(
             f"column {column!r} has {int(bad.sum())} unparseable timestamps, e.g. "
             f"{values.iloc[row]!r} in series {ids.iloc[row]!r} at row {row}; "
-            "fix them or write ISO 8601 times such as '2015-01-01T13:00:00Z'"
+            f"fix them or write ISO 8601 times such as '2015-01-01T13:00:00Z'{hint}"
         )
     raise ValueError(
         f"column {column!r} mixes timestamp formats; write all times in one format "
-        "(ISO 8601 such as '2015-01-01T13:00:00Z')"
+        f"(ISO 8601 such as '2015-01-01T13:00:00Z'){hint}"
     )
 
 
@@ -181,7 +308,8 @@ def _to_float(values: pd.Series, column: str, ids: pd.Series) -> pd.Series:
             raise ValueError(
                 f"column {column!r} has {int(bad.sum())} non-numeric values, e.g. "
                 f"{values.iloc[row]!r} in series {ids.iloc[row]!r} at row {row}; convert them to "
-                "numbers (leave a cell empty to mark a missing value)"
+                "numbers (leave a cell empty to mark a missing value), or, for an input, list it "
+                "in categorical_cols (--categorical-cols)"
             )
     infinite = np.isinf(numbers.to_numpy())
     if infinite.any():
@@ -240,7 +368,9 @@ def series_grid(times: pd.Series | pd.DatetimeIndex, freq: str) -> pd.DatetimeIn
     return pd.date_range(times[0], times[-1], freq=parse_frequency(freq))
 
 
-def _check_grids(frame: pd.DataFrame, spec: TableSpec, min_length: int, need: str) -> None:
+def _check_on_grid(frame: pd.DataFrame, spec: TableSpec) -> dict[Any, int]:
+    """Raises for timestamps off the `freq` grid; returns each series' grid length."""
+    lengths = {}
     for series, group in frame.groupby(spec.id_col, sort=False):
         times = pd.DatetimeIndex(group[spec.time_col])
         grid = series_grid(times, spec.freq)
@@ -253,12 +383,36 @@ def _check_grids(frame: pd.DataFrame, spec: TableSpec, min_length: int, need: st
                 f".groupby(id).resample({spec.freq!r}).mean()) or pass the frequency the data "
                 "is recorded at"
             )
-        if len(grid) < min_length:
+        lengths[series] = len(grid)
+    return lengths
+
+
+def _short_series_text(short: dict[Any, int]) -> str:
+    return ", ".join(f"{series!r} ({length} steps)" for series, length in short.items())
+
+
+def _categorical_values(values: pd.Series, column: str, ids: pd.Series) -> pd.Series:
+    """A categorical column as Python ints (integer codes) or strings, NaN kept."""
+    present = values.notna().to_numpy()
+    if ptypes.is_bool_dtype(values) or ptypes.is_numeric_dtype(values):
+        numbers = values.astype("float64")
+        fractional = present & (numbers.to_numpy() != np.round(numbers.to_numpy()))
+        if fractional.any():
+            row = int(np.flatnonzero(fractional)[0])
             raise ValueError(
-                f"series {series!r} spans {len(grid)} steps of freq={spec.freq!r} "
-                f"({times[0]} to {times[-1]}) but {need} = {min_length}; drop that series or "
-                "shorten history/horizon"
+                f"categorical column {column!r} has non-integer codes, e.g. "
+                f"{values.iloc[row]!r} in series {ids.iloc[row]!r} at row {row}"
             )
+        return pd.Series(
+            [int(v) if ok else None for v, ok in zip(numbers, present, strict=True)],
+            index=values.index,
+            dtype=object,
+        )
+    return pd.Series(
+        [str(v) if ok else None for v, ok in zip(values, present, strict=True)],
+        index=values.index,
+        dtype=object,
+    )
 
 
 def validate_table(
@@ -267,21 +421,25 @@ def validate_table(
     history: int,
     horizon: int,
     min_length: int | None = None,
+    drop_short: bool = False,
 ) -> pd.DataFrame:
     """Checks a long-format table and returns a clean copy sorted by (id, time).
 
     The copy holds only the spec's columns; times are parsed (timezone-aware
-    where the source is) and numeric columns are float64 with NaN marking a
-    missing value.
+    where the source is), numeric columns are float64 and categorical ones
+    hold ints or strings, with NaN/None marking a missing value.
+
+    Series shorter than `min_length` steps (default `history + horizon`, what
+    a training window needs; forecasting from the end of the data needs
+    `history`) are all named in one error, or with `drop_short` left out
+    with a `UserWarning` naming them (an error only when none remain).
 
     Raises:
       ValueError: naming the column or series and the fix, for: missing
         columns, an empty table, empty ids, unparseable or empty times,
         non-numeric or infinite values, statics that vary within a series or
         are empty, a column with no value at all in a series, duplicate
-        (id, time) rows, timestamps off the `freq` grid, or a series shorter
-        than `min_length` steps (default `history + horizon`, what a training
-        window needs; forecasting from the end of the data needs `history`).
+        (id, time) rows, timestamps off the `freq` grid, or short series.
     """
     _require_positive_int("history", history)
     _require_positive_int("horizon", horizon)
@@ -300,9 +458,13 @@ def validate_table(
         raise ValueError(
             f"id column {spec.id_col!r} is empty at row {row}; give every row a series id"
         )
-    clean[spec.time_col] = _parse_times(clean[spec.time_col], spec.time_col, ids)
+    clean[spec.time_col] = _parse_times(
+        clean[spec.time_col], spec.time_col, ids, spec.time_format, spec.dayfirst
+    )
     for column in spec.numeric_columns:
         clean[column] = _to_float(clean[column], column, ids)
+    for column in spec.categorical_cols:
+        clean[column] = _categorical_values(clean[column], column, ids)
     aware = clean[spec.time_col].dt.tz is not None
     if spec.timezone is not None and not aware:
         raise ValueError(
@@ -314,11 +476,67 @@ def validate_table(
     _check_not_all_empty(clean, spec)
     _check_duplicates(clean, spec)
     clean = clean.sort_values([spec.id_col, spec.time_col], kind="stable").reset_index(drop=True)
-    if min_length is None:
-        _check_grids(clean, spec, history + horizon, "a window needs history + horizon")
-    else:
-        _check_grids(clean, spec, min_length, "forecasting needs history")
+    lengths = _check_on_grid(clean, spec)
+    need = "a window needs history + horizon" if min_length is None else "forecasting needs history"
+    min_length = history + horizon if min_length is None else min_length
+    short = {series: length for series, length in lengths.items() if length < min_length}
+    if short and (not drop_short or len(short) == len(lengths)):
+        every = (
+            f"every series ({len(short)}) is"
+            if len(short) == len(lengths)
+            else (f"{len(short)} series are")
+        )
+        raise ValueError(
+            f"{every} shorter than {min_length} steps of freq={spec.freq!r} "
+            f"({need}): {_short_series_text(short)}; drop them or shorten history/horizon"
+        )
+    if short:
+        warnings.warn(
+            f"left out {len(short)} of {len(lengths)} series shorter than {min_length} steps "
+            f"({need}): {_short_series_text(short)}",
+            UserWarning,
+            stacklevel=3,
+        )
+        clean = clean[~clean[spec.id_col].isin(list(short))].reset_index(drop=True)
     return clean
+
+
+def inferred_step(clean: pd.DataFrame, spec: TableSpec) -> str:
+    """The most common step between consecutive times of a series, as a pandas alias."""
+    steps = clean.groupby(spec.id_col, sort=False)[spec.time_col].diff().dropna()
+    if steps.empty:
+        return "unknown"
+    common = steps.mode().iloc[0]
+    try:
+        return to_offset(common).freqstr
+    except ValueError:
+        return str(common)
+
+
+def check_density(clean: pd.DataFrame, grid: pd.DataFrame, spec: TableSpec) -> None:
+    """Raises when the `freq` grid is mostly rows the table lacks: a frequency mismatch."""
+    inserted = 1.0 - len(clean) / max(len(grid), 1)
+    if inserted > 0.5:
+        raise ValueError(
+            f"freq={spec.freq!r} leaves {100 * inserted:.0f}% of the time grid without a row "
+            f"of the table: it looks recorded every {inferred_step(clean, spec)} (the most "
+            "common step between its times); pass that frequency"
+        )
+
+
+def check_missing_fraction(
+    grid: pd.DataFrame, spec: TableSpec, missing_col: str, limit: float
+) -> None:
+    """Raises naming every series whose filled target steps exceed the fraction `limit`."""
+    fractions = grid.groupby(spec.id_col, sort=True)[missing_col].mean()
+    sparse = fractions[fractions > limit]
+    if len(sparse):
+        listed = ", ".join(f"{series!r} ({100 * value:.0f}%)" for series, value in sparse.items())
+        raise ValueError(
+            f"{len(sparse)} series have more than {100 * limit:.0f}% of their target missing "
+            f"on the freq={spec.freq!r} grid: {listed}; drop them, fill them, or raise "
+            "max_missing_fraction (--max-missing-fraction)"
+        )
 
 
 def to_regular_grid(clean: pd.DataFrame, spec: TableSpec, missing_col: str) -> pd.DataFrame:

@@ -40,7 +40,9 @@ class Panel:
       series_start: (num_series,) int64 first row of each series.
       series_length: (num_series,) int64 number of rows of each series.
       static_categorical: (num_series, C) int32 categorical statics per series
-        code (the id's vocabulary code); None uses the series code itself.
+        code (the id's vocabulary code first); None uses the series code itself.
+      known_categorical: (R, Kc) int32 categorical known inputs, or None.
+      observed_categorical: (R, Uc) int32 categorical observed inputs, or None.
     """
 
     series_code: np.ndarray
@@ -53,6 +55,8 @@ class Panel:
     series_start: np.ndarray
     series_length: np.ndarray
     static_categorical: np.ndarray | None = None
+    known_categorical: np.ndarray | None = None
+    observed_categorical: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.series_code.shape[0])
@@ -177,17 +181,21 @@ class WindowSet:
           `known_history` (B, T, K) float32, `future` (B, H, K) float32,
           `target` (B, H) float32 (scaled), `target_mask` (B, H) float32 (1 =
           observed), `series_code` (B,) int32 and `index` (B,) int64 (the
-          window numbers, for `forecast_start`).
+          window numbers, for `forecast_start`); with categorical known inputs
+          also `known_categorical_history` (B, T, Kc) and `future_categorical`
+          (B, H, Kc), with categorical observed inputs `observed_categorical`
+          (B, T, Uc), all int32.
         """
         indices = np.asarray(indices, dtype=np.int64)
         starts = self.starts[indices]
         past = starts[:, None] + np.arange(-self.history, 0)
         ahead = starts[:, None] + np.arange(self.horizon)
         code = self.panel.series_code[starts]
-        return {
+        arrays = {
             "static": self.panel.static[code],
             "static_categorical": (
-                code[:, None] if self.panel.static_categorical is None
+                code[:, None]
+                if self.panel.static_categorical is None
                 else self.panel.static_categorical[code]
             ).astype(np.int32),
             "historical": self.panel.observed[past],
@@ -198,6 +206,13 @@ class WindowSet:
             "series_code": code.astype(np.int32),
             "index": indices,
         }
+        known, observed = self.panel.known_categorical, self.panel.observed_categorical
+        if known is not None and known.shape[1]:
+            arrays["known_categorical_history"] = known[past]
+            arrays["future_categorical"] = known[ahead]
+        if observed is not None and observed.shape[1]:
+            arrays["observed_categorical"] = observed[past]
+        return arrays
 
     def arrays(self) -> dict[str, np.ndarray]:
         """All N windows at once, as `take` returns them."""

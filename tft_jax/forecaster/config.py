@@ -64,6 +64,15 @@ class DataConfig:
       train_stride: keep every n-th training window per series.
       season_period: the seasonal naive baseline's period in steps; None
         takes the frequency's (`tft_jax.baselines.seasonal_period`).
+      categorical_cols: integer-coded inputs that are categorical (inputs
+        holding text are categorical without being listed).
+      time_format: strftime format of the time column; None infers it.
+      dayfirst: read ambiguous dates such as 01/02/2024 as day first.
+      encoding: text encoding of CSV files.
+      max_missing_fraction: refuse a series whose missing target steps exceed
+        this share of its time grid.
+      min_series_length: leave out (with a warning) series shorter than this;
+        those shorter than history + horizon are always left out.
     """
 
     id_col: str
@@ -83,10 +92,16 @@ class DataConfig:
     scaler: str = "standard"
     train_stride: int = 1
     season_period: int | None = None
+    categorical_cols: tuple[str, ...] = ()
+    time_format: str | None = None
+    dayfirst: bool = False
+    encoding: str = "utf-8"
+    max_missing_fraction: float = 0.5
+    min_series_length: int | None = None
 
     def __post_init__(self) -> None:
         owner = "DataConfig"
-        for name in ("static_cols", "known_cols", "observed_cols"):
+        for name in ("static_cols", "known_cols", "observed_cols", "categorical_cols"):
             object.__setattr__(self, name, _tuple_of_names(owner, name, getattr(self, name)))
         for name in ("id_col", "time_col", "target", "freq"):
             value = getattr(self, name)
@@ -97,6 +112,11 @@ class DataConfig:
         _require_int(owner, "horizon", self.horizon, 1)
         _require_int(owner, "train_stride", self.train_stride, 1)
         _require_int(owner, "season_period", self.season_period, 1, optional=True)
+        _require_int(owner, "min_series_length", self.min_series_length, 1, optional=True)
+        _require_float(owner, "max_missing_fraction", self.max_missing_fraction, 0.0, 1.0001,
+                       open_low=False)  # fmt: skip
+        if not isinstance(self.dayfirst, bool):
+            raise TypeError(f"{owner}.dayfirst must be a bool, got {self.dayfirst!r}")
         for name in ("validation_fraction", "test_fraction"):
             _require_float(owner, name, getattr(self, name), 0.0, 1.0, open_low=False)
         if self.validation_fraction + self.test_fraction >= 1.0:
@@ -126,6 +146,9 @@ class DataConfig:
             observed_cols=self.observed_cols,
             freq=self.freq,
             timezone=self.timezone,
+            categorical_cols=self.categorical_cols,
+            time_format=self.time_format,
+            dayfirst=self.dayfirst,
         )
 
     def prepare_options(self) -> dict[str, Any]:
@@ -140,6 +163,9 @@ class DataConfig:
             "test_start": self.test_start,
             "scaler": self.scaler,
             "train_stride": self.train_stride,
+            "encoding": self.encoding,
+            "max_missing_fraction": self.max_missing_fraction,
+            "min_series_length": self.min_series_length,
         }
 
     @classmethod
@@ -202,6 +228,9 @@ class TrainingConfig:
     Attributes:
       epochs: passes over the training windows.
       max_steps: stop after this many steps (None: the epochs decide).
+      time_budget: stop training after this many seconds, counted from the
+        start of training with the compilation included (None: no limit);
+        the final evaluation and checkpoint follow (`tft_jax.train.fit`).
       batch_size: the global batch, divisible by the device count.
       learning_rate: peak learning rate.
       warmup_steps: linear warmup steps; None = 5% of the steps, at most 200.
@@ -216,6 +245,7 @@ class TrainingConfig:
 
     epochs: int = 10
     max_steps: int | None = None
+    time_budget: float | None = None
     batch_size: int = 64
     learning_rate: float = 1e-3
     warmup_steps: int | None = None
@@ -231,6 +261,8 @@ class TrainingConfig:
         owner = "TrainingConfig"
         _require_int(owner, "epochs", self.epochs, 1)
         _require_int(owner, "max_steps", self.max_steps, 1, optional=True)
+        if self.time_budget is not None:
+            _require_float(owner, "time_budget", self.time_budget, 0.0)
         _require_int(owner, "batch_size", self.batch_size, 1)
         _require_float(owner, "learning_rate", self.learning_rate, 0.0)
         _require_int(owner, "warmup_steps", self.warmup_steps, 0, optional=True)
