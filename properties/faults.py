@@ -57,6 +57,7 @@ from properties.suite import tft as tft_suite
 from qat import dot_general, fake_quant, lsq, observers
 from tft_jax import (
     attention,
+    folded_selection,
     gating,
     interpretable_attention,
     linear,
@@ -346,8 +347,21 @@ def _relu_for_elu() -> Iterator[None]:
         yield
 
 
-def _layer_norm_epsilon_outside_sqrt() -> contextlib.AbstractContextManager[Any]:
-    """Every `FeatureLayerNorm` divides by `sqrt(var) + eps` instead of `sqrt(var + eps)`."""
+def _normalized_epsilon_outside(x: Any, epsilon: float) -> Any:
+    """`(x - mean) / (sqrt(var) + eps)` over the last axis, statistics in at least float32."""
+    wide = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    mean = jnp.mean(wide, axis=-1, keepdims=True)
+    variance = jnp.mean(jnp.square(wide - mean), axis=-1, keepdims=True)
+    return (wide - mean) / (jnp.sqrt(variance) + epsilon)  # the fault
+
+
+@contextlib.contextmanager
+def _layer_norm_epsilon_outside_sqrt() -> Iterator[None]:
+    """Every LayerNorm divides by `sqrt(var) + eps` instead of `sqrt(var + eps)`.
+
+    Both implementations: `FeatureLayerNorm` (a method interceptor) and the
+    folded selection path's `_layer_norm` (a module attribute).
+    """
 
     def interceptor(next_fun: Any, args: Any, kwargs: Any, context: Any) -> Any:
         module = context.module
@@ -355,18 +369,23 @@ def _layer_norm_epsilon_outside_sqrt() -> contextlib.AbstractContextManager[Any]
             return next_fun(*args, **kwargs)
         real = next_fun(*args, **kwargs)  # creates or reads the parameters
         x = args[0]
-        wide = x.astype(jnp.promote_types(x.dtype, jnp.float32))
-        mean = jnp.mean(wide, axis=-1, keepdims=True)
-        variance = jnp.mean(jnp.square(wide - mean), axis=-1, keepdims=True)
-        normalized = (wide - mean) / (jnp.sqrt(variance) + module.epsilon)  # the fault
         scale = module.get_variable("params", "scale")
         bias = module.get_variable("params", "bias")
         if module.variable_major and module.num_variables is not None:
             scale = linear.variable_major_broadcast(scale, x.ndim)
             bias = linear.variable_major_broadcast(bias, x.ndim)
+        normalized = _normalized_epsilon_outside(x, module.epsilon)
         return (normalized * scale + bias).astype(real.dtype)
 
-    return nn.intercept_methods(interceptor)
+    def folded_layer_norm(x: Any, scale: Any, bias: Any, dtype: Any) -> Any:
+        normalized = _normalized_epsilon_outside(x, folded_selection._LAYER_NORM_EPSILON)
+        return (normalized * scale + bias).astype(dtype)
+
+    with (
+        nn.intercept_methods(interceptor),
+        _replaced(folded_selection, "_layer_norm", folded_layer_norm),
+    ):
+        yield
 
 
 def _decoder_seeded_with_static_state() -> contextlib.AbstractContextManager[Any]:

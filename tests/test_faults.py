@@ -8,7 +8,7 @@ from flax import linen as nn
 
 from properties import faults
 from qat import dot_general, fake_quant, lsq, observers
-from tft_jax import attention, interpretable_attention, train
+from tft_jax import attention, folded_selection, interpretable_attention, train
 from tft_jax import model as tft_model
 
 # Where the catalogue patches the real code.
@@ -60,12 +60,18 @@ def test_reference_faults_are_distinct_and_restore_the_real_code():
     assert len(set(names) | {fault.name for fault in faults.CATALOGUE}) == len(names) + len(
         faults.CATALOGUE
     )
-    before = _snapshot(), nn.elu, jax.nn.elu
+
+    def state() -> tuple[object, ...]:
+        return (*_snapshot(), nn.elu, jax.nn.elu, folded_selection._layer_norm)
+
+    before = state()
     for fault in faults.REFERENCE_FAULTS:
         with fault.patch():
             if "ELU" in fault.name:
                 assert nn.elu is jax.nn.relu and jax.nn.elu is jax.nn.relu
-        assert (_snapshot(), nn.elu, jax.nn.elu) == before, fault.name
+            if "LayerNorm" in fault.name:
+                assert folded_selection._layer_norm is not before[-1]
+        assert state() == before, fault.name
 
 
 def test_every_fault_is_caught_and_every_property_passes_on_the_real_code():

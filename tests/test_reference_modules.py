@@ -236,3 +236,40 @@ def test_interpretable_attention_equals_the_reference(attend_to_self):
     )
     assert_close(output, expected)
     assert_close(weights, expected_weights)
+
+
+# ---------------------------------------------------------------------------
+# The folded, chunked selection path (real inputs given lazily) against the same reference
+
+
+class _LazySelection(nn.Module):
+    """Real inputs embedded lazily, then selected: the model's fast path for real variables."""
+
+    num_variables: int
+    chunk_rows: int
+
+    @nn.compact
+    def __call__(self, x: Any, context: Any) -> Any:
+        embedded = RealEmbedding(self.num_variables, 4, lazy=True, name="embedding")(x)
+        return VariableSelectionNetwork(
+            self.num_variables,
+            8,
+            selection_hidden_features=5,
+            chunk_rows=self.chunk_rows,
+            name="selection",
+        )(embedded, context, deterministic=True)
+
+
+@pytest.mark.parametrize("variables", [3, 1])
+def test_folded_chunked_selection_equals_the_reference(variables):
+    """10 rows (batch x time) in chunks of 4: three chunks, the last one padded."""
+    module = _LazySelection(variables, chunk_rows=4)
+    x = normal(BATCH, STEPS, variables)
+    c = normal(BATCH, 8, seed=4)
+    params = random_parameters(module, x, c)
+    combined, weights = jitted(module)(params, x, c)
+    p = ref.to_float64(params)
+    embedded = ref.real_embedding(x, p["embedding"])
+    expected, expected_weights = ref.variable_selection(embedded, p["selection"], c)
+    assert_close(combined, expected)
+    assert_close(weights, expected_weights)
