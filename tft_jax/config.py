@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import numbers
+from collections.abc import Iterable
 from typing import Any
 
 import jax.numpy as jnp
@@ -52,7 +53,13 @@ class TFTConfig:
       quantiles: strictly increasing levels in (0, 1).
       dropout_rate: dropout probability in [0, 1).
       static_categorical_cardinalities: one cardinality per categorical static,
-        each embedded into `D` dimensions.
+        each embedded into `variable_width` dimensions.
+      known_categorical_cardinalities: one cardinality per categorical known
+        input `Kc` (codes `(B, H, Kc)` over the horizon, and `(B, T, Kc)` over
+        the history with `use_known_history`), each embedded by its own table
+        of width `variable_width` (an entity embedding, as in the paper).
+      observed_categorical_cardinalities: one cardinality per categorical
+        observed input `Uc` (codes `(B, T, Uc)`), embedded the same way.
       variable_hidden_dim: width of each input variable's own GRN in the
         variable selection networks; None means `hidden_dim` (the paper).
       compact_selection: size the hidden layer of each variable selection
@@ -86,6 +93,8 @@ class TFTConfig:
     use_known_history: bool = False
     dtype: str = "float32"
     param_dtype: str = "float32"
+    known_categorical_cardinalities: tuple[int, ...] = ()
+    observed_categorical_cardinalities: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         _require_int("num_static_features", self.num_static_features, 0)
@@ -115,10 +124,18 @@ class TFTConfig:
             raise ValueError(f"TFTConfig.quantiles must be strictly increasing, got {quantiles}")
         object.__setattr__(self, "quantiles", quantiles)
 
-        cardinalities = tuple(self.static_categorical_cardinalities)
-        for index, cardinality in enumerate(cardinalities):
-            _require_int(f"static_categorical_cardinalities[{index}]", cardinality, 1)
-        object.__setattr__(self, "static_categorical_cardinalities", cardinalities)
+        for field in (
+            "static_categorical_cardinalities",
+            "known_categorical_cardinalities",
+            "observed_categorical_cardinalities",
+        ):
+            value = getattr(self, field)
+            if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+                raise TypeError(f"TFTConfig.{field} must be a tuple of ints, got {value!r}")
+            cardinalities = tuple(value)
+            for index, cardinality in enumerate(cardinalities):
+                _require_int(f"{field}[{index}]", cardinality, 1)
+            object.__setattr__(self, field, cardinalities)
 
         if self.variable_hidden_dim is not None:
             _require_int("variable_hidden_dim", self.variable_hidden_dim, 1)
@@ -146,16 +163,38 @@ class TFTConfig:
         return self.num_static_features + self.num_static_categoricals
 
     @property
+    def num_known_categoricals(self) -> int:
+        """Number of categorical known inputs `Kc`."""
+        return len(self.known_categorical_cardinalities)
+
+    @property
+    def num_observed_categoricals(self) -> int:
+        """Number of categorical observed inputs `Uc`."""
+        return len(self.observed_categorical_cardinalities)
+
+    @property
+    def num_future_inputs(self) -> int:
+        """Variables seen by the future's selection network: `K + Kc`."""
+        return self.num_known_features + self.num_known_categoricals
+
+    @property
     def input_dim(self) -> int:
-        """Total number of input variables: `S + C + K + U`."""
-        return self.num_static_inputs + self.num_known_features + self.num_observed_features
+        """Total number of input variables: `S + C + K + Kc + U + Uc`."""
+        return (
+            self.num_static_inputs
+            + self.num_future_inputs
+            + self.num_observed_features
+            + self.num_observed_categoricals
+        )
 
     @property
     def num_history_inputs(self) -> int:
-        """Variables seen by the history's selection network: `U` (+ `K` with known history)."""
-        return self.num_observed_features + (
-            self.num_known_features if self.use_known_history else 0
-        )
+        """Variables seen by the history's selection network.
+
+        `U + Uc`, plus `K + Kc` with `use_known_history`.
+        """
+        observed = self.num_observed_features + self.num_observed_categoricals
+        return observed + (self.num_future_inputs if self.use_known_history else 0)
 
     @property
     def variable_width(self) -> int:

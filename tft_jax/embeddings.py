@@ -129,10 +129,12 @@ class RealEmbedding(nn.Module):
 
 
 class CategoricalEmbedding(nn.Module):
-    """Embeds integer categorical variables: `(B, C) int -> (B, C, width)`.
+    """Embeds integer categorical variables: `(..., C) int -> (..., C, width)`.
 
-    Codes outside `[0, cardinality)` are rejected for concrete inputs; under
-    `jit` they are clipped into range (a gather cannot raise there).
+    One table per variable (entity embeddings); statics are `(B, C)`, inputs
+    over time `(B, T, C)`. The model rejects codes outside
+    `[0, cardinality)` for concrete inputs; under `jit` they are clipped into
+    range (a gather cannot raise there).
     """
 
     cardinalities: Sequence[int]
@@ -150,6 +152,6 @@ class CategoricalEmbedding(nn.Module):
                 (cardinality, self.width),
                 self.param_dtype,
             )
-            columns.append(jnp.take(table, codes[:, index], axis=0, mode="clip"))
-        embedded = jnp.stack(columns, axis=1)
+            columns.append(jnp.take(table, codes[..., index], axis=0, mode="clip"))
+        embedded = jnp.stack(columns, axis=-2)
         return embedded.astype(self.dtype or embedded.dtype)
