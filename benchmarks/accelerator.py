@@ -28,6 +28,7 @@ import jax
 
 from benchmarks import attention, common, cpu, fake_quant, inference
 from benchmarks import train_step as steps_bench
+from tft_jax.allocator import relaunch_with_tuned_allocator
 
 DEFAULT_BUDGET_S = 300.0
 HEADLINE_BATCH = 1024
@@ -139,4 +140,5 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
+    relaunch_with_tuned_allocator()
     main()

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from benchmarks import common
 from tft_jax import TemporalSelfAttention
+from tft_jax.allocator import relaunch_with_tuned_allocator
 
 PATHS = ("default", "flash")
 DEFAULT_LENGTHS = (64, 128, 256, 512, 1024, 2048, 4096)
@@ -187,4 +188,5 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
+    relaunch_with_tuned_allocator()
     main()

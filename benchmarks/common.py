@@ -333,6 +333,9 @@ def environment() -> dict[str, Any]:
         # --xla_force_host_platform_device_count: they share the same cores.
         "simulated_devices": jax.default_backend() == "cpu" and len(jax.local_devices()) > 1,
         "versions": {name: _version(name) for name in _PACKAGES},
+        # The malloc tunables the process started with (see tft_jax.allocator).
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
+        "ld_preload": os.environ.get("LD_PRELOAD"),
     }
 
 

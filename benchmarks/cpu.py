@@ -20,6 +20,7 @@ from typing import Any
 
 from benchmarks import attention, common, fake_quant, inference
 from benchmarks import train_step as steps_bench
+from tft_jax.allocator import relaunch_with_tuned_allocator
 
 VIEWS = {
     "matmul_peak": common.PartView(
@@ -113,4 +114,5 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
+    relaunch_with_tuned_allocator()
     main()

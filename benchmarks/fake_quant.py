@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import qat
 from benchmarks import common
 from benchmarks import train_step as steps_bench
+from tft_jax.allocator import relaunch_with_tuned_allocator
 
 DIRECTIONS = ("forward", "forward+backward")
 DEFAULT_SIZES = (2**16, 2**20, 2**24)
@@ -214,4 +215,5 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
+    relaunch_with_tuned_allocator()
     main()

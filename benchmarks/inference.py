@@ -26,6 +26,7 @@ from benchmarks import common
 from benchmarks import train_step as steps_bench
 from qat.model import tree_bytes
 from tft_jax import TemporalFusionTransformer
+from tft_jax.allocator import relaunch_with_tuned_allocator
 
 KINDS = ("float", "int8")
 
@@ -212,4 +213,5 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
+    relaunch_with_tuned_allocator()
     main()

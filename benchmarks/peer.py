@@ -35,6 +35,7 @@ import numpy as np
 from benchmarks import common
 from benchmarks import train_step as ours
 from tft_jax import TFTConfig
+from tft_jax.allocator import relaunch_with_tuned_allocator
 from tft_jax.train import Batch
 
 # Targets of the issue: our samples/s over the peer's, per configuration.
@@ -297,4 +298,5 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
+    relaunch_with_tuned_allocator()
     main()

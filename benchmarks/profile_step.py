@@ -28,6 +28,8 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tft_jax.allocator import relaunch_with_tuned_allocator
+
 _TRACEME_FLAG = "--xla_cpu_enable_xprof_traceme=true"
 # Trace events that are not HLO instructions (runtime, Python, bookkeeping).
 _RUNTIME = re.compile(
@@ -182,4 +184,5 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
+    relaunch_with_tuned_allocator()
     main()

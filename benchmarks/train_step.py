@@ -36,6 +36,7 @@ import qat
 import tft_jax.train as train
 from benchmarks import common
 from tft_jax import TemporalFusionTransformer, TFTConfig
+from tft_jax.allocator import relaunch_with_tuned_allocator
 from tft_jax.distributed import data_mesh, place_state, shard_batch
 
 MODES = ("float", "qat", "qat-observe")
@@ -446,4 +447,5 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
+    relaunch_with_tuned_allocator()
     main()

@@ -34,6 +34,7 @@ import pathlib
 import shutil
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -41,6 +42,7 @@ import jax
 import pandas as pd
 
 from tft_jax import plots
+from tft_jax.allocator import relaunch_with_tuned_allocator
 from tft_jax.cli_parser import (
     UsageError,
     build_parser,
@@ -48,7 +50,7 @@ from tft_jax.cli_parser import (
     flag_message,
     forecaster_config,
 )
-from tft_jax.data import load_pedestrian
+from tft_jax.data import load_pedestrian, read_table
 from tft_jax.distributed import (
     MultihostArgumentError,
     barrier,
@@ -114,20 +116,21 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def read_csv(path: pathlib.Path, flag: str) -> pd.DataFrame:
+def read_csv(path: pathlib.Path, flag: str, encoding: str = "utf-8") -> pd.DataFrame:
     """A CSV named by `flag`, with an error naming the flag and the file."""
     if not pathlib.Path(path).is_file():
         raise UsageError(f"{flag} {path}: no such file")
     try:
-        return pd.read_csv(path)
-    except (UnicodeDecodeError, pd.errors.ParserError) as error:
-        raise UsageError(f"{flag} {path}: cannot be read as CSV ({error})") from None
+        return read_table(path, encoding)
+    except ValueError as error:
+        raise UsageError(f"{flag}: {error}") from None
 
 
 def run_table(args: argparse.Namespace, config: dict[str, Any]) -> pd.DataFrame:
     """The table of a command: `--csv`, else the run's training table."""
+    encoding = config.get("data", {}).get("encoding", "utf-8")
     if args.csv is not None:
-        return read_csv(args.csv, "--csv")
+        return read_csv(args.csv, "--csv", encoding)
     source = config.get("source", {}).get("csv")
     if source is None:
         return load_pedestrian()
@@ -135,7 +138,7 @@ def run_table(args: argparse.Namespace, config: dict[str, Any]) -> pd.DataFrame:
         raise UsageError(
             f"the run was trained on {source}, which no longer exists; pass --csv TABLE"
         )
-    return read_csv(pathlib.Path(source), "the run's table")
+    return read_csv(pathlib.Path(source), "the run's table", encoding)
 
 
 def load_run(run: pathlib.Path) -> tuple[Forecaster, dict[str, Any]]:
@@ -204,7 +207,8 @@ def run_training(args: argparse.Namespace) -> dict[str, Any] | None:
     """`tft-jax train`: fit, save, evaluate and plot into `--out`; the metrics (process 0)."""
     started = time.perf_counter()
     settings = forecaster_config(args, qat=args.qat)
-    table = load_pedestrian() if args.csv is None else read_csv(args.csv, "--csv")
+    encoding = settings.data.encoding
+    table = load_pedestrian() if args.csv is None else read_csv(args.csv, "--csv", encoding)
     out = pathlib.Path(args.out)
     _check_out(out, args.resume, args.overwrite)
     forecaster = Forecaster.from_config(settings)
@@ -217,6 +221,10 @@ def run_training(args: argparse.Namespace) -> dict[str, Any] | None:
     if not is_primary():
         barrier("tft-jax train: files written")
         return None
+    report = forecaster.dataset.missing_report()
+    if not args.quiet and report["filled_target_steps"].any():
+        print("missing target steps filled per series (windows with one in the horizon left out):")
+        print(report.to_string(index=False, float_format=lambda x: f"{x:.3f}"), flush=True)
     arguments = {key: value for key, value in vars(args).items() if key != "func"}
     source = {"csv": None if args.csv is None else str(pathlib.Path(args.csv).resolve())}
     forecaster.save(out, extra={"source": source, "arguments": arguments})
@@ -256,8 +264,11 @@ def command_train(args: argparse.Namespace) -> int:
 def command_predict(args: argparse.Namespace) -> int:
     forecaster, _ = load_run(args.run)
     model = default_model(forecaster, args.model)
-    history = read_csv(args.csv, "--csv")
-    future = None if args.future_csv is None else read_csv(args.future_csv, "--future-csv")
+    encoding = forecaster.config.data.encoding
+    history = read_csv(args.csv, "--csv", encoding)
+    future = (
+        None if args.future_csv is None else read_csv(args.future_csv, "--future-csv", encoding)
+    )
     forecast = forecaster.predict(history, future, model=model, batch_size=args.eval_batch_size)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_forecasts(forecast, str(args.out))
@@ -313,7 +324,10 @@ def command_plot(args: argparse.Namespace) -> int:
             "pass --future-csv with their values after the table's end"
         )
     else:
-        future = None if args.future_csv is None else read_csv(args.future_csv, "--future-csv")
+        encoding = forecaster.config.data.encoding
+        future = (
+            None if args.future_csv is None else read_csv(args.future_csv, "--future-csv", encoding)
+        )
         forecast = forecaster.predict(table, future, model=model)
         figures.append(
             plots.plot_future(
@@ -373,7 +387,8 @@ def command_clipping(args: argparse.Namespace) -> int:
     from tft_jax.data import prepare_dataset
 
     settings = forecaster_config(args, qat=False)
-    table = load_pedestrian() if args.csv is None else read_csv(args.csv, "--csv")
+    encoding = settings.data.encoding
+    table = load_pedestrian() if args.csv is None else read_csv(args.csv, "--csv", encoding)
     dataset = prepare_dataset(table, **settings.data.prepare_options())
     model = settings.model
     tft_config = TFTConfig(
@@ -443,7 +458,14 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `tft-jax` console script; returns the exit status."""
+    if argv is None:  # a process of its own: restart it with the tuned allocator
+        relaunch_with_tuned_allocator()
     args = build_parser().parse_args(argv)
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        print(f"tft-jax {args.command}: warning: {message}", file=sys.stderr, flush=True)
+
+    previous, warnings.showwarning = warnings.showwarning, show
     try:
         settings = multihost_arguments(args)
         if settings is not None:  # before any JAX computation
@@ -453,6 +475,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, RunFolderError, ValueError, FileNotFoundError) as error:
         print(f"tft-jax {args.command}: error: {error}", file=sys.stderr)
         return 2
+    finally:
+        warnings.showwarning = previous
 
 
 if __name__ == "__main__":

@@ -1,0 +1,67 @@
+"""The tuned allocator: the environment it sets, and the relaunch that puts it in effect."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tft_jax import allocator
+
+# Loads the module by path: without `tft_jax/__init__` (and JAX) each process starts fast.
+PROBE = textwrap.dedent(
+    f"""
+    import importlib.util, os, sys
+    spec = importlib.util.spec_from_file_location("allocator", {allocator.__file__!r})
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    relaunch_with_tuned_allocator = module.relaunch_with_tuned_allocator
+    print("started", flush=True)
+    relaunch_with_tuned_allocator()
+    print("tunables", os.environ.get("GLIBC_TUNABLES"), "args", sys.argv[1:], flush=True)
+    """
+)
+
+
+def run_probe(env_updates):
+    env = {key: value for key, value in os.environ.items() if key != "GLIBC_TUNABLES"}
+    env.pop("TFT_JAX_ALLOCATOR", None)
+    env.update(env_updates)
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE, "--flag", "value"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return result.stdout.splitlines()
+
+
+def test_tuned_environment_adds_the_tunable_and_keeps_others():
+    tuned = allocator.tuned_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "A": "1"})
+    assert tuned["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    assert tuned["A"] == "1"
+    assert allocator.tuned_environment({})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+    # A value the user chose is kept.
+    mine = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}
+    assert allocator.tuned_environment(mine) == mine
+    assert allocator.is_tuned(mine) and not allocator.is_tuned({"GLIBC_TUNABLES": ""})
+
+
+@pytest.mark.skipif(not allocator._uses_glibc(), reason="the tunable is glibc's")
+def test_relaunch_restarts_the_process_once_with_the_tunable_in_effect():
+    lines = run_probe({})
+    # The code before the relaunch ran twice (two processes), the code after once.
+    assert lines.count("started") == 2
+    assert lines[-1] == "tunables glibc.malloc.hugetlb=1 args ['--flag', 'value']"
+
+
+def test_relaunch_keeps_the_process_when_tuned_or_opted_out():
+    lines = run_probe({"TFT_JAX_ALLOCATOR": "default"})
+    assert lines == ["started", "tunables None args ['--flag', 'value']"]
+    lines = run_probe({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})
+    assert lines == ["started", "tunables glibc.malloc.hugetlb=1 args ['--flag', 'value']"]
