@@ -67,6 +67,28 @@ def fraction(text: str) -> float:
     return value
 
 
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([smh]?)")
+_UNIT_SECONDS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def duration(text: str) -> float:
+    """Seconds from `90s`, `3m`, `1.5h` or a plain number of seconds (> 0)."""
+    match = _DURATION.fullmatch(text.strip().lower())
+    seconds = 0.0 if match is None else float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if seconds <= 0.0:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration > 0 such as 90s, 3m, 1h or seconds, got {text!r}"
+        )
+    return seconds
+
+
+def fraction_or_one(text: str) -> float:
+    value = non_negative_float(text)
+    if value > 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text}")
+    return value
+
+
 def clip_norm_value(text: str) -> float | None:
     return None if text.strip().lower() == "none" else positive_float(text)
 
@@ -136,6 +158,20 @@ DATA_OPTIONS = (
            {"choices": TARGET_SCALERS}),
     Option("--train-stride", "data", "train_stride", "keep every n-th training window per series",
            {"type": positive_int}),
+    Option("--categorical-cols", "data", "categorical_cols",
+           "integer-coded inputs that are categorical (inputs holding text are categorical)",
+           {"nargs": "*", "metavar": "COL"}),
+    Option("--time-format", "data", "time_format",
+           "strftime format of the time column, e.g. %%d/%%m/%%Y (default: inferred)"),
+    Option("--dayfirst", "data", "dayfirst", "read dates such as 01/02/2024 as day first",
+           {"action": "store_true"}),
+    Option("--encoding", "data", "encoding", "text encoding of the CSV files"),
+    Option("--max-missing-fraction", "data", "max_missing_fraction",
+           "refuse a series whose missing target steps exceed this share of its grid",
+           {"type": fraction_or_one}),
+    Option("--min-series-length", "data", "min_series_length",
+           "leave out series shorter than this (always: shorter than history + horizon)",
+           {"type": positive_int}),
     Option("--season-period", "data", "season_period",
            "seasonal naive period in steps (default from --freq: 24 hourly, 7 daily, "
            "5 business-daily, 52 weekly, 12 monthly, 4 quarterly)", {"type": positive_int}),
@@ -158,6 +194,10 @@ TRAINING_OPTIONS = (
            {"type": positive_int}),
     Option("--max-steps", "training", "max_steps", "stop after this many steps",
            {"type": positive_int}),
+    Option("--time-budget", "training", "time_budget",
+           "stop FP32 training after this long (90s, 3m, 1h or seconds), compilation "
+           "included; the final evaluation and checkpoint follow",
+           {"type": duration, "metavar": "DURATION"}),
     Option("--batch-size", "training", "batch_size", "global batch", {"type": positive_int}),
     Option("--lr", "training", "learning_rate",
            "peak learning rate of the warmup + cosine schedule", {"type": positive_float}),
@@ -222,7 +262,7 @@ def section_values(args: argparse.Namespace, section: str) -> dict[str, Any]:
     for option in ALL_OPTIONS:
         if option.section == section and hasattr(args, option.dest):
             value = getattr(args, option.dest)
-            if option.field in ("static_cols", "known_cols", "observed_cols"):
+            if option.field in ("static_cols", "known_cols", "observed_cols", "categorical_cols"):
                 value = column_list(value)
             elif isinstance(value, list):
                 value = tuple(value)
@@ -257,7 +297,7 @@ def forecaster_config(args: argparse.Namespace, qat: bool) -> ForecasterConfig:
             for option in DATA_OPTIONS
             if option.field
             in ("id_col", "time_col", "target", "freq", "static_cols", "known_cols",
-                "observed_cols", "timezone")
+                "observed_cols", "timezone", "categorical_cols", "time_format")
             and data_values.get(option.field)
         ]  # fmt: skip
         if given:
@@ -265,7 +305,17 @@ def forecaster_config(args: argparse.Namespace, qat: bool) -> ForecasterConfig:
                 f"{', '.join(given)} describe a table but no --csv was given; pass --csv PATH "
                 "(without --csv the bundled pedestrian data is used)"
             )
-        for name in (*table_flags, "static_cols", "known_cols", "observed_cols", "timezone"):
+        for name in (
+            *table_flags,
+            "static_cols",
+            "known_cols",
+            "observed_cols",
+            "timezone",
+            "categorical_cols",
+            "time_format",
+            "dayfirst",
+            "encoding",
+        ):
             data_values.pop(name)
         make_data = DataConfig.pedestrian
     else:

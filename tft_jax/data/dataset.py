@@ -26,6 +26,7 @@ their timestamps stay in the grid, flagged.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import warnings
 from collections.abc import Sequence
@@ -194,14 +195,20 @@ class PreparedDataset:
         """Per series: grid rows, filled target steps (and their share), windows kept and left out.
 
         Windows left out are those whose horizon holds a filled target (they
-        would teach and score made-up values); their count is over all splits.
+        would teach and score made-up values), counted over all splits.
         """
         panel = self.panel
         frame = self.frame
         filled = frame.groupby("series_code", sort=True)[self.missing_col].sum()
-        every = window_starts(panel, self.history, self.horizon, panel.times.min(),
-                              panel.times.max() + pd.tseries.frequencies.to_offset(self.spec.freq),
-                              require_observed_target=False)  # fmt: skip
+        end = panel.times.max() + pd.tseries.frequencies.to_offset(self.spec.freq)
+        bounds = (panel.times.min(), self.validation_start, self.test_start, end)
+        every = np.concatenate(
+            [
+                window_starts(panel, self.history, self.horizon, begin, stop,
+                              require_observed_target=False)
+                for begin, stop in itertools.pairwise(bounds)
+            ]
+        )  # fmt: skip
         kept = np.concatenate([self.split(name).starts for name in SPLITS])
         codes = np.arange(self.num_series)
         return pd.DataFrame(

@@ -514,9 +514,17 @@ def inferred_step(clean: pd.DataFrame, spec: TableSpec) -> str:
 
 
 def check_density(clean: pd.DataFrame, grid: pd.DataFrame, spec: TableSpec) -> None:
-    """Raises when the `freq` grid is mostly rows the table lacks: a frequency mismatch."""
+    """Raises on a frequency mismatch: the table's usual step is several `freq` steps.
+
+    That is, the most common step between consecutive times of a series is at
+    least two steps of `freq` and the grid is at least a third rows the table
+    lacks (`--freq 15min` on half-hourly data leaves half of it empty).
+    """
     inserted = 1.0 - len(clean) / max(len(grid), 1)
-    if inserted > 0.5:
+    steps = clean.groupby(spec.id_col, sort=False)[spec.time_col].diff().dropna()
+    if steps.empty:
+        return
+    if steps.mode().iloc[0] >= 2 * typical_step(spec.freq) and inserted >= 1 / 3:
         raise ValueError(
             f"freq={spec.freq!r} leaves {100 * inserted:.0f}% of the time grid without a row "
             f"of the table: it looks recorded every {inferred_step(clean, spec)} (the most "
