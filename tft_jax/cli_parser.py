@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tft_jax.data import TARGET_SCALERS
+from tft_jax.data.scaling import TARGET_TRANSFORMS
 from tft_jax.experiments import ClippingSettings
 from tft_jax.forecaster.config import (
     DEMO,
@@ -156,6 +157,12 @@ DATA_OPTIONS = (
            "first time of the test period (with --validation-start)", {"metavar": "TIMESTAMP"}),
     Option("--scaler", "data", "scaler", "per-series target scaling",
            {"choices": TARGET_SCALERS}),
+    Option("--target-transform", "data", "target_transform",
+           "transform of the target before scaling (log1p: counts, multiplicative growth)",
+           {"choices": TARGET_TRANSFORMS}),
+    Option("--window-normalization", "data", "window_normalization",
+           "also scale each window by its own history (series whose level moves)",
+           {"action": "store_true"}),
     Option("--train-stride", "data", "train_stride", "keep every n-th training window per series",
            {"type": positive_int}),
     Option("--categorical-cols", "data", "categorical_cols",

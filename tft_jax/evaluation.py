@@ -221,7 +221,7 @@ def to_original_units(
     dataset: PreparedDataset, windows: WindowSet, quantiles: np.ndarray
 ) -> np.ndarray:
     """Scaled forecasts `(N, H, Q)` of `windows` in the target's units."""
-    return dataset.inverse_transform(quantiles, windows.series_code)
+    return dataset.inverse_transform(windows.denormalize(quantiles), windows.series_code)
 
 
 def quantile_key(level: float) -> str:

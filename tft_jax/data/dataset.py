@@ -340,6 +340,8 @@ def prepare_dataset(
     encoding: str = "utf-8",
     max_missing_fraction: float = 0.5,
     min_series_length: int | None = None,
+    target_transform: str = "none",
+    window_normalization: bool = False,
 ) -> PreparedDataset:
     """Validates a long-format table and turns it into TFT windows (see the module docstring).
 
@@ -368,6 +370,9 @@ def prepare_dataset(
         this share of its grid.
       min_series_length: leave out series shorter than this many steps (and
         always those shorter than `history + horizon`), with a warning.
+      target_transform: 'none' or 'log1p' (before the per-series scaler).
+      window_normalization: also scale each window's target by its own
+        history (see `WindowSet.normalized`): for series whose level moves.
 
     Cells holding a missing-value text ('n/a', 'null', '-', ...) are read as
     missing, and filled target steps are announced with a `UserWarning`
@@ -455,7 +460,7 @@ def prepare_dataset(
         )
 
     if preprocessor is None:
-        preprocessor = Preprocessor.fit(grid, spec, cut_validation, scaler)
+        preprocessor = Preprocessor.fit(grid, spec, cut_validation, scaler, target_transform)
     transformed = preprocessor.transform(grid)
     panel = transformed.panel
     times = panel.times
@@ -466,6 +471,10 @@ def prepare_dataset(
     }
     strides = {"train": train_stride, "validation": eval_stride, "test": eval_stride}
     windows = _windows(panel, history, horizon, periods, strides, require_observed_target)
+    windows = {
+        name: dataclasses.replace(window_set, normalized=bool(window_normalization))
+        for name, window_set in windows.items()
+    }
     if validation_start is None:
         wanted = {"validation": validation_fraction > 0, "test": test_fraction > 0}
     else:

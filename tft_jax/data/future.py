@@ -146,15 +146,19 @@ def future_windows(
     future: pd.DataFrame | None,
     history: int,
     horizon: int,
+    normalized: bool = False,
+    encoding: str = "utf-8",
 ) -> FutureWindows:
     """One window per series of `table` forecasting its next `horizon` steps (module docstring).
+
+    `normalized` scales each window by its own history (`WindowSet.normalized`).
 
     Raises:
       ValueError: for a bad history table (as `validate_table`, with each
         series needing `history` steps) or a bad `future` table.
     """
     spec = preprocessor.spec
-    raw = read_table(table)
+    raw = read_table(table, encoding)
     raw, texts = missing_texts(raw, [c for c in spec.columns if c != spec.time_col and c in raw])
     if texts:
         warnings.warn(
@@ -182,6 +186,8 @@ def future_windows(
     transformed = preprocessor.transform(combined.reset_index(drop=True))
     panel = transformed.panel
     starts = panel.series_start + panel.series_length - horizon
-    windows = WindowSet(panel=panel, starts=starts, history=history, horizon=horizon)
+    windows = WindowSet(
+        panel=panel, starts=starts, history=history, horizon=horizon, normalized=normalized
+    )
     last_times = pd.DatetimeIndex([last[series] for series in transformed.series_ids])
     return FutureWindows(windows=windows, transformed=transformed, last_times=last_times)

@@ -30,7 +30,13 @@ import numpy as np
 import pandas as pd
 
 from tft_jax.data.calendar import TIME_INDEX, calendar_feature_names, calendar_features, steps_since
-from tft_jax.data.scaling import FeatureScaler, TargetScaler, _location_scale
+from tft_jax.data.scaling import (
+    FeatureScaler,
+    TargetScaler,
+    _location_scale,
+    check_domain,
+    forward_transform,
+)
 from tft_jax.data.tables import TableSpec
 from tft_jax.data.windows import Panel
 
@@ -148,7 +154,12 @@ class Preprocessor:
 
     @classmethod
     def fit(
-        cls, grid: pd.DataFrame, spec: TableSpec, validation_start: pd.Timestamp, scaler: str
+        cls,
+        grid: pd.DataFrame,
+        spec: TableSpec,
+        validation_start: pd.Timestamp,
+        scaler: str,
+        target_transform: str = "none",
     ) -> Preprocessor:
         """Fits on the rows of `grid` (from `to_regular_grid`) before `validation_start`."""
         times = pd.DatetimeIndex(grid[spec.time_col])
@@ -162,6 +173,7 @@ class Preprocessor:
             len(series_ids),
             scaler,
             series_names=list(series_ids),
+            transform=target_transform,
         )
         user = [*spec.real(spec.observed_cols), *spec.real(spec.known_cols)]
         feature_scaler = FeatureScaler.fit(grid.loc[train_rows, user].to_numpy(np.float64))
@@ -227,8 +239,14 @@ class Preprocessor:
                     raise ValueError(
                         f"series {ids[code]!r} is new and has no observed target to scale it by"
                     )
+                values = forward_transform(values, self.target_scaler.target_transform)
                 loc[code], scale[code] = _location_scale(values, self.target_scaler.method)
-        return TargetScaler(loc=loc, scale=scale, method=self.target_scaler.method)
+        return TargetScaler(
+            loc=loc,
+            scale=scale,
+            method=self.target_scaler.method,
+            target_transform=self.target_scaler.target_transform,
+        )
 
     def transform(self, grid: pd.DataFrame) -> Transformed:
         """Model inputs of a gridded table of this spec (see `Transformed`).
@@ -246,6 +264,7 @@ class Preprocessor:
         missing = grid[self.missing_col].to_numpy(np.float64)
         raw_target = np.where(missing > 0, np.nan, grid[spec.target].to_numpy(np.float64))
         vocabulary = self.vocabulary_codes(ids)
+        check_domain(raw_target, codes, self.target_scaler.target_transform, ids)
         target_scaler = self._panel_target_scaler(vocabulary, ids, raw_target, codes)
         filled_target = grid[spec.target].to_numpy(np.float64)
         scaled_target = target_scaler.transform(np.nan_to_num(filled_target), codes)
@@ -303,6 +322,7 @@ class Preprocessor:
             "train_steps": self.train_steps,
             "target_scaler": {
                 "method": self.target_scaler.method,
+                "transform": self.target_scaler.target_transform,
                 "loc": self.target_scaler.loc.tolist(),
                 "scale": self.target_scaler.scale.tolist(),
             },
@@ -327,6 +347,7 @@ class Preprocessor:
                 loc=np.asarray(target["loc"], np.float64),
                 scale=np.asarray(target["scale"], np.float64),
                 method=target["method"],
+                target_transform=target.get("transform", "none"),
             ),
             feature_scaler=FeatureScaler(
                 loc=np.asarray(features["loc"], np.float64).reshape(-1),

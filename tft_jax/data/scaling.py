@@ -13,6 +13,42 @@ from collections.abc import Sequence
 import numpy as np
 
 TARGET_SCALERS = ("standard", "robust", "mean_abs", "none")
+# Monotone maps applied to the target before scaling and inverted after: quantiles commute.
+TARGET_TRANSFORMS = ("none", "log1p")
+
+
+def check_domain(
+    values: np.ndarray,
+    codes: np.ndarray,
+    transform: str,
+    series_names: Sequence[object] | None = None,
+) -> None:
+    """Raises naming the series and value when `values` leave the transform's domain."""
+    if transform != "log1p":
+        return
+    bad = values <= -1.0
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        code = int(codes[row])
+        name = series_names[code] if series_names is not None else code
+        raise ValueError(
+            f"target_transform='log1p' needs targets > -1, but series {name!r} has "
+            f"{values[row]} ({int(bad.sum())} such values); use target_transform='none'"
+        )
+
+
+def forward_transform(values: np.ndarray, transform: str) -> np.ndarray:
+    """`values` through the target transform (`log1p` needs values > -1; NaN passes)."""
+    if transform == "log1p":
+        return np.log1p(values)
+    return values
+
+
+def inverse_transform_values(values: np.ndarray, transform: str) -> np.ndarray:
+    """The inverse of `forward_transform`."""
+    if transform == "log1p":
+        return np.expm1(values)
+    return values
 
 
 def _location_scale(values: np.ndarray, method: str) -> tuple[float, float]:
@@ -54,17 +90,22 @@ class TargetScaler:
     """Per-series affine scaling of the target, `scaled = (y - loc[code]) / scale[code]`.
 
     Methods: 'standard' (mean, population std), 'robust' (median,
-    interquartile range), 'mean_abs' (0, mean of |y|), 'none' (0, 1).
+    interquartile range), 'mean_abs' (0, mean of |y|), 'none' (0, 1). With
+    `target_transform='log1p'` the target is `log1p(y)` before scaling (for counts
+    and series whose level grows multiplicatively) and `expm1` after the
+    inverse, so forecasts in original units stay above -1.
 
     Attributes:
-      loc: (num_series,) float64 location per series code.
+      loc: (num_series,) float64 location per series code (transformed units).
       scale: (num_series,) float64 positive scale per series code.
       method: the method the scaler was fitted with.
+      target_transform: one of `TARGET_TRANSFORMS`.
     """
 
     loc: np.ndarray
     scale: np.ndarray
     method: str
+    target_transform: str = "none"
 
     @classmethod
     def fit(
@@ -74,6 +115,7 @@ class TargetScaler:
         num_series: int,
         method: str = "standard",
         series_names: Sequence[object] | None = None,
+        transform: str = "none",
     ) -> TargetScaler:
         """Fits one location and scale per series from `values`, ignoring NaN.
 
@@ -84,14 +126,22 @@ class TargetScaler:
           num_series: number of series.
           method: one of `TARGET_SCALERS`.
           series_names: names for error messages, indexed by code.
+          transform: one of `TARGET_TRANSFORMS`, applied before fitting.
 
         Raises:
-          ValueError: for an unknown method, or a series without any value.
+          ValueError: for an unknown method or transform, a series without any
+            value, or a value outside the transform's domain.
         """
         if method not in TARGET_SCALERS:
             raise ValueError(f"scaler must be one of {TARGET_SCALERS}, got {method!r}")
+        if transform not in TARGET_TRANSFORMS:
+            raise ValueError(
+                f"target_transform must be one of {TARGET_TRANSFORMS}, got {transform!r}"
+            )
         values = np.asarray(values, dtype=np.float64)
         codes = _check_codes(codes, values.shape[0], num_series)
+        check_domain(values, codes, transform, series_names)
+        values = forward_transform(values, transform)
         present = ~np.isnan(values)
         loc, scale = np.zeros(num_series), np.ones(num_series)
         for code in range(num_series):
@@ -104,7 +154,7 @@ class TargetScaler:
                     "that series"
                 )
             loc[code], scale[code] = _location_scale(series_values, method)
-        return cls(loc=loc, scale=scale, method=method)
+        return cls(loc=loc, scale=scale, method=method, target_transform=transform)
 
     @property
     def num_series(self) -> int:
@@ -120,7 +170,7 @@ class TargetScaler:
 
     def transform(self, values: np.ndarray, series_code: np.ndarray) -> np.ndarray:
         """Scales `values` (B, ...) of the series `series_code` (B,); returns float64."""
-        values = np.asarray(values, dtype=np.float64)
+        values = forward_transform(np.asarray(values, dtype=np.float64), self.target_transform)
         loc, scale = self._broadcast(values, series_code)
         return (values - loc) / scale
 
@@ -136,7 +186,7 @@ class TargetScaler:
         """
         values = np.asarray(values, dtype=np.float64)
         loc, scale = self._broadcast(values, series_code)
-        return values * scale + loc
+        return inverse_transform_values(values * scale + loc, self.target_transform)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -14,6 +14,9 @@ from collections.abc import Iterator
 import numpy as np
 import pandas as pd
 
+# Floor of a window's target scale, in units of the per-series scaler.
+WINDOW_SCALE_FLOOR = 0.05
+
 MODEL_FIELDS = (
     "static",
     "static_categorical",
@@ -147,12 +150,19 @@ class WindowSet:
       starts: (N,) int64 row of each window's first forecast step.
       history: T.
       horizon: H.
+      normalized: scale each window's target (history and horizon) by the
+        mean and standard deviation of its own observed history target
+        (`window_stats`), on top of the per-series scaler: the model then
+        sees every window at the same level, as pytorch-forecasting's
+        `EncoderNormalizer` and RevIN do, so a series that has grown past its
+        training range can still be forecast. `denormalize` maps outputs back.
     """
 
     panel: Panel
     starts: np.ndarray
     history: int
     horizon: int
+    normalized: bool = False
 
     def __len__(self) -> int:
         return int(self.starts.shape[0])
@@ -206,6 +216,14 @@ class WindowSet:
             "series_code": code.astype(np.int32),
             "index": indices,
         }
+        if self.normalized:
+            loc, scale = self.window_stats(indices)
+            historical = arrays["historical"].copy()
+            historical[:, :, 0] = (historical[:, :, 0] - loc[:, None]) / scale[:, None]
+            arrays["historical"] = historical
+            arrays["target"] = ((arrays["target"] - loc[:, None]) / scale[:, None]).astype(
+                np.float32
+            )
         known, observed = self.panel.known_categorical, self.panel.observed_categorical
         if known is not None and known.shape[1]:
             arrays["known_categorical_history"] = known[past]
@@ -213,6 +231,32 @@ class WindowSet:
         if observed is not None and observed.shape[1]:
             arrays["observed_categorical"] = observed[past]
         return arrays
+
+    def window_stats(self, indices: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """`(loc, scale)`, each (B,): the mean and floored std of each window's history target.
+
+        Computed on the per-series scaled target over the observed history
+        steps (all steps if none is observed); the scale is
+        `sqrt(var + WINDOW_SCALE_FLOOR**2)`, so a flat history never divides by ~0.
+        """
+        indices = np.arange(len(self)) if indices is None else np.asarray(indices, np.int64)
+        past = self.starts[indices][:, None] + np.arange(-self.history, 0)
+        values = self.panel.target[past].astype(np.float64)
+        weights = self.panel.target_mask[past].astype(np.float64)
+        weights = np.where(weights.sum(axis=1, keepdims=True) > 0, weights, 1.0)
+        count = weights.sum(axis=1)
+        loc = (weights * values).sum(axis=1) / count
+        var = (weights * (values - loc[:, None]) ** 2).sum(axis=1) / count
+        return loc, np.sqrt(var + WINDOW_SCALE_FLOOR**2)
+
+    def denormalize(self, values: np.ndarray, indices: np.ndarray | None = None) -> np.ndarray:
+        """Window-scaled values `(B, ...)` on the per-series scale (as is if not normalized)."""
+        values = np.asarray(values, dtype=np.float64)
+        if not self.normalized:
+            return values
+        loc, scale = self.window_stats(indices)
+        trailing = (1,) * (values.ndim - 1)
+        return values * scale.reshape(-1, *trailing) + loc.reshape(-1, *trailing)
 
     def arrays(self) -> dict[str, np.ndarray]:
         """All N windows at once, as `take` returns them."""

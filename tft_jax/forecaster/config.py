@@ -14,6 +14,7 @@ from typing import Any
 
 from tft_jax.data import TARGET_SCALERS, TableSpec
 from tft_jax.data.pedestrian import PEDESTRIAN_SPEC
+from tft_jax.data.scaling import TARGET_TRANSFORMS
 
 
 def _require_int(owner: str, name: str, value: Any, minimum: int, optional: bool = False) -> None:
@@ -73,6 +74,10 @@ class DataConfig:
         this share of its time grid.
       min_series_length: leave out (with a warning) series shorter than this;
         those shorter than history + horizon are always left out.
+      target_transform: 'none' or 'log1p' (counts, multiplicative growth),
+        applied before the per-series scaler and inverted on the forecasts.
+      window_normalization: scale each window by its own history's mean and
+        std too (`WindowSet.normalized`), for series whose level moves.
     """
 
     id_col: str
@@ -98,6 +103,8 @@ class DataConfig:
     encoding: str = "utf-8"
     max_missing_fraction: float = 0.5
     min_series_length: int | None = None
+    target_transform: str = "none"
+    window_normalization: bool = False
 
     def __post_init__(self) -> None:
         owner = "DataConfig"
@@ -115,8 +122,14 @@ class DataConfig:
         _require_int(owner, "min_series_length", self.min_series_length, 1, optional=True)
         _require_float(owner, "max_missing_fraction", self.max_missing_fraction, 0.0, 1.0001,
                        open_low=False)  # fmt: skip
-        if not isinstance(self.dayfirst, bool):
-            raise TypeError(f"{owner}.dayfirst must be a bool, got {self.dayfirst!r}")
+        for name in ("dayfirst", "window_normalization"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{owner}.{name} must be a bool, got {getattr(self, name)!r}")
+        if self.target_transform not in TARGET_TRANSFORMS:
+            raise ValueError(
+                f"{owner}.target_transform must be one of {TARGET_TRANSFORMS}, got "
+                f"{self.target_transform!r}"
+            )
         for name in ("validation_fraction", "test_fraction"):
             _require_float(owner, name, getattr(self, name), 0.0, 1.0, open_low=False)
         if self.validation_fraction + self.test_fraction >= 1.0:
@@ -166,6 +179,8 @@ class DataConfig:
             "encoding": self.encoding,
             "max_missing_fraction": self.max_missing_fraction,
             "min_series_length": self.min_series_length,
+            "target_transform": self.target_transform,
+            "window_normalization": self.window_normalization,
         }
 
     @classmethod
