@@ -33,9 +33,15 @@ class TFTOutput:
     Attributes:
       quantiles: `(B, H, Q)` forecasts on the model's (scaled) output scale.
       attention: `(B, heads, H, T+H)` weights of the decoder queries over the window.
-      static_weights: `(B, S+C)` static variable selection weights.
-      history_weights: `(B, T, U[+K])` history variable selection weights.
-      future_weights: `(B, H, K)` future variable selection weights.
+      static_weights: `(B, S+C)` static variable selection weights; columns: the
+        real statics, then the categorical statics.
+      history_weights: `(B, T, U+Uc[+K+Kc])` history variable selection
+        weights; columns: the observed reals, the observed categoricals, then
+        (with `use_known_history`) the known reals and the known categoricals.
+      future_weights: `(B, H, K+Kc)` future variable selection weights;
+        columns: the known reals, then the known categoricals.
+
+    Within each group the columns follow the input's last axis.
     """
 
     quantiles: Array
@@ -47,6 +53,10 @@ class TFTOutput:
 
 def _shape(value: Any) -> tuple[int, ...]:
     return tuple(np.shape(value))
+
+
+class IntegerCodesError(TypeError, ValueError):
+    """Categorical codes of a non-integer dtype (a `TypeError` and a `ValueError`)."""
 
 
 def _check_array(name: str, value: Any, expected: tuple[Any, ...], integer: bool = False) -> None:
@@ -66,7 +76,9 @@ def _check_array(name: str, value: Any, expected: tuple[Any, ...], integer: bool
         raise ValueError(f"TemporalFusionTransformer: {name} must have shape {pretty}, got {shape}")
     dtype = jnp.result_type(value)
     if integer and not jnp.issubdtype(dtype, jnp.integer):
-        raise TypeError(f"TemporalFusionTransformer: {name} must be integer codes, got {dtype}")
+        raise IntegerCodesError(
+            f"TemporalFusionTransformer: {name} must be integer codes, got {dtype}"
+        )
     if not integer and not (
         jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)
     ):
@@ -80,8 +92,17 @@ def validate_inputs(
     future: Any,
     known_history: Any = None,
     static_categorical: Any = None,
+    known_categorical_history: Any = None,
+    future_categorical: Any = None,
+    observed_categorical: Any = None,
 ) -> int:
-    """Checks every input against `config` and returns the batch size `B`."""
+    """Checks every input against `config` and returns the batch size `B`.
+
+    Raises `ValueError` naming the argument (shape, range of categorical
+    codes, an input the config does not take or lacks); a float array given
+    as categorical codes raises `IntegerCodesError` (a `ValueError` and a
+    `TypeError`).
+    """
     cfg = config
     _check_array("historical", historical, (None, cfg.sequence_length, cfg.num_observed_features))
     batch = _shape(historical)[0]
@@ -102,27 +123,79 @@ def validate_inputs(
             "TFTConfig.use_known_history is False; set it to True to use known inputs "
             f"over the history (got shape {_shape(known_history)})"
         )
-    cardinalities = cfg.static_categorical_cardinalities
-    if cardinalities:
-        _check_array(
-            "static_categorical", static_categorical, (batch, len(cardinalities)), integer=True
-        )
-        if not isinstance(static_categorical, jax.core.Tracer):
-            codes = np.asarray(static_categorical)
-            for index, cardinality in enumerate(cardinalities):
-                column = codes[:, index]
-                if column.min() < 0 or column.max() >= cardinality:
-                    raise ValueError(
-                        f"TemporalFusionTransformer: static_categorical[:, {index}] must lie in "
-                        f"[0, {cardinality}), got values in [{column.min()}, {column.max()}]"
-                    )
-    elif static_categorical is not None and _shape(static_categorical)[-1:] != (0,):
-        raise ValueError(
-            "TemporalFusionTransformer: static_categorical was given but the config has no "
-            "static_categorical_cardinalities (got shape "
-            f"{_shape(static_categorical)})"
+    steps, horizon = cfg.sequence_length, cfg.prediction_horizon
+    known_cardinalities = cfg.known_categorical_cardinalities
+    _check_codes(
+        "static_categorical",
+        static_categorical,
+        (batch,),
+        cfg.static_categorical_cardinalities,
+        "static_categorical_cardinalities",
+    )
+    _check_codes(
+        "future_categorical",
+        future_categorical,
+        (batch, horizon),
+        known_cardinalities,
+        "known_categorical_cardinalities",
+    )
+    _check_codes(
+        "observed_categorical",
+        observed_categorical,
+        (batch, steps),
+        cfg.observed_categorical_cardinalities,
+        "observed_categorical_cardinalities",
+    )
+    if known_cardinalities and not cfg.use_known_history:
+        if known_categorical_history is not None:
+            raise ValueError(
+                "TemporalFusionTransformer: known_categorical_history was given but "
+                "TFTConfig.use_known_history is False; set it to True to use known inputs "
+                f"over the history (got shape {_shape(known_categorical_history)})"
+            )
+    else:
+        _check_codes(
+            "known_categorical_history",
+            known_categorical_history,
+            (batch, steps),
+            known_cardinalities,
+            "known_categorical_cardinalities",
         )
     return batch
+
+
+def _check_codes(
+    name: str,
+    codes: Any,
+    leading: tuple[int, ...],
+    cardinalities: tuple[int, ...],
+    field: str,
+) -> None:
+    """Checks categorical `codes (*leading, len(cardinalities))`: shape, integer dtype, range.
+
+    The range is checked for concrete inputs only (a traced value has none).
+    Without `cardinalities`, `codes` must be None (or have a last axis of 0).
+    """
+    if not cardinalities:
+        if codes is not None and _shape(codes)[-1:] != (0,):
+            raise ValueError(
+                f"TemporalFusionTransformer: {name} was given but the config has no "
+                f"{field} (got shape {_shape(codes)})"
+            )
+        return
+    _check_array(name, codes, (*leading, len(cardinalities)), integer=True)
+    if isinstance(codes, jax.core.Tracer):
+        return
+    values = np.asarray(codes).reshape(-1, len(cardinalities))
+    for index, cardinality in enumerate(cardinalities):
+        column = values[:, index]
+        if column.min() < 0 or column.max() >= cardinality:
+            where = ", ".join([":"] * len(leading) + [str(index)])
+            raise ValueError(
+                f"TemporalFusionTransformer: {name}[{where}] must lie in "
+                f"[0, {cardinality}) (TFTConfig.{field}[{index}]), got values in "
+                f"[{column.min()}, {column.max()}]"
+            )
 
 
 class TemporalFusionTransformer(nn.Module):
@@ -130,7 +203,13 @@ class TemporalFusionTransformer(nn.Module):
 
     Inputs: `static (B, S)`, `historical (B, T, U)`, `future (B, H, K)`,
     optional `known_history (B, T, K)` (with `use_known_history`) and
-    `static_categorical (B, C)` integer codes. Returns a `TFTOutput`.
+    `static_categorical (B, C)` integer codes. Categorical inputs over time
+    (integer codes, one entity embedding table per column, width
+    `variable_width`): `future_categorical (B, H, Kc)` and, with
+    `use_known_history`, `known_categorical_history (B, T, Kc)` (the
+    categorical known inputs), `observed_categorical (B, T, Uc)`; they join
+    the variable selection after the real inputs of their kind (see
+    `TFTOutput` for the order). Returns a `TFTOutput`.
 
     Data flow: variable selection networks (statics unconditioned; history and
     future conditioned on the static selection context) -> LSTM encoder over
@@ -167,9 +246,22 @@ class TemporalFusionTransformer(nn.Module):
         known_history: Array | None = None,
         static_categorical: Array | None = None,
         deterministic: bool | None = None,
+        known_categorical_history: Array | None = None,
+        future_categorical: Array | None = None,
+        observed_categorical: Array | None = None,
     ) -> TFTOutput:
         cfg = self.config
-        batch = validate_inputs(cfg, static, historical, future, known_history, static_categorical)
+        batch = validate_inputs(
+            cfg,
+            static,
+            historical,
+            future,
+            known_history,
+            static_categorical,
+            known_categorical_history,
+            future_categorical,
+            observed_categorical,
+        )
         deterministic = resolve_deterministic(
             "TemporalFusionTransformer", deterministic, cfg.dropout_rate, self.is_initializing()
         )
@@ -185,6 +277,11 @@ class TemporalFusionTransformer(nn.Module):
         def grn(name: str) -> GatedResidualNetwork:
             return GatedResidualNetwork(hidden, name=name, **gated)
 
+        def categorical_embedding(cardinalities: tuple[int, ...], name: str) -> nn.Module:
+            return CategoricalEmbedding(
+                cardinalities, width, dtype=dtype, param_dtype=cfg.parameter_dtype, name=name
+            )
+
         # Static covariate encoders: four contexts, each routed to one place.
         contexts: dict[str, Array | None] = dict.fromkeys(STATIC_CONTEXTS)
         if cfg.num_static_inputs:
@@ -197,12 +294,8 @@ class TemporalFusionTransformer(nn.Module):
                 )
             if cfg.num_static_categoricals:
                 parts.append(
-                    CategoricalEmbedding(
-                        cfg.static_categorical_cardinalities,
-                        width,
-                        dtype=dtype,
-                        param_dtype=cfg.parameter_dtype,
-                        name="static_categorical_embedding",
+                    categorical_embedding(
+                        cfg.static_categorical_cardinalities, "static_categorical_embedding"
                     )(jnp.asarray(static_categorical))
                 )
             static_encoding, static_weights = VariableSelectionNetwork(
@@ -219,18 +312,42 @@ class TemporalFusionTransformer(nn.Module):
         else:
             static_weights = jnp.zeros((batch, 0), jnp.float32)
 
-        # Variable selection over the history and the horizon.
-        # Lazy: the selection networks fold the embeddings into their first layers.
-        known_embedding = RealEmbedding(
+        # Variable selection over the history and the horizon: reals, then categoricals.
+        # Lazy: the selection networks fold the real embeddings into their first layers
+        # (when every variable is real; categoricals materialize them).
+        real_known = RealEmbedding(
             cfg.num_known_features, width, name="known_embedding", lazy=True, **common
         )
-        history_embedded = RealEmbedding(
-            cfg.num_observed_features, width, name="observed_embedding", lazy=True, **common
-        )(jnp.asarray(historical, dtype))
-        if cfg.use_known_history:
-            history_embedded = concatenate_variables(
-                [history_embedded, known_embedding(jnp.asarray(known_history, dtype))]
+        categorical_known = (
+            categorical_embedding(
+                cfg.known_categorical_cardinalities, "known_categorical_embedding"
             )
+            if cfg.num_known_categoricals
+            else None
+        )
+
+        def known_embedding(reals: Array, codes: Array | None) -> Array:
+            embedded = real_known(jnp.asarray(reals, dtype))
+            if categorical_known is None:
+                return embedded
+            return concatenate_variables([embedded, categorical_known(jnp.asarray(codes))])
+
+        history_parts = [
+            RealEmbedding(
+                cfg.num_observed_features, width, name="observed_embedding", lazy=True, **common
+            )(jnp.asarray(historical, dtype))
+        ]
+        if cfg.num_observed_categoricals:
+            history_parts.append(
+                categorical_embedding(
+                    cfg.observed_categorical_cardinalities, "observed_categorical_embedding"
+                )(jnp.asarray(observed_categorical))
+            )
+        if cfg.use_known_history:
+            history_parts.append(known_embedding(known_history, known_categorical_history))
+        history_embedded = (
+            concatenate_variables(history_parts) if len(history_parts) > 1 else history_parts[0]
+        )
         history_encoding, history_weights = VariableSelectionNetwork(
             cfg.num_history_inputs,
             hidden,
@@ -239,12 +356,12 @@ class TemporalFusionTransformer(nn.Module):
             **gated,
         )(history_embedded, contexts["selection"], deterministic)
         future_encoding, future_weights = VariableSelectionNetwork(
-            cfg.num_known_features,
+            cfg.num_future_inputs,
             hidden,
-            selection_hidden_features=cfg.selection_hidden_dim(cfg.num_known_features),
+            selection_hidden_features=cfg.selection_hidden_dim(cfg.num_future_inputs),
             name="future_selection",
             **gated,
-        )(known_embedding(jnp.asarray(future, dtype)), contexts["selection"], deterministic)
+        )(known_embedding(future, future_categorical), contexts["selection"], deterministic)
 
         # Sequence-to-sequence LSTM seeded with the static state.
         initial_state = (
