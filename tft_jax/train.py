@@ -162,6 +162,10 @@ def warmup_cosine_schedule(
 # Batch and train state
 
 
+# The `Batch` fields holding categorical inputs over time (model keyword arguments).
+CATEGORICAL_INPUTS = ("known_categorical_history", "future_categorical", "observed_categorical")
+
+
 @struct.dataclass
 class Batch:
     """One minibatch of model inputs and targets (a pytree).
@@ -175,6 +179,11 @@ class Batch:
       target: `(B, H)` targets on the model's (scaled) output scale.
       target_mask: optional `(B, H)`, nonzero where the target was observed;
         the loss ignores the other steps (filled gaps). None = all observed.
+      known_categorical_history: `(B, T, Kc)` integer codes of the categorical
+        known inputs over the history, or None.
+      future_categorical: `(B, H, Kc)` their codes over the horizon, or None.
+      observed_categorical: `(B, T, Uc)` integer codes of the categorical
+        observed inputs, or None.
     """
 
     static: Array
@@ -184,6 +193,9 @@ class Batch:
     static_categorical: Array | None
     target: Array
     target_mask: Array | None = None
+    known_categorical_history: Array | None = None
+    future_categorical: Array | None = None
+    observed_categorical: Array | None = None
 
     @property
     def batch_size(self) -> int:
@@ -289,6 +301,10 @@ def _check_variables(variables: Any, expected: Mapping[str, PyTree]) -> None:
 def _model_inputs(batch: Batch) -> tuple[tuple[Array, ...], dict[str, Array | None]]:
     args = (batch.static, batch.historical, batch.future)
     kwargs = {"known_history": batch.known_history, "static_categorical": batch.static_categorical}
+    # Only when present: models without categorical inputs over time need not take them.
+    for name in CATEGORICAL_INPUTS:
+        if getattr(batch, name) is not None:
+            kwargs[name] = getattr(batch, name)
     return args, kwargs
 
 
