@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tft_jax.checkpoint import CORRUPT, LATEST, TrainingCheckpointer, load_state
+from tft_jax.checkpoint import BEST, CORRUPT, LATEST, TrainingCheckpointer, load_state
 from tft_jax.config import TFTConfig
 from tft_jax.model import TemporalFusionTransformer
 from tft_jax.train import Batch, TrainState, create_train_state, fit, make_optimizer
@@ -283,9 +283,10 @@ TRAIN = make_batches(0, 6)
 VAL = make_batches(1, 2)
 
 
-def epoch_batches(epoch, delay=0.0):
-    """The training batches of `epoch`, shuffled by a generator seeded with (0, epoch)."""
-    order = np.random.default_rng([0, epoch]).permutation(len(TRAIN))
+def epoch_batches(epoch, delay=0.0, repeat=1):
+    """The training batches of `epoch` (each `repeat` times), shuffled by a generator seeded
+    with (0, epoch)."""
+    order = np.random.default_rng([0, epoch]).permutation(len(TRAIN) * repeat) % len(TRAIN)
     for index in order:
         if delay:
             time.sleep(delay)
@@ -363,6 +364,104 @@ def test_resume_with_another_seed_is_rejected(tmp_path: pathlib.Path) -> None:
         )
 
 
+class FakeClock:
+    """A clock that stands still until told to advance (`now` seconds)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Interrupted(Exception):
+    """The stand-in for a crash in the middle of training."""
+
+
+def timed_batches(clock: FakeClock, crash_before: int | None = None) -> Any:
+    """`epoch_batches` where each batch takes a second on `clock`; raises before fetch N."""
+    fetched = 0
+
+    def source(epoch: int) -> Any:
+        nonlocal fetched
+        for batch in epoch_batches(epoch):
+            fetched += 1
+            if fetched == crash_before:
+                raise Interrupted
+            clock.now += 1.0
+            yield batch
+
+    return source
+
+
+def test_a_run_interrupted_between_evaluations_resumes_from_its_timed_checkpoint(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = tmp_path / "run"
+    clock = FakeClock()
+    # One evaluation, at the end (step 12); latest checkpoints every 3.5 s
+    # (step s ends at s seconds), none by steps.
+    common = dict(epochs=2, seed=5, eval_every=12, checkpoint_dir=directory)
+    with pytest.raises(Interrupted):
+        fit(
+            stand_in_state(),
+            timed_batches(clock, crash_before=12),
+            VAL,
+            checkpoint_every_seconds=3.5,
+            clock=clock,
+            quiet=True,
+            **common,
+        )
+    assert _steps(directory) == [6, 10]  # 4 (timed), 6 (epoch end), 10 (timed)
+    assert not list((directory / BEST).iterdir())
+    capsys.readouterr()
+    resumed = fit(stand_in_state(), epoch_batches, VAL, resume=True, label="FP32", **common)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == f"FP32: resuming from step 10 (epoch 1) of the checkpoint in {directory}"
+    reference = fit(
+        stand_in_state(), epoch_batches, VAL, epochs=2, seed=5, eval_every=12, quiet=True
+    )
+    assert resumed.history == reference.history
+    assert_bitwise_equal(resumed.state, reference.state)
+    assert_bitwise_equal(resumed.best_state, reference.best_state)
+
+
+def test_without_timed_checkpoints_a_crash_falls_back_to_the_epoch_end(
+    tmp_path: pathlib.Path,
+) -> None:
+    clock = FakeClock()
+    with pytest.raises(Interrupted):
+        fit(
+            stand_in_state(),
+            timed_batches(clock, crash_before=12),
+            VAL,
+            epochs=2,
+            eval_every=12,
+            checkpoint_dir=tmp_path,
+            checkpoint_every_seconds=None,
+            clock=clock,
+            quiet=True,
+        )
+    assert _steps(tmp_path) == [6]
+
+
+def test_resume_without_a_checkpoint_says_so_and_starts_from_step_0(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = fit(
+        stand_in_state(),
+        epoch_batches,
+        VAL,
+        epochs=1,
+        checkpoint_dir=tmp_path / "empty",
+        resume=True,
+        label="FP32",
+    )
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == f"FP32: no checkpoint in {tmp_path / 'empty'}: starting from step 0"
+    assert result.history["step"] == [6]
+
+
 # ---------------------------------------------------------------------------
 # SIGKILL mid-training, then resume: bit-identical to the uninterrupted run
 
@@ -378,12 +477,14 @@ from tft_jax.train import create_train_state, fit, make_optimizer
     + STAND_IN
     + """
 mode, directory, out = sys.argv[1], pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
+options = json.loads(sys.argv[5])
+repeat = options.pop("repeat", 1)
 tx = make_optimizer(3e-2, clip_norm=1.0, weight_decay=1e-3)
 state = create_train_state(StandIn(), tx, jax.random.key(3), TRAIN[0])
 delay = 0.04 if mode == "killed" else 0.0
-result = fit(state, lambda epoch: epoch_batches(epoch, delay), VAL, epochs=8, seed=11,
-             patience=100, checkpoint_dir=directory, checkpoint_every=2,
-             resume=mode == "resumed", quiet=True)
+result = fit(state, lambda epoch: epoch_batches(epoch, delay, repeat), VAL, seed=11,
+             checkpoint_dir=directory, resume=mode == "resumed", quiet=mode != "resumed",
+             **options)
 trees = {"state": result.state, "best": result.best_state}
 arrays = {f"{name}/{i}": np.asarray(leaf)
           for name, tree in trees.items() for i, leaf in enumerate(jax.tree.leaves(tree))}
@@ -393,11 +494,19 @@ np.savez(out / "arrays.npz", **arrays)
 )
 
 
-def _launch(mode: str, directory: pathlib.Path, out: pathlib.Path, script: pathlib.Path):
+def _launch(
+    mode: str,
+    directory: pathlib.Path,
+    out: pathlib.Path,
+    script: pathlib.Path,
+    options: dict[str, Any],
+) -> subprocess.Popen:
+    """Runs `script` in `mode` ('reference', 'killed' or 'resumed'): `fit(**options)`."""
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+    cache = str(ROOT / ".jax_cache")
     return subprocess.Popen(
-        [sys.executable, str(script), mode, str(directory), str(out), str(ROOT / ".jax_cache")],
+        [sys.executable, str(script), mode, str(directory), str(out), cache, json.dumps(options)],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -405,41 +514,46 @@ def _launch(mode: str, directory: pathlib.Path, out: pathlib.Path, script: pathl
     )
 
 
-def _finished(process: subprocess.Popen, timeout: float = 300) -> None:
+def _finished(process: subprocess.Popen, timeout: float = 300) -> str:
     output, _ = process.communicate(timeout=timeout)
     assert process.returncode == 0, output.decode()[-3000:]
+    return output.decode()
 
 
-def _steps(directory: pathlib.Path) -> list[int]:
-    latest = directory / LATEST
-    if not latest.is_dir():
+def _steps(directory: pathlib.Path, kind: str = LATEST) -> list[int]:
+    folder = directory / kind
+    if not folder.is_dir():
         return []
-    return sorted(int(path.name) for path in latest.iterdir() if path.name.isdigit())
+    return sorted(int(path.name) for path in folder.iterdir() if path.name.isdigit())
 
 
-@pytest.mark.slow
-def test_sigkill_then_resume_ends_bit_identical_to_an_uninterrupted_run(
-    tmp_path: pathlib.Path,
-) -> None:
+def _kill_then_resume(
+    tmp_path: pathlib.Path, options: dict[str, Any], kill_at: int
+) -> tuple[dict[str, list[int]], str, dict[str, list]]:
+    """Runs `fit(**options)` uninterrupted and, beside it, a victim SIGKILLed once a
+    latest checkpoint of step >= `kill_at` exists, then resumed; checks the two end
+    bit-identical. Returns the victim's latest and best steps at the kill, the
+    resumed run's output and the history."""
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(SCRIPT))
-    reference = _launch("reference", tmp_path / "reference", tmp_path / "reference_out", script)
-    victim = _launch("killed", tmp_path / "victim", tmp_path / "victim_out", script)
-    # 8 epochs of 6 steps: kill once a checkpoint past the second epoch exists.
+    reference = _launch(
+        "reference", tmp_path / "reference", tmp_path / "reference_out", script, options
+    )
+    victim = _launch("killed", tmp_path / "victim", tmp_path / "victim_out", script, options)
     deadline = time.monotonic() + 240
-    while max(_steps(tmp_path / "victim"), default=0) < 14:
+    while max(_steps(tmp_path / "victim"), default=0) < kill_at:
         assert victim.poll() is None, "the run ended before it could be killed"
         assert time.monotonic() < deadline, "no checkpoint appeared in time"
         time.sleep(0.02)
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     assert victim.returncode == -signal.SIGKILL
-    assert max(_steps(tmp_path / "victim")) < 48
+    killed_steps = {kind: _steps(tmp_path / "victim", kind) for kind in (LATEST, BEST)}
     assert not (tmp_path / "victim_out" / "arrays.npz").exists()
 
-    resumed = _launch("resumed", tmp_path / "victim", tmp_path / "victim_out", script)
+    resumed = _launch("resumed", tmp_path / "victim", tmp_path / "victim_out", script, options)
     _finished(reference)
-    _finished(resumed)
+    output = _finished(resumed)
     want = np.load(tmp_path / "reference_out" / "arrays.npz")
     got = np.load(tmp_path / "victim_out" / "arrays.npz")
     assert sorted(want.files) == sorted(got.files)
@@ -448,4 +562,33 @@ def test_sigkill_then_resume_ends_bit_identical_to_an_uninterrupted_run(
         assert want[name].tobytes() == got[name].tobytes(), name
     history = json.loads((tmp_path / "reference_out" / "history.json").read_text())
     assert json.loads((tmp_path / "victim_out" / "history.json").read_text()) == history
+    return killed_steps, output, history
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_ends_bit_identical_to_an_uninterrupted_run(
+    tmp_path: pathlib.Path,
+) -> None:
+    # 8 epochs of 6 steps, an evaluation after each: kill once a checkpoint past
+    # the second epoch exists.
+    options = {"epochs": 8, "patience": 100, "checkpoint_every": 2}
+    killed_steps, output, history = _kill_then_resume(tmp_path, options, kill_at=14)
+    assert max(killed_steps[LATEST]) < 48
+    assert killed_steps[BEST]
+    assert f"resuming from step {max(killed_steps[LATEST])} " in output
     assert history["step"][-1] == 48
+
+
+@pytest.mark.slow
+def test_sigkill_before_the_first_evaluation_resumes_from_a_timed_checkpoint(
+    tmp_path: pathlib.Path,
+) -> None:
+    # One epoch of 48 steps, evaluated at its end only; the latest checkpoint is
+    # saved every 0.25 s (about every 5 steps of the victim), never by steps.
+    options = {"epochs": 1, "repeat": 8, "checkpoint_every_seconds": 0.25}
+    killed_steps, output, history = _kill_then_resume(tmp_path, options, kill_at=10)
+    assert 10 <= max(killed_steps[LATEST]) < 48
+    assert killed_steps[BEST] == []  # killed before any evaluation
+    resumed_from = max(killed_steps[LATEST])
+    assert f"resuming from step {resumed_from} (epoch 0) of the checkpoint in " in output
+    assert history["step"] == [48]

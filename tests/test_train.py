@@ -8,7 +8,10 @@ here; the training dynamics run the real `TemporalFusionTransformer`.
 
 from __future__ import annotations
 
+import io
 import math
+import re
+import sys
 from typing import Any, NamedTuple
 
 import jax
@@ -730,3 +733,160 @@ def test_lower_train_step_compiles_the_step_that_train_step_runs(caplog) -> None
         lower_train_step(tiny_state(), batch, rng, calibrate=True)
     with pytest.raises(TypeError, match="train_step: compiler_options must be"):
         train_step(tiny_state(), batch, rng, compiler_options="fast")
+
+
+# ---------------------------------------------------------------------------
+# The time budget and the progress display, on a fake clock
+
+
+class FakeClock:
+    """A clock that stands still until told to advance (`now` seconds)."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def ticking(clock: FakeClock, batches: list[Batch], seconds: float = 1.0) -> Any:
+    """A batch source whose every batch takes `seconds` on `clock` (fetched before its step)."""
+
+    def source(epoch: int) -> Any:
+        for batch in batches:
+            clock.now += seconds
+            yield batch
+
+    return source
+
+
+@pytest.mark.parametrize(("budget", "last_step"), [(4.5, 5), (5.0, 5), (5.5, 6)])
+def test_time_budget_stops_at_the_first_step_that_spends_it(budget: float, last_step: int) -> None:
+    # The clock starts at 100 and step s ends at 100 + s: the budget counts from fit's start.
+    clock = FakeClock(100.0)
+    batches = [make_batch(90 + i) for i in range(4)]
+    result = fit(
+        tiny_state(),
+        ticking(clock, batches),
+        epochs=10,
+        time_budget=budget,
+        clock=clock,
+        quiet=True,
+    )
+    assert result.stop_reason == "time_budget"
+    assert int(result.state.step) == last_step
+    assert last_step - 1 < budget <= last_step
+    assert result.history["step"] == [4, last_step]
+
+
+def test_time_budget_run_still_evaluates_keeps_the_best_state_and_checkpoints(tmp_path) -> None:
+    from tft_jax.checkpoint import TrainingCheckpointer, load_state
+
+    clock = FakeClock()
+    batches = [make_batch(90 + i) for i in range(4)]
+    val = [make_batch(95)]
+    common = dict(epochs=10, max_steps=9, eval_every=4, checkpoint_dir=tmp_path, quiet=True)
+    result = fit(tiny_state(), ticking(clock, batches), val, time_budget=5.5, clock=clock, **common)
+    assert result.stop_reason == "time_budget"
+    assert result.history["step"] == [4, 6]  # the final evaluation follows the stop
+    assert all(isinstance(loss, float) for loss in result.history["val_loss"])
+    assert evaluate(result.state, val) == pytest.approx(result.history["val_loss"][-1], rel=1e-6)
+    best = int(np.argmin(result.history["val_loss"]))
+    assert int(result.best_state.step) == result.history["step"][best]
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+        assert checkpointer.steps() == [4, 6]
+        assert checkpointer.steps("best") == [result.history["step"][best]]
+    latest = load_state(tmp_path, tiny_state(), prefer="latest")
+    assert_trees_equal(latest.params, host_copy(result.state.params))
+
+    # The budget counts the resumed run's earlier time: spent, it stops at once;
+    # without a budget the run trains on to max_steps.
+    again = fit(tiny_state(), ticking(clock, batches), val, resume=True, time_budget=5.5, **common)
+    assert again.stop_reason == "time_budget"
+    assert again.history == result.history
+    on = fit(tiny_state(), ticking(clock, batches), val, resume=True, clock=clock, **common)
+    assert on.stop_reason == "completed"
+    assert on.history["step"] == [4, 6, 8, 9]
+
+
+def test_fit_arguments_of_time_are_checked_and_named() -> None:
+    state, batches = tiny_state(), [make_batch(0)]
+    with pytest.raises(ValueError, match=r"fit: time_budget must be finite and > 0, got 0\.0"):
+        fit(state, batches, epochs=1, time_budget=0.0)
+    with pytest.raises(TypeError, match="fit: time_budget must be a float, got str '3m'"):
+        fit(state, batches, epochs=1, time_budget="3m")
+    with pytest.raises(ValueError, match="fit: checkpoint_every_seconds must be finite"):
+        fit(state, batches, epochs=1, checkpoint_every_seconds=-1.0)
+    with pytest.raises(TypeError, match="fit: label must be a string"):
+        fit(state, batches, epochs=1, label=32)
+    with pytest.raises(TypeError, match="fit: clock must be a callable"):
+        fit(state, batches, epochs=1, clock=0.0)
+
+
+def test_without_a_terminal_progress_is_plain_labelled_lines_with_eta(capsys) -> None:
+    clock = FakeClock()
+    batches = [make_batch(100 + i) for i in range(4)]
+    result = fit(
+        tiny_state(),
+        ticking(clock, batches),
+        [make_batch(105)],
+        epochs=2,
+        max_steps=8,  # the total of a generator's epochs is unknown otherwise
+        eval_every=4,
+        label="FP32",
+        log_seconds=3.0,
+        clock=clock,
+    )
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "\r" not in captured.err
+    # Step s ends at s seconds; the rate (1 step/s) is measured from the
+    # compiled first step, a line is due 3 s after the previous one.
+    loss = r"\d+\.\d{4}"
+    train = [f"{value:.4f}" for value in result.history["train_loss"]]
+    val = [f"{value:.4f}" for value in result.history["val_loss"]]
+    expected = [
+        r"FP32: compiling the train step\.\.\.",
+        r"FP32: compiled in 0\.0s",
+        rf"FP32: step 4/8  loss {loss}  elapsed 4\.0s  ETA 4\.0s",
+        rf"FP32: step 4/8  train_loss {train[0]}  val_loss {val[0]} \(evaluated in 0\.0s\)  "
+        r"elapsed 4\.0s  ETA 4\.0s",
+        rf"FP32: step 7/8  loss {loss}  elapsed 7\.0s  ETA 1\.0s",
+        rf"FP32: step 8/8  train_loss {train[1]}  val_loss {val[1]} \(evaluated in 0\.0s\)  "
+        r"elapsed 8\.0s  ETA 0\.0s",
+        r"FP32: finished at step 8/8 after 8\.0s",
+    ]
+    lines = captured.err.splitlines()
+    assert len(lines) == len(expected), captured.err
+    for line, pattern in zip(lines, expected, strict=True):
+        assert re.fullmatch(pattern, line), (line, pattern)
+
+
+def test_on_a_terminal_progress_is_a_bar_named_by_the_label(monkeypatch) -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    fit(tiny_state(), [make_batch(100 + i) for i in range(4)], epochs=1, label="QAT")
+    text = terminal.getvalue()
+    assert text.startswith("QAT: compiling the train step...\nQAT: compiled in ")
+    assert "\r" in text and re.search(r"QAT: 100%\S* 4/4", text)
+    assert re.search(r"\nQAT: finished at step 4/4 after \d+\.\ds\n$", text)
+
+
+def test_quiet_fit_prints_nothing(capsys, tmp_path) -> None:
+    fit(
+        tiny_state(),
+        [make_batch(100 + i) for i in range(2)],
+        [make_batch(105)],
+        epochs=2,
+        checkpoint_dir=tmp_path,
+        resume=True,
+        time_budget=60.0,
+        label="FP32",
+        log_seconds=0.0,
+        quiet=True,
+    )
+    assert capsys.readouterr() == ("", "")

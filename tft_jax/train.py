@@ -17,6 +17,8 @@ import dataclasses
 import math
 import numbers
 import pathlib
+import sys
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any, NamedTuple
@@ -735,6 +737,9 @@ class LoopState:
       loss_sum: sum of finite training losses since the last evaluation.
       loss_count: number of them.
       stopped_early: whether patience ran out.
+      stopped_on_budget: whether the time budget ran out.
+      seconds: training time of the run up to this point, over every `fit`
+        call that continued it (what the time budget counts).
     """
 
     epoch: int = 0
@@ -746,6 +751,8 @@ class LoopState:
     loss_sum: float = 0.0
     loss_count: int = 0
     stopped_early: bool = False
+    stopped_on_budget: bool = False
+    seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict of the fields."""
@@ -767,11 +774,15 @@ class FitResult(NamedTuple):
       history: per evaluation, lists under `HISTORY_KEYS`: epoch, step, mean
         training loss since the previous evaluation, validation loss (None
         without validation data) and the running count of skipped steps.
+      stop_reason: why training ended: `'completed'` (every epoch, or
+        `max_steps`), `'early_stopping'` (patience ran out) or
+        `'time_budget'`.
     """
 
     state: TrainState
     best_state: TrainState
     history: History
+    stop_reason: str = "completed"
 
 
 def _batches_for_epoch(source: BatchSource, epoch: int) -> Iterable[Batch]:
@@ -822,6 +833,26 @@ def _check_fit_args(
             raise ValueError(f"fit: {name} must be >= {minimum}, got {value}")
 
 
+def _check_fit_timing(
+    checkpoint_every_seconds: float | None,
+    time_budget: float | None,
+    log_seconds: float,
+    label: str | None,
+    clock: Any,
+) -> None:
+    for name, value in (
+        ("checkpoint_every_seconds", checkpoint_every_seconds),
+        ("time_budget", time_budget),
+    ):
+        if value is not None:
+            _require_positive_float(f"fit: {name}", value)
+    _require_positive_float("fit: log_seconds", log_seconds, allow_zero=True)
+    if label is not None and not isinstance(label, str):
+        raise TypeError(f"fit: label must be a string or None, got {label!r}")
+    if not callable(clock):
+        raise TypeError(f"fit: clock must be a callable returning seconds, got {clock!r}")
+
+
 def fit(
     state: TrainState,
     train_batches: BatchSource,
@@ -832,12 +863,17 @@ def fit(
     patience: int | None = None,
     eval_every: int | None = None,
     max_steps: int | None = None,
+    time_budget: float | None = None,
     checkpoint_dir: str | pathlib.Path | None = None,
     checkpoint_every: int | None = None,
+    checkpoint_every_seconds: float | None = 120.0,
     resume: bool = False,
     calibrate_steps: int | None = None,
     quiet: bool = False,
+    label: str | None = None,
     log_every: int = 10,
+    log_seconds: float = 10.0,
+    clock: Callable[[], float] = time.monotonic,
     mesh: Mesh | None = None,
     fsdp: bool = False,
 ) -> FitResult:
@@ -856,27 +892,49 @@ def fit(
       eval_every: evaluate every this many steps; None evaluates once per epoch.
         A final evaluation follows the last step when it had none.
       max_steps: stop after this many steps in total; None runs every epoch.
+      time_budget: stop once this many seconds of training have passed (None:
+        no limit). The time counts from the start of `fit`, so the compilation
+        of the train step is included, and, for a resumed run, adds the time
+        of the earlier runs up to the checkpoint resumed from. It is checked
+        after every step, so training ends within one step (and that step's
+        evaluation or checkpoint) of the budget; the final evaluation, the
+        best state and the checkpoints then follow as at a normal end, and
+        `stop_reason` is `'time_budget'`.
       checkpoint_dir: where the latest and best checkpoints go (see
         `tft_jax.checkpoint`); None keeps no checkpoints.
       checkpoint_every: also save the latest checkpoint every this many steps
-        (it is always saved after each evaluation and at the end).
+        (it is always saved after each evaluation, at each epoch's end and
+        at the end).
+      checkpoint_every_seconds: also save the latest checkpoint once this many
+        seconds have passed since the previous save (None: never by time), so
+        that a killed run loses at most about this much training.
       resume: continue from the newest intact checkpoint in `checkpoint_dir` if
-        there is one (a fresh start otherwise); `state` then only gives the
-        structure. With the same arguments the result equals that of the
-        uninterrupted run; a finished run returns at once, unless `epochs` or
-        `max_steps` were raised, when it trains on.
+        there is one (a fresh start otherwise; either is announced unless
+        `quiet`); `state` then only gives the structure. With the same
+        arguments the result equals that of the uninterrupted run; a finished
+        run returns at once, unless `epochs`, `max_steps` or `time_budget`
+        were raised, when it trains on.
       calibrate_steps: None for models without calibration; N for the QAT
         model: steps `< N` run with `calibrate=True`, later ones `calibrate=False`.
-      quiet: no progress bar.
-      log_every: refresh the training loss in the progress bar every this many steps.
+      quiet: print nothing (no progress bar, no lines).
+      label: the name of the run in its progress bar and lines (e.g. `'FP32'`).
+      log_every: on a terminal, refresh the training loss in the progress bar
+        every this many steps.
+      log_seconds: without a terminal (a log file, a pipe), print a plain
+        progress line (step/total, loss, elapsed, ETA) at least this many
+        seconds apart, besides one per evaluation, instead of a progress bar.
+      clock: the monotonic clock, in seconds, that the time budget, the timed
+        checkpoints and the progress read (replaceable in tests).
       mesh: the `data` mesh to train on (`tft_jax.distributed.data_mesh`); None
         uses every device. Batches are split over it (their size must divide
         evenly), the state is replicated, or with `fsdp=True` split too.
       fsdp: shard parameters and optimizer state over the mesh (large models).
 
     Returns:
-      A `FitResult(state, best_state, history)`.
+      A `FitResult(state, best_state, history, stop_reason)`.
     """
+    _check_fit_timing(checkpoint_every_seconds, time_budget, log_seconds, label, clock)
+    started = clock()
     _check_state("fit", state)
     _check_fit_args(
         epochs, patience, eval_every, checkpoint_every, max_steps, calibrate_steps, log_every
@@ -887,8 +945,27 @@ def fit(
         val_batches = list(val_batches)
     eval_calibrate = None if calibrate_steps is None else False
 
+    per_epoch = _epoch_length(train_batches)
+    total = None if per_epoch is None else per_epoch * epochs
+    if max_steps is not None:
+        total = max_steps if total is None else min(total, max_steps)
     seed_key = jax.random.key(seed)
     loop = LoopState()
+    earlier_seconds = 0.0  # training time of the runs this one continues
+
+    def elapsed() -> float:
+        return earlier_seconds + clock() - started
+
+    progress = _Progress(
+        enabled=not quiet and is_primary(),  # one progress display per run
+        label=label,
+        total=total,
+        clock=clock,
+        elapsed=elapsed,
+        time_budget=time_budget,
+        log_every=log_every,
+        log_seconds=log_seconds,
+    )
     checkpointer = None if checkpoint_dir is None else TrainingCheckpointer(checkpoint_dir)
     best_state: TrainState | None = None
     mesh = data_mesh() if mesh is None else mesh
@@ -897,33 +974,31 @@ def fit(
     state = place_state(state, mesh, fsdp)
     if checkpointer is not None and resume:
         restored = checkpointer.restore_latest(state)
-        if restored is not None:
+        if restored is None:
+            progress.note(f"no checkpoint in {checkpoint_dir}: starting from step 0")
+        else:
             _check_resume_seed(restored.rng, seed_key, seed)
             state, loop = restored.state, LoopState.from_json(restored.loop)
+            earlier_seconds = loop.seconds
             checkpointer.discard_best_after(loop.step)
             best = checkpointer.restore_best(state)
             best_state = None if best is None else best.state
+            progress.note(
+                f"resuming from step {loop.step} (epoch {loop.epoch}) of the checkpoint "
+                f"in {checkpoint_dir}"
+            )
+    if loop.stopped_on_budget and (time_budget is None or loop.seconds < time_budget):
+        loop.stopped_on_budget = False  # a larger budget, or none: train on
     if best_state is None:
         best_state = _copy_state(state)
     if val_batches is not None:
         val_batches = _ShardedBatches(val_batches, mesh)
 
-    per_epoch = _epoch_length(train_batches)
-    total = None if per_epoch is None else per_epoch * epochs
-    if max_steps is not None:
-        total = max_steps if total is None else min(total, max_steps)
-    progress = tqdm(
-        total=total,
-        initial=loop.step,
-        disable=quiet or not is_primary(),  # one progress bar per run
-        unit="step",
-        dynamic_ncols=True,
-    )
-    postfix: dict[str, str] = {}
     # Step metrics wait on the device until an evaluation or a checkpoint needs
     # them (no host sync per step); they are then added in step order, so a
     # resumed run sums exactly as the uninterrupted one.
     pending: list[tuple[Array, Array]] = []
+    last_save = clock()
 
     def flush() -> None:
         for loss, skipped in jax.device_get(pending):
@@ -939,7 +1014,9 @@ def fit(
         count = loop.loss_count
         train_loss = loop.loss_sum / count if count else math.nan
         loop.loss_sum, loop.loss_count = 0.0, 0
+        evaluation_started = clock()
         val_loss = None if val_batches is None else evaluate(state, val_batches, eval_calibrate)
+        evaluation_seconds = clock() - evaluation_started
         for key, value in zip(
             HISTORY_KEYS,
             (loop.epoch, loop.step, train_loss, val_loss, int(state.skipped_steps)),
@@ -951,53 +1028,80 @@ def fit(
                 loop.best_val_loss, loop.evals_since_best = val_loss, 0
                 best_state = _copy_state(state)
                 if checkpointer is not None:
+                    loop.seconds = elapsed()
                     checkpointer.save_best(state, seed_key, _loop_snapshot(loop))
             else:
                 loop.evals_since_best += 1
-        postfix.update(train_loss=f"{train_loss:.4f}", val_loss=_format(val_loss))
-        progress.set_postfix(postfix)
+        progress.evaluated(loop.step, train_loss, val_loss, evaluation_seconds)
         return patience is not None and loop.evals_since_best >= patience
 
     def save_latest() -> None:
+        nonlocal last_save
         if checkpointer is not None:
             flush()
-            snapshot = _loop_snapshot(loop)
-            checkpointer.save_latest(state, seed_key, snapshot)
+            loop.seconds = elapsed()
+            checkpointer.save_latest(state, seed_key, _loop_snapshot(loop))
+            last_save = clock()
+
+    def checkpoint_due() -> bool:
+        """Whether a periodic save of the latest checkpoint is due (by steps or by time)."""
+        if checkpointer is None:
+            return False
+        by_steps = checkpoint_every is not None and loop.step % checkpoint_every == 0
+        return by_steps or (
+            checkpoint_every_seconds is not None and clock() - last_save >= checkpoint_every_seconds
+        )
 
     def done() -> bool:
         return (
             loop.stopped_early
+            or loop.stopped_on_budget
             or loop.epoch >= epochs
             or (max_steps is not None and loop.step >= max_steps)
         )
 
+    compiled: set[bool | None] = set()  # the `calibrate` values whose step has run
+    previous_loss: Array | None = None
     try:
         while not done():
             iterator = iter(_batches_for_epoch(train_batches, loop.epoch))
             _skip(iterator, loop.batches_done)
             for batch in iterator:
                 calibrate = None if calibrate_steps is None else loop.step < calibrate_steps
+                compiling = calibrate not in compiled
+                if compiling:
+                    what = "the train step" + (" with frozen observers" if compiled else "")
+                    progress.note(f"compiling {what}...")
+                    compile_started = clock()
                 state, metrics = train_step(
                     state, shard_batch(batch, mesh), step_key(seed_key, loop.step), calibrate
                 )
                 loop.step += 1
                 loop.batches_done += 1
                 pending.append((metrics["loss"], metrics["skipped"]))
+                if compiling:
+                    jax.block_until_ready(metrics["loss"])
+                    compiled.add(calibrate)
+                    progress.note(f"compiled in {_duration(clock() - compile_started)}")
+                    progress.start(loop.step)
+                elif time_budget is not None and previous_loss is not None:
+                    # The device stays at most one step behind: the clock measures its work.
+                    jax.block_until_ready(previous_loss)
+                previous_loss = metrics["loss"]
                 if len(pending) >= _MAX_PENDING:
                     flush()
-                progress.update(1)
-                if not quiet and loop.step % log_every == 0:
-                    postfix["loss"] = f"{float(metrics['loss']):.4f}"
-                    progress.set_postfix(postfix)
+                progress.stepped(loop.step, metrics["loss"])
                 if eval_every is not None and loop.step % eval_every == 0:
                     loop.stopped_early = record()
                     save_latest()
-                elif checkpoint_every is not None and loop.step % checkpoint_every == 0:
+                elif checkpoint_due():
                     save_latest()
+                if time_budget is not None and not done() and elapsed() >= time_budget:
+                    loop.stopped_on_budget = True
                 if done():
                     break
             else:  # the epoch ran to its end
-                if eval_every is None:
+                if eval_every is None and not _evaluated_at(loop):
                     loop.stopped_early = record()
                 loop.epoch, loop.batches_done = loop.epoch + 1, 0
             if done() and not _evaluated_at(loop):
@@ -1009,7 +1113,163 @@ def fit(
             checkpointer.close()
     if val_batches is None:
         best_state = state
-    return FitResult(state=state, best_state=best_state, history=loop.history)
+    if loop.stopped_on_budget:
+        reason = "time_budget"
+        progress.note(
+            f"stopped on the time budget of {_duration(time_budget)} at step "
+            f"{_of(loop.step, total)} after {_duration(elapsed())}"
+        )
+    elif loop.stopped_early:
+        reason = "early_stopping"
+        progress.note(
+            f"stopped early at step {_of(loop.step, total)}: no lower validation loss in "
+            f"{patience} evaluations"
+        )
+    else:
+        reason = "completed"
+        progress.note(f"finished at step {_of(loop.step, total)} after {_duration(elapsed())}")
+    return FitResult(state=state, best_state=best_state, history=loop.history, stop_reason=reason)
+
+
+class _Progress:
+    """What `fit` shows on process 0; nothing at all when not `enabled`.
+
+    On a terminal (or in a notebook) a tqdm bar named by the label, opened
+    once the train step has compiled, so that its rate and ETA leave the
+    compilation out. Elsewhere (a log file, a pipe) plain lines instead, so a
+    log holds no carriage returns: one at least every `log_seconds`, and one
+    per evaluation. Notes (resume, compilation, the end) are lines in both.
+    Everything goes to `sys.stderr`, as tqdm's bar does.
+    """
+
+    def __init__(
+        self,
+        *,
+        enabled: bool,
+        label: str | None,
+        total: int | None,
+        clock: Callable[[], float],
+        elapsed: Callable[[], float],
+        time_budget: float | None,
+        log_every: int,
+        log_seconds: float,
+    ) -> None:
+        self.enabled, self.label, self.total = enabled, label, total
+        self.clock, self.elapsed, self.time_budget = clock, elapsed, time_budget
+        self.log_every, self.log_seconds = log_every, log_seconds
+        self.stream = sys.stderr
+        self.interactive = enabled and _interactive(self.stream)
+        self.bar: Any = None
+        self.postfix: dict[str, str] = {}
+        self.first_step: int | None = None  # where the rate is measured from
+        self.first_time = 0.0
+        self.last_line = -math.inf
+
+    def note(self, text: str) -> None:
+        """One line, prefixed with the label."""
+        if not self.enabled:
+            return
+        line = f"{self.label}: {text}" if self.label else text
+        if self.bar is not None:
+            self.bar.write(line, file=self.stream)
+        else:
+            print(line, file=self.stream, flush=True)
+
+    def start(self, step: int) -> None:
+        """The compiled step has run (up to `step`): the rate is measured from here."""
+        if not self.enabled or self.first_step is not None:
+            return
+        self.first_step, self.first_time = step, self.clock()
+        self.last_line = self.first_time
+        if self.interactive:
+            self.bar = tqdm(
+                total=self.total,
+                initial=step,
+                desc=self.label,
+                unit="step",
+                dynamic_ncols=True,
+                file=self.stream,
+            )
+
+    def stepped(self, step: int, loss: Array) -> None:
+        """Step `step` has been dispatched; `loss` is read only when shown."""
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(step - self.bar.n)
+            if step % self.log_every == 0:
+                self.postfix["loss"] = f"{float(loss):.4f}"
+                self.bar.set_postfix(self.postfix)
+        elif self.clock() - self.last_line >= self.log_seconds:
+            self._line(step, f"loss {float(loss):.4f}")
+
+    def evaluated(
+        self, step: int, train_loss: float, val_loss: float | None, seconds: float
+    ) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.postfix.update(train_loss=f"{train_loss:.4f}", val_loss=_format(val_loss))
+            self.bar.set_postfix(self.postfix)
+            return
+        text = f"train_loss {train_loss:.4f}"
+        if val_loss is not None:
+            text += f"  val_loss {val_loss:.4f} (evaluated in {_duration(seconds)})"
+        self._line(step, text)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def _line(self, step: int, text: str) -> None:
+        now = self.clock()
+        self.last_line = now
+        parts = [f"step {_of(step, self.total)}", text, f"elapsed {_duration(self.elapsed())}"]
+        eta = self._eta(step, now)
+        if eta is not None:
+            parts.append(f"ETA {_duration(eta)}")
+        self.note("  ".join(parts))
+
+    def _eta(self, step: int, now: float) -> float | None:
+        """Seconds left: at the rate since the compiled step first ran, within the budget."""
+        left = []
+        if self.time_budget is not None:
+            left.append(max(0.0, self.time_budget - self.elapsed()))
+        if (
+            self.total is not None
+            and self.first_step is not None
+            and step > self.first_step
+            and now > self.first_time
+        ):
+            rate = (step - self.first_step) / (now - self.first_time)
+            left.append(max(0, self.total - step) / rate)
+        return min(left) if left else None
+
+
+def _interactive(stream: Any) -> bool:
+    """Whether `stream` shows a live bar: a terminal, or tqdm's notebook widget."""
+    if any(cls.__module__ == "tqdm.notebook" for cls in tqdm.__mro__):
+        return True
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty()) if callable(isatty) else False
+    except ValueError:  # a closed stream
+        return False
+
+
+def _of(step: int, total: int | None) -> str:
+    return f"{step}" if total is None else f"{step}/{total}"
+
+
+def _duration(seconds: float) -> str:
+    """`4.2s`, `3m05s` or `1h02m`."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    seconds = round(seconds)
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 class _ShardedBatches:
