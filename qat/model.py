@@ -56,7 +56,16 @@ from tft_jax.model import TemporalFusionTransformer, TFTOutput
 
 Array = Any
 Variables = Mapping[str, Any]
-_INPUT_NAMES = ("static", "historical", "future", "known_history", "static_categorical")
+_INPUT_NAMES = (
+    "static",
+    "historical",
+    "future",
+    "known_history",
+    "static_categorical",
+    "known_categorical_history",
+    "future_categorical",
+    "observed_categorical",
+)
 
 
 def _check_qat_config(qat_config: Any) -> None:
@@ -171,7 +180,8 @@ class QATTemporalFusionTransformer(_QuantizedModel):
     step-size offset in the `'quant_params'` collection (see `QATDotGeneral`);
     a training step then differentiates `'params'` and `'quant_params'`.
 
-    Call arguments are the FP32 model's plus `calibrate`: True updates the
+    Call arguments are the FP32 model's (categorical inputs over time
+    included) plus `calibrate`: True updates the
     activation observers (apply with `mutable=['quant_stats']`), False freezes
     them. An observer that has not seen a batch leaves its activation
     unquantized, so before the first calibration only the weights are
@@ -211,9 +221,18 @@ class QATTemporalFusionTransformer(_QuantizedModel):
         static_categorical: Array | None = None,
         deterministic: bool | None = None,
         calibrate: bool = False,
+        known_categorical_history: Array | None = None,
+        future_categorical: Array | None = None,
+        observed_categorical: Array | None = None,
     ) -> TFTOutput:
         args = (static, historical, future, known_history, static_categorical, deterministic)
-        return self._quantized_call(calibrate, args, {})
+        # Categorical codes only index embedding tables, which stay float (no matmul).
+        categorical = {
+            "known_categorical_history": known_categorical_history,
+            "future_categorical": future_categorical,
+            "observed_categorical": observed_categorical,
+        }
+        return self._quantized_call(calibrate, args, categorical)
 
 
 def _check_model(qat_model: Any) -> None:
@@ -256,8 +275,9 @@ def from_fp32(
 
     `inputs` and `kwargs` are sample inputs of the model (only their shapes
     matter), e.g. `static, historical, future[, known_history,
-    static_categorical]` for the TFT or `x` for an MLP. Returns `{'params':
-    fp32 params, 'quant_stats': fresh}` (and `'quant_params'` of zeros with
+    static_categorical]` (the categorical inputs over time by keyword) for
+    the TFT or `x` for an MLP. Returns `{'params': fp32 params,
+    'quant_stats': fresh}` (and `'quant_params'` of zeros with
     `learnable_scale`). Raises `ValueError` if the FP32 params do not match
     the QAT model's tree.
     """

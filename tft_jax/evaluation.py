@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tft_jax.baselines import seasonal_naive
+from tft_jax.baselines import seasonal_naive, seasonal_naive_with_drift
 from tft_jax.data import PreparedDataset, WindowSet, batch_indices
 from tft_jax.losses import q_risk, quantile_loss
 from tft_jax.train import Batch
@@ -45,6 +45,9 @@ def to_batch(arrays: dict[str, np.ndarray]) -> Batch:
         static_categorical=arrays["static_categorical"],
         target=arrays["target"],
         target_mask=arrays.get("target_mask"),
+        known_categorical_history=arrays.get("known_categorical_history"),
+        future_categorical=arrays.get("future_categorical"),
+        observed_categorical=arrays.get("observed_categorical"),
     )
 
 
@@ -217,6 +220,37 @@ def seasonal_naive_forecast(
     return seasonal_naive(filled_history(dataset, windows), windows.horizon, period)
 
 
+def baseline_metrics(
+    dataset: PreparedDataset,
+    windows: WindowSet,
+    quantiles: Sequence[float],
+    periods: Sequence[int],
+) -> dict[str, dict[str, Any]]:
+    """Metrics of seasonal naive and seasonal naive with drift at each of `periods`.
+
+    Keys `seasonal_naive_<m>` and `drift_<m>` (the latter where the history
+    holds two whole seasons of `m`); point forecasts score every level.
+    """
+    history = filled_history(dataset, windows)
+    actual = actuals(dataset, windows)
+    scale = window_scales(dataset, windows)
+    results = {}
+    for period in sorted(set(periods)):
+        forecasts = {f"seasonal_naive_{period}": seasonal_naive(history, windows.horizon, period)}
+        if history.shape[1] // period >= 2:
+            forecasts[f"drift_{period}"] = seasonal_naive_with_drift(
+                history, windows.horizon, period
+            )
+        for name, forecast in forecasts.items():
+            results[name] = forecast_metrics(forecast, actual, quantiles, scale)
+    return results
+
+
+def best_of(models: dict[str, dict[str, Any]]) -> str:
+    """The name with the lowest P50 q-risk."""
+    return min(models, key=lambda name: models[name]["p50_q_risk"])
+
+
 def to_original_units(
     dataset: PreparedDataset, windows: WindowSet, quantiles: np.ndarray
 ) -> np.ndarray:
@@ -333,8 +367,11 @@ def _relative(new: float | None, reference: float | None) -> float | None:
 
 
 def comparisons(models: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Relative P50/P90 q-risk changes: fp32 vs seasonal naive, int8 and qat vs fp32."""
-    pairs = (("fp32", "seasonal_naive"), ("qat", "fp32"), ("int8", "fp32"))
+    """Relative P50/P90 q-risk changes: fp32 vs seasonal naive and vs the best baseline
+    (when `models` has `best_baseline`), int8 and qat vs fp32."""
+    pairs = (
+        ("fp32", "seasonal_naive"), ("fp32", "best_baseline"), ("qat", "fp32"), ("int8", "fp32")
+    )  # fmt: skip
     result = {}
     for new, reference in pairs:
         if new in models and reference in models:

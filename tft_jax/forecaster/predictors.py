@@ -15,18 +15,19 @@ import jax
 import qat
 from tft_jax.config import TFTConfig
 from tft_jax.model import TemporalFusionTransformer
-from tft_jax.train import Batch
+from tft_jax.train import CATEGORICAL_INPUTS, Batch
 
 MODEL_NAMES = ("fp32", "qat", "int8")
 Predictor = Callable[[Batch], Any]
 
 
 def batch_inputs(batch: Batch) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The model's positional and keyword inputs in a `Batch`."""
-    return (batch.static, batch.historical, batch.future), {
-        "known_history": batch.known_history,
-        "static_categorical": batch.static_categorical,
-    }
+    """The model's positional and keyword inputs in a `Batch` (time categoricals if present)."""
+    kwargs = {"known_history": batch.known_history, "static_categorical": batch.static_categorical}
+    for name in CATEGORICAL_INPUTS:
+        if getattr(batch, name) is not None:
+            kwargs[name] = getattr(batch, name)
+    return (batch.static, batch.historical, batch.future), kwargs
 
 
 def qat_model_for(
