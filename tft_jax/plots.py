@@ -382,7 +382,7 @@ def draw_run_plots(
     history_names = (
         dataset.history_weight_names
         if len(shown.history_weights) == len(dataset.history_weight_names)
-        else dataset.observed_feature_names
+        else dataset.observed_weight_names
     )
     written.append(
         plot_variable_importance(
@@ -390,7 +390,7 @@ def draw_run_plots(
             [
                 ("static inputs", dataset.static_weight_names, shown.static_weights),
                 ("history inputs", history_names, shown.history_weights),
-                ("future inputs", dataset.known_feature_names, shown.future_weights),
+                ("future inputs", dataset.future_weight_names, shown.future_weights),
             ],
             title=f"{MODEL_LABELS[interpret]}: variable selection weights ({split} mean)",
         )

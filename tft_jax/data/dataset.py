@@ -133,9 +133,33 @@ class PreparedDataset:
         return self.static_feature_names + self.static_categorical_names
 
     @property
+    def known_categorical_names(self) -> tuple[str, ...]:
+        """(Kc,) the categorical known inputs (`future_categorical`'s columns)."""
+        return self.preprocessor.known_categorical_names
+
+    @property
+    def observed_categorical_names(self) -> tuple[str, ...]:
+        """(Uc,) the categorical observed inputs (`observed_categorical`'s columns)."""
+        return self.preprocessor.observed_categorical_names
+
+    @property
+    def future_weight_names(self) -> tuple[str, ...]:
+        """Labels for `future_weights` (K + Kc): the known reals, then the known categoricals."""
+        return self.known_feature_names + self.known_categorical_names
+
+    @property
+    def observed_weight_names(self) -> tuple[str, ...]:
+        """Labels for `history_weights` (U + Uc) without known history: reals, then categoricals."""
+        return self.observed_feature_names + self.observed_categorical_names
+
+    @property
     def history_weight_names(self) -> tuple[str, ...]:
-        """Labels for `history_weights` (U + K) when `known_history` is passed: observed, known."""
-        return self.observed_feature_names + self.known_feature_names
+        """Labels for `history_weights` (U + Uc + K + Kc) when known inputs join the history.
+
+        The observed reals, the observed categoricals, the known reals, the
+        known categoricals (the model's order).
+        """
+        return self.observed_weight_names + self.future_weight_names
 
     def split(self, name: str) -> WindowSet:
         """The windows of split `name` ('train', 'validation' or 'test')."""
