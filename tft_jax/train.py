@@ -1161,7 +1161,7 @@ class _Progress:
         self.interactive = enabled and _interactive(self.stream)
         self.bar: Any = None
         self.postfix: dict[str, str] = {}
-        self.first_step: int | None = None  # where the rate is measured from
+        self.first_step: int | None = None  # where the rate is measured from (the last compile)
         self.first_time = 0.0
         self.last_line = -math.inf
 
@@ -1176,12 +1176,12 @@ class _Progress:
             print(line, file=self.stream, flush=True)
 
     def start(self, step: int) -> None:
-        """The compiled step has run (up to `step`): the rate is measured from here."""
-        if not self.enabled or self.first_step is not None:
+        """A newly compiled step has run (up to `step`): the rate is measured from here."""
+        if not self.enabled:
             return
         self.first_step, self.first_time = step, self.clock()
         self.last_line = self.first_time
-        if self.interactive:
+        if self.interactive and self.bar is None:
             self.bar = tqdm(
                 total=self.total,
                 initial=step,

@@ -51,7 +51,7 @@ from tft_jax.forecaster.config import (
     TrainingConfig,
 )
 from tft_jax.forecaster.predictors import MODEL_NAMES, Predictor, make_predictor, qat_model_for
-from tft_jax.forecaster.training import train_fp32, train_qat, validation_batches
+from tft_jax.forecaster.training import announce, train_fp32, train_qat, validation_batches
 from tft_jax.model import TemporalFusionTransformer
 
 Table = pd.DataFrame | str | os.PathLike
@@ -306,7 +306,14 @@ class Forecaster:
                 rows,
             )
             variables["qat"] = tuned.variables
-            variables["int8"] = qat.convert(tuned.variables, bits=settings.qat.bits)
+            converting = time.perf_counter()
+            variables["int8"] = jax.block_until_ready(
+                qat.convert(tuned.variables, bits=settings.qat.bits)
+            )
+            announce(
+                quiet,
+                f"int8: converted the QAT model in {time.perf_counter() - converting:.1f}s",
+            )
             history["qat"] = tuned.history
             summary["qat"] = {
                 **tuned.settings,

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import math
 import pathlib
+import sys
+import time
 from typing import Any, NamedTuple
 
 import jax
 
 import qat
 from tft_jax.data import PreparedDataset
-from tft_jax.distributed import data_mesh, place_state, shard_batch, to_host
+from tft_jax.distributed import data_mesh, is_primary, place_state, shard_batch, to_host
 from tft_jax.evaluation import epoch_batches, evenly_spaced, fixed_batches
 from tft_jax.forecaster.config import QATTrainingConfig, TrainingConfig
 from tft_jax.forecaster.predictors import batch_inputs
@@ -35,6 +37,12 @@ class PhaseResult(NamedTuple):
     variables: dict[str, Any]
     history: dict[str, list]
     settings: dict[str, Any]
+
+
+def announce(quiet: bool, text: str) -> None:
+    """Prints one line of a run's progress to stderr, on process 0 only, unless `quiet`."""
+    if not quiet and is_primary():
+        print(text, file=sys.stderr, flush=True)
 
 
 def sample_batch(dataset: PreparedDataset, batch_size: int, rows: slice = slice(None)) -> Batch:
@@ -105,11 +113,18 @@ def train_fp32(
         patience=training.patience,
         eval_every=training.eval_every,
         max_steps=total,
+        time_budget=training.time_budget,
         checkpoint_dir=None if checkpoint_dir is None else checkpoint_dir / "fp32",
         resume=resume,
         quiet=quiet,
+        label="FP32",
     )
-    settings = {"steps_per_epoch": per_epoch, "total_steps": total, "warmup_steps": warmup}
+    settings = {
+        "steps_per_epoch": per_epoch,
+        "total_steps": total,
+        "warmup_steps": warmup,
+        "stop_reason": result.stop_reason,
+    }
     return PhaseResult(to_host(result.best_state.variables), result.history, settings)
 
 
@@ -145,8 +160,15 @@ def train_qat(
         shard_batch(batch, mesh)
         for batch in epoch_batches(dataset.train, training.batch_size, training.seed + 2, rows)(0)
     )
-    variables = qat.calibrate(
-        qat_model, variables, calibration, num_batches=settings.calibration_batches
+    started = time.perf_counter()
+    variables = jax.block_until_ready(
+        qat.calibrate(qat_model, variables, calibration, num_batches=settings.calibration_batches)
+    )
+    seen = min(settings.calibration_batches, len(dataset.train) // training.batch_size)
+    announce(
+        quiet,
+        f"QAT: calibrated the activation observers on {seen} batches in "
+        f"{time.perf_counter() - started:.1f}s",
     )
     state = create_train_state(
         qat_model, tx, jax.random.key(training.seed + 1), sample, variables=variables
@@ -164,9 +186,10 @@ def train_qat(
         resume=resume,
         calibrate_steps=settings.observer_steps,
         quiet=quiet,
+        label="QAT",
     )
     return PhaseResult(
         to_host(result.best_state.variables),
         result.history,
-        {"total_steps": total, "warmup_steps": warmup},
+        {"total_steps": total, "warmup_steps": warmup, "stop_reason": result.stop_reason},
     )
