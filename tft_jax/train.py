@@ -29,6 +29,7 @@ import numpy as np
 import optax
 from flax import struct
 from flax.core import unfreeze
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 from tqdm.auto import tqdm
 
@@ -43,6 +44,7 @@ BatchSource = Iterable["Batch"] | Callable[[int], Iterable["Batch"]]
 
 HISTORY_KEYS = ("epoch", "step", "train_loss", "val_loss", "skipped_steps")
 _MAX_PENDING = 1024  # step metrics held on the device before `fit` sums them on the host
+_SHARED_CLOCK_STEPS = 10  # steps between clock readings in a multi-process `fit`
 
 
 # ---------------------------------------------------------------------------
@@ -899,7 +901,9 @@ def fit(
         after every step, so training ends within one step (and that step's
         evaluation or checkpoint) of the budget; the final evaluation, the
         best state and the checkpoints then follow as at a normal end, and
-        `stop_reason` is `'time_budget'`.
+        `stop_reason` is `'time_budget'`. In a multi-process run process 0's
+        clock decides, read every 10 steps, so that every process stops (and
+        saves timed checkpoints) at the same step.
       checkpoint_dir: where the latest and best checkpoints go (see
         `tft_jax.checkpoint`); None keeps no checkpoints.
       checkpoint_every: also save the latest checkpoint every this many steps
@@ -1043,14 +1047,23 @@ def fit(
             checkpointer.save_latest(state, seed_key, _loop_snapshot(loop))
             last_save = clock()
 
-    def checkpoint_due() -> bool:
-        """Whether a periodic save of the latest checkpoint is due (by steps or by time)."""
-        if checkpointer is None:
-            return False
-        by_steps = checkpoint_every is not None and loop.step % checkpoint_every == 0
-        return by_steps or (
-            checkpoint_every_seconds is not None and clock() - last_save >= checkpoint_every_seconds
-        )
+    single_process = jax.process_count() == 1
+
+    def clock_says() -> tuple[bool, bool]:
+        """`(a timed checkpoint is due, the time budget is spent)` by process 0's clock.
+
+        Read after every step in one process. In a multi-process run every
+        process must save and stop at the same step, so the clock is read every
+        `_SHARED_CLOCK_STEPS` steps and process 0's answer is shared (a collective).
+        """
+        timed_save = checkpointer is not None and checkpoint_every_seconds is not None
+        if not timed_save and time_budget is None:
+            return False, False
+        if not single_process and loop.step % _SHARED_CLOCK_STEPS:
+            return False, False
+        save = timed_save and clock() - last_save >= checkpoint_every_seconds
+        spent = time_budget is not None and elapsed() >= time_budget
+        return (save, spent) if single_process else _from_process_0(save, spent)
 
     def done() -> bool:
         return (
@@ -1091,12 +1104,17 @@ def fit(
                 if len(pending) >= _MAX_PENDING:
                     flush()
                 progress.stepped(loop.step, metrics["loss"])
+                timed_save, spent = clock_says()
                 if eval_every is not None and loop.step % eval_every == 0:
                     loop.stopped_early = record()
                     save_latest()
-                elif checkpoint_due():
+                elif timed_save or (
+                    checkpointer is not None
+                    and checkpoint_every is not None
+                    and loop.step % checkpoint_every == 0
+                ):
                     save_latest()
-                if time_budget is not None and not done() and elapsed() >= time_budget:
+                if spent and not done():
                     loop.stopped_on_budget = True
                 if done():
                     break
@@ -1245,6 +1263,12 @@ class _Progress:
             rate = (step - self.first_step) / (now - self.first_time)
             left.append(max(0, self.total - step) / rate)
         return min(left) if left else None
+
+
+def _from_process_0(*flags: bool) -> tuple[bool, ...]:
+    """Process 0's `flags` in every process (a collective: every process must call it)."""
+    shared = multihost_utils.broadcast_one_to_all(np.asarray(flags, np.bool_))
+    return tuple(bool(flag) for flag in np.asarray(shared))
 
 
 def _interactive(stream: Any) -> bool:
