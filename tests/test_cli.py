@@ -250,7 +250,7 @@ def trained_run(csv_path, tmp_path_factory):
 @pytest.mark.slow
 def test_train_writes_metrics_of_all_four_models_with_finite_values(trained_run):
     metrics = json.loads((trained_run / "metrics.json").read_text())
-    assert set(metrics["models"]) == {"seasonal_naive", "fp32", "qat", "int8"}
+    assert set(metrics["models"]) == {"seasonal_naive", "best_baseline", "fp32", "qat", "int8"}
     for name, row in metrics["models"].items():
         for key in ("p50_q_risk", "p90_q_risk", "mean_quantile_loss", "mean_quantile_loss_scaled"):
             assert math.isfinite(row[key]) and row[key] >= 0, (name, key)
@@ -306,7 +306,7 @@ def test_evaluate_reproduces_the_metrics_from_the_saved_models(capsys, trained_r
     code, out, _ = run(capsys, "evaluate", "--run", str(trained_run), "--compile-cache", "none")
     assert code == 0 and "TFT int8" in out
     after = json.loads((trained_run / "metrics.json").read_text())
-    for name in ("seasonal_naive", "fp32", "qat", "int8"):
+    for name in ("seasonal_naive", "best_baseline", "fp32", "qat", "int8"):
         assert after["models"][name]["p50_q_risk"] == pytest.approx(
             before["models"][name]["p50_q_risk"], rel=1e-5
         )

@@ -116,7 +116,7 @@ def test_backtest_scores_each_cutoff_step_apart(fitted):
     cutoffs = sorted(result["cutoff"].unique())
     last = pd.Timestamp(table["day"].max()) - pd.Timedelta(days=HORIZON - 1)
     assert cutoffs == [last - pd.Timedelta(days=2 * k) for k in (2, 1, 0)]
-    assert set(result["model"]) == {"seasonal_naive", "fp32"}
+    assert set(result["model"]) == {"seasonal_naive", "best_baseline", "fp32"}
     assert (result["windows"] == 3).all()
     assert np.isfinite(result[["p50_q_risk", "p90_q_risk"]].to_numpy()).all()
 
@@ -176,7 +176,7 @@ def test_a_short_history_names_the_series(fitted):
     short = history[~((history["store"] == "gamma") & (history["day"] < "2024-03-25"))]
     with pytest.raises(
         ValueError,
-        match=r"1 series are shorter than 14 steps .*forecasting needs history.*'gamma' \(5 steps\)",
+        match=r"1 series are shorter than 14 steps .*forecasting needs history.*'gamma' \(5",
     ):
         forecaster.predict(short, future)
 
@@ -204,7 +204,10 @@ def test_an_incomplete_or_foreign_run_folder_is_refused(fitted, tmp_path):
 def test_evaluate_on_the_training_table_reports_every_model_and_the_baseline(fitted):
     forecaster, table, _ = fitted
     metrics = forecaster.evaluate(table)
-    assert set(metrics["models"]) == {"seasonal_naive", "fp32"}
+    assert set(metrics["models"]) == {"seasonal_naive", "best_baseline", "fp32"}
+    assert metrics["models"]["best_baseline"]["name"] in metrics["baselines"]
+    assert set(metrics["baselines"]) == {"seasonal_naive_1", "drift_1", "seasonal_naive_7",
+                                         "drift_7"}  # fmt: skip
     assert metrics["windows"] == len(forecaster.prepare(table).test)
     assert metrics["seasonal_naive_period"] == 7
 
@@ -221,3 +224,21 @@ def test_config_errors_name_the_field():
         DataConfig(**{**DATA.__dict__, "validation_start": "2024-03-01"})
     with pytest.raises(TypeError, match=r"DataConfig.known_cols must be a list of column names"):
         DataConfig(**{**DATA.__dict__, "known_cols": "promo"})
+
+
+def test_nonnegative_clips_forecasts_at_zero(fitted, tmp_path):
+    _, table, saved = fitted
+    runs = {}
+    for name, nonnegative in (("raw", False), ("clipped", True)):
+        runs[name] = tmp_path / name
+        shutil.copytree(saved, runs[name])
+        config = json.loads((runs[name] / "config.json").read_text())
+        config["data"]["nonnegative"] = nonnegative
+        scaler = config["preprocessor"]["target_scaler"]  # sink every forecast below zero
+        scaler["loc"] = [value - 1000.0 for value in scaler["loc"]]
+        (runs[name] / "config.json").write_text(json.dumps(config))
+    history, future = cut(table, "2024-03-30")
+    raw = Forecaster.load(runs["raw"]).predict(history, future)[QUANTILES].to_numpy()
+    assert (raw < 0).all()
+    clipped = Forecaster.load(runs["clipped"]).predict(history, future)[QUANTILES].to_numpy()
+    np.testing.assert_array_equal(clipped, 0.0)

@@ -22,7 +22,7 @@ def test_readme_python_examples_run():
     forecast = namespace["forecast"]
     assert forecast.columns.tolist() == ["store", "day", "q0.1", "q0.5", "q0.9"]
     assert forecast.groupby("store")["day"].min().eq(pd.Timestamp("2024-04-30")).all()
-    assert set(namespace["scores"]["models"]) == {"seasonal_naive", "fp32"}
+    assert set(namespace["scores"]["models"]) == {"seasonal_naive", "best_baseline", "fp32"}
     assert namespace["cutoffs"]["cutoff"].nunique() == 3
     # Quantizing your own model: int8 output, hooked layers int8, the float head untouched.
     assert namespace["mlp_out8"].shape == (256, 1)

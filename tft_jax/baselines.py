@@ -97,3 +97,41 @@ def seasonal_naive(history: Any, horizon: int, period: int) -> np.ndarray:
         )
     columns = steps - period + np.arange(horizon) % period
     return history[:, columns]
+
+
+def seasonal_naive_with_drift(history: Any, horizon: int, period: int) -> np.ndarray:
+    """Seasonal naive plus the average change per season over the history: `(B, T) -> (B, H)`.
+
+    `ŷ[h] = y[T - m + (h mod m)] + (h // m + 1) · d`, with the drift
+    `d = (mean of the last season - mean of the first season) / (seasons between them)`
+    estimated from the `T // m` whole seasons at the end of the history
+    (Hyndman & Athanasopoulos, sections 5.2 and 5.8, seasonal naive with a
+    drift term). With fewer than two whole seasons the drift is 0.
+    """
+    forecast = seasonal_naive(history, horizon, period).astype(np.float64)
+    history = np.asarray(history, dtype=np.float64)
+    seasons = history.shape[1] // period
+    if seasons < 2:
+        return forecast
+    whole = history[:, history.shape[1] - seasons * period :].reshape(-1, seasons, period)
+    drift = (whole[:, -1].mean(axis=1) - whole[:, 0].mean(axis=1)) / (seasons - 1)
+    ahead = np.arange(horizon) // period + 1
+    return forecast + drift[:, None] * ahead[None, :]
+
+
+def candidate_periods(freq: str, history: int) -> tuple[int, ...]:
+    """Seasonal periods worth trying as baselines for `freq`, those that fit in `history`.
+
+    The frequency's own season (`seasonal_period`), the one above it where a
+    longer cycle is common (hourly: the day and the week; daily: the week and
+    the year), and 1 (the last value).
+    """
+    base = seasonal_period(freq)
+    step = typical_step(freq)
+    longer = []
+    if step < _DAY and base * 7 > base:
+        longer.append(base * 7)  # the week
+    elif pd.Timedelta(days=1) <= step < pd.Timedelta(days=7):
+        longer.append(365 if base == 7 else 260)  # the year
+    periods = {1, base, *longer}
+    return tuple(sorted(p for p in periods if p <= history))

@@ -20,6 +20,9 @@ A run folder is a saved `Forecaster` (`config.json`, `models/`,
 `forecasts.csv` (test windows of the final model), `plots/` and
 `checkpoints/` (`--resume`).
 
+The flags live in `cli_parser` (each bound to a config field), the
+experiment command in `cli_experiments`.
+
 Several hosts: start `tft-jax train` once per host with the same arguments
 plus `--coordinator HOST:PORT --num-processes N --process-id I`; process 0
 writes the run's files and `--out` must be a folder every host sees.
@@ -28,7 +31,6 @@ writes the run's files and `--out` must be a folder every host sees.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import pathlib
 import shutil
@@ -43,31 +45,28 @@ import pandas as pd
 
 from tft_jax import plots
 from tft_jax.allocator import relaunch_with_tuned_allocator
+from tft_jax.cli_experiments import command_experiment
 from tft_jax.cli_parser import (
     UsageError,
     build_parser,
     demo_argv,
     flag_message,
     forecaster_config,
+    multihost_arguments,
 )
 from tft_jax.data import load_pedestrian, read_table
 from tft_jax.distributed import (
-    MultihostArgumentError,
     barrier,
-    check_multihost_arguments,
     initialize_multihost,
     is_primary,
 )
 from tft_jax.evaluation import forecast_frame, to_original_units, write_forecasts
-from tft_jax.experiments import ClippingSettings, clipping_experiment
 from tft_jax.forecaster import Forecaster, RunFolderError
-from tft_jax.forecaster.forecaster import monotone
-from tft_jax.forecaster.predictors import qat_model_for
 from tft_jax.forecaster.run_folder import json_ready, read_json, write_json
 
 __all__ = ["UsageError", "build_parser", "json_ready", "main"]
 
-MODELS = ("seasonal_naive", "fp32", "qat", "int8")
+MODELS = ("seasonal_naive", "best_baseline", "fp32", "qat", "int8")
 
 
 # ---------------------------------------------------------------------------
@@ -86,34 +85,6 @@ def enable_compile_cache(directory: str) -> None:
     path.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-
-
-def multihost_arguments(args: argparse.Namespace) -> tuple[str, int, int] | None:
-    """`(coordinator, num_processes, process_id)` of a multi-host run, None for one process."""
-    flags = {
-        "coordinator": getattr(args, "coordinator", None),
-        "num_processes": getattr(args, "num_processes", None),
-        "process_id": getattr(args, "process_id", None),
-    }
-    given = [_flag(name) for name, value in flags.items() if value is not None]
-    if not given:
-        return None
-    missing = [_flag(name) for name, value in flags.items() if value is None]
-    if missing:
-        raise UsageError(
-            f"{', '.join(given)} without {', '.join(missing)}: a multi-host run needs "
-            "--coordinator, --num-processes and --process-id together"
-        )
-    coordinator, processes, index = flags.values()
-    try:
-        check_multihost_arguments(coordinator, processes, index)
-    except MultihostArgumentError as error:
-        raise UsageError(f"{_flag(error.argument)} {error.detail}") from None
-    return coordinator, processes, index
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
 
 
 def read_csv(path: pathlib.Path, flag: str, encoding: str = "utf-8") -> pd.DataFrame:
@@ -160,14 +131,17 @@ def metrics_table(metrics: dict[str, Any]) -> str:
     for name in MODELS:
         row = metrics["models"].get(name)
         if row is not None:
+            label = f"best: {row['name']}" if name == "best_baseline" else plots.MODEL_LABELS[name]
             lines.append(
-                f"{plots.MODEL_LABELS[name]:<22}{row['p50_q_risk']:>12.4f}"
+                f"{label:<22}{row['p50_q_risk']:>12.4f}"
                 f"{row['p90_q_risk']:>12.4f}{row['mean_quantile_loss']:>12.3f}"
             )
     comparison = metrics.get("comparison", {})
     notes = []
     if (value := comparison.get("fp32_vs_seasonal_naive_p50_q_risk_relative")) is not None:
         notes.append(f"fp32 vs seasonal naive (P50): {100 * value:+.1f}%")
+    if (value := comparison.get("fp32_vs_best_baseline_p50_q_risk_relative")) is not None:
+        notes.append(f"fp32 vs best baseline (P50): {100 * value:+.1f}%")
     if (value := comparison.get("int8_vs_fp32_p50_q_risk_relative")) is not None:
         notes.append(f"int8 vs fp32 (P50): {100 * value:+.2f}%")
     return "\n".join([*lines, "; ".join(notes)] if notes else lines)
@@ -176,7 +150,7 @@ def metrics_table(metrics: dict[str, Any]) -> str:
 def write_split_forecasts(forecaster, dataset, split, predictions, model, path) -> pathlib.Path:
     """Writes the forecasts of one model on `split`'s windows as CSV (with a `model` column)."""
     windows = dataset.split(split)
-    forecast = monotone(to_original_units(dataset, windows, predictions.quantiles))
+    forecast = forecaster.postprocess(to_original_units(dataset, windows, predictions.quantiles))
     table = forecast_frame(dataset, windows, forecast, forecaster.tft_config.quantiles)
     table.insert(0, "model", model)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -382,69 +356,6 @@ def command_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def command_clipping(args: argparse.Namespace) -> int:
-    from tft_jax.config import TFTConfig
-    from tft_jax.data import prepare_dataset
-
-    settings = forecaster_config(args, qat=False)
-    encoding = settings.data.encoding
-    table = load_pedestrian() if args.csv is None else read_csv(args.csv, "--csv", encoding)
-    dataset = prepare_dataset(table, **settings.data.prepare_options())
-    model = settings.model
-    tft_config = TFTConfig(
-        **dataset.tft_config_kwargs(),
-        hidden_dim=model.hidden_dim,
-        num_heads=model.num_heads,
-        dropout_rate=model.dropout_rate,
-        variable_hidden_dim=model.variable_hidden_dim,
-        compact_selection=model.compact_selection,
-        quantiles=model.quantiles,
-    )
-    experiment = ClippingSettings(
-        learning_rate=args.lr,
-        clip_norm=args.clip_norm,
-        seeds=tuple(range(args.seeds)),
-        steps=args.steps,
-        batch_size=args.batch_size,
-        eval_every=min(args.eval_every, args.steps),
-        calibrate_steps=args.calibration_steps,
-        explode_factor=args.explode_factor,
-        validation_windows=args.val_windows,
-    )
-
-    def report(run: dict[str, Any]) -> None:
-        if not args.quiet:
-            print(
-                f"  {'clip' if run['clip'] else 'no clip':<8} seed {run['seed']}: final val "
-                f"loss {run['final_val_loss']:.4f}, diverged {run['diverged']}, grad norm > clip "
-                f"in {100 * run['clipped_fraction']:.0f}% of steps, skipped "
-                f"{run['skipped_total']}, {run['seconds']:.0f} s",
-                flush=True,
-            )
-
-    result = clipping_experiment(
-        qat_model_for(tft_config, args.qat_bits),
-        dataset.train,
-        dataset.validation,
-        experiment,
-        on_run=report,
-    )
-    result["data"] = dataclasses.asdict(settings.data)
-    result["model"] = dataclasses.asdict(tft_config)
-    result["qat_bits"] = args.qat_bits
-    write_json(args.out / "clipping.json", result)
-    figure = plots.plot_clipping_experiment(args.out / "clipping.png", result)
-    for arm, summary in result["summary"].items():
-        values = [summary[f"final_val_loss_{k}"] for k in ("median", "min", "max")]
-        shown = ["n/a" if v is None else f"{v:.4f}" for v in values]
-        print(
-            f"{arm}: {summary['diverged']}/{summary['runs']} diverged, final val loss median "
-            f"{shown[0]} (min {shown[1]}, max {shown[2]})"
-        )
-    print(f"result: {args.out / 'clipping.json'}\nplot:   {figure}")
-    return 0
-
-
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "train": command_train,
     "predict": command_predict,
@@ -452,7 +363,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "forecast": command_forecast,
     "plot": command_plot,
     "demo": command_demo,
-    "experiment": command_clipping,
+    "experiment": command_experiment,
 }
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from tft_jax.data import TARGET_SCALERS
 from tft_jax.data.scaling import TARGET_TRANSFORMS
+from tft_jax.distributed import MultihostArgumentError, check_multihost_arguments
 from tft_jax.experiments import ClippingSettings
 from tft_jax.forecaster.config import (
     DEMO,
@@ -162,6 +163,9 @@ DATA_OPTIONS = (
            {"choices": TARGET_TRANSFORMS}),
     Option("--window-normalization", "data", "window_normalization",
            "also scale each window by its own history (series whose level moves)",
+           {"action": "store_true"}),
+    Option("--nonnegative", "data", "nonnegative",
+           "clip forecasts at 0 (counts, quantities that cannot be negative)",
            {"action": "store_true"}),
     Option("--train-stride", "data", "train_stride", "keep every n-th training window per series",
            {"type": positive_int}),
@@ -550,3 +554,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _runtime(clipping)
     return parser
+
+
+def multihost_arguments(args: argparse.Namespace) -> tuple[str, int, int] | None:
+    """`(coordinator, num_processes, process_id)` of a multi-host run, None for one process."""
+    flags = {
+        "coordinator": getattr(args, "coordinator", None),
+        "num_processes": getattr(args, "num_processes", None),
+        "process_id": getattr(args, "process_id", None),
+    }
+    given = [_flag(name) for name, value in flags.items() if value is not None]
+    if not given:
+        return None
+    missing = [_flag(name) for name, value in flags.items() if value is None]
+    if missing:
+        raise UsageError(
+            f"{', '.join(given)} without {', '.join(missing)}: a multi-host run needs "
+            "--coordinator, --num-processes and --process-id together"
+        )
+    coordinator, processes, index = flags.values()
+    try:
+        check_multihost_arguments(coordinator, processes, index)
+    except MultihostArgumentError as error:
+        raise UsageError(f"{_flag(error.argument)} {error.detail}") from None
+    return coordinator, processes, index
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")

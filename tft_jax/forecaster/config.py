@@ -78,6 +78,8 @@ class DataConfig:
         applied before the per-series scaler and inverted on the forecasts.
       window_normalization: scale each window by its own history's mean and
         std too (`WindowSet.normalized`), for series whose level moves.
+      nonnegative: clip forecasts at 0 in original units (counts, quantities
+        that cannot be negative).
     """
 
     id_col: str
@@ -105,6 +107,7 @@ class DataConfig:
     min_series_length: int | None = None
     target_transform: str = "none"
     window_normalization: bool = False
+    nonnegative: bool = False
 
     def __post_init__(self) -> None:
         owner = "DataConfig"
@@ -122,7 +125,7 @@ class DataConfig:
         _require_int(owner, "min_series_length", self.min_series_length, 1, optional=True)
         _require_float(owner, "max_missing_fraction", self.max_missing_fraction, 0.0, 1.0001,
                        open_low=False)  # fmt: skip
-        for name in ("dayfirst", "window_normalization"):
+        for name in ("dayfirst", "window_normalization", "nonnegative"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{owner}.{name} must be a bool, got {getattr(self, name)!r}")
         if self.target_transform not in TARGET_TRANSFORMS:

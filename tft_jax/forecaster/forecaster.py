@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 import qat
-from tft_jax.baselines import seasonal_period
+from tft_jax.baselines import candidate_periods, seasonal_period
 from tft_jax.config import TFTConfig
 from tft_jax.data import PreparedDataset, WindowSet, prepare_dataset, window_starts
 from tft_jax.data.future import future_windows
@@ -35,6 +35,8 @@ from tft_jax.distributed import local_rows
 from tft_jax.evaluation import (
     Predictions,
     actuals,
+    baseline_metrics,
+    best_of,
     comparisons,
     forecast_metrics,
     predict_windows,
@@ -192,6 +194,12 @@ class Forecaster:
                 "(train with qat=QATTrainingConfig() for 'qat' and 'int8')"
             )
         return model
+
+    def postprocess(self, forecast: np.ndarray) -> np.ndarray:
+        """Quantile forecasts `(..., Q)` in original units as returned: sorted across levels,
+        and clipped at 0 with `DataConfig.nonnegative`."""
+        forecast = monotone(forecast)
+        return np.maximum(forecast, 0.0) if self.config.data.nonnegative else forecast
 
     def predictor(self, model: str) -> Predictor:
         """The jitted `Batch -> TFTOutput` of one trained form (compiled on first use)."""
@@ -365,13 +373,16 @@ class Forecaster:
         fitted = self._require_fitted()
         predict = self.predictor(model)
         data = self.config.data
-        ahead = future_windows(fitted.preprocessor, table, future, data.history, data.horizon)
+        ahead = future_windows(
+            fitted.preprocessor, table, future, data.history, data.horizon,
+            normalized=data.window_normalization, encoding=data.encoding,
+        )  # fmt: skip
         windows = ahead.windows
         batch_size = batch_size or self.config.training.eval_batch_size
         predictions = predict_windows(predict, windows, min(batch_size, len(windows)))
-        forecast = monotone(
+        forecast = self.postprocess(
             ahead.transformed.target_scaler.inverse_transform(
-                predictions.quantiles, windows.series_code
+                windows.denormalize(predictions.quantiles), windows.series_code
             )
         )
         horizon = data.horizon
@@ -405,18 +416,24 @@ class Forecaster:
         windows: WindowSet,
         predictions: dict[str, Predictions],
         seconds: dict[str, float] | None = None,
-    ) -> dict[str, dict[str, Any]]:
+    ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+        """`(models, baselines)`: metrics of the models (with `seasonal_naive` and
+        `best_baseline`, the baseline of lowest P50 q-risk) and of every baseline."""
         quantiles = self.tft_config.quantiles
         actual = actuals(dataset, windows)
         scale = window_scales(dataset, windows)
         naive = seasonal_naive_forecast(dataset, windows, self.season_period)
         models = {"seasonal_naive": forecast_metrics(naive, actual, quantiles, scale)}
+        periods = (*candidate_periods(self.config.data.freq, dataset.history), self.season_period)
+        baselines = baseline_metrics(dataset, windows, quantiles, periods)
+        best = best_of(baselines)
+        models["best_baseline"] = {**baselines[best], "name": best}
         for name, prediction in predictions.items():
-            forecast = monotone(to_original_units(dataset, windows, prediction.quantiles))
+            forecast = self.postprocess(to_original_units(dataset, windows, prediction.quantiles))
             models[name] = forecast_metrics(forecast, actual, quantiles, scale)
             if seconds is not None:
                 models[name]["seconds"] = seconds[name]
-        return models
+        return models, baselines
 
     def evaluation(
         self,
@@ -433,7 +450,7 @@ class Forecaster:
             started = time.perf_counter()
             predictions.update(self.predictions(dataset, windows, [name]))
             seconds[name] = time.perf_counter() - started
-        models_metrics = self._metrics(dataset, windows, predictions, seconds)
+        models_metrics, baselines = self._metrics(dataset, windows, predictions, seconds)
         metrics = {
             "split": split,
             "windows": len(windows),
@@ -442,6 +459,7 @@ class Forecaster:
             "units": f"{dataset.spec.target} (original units)",
             "seasonal_naive_period": self.season_period,
             "models": models_metrics,
+            "baselines": baselines,
             "comparison": comparisons(models_metrics),
         }
         return metrics, predictions
@@ -513,8 +531,10 @@ class Forecaster:
                     f"backtest: no series has {data.history} steps of history before the cutoff "
                     f"{cutoff} and an observed target over the {data.horizon} steps after it"
                 )
-            windows = WindowSet(panel, starts, data.history, data.horizon)
-            metrics = self._metrics(dataset, windows, self.predictions(dataset, windows, models))
+            windows = WindowSet(
+                panel, starts, data.history, data.horizon, normalized=data.window_normalization
+            )
+            metrics, _ = self._metrics(dataset, windows, self.predictions(dataset, windows, models))
             for name, row in metrics.items():
                 records.append(
                     {

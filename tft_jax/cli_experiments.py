@@ -1,0 +1,80 @@
+"""`tft-jax experiment clipping`: QAT at an aggressive learning rate, with and without clipping.
+
+The experiment itself is `tft_jax.experiments.clipping_experiment`; this
+module reads its flags, runs it on the chosen table and writes
+`clipping.json` and `clipping.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+from tft_jax import plots
+from tft_jax.cli_parser import forecaster_config
+from tft_jax.config import TFTConfig
+from tft_jax.data import load_pedestrian, prepare_dataset, read_table
+from tft_jax.experiments import ClippingSettings, clipping_experiment
+from tft_jax.forecaster.predictors import qat_model_for
+from tft_jax.forecaster.run_folder import write_json
+
+
+def command_experiment(args: argparse.Namespace) -> int:
+    settings = forecaster_config(args, qat=False)
+    encoding = settings.data.encoding
+    table = load_pedestrian() if args.csv is None else read_table(args.csv, encoding)
+    dataset = prepare_dataset(table, **settings.data.prepare_options())
+    model = settings.model
+    tft_config = TFTConfig(
+        **dataset.tft_config_kwargs(),
+        hidden_dim=model.hidden_dim,
+        num_heads=model.num_heads,
+        dropout_rate=model.dropout_rate,
+        variable_hidden_dim=model.variable_hidden_dim,
+        compact_selection=model.compact_selection,
+        quantiles=model.quantiles,
+    )
+    experiment = ClippingSettings(
+        learning_rate=args.lr,
+        clip_norm=args.clip_norm,
+        seeds=tuple(range(args.seeds)),
+        steps=args.steps,
+        batch_size=args.batch_size,
+        eval_every=min(args.eval_every, args.steps),
+        calibrate_steps=args.calibration_steps,
+        explode_factor=args.explode_factor,
+        validation_windows=args.val_windows,
+    )
+
+    def report(run: dict[str, Any]) -> None:
+        if not args.quiet:
+            print(
+                f"  {'clip' if run['clip'] else 'no clip':<8} seed {run['seed']}: final val "
+                f"loss {run['final_val_loss']:.4f}, diverged {run['diverged']}, grad norm > clip "
+                f"in {100 * run['clipped_fraction']:.0f}% of steps, skipped "
+                f"{run['skipped_total']}, {run['seconds']:.0f} s",
+                flush=True,
+            )
+
+    result = clipping_experiment(
+        qat_model_for(tft_config, args.qat_bits),
+        dataset.train,
+        dataset.validation,
+        experiment,
+        on_run=report,
+    )
+    result["data"] = dataclasses.asdict(settings.data)
+    result["model"] = dataclasses.asdict(tft_config)
+    result["qat_bits"] = args.qat_bits
+    write_json(args.out / "clipping.json", result)
+    figure = plots.plot_clipping_experiment(args.out / "clipping.png", result)
+    for arm, summary in result["summary"].items():
+        values = [summary[f"final_val_loss_{k}"] for k in ("median", "min", "max")]
+        shown = ["n/a" if v is None else f"{v:.4f}" for v in values]
+        print(
+            f"{arm}: {summary['diverged']}/{summary['runs']} diverged, final val loss median "
+            f"{shown[0]} (min {shown[1]}, max {shown[2]})"
+        )
+    print(f"result: {args.out / 'clipping.json'}\nplot:   {figure}")
+    return 0
