@@ -63,6 +63,7 @@ from tft_jax.distributed import (
 from tft_jax.evaluation import forecast_frame, to_original_units, write_forecasts
 from tft_jax.forecaster import Forecaster, RunFolderError
 from tft_jax.forecaster.run_folder import json_ready, read_json, write_json
+from tft_jax.forecaster.training import announce
 
 __all__ = ["UsageError", "build_parser", "json_ready", "main"]
 
@@ -147,6 +148,20 @@ def metrics_table(metrics: dict[str, Any]) -> str:
     return "\n".join([*lines, "; ".join(notes)] if notes else lines)
 
 
+def evaluate_announced(forecaster: Forecaster, table: Any, split: str, quiet: bool) -> tuple:
+    """`Forecaster.evaluation` with a line before and after it (its time) unless `quiet`."""
+    dataset = forecaster.prepare(table)
+    started = time.perf_counter()
+    announce(
+        quiet,
+        f"evaluating {', '.join(forecaster.models)} and the baselines on "
+        f"{len(dataset.split(split))} {split} windows...",
+    )
+    result = forecaster.evaluation(dataset, split)
+    announce(quiet, f"evaluated in {time.perf_counter() - started:.1f}s")
+    return result
+
+
 def write_split_forecasts(forecaster, dataset, split, predictions, model, path) -> pathlib.Path:
     """Writes the forecasts of one model on `split`'s windows as CSV (with a `model` column)."""
     windows = dataset.split(split)
@@ -203,7 +218,7 @@ def run_training(args: argparse.Namespace) -> dict[str, Any] | None:
     source = {"csv": None if args.csv is None else str(pathlib.Path(args.csv).resolve())}
     forecaster.save(out, extra={"source": source, "arguments": arguments})
     dataset = forecaster.dataset
-    metrics, predictions = forecaster.evaluation(dataset, "test")
+    metrics, predictions = evaluate_announced(forecaster, dataset, "test", args.quiet)
     final = "int8" if "int8" in predictions else "fp32"
     write_split_forecasts(
         forecaster, dataset, "test", predictions[final], final, out / "forecasts.csv"
@@ -253,7 +268,7 @@ def command_predict(args: argparse.Namespace) -> int:
 
 def command_evaluate(args: argparse.Namespace) -> int:
     forecaster, config = load_run(args.run)
-    metrics = forecaster.evaluate(run_table(args, config), args.split)
+    metrics, _ = evaluate_announced(forecaster, run_table(args, config), args.split, args.quiet)
     target = args.run / ("metrics.json" if args.split == "test" else f"metrics_{args.split}.json")
     if target.exists() and args.split == "test":
         metrics = {**json.loads(target.read_text()), **metrics}
