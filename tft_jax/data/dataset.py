@@ -43,8 +43,7 @@ from tft_jax.data.tables import (
     check_density,
     check_missing_fraction,
     infer_categorical,
-    missing_texts,
-    read_table,
+    read_announced,
     series_grid,
     to_regular_grid,
     validate_table,
@@ -432,17 +431,7 @@ def prepare_dataset(
         raise ValueError(
             f"column names {sorted(clash)} are reserved for generated inputs; rename them"
         )
-    raw = read_table(table, encoding)
-    raw, texts = missing_texts(
-        raw, [c for c in spec.columns if c != spec.time_col and c in raw.columns]
-    )
-    if texts:
-        warnings.warn(
-            "read cells holding a missing-value text as missing: "
-            + ", ".join(f"{count} in {column!r}" for column, count in texts.items()),
-            UserWarning,
-            stacklevel=2,
-        )
+    raw, texts = read_announced(table, spec, encoding)
     spec = preprocessor.spec if preprocessor is not None else infer_categorical(raw, spec)
     minimum = max(history + horizon, min_series_length or 0)
     clean = validate_table(raw, spec, history, horizon, min_length=None, drop_short=True)

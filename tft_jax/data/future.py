@@ -12,7 +12,6 @@ naming the series, the time and the column.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 
 import numpy as np
 import pandas as pd
@@ -22,9 +21,9 @@ from tft_jax.data.tables import (
     _categorical_values,
     _parse_times,
     _to_float,
-    missing_texts,
+    first_duplicate,
     parse_frequency,
-    read_table,
+    read_announced,
     to_regular_grid,
     validate_table,
 )
@@ -95,12 +94,12 @@ def _future_table(
     for column in known:
         convert = _categorical_values if column in spec.categorical_cols else _to_float
         table[column] = convert(table[column], f"future {column}", ids)
-    duplicated = table.duplicated([spec.id_col, spec.time_col], keep=False).to_numpy()
-    if duplicated.any():
-        row = int(np.flatnonzero(duplicated)[0])
+    duplicate = first_duplicate(table, spec)
+    if duplicate is not None:
+        row, count = duplicate
         raise ValueError(
             f"future repeats series {ids.iloc[row]!r} at {table[spec.time_col].iloc[row]} "
-            f"({int(duplicated.sum())} duplicated rows); give each (series, time) once"
+            f"({count} duplicated rows); give each (series, time) once"
         )
     unknown = sorted(set(ids) - set(expected), key=str)
     if unknown:
@@ -158,15 +157,7 @@ def future_windows(
         series needing `history` steps) or a bad `future` table.
     """
     spec = preprocessor.spec
-    raw = read_table(table, encoding)
-    raw, texts = missing_texts(raw, [c for c in spec.columns if c != spec.time_col and c in raw])
-    if texts:
-        warnings.warn(
-            "read cells holding a missing-value text as missing: "
-            + ", ".join(f"{count} in {column!r}" for column, count in texts.items()),
-            UserWarning,
-            stacklevel=3,
-        )
+    raw, _ = read_announced(table, spec, encoding)
     clean = validate_table(raw, spec, history, horizon, min_length=history)
     grid = to_regular_grid(clean, spec, preprocessor.missing_col)
     last = grid.groupby(spec.id_col, sort=True)[spec.time_col].max()

@@ -171,6 +171,23 @@ def missing_texts(frame: pd.DataFrame, columns: Sequence[str]) -> tuple[pd.DataF
     return frame, counts
 
 
+def read_announced(
+    table: pd.DataFrame | str | os.PathLike, spec: TableSpec, encoding: str = "utf-8"
+) -> tuple[pd.DataFrame, dict[str, int]]:
+    """`read_table`, then `missing_texts` over the spec's columns, announced by a warning."""
+    raw = read_table(table, encoding)
+    columns = [c for c in spec.columns if c != spec.time_col and c in raw.columns]
+    raw, counts = missing_texts(raw, columns)
+    if counts:
+        warnings.warn(
+            "read cells holding a missing-value text as missing: "
+            + ", ".join(f"{count} in {column!r}" for column, count in counts.items()),
+            UserWarning,
+            stacklevel=3,
+        )
+    return raw, counts
+
+
 def infer_categorical(frame: pd.DataFrame, spec: TableSpec) -> TableSpec:
     """`spec` with every static, known or observed column that holds only text made categorical.
 
@@ -351,12 +368,20 @@ def _check_not_all_empty(frame: pd.DataFrame, spec: TableSpec) -> None:
             )
 
 
-def _check_duplicates(frame: pd.DataFrame, spec: TableSpec) -> None:
+def first_duplicate(frame: pd.DataFrame, spec: TableSpec) -> tuple[int, int] | None:
+    """`(row, count)`: the first row repeating an (id, time) pair and how many rows do; or None."""
     duplicated = frame.duplicated([spec.id_col, spec.time_col], keep=False).to_numpy()
-    if duplicated.any():
-        row = int(np.flatnonzero(duplicated)[0])
+    if not duplicated.any():
+        return None
+    return int(np.flatnonzero(duplicated)[0]), int(duplicated.sum())
+
+
+def _check_duplicates(frame: pd.DataFrame, spec: TableSpec) -> None:
+    found = first_duplicate(frame, spec)
+    if found is not None:
+        row, count = found
         raise ValueError(
-            f"{int(duplicated.sum())} rows repeat a ({spec.id_col!r}, {spec.time_col!r}) pair, "
+            f"{count} rows repeat a ({spec.id_col!r}, {spec.time_col!r}) pair, "
             f"e.g. series {frame[spec.id_col].iloc[row]!r} at {frame[spec.time_col].iloc[row]}; "
             f"aggregate them (e.g. df.groupby([{spec.id_col!r}, {spec.time_col!r}]).mean()) "
             "or drop the duplicates"
