@@ -82,8 +82,9 @@ __all__ = [
 
 DEFAULT_EXAMPLES = 3
 
-# A preset with every static context, several history variables and a 3-step horizon with
-# the current step attendable (context routing and the decoder mask need all of them). The
+# A preset with every static context, several history variables, categorical known and
+# observed inputs and a 3-step horizon with the current step attendable (context routing,
+# the categorical inputs and the decoder mask need all of them). The
 # baseline's compiled pullback is the one `tests/test_properties_tft.py` uses: one cache entry.
 FAULT_TFT_CONFIG = st_tft.TFT_PRESETS[1]
 
@@ -331,6 +332,32 @@ def _enrichment_to_selection() -> contextlib.AbstractContextManager[Any]:
             and args[1] is not None
         ):
             args = (args[0], contexts["enrichment"], *args[2:])
+        return next_fun(*args, **kwargs)
+
+    return nn.intercept_methods(interceptor)
+
+
+def _future_reads_history_codes() -> contextlib.AbstractContextManager[Any]:
+    """The model reads the last `H` known codes of the history in place of the horizon's.
+
+    An off-by-one-window bug in the categorical known inputs: the future
+    selection never sees `future_categorical` (zeros without known history).
+    """
+
+    def interceptor(next_fun: Any, args: Any, kwargs: Any, context: Any) -> Any:
+        codes = kwargs.get("future_categorical")
+        if (
+            isinstance(context.module, tft_model.TemporalFusionTransformer)
+            and context.method_name == "__call__"
+            and codes is not None
+        ):
+            history = kwargs.get("known_categorical_history")
+            horizon = codes.shape[1]
+            if history is not None and history.shape[1] >= horizon:
+                codes = history[:, -horizon:]
+            else:
+                codes = jnp.zeros_like(codes)
+            kwargs = {**kwargs, "future_categorical": codes}
         return next_fun(*args, **kwargs)
 
     return nn.intercept_methods(interceptor)
@@ -599,6 +626,7 @@ def _tft_properties() -> tuple[Property, ...]:
         tft_suite.check_live_gradients,
         tft_suite.check_weights_are_distributions,
         tft_suite.check_causal,
+        tft_suite.check_categorical_inputs_reach_the_forecast,
         tft_suite.check_batch_independent,
         tft_suite.check_batch_order_equivariant,
         tft_suite.check_context_routing,
@@ -710,6 +738,13 @@ def _catalogue() -> tuple[Fault, ...]:
             "tft: enrichment context to variable selection",
             "the static enrichment context replaces the selection context in both VSNs",
             _enrichment_to_selection,
+            model,
+            keeps_parameters=True,
+        ),
+        Fault(
+            "tft: future selection reads the history's known codes",
+            "future_categorical is replaced by the last H known codes of the history",
+            _future_reads_history_codes,
             model,
             keeps_parameters=True,
         ),

@@ -69,6 +69,7 @@ __all__ = [
     "QUANTILE_SETS",
     "SEQUENCE_LENGTHS",
     "TFT_PRESETS",
+    "TIME_CATEGORICAL_CARDINALITIES",
     "AttentionConfig",
     "FakeQuantizeCase",
     "TFTInputs",
@@ -103,6 +104,7 @@ TFT_HORIZONS = (1, 3)
 QUANTILE_SETS = ((0.5,), (0.1, 0.5, 0.9), (0.02, 0.1, 0.25, 0.5, 0.75, 0.9, 0.98))
 TFT_DROPOUT_RATES = (0.0, 0.1)
 CATEGORICAL_CARDINALITIES = ((), (3,), (2, 5))
+TIME_CATEGORICAL_CARDINALITIES = ((), (3,), (2, 4))
 VARIABLE_HIDDEN_DIMS = (None, 4)
 
 INPUT_KINDS = ("normal", "large", "tiny", "constant", "elements")
@@ -286,12 +288,18 @@ def tft_configs(
     quantile_sets: Sequence[tuple[float, ...]] = QUANTILE_SETS,
     dropout_rates: Sequence[float] = TFT_DROPOUT_RATES,
     categorical_cardinalities: Sequence[tuple[int, ...]] = CATEGORICAL_CARDINALITIES,
+    known_categorical_cardinalities: Sequence[tuple[int, ...]] = TIME_CATEGORICAL_CARDINALITIES,
+    observed_categorical_cardinalities: Sequence[tuple[int, ...]] = TIME_CATEGORICAL_CARDINALITIES,
     variable_hidden_dims: Sequence[int | None] = VARIABLE_HIDDEN_DIMS,
     attend_to_self: Sequence[bool] = (True, False),
     use_known_history: Sequence[bool] = (False, True),
     dtypes: Sequence[str] = ("float32",),
 ) -> st.SearchStrategy[TFTConfig]:
     """Valid `TFTConfig`s drawn from buckets (0 statics included, heads dividing `hidden_dim`).
+
+    `categorical_cardinalities` are the categorical statics';
+    `known_categorical_cardinalities` and `observed_categorical_cardinalities`
+    those of the categorical inputs over time.
 
     Each argument is the tuple of values to draw from; its first entry is the
     shrink target. Pass one-element tuples to pin a field, e.g.
@@ -308,6 +316,12 @@ def tft_configs(
         "dropout_rates": _buckets("dropout_rates", dropout_rates),
         "categorical_cardinalities": _buckets(
             "categorical_cardinalities", categorical_cardinalities
+        ),
+        "known_categorical_cardinalities": _buckets(
+            "known_categorical_cardinalities", known_categorical_cardinalities
+        ),
+        "observed_categorical_cardinalities": _buckets(
+            "observed_categorical_cardinalities", observed_categorical_cardinalities
         ),
         "variable_hidden_dims": _buckets("variable_hidden_dims", variable_hidden_dims),
         "attend_to_self": _buckets("attend_to_self", attend_to_self),
@@ -337,14 +351,17 @@ def tft_configs(
             attend_to_self=pick("attend_to_self"),
             use_known_history=pick("use_known_history"),
             dtype=pick("dtypes"),
+            known_categorical_cardinalities=tuple(pick("known_categorical_cardinalities")),
+            observed_categorical_cardinalities=tuple(pick("observed_categorical_cardinalities")),
         )
 
     return draw_config()
 
 
 # Three configs that between them cover every edge of `tft_configs`: zero and
-# several statics, categorical statics, known history, one and seven quantiles,
-# a narrow variable GRN, both mask conventions, dropout on and off.
+# several statics, categorical statics, categorical known inputs (over the
+# history and the horizon) and observed inputs, known history, one and seven
+# quantiles, a narrow variable GRN, both mask conventions, dropout on and off.
 TFT_PRESETS = (
     TFTConfig(
         num_static_features=0,
@@ -370,6 +387,8 @@ TFT_PRESETS = (
         static_categorical_cardinalities=(3,),
         variable_hidden_dim=4,
         use_known_history=True,
+        known_categorical_cardinalities=(3,),
+        observed_categorical_cardinalities=(2,),
     ),
     TFTConfig(
         num_static_features=0,
@@ -384,6 +403,7 @@ TFT_PRESETS = (
         static_categorical_cardinalities=(2, 5),
         attend_to_self=False,
         use_known_history=True,
+        known_categorical_cardinalities=(2, 4),
     ),
 )
 
@@ -416,6 +436,12 @@ class TFTInputs(NamedTuple):
       static_categorical: `(B, C)` int32 with column `c` in `[0, cardinality_c)`,
         or None when the config has no categorical statics.
       target: `(B, H)` float.
+      known_categorical_history: `(B, T, Kc)` int32 codes when the config has
+        categorical known inputs and `use_known_history`, else None.
+      future_categorical: `(B, H, Kc)` int32 codes, or None without
+        categorical known inputs.
+      observed_categorical: `(B, T, Uc)` int32 codes, or None without
+        categorical observed inputs.
     """
 
     static: np.ndarray
@@ -424,6 +450,9 @@ class TFTInputs(NamedTuple):
     known_history: np.ndarray | None
     static_categorical: np.ndarray | None
     target: np.ndarray
+    known_categorical_history: np.ndarray | None = None
+    future_categorical: np.ndarray | None = None
+    observed_categorical: np.ndarray | None = None
 
     @property
     def batch_size(self) -> int:
@@ -441,8 +470,9 @@ def tft_inputs(
     """`TFTInputs` for `config`: one batch size for all arrays, one drawn kind per array.
 
     Args:
-      config: the model config fixing `S, C, K, U, T, H` and whether
-        `known_history` is given (`use_known_history`).
+      config: the model config fixing `S, C, K, Kc, U, Uc, T, H` and whether
+        `known_history` (and `known_categorical_history`) are given
+        (`use_known_history`).
       batch_sizes: buckets for `B`.
       kinds: input kinds (module docstring); `"constant"` is constant over time.
       dtype: float dtype of the float arrays; None means `config.dtype`.
@@ -456,18 +486,25 @@ def tft_inputs(
     def floats(shape: tuple[int, ...]) -> st.SearchStrategy[np.ndarray]:
         return float_arrays(shape, kinds=kinds, dtype=resolved, constant_axis=1)
 
+    def codes(
+        draw: st.DrawFn, leading: tuple[int, ...], cardinalities: tuple[int, ...]
+    ) -> np.ndarray | None:
+        """`(*leading, len(cardinalities))` int32, column `c` in `[0, cardinality_c)`."""
+        if not cardinalities:
+            return None
+        columns = [
+            draw(hnp.arrays(np.int32, leading, elements=st.integers(0, cardinality - 1)))
+            for cardinality in cardinalities
+        ]
+        return np.stack(columns, axis=-1)
+
     @st.composite
     def draw_inputs(draw: st.DrawFn) -> TFTInputs:
         batch = draw(st.sampled_from(batch_sizes))
         steps, horizon = config.sequence_length, config.prediction_horizon
         known = config.num_known_features
-        categorical = None
-        if config.static_categorical_cardinalities:
-            columns = [
-                draw(hnp.arrays(np.int32, (batch,), elements=st.integers(0, cardinality - 1)))
-                for cardinality in config.static_categorical_cardinalities
-            ]
-            categorical = np.stack(columns, axis=1)
+        categorical = codes(draw, (batch,), config.static_categorical_cardinalities)
+        known_codes = config.known_categorical_cardinalities
         return TFTInputs(
             static=draw(floats((batch, config.num_static_features))),
             historical=draw(floats((batch, steps, config.num_observed_features))),
@@ -477,6 +514,13 @@ def tft_inputs(
             ),
             static_categorical=categorical,
             target=draw(floats((batch, horizon))),
+            known_categorical_history=(
+                codes(draw, (batch, steps), known_codes) if config.use_known_history else None
+            ),
+            future_categorical=codes(draw, (batch, horizon), known_codes),
+            observed_categorical=codes(
+                draw, (batch, steps), config.observed_categorical_cardinalities
+            ),
         )
 
     return draw_inputs()

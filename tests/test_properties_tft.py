@@ -51,6 +51,13 @@ def test_forecast_at_step_i_ignores_known_inputs_after_step_i(platform, case):
 
 
 @backends.parametrize()
+@given(_strategy("tft: categorical inputs reach the forecast"))
+def test_every_categorical_input_reaches_the_forecast(platform, case):
+    with backends.on_platform(platform):
+        suite.check_categorical_inputs_reach_the_forecast(case)
+
+
+@backends.parametrize()
 @given(_strategy("tft: batch independent"))
 def test_samples_do_not_interact_forward_or_backward(platform, case):
     with backends.on_platform(platform):

@@ -75,6 +75,22 @@ def test_tft_inputs_match_the_config_shapes(config, data):
         ).all()
     else:
         assert inputs.static_categorical is None
+    time_codes = {
+        "future_categorical": (horizon, config.known_categorical_cardinalities),
+        "known_categorical_history": (
+            steps,
+            config.known_categorical_cardinalities if config.use_known_history else (),
+        ),
+        "observed_categorical": (steps, config.observed_categorical_cardinalities),
+    }
+    for name, (length, cardinalities) in time_codes.items():
+        codes = getattr(inputs, name)
+        if not cardinalities:
+            assert codes is None, name
+            continue
+        assert codes.shape == (batch, length, len(cardinalities)), name
+        assert codes.dtype == np.int32
+        assert ((codes >= 0) & (codes < np.array(cardinalities))).all(), name
 
 
 def test_tft_configs_reach_zero_statics_categoricals_prescalers_and_seven_quantiles():
@@ -82,6 +98,8 @@ def test_tft_configs_reach_zero_statics_categoricals_prescalers_and_seven_quanti
     assert find(st_tft.tft_configs(), lambda c: c.num_static_categoricals == 2)
     assert find(st_tft.tft_configs(), lambda c: c.variable_width < c.hidden_dim)
     assert find(st_tft.tft_configs(), lambda c: c.num_quantiles == 7)
+    assert find(st_tft.tft_configs(), lambda c: c.num_known_categoricals == 2)
+    assert find(st_tft.tft_configs(), lambda c: c.num_observed_categoricals == 2)
 
 
 @given(st_tft.tft_configs(use_known_history=(True,), dtypes=("bfloat16",)), st_tft.data())
@@ -101,6 +119,9 @@ def test_presets_cover_every_edge_of_tft_configs():
     assert {c.attend_to_self for c in presets} == {False, True}
     assert {c.dropout_rate > 0 for c in presets} == {False, True}
     assert any(c.variable_width < c.hidden_dim for c in presets)
+    assert {c.num_known_categoricals for c in presets} >= {0, 1, 2}
+    assert {c.num_observed_categoricals for c in presets} >= {0, 1}
+    assert any(c.num_known_categoricals and c.use_known_history for c in presets)
     bf16 = find(st_tft.tft_config_presets(dtype="bfloat16"), lambda c: c.hidden_dim == 16)
     assert bf16.dtype == "bfloat16"
     assert bf16.num_quantiles == 7

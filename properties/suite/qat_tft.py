@@ -129,8 +129,8 @@ def _forward_of(case: tft_suite.ModelCase, stats: Any) -> Any:
     zero = tft_suite.output_like(case.config, case.inputs.batch_size)
 
     def forward(inputs: dict[str, np.ndarray]) -> Any:
-        integers = {k: v for k, v in inputs.items() if k == "static_categorical"}
-        floats = {k: v for k, v in inputs.items() if k != "static_categorical"}
+        integers = {k: v for k, v in inputs.items() if k in tft_suite.INTEGER_INPUTS}
+        floats = {k: v for k, v in inputs.items() if k not in tft_suite.INTEGER_INPUTS}
         params = functions.variables["params"]
         return functions.pullback(params, stats, floats, integers, zero)[0]
 

@@ -11,7 +11,8 @@ properties.
 Properties: finite outputs and gradients; a gradient to every parameter
 and input; interpretability weights are distributions; the forecast at
 horizon step `i` ignores known inputs after `i`; batch independence (forward
-and backward); batch-order equivariance; each static context reaches only
+and backward); batch-order equivariance; each categorical input reaches the
+forecast; each static context reaches only
 its own destination; jit == eager and derivatives == float64 finite
 differences (smallest preset); the interpretable attention's documented
 formula (heads share one value projection and are averaged).
@@ -45,12 +46,14 @@ from tft_jax.config import TFTConfig
 
 __all__ = [
     "BATCH_SIZE",
+    "INTEGER_INPUTS",
     "PROPERTIES",
     "AttentionCase",
     "ModelCase",
     "check_attention_matches_reference",
     "check_batch_independent",
     "check_batch_order_equivariant",
+    "check_categorical_inputs_reach_the_forecast",
     "check_causal",
     "check_context_routing",
     "check_finite",
@@ -74,6 +77,13 @@ FINITE_DIFFERENCE_EPS = 1e-6
 # a gradient element of 5e-3 was seen 2.5e-6 apart.
 JIT_EAGER_TOLERANCE = dict(rtol=1e-4, atol=1e-5)
 STATIC_CONTEXTS = ("selection", "enrichment", "state_h", "state_c")
+# The model's integer (categorical code) inputs, in `TFTInputs` and as keywords.
+INTEGER_INPUTS = (
+    "static_categorical",
+    "known_categorical_history",
+    "future_categorical",
+    "observed_categorical",
+)
 
 
 class ModelCase(NamedTuple):
@@ -105,9 +115,9 @@ def split_inputs(inputs: st_tft.TFTInputs) -> tuple[dict[str, np.ndarray], dict[
     floats = {"static": inputs.static, "historical": inputs.historical, "future": inputs.future}
     if inputs.known_history is not None:
         floats["known_history"] = inputs.known_history
-    integers = {}
-    if inputs.static_categorical is not None:
-        integers["static_categorical"] = inputs.static_categorical
+    integers = {
+        name: getattr(inputs, name) for name in INTEGER_INPUTS if getattr(inputs, name) is not None
+    }
     return floats, integers
 
 
@@ -129,6 +139,14 @@ def _sample_inputs(config: TFTConfig, batch: int) -> dict[str, np.ndarray]:
     if config.static_categorical_cardinalities:
         columns = len(config.static_categorical_cardinalities)
         inputs["static_categorical"] = np.zeros((batch, columns), np.int32)
+    if config.num_known_categoricals:
+        columns = config.num_known_categoricals
+        inputs["future_categorical"] = np.zeros((batch, horizon, columns), np.int32)
+        if config.use_known_history:
+            inputs["known_categorical_history"] = np.zeros((batch, steps, columns), np.int32)
+    if config.num_observed_categoricals:
+        columns = config.num_observed_categoricals
+        inputs["observed_categorical"] = np.zeros((batch, steps, columns), np.int32)
     return inputs
 
 
@@ -142,7 +160,7 @@ def output_like(config: TFTConfig, batch: int) -> tft_model.TFTOutput:
         attention=np.zeros((batch, config.num_heads, horizon, steps + horizon), dtype),
         static_weights=np.zeros((batch, config.num_static_inputs), weights_dtype),
         history_weights=np.zeros((batch, steps, config.num_history_inputs), weights_dtype),
-        future_weights=np.zeros((batch, horizon, config.num_known_features), weights_dtype),
+        future_weights=np.zeros((batch, horizon, config.num_future_inputs), weights_dtype),
     )
 
 
@@ -193,8 +211,8 @@ def _forward_of(case: ModelCase) -> Any:
     zero = output_like(case.config, case.inputs.batch_size)
 
     def forward(inputs: dict[str, np.ndarray]) -> Any:
-        integers = {k: v for k, v in inputs.items() if k == "static_categorical"}
-        floats = {k: v for k, v in inputs.items() if k != "static_categorical"}
+        integers = {k: v for k, v in inputs.items() if k in INTEGER_INPUTS}
+        floats = {k: v for k, v in inputs.items() if k not in INTEGER_INPUTS}
         return functions.pullback(functions.params, floats, integers, zero)[0]
 
     return forward
@@ -252,21 +270,89 @@ def check_weights_are_distributions(case: ModelCase) -> None:
 def check_causal(case: ModelCase) -> None:
     """The forecast, future weights and attention at horizon step `i` ignore known inputs after `i`.
 
-    And the history weights at step `t` ignore observed inputs after `t`.
+    And the history weights at step `t` ignore observed inputs after `t`;
+    categorical inputs over time (their codes changed) included.
     """
     inputs = _all_inputs(case)
     forward = _forward_of(case)
 
-    def by_horizon_step(future: np.ndarray) -> tuple[np.ndarray, ...]:
-        outputs = forward({**inputs, "future": future})
+    def horizon_outputs(changed: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+        outputs = forward({**inputs, **changed})
         attention = np.swapaxes(np.asarray(outputs.attention), 1, 2)  # (B, H, heads, T+H)
         return np.asarray(outputs.quantiles), np.asarray(outputs.future_weights), attention
 
-    def by_history_step(historical: np.ndarray) -> np.ndarray:
-        return np.asarray(forward({**inputs, "historical": historical}).history_weights)
+    def history_outputs(changed: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+        return (np.asarray(forward({**inputs, **changed}).history_weights),)
 
-    checks.assert_causal(by_horizon_step, inputs["future"])
-    checks.assert_causal(by_history_step, inputs["historical"])
+    checks.assert_causal(lambda future: horizon_outputs({"future": future}), inputs["future"])
+    checks.assert_causal(
+        lambda historical: history_outputs({"historical": historical}), inputs["historical"]
+    )
+    for name, outputs_of in (
+        ("future_categorical", horizon_outputs),
+        ("observed_categorical", history_outputs),
+    ):
+        if name in inputs:
+            _assert_causal_in_codes(name, outputs_of, inputs[name], _cardinalities(case, name))
+
+
+def _cardinalities(case: ModelCase, name: str) -> tuple[int, ...]:
+    """The cardinalities of integer input `name` in the case's config."""
+    config = case.config
+    return {
+        "static_categorical": config.static_categorical_cardinalities,
+        "known_categorical_history": config.known_categorical_cardinalities,
+        "future_categorical": config.known_categorical_cardinalities,
+        "observed_categorical": config.observed_categorical_cardinalities,
+    }[name]
+
+
+def _shifted_codes(codes: np.ndarray, cardinalities: Sequence[int]) -> np.ndarray:
+    """Every code `c` of column `j` replaced by `(c + 1) mod cardinalities[j]`."""
+    return ((codes + 1) % np.asarray(cardinalities)).astype(codes.dtype)
+
+
+def _assert_causal_in_codes(
+    name: str, outputs_of: Any, codes: np.ndarray, cardinalities: Sequence[int]
+) -> None:
+    """Outputs (time on axis 1) at steps `<= t` stay equal when the codes after `t` change."""
+    baseline = outputs_of({})
+    for step in range(codes.shape[1] - 1):
+        changed = codes.copy()
+        changed[:, step + 1 :] = _shifted_codes(codes[:, step + 1 :], cardinalities)
+        after = outputs_of({name: changed})
+        for index, (before_leaf, after_leaf) in enumerate(zip(baseline, after, strict=True)):
+            if not np.array_equal(before_leaf[:, : step + 1], after_leaf[:, : step + 1]):
+                raise AssertionError(
+                    f"output {index} at steps <= {step} changed when {name} changed after "
+                    f"step {step}: a categorical input reaches the past"
+                )
+
+
+def check_categorical_inputs_reach_the_forecast(case: ModelCase) -> None:
+    """Each categorical input is read: shifting all its codes moves every sample's forecast.
+
+    For each integer input present, every code `c` becomes `(c + 1) mod
+    cardinality` (a different category wherever the cardinality exceeds 1);
+    each sample's quantiles must change. Needs non-degenerate inputs
+    (`kinds=("normal",)`), so that no selection weight underflows to 0.
+    """
+    inputs = _all_inputs(case)
+    forward = _forward_of(case)
+    baseline = np.asarray(forward(inputs).quantiles)
+    problems = []
+    for name in INTEGER_INPUTS:
+        if name not in inputs or max(_cardinalities(case, name)) < 2:
+            continue
+        changed = {**inputs, name: _shifted_codes(inputs[name], _cardinalities(case, name))}
+        moved = np.abs(np.asarray(forward(changed).quantiles) - baseline)
+        still = np.nonzero(moved.reshape(moved.shape[0], -1).max(axis=1) == 0.0)[0]
+        if still.size:
+            problems.append(f"{name}: the forecasts of samples {still.tolist()} did not change")
+    if problems:
+        raise AssertionError(
+            "categorical inputs do not reach the forecast:\n  " + "\n  ".join(problems)
+        )
 
 
 def check_batch_independent(case: ModelCase) -> None:
@@ -366,9 +452,15 @@ def check_grads_match_finite_differences(case: ModelCase) -> None:
 
     The model runs in float64 (`TFTConfig.dtype="float64"` under
     `jax.enable_x64`) with the preset's parameters. Needs a preset without
-    categorical statics (integer inputs have no derivative).
+    categorical inputs (integer inputs have no derivative).
     """
-    if case.config.static_categorical_cardinalities:
+    if any(
+        (
+            case.config.static_categorical_cardinalities,
+            case.config.known_categorical_cardinalities,
+            case.config.observed_categorical_cardinalities,
+        )
+    ):
         raise ValueError("check_grads_match_finite_differences needs a config without categoricals")
     functions = model_functions(case.config)
     floats, _ = split_inputs(case.inputs)
@@ -480,12 +572,24 @@ def check_attention_matches_reference(case: AttentionCase) -> None:
 
 SMALLEST = st_tft.TFT_PRESETS[0]
 WITH_STATICS = tuple(config for config in st_tft.TFT_PRESETS if config.num_static_inputs)
+WITH_CATEGORICALS = tuple(
+    config
+    for config in st_tft.TFT_PRESETS
+    if config.num_static_categoricals
+    or config.num_known_categoricals
+    or config.num_observed_categoricals
+)
 
 PROPERTIES = (
     Property("tft: finite", model_cases(), check_finite),
     Property("tft: live gradients", model_cases(kinds=("normal",)), check_live_gradients),
     Property("tft: weights are distributions", model_cases(), check_weights_are_distributions),
     Property("tft: causal", model_cases(), check_causal),
+    Property(
+        "tft: categorical inputs reach the forecast",
+        model_cases(WITH_CATEGORICALS, kinds=("normal",)),
+        check_categorical_inputs_reach_the_forecast,
+    ),
     Property("tft: batch independent", model_cases(), check_batch_independent),
     Property("tft: batch order", model_cases(), check_batch_order_equivariant),
     Property(
