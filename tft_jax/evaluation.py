@@ -144,8 +144,10 @@ class Predictions:
       attention: `(H, T+H)` attention of each horizon query over the window,
         averaged over windows and heads.
       static_weights: `(S+C,)` static selection weights averaged over windows.
-      history_weights: `(U[+K],)` history selection weights averaged over windows and steps.
-      future_weights: `(K,)` future selection weights averaged over windows and steps.
+      history_weights: `(U+Uc[+K+Kc],)` history selection weights averaged over
+        windows and steps (labels: `PreparedDataset.history_weight_names`).
+      future_weights: `(K+Kc,)` future selection weights averaged over windows
+        and steps (labels: `PreparedDataset.future_weight_names`).
     """
 
     quantiles: np.ndarray
