@@ -241,6 +241,12 @@ def test_a_forecaster_with_a_text_known_column_forecasts_an_unseen_category():
     forecaster.fit(table, quiet=True)
     config = forecaster.tft_config
     assert config.known_categorical_cardinalities == (3,)  # plain, xmas, unknown
+    dataset = forecaster.prepare(table)
+    assert dataset.future_weight_names[-1] == "holiday"
+    assert dataset.history_weight_names[-1] == "holiday"
+    assert len(dataset.future_weight_names) == config.num_future_inputs
+    assert len(dataset.history_weight_names) == config.num_history_inputs
+    assert dataset.static_weight_names[-1] == "region"
     history = table[table["day"] < "2024-02-20"]
     days = pd.date_range("2024-02-20", periods=3, freq="D").strftime("%Y-%m-%d")
     future = pd.DataFrame(
