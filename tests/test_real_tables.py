@@ -146,3 +146,12 @@ def test_integer_codes_become_categorical_when_listed_and_mixed_text_is_an_error
     mixed = table.assign(level=["3"] * 79 + ["high"])
     with pytest.raises(ValueError, match=r"'level' has 1 non-numeric values.*--categorical-cols"):
         prepare_dataset(mixed, **SPEC, observed_cols=["level"])
+
+
+def test_a_missing_looking_text_in_a_text_column_is_a_category():
+    table = hourly({"a": 40, "b": 40}).assign(
+        holiday=lambda t: np.where(t.index % 24 == 0, "xmas", "none")
+    )
+    dataset = prepare_dataset(table, **SPEC, known_cols=["holiday"])
+    assert dataset.missing_texts == {}
+    assert dataset.preprocessor.vocabularies["holiday"] == ("none", "xmas")

@@ -150,10 +150,12 @@ MISSING_TEXTS = frozenset({"", "na", "n/a", "nan", "null", "none", "-", "?", "#n
 
 
 def missing_texts(frame: pd.DataFrame, columns: Sequence[str]) -> tuple[pd.DataFrame, dict]:
-    """`frame` with missing-value texts ('n/a', 'null', '-', ...) in `columns` made NaN.
+    """`frame` with missing-value texts ('n/a', 'null', '-', ...) made NaN in columns of numbers.
 
-    Returns the new frame and `{column: count}` of the cells replaced (only
-    columns with any), so the caller can say how many it found.
+    Only a column whose other cells are all numbers is touched: in a column of
+    text (a categorical one) such a text is a category like any other. Returns
+    the new frame and `{column: count}` of the cells replaced (only columns
+    with any), so the caller can say how many it found.
     """
     counts: dict[str, int] = {}
     frame = frame.copy()
@@ -165,7 +167,8 @@ def missing_texts(frame: pd.DataFrame, columns: Sequence[str]) -> tuple[pd.DataF
         hits = (
             text.isin(MISSING_TEXTS).fillna(False).to_numpy(dtype=bool) & values.notna().to_numpy()
         )
-        if hits.any():
+        rest = values[~hits & values.notna().to_numpy()]
+        if hits.any() and pd.to_numeric(rest, errors="coerce").notna().all():
             frame.loc[hits, column] = np.nan
             counts[column] = int(hits.sum())
     return frame, counts
