@@ -10,13 +10,20 @@ Modes:
   observers calibrated once with `qat.calibrate`, then trained frozen
   (`calibrate=False`, the documented flow);
 * `qat-observe`: the same with the observers updated every step
-  (`calibrate=True`, PyTorch's default QAT behaviour).
+  (`calibrate=True`, PyTorch's default QAT behaviour);
+* `float-layered`: the FP32 model with a `dot_general_cls` that is plain
+  `lax.dot_general`, which takes the layer-by-layer path of the variable
+  selection networks (embeddings computed, one matmul per GRN layer, no
+  chunks: the code before the fast path of `tft_jax.folded_selection`).
+  Same function and parameters; timed with `float` it gives the
+  before/after ratio of that path in one process.
 
 Usage::
 
     python -m benchmarks.train_step --config seed,electricity --mode float,qat [--json]
     python -m benchmarks.train_step --config electricity --batch-size 1024 --dtype bfloat16
     python -m benchmarks.train_step --config electricity --mode float --fast-compile
+    python -m benchmarks.train_step --config electricity --mode float,float-layered
     XLA_FLAGS=--xla_force_host_platform_device_count=8 \\
         python -m benchmarks.train_step --config seed --batch-size 64 --devices 8
 """
@@ -31,6 +38,8 @@ from typing import Any
 
 import jax
 import numpy as np
+from flax import linen as nn
+from jax import lax
 
 import qat
 import tft_jax.train as train
@@ -39,7 +48,7 @@ from tft_jax import TemporalFusionTransformer, TFTConfig
 from tft_jax.allocator import relaunch_with_tuned_allocator
 from tft_jax.distributed import data_mesh, place_state, shard_batch
 
-MODES = ("float", "qat", "qat-observe")
+MODES = ("float", "qat", "qat-observe", "float-layered")
 DTYPES = ("float32", "bfloat16")
 _NUM_KEYS = 64
 
@@ -152,12 +161,23 @@ def parameter_count(params: Any) -> int:
     return int(sum(math.prod(np.shape(leaf)) for leaf in jax.tree.leaves(params)))
 
 
+class PlainDotGeneral(nn.Module):
+    """A `dot_general_cls` that is `lax.dot_general` itself (the model's layer-by-layer path)."""
+
+    lhs_bounds: tuple[float, float] | None = None
+
+    def __call__(self, lhs: Any, rhs: Any, dimension_numbers: Any) -> Any:
+        return lax.dot_general(lhs, rhs, dimension_numbers)
+
+
 def build_model(mode: str, config: TFTConfig) -> Any:
     """The Flax module a mode trains: the TFT, or the QAT-TFT for the `qat*` modes."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode == "float":
         return TemporalFusionTransformer(config)
+    if mode == "float-layered":
+        return TemporalFusionTransformer(config, dot_general_cls=PlainDotGeneral)
     return qat.QATTemporalFusionTransformer(config, qat.QATConfig())
 
 
@@ -178,6 +198,8 @@ def build_state(mode: str, config: TFTConfig, batch: train.Batch, seed: int = 0)
     fp32 = train.create_train_state(TemporalFusionTransformer(config), tx, key, batch)
     if mode == "float":
         return fp32, None
+    if mode == "float-layered":
+        return train.create_train_state(model, tx, key, batch, variables=fp32.variables), None
     inputs = (batch.static, batch.historical, batch.future, batch.known_history)
     variables = qat.from_fp32(fp32.variables, model, *inputs, batch.static_categorical)
     calibrated = qat.calibrate(model, variables, [batch], 1)

@@ -63,6 +63,13 @@ def test_train_step_writes_one_valid_json_record_per_mode(train_run):
         assert record["gflops_per_s"] == pytest.approx(record["flops"] / record["median_s"] / 1e9)
 
 
+def test_train_step_layered_mode_is_the_fp32_model_through_the_plain_hook():
+    config = train_step.CONFIGS["tiny"].model
+    model = train_step.build_model("float-layered", config)
+    assert model.config == config and model.dot_general_cls is train_step.PlainDotGeneral
+    assert train_step.build_model("float", config).dot_general_cls is None
+
+
 def test_train_step_qat_trains_the_same_parameters_and_reports_its_ratio(train_run):
     float_record, qat_record = train_run[0]
     # The QAT model trains the FP32 model's very parameter tree.
