@@ -46,9 +46,20 @@ from tft_jax.linear import VariableLinear, default_kernel_init
 Array = Any
 Dtype = Any
 
-# Rows (batch x time) per chunk: small enough that a chunk's widest
+# Rows (batch x time) per chunk on CPU: small enough that a chunk's widest
 # intermediates, `(V, rows, D)` floats, stay in a core's cache.
 DEFAULT_CHUNK_ROWS = 512
+
+
+def default_chunk_rows(num_rows: int) -> int:
+    """Rows per chunk when none is given: `DEFAULT_CHUNK_ROWS` on CPU, all rows elsewhere.
+
+    Chunks run one after another; an accelerator needs the whole batch at
+    once to fill its cores, and its working set is not held in a CPU cache.
+    """
+    return DEFAULT_CHUNK_ROWS if jax.default_backend() == "cpu" else max(num_rows, 1)
+
+
 _LAYER_NORM_EPSILON = 1e-6
 
 
@@ -310,18 +321,20 @@ def folded_selection(
     embedded: AffineEmbedding,
     context: Array | None,
     deterministic: bool,
-    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    chunk_rows: int | None = None,
 ) -> tuple[Array, Array]:
     """`VariableSelectionNetwork.__call__` for real inputs given as an `AffineEmbedding`.
 
     Called from inside `module`'s compact `__call__`: it declares the
     module's parameters (`variable_grns`, `selection_grn`) under their usual
-    names and returns `(combined (..., D), weights (..., V))`.
+    names and returns `(combined (..., D), weights (..., V))`. `chunk_rows`
+    None: `default_chunk_rows`.
     """
     num_variables, width = embedded.slope.shape
     features = module.features
     lead_shape = embedded.values.shape[:-1]
     num_rows = math.prod(lead_shape)
+    chunk_rows = default_chunk_rows(num_rows) if chunk_rows is None else chunk_rows
     single = num_variables == 1
     dtype = module.dtype or jnp.result_type(embedded.values, embedded.slope, module.param_dtype)
     deterministic = deterministic or module.dropout_rate == 0.0

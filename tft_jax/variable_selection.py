@@ -10,7 +10,7 @@ from flax import linen as nn
 
 from tft_jax._dropout import resolve_deterministic
 from tft_jax.embeddings import AffineEmbedding
-from tft_jax.folded_selection import DEFAULT_CHUNK_ROWS, folded_selection
+from tft_jax.folded_selection import folded_selection
 from tft_jax.gating import GatedResidualNetwork
 
 Array = Any
@@ -40,7 +40,8 @@ class VariableSelectionNetwork(nn.Module):
     and no `dot_general_cls`, the same function runs through
     `tft_jax.folded_selection`: the embedding folded into the first layers,
     the GRNs and the weighted sum over chunks of `chunk_rows` rows under
-    `lax.scan` + `jax.checkpoint`. Same parameters, same dropout masks. The
+    `lax.scan` + `jax.checkpoint` (None: 512 on CPU, one chunk on
+    accelerators). Same parameters, same dropout masks. The
     quantized model materializes the embedding and runs the layers one by
     one, so that every quantizer sees what it sees without the fold.
 
@@ -56,7 +57,7 @@ class VariableSelectionNetwork(nn.Module):
     dtype: Dtype | None = None
     param_dtype: Dtype = jnp.float32
     dot_general_cls: Callable[..., nn.Module] | None = None
-    chunk_rows: int = DEFAULT_CHUNK_ROWS
+    chunk_rows: int | None = None
 
     @nn.compact
     def __call__(
