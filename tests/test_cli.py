@@ -476,7 +476,9 @@ def test_two_processes_train_the_same_model_as_one_and_write_the_same_run(
     for (path, got), want in zip(
         jax.tree_util.tree_flatten_with_path(two)[0], jax.tree.leaves(one), strict=True
     ):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=str(path))
+        # Adam divides by sqrt(v): where a gradient is ~0, the all-reduce's other summation
+        # order moves m/sqrt(v) visibly, so near-zero parameters get an absolute tolerance.
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=5e-5, err_msg=str(path))
     history_two = json.loads((out / "history.json").read_text())["fp32"]
     history_one = json.loads((trained_run / "history.json").read_text())["fp32"]
     assert history_two["step"] == history_one["step"] == [2, 4]
