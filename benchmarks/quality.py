@@ -35,11 +35,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-def configured(table_name: str, variant: str, overrides: dict[str, Any]) -> ForecasterConfig:
+def configured(
+    table_name: str, variant: str, overrides: dict[str, Any], qat: bool = True
+) -> ForecasterConfig:
     """The settings of one run: the table's data settings, defaults elsewhere, then overrides."""
     table = TABLES[table_name]
     data = without_categoricals(table) if variant == "no_categoricals" else table.data
-    config = ForecasterConfig(data=data, qat=QATTrainingConfig())
+    config = ForecasterConfig(data=data, qat=QATTrainingConfig() if qat else None)
     for key, value in {**VARIANTS[variant], **overrides}.items():
         section, field = key.split(".")
         config = dataclasses.replace(
@@ -53,9 +55,11 @@ def _scores(metrics: dict[str, Any], model: str) -> dict[str, float]:
     return {"p50": row["p50_q_risk"], "p90": row["p90_q_risk"]}
 
 
-def run(table_name: str, variant: str, overrides: dict[str, Any], cutoffs: int) -> dict[str, Any]:
+def run(
+    table_name: str, variant: str, overrides: dict[str, Any], cutoffs: int, qat: bool = True
+) -> dict[str, Any]:
     """Fits, validates and backtests one (table, variant); returns a JSON-ready record."""
-    config = configured(table_name, variant, overrides)
+    config = configured(table_name, variant, overrides, qat)
     frame = TABLES[table_name].load()
     started = time.perf_counter()
     with warnings.catch_warnings():
@@ -71,11 +75,19 @@ def run(table_name: str, variant: str, overrides: dict[str, Any], cutoffs: int) 
         "variant": variant,
         "overrides": overrides,
         "fit_seconds": fitted,
-        "fp32_steps": forecaster.summary["fp32"]["total_steps"],
+        "fp32_steps_planned": forecaster.summary["fp32"]["total_steps"],
+        "fp32_stop_reason": forecaster.summary["fp32"].get("stop_reason"),
+        "fp32_best_step": min(
+            zip(
+                forecaster.history["fp32"]["val_loss"],
+                forecaster.history["fp32"]["step"],
+                strict=True,
+            ),
+            default=(None, None),
+        )[1],
         "validation": {
             "best_baseline": {"name": best, **_scores(validation, "best_baseline")},
-            "fp32": _scores(validation, "fp32"),
-            "int8": _scores(validation, "int8"),
+            **{name: _scores(validation, name) for name in forecaster.models},
         },
         "backtest": {
             "cutoffs": cutoffs,
@@ -102,12 +114,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--set", nargs="*", default=[], metavar="SECTION.FIELD=VALUE")
     parser.add_argument("--cutoffs", type=int, default=3, help="backtest origins (default 3)")
     parser.add_argument("--json", help="append one JSON line per run to this file")
+    parser.add_argument("--no-qat", action="store_true", help="FP32 only (quicker studies)")
     args = parser.parse_args(argv)
     overrides = dict(item.split("=", 1) for item in args.set)
     overrides = {key: _value(value) for key, value in overrides.items()}
     for table in args.tables:
         for variant in args.variants:
-            record = run(table, variant, overrides, args.cutoffs)
+            record = run(table, variant, overrides, args.cutoffs, qat=not args.no_qat)
             line = json.dumps(record)
             print(line, flush=True)
             if args.json:

@@ -128,13 +128,13 @@ def default_model(forecaster: Forecaster, requested: str | None) -> str:
 
 def metrics_table(metrics: dict[str, Any]) -> str:
     """A short text table of each model's P50/P90 q-risk and mean quantile loss."""
-    lines = [f"{'model':<22}{'P50 q-risk':>12}{'P90 q-risk':>12}{'mean QL':>12}"]
+    lines = [f"{'model':<26}{'P50 q-risk':>12}{'P90 q-risk':>12}{'mean QL':>12}"]
     for name in MODELS:
         row = metrics["models"].get(name)
         if row is not None:
             label = f"best: {row['name']}" if name == "best_baseline" else plots.MODEL_LABELS[name]
             lines.append(
-                f"{label:<22}{row['p50_q_risk']:>12.4f}"
+                f"{label:<26}{row['p50_q_risk']:>12.4f}"
                 f"{row['p90_q_risk']:>12.4f}{row['mean_quantile_loss']:>12.3f}"
             )
     comparison = metrics.get("comparison", {})
