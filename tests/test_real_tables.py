@@ -90,7 +90,11 @@ def test_short_series_are_all_listed_and_left_out():
     assert dataset.series_ids == ("a",)
     with pytest.raises(ValueError, match=r"every series \(2\) is shorter .*'b'.*'c'"):
         prepare_dataset(table[table["id"] != "a"], **SPEC)
-    with pytest.warns(UserWarning, match=r"shorter than min_series_length=50 steps: \['c'\]"):
+    with pytest.warns(
+        UserWarning,
+        match=r"left out 1 of 2 series shorter than 50 steps \(min_series_length=50\): "
+        r"'c' \(40 steps\)",
+    ):
         dataset = prepare_dataset(hourly({"a": 60, "c": 40}), **SPEC, min_series_length=50)
     assert dataset.series_ids == ("a",)
 

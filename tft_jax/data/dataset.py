@@ -44,7 +44,6 @@ from tft_jax.data.tables import (
     check_missing_fraction,
     infer_categorical,
     read_announced,
-    series_grid,
     to_regular_grid,
     validate_table,
 )
@@ -433,25 +432,13 @@ def prepare_dataset(
         )
     raw, texts = read_announced(table, spec, encoding)
     spec = preprocessor.spec if preprocessor is not None else infer_categorical(raw, spec)
-    minimum = max(history + horizon, min_series_length or 0)
-    clean = validate_table(raw, spec, history, horizon, min_length=None, drop_short=True)
     if min_series_length is not None and min_series_length > history + horizon:
-        lengths = clean.groupby(spec.id_col, sort=False)[spec.time_col].agg(["min", "max"])
-        steps = {
-            series: len(series_grid(pd.DatetimeIndex([row["min"], row["max"]]), freq))
-            for series, row in lengths.iterrows()
-        }
-        short = [series for series, count in steps.items() if count < minimum]
-        if len(short) == len(steps):
-            raise ValueError(f"every series is shorter than min_series_length={minimum} steps")
-        if short:
-            warnings.warn(
-                f"left out {len(short)} series shorter than min_series_length={minimum} "
-                f"steps: {short}",
-                UserWarning,
-                stacklevel=2,
-            )
-            clean = clean[~clean[spec.id_col].isin(short)].reset_index(drop=True)
+        minimum, reason = min_series_length, f"min_series_length={min_series_length}"
+    else:
+        minimum, reason = None, None  # what a window needs: history + horizon
+    clean = validate_table(
+        raw, spec, history, horizon, min_length=minimum, drop_short=True, reason=reason
+    )
     grid = to_regular_grid(clean, spec, missing_col)
     check_density(clean, grid, spec)
     if preprocessor is None:

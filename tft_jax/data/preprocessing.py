@@ -51,6 +51,13 @@ def _json_value(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
+def _codes(vocabulary: Sequence[Any], values: Sequence[Any]) -> np.ndarray:
+    """(R,) int32 position of each value in `vocabulary`; `len(vocabulary)` if absent."""
+    position = {value: code for code, value in enumerate(vocabulary)}
+    unknown = len(vocabulary)
+    return np.array([position.get(_json_value(v), unknown) for v in values], dtype=np.int32)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Transformed:
     """A table as model inputs: the panel, a readable frame and the panel's target scaler.
@@ -197,10 +204,9 @@ class Preprocessor:
     def encode(self, column: str, values: pd.Series) -> np.ndarray:
         """(R,) int32 codes of a categorical column; values not in its vocabulary are unknown."""
         vocabulary = self.vocabularies[column]
-        position = {value: code for code, value in enumerate(vocabulary)}
-        raw = [_json_value(value) for value in values]
-        codes = np.array([position.get(value, len(vocabulary)) for value in raw], np.int32)
-        unseen = sorted({str(v) for v, c in zip(raw, codes, strict=True) if c == len(vocabulary)})
+        codes = _codes(vocabulary, values)
+        unseen = sorted({str(_json_value(v)) for v, c in zip(values, codes, strict=True)
+                         if c == len(vocabulary)})  # fmt: skip
         if unseen:
             warnings.warn(
                 f"categorical column {column!r} has values not seen in training, coded as "
@@ -212,9 +218,7 @@ class Preprocessor:
 
     def vocabulary_codes(self, ids: Sequence[Any]) -> np.ndarray:
         """(m,) int32 vocabulary code of each id; unknown ids get `len(series_ids)`."""
-        position = {value: code for code, value in enumerate(self.series_ids)}
-        unknown = len(self.series_ids)
-        return np.array([position.get(_json_value(i), unknown) for i in ids], dtype=np.int32)
+        return _codes(self.series_ids, ids)
 
     def _panel_target_scaler(
         self, vocabulary: np.ndarray, ids: Sequence[Any], target: np.ndarray, codes: np.ndarray

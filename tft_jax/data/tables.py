@@ -450,6 +450,7 @@ def validate_table(
     horizon: int,
     min_length: int | None = None,
     drop_short: bool = False,
+    reason: str | None = None,
 ) -> pd.DataFrame:
     """Checks a long-format table and returns a clean copy sorted by (id, time).
 
@@ -460,7 +461,8 @@ def validate_table(
     Series shorter than `min_length` steps (default `history + horizon`, what
     a training window needs; forecasting from the end of the data needs
     `history`) are all named in one error, or with `drop_short` left out
-    with a `UserWarning` naming them (an error only when none remain).
+    with a `UserWarning` naming them (an error only when none remain);
+    `reason` says in those messages why `min_length` is needed.
 
     Raises:
       ValueError: naming the column or series and the fix, for: missing
@@ -505,7 +507,9 @@ def validate_table(
     _check_duplicates(clean, spec)
     clean = clean.sort_values([spec.id_col, spec.time_col], kind="stable").reset_index(drop=True)
     lengths = _check_on_grid(clean, spec)
-    need = "a window needs history + horizon" if min_length is None else "forecasting needs history"
+    need = reason or (
+        "a window needs history + horizon" if min_length is None else "forecasting needs history"
+    )
     min_length = history + horizon if min_length is None else min_length
     short = {series: length for series, length in lengths.items() if length < min_length}
     if short and (not drop_short or len(short) == len(lengths)):

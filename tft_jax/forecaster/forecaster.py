@@ -40,7 +40,6 @@ from tft_jax.evaluation import (
     comparisons,
     forecast_metrics,
     predict_windows,
-    seasonal_naive_forecast,
     to_original_units,
     window_scales,
 )
@@ -422,12 +421,13 @@ class Forecaster:
         quantiles = self.tft_config.quantiles
         actual = actuals(dataset, windows)
         scale = window_scales(dataset, windows)
-        naive = seasonal_naive_forecast(dataset, windows, self.season_period)
-        models = {"seasonal_naive": forecast_metrics(naive, actual, quantiles, scale)}
         periods = (*candidate_periods(self.config.data.freq, dataset.history), self.season_period)
         baselines = baseline_metrics(dataset, windows, quantiles, periods)
         best = best_of(baselines)
-        models["best_baseline"] = {**baselines[best], "name": best}
+        models = {
+            "seasonal_naive": baselines[f"seasonal_naive_{self.season_period}"],
+            "best_baseline": {**baselines[best], "name": best},
+        }
         for name, prediction in predictions.items():
             forecast = self.postprocess(to_original_units(dataset, windows, prediction.quantiles))
             models[name] = forecast_metrics(forecast, actual, quantiles, scale)
