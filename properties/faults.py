@@ -37,7 +37,6 @@ import dataclasses
 import functools
 import sys
 import time
-import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -558,22 +557,16 @@ def _rounding_without_ste() -> contextlib.AbstractContextManager[Any]:
 # Optimizer faults
 
 
-class _OptaxWith(types.ModuleType):
-    """`optax` with some names replaced (what `tft_jax.train` sees under a fault)."""
-
-    def __init__(self, **overrides: Any) -> None:
-        super().__init__("optax")
-        self.__dict__.update(overrides)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(optax, name)
-
-
 def _clip_after_adamw() -> contextlib.AbstractContextManager[Any]:
-    def chain(*transforms: Any) -> Any:
-        return optax.chain(*reversed(transforms))
+    real = train.flat_adamw
 
-    return _replaced(train, "optax", _OptaxWith(chain=chain))
+    def adamw_then_clip(learning_rate: Any, *, clip_norm: Any = None, **kwargs: Any) -> Any:
+        adamw = real(learning_rate, clip_norm=None, **kwargs)
+        return (
+            adamw if clip_norm is None else optax.chain(adamw, optax.clip_by_global_norm(clip_norm))
+        )
+
+    return _replaced(train, "flat_adamw", adamw_then_clip)
 
 
 def _clip_each_leaf(max_norm: float) -> optax.GradientTransformation:
@@ -590,7 +583,15 @@ def _clip_each_leaf(max_norm: float) -> optax.GradientTransformation:
 
 
 def _clipping_per_leaf() -> contextlib.AbstractContextManager[Any]:
-    return _replaced(train, "optax", _OptaxWith(clip_by_global_norm=_clip_each_leaf))
+    real = train.flat_adamw
+
+    def clip_each_leaf_then_adamw(
+        learning_rate: Any, *, clip_norm: Any = None, **kwargs: Any
+    ) -> Any:
+        adamw = real(learning_rate, clip_norm=None, **kwargs)
+        return adamw if clip_norm is None else optax.chain(_clip_each_leaf(clip_norm), adamw)
+
+    return _replaced(train, "flat_adamw", clip_each_leaf_then_adamw)
 
 
 # ---------------------------------------------------------------------------

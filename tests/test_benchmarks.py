@@ -15,7 +15,16 @@ import json
 
 import pytest
 
-from benchmarks import accelerator, attention, common, cpu, fake_quant, inference, train_step
+from benchmarks import (
+    accelerator,
+    attention,
+    common,
+    cpu,
+    fake_quant,
+    inference,
+    optimizer,
+    train_step,
+)
 
 # One timed call, no warm-up, and the test session's compilation cache (tests/conftest.py).
 FAST = ["--json", "--steps", "1", "--warmup", "0", "--compile-cache"]
@@ -100,6 +109,19 @@ def test_train_step_parameter_count_matches_the_model(train_run):
         batch.future,
     )
     assert train_run[0][0]["params"] == train_step.parameter_count(shapes["params"])
+
+
+def test_optimizer_records_both_optimizers_and_fewer_kernels_for_the_flat_one(capsys):
+    records = run_json(optimizer.main, ["--config", "tiny"], capsys)
+    assert [r["optimizer"] for r in records] == list(optimizer.OPTIMIZERS)
+    tree, flat = records
+    for record in records:
+        common.validate_record(record, optimizer.REQUIRED_FIELDS)
+        assert record["leaves"] == tree["leaves"] and record["params"] == tree["params"]
+    # Optax's chain costs several kernels per leaf; the flat vector a few in all.
+    assert flat["fusions"] < tree["fusions"] - tree["leaves"]
+    assert flat["fusions_ratio"] == pytest.approx(flat["fusions"] / tree["fusions"])
+    assert tree["median_ratio"] == 1.0
 
 
 def test_attention_records_one_per_path(capsys):

@@ -16,12 +16,20 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from tft_jax.checkpoint import BEST, CORRUPT, LATEST, TrainingCheckpointer, load_state
 from tft_jax.config import TFTConfig
 from tft_jax.model import TemporalFusionTransformer
-from tft_jax.train import Batch, TrainState, create_train_state, fit, make_optimizer
+from tft_jax.train import (
+    Batch,
+    TrainState,
+    create_train_state,
+    decay_model_params_only,
+    fit,
+    make_optimizer,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -213,6 +221,27 @@ def test_checkpoint_of_another_model_raises_and_is_kept(tmp_path: pathlib.Path) 
         with pytest.raises(ValueError, match="does not fit the template"):
             checkpointer.restore_latest(other)
         assert checkpointer.steps() == [4]
+
+
+def test_checkpoint_with_per_leaf_adam_moments_names_the_optimizer_layout(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A checkpoint from before the flat optimizer: same model, optax's per-leaf Adam state."""
+    per_leaf = optax.chain(
+        optax.clip_by_global_norm(1.0),
+        optax.adamw(1e-3, weight_decay=1e-4, mask=decay_model_params_only),
+    )
+    old = create_train_state(MODEL, per_leaf, jax.random.key(0), sample_batch())
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+        checkpointer.save_latest(randomized(old, 5, 4), jax.random.key(0), {})
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+        with pytest.raises(ValueError, match="does not fit the template") as raised:
+            checkpointer.restore_latest(TEMPLATE)
+        assert checkpointer.steps() == [4]
+    message = str(raised.value)
+    assert "Only the optimizer state differs" in message
+    assert str(tmp_path / LATEST / "4") in message
+    assert "ScaleByAdamState" in message and "FlatAdamWState" in message
 
 
 def test_best_checkpoints_newer_than_the_resumed_step_are_discarded(

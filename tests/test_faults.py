@@ -23,7 +23,7 @@ _PATCH_TARGETS = (
     (observers.QuantizationObserver, "observe"),
     (lsq, "default_grad_scale"),
     (dot_general, "fake_quantize"),
-    (train, "optax"),
+    (train, "flat_adamw"),
 )
 
 

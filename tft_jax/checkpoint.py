@@ -221,6 +221,7 @@ class TrainingCheckpointer:
             raise ValueError(
                 f"checkpoint step {step} in {manager.directory} does not fit the template: "
                 f"{_layout_difference(saved_layout, expected_layout)}"
+                f"{_optimizer_layout_note(saved_layout, expected_layout, manager.directory, step)}"
             )
         try:
             restored = manager.restore(
@@ -288,6 +289,43 @@ def _layout_difference(saved: list[list[Any]], expected: list[list[Any]]) -> str
     if changed:
         parts.append("; ".join(changed[:5]))
     return "; ".join(parts) or "leaf order differs"
+
+
+_OPT_STATE = "['train_state'].opt_state"
+
+
+def _optimizer_layout_note(
+    saved: list[list[Any]], expected: list[list[Any]], directory: Any, step: int
+) -> str:
+    """A sentence for a checkpoint whose optimizer state alone has another layout, else ''.
+
+    Checkpoints written before `make_optimizer` kept Adam's moments as two
+    flat vectors (`tft_jax.flat_optimizer.FlatAdamWState`) hold optax's
+    per-leaf `ScaleByAdamState` instead; their optimizer state cannot be
+    restored into today's train state.
+    """
+    saved_map = {entry[0]: entry[1:] for entry in saved}
+    expected_map = {entry[0]: entry[1:] for entry in expected}
+    differing = {
+        path
+        for path in set(saved_map) | set(expected_map)
+        if saved_map.get(path) != expected_map.get(path)
+    }
+    if not differing or not all(path.startswith(_OPT_STATE) for path in differing):
+        return ""
+    file = pathlib.Path(directory) / str(step)
+    note = (
+        f". Only the optimizer state differs in {file}: the parameters and the model "
+        "state fit, but the optimizer state was written by another optimizer or layout"
+    )
+    if any(".mu[" in path for path in saved_map) and f"{_OPT_STATE}.mu" in expected_map:
+        note += (
+            " (this one has Adam's moments per parameter leaf, optax's ScaleByAdamState, "
+            "as tft-jax wrote before make_optimizer kept them as two flat vectors, "
+            "FlatAdamWState); this version cannot restore it: start a new run, or resume "
+            "with the tft-jax version that wrote it"
+        )
+    return note
 
 
 def load_state(directory: str | pathlib.Path, template: PyTree, prefer: str = BEST) -> PyTree:

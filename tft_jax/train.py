@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 
 from tft_jax.checkpoint import TrainingCheckpointer
 from tft_jax.distributed import data_mesh, is_primary, place_state, shard_batch
+from tft_jax.flat_optimizer import flat_adamw, global_norm
 from tft_jax.losses import pinball, quantile_loss
 
 Array = Any
@@ -54,7 +55,7 @@ _SHARED_CLOCK_STEPS = 10  # steps between clock readings in a multi-process `fit
 class Optimizer(optax.GradientTransformationExtraArgs):
     """An optax transformation that also records its gradient clipping threshold.
 
-    It is the `optax.chain` built by `make_optimizer` (a plain
+    It is the transformation built by `make_optimizer` (a plain
     `GradientTransformationExtraArgs`, usable anywhere optax expects one) with
     the attribute `clip_norm` (float or None), which `create_train_state` reads
     so that `train_step` can report the clipped gradient norm.
@@ -95,20 +96,25 @@ def make_optimizer(
     *,
     weight_decay_mask: Any = None,
 ) -> Optimizer:
-    """Gradient clipping by global norm followed by AdamW.
+    """Gradient clipping by global norm followed by AdamW, on one flat vector.
 
-    The chain is `optax.chain(optax.clip_by_global_norm(clip_norm),
-    optax.adamw(learning_rate, weight_decay=weight_decay))`: clipping sees the
-    raw gradients only, and the decoupled weight decay that `adamw` adds after
-    the Adam scaling is never clipped.
+    The math of `optax.chain(optax.clip_by_global_norm(clip_norm),
+    optax.adamw(learning_rate, weight_decay=weight_decay, mask=...))`:
+    clipping sees the raw gradients only, and the decoupled weight decay that
+    AdamW adds after the Adam scaling is never clipped. It is computed by
+    `tft_jax.flat_optimizer.flat_adamw` on all trained scalars concatenated
+    into one float32 vector `(N,)` (Adam's moments are kept as two such
+    vectors, a `FlatAdamWState`), so the compiled train step has a few
+    optimizer kernels instead of several per parameter leaf.
 
     Args:
       learning_rate: a positive float or an optax schedule `step -> lr`.
       clip_norm: the global-norm threshold (> 0); None disables clipping.
       weight_decay: the decoupled weight decay coefficient (>= 0).
-      weight_decay_mask: optional pytree or callable passed to `optax.adamw` as
-        `mask`, selecting which parameters are decayed; by default
-        `decay_model_params_only` (quantizer step sizes are never decayed).
+      weight_decay_mask: optional pytree of booleans or callable, as
+        `optax.adamw(mask=...)` takes it, selecting which parameters are
+        decayed; by default `decay_model_params_only` (quantizer step sizes
+        are never decayed).
 
     Returns:
       An `Optimizer` (an optax `GradientTransformationExtraArgs` with a
@@ -127,8 +133,9 @@ def make_optimizer(
     )
     if weight_decay_mask is None:
         weight_decay_mask = decay_model_params_only
-    adamw = optax.adamw(learning_rate, weight_decay=weight_decay, mask=weight_decay_mask)
-    chain = adamw if clip_norm is None else optax.chain(optax.clip_by_global_norm(clip_norm), adamw)
+    chain = flat_adamw(
+        learning_rate, clip_norm=clip_norm, weight_decay=weight_decay, mask=weight_decay_mask
+    )
     optimizer = Optimizer(chain.init, chain.update)
     optimizer.clip_norm = clip_norm
     return optimizer
@@ -497,7 +504,8 @@ def _train_step(
 
     trainables = state.trainables()
     (loss, model_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainables)
-    grad_norm = optax.tree.norm(grads)
+    # One reduction over the concatenated gradients, not one per parameter leaf.
+    grad_norm = global_norm(grads)
 
     def update() -> tuple[dict[str, PyTree], PyTree, dict[str, PyTree]]:
         updates, opt_state = state.tx.update(grads, state.opt_state, trainables)

@@ -25,7 +25,7 @@ import optax
 from properties import checks
 from properties import strategies as st_tft
 from properties.suite import Property, platform_cache
-from tft_jax import train
+from tft_jax import flat_optimizer, train
 
 __all__ = [
     "ADAM_B1",
@@ -100,9 +100,21 @@ def _chain_of(case: OptimizerCase) -> _Chain:
     return _chain(case.learning_rate, case.clip_norm, case.weight_decay)
 
 
-def _adam_states(state: Any) -> list[optax.ScaleByAdamState]:
-    nodes = jax.tree.leaves(state, is_leaf=lambda n: isinstance(n, optax.ScaleByAdamState))
-    return [node for node in nodes if isinstance(node, optax.ScaleByAdamState)]
+def _adam_first_moments(state: Any, params: Any) -> list[Any]:
+    """Adam's first moment, shaped like `params`, of each Adam state inside `state`.
+
+    The optimizer keeps its moments as one flat vector (`FlatAdamWState`);
+    optax's per-leaf `ScaleByAdamState` is read as well.
+    """
+    kinds = (flat_optimizer.FlatAdamWState, optax.ScaleByAdamState)
+    nodes = jax.tree.leaves(state, is_leaf=lambda n: isinstance(n, kinds))
+    return [
+        flat_optimizer.unflatten(node.mu, params)
+        if isinstance(node, flat_optimizer.FlatAdamWState)
+        else node.mu
+        for node in nodes
+        if isinstance(node, kinds)
+    ]
 
 
 def check_clipping_precedes_adam(case: OptimizerCase) -> None:
@@ -114,12 +126,12 @@ def check_clipping_precedes_adam(case: OptimizerCase) -> None:
     chain = _chain_of(case)
     gradient = case.grads[0]
     _, state = chain.update(gradient, chain.init(case.params), case.params)
-    moments = _adam_states(state)
+    moments = _adam_first_moments(state, case.params)
     if len(moments) != 1:
         raise AssertionError(
             f"expected one Adam state in the optimizer state, found {len(moments)}"
         )
-    seen = jax.tree.map(lambda mu: np.asarray(mu, np.float64) / (1 - ADAM_B1), moments[0].mu)
+    seen = jax.tree.map(lambda mu: np.asarray(mu, np.float64) / (1 - ADAM_B1), moments[0])
     checks.assert_clipped(seen, case.clip_norm, grads=gradient, rtol=1e-5)
 
 

@@ -1,0 +1,267 @@
+"""Tests of the flat-vector clip + AdamW (`tft_jax.flat_optimizer`) behind `make_optimizer`.
+
+Two references: optax's own per-leaf chain `optax.chain(clip_by_global_norm,
+adamw(mask=...))`, which the flat transformation must reproduce step after
+step to float32 rounding, and a float64 NumPy AdamW step written here from
+the paper's equations.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from tft_jax.flat_optimizer import FlatAdamWState, flat_adamw, flatten, global_norm, unflatten
+from tft_jax.train import Optimizer, decay_model_params_only, make_optimizer
+
+# Several shapes (a scalar included) and two collections, so the default mask
+# decays `params` and leaves `quant_params` alone.
+SHAPES = {
+    "params": {"dense": {"kernel": (3, 4), "bias": (4,)}, "norm": {"scale": (2, 1, 3)}},
+    "quant_params": {"step": (), "offset": (2,)},
+}
+STEPS = 4
+LR = 0.05
+
+
+def _tree(rng: np.random.Generator, scale: float = 1.0) -> Any:
+    return jax.tree.map(
+        lambda shape: (scale * rng.standard_normal(shape)).astype(np.float32),
+        SHAPES,
+        is_leaf=lambda node: isinstance(node, tuple),
+    )
+
+
+def _schedule(count: jax.Array) -> jax.Array:
+    return LR * (1.0 + count) / (1.0 + 2.0 * count)
+
+
+def _kernels_only(tree: Any) -> Any:
+    """A user mask: decay weight matrices, not biases, scales or quantizer parameters."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: jax.tree_util.keystr(path).endswith("['kernel']"), tree
+    )
+
+
+MASKS = {"model params only": decay_model_params_only, "kernels only": _kernels_only}
+
+
+def _chains(
+    clip_norm: float | None, weight_decay: float, schedule: bool, mask: str
+) -> tuple[optax.GradientTransformation, optax.GradientTransformation]:
+    """`(flat, optax)`: the same clip + AdamW on one vector and per leaf."""
+    learning_rate = _schedule if schedule else LR
+    adamw = optax.adamw(learning_rate, weight_decay=weight_decay, mask=MASKS[mask])
+    tree = adamw if clip_norm is None else optax.chain(optax.clip_by_global_norm(clip_norm), adamw)
+    flat = flat_adamw(
+        learning_rate, clip_norm=clip_norm, weight_decay=weight_decay, mask=MASKS[mask]
+    )
+    return flat, tree
+
+
+@functools.partial(jax.jit, static_argnames=("clip_norm", "weight_decay", "schedule", "mask"))
+def _trajectories(
+    params: Any,
+    grads: list[Any],
+    *,
+    clip_norm: float | None,
+    weight_decay: float,
+    schedule: bool,
+    mask: str,
+) -> tuple[list[Any], list[Any], Any, Any]:
+    """Both optimizers' updates over the gradient sequence, each applied to its own params."""
+    flat, tree = _chains(clip_norm, weight_decay, schedule, mask)
+    results = []
+    for tx in (flat, tree):
+        current, state, updates = params, tx.init(params), []
+        for gradient in grads:
+            update, state = tx.update(gradient, state, current)
+            updates.append(update)
+            current = optax.apply_updates(current, update)
+        results.append((updates, state))
+    (flat_updates, flat_state), (tree_updates, tree_state) = results
+    return flat_updates, tree_updates, flat_state, tree_state
+
+
+def _adam_state(state: Any) -> optax.ScaleByAdamState:
+    nodes = jax.tree.leaves(state, is_leaf=lambda n: isinstance(n, optax.ScaleByAdamState))
+    (adam,) = [node for node in nodes if isinstance(node, optax.ScaleByAdamState)]
+    return adam
+
+
+# Gradient scales per step: with clip_norm=1 the first two steps clip, the last two do not.
+ACTIVE_THEN_INACTIVE = (30.0, 5.0, 0.01, 0.1)
+
+
+@pytest.mark.parametrize(
+    ("clip_norm", "weight_decay", "schedule", "mask"),
+    [
+        (1.0, 0.1, False, "model params only"),  # clipping on, then off
+        (1e6, 0.1, False, "model params only"),  # clipping never triggers
+        (None, 0.1, True, "kernels only"),  # no clipping, a schedule, a user mask
+        (1.0, 0.0, True, "model params only"),  # no decay at all
+    ],
+)
+def test_updates_equal_optax_per_leaf_chain_over_several_steps(
+    clip_norm: float | None, weight_decay: float, schedule: bool, mask: str
+) -> None:
+    rng = np.random.default_rng(0)
+    params = _tree(rng)
+    grads = [_tree(rng, scale) for scale in ACTIVE_THEN_INACTIVE]
+    if clip_norm == 1.0:
+        norms = [float(np.sqrt(sum(np.sum(g**2) for g in jax.tree.leaves(t)))) for t in grads]
+        assert norms[0] > 1.0 and norms[-1] < 1.0  # the clip switches off in between
+    flat_updates, tree_updates, flat_state, tree_state = _trajectories(
+        params, grads, clip_norm=clip_norm, weight_decay=weight_decay, schedule=schedule, mask=mask
+    )
+    for step, (got, want) in enumerate(zip(flat_updates, tree_updates, strict=True)):
+        for path_got, want_leaf in zip(
+            jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(want), strict=True
+        ):
+            path, got_leaf = path_got
+            np.testing.assert_allclose(
+                np.asarray(got_leaf),
+                np.asarray(want_leaf),
+                rtol=2e-6,
+                atol=1e-7 * LR,
+                err_msg=f"step {step}, leaf {jax.tree_util.keystr(path)}",
+            )
+    adam = _adam_state(tree_state)
+    assert int(flat_state.count) == int(adam.count) == STEPS
+    for moment, want in (("mu", adam.mu), ("nu", adam.nu)):
+        np.testing.assert_allclose(
+            np.asarray(getattr(flat_state, moment)),
+            np.asarray(flatten(want)),
+            rtol=2e-6,
+            atol=1e-12,
+            err_msg=moment,
+        )
+
+
+def test_masked_parameters_are_never_decayed() -> None:
+    params = {"params": {"w": jnp.ones(3)}, "quant_params": {"step": jnp.ones(2)}}
+    zero = jax.tree.map(jnp.zeros_like, params)
+    tx = flat_adamw(0.1, weight_decay=0.5, mask=decay_model_params_only)
+    updates, _ = tx.update(zero, tx.init(params), params)
+    np.testing.assert_allclose(np.asarray(updates["params"]["w"]), -0.05 * np.ones(3), rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(updates["quant_params"]["step"]), np.zeros(2))
+
+
+def test_one_step_from_a_given_state_equals_float64_numpy_clip_then_adamw() -> None:
+    """Clip to the global norm, Adam with bias correction, decay where masked.
+
+    From moments of two earlier steps, so that the clipping scale does not
+    cancel in `m / sqrt(v)` as it does on a first step (Kingma & Ba 2015;
+    Loshchilov & Hutter 2019).
+    """
+    b1, b2, eps, lr, clip, decay, count = 0.9, 0.999, 1e-8, 1e-2, 0.5, 0.1, 2
+    rng = np.random.default_rng(3)
+    params = {"b": rng.standard_normal(3), "w": rng.standard_normal((2, 3))}
+    grads = {"b": 4.0 * rng.standard_normal(3), "w": 4.0 * rng.standard_normal((2, 3))}
+    mu = {"b": 0.1 * rng.standard_normal(3), "w": 0.1 * rng.standard_normal((2, 3))}
+    nu = {"b": 0.01 * rng.random(3), "w": 0.01 * rng.random((2, 3))}
+    decays = {"b": False, "w": True}
+
+    norm = math.sqrt(sum(float(np.sum(g**2)) for g in grads.values()))
+    assert norm > clip
+    expected = {}
+    for name, g in grads.items():
+        g = g * (clip / norm)
+        m_hat = (b1 * mu[name] + (1 - b1) * g) / (1 - b1 ** (count + 1))
+        v_hat = (b2 * nu[name] + (1 - b2) * g**2) / (1 - b2 ** (count + 1))
+        direction = m_hat / (np.sqrt(v_hat) + eps) + (decay * params[name] if decays[name] else 0)
+        expected[name] = -lr * direction
+
+    as32 = functools.partial(jax.tree.map, lambda x: jnp.asarray(x, jnp.float32))
+    tx = flat_adamw(lr, clip_norm=clip, weight_decay=decay, mask=decays)
+    state = FlatAdamWState(jnp.asarray(count, jnp.int32), flatten(as32(mu)), flatten(as32(nu)))
+    updates, state = tx.update(as32(grads), state, as32(params))
+    for name in params:
+        # float32 `1 - 0.999**3` alone is off by ~1e-5 relative.
+        np.testing.assert_allclose(np.asarray(updates[name]), expected[name], rtol=3e-5)
+    assert int(state.count) == count + 1
+
+
+def test_make_optimizer_keeps_adam_moments_as_two_flat_float32_vectors() -> None:
+    params = _tree(np.random.default_rng(1))
+    size = sum(
+        math.prod(shape) for shape in jax.tree.leaves(SHAPES, is_leaf=tuple.__instancecheck__)
+    )
+    tx = make_optimizer(1e-3, clip_norm=1.0)
+    assert isinstance(tx, Optimizer) and isinstance(tx, optax.GradientTransformationExtraArgs)
+    assert tx.clip_norm == 1.0
+    state = tx.init(params)
+    assert isinstance(state, FlatAdamWState)
+    assert state.mu.shape == state.nu.shape == (size,)
+    assert state.mu.dtype == state.nu.dtype == jnp.float32
+    assert state.count.dtype == jnp.int32 and state.count.shape == ()
+
+
+def test_flat_optimizer_composes_with_other_optax_transformations() -> None:
+    params = {"a": jnp.ones((2, 2)), "b": jnp.zeros(3)}
+    grads = jax.tree.map(lambda p: jnp.full_like(p, 0.5), params)
+    chained = optax.chain(flat_adamw(0.1), optax.scale(2.0))
+    updates, _ = chained.update(grads, chained.init(params), params)
+    alone, _ = flat_adamw(0.1).update(grads, flat_adamw(0.1).init(params), params)
+    for got, want in zip(jax.tree.leaves(updates), jax.tree.leaves(alone), strict=True):
+        np.testing.assert_allclose(np.asarray(got), 2.0 * np.asarray(want), rtol=1e-6)
+
+
+def test_flatten_then_unflatten_restores_shapes_and_dtypes() -> None:
+    tree = {"a": jnp.arange(6.0).reshape(2, 3), "b": jnp.ones(2, jnp.bfloat16), "c": jnp.zeros(())}
+    vector = flatten(tree)
+    assert vector.shape == (9,) and vector.dtype == jnp.float32
+    back = unflatten(vector, tree)
+    for got, want in zip(jax.tree.leaves(back), jax.tree.leaves(tree), strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
+def test_bfloat16_leaves_get_updates_in_bfloat16_from_float32_moments() -> None:
+    params = {"w": jnp.ones(4, jnp.bfloat16), "v": jnp.ones(2)}
+    tx = flat_adamw(0.1, clip_norm=1.0)
+    updates, state = tx.update(params, tx.init(params), params)
+    assert updates["w"].dtype == jnp.bfloat16 and updates["v"].dtype == jnp.float32
+    assert state.mu.dtype == jnp.float32
+
+
+def test_global_norm_equals_the_float64_norm_of_all_leaves() -> None:
+    tree = _tree(np.random.default_rng(4), 3.0)
+    want = math.sqrt(
+        sum(float(np.sum(np.asarray(x, np.float64) ** 2)) for x in jax.tree.leaves(tree))
+    )
+    np.testing.assert_allclose(float(global_norm(tree)), want, rtol=1e-6)
+    assert float(global_norm({})) == 0.0
+
+
+def test_non_float_leaf_raises_type_error_naming_it() -> None:
+    with pytest.raises(TypeError, match=r"\['count'\].*int32"):
+        flat_adamw(0.1).init({"w": jnp.ones(2), "count": jnp.zeros((), jnp.int32)})
+
+
+def test_gradients_of_another_size_than_the_state_raise_value_error() -> None:
+    tx = flat_adamw(0.1)
+    state = tx.init({"w": jnp.ones(3)})
+    with pytest.raises(ValueError, match=r"4 scalars.*\(3,\)"):
+        tx.update({"w": jnp.ones(4)}, state)
+
+
+def test_weight_decay_without_params_raises_value_error() -> None:
+    tx = flat_adamw(0.1, weight_decay=0.1)
+    params = {"w": jnp.ones(3)}
+    with pytest.raises(ValueError, match="needs params"):
+        tx.update(params, tx.init(params))
+
+
+def test_traced_mask_flags_raise_type_error() -> None:
+    params = {"w": jnp.ones(3)}
+    tx = flat_adamw(0.1, weight_decay=0.1, mask=lambda tree: {"w": jnp.any(tree["w"] > 0)})
+    with pytest.raises(TypeError, match="concrete booleans"):
+        jax.jit(tx.update)(params, tx.init(params), params)

@@ -1,0 +1,274 @@
+"""AdamW after clipping by global norm, computed on one flat vector of all parameters.
+
+`flat_adamw` has the math of `optax.chain(optax.clip_by_global_norm(c),
+optax.adamw(lr, weight_decay=wd, mask=mask))` but concatenates the gradient
+leaves into one float32 vector `(N,)` first (`N` = the number of scalars in
+the tree), keeps Adam's moments as two such vectors, and splits the update
+back into the tree at the end. Why: XLA:CPU does not merge the elementwise
+kernels of sibling leaves, so optax's per-leaf transformations compile into
+a handful of kernels per parameter leaf (and one reduction per leaf for the
+norm), and compile time grows with the number of kernels. On one vector the
+whole update is a few kernels, whatever the number of leaves.
+
+The transformation is a plain `optax.GradientTransformationExtraArgs` (a pair
+of pure functions), usable anywhere optax expects one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+PyTree = Any
+Array = jax.Array
+
+__all__ = ["FlatAdamWState", "flat_adamw", "flatten", "global_norm", "unflatten"]
+
+# Leaf dtypes the flat float32 vector represents exactly.
+_SUPPORTED_DTYPES = tuple(np.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.float16))
+
+
+class FlatAdamWState(NamedTuple):
+    """The state of `flat_adamw`.
+
+    Attributes:
+      count: int32 scalar, the number of updates so far (saturating at the
+        int32 maximum, as optax's counts do).
+      mu: `(N,)` float32, Adam's first moment of every scalar parameter, in
+        the order of `flatten`.
+      nu: `(N,)` float32, Adam's second moment, in the same order.
+    """
+
+    count: Array
+    mu: Array
+    nu: Array
+
+
+class _Layout(NamedTuple):
+    """How a pytree maps onto the flat vector: structure, and per leaf shape, dtype, size."""
+
+    treedef: Any
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[Any, ...]
+    sizes: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(self.sizes)
+
+
+def _layout(tree: PyTree, name: str) -> _Layout:
+    """The `_Layout` of `tree`; `TypeError` for a leaf that is not float32/bfloat16/float16."""
+    leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    shapes, dtypes = [], []
+    for path, leaf in leaves_with_paths:
+        dtype = np.dtype(jnp.result_type(leaf))
+        if dtype not in _SUPPORTED_DTYPES:
+            raise TypeError(
+                f"flat_adamw: {name}{jax.tree_util.keystr(path)} has dtype {dtype}; the flat "
+                "optimizer works in float32 and takes float32, bfloat16 or float16 leaves only"
+            )
+        shapes.append(tuple(np.shape(leaf)))
+        dtypes.append(dtype)
+    sizes = tuple(math.prod(shape) for shape in shapes)
+    return _Layout(treedef, tuple(shapes), tuple(dtypes), sizes)
+
+
+def flatten(tree: PyTree) -> Array:
+    """All leaves of `tree`, raveled in `jax.tree.leaves` order and concatenated: `(N,)` float32.
+
+    Leaves must be float32, bfloat16 or float16 (upcast exactly); an empty
+    tree gives a `(0,)` vector.
+    """
+    _layout(tree, "tree")
+    leaves = [jnp.ravel(leaf).astype(jnp.float32) for leaf in jax.tree.leaves(tree)]
+    return jnp.concatenate(leaves) if leaves else jnp.zeros((0,), jnp.float32)
+
+
+def unflatten(vector: Array, like: PyTree) -> PyTree:
+    """The inverse of `flatten`: `vector (N,)` as a pytree shaped like `like` (structure, dtypes).
+
+    Raises:
+      ValueError: when `vector` is not 1-D of the size of `like`.
+    """
+    return _unflatten(vector, _layout(like, "like"))
+
+
+def global_norm(tree: PyTree) -> Array:
+    """The L2 norm of all leaves of `tree` together (a scalar), as `optax.tree.norm` computes it.
+
+    Summed over one concatenated vector: a single reduction instead of one per
+    leaf. Low-precision leaves are upcast to float32; float64 leaves stay float64.
+    """
+    leaves = [jnp.ravel(leaf) for leaf in jax.tree.leaves(tree)]
+    if not leaves:
+        return jnp.zeros((), jnp.float32)
+    vector = jnp.concatenate(leaves)
+    vector = vector.astype(jnp.promote_types(vector.dtype, jnp.float32))
+    return jnp.sqrt(jnp.sum(jnp.square(vector)))
+
+
+def _unflatten(vector: Array, layout: _Layout) -> PyTree:
+    if np.ndim(vector) != 1 or np.shape(vector)[0] != layout.size:
+        raise ValueError(
+            f"flat_adamw: expected a vector of shape ({layout.size},) for a tree of "
+            f"{len(layout.sizes)} leaves, got shape {np.shape(vector)}"
+        )
+    leaves, offset = [], 0
+    for shape, dtype, size in zip(layout.shapes, layout.dtypes, layout.sizes, strict=True):
+        leaves.append(vector[offset : offset + size].reshape(shape).astype(dtype))
+        offset += size
+    return jax.tree.unflatten(layout.treedef, leaves)
+
+
+def _mask_vector(mask: Any, tree: PyTree, layout: _Layout) -> np.ndarray:
+    """The weight-decay mask as a constant `(N,)` bool vector.
+
+    `mask` is a pytree of booleans with `tree`'s structure, or a prefix of it
+    (one flag for a whole subtree), or a callable returning one from `tree`,
+    as `optax.adamw(mask=...)` takes it. Its flags must be concrete (Python
+    or NumPy booleans): they select parameters, not values.
+    """
+    flags = mask(tree) if callable(mask) else mask
+    try:
+        per_leaf = jax.tree.leaves(
+            jax.tree.map(lambda flag, subtree: jax.tree.map(lambda _: flag, subtree), flags, tree)
+        )
+    except ValueError as error:
+        raise ValueError(
+            f"flat_adamw: the weight-decay mask must have the structure of the parameters "
+            f"(or a prefix of it): {error}"
+        ) from error
+    values = []
+    for flag in per_leaf:
+        if isinstance(flag, jax.core.Tracer) or np.ndim(flag) != 0:
+            raise TypeError(
+                "flat_adamw: weight-decay mask leaves must be concrete booleans (one per "
+                f"parameter leaf), got {flag!r}"
+            )
+        values.append(bool(flag))
+    return np.repeat(np.asarray(values, bool), np.asarray(layout.sizes, np.int64))
+
+
+def flat_adamw(
+    learning_rate: float | optax.Schedule,
+    *,
+    clip_norm: float | None = None,
+    weight_decay: float = 0.0,
+    mask: Any = None,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+) -> optax.GradientTransformationExtraArgs:
+    """Clipping by global norm, then AdamW, on one flat float32 vector of the whole tree.
+
+    Per scalar (`g` the gradient, `p` the parameter, `t` the update count
+    after this update, `lr` the learning rate or `schedule(t - 1)`):
+
+        g ← g · min(1, c / ||g||)     (only when ||g|| >= c; skipped if clip_norm is None)
+        m ← b1 m + (1 - b1) g,   v ← b2 v + (1 - b2) g²
+        u = m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + wd · p   (wd · p where masked in)
+        update = -lr · u
+
+    which is `optax.chain(optax.clip_by_global_norm(c), optax.adamw(lr, b1, b2,
+    eps, weight_decay=wd, mask=mask))` to float32 rounding (the norm sums in
+    another order): clipping sees the raw gradients only, and the decay term,
+    added after the Adam scaling, is never clipped.
+
+    Args:
+      learning_rate: a float, or an optax schedule `count -> lr` called with
+        the number of updates before this one.
+      clip_norm: the global-norm threshold `c`; None disables clipping.
+      weight_decay: the decoupled weight decay coefficient `wd`.
+      mask: which parameters decay, as `optax.adamw(mask=...)`: a pytree of
+        concrete booleans with the parameters' structure (or a prefix of
+        it), or a callable returning one from the gradient tree. None: all.
+      b1, b2, eps: Adam's constants (optax's defaults).
+
+    Returns:
+      An `optax.GradientTransformationExtraArgs` whose state is a
+      `FlatAdamWState` of two `(N,)` float32 vectors and a count. `update`
+      takes `(grads, state, params)` (`params` required when `weight_decay >
+      0`) and returns the updates with the gradients' structure and dtypes.
+      Leaves must be float32, bfloat16 or float16; the moments and the math
+      are float32 for all of them (optax would keep bfloat16 moments for
+      bfloat16 leaves).
+
+    References:
+      Pascanu et al., On the difficulty of training recurrent neural networks, 2013.
+      Kingma & Ba, Adam: A method for stochastic optimization, ICLR 2015.
+      Loshchilov & Hutter, Decoupled weight decay regularization, ICLR 2019.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> tx = flat_adamw(0.1, clip_norm=1.0)
+      >>> params = {"w": jnp.ones((2, 3)), "b": jnp.zeros(3)}
+      >>> state = tx.init(params)
+      >>> state.mu.shape
+      (9,)
+      >>> updates, state = tx.update(params, state, params)
+      >>> updates["w"].shape
+      (2, 3)
+    """
+
+    def init(params: PyTree) -> FlatAdamWState:
+        size = _layout(params, "params").size
+        return FlatAdamWState(
+            count=jnp.zeros((), jnp.int32),
+            mu=jnp.zeros((size,), jnp.float32),
+            nu=jnp.zeros((size,), jnp.float32),
+        )
+
+    def update(
+        grads: PyTree, state: FlatAdamWState, params: PyTree | None = None, **extra_args: Any
+    ) -> tuple[PyTree, FlatAdamWState]:
+        del extra_args
+        layout = _layout(grads, "grads")
+        if np.shape(state.mu) != (layout.size,):
+            raise ValueError(
+                f"flat_adamw: the gradients hold {layout.size} scalars but the optimizer "
+                f"state was initialized for {np.shape(state.mu)}"
+            )
+        g = flatten(grads)
+        if clip_norm is not None:
+            norm = jnp.sqrt(jnp.sum(jnp.square(g)))
+            g = jnp.where(norm < clip_norm, g, (g / norm) * clip_norm)
+        mu = (1 - b1) * g + b1 * state.mu
+        nu = (1 - b2) * (g**2) + b2 * state.nu
+        count = optax.safe_increment(state.count)
+        mu_hat = mu / (1 - b1**count).astype(jnp.float32)
+        nu_hat = nu / (1 - b2**count).astype(jnp.float32)
+        direction = mu_hat / (jnp.sqrt(nu_hat) + eps)
+        if weight_decay:
+            direction = _add_decay(direction, grads, params, layout)
+        if callable(learning_rate):
+            direction = jnp.asarray(-learning_rate(state.count), jnp.float32) * direction
+        else:
+            direction = -learning_rate * direction
+        return _unflatten(direction, layout), FlatAdamWState(count=count, mu=mu, nu=nu)
+
+    def _add_decay(direction: Array, grads: PyTree, params: PyTree, layout: _Layout) -> Array:
+        """`direction + wd · p` where the mask decays, `direction` elsewhere."""
+        if params is None:
+            raise ValueError("flat_adamw: weight_decay > 0 needs params in update(...)")
+        if jax.tree.structure(params) != layout.treedef:
+            raise ValueError(
+                f"flat_adamw: params must have the structure of the gradients, got "
+                f"{jax.tree.structure(params)} and {layout.treedef}"
+            )
+        decayed = direction + weight_decay * flatten(params)
+        if mask is None:
+            return decayed
+        flags = _mask_vector(mask, grads, layout)
+        if flags.all():
+            return decayed
+        if not flags.any():
+            return direction
+        return jnp.where(flags, decayed, direction)
+
+    return optax.GradientTransformationExtraArgs(init, update)
