@@ -38,6 +38,7 @@ reverse mode (`jax.grad`, `jax.vjp`); forward mode (`jax.jvp`, `jax.linearize`,
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -47,7 +48,7 @@ from jax import lax
 
 from qat.config import QATConfig, integer_range
 from qat.fake_quant import fake_quantize, quantize
-from qat.lsq import lsq_fake_quantize
+from qat.lsq import default_grad_scale, lsq_fake_quantize
 from qat.observers import EPS, QuantizationObserver, compute_qparams
 
 Array = Any
@@ -181,11 +182,16 @@ class QATDotGeneral(_ActivationQParams):
     `'quant_params'` collection (initialised to 0) with the LSQ gradient. It
     lives outside `'params'` so that the parameter tree stays the FP32 one.
     Until the observer has seen a batch, activations pass through unquantized.
+
+    The call is `lax.dot_general(quantize_lhs(lhs), rhs', ...)` with
+    `(rhs', quantize_lhs) = operand_quantizers(rhs, dimension_numbers,
+    lhs.shape, observed=lhs)`; a frozen quantizer hands the same pair out to
+    code that contracts the activation in pieces (see
+    `tft_jax.operand_quantizers`).
     """
 
     calibrate: bool = False
 
-    @nn.compact
     def __call__(
         self,
         lhs: Array,
@@ -194,34 +200,83 @@ class QATDotGeneral(_ActivationQParams):
         precision: Any = None,
         preferred_element_type: Any = None,
     ) -> Array:
+        rhs, quantize_lhs = self.operand_quantizers(
+            rhs, dimension_numbers, tuple(lhs.shape), observed=lhs
+        )
+        return lax.dot_general(
+            quantize_lhs(lhs), rhs, dimension_numbers, precision, preferred_element_type
+        )
+
+    @nn.compact
+    def operand_quantizers(
+        self,
+        rhs: Array,
+        dimension_numbers: DimensionNumbers,
+        lhs_shape: tuple[int, ...],
+        observed: Array | None = None,
+    ) -> tuple[Array, Callable[[Array], Array]]:
+        """`(fake-quantized rhs, quantize_lhs)`: the operands' quantizers (observer updated first).
+
+        The kernel's per-channel scale comes from the whole kernel; the
+        activation's per-tensor `(scale, zero point)` from the bounds, the
+        observer (after it saw `observed` when calibrating) or, with
+        `learnable_scale`, the observer's scale plus the trainable offset.
+        `quantize_lhs` is elementwise with those fixed parameters, so it may
+        be applied to any rows of the `lhs_shape` activation separately
+        (inside a loop, say) with the same result; its LSQ gradient scale is
+        that of the whole `lhs_shape` tensor. Raises `ValueError` when
+        calibrating without `observed` (the observer must see the whole
+        activation at once) or without a mutable `'quant_stats'`.
+        """
         if not self.config.enabled:
-            return lax.dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type)
+            return rhs, _identity
         _check_bounds(self.lhs_bounds)
         if self.is_mutable_collection(QUANT_STATS) or self.has_variable(QUANT_STATS, BITS):
             self.variable(QUANT_STATS, BITS, lambda: jnp.asarray(self.config.bits, jnp.int32))
         rhs = fake_quantize_weight(rhs, _contracting_dims(dimension_numbers, rhs), self.config.bits)
-        lhs = self._fake_quantize_activation(lhs)
-        return lax.dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type)
+        return rhs, self._activation_quantizer(lhs_shape, observed)
 
-    def _fake_quantize_activation(self, lhs: Array) -> Array:
+    def _activation_quantizer(
+        self, lhs_shape: tuple[int, ...], observed: Array | None
+    ) -> Callable[[Array], Array]:
         qmin, qmax = self.activation_grid
         if self.lhs_bounds is not None:
             scale, zero_point = self._bounded_qparams()
-            return fake_quantize(lhs, scale, zero_point, qmin, qmax)
+            return lambda lhs: fake_quantize(lhs, scale, zero_point, qmin, qmax)
         if self.calibrate and not self.is_mutable_collection(QUANT_STATS):
             raise ValueError(
                 "calibrate=True updates the observers: apply with mutable=['quant_stats']"
             )
         observer = self._observer()
         if self.calibrate and not self.is_initializing():
-            observer = observer.observe(lhs)
+            if observed is None:
+                raise ValueError(
+                    "calibrate=True: the observer must see the whole activation at once; "
+                    "call the contraction itself, not its operand quantizers"
+                )
+            observer = observer.observe(observed)
             self._store(observer)
         scale, zero_point = observer.qparams()
+        calibrated = observer.is_calibrated
         if self.config.learnable_scale:
-            quantized = lsq_fake_quantize(lhs, scale + self._scale_offset(), zero_point, qmin, qmax)
+            step = scale + self._scale_offset()
+            grad_scale = default_grad_scale(math.prod(lhs_shape), 1, qmax)
+
+            def quantize(lhs: Array) -> Array:
+                quantized = lsq_fake_quantize(lhs, step, zero_point, qmin, qmax, grad_scale)
+                return jnp.where(calibrated, quantized, lhs)
+
         else:
-            quantized = fake_quantize(lhs, scale, zero_point, qmin, qmax)
-        return jnp.where(observer.is_calibrated, quantized, lhs)
+
+            def quantize(lhs: Array) -> Array:
+                quantized = fake_quantize(lhs, scale, zero_point, qmin, qmax)
+                return jnp.where(calibrated, quantized, lhs)
+
+        return quantize
+
+
+def _identity(x: Array) -> Array:
+    return x
 
 
 class Int8DotGeneral(_ActivationQParams):
@@ -327,11 +382,22 @@ class Int8DotGeneral(_ActivationQParams):
         return accumulator.astype(jnp.float32) * scale
 
 
-def _named_factory(cls: type[nn.Module], **fields: Any) -> Callable[..., nn.Module]:
-    def factory(name: str = DOT_GENERAL_NAME, lhs_bounds: Any = None, **kwargs: Any) -> nn.Module:
-        return cls(name=name, lhs_bounds=lhs_bounds, **fields, **kwargs)
+@dataclasses.dataclass(frozen=True)
+class _NamedFactory:
+    """A `dot_general_cls`: `cls(name="dot_general", lhs_bounds=..., **fields)`.
 
-    return factory
+    `supports_operand_quantizers` announces, per `tft_jax.operand_quantizers`,
+    that the modules it builds hand out frozen operand quantizers.
+    """
+
+    cls: type[nn.Module]
+    fields: tuple[tuple[str, Any], ...]
+    supports_operand_quantizers: bool = False
+
+    def __call__(
+        self, name: str = DOT_GENERAL_NAME, lhs_bounds: Any = None, **kwargs: Any
+    ) -> nn.Module:
+        return self.cls(name=name, lhs_bounds=lhs_bounds, **dict(self.fields), **kwargs)
 
 
 def qat_dot_general(config: QATConfig, calibrate: bool = False) -> Callable[..., nn.Module]:
@@ -339,10 +405,17 @@ def qat_dot_general(config: QATConfig, calibrate: bool = False) -> Callable[...,
 
     The module is named `dot_general` in every layer (`nn.Dense` would
     otherwise name it after its class), the name `int8_dot_general` uses too.
+    With frozen observers (`calibrate=False`) it supports operand quantizers:
+    the variable selection networks then contract their activations chunk by
+    chunk with the same quantization (`tft_jax.operand_quantizers`).
     """
-    return _named_factory(QATDotGeneral, config=config, calibrate=calibrate)
+    return _NamedFactory(
+        QATDotGeneral,
+        (("config", config), ("calibrate", calibrate)),
+        supports_operand_quantizers=not calibrate,
+    )
 
 
 def int8_dot_general(config: QATConfig) -> Callable[..., nn.Module]:
     """A `dot_general_cls` running the converted layer in integers: an `Int8DotGeneral`."""
-    return _named_factory(Int8DotGeneral, config=config)
+    return _NamedFactory(Int8DotGeneral, (("config", config),))
