@@ -183,8 +183,11 @@ class QATTemporalFusionTransformer(_QuantizedModel):
     Call arguments are the FP32 model's (categorical inputs over time
     included) plus `calibrate`: True updates the
     activation observers (apply with `mutable=['quant_stats']`), False freezes
-    them. An observer that has not seen a batch leaves its activation
-    unquantized, so before the first calibration only the weights are
+    them; frozen, the variable selection networks run over chunks of rows with
+    each layer quantized exactly as layer by layer
+    (`tft_jax.quantized_selection`), while calibration runs every layer once
+    on the whole activation. An observer that has not seen a batch leaves its
+    activation unquantized, so before the first calibration only the weights are
     fake-quantized. As in the FP32 model, `deterministic` is required when
     `dropout_rate > 0`.
     """

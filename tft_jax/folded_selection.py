@@ -25,7 +25,9 @@ same initializers, so `init` gives the same values.
 
 Fake quantization (`dot_general_cls`) observes and quantizes the embedding
 and each layer's activation and weight separately; folding would skip those
-quantizers, so the quantized model keeps the layer-by-layer form (see
+quantizers, so the quantized model takes the chunks without the fold
+(`tft_jax.quantized_selection`, which shares this module's parameter holders
+and loop) or, with observers being calibrated, the layer-by-layer form (see
 `VariableSelectionNetwork`).
 """
 
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +44,7 @@ from jax import lax
 
 from tft_jax.embeddings import AffineEmbedding
 from tft_jax.linear import VariableLinear, default_kernel_init
+from tft_jax.operand_quantizers import identity
 
 Array = Any
 Dtype = Any
@@ -63,17 +66,39 @@ def default_chunk_rows(num_rows: int) -> int:
 _LAYER_NORM_EPSILON = 1e-6
 
 
+class DenseLayer(NamedTuple):
+    """A dense layer's operands as a loop body uses them: `quantize_input(x) · kernel + bias`.
+
+    `kernel` (`(I, F)`, or `(V, I, F)` per variable) and `bias` (`(F,)`,
+    `(V, F)`, or None) are cast to the compute dtype; with a quantizing
+    `dot_general_cls` the kernel is already fake-quantized and
+    `quantize_input` is the activation's quantizer (else the identity).
+    """
+
+    kernel: Array
+    bias: Array | None
+    quantize_input: Callable[[Array], Array] = identity
+
+
 class _DenseParams(nn.Module):
-    """The parameters of a `Linear` / `VariableLinear` layer, declared but not applied."""
+    """The parameters of a `Linear` / `VariableLinear` layer, declared but not applied.
+
+    With `dot_general_cls` (one with operand quantizers) its quantizer is
+    built at the layer's `dot_general` path and asked for the operands'
+    quantization for an activation of shape `lhs_shape` (`(..., I)`, or
+    `(V, ..., I)` per variable: the variable-major layout).
+    """
 
     in_features: int
     features: int
     num_variables: int | None = None
     use_bias: bool = True
     param_dtype: Dtype = jnp.float32
+    dtype: Dtype | None = None
+    dot_general_cls: Callable[..., nn.Module] | None = None
 
     @nn.compact
-    def __call__(self) -> tuple[Array, Array | None]:
+    def __call__(self, lhs_shape: tuple[int, ...] | None = None) -> DenseLayer:
         if self.num_variables is None:
             shape, init = (self.in_features, self.features), default_kernel_init
             bias_shape: tuple[int, ...] = (self.features,)
@@ -87,15 +112,31 @@ class _DenseParams(nn.Module):
             if self.use_bias
             else None
         )
-        return kernel, bias
+        dtype = self.dtype or self.param_dtype
+        kernel = kernel.astype(dtype)
+        bias = None if bias is None else bias.astype(dtype)
+        if self.dot_general_cls is None:
+            return DenseLayer(kernel, bias)
+        if lhs_shape is None:
+            raise ValueError("_DenseParams: a quantized layer needs its activation's lhs_shape")
+        last = len(lhs_shape) - 1
+        dimension_numbers = (
+            (((last,), (0,)), ((), ()))
+            if self.num_variables is None
+            else (((last,), (1,)), ((0,), (0,)))
+        )
+        quantizer = self.dot_general_cls(name="dot_general", lhs_bounds=None)
+        kernel, quantize_input = quantizer.operand_quantizers(kernel, dimension_numbers, lhs_shape)
+        return DenseLayer(kernel, bias, quantize_input)
 
 
 class _LayerNormParams(nn.Module):
-    """The parameters of a `FeatureLayerNorm`, declared but not applied."""
+    """The parameters of a `FeatureLayerNorm` in the compute dtype, declared but not applied."""
 
     features: int
     num_variables: int | None = None
     param_dtype: Dtype = jnp.float32
+    dtype: Dtype | None = None
 
     @nn.compact
     def __call__(self) -> tuple[Array, Array]:
@@ -104,7 +145,8 @@ class _LayerNormParams(nn.Module):
         )
         scale = self.param("scale", nn.initializers.ones_init(), shape, self.param_dtype)
         bias = self.param("bias", nn.initializers.zeros_init(), shape, self.param_dtype)
-        return scale, bias
+        dtype = self.dtype or self.param_dtype
+        return scale.astype(dtype), bias.astype(dtype)
 
 
 class _DropoutKeep(nn.Module):
@@ -125,27 +167,34 @@ class _GLUParams(nn.Module):
     num_variables: int | None
     dropout_rate: float
     param_dtype: Dtype
+    dtype: Dtype | None = None
+    dot_general_cls: Callable[..., nn.Module] | None = None
 
     @nn.compact
     def __call__(self, input_shape: tuple[int, ...], deterministic: bool) -> dict[str, Any]:
         keep = None
         if self.dropout_rate > 0.0 and not deterministic:
             keep = _DropoutKeep(self.dropout_rate, name="Dropout_0")(input_shape)
-        kernel, bias = _DenseParams(
+        projection = _DenseParams(
             self.in_features,
             2 * self.features,
             self.num_variables,
             param_dtype=self.param_dtype,
+            dtype=self.dtype,
+            dot_general_cls=self.dot_general_cls,
             name="projection",
-        )()
-        return {"kernel": kernel, "bias": bias, "keep": keep}
+        )(input_shape)
+        return {"projection": projection, "keep": keep}
 
 
 class _GRNParams(nn.Module):
     """Every parameter of a `GatedResidualNetwork` (and its dropout mask), under the same names.
 
     Returns a dict: `skip` (None when the skip is the identity), `input`,
-    `context` (None without a context), `hidden`, `glu`, `layer_norm`.
+    `context` (None without a context), `hidden` (each a `DenseLayer`),
+    `glu` (`projection` and `keep`), `layer_norm` (scale, bias). The call
+    takes the GLU's input shape (`(V, ..., hidden)` per variable), and the
+    context's batch size when there is a context (for the quantizers' shapes).
     """
 
     in_features: int
@@ -155,41 +204,60 @@ class _GRNParams(nn.Module):
     context_features: int | None
     dropout_rate: float
     param_dtype: Dtype
+    dtype: Dtype | None = None
+    dot_general_cls: Callable[..., nn.Module] | None = None
 
     @nn.compact
-    def __call__(self, glu_input_shape: tuple[int, ...], deterministic: bool) -> dict[str, Any]:
-        def dense(in_features: int, features: int, name: str, **kwargs: Any) -> Any:
+    def __call__(
+        self,
+        glu_input_shape: tuple[int, ...],
+        deterministic: bool,
+        context_batch: int | None = None,
+    ) -> dict[str, Any]:
+        def dense(
+            in_features: int, features: int, name: str, lhs_shape: tuple[int, ...], **kwargs: Any
+        ) -> DenseLayer:
             return _DenseParams(
                 in_features,
                 features,
                 kwargs.pop("num_variables", self.num_variables),
                 param_dtype=self.param_dtype,
+                dtype=self.dtype,
+                dot_general_cls=self.dot_general_cls,
                 name=name,
                 **kwargs,
-            )()
+            )(lhs_shape)
 
         hidden = self.hidden_features
+        input_shape = (*glu_input_shape[:-1], self.in_features)
         skip = (
             None
             if self.in_features == self.features
-            else dense(self.in_features, self.features, "skip")
+            else dense(self.in_features, self.features, "skip", input_shape)
         )
         weights = {
             "skip": skip,
-            "input": dense(self.in_features, hidden, "input"),
+            "input": dense(self.in_features, hidden, "input", input_shape),
             "context": None,
         }
         if self.context_features is not None:
             weights["context"] = dense(
-                self.context_features, hidden, "context", num_variables=None, use_bias=False
-            )[0]
-        weights["hidden"] = dense(hidden, hidden, "hidden")
+                self.context_features,
+                hidden,
+                "context",
+                (context_batch, self.context_features),
+                num_variables=None,
+                use_bias=False,
+            )
+        weights["hidden"] = dense(hidden, hidden, "hidden", glu_input_shape)
         weights["glu"], weights["layer_norm"] = _GateAddNormParams(
             hidden,
             self.features,
             self.num_variables,
             self.dropout_rate,
             self.param_dtype,
+            self.dtype,
+            self.dot_general_cls,
             name="gate_add_norm",
         )(glu_input_shape, deterministic)
         return weights
@@ -203,6 +271,8 @@ class _GateAddNormParams(nn.Module):
     num_variables: int | None
     dropout_rate: float
     param_dtype: Dtype
+    dtype: Dtype | None = None
+    dot_general_cls: Callable[..., nn.Module] | None = None
 
     @nn.compact
     def __call__(self, glu_input_shape: tuple[int, ...], deterministic: bool) -> tuple[Any, Any]:
@@ -212,10 +282,12 @@ class _GateAddNormParams(nn.Module):
             self.num_variables,
             self.dropout_rate,
             self.param_dtype,
+            self.dtype,
+            self.dot_general_cls,
             name="glu",
         )(glu_input_shape, deterministic)
         layer_norm = _LayerNormParams(
-            self.features, self.num_variables, self.param_dtype, name="layer_norm"
+            self.features, self.num_variables, self.param_dtype, self.dtype, name="layer_norm"
         )()
         return glu, layer_norm
 
@@ -241,26 +313,24 @@ def _dropout(x: Array, keep: Array | None, rate: float) -> Array:
 
 
 def _fold_per_variable(
-    slope: Array, intercept: Array, layer: tuple[Array, Array] | None
+    slope: Array, intercept: Array, layer: DenseLayer | None
 ) -> tuple[Array, Array]:
     """`(a_v W_v, b_v W_v + c_v)` for `e_v = s a_v + b_v`: `(V, F)` each; None is the identity."""
     if layer is None:
         return slope, intercept
-    kernel, bias = layer
+    kernel, bias = layer.kernel, layer.bias
     return (
         jnp.einsum("vw,vwf->vf", slope, kernel),
         jnp.einsum("vw,vwf->vf", intercept, kernel) + bias,
     )
 
 
-def _fold_flat(
-    slope: Array, intercept: Array, layer: tuple[Array, Array] | None
-) -> tuple[Array, Array]:
+def _fold_flat(slope: Array, intercept: Array, layer: DenseLayer | None) -> tuple[Array, Array]:
     """The same for a layer over the flattened embeddings `(V·width, F)`: `(V, F)`, `(F,)`."""
     num_variables, width = slope.shape
     if layer is None:  # width 1: the flattened embedding itself
         return jnp.diag(slope[:, 0]), intercept[:, 0]
-    kernel, bias = layer
+    kernel, bias = layer.kernel, layer.bias
     kernel = kernel.reshape(num_variables, width, kernel.shape[-1])
     return (
         jnp.einsum("vw,vwf->vf", slope, kernel),
@@ -268,9 +338,9 @@ def _fold_flat(
     )
 
 
-def _split_glu(glu: dict[str, Any]) -> tuple[Array, Array, Array, Array]:
+def _split_glu(projection: DenseLayer) -> tuple[Array, Array, Array, Array]:
     """The value and gate halves of a GLU projection: kernels `(..., I, F)`, biases `(..., F)`."""
-    kernel, bias = glu["kernel"], glu["bias"]
+    kernel, bias = projection.kernel, projection.bias
     features = kernel.shape[-1] // 2
     value = kernel[..., :features], bias[..., :features]
     return *value, kernel[..., features:], bias[..., features:]
@@ -338,10 +408,11 @@ def folded_selection(
     single = num_variables == 1
     dtype = module.dtype or jnp.result_type(embedded.values, embedded.slope, module.param_dtype)
     deterministic = deterministic or module.dropout_rate == 0.0
-    common = dict(dropout_rate=module.dropout_rate, param_dtype=module.param_dtype)
+    common = dict(dropout_rate=module.dropout_rate, param_dtype=module.param_dtype, dtype=dtype)
     context_features = None if context is None else context.shape[-1]
 
     # The per-variable GRNs run variable-major, `(V, *lead, width)` at the GLU input.
+    # Parameters come in the compute dtype; dropout masks stay boolean.
     variable = _GRNParams(
         width,
         features,
@@ -364,10 +435,6 @@ def folded_selection(
             **common,
         )((*lead_shape, selection_hidden), deterministic)
 
-    def cast(tree: Any) -> Any:  # parameters to the compute dtype; dropout masks stay boolean
-        return jax.tree.map(lambda t: t if t.dtype == jnp.bool_ else t.astype(dtype), tree)
-
-    variable, selection = cast(variable), cast(selection)
     values = embedded.values.astype(dtype).reshape(num_rows, num_variables)
     slope, intercept = embedded.slope.astype(dtype), embedded.intercept.astype(dtype)
     context = None if context is None else context.astype(dtype)
@@ -375,7 +442,7 @@ def folded_selection(
     # Folded first layers, and the per-row context terms (`(B, F)` broadcast over time).
     skip_slope, skip_intercept = _fold_per_variable(slope, intercept, variable["skip"])
     input_slope, input_intercept = _fold_per_variable(slope, intercept, variable["input"])
-    value_kernel, value_bias, gate_kernel, gate_bias = _split_glu(variable["glu"])
+    value_kernel, value_bias, gate_kernel, gate_bias = _split_glu(variable["glu"]["projection"])
     ln_scale, ln_bias = variable["layer_norm"]
 
     def per_row(projected: Array) -> Array:
@@ -388,7 +455,7 @@ def folded_selection(
         return repeated.reshape(num_rows, projected.shape[-1])
 
     variable_context = (
-        per_row(context @ variable["context"]) if single and context is not None else None
+        per_row(context @ variable["context"].kernel) if single and context is not None else None
     )
     variable_keep = variable["glu"]["keep"]
     if variable_keep is not None:
@@ -399,11 +466,11 @@ def folded_selection(
         sel_skip = _fold_flat(slope, intercept, selection["skip"])
         sel_input = _fold_flat(slope, intercept, selection["input"])
         sel_value_kernel, sel_value_bias, sel_gate_kernel, sel_gate_bias = _split_glu(
-            selection["glu"]
+            selection["glu"]["projection"]
         )
         sel_scale, sel_bias = selection["layer_norm"]
         if context is not None:
-            selection_context = per_row(context @ selection["context"])
+            selection_context = per_row(context @ selection["context"].kernel)
         selection_keep = selection["glu"]["keep"]
         if selection_keep is not None:
             selection_keep = selection_keep.reshape(num_rows, -1)
@@ -423,7 +490,7 @@ def folded_selection(
             hidden = values @ sel_input[0] + sel_input[1]
             if selection_context is not None:
                 hidden = hidden + selection_context
-            hidden = nn.elu(hidden) @ selection["hidden"][0] + selection["hidden"][1]
+            hidden = nn.elu(hidden) @ selection["hidden"].kernel + selection["hidden"].bias
             hidden = _dropout(hidden, selection_keep, rate)
             gated = (hidden @ sel_value_kernel + sel_value_bias) * nn.sigmoid(
                 hidden @ sel_gate_kernel + sel_gate_bias
@@ -437,7 +504,7 @@ def folded_selection(
         hidden = scalars * input_slope[:, None, :] + input_intercept[:, None, :]
         if variable_context is not None:
             hidden = hidden + variable_context[None]
-        hidden_kernel, hidden_bias = variable["hidden"]
+        hidden_kernel, hidden_bias = variable["hidden"].kernel, variable["hidden"].bias
         batched = (((2,), (1,)), ((0,), (0,)))
         hidden = lax.dot_general(nn.elu(hidden), hidden_kernel, batched) + hidden_bias[:, None]
         hidden = _dropout(hidden, variable_keep, rate)

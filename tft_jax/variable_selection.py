@@ -12,6 +12,8 @@ from tft_jax._dropout import resolve_deterministic
 from tft_jax.embeddings import AffineEmbedding
 from tft_jax.folded_selection import folded_selection
 from tft_jax.gating import GatedResidualNetwork
+from tft_jax.operand_quantizers import supports_operand_quantizers
+from tft_jax.quantized_selection import quantized_selection
 
 Array = Any
 Dtype = Any
@@ -42,8 +44,12 @@ class VariableSelectionNetwork(nn.Module):
     the GRNs and the weighted sum over chunks of `chunk_rows` rows under
     `lax.scan` + `jax.checkpoint` (None: 512 on CPU, one chunk on
     accelerators). Same parameters, same dropout masks. The
-    quantized model materializes the embedding and runs the layers one by
-    one, so that every quantizer sees what it sees without the fold.
+    quantized model materializes the embedding (every quantizer sees what it
+    sees without the fold). When its `dot_general_cls` hands out frozen
+    operand quantizers (`tft_jax.operand_quantizers`: QAT with the observers
+    frozen), the GRNs and the weighted sum run over the same chunks through
+    `tft_jax.quantized_selection`, each layer quantized as layer by layer;
+    otherwise (calibrating observers, int8) the layers run one by one.
 
     Args (call):
       embedded: `(B, [T,] V, width)`, or an `AffineEmbedding` of `(B, [T,] V)` inputs.
@@ -70,6 +76,8 @@ class VariableSelectionNetwork(nn.Module):
             if self.dot_general_cls is None:
                 return folded_selection(self, embedded, context, deterministic, self.chunk_rows)
             embedded = embedded.materialize()
+        if supports_operand_quantizers(self.dot_general_cls):
+            return quantized_selection(self, embedded, context, deterministic, self.chunk_rows)
         width = embedded.shape[-1]
         common = dict(
             dropout_rate=self.dropout_rate,
