@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from tft_jax import cli
+from tft_jax.forecaster import TrainingConfig
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 HISTORY, HORIZON = 14, 7
@@ -56,6 +57,20 @@ def table_args(csv: pathlib.Path) -> list[str]:
 
 
 TINY_MODEL = ["--hidden-dim", "8", "--heads", "2", "--compile-cache", "none", "--quiet"]
+
+# Every end-to-end run on this table trains with exactly these settings (the
+# `Forecaster` tests through `TINY_TRAINING`): the learning-rate schedule and
+# the batch shapes are compiled into the steps, so identical settings let one
+# test's compiled train, evaluation and prediction steps serve the others from
+# the persistent compilation cache.
+TINY_RUN = [
+    "--batch-size", "8", "--max-steps", "4", "--eval-every", "2", "--val-windows", "16",
+    "--eval-batch-size", "32",
+]  # fmt: skip
+TINY_QAT = ["--qat", "--qat-steps", "3", "--qat-calibration-batches", "2"]
+TINY_TRAINING = TrainingConfig(
+    batch_size=8, max_steps=4, eval_every=2, validation_windows=16, eval_batch_size=32
+)
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

@@ -41,7 +41,17 @@ from tft_jax.forecaster.training import sample_batch
 from tft_jax.model import TemporalFusionTransformer
 from tft_jax.train import create_train_state, make_optimizer, warmup_cosine_schedule
 
-from .cli_tables import HISTORY, HORIZON, PNG_SIGNATURE, TINY_MODEL, run, table_args, write_table
+from .cli_tables import (
+    HISTORY,
+    HORIZON,
+    PNG_SIGNATURE,
+    TINY_MODEL,
+    TINY_QAT,
+    TINY_RUN,
+    run,
+    table_args,
+    write_table,
+)
 
 
 @pytest.fixture(scope="module")
@@ -237,10 +247,7 @@ def trained_run(csv_path, tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     code = cli.main(
         [
-            "train", *table_args(csv_path), *TINY_MODEL,
-            "--batch-size", "8", "--max-steps", "4", "--eval-every", "2", "--val-windows", "16",
-            "--qat", "--qat-steps", "3", "--qat-calibration-batches", "2",
-            "--eval-batch-size", "32", "--out", str(out),
+            "train", *table_args(csv_path), *TINY_MODEL, *TINY_RUN, *TINY_QAT, "--out", str(out)
         ]
     )  # fmt: skip
     assert code == 0
@@ -391,11 +398,6 @@ def test_plot_draws_the_forecast_after_the_data(capsys, trained_run, csv_path):
 # ---------------------------------------------------------------------------
 # Two processes (jax.distributed on CPU, gloo collectives)
 
-# The FP32 phase of `trained_run`: same data, model, seed and global batch.
-FP32_ARGS = [
-    "--batch-size", "8", "--max-steps", "4", "--eval-every", "2", "--val-windows", "16",
-    "--eval-batch-size", "32",
-]  # fmt: skip
 # What `tft-jax train` without --qat writes, checkpoint steps included.
 FP32_RUN_FILES = {
     "config.json", "metrics.json", "history.json", "forecasts.csv", "models/fp32.msgpack",
@@ -467,9 +469,10 @@ def _train_in_two_processes(argv: list[str], logs: pathlib.Path) -> None:
 def test_two_processes_train_the_same_model_as_one_and_write_the_same_run(
     csv_path, trained_run, tmp_path
 ):
+    # The FP32 phase of `trained_run`: same data, model, seed and global batch.
     out = tmp_path / "run"
     _train_in_two_processes(
-        ["--out", str(out), *table_args(csv_path), *TINY_MODEL, *FP32_ARGS], tmp_path
+        ["--out", str(out), *table_args(csv_path), *TINY_MODEL, *TINY_RUN], tmp_path
     )
     two = serialization.msgpack_restore((out / "models" / "fp32.msgpack").read_bytes())
     one = serialization.msgpack_restore((trained_run / "models" / "fp32.msgpack").read_bytes())

@@ -22,11 +22,10 @@ from tft_jax.forecaster import (
     Forecaster,
     ModelConfig,
     RunFolderError,
-    TrainingConfig,
 )
 from tft_jax.forecaster.forecaster import monotone
 
-from .cli_tables import HISTORY, HORIZON, write_table
+from .cli_tables import HISTORY, HORIZON, TINY_TRAINING, write_table
 
 DATA = DataConfig(
     id_col="store", time_col="day", target="sales", freq="D", static_cols=("size",),
@@ -45,9 +44,8 @@ def fitted(tmp_path_factory):
     forecaster = Forecaster(
         DATA,
         ModelConfig(hidden_dim=8, num_heads=2),
-        TrainingConfig(batch_size=8, max_steps=3, eval_every=3, validation_windows=16,
-                       eval_batch_size=16),
-    ).fit(csv, quiet=True)  # fmt: skip
+        TINY_TRAINING,
+    ).fit(csv, quiet=True)
     saved = forecaster.save(folder / "run")
     csv.unlink()
     return forecaster, table, saved

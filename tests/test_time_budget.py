@@ -15,7 +15,7 @@ from tft_jax import cli
 from tft_jax.cli_parser import duration, forecaster_config
 from tft_jax.forecaster import Forecaster, TrainingConfig
 
-from .cli_tables import table_args, write_table
+from .cli_tables import TINY_QAT, TINY_RUN, table_args, write_table
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +62,8 @@ def test_a_budget_spent_by_the_first_step_stops_fp32_then_qat_and_int8_follow(
     csv_path, capsys
 ) -> None:
     argv = [
-        "train", *table_args(csv_path), "--hidden-dim", "8", "--heads", "2",
-        "--batch-size", "8", "--max-steps", "20", "--eval-every", "10", "--val-windows", "16",
-        "--time-budget", "0.001", "--qat", "--qat-steps", "2", "--qat-calibration-batches", "2",
+        "train", *table_args(csv_path), "--hidden-dim", "8", "--heads", "2", *TINY_RUN,
+        "--time-budget", "0.001", *TINY_QAT,
     ]  # fmt: skip
     settings = forecaster_config(cli.build_parser().parse_args(argv), qat=True)
     forecaster = Forecaster.from_config(settings).fit(csv_path)
@@ -73,15 +72,15 @@ def test_a_budget_spent_by_the_first_step_stops_fp32_then_qat_and_int8_follow(
     assert forecaster.summary["fp32"]["stop_reason"] == "time_budget"
     assert forecaster.history["fp32"]["step"] == [1]
     assert forecaster.summary["qat"]["stop_reason"] == "completed"
-    assert forecaster.history["qat"]["step"][-1] == 2
+    assert forecaster.history["qat"]["step"][-1] == 3
     lines = capsys.readouterr().err.splitlines()
     expected_in_order = [
         "FP32: compiling the train step...",
         "FP32: compiled in ",
-        "FP32: stopped on the time budget of 0.0s at step 1/20 after ",
+        "FP32: stopped on the time budget of 0.0s at step 1/4 after ",
         "QAT: calibrated the activation observers on 2 batches in ",
         "QAT: compiling the train step...",
-        "QAT: finished at step 2/2 after ",
+        "QAT: finished at step 3/3 after ",
         "int8: converted the QAT model in ",
     ]
     found = [
