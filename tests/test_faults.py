@@ -75,7 +75,7 @@ def test_reference_faults_are_distinct_and_restore_the_real_code():
 
 
 def test_every_fault_is_caught_and_every_property_passes_on_the_real_code():
-    reports = faults.run_catalogue(examples=2)
+    reports = faults.run_catalogue(examples=2, stop_at_first_catch=True)
     table = faults.format_table(reports)
     print(table)
     baselines = [r for r in reports if r.fault is None]
