@@ -35,10 +35,12 @@ from tft_jax.train import (
     eval_step,
     evaluate,
     fit,
+    in_state_schedule,
     make_optimizer,
     predict,
     train_step,
     warmup_cosine_schedule,
+    with_schedule_steps,
 )
 
 QUANTILES = (0.1, 0.5, 0.9)
@@ -893,3 +895,227 @@ def test_quiet_fit_prints_nothing(capsys, tmp_path) -> None:
         quiet=True,
     )
     assert capsys.readouterr() == ("", "")
+
+
+# ---------------------------------------------------------------------------
+# The schedule in the optimizer state: one compiled step, refitted by the budget
+
+
+def schedule_state(peak: float, total: int, warmup: int, end: float = 0.0) -> TrainState:
+    tx = make_optimizer(warmup_cosine_schedule(peak, total, warmup, end), clip_norm=None)
+    return create_train_state(TINY, tx, jax.random.key(0), make_batch(0))
+
+
+def test_states_that_differ_only_in_schedule_numbers_share_one_compiled_step() -> None:
+    from tft_jax.train import _STEP_JITS
+
+    batch, rng = make_batch(1), jax.random.key(1)
+    # No warmup: the first update is `-peak · direction`, the same direction for both.
+    first, second = schedule_state(1e-2, 40, 0), schedule_state(3e-3, 100, 0, 1e-5)
+    start = host_copy(first.params)
+    first, _ = train_step(first, batch, rng)
+    step = _STEP_JITS[()]
+    compiled = step._cache_size()
+    second, _ = train_step(second, batch, rng)
+    second, _ = train_step(with_schedule_steps(second, 60), batch, rng)
+    assert step._cache_size() == compiled
+    assert in_state_schedule(second).total_steps == 60
+    # Each state trains with its own numbers.
+    moved = np.asarray(first.params["head"]["bias"]) - start["head"]["bias"]
+    assert np.all(np.abs(moved) > 0)
+    rerun, _ = train_step(schedule_state(3e-3, 100, 0, 1e-5), batch, rng)
+    ratio = (np.asarray(rerun.params["head"]["bias"]) - start["head"]["bias"]) / moved
+    np.testing.assert_allclose(ratio, 3e-3 / 1e-2, rtol=1e-4)
+    assert step._cache_size() == compiled
+
+
+def test_with_schedule_steps_rejects_what_it_cannot_do_naming_the_argument() -> None:
+    with pytest.raises(ValueError, match="with_schedule_steps: state's optimizer keeps no"):
+        with_schedule_steps(tiny_state(), 10)
+    state = schedule_state(1e-2, 40, 4)
+    with pytest.raises(ValueError, match=r"total_steps must be above .* warmup steps \(4\), got 4"):
+        with_schedule_steps(state, 4)
+    with pytest.raises(TypeError, match="total_steps must be an int"):
+        with_schedule_steps(state, 10.0)  # type: ignore[arg-type]
+    for _ in range(3):
+        state, _ = train_step(state, make_batch(1), jax.random.key(1))
+    with pytest.raises(ValueError, match=r"total_steps must not be below the state's step \(8\)"):
+        with_schedule_steps(state.replace(step=jnp.asarray(8, jnp.int32)), 7)
+    assert in_state_schedule(with_schedule_steps(state, 5)).total_steps == 5
+    assert in_state_schedule(tiny_state()) is None
+
+
+def numpy_schedule(count: int, peak: float, total: int, warmup: int) -> float:
+    """The warmup + cosine learning rate after `count` updates (to 0 at `total`), in float64."""
+    if count < warmup:
+        return peak * count / warmup
+    return (
+        peak
+        * 0.5
+        * (1.0 + math.cos(math.pi * min(count - warmup, total - warmup) / (total - warmup)))
+    )
+
+
+PEAK, PLANNED, WARMUP = 1e-2, 40, 4
+
+
+def recording_state(rates: list[float]) -> TrainState:
+    """A tiny state whose optimizer reports the learning rate of every update into `rates`.
+
+    With targets far above every prediction, the gradient of the head's bias
+    is the same at every step, so Adam's direction for it is -1 and its
+    update is the learning rate itself (AdamW without decay or clipping).
+    """
+
+    def record(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        jax.debug.callback(
+            lambda bias: rates.append(float(np.mean(bias))), updates["params"]["head"]["bias"]
+        )
+        return updates, state
+
+    tx = optax.chain(
+        make_optimizer(warmup_cosine_schedule(PEAK, PLANNED, WARMUP), clip_norm=None),
+        optax.GradientTransformation(lambda params: optax.EmptyState(), record),
+    )
+    return create_train_state(TINY, tx, jax.random.key(0), far_batch(0))
+
+
+def far_batch(seed: int) -> Batch:
+    return make_batch(seed).replace(target=np.full((B, H), 1e3, np.float32))
+
+
+def test_time_budget_refits_the_schedule_to_the_step_the_budget_stops_at(capsys) -> None:
+    # One second per step: measured over steps 2-6, the 20.5 s budget then
+    # leaves 14.5 s, so it is spent at the end of step 21, where fit stops.
+    from tft_jax.train import _STEP_JITS
+
+    clock, rates = FakeClock(), []
+    batches = [far_batch(90 + i) for i in range(4)]
+    state = recording_state(rates)
+    compiled = _STEP_JITS[()]._cache_size()
+    result = fit(
+        state,
+        ticking(clock, batches),
+        epochs=10,
+        max_steps=PLANNED,
+        time_budget=20.5,
+        clock=clock,
+        label="FP32",
+        log_seconds=1e9,
+    )
+    assert result.stop_reason == "time_budget" and int(result.state.step) == 21
+    assert result.schedule_steps == 21
+    assert in_state_schedule(result.state).total_steps == 21
+    assert _STEP_JITS[()]._cache_size() == compiled + 1  # the refit compiled nothing
+    lines = capsys.readouterr().err.splitlines()
+    note = "FP32: the time budget fits about 21 steps: the learning rate now decays to step 21"
+    assert lines.count(note) == 1 and lines.index(note) < len(lines) - 1, lines
+    # Updates 0-5 before the refit follow the planned cosine, 6-20 the refitted one.
+    want = [numpy_schedule(count, PEAK, PLANNED, WARMUP) for count in range(6)]
+    want += [numpy_schedule(count, PEAK, 21, WARMUP) for count in range(6, 21)]
+    assert len(rates) == 21
+    np.testing.assert_allclose(rates, want, rtol=1e-5, atol=1e-9)
+    assert rates[-1] < 1e-2 * PEAK  # the last step trains at the cosine's low end
+
+
+def test_time_budget_counts_the_evaluations_in_the_refitted_total() -> None:
+    # Steps take 1 s, each evaluation (every 4 steps) 2 s: 1.5 s a step. From
+    # step 6 at 8 s, the 26 s budget allows 12 steps: it is spent at step 18.
+    clock = FakeClock()
+
+    class SlowValidation(list):
+        def __iter__(self) -> Any:
+            clock.now += 2.0
+            return super().__iter__()
+
+    result = fit(
+        recording_state([]),
+        ticking(clock, [far_batch(90 + i) for i in range(4)]),
+        SlowValidation([far_batch(95)]),
+        epochs=10,
+        max_steps=PLANNED,
+        eval_every=4,
+        time_budget=26.0,
+        clock=clock,
+        quiet=True,
+    )
+    assert int(result.state.step) == 18
+    assert result.schedule_steps == 18
+
+
+def test_no_refit_when_the_planned_steps_fit_in_the_budget(capsys) -> None:
+    clock, rates = FakeClock(), []
+    result = fit(
+        recording_state(rates),
+        ticking(clock, [far_batch(90 + i) for i in range(4)]),
+        epochs=10,
+        max_steps=12,  # ends at 12 s, well within the budget
+        time_budget=100.0,
+        clock=clock,
+        label="FP32",
+    )
+    assert result.stop_reason == "completed" and result.schedule_steps == PLANNED
+    assert "time budget fits" not in capsys.readouterr().err
+    want = [numpy_schedule(count, PEAK, PLANNED, WARMUP) for count in range(12)]
+    np.testing.assert_allclose(rates, want, rtol=1e-5, atol=1e-9)
+
+
+def test_a_learning_rate_compiled_into_the_step_is_neither_refitted_nor_reported() -> None:
+    clock = FakeClock()
+    result = fit(
+        tiny_state(),
+        ticking(clock, [make_batch(90 + i) for i in range(4)]),
+        epochs=10,
+        time_budget=8.5,
+        clock=clock,
+        quiet=True,
+    )
+    assert result.stop_reason == "time_budget" and int(result.state.step) == 9
+    assert result.schedule_steps is None
+
+
+def test_a_resumed_run_keeps_the_refitted_schedule(tmp_path) -> None:
+    class Killed(Exception):
+        pass
+
+    clock, rates = FakeClock(), []
+    batches = [far_batch(90 + i) for i in range(4)]
+
+    def killed_at_step_13(epoch: int) -> Any:
+        if epoch == 3:
+            raise Killed
+        yield from ticking(clock, batches)(epoch)
+
+    common = dict(
+        epochs=10,
+        max_steps=PLANNED,
+        time_budget=20.5,
+        checkpoint_dir=tmp_path,
+        checkpoint_every=4,
+        clock=clock,
+        quiet=True,
+    )
+    with pytest.raises(Killed):
+        fit(recording_state(rates), killed_at_step_13, **common)
+    assert len(rates) == 12
+
+    # A fresh template planned for 40 steps: the checkpoint's refitted 21 wins.
+    # (The batches of epoch 2 that resume skips take no time.)
+    def resumed(epoch: int) -> Any:
+        yield from batches if epoch < 3 else ticking(clock, batches)(epoch)
+
+    rates.clear()
+    result = fit(recording_state(rates), resumed, resume=True, **common)
+    assert result.stop_reason == "time_budget" and int(result.state.step) == 21
+    assert result.schedule_steps == 21
+    want = [numpy_schedule(count, PEAK, 21, WARMUP) for count in range(12, 21)]
+    np.testing.assert_allclose(rates, want, rtol=1e-5, atol=1e-9)
+
+
+def test_a_resumed_run_without_a_refit_takes_the_callers_schedule(tmp_path) -> None:
+    batches = [far_batch(90 + i) for i in range(4)]
+    common = dict(epochs=10, checkpoint_dir=tmp_path, quiet=True)
+    first = fit(schedule_state(PEAK, 8, WARMUP), batches, max_steps=8, **common)
+    assert first.schedule_steps == 8
+    longer = fit(schedule_state(PEAK, 12, WARMUP), batches, max_steps=12, resume=True, **common)
+    assert int(longer.state.step) == 12 and longer.schedule_steps == 12

@@ -11,11 +11,17 @@ norm), and compile time grows with the number of kernels. On one vector the
 whole update is a few kernels, whatever the number of leaves.
 
 The transformation is a plain `optax.GradientTransformationExtraArgs` (a pair
-of pure functions), usable anywhere optax expects one.
+of pure functions), usable anywhere optax expects one. Its `update` compares
+equal whenever the hyperparameters do, so train states built by two
+`flat_adamw` calls with the same settings can share one compiled train step; a
+`tft_jax.schedules.WarmupCosine` learning rate is kept in the state, so its
+numbers are not among those settings (only `init`, which puts them in the
+state, depends on them).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, NamedTuple
 
@@ -23,6 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+
+from tft_jax.schedules import WarmupCosine
 
 PyTree = Any
 Array = jax.Array
@@ -42,11 +50,15 @@ class FlatAdamWState(NamedTuple):
       mu: `(N,)` float32, Adam's first moment of every scalar parameter, in
         the order of `flatten`.
       nu: `(N,)` float32, Adam's second moment, in the same order.
+      schedule: the learning-rate schedule as data, a `WarmupCosine` of four
+        float32 scalars, when `flat_adamw` was given one; None when the
+        learning rate is a float or another callable (compiled into the step).
     """
 
     count: Array
     mu: Array
     nu: Array
+    schedule: WarmupCosine | None = None
 
 
 class _Layout(NamedTuple):
@@ -156,7 +168,7 @@ def _mask_vector(mask: Any, tree: PyTree, layout: _Layout) -> np.ndarray:
 
 
 def flat_adamw(
-    learning_rate: float | optax.Schedule,
+    learning_rate: float | optax.Schedule | WarmupCosine,
     *,
     clip_norm: float | None = None,
     weight_decay: float = 0.0,
@@ -182,7 +194,10 @@ def flat_adamw(
 
     Args:
       learning_rate: a float, or an optax schedule `count -> lr` called with
-        the number of updates before this one.
+        the number of updates before this one. A `WarmupCosine` is kept in
+        the state (`FlatAdamWState.schedule`, four float32 scalars) and
+        evaluated from there, so the compiled update does not depend on its
+        numbers; a float or any other callable is compiled in as constants.
       clip_norm: the global-norm threshold `c`; None disables clipping.
       weight_decay: the decoupled weight decay coefficient `wd`.
       mask: which parameters decay, as `optax.adamw(mask=...)`: a pytree of
@@ -192,7 +207,11 @@ def flat_adamw(
 
     Returns:
       An `optax.GradientTransformationExtraArgs` whose state is a
-      `FlatAdamWState` of two `(N,)` float32 vectors and a count. `update`
+      `FlatAdamWState` of two `(N,)` float32 vectors, a count and the
+      schedule (None unless `learning_rate` is a `WarmupCosine`). Its
+      `update` compares equal to that of any `flat_adamw` with equal
+      arguments, a `WarmupCosine`'s numbers aside (a mask that is not
+      hashable counts by identity); `init` also compares those numbers. `update`
       takes `(grads, state, params)` (`params` required when `weight_decay >
       0`) and returns the updates with the gradients' structure and dtypes.
       Leaves must be float32, bfloat16 or float16; the moments and the math
@@ -216,18 +235,102 @@ def flat_adamw(
       (2, 3)
     """
 
-    def init(params: PyTree) -> FlatAdamWState:
+    hyper = _Hyper(
+        learning_rate=_IN_STATE if isinstance(learning_rate, WarmupCosine) else learning_rate,
+        clip_norm=clip_norm,
+        weight_decay=weight_decay,
+        mask=_hashable(mask),
+        b1=b1,
+        b2=b2,
+        eps=eps,
+    )
+    # Python floats: hashable (`init` compares them), turned into float32 by `init`.
+    schedule = (
+        jax.tree.map(float, learning_rate) if isinstance(learning_rate, WarmupCosine) else None
+    )
+    return optax.GradientTransformationExtraArgs(_Init(hyper, schedule), _Update(hyper))
+
+
+class _ByIdentity:
+    """A wrapper that compares (and hashes) by the identity of an unhashable object."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _ByIdentity) and other.value is self.value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+
+def _hashable(value: Any) -> Any:
+    """`value` if hashable, else wrapped to compare by identity (a pytree mask, say)."""
+    try:
+        hash(value)
+    except TypeError:
+        return _ByIdentity(value)
+    return value
+
+
+# The learning rate of a `_Hyper` whose schedule lives in the state (compared by identity).
+_IN_STATE: Any = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Hyper:
+    """The settings of one `flat_adamw`: equal settings give equal (hashable) functions.
+
+    `learning_rate` is a float or a schedule compiled into the step, or
+    `_IN_STATE` for a `WarmupCosine` read from `FlatAdamWState.schedule`;
+    `mask` as given, or wrapped by `_hashable`.
+    """
+
+    learning_rate: Any
+    clip_norm: float | None
+    weight_decay: float
+    mask: Any
+    b1: float
+    b2: float
+    eps: float
+
+    @property
+    def decay_mask(self) -> Any:
+        return self.mask.value if isinstance(self.mask, _ByIdentity) else self.mask
+
+
+@dataclasses.dataclass(frozen=True)
+class _Init:
+    """`flat_adamw`'s `init`: zero moments, count 0, the schedule's numbers if in the state.
+
+    The schedule's numbers are part of equality: `jax.jit(init)` traces once
+    per equal `init`, and the numbers are constants of that trace.
+    """
+
+    hyper: _Hyper
+    schedule: WarmupCosine | None
+
+    def __call__(self, params: PyTree) -> FlatAdamWState:
         size = _layout(params, "params").size
         return FlatAdamWState(
             count=jnp.zeros((), jnp.int32),
             mu=jnp.zeros((size,), jnp.float32),
             nu=jnp.zeros((size,), jnp.float32),
+            schedule=None if self.schedule is None else self.schedule.as_arrays(),
         )
 
-    def update(
-        grads: PyTree, state: FlatAdamWState, params: PyTree | None = None, **extra_args: Any
+
+@dataclasses.dataclass(frozen=True)
+class _Update:
+    """`flat_adamw`'s `update(grads, state, params=None)`."""
+
+    hyper: _Hyper
+
+    def __call__(
+        self, grads: PyTree, state: FlatAdamWState, params: PyTree | None = None, **extra_args: Any
     ) -> tuple[PyTree, FlatAdamWState]:
         del extra_args
+        hyper = self.hyper
         layout = _layout(grads, "grads")
         if np.shape(state.mu) != (layout.size,):
             raise ValueError(
@@ -235,24 +338,39 @@ def flat_adamw(
                 f"state was initialized for {np.shape(state.mu)}"
             )
         g = flatten(grads)
-        if clip_norm is not None:
+        if hyper.clip_norm is not None:
             norm = jnp.sqrt(jnp.sum(jnp.square(g)))
-            g = jnp.where(norm < clip_norm, g, (g / norm) * clip_norm)
-        mu = (1 - b1) * g + b1 * state.mu
-        nu = (1 - b2) * (g**2) + b2 * state.nu
+            g = jnp.where(norm < hyper.clip_norm, g, (g / norm) * hyper.clip_norm)
+        mu = (1 - hyper.b1) * g + hyper.b1 * state.mu
+        nu = (1 - hyper.b2) * (g**2) + hyper.b2 * state.nu
         count = optax.safe_increment(state.count)
-        mu_hat = mu / (1 - b1**count).astype(jnp.float32)
-        nu_hat = nu / (1 - b2**count).astype(jnp.float32)
-        direction = mu_hat / (jnp.sqrt(nu_hat) + eps)
-        if weight_decay:
-            direction = _add_decay(direction, grads, params, layout)
-        if callable(learning_rate):
-            direction = jnp.asarray(-learning_rate(state.count), jnp.float32) * direction
-        else:
-            direction = -learning_rate * direction
-        return _unflatten(direction, layout), FlatAdamWState(count=count, mu=mu, nu=nu)
+        mu_hat = mu / (1 - hyper.b1**count).astype(jnp.float32)
+        nu_hat = nu / (1 - hyper.b2**count).astype(jnp.float32)
+        direction = mu_hat / (jnp.sqrt(nu_hat) + hyper.eps)
+        if hyper.weight_decay:
+            direction = self._add_decay(direction, grads, params, layout)
+        direction = -self._learning_rate(state) * direction
+        new_state = FlatAdamWState(count=count, mu=mu, nu=nu, schedule=state.schedule)
+        return _unflatten(direction, layout), new_state
 
-    def _add_decay(direction: Array, grads: PyTree, params: PyTree, layout: _Layout) -> Array:
+    def _learning_rate(self, state: FlatAdamWState) -> Any:
+        """The learning rate of this update: a float, or a float32 scalar from the count."""
+        learning_rate = self.hyper.learning_rate
+        if learning_rate is _IN_STATE:
+            if not isinstance(state.schedule, WarmupCosine):
+                raise ValueError(
+                    "flat_adamw: built with a WarmupCosine learning rate, whose numbers live "
+                    f"in the state, but state.schedule is {state.schedule!r}; initialize the "
+                    "state with this optimizer's init"
+                )
+            return state.schedule(state.count).astype(jnp.float32)
+        if callable(learning_rate):
+            return jnp.asarray(learning_rate(state.count), jnp.float32)
+        return learning_rate
+
+    def _add_decay(
+        self, direction: Array, grads: PyTree, params: PyTree | None, layout: _Layout
+    ) -> Array:
         """`direction + wd · p` where the mask decays, `direction` elsewhere."""
         if params is None:
             raise ValueError("flat_adamw: weight_decay > 0 needs params in update(...)")
@@ -261,7 +379,8 @@ def flat_adamw(
                 f"flat_adamw: params must have the structure of the gradients, got "
                 f"{jax.tree.structure(params)} and {layout.treedef}"
             )
-        decayed = direction + weight_decay * flatten(params)
+        decayed = direction + self.hyper.weight_decay * flatten(params)
+        mask = self.hyper.decay_mask
         if mask is None:
             return decayed
         flags = _mask_vector(mask, grads, layout)
@@ -270,5 +389,3 @@ def flat_adamw(
         if not flags.any():
             return direction
         return jnp.where(flags, decayed, direction)
-
-    return optax.GradientTransformationExtraArgs(init, update)

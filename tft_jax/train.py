@@ -35,8 +35,9 @@ from tqdm.auto import tqdm
 
 from tft_jax.checkpoint import TrainingCheckpointer
 from tft_jax.distributed import data_mesh, is_primary, place_state, shard_batch
-from tft_jax.flat_optimizer import flat_adamw, global_norm
+from tft_jax.flat_optimizer import FlatAdamWState, flat_adamw, global_norm
 from tft_jax.losses import pinball, quantile_loss
+from tft_jax.schedules import WarmupCosine
 
 Array = Any
 PyTree = Any
@@ -59,9 +60,27 @@ class Optimizer(optax.GradientTransformationExtraArgs):
     `GradientTransformationExtraArgs`, usable anywhere optax expects one) with
     the attribute `clip_norm` (float or None), which `create_train_state` reads
     so that `train_step` can report the clipped gradient norm.
+
+    Two optimizers compare equal when their `update` functions and
+    thresholds do, whatever their `init`: a train state's `tx` is static in
+    the jitted `train_step`, which only runs `update`. So train states whose
+    optimizers differ only in the numbers of a `WarmupCosine` schedule (kept
+    in the optimizer state, set there by `init`) share one compiled step.
     """
 
     clip_norm: float | None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Optimizer):
+            return NotImplemented
+        return (self.update, self.clip_norm) == (other.update, other.clip_norm)
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __hash__(self) -> int:
+        return hash((self.update, self.clip_norm))
 
 
 def _require_positive_float(name: str, value: Any, allow_zero: bool = False) -> float:
@@ -108,7 +127,9 @@ def make_optimizer(
     optimizer kernels instead of several per parameter leaf.
 
     Args:
-      learning_rate: a positive float or an optax schedule `step -> lr`.
+      learning_rate: a positive float or an optax schedule `step -> lr`; a
+        `WarmupCosine` (from `warmup_cosine_schedule`) is kept in the
+        optimizer state, so the train step does not depend on its numbers.
       clip_norm: the global-norm threshold (> 0); None disables clipping.
       weight_decay: the decoupled weight decay coefficient (>= 0).
       weight_decay_mask: optional pytree of booleans or callable, as
@@ -143,10 +164,15 @@ def make_optimizer(
 
 def warmup_cosine_schedule(
     peak_lr: float, total_steps: int, warmup_steps: int, end_lr: float = 0.0
-) -> optax.Schedule:
+) -> WarmupCosine:
     """Linear warmup from 0 to `peak_lr` over `warmup_steps`, then cosine decay to `end_lr`.
 
-    The cosine part spans steps `warmup_steps .. total_steps`.
+    The cosine part spans steps `warmup_steps .. total_steps`. The result is a
+    `tft_jax.schedules.WarmupCosine`, an optax schedule `count -> lr` with the
+    values of `optax.warmup_cosine_decay_schedule(0, peak_lr, warmup_steps,
+    total_steps, end_lr)`; given to `make_optimizer`, its numbers live in the
+    optimizer state rather than in the compiled train step (one compiled step
+    for every such schedule; `with_schedule_steps` changes the total).
     """
     peak_lr = _require_positive_float("warmup_cosine_schedule: peak_lr", peak_lr)
     end_lr = _require_positive_float("warmup_cosine_schedule: end_lr", end_lr, allow_zero=True)
@@ -160,12 +186,8 @@ def warmup_cosine_schedule(
             f"warmup_cosine_schedule: warmup_steps must be in [0, total_steps={total_steps}), "
             f"got {warmup_steps}"
         )
-    return optax.warmup_cosine_decay_schedule(
-        init_value=0.0,
-        peak_value=peak_lr,
-        warmup_steps=int(warmup_steps),
-        decay_steps=int(total_steps),
-        end_value=end_lr,
+    return WarmupCosine(
+        peak_lr=peak_lr, total_steps=int(total_steps), warmup_steps=int(warmup_steps), end_lr=end_lr
     )
 
 
@@ -732,6 +754,96 @@ def predict(state: TrainState, batch: Batch, calibrate: bool | None = None) -> A
 
 
 # ---------------------------------------------------------------------------
+# The schedule in the optimizer state
+
+
+def _is_flat_state(node: Any) -> bool:
+    return isinstance(node, FlatAdamWState)
+
+
+def in_state_schedule(state: TrainState) -> WarmupCosine | None:
+    """The learning-rate schedule kept in `state`'s optimizer state, with Python numbers.
+
+    A `WarmupCosine` given to `make_optimizer` lives in its `FlatAdamWState`
+    (as float32 scalars); None when the learning rate is compiled into the
+    step instead (a float, another schedule) or the optimizer keeps no
+    `FlatAdamWState`. Reads the numbers from the device.
+    """
+    _check_state("in_state_schedule", state)
+    nodes = jax.tree.leaves(state.opt_state, is_leaf=_is_flat_state)
+    schedules = [node.schedule for node in nodes if _is_flat_state(node)]
+    schedules = [schedule for schedule in schedules if schedule is not None]
+    return schedules[0].as_numbers() if len(schedules) == 1 else None
+
+
+def _with_schedule(state: TrainState, schedule: WarmupCosine) -> TrainState:
+    """`state` whose in-state schedule holds `schedule`'s numbers, each where the old one was.
+
+    Each new float32 scalar is placed as the one it replaces (its sharding,
+    committed or not), so the jitted step sees the same arguments' placement
+    and does not compile again.
+    """
+
+    def place(new: Any, old: Array) -> Array:
+        value = jnp.asarray(new, jnp.float32)
+        if not getattr(old, "committed", False):
+            return value
+        return jax.device_put(value, old.sharding)
+
+    def replace(node: Any) -> Any:
+        if _is_flat_state(node) and node.schedule is not None:
+            return node._replace(schedule=jax.tree.map(place, schedule, node.schedule))
+        return node
+
+    opt_state = jax.tree.map(replace, state.opt_state, is_leaf=_is_flat_state)
+    return state.replace(opt_state=opt_state)
+
+
+def with_schedule_steps(state: TrainState, total_steps: int) -> TrainState:
+    """`state` with its in-state schedule ending at `total_steps`, without compiling again.
+
+    The warmup, peak and end learning rates stay; the cosine now spans steps
+    `warmup_steps .. total_steps`. Because the schedule's numbers are data of
+    the optimizer state, the next `train_step` runs the step already compiled
+    for `state`. The other arrays are shared with `state` (nothing is copied).
+
+    Args:
+      state: a train state whose optimizer was built with a `WarmupCosine`
+        (`make_optimizer(warmup_cosine_schedule(...))`).
+      total_steps: the new end of the cosine: above the warmup steps, and not
+        before the state's step.
+
+    Returns:
+      The new `TrainState`.
+
+    Raises:
+      ValueError: when `state`'s optimizer keeps no schedule in its state, or
+        `total_steps` is not above the warmup or is below `state.step`.
+    """
+    schedule = in_state_schedule(state)
+    if schedule is None:
+        raise ValueError(
+            "with_schedule_steps: state's optimizer keeps no schedule in its state (its "
+            "learning rate is compiled into the step); build it with "
+            "make_optimizer(warmup_cosine_schedule(...))"
+        )
+    if isinstance(total_steps, bool) or not isinstance(total_steps, numbers.Integral):
+        raise TypeError(f"with_schedule_steps: total_steps must be an int, got {total_steps!r}")
+    if total_steps <= schedule.warmup_steps:
+        raise ValueError(
+            f"with_schedule_steps: total_steps must be above the schedule's warmup steps "
+            f"({schedule.warmup_steps}), got {total_steps}"
+        )
+    step = int(state.step)
+    if total_steps < step:
+        raise ValueError(
+            f"with_schedule_steps: total_steps must not be below the state's step ({step}), "
+            f"got {total_steps}"
+        )
+    return _with_schedule(state, dataclasses.replace(schedule, total_steps=int(total_steps)))
+
+
+# ---------------------------------------------------------------------------
 # The loop
 
 
@@ -758,6 +870,9 @@ class LoopState:
       stopped_on_budget: whether the time budget ran out.
       seconds: training time of the run up to this point, over every `fit`
         call that continued it (what the time budget counts).
+      schedule_steps: the total steps that the time budget refitted the
+        in-state learning-rate schedule to, or None when it was not refitted
+        (the refitted schedule itself is in the checkpointed optimizer state).
     """
 
     epoch: int = 0
@@ -771,6 +886,7 @@ class LoopState:
     stopped_early: bool = False
     stopped_on_budget: bool = False
     seconds: float = 0.0
+    schedule_steps: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict of the fields."""
@@ -795,12 +911,16 @@ class FitResult(NamedTuple):
       stop_reason: why training ended: `'completed'` (every epoch, or
         `max_steps`), `'early_stopping'` (patience ran out) or
         `'time_budget'`.
+      schedule_steps: where the in-state learning-rate schedule ends at the
+        end of training: the total the time budget refitted it to, else the
+        planned one; None when the learning rate is compiled into the step.
     """
 
     state: TrainState
     best_state: TrainState
     history: History
     stop_reason: str = "completed"
+    schedule_steps: int | None = None
 
 
 def _batches_for_epoch(source: BatchSource, epoch: int) -> Iterable[Batch]:
@@ -919,7 +1039,16 @@ def fit(
         best state and the checkpoints then follow as at a normal end, and
         `stop_reason` is `'time_budget'`. In a multi-process run process 0's
         clock decides, read every 10 steps, so that every process stops (and
-        saves timed checkpoints) at the same step.
+        saves timed checkpoints) at the same step. When the learning-rate
+        schedule lives in the optimizer state (`make_optimizer(
+        warmup_cosine_schedule(...))`), the budget also refits it once: after
+        a few steps past the compilation, the measured step time (and that of
+        the evaluations so far) tells how many steps the rest of the budget
+        allows; when that is fewer than planned, the cosine is made to end
+        there (`with_schedule_steps`, announced unless `quiet`), so that the
+        last steps train at the low learning rate. `max_steps` stays the cap;
+        the refitted total is in the checkpoints (a resumed run keeps it)
+        and in `FitResult.schedule_steps`.
       checkpoint_dir: where the latest and best checkpoints go (see
         `tft_jax.checkpoint`); None keeps no checkpoints.
       checkpoint_every: also save the latest checkpoint every this many steps
@@ -930,7 +1059,9 @@ def fit(
         that a killed run loses at most about this much training.
       resume: continue from the newest intact checkpoint in `checkpoint_dir` if
         there is one (a fresh start otherwise; either is announced unless
-        `quiet`); `state` then only gives the structure. With the same
+        `quiet`); `state` then only gives the structure, and its
+        schedule (when in the optimizer state) unless the time budget
+        refitted the checkpoint's. With the same
         arguments the result equals that of the uninterrupted run; a finished
         run returns at once, unless `epochs`, `max_steps` or `time_budget`
         were raised, when it trains on.
@@ -951,7 +1082,7 @@ def fit(
       fsdp: shard parameters and optimizer state over the mesh (large models).
 
     Returns:
-      A `FitResult(state, best_state, history, stop_reason)`.
+      A `FitResult(state, best_state, history, stop_reason, schedule_steps)`.
     """
     _check_fit_timing(checkpoint_every_seconds, time_budget, log_seconds, label, clock)
     started = clock()
@@ -992,6 +1123,7 @@ def fit(
     # Placed first: a checkpoint then restores straight into the mesh's shardings
     # (whatever device count wrote it), in every process of a multi-host run.
     state = place_state(state, mesh, fsdp)
+    planned_schedule = in_state_schedule(state)
     if checkpointer is not None and resume:
         restored = checkpointer.restore_latest(state)
         if restored is None:
@@ -1000,6 +1132,10 @@ def fit(
             _check_resume_seed(restored.rng, seed_key, seed)
             state, loop = restored.state, LoopState.from_json(restored.loop)
             earlier_seconds = loop.seconds
+            if planned_schedule is not None and loop.schedule_steps is None:
+                # Not refitted: the caller's schedule applies (a raised
+                # max_steps, say), as when schedules were compiled into the step.
+                state = _with_schedule(state, planned_schedule)
             checkpointer.discard_best_after(loop.step)
             best = checkpointer.restore_best(state)
             best_state = None if best is None else best.state
@@ -1037,6 +1173,8 @@ def fit(
         evaluation_started = clock()
         val_loss = None if val_batches is None else evaluate(state, val_batches, eval_calibrate)
         evaluation_seconds = clock() - evaluation_started
+        if refit is not None:
+            refit.evaluated(evaluation_seconds)
         for key, value in zip(
             HISTORY_KEYS,
             (loop.epoch, loop.step, train_loss, val_loss, int(state.skipped_steps)),
@@ -1064,6 +1202,35 @@ def fit(
             last_save = clock()
 
     single_process = jax.process_count() == 1
+    refit: _ScheduleRefit | None = None
+    if time_budget is not None and planned_schedule is not None and loop.schedule_steps is None:
+        refit = _ScheduleRefit(
+            time_budget=time_budget,
+            planned=min(planned_schedule.total_steps, math.inf if total is None else total),
+            warmup_steps=planned_schedule.warmup_steps,
+            eval_interval=per_epoch if eval_every is None else eval_every,
+            settled_after=calibrate_steps or 0,
+        )
+
+    def refit_schedule() -> None:
+        """Ends the schedule where the budget will, once the step time is known (see `fit`)."""
+        nonlocal state, refit
+        assert refit is not None
+        if not single_process and loop.step % _SHARED_CLOCK_STEPS:
+            return
+        fitted = refit.estimate(loop.step, clock(), elapsed())
+        if not single_process:
+            fitted = _int_from_process_0(fitted)
+        if fitted is None:
+            return
+        if fitted < refit.planned:
+            state = with_schedule_steps(state, fitted)
+            loop.schedule_steps = fitted
+            progress.note(
+                f"the time budget fits about {fitted} steps: the learning rate now decays "
+                f"to step {fitted}"
+            )
+        refit = None
 
     def clock_says() -> tuple[bool, bool]:
         """`(a timed checkpoint is due, the time budget is spent)` by process 0's clock.
@@ -1113,6 +1280,8 @@ def fit(
                     compiled.add(calibrate)
                     progress.note(f"compiled in {_duration(clock() - compile_started)}")
                     progress.start(loop.step)
+                    if refit is not None:
+                        refit.compiled(loop.step, clock())
                 elif time_budget is not None and previous_loss is not None:
                     # The device stays at most one step behind: the clock measures its work.
                     jax.block_until_ready(previous_loss)
@@ -1120,6 +1289,8 @@ def fit(
                 if len(pending) >= _MAX_PENDING:
                     flush()
                 progress.stepped(loop.step, metrics["loss"])
+                if refit is not None:
+                    refit_schedule()
                 timed_save, spent = clock_says()
                 if eval_every is not None and loop.step % eval_every == 0:
                     loop.stopped_early = record()
@@ -1162,7 +1333,77 @@ def fit(
     else:
         reason = "completed"
         progress.note(f"finished at step {_of(loop.step, total)} after {_duration(elapsed())}")
-    return FitResult(state=state, best_state=best_state, history=loop.history, stop_reason=reason)
+    schedule = None if planned_schedule is None else in_state_schedule(state)
+    return FitResult(
+        state=state,
+        best_state=best_state,
+        history=loop.history,
+        stop_reason=reason,
+        schedule_steps=None if schedule is None else schedule.total_steps,
+    )
+
+
+# Before the time budget refits the schedule: steps and seconds measured since
+# the latest compilation, so that the step time is the running step's.
+_REFIT_MIN_STEPS = 5
+_REFIT_MIN_SECONDS = 2.0
+
+
+class _ScheduleRefit:
+    """Where the time budget will end training, from the measured step time (`fit`).
+
+    The step time is measured from the end of the latest compiling step,
+    leaving the evaluations in between out; the evaluations' cost is added
+    per step as their mean over `eval_interval` steps. The estimate is the
+    step at whose end the budget is spent, where `fit` stops.
+    """
+
+    def __init__(
+        self,
+        *,
+        time_budget: float,
+        planned: float,
+        warmup_steps: int,
+        eval_interval: int | None,
+        settled_after: int,
+    ) -> None:
+        self.time_budget, self.planned, self.warmup_steps = time_budget, planned, warmup_steps
+        self.eval_interval, self.settled_after = eval_interval, settled_after
+        self.start: tuple[int, float] | None = None  # (step, time) after the latest compile
+        self.window_evaluations = 0.0  # evaluation seconds since then
+        self.evaluations, self.evaluation_seconds = 0, 0.0
+
+    def compiled(self, step: int, now: float) -> None:
+        """A newly compiled step has run up to `step` at `now`: measure from here."""
+        self.start, self.window_evaluations = (step, now), 0.0
+
+    def evaluated(self, seconds: float) -> None:
+        """An evaluation took `seconds`."""
+        self.evaluations += 1
+        self.evaluation_seconds += seconds
+        self.window_evaluations += seconds
+
+    def estimate(self, step: int, now: float, elapsed: float) -> int | None:
+        """The step at which the budget runs out (not before `step`, above the warmup).
+
+        None while too little is measured, or while a compilation is still
+        ahead (the QAT step with frozen observers, after `settled_after` steps).
+        """
+        if self.start is None or self.start[0] <= self.settled_after:
+            return None
+        start_step, start_time = self.start
+        steps, seconds = step - start_step, now - start_time
+        if steps < _REFIT_MIN_STEPS or seconds < _REFIT_MIN_SECONDS:
+            return None
+        per_step = max(0.0, seconds - self.window_evaluations) / steps
+        if self.evaluations and self.eval_interval:
+            per_step += self.evaluation_seconds / self.evaluations / self.eval_interval
+        if per_step <= 0.0:
+            return None
+        remaining = max(0.0, self.time_budget - elapsed)
+        # Rounded first: a budget that is a whole number of steps ends at that step.
+        steps_left = math.ceil(round(remaining / per_step, 9))
+        return max(step + steps_left, self.warmup_steps + 1, step)
 
 
 class _Progress:
@@ -1279,6 +1520,13 @@ class _Progress:
             rate = (step - self.first_step) / (now - self.first_time)
             left.append(max(0, self.total - step) / rate)
         return min(left) if left else None
+
+
+def _int_from_process_0(value: int | None) -> int | None:
+    """Process 0's `value` in every process (a collective: every process must call it)."""
+    encoded = np.asarray(-1 if value is None else value, np.int32)
+    shared = int(np.asarray(multihost_utils.broadcast_one_to_all(encoded)))
+    return None if shared < 0 else shared
 
 
 def _from_process_0(*flags: bool) -> tuple[bool, ...]:

@@ -24,6 +24,7 @@ from tft_jax.forecaster.predictors import batch_inputs
 from tft_jax.model import TemporalFusionTransformer
 from tft_jax.train import (
     Batch,
+    WarmupCosine,
     create_train_state,
     fit,
     make_optimizer,
@@ -76,7 +77,7 @@ def steps_of(dataset: PreparedDataset, training: TrainingConfig) -> tuple[int, i
     return per_epoch, total if training.max_steps is None else min(total, training.max_steps)
 
 
-def schedule_of(peak: float, total: int, warmup: int | None) -> tuple[Any, int]:
+def schedule_of(peak: float, total: int, warmup: int | None) -> tuple[WarmupCosine, int]:
     """The warmup + cosine schedule and its warmup steps (default 5% of `total`, at most 200)."""
     warmup = min(200, total // 20) if warmup is None else warmup
     if warmup >= total:
@@ -94,7 +95,13 @@ def train_fp32(
     quiet: bool,
     rows: slice = slice(None),
 ) -> PhaseResult:
-    """FP32 training with the warmup + cosine schedule; the best state by validation loss."""
+    """FP32 training with the warmup + cosine schedule; the best state by validation loss.
+
+    The schedule's numbers live in the optimizer state (one compiled step
+    for any learning rate, warmup and total), and with a time budget `fit`
+    shortens the cosine to the steps the budget allows: the settings hold
+    the planned `total_steps` and the `schedule_steps` it ended at.
+    """
     per_epoch, total = steps_of(dataset, training)
     schedule, warmup = schedule_of(training.learning_rate, total, training.warmup_steps)
     tx = make_optimizer(schedule, clip_norm=training.clip_norm, weight_decay=training.weight_decay)
@@ -122,6 +129,8 @@ def train_fp32(
     settings = {
         "steps_per_epoch": per_epoch,
         "total_steps": total,
+        # Where the learning rate's cosine ends: `total` unless the time budget refitted it.
+        "schedule_steps": result.schedule_steps,
         "warmup_steps": warmup,
         "stop_reason": result.stop_reason,
     }
