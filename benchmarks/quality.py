@@ -31,6 +31,7 @@ from tft_jax.forecaster import Forecaster, ForecasterConfig, QATTrainingConfig
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "window_normalization": {"data.window_normalization": True},
+    "series_scaler_only": {"data.window_normalization": False},
     "no_categoricals": {},  # the table without its categorical inputs
 }
 

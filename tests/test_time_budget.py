@@ -43,7 +43,9 @@ def test_time_budget_flag_reaches_the_training_config(csv_path, capsys) -> None:
     args = parser.parse_args(["train", *table_args(csv_path), "--time-budget", "3m"])
     assert forecaster_config(args, qat=False).training.time_budget == 180.0
     default = parser.parse_args(["train", *table_args(csv_path)])
-    assert forecaster_config(default, qat=False).training.time_budget is None
+    assert forecaster_config(default, qat=False).training.time_budget == 180.0
+    unlimited = parser.parse_args(["train", *table_args(csv_path), "--time-budget", "none"])
+    assert forecaster_config(unlimited, qat=False).training.time_budget is None
     with pytest.raises(SystemExit):
         parser.parse_args(["train", *table_args(csv_path), "--time-budget", "3 weeks"])
     assert "--time-budget: expected a duration > 0" in capsys.readouterr().err

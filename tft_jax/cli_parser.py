@@ -84,6 +84,11 @@ def duration(text: str) -> float:
     return seconds
 
 
+def optional_duration(text: str) -> float | None:
+    """`duration(text)`, or None for `none` (no limit)."""
+    return None if text.strip().lower() == "none" else duration(text)
+
+
 def fraction_or_one(text: str) -> float:
     value = non_negative_float(text)
     if value > 1.0:
@@ -162,8 +167,9 @@ DATA_OPTIONS = (
            "transform of the target before scaling (log1p: counts, multiplicative growth)",
            {"choices": TARGET_TRANSFORMS}),
     Option("--window-normalization", "data", "window_normalization",
-           "also scale each window by its own history (series whose level moves)",
-           {"action": "store_true"}),
+           "also scale each window by its own history (series whose level moves); "
+           "--no-window-normalization: the per-series scaler alone",
+           {"action": argparse.BooleanOptionalAction}),
     Option("--nonnegative", "data", "nonnegative",
            "clip forecasts at 0 (counts, quantities that cannot be negative)",
            {"action": "store_true"}),
@@ -206,9 +212,10 @@ TRAINING_OPTIONS = (
     Option("--max-steps", "training", "max_steps", "stop after this many steps",
            {"type": positive_int}),
     Option("--time-budget", "training", "time_budget",
-           "stop FP32 training after this long (90s, 3m, 1h or seconds), compilation "
-           "included; the final evaluation and checkpoint follow",
-           {"type": duration, "metavar": "DURATION"}),
+           "stop FP32 training after this long (90s, 3m, 1h or seconds; 'none': no limit), "
+           "compilation included; the learning-rate schedule is fitted to it, and the final "
+           "evaluation and checkpoint follow",
+           {"type": optional_duration, "metavar": "DURATION"}),
     Option("--batch-size", "training", "batch_size", "global batch", {"type": positive_int}),
     Option("--lr", "training", "learning_rate",
            "peak learning rate of the warmup + cosine schedule", {"type": positive_float}),
@@ -259,7 +266,9 @@ def add_options(
         default = option.default(overrides)
         kwargs = dict(option.kwargs)
         text = option.help
-        if kwargs.get("action") != "store_true" and default not in (None, ()):
+        # argparse's BooleanOptionalAction states its default itself.
+        flag_action = kwargs.get("action") in ("store_true", argparse.BooleanOptionalAction)
+        if not flag_action and default not in (None, ()):
             shown = " ".join(map(str, default)) if isinstance(default, tuple) else default
             text = f"{text} (default {shown})"
         if kwargs.get("nargs") in ("*", "+") and isinstance(default, tuple):
@@ -372,6 +381,9 @@ def demo_argv() -> list[str]:
         if option.field in ("id_col", "time_col", "target", "freq", "timezone"):
             continue  # the bundled table is the default data
         if value is None or value == () or value == option.default({}):
+            continue
+        if option.kwargs.get("action") is argparse.BooleanOptionalAction:
+            argv.append(option.flag if value else f"--no-{option.flag[2:]}")
             continue
         argv += (
             [option.flag, *map(str, value)]

@@ -77,7 +77,10 @@ class DataConfig:
       target_transform: 'none' or 'log1p' (counts, multiplicative growth),
         applied before the per-series scaler and inverted on the forecasts.
       window_normalization: scale each window by its own history's mean and
-        std too (`WindowSet.normalized`), for series whose level moves.
+        std too (`WindowSet.normalized`), for series whose level moves. On
+        by default: measured on public tables of several kinds (BENCHMARKS.md,
+        "Forecast quality"), it helps much where levels move and costs little
+        where they do not; the bundled pedestrian counts are better without.
       nonnegative: clip forecasts at 0 in original units (counts, quantities
         that cannot be negative).
     """
@@ -106,7 +109,7 @@ class DataConfig:
     max_missing_fraction: float = 0.5
     min_series_length: int | None = None
     target_transform: str = "none"
-    window_normalization: bool = False
+    window_normalization: bool = True
     nonnegative: bool = False
 
     def __post_init__(self) -> None:
@@ -248,7 +251,10 @@ class TrainingConfig:
       max_steps: stop after this many steps (None: the epochs decide).
       time_budget: stop training after this many seconds, counted from the
         start of training with the compilation included (None: no limit);
-        the final evaluation and checkpoint follow (`tft_jax.train.fit`).
+        the learning-rate schedule is fitted to the steps it allows, and the
+        final evaluation and checkpoint follow (`tft_jax.train.fit`). Three
+        minutes by default, so that a default run on a laptop-sized table
+        (training, QAT, evaluation) ends in minutes.
       batch_size: the global batch, divisible by the device count.
       learning_rate: peak learning rate.
       warmup_steps: linear warmup steps; None = 5% of the steps, at most 200.
@@ -263,7 +269,7 @@ class TrainingConfig:
 
     epochs: int = 10
     max_steps: int | None = None
-    time_budget: float | None = None
+    time_budget: float | None = 180.0
     batch_size: int = 64
     learning_rate: float = 1e-3
     warmup_steps: int | None = None
@@ -357,11 +363,14 @@ def field_default(config: type, name: str) -> Any:
 
 # The demo: the whole pipeline on the bundled pedestrian counts in minutes on two CPU cores.
 DEMO = ForecasterConfig(
-    data=DataConfig.pedestrian(history=72, horizon=24),
+    # Pedestrian counts keep their level: the per-series scaler alone forecasts them
+    # better than with window normalization (BENCHMARKS.md, "Forecast quality").
+    data=DataConfig.pedestrian(history=72, horizon=24, window_normalization=False),
     model=ModelConfig(hidden_dim=32, num_heads=4, dropout_rate=0.1, variable_hidden_dim=8),
     training=TrainingConfig(
         epochs=100,
         max_steps=1200,
+        time_budget=None,
         batch_size=64,
         learning_rate=3e-3,
         eval_every=200,
