@@ -46,6 +46,8 @@ def test_time_budget_flag_reaches_the_training_config(csv_path, capsys) -> None:
     assert forecaster_config(default, qat=False).training.time_budget == 180.0
     unlimited = parser.parse_args(["train", *table_args(csv_path), "--time-budget", "none"])
     assert forecaster_config(unlimited, qat=False).training.time_budget is None
+    qat_default = forecaster_config(parser.parse_args(["train", *table_args(csv_path)]), qat=True)
+    assert qat_default.qat.time_budget == 60.0
     with pytest.raises(SystemExit):
         parser.parse_args(["train", *table_args(csv_path), "--time-budget", "3 weeks"])
     assert "--time-budget: expected a duration > 0" in capsys.readouterr().err
@@ -65,16 +67,16 @@ def test_a_budget_spent_by_the_first_step_stops_fp32_then_qat_and_int8_follow(
 ) -> None:
     argv = [
         "train", *table_args(csv_path), "--hidden-dim", "8", "--heads", "2", *TINY_RUN,
-        "--time-budget", "0.001", *TINY_QAT,
+        "--time-budget", "0.001", *TINY_QAT, "--qat-time-budget", "0.001",
     ]  # fmt: skip
     settings = forecaster_config(cli.build_parser().parse_args(argv), qat=True)
     forecaster = Forecaster.from_config(settings).fit(csv_path)
-    # The compilation alone spends the budget: FP32 stops after its first step,
-    # evaluates it, and the QAT phase (which has no budget) runs in full.
-    assert forecaster.summary["fp32"]["stop_reason"] == "time_budget"
-    assert forecaster.history["fp32"]["step"] == [1]
-    assert forecaster.summary["qat"]["stop_reason"] == "completed"
-    assert forecaster.history["qat"]["step"][-1] == 3
+    # The compilation alone spends each budget: FP32 stops after its first step
+    # and evaluates it, QAT starts from it and does the same, and int8 follows.
+    assert settings.qat.time_budget == 0.001
+    for phase in ("fp32", "qat"):
+        assert forecaster.summary[phase]["stop_reason"] == "time_budget"
+        assert forecaster.history[phase]["step"] == [1]
     lines = capsys.readouterr().err.splitlines()
     expected_in_order = [
         "FP32: compiling the train step...",
@@ -82,7 +84,7 @@ def test_a_budget_spent_by_the_first_step_stops_fp32_then_qat_and_int8_follow(
         "FP32: stopped on the time budget of 0.0s at step 1/4 after ",
         "QAT: calibrated the activation observers on 2 batches in ",
         "QAT: compiling the train step...",
-        "QAT: finished at step 3/3 after ",
+        "QAT: stopped on the time budget of 0.0s at step 1/3 after ",
         "int8: converted the QAT model in ",
     ]
     found = [

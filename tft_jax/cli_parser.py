@@ -238,6 +238,10 @@ TRAINING_OPTIONS = (
 )  # fmt: skip
 QAT_OPTIONS = (
     Option("--qat-steps", "qat", "steps", "QAT fine-tuning steps", {"type": positive_int}),
+    Option("--qat-time-budget", "qat", "time_budget",
+           "stop QAT fine-tuning after this long (90s, 3m, 1h or seconds; 'none': no limit), "
+           "compilation included; its schedule is fitted to it",
+           {"type": optional_duration, "metavar": "DURATION"}),
     Option("--qat-lr", "qat", "learning_rate", "peak QAT learning rate", {"type": positive_float}),
     Option("--qat-calibration-batches", "qat", "calibration_batches",
            "training batches the activation observers see before QAT", {"type": positive_int}),

@@ -310,6 +310,10 @@ class QATTrainingConfig:
       learning_rate: peak QAT learning rate.
       calibration_batches: training batches the activation observers see first.
       observer_steps: first QAT steps during which the observers keep updating.
+      time_budget: stop fine-tuning after this many seconds, compilation
+        included, with the schedule fitted to it as in FP32 training (None:
+        `steps` alone). One minute by default: with the FP32 budget, a
+        default run stays within minutes.
     """
 
     bits: int = 8
@@ -317,9 +321,12 @@ class QATTrainingConfig:
     learning_rate: float = 1e-4
     calibration_batches: int = 50
     observer_steps: int = 0
+    time_budget: float | None = 60.0
 
     def __post_init__(self) -> None:
         owner = "QATTrainingConfig"
+        if self.time_budget is not None:
+            _require_float(owner, "time_budget", self.time_budget, 0.0)
         _require_int(owner, "bits", self.bits, 2)
         if self.bits > 8:
             raise ValueError(f"{owner}.bits must be in 2..8, got {self.bits}")
@@ -377,5 +384,5 @@ DEMO = ForecasterConfig(
         patience=4,
         validation_windows=1024,
     ),
-    qat=QATTrainingConfig(steps=300, learning_rate=3e-4, calibration_batches=50),
+    qat=QATTrainingConfig(steps=300, learning_rate=3e-4, calibration_batches=50, time_budget=None),
 )

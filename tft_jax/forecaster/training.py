@@ -191,6 +191,7 @@ def train_qat(
         seed=training.seed + 1,
         eval_every=min(training.eval_every or total, total),
         max_steps=total,
+        time_budget=settings.time_budget,
         checkpoint_dir=None if checkpoint_dir is None else checkpoint_dir / "qat",
         resume=resume,
         calibrate_steps=settings.observer_steps,
@@ -200,5 +201,10 @@ def train_qat(
     return PhaseResult(
         to_host(result.best_state.variables),
         result.history,
-        {"total_steps": total, "warmup_steps": warmup, "stop_reason": result.stop_reason},
+        {
+            "total_steps": total,
+            "schedule_steps": result.schedule_steps,
+            "warmup_steps": warmup,
+            "stop_reason": result.stop_reason,
+        },
     )
