@@ -30,6 +30,7 @@ from tft_jax.data import prepare_dataset
 from tft_jax.distributed import process_rows
 from tft_jax.evaluation import epoch_batches, fixed_batches
 from tft_jax.forecaster import (
+    DEMO,
     Forecaster,
     ForecasterConfig,
     ModelConfig,
@@ -215,6 +216,8 @@ def test_demo_options_parse_as_train_arguments():
     args = cli.build_parser().parse_args(["train", *cli.demo_argv()])
     assert args.qat and args.history == 72 and args.horizon == 24
     assert args.history >= 24  # the hourly seasonal naive period must fit
+    # Every setting of the demo reaches it, limits it turns off included.
+    assert forecaster_config(args, qat=True) == DEMO
 
 
 def test_compact_selection_flag_reaches_the_model_config_and_survives_config_json(csv_path):

@@ -384,7 +384,10 @@ def demo_argv() -> list[str]:
         value = sections[option.section][option.field]
         if option.field in ("id_col", "time_col", "target", "freq", "timezone"):
             continue  # the bundled table is the default data
-        if value is None or value == () or value == option.default({}):
+        if value == option.default({}) or value == ():
+            continue
+        if value is None:  # a limit the demo turns off ('none': see optional_duration)
+            argv.append(f"{option.flag}=none")
             continue
         if option.kwargs.get("action") is argparse.BooleanOptionalAction:
             argv.append(option.flag if value else f"--no-{option.flag[2:]}")
