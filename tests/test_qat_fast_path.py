@@ -20,10 +20,12 @@ from flax import traverse_util
 
 import tft_jax.folded_selection as folded_selection
 from qat import QATConfig, QATDotGeneral, qat_dot_general
-from tft_jax import TemporalFusionTransformer, TFTConfig
+from tft_jax import TemporalFusionTransformer
 from tft_jax.embeddings import RealEmbedding
 from tft_jax.losses import quantile_loss
 from tft_jax.variable_selection import VariableSelectionNetwork
+
+from .test_fast_path import small_config
 
 FEATURES = 6
 BATCH, STEPS = 3, 7
@@ -224,18 +226,7 @@ def test_qat_model_chunked_step_equals_layer_by_layer_in_loss_outputs_and_gradie
     # Chunks of 5 rows: the history (18 rows) and the horizon (9) run several, the last
     # padded. No statics (fewer operations to compile; the context is tested above).
     monkeypatch.setattr(folded_selection, "DEFAULT_CHUNK_ROWS", 5)
-    config = TFTConfig(
-        num_static_features=0,
-        num_known_features=3,
-        num_observed_features=4,
-        hidden_dim=8,
-        num_heads=2,
-        sequence_length=6,
-        prediction_horizon=3,
-        dropout_rate=0.2,
-        variable_hidden_dim=4,
-        use_known_history=True,
-    )
+    config = small_config(num_static_features=0)
     qat_config = QATConfig(learnable_scale=True)
     rng = np.random.default_rng(0)
     inputs = dict(
