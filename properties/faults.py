@@ -56,9 +56,8 @@ from properties.suite import tft as tft_suite
 from qat import dot_general, fake_quant, lsq, observers
 from tft_jax import (
     attention,
-    folded_selection,
-    gating,
     interpretable_attention,
+    layer_norm,
     linear,
     lstm,
     train,
@@ -385,32 +384,15 @@ def _normalized_epsilon_outside(x: Any, epsilon: float) -> Any:
 def _layer_norm_epsilon_outside_sqrt() -> Iterator[None]:
     """Every LayerNorm divides by `sqrt(var) + eps` instead of `sqrt(var + eps)`.
 
-    Both implementations: `FeatureLayerNorm` (a method interceptor) and the
-    folded selection path's `_layer_norm` (a module attribute).
+    The TFT's gated LayerNorms (`FeatureLayerNorm`, and the chunked variable
+    selection paths) all call `tft_jax.layer_norm.layer_norm`; the fault
+    replaces the kernel they share.
     """
 
-    def interceptor(next_fun: Any, args: Any, kwargs: Any, context: Any) -> Any:
-        module = context.module
-        if not (isinstance(module, gating.FeatureLayerNorm) and context.method_name == "__call__"):
-            return next_fun(*args, **kwargs)
-        real = next_fun(*args, **kwargs)  # creates or reads the parameters
-        x = args[0]
-        scale = module.get_variable("params", "scale")
-        bias = module.get_variable("params", "bias")
-        if module.variable_major and module.num_variables is not None:
-            scale = linear.variable_major_broadcast(scale, x.ndim)
-            bias = linear.variable_major_broadcast(bias, x.ndim)
-        normalized = _normalized_epsilon_outside(x, module.epsilon)
-        return (normalized * scale + bias).astype(real.dtype)
+    def faulty(x: Any, scale: Any, bias: Any, epsilon: float) -> Any:
+        return _normalized_epsilon_outside(x, epsilon) * scale + bias
 
-    def folded_layer_norm(x: Any, scale: Any, bias: Any, dtype: Any) -> Any:
-        normalized = _normalized_epsilon_outside(x, folded_selection._LAYER_NORM_EPSILON)
-        return (normalized * scale + bias).astype(dtype)
-
-    with (
-        nn.intercept_methods(interceptor),
-        _replaced(folded_selection, "_layer_norm", folded_layer_norm),
-    ):
+    with _replaced(layer_norm, "_affine_normalize", faulty):
         yield
 
 

@@ -8,7 +8,7 @@ from flax import linen as nn
 
 from properties import faults
 from qat import dot_general, fake_quant, lsq, observers
-from tft_jax import attention, folded_selection, interpretable_attention, train
+from tft_jax import attention, interpretable_attention, layer_norm, train
 from tft_jax import model as tft_model
 
 # Where the catalogue patches the real code.
@@ -62,7 +62,7 @@ def test_reference_faults_are_distinct_and_restore_the_real_code():
     )
 
     def state() -> tuple[object, ...]:
-        return (*_snapshot(), nn.elu, jax.nn.elu, folded_selection._layer_norm)
+        return (*_snapshot(), nn.elu, jax.nn.elu, layer_norm._affine_normalize)
 
     before = state()
     for fault in faults.REFERENCE_FAULTS:
@@ -70,7 +70,7 @@ def test_reference_faults_are_distinct_and_restore_the_real_code():
             if "ELU" in fault.name:
                 assert nn.elu is jax.nn.relu and jax.nn.elu is jax.nn.relu
             if "LayerNorm" in fault.name:
-                assert folded_selection._layer_norm is not before[-1]
+                assert layer_norm._affine_normalize is not before[-1]
         assert state() == before, fault.name
 
 

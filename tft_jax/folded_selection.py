@@ -43,6 +43,7 @@ from flax import linen as nn
 from jax import lax
 
 from tft_jax.embeddings import AffineEmbedding
+from tft_jax.layer_norm import layer_norm
 from tft_jax.linear import VariableLinear, default_kernel_init
 from tft_jax.operand_quantizers import identity
 
@@ -61,9 +62,6 @@ def default_chunk_rows(num_rows: int) -> int:
     once to fill its cores, and its working set is not held in a CPU cache.
     """
     return DEFAULT_CHUNK_ROWS if jax.default_backend() == "cpu" else max(num_rows, 1)
-
-
-_LAYER_NORM_EPSILON = 1e-6
 
 
 class DenseLayer(NamedTuple):
@@ -298,11 +296,7 @@ class _GateAddNormParams(nn.Module):
 
 def _layer_norm(x: Array, scale: Array, bias: Array, dtype: Dtype) -> Array:
     """`FeatureLayerNorm`'s formula: statistics in at least float32 over the last axis."""
-    wide = x.astype(jnp.promote_types(x.dtype, jnp.float32))
-    mean = jnp.mean(wide, axis=-1, keepdims=True)
-    variance = jnp.mean(jnp.square(wide - mean), axis=-1, keepdims=True)
-    normalized = (wide - mean) * jnp.reciprocal(jnp.sqrt(variance + _LAYER_NORM_EPSILON))
-    return (normalized * scale + bias).astype(dtype)
+    return layer_norm(x, scale, bias, dtype=dtype)
 
 
 def _dropout(x: Array, keep: Array | None, rate: float) -> Array:

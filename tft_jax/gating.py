@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from tft_jax._dropout import resolve_deterministic
+from tft_jax.layer_norm import DEFAULT_EPSILON, layer_norm
 from tft_jax.linear import Linear, VariableLinear, variable_major_broadcast
 
 Array = Any
@@ -60,7 +61,7 @@ class FeatureLayerNorm(nn.Module):
     """
 
     num_variables: int | None = None
-    epsilon: float = 1e-6
+    epsilon: float = DEFAULT_EPSILON
     dtype: Dtype | None = None
     param_dtype: Dtype = jnp.float32
     variable_major: bool = False
@@ -70,16 +71,11 @@ class FeatureLayerNorm(nn.Module):
         shape = (x.shape[-1],) if self.num_variables is None else (self.num_variables, x.shape[-1])
         scale = self.param("scale", nn.initializers.ones_init(), shape, self.param_dtype)
         bias = self.param("bias", nn.initializers.zeros_init(), shape, self.param_dtype)
-        dtype = self.dtype or x.dtype
-        # Statistics in at least float32, whatever the compute dtype.
-        wide = x.astype(jnp.promote_types(x.dtype, jnp.float32))
-        mean = jnp.mean(wide, axis=-1, keepdims=True)
-        variance = jnp.mean(jnp.square(wide - mean), axis=-1, keepdims=True)
-        normalized = (wide - mean) * jnp.reciprocal(jnp.sqrt(variance + self.epsilon))
         if self.variable_major and self.num_variables is not None:
             scale = variable_major_broadcast(scale, x.ndim)
             bias = variable_major_broadcast(bias, x.ndim)
-        return (normalized * scale + bias).astype(dtype)
+        # Statistics in at least float32, whatever the compute dtype.
+        return layer_norm(x, scale, bias, self.epsilon, self.dtype or x.dtype)
 
 
 class GatedLinearUnit(nn.Module):
