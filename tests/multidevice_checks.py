@@ -57,11 +57,25 @@ def make_batch(seed: int) -> Batch:
     )
 
 
+# Plain SGD after clipping: Adam's first steps are sign-like, so a gradient that
+# is ~0 up to summation order would turn into a full-size difference. One
+# optimizer object for every state: the optimizer is static in the jitted step,
+# so states that share it (and a mesh) share one traced and compiled step.
+TX = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1))
+_INITIAL: dict[type, tuple] = {}  # host copy of the initial state, per model class
+
+
 def fresh_state(model, mesh, fsdp=False):
-    # Plain SGD after clipping: Adam's first steps are sign-like, so a gradient that
-    # is ~0 up to summation order would turn into a full-size difference.
-    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1))
-    state = create_train_state(model, tx, jax.random.key(0), make_batch(0))
+    """The initial state of `model` (always built from CONFIG) placed on `mesh` in new buffers.
+
+    The state is initialized once per model class and kept on the host: each
+    call places fresh device copies, since `train_step` donates its state.
+    """
+    if type(model) not in _INITIAL:
+        state = create_train_state(model, TX, jax.random.key(0), make_batch(0))
+        _INITIAL[type(model)] = (model, jax.tree.map(np.array, state))
+    initial_model, state = _INITIAL[type(model)]
+    assert initial_model == model, "fresh_state caches one model per class"
     return place_state(state, mesh, fsdp=fsdp)
 
 
