@@ -189,7 +189,7 @@ def test_affine_embedding_materializes_to_the_prescaler_output_exactly():
 
 
 def test_chunks_are_cache_sized_on_cpu_and_the_whole_batch_elsewhere():
-    from tft_jax.folded_selection import DEFAULT_CHUNK_ROWS, default_chunk_rows
+    from tft_jax.chunked_selection import DEFAULT_CHUNK_ROWS, default_chunk_rows
 
     expected = DEFAULT_CHUNK_ROWS if jax.default_backend() == "cpu" else 10_752
     assert default_chunk_rows(10_752) == expected

@@ -18,7 +18,7 @@ import pytest
 from flax import linen as nn
 from flax import traverse_util
 
-import tft_jax.folded_selection as folded_selection
+import tft_jax.chunked_selection as chunked_selection
 from qat import QATConfig, QATDotGeneral, qat_dot_general
 from tft_jax import TemporalFusionTransformer
 from tft_jax.embeddings import RealEmbedding
@@ -225,7 +225,7 @@ def test_qat_model_chunked_step_equals_layer_by_layer_in_loss_outputs_and_gradie
 ):
     # Chunks of 5 rows: the history (18 rows) and the horizon (9) run several, the last
     # padded. No statics (fewer operations to compile; the context is tested above).
-    monkeypatch.setattr(folded_selection, "DEFAULT_CHUNK_ROWS", 5)
+    monkeypatch.setattr(chunked_selection, "DEFAULT_CHUNK_ROWS", 5)
     config = small_config(num_static_features=0)
     qat_config = QATConfig(learnable_scale=True)
     rng = np.random.default_rng(0)
