@@ -51,3 +51,39 @@ settings.register_profile("dev", max_examples=5, **_COMMON)
 settings.register_profile("ci", max_examples=15, derandomize=True, **_COMMON)
 settings.register_profile("thorough", max_examples=200, **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# Heaviest test files first. `make test` runs `-n 2 --dist loadfile`: each
+# file goes whole to one worker, in collection order once `--no-loadscope-reorder`
+# (pyproject's addopts) stops pytest-xdist from queuing files by their number of
+# tests, which put the one-test README run (one of the longest files) last.
+# Starting the long files first (longest processing time first) leaves the
+# short ones to even out the two workers at the end. Seconds from a cold run on
+# 2 cores; a file not listed runs after these, in alphabetical order. The order
+# only changes when a file runs, never what it checks.
+_HEAVY_FILES_FIRST = (
+    "test_cli.py",  # ~175 s: the trained run fixture and the two-process run
+    "test_distributed.py",  # the 8-device subprocess
+    "test_readme.py",
+    "test_experiments.py",
+    "test_faults.py",
+    "test_model.py",
+    "test_qat_model.py",
+    "test_benchmarks.py",
+    "test_train.py",
+    "test_categorical_inputs.py",
+    "test_properties_tft.py",
+    "test_qat_fast_path.py",
+    "test_checkpoint.py",
+    "test_level_shift.py",
+    "test_time_budget.py",
+    "test_fast_path.py",
+    "test_properties_qat.py",
+    "test_properties_attention.py",
+    "test_reference_tft.py",
+    "test_forecaster.py",
+)
+
+
+def pytest_collection_modifyitems(items) -> None:
+    rank = {name: index for index, name in enumerate(_HEAVY_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: keeps file order
