@@ -189,7 +189,14 @@ def test_affine_embedding_materializes_to_the_prescaler_output_exactly():
 
 
 def test_chunks_are_cache_sized_on_cpu_and_the_whole_batch_elsewhere():
-    from tft_jax.chunked_selection import DEFAULT_CHUNK_ROWS, default_chunk_rows
+    from tft_jax.chunked_selection import DEFAULT_CHUNK_BYTES, default_chunk_rows
 
-    expected = DEFAULT_CHUNK_ROWS if jax.default_backend() == "cpu" else 10_752
-    assert default_chunk_rows(10_752) == expected
+    # The paper's electricity history: 64 x 168 rows, 15 variables, D = 160, float32.
+    num_rows, row_bytes = 64 * 168, 15 * 160 * 4
+    rows = default_chunk_rows(num_rows, row_bytes)
+    if jax.default_backend() != "cpu":
+        assert rows == num_rows
+        return
+    assert rows * row_bytes <= DEFAULT_CHUNK_BYTES < (rows + 1) * row_bytes
+    assert default_chunk_rows(num_rows, 2 * DEFAULT_CHUNK_BYTES) == 1  # never zero rows
+    assert default_chunk_rows(num_rows, 2 * row_bytes) == rows // 2  # twice as wide, half the rows

@@ -225,7 +225,7 @@ def test_qat_model_chunked_step_equals_layer_by_layer_in_loss_outputs_and_gradie
 ):
     # Chunks of 5 rows: the history (18 rows) and the horizon (9) run several, the last
     # padded. No statics (fewer operations to compile; the context is tested above).
-    monkeypatch.setattr(chunked_selection, "DEFAULT_CHUNK_ROWS", 5)
+    monkeypatch.setattr(chunked_selection, "default_chunk_rows", lambda num_rows, row_bytes: 5)
     config = small_config(num_static_features=0)
     qat_config = QATConfig(learnable_scale=True)
     rng = np.random.default_rng(0)

@@ -37,18 +37,24 @@ from tft_jax.operand_quantizers import identity
 Array = Any
 Dtype = Any
 
-# Rows (batch x time) per chunk on CPU: small enough that a chunk's widest
-# intermediates, `(V, rows, D)` floats, stay in a core's cache.
-DEFAULT_CHUNK_ROWS = 512
+# Bytes of a chunk's widest intermediate on CPU, a `(V, rows, D)` array: about
+# what a core's L2 cache holds, so that the elementwise passes over it (the
+# GLU, the residual, the LayerNorm and their derivatives) stay in cache.
+DEFAULT_CHUNK_BYTES = 5 << 18  # 1.25 MiB
 
 
-def default_chunk_rows(num_rows: int) -> int:
-    """Rows per chunk when none is given: `DEFAULT_CHUNK_ROWS` on CPU, all rows elsewhere.
+def default_chunk_rows(num_rows: int, row_bytes: int) -> int:
+    """Rows per chunk when none is given.
 
-    Chunks run one after another; an accelerator needs the whole batch at
-    once to fill its cores, and its working set is not held in a CPU cache.
+    On CPU as many rows of `row_bytes` (the widest intermediate's bytes per
+    row, `V * D * itemsize`) as fit in `DEFAULT_CHUNK_BYTES`, at least one;
+    elsewhere all `num_rows`: chunks run one after another, an accelerator
+    needs the whole batch at once to fill its cores, and its working set is
+    not held in a CPU cache.
     """
-    return DEFAULT_CHUNK_ROWS if jax.default_backend() == "cpu" else max(num_rows, 1)
+    if jax.default_backend() != "cpu":
+        return max(num_rows, 1)
+    return max(1, DEFAULT_CHUNK_BYTES // max(row_bytes, 1))
 
 
 class DenseLayer(NamedTuple):
@@ -344,6 +350,11 @@ def _grn_after_first_layers(
     return layer_norm(skip.astype(gated.dtype) + gated, scale, bias, dtype=dtype)
 
 
+def combine_rows(weights: Array, processed: Array) -> Array:
+    """`sum_v weights[r, v] * processed[v, r]`: `(R, V)`, `(V, R, D)` -> `(R, D)`."""
+    return jnp.einsum("rv,vrd->rd", weights.astype(processed.dtype), processed)
+
+
 class FirstLayers(NamedTuple):
     """The GRNs' first layers on one chunk of `R` rows, as `chunked_selection` needs them.
 
@@ -433,7 +444,9 @@ def chunked_selection(
     """
     num_variables, features = module.num_variables, module.features
     num_rows = math.prod(lead_shape)
-    chunk_rows = default_chunk_rows(num_rows) if chunk_rows is None else chunk_rows
+    if chunk_rows is None:
+        row_bytes = num_variables * features * jnp.dtype(dtype).itemsize
+        chunk_rows = default_chunk_rows(num_rows, row_bytes)
     single = num_variables == 1
     deterministic = deterministic or module.dropout_rate == 0.0
     common = dict(
@@ -522,8 +535,7 @@ def chunked_selection(
         processed = _grn_after_first_layers(
             hidden, first.variable_skip, variable, variable_keep, rate, dtype, True
         )
-        combined = jnp.einsum("rv,vrd->rd", weights.astype(processed.dtype), processed)
-        return combined, weights
+        return combine_rows(weights, processed), weights
 
     combined, weights = chunked_rows(
         body,

@@ -42,7 +42,9 @@ class VariableSelectionNetwork(nn.Module):
     and no `dot_general_cls`, the same function runs through
     `tft_jax.folded_selection`: the embedding folded into the first layers,
     the GRNs and the weighted sum over chunks of `chunk_rows` rows under
-    `lax.scan` + `jax.checkpoint` (None: 512 on CPU, one chunk on
+    `lax.scan` + `jax.checkpoint` (None: on CPU as many rows as keep a
+    chunk's `(V, rows, D)` intermediates within
+    `tft_jax.chunked_selection.DEFAULT_CHUNK_BYTES`, one chunk on
     accelerators). Same parameters, same dropout masks. The
     quantized model materializes the embedding (every quantizer sees what it
     sees without the fold). When its `dot_general_cls` hands out frozen
