@@ -75,7 +75,6 @@ _HEAVY_FILES_FIRST = (
     "test_qat_fast_path.py",
     "test_checkpoint.py",
     "test_level_shift.py",
-    "test_time_budget.py",
     "test_fast_path.py",
     "test_properties_qat.py",
     "test_properties_attention.py",

@@ -13,9 +13,9 @@ import pytest
 
 from tft_jax import cli
 from tft_jax.cli_parser import duration, forecaster_config
-from tft_jax.forecaster import Forecaster, TrainingConfig
+from tft_jax.forecaster import TrainingConfig
 
-from .cli_tables import TINY_QAT, TINY_RUN, table_args, write_table
+from .cli_tables import table_args, write_table
 
 
 @pytest.fixture(scope="module")
@@ -61,34 +61,5 @@ def test_training_config_time_budget_is_a_positive_number() -> None:
         TrainingConfig(time_budget="3m")
 
 
-@pytest.mark.slow
-def test_a_budget_spent_by_the_first_step_stops_fp32_then_qat_and_int8_follow(
-    csv_path, capsys
-) -> None:
-    argv = [
-        "train", *table_args(csv_path), "--hidden-dim", "8", "--heads", "2", *TINY_RUN,
-        "--time-budget", "0.001", *TINY_QAT, "--qat-time-budget", "0.001",
-    ]  # fmt: skip
-    settings = forecaster_config(cli.build_parser().parse_args(argv), qat=True)
-    forecaster = Forecaster.from_config(settings).fit(csv_path)
-    # The compilation alone spends each budget: FP32 stops after its first step
-    # and evaluates it, QAT starts from it and does the same, and int8 follows.
-    assert settings.qat.time_budget == 0.001
-    for phase in ("fp32", "qat"):
-        assert forecaster.summary[phase]["stop_reason"] == "time_budget"
-        assert forecaster.history[phase]["step"] == [1]
-    lines = capsys.readouterr().err.splitlines()
-    expected_in_order = [
-        "FP32: compiling the train step...",
-        "FP32: compiled in ",
-        "FP32: stopped on the time budget of 0.0s at step 1/4 after ",
-        "QAT: calibrated the activation observers on 2 batches in ",
-        "QAT: compiling the train step...",
-        "QAT: stopped on the time budget of 0.0s at step 1/3 after ",
-        "int8: converted the QAT model in ",
-    ]
-    found = [
-        next((i for i, line in enumerate(lines) if line.startswith(start)), None)
-        for start in expected_in_order
-    ]
-    assert None not in found and found == sorted(found), "\n".join(lines)
+# The end-to-end run with a spent budget is in tests/test_cli.py, next to the CLI's other
+# runs on the same table and settings: in one process it reuses their traced steps.
