@@ -350,9 +350,14 @@ def _grn_after_first_layers(
     return layer_norm(skip.astype(gated.dtype) + gated, scale, bias, dtype=dtype)
 
 
-def combine_rows(weights: Array, processed: Array) -> Array:
-    """`sum_v weights[r, v] * processed[v, r]`: `(R, V)`, `(V, R, D)` -> `(R, D)`."""
-    return jnp.einsum("rv,vrd->rd", weights.astype(processed.dtype), processed)
+def combine_variables(weights: Array, processed: Array) -> Array:
+    """`sum_v weights[..., v] * processed[v, ...]`: `(..., V)`, `(V, ..., D)` -> `(..., D)`.
+
+    One contraction over `V`. XLA:CPU runs it well (its producer writes the
+    operand in the layout the contraction wants); a multiply reduced over the
+    leading axis runs as a slow strided reduction there instead.
+    """
+    return jnp.einsum("...v,v...d->...d", weights.astype(processed.dtype), processed)
 
 
 class FirstLayers(NamedTuple):
@@ -535,7 +540,7 @@ def chunked_selection(
         processed = _grn_after_first_layers(
             hidden, first.variable_skip, variable, variable_keep, rate, dtype, True
         )
-        return combine_rows(weights, processed), weights
+        return combine_variables(weights, processed), weights
 
     combined, weights = chunked_rows(
         body,

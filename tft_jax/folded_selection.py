@@ -32,7 +32,7 @@ from typing import Any
 import jax.numpy as jnp
 from flax import linen as nn
 
-from tft_jax.chunked_selection import DenseLayer, FirstLayers, chunked_selection
+from tft_jax.chunked_selection import DenseLayer, FirstLayers, chunked_selection, dense
 from tft_jax.embeddings import AffineEmbedding
 
 Array = Any
@@ -51,14 +51,17 @@ def _fold_per_variable(
     )
 
 
-def _fold_flat(slope: Array, intercept: Array, layer: DenseLayer | None) -> tuple[Array, Array]:
-    """The same for a layer over the flattened embeddings `(V·width, F)`: `(V, F)`, `(F,)`."""
+def _fold_flat(slope: Array, intercept: Array, layer: DenseLayer | None) -> DenseLayer:
+    """The same for a layer over the flattened embeddings `(V·width, F)`.
+
+    The result is a dense layer over the scalar inputs: kernel `(V, F)`, bias `(F,)`.
+    """
     num_variables, width = slope.shape
     if layer is None:  # width 1: the flattened embedding itself
-        return jnp.diag(slope[:, 0]), intercept[:, 0]
+        return DenseLayer(jnp.diag(slope[:, 0]), intercept[:, 0])
     kernel, bias = layer.kernel, layer.bias
     kernel = kernel.reshape(num_variables, width, kernel.shape[-1])
-    return (
+    return DenseLayer(
         jnp.einsum("vw,vwf->vf", slope, kernel),
         jnp.einsum("vw,vwf->f", intercept, kernel) + bias,
     )
@@ -97,12 +100,8 @@ def folded_selection(
             # values (R, V): the scalar inputs of the chunk's rows.
             scalars = values.T[..., None]  # (V, R, 1)
             return FirstLayers(
-                selection_skip=(
-                    None if selection is None else values @ selection_skip[0] + selection_skip[1]
-                ),
-                selection_hidden=(
-                    None if selection is None else values @ selection_input[0] + selection_input[1]
-                ),
+                selection_skip=None if selection is None else dense(values, selection_skip),
+                selection_hidden=None if selection is None else dense(values, selection_input),
                 variable_skip=scalars * skip_slope[:, None, :] + skip_intercept[:, None, :],
                 variable_hidden=scalars * input_slope[:, None, :] + input_intercept[:, None, :],
             )

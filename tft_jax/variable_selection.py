@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from tft_jax._dropout import resolve_deterministic
+from tft_jax.chunked_selection import combine_variables
 from tft_jax.embeddings import AffineEmbedding
 from tft_jax.folded_selection import folded_selection
 from tft_jax.gating import GatedResidualNetwork
@@ -110,13 +111,3 @@ class VariableSelectionNetwork(nn.Module):
                 logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), axis=-1
             )
         return combine_variables(weights, processed), weights
-
-
-def combine_variables(weights: Array, processed: Array) -> Array:
-    """`sum_v weights[..., v] * processed[v, ...]`: `(..., V)`, `(V, ..., D)` -> `(..., D)`.
-
-    One contraction over `V`. XLA:CPU runs it well (its producer writes the
-    operand in the layout the contraction wants); a multiply reduced over the
-    leading axis runs as a slow strided reduction there instead.
-    """
-    return jnp.einsum("...v,v...d->...d", weights.astype(processed.dtype), processed)
