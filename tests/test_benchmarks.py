@@ -20,6 +20,7 @@ from benchmarks import (
     attention,
     common,
     cpu,
+    dropout_keys,
     fake_quant,
     inference,
     optimizer,
@@ -122,6 +123,23 @@ def test_optimizer_records_both_optimizers_and_fewer_kernels_for_the_flat_one(ca
     assert flat["fusions"] < tree["fusions"] - tree["leaves"]
     assert flat["fusions_ratio"] == pytest.approx(flat["fusions"] / tree["fusions"])
     assert tree["median_ratio"] == 1.0
+
+
+def test_dropout_keys_records_both_variants_with_equal_losses_and_fewer_loops_inline(
+    capsys, monkeypatch
+):
+    # `seed` has dropout (`tiny` has none); its masks are small, so every draw
+    # is made inline here.
+    monkeypatch.setattr(dropout_keys.inline_threefry, "INLINE_MIN_SIZE", 1)
+    records = run_json(dropout_keys.main, ["--config", "seed"], capsys)
+    assert [r["variant"] for r in records] == list(dropout_keys.VARIANTS)
+    builtin, inline = records
+    for record in records:
+        common.validate_record(record, dropout_keys.REQUIRED_FIELDS)
+    assert inline["whiles"] < builtin["whiles"] and inline["copies"] < builtin["copies"]
+    # The same masks: the same loss up to the order of float32 sums.
+    assert inline["loss_difference"] <= 1e-5 * abs(builtin["first_loss"])
+    assert inline["median_ratio"] == pytest.approx(inline["median_s"] / builtin["median_s"])
 
 
 def test_attention_records_one_per_path(capsys):

@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from tft_jax.checkpoint import TrainingCheckpointer
 from tft_jax.distributed import data_mesh, is_primary, place_state, shard_batch
 from tft_jax.flat_optimizer import FlatAdamWState, flat_adamw, global_norm
+from tft_jax.inline_threefry import inline_threefry_key
 from tft_jax.losses import pinball, quantile_loss
 from tft_jax.schedules import WarmupCosine
 
@@ -449,7 +450,8 @@ def _forward(
     args, kwargs = _model_inputs(batch)
     kwargs["deterministic"] = deterministic
     if rng is not None:
-        kwargs["rngs"] = {"dropout": rng}
+        # Same dropout masks; on CPU the large ones are drawn without a loop.
+        kwargs["rngs"] = {"dropout": inline_threefry_key(rng)}
     if calibrate is not None:
         kwargs["calibrate"] = calibrate
     variables = {**trainables, **state.model_state}
@@ -631,11 +633,13 @@ def train_step(
     """One jitted optimization step on the quantile loss; `state` is donated.
 
     The model runs with `deterministic=False` and `rng` as its `'dropout'`
-    key; gradients are taken w.r.t. `state.trainables()` only (`'params'` and
-    e.g. `'quant_params'`, never `model_state`). A step whose loss or
-    gradient norm is not finite (a NaN or inf in any gradient, or a norm that
-    overflows) leaves `params`, `opt_state` and `model_state` unchanged and
-    increments `skipped_steps`; `step` always advances.
+    key (a Threefry key re-typed by `inline_threefry_key`: the same masks,
+    drawn without loops on CPU); gradients are taken w.r.t.
+    `state.trainables()` only (`'params'` and e.g. `'quant_params'`, never
+    `model_state`). A step whose loss or gradient norm is not finite (a NaN
+    or inf in any gradient, or a norm that overflows) leaves `params`,
+    `opt_state` and `model_state` unchanged and increments `skipped_steps`;
+    `step` always advances.
 
     Args:
       state: the current state; its buffers are donated, do not reuse it.
