@@ -24,6 +24,7 @@ from benchmarks import (
     fake_quant,
     inference,
     optimizer,
+    selection_variants,
     train_step,
 )
 
@@ -140,6 +141,22 @@ def test_dropout_keys_records_both_variants_with_equal_losses_and_fewer_loops_in
     # The same masks: the same loss up to the order of float32 sums.
     assert inline["loss_difference"] <= 1e-5 * abs(builtin["first_loss"])
     assert inline["median_ratio"] == pytest.approx(inline["median_s"] / builtin["median_s"])
+
+
+def test_selection_variants_compute_the_same_loss_in_every_layout(capsys, monkeypatch):
+    # Small chunks, so that `tiny`'s selection networks run over several of them.
+    monkeypatch.setattr(selection_variants.chunked_selection, "DEFAULT_CHUNK_BYTES", 64)
+    records = run_json(selection_variants.main, ["--config", "tiny", "--mode", "qat"], capsys)
+    assert [r["variant"] for r in records] == list(selection_variants.VARIANTS)
+    default = records[0]
+    for record in records:
+        common.validate_record(record, selection_variants.REQUIRED_FIELDS)
+        assert record["loss_difference"] <= 1e-5 * abs(default["first_loss"])
+        assert record["median_ratio"] == pytest.approx(record["median_s"] / default["median_s"])
+    with pytest.raises(ValueError, match="needs --mode qat"):
+        selection_variants.main(
+            ["--config", "tiny", "--mode", "float", "--variant", "materialized"]
+        )
 
 
 def test_attention_records_one_per_path(capsys):

@@ -4,8 +4,9 @@ The selection GRN, the per-variable GRNs, their LayerNorms and the weighted
 sum run over chunks of rows (batch x time flattened, the last chunk padded)
 under `lax.scan`, each chunk under `jax.checkpoint`: the `(V, rows, D)`
 intermediates of one chunk stay in cache and are recomputed in the backward
-pass instead of being written to memory and read back. Rows are independent,
-so the result equals one call on all rows.
+pass instead of being written to memory and read back (only the narrow
+outputs of the unbatched contractions are kept: `CHUNK_REMAT_POLICY`).
+Rows are independent, so the result equals one call on all rows.
 
 Parameters (and quantizer variables, and dropout masks) are declared by
 holder modules at the layer-by-layer modules' paths, with the same names,
@@ -41,6 +42,15 @@ Dtype = Any
 # what a core's L2 cache holds, so that the elementwise passes over it (the
 # GLU, the residual, the LayerNorm and their derivatives) stay in cache.
 DEFAULT_CHUNK_BYTES = 5 << 18  # 1.25 MiB
+
+# What a chunk keeps from its forward pass for the backward one: the outputs of
+# its unbatched contractions (the selection GRN's layers, `(rows, F)` each: in
+# the quantized model the widest is the `(rows, V*width)` input layer), small
+# and costly to recompute. Everything else, the `(V, rows, D)` per-variable
+# intermediates included, is recomputed.
+CHUNK_REMAT_POLICY: Callable[..., bool] | None = (
+    jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+)
 
 
 def default_chunk_rows(num_rows: int, row_bytes: int) -> int:
@@ -385,8 +395,9 @@ def chunked_rows(
 
     `row_inputs[i]` has its rows on axis `row_axes[i]` (None entries pass
     through); every output of `body` has its rows on axis 0. Rows are
-    independent, so the result equals one call on all rows. With a single
-    chunk, `body` runs once, without rematerialization.
+    independent, so the result equals one call on all rows. The checkpoint
+    keeps what `CHUNK_REMAT_POLICY` saves; with a single chunk, `body` runs
+    once, without rematerialization.
     """
     chunks = max(1, math.ceil(num_rows / chunk_rows))
     if chunks == 1:
@@ -405,7 +416,7 @@ def chunked_rows(
         return jnp.moveaxis(x, axis, 0)
 
     xs = tuple(split(x, axis) for x, axis in zip(row_inputs, row_axes, strict=True))
-    checkpointed = jax.checkpoint(body)
+    checkpointed = jax.checkpoint(body, policy=CHUNK_REMAT_POLICY)
 
     def step(carry: None, chunk: tuple[Array | None, ...]) -> tuple[None, tuple[Array, ...]]:
         return carry, checkpointed(*chunk)

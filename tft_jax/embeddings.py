@@ -10,6 +10,7 @@ from flax import linen as nn
 from flax import struct
 
 from tft_jax.linear import VariableLinear, _cast_operands
+from tft_jax.operand_quantizers import supports_operand_quantizers
 
 Array = Any
 Dtype = Any
@@ -64,15 +65,24 @@ def concatenate_variables(parts: Sequence[Array | AffineEmbedding]) -> Array | A
     return jnp.concatenate(arrays, axis=-2)
 
 
-class _PrescalerParams(nn.Module):
-    """The prescaler's parameters as `VariableLinear(V, width)` declares them, not applied."""
+class _Prescaler(nn.Module):
+    """The prescaler as an `AffineEmbedding`: `VariableLinear(V, width)`'s parameters, not applied.
+
+    The parameters (and, with `dot_general_cls`, its quantizer) are declared
+    at `VariableLinear`'s paths. A quantizer hands out the fake-quantized
+    kernel and the input's quantizer (`tft_jax.operand_quantizers`), so
+    `materialize()` equals the quantized `VariableLinear`: its contraction
+    has one term, a product.
+    """
 
     num_variables: int
     width: int
+    dtype: Dtype | None = None
     param_dtype: Dtype = jnp.float32
+    dot_general_cls: Callable[..., nn.Module] | None = None
 
     @nn.compact
-    def __call__(self) -> tuple[Array, Array]:
+    def __call__(self, x: Array) -> AffineEmbedding:
         kernel = self.param(
             "kernel",
             VariableLinear.kernel_init,
@@ -82,7 +92,17 @@ class _PrescalerParams(nn.Module):
         bias = self.param(
             "bias", nn.initializers.zeros_init(), (self.num_variables, self.width), self.param_dtype
         )
-        return kernel, bias
+        values, kernel, bias = _cast_operands(x, kernel, bias, self.dtype)
+        if self.dot_general_cls is not None:
+            # VariableLinear's contraction of x[..., None] (..., V, 1) with kernel (V, 1, width).
+            lhs = values[..., None]
+            dimension_numbers = (((lhs.ndim - 1,), (1,)), ((lhs.ndim - 2,), (0,)))
+            quantizer = self.dot_general_cls(name="dot_general", lhs_bounds=None)
+            kernel, quantize_input = quantizer.operand_quantizers(
+                kernel, dimension_numbers, lhs.shape
+            )
+            values = quantize_input(lhs)[..., 0]
+        return AffineEmbedding(values, kernel[:, 0, :], bias)
 
 
 class RealEmbedding(nn.Module):
@@ -91,11 +111,14 @@ class RealEmbedding(nn.Module):
     The per-variable "prescaler" of the paper (and pytorch-forecasting's
     `hidden_continuous_size`), computed as one batched contraction.
 
-    With `lazy=True` and no `dot_general_cls` it returns an `AffineEmbedding`
-    (the inputs and the same parameters, not yet multiplied out) for a
-    variable selection network to fold into its first layers. A quantized
-    model (`dot_general_cls` set) always gets the computed embeddings: its
-    quantizers observe the prescaler's input and weights.
+    With `lazy=True` it returns an `AffineEmbedding` (the inputs and the same
+    parameters, not yet multiplied out) for a variable selection network to
+    fold into its first layers (FP32) or to multiply out chunk by chunk
+    (quantized: the input and kernel already fake-quantized, so the product
+    is the quantized contraction's). That needs no `dot_general_cls` or one
+    with operand quantizers (`tft_jax.operand_quantizers`); with any other
+    (an observer being calibrated sees the whole input at once) it returns
+    the computed embeddings.
     """
 
     num_variables: int
@@ -107,17 +130,22 @@ class RealEmbedding(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array) -> Array | AffineEmbedding:
-        if self.lazy and self.dot_general_cls is None:
+        if self.lazy and (
+            self.dot_general_cls is None or supports_operand_quantizers(self.dot_general_cls)
+        ):
             if x.ndim < 1 or x.shape[-1] != self.num_variables:
                 raise ValueError(
                     f"RealEmbedding expects x of shape (..., {self.num_variables}), "
                     f"got {tuple(x.shape)}"
                 )
-            kernel, bias = _PrescalerParams(
-                self.num_variables, self.width, self.param_dtype, name="prescaler"
-            )()
-            values, kernel, bias = _cast_operands(x, kernel, bias, self.dtype)
-            return AffineEmbedding(values, kernel[:, 0, :], bias)
+            return _Prescaler(
+                self.num_variables,
+                self.width,
+                self.dtype,
+                self.param_dtype,
+                self.dot_general_cls,
+                name="prescaler",
+            )(x)
         return VariableLinear(
             self.num_variables,
             self.width,

@@ -8,7 +8,11 @@ inputs. It can take the chunks. With frozen quantizers (operand quantizers,
 the per-variable GRNs asks its quantizer once, outside the loop, for its
 fake-quantized kernel (per-channel scales from the whole kernel) and its
 activation quantizer (elementwise with frozen per-tensor parameters, the
-LSQ gradient scale of the whole activation). The selection GRN, the
+LSQ gradient scale of the whole activation). The real inputs' prescaler does the
+same (`RealEmbedding(lazy=True)` returns the quantized inputs and kernel as
+an `AffineEmbedding`), so the `(rows, V, width)` embeddings are multiplied
+out inside each chunk, and their gradient reduced there, instead of being
+written to memory whole, forward and backward. The selection GRN, the
 per-variable GRNs, their LayerNorms and the weighted sum then run over
 chunks of rows (batch x time flattened, the last chunk padded) under
 `lax.scan`, each chunk under `jax.checkpoint`, applying those quantizers to
@@ -36,41 +40,68 @@ from tft_jax.chunked_selection import (
     dense,
     per_variable_dense,
 )
+from tft_jax.embeddings import AffineEmbedding
 
 Array = Any
 
 
 def quantized_selection(
     module: nn.Module,
-    embedded: Array,
+    embedded: Array | AffineEmbedding,
     context: Array | None,
     deterministic: bool,
     chunk_rows: int | None = None,
 ) -> tuple[Array, Array]:
     """`VariableSelectionNetwork.__call__` for a `dot_general_cls` with operand quantizers.
 
-    Called from inside `module`'s compact `__call__` with the computed
-    embeddings `(B, [T,] V, width)` and the optional `(B, C)` context; it
-    declares `variable_grns` and `selection_grn` (parameters, quantizers and
-    dropout masks) under their usual names and returns `(combined (B, [T,]
-    D), weights (B, [T,] V))`. `chunk_rows` None: `default_chunk_rows`.
+    Called from inside `module`'s compact `__call__` with the embeddings
+    `(B, [T,] V, width)`, or the quantized prescaler's `AffineEmbedding` of
+    `(B, [T,] V)` inputs (then multiplied out inside each chunk, in both
+    layouts the first layers read, instead of written whole and read back),
+    and the optional `(B, C)` context; it declares `variable_grns` and
+    `selection_grn` (parameters, quantizers and dropout masks) under their
+    usual names and returns `(combined (B, [T,] D), weights (B, [T,] V))`.
+    `chunk_rows` None: `default_chunk_rows`.
     """
-    num_variables, width = embedded.shape[-2:]
-    lead_shape = embedded.shape[:-2]
-    dtype = module.dtype or jnp.result_type(embedded, module.param_dtype)
+    if isinstance(embedded, AffineEmbedding):
+        num_variables, width = embedded.slope.shape
+        lead_shape = embedded.values.shape[:-1]
+        dtype = module.dtype or jnp.result_type(embedded.values, embedded.slope, module.param_dtype)
+        slope, intercept = embedded.slope.astype(dtype), embedded.intercept.astype(dtype)
+        rows = embedded.values.astype(dtype).reshape(-1, num_variables)
+
+        def row_major(values: Array) -> Array:
+            # (R, V) -> (R, V, width), as `AffineEmbedding.materialize` computes it.
+            return values[..., None] * slope + intercept
+
+        def variable_major(values: Array) -> Array:
+            # (R, V) -> (V, R, width): the same elements, no transpose of the wide array.
+            return values.T[..., None] * slope[:, None, :] + intercept[:, None, :]
+
+    else:
+        num_variables, width = embedded.shape[-2:]
+        lead_shape = embedded.shape[:-2]
+        dtype = module.dtype or jnp.result_type(embedded, module.param_dtype)
+        rows = embedded.astype(dtype).reshape(-1, num_variables, width)
+
+        def row_major(embedded: Array) -> Array:
+            return embedded
+
+        def variable_major(embedded: Array) -> Array:
+            return jnp.swapaxes(embedded, 0, 1)
 
     def first_layers(
         variable: dict[str, Any], selection: dict[str, Any] | None
     ) -> Callable[[Array], FirstLayers]:
-        def chunk(embedded: Array) -> FirstLayers:
-            # embedded (R, V, width): the chunk's embeddings.
+        def chunk(inputs: Array) -> FirstLayers:
+            # inputs: the chunk's (R, V, width) embeddings or (R, V) prescaler inputs.
             selection_skip = selection_hidden = None
             if selection is not None:
-                flat = embedded.reshape(embedded.shape[0], num_variables * width)
+                flat = row_major(inputs).reshape(-1, num_variables * width)
                 skip = selection["skip"]
                 selection_skip = flat if skip is None else dense(flat, skip)
                 selection_hidden = dense(flat, selection["input"])
-            per_variable = jnp.swapaxes(embedded, 0, 1)  # (V, R, width)
+            per_variable = variable_major(inputs)  # (V, R, width)
             skip = variable["skip"]
             return FirstLayers(
                 selection_skip=selection_skip,
@@ -83,7 +114,6 @@ def quantized_selection(
 
         return chunk
 
-    rows = embedded.astype(dtype).reshape(-1, num_variables, width)
     return chunked_selection(
         module, rows, lead_shape, width, context, deterministic, dtype, first_layers, chunk_rows
     )

@@ -47,12 +47,14 @@ class VariableSelectionNetwork(nn.Module):
     chunk's `(V, rows, D)` intermediates within
     `tft_jax.chunked_selection.DEFAULT_CHUNK_BYTES`, one chunk on
     accelerators). Same parameters, same dropout masks. The
-    quantized model materializes the embedding (every quantizer sees what it
-    sees without the fold). When its `dot_general_cls` hands out frozen
-    operand quantizers (`tft_jax.operand_quantizers`: QAT with the observers
+    quantized model does not fold (every quantizer sees what it sees
+    without the fold). When its `dot_general_cls` hands out frozen operand
+    quantizers (`tft_jax.operand_quantizers`: QAT with the observers
     frozen), the GRNs and the weighted sum run over the same chunks through
-    `tft_jax.quantized_selection`, each layer quantized as layer by layer;
-    otherwise (calibrating observers, int8) the layers run one by one.
+    `tft_jax.quantized_selection`, each layer quantized as layer by layer
+    (a quantized prescaler's `AffineEmbedding` multiplied out chunk by
+    chunk); otherwise (calibrating observers, int8) the embedding is
+    materialized and the layers run one by one.
 
     Args (call):
       embedded: `(B, [T,] V, width)`, or an `AffineEmbedding` of `(B, [T,] V)` inputs.
@@ -75,12 +77,12 @@ class VariableSelectionNetwork(nn.Module):
         deterministic = resolve_deterministic(
             "VariableSelectionNetwork", deterministic, self.dropout_rate, self.is_initializing()
         )
-        if isinstance(embedded, AffineEmbedding):
-            if self.dot_general_cls is None:
-                return folded_selection(self, embedded, context, deterministic, self.chunk_rows)
-            embedded = embedded.materialize()
+        if isinstance(embedded, AffineEmbedding) and self.dot_general_cls is None:
+            return folded_selection(self, embedded, context, deterministic, self.chunk_rows)
         if supports_operand_quantizers(self.dot_general_cls):
             return quantized_selection(self, embedded, context, deterministic, self.chunk_rows)
+        if isinstance(embedded, AffineEmbedding):
+            embedded = embedded.materialize()
         width = embedded.shape[-1]
         common = dict(
             dropout_rate=self.dropout_rate,
