@@ -126,12 +126,8 @@ def test_optimizer_records_both_optimizers_and_fewer_kernels_for_the_flat_one(ca
     assert tree["median_ratio"] == 1.0
 
 
-def test_dropout_keys_records_both_variants_with_equal_losses_and_fewer_loops_inline(
-    capsys, monkeypatch
-):
-    # `seed` has dropout (`tiny` has none); its masks are small, so every draw
-    # is made inline here.
-    monkeypatch.setattr(dropout_keys.inline_threefry, "INLINE_MIN_SIZE", 1)
+def test_dropout_keys_records_both_variants_with_equal_losses_and_fewer_loops_inline(capsys):
+    # `seed` has dropout (`tiny` has none): its small masks too are drawn inline.
     records = run_json(dropout_keys.main, ["--config", "seed"], capsys)
     assert [r["variant"] for r in records] == list(dropout_keys.VARIANTS)
     builtin, inline = records

@@ -12,8 +12,9 @@ import tft_jax.train as train
 from tft_jax import TemporalFusionTransformer, TFTConfig, inline_threefry
 from tft_jax.inline_threefry import INLINE_THREEFRY, inline_threefry_key
 
-LARGE = inline_threefry.INLINE_MIN_SIZE
-SHAPES = [(7,), (LARGE - 1,), (LARGE,), (3, 171, 131), (2, 5, 64, 103)]
+# A draw size for the tests that raise the inline threshold (by default every draw is inline).
+LARGE = 1 << 12
+SHAPES = [(1,), (7,), (LARGE - 1,), (LARGE,), (3, 171, 131), (2, 5, 64, 103)]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -64,14 +65,22 @@ def test_flax_dropout_draws_the_same_mask_from_either_key() -> None:
     assert 0.25 < float(jnp.mean(want == 0)) < 0.35
 
 
-def test_large_draws_lower_without_a_loop_and_small_ones_keep_jax_s() -> None:
+def test_draws_lower_without_a_loop_and_those_below_a_raised_threshold_keep_jax_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     def text(key: jax.Array, shape: tuple[int, ...]) -> str:
         return jax.jit(lambda k: jax.random.bits(k, shape)).lower(key).as_text()
 
     key = inline_threefry_key(jax.random.key(0))
+    assert "while" not in text(key, (1,)) and "while" not in text(key, (LARGE,))
+    assert "while" in text(jax.random.key(0), (LARGE,))  # the built-in rolled loop
+    monkeypatch.setattr(inline_threefry, "INLINE_MIN_SIZE", LARGE)
     assert "while" not in text(key, (LARGE,))
     assert "while" in text(key, (LARGE - 1,))
-    assert "while" in text(jax.random.key(0), (LARGE,))  # the built-in rolled loop
+    np.testing.assert_array_equal(
+        np.asarray(jax.random.bits(key, (LARGE - 1,))),
+        np.asarray(jax.random.bits(jax.random.key(0), (LARGE - 1,))),
+    )
 
 
 def test_raw_keys_are_retyped_and_other_implementations_pass_through() -> None:
@@ -95,11 +104,8 @@ def test_without_partitionable_threefry_every_draw_is_jax_s_own() -> None:
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
-def test_train_step_dropout_equals_the_model_applied_with_the_given_key(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # Every draw inline (the small model's masks are below the default size).
-    monkeypatch.setattr(inline_threefry, "INLINE_MIN_SIZE", 1)
+def test_train_step_dropout_equals_the_model_applied_with_the_given_key() -> None:
+    # The step draws every mask inline (the default threshold), the model JAX's way.
     config = TFTConfig(
         num_static_features=0,
         num_known_features=1,

@@ -1,4 +1,4 @@
-"""Threefry-2x32 keys whose large random draws are computed inline on CPU, with JAX's exact bits.
+"""Threefry-2x32 keys whose random draws are computed inline on CPU, with JAX's exact bits.
 
 JAX lowers the Threefry-2x32 hash on CPU as a rolled loop over its five
 four-round blocks (small code, quick to compile): a `while` loop per draw
@@ -8,10 +8,11 @@ loops, the copies around them and their compile time are a visible part of
 the step. This module registers a PRNG implementation
 (`jax.extend.random.define_prng_impl`) that is Threefry-2x32 in every
 respect, same key data, same `split`, `fold_in` and `random_bits` results,
-but computes the bits of a draw of at least `INLINE_MIN_SIZE` values as
-straight-line integer arithmetic (the twenty rounds unrolled), which XLA
-fuses into one loop-free kernel. Smaller draws and key derivations keep JAX's
-own implementation, where the loop costs less than the code.
+but computes the bits of a draw (of at least `INLINE_MIN_SIZE` values: by
+default every draw) as straight-line integer arithmetic (the twenty rounds
+unrolled), which XLA fuses into one loop-free kernel. Key derivations
+(`split`, `fold_in`) keep JAX's own implementation: they hash a handful of
+counters, where the rolled loop's smaller code compiles faster.
 
 `inline_threefry_key(key)` re-types a Threefry key (typed or raw `uint32[2]`)
 to this implementation on CPU and returns any other key unchanged; the
@@ -37,9 +38,10 @@ from jax import lax
 
 Array = Any
 
-# Draws of at least this many values are computed inline; below it the rolled
-# loop's smaller code compiles faster and runs about as fast.
-INLINE_MIN_SIZE = 1 << 16
+# Draws of at least this many values are computed inline, smaller ones by JAX's
+# rolled loop. Every draw: a small model's step is bound by its number of
+# kernels, and each rolled draw adds a loop and the copies around it.
+INLINE_MIN_SIZE = 1
 
 # Threefry-2x32's rotation constants, alternating by block of four rounds.
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
@@ -136,7 +138,7 @@ def inline_threefry_key(key: Array) -> Array:
     """`key` under `INLINE_THREEFRY` on CPU if it is a Threefry-2x32 key; otherwise `key` itself.
 
     Every draw from the result equals the same draw from `key` bit for bit;
-    on CPU the large ones compile to loop-free kernels. Keys of other
+    on CPU the draws compile to loop-free kernels. Keys of other
     implementations (`rbg`, `unsafe_rbg`, a user's own) and every key on
     other backends (whose Threefry kernels are not loops) pass through.
     Works on traced keys, and on arrays of keys `(..., )` / raw `(..., 2)`.
