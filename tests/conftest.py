@@ -35,6 +35,17 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 import jax  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
+from tft_jax import inline_threefry  # noqa: E402
+
+# The library draws every dropout mask inline (loop-free kernels: faster steps,
+# same bits as JAX's rolled Threefry loop). Under the test flags above those
+# kernels compile ~1.5x slower than the loops, so the tests draw JAX's way, bit
+# for bit the same masks; the tests about the inline draws themselves set the
+# library's threshold back (`LIBRARY_INLINE_MIN_SIZE`). Subprocesses that tests
+# launch keep the library's default.
+LIBRARY_INLINE_MIN_SIZE = inline_threefry.INLINE_MIN_SIZE
+inline_threefry.INLINE_MIN_SIZE = 1 << 16
+
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # Cache every executable, however small.
