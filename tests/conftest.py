@@ -33,6 +33,7 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = _flags
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 from tft_jax import inline_threefry  # noqa: E402
@@ -40,11 +41,18 @@ from tft_jax import inline_threefry  # noqa: E402
 # The library draws every dropout mask inline (loop-free kernels: faster steps,
 # same bits as JAX's rolled Threefry loop). Under the test flags above those
 # kernels compile ~1.5x slower than the loops, so the tests draw JAX's way, bit
-# for bit the same masks; the tests about the inline draws themselves set the
-# library's threshold back (`LIBRARY_INLINE_MIN_SIZE`). Subprocesses that tests
-# launch keep the library's default.
-LIBRARY_INLINE_MIN_SIZE = inline_threefry.INLINE_MIN_SIZE
+# for bit the same masks; the tests about the inline draws themselves use the
+# `library_inline_threshold` fixture. Subprocesses that tests launch keep the
+# library's default.
+_LIBRARY_INLINE_MIN_SIZE = inline_threefry.INLINE_MIN_SIZE
 inline_threefry.INLINE_MIN_SIZE = 1 << 16
+
+
+@pytest.fixture
+def library_inline_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dropout draws at the library's inline threshold (the suite raises it)."""
+    monkeypatch.setattr(inline_threefry, "INLINE_MIN_SIZE", _LIBRARY_INLINE_MIN_SIZE)
+
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
 

@@ -27,7 +27,6 @@ from benchmarks import (
     selection_variants,
     train_step,
 )
-from tests.conftest import LIBRARY_INLINE_MIN_SIZE
 
 # One timed call, no warm-up, and the test session's compilation cache (tests/conftest.py).
 FAST = ["--json", "--steps", "1", "--warmup", "0", "--compile-cache"]
@@ -127,12 +126,10 @@ def test_optimizer_records_both_optimizers_and_fewer_kernels_for_the_flat_one(ca
     assert tree["median_ratio"] == 1.0
 
 
-def test_dropout_keys_records_both_variants_with_equal_losses_and_fewer_loops_inline(
-    capsys, monkeypatch
-):
+@pytest.mark.usefixtures("library_inline_threshold")
+def test_dropout_keys_records_both_variants_with_equal_losses_and_fewer_loops_inline(capsys):
     # `seed` has dropout (`tiny` has none); at the library's threshold (the
     # suite raises it) its small masks too are drawn inline.
-    monkeypatch.setattr(dropout_keys.inline_threefry, "INLINE_MIN_SIZE", LIBRARY_INLINE_MIN_SIZE)
     records = run_json(dropout_keys.main, ["--config", "seed"], capsys)
     assert [r["variant"] for r in records] == list(dropout_keys.VARIANTS)
     builtin, inline = records

@@ -9,18 +9,14 @@ import pytest
 from flax import linen as nn
 
 import tft_jax.train as train
-from tests.conftest import LIBRARY_INLINE_MIN_SIZE
 from tft_jax import TemporalFusionTransformer, TFTConfig, inline_threefry
 from tft_jax.inline_threefry import INLINE_THREEFRY, inline_threefry_key
 
 # A draw size for the tests that raise the inline threshold (by default every draw is inline).
 LARGE = 1 << 12
 
-
-@pytest.fixture(autouse=True)
-def library_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These tests run at the library's inline threshold (the suite raises it)."""
-    monkeypatch.setattr(inline_threefry, "INLINE_MIN_SIZE", LIBRARY_INLINE_MIN_SIZE)
+# These tests run at the library's inline threshold (the suite raises it).
+pytestmark = pytest.mark.usefixtures("library_inline_threshold")
 
 
 SHAPES = [(1,), (7,), (LARGE - 1,), (LARGE,), (3, 171, 131), (2, 5, 64, 103)]
