@@ -450,7 +450,7 @@ def _forward(
     args, kwargs = _model_inputs(batch)
     kwargs["deterministic"] = deterministic
     if rng is not None:
-        # Same dropout masks; on CPU the large ones are drawn without a loop.
+        # Same dropout masks; on CPU they are drawn without a loop.
         kwargs["rngs"] = {"dropout": inline_threefry_key(rng)}
     if calibrate is not None:
         kwargs["calibrate"] = calibrate
