@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from tft_jax.data import (
     TableSpec,
+    TargetScaler,
     batch_indices,
     calendar_feature_names,
     calendar_features,
@@ -287,6 +288,24 @@ def test_inverse_transform_round_trips_forecast_shaped_arrays(method):
     )
     expected = values * scaler.scale[codes][:, None, None] + scaler.loc[codes][:, None, None]
     np.testing.assert_allclose(dataset.inverse_transform(values, codes), expected)
+
+
+def test_robust_scale_of_an_intermittent_series_is_its_mean_absolute_deviation_with_a_warning():
+    # Series 0: 85% zeros and spikes of 5000 (interquartile range 0); series 1: ordinary.
+    spikes = np.where(np.arange(40) % 7 == 0, 5000.0, 0.0)
+    ordinary = np.linspace(10.0, 20.0, 40)
+    values = np.concatenate([spikes, ordinary])
+    codes = np.repeat([0, 1], 40)
+    with pytest.warns(UserWarning, match=r"1 series have an interquartile range of 0.*'shop'"):
+        scaler = TargetScaler.fit(values, codes, 2, "robust", series_names=["shop", "mall"])
+    median = np.median(spikes)
+    assert scaler.loc[0] == median == 0.0
+    assert scaler.scale[0] == pytest.approx(np.mean(np.abs(spikes - median)))
+    q25, q75 = np.percentile(ordinary, [25, 75])
+    assert scaler.scale[1] == pytest.approx(q75 - q25)
+    # A constant series still gets scale 1, silently (nothing to scale).
+    constant = TargetScaler.fit(np.full(10, 3.0), np.zeros(10, int), 1, "robust")
+    assert (constant.loc[0], constant.scale[0]) == (3.0, 1.0)
 
 
 def test_inverse_transform_rejects_mismatched_codes():

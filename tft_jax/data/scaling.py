@@ -2,12 +2,16 @@
 
 Both map `x -> (x - loc) / scale`. A scale that is zero, not finite, or below
 `1e-8 · max(1, |loc|)` (a constant series or column) is replaced by 1, so a
-constant is centred but never divided by ~0.
+constant is centred but never divided by ~0. The robust scale of a series that
+is not constant but mostly one value (intermittent demand: an interquartile
+range of 0) is its mean absolute deviation from the median instead, announced
+by a warning: a scale of 1 would leave its spikes unscaled.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -51,21 +55,37 @@ def inverse_transform_values(values: np.ndarray, transform: str) -> np.ndarray:
     return values
 
 
-def _location_scale(values: np.ndarray, method: str) -> tuple[float, float]:
-    """Location and scale of a 1-D array with no NaN, by `method`."""
+def _negligible(scale: float, loc: float) -> bool:
+    """Whether `scale` is too small (or not finite) to divide by at location `loc`."""
+    return not np.isfinite(scale) or scale <= 1e-8 * max(1.0, abs(loc))
+
+
+def _location_scale_checked(values: np.ndarray, method: str) -> tuple[float, float, bool]:
+    """`_location_scale`, and whether the robust scale fell back to the mean absolute deviation."""
     if values.size == 0:
         raise ValueError("cannot fit a scaler on no values")
+    fallback = False
     if method == "standard":
         loc, scale = float(np.mean(values)), float(np.std(values))
     elif method == "robust":
         q25, q50, q75 = np.quantile(values, (0.25, 0.5, 0.75))
         loc, scale = float(q50), float(q75 - q25)
+        if _negligible(scale, loc):
+            spread = float(np.mean(np.abs(values - loc)))
+            fallback = not _negligible(spread, loc)
+            scale = spread if fallback else scale
     elif method == "mean_abs":
         loc, scale = 0.0, float(np.mean(np.abs(values)))
     else:
         loc, scale = 0.0, 1.0
-    if not np.isfinite(scale) or scale <= 1e-8 * max(1.0, abs(loc)):
+    if _negligible(scale, loc):
         scale = 1.0
+    return loc, scale, fallback
+
+
+def _location_scale(values: np.ndarray, method: str) -> tuple[float, float]:
+    """Location and scale of a 1-D array with no NaN, by `method` (see the module docstring)."""
+    loc, scale, _ = _location_scale_checked(values, method)
     return loc, scale
 
 
@@ -90,10 +110,12 @@ class TargetScaler:
     """Per-series affine scaling of the target, `scaled = (y - loc[code]) / scale[code]`.
 
     Methods: 'standard' (mean, population std), 'robust' (median,
-    interquartile range), 'mean_abs' (0, mean of |y|), 'none' (0, 1). With
-    `target_transform='log1p'` the target is `log1p(y)` before scaling (for counts
-    and series whose level grows multiplicatively) and `expm1` after the
-    inverse, so forecasts in original units stay above -1.
+    interquartile range; the mean absolute deviation from the median, with a
+    warning, for a series whose interquartile range is 0), 'mean_abs' (0, mean
+    of |y|), 'none' (0, 1). With `target_transform='log1p'` the target is
+    `log1p(y)` before scaling (for counts and series whose level grows
+    multiplicatively) and `expm1` after the inverse, so forecasts in original
+    units stay above -1.
 
     Attributes:
       loc: (num_series,) float64 location per series code (transformed units).
@@ -144,6 +166,7 @@ class TargetScaler:
         values = forward_transform(values, transform)
         present = ~np.isnan(values)
         loc, scale = np.zeros(num_series), np.ones(num_series)
+        spread_fallbacks: list[object] = []
         for code in range(num_series):
             series_values = values[(codes == code) & present]
             if series_values.size == 0:
@@ -153,7 +176,20 @@ class TargetScaler:
                     "scaler cannot be fitted there; move the validation start later or drop "
                     "that series"
                 )
-            loc[code], scale[code] = _location_scale(series_values, method)
+            loc[code], scale[code], fallback = _location_scale_checked(series_values, method)
+            if fallback:
+                spread_fallbacks.append(series_names[code] if series_names is not None else code)
+        if spread_fallbacks:
+            shown = ", ".join(repr(name) for name in spread_fallbacks[:5])
+            more = f" and {len(spread_fallbacks) - 5} more" if len(spread_fallbacks) > 5 else ""
+            warnings.warn(
+                f"scaler='robust': {len(spread_fallbacks)} series have an interquartile range "
+                f"of 0 in the training period (mostly one value, e.g. intermittent demand): "
+                f"{shown}{more}; their scale is the mean absolute deviation from the median "
+                "instead",
+                UserWarning,
+                stacklevel=2,
+            )
         return cls(loc=loc, scale=scale, method=method, target_transform=transform)
 
     @property
