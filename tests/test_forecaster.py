@@ -20,6 +20,7 @@ from tft_jax.evaluation import to_original_units
 from tft_jax.forecaster import (
     DataConfig,
     Forecaster,
+    ForecasterConfig,
     ModelConfig,
     RunFolderError,
 )
@@ -197,6 +198,15 @@ def test_an_incomplete_or_foreign_run_folder_is_refused(fitted, tmp_path):
         Forecaster.load(foreign)
     with pytest.raises(RunFolderError, match=r"config.json does not exist"):
         Forecaster.load(tmp_path)
+    damaged = tmp_path / "damaged"
+    shutil.copytree(saved, damaged)
+    weights = damaged / "models" / "fp32.msgpack"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(RunFolderError, match=r"fp32.msgpack is damaged \(not flax msgpack"):
+        Forecaster.load(damaged)
+    (damaged / "config.json").write_text('{"format": "tft-jax-forecaster", ')
+    with pytest.raises(RunFolderError, match=r"config.json is damaged \(not JSON\)"):
+        Forecaster.load(damaged)
 
 
 def test_evaluate_on_the_training_table_reports_every_model_and_the_baseline(fitted):
@@ -222,6 +232,16 @@ def test_config_errors_name_the_field():
         DataConfig(**{**DATA.__dict__, "validation_start": "2024-03-01"})
     with pytest.raises(TypeError, match=r"DataConfig.known_cols must be a list of column names"):
         DataConfig(**{**DATA.__dict__, "known_cols": "promo"})
+    with pytest.raises(ValueError, match=r"DataConfig.id_col 'q0.5' is also the name of a quanti"):
+        ForecasterConfig(DataConfig(**{**DATA.__dict__, "id_col": "q0.5"}))
+
+
+def test_predict_batch_size_must_be_a_positive_int(fitted):
+    forecaster, table, _ = fitted
+    history, future = cut(table, "2024-03-30")
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match=rf"batch_size must be an int >= 1, got {bad}"):
+            forecaster.predict(history, future, batch_size=bad)
 
 
 def test_nonnegative_clips_forecasts_at_zero(fitted, tmp_path):

@@ -336,6 +336,11 @@ class QATTrainingConfig:
         _require_int(owner, "observer_steps", self.observer_steps, 0)
 
 
+def quantile_name(level: float) -> str:
+    """The column of a quantile level in `predict`'s output: 0.1 -> 'q0.1'."""
+    return f"q{float(level):g}"
+
+
 @dataclasses.dataclass(frozen=True)
 class ForecasterConfig:
     """All settings of a `Forecaster`; `qat=None` trains FP32 only."""
@@ -344,6 +349,17 @@ class ForecasterConfig:
     model: ModelConfig = ModelConfig()
     training: TrainingConfig = TrainingConfig()
     qat: QATTrainingConfig | None = None
+
+    def __post_init__(self) -> None:
+        # `predict` writes the id, the time and one column per quantile level.
+        outputs = {quantile_name(level) for level in self.model.quantiles}
+        for name in ("id_col", "time_col"):
+            column = getattr(self.data, name)
+            if column in outputs:
+                raise ValueError(
+                    f"DataConfig.{name} {column!r} is also the name of a quantile column of "
+                    f"predict's output ({sorted(outputs)}); rename the column"
+                )
 
     def to_json(self) -> dict[str, Any]:
         """`dataclasses.asdict` of every section (tuples as lists once serialised)."""

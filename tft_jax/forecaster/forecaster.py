@@ -50,17 +50,13 @@ from tft_jax.forecaster.config import (
     ModelConfig,
     QATTrainingConfig,
     TrainingConfig,
+    quantile_name,
 )
 from tft_jax.forecaster.predictors import MODEL_NAMES, Predictor, make_predictor, qat_model_for
 from tft_jax.forecaster.training import announce, train_fp32, train_qat, validation_batches
 from tft_jax.model import TemporalFusionTransformer
 
 Table = pd.DataFrame | str | os.PathLike
-
-
-def quantile_name(level: float) -> str:
-    """The column of a quantile level in `predict`'s output: 0.1 -> 'q0.1'."""
-    return f"q{float(level):g}"
 
 
 def monotone(quantiles: np.ndarray) -> np.ndarray:
@@ -369,6 +365,10 @@ class Forecaster:
           quantile level (`q0.1`, `q0.5`, ...), in the target's units, rows
           ordered by series then time.
         """
+        if batch_size is None:
+            batch_size = self.config.training.eval_batch_size
+        elif isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"predict: batch_size must be an int >= 1, got {batch_size!r}")
         fitted = self._require_fitted()
         predict = self.predictor(model)
         data = self.config.data
@@ -377,7 +377,6 @@ class Forecaster:
             normalized=data.window_normalization, encoding=data.encoding,
         )  # fmt: skip
         windows = ahead.windows
-        batch_size = batch_size or self.config.training.eval_batch_size
         predictions = predict_windows(predict, windows, min(batch_size, len(windows)))
         forecast = self.postprocess(
             ahead.transformed.target_scaler.inverse_transform(

@@ -10,8 +10,8 @@ Layout::
     models/int8.msgpack
     history.json         training and validation loss per evaluation and phase
 
-A folder of another format version, or with a file missing, is refused with
-an error that names the folder and the file.
+A folder of another format version, or with a file missing or damaged, is
+refused with an error that names the folder and the file.
 """
 
 from __future__ import annotations
@@ -72,7 +72,10 @@ def read_json(path: pathlib.Path) -> Any:
             f"{path} does not exist; is {path.parent} a folder written by Forecaster.save "
             "or `tft-jax train`?"
         )
-    return json.loads(path.read_text())
+    try:
+        return json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise RunFolderError(f"{path} is damaged (not JSON): {error}") from None
 
 
 def save_variables(path: pathlib.Path, variables: Any) -> None:
@@ -91,7 +94,18 @@ def load_variables(path: pathlib.Path) -> dict[str, Any]:
         raise RunFolderError(
             f"{path} does not exist; the run folder {path.parent.parent} is incomplete"
         )
-    return serialization.msgpack_restore(path.read_bytes())
+    try:
+        variables = serialization.msgpack_restore(path.read_bytes())
+    except Exception as error:  # msgpack raises several types for damaged bytes
+        raise RunFolderError(
+            f"{path} is damaged (not flax msgpack: {type(error).__name__}: {error}); "
+            "save the forecaster or train the run again"
+        ) from None
+    if not isinstance(variables, dict):
+        raise RunFolderError(
+            f"{path} holds a {type(variables).__name__}, not a dict of model variables"
+        )
+    return variables
 
 
 def check_format(config: dict[str, Any], root: pathlib.Path) -> None:
