@@ -180,6 +180,23 @@ def test_a_short_history_names_the_series(fitted):
         forecaster.predict(short, future)
 
 
+def test_predict_refuses_a_mostly_filled_history_by_the_configured_fraction(fitted, tmp_path):
+    _, table, saved = fitted
+    history, future = cut(table, "2024-03-30")
+    gap = (history["store"] == "gamma") & history["day"].between("2024-03-20", "2024-03-27")
+    sparse = history[~gap]  # 8 of gamma's last 14 days missing: 57% filled
+    with pytest.raises(ValueError, match=r"more than 50% .*'gamma' \(8 of 14\)"):
+        Forecaster.load(saved).predict(sparse, future)
+    lenient = tmp_path / "lenient"
+    shutil.copytree(saved, lenient)
+    config = json.loads((lenient / "config.json").read_text())
+    config["data"]["max_missing_fraction"] = 0.9
+    (lenient / "config.json").write_text(json.dumps(config))
+    with pytest.warns(UserWarning, match=r"filled 8 missing target steps of the history"):
+        forecast = Forecaster.load(lenient).predict(sparse, future)
+    assert np.isfinite(forecast[QUANTILES].to_numpy()).all()
+
+
 def test_an_incomplete_or_foreign_run_folder_is_refused(fitted, tmp_path):
     _, _, saved = fitted
     broken = tmp_path / "broken"

@@ -93,10 +93,24 @@ def calendar_features(
 def steps_since(times: pd.DatetimeIndex, origin: pd.Timestamp, freq: str) -> np.ndarray:
     """Number of `freq` steps from `origin` to each of `times`, as (R,) float64.
 
-    Fixed-length frequencies ('h', 'D', '15min') divide the elapsed time by the
-    step; calendar frequencies ('W', 'MS', 'B') count grid points from `origin`.
+    Fixed-length frequencies ('h', '15min') divide the elapsed time by the
+    step; calendar frequencies ('W', 'MS', 'B', and 'D' where pandas makes a
+    day a calendar day) count grid points from `origin`. Aware `times` in
+    another zone than `origin` are the same instants read in `origin`'s zone;
+    naive against aware is refused (it has no answer).
+
+    Raises:
+      ValueError: when exactly one of `times` and `origin` is timezone-aware.
     """
     times = pd.DatetimeIndex(times)
+    if (times.tz is None) != (origin.tz is None):
+        raise ValueError(
+            f"times are {'naive' if times.tz is None else f'timezone-aware ({times.tz})'} but "
+            f"the origin {origin} is {'naive' if origin.tz is None else 'timezone-aware'}; "
+            "steps between them are undefined"
+        )
+    if times.tz is not None:
+        times = times.tz_convert(origin.tz)
     offset = parse_frequency(freq)
     try:
         step = pd.Timedelta(offset)

@@ -40,8 +40,10 @@ from tft_jax.data.preprocessing import Preprocessor, missing_column
 from tft_jax.data.scaling import FeatureScaler, TargetScaler
 from tft_jax.data.tables import (
     TableSpec,
+    announce_empty_inputs,
     check_density,
     check_missing_fraction,
+    empty_input_cells,
     infer_categorical,
     read_announced,
     to_regular_grid,
@@ -398,14 +400,18 @@ def prepare_dataset(
 
     Cells holding a missing-value text ('n/a', 'null', '-', ...) are read as
     missing, and filled target steps are announced with a `UserWarning`
-    (`PreparedDataset.missing_report` has the numbers per series).
+    (`PreparedDataset.missing_report` has the numbers per series), as are
+    empty cells of known and observed columns (forward-filled within their
+    series, leading ones back-filled; counted per column).
 
     Returns:
       The `PreparedDataset`.
 
     Raises:
       ValueError: for a bad table (see `validate_table`), bad cuts, a series
-        with no training target, or a period without any window.
+        with no training target, a period without any window, or, with
+        `preprocessor`, times naive where the training ones were aware or the
+        reverse.
     """
     spec = TableSpec(
         id_col=id_col,
@@ -439,6 +445,9 @@ def prepare_dataset(
     clean = validate_table(
         raw, spec, history, horizon, min_length=minimum, drop_short=True, reason=reason
     )
+    if preprocessor is not None:
+        preprocessor.check_time_zone(clean[spec.time_col])
+    empty_inputs = empty_input_cells(clean, spec)
     grid = to_regular_grid(clean, spec, missing_col)
     check_density(clean, grid, spec)
     if preprocessor is None:
@@ -502,6 +511,7 @@ def prepare_dataset(
         preprocessor=preprocessor,
         missing_texts=texts,
     )
+    announce_empty_inputs(empty_inputs, clean[spec.id_col].nunique(), stacklevel=3)
     filled = grid.groupby(spec.id_col, sort=True)[missing_col].sum()
     if filled.sum():
         report = ", ".join(f"{series!r} {int(n)}" for series, n in filled[filled > 0].items())

@@ -7,20 +7,31 @@ one window per series whose forecast starts one step after the series' last
 time. `future` must hold exactly those steps: a series or time missing, an
 extra or repeated time, a missing known column or an empty cell is an error
 naming the series, the time and the column.
+
+The history goes through the checks of training data (`prepare_dataset`):
+what gridding fills is announced, and a series whose window would be mostly
+filled target steps is refused (`future_windows`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from tft_jax.data.preprocessing import Preprocessor, Transformed
 from tft_jax.data.tables import (
+    TableSpec,
     _categorical_values,
     _parse_times,
     _to_float,
+    announce_empty_inputs,
+    check_density,
+    check_unique_columns,
+    empty_input_cells,
     first_duplicate,
     parse_frequency,
     read_announced,
@@ -54,9 +65,14 @@ def _future_table(
     future: pd.DataFrame | None,
     preprocessor: Preprocessor,
     expected: dict[object, pd.DatetimeIndex],
-    aware: bool,
+    zone: Any,
 ) -> pd.DataFrame:
-    """The known columns of every expected (series, time), checked; `(id, time, known...)`."""
+    """The known columns of every expected (series, time), checked; `(id, time, known...)`.
+
+    Times are read as the history's are (the spec's `time_format`, `dayfirst`
+    and `timezone`); `zone` is the history's time zone (None: naive), and
+    aware future times in another zone are compared as the same instants.
+    """
     spec = preprocessor.spec
     known = list(spec.known_cols)
     rows = pd.concat(
@@ -82,15 +98,22 @@ def _future_table(
         raise ValueError(
             f"future lacks the columns {absent}; it needs {needed} (it has {list(future.columns)})"
         )
+    check_unique_columns(future, needed, "future")
     table = future[needed].reset_index(drop=True).copy()
     ids = table[spec.id_col]
-    table[spec.time_col] = _parse_times(table[spec.time_col], f"future {spec.time_col}", ids)
+    table[spec.time_col] = _parse_times(
+        table[spec.time_col], f"future {spec.time_col}", ids,
+        spec.time_format, spec.dayfirst, spec.timezone,
+    )  # fmt: skip
     times = pd.DatetimeIndex(table[spec.time_col])
-    if (times.tz is not None) != aware:
+    if (times.tz is not None) != (zone is not None):
         raise ValueError(
-            f"future column {spec.time_col!r} must be timezone-{'aware' if aware else 'naive'} "
-            "like the history's"
+            f"future column {spec.time_col!r} must be timezone-"
+            f"{'aware' if zone is not None else 'naive'} like the history's "
+            f"(the history's zone: {zone}; future's: {times.tz})"
         )
+    if zone is not None:
+        table[spec.time_col] = times.tz_convert(zone)
     for column in known:
         convert = _categorical_values if column in spec.categorical_cols else _to_float
         table[column] = convert(table[column], f"future {column}", ids)
@@ -139,6 +162,101 @@ def _future_table(
     return merged
 
 
+def trailing_empty_targets(
+    grid: pd.DataFrame, spec: TableSpec, missing_col: str
+) -> dict[Any, tuple[int, pd.Timestamp]]:
+    """Series whose grid ends in filled target steps: `{id: (steps, last observed time)}`.
+
+    Such a history (typically future rows appended with an empty target) is
+    forecast from after its last row, not after its last observed target.
+    """
+    found = {}
+    for series, group in grid.groupby(spec.id_col, sort=True):
+        observed = np.flatnonzero(group[missing_col].to_numpy() == 0.0)
+        steps = len(group) - 1 - int(observed[-1])  # validate_table: every series has a target
+        if steps:
+            found[series] = (steps, group[spec.time_col].iloc[int(observed[-1])])
+    return found
+
+
+def recent_filled(grid: pd.DataFrame, spec: TableSpec, missing_col: str, history: int) -> pd.Series:
+    """Per series (sorted), the filled target steps among its last `history` grid steps."""
+    return grid.groupby(spec.id_col, sort=True)[missing_col].apply(
+        lambda flags: int(flags.iloc[-history:].sum())
+    )
+
+
+def _check_recent_missing(
+    recent: pd.Series,
+    trailing: dict[Any, tuple[int, pd.Timestamp]],
+    history: int,
+    limit: float,
+) -> None:
+    """Raises naming every series whose last `history` steps are more than `limit` filled."""
+    sparse = recent[recent > limit * history]
+    if not len(sparse):
+        return
+    listed = ", ".join(f"{series!r} ({int(n)} of {history})" for series, n in sparse.items())
+    ends = [series for series in sparse.index if series in trailing]
+    hint = (
+        f"; {', '.join(repr(s) for s in ends)} end in rows with an empty target: drop those "
+        "rows (the forecast starts after a table's last row)"
+        if ends
+        else ""
+    )
+    raise ValueError(
+        f"{len(sparse)} series have more than {100 * limit:.0f}% of the last {history} target "
+        f"steps the forecast reads missing (filled): {listed}{hint}; give more recent "
+        "observed values, or pass a larger max_missing_fraction"
+    )
+
+
+def _announce_history(
+    recent: pd.Series,
+    total: pd.Series,
+    trailing: dict[Any, tuple[int, pd.Timestamp]],
+    history: int,
+    flagged: bool,
+    freq: str,
+) -> None:
+    """Warns of filled target steps in the history and of histories ending in empty targets."""
+    filled = total[total > 0]
+    if len(filled):
+        report = ", ".join(
+            f"{series!r} {int(n)} ({int(recent[series])} in the last {history} steps)"
+            for series, n in filled.items()
+        )
+        reading = (
+            "flagged as missing to the model" if flagged
+            else "the model has no missing flag and reads them as observed"
+        )  # fmt: skip
+        warnings.warn(
+            f"filled {int(filled.sum())} missing target steps of the history (forward fill; "
+            f"{reading}) in {len(filled)} of {len(total)} series: {report}",
+            UserWarning,
+            stacklevel=4,
+        )
+    if trailing:
+        offset = parse_frequency(freq)
+        report = ", ".join(
+            f"{series!r} {steps} rows after its last observed target at {last} (forecast "
+            f"from {last + (steps + 1) * offset})"
+            for series, (steps, last) in trailing.items()
+        )
+        warnings.warn(
+            f"the history of {len(trailing)} series ends in rows with an empty target: "
+            f"{report}; the forecast starts after those rows, which are filled (forward fill); "
+            "drop them to forecast from the step after the last observed target",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
+def _check_fraction(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise ValueError(f"max_missing_fraction must be a number in [0, 1], got {value!r}")
+
+
 def future_windows(
     preprocessor: Preprocessor,
     table: pd.DataFrame | str,
@@ -147,23 +265,53 @@ def future_windows(
     horizon: int,
     normalized: bool = False,
     encoding: str = "utf-8",
+    max_missing_fraction: float = 0.5,
 ) -> FutureWindows:
     """One window per series of `table` forecasting its next `horizon` steps (module docstring).
 
     `normalized` scales each window by its own history (`WindowSet.normalized`).
 
+    The history is checked and gridded as `prepare_dataset` does it, with
+    the repairs said out loud: a `freq` finer than the data is an error
+    (`check_density`); filled target steps (gaps and empty cells, counted per
+    series, with how many fall in the last `history` steps) and filled empty
+    cells of known and observed columns are announced with a `UserWarning`;
+    a series whose table ends in rows with an empty target (e.g. future rows
+    appended to the history) is announced with its last observed time, since
+    its forecast starts after those rows, not after that time.
+
+    A series is refused when more than `max_missing_fraction` of its last
+    `history` grid steps (the steps the forecast window reads; the rows at the
+    end with an empty target included) have a filled target. The default 0.5
+    is `prepare_dataset`'s (and `DataConfig.max_missing_fraction`'s) default:
+    the `Preprocessor` does not carry the value the model was trained with, so
+    a caller that knows it passes it here.
+
     Raises:
       ValueError: for a bad history table (as `validate_table`, with each
-        series needing `history` steps) or a bad `future` table.
+        series needing `history` steps), times naive where the training ones
+        were aware or the reverse, a `freq` finer than the history, a series
+        too sparse over its last `history` steps, or a bad `future` table.
     """
+    _check_fraction(max_missing_fraction)
     spec = preprocessor.spec
+    missing_col = preprocessor.missing_col
     raw, _ = read_announced(table, spec, encoding)
     clean = validate_table(raw, spec, history, horizon, min_length=history)
-    grid = to_regular_grid(clean, spec, preprocessor.missing_col)
+    preprocessor.check_time_zone(clean[spec.time_col], "history")
+    empty_inputs = empty_input_cells(clean, spec)
+    grid = to_regular_grid(clean, spec, missing_col)
+    check_density(clean, grid, spec)
+    trailing = trailing_empty_targets(grid, spec, missing_col)
+    recent = recent_filled(grid, spec, missing_col, history)
+    _check_recent_missing(recent, trailing, history, max_missing_fraction)
+    announce_empty_inputs(empty_inputs, len(recent), " in the history", stacklevel=3)
+    total = grid.groupby(spec.id_col, sort=True)[missing_col].sum()
+    _announce_history(recent, total, trailing, history, preprocessor.missing_flag, spec.freq)
     last = grid.groupby(spec.id_col, sort=True)[spec.time_col].max()
     expected = {series: future_steps(time, spec.freq, horizon) for series, time in last.items()}
-    aware = pd.DatetimeIndex(grid[spec.time_col]).tz is not None
-    ahead = _future_table(future, preprocessor, expected, aware)
+    zone = pd.DatetimeIndex(grid[spec.time_col]).tz
+    ahead = _future_table(future, preprocessor, expected, zone)
     statics = grid.groupby(spec.id_col, sort=True)[list(spec.static_cols)].first()
     for column in spec.static_cols:
         ahead[column] = ahead[spec.id_col].map(statics[column])
@@ -171,7 +319,7 @@ def future_windows(
     latest = grid.groupby(spec.id_col, sort=True)[list(spec.observed_cols)].last()
     for column in spec.observed_cols:  # never read: observed inputs enter only over the history
         ahead[column] = ahead[spec.id_col].map(latest[column])
-    ahead[preprocessor.missing_col] = 1.0
+    ahead[missing_col] = 1.0
     combined = pd.concat([grid, ahead[grid.columns]], ignore_index=True)
     combined = combined.sort_values([spec.id_col, spec.time_col], kind="stable")
     transformed = preprocessor.transform(combined.reset_index(drop=True))

@@ -201,6 +201,33 @@ class Preprocessor:
             missing_flag=bool((~observed[train_rows]).any()),
         )
 
+    def check_time_zone(self, times: pd.Series | pd.DatetimeIndex, what: str = "table") -> None:
+        """Raises unless `times` are naive exactly when the training times were.
+
+        The model's `time_index` counts steps from the training table's first
+        time (`origin`), which cannot be measured between a naive and an aware
+        time; guessing the zone would be a silent repair, so a table of the
+        other kind is refused with both sides named.
+        """
+        given = pd.DatetimeIndex(times).tz
+        trained = self.origin.tz
+        if (given is None) == (trained is None):
+            return
+        column = self.spec.time_col
+        if trained is None:
+            raise ValueError(
+                f"{what} column {column!r} is timezone-aware (zone {given}) but the model was "
+                "trained on naive times (no zone); give naive times, e.g. "
+                f"df[{column!r}] = df[{column!r}].dt.tz_localize(None) (after tz_convert to "
+                "the zone the training times were recorded in)"
+            )
+        zone = self.spec.timezone or str(trained)
+        raise ValueError(
+            f"{what} column {column!r} holds naive times (no zone) but the model was trained on "
+            f"timezone-aware times (zone {zone}); give times with a UTC offset, e.g. "
+            f"df[{column!r}] = pd.to_datetime(df[{column!r}]).dt.tz_localize({zone!r})"
+        )
+
     def encode(self, column: str, values: pd.Series) -> np.ndarray:
         """(R,) int32 codes of a categorical column; values not in its vocabulary are unknown."""
         vocabulary = self.vocabularies[column]
@@ -256,9 +283,11 @@ class Preprocessor:
         """Model inputs of a gridded table of this spec (see `Transformed`).
 
         `grid` is sorted by (id, time), as `to_regular_grid` returns it; the
-        target may be NaN on rows flagged missing (e.g. future rows).
+        target may be NaN on rows flagged missing (e.g. future rows). Its times
+        must be naive or aware as the training table's were (`check_time_zone`).
         """
         spec = self.spec
+        self.check_time_zone(grid[spec.time_col])
         codes, ids = pd.factorize(grid[spec.id_col], sort=True)
         order = np.argsort(codes, kind="stable")
         grid = grid.iloc[order].reset_index(drop=True)

@@ -174,11 +174,36 @@ def missing_texts(frame: pd.DataFrame, columns: Sequence[str]) -> tuple[pd.DataF
     return frame, counts
 
 
+def check_unique_columns(frame: pd.DataFrame, columns: Sequence[str], what: str = "table") -> None:
+    """Raises if any of `columns` labels more than one column of `frame`.
+
+    `frame[name]` of a repeated label is a DataFrame, not a column, which
+    breaks every later step with a library error far from the cause (e.g.
+    `pd.concat([t, t[["promo"]]], axis=1)`), so it is refused here, by name.
+    """
+    labels = pd.Series(list(frame.columns), dtype=object)
+    counts = labels[labels.isin(list(columns))].value_counts(sort=False)
+    repeated = counts[counts > 1]
+    if len(repeated):
+        listed = ", ".join(f"{label!r} ({int(n)} columns)" for label, n in repeated.items())
+        raise ValueError(
+            f"{what} has repeated column labels among the columns it needs: {listed}; "
+            "give each column one label (e.g. df.loc[:, ~df.columns.duplicated()] keeps the "
+            "first of each)"
+        )
+
+
 def read_announced(
     table: pd.DataFrame | str | os.PathLike, spec: TableSpec, encoding: str = "utf-8"
 ) -> tuple[pd.DataFrame, dict[str, int]]:
-    """`read_table`, then `missing_texts` over the spec's columns, announced by a warning."""
+    """`read_table`, then `missing_texts` over the spec's columns, announced by a warning.
+
+    Raises:
+      ValueError: also for a spec column whose label the table repeats
+        (`check_unique_columns`).
+    """
     raw = read_table(table, encoding)
+    check_unique_columns(raw, spec.columns)
     columns = [c for c in spec.columns if c != spec.time_col and c in raw.columns]
     raw, counts = missing_texts(raw, columns)
     if counts:
@@ -262,14 +287,35 @@ def _format_hint(values: pd.Series) -> str:
     return ""
 
 
+def _mixed_offsets(error: Exception) -> bool:
+    """Whether a `pd.to_datetime` error is about texts with several UTC offsets."""
+    return "mixed timezones" in str(error).lower()
+
+
+def _in_zone(parsed: pd.Series, timezone: str | None) -> pd.Series:
+    """Times parsed to UTC from texts with mixed UTC offsets, in `timezone` when given.
+
+    Texts such as '2024-04-06T00:00:00+11:00' and '2024-04-08T00:00:00+10:00'
+    (midnights either side of a daylight-saving change) can only be parsed to
+    one zone by going through UTC; read back in their own zone they are on the
+    daily grid again, as the same times given as tz-aware datetimes are.
+    """
+    return parsed.dt.tz_convert(timezone) if timezone is not None else parsed
+
+
 def _parse_times(
     values: pd.Series,
     column: str,
     ids: pd.Series,
     time_format: str | None = None,
     dayfirst: bool = False,
+    timezone: str | None = None,
 ) -> pd.Series:
-    """Parses a time column to datetimes, naming the first bad value if any."""
+    """Parses a time column to datetimes, naming the first bad value if any.
+
+    Texts with mixed UTC offsets are parsed to UTC and then, with `timezone`
+    given, converted to it (`_in_zone`).
+    """
     empty = values.isna()
     if empty.any():
         row = int(np.flatnonzero(empty.to_numpy())[0])
@@ -285,7 +331,14 @@ def _parse_times(
             f"e.g. pd.to_datetime(df[{column!r}], unit='s')"
         )
     if time_format is not None:
-        parsed = pd.to_datetime(values, format=time_format, errors="coerce")
+        try:
+            parsed = pd.to_datetime(values, format=time_format, errors="coerce")
+        except ValueError as error:
+            if not _mixed_offsets(error):
+                raise
+            parsed = _in_zone(
+                pd.to_datetime(values, format=time_format, errors="coerce", utc=True), timezone
+            )
         bad = parsed.isna().to_numpy()
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
@@ -295,11 +348,14 @@ def _parse_times(
                 f"row {row}"
             )
         return parsed
-    for utc in (False, True):  # utc=True: strings with mixed UTC offsets
-        try:
-            return pd.to_datetime(values, utc=utc, dayfirst=dayfirst)
-        except (ValueError, TypeError, OverflowError):
-            continue
+    try:
+        return pd.to_datetime(values, dayfirst=dayfirst)
+    except (ValueError, TypeError, OverflowError):
+        pass
+    try:  # strings with mixed UTC offsets
+        return _in_zone(pd.to_datetime(values, utc=True, dayfirst=dayfirst), timezone)
+    except (ValueError, TypeError, OverflowError):
+        pass
     hint = _format_hint(values) if not dayfirst else ""
     parsed = pd.to_datetime(values, errors="coerce", format="mixed", utc=True, dayfirst=dayfirst)
     bad = parsed.isna().to_numpy()
@@ -396,6 +452,16 @@ def series_grid(times: pd.Series | pd.DatetimeIndex, freq: str) -> pd.DatetimeIn
     return pd.date_range(times[0], times[-1], freq=parse_frequency(freq))
 
 
+def _zone_hint(times: pd.DatetimeIndex, spec: TableSpec) -> str:
+    """A hint to pass `timezone` when times in UTC may be local times of changing offset."""
+    if spec.timezone is None and times.tz is not None and str(times.tz) == "UTC":
+        return (
+            "; if the times carry UTC offsets that change over the year (daylight saving), "
+            "pass their zone as timezone= (--timezone), e.g. 'Australia/Melbourne'"
+        )
+    return ""
+
+
 def _check_on_grid(frame: pd.DataFrame, spec: TableSpec) -> dict[Any, int]:
     """Raises for timestamps off the `freq` grid; returns each series' grid length."""
     lengths = {}
@@ -409,7 +475,7 @@ def _check_on_grid(frame: pd.DataFrame, spec: TableSpec) -> dict[Any, int]:
                 f"{spec.freq!r} grid that starts at {times[0]}, e.g. {times[off_grid][0]}; "
                 "resample the table to that frequency first (e.g. df.set_index(time)"
                 f".groupby(id).resample({spec.freq!r}).mean()) or pass the frequency the data "
-                "is recorded at"
+                f"is recorded at{_zone_hint(times, spec)}"
             )
         lengths[series] = len(grid)
     return lengths
@@ -479,6 +545,7 @@ def validate_table(
             f"table lacks columns {missing}; it has {list(frame.columns)}. "
             "Rename the columns or pass the right names (id_col, time_col, target, ...)"
         )
+    check_unique_columns(frame, spec.columns)
     if len(frame) == 0:
         raise ValueError("table has no rows")
     clean = frame.loc[:, list(spec.columns)].reset_index(drop=True)
@@ -489,7 +556,7 @@ def validate_table(
             f"id column {spec.id_col!r} is empty at row {row}; give every row a series id"
         )
     clean[spec.time_col] = _parse_times(
-        clean[spec.time_col], spec.time_col, ids, spec.time_format, spec.dayfirst
+        clean[spec.time_col], spec.time_col, ids, spec.time_format, spec.dayfirst, spec.timezone
     )
     for column in spec.numeric_columns:
         clean[column] = _to_float(clean[column], column, ids)
@@ -579,6 +646,72 @@ def check_missing_fraction(
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class EmptyCells:
+    """The empty cells of one input column of a validated table, which gridding fills.
+
+    Attributes:
+      cells: empty cells in the rows the table gave.
+      leading: those before a series' first value (back-filled from later values).
+      series: the ids of the series with any, in table order.
+    """
+
+    cells: int
+    leading: int
+    series: tuple[Any, ...]
+
+
+def empty_input_cells(clean: pd.DataFrame, spec: TableSpec) -> dict[str, EmptyCells]:
+    """Per known or observed column with empty cells in `clean`, what `to_regular_grid` fills.
+
+    Rows the grid inserts are not counted here: they are counted (and
+    announced) as filled target steps.
+    """
+    found = {}
+    for column in (*spec.known_cols, *spec.observed_cols):
+        empty = clean[column].isna()
+        if not empty.any():
+            continue
+        seen = (~empty).groupby(clean[spec.id_col], sort=False).cummax()
+        series = clean.loc[empty.to_numpy(), spec.id_col].drop_duplicates()
+        found[column] = EmptyCells(
+            cells=int(empty.sum()),
+            leading=int((~seen).sum()),
+            series=tuple(series),
+        )
+    return found
+
+
+def announce_empty_inputs(
+    found: dict[str, EmptyCells], num_series: int, where: str = "", stacklevel: int = 3
+) -> None:
+    """A `UserWarning` listing, per column of `found`, the cells filled and the series holding them.
+
+    `where` (e.g. ' in the history') follows 'inputs' in the message.
+    Silent when `found` is empty.
+    """
+    if not found:
+        return
+
+    def describe(column: str, empty: EmptyCells) -> str:
+        names = ", ".join(repr(series) for series in empty.series[:5])
+        more = " ..." if len(empty.series) > 5 else ""
+        leading = f", {empty.leading} of them leading" if empty.leading else ""
+        return (
+            f"{column!r} {empty.cells} cells in {len(empty.series)} of {num_series} series "
+            f"({names}{more}){leading}"
+        )
+
+    warnings.warn(
+        f"filled {sum(e.cells for e in found.values())} empty cells of known/observed "
+        f"inputs{where} (forward fill within each series; cells before a series' first value are "
+        "back-filled from its later values): "
+        + "; ".join(describe(column, empty) for column, empty in found.items()),
+        UserWarning,
+        stacklevel=stacklevel,
+    )
+
+
 def to_regular_grid(clean: pd.DataFrame, spec: TableSpec, missing_col: str) -> pd.DataFrame:
     """Puts every series of a validated table on its regular time grid.
 
@@ -586,6 +719,8 @@ def to_regular_grid(clean: pd.DataFrame, spec: TableSpec, missing_col: str) -> p
     between are inserted. Gaps are filled so no row is dropped: target,
     observed and known columns forward-fill within the series (then
     back-fill, for values missing at a series' start); statics are constant.
+    It announces nothing: callers count the filled cells first
+    (`empty_input_cells`, and `missing_col` for the target) and warn.
     `missing_col` is 1.0 where the target was filled (inserted row or empty
     target) and 0.0 where it was observed.
 

@@ -360,6 +360,10 @@ class Forecaster:
           model: 'fp32', 'qat' or 'int8'.
           batch_size: series per batch (default the training eval batch size).
 
+        The history gets the checks of training data: gaps and empty cells are
+        forward-filled and announced, and a series whose last `history` steps
+        are more than `data.max_missing_fraction` filled is refused.
+
         Returns:
           A long DataFrame: the id and time columns, then one column per
           quantile level (`q0.1`, `q0.5`, ...), in the target's units, rows
@@ -375,6 +379,7 @@ class Forecaster:
         ahead = future_windows(
             fitted.preprocessor, table, future, data.history, data.horizon,
             normalized=data.window_normalization, encoding=data.encoding,
+            max_missing_fraction=data.max_missing_fraction,
         )  # fmt: skip
         windows = ahead.windows
         predictions = predict_windows(predict, windows, min(batch_size, len(windows)))

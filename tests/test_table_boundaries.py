@@ -1,0 +1,290 @@
+"""What enters at the table boundary, at fit (`prepare_dataset`) and at predict (`future_windows`):
+repairs are announced, tables that cannot be read as the model was trained are refused by name."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tft_jax.data import prepare_dataset
+from tft_jax.data.future import future_windows
+
+HISTORY, HORIZON = 6, 3
+SPEC = dict(id_col="id", time_col="time", target="y", freq="h", history=HISTORY, horizon=HORIZON)
+INPUTS = dict(known_cols=["promo"], observed_cols=["temp"])
+
+
+def hourly(n: int = 60, start: str = "2021-03-01", seed: int = 0) -> pd.DataFrame:
+    """Series 'a' and 'b', `n` hours each, with a known 'promo' and an observed 'temp'."""
+    rng = np.random.default_rng(seed)
+    times = pd.date_range(start, periods=n, freq="h")
+    return pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    "id": series,
+                    "time": times,
+                    "y": 10.0 + rng.normal(size=n),
+                    "promo": (rng.random(n) < 0.3).astype(float),
+                    "temp": rng.normal(size=n),
+                }
+            )
+            for series in "ab"
+        ],
+        ignore_index=True,
+    )
+
+
+def future_for(history: pd.DataFrame, value: float = 0.0) -> pd.DataFrame:
+    """The `promo` of the HORIZON hours after each series' last time in `history`."""
+    last = history.groupby("id")["time"].max()
+    return pd.DataFrame(
+        [(series, time, value) for series, end in last.items()
+         for time in pd.date_range(end, periods=HORIZON + 1, freq="h")[1:]],
+        columns=["id", "time", "promo"],
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def preprocessor():
+    return prepare_dataset(hourly(), **SPEC, **INPUTS).preprocessor
+
+
+def forecast_inputs(preprocessor, history, future=None, **options):
+    future = future_for(history) if future is None else future
+    return future_windows(preprocessor, history, future, HISTORY, HORIZON, **options)
+
+
+def user_warnings(call):
+    """`(result, [message, ...])` of the UserWarnings `call()` emits."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = call()
+    return result, [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+
+
+# ----------------------------------------------------------------- predict-time history
+
+
+def test_a_clean_history_is_forecast_without_a_warning(preprocessor):
+    history = hourly(30, start="2021-04-01")
+    ahead, messages = user_warnings(lambda: forecast_inputs(preprocessor, history))
+    assert messages == []
+    assert list(ahead.last_times) == [history["time"].max()] * 2
+
+
+def test_filled_history_target_steps_are_announced_per_series(preprocessor):
+    history = hourly(30, start="2021-04-01")
+    history = history.drop(index=[25, 26])  # 'a' loses two of its last six hours
+    history.loc[history.index[-20], "y"] = np.nan  # 'b' an empty cell, early
+    ahead, messages = user_warnings(lambda: forecast_inputs(preprocessor, history))
+    filled = [m for m in messages if m.startswith("filled 3 missing target steps of the history")]
+    assert len(filled) == 1
+    per_series = "'a' 2 (2 in the last 6 steps), 'b' 1 (0 in the last 6 steps)"
+    assert f"in 2 of 2 series: {per_series}" in filled[0]
+    # The repair itself is kept: the two inserted hours are in the window, flagged.
+    mask = ahead.windows.panel.target_mask[ahead.windows.starts[0] - HISTORY :
+                                           ahead.windows.starts[0]]  # fmt: skip
+    np.testing.assert_array_equal(mask, [1, 0, 0, 1, 1, 1])  # rows 24..29 of a
+
+
+def test_a_history_ending_in_empty_targets_says_where_the_forecast_starts(preprocessor):
+    history = hourly(30, start="2021-04-01")
+    appended = history.groupby("id").tail(2).index  # the user's "future" rows, target left empty
+    history.loc[appended, "y"] = np.nan
+    ahead, messages = user_warnings(lambda: forecast_inputs(preprocessor, history))
+    ends = [m for m in messages if "ends in rows with an empty target" in m]
+    assert len(ends) == 1
+    assert (
+        "'a' 2 rows after its last observed target at 2021-04-02 03:00:00 "
+        "(forecast from 2021-04-02 06:00:00)" in ends[0]
+    )
+    assert "'b' 2 rows after" in ends[0]
+    assert "the forecast starts after those rows" in ends[0]
+    assert list(ahead.last_times) == [pd.Timestamp("2021-04-02 05:00")] * 2
+
+
+def test_a_history_mostly_filled_over_its_window_is_refused_by_name(preprocessor):
+    history = hourly(30, start="2021-04-01")
+    late = (history["id"] == "b") & (history["time"] >= "2021-04-02 01:00")  # last 5 of 'b'
+    history.loc[late, "y"] = np.nan
+    with pytest.raises(
+        ValueError,
+        match=r"1 series have more than 50% of the last 6 target steps .* missing \(filled\): "
+        r"'b' \(5 of 6\); 'b' end in rows with an empty target",
+    ):
+        forecast_inputs(preprocessor, history)
+    # Three of six is not more than half: forecast, announced.
+    history.loc[late & (history["time"] < "2021-04-02 03:00"), "y"] = 1.0
+    _, messages = user_warnings(lambda: forecast_inputs(preprocessor, history))
+    assert any("'b' 3 (3 in the last 6 steps)" in m for m in messages)
+    # A caller holding a looser limit passes it.
+    history.loc[late, "y"] = np.nan
+    with pytest.warns(UserWarning, match=r"'b' 5 rows after its last observed target"):
+        forecast_inputs(preprocessor, history, max_missing_fraction=0.9)
+    with pytest.raises(ValueError, match=r"max_missing_fraction must be a number in \[0, 1\]"):
+        forecast_inputs(preprocessor, history, max_missing_fraction=1.5)
+
+
+def test_a_history_recorded_coarser_than_freq_is_refused(preprocessor):
+    history = hourly(90, start="2021-04-01")
+    history = history[history["time"].dt.hour % 3 == 0]
+    with pytest.raises(ValueError, match=r"freq='h' leaves 6\d% .* every 3h"):
+        forecast_inputs(preprocessor, history)
+
+
+# ----------------------------------------------------------------- empty input cells
+
+
+def with_empty_inputs(table: pd.DataFrame) -> pd.DataFrame:
+    """'promo' empty in a's first 2 rows and one later cell; 'temp' empty in b's row 40."""
+    table = table.copy()
+    a = table.index[table["id"] == "a"]
+    b = table.index[table["id"] == "b"]
+    table.loc[[a[0], a[1], a[10]], "promo"] = np.nan
+    table.loc[b[40], "temp"] = np.nan
+    return table
+
+
+def test_empty_known_and_observed_cells_are_filled_and_announced_at_fit():
+    table = with_empty_inputs(hourly())
+    dataset, messages = user_warnings(lambda: prepare_dataset(table, **SPEC, **INPUTS))
+    filled = [m for m in messages if "empty cells of known/observed inputs" in m]
+    assert len(filled) == 1
+    assert filled[0].startswith("filled 4 empty cells")
+    assert "'promo' 3 cells in 1 of 2 series ('a'), 2 of them leading" in filled[0]
+    assert "'temp' 1 cells in 1 of 2 series ('b')" in filled[0]
+    assert "back-filled from its later values" in filled[0]
+    # The fill is kept: a's leading promo is its first value, the later gap its previous one.
+    promo = dataset.frame.loc[dataset.frame["id"] == "a", "promo"].to_numpy()
+    np.testing.assert_array_equal(promo[:2], promo[[2, 2]])
+    assert promo[10] == promo[9]
+
+
+def test_empty_categorical_input_cells_are_announced_too():
+    table = hourly().assign(holiday=lambda t: np.where(t.index % 7 == 0, "yes", "no"))
+    table["holiday"] = table["holiday"].astype(object)
+    table.loc[[3, 4], "holiday"] = None
+    _, messages = user_warnings(lambda: prepare_dataset(table, **SPEC, known_cols=["holiday"]))
+    assert any("'holiday' 2 cells in 1 of 2 series ('a')" in m for m in messages)
+
+
+def test_empty_input_cells_of_a_predict_history_are_announced(preprocessor):
+    history = with_empty_inputs(hourly(50, start="2021-04-01"))
+    _, messages = user_warnings(lambda: forecast_inputs(preprocessor, history))
+    filled = [m for m in messages if "empty cells of known/observed inputs in the history" in m]
+    assert len(filled) == 1
+    assert "'promo' 3 cells in 1 of 2 series ('a'), 2 of them leading" in filled[0]
+
+
+# ----------------------------------------------------------------- time zones and formats
+
+
+def test_a_table_of_the_other_time_zone_kind_is_refused_naming_both():
+    naive = prepare_dataset(hourly(), **SPEC).preprocessor
+    aware_table = hourly().assign(time=lambda t: t["time"].dt.tz_localize("UTC"))
+    aware = prepare_dataset(aware_table, **SPEC).preprocessor
+    history = hourly(30, start="2021-04-01")
+    with pytest.raises(
+        ValueError,
+        match=r"history column 'time' is timezone-aware \(zone UTC\) but the model was "
+        r"trained on naive times",
+    ):
+        future_windows(naive, history.assign(time=history["time"].dt.tz_localize("UTC")),
+                       None, HISTORY, HORIZON)  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"history column 'time' holds naive times \(no zone\) but the model was trained "
+        r"on timezone-aware times \(zone UTC\)",
+    ):
+        future_windows(aware, history, None, HISTORY, HORIZON)
+    with pytest.raises(ValueError, match=r"table column 'time' holds naive times .*\(zone UTC\)"):
+        prepare_dataset(hourly(), **SPEC, preprocessor=aware)
+
+
+def daily(n: int = 60, start: str = "2021-01-15") -> pd.DataFrame:
+    """`hourly`'s columns on `n` days from `start`."""
+    table = hourly(n)
+    table["time"] = np.tile(pd.date_range(start, periods=n, freq="D"), 2)
+    return table
+
+
+def test_aware_times_in_another_zone_are_the_same_instants():
+    spec = dict(SPEC, freq="D")
+    utc = daily().assign(time=lambda t: t["time"].dt.tz_localize("UTC"))
+    fitted = prepare_dataset(utc, **spec).preprocessor
+    history = utc[utc["time"] >= "2021-02-20"]
+    tokyo = history.assign(time=history["time"].dt.tz_convert("Asia/Tokyo"))
+    same = future_windows(fitted, history, None, HISTORY, HORIZON).windows.panel
+    moved = future_windows(fitted, tokyo, None, HISTORY, HORIZON).windows.panel
+    names = list(fitted.known_feature_names)
+    index = names.index("time_index")
+    np.testing.assert_allclose(moved.known[:, index], same.known[:, index])
+    assert same.known[-1, index] > same.known[0, index]
+
+
+def test_a_day_first_future_is_read_as_the_history_is():
+    spec = dict(SPEC, freq="D", known_cols=["promo"])
+    table = daily(60, start="2021-01-15")
+    history = table[table["time"] < "2021-03-01"]  # the forecast starts on 1 March
+    future = pd.DataFrame(
+        [(s, d, 1.0) for s in "ab" for d in pd.date_range("2021-03-01", periods=HORIZON)],
+        columns=["id", "time", "promo"],
+    )  # 01/03, 02/03, 03/03: month-first these would be 3 January, 3 February, 3 March
+    as_text = {"time": lambda t: t["time"].dt.strftime("%d/%m/%Y")}
+    for option in ({"time_format": "%d/%m/%Y"}, {"dayfirst": True}):
+        fitted = prepare_dataset(table.assign(**as_text), **spec, **option).preprocessor
+        ahead = future_windows(fitted, history.assign(**as_text), future.assign(**as_text),
+                               HISTORY, HORIZON)  # fmt: skip
+        panel, starts = ahead.windows.panel, ahead.windows.starts
+        assert list(panel.times[starts]) == [pd.Timestamp("2021-03-01")] * 2, option
+        assert list(panel.times[starts + HORIZON - 1]) == [pd.Timestamp("2021-03-03")] * 2
+
+
+def melbourne_daily(n: int = 120) -> pd.DataFrame:
+    """Daily midnights in Melbourne across the April 2021 daylight-saving change."""
+    rng = np.random.default_rng(1)
+    days = pd.date_range("2021-02-01", periods=n, freq="D", tz="Australia/Melbourne")
+    return pd.concat(
+        [pd.DataFrame({"id": s, "time": days, "y": rng.normal(size=n)}) for s in "ab"],
+        ignore_index=True,
+    )
+
+
+def test_iso_texts_with_offsets_changing_at_dst_read_as_the_zone_given():
+    aware = melbourne_daily()
+    texts = aware.assign(time=aware["time"].map(lambda t: t.isoformat()))
+    assert {t[-6:] for t in texts["time"]} == {"+11:00", "+10:00"}
+    spec = dict(SPEC, freq="D", timezone="Australia/Melbourne")
+    expected = prepare_dataset(aware, **spec)
+    got = prepare_dataset(texts, **spec)
+    assert got.summary()["windows"] == expected.summary()["windows"]
+    np.testing.assert_array_equal(got.panel.known, expected.panel.known)
+    assert str(got.frame["time"].dt.tz) == "Australia/Melbourne"
+    with pytest.raises(ValueError, match=r"off the freq='D' grid .* pass their zone as timezone="):
+        prepare_dataset(texts, **dict(SPEC, freq="D"))
+
+
+# ----------------------------------------------------------------- repeated column labels
+
+
+def test_repeated_column_labels_are_refused_by_name(preprocessor):
+    table = hourly()
+    doubled = pd.concat([table, table[["promo"]]], axis=1)
+    message = r"table has repeated column labels .*: 'promo' \(2 columns\)"
+    with pytest.raises(ValueError, match=message):
+        prepare_dataset(doubled, **SPEC, **INPUTS)
+    history = hourly(30, start="2021-04-01")
+    with pytest.raises(ValueError, match=message):
+        forecast_inputs(preprocessor, pd.concat([history, history[["promo"]]], axis=1),
+                        future_for(history))  # fmt: skip
+    future = future_for(history)
+    with pytest.raises(ValueError, match=r"future has repeated column labels .*'promo'"):
+        forecast_inputs(preprocessor, history, pd.concat([future, future[["promo"]]], axis=1))
+    # A repeated label the spec does not use is not in the way.
+    note = table[["y"]].rename(columns={"y": "note"})
+    extra = pd.concat([table, note, note], axis=1)
+    prepare_dataset(extra, **SPEC, **INPUTS)
