@@ -228,7 +228,7 @@ def _holiday_table() -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def test_a_forecaster_with_a_text_known_column_forecasts_an_unseen_category():
+def test_a_forecaster_with_a_text_known_column_forecasts_an_unseen_category(tmp_path):
     table = _holiday_table()
     data = DataConfig(
         id_col="store", time_col="day", target="sales", freq="D", static_cols=("region",),
@@ -264,3 +264,5 @@ def test_a_forecaster_with_a_text_known_column_forecasts_an_unseen_category():
         unseen = forecaster.predict(history, future.assign(holiday="easter"))
     assert np.isfinite(unseen[columns].to_numpy()).all()
     assert np.abs(unseen[columns].to_numpy() - base).max() > 1e-6
+    loaded = Forecaster.load(forecaster.save(tmp_path / "run"))  # its weights pass the load check
+    np.testing.assert_array_equal(loaded.predict(history, future)[columns].to_numpy(), base)

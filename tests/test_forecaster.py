@@ -8,13 +8,17 @@ CLI's trained run in `tests/test_cli.py`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
+import jax
 import numpy as np
 import pandas as pd
 import pytest
+from flax import serialization
 
+from tft_jax.config import TFTConfig
 from tft_jax.data import WindowSet
 from tft_jax.evaluation import to_original_units
 from tft_jax.forecaster import (
@@ -25,6 +29,8 @@ from tft_jax.forecaster import (
     RunFolderError,
 )
 from tft_jax.forecaster.forecaster import monotone
+from tft_jax.forecaster.run_folder import check_params
+from tft_jax.model import TemporalFusionTransformer
 
 from .cli_tables import HISTORY, HORIZON, TINY_TRAINING, write_table
 
@@ -224,6 +230,63 @@ def test_an_incomplete_or_foreign_run_folder_is_refused(fitted, tmp_path):
     (damaged / "config.json").write_text('{"format": "tft-jax-forecaster", ')
     with pytest.raises(RunFolderError, match=r"config.json is damaged \(not JSON\)"):
         Forecaster.load(damaged)
+    for edit, message in (
+        (lambda config: config.pop("models"), r"config.json is damaged: KeyError\('models'\)"),
+        (lambda config: config.pop("season_period"), r"damaged: KeyError\('season_period'\)"),
+        (lambda config: config["data"].update(history=-3), r"damaged: .*history must be >= 1"),
+        (lambda config: config.clear() or config.update(x=[1, 2]), r"format None version None"),
+    ):
+        config = json.loads((saved / "config.json").read_text())
+        edit(config)
+        (damaged / "config.json").write_text(json.dumps(config))
+        with pytest.raises(RunFolderError, match=message):
+            Forecaster.load(damaged)
+    (damaged / "config.json").write_text("[1, 2]")
+    with pytest.raises(RunFolderError, match=r"config.json is damaged: it holds a JSON list"):
+        Forecaster.load(damaged)
+
+
+@pytest.mark.parametrize("known_history", [False, True])
+def test_the_load_check_takes_every_input_kind_of_the_model(known_history, tmp_path):
+    config = TFTConfig(
+        num_static_features=1, num_known_features=2, num_observed_features=3, hidden_dim=8,
+        num_heads=2, sequence_length=5, prediction_horizon=2, use_known_history=known_history,
+        static_categorical_cardinalities=(4,), known_categorical_cardinalities=(3, 2),
+        observed_categorical_cardinalities=(5,),
+    )  # fmt: skip
+    b, t, h = 2, 5, 2
+    inputs = dict(
+        static=np.zeros((b, 1), np.float32), historical=np.zeros((b, t, 3), np.float32),
+        future=np.zeros((b, h, 2), np.float32), static_categorical=np.zeros((b, 1), np.int32),
+        future_categorical=np.zeros((b, h, 2), np.int32),
+        observed_categorical=np.zeros((b, t, 1), np.int32),
+    )  # fmt: skip
+    if known_history:
+        inputs["known_history"] = np.zeros((b, t, 2), np.float32)
+        inputs["known_categorical_history"] = np.zeros((b, t, 2), np.int32)
+    rngs = {"params": jax.random.key(0), "dropout": jax.random.key(1)}
+    params = jax.eval_shape(TemporalFusionTransformer(config).init, rngs, **inputs)["params"]
+    check_params({"params": params}, config, tmp_path / "fp32.msgpack")  # passes
+    narrower = dataclasses.replace(config, observed_categorical_cardinalities=(6,))
+    with pytest.raises(RunFolderError, match=r"fp32.msgpack does not hold this run's model"):
+        check_params({"params": params}, narrower, tmp_path / "fp32.msgpack")
+
+
+def test_weights_of_another_model_are_refused_at_load_naming_the_file(fitted, tmp_path):
+    _, _, saved = fitted
+    foreign = tmp_path / "foreign_weights"
+    shutil.copytree(saved, foreign)
+    weights = foreign / "models" / "fp32.msgpack"
+    variables = serialization.msgpack_restore(weights.read_bytes())
+    key = variables["params"]["attention"]["key"]
+    key["kernel"] = np.zeros((key["kernel"].shape[0], 2 * key["kernel"].shape[1]), np.float32)
+    weights.write_bytes(serialization.msgpack_serialize(variables))
+    with pytest.raises(
+        RunFolderError,
+        match=r"fp32.msgpack does not hold this run's model \(\['attention'\]\['key'\]\['kernel'\] "
+        r"has shape \(8, 16\), the model's is \(8, 8\)",
+    ):
+        Forecaster.load(foreign)
 
 
 def test_evaluate_on_the_training_table_reports_every_model_and_the_baseline(fitted):

@@ -585,7 +585,12 @@ class Forecaster:
         root = pathlib.Path(path)
         if not root.is_dir():
             raise run_folder.RunFolderError(f"{root} is not a folder (Forecaster.load)")
-        config = run_folder.read_json(root / run_folder.CONFIG_FILE)
+        config_file = root / run_folder.CONFIG_FILE
+        config = run_folder.read_json(config_file)
+        if not isinstance(config, dict):
+            raise run_folder.RunFolderError(
+                f"{config_file} is damaged: it holds a JSON {type(config).__name__}, not an object"
+            )
         run_folder.check_format(config, root)
         try:
             forecaster = cls.from_config(ForecasterConfig.from_json(config))
@@ -596,20 +601,24 @@ class Forecaster:
                 }
             )
             preprocessor = Preprocessor.from_json(config["preprocessor"])
-        except (KeyError, TypeError) as error:
-            raise run_folder.RunFolderError(
-                f"{root / run_folder.CONFIG_FILE} is damaged: {error!r}"
-            ) from None
-        variables = {
-            name: run_folder.load_variables(run_folder.model_path(root, name))
-            for name in config["models"]
-        }
+            season_period = int(config["season_period"])
+            names = list(config["models"])
+            unknown = [name for name in names if name not in MODEL_NAMES]
+            if unknown or "fp32" not in names:
+                raise ValueError(f"models {names} must include 'fp32', all in {MODEL_NAMES}")
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise run_folder.RunFolderError(f"{config_file} is damaged: {error!r}") from None
+        variables = {}
+        for name in names:
+            path = run_folder.model_path(root, name)
+            variables[name] = run_folder.load_variables(path)
+            run_folder.check_params(variables[name], tft_config, path)
         history_file = root / run_folder.HISTORY_FILE
         history = run_folder.read_json(history_file) if history_file.is_file() else {}
         forecaster._fitted = _Fitted(
             preprocessor=preprocessor,
             tft_config=tft_config,
-            season_period=int(config["season_period"]),
+            season_period=season_period,
             variables=variables,
             history=history,
             summary=config.get("summary", {}),

@@ -22,8 +22,12 @@ import pathlib
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import serialization
+
+from tft_jax.config import TFTConfig
+from tft_jax.model import TemporalFusionTransformer
 
 FORMAT = "tft-jax-forecaster"
 FORMAT_VERSION = 1
@@ -106,6 +110,65 @@ def load_variables(path: pathlib.Path) -> dict[str, Any]:
             f"{path} holds a {type(variables).__name__}, not a dict of model variables"
         )
     return variables
+
+
+def _abstract_inputs(config: TFTConfig) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Shapes and dtypes of one sample's model inputs for `config` (no values)."""
+    steps, horizon = config.sequence_length, config.prediction_horizon
+
+    def real(*shape: int) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct((1, *shape), jnp.float32)
+
+    def codes(*shape: int) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct((1, *shape), jnp.int32)
+
+    static = real(config.num_static_features) if config.num_static_features else None
+    args = (static, real(steps, config.num_observed_features),
+            real(horizon, config.num_known_features))  # fmt: skip
+    kwargs: dict[str, Any] = {}
+    if config.use_known_history:
+        kwargs["known_history"] = real(steps, config.num_known_features)
+    if config.static_categorical_cardinalities:
+        kwargs["static_categorical"] = codes(len(config.static_categorical_cardinalities))
+    if config.known_categorical_cardinalities:
+        count = len(config.known_categorical_cardinalities)
+        kwargs["future_categorical"] = codes(horizon, count)
+        if config.use_known_history:
+            kwargs["known_categorical_history"] = codes(steps, count)
+    if config.observed_categorical_cardinalities:
+        count = len(config.observed_categorical_cardinalities)
+        kwargs["observed_categorical"] = codes(steps, count)
+    return args, kwargs
+
+
+def _param_shapes(params: Any) -> dict[str, tuple[int, ...]]:
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    return {jax.tree_util.keystr(path): tuple(np.shape(leaf)) for path, leaf in leaves}
+
+
+def check_params(variables: dict[str, Any], config: TFTConfig, path: pathlib.Path) -> None:
+    """Raises `RunFolderError` naming `path` unless `variables['params']` fit the TFT of `config`.
+
+    The FP32, QAT and int8 forms share the FP32 model's parameter tree and
+    shapes (int8 kernels hold codes); weights copied from another run would
+    otherwise fail inside Flax at the first forecast.
+    """
+    args, kwargs = _abstract_inputs(config)
+    rngs = {"params": jax.random.key(0), "dropout": jax.random.key(0)}
+    model = TemporalFusionTransformer(config)
+    expected = _param_shapes(jax.eval_shape(model.init, rngs, *args, **kwargs)["params"])
+    got = _param_shapes(variables.get("params", {}))
+    if got == expected:
+        return
+    missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
+    differ = [key for key in sorted(set(got) & set(expected)) if got[key] != expected[key]]
+    details = [f"{key} has shape {got[key]}, the model's is {expected[key]}" for key in differ[:3]]
+    details += [f"missing {missing[:3]}"] if missing else []
+    details += [f"unexpected {extra[:3]}"] if extra else []
+    raise RunFolderError(
+        f"{path} does not hold this run's model ({'; '.join(details)}); "
+        "were the weights copied from another run?"
+    )
 
 
 def check_format(config: dict[str, Any], root: pathlib.Path) -> None:
