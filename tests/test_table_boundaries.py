@@ -268,6 +268,26 @@ def test_iso_texts_with_offsets_changing_at_dst_read_as_the_zone_given():
         prepare_dataset(texts, **dict(SPEC, freq="D"))
 
 
+def test_iso_texts_with_changing_offsets_and_no_zone_are_read_in_utc_with_a_warning():
+    local = pd.date_range("2021-04-03", periods=48, freq="h", tz="Australia/Melbourne")
+    texts = pd.concat(
+        [pd.DataFrame({"id": s, "time": [t.isoformat() for t in local], "y": 1.0 + np.arange(48)})
+         for s in "ab"],
+        ignore_index=True,
+    )  # fmt: skip
+    assert {t[-6:] for t in texts["time"]} == {"+11:00", "+10:00"}  # the April DST change
+    with pytest.warns(UserWarning, match=r"time holds times with different UTC offsets; they are "
+                      r"read in UTC.*pass it as timezone="):  # fmt: skip
+        in_utc = prepare_dataset(texts, **dict(SPEC, history=3, horizon=2))
+    assert str(in_utc.frame["time"].dt.tz) == "UTC"
+    assert in_utc.frame["time"].iloc[0] == local[0].tz_convert("UTC")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        local_run = prepare_dataset(texts, **dict(SPEC, history=3, horizon=2,
+                                                  timezone="Australia/Melbourne"))  # fmt: skip
+    assert local_run.frame["time"].iloc[0].hour == 0  # local midnight, not 13:00 UTC
+
+
 # ----------------------------------------------------------------- repeated column labels
 
 

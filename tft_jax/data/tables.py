@@ -292,15 +292,27 @@ def _mixed_offsets(error: Exception) -> bool:
     return "mixed timezones" in str(error).lower()
 
 
-def _in_zone(parsed: pd.Series, timezone: str | None) -> pd.Series:
+def _in_zone(parsed: pd.Series, timezone: str | None, column: str) -> pd.Series:
     """Times parsed to UTC from texts with mixed UTC offsets, in `timezone` when given.
 
     Texts such as '2024-04-06T00:00:00+11:00' and '2024-04-08T00:00:00+10:00'
     (midnights either side of a daylight-saving change) can only be parsed to
     one zone by going through UTC; read back in their own zone they are on the
     daily grid again, as the same times given as tz-aware datetimes are.
+    Without `timezone` they stay in UTC, and the calendar features (hour of
+    day, day of week) are then UTC's, not the local ones: said in a warning.
     """
-    return parsed.dt.tz_convert(timezone) if timezone is not None else parsed
+    if timezone is not None:
+        return parsed.dt.tz_convert(timezone)
+    warnings.warn(
+        f"{column} holds times with different UTC offsets; they are read in UTC, so hour of "
+        "day and day of week are UTC's. If they are local times of one zone (daylight "
+        "saving changes the offset), pass it as timezone= (--timezone), e.g. "
+        "'Australia/Melbourne'",
+        UserWarning,
+        stacklevel=5,
+    )
+    return parsed
 
 
 def _parse_times(
@@ -337,7 +349,9 @@ def _parse_times(
             if not _mixed_offsets(error):
                 raise
             parsed = _in_zone(
-                pd.to_datetime(values, format=time_format, errors="coerce", utc=True), timezone
+                pd.to_datetime(values, format=time_format, errors="coerce", utc=True),
+                timezone,
+                column,
             )
         bad = parsed.isna().to_numpy()
         if bad.any():
@@ -353,7 +367,7 @@ def _parse_times(
     except (ValueError, TypeError, OverflowError):
         pass
     try:  # strings with mixed UTC offsets
-        return _in_zone(pd.to_datetime(values, utc=True, dayfirst=dayfirst), timezone)
+        return _in_zone(pd.to_datetime(values, utc=True, dayfirst=dayfirst), timezone, column)
     except (ValueError, TypeError, OverflowError):
         pass
     hint = _format_hint(values) if not dayfirst else ""
