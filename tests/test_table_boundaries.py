@@ -288,6 +288,19 @@ def test_iso_texts_with_changing_offsets_and_no_zone_are_read_in_utc_with_a_warn
     assert local_run.frame["time"].iloc[0].hour == 0  # local midnight, not 13:00 UTC
 
 
+def test_weeks_recorded_on_mondays_with_freq_w_name_the_anchor_to_pass():
+    mondays = pd.date_range("2022-01-03", periods=30, freq="W-MON")
+    table = pd.DataFrame({"id": "a", "time": mondays, "y": np.arange(30.0)})
+    options = dict(id_col="id", time_col="time", target="y", history=4, horizon=2)
+    message = (
+        r"grid that starts at 2022-01-09 .*'W' steps fall on W-SUN dates "
+        r".*for weeks recorded on Mondays pass freq='W-MON'"
+    )
+    with pytest.raises(ValueError, match=message):
+        prepare_dataset(table, freq="W", **options)
+    assert len(prepare_dataset(table, freq="W-MON", **options).train) > 0
+
+
 # ----------------------------------------------------------------- repeated column labels
 
 

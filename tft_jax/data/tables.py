@@ -476,6 +476,18 @@ def _zone_hint(times: pd.DatetimeIndex, spec: TableSpec) -> str:
     return ""
 
 
+def _anchor_hint(first: pd.Timestamp, freq: str) -> str:
+    """A hint when `freq`'s steps are anchored (e.g. weeks ending Sunday) and `first` is not."""
+    offset = parse_frequency(freq)
+    if offset.is_on_offset(first):
+        return ""
+    hint = f"; {freq!r} steps fall on {offset.freqstr} dates and {first} is not one"
+    if isinstance(offset, pd.offsets.Week) and offset.weekday is not None:
+        anchored = f"W-{first:%a}".upper()
+        hint += f": for weeks recorded on {first.day_name()}s pass freq={anchored!r}"
+    return hint
+
+
 def _check_on_grid(frame: pd.DataFrame, spec: TableSpec) -> dict[Any, int]:
     """Raises for timestamps off the `freq` grid; returns each series' grid length."""
     lengths = {}
@@ -484,12 +496,13 @@ def _check_on_grid(frame: pd.DataFrame, spec: TableSpec) -> dict[Any, int]:
         grid = series_grid(times, spec.freq)
         off_grid = ~times.isin(grid)
         if off_grid.any():
+            start = grid[0] if len(grid) else times[0]
             raise ValueError(
                 f"series {series!r} has {int(off_grid.sum())} timestamps off the freq="
-                f"{spec.freq!r} grid that starts at {times[0]}, e.g. {times[off_grid][0]}; "
+                f"{spec.freq!r} grid that starts at {start}, e.g. {times[off_grid][0]}; "
                 "resample the table to that frequency first (e.g. df.set_index(time)"
                 f".groupby(id).resample({spec.freq!r}).mean()) or pass the frequency the data "
-                f"is recorded at{_zone_hint(times, spec)}"
+                f"is recorded at{_anchor_hint(times[0], spec.freq)}{_zone_hint(times, spec)}"
             )
         lengths[series] = len(grid)
     return lengths
