@@ -8,11 +8,13 @@ persistent cache of tests/conftest.py a second run is much faster.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import pathlib
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -25,18 +27,20 @@ from flax import serialization
 
 from tft_jax import cli
 from tft_jax.checkpoint import load_state
-from tft_jax.cli_parser import flag_message, forecaster_config
+from tft_jax.cli_parser import UsageError, check_train_flags, flag_message, forecaster_config
 from tft_jax.data import prepare_dataset
 from tft_jax.distributed import process_rows
 from tft_jax.evaluation import epoch_batches, fixed_batches
 from tft_jax.forecaster import (
     DEMO,
+    DataConfig,
     Forecaster,
     ForecasterConfig,
     ModelConfig,
     QATTrainingConfig,
     TrainingConfig,
 )
+from tft_jax.forecaster.config import MAX_SEED
 from tft_jax.forecaster.forecaster import check_global_batch
 from tft_jax.forecaster.training import sample_batch
 from tft_jax.model import TemporalFusionTransformer
@@ -147,6 +151,250 @@ def test_commands_on_a_directory_without_a_run_say_so(capsys, tmp_path, command)
     code, _, err = run(capsys, command, "--run", str(tmp_path))
     assert code == 2
     assert "config.json does not exist" in err
+
+
+# Non-finite numbers, out-of-range seeds, unusable output paths and contradictory
+# flags: refused by name before any data is read or any training starts.
+
+
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--qat-lr", "nan", "a finite number > 0"),
+        ("--lr", "nan", "a finite number > 0"),
+        ("--lr", "inf", "a finite number > 0"),
+        ("--weight-decay", "nan", "a finite number >= 0"),
+        ("--weight-decay", "inf", "a finite number >= 0"),
+        ("--clip-norm", "nan", "a finite number > 0"),
+        ("--clip-norm", "inf", "a finite number > 0"),
+        ("--dropout", "nan", r"a number in \[0, 1\)"),
+        ("--validation-fraction", "nan", r"a number in \[0, 1\)"),
+        ("--test-fraction", "nan", r"a number in \[0, 1\)"),
+        ("--max-missing-fraction", "nan", r"a number in \[0, 1\]"),
+        ("--seed", "99999999999999999999999", rf"an integer in 0..{MAX_SEED} \(2\*\*63 - 3\)"),
+        ("--seed", str(MAX_SEED + 1), rf"an integer in 0..{MAX_SEED} \(2\*\*63 - 3\)"),
+    ],
+)
+def test_non_finite_and_out_of_range_numbers_are_refused_by_the_parser(
+    capsys, flag, value, message
+):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train", flag, value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert re.search(f"argument {flag}: expected {message}, got {value}", err), err
+
+
+def test_largest_seed_parses_and_its_derived_keys_exist():
+    args = cli.build_parser().parse_args(["train", "--seed", str(MAX_SEED)])
+    assert args.seed == MAX_SEED
+    assert TrainingConfig(seed=MAX_SEED).seed == MAX_SEED
+    jax.random.key(MAX_SEED + 2)  # QAT calibration draws batches with seed + 2
+    with pytest.raises(ValueError, match=r"TrainingConfig\.seed must be <= "):
+        TrainingConfig(seed=MAX_SEED + 1)
+
+
+@pytest.mark.parametrize(
+    "make, field",
+    [
+        (lambda: TrainingConfig(learning_rate=math.nan), "TrainingConfig.learning_rate"),
+        (lambda: TrainingConfig(learning_rate=math.inf), "TrainingConfig.learning_rate"),
+        (lambda: TrainingConfig(weight_decay=math.inf), "TrainingConfig.weight_decay"),
+        (lambda: TrainingConfig(clip_norm=math.nan), "TrainingConfig.clip_norm"),
+        (lambda: TrainingConfig(time_budget=math.inf), "TrainingConfig.time_budget"),
+        (lambda: QATTrainingConfig(learning_rate=math.nan), "QATTrainingConfig.learning_rate"),
+        (lambda: ModelConfig(dropout_rate=math.nan), "ModelConfig.dropout_rate"),
+        (
+            lambda: DataConfig.pedestrian(validation_fraction=math.nan),
+            "DataConfig.validation_fraction",
+        ),
+        (
+            lambda: DataConfig.pedestrian(max_missing_fraction=math.nan),
+            "DataConfig.max_missing_fraction",
+        ),
+    ],
+)
+def test_configs_refuse_non_finite_numbers_by_field(make, field):
+    with pytest.raises(ValueError, match=rf"^{re.escape(field)} must lie in .* and be finite"):
+        make()
+
+
+def test_an_empty_compile_cache_is_refused(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train", "--compile-cache", ""])
+    assert exit_info.value.code == 2
+    assert "argument --compile-cache: expected a folder or 'none', got an empty path" in (
+        capsys.readouterr().err
+    )
+
+
+@pytest.fixture
+def a_file(tmp_path) -> pathlib.Path:
+    path = tmp_path / "afile"
+    path.write_text("not a folder\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "--out", "{file}"], "--out {file}: is a file, not a folder"),
+        (["train", "--out", "{file}/sub"], "--out {file}/sub: {file} is a file, not a folder"),
+        (["train", "--compile-cache", "{file}"], "--compile-cache {file}: is a file, not a folder"),
+        (
+            ["predict", "--run", "{dir}/run", "--csv", "{dir}/h.csv", "--out", "{dir}"],
+            "--out {dir}: is a folder, not a file",
+        ),
+        (
+            ["forecast", "--run", "{dir}/run", "--output", "{dir}"],
+            "--output {dir}: is a folder, not a file",
+        ),
+        (
+            ["experiment", "clipping", "--out", "{file}/x"],
+            "--out {file}/x: {file} is a file, not a folder",
+        ),
+        (["demo", "--out", "{file}"], "--out {file}: is a file, not a folder"),
+    ],
+)
+def test_unusable_output_paths_are_refused_before_any_work(capsys, a_file, argv, message):
+    values = {"file": str(a_file), "dir": str(a_file.parent)}
+    argv = [arg.format(**values) for arg in argv]
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    assert f"error: {message.format(**values)}" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_os_error_left_to_main_is_one_line_naming_the_path(capsys, monkeypatch, tmp_path):
+    def fail(args):
+        raise IsADirectoryError(21, "Is a directory", str(tmp_path / "x.csv"))
+
+    monkeypatch.setitem(cli.COMMANDS, "predict", fail)
+    code, _, err = run(
+        capsys, "predict", "--run", "r", "--csv", "h.csv", "--out", "o.csv",
+        "--compile-cache", "none",
+    )  # fmt: skip
+    assert code == 2
+    assert err == f"tft-jax predict: error: {tmp_path / 'x.csv'}: Is a directory\n"
+
+
+@pytest.mark.parametrize("mark", ["config.json", "models"])
+def test_a_saved_forecaster_without_checkpoints_is_a_run_too(capsys, csv_path, tmp_path, mark):
+    (tmp_path / mark).mkdir() if mark == "models" else (tmp_path / mark).write_text("{}")
+    code, _, err = run(capsys, "train", *table_args(csv_path), "--out", str(tmp_path))
+    assert code == 2
+    assert f"--out {tmp_path} already holds a run; pass --resume" in err
+
+
+def test_demo_refuses_a_folder_holding_another_run(capsys, tmp_path):
+    (tmp_path / "checkpoints" / "fp32").mkdir(parents=True)
+    config = {"source": {"csv": "t.csv", "command": "train"}, "arguments": {}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    code, _, err = run(capsys, "demo", "--out", str(tmp_path), "--compile-cache", "none")
+    assert code == 2
+    assert f"--out {tmp_path} holds a run that is not the demo's" in err
+    assert (tmp_path / "checkpoints" / "fp32").is_dir()  # nothing deleted
+
+
+def test_a_demo_run_is_recognised_by_its_source_or_its_settings(tmp_path):
+    config = tmp_path / "config.json"
+    assert not cli.is_demo_run(tmp_path)  # no config.json
+    config.write_text(json.dumps({"source": {"csv": None, "command": "demo"}}))
+    assert cli.is_demo_run(tmp_path)
+    config.write_text(json.dumps({"source": {"csv": None, "command": "train"}}))
+    assert not cli.is_demo_run(tmp_path)
+    # Written before config.json said which command: the demo's settings (any eval batch).
+    training = dataclasses.replace(DEMO.training, eval_batch_size=17)
+    old = json.loads(json.dumps(dataclasses.replace(DEMO, training=training).to_json()))
+    config.write_text(json.dumps({**old, "source": {"csv": None}}))
+    assert cli.is_demo_run(tmp_path)
+    old["model"]["hidden_dim"] = 16
+    config.write_text(json.dumps({**old, "source": {"csv": None}}))
+    assert not cli.is_demo_run(tmp_path)
+    config.write_text('{"source": ')
+    assert not cli.is_demo_run(tmp_path)
+
+
+def test_resume_and_overwrite_together_are_refused(capsys, csv_path, tmp_path):
+    code, _, err = run(
+        capsys, "train", *table_args(csv_path), "--resume", "--overwrite",
+        "--out", str(tmp_path / "r"),
+    )  # fmt: skip
+    assert code == 2
+    assert "--resume and --overwrite contradict each other" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_qat_flags_without_qat_are_refused_even_at_their_defaults(capsys, csv_path, tmp_path):
+    default_steps = str(QATTrainingConfig().steps)
+    code, _, err = run(
+        capsys, "train", *table_args(csv_path), "--qat-steps", default_steps,
+        "--qat-lr=1e-4", "--qat-bits", "4", "--out", str(tmp_path / "r"),
+    )  # fmt: skip
+    assert code == 2
+    assert "--qat-steps, --qat-lr, --qat-bits given without --qat" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_qat_flags_with_qat_and_plain_train_flags_pass_the_check(csv_path):
+    parse = cli.build_parser().parse_args
+    check_train_flags(parse(["train", "--qat", "--qat-steps", "3", "--qat-lr", "1e-3"]))
+    check_train_flags(parse(["train", "--lr", "1e-3", "--overwrite"]))
+    with pytest.raises(UsageError, match=r"^--qat-time-budget given without --qat"):
+        check_train_flags(parse(["train", "--qat-time-budget", "none"]))
+
+
+@pytest.mark.parametrize("command", ["predict", "evaluate", "forecast", "plot"])
+def test_run_reading_commands_default_to_the_runs_settings(capsys, command):
+    argv = [command, "--run", "r"] + (["--csv", "h", "--out", "o"] if command == "predict" else [])
+    args = cli.build_parser().parse_args(argv)
+    assert (args.eval_batch_size, args.encoding, args.dayfirst, args.time_format) == (
+        None, None, None, None,
+    )  # fmt: skip
+    given = cli.build_parser().parse_args(
+        [*argv, "--eval-batch-size", "5", "--encoding", "latin-1", "--no-dayfirst",
+         "--time-format", "%d/%m/%Y"]
+    )  # fmt: skip
+    assert (given.eval_batch_size, given.encoding, given.dayfirst, given.time_format) == (
+        5, "latin-1", False, "%d/%m/%Y",
+    )  # fmt: skip
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args([command, "--help"])
+    assert "(default: the run's --eval-batch-size)" in " ".join(capsys.readouterr().out.split())
+    train = cli.build_parser().parse_args(["train"])
+    assert train.eval_batch_size == TrainingConfig().eval_batch_size
+
+
+def _day_first_latin1_table(csv_path: pathlib.Path, path: pathlib.Path) -> pd.DataFrame:
+    table = pd.read_csv(csv_path)
+    table["store"] = table["store"].str.replace("alpha", "alph\u00e9")
+    written = table.assign(day=pd.to_datetime(table["day"]).dt.strftime("%d/%m/%Y"))
+    written.to_csv(path, index=False, encoding="latin-1")
+    return table
+
+
+def test_reading_flags_apply_over_the_runs_data_settings(csv_path, tmp_path):
+    path = tmp_path / "dmy.csv"
+    table = _day_first_latin1_table(csv_path, path)
+    args = cli.build_parser().parse_args(["train", *table_args(csv_path)])
+    forecaster = Forecaster.from_config(forecaster_config(args, qat=False))
+    argv = ["predict", "--run", "r", "--csv", str(path), "--out", "o.csv"]
+    plain = cli.build_parser().parse_args(argv)
+    with pytest.raises(UsageError, match=r"^--csv: .* is not utf-8 text .*--encoding latin-1"):
+        cli.read_given_csv(path, "--csv", forecaster, plain)
+    for flags in (["--dayfirst"], ["--time-format", "%d/%m/%Y"]):
+        given = cli.build_parser().parse_args([*argv, "--encoding", "latin-1", *flags])
+        data = cli.reading_config(forecaster, given)
+        assert data.encoding == "latin-1" and data.history == HISTORY
+        assert forecaster.config.data.encoding == "utf-8"  # the run's settings are kept
+        read = cli.read_given_csv(path, "--csv", forecaster, given)
+        assert list(read["store"]) == list(table["store"])
+        np.testing.assert_array_equal(
+            read["day"].to_numpy(), pd.to_datetime(table["day"]).to_numpy()
+        )
+    wrong = cli.build_parser().parse_args([*argv, "--encoding", "latin-1", "--time-format", "%Y"])
+    with pytest.raises(UsageError, match=r"^--csv .*dmy\.csv: column 'day' has 300 times not in"):
+        cli.read_given_csv(path, "--csv", forecaster, wrong)
 
 
 @pytest.mark.parametrize(
@@ -396,6 +644,71 @@ def test_plot_draws_the_forecast_after_the_data(capsys, trained_run, csv_path):
     )  # fmt: skip
     assert code == 0 and "future_fp32.png" in stdout
     assert (trained_run / "plots" / "future_fp32.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
+@pytest.mark.slow
+def test_eval_batch_size_reaches_the_predictions_of_a_run(capsys, monkeypatch, trained_run):
+    assert cli.load_run(trained_run)[0].config.training.eval_batch_size == 32  # TINY_RUN's
+    assert cli.load_run(trained_run, 5)[0].config.training.eval_batch_size == 5
+    import tft_jax.forecaster.forecaster as forecaster_module
+
+    sizes = []
+    original = forecaster_module.predict_windows
+
+    def spy(predict, windows, batch_size=256):
+        sizes.append(batch_size)
+        return original(predict, windows, batch_size)
+
+    monkeypatch.setattr(forecaster_module, "predict_windows", spy)
+    output = trained_run / "batch5.csv"
+    code, _, _ = run(
+        capsys, "forecast", "--run", str(trained_run), "--model", "fp32", "--split",
+        "validation", "--output", str(output), "--eval-batch-size", "5",
+        "--compile-cache", "none",
+    )  # fmt: skip
+    assert code == 0 and sizes == [5]
+
+
+@pytest.mark.slow
+def test_evaluate_reads_a_damaged_metrics_json_before_evaluating(capsys, trained_run, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(trained_run, copy, ignore=shutil.ignore_patterns("checkpoints"))
+    (copy / "metrics.json").write_text('{"split": ')
+    code, out, err = run(capsys, "evaluate", "--run", str(copy), "--compile-cache", "none")
+    assert code == 2
+    assert f"{copy / 'metrics.json'} is damaged" in err
+    assert "evaluating" not in out + err
+    assert (copy / "metrics.json").read_text() == '{"split": '
+
+
+@pytest.mark.slow
+def test_predict_reads_a_history_in_another_encoding_and_date_format(
+    capsys, trained_run, csv_path, tmp_path
+):
+    table = pd.read_csv(csv_path)
+    history = table[table["day"] < "2024-03-30"]
+    days = pd.date_range("2024-03-30", periods=HORIZON, freq="D").strftime("%Y-%m-%d")
+    future = table[table["day"].isin(days)][["store", "day", "promo"]]
+    day_first = {"day": lambda t: pd.to_datetime(t["day"]).dt.strftime("%d/%m/%Y")}
+    history.assign(**day_first).to_csv(tmp_path / "h.csv", index=False, encoding="utf-16")
+    future.assign(**day_first).to_csv(tmp_path / "f.csv", index=False, encoding="utf-16")
+    out = tmp_path / "p.csv"
+    code, _, err = run(
+        capsys, "predict", "--run", str(trained_run), "--csv", str(tmp_path / "h.csv"),
+        "--future-csv", str(tmp_path / "f.csv"), "--out", str(out), "--encoding", "utf-16",
+        "--dayfirst", "--model", "fp32", "--compile-cache", "none",
+    )  # fmt: skip
+    assert code == 0, err
+    expected = Forecaster.load(trained_run).predict(history, future, model="fp32")
+    written = pd.read_csv(out)
+    np.testing.assert_array_equal(
+        pd.to_datetime(written["day"]).to_numpy(), expected["day"].to_numpy()
+    )
+    np.testing.assert_allclose(
+        written[["q0.1", "q0.5", "q0.9"]].to_numpy(),
+        expected[["q0.1", "q0.5", "q0.9"]].to_numpy(),
+        rtol=1e-6,
+    )
 
 
 # A time budget spent by the first step (`--time-budget`, tests/test_time_budget.py): the

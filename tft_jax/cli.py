@@ -31,7 +31,7 @@ writes the run's files and `--out` must be a folder every host sees.
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
 import pathlib
 import shutil
 import sys
@@ -47,22 +47,28 @@ from tft_jax import plots
 from tft_jax.allocator import relaunch_with_tuned_allocator
 from tft_jax.cli_experiments import command_experiment
 from tft_jax.cli_parser import (
+    DEFAULT_COMPILE_CACHE,
+    READING_FIELDS,
     UsageError,
     build_parser,
+    check_output_file,
+    check_output_folder,
+    check_train_flags,
     demo_argv,
     flag_message,
     forecaster_config,
     multihost_arguments,
 )
 from tft_jax.data import load_pedestrian, read_table
+from tft_jax.data.tables import _parse_times
 from tft_jax.distributed import (
     barrier,
     initialize_multihost,
     is_primary,
 )
 from tft_jax.evaluation import forecast_frame, to_original_units, write_forecasts
-from tft_jax.forecaster import Forecaster, RunFolderError
-from tft_jax.forecaster.run_folder import json_ready, read_json, write_json
+from tft_jax.forecaster import DEMO, DataConfig, Forecaster, ForecasterConfig, RunFolderError
+from tft_jax.forecaster.run_folder import CONFIG_FILE, json_ready, read_json, write_json
 from tft_jax.forecaster.training import announce
 
 __all__ = ["UsageError", "build_parser", "json_ready", "main"]
@@ -80,12 +86,28 @@ def enable_compile_cache(directory: str) -> None:
     A cache folder configured already (`JAX_COMPILATION_CACHE_DIR`, or by the
     process embedding the CLI) is kept.
     """
-    if directory.strip().lower() == "none" or jax.config.jax_compilation_cache_dir:
+    if directory.strip().lower() == "none":
         return
     path = pathlib.Path(directory).expanduser()
-    path.mkdir(parents=True, exist_ok=True)
+    if jax.config.jax_compilation_cache_dir:
+        if directory != str(DEFAULT_COMPILE_CACHE):  # a folder given is still checked
+            check_output_folder(path, "--compile-cache")
+        return
+    check_output_folder(path, "--compile-cache")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"--compile-cache {path}: {os_error_text(error)}") from None
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
+def os_error_text(error: OSError) -> str:
+    """An `OSError` as one line naming its path(s): 'PATH: Is a directory'."""
+    if error.filename is None:
+        return str(error)
+    names = f"{error.filename}" + (f" -> {error.filename2}" if error.filename2 else "")
+    return f"{names}: {error.strerror or error}"
 
 
 def read_csv(path: pathlib.Path, flag: str, encoding: str = "utf-8") -> pd.DataFrame:
@@ -98,11 +120,48 @@ def read_csv(path: pathlib.Path, flag: str, encoding: str = "utf-8") -> pd.DataF
         raise UsageError(f"{flag}: {error}") from None
 
 
-def run_table(args: argparse.Namespace, config: dict[str, Any]) -> pd.DataFrame:
+def reading_config(forecaster: Forecaster, args: argparse.Namespace) -> DataConfig:
+    """The run's data settings with the `--encoding`, `--dayfirst`, `--time-format` given."""
+    given = {name: getattr(args, name) for name in READING_FIELDS}
+    return dataclasses.replace(
+        forecaster.config.data,
+        **{name: value for name, value in given.items() if value is not None},
+    )
+
+
+def read_given_csv(
+    path: pathlib.Path, flag: str, forecaster: Forecaster, args: argparse.Namespace
+) -> pd.DataFrame:
+    """A CSV given to a run-reading command, read with `reading_config`.
+
+    With another `--dayfirst`/`--time-format` than the run's, the time column is
+    parsed here (the saved preprocessing reads it as the training table's).
+    """
+    data = reading_config(forecaster, args)
+    table = read_csv(path, flag, data.encoding)
+    run = forecaster.config.data
+    if (data.time_format, data.dayfirst) == (run.time_format, run.dayfirst):
+        return table
+    if data.time_col not in table.columns or data.id_col not in table.columns:
+        return table  # the data layer names the missing columns
+    table = table.copy()
+    try:
+        table[data.time_col] = _parse_times(
+            table[data.time_col], data.time_col, table[data.id_col],
+            data.time_format, data.dayfirst, data.timezone,
+        )  # fmt: skip
+    except ValueError as error:
+        raise UsageError(f"{flag} {path}: {error}") from None
+    return table
+
+
+def run_table(
+    args: argparse.Namespace, config: dict[str, Any], forecaster: Forecaster
+) -> pd.DataFrame:
     """The table of a command: `--csv`, else the run's training table."""
     encoding = config.get("data", {}).get("encoding", "utf-8")
     if args.csv is not None:
-        return read_csv(args.csv, "--csv", encoding)
+        return read_given_csv(args.csv, "--csv", forecaster, args)
     source = config.get("source", {}).get("csv")
     if source is None:
         return load_pedestrian()
@@ -113,10 +172,23 @@ def run_table(args: argparse.Namespace, config: dict[str, Any]) -> pd.DataFrame:
     return read_csv(pathlib.Path(source), "the run's table", encoding)
 
 
-def load_run(run: pathlib.Path) -> tuple[Forecaster, dict[str, Any]]:
-    """The saved forecaster of a run folder and its config.json."""
-    config = read_json(pathlib.Path(run) / "config.json")
-    return Forecaster.load(run), config
+def load_run(
+    run: pathlib.Path, eval_batch_size: int | None = None
+) -> tuple[Forecaster, dict[str, Any]]:
+    """The saved forecaster of a run folder and its config.json.
+
+    `eval_batch_size` (`--eval-batch-size`) replaces the run's
+    `TrainingConfig.eval_batch_size`, the batch its predictions use; None keeps it.
+    """
+    config = read_json(pathlib.Path(run) / CONFIG_FILE)
+    forecaster = Forecaster.load(run)
+    if eval_batch_size is not None:
+        settings = forecaster.config
+        forecaster.config = dataclasses.replace(
+            settings,
+            training=dataclasses.replace(settings.training, eval_batch_size=eval_batch_size),
+        )
+    return forecaster, config
 
 
 def default_model(forecaster: Forecaster, requested: str | None) -> str:
@@ -177,24 +249,40 @@ def write_split_forecasts(forecaster, dataset, split, predictions, model, path) 
 # Commands
 
 
+RUN_MARKS = ("checkpoints", CONFIG_FILE, "models")
+
+
+def holds_run(out: pathlib.Path) -> bool:
+    """Whether the folder `out` holds a run: checkpoints, or a saved forecaster's files."""
+    return any((pathlib.Path(out) / name).exists() for name in RUN_MARKS)
+
+
 def _check_out(out: pathlib.Path, resume: bool, overwrite: bool) -> None:
     """Every process checks `--out`; process 0 clears it (`--overwrite`), the others wait."""
-    checkpoints = out / "checkpoints"
-    if checkpoints.exists() and not resume and not overwrite:
+    if holds_run(out) and not resume and not overwrite:
         raise UsageError(
             f"--out {out} already holds a run; pass --resume to continue it, "
             "--overwrite to start over, or another --out"
         )
     if is_primary():
-        if checkpoints.exists() and not resume:
-            shutil.rmtree(checkpoints)
-        out.mkdir(parents=True, exist_ok=True)
+        checkpoints = out / "checkpoints"
+        try:
+            if checkpoints.exists() and not resume:
+                shutil.rmtree(checkpoints)
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise UsageError(f"--out {out}: {os_error_text(error)}") from None
     barrier("tft-jax train: --out ready")
 
 
-def run_training(args: argparse.Namespace) -> dict[str, Any] | None:
-    """`tft-jax train`: fit, save, evaluate and plot into `--out`; the metrics (process 0)."""
+def run_training(args: argparse.Namespace, command: str = "train") -> dict[str, Any] | None:
+    """`tft-jax train`: fit, save, evaluate and plot into `--out`; the metrics (process 0).
+
+    `command` ('train' or 'demo') is recorded in config.json's `source`.
+    """
     started = time.perf_counter()
+    check_train_flags(args)
+    check_output_folder(args.out, "--out")
     settings = forecaster_config(args, qat=args.qat)
     encoding = settings.data.encoding
     table = load_pedestrian() if args.csv is None else read_csv(args.csv, "--csv", encoding)
@@ -214,8 +302,13 @@ def run_training(args: argparse.Namespace) -> dict[str, Any] | None:
     if not args.quiet and report["filled_target_steps"].any():
         print("missing target steps filled per series (windows with one in the horizon left out):")
         print(report.to_string(index=False, float_format=lambda x: f"{x:.3f}"), flush=True)
-    arguments = {key: value for key, value in vars(args).items() if key != "func"}
-    source = {"csv": None if args.csv is None else str(pathlib.Path(args.csv).resolve())}
+    arguments = {
+        key: value for key, value in vars(args).items() if key not in ("func", "given_flags")
+    }
+    source = {
+        "csv": None if args.csv is None else str(pathlib.Path(args.csv).resolve()),
+        "command": command,
+    }
     forecaster.save(out, extra={"source": source, "arguments": arguments})
     dataset = forecaster.dataset
     metrics, predictions = evaluate_announced(forecaster, dataset, "test", args.quiet)
@@ -251,14 +344,16 @@ def command_train(args: argparse.Namespace) -> int:
 
 
 def command_predict(args: argparse.Namespace) -> int:
-    forecaster, _ = load_run(args.run)
+    check_output_file(args.out, "--out")
+    forecaster, _ = load_run(args.run, args.eval_batch_size)
     model = default_model(forecaster, args.model)
-    encoding = forecaster.config.data.encoding
-    history = read_csv(args.csv, "--csv", encoding)
+    history = read_given_csv(args.csv, "--csv", forecaster, args)
     future = (
-        None if args.future_csv is None else read_csv(args.future_csv, "--future-csv", encoding)
+        None
+        if args.future_csv is None
+        else read_given_csv(args.future_csv, "--future-csv", forecaster, args)
     )
-    forecast = forecaster.predict(history, future, model=model, batch_size=args.eval_batch_size)
+    forecast = forecaster.predict(history, future, model=model)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_forecasts(forecast, str(args.out))
     series = forecast.iloc[:, 0].nunique()
@@ -267,11 +362,20 @@ def command_predict(args: argparse.Namespace) -> int:
 
 
 def command_evaluate(args: argparse.Namespace) -> int:
-    forecaster, config = load_run(args.run)
-    metrics, _ = evaluate_announced(forecaster, run_table(args, config), args.split, args.quiet)
+    forecaster, config = load_run(args.run, args.eval_batch_size)
     target = args.run / ("metrics.json" if args.split == "test" else f"metrics_{args.split}.json")
-    if target.exists() and args.split == "test":
-        metrics = {**json.loads(target.read_text()), **metrics}
+    check_output_file(target, "metrics file")
+    previous: dict[str, Any] = {}
+    if target.exists() and args.split == "test":  # its other entries are kept: read it first
+        previous = read_json(target)
+        if not isinstance(previous, dict):
+            raise UsageError(
+                f"{target} holds a JSON {type(previous).__name__}, not the object `tft-jax "
+                "train` writes; remove it to write it anew"
+            )
+    table = run_table(args, config, forecaster)
+    metrics, _ = evaluate_announced(forecaster, table, args.split, args.quiet)
+    metrics = {**previous, **metrics}
     write_json(target, metrics)
     print(metrics_table(metrics))
     print(f"metrics: {target}")
@@ -279,22 +383,31 @@ def command_evaluate(args: argparse.Namespace) -> int:
 
 
 def command_forecast(args: argparse.Namespace) -> int:
-    forecaster, config = load_run(args.run)
+    if args.output is not None:
+        check_output_file(args.output, "--output")
+    forecaster, config = load_run(args.run, args.eval_batch_size)
     name = default_model(forecaster, args.model)
-    dataset = forecaster.prepare(run_table(args, config))
+    output = args.output or args.run / f"forecasts_{name}_{args.split}.csv"
+    check_output_file(output, "--output")
+    dataset = forecaster.prepare(run_table(args, config, forecaster))
     windows = dataset.split(args.split)
     prediction = forecaster.predictions(dataset, windows, [name])[name]
-    output = args.output or args.run / f"forecasts_{name}_{args.split}.csv"
     write_split_forecasts(forecaster, dataset, args.split, prediction, name, output)
     print(f"{len(windows) * dataset.horizon} forecast rows ({len(windows)} windows): {output}")
     return 0
 
 
 def command_plot(args: argparse.Namespace) -> int:
-    forecaster, config = load_run(args.run)
+    forecaster, config = load_run(args.run, args.eval_batch_size)
     model = args.model or "fp32"
     default_model(forecaster, model)
-    table = run_table(args, config)
+    check_output_folder(args.run / "plots", "plots folder")
+    table = run_table(args, config, forecaster)
+    future = (
+        None
+        if args.future_csv is None
+        else read_given_csv(args.future_csv, "--future-csv", forecaster, args)
+    )
     dataset = forecaster.prepare(table)
     predictions = forecaster.predictions(dataset, dataset.split(args.split))
     figures = plots.draw_run_plots(
@@ -313,10 +426,6 @@ def command_plot(args: argparse.Namespace) -> int:
             "pass --future-csv with their values after the table's end"
         )
     else:
-        encoding = forecaster.config.data.encoding
-        future = (
-            None if args.future_csv is None else read_csv(args.future_csv, "--future-csv", encoding)
-        )
         forecast = forecaster.predict(table, future, model=model)
         figures.append(
             plots.plot_future(
@@ -337,7 +446,36 @@ def command_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def is_demo_run(out: pathlib.Path) -> bool:
+    """Whether `out/config.json` is of a `tft-jax demo` run: its `source` says so, or
+    (written before the demo said so) its settings are the demo's."""
+    try:
+        config = read_json(pathlib.Path(out) / CONFIG_FILE)
+    except RunFolderError:
+        return False
+    if not isinstance(config, dict):
+        return False
+    source = config.get("source")
+    if isinstance(source, dict) and "command" in source:
+        return source["command"] == "demo"
+    try:
+        settings = ForecasterConfig.from_json(config)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return False
+    training = dataclasses.replace(settings.training, eval_batch_size=DEMO.training.eval_batch_size)
+    return dataclasses.replace(settings, training=training) == DEMO
+
+
 def command_demo(args: argparse.Namespace) -> int:
+    check_output_folder(args.out, "--out")
+    if holds_run(args.out):
+        if not is_demo_run(args.out):
+            raise UsageError(
+                f"--out {args.out} holds a run that is not the demo's (its config.json does "
+                "not say `tft-jax demo`); the demo would replace its checkpoints and models: "
+                "pass another --out, or remove that folder"
+            )
+        print(f"tft-jax demo: replacing the earlier demo run in {args.out}", flush=True)
     argv = [
         "train",
         *demo_argv(),
@@ -356,7 +494,7 @@ def command_demo(args: argparse.Namespace) -> int:
         "FP32 training, QAT fine-tuning, int8 conversion",
         flush=True,
     )
-    metrics = run_training(build_parser().parse_args(argv))
+    metrics = run_training(build_parser().parse_args(argv), command="demo")
     print(
         f"\ntest split: {metrics['windows']} windows of {metrics['horizon']} hours, "
         f"seasonal naive period {metrics['seasonal_naive_period']} h"
@@ -400,6 +538,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except (UsageError, RunFolderError, ValueError, FileNotFoundError) as error:
         print(f"tft-jax {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # an output path that cannot be written, found late
+        print(f"tft-jax {args.command}: error: {os_error_text(error)}", file=sys.stderr)
         return 2
     finally:
         warnings.showwarning = previous

@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any
 
 from tft_jax import plots
-from tft_jax.cli_parser import forecaster_config
+from tft_jax.cli_parser import check_output_folder, forecaster_config
 from tft_jax.config import TFTConfig
 from tft_jax.data import load_pedestrian, prepare_dataset, read_table
 from tft_jax.experiments import ClippingSettings, clipping_experiment
@@ -21,6 +21,7 @@ from tft_jax.forecaster.run_folder import write_json
 
 
 def command_experiment(args: argparse.Namespace) -> int:
+    check_output_folder(args.out, "--out")  # before minutes of training
     settings = forecaster_config(args, qat=False)
     encoding = settings.data.encoding
     table = load_pedestrian() if args.csv is None else read_table(args.csv, encoding)

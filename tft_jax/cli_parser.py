@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import pathlib
 import re
@@ -23,6 +24,7 @@ from tft_jax.distributed import MultihostArgumentError, check_multihost_argument
 from tft_jax.experiments import ClippingSettings
 from tft_jax.forecaster.config import (
     DEMO,
+    MAX_SEED,
     DataConfig,
     ForecasterConfig,
     ModelConfig,
@@ -43,13 +45,20 @@ class UsageError(ValueError):
     """A command-line argument that cannot be used; printed without a traceback."""
 
 
-def _bounded(kind: Callable[[str], Any], low: float, inclusive: bool, what: str):
+def _bounded(
+    kind: Callable[[str], Any], low: float, inclusive: bool, what: str, high: float | None = None
+) -> Callable[[str], Any]:
+    """An argparse type: `kind(text)`, finite, >= `low` (> without `inclusive`), <= `high`."""
+
     def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if value < low or (not inclusive and value == low):
+        # NaN compares False with every bound: refused by name, as is inf.
+        if isinstance(value, float) and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text}")
+        if value < low or (not inclusive and value == low) or (high is not None and value > high):
             raise argparse.ArgumentTypeError(f"expected {what}, got {text}")
         return value
 
@@ -58,13 +67,17 @@ def _bounded(kind: Callable[[str], Any], low: float, inclusive: bool, what: str)
 
 positive_int = _bounded(int, 1, True, "an integer >= 1")
 non_negative_int = _bounded(int, 0, True, "an integer >= 0")
-positive_float = _bounded(float, 0.0, False, "a number > 0")
-non_negative_float = _bounded(float, 0.0, True, "a number >= 0")
+positive_float = _bounded(float, 0.0, False, "a finite number > 0")
+non_negative_float = _bounded(float, 0.0, True, "a finite number >= 0")
+seed_value = _bounded(int, 0, True, f"an integer in 0..{MAX_SEED} (2**63 - 3)", MAX_SEED)
 
 
 def fraction(text: str) -> float:
-    value = non_negative_float(text)
-    if value >= 1.0:
+    try:
+        value = non_negative_float(text)
+    except argparse.ArgumentTypeError:
+        value = math.nan
+    if not 0.0 <= value < 1.0:
         raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text}")
     return value
 
@@ -90,14 +103,80 @@ def optional_duration(text: str) -> float | None:
 
 
 def fraction_or_one(text: str) -> float:
-    value = non_negative_float(text)
-    if value > 1.0:
+    try:
+        value = non_negative_float(text)
+    except argparse.ArgumentTypeError:
+        value = math.nan
+    if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text}")
     return value
 
 
 def clip_norm_value(text: str) -> float | None:
     return None if text.strip().lower() == "none" else positive_float(text)
+
+
+def compile_cache_value(text: str) -> str:
+    """A `--compile-cache` folder or 'none'; an empty path (the current folder) is refused."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a folder or 'none', got an empty path")
+    return text
+
+
+def _check_parents(path: pathlib.Path, label: str) -> None:
+    """Raises `UsageError` unless the nearest existing folder above `path` is writable."""
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(f"{label} {path}: {parent} is a file, not a folder")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise UsageError(f"{label} {path}: cannot write in {parent} (permission denied)")
+            return
+
+
+def check_output_folder(path: pathlib.Path, label: str) -> None:
+    """Raises `UsageError` (naming `label`, e.g. '--out') unless `path` can be a folder to write."""
+    path = pathlib.Path(path)
+    if path.exists():
+        if not path.is_dir():
+            raise UsageError(f"{label} {path}: is a file, not a folder")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise UsageError(f"{label} {path}: cannot write in it (permission denied)")
+        return
+    _check_parents(path, label)
+
+
+def check_output_file(path: pathlib.Path, label: str) -> None:
+    """Raises `UsageError` (naming `label`) unless `path` can be written as a file."""
+    path = pathlib.Path(path)
+    if path.is_dir():
+        raise UsageError(f"{label} {path}: is a folder, not a file")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"{label} {path}: cannot write it (permission denied)")
+    _check_parents(path, label)
+
+
+GIVEN = "given_flags"
+
+
+class _Store(argparse.Action):
+    """argparse's `store`, noting the flag in `namespace.given_flags` (see `given_flags`)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, GIVEN, (*getattr(namespace, GIVEN, ()), self.option_strings[0]))
+
+
+def given_flags(args: argparse.Namespace) -> tuple[str, ...]:
+    """The flags of `add_options` given on the command line (a default equal value included),
+    each once, in order."""
+    return tuple(dict.fromkeys(getattr(args, GIVEN, ())))
 
 
 def column_list(values: Sequence[str] | None) -> tuple[str, ...]:
@@ -234,7 +313,7 @@ TRAINING_OPTIONS = (
            {"type": positive_int}),
     Option("--val-windows", "training", "validation_windows",
            "validation windows per evaluation, evenly spaced", {"type": positive_int}),
-    Option("--seed", "training", "seed", "random seed", {"type": non_negative_int}),
+    Option("--seed", "training", "seed", "random seed", {"type": seed_value}),
 )  # fmt: skip
 QAT_OPTIONS = (
     Option("--qat-steps", "qat", "steps", "QAT fine-tuning steps", {"type": positive_int}),
@@ -277,6 +356,7 @@ def add_options(
             text = f"{text} (default {shown})"
         if kwargs.get("nargs") in ("*", "+") and isinstance(default, tuple):
             default = list(default)
+        kwargs.setdefault("action", _Store)  # `given_flags` tells a flag from its default
         group.add_argument(option.flag, default=default, help=text, **kwargs)
 
 
@@ -364,6 +444,23 @@ def forecaster_config(args: argparse.Namespace, qat: bool) -> ForecasterConfig:
         raise UsageError(flag_message(str(error))) from None
 
 
+def check_train_flags(args: argparse.Namespace) -> None:
+    """Raises `UsageError` for contradictory `tft-jax train` flags (before any work)."""
+    if args.resume and args.overwrite:
+        raise UsageError(
+            "--resume and --overwrite contradict each other: --resume continues the run in "
+            "--out, --overwrite deletes its checkpoints to start over; pass one of them"
+        )
+    if not args.qat:
+        qat_flags = {option.flag for option in QAT_OPTIONS}
+        given = [flag for flag in given_flags(args) if flag in qat_flags]
+        if given:
+            raise UsageError(
+                f"{', '.join(given)} given without --qat, which they configure; pass --qat "
+                "to fine-tune with QAT, or drop them"
+            )
+
+
 SPLITS = ("train", "validation", "test")
 DEFAULT_CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser()
 DEFAULT_COMPILE_CACHE = DEFAULT_CACHE / "tft-jax" / "jax"
@@ -400,15 +497,48 @@ def demo_argv() -> list[str]:
     return argv
 
 
-def _runtime(parser: argparse.ArgumentParser) -> None:
+RUN_EVAL_BATCH = dataclasses.replace(
+    EVAL_BATCH, help="windows per batch when predicting (default: the run's --eval-batch-size)"
+)
+
+
+def _runtime(parser: argparse.ArgumentParser, reads_run: bool = False) -> None:
     group = parser.add_argument_group("runtime")
     group.add_argument("--quiet", action="store_true", help="no progress bars")
     group.add_argument(
         "--compile-cache",
+        type=compile_cache_value,
         default=str(DEFAULT_COMPILE_CACHE),
         help=f"persistent XLA compilation cache, or 'none' (default {DEFAULT_COMPILE_CACHE})",
     )
-    add_options(group, [EVAL_BATCH])
+    if reads_run:
+        add_options(group, [RUN_EVAL_BATCH], {RUN_EVAL_BATCH.flag: None})
+    else:
+        add_options(group, [EVAL_BATCH])
+
+
+READING_FIELDS = ("encoding", "dayfirst", "time_format")
+
+
+def _reading(parser: argparse.ArgumentParser) -> None:
+    """`--encoding`, `--dayfirst`, `--time-format` of the CSVs a run-reading command is given."""
+    group = parser.add_argument_group(
+        "reading the given CSV files", "default: as the run read its training table"
+    )
+    group.add_argument(
+        "--encoding", default=None, help="text encoding of the CSV files (default: the run's)"
+    )
+    group.add_argument(
+        "--dayfirst",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="read dates such as 01/02/2024 as day first (default: the run's)",
+    )
+    group.add_argument(
+        "--time-format",
+        default=None,
+        help="strftime format of the time column, e.g. %%d/%%m/%%Y (default: the run's)",
+    )
 
 
 def _run_argument(parser: argparse.ArgumentParser, table_help: str) -> None:
@@ -489,7 +619,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     predict.add_argument("--out", type=pathlib.Path, required=True, help="forecasts CSV to write")
     _model_choice(predict, "default: int8 when the run has it, else fp32")
-    _runtime(predict)
+    _reading(predict)
+    _runtime(predict, reads_run=True)
 
     for name, text in (
         ("evaluate", "recompute metrics.json of a run (any split)"),
@@ -499,7 +630,8 @@ def build_parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=text, description=text)
         _run_argument(sub, "the table (default: the one the run was trained on)")
         sub.add_argument("--split", choices=SPLITS, default="test", help="default test")
-        _runtime(sub)
+        _reading(sub)
+        _runtime(sub, reads_run=True)
         if name == "forecast":
             _model_choice(sub, "default: int8 when the run has it, else fp32")
             sub.add_argument(

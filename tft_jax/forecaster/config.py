@@ -9,6 +9,7 @@ itself on construction (`ValueError`/`TypeError` naming the field).
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from typing import Any
 
@@ -27,14 +28,26 @@ def _require_int(owner: str, name: str, value: Any, minimum: int, optional: bool
 
 
 def _require_float(
-    owner: str, name: str, value: Any, low: float, high: float | None = None, *, open_low=True
+    owner: str,
+    name: str,
+    value: Any,
+    low: float,
+    high: float | None = None,
+    *,
+    open_low: bool = True,
 ) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{owner}.{name} must be a number, got {type(value).__name__} {value!r}")
+    # NaN compares False with everything, so it is refused by name, as is inf.
     below = value <= low if open_low else value < low
-    if below or (high is not None and value >= high):
+    if not math.isfinite(value) or below or (high is not None and value >= high):
         bounds = f"{'(' if open_low else '['}{low}, {high if high is not None else 'inf'})"
-        raise ValueError(f"{owner}.{name} must lie in {bounds}, got {value}")
+        raise ValueError(f"{owner}.{name} must lie in {bounds} and be finite, got {value}")
+
+
+# Training draws from `jax.random.key(seed)`, `key(seed + 1)` (QAT) and batch orders
+# seeded by `seed + 2`; a key seed is a signed 64-bit integer.
+MAX_SEED = 2**63 - 3
 
 
 def _tuple_of_names(owner: str, name: str, value: Any) -> tuple[str, ...]:
@@ -263,7 +276,8 @@ class TrainingConfig:
       patience: early stopping after this many evaluations without improvement.
       eval_every: steps between validation evaluations (None: once per epoch).
       validation_windows: validation windows per evaluation, evenly spaced.
-      seed: random seed.
+      seed: random seed, 0..`MAX_SEED` (2**63 - 3: QAT and calibration use
+        seed + 1 and seed + 2, and JAX keys take a signed 64-bit seed).
       eval_batch_size: windows per batch when predicting.
     """
 
@@ -297,6 +311,8 @@ class TrainingConfig:
         _require_int(owner, "eval_every", self.eval_every, 1, optional=True)
         _require_int(owner, "validation_windows", self.validation_windows, 1)
         _require_int(owner, "seed", self.seed, 0)
+        if self.seed > MAX_SEED:
+            raise ValueError(f"{owner}.seed must be <= {MAX_SEED} (2**63 - 3), got {self.seed}")
         _require_int(owner, "eval_batch_size", self.eval_batch_size, 1)
 
 
