@@ -146,6 +146,23 @@ def test_existing_run_needs_resume_or_overwrite(capsys, csv_path, tmp_path):
     assert "already holds a run; pass --resume" in err
 
 
+def test_overwrite_removes_every_file_of_the_earlier_run_and_nothing_else(tmp_path):
+    run_files = ["config.json", "history.json", "metrics.json", "metrics_validation.json",
+                 "forecasts.csv", "forecasts_qat_test.csv", "models/qat.msgpack",
+                 "plots/forecasts_int8.png", "checkpoints/fp32/latest/3/x"]  # fmt: skip
+    mine = ["notes.txt", "table.csv", "data/config.json"]
+    for name in run_files + mine:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    removed = cli.remove_run_files(tmp_path)
+    assert removed == sorted(["checkpoints/", "models/", "plots/", "config.json", "history.json",
+                              "metrics.json", "metrics_validation.json", "forecasts.csv",
+                              "forecasts_qat_test.csv"])  # fmt: skip
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert left == sorted(mine)
+    assert not cli.holds_run(tmp_path)
+
+
 @pytest.mark.parametrize("command", ["evaluate", "forecast", "plot"])
 def test_commands_on_a_directory_without_a_run_say_so(capsys, tmp_path, command):
     code, _, err = run(capsys, command, "--run", str(tmp_path))

@@ -68,7 +68,13 @@ from tft_jax.distributed import (
 )
 from tft_jax.evaluation import forecast_frame, to_original_units, write_forecasts
 from tft_jax.forecaster import DEMO, DataConfig, Forecaster, ForecasterConfig, RunFolderError
-from tft_jax.forecaster.run_folder import CONFIG_FILE, json_ready, read_json, write_json
+from tft_jax.forecaster.run_folder import (
+    CONFIG_FILE,
+    HISTORY_FILE,
+    json_ready,
+    read_json,
+    write_json,
+)
 from tft_jax.forecaster.training import announce
 
 __all__ = ["UsageError", "build_parser", "json_ready", "main"]
@@ -265,14 +271,40 @@ def _check_out(out: pathlib.Path, resume: bool, overwrite: bool) -> None:
             "--overwrite to start over, or another --out"
         )
     if is_primary():
-        checkpoints = out / "checkpoints"
         try:
-            if checkpoints.exists() and not resume:
-                shutil.rmtree(checkpoints)
+            if overwrite:
+                removed = remove_run_files(out)
+                if removed:
+                    print(f"--overwrite: removed the earlier run's {', '.join(removed)} in {out}")
             out.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise UsageError(f"--out {out}: {os_error_text(error)}") from None
     barrier("tft-jax train: --out ready")
+
+
+# What `train` and the run-reading commands write into a run folder (and nothing else there).
+RUN_FOLDERS = ("checkpoints", "models", "plots")
+RUN_FILE_PATTERNS = (CONFIG_FILE, HISTORY_FILE, "metrics*.json", "forecasts*.csv")
+
+
+def remove_run_files(out: pathlib.Path) -> list[str]:
+    """Deletes the files a run wrote in `out` (other files stay); returns their names, sorted.
+
+    So that `--overwrite` leaves no model, plot or metric of the earlier run
+    next to the new run's (an FP32-only run after a QAT one, say).
+    """
+    out = pathlib.Path(out)
+    removed = []
+    for name in RUN_FOLDERS:
+        if (out / name).is_dir():
+            shutil.rmtree(out / name)
+            removed.append(f"{name}/")
+    for pattern in RUN_FILE_PATTERNS:
+        for path in sorted(out.glob(pattern)):
+            if path.is_file():
+                path.unlink()
+                removed.append(path.name)
+    return sorted(removed)
 
 
 def run_training(args: argparse.Namespace, command: str = "train") -> dict[str, Any] | None:

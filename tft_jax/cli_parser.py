@@ -585,7 +585,8 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument(
         "--overwrite",
         action="store_true",
-        help="delete the checkpoints of an earlier run in --out first",
+        help="delete the files of an earlier run in --out first (its checkpoints, models, "
+        "plots, config, history, metrics and forecasts; other files stay)",
     )
     group = train.add_argument_group("quantization-aware training")
     group.add_argument(
