@@ -438,6 +438,31 @@ def test_multihost_flags_are_checked_before_joining_a_run(
     assert not (tmp_path / "r").exists()
 
 
+def test_data_layer_keywords_become_the_flags_of_the_running_command(capsys, csv_path, tmp_path):
+    message = (
+        "give both validation_start and test_start; off the freq='D' grid; pass their zone "
+        "as timezone= (--timezone); use target_transform='none' or a larger "
+        "max_missing_fraction; df['time_col'] stays"
+    )
+    assert flag_message(message) == (
+        "give both --validation-start and --test-start; off the --freq 'D' grid; pass their "
+        "zone as --timezone; use --target-transform 'none' or a larger --max-missing-fraction; "
+        "df['time_col'] stays"
+    )
+    # `predict` has --time-format but not --max-missing-fraction (a training setting).
+    predict_flags = {"time_format", "encoding", "dayfirst"}
+    assert flag_message("time_format='%d'; a larger max_missing_fraction", predict_flags) == (
+        "--time-format '%d'; a larger max_missing_fraction"
+    )
+    # End to end: only --validation-start given (the data layer names both keywords).
+    code, _, err = run(
+        capsys, "train", *table_args(csv_path), "--validation-start", "2024-03-01",
+        "--out", str(tmp_path / "r"),
+    )  # fmt: skip
+    assert code == 2
+    assert "give both --validation-start and --test-start" in err
+
+
 def test_global_batch_must_divide_over_every_device_of_every_process():
     check_global_batch(8, 4, 2)
     with pytest.raises(

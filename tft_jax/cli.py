@@ -326,7 +326,7 @@ def run_training(args: argparse.Namespace, command: str = "train") -> dict[str, 
             table, checkpoint_dir=out / "checkpoints", resume=args.resume, quiet=args.quiet
         )
     except ValueError as error:
-        raise UsageError(flag_message(str(error))) from None
+        raise UsageError(flag_message(str(error), vars(args))) from None
     if not is_primary():
         barrier("tft-jax train: files written")
         return None
@@ -568,8 +568,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             initialize_multihost(*settings)
         enable_compile_cache(args.compile_cache)
         return COMMANDS[args.command](args)
-    except (UsageError, RunFolderError, ValueError, FileNotFoundError) as error:
+    except (UsageError, RunFolderError, FileNotFoundError) as error:
         print(f"tft-jax {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except ValueError as error:  # from the data layer: its keywords as this command's flags
+        message = flag_message(str(error), vars(args))
+        print(f"tft-jax {args.command}: error: {message}", file=sys.stderr)
         return 2
     except OSError as error:  # an output path that cannot be written, found late
         print(f"tft-jax {args.command}: error: {os_error_text(error)}", file=sys.stderr)

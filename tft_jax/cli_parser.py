@@ -15,7 +15,7 @@ import math
 import os
 import pathlib
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Any
 
 from tft_jax.data import TARGET_SCALERS
@@ -378,8 +378,31 @@ _FIELD = re.compile(r"\b(DataConfig|ModelConfig|TrainingConfig|QATTrainingConfig
 _OWNER = {cls.__name__: section for section, cls in SECTIONS.items()}
 
 
-def flag_message(message: str) -> str:
-    """A config error with each `Config.field` replaced by the flag that sets it."""
+def _data_keyword(match: re.Match[str], available: Container[str] | None) -> str:
+    """`validation_start` or `freq=` of a data-layer message as its flag, else unchanged.
+
+    Only flags whose destination is in `available` (None: every flag).
+    """
+    name, equals = match.group(1), match.group(2)
+    for option in ALL_OPTIONS:
+        if option.section != "data" or option.field != name or not ("_" in name or equals):
+            continue
+        if available is None or option.dest in available:
+            return option.flag + (" " if equals else "")
+    return match.group(0)
+
+
+# A data-layer keyword: a snake_case name, or any name followed by '=' (e.g. `freq='D'`).
+_KEYWORD = re.compile(r"(?<![\w.\-\[\'\"])([a-z]+(?:_[a-z]+)*)(=?)(?![\w(\]])")
+
+
+def flag_message(message: str, available: Container[str] | None = None) -> str:
+    """A config or data error with each `Config.field`, and each data-layer keyword
+    (`validation_start`, `freq=`), replaced by the flag that sets it.
+
+    `available`: the destinations of the running command's flags (`vars(args)`);
+    a keyword whose flag the command lacks stays as it is.
+    """
 
     def flag(match: re.Match[str]) -> str:
         section, field = _OWNER[match.group(1)], match.group(2)
@@ -388,7 +411,8 @@ def flag_message(message: str) -> str:
                 return option.flag
         return match.group(0)
 
-    return _FIELD.sub(flag, message)
+    flagged = _KEYWORD.sub(lambda m: _data_keyword(m, available), _FIELD.sub(flag, message))
+    return re.sub(r"(--[\w-]+)\s+\(\1\)", r"\1", flagged)  # 'timezone= (--timezone)'
 
 
 def forecaster_config(args: argparse.Namespace, qat: bool) -> ForecasterConfig:
@@ -441,7 +465,7 @@ def forecaster_config(args: argparse.Namespace, qat: bool) -> ForecasterConfig:
             qat=QATTrainingConfig(**section_values(args, "qat")) if qat else None,
         )
     except (ValueError, TypeError) as error:
-        raise UsageError(flag_message(str(error))) from None
+        raise UsageError(flag_message(str(error), vars(args))) from None
 
 
 def check_train_flags(args: argparse.Namespace) -> None:
