@@ -332,6 +332,15 @@ def test_a_demo_run_is_recognised_by_its_source_or_its_settings(tmp_path):
     assert not cli.is_demo_run(tmp_path)
 
 
+def test_a_demo_stopped_before_it_saved_is_still_the_demos(tmp_path):
+    (tmp_path / "checkpoints" / "fp32").mkdir(parents=True)  # what a stopped run leaves
+    assert cli.holds_run(tmp_path) and not cli.is_demo_run(tmp_path)
+    (tmp_path / cli.DEMO_MARKER).write_text("written by `tft-jax demo`\n")
+    assert cli.is_demo_run(tmp_path)
+    cli.remove_run_files(tmp_path)  # the demo's --overwrite keeps its marker
+    assert (tmp_path / cli.DEMO_MARKER).is_file() and not cli.holds_run(tmp_path)
+
+
 def test_resume_and_overwrite_together_are_refused(capsys, csv_path, tmp_path):
     code, _, err = run(
         capsys, "train", *table_args(csv_path), "--resume", "--overwrite",

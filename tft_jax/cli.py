@@ -478,9 +478,16 @@ def command_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+# Written into `--out` before the demo trains, so that a demo stopped before it
+# saved (only checkpoints on disk) is still known as the demo's.
+DEMO_MARKER = ".tft-jax-demo"
+
+
 def is_demo_run(out: pathlib.Path) -> bool:
-    """Whether `out/config.json` is of a `tft-jax demo` run: its `source` says so, or
-    (written before the demo said so) its settings are the demo's."""
+    """Whether `out` holds a `tft-jax demo` run: its marker file, its config.json's
+    `source`, or (written before the demo said so) the demo's settings."""
+    if (pathlib.Path(out) / DEMO_MARKER).is_file():
+        return True
     try:
         config = read_json(pathlib.Path(out) / CONFIG_FILE)
     except RunFolderError:
@@ -508,6 +515,9 @@ def command_demo(args: argparse.Namespace) -> int:
                 "pass another --out, or remove that folder"
             )
         print(f"tft-jax demo: replacing the earlier demo run in {args.out}", flush=True)
+    if is_primary():
+        pathlib.Path(args.out).mkdir(parents=True, exist_ok=True)
+        (pathlib.Path(args.out) / DEMO_MARKER).write_text("written by `tft-jax demo`\n")
     argv = [
         "train",
         *demo_argv(),
