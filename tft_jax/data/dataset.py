@@ -43,6 +43,7 @@ from tft_jax.data.tables import (
     announce_empty_inputs,
     check_density,
     check_missing_fraction,
+    check_missing_fraction_limit,
     empty_input_cells,
     infer_categorical,
     read_announced,
@@ -426,8 +427,7 @@ def prepare_dataset(
         time_format=time_format,
         dayfirst=dayfirst,
     )
-    if not isinstance(max_missing_fraction, int | float) or not 0 <= max_missing_fraction <= 1:
-        raise ValueError(f"max_missing_fraction must be in [0, 1], got {max_missing_fraction!r}")
+    check_missing_fraction_limit(max_missing_fraction)
     missing_col = missing_column(spec)
     calendar_names = calendar_feature_names(freq)
     generated = {missing_col, TIME_INDEX, "series_code", *calendar_names}

@@ -30,6 +30,7 @@ from tft_jax.data.tables import (
     _to_float,
     announce_empty_inputs,
     check_density,
+    check_missing_fraction_limit,
     check_unique_columns,
     empty_input_cells,
     first_duplicate,
@@ -252,11 +253,6 @@ def _announce_history(
         )
 
 
-def _check_fraction(value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-        raise ValueError(f"max_missing_fraction must be a number in [0, 1], got {value!r}")
-
-
 def future_windows(
     preprocessor: Preprocessor,
     table: pd.DataFrame | str,
@@ -293,7 +289,7 @@ def future_windows(
         were aware or the reverse, a `freq` finer than the history, a series
         too sparse over its last `history` steps, or a bad `future` table.
     """
-    _check_fraction(max_missing_fraction)
+    check_missing_fraction_limit(max_missing_fraction)
     spec = preprocessor.spec
     missing_col = preprocessor.missing_col
     raw, _ = read_announced(table, spec, encoding)

@@ -658,6 +658,12 @@ def check_density(clean: pd.DataFrame, grid: pd.DataFrame, spec: TableSpec) -> N
         )
 
 
+def check_missing_fraction_limit(value: Any) -> None:
+    """Raises unless `max_missing_fraction` is a number in [0, 1] (not a bool, not NaN)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise ValueError(f"max_missing_fraction must be a number in [0, 1], got {value!r}")
+
+
 def check_missing_fraction(
     grid: pd.DataFrame, spec: TableSpec, missing_col: str, limit: float
 ) -> None:
