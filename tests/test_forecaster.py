@@ -29,7 +29,7 @@ from tft_jax.forecaster import (
     RunFolderError,
 )
 from tft_jax.forecaster.forecaster import monotone
-from tft_jax.forecaster.run_folder import check_params
+from tft_jax.forecaster.run_folder import check_params, model_param_shapes
 from tft_jax.model import TemporalFusionTransformer
 
 from .cli_tables import HISTORY, HORIZON, TINY_TRAINING, write_table
@@ -266,10 +266,10 @@ def test_the_load_check_takes_every_input_kind_of_the_model(known_history, tmp_p
         inputs["known_categorical_history"] = np.zeros((b, t, 2), np.int32)
     rngs = {"params": jax.random.key(0), "dropout": jax.random.key(1)}
     params = jax.eval_shape(TemporalFusionTransformer(config).init, rngs, **inputs)["params"]
-    check_params({"params": params}, config, tmp_path / "fp32.msgpack")  # passes
+    check_params({"params": params}, model_param_shapes(config), tmp_path / "fp32.msgpack")
     narrower = dataclasses.replace(config, observed_categorical_cardinalities=(6,))
     with pytest.raises(RunFolderError, match=r"fp32.msgpack does not hold this run's model"):
-        check_params({"params": params}, narrower, tmp_path / "fp32.msgpack")
+        check_params({"params": params}, model_param_shapes(narrower), tmp_path / "fp32.msgpack")
 
 
 def test_weights_of_another_model_are_refused_at_load_naming_the_file(fitted, tmp_path):

@@ -609,10 +609,11 @@ class Forecaster:
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise run_folder.RunFolderError(f"{config_file} is damaged: {error!r}") from None
         variables = {}
+        expected = run_folder.model_param_shapes(tft_config)  # every form shares them
         for name in names:
             path = run_folder.model_path(root, name)
             variables[name] = run_folder.load_variables(path)
-            run_folder.check_params(variables[name], tft_config, path)
+            run_folder.check_params(variables[name], expected, path)
         history_file = root / run_folder.HISTORY_FILE
         history = run_folder.read_json(history_file) if history_file.is_file() else {}
         forecaster._fitted = _Fitted(

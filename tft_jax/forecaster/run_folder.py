@@ -146,17 +146,24 @@ def _param_shapes(params: Any) -> dict[str, tuple[int, ...]]:
     return {jax.tree_util.keystr(path): tuple(np.shape(leaf)) for path, leaf in leaves}
 
 
-def check_params(variables: dict[str, Any], config: TFTConfig, path: pathlib.Path) -> None:
-    """Raises `RunFolderError` naming `path` unless `variables['params']` fit the TFT of `config`.
+def model_param_shapes(config: TFTConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of every `params` leaf of the TFT of `config`, by path (`eval_shape`: no values).
 
-    The FP32, QAT and int8 forms share the FP32 model's parameter tree and
-    shapes (int8 kernels hold codes); weights copied from another run would
-    otherwise fail inside Flax at the first forecast.
+    The FP32, QAT and int8 forms share this tree and these shapes (int8
+    kernels hold codes).
     """
     args, kwargs = _abstract_inputs(config)
     rngs = {"params": jax.random.key(0), "dropout": jax.random.key(0)}
     model = TemporalFusionTransformer(config)
-    expected = _param_shapes(jax.eval_shape(model.init, rngs, *args, **kwargs)["params"])
+    return _param_shapes(jax.eval_shape(model.init, rngs, *args, **kwargs)["params"])
+
+
+def check_params(
+    variables: dict[str, Any], expected: dict[str, tuple[int, ...]], path: pathlib.Path
+) -> None:
+    """Raises `RunFolderError` naming `path` unless `variables['params']` have the shapes
+    `expected` (`model_param_shapes` of the run's config): weights copied from another
+    run would otherwise fail inside Flax at the first forecast."""
     got = _param_shapes(variables.get("params", {}))
     if got == expected:
         return
