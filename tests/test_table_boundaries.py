@@ -321,3 +321,21 @@ def test_repeated_column_labels_are_refused_by_name(preprocessor):
     note = table[["y"]].rename(columns={"y": "note"})
     extra = pd.concat([table, note, note], axis=1)
     prepare_dataset(extra, **SPEC, **INPUTS)
+
+
+# ----------------------------------------------------------------- missing-value texts in future
+
+
+def test_a_missing_value_text_in_a_future_known_column_is_an_empty_cell(preprocessor):
+    history = hourly(30, start="2021-04-01")
+    future = future_for(history).astype({"promo": object})
+    future.loc[4, "promo"] = "n/a"
+    series, time = future.loc[4, "id"], future.loc[4, "time"]
+    message = rf"future column 'promo' is empty for series '{series}' at {time} \(1 empty cells\)"
+    with pytest.raises(ValueError, match=message):
+        forecast_inputs(preprocessor, history, future)
+    # With the cell given, the column's numbers held as text read as the numbers.
+    future.loc[4, "promo"] = "1"
+    as_text = forecast_inputs(preprocessor, history, future.astype({"promo": str}))
+    as_numbers = forecast_inputs(preprocessor, history, future.astype({"promo": float}))
+    np.testing.assert_array_equal(as_text.windows.panel.known, as_numbers.windows.panel.known)

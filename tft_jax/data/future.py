@@ -34,6 +34,7 @@ from tft_jax.data.tables import (
     check_unique_columns,
     empty_input_cells,
     first_duplicate,
+    missing_texts,
     parse_frequency,
     read_announced,
     to_regular_grid,
@@ -100,7 +101,9 @@ def _future_table(
             f"future lacks the columns {absent}; it needs {needed} (it has {list(future.columns)})"
         )
     check_unique_columns(future, needed, "future")
-    table = future[needed].reset_index(drop=True).copy()
+    # 'n/a' in a column of numbers is an empty cell, as in the history, so it is
+    # refused below as one, not as a text that is no number.
+    table, _ = missing_texts(future[needed].reset_index(drop=True), known)
     ids = table[spec.id_col]
     table[spec.time_col] = _parse_times(
         table[spec.time_col], f"future {spec.time_col}", ids,
