@@ -134,7 +134,8 @@ def test_train_step_dropout_equals_the_model_applied_with_the_given_key() -> Non
     state = train.create_train_state(model, train.make_optimizer(1e-3), jax.random.key(0), batch)
     params = jax.tree.map(np.array, state.params)
 
-    def loss_with(key: jax.Array) -> float:
+    @jax.jit  # one compile for both keys; eagerly, each op of the model compiles on its own
+    def loss_of(key: jax.Array) -> jax.Array:
         out = model.apply(
             {"params": params},
             None,
@@ -143,7 +144,10 @@ def test_train_step_dropout_equals_the_model_applied_with_the_given_key() -> Non
             deterministic=False,
             rngs={"dropout": key},
         )
-        return float(train.batch_loss(out, batch, config.quantiles)[0])
+        return train.batch_loss(out, batch, config.quantiles)[0]
+
+    def loss_with(key: jax.Array) -> float:
+        return float(loss_of(key))
 
     key = jax.random.key(42)
     _, metrics = train.train_step(state, batch, key)
