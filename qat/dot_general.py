@@ -42,7 +42,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 from jax import lax
 
@@ -311,6 +313,7 @@ class Int8DotGeneral(_ActivationQParams):
             return lax.dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type)
         if jnp.issubdtype(rhs.dtype, jnp.floating):
             # nn.Dense cast the int8 codes to its compute dtype: exact, so cast them back.
+            _check_float_codes(rhs, self.config.bits, self.scope.path)
             rhs = rhs.astype(jnp.int8)
         elif rhs.dtype != jnp.int8:
             raise TypeError(
@@ -380,6 +383,29 @@ class Int8DotGeneral(_ActivationQParams):
         rhs_sums = rhs_channels_to_output(rhs_sums, dimension_numbers, lhs.ndim, rhs.ndim)
         accumulator = accumulator - (zero_point - shift) * rhs_sums
         return accumulator.astype(jnp.float32) * scale
+
+
+def _check_float_codes(rhs: Array, bits: int, path: tuple[str, ...]) -> None:
+    """Raises unless a concrete float kernel holds integer codes on the weight grid.
+
+    A float kernel that is not `qat.convert`'s codes (the FP32 weights, say)
+    would be truncated to int8 silently, which zeroes weights below 1 in
+    magnitude. Traced kernels (inside `jax.jit`) cannot be checked.
+    """
+    if isinstance(rhs, jax.core.Tracer):
+        return
+    qmin, qmax = weight_grid(bits)
+    codes = np.asarray(rhs, np.float64)
+    bad = (codes != np.round(codes)) | (codes < qmin) | (codes > qmax)
+    if not bad.any():
+        return
+    raise ValueError(
+        f"the kernel of the int8 layer at '{'/'.join(path)}' holds {int(bad.sum())} values "
+        f"that are not {bits}-bit integer codes in [{qmin}, {qmax}] (e.g. "
+        f"{codes[bad][:3].tolist()}): "
+        "it is not qat.convert's int8 kernel (FP32 weights?); convert the QAT variables "
+        "with qat.convert"
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,6 +31,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from qat._forward_mode import reverse_mode_only
 from qat.config import QATConfig
+from qat.observers import QuantizationObserver
 
 Array = Any
 
@@ -72,6 +73,47 @@ def check_broadcastable(name: str, value: Array, x_shape: tuple[int, ...]) -> No
             f"{name} of shape {tuple(jnp.shape(value))} must broadcast to x's shape "
             f"{tuple(x_shape)}"
         )
+
+
+def is_concrete(value: Any) -> bool:
+    """Whether `value` holds data now (not a tracer of `jax.jit`, `jax.grad`, ...)."""
+    return not isinstance(value, jax.core.Tracer)
+
+
+def _invalid_entries(values: np.ndarray, bad: np.ndarray, limit: int = 4) -> str:
+    """`values` where `bad` holds, at most `limit` of them, for an error message."""
+    shown = values[bad].ravel()[:limit].tolist()
+    more = int(bad.sum()) - len(shown)
+    return f"{shown}" + (f" (and {more} more)" if more > 0 else "")
+
+
+def check_qparams(
+    scale: Array, zero_point: Array, qmin: int, qmax: int, *, positive_scale: bool = True
+) -> None:
+    """Raises for qparams that would give NaN, inf or a wrong grid; traced values pass unchecked.
+
+    `scale` must be finite (and > 0 with `positive_scale`): a zero, infinite or
+    NaN step size turns the output into NaN (`0/0`, `0*inf`), a negative one
+    mirrors the grid. `zero_point` must be an integer value in `[qmin, qmax]`
+    (PyTorch's `fake_quantize_*_affine` refuses one outside too): the grid is
+    then shifted off the range of the codes. Only concrete values are checked
+    (under `jax.jit` they are tracers and the call stays free of host syncs).
+    """
+    if is_concrete(scale):
+        values = np.asarray(scale, np.float64)
+        bad = ~np.isfinite(values) | ((values <= 0) if positive_scale else False)
+        if np.any(bad):
+            wanted = "finite and > 0" if positive_scale else "finite"
+            raise ValueError(f"scale must be {wanted}, got {_invalid_entries(values, bad)}")
+    if is_concrete(zero_point):
+        values = np.asarray(zero_point, np.float64)
+        bad = ~np.isfinite(values) | (values != np.round(values))
+        bad = bad | (values < qmin) | (values > qmax)
+        if np.any(bad):
+            raise ValueError(
+                f"zero_point must be an integer in [qmin, qmax] = [{qmin}, {qmax}], got "
+                f"{_invalid_entries(values, bad)}"
+            )
 
 
 def _grid_position(x: Array, scale: Array, zero_point: Array) -> Array:
@@ -132,14 +174,19 @@ def fake_quantize(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: in
 
     Args:
       x: float array of any shape.
-      scale: positive step size, broadcastable to `x` (a scalar per tensor, or
-        e.g. shape `(1, C)` for per-channel along the last axis of `(N, C)`).
-      zero_point: integer-valued zero point, broadcastable to `x`.
+      scale: positive finite step size, broadcastable to `x` (a scalar per tensor,
+        or e.g. shape `(1, C)` for per-channel along the last axis of `(N, C)`).
+      zero_point: integer-valued zero point in `[qmin, qmax]`, broadcastable to `x`.
       qmin: lowest integer of the grid (a Python int).
       qmax: highest integer of the grid (a Python int).
 
     Returns:
       An array of `x`'s shape and dtype. The arithmetic runs in at least float32.
+
+    Raises:
+      ValueError: a concrete (not traced) `scale` that is not finite and
+        positive, or a concrete `zero_point` that is not an integer in
+        `[qmin, qmax]` (either would give NaN or a shifted grid).
 
     References:
       PyTorch `torch.fake_quantize_per_tensor_affine` / `per_channel_affine`.
@@ -150,6 +197,7 @@ def fake_quantize(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: in
         raise TypeError(f"x must be a floating array, got dtype {x.dtype}")
     check_broadcastable("scale", scale, x.shape)
     check_broadcastable("zero_point", zero_point, x.shape)
+    check_qparams(scale, zero_point, qmin, qmax)
     dtype = compute_dtype(x.dtype)
     y = _fake_quantize(
         x.astype(dtype), jnp.asarray(scale, dtype), jnp.asarray(zero_point, dtype), qmin, qmax
@@ -164,6 +212,17 @@ def quantize(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: int) ->
         x.astype(dtype), jnp.asarray(scale, dtype), jnp.asarray(zero_point, dtype)
     )
     return jnp.clip(position, qmin, qmax).astype(jnp.int32)
+
+
+def _float_array(name: str, value: Any) -> Array:
+    """`value` as a float32 array; a `TypeError` naming `name` when it is not numeric."""
+    try:
+        array = jnp.asarray(value)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"{name} must be a number or numeric array, got {value!r}") from error
+    if not jnp.issubdtype(array.dtype, jnp.number):
+        raise TypeError(f"{name} must be a number or numeric array, got dtype {array.dtype}")
+    return array.astype(jnp.float32)
 
 
 def channel_broadcast(values: Array, ndim: int, axis: int | None) -> Array:
@@ -201,23 +260,41 @@ class FakeQuantize:
         """A fake quantizer on `cfg`'s grid with the given qparams.
 
         Per channel (`cfg.per_channel`), `scale` is `(C,)` and `zero_point` a
-        scalar or `(C,)`; per tensor both are scalars.
+        scalar or `(C,)`; per tensor both are scalars. `scale` must be finite
+        and positive; `zero_point` an integer in `[cfg.qmin, cfg.qmax]`, and 0
+        for a symmetric `cfg` (its grid is centred on 0 by definition).
         """
         if not isinstance(cfg, QATConfig):
             raise TypeError(f"cfg must be a QATConfig, got {type(cfg).__name__}")
-        scale = jnp.asarray(scale, jnp.float32)
+        scale = _float_array("scale", scale)
         expected_ndim = 1 if cfg.per_channel else 0
         if scale.ndim != expected_ndim:
             layout = "per-channel (C,)" if cfg.per_channel else "per-tensor scalar"
             raise ValueError(f"scale must be a {layout}, got shape {tuple(scale.shape)}")
-        zero_point = jnp.asarray(zero_point)
+        zero_point = _float_array("zero_point", zero_point)
+        if zero_point.ndim > 1 or zero_point.shape not in ((), scale.shape):
+            raise ValueError(
+                f"zero_point must be a scalar or of scale's shape {tuple(scale.shape)}, got "
+                f"shape {tuple(zero_point.shape)}"
+            )
         if not isinstance(zero_point, jax.core.Tracer) and bool(
             jnp.any(zero_point != jnp.round(zero_point))
         ):
             raise ValueError(f"zero_point must be integer-valued, got {zero_point}")
-        zero_point = jnp.broadcast_to(zero_point.astype(jnp.float32), scale.shape)
-        if not isinstance(scale, jax.core.Tracer) and bool(jnp.any(scale <= 0)):
-            raise ValueError(f"scale must be positive, got {scale}")
+        zero_point = jnp.broadcast_to(zero_point, scale.shape)
+        if not isinstance(scale, jax.core.Tracer) and bool(
+            jnp.any(~jnp.isfinite(scale) | (scale <= 0))
+        ):
+            raise ValueError(f"scale must be positive and finite, got {scale}")
+        if (
+            cfg.symmetric
+            and not isinstance(zero_point, jax.core.Tracer)
+            and bool(jnp.any(zero_point != 0))
+        ):
+            raise ValueError(
+                f"zero_point must be 0 for a symmetric QATConfig (symmetric=True), got "
+                f"{zero_point}; use QATConfig(symmetric=False) for an affine grid"
+            )
         if not isinstance(zero_point, jax.core.Tracer) and bool(
             jnp.any((zero_point < cfg.qmin) | (zero_point > cfg.qmax))
         ):
@@ -232,7 +309,22 @@ class FakeQuantize:
 
     @classmethod
     def from_observer(cls, observer: Any) -> FakeQuantize:
-        """A fake quantizer with the qparams a `QuantizationObserver` has computed."""
+        """A fake quantizer with the qparams a `QuantizationObserver` has computed.
+
+        Raises `ValueError` for an observer that has not observed a batch: its
+        qparams are the eps-floored placeholder (scale ~1e-7), which would clip
+        every input to about +-1e-5. (A traced observer, inside `jax.jit`, is
+        not checked.)
+        """
+        if not isinstance(observer, QuantizationObserver):
+            raise TypeError(
+                f"observer must be a qat.QuantizationObserver, got {type(observer).__name__}"
+            )
+        if is_concrete(observer.num_batches) and int(observer.num_batches) == 0:
+            raise ValueError(
+                "observer has not observed any batch (num_batches == 0), so it has no range "
+                "to quantize with: call observer = observer.observe(x) first"
+            )
         scale, zero_point = observer.qparams()
         return cls(
             scale=scale,

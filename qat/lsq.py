@@ -25,14 +25,16 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from qat._forward_mode import reverse_mode_only
-from qat.fake_quant import check_broadcastable, check_grid, compute_dtype
+from qat.fake_quant import check_broadcastable, check_grid, check_qparams, compute_dtype
 from qat.observers import EPS
 
 Array = Any
@@ -42,6 +44,24 @@ def default_grad_scale(num_elements: int, scale_size: int, qmax: int) -> float:
     """The LSQ gradient scale `1 / sqrt(N * qmax)`, `N = num_elements / scale_size`."""
     per_step = max(num_elements // max(scale_size, 1), 1)
     return 1.0 / math.sqrt(per_step * max(qmax, 1))
+
+
+def _check_grad_scale(grad_scale: Any) -> float:
+    """`grad_scale` as a Python float; it is static (part of the gradient rule), finite, >= 0."""
+    if isinstance(grad_scale, jax.core.Tracer):
+        raise TypeError(
+            "grad_scale must be a concrete Python float (it is a static part of the gradient "
+            "rule), got a traced value: compute it outside jax.jit or leave it None"
+        )
+    scalar_array = isinstance(grad_scale, np.ndarray | jax.Array) and grad_scale.shape == ()
+    if isinstance(grad_scale, bool) or not (isinstance(grad_scale, numbers.Real) or scalar_array):
+        raise TypeError(
+            f"grad_scale must be a float or None, got {type(grad_scale).__name__} {grad_scale!r}"
+        )
+    value = float(grad_scale)
+    if not (math.isfinite(value) and value >= 0.0):
+        raise ValueError(f"grad_scale must be finite and >= 0, got {value}")
+    return value
 
 
 def _step_size(scale: Array) -> Array:
@@ -118,16 +138,24 @@ def lsq_fake_quantize(
       x: float array of any shape.
       scale: the raw step-size parameter, broadcastable to `x`; the forward uses
         `max(|scale|, eps)`, so it stays positive whatever the optimizer does.
-      zero_point: integer-valued zero point, broadcastable to `x`. Its gradient
-        is `-s` at clipped elements and 0 inside (times `grad_scale`).
+        It must be finite (NaN or inf would make the output NaN).
+      zero_point: integer-valued zero point in `[qmin, qmax]`, broadcastable to
+        `x`. Its gradient is `-s` at clipped elements and 0 inside (times `grad_scale`).
       qmin: lowest integer of the grid (a Python int).
       qmax: highest integer of the grid (a Python int).
-      grad_scale: multiplier of the step-size gradient; None means
+      grad_scale: multiplier of the step-size gradient, a finite float >= 0
+        known outside `jax.jit` (it is static); None means
         `1 / sqrt(N * qmax)` with `N = x.size / scale.size` (PyTorch's
         `_LearnableFakeQuantize` with grad scaling).
 
     Returns:
       An array of `x`'s shape and dtype, equal to `fake_quantize(x, max(|scale|, eps), ...)`.
+
+    Raises:
+      ValueError: a concrete `scale` that is not finite, a concrete
+        `zero_point` that is not an integer in `[qmin, qmax]`, or a
+        `grad_scale` that is negative or not finite.
+      TypeError: a `grad_scale` that is not a number, or is traced.
 
     References:
       Esser et al., "Learned Step Size Quantization", ICLR 2020.
@@ -138,8 +166,11 @@ def lsq_fake_quantize(
         raise TypeError(f"x must be a floating array, got dtype {x.dtype}")
     check_broadcastable("scale", scale, x.shape)
     check_broadcastable("zero_point", zero_point, x.shape)
+    check_qparams(scale, zero_point, qmin, qmax, positive_scale=False)
     if grad_scale is None:
         grad_scale = default_grad_scale(x.size, int(jnp.size(scale)), qmax)
+    else:
+        grad_scale = _check_grad_scale(grad_scale)
     dtype = compute_dtype(x.dtype)
     y = _lsq(
         x.astype(dtype),

@@ -31,6 +31,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import itertools
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -238,6 +240,15 @@ class QATTemporalFusionTransformer(_QuantizedModel):
         return self._quantized_call(calibrate, args, categorical)
 
 
+def _check_variables(name: str, variables: Any) -> None:
+    """Raises `TypeError` unless `variables` is a mapping of collections (Flax's variables)."""
+    if not isinstance(variables, Mapping):
+        raise TypeError(
+            f"{name} must be a mapping of variable collections (e.g. {{'params': ...}}), got "
+            f"{type(variables).__name__}"
+        )
+
+
 def _check_model(qat_model: Any) -> None:
     if not isinstance(qat_model, _QuantizedModel):
         raise TypeError(
@@ -285,6 +296,7 @@ def from_fp32(
     the QAT model's tree.
     """
     _check_model(qat_model)
+    _check_variables("fp32_variables", fp32_variables)
     if "params" not in fp32_variables:
         raise ValueError(f"fp32_variables must hold 'params', got keys {sorted(fp32_variables)}")
     kwargs = qat_model.inference_kwargs(kwargs)
@@ -304,6 +316,26 @@ def from_fp32(
     return {"params": params, **state}
 
 
+def _observers(stats: Any) -> dict[tuple[str, ...], dict[str, Any]]:
+    """`{layer path: {'min', 'max', 'num_batches'}}` of the activation observers in `stats`."""
+    flat = traverse_util.flatten_dict(unfreeze(stats))
+    return {
+        path[:-1]: {key: flat[(*path[:-1], key)] for key in ("min", "max", "num_batches")}
+        for path in flat
+        if path[-1] == "num_batches" and (*path[:-1], "min") in flat and (*path[:-1], "max") in flat
+    }
+
+
+def _observed_ranges_finite(stats: Any) -> Array:
+    """Whether every observer that has seen a batch holds a finite range (a bool scalar)."""
+    finite = [
+        (observer["num_batches"] == 0)
+        | (jnp.all(jnp.isfinite(observer["min"])) & jnp.all(jnp.isfinite(observer["max"])))
+        for observer in _observers(stats).values()
+    ]
+    return jnp.all(jnp.stack(finite)) if finite else jnp.asarray(True)
+
+
 @functools.partial(jax.jit, static_argnums=(0, 4))
 def _calibration_step(
     qat_model: _QuantizedModel,
@@ -311,12 +343,46 @@ def _calibration_step(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     flags: tuple[Any, ...],
-) -> dict[str, Any]:
-    """The variables after one deterministic forward with the observers updating."""
+) -> tuple[dict[str, Any], Array]:
+    """The variables after one deterministic forward with the observers updating.
+
+    Also returns whether every observed range is still finite (NaN or inf in
+    the batch, or an overflowing activation, would poison the scales).
+    """
     _, updates = qat_model.apply(
         variables, *args, **kwargs, **dict(flags), calibrate=True, mutable=[QUANT_STATS]
     )
-    return {**variables, QUANT_STATS: updates[QUANT_STATS]}
+    stats = updates[QUANT_STATS]
+    return {**variables, QUANT_STATS: stats}, _observed_ranges_finite(stats)
+
+
+def _check_batches(batches: Any) -> None:
+    """Raises `TypeError` unless `batches` is an iterable of batches (not one mapping batch)."""
+    if isinstance(batches, Mapping | str | bytes) or not isinstance(batches, Iterable):
+        raise TypeError(
+            f"batches must be an iterable of batches (e.g. a list or a generator), got "
+            f"{type(batches).__name__}; wrap a single batch in a list: [batch]"
+        )
+
+
+def _raise_non_finite(variables: Mapping[str, Any], finite: list[Array]) -> None:
+    """Raises `ValueError` naming the first batch and the layers with a NaN or inf range."""
+    per_batch = np.asarray(jnp.stack(finite))
+    if per_batch.all():
+        return
+    layers = [
+        "/".join(path)
+        for path, observer in _observers(variables.get(QUANT_STATS, {})).items()
+        if not (np.isfinite(observer["min"]).all() and np.isfinite(observer["max"]).all())
+        and int(observer["num_batches"]) > 0
+    ]
+    shown = ", ".join(layers[:3]) + (", ..." if len(layers) > 3 else "")
+    raise ValueError(
+        f"calibration batch {int(np.argmin(per_batch))} (counting from 0) made the observed "
+        f"activation range NaN or inf in {len(layers)} layer(s) ({shown}): the batch holds "
+        "NaN or inf, or an activation overflows, and every scale computed from that range "
+        "would be NaN or inf. Clean the batches and calibrate the variables you passed in again"
+    )
 
 
 def calibrate(
@@ -333,20 +399,37 @@ def calibrate(
     model's input: an array (one argument), a tuple or list (positional
     arguments) or a mapping (keyword arguments). The forward is deterministic
     (`deterministic=True` when the model takes it); only `'quant_stats'` changes.
+    At most `num_batches` batches are drawn from `batches`: an iterator is
+    not advanced past them.
+
+    Raises:
+      TypeError: `batches` is not an iterable of batches (e.g. one mapping
+        batch: wrap it in a list).
+      ValueError: `batches` is empty (the observers would stay uncalibrated,
+        the activations unquantized), or a batch made an observed range NaN
+        or inf (NaN or inf in the batch, or an overflowing activation).
     """
     _check_model(qat_model)
+    _check_variables("qat_variables", qat_variables)
     limit = qat_model.qat_config.calibration_batches if num_batches is None else num_batches
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"num_batches must be a positive int, got {num_batches!r}")
+    _check_batches(batches)
 
     variables = dict(qat_variables)
-    for index, batch in enumerate(batches):
-        if index == limit:
-            break
+    finite = []
+    for batch in itertools.islice(batches, limit):
         args, kwargs = qat_model.batch_inputs(batch)
-        variables = _calibration_step(
+        variables, batch_finite = _calibration_step(
             qat_model, variables, args, *_split_flags(qat_model.inference_kwargs(kwargs))
         )
+        finite.append(batch_finite)
+    if not finite:
+        raise ValueError(
+            "batches is empty: calibrate needs at least one batch (the observers would stay "
+            "uncalibrated and the activations unquantized)"
+        )
+    _raise_non_finite(variables, finite)
     return variables
 
 
@@ -361,6 +444,7 @@ def quantized_layers(qat_variables: Variables) -> dict[tuple[str, ...], int | No
     path plus the contraction module's name (e.g. `('Dense_0', 'dot_general')`).
     `bits` is None when the marker is traced (inside `jax.jit`).
     """
+    _check_variables("qat_variables", qat_variables)
     stats = traverse_util.flatten_dict(unfreeze(qat_variables.get(QUANT_STATS, {})))
     return {
         path[:-1]: int(np.asarray(value)) if _is_concrete(value) else None
@@ -376,6 +460,21 @@ def _quantize_kernels(kernels: tuple[Array, ...], bits: tuple[int, ...]) -> tupl
         quantize_weight(kernel, (kernel.ndim - 2,), width)
         for kernel, width in zip(kernels, bits, strict=True)
     )
+
+
+def _warn_uncalibrated(qat_variables: Variables) -> None:
+    """Warns when activation observers have never seen a batch (they stay float when run)."""
+    observers = _observers(qat_variables.get(QUANT_STATS, {}))
+    idle = ["/".join(path) for path, obs in observers.items() if int(obs["num_batches"]) == 0]
+    if idle:
+        shown = ", ".join(idle[:3]) + (", ..." if len(idle) > 3 else "")
+        warnings.warn(
+            f"{len(idle)} of {len(observers)} activation observers never saw a batch ({shown}): "
+            "their activations stay float in the converted model (weights are int8, but those "
+            "matmuls are not integer ones); run qat.calibrate before qat.convert",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def convert(qat_variables: Variables, bits: int | None = None) -> dict[str, Any]:
@@ -401,7 +500,13 @@ def convert(qat_variables: Variables, bits: int | None = None) -> dict[str, Any]
       ValueError: no layer was quantized (variables not made by `from_fp32`
         of a QAT model with quantization on), `bits` differs from the QAT
         config's, or a quantized layer has no `kernel` of at least 2 axes.
+
+    Warns:
+      UserWarning: some activation observers never saw a batch (`calibrate`
+        was not run): those activations stay float in `int8_apply`, so the
+        result is not an integer model there.
     """
+    _check_variables("qat_variables", qat_variables)
     if "params" not in qat_variables:
         raise ValueError(f"qat_variables must hold 'params', got keys {sorted(qat_variables)}")
     if bits is not None and (isinstance(bits, bool) or not isinstance(bits, int)):
@@ -430,6 +535,7 @@ def convert(qat_variables: Variables, bits: int | None = None) -> dict[str, Any]
                 f"(I, F) or (V, I, F), got {got}"
             )
         kernel_paths.append(kernel_path)
+    _warn_uncalibrated(qat_variables)
     quantized = _quantize_kernels(
         tuple(jnp.asarray(params[path]) for path in kernel_paths), tuple(layers.values())
     )
@@ -448,6 +554,7 @@ def convert(qat_variables: Variables, bits: int | None = None) -> dict[str, Any]
 
 
 def _check_int8_variables(qat_model: _QuantizedModel, int8_variables: Variables) -> None:
+    _check_variables("int8_variables", int8_variables)
     if INT8 not in int8_variables:
         raise ValueError("int8_variables lacks the 'int8' collection: make it with qat.convert")
     layers = quantized_layers(int8_variables)
@@ -456,6 +563,19 @@ def _check_int8_variables(qat_model: _QuantizedModel, int8_variables: Variables)
         raise ValueError(
             f"int8_variables were converted from a {sorted(widths)}-bit QAT model, qat_model has "
             f"QATConfig.bits={qat_model.qat_config.bits}"
+        )
+    offsets = traverse_util.flatten_dict(unfreeze(int8_variables.get(QUANT_PARAMS, {})))
+    learned = any(path[-1] == "scale_offset" for path in offsets)
+    # With learnable_scale every observed activation has an offset (bounded ones have none).
+    observed = bool(_observers(int8_variables.get(QUANT_STATS, {})))
+    if learned != qat_model.qat_config.learnable_scale and (learned or observed):
+        held = "hold" if learned else "do not hold"
+        raise ValueError(
+            f"int8_variables {held} learned activation step sizes ('quant_params'/"
+            f"scale_offset), but qat_model has QATConfig.learnable_scale="
+            f"{qat_model.qat_config.learnable_scale}: apply them with the QAT model's config "
+            f"(learnable_scale={learned}), or the activations are quantized with other scales "
+            f"than the QAT model trained with"
         )
     params = traverse_util.flatten_dict(unfreeze(int8_variables.get("params", {})))
     for path in layers:
@@ -481,7 +601,9 @@ def int8_apply(
 
     Raises:
       ValueError: quantization is off, the variables are not `convert`'s
-        output, or they were converted from a model of another bit width.
+        output, or they were converted from a model of another bit width
+        (checked outside `jax.jit` only: the widths are read on the host) or
+        of another `learnable_scale`.
     """
     _check_model(qat_model)
     if not qat_model.qat_config.enabled:
@@ -500,7 +622,14 @@ def model_size(qat_variables: Variables, int8_variables: Variables) -> dict[str,
     """Bytes of the float model (its `'params'`) against the int8 model (all it reads).
 
     Returns `{'fp32_bytes', 'int8_bytes', 'ratio'}` with `ratio = int8 / fp32`.
+    Raises `ValueError` when `qat_variables['params']` holds no bytes (no ratio).
     """
+    _check_variables("qat_variables", qat_variables)
+    _check_variables("int8_variables", int8_variables)
+    if "params" not in qat_variables:
+        raise ValueError(f"qat_variables must hold 'params', got keys {sorted(qat_variables)}")
     fp32_bytes = tree_bytes(qat_variables["params"])
+    if fp32_bytes == 0:
+        raise ValueError("qat_variables['params'] holds no parameters: there is no size ratio")
     int8_bytes = tree_bytes(dict(int8_variables))
     return {"fp32_bytes": fp32_bytes, "int8_bytes": int8_bytes, "ratio": int8_bytes / fp32_bytes}

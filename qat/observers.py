@@ -14,6 +14,7 @@ observer that has seen nothing) still gives a finite positive scale.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import jax
@@ -101,13 +102,14 @@ class QuantizationObserver:
         if num_channels is not None:
             if not cfg.per_channel:
                 raise ValueError("num_channels is only meaningful with QATConfig.per_channel=True")
-            if (
-                isinstance(num_channels, bool)
-                or not isinstance(num_channels, int)
-                or (num_channels < 1)
-            ):
+            if isinstance(num_channels, bool) or not isinstance(num_channels, numbers.Integral):
+                raise TypeError(
+                    f"num_channels must be a positive int, got {type(num_channels).__name__} "
+                    f"{num_channels!r}"
+                )
+            if num_channels < 1:
                 raise ValueError(f"num_channels must be a positive int, got {num_channels!r}")
-            shape = (num_channels,)
+            shape = (int(num_channels),)
         return cls(
             min_val=jnp.full(shape, jnp.inf, jnp.float32),
             max_val=jnp.full(shape, -jnp.inf, jnp.float32),
@@ -140,6 +142,14 @@ class QuantizationObserver:
             raise TypeError(f"x must be a floating array, got dtype {x.dtype}")
         if x.size == 0:
             raise ValueError(f"x must hold at least one element, got shape {tuple(x.shape)}")
+        if not isinstance(x, jax.core.Tracer):
+            # Reduced where x lives: one scalar, not the whole array, comes to the host.
+            non_finite = int(jnp.sum(~jnp.isfinite(x.astype(jnp.float32))))
+            if non_finite:
+                raise ValueError(
+                    f"x must be finite: it holds {non_finite} NaN or inf value(s) of {x.size}, "
+                    "which would make the observed range and so the scale NaN or inf"
+                )
         if not self.per_channel:
             return
         if not -x.ndim <= self.channel_axis < x.ndim:
@@ -154,7 +164,13 @@ class QuantizationObserver:
             )
 
     def observe(self, x: Array) -> QuantizationObserver:
-        """The observer after seeing `x` (any float array; no gradient flows)."""
+        """The observer after seeing `x` (any finite float array; no gradient flows).
+
+        A concrete `x` holding NaN or inf raises `ValueError` (the range, and
+        every later scale, would be NaN or inf); a traced one (inside
+        `jax.jit`) is not checked: `qat.calibrate` checks the observers after
+        its jitted steps instead.
+        """
         x = jnp.asarray(x)
         self._check_input(x)
         low, high = batch_range(x, self.channel_axis if self.per_channel else None)
