@@ -10,7 +10,8 @@ imports `tft_jax`: the checks work for any function of arrays and pytrees.
 - `assert_finite(tree)`: every float leaf is free of NaN and inf.
 - `assert_nonzero_grads(grads, min_norm, per_element)`: every leaf's L2 norm
   (or, with `per_element=True`, every element) exceeds `min_norm`.
-- `assert_causal(fn, x, axis)`: outputs at steps `<= t` ignore inputs at steps `> t`.
+- `assert_causal(fn, x, axis)`: outputs at steps `<= t` (and their gradient) ignore
+  inputs at steps `> t`.
 - `assert_batch_independent(fn, x)`: sample `i`'s output and gradient ignore sample `j`.
 - `assert_batch_order_equivariant(fn, x)`: permuting the batch permutes the output.
 - `assert_jit_matches_eager(fn, *args)`: `jax.jit(fn)` equals op-by-op execution.
@@ -54,6 +55,7 @@ import collections
 import contextlib
 import dataclasses
 import math
+import numbers
 import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -133,10 +135,121 @@ def _as_float64(array: np.ndarray) -> np.ndarray:
 
 
 def _float_array(name: str, x: Any) -> np.ndarray:
+    """A non-empty floating host array (an empty one would let every check pass vacuously)."""
     array = _to_numpy(name, x)
     if not _is_inexact(array):
         raise TypeError(f"{name} must be a floating array, got dtype {array.dtype}")
+    if array.size == 0:
+        raise ValueError(
+            f"{name} must hold at least one element, got shape {array.shape}: there would be "
+            "nothing to check"
+        )
     return array
+
+
+def _require_finite(name: str, array: np.ndarray) -> None:
+    """Refuses NaN/inf in a float input: perturbed NaN inputs give NaN outputs, and NaN
+    outputs compare equal to NaN, so the check could not fail."""
+    if not _is_inexact(array):
+        return
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(_as_float64(array))
+    if bad.any():
+        raise ValueError(
+            f"{name} must be finite, got {int(bad.sum())} NaN/inf of {array.size} elements "
+            f"(first at {_index(np.argwhere(bad)[0])})"
+        )
+
+
+def _real(name: str, value: Any) -> float:
+    """`value` as a float, refusing bools and non-numbers with a `TypeError` naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    return float(value)
+
+
+def _tolerance(name: str, value: Any) -> float:
+    """A finite tolerance >= 0 (an infinite one would make the check unable to fail)."""
+    value = _real(name, value)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be finite and >= 0, got {value}")
+    return value
+
+
+def _integers(name: str, values: Any) -> list[int]:
+    """A non-empty list of ints (no silent truncation of 1.5 to 1; an empty list tests nothing)."""
+    if isinstance(values, str) or not isinstance(values, Sequence | np.ndarray):
+        raise TypeError(f"{name} must be a sequence of ints, got {values!r}")
+    chosen = []
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must hold ints, got {value!r} in {list(values)!r}")
+        chosen.append(int(value))
+    if not chosen:
+        raise ValueError(
+            f"{name} must name at least one index, got []: the check would test nothing"
+        )
+    return chosen
+
+
+def _require_outputs(name: str, named: list[tuple[str, np.ndarray]], output: PyTree) -> None:
+    """Refuses an output with no non-empty leaf: comparing it could never fail."""
+    if not any(leaf.size for _, leaf in named):
+        shapes = [leaf.shape for _, leaf in named]
+        raise ValueError(
+            f"{name} must return at least one non-empty array, got "
+            f"{jax.tree_util.tree_structure(output)} with leaf shapes {shapes}: there would be "
+            "nothing to compare"
+        )
+
+
+def _require_no_nan(header: str, regions: list[tuple[str, np.ndarray]]) -> None:
+    """Fails where a compared output is NaN: NaN matches NaN, so any change there is invisible."""
+    problems = []
+    for path, region in regions:
+        if not _is_inexact(region):
+            continue
+        with np.errstate(invalid="ignore"):
+            nan = np.isnan(region)
+        if nan.any():
+            problems.append(
+                f"{path}: {int(nan.sum())} NaN of {region.size} elements "
+                f"(first at {_index(np.argwhere(nan)[0])})"
+            )
+    if problems:
+        raise AssertionError(_summarize(header, problems))
+
+
+_UNTRACEABLE = (
+    jax.errors.TracerArrayConversionError,
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerIntegerConversionError,
+)
+
+
+def _vjp(fn: Callable[..., Any], *primals: Any) -> tuple[Any, Callable[..., Any]]:
+    """`jax.vjp`, with a clear `TypeError` for a `fn` that leaves JAX (e.g. `np.asarray`)."""
+    try:
+        return jax.vjp(fn, *primals)
+    except _UNTRACEABLE as error:
+        raise TypeError(
+            "fn cannot be differentiated with jax.vjp for the gradient check (it turns a traced "
+            f"array into a concrete value: {type(error).__name__}): return jax arrays from fn, "
+            "or pass check_gradients=False to check the forward pass only"
+        ) from error
+
+
+def _gradient_leak(values: np.ndarray, atol: float) -> str | None:
+    """`max |g| ...` (and the NaN count) of a gradient block that should be zero, or None if it is.
+
+    NaN counts as a leak: it is not zero, and `nanmax` alone would report it as `max |g| 0`.
+    """
+    with np.errstate(invalid="ignore"):
+        nan = np.isnan(values)
+        largest = float(np.max(np.where(nan, 0.0, np.abs(values)), initial=0.0))
+    if not nan.any() and largest <= atol:
+        return None
+    return f"max |g| {largest:.3g}" + (f", {int(nan.sum())} NaN" if nan.any() else "")
 
 
 def _normalize_axis(name: str, axis: int, ndim: int) -> int:
@@ -210,16 +323,25 @@ def _compare_trees(
 def assert_finite(tree: PyTree, *, name: str = "tree") -> None:
     """Asserts that no float leaf of `tree` holds NaN or inf, naming every leaf that does.
 
-    Integer and boolean leaves are always finite. Example::
+    Integer and boolean leaves are always finite. A tree with no leaf at all
+    (`None`, `{}`: a function that forgot to return) is refused, since
+    nothing in it could fail. Example::
 
         checks.assert_finite(jax.grad(loss)(params, batch), name="grads")
 
     Raises:
       AssertionError: listing each non-finite leaf's path, NaN and inf counts
         and the first offending index.
+      ValueError: if `tree` has no leaves.
     """
+    named = _named_leaves(name, tree)
+    if not named:
+        raise ValueError(
+            f"{name} must hold at least one array, got {jax.tree_util.tree_structure(tree)}: "
+            "there would be nothing to check"
+        )
     problems = []
-    for path, leaf in _named_leaves(name, tree):
+    for path, leaf in named:
         if not _is_inexact(leaf):
             continue
         with np.errstate(invalid="ignore"):
@@ -239,10 +361,11 @@ def assert_nonzero_grads(
 ) -> None:
     """Asserts that every float leaf of `grads` (or every element) has a live gradient.
 
-    By default a leaf is dead when its L2 norm is `<= min_norm` (or not
-    finite): its parameter does not learn. That misses a partially dead
+    By default a leaf is dead when its L2 norm is `<= min_norm` or not
+    finite (an inf or NaN gradient teaches nothing either): its parameter
+    does not learn. That misses a partially dead
     parameter (one row under `stop_gradient`, a masked-out slice), so with
-    `per_element=True` every element must have `|g| > min_norm` instead, and
+    `per_element=True` every element must be finite with `|g| > min_norm`, and
     each dead element is named by leaf path and index. All dead leaves are
     reported at once. Empty leaves (a zero-sized axis) carry nothing and are
     skipped; integer and `float0` leaves are skipped. Inputs that legitimately
@@ -261,18 +384,16 @@ def assert_nonzero_grads(
         `per_element` every leaf with dead elements, how many, and their
         first indices.
     """
-    if isinstance(min_norm, bool) or not isinstance(min_norm, int | float | np.floating):
-        raise TypeError(f"min_norm must be a real number, got {min_norm!r}")
-    if not math.isfinite(min_norm) or min_norm < 0:
-        raise ValueError(f"min_norm must be finite and >= 0, got {min_norm}")
+    min_norm = _tolerance("min_norm", min_norm)
     checked, dead = 0, []
     for path, leaf in _named_leaves(name, grads):
         if not _is_inexact(leaf) or leaf.size == 0:
             continue
         checked += 1
         if per_element:
+            magnitude = np.abs(_as_float64(leaf))
             with np.errstate(invalid="ignore"):
-                alive = np.abs(_as_float64(leaf)) > min_norm
+                alive = np.isfinite(magnitude) & (magnitude > min_norm)
             if not alive.all():
                 indices = np.argwhere(~alive)
                 shown = ", ".join(_index(index) for index in indices[:_MAX_REPORTED])
@@ -287,12 +408,16 @@ def assert_nonzero_grads(
                 )
             continue
         norm = float(np.linalg.norm(_as_float64(leaf).ravel()))
-        if not norm > min_norm:
+        if not (math.isfinite(norm) and norm > min_norm):
             dead.append(f"{path}: norm {norm:.3g}")
     if checked == 0:
         raise AssertionError(f"{name} has no non-empty float leaves: nothing has a gradient")
     if dead:
-        what = f"elements with |g| <= {min_norm:g}" if per_element else f"a norm <= {min_norm:g}"
+        what = (
+            f"elements with |g| <= {min_norm:g} or not finite"
+            if per_element
+            else f"a norm <= {min_norm:g} or not finite"
+        )
         header = f"{len(dead)} of {checked} leaves of {name} have {what}:"
         raise AssertionError(_summarize(header, dead))
 
@@ -307,15 +432,24 @@ def _perturb(values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 def _causal_positions(
     length: int, positions: Sequence[int] | None, max_positions: int | None, seed: int
 ) -> list[int]:
-    """The steps `t` to test: given ones, or every `t < length - 1`, optionally subsampled."""
+    """The steps `t` to test: given ones, or every `t < length - 1`, optionally subsampled.
+
+    The last step has no later inputs to change, so testing it could not fail:
+    given positions must lie in `[0, length - 1)`.
+    """
     if positions is not None:
-        chosen = [int(t) for t in positions]
-        bad = [t for t in chosen if not 0 <= t < length]
+        chosen = _integers("positions", positions)
+        bad = [t for t in chosen if not 0 <= t < length - 1]
         if bad:
-            raise ValueError(f"positions must lie in [0, {length}), got {bad}")
+            raise ValueError(
+                f"positions must lie in [0, {length - 1}) for {length} steps (step {length - 1} "
+                f"has no later inputs to change), got {bad}"
+            )
         return chosen
     chosen = list(range(length - 1))
     if max_positions is not None:
+        if isinstance(max_positions, bool) or not isinstance(max_positions, numbers.Integral):
+            raise TypeError(f"max_positions must be an int, got {max_positions!r}")
         if max_positions < 1:
             raise ValueError(f"max_positions must be >= 1, got {max_positions}")
         if len(chosen) > max_positions:
@@ -378,6 +512,7 @@ def assert_causal(
     select: Callable[[PyTree], PyTree] | None = None,
     positions: Sequence[int] | None = None,
     max_positions: int | None = None,
+    check_gradients: bool = True,
     atol: float = 0.0,
     rtol: float = 0.0,
     seed: int = 0,
@@ -388,7 +523,20 @@ def assert_causal(
     noisy copies (noise as large as the values); every output leaf, sliced to
     `[:t+1]` along `out_axis`, must stay equal. With the default `atol = rtol
     = 0` equality is exact: a masked softmax gives exactly zero weight to
-    masked steps, so any leak, however small, is caught.
+    masked steps, so any leak, however small, is caught. (A leak below the
+    output's float resolution changes nothing and cannot be seen: in float32
+    a change smaller than about `1e-7 * |output|` rounds away.)
+
+    Backward (`check_gradients`): the gradient of a random weighting of the
+    outputs at steps `<= t` w.r.t. the inputs after `t` must be zero (within
+    `atol`). This catches a leak that the forward values hide, e.g. a
+    `custom_vjp` attention whose backward forgets the causal mask, or
+    `y + (f(x_future) - stop_gradient(f(x_future)))`: training on such a
+    model uses the future. It needs `fn` differentiable by `jax.vjp`.
+
+    A sequence of one step passes trivially: there is no later input. `x`
+    must be finite and non-empty, and the compared outputs must not be NaN
+    (NaN equals NaN here, so a NaN output would hide any leak).
 
     Args:
       fn: `x -> pytree`; every output leaf must have length `T` along `out_axis`.
@@ -400,23 +548,26 @@ def assert_causal(
         `fn -> (y (B, T, D), weights (B, heads, T, T))`: one call checks both.
       select: a function of `fn`'s output picking the parts to check (e.g.
         `lambda out: out.quantiles`); `out_axis` then refers to its result.
-      positions: the steps `t` to test (default: every `t < T - 1`).
+      positions: the steps `t` to test, in `[0, T - 1)` (default: every `t < T - 1`).
       max_positions: subsample that many steps (first and last always in).
-      atol, rtol: tolerance of the comparison.
-      seed: seed of the perturbation noise.
+      check_gradients: also run the backward check (one `jax.vjp`).
+      atol, rtol: tolerance of the comparison (finite, >= 0); the backward
+        check uses `atol`.
+      seed: seed of the perturbation noise and of the cotangents.
 
     Raises:
       AssertionError: naming the steps, output leaves and positions that changed.
     """
     x = _float_array("x", x)
+    _require_finite("x", x)
+    atol, rtol = _tolerance("atol", atol), _tolerance("rtol", rtol)
     axis = _normalize_axis("axis", axis, x.ndim)
     length = x.shape[axis]
-    if length == 0:
-        raise ValueError(f"x must have at least one step along axis {axis}, got shape {x.shape}")
     fn = _selected(fn, select)
     steps = _causal_positions(length, positions, max_positions, seed)
     output = fn(x)
     baseline = _named_leaves("fn(x)", output)
+    _require_outputs("fn", baseline, output)
     leaf_axes = []
     for (path, leaf), leaf_out_axis in zip(
         baseline, _leaf_axes(out_axis, output, axis), strict=True
@@ -428,6 +579,15 @@ def assert_causal(
                 f"out_axis={leaf_out_axis}, expected the input length {length}"
             )
         leaf_axes.append(leaf_axis)
+    if steps:
+        compared = np.arange(max(steps) + 1)
+        _require_no_nan(
+            "fn(x) is NaN where causality is checked (NaN == NaN here, so a leak would not show):",
+            [
+                (path, _take(leaf, compared, a))
+                for (path, leaf), a in zip(baseline, leaf_axes, strict=True)
+            ],
+        )
     rng = np.random.default_rng(seed)
     problems = []
     for t in steps:
@@ -442,12 +602,66 @@ def assert_causal(
             problem = _mismatch(after[past], before[past], atol, rtol)
             if problem is not None:
                 problems.append(f"t={t}, output {path}[:{t + 1} along axis {leaf_axis}]: {problem}")
+    if check_gradients and steps:
+        float_axes = [
+            a for (_, leaf), a in zip(baseline, leaf_axes, strict=True) if _is_inexact(leaf)
+        ]
+        problems += _causal_gradient_leaks(fn, x, axis, steps, float_axes, atol, seed)
     if problems:
         header = (
-            f"fn is not causal along axis {axis}: changing inputs at steps > t changed "
-            f"outputs at steps <= t:"
+            f"fn is not causal along axis {axis}: outputs at steps <= t depend on inputs at "
+            f"steps > t (their values change, or their gradient reaches those inputs):"
         )
         raise AssertionError(_summarize(header, problems))
+
+
+def _float_outputs(fn: Callable[..., PyTree]) -> Callable[..., tuple[Any, ...]]:
+    """`fn` returning only its float output leaves (in `tree_leaves` order), for `jax.vjp`."""
+
+    def outputs(*args: Any) -> tuple[Any, ...]:
+        leaves = jax.tree_util.tree_leaves(fn(*args))
+        return tuple(o for o in leaves if jnp.issubdtype(jnp.result_type(o), jnp.inexact))
+
+    return outputs
+
+
+def _causal_gradient_leaks(
+    fn: Callable[[Any], PyTree],
+    x: np.ndarray,
+    axis: int,
+    steps: Sequence[int],
+    output_axes: Sequence[int],
+    atol: float,
+    seed: int,
+) -> list[str]:
+    """Where the gradient of the outputs at steps `<= t` reaches the inputs at steps `> t`.
+
+    `output_axes` holds the time axis of each float output leaf, in order.
+    """
+    outputs, pullback = _vjp(_float_outputs(fn), x)
+    if not outputs:
+        return []
+    rng = np.random.default_rng(seed)
+    problems = []
+    for t in steps:
+        cotangents = []
+        for output, output_axis in zip(outputs, output_axes, strict=True):
+            cotangent = np.zeros(output.shape, output.dtype)
+            moved = np.moveaxis(cotangent, output_axis, 0)
+            moved[: t + 1] = rng.uniform(0.5, 1.5, moved[: t + 1].shape)
+            cotangents.append(cotangent)
+        (gradient,) = pullback(tuple(cotangents))
+        future = np.moveaxis(_as_float64(np.asarray(gradient)), axis, 0)[t + 1 :]
+        leak = _gradient_leak(future, atol)
+        if leak is not None:
+            with np.errstate(invalid="ignore"):
+                live = np.isnan(future) | (np.abs(future) > atol)
+            first = t + 1 + int(np.argwhere(live)[0][0])
+            problems.append(
+                f"t={t}, gradient of outputs[:{t + 1}] w.r.t. x[{t + 1}:] along axis {axis} is "
+                f"nonzero ({leak}; first at step {first})"
+            )
+    return problems
 
 
 def _batched_leaves(x: PyTree, axis: int) -> tuple[list[tuple[str, np.ndarray]], Any, int]:
@@ -457,6 +671,7 @@ def _batched_leaves(x: PyTree, axis: int) -> tuple[list[tuple[str, np.ndarray]],
         raise ValueError("x must hold at least one array")
     sizes = {}
     for path, leaf in named:
+        _require_finite(f"x{path}", leaf)
         leaf_axis = _normalize_axis(f"axis for input leaf {path}", axis, leaf.ndim)
         sizes[path] = leaf.shape[leaf_axis]
     if len(set(sizes.values())) != 1:
@@ -522,14 +737,13 @@ def _gradient_leaks(
         return []
     leaves = [leaf for _, leaf in named]
 
-    def float_outputs(*float_leaves: Any) -> tuple[Any, ...]:
+    def with_float_leaves(*float_leaves: Any) -> PyTree:
         full = list(leaves)
         for k, value in zip(float_index, float_leaves, strict=True):
             full[k] = value
-        outputs = jax.tree_util.tree_leaves(fn(jax.tree_util.tree_unflatten(treedef, full)))
-        return tuple(o for o in outputs if jnp.issubdtype(jnp.result_type(o), jnp.inexact))
+        return fn(jax.tree_util.tree_unflatten(treedef, full))
 
-    outputs, pullback = jax.vjp(float_outputs, *(leaves[k] for k in float_index))
+    outputs, pullback = _vjp(_float_outputs(with_float_leaves), *(leaves[k] for k in float_index))
     if not outputs:
         return []
     rng = np.random.default_rng(seed)
@@ -548,12 +762,11 @@ def _gradient_leaks(
             for other in range(moved.shape[0]):
                 if other == sample:
                     continue
-                with np.errstate(invalid="ignore"):
-                    leak = float(np.nanmax(np.abs(moved[other]), initial=0.0))
-                if np.isnan(moved[other]).any() or leak > atol:
+                leak = _gradient_leak(moved[other], atol)
+                if leak is not None:
                     problems.append(
                         f"gradient of outputs[sample {sample}] w.r.t. x{path}[sample {other}] "
-                        f"is nonzero (max |g| {leak:.3g})"
+                        f"is nonzero ({leak})"
                     )
     return problems
 
@@ -579,7 +792,9 @@ def assert_batch_independent(
     gradient of a random weighting of sample `i`'s outputs w.r.t. the float
     inputs must be zero at every other sample. This catches batch statistics
     (a mean over the batch, BatchNorm, a per-batch quantization range) in
-    either pass. A batch of one passes vacuously.
+    either pass. A batch of one passes trivially (there is no other sample).
+    Float inputs must be finite, and the tested samples' outputs must not be
+    NaN (NaN equals NaN here, so a NaN output would hide any mixing).
 
     Args:
       fn: `x -> pytree`, every float output leaf batched along `axis`.
@@ -590,16 +805,18 @@ def assert_batch_independent(
         or a pytree with an int per part of the output (a prefix of its
         structure), as in `assert_causal`.
       select: a function of `fn`'s output picking the parts to check.
-      samples: the samples `i` to test (default: all).
-      check_gradients: also run the backward check (one `jax.vjp`).
-      atol, rtol: tolerance (exact by default).
+      samples: the samples `i` to test (default: all); a non-empty sequence of ints.
+      check_gradients: also run the backward check (one `jax.vjp`; `fn` must
+        be differentiable by JAX).
+      atol, rtol: tolerance (exact by default; finite, >= 0).
       seed: seed of the perturbations and cotangents.
 
     Raises:
       AssertionError: naming the leaves and the pair `(i, j)` that interact.
     """
     named, treedef, batch = _batched_leaves(x, axis)
-    tested = range(batch) if samples is None else [int(i) for i in samples]
+    atol, rtol = _tolerance("atol", atol), _tolerance("rtol", rtol)
+    tested = range(batch) if samples is None else _integers("samples", samples)
     bad = [i for i in tested if not 0 <= i < batch]
     if bad:
         raise ValueError(f"samples must lie in [0, {batch}), got {bad}")
@@ -609,11 +826,25 @@ def assert_batch_independent(
     leaves = [leaf for _, leaf in named]
     output = fn(jax.tree_util.tree_unflatten(treedef, leaves))
     baseline = _named_leaves("fn(x)", output)
+    _require_outputs("fn", baseline, output)
     output_axes = _check_output_batch(baseline, _leaf_axes(out_axis, output, axis), batch)
+    _require_no_nan(
+        "fn(x) is NaN at the tested samples (NaN == NaN here, so mixing would not show):",
+        [
+            (path, _take(leaf, list(tested), a))
+            for (path, leaf), a in zip(baseline, output_axes, strict=True)
+        ],
+    )
     rng = np.random.default_rng(seed)
     problems = []
     for sample in tested:
         perturbed = [_perturb_other_samples(leaf, sample, axis, rng) for leaf in leaves]
+        if all(np.array_equal(a, b) for a, b in zip(perturbed, leaves, strict=True)):
+            raise ValueError(
+                f"changing every sample but {sample} changed no element of x (its float leaves "
+                f"are empty and its integer samples all equal sample {sample}): the check "
+                "could not fail"
+            )
         outputs = _named_leaves("fn(x)", fn(jax.tree_util.tree_unflatten(treedef, perturbed)))
         for (path, before), (_, after), out in zip(baseline, outputs, output_axes, strict=True):
             problem = _mismatch(_take(after, sample, out), _take(before, sample, out), atol, rtol)
@@ -645,11 +876,14 @@ def assert_batch_order_equivariant(
     A small tolerance is the default: a matmul may sum a row in a different
     order when it moves within the batch. `out_axis` and `select` work as in
     `assert_batch_independent` (the output's batch axes; the parts to check).
+    A batch of one passes trivially; float inputs must be finite and the
+    outputs free of NaN (which would match NaN wherever it moved).
 
     Raises:
       AssertionError: naming the output leaves that do not follow the permutation.
     """
     named, treedef, batch = _batched_leaves(x, axis)
+    atol, rtol = _tolerance("atol", atol), _tolerance("rtol", rtol)
     if batch < 2:
         return
     permutation = np.random.default_rng(seed).permutation(batch)
@@ -660,7 +894,9 @@ def assert_batch_order_equivariant(
     permuted = [_take(leaf, permutation, axis) for leaf in leaves]
     output = fn(jax.tree_util.tree_unflatten(treedef, leaves))
     baseline = _named_leaves("fn(x)", output)
+    _require_outputs("fn", baseline, output)
     output_axes = _check_output_batch(baseline, _leaf_axes(out_axis, output, axis), batch)
+    _require_no_nan("fn(x) is NaN (NaN == NaN here, so a wrong order would not show):", baseline)
     outputs = _named_leaves("fn(x)", fn(jax.tree_util.tree_unflatten(treedef, permuted)))
     problems = []
     for (path, before), (_, after), out in zip(baseline, outputs, output_axes, strict=True):
@@ -687,8 +923,12 @@ def assert_jit_matches_eager(
       AssertionError: naming each differing leaf, its largest difference and
         first differing index.
     """
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None:
+            _tolerance(name, value)
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
     compiled = jitted(*args)
+    _require_outputs("fn", _named_leaves("jit(fn)(*args)", compiled), compiled)
     with jax.disable_jit():
         eager = fn(*args)
     chex.assert_trees_all_equal_shapes_and_dtypes(compiled, eager)
@@ -786,11 +1026,12 @@ def assert_grads_match_finite_differences(
 
     Args:
       fn: a function of `*args` returning an array or pytree.
-      args: the point at which to differentiate.
+      args: the point at which to differentiate: a sequence of arguments
+        (`(x,)`, not `x`), every leaf a float array.
       order: derivative order (1 or more).
       modes: any of `"fwd"`, `"rev"`.
-      eps: finite-difference step (None: 1e-4).
-      atol, rtol: tolerances (None: by dtype, `check_grads`' defaults).
+      eps: finite-difference step, finite and > 0 (None: 1e-4).
+      atol, rtol: tolerances, finite and >= 0 (None: by dtype, `check_grads`' defaults).
       use_x64: run in float64.
       jit: wrap `fn` in `jax.jit` (unless it already is one), so that each of
         `check_grads`' evaluations compiles once instead of primitive by
@@ -804,8 +1045,25 @@ def assert_grads_match_finite_differences(
     modes = tuple(modes)
     if not modes or any(mode not in ("fwd", "rev") for mode in modes):
         raise ValueError(f"modes must be a non-empty subset of ('fwd', 'rev'), got {modes}")
+    if isinstance(args, np.ndarray | jax.Array) or not isinstance(args, Sequence):
+        shape = getattr(args, "shape", None)
+        raise TypeError(
+            f"args must be a sequence of fn's arguments, e.g. (x,), got {type(args).__name__}"
+            + (f" of shape {shape} (it would be split along its first axis)" if shape else "")
+        )
     args = tuple(args)
-    step = FLOAT32_FINITE_DIFFERENCE_EPS if eps is None else eps
+    for path, leaf in _named_leaves("args", args):
+        if not _is_inexact(leaf):
+            raise TypeError(
+                f"args{path} has dtype {leaf.dtype}: every argument is differentiated, so pass "
+                "only float arrays (close over integer arguments with functools.partial)"
+            )
+    for name, value in (("atol", atol), ("rtol", rtol)):
+        if value is not None:
+            _tolerance(name, value)
+    step = FLOAT32_FINITE_DIFFERENCE_EPS if eps is None else _real("eps", eps)
+    if not (math.isfinite(step) and step > 0):
+        raise ValueError(f"eps must be finite and > 0, got {step}")
     precision = "float64" if use_x64 else "the given dtypes"
     context = _enable_x64() if use_x64 else contextlib.nullcontext()
     with context:
@@ -1005,7 +1263,9 @@ def assert_idempotent(
     Raises:
       AssertionError: naming the leaves where a second application changes the result.
     """
+    atol, rtol = _tolerance("atol", atol), _tolerance("rtol", rtol)
     once = fn(x)
+    _require_outputs("fn", _named_leaves("fn(x)", once), once)
     twice = fn(once)
     problems = _compare_trees(twice, once, atol, rtol)
     if problems:
@@ -1036,11 +1296,16 @@ def assert_clipped(
     Raises:
       AssertionError: with the norm found and the largest leaves.
     """
-    if isinstance(max_norm, bool) or not isinstance(max_norm, int | float | np.floating):
-        raise TypeError(f"max_norm must be a real number, got {max_norm!r}")
+    max_norm = _real("max_norm", max_norm)
     if not (math.isfinite(max_norm) and max_norm > 0):
         raise ValueError(f"max_norm must be finite and > 0, got {max_norm}")
+    rtol = _tolerance("rtol", rtol)
     named = [(path, leaf) for path, leaf in _named_leaves("updates", updates) if _is_inexact(leaf)]
+    if not any(leaf.size for _, leaf in named):
+        raise ValueError(
+            f"updates must hold at least one non-empty float leaf, got "
+            f"{jax.tree_util.tree_structure(updates)}: there would be no norm to bound"
+        )
     norm = _global_norm(named)
     if not math.isfinite(norm) or norm > max_norm * (1 + rtol):
         leaf_norms = sorted(

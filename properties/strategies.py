@@ -48,7 +48,8 @@ adds ``"single"``: a one-element batch. The seeded kinds shrink to seed 0.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import numbers
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 import hypothesis.extra.numpy as hnp
@@ -117,10 +118,51 @@ _ALL_KINDS = (*_SEEDED_KINDS, "elements")
 
 def _buckets(name: str, values: Sequence[Any]) -> tuple[Any, ...]:
     """Validates a non-empty tuple of bucket values, naming the argument."""
+    if isinstance(values, str) or not isinstance(values, Iterable):
+        raise TypeError(f"{name} must be a tuple of bucket values, e.g. (8, 16), got {values!r}")
     values = tuple(values)
     if not values:
         raise ValueError(f"{name} must hold at least one bucket, got ()")
     return values
+
+
+def _integers(name: str, values: Sequence[Any], minimum: int) -> tuple[int, ...]:
+    """Validates a non-empty tuple of int buckets `>= minimum` (a size of -1 or 2.5 would
+    fail deep inside NumPy, or give an impossible config, only when an example is drawn)."""
+    values = _buckets(name, values)
+    wrong = [v for v in values if isinstance(v, bool) or not isinstance(v, numbers.Integral)]
+    if wrong:
+        raise TypeError(f"{name} must hold ints, got {wrong[0]!r} in {values}")
+    small = [v for v in values if v < minimum]
+    if small:
+        raise ValueError(f"{name} must hold ints >= {minimum}, got {small} in {values}")
+    return tuple(int(v) for v in values)
+
+
+def _shape(name: str, shape: Sequence[int]) -> tuple[int, ...]:
+    """Validates an array shape: a sequence of ints >= 0 (zero-sized axes are allowed)."""
+    if isinstance(shape, str) or not isinstance(shape, Sequence | np.ndarray):
+        raise TypeError(f"{name} must be a sequence of ints, e.g. (2, 3), got {shape!r}")
+    if len(shape) == 0:
+        return ()
+    return _integers(name, shape, 0)
+
+
+# The magnitude each kind reaches; a dtype whose largest finite value is smaller would
+# silently turn the kind into inf.
+_KIND_MAGNITUDES = {"large": LARGE_MAGNITUDE, "elements": LARGE_MAGNITUDE, "huge": HUGE_MAGNITUDE}
+
+
+def _check_range(kinds: Sequence[str], dtype: np.dtype) -> None:
+    """Refuses kinds whose values overflow `dtype` (e.g. `"huge"` in float16 gives inf)."""
+    largest = float(jnp.finfo(dtype).max)
+    overflowing = [kind for kind in kinds if _KIND_MAGNITUDES.get(kind, 0.0) > largest]
+    if overflowing:
+        raise ValueError(
+            f"kinds {overflowing} reach magnitudes up to "
+            f"{max(_KIND_MAGNITUDES[kind] for kind in overflowing):g}, beyond the largest "
+            f"{dtype} ({largest:g}): they would be inf; leave them out of kinds for {dtype}"
+        )
 
 
 def _check_kinds(name: str, kinds: Sequence[str], allowed: Sequence[str]) -> tuple[str, ...]:
@@ -177,8 +219,9 @@ def float_arrays(
     """NumPy float arrays of a fixed `shape`, one drawn kind per array (see the module docstring).
 
     Args:
-      shape: the array shape; zero-sized axes are allowed.
-      kinds: the kinds to draw from; the first is the shrink target.
+      shape: the array shape, ints >= 0; zero-sized axes are allowed.
+      kinds: the kinds to draw from; the first is the shrink target. Kinds that
+        overflow `dtype` (``"huge"`` in float16) are refused.
       dtype: float32, float16, bfloat16 (values are made in float64 and cast)...
       constant_axis: the axis along which a `"constant"` array is constant
         (the time axis of `(B, T, F)` data).
@@ -186,9 +229,10 @@ def float_arrays(
     Returns:
       A strategy of `np.ndarray` of `shape` and `dtype`.
     """
-    shape = tuple(int(size) for size in shape)
+    shape = _shape("shape", shape)
     kinds = _check_kinds("kinds", kinds, _ALL_KINDS)
     resolved = _numpy_dtype(dtype)
+    _check_range(kinds, resolved)
     elements = st.floats(
         -LARGE_MAGNITUDE, LARGE_MAGNITUDE, width=32, allow_nan=False, allow_subnormal=False
     )
@@ -248,12 +292,20 @@ def attention_configs(
 
     At most ``len(hidden_dims) * len(num_heads) * len(sequence_lengths) *
     len(batch_sizes) * len(dropout_rates)`` distinct configs, hence compiles.
+    Sizes are ints >= 1 and dropout rates lie in `[0, 1)`.
     """
-    hidden_dims = _buckets("hidden_dims", hidden_dims)
-    num_heads = _buckets("num_heads", num_heads)
-    sequence_lengths = _buckets("sequence_lengths", sequence_lengths)
-    batch_sizes = _buckets("batch_sizes", batch_sizes)
+    hidden_dims = _integers("hidden_dims", hidden_dims, 1)
+    num_heads = _integers("num_heads", num_heads, 1)
+    sequence_lengths = _integers("sequence_lengths", sequence_lengths, 1)
+    batch_sizes = _integers("batch_sizes", batch_sizes, 1)
     dropout_rates = _buckets("dropout_rates", dropout_rates)
+    bad_rates = [
+        rate
+        for rate in dropout_rates
+        if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0 <= rate < 1
+    ]
+    if bad_rates:
+        raise ValueError(f"dropout_rates must lie in [0, 1), got {bad_rates} in {dropout_rates}")
 
     @st.composite
     def draw_config(draw: st.DrawFn) -> AttentionConfig:
@@ -273,6 +325,8 @@ def attention_inputs(
     config: AttentionConfig, *, kinds: Sequence[str] = INPUT_KINDS, dtype: Any = np.float32
 ) -> st.SearchStrategy[np.ndarray]:
     """NumPy inputs `(B, T, D)` for an `AttentionConfig`, constant kind along `T`."""
+    if not isinstance(config, AttentionConfig):
+        raise TypeError(f"config must be an AttentionConfig, got {type(config).__name__}")
     return float_arrays(config.input_shape, kinds=kinds, dtype=dtype, constant_axis=1)
 
 
@@ -328,7 +382,7 @@ def tft_configs(
         "use_known_history": _buckets("use_known_history", use_known_history),
         "dtypes": _buckets("dtypes", dtypes),
     }
-    num_heads = _buckets("num_heads", num_heads)
+    num_heads = _integers("num_heads", num_heads, 1)  # a 0 would divide by zero in `_heads_for`
 
     @st.composite
     def draw_config(draw: st.DrawFn) -> TFTConfig:
@@ -473,15 +527,16 @@ def tft_inputs(
       config: the model config fixing `S, C, K, Kc, U, Uc, T, H` and whether
         `known_history` (and `known_categorical_history`) are given
         (`use_known_history`).
-      batch_sizes: buckets for `B`.
+      batch_sizes: buckets for `B`, ints >= 1.
       kinds: input kinds (module docstring); `"constant"` is constant over time.
       dtype: float dtype of the float arrays; None means `config.dtype`.
     """
     if not isinstance(config, TFTConfig):
         raise TypeError(f"config must be a TFTConfig, got {type(config).__name__}")
-    batch_sizes = _buckets("batch_sizes", batch_sizes)
+    batch_sizes = _integers("batch_sizes", batch_sizes, 1)
     kinds = _check_kinds("kinds", kinds, _ALL_KINDS)
     resolved = _numpy_dtype(config.dtype if dtype is None else dtype)
+    _check_range(kinds, resolved)
 
     def floats(shape: tuple[int, ...]) -> st.SearchStrategy[np.ndarray]:
         return float_arrays(shape, kinds=kinds, dtype=resolved, constant_axis=1)
@@ -589,8 +644,9 @@ def observer_batches(
     all-zero batches give `min == max`; ``"huge"`` reaches ~1e30 (the range
     `max - min` stays finite in float32).
     """
-    shapes = tuple(tuple(int(size) for size in shape) for shape in _buckets("shapes", shapes))
+    shapes = tuple(_shape("shapes", shape) for shape in _buckets("shapes", shapes))
     kinds = _check_kinds("kinds", kinds, (*_ALL_KINDS, "single"))
+    _check_range(kinds, _numpy_dtype(dtype))
 
     @st.composite
     def draw_batch(draw: st.DrawFn) -> np.ndarray:
@@ -610,10 +666,14 @@ def observer_batch_sequences(
     kinds: Sequence[str] = tuple(kind for kind in OBSERVER_KINDS if kind != "single"),
     dtype: Any = np.float32,
 ) -> st.SearchStrategy[list[np.ndarray]]:
-    """Lists of same-shaped observer batches (one kind drawn per batch), for running statistics."""
-    shapes = tuple(tuple(int(size) for size in shape) for shape in _buckets("shapes", shapes))
-    lengths = _buckets("lengths", lengths)
+    """Lists of same-shaped observer batches (one kind drawn per batch), for running statistics.
+
+    `lengths` (ints >= 1) are the list lengths to draw from.
+    """
+    shapes = tuple(_shape("shapes", shape) for shape in _buckets("shapes", shapes))
+    lengths = _integers("lengths", lengths, 1)
     kinds = _check_kinds("kinds", kinds, _ALL_KINDS)
+    _check_range(kinds, _numpy_dtype(dtype))
 
     @st.composite
     def draw_sequence(draw: st.DrawFn) -> list[np.ndarray]:
@@ -650,9 +710,15 @@ def fake_quantize_cases(
 
     Symmetric grids are `[-2^(b-1), 2^(b-1)-1]` with zero point 0; affine grids
     `[0, 2^b-1]` with a drawn zero point in the grid. `scales` defaults to a
-    few exact powers of two and 0.1, or any float32 in `[2^-10, 16]`.
+    few exact powers of two and 0.1, or any float32 in `[2^-10, 16]`; a custom
+    `scales` strategy must draw finite floats > 0. `bits` lie in `[1, 16]`
+    (the case holds every one of the `2^bits` grid points).
     """
-    bits = _buckets("bits", bits)
+    bits = _integers("bits", bits, 1)
+    if max(bits) > 16:
+        raise ValueError(
+            f"bits must lie in [1, 16] (a case holds all 2^bits grid points), got {bits}"
+        )
     symmetric = _buckets("symmetric", symmetric)
     if scales is None:
         scales = st.one_of(
@@ -667,6 +733,8 @@ def fake_quantize_cases(
         qmin, qmax = (-(2 ** (width - 1)), 2 ** (width - 1) - 1) if signed else (0, 2**width - 1)
         zero_point = 0 if signed else draw(st.integers(qmin, qmax))
         scale = np.float32(draw(scales))
+        if not (np.isfinite(scale) and scale > 0):
+            raise ValueError(f"scales must draw finite floats > 0, drew {scale}")
         levels = np.arange(qmin, qmax + 1, dtype=np.float64) - zero_point
         beyond = np.array([qmin - 3.0, qmin - 1.0, qmin - 0.5, qmax + 0.5, qmax + 1.0, qmax + 3.0])
         rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))

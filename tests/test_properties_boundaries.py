@@ -1,0 +1,269 @@
+"""`properties.checks` and `properties.strategies` at their boundaries.
+
+A check that cannot fail is a defect: arguments that would make one test
+nothing (no positions, no samples, an empty input or output, NaN that matches
+NaN, an infinite tolerance) are refused with a `ValueError`/`TypeError`
+naming the argument, and leaks the forward values hide (a gradient-only
+causal leak, an inf gradient) fail. Strategies validate their buckets when
+they are built, not deep inside NumPy when an example is drawn.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from properties import checks
+from properties import strategies as st_tft
+
+X = np.random.default_rng(0).standard_normal((2, 4, 3)).astype(np.float32)
+
+
+@jax.jit
+def cumsum(x):
+    return jnp.cumsum(x, axis=1)
+
+
+@jax.jit
+def reverse_cumsum(x):
+    return jnp.flip(jnp.cumsum(jnp.flip(x, axis=1), axis=1), axis=1)
+
+
+@jax.jit
+def gradient_only_leak(x):
+    """Exactly `cumsum` forward; the gradient of step `t` reaches step `t + 1`."""
+    later = jnp.roll(x, -1, axis=1)
+    return jnp.cumsum(x, axis=1) + (later - jax.lax.stop_gradient(later))
+
+
+@jax.jit
+def per_sample(x):
+    return jnp.tanh(x)
+
+
+@jax.jit
+def batch_centered(x):
+    return x - x.mean(axis=0, keepdims=True)
+
+
+@jax.jit
+def nan_gradient_across_samples(x):
+    """Per sample forward (the added term is exactly 0); NaN gradient to the other sample."""
+    other = jnp.roll(x, 1, axis=0)
+    return jnp.tanh(x) + 0.0 * jnp.sqrt(other - other)
+
+
+# assert_causal
+
+
+def test_causal_catches_a_leak_that_only_the_gradient_shows():
+    with pytest.raises(AssertionError, match=r"t=0, gradient of outputs\[:1\] w.r.t. x\[1:\]"):
+        checks.assert_causal(gradient_only_leak, X)
+    checks.assert_causal(gradient_only_leak, X, check_gradients=False)  # forward is causal
+    checks.assert_causal(cumsum, X)
+
+
+def test_causal_gradient_check_needs_a_jax_function_and_says_so():
+    def numpy_fn(x):
+        return np.cumsum(np.asarray(x), axis=1)
+
+    with pytest.raises(TypeError, match="check_gradients=False"):
+        checks.assert_causal(numpy_fn, X)
+    checks.assert_causal(numpy_fn, X, check_gradients=False)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"positions": []}, ValueError, r"positions must name at least one index, got \[\]"),
+        ({"positions": [3]}, ValueError, r"positions must lie in \[0, 3\) .*got \[3\]"),
+        ({"positions": [1.5]}, TypeError, r"positions must hold ints, got 1.5"),
+        ({"max_positions": 2.5}, TypeError, r"max_positions must be an int, got 2.5"),
+        ({"atol": float("inf")}, ValueError, r"atol must be finite and >= 0, got inf"),
+        ({"rtol": -1e-6}, ValueError, r"rtol must be finite and >= 0"),
+    ],
+)
+def test_causal_refuses_arguments_that_would_test_nothing(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        checks.assert_causal(reverse_cumsum, X, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("fn", "x", "message"),
+    [
+        (reverse_cumsum, X[:0], r"x must hold at least one element, got shape \(0, 4, 3\)"),
+        (reverse_cumsum, X[..., :0], r"x must hold at least one element"),
+        (reverse_cumsum, np.full_like(X, np.nan), r"x must be finite, got 24 NaN/inf"),
+        (lambda x: None, X, r"fn must return at least one non-empty array"),
+        (lambda x: {}, X, r"fn must return at least one non-empty array"),
+    ],
+)
+def test_causal_refuses_empty_or_non_finite_input_and_empty_output(fn, x, message):
+    with pytest.raises(ValueError, match=message):
+        checks.assert_causal(fn, x)
+
+
+def test_causal_fails_on_nan_outputs_instead_of_matching_nan_with_nan():
+    with pytest.raises(AssertionError, match=r"fn\(x\) is NaN where causality is checked"):
+        checks.assert_causal(lambda x: reverse_cumsum(x) * jnp.nan, X, check_gradients=False)
+
+
+# assert_batch_independent / assert_batch_order_equivariant
+
+
+@pytest.mark.parametrize(
+    ("fn", "x", "kwargs", "message"),
+    [
+        (batch_centered, X, {"samples": []}, r"samples must name at least one index"),
+        (batch_centered, X, {"samples": [0.5]}, r"samples must hold ints, got 0.5"),
+        (lambda x: None, X, {}, r"fn must return at least one non-empty array"),
+        (batch_centered, X[:, :0], {}, r"fn must return at least one non-empty array"),
+        (batch_centered, np.full_like(X, np.nan), {}, r"x<root> must be finite"),
+        (
+            lambda ids: ids - ids.sum(axis=0),
+            np.zeros((3, 2), np.int32),
+            {},
+            r"integer samples all equal sample 0",
+        ),
+        (batch_centered, X, {"atol": float("nan")}, r"atol must be finite and >= 0"),
+    ],
+)
+def test_batch_independent_refuses_arguments_that_would_test_nothing(fn, x, kwargs, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        checks.assert_batch_independent(fn, x, **kwargs)
+
+
+def test_batch_independent_fails_on_nan_output_and_reports_a_nan_gradient_as_nan():
+    with pytest.raises(AssertionError, match=r"fn\(x\) is NaN at the tested samples"):
+        checks.assert_batch_independent(lambda x: batch_centered(x) * jnp.nan, X)
+    with pytest.raises(
+        AssertionError, match=r"x<root>\[sample 1\] is nonzero \(max \|g\| 0, 12 NaN\)"
+    ):
+        checks.assert_batch_independent(nan_gradient_across_samples, X)
+
+
+def test_batch_independent_gradient_check_needs_a_jax_function_and_says_so():
+    with pytest.raises(TypeError, match="check_gradients=False"):
+        checks.assert_batch_independent(lambda x: np.tanh(np.asarray(x)), X)
+
+
+def test_batch_order_equivariant_refuses_empty_output_nan_output_and_bad_tolerance():
+    with pytest.raises(ValueError, match="fn must return at least one non-empty array"):
+        checks.assert_batch_order_equivariant(lambda x: (), X)
+    with pytest.raises(AssertionError, match=r"fn\(x\) is NaN"):
+        checks.assert_batch_order_equivariant(lambda x: x[::-1] * jnp.nan, X)
+    with pytest.raises(ValueError, match="rtol must be finite and >= 0"):
+        checks.assert_batch_order_equivariant(per_sample, X, rtol=float("inf"))
+
+
+# assert_nonzero_grads
+
+
+def test_nonzero_grads_counts_an_infinite_gradient_as_dead():
+    grads = {"w": np.array([np.inf, 1.0], np.float32)}
+    with pytest.raises(AssertionError, match=r"a norm <= 0 or not finite:\n  \['w'\]: norm inf"):
+        checks.assert_nonzero_grads(grads)
+    with pytest.raises(AssertionError, match=r"1 of 2 elements dead at \[0\]"):
+        checks.assert_nonzero_grads(grads, per_element=True)
+
+
+def test_nonzero_grads_accepts_a_numpy_integer_min_norm():
+    checks.assert_nonzero_grads({"w": np.ones(2)}, min_norm=np.int64(0))
+    with pytest.raises(TypeError, match="min_norm must be a real number"):
+        checks.assert_nonzero_grads({"w": np.ones(2)}, min_norm="0")
+
+
+# the other checks
+
+
+def test_finite_differences_refuses_an_array_for_args_integer_args_and_a_zero_step():
+    def fn(x):
+        return jnp.sin(x).sum()
+
+    with pytest.raises(TypeError, match=r"args must be a sequence .*shape \(1, 3\)"):
+        checks.assert_grads_match_finite_differences(fn, np.ones((1, 3)))
+    with pytest.raises(TypeError, match=r"args\[0\] has dtype int32"):
+        checks.assert_grads_match_finite_differences(fn, (np.ones(3, np.int32),))
+    with pytest.raises(ValueError, match=r"eps must be finite and > 0, got 0\.0"):
+        checks.assert_grads_match_finite_differences(fn, (np.ones(3),), eps=0.0)
+
+
+def test_checks_refuse_empty_results_and_empty_inputs():
+    def quantize(x, scale, zero_point, qmin, qmax):
+        return x
+
+    with pytest.raises(
+        ValueError, match=r"outputs must hold at least one array, got PyTreeDef\(None\)"
+    ):
+        checks.assert_finite(None, name="outputs")
+    checks.assert_finite({"step": np.array(3)})  # integer leaves are finite, not missing
+
+    with pytest.raises(ValueError, match="fn must return at least one non-empty array"):
+        checks.assert_jit_matches_eager(lambda x: None, np.ones(3))
+    with pytest.raises(ValueError, match="fn must return at least one non-empty array"):
+        checks.assert_idempotent(lambda x: {}, np.ones(3))
+    with pytest.raises(ValueError, match="updates must hold at least one non-empty float leaf"):
+        checks.assert_clipped({"step": np.array(100, np.int32)}, 1.0)
+    empty = np.zeros((0,), np.float32)
+    with pytest.raises(ValueError, match=r"x must hold at least one element, got shape \(0,\)"):
+        checks.assert_ste_gradient(quantize, empty, 1.0, 0, -128, 127)
+    with pytest.raises(ValueError, match=r"x must hold at least one element"):
+        checks.assert_quantization_error_bounded(quantize, empty, 1.0, 0, -128, 127)
+
+
+# strategies
+
+
+@pytest.mark.parametrize(
+    ("build", "error", "message"),
+    [
+        (lambda: st_tft.float_arrays((-1, 3)), ValueError, r"shape must hold ints >= 0"),
+        (lambda: st_tft.float_arrays(5), TypeError, r"shape must be a sequence of ints"),
+        (lambda: st_tft.attention_configs(num_heads=(0,)), ValueError, r"num_heads must hold"),
+        (
+            lambda: st_tft.attention_configs(hidden_dims=8),
+            TypeError,
+            r"hidden_dims must be a tuple",
+        ),
+        (lambda: st_tft.attention_configs(hidden_dims=(-8,)), ValueError, r"hidden_dims"),
+        (lambda: st_tft.tft_configs(num_heads=(0, 2)), ValueError, r"num_heads must hold ints"),
+        (lambda: st_tft.attention_configs(sequence_lengths=(0,)), ValueError, r"sequence_len"),
+        (lambda: st_tft.attention_configs(batch_sizes=(2.5,)), TypeError, r"batch_sizes"),
+        (lambda: st_tft.attention_configs(dropout_rates=(1.5,)), ValueError, r"dropout_rates"),
+        (
+            lambda: st_tft.tft_inputs(st_tft.TFT_PRESETS[0], batch_sizes=(0,)),
+            ValueError,
+            r"batch_sizes must hold ints >= 1, got \[0\]",
+        ),
+        (lambda: st_tft.observer_batches(shapes=((-2,),)), ValueError, r"shapes must hold"),
+        (lambda: st_tft.observer_batch_sequences(lengths=(0,)), ValueError, r"lengths must"),
+        (lambda: st_tft.fake_quantize_cases(bits=(0,)), ValueError, r"bits must hold ints >= 1"),
+        (lambda: st_tft.fake_quantize_cases(bits=(40,)), ValueError, r"bits must lie in \[1, 16\]"),
+        (
+            lambda: st_tft.float_arrays((3,), kinds=("huge",), dtype=np.float16),
+            ValueError,
+            r"kinds \['huge'\] .* beyond the largest float16",
+        ),
+        (lambda: st_tft.observer_batches(dtype=np.float16), ValueError, r"float16"),
+    ],
+)
+def test_strategies_validate_their_buckets_when_built(build, error, message):
+    with pytest.raises(error, match=message):
+        build()
+
+
+@settings(max_examples=3, deadline=None, database=None)
+@given(st_tft.float_arrays(np.array([2, 3])))
+def test_float_arrays_take_a_numpy_shape(x):
+    assert x.shape == (2, 3)
+
+
+@settings(max_examples=3, deadline=None, database=None)
+@given(st.data())
+def test_fake_quantize_cases_refuse_a_drawn_scale_that_is_not_positive(data):
+    with pytest.raises(ValueError, match=r"scales must draw finite floats > 0, drew -1.0"):
+        data.draw(st_tft.fake_quantize_cases(scales=st.just(-1.0)))
