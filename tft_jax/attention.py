@@ -34,10 +34,23 @@ def causal_mask(num_queries: int, num_keys: int, attend_to_self: bool = True) ->
 
 
 def _check_concrete_positive(name: str, value: Any) -> None:
+    """Raises `ValueError` unless `value` is a positive scalar (positivity: concrete values only).
+
+    A non-scalar temperature would broadcast silently against the key axis of
+    the logits, so its shape is checked even under a trace.
+    """
+    if jnp.ndim(value) != 0:
+        raise ValueError(f"{name} must be a scalar, got shape {tuple(jnp.shape(value))}")
     if isinstance(value, jax.core.Tracer):
         return
     if not np.all(np.asarray(value) > 0):
         raise ValueError(f"{name} must be positive, got {value}")
+
+
+def _check_floating(name: str, x: Array) -> None:
+    """Raises `TypeError` unless `x` is a floating-point array (an integer input would be cast)."""
+    if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
+        raise TypeError(f"{name} must be floating point (float32, bfloat16, ...), got {x.dtype}")
 
 
 def scaled_dot_product_attention(
@@ -122,6 +135,8 @@ class PositionalEncoding(nn.Module):
             raise ValueError(
                 f"PositionalEncoding: x must have shape (..., T, {self.dim}), got {tuple(x.shape)}"
             )
+        # An integer x would truncate the encoding to integers.
+        _check_floating("PositionalEncoding: x", x)
         return x + jnp.asarray(sinusoidal_encoding(x.shape[-2], self.dim), x.dtype)
 
 
@@ -135,6 +150,7 @@ def _check_sequence(name: str, x: Array, hidden_dim: int) -> None:
         )
     if x.shape[1] == 0:
         raise ValueError(f"{name}: sequence length T must be > 0, got shape {tuple(x.shape)}")
+    _check_floating(f"{name}: x", x)
 
 
 class AttentionHead(nn.Module):
@@ -147,6 +163,13 @@ class AttentionHead(nn.Module):
     hidden_dim: int
     head_dim: int
     dtype: Dtype | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_dim", "head_dim"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"AttentionHead: {name} must be a positive int, got {value!r}")
+        super().__post_init__()
 
     @nn.compact
     def __call__(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -130,14 +131,15 @@ class RealEmbedding(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array) -> Array | AffineEmbedding:
+        # Checked here for both paths: VariableLinear would report the (..., V, 1) it is given.
+        if x.ndim < 1 or x.shape[-1] != self.num_variables:
+            raise ValueError(
+                f"RealEmbedding expects x of shape (..., {self.num_variables}), "
+                f"got {tuple(x.shape)}"
+            )
         if self.lazy and (
             self.dot_general_cls is None or supports_operand_quantizers(self.dot_general_cls)
         ):
-            if x.ndim < 1 or x.shape[-1] != self.num_variables:
-                raise ValueError(
-                    f"RealEmbedding expects x of shape (..., {self.num_variables}), "
-                    f"got {tuple(x.shape)}"
-                )
             return _Prescaler(
                 self.num_variables,
                 self.width,
@@ -172,6 +174,7 @@ class CategoricalEmbedding(nn.Module):
 
     @nn.compact
     def __call__(self, codes: Array) -> Array:
+        self._check_codes(codes)
         columns = []
         for index, cardinality in enumerate(self.cardinalities):
             table = self.param(
@@ -183,3 +186,34 @@ class CategoricalEmbedding(nn.Module):
             columns.append(jnp.take(table, codes[..., index], axis=0, mode="clip"))
         embedded = jnp.stack(columns, axis=-2)
         return embedded.astype(self.dtype or embedded.dtype)
+
+    def _check_codes(self, codes: Array) -> None:
+        """Raises unless `codes` is integer `(..., C)` with one column per cardinality.
+
+        A static index past the last column is clamped by JAX, so too few
+        columns would silently embed the last one again, and extra columns
+        would be ignored; a float code cannot index a table.
+
+        Raises:
+          ValueError: no cardinalities, a cardinality below 1, or the wrong column count.
+          TypeError: `codes` is not of an integer dtype.
+        """
+        cardinalities = tuple(self.cardinalities)
+        if not cardinalities or any(
+            isinstance(c, bool) or not isinstance(c, numbers.Integral) or c < 1
+            for c in cardinalities
+        ):
+            raise ValueError(
+                "CategoricalEmbedding: cardinalities must be a non-empty sequence of positive "
+                f"ints, got {cardinalities!r}"
+            )
+        shape = tuple(jnp.shape(codes))
+        if len(shape) < 1 or shape[-1] != len(cardinalities):
+            raise ValueError(
+                f"CategoricalEmbedding: codes must have shape (..., {len(cardinalities)}) (one "
+                f"column per cardinality), got {shape}"
+            )
+        if not jnp.issubdtype(jnp.result_type(codes), jnp.integer):
+            raise TypeError(
+                f"CategoricalEmbedding: codes must be integers, got {jnp.result_type(codes)}"
+            )

@@ -11,6 +11,7 @@ parameters, same values).
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,36 @@ from tft_jax.linear import Linear, VariableLinear, variable_major_broadcast
 
 Array = Any
 Dtype = Any
+
+
+def check_positive_int(owner: str, name: str, value: Any, optional: bool = False) -> None:
+    """Raises `ValueError` unless `value` is a positive int (or None when `optional`).
+
+    A zero or negative size would otherwise fail deep inside parameter
+    initialization (a division by zero in the initializer) without naming the field.
+    """
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        expected = "a positive int or None" if optional else "a positive int"
+        raise ValueError(f"{owner}: {name} must be {expected}, got {value!r}")
+
+
+def check_dropout_rate(owner: str, dropout_rate: float) -> None:
+    """Raises `ValueError` unless `0 <= dropout_rate < 1`.
+
+    `nn.Dropout` accepts any rate: a negative one keeps everything and rescales
+    by `1 / (1 - rate) < 1`, one above 1 zeroes everything, both silently.
+    """
+    if not 0.0 <= dropout_rate < 1.0:
+        raise ValueError(f"{owner}: dropout_rate must be in [0, 1), got {dropout_rate!r}")
+
+
+def _check_gated_config(owner: str, module: nn.Module) -> None:
+    """The constructor checks shared by the gating blocks."""
+    check_positive_int(owner, "features", module.features)
+    check_positive_int(owner, "num_variables", module.num_variables, optional=True)
+    check_dropout_rate(owner, module.dropout_rate)
 
 
 def make_dense(
@@ -93,6 +124,10 @@ class GatedLinearUnit(nn.Module):
     dot_general_cls: Callable[..., nn.Module] | None = None
     variable_major: bool = False
 
+    def __post_init__(self) -> None:
+        _check_gated_config("GatedLinearUnit", self)
+        super().__post_init__()
+
     @nn.compact
     def __call__(self, x: Array, deterministic: bool | None = None) -> Array:
         deterministic = resolve_deterministic(
@@ -123,11 +158,23 @@ class GateAddNorm(nn.Module):
     dot_general_cls: Callable[..., nn.Module] | None = None
     variable_major: bool = False
 
+    def __post_init__(self) -> None:
+        _check_gated_config("GateAddNorm", self)
+        super().__post_init__()
+
     @nn.compact
     def __call__(self, x: Array, skip: Array, deterministic: bool | None = None) -> Array:
         deterministic = resolve_deterministic(
             "GateAddNorm", deterministic, self.dropout_rate, self.is_initializing()
         )
+        # The output has x's shape with `features` last; a skip of another shape would
+        # broadcast silently in the sum (a (B, 1, F) skip over every step, say).
+        expected = (*jnp.shape(x)[:-1], self.features)
+        if tuple(jnp.shape(skip)) != expected:
+            raise ValueError(
+                f"GateAddNorm: skip must have shape {expected} (x's shape with features="
+                f"{self.features} last), got {tuple(jnp.shape(skip))}"
+            )
         gated = GatedLinearUnit(
             self.features,
             self.dropout_rate,
@@ -149,6 +196,13 @@ class GateAddNorm(nn.Module):
 
 def _check_context(context: Array, x: Array, variable_major: bool) -> None:
     """Raises `ValueError` unless `context` is `(B, C)` with `x`'s batch size."""
+    # A batch axis besides the feature axis (and the variable axis when it leads); a 1-D
+    # x would have its feature axis taken for the batch and broadcast against the context.
+    if x.ndim < (3 if variable_major else 2):
+        raise ValueError(
+            f"GatedResidualNetwork: x must have a batch axis to go with a context, got x of "
+            f"shape {tuple(x.shape)}"
+        )
     batch = x.shape[1] if variable_major else x.shape[0]
     if jnp.ndim(context) != 2 or context.shape[0] != batch:
         layout = "(V, B, ..., I)" if variable_major else "(B, ..., I)"
@@ -198,6 +252,13 @@ class GatedResidualNetwork(nn.Module):
     param_dtype: Dtype = jnp.float32
     dot_general_cls: Callable[..., nn.Module] | None = None
     variable_major: bool = False
+
+    def __post_init__(self) -> None:
+        _check_gated_config("GatedResidualNetwork", self)
+        check_positive_int(
+            "GatedResidualNetwork", "hidden_features", self.hidden_features, optional=True
+        )
+        super().__post_init__()
 
     @nn.compact
     def __call__(

@@ -10,6 +10,7 @@ from flax import linen as nn
 
 from tft_jax._dropout import resolve_deterministic
 from tft_jax.attention import scaled_dot_product_attention
+from tft_jax.gating import check_dropout_rate, check_positive_int
 from tft_jax.linear import Linear
 
 Array = Any
@@ -27,8 +28,10 @@ class InterpretableMultiHeadAttention(nn.Module):
 
     Args (call):
       queries: `(B, Tq, D)`; keys_values: `(B, Tk, D)`; mask: boolean
-      `(Tq, Tk)`, True = may attend; deterministic: required when
-      `dropout_rate > 0` (False: dropout on, with the `'dropout'` RNG).
+      `(Tq, Tk)` (or `(B, 1|heads, Tq, Tk)` per example), True = may
+      attend, a query with no allowed key getting zero weights;
+      deterministic: required when `dropout_rate > 0` (False: dropout on,
+      with the `'dropout'` RNG).
 
     Returns:
       `(output (B, Tq, D), weights (B, heads, Tq, Tk))`.
@@ -40,6 +43,18 @@ class InterpretableMultiHeadAttention(nn.Module):
     dtype: Dtype | None = None
     param_dtype: Dtype = jnp.float32
     dot_general_cls: Callable[..., nn.Module] | None = None
+
+    def __post_init__(self) -> None:
+        owner = "InterpretableMultiHeadAttention"
+        check_positive_int(owner, "num_heads", self.num_heads)
+        check_positive_int(owner, "features", self.features)
+        if self.features % self.num_heads:
+            raise ValueError(
+                f"{owner}: features ({self.features}) must be divisible by num_heads "
+                f"({self.num_heads})"
+            )
+        check_dropout_rate(owner, self.dropout_rate)
+        super().__post_init__()
 
     @nn.compact
     def __call__(
@@ -61,11 +76,12 @@ class InterpretableMultiHeadAttention(nn.Module):
                     f"InterpretableMultiHeadAttention: {name} must be 3-D (B, T, D), got shape "
                     f"{tuple(jnp.shape(x))}"
                 )
-        if self.features % self.num_heads:
+        if queries.shape[0] != keys_values.shape[0]:
             raise ValueError(
-                f"InterpretableMultiHeadAttention: features ({self.features}) must be divisible "
-                f"by num_heads ({self.num_heads})"
+                "InterpretableMultiHeadAttention: queries and keys_values must have the same "
+                f"batch size, got shapes {tuple(queries.shape)} and {tuple(keys_values.shape)}"
             )
+        mask = self._check_mask(mask, queries.shape[0], queries.shape[1], keys_values.shape[1])
         head_dim = self.features // self.num_heads
 
         def project(features: int, name: str, x: Array) -> Array:
@@ -91,3 +107,35 @@ class InterpretableMultiHeadAttention(nn.Module):
         output = project(self.features, "out", averaged)
         output = nn.Dropout(self.dropout_rate)(output, deterministic=deterministic)
         return output, weights
+
+    def _check_mask(
+        self, mask: Array | None, batch: int, num_queries: int, num_keys: int
+    ) -> Array | None:
+        """`mask` as a boolean array after checking its dtype and shape.
+
+        The kernel would read a float mask as `mask != 0` (an additive 0/-inf
+        mask inverted) and broadcast a `(B, Tq, Tk)` mask's batch axis against
+        the heads, both silently.
+
+        Raises:
+          TypeError: `mask` is not boolean.
+          ValueError: `mask` is not `(Tq, Tk)` or `(B, 1|heads, Tq, Tk)`.
+        """
+        if mask is None:
+            return None
+        mask = jnp.asarray(mask)
+        owner = "InterpretableMultiHeadAttention"
+        if mask.dtype != jnp.bool_:
+            raise TypeError(f"{owner}: mask must be boolean (True = may attend), got {mask.dtype}")
+        allowed = (
+            (num_queries, num_keys),
+            (batch, 1, num_queries, num_keys),
+            (batch, self.num_heads, num_queries, num_keys),
+        )
+        if mask.shape not in allowed:
+            raise ValueError(
+                f"{owner}: mask must have shape (Tq, Tk) = ({num_queries}, {num_keys}) or "
+                f"(B, 1|heads, Tq, Tk) = ({batch}, 1 or {self.num_heads}, {num_queries}, "
+                f"{num_keys}), got {tuple(mask.shape)}"
+            )
+        return mask

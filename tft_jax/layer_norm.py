@@ -13,6 +13,7 @@ reverse mode is its transpose.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import jax
@@ -36,14 +37,22 @@ def layer_norm(
     Args:
       x: `(..., F)` activations; the statistics are computed in at least float32.
       scale, bias: broadcastable to `x` (`(F,)`, or e.g. `(V, 1, F)` per variable).
-      epsilon: added to the variance, inside the square root.
+      epsilon: added to the variance, inside the square root; must be positive
+        and finite (with 0 a constant row is `0 · inf = NaN`, and a negative
+        one can take the square root of a negative number).
       dtype: the result's dtype (default `x.dtype`).
 
     Returns:
       `(..., F)` in `dtype`.
+
+    Raises:
+      ValueError: `epsilon` is not a positive finite number.
     """
+    epsilon = float(epsilon)
+    if not 0.0 < epsilon < math.inf:
+        raise ValueError(f"layer_norm: epsilon must be positive and finite, got {epsilon}")
     wide = x.astype(jnp.promote_types(x.dtype, jnp.float32))
-    return _affine_normalize(wide, scale, bias, float(epsilon)).astype(dtype or x.dtype)
+    return _affine_normalize(wide, scale, bias, epsilon).astype(dtype or x.dtype)
 
 
 def _normalize(x: Array, epsilon: float) -> tuple[Array, Array]:

@@ -66,6 +66,8 @@ class Linear(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
+        if jnp.ndim(x) < 1:
+            raise ValueError(f"Linear expects x of shape (..., I), got a scalar of shape {x.shape}")
         kernel = self.param(
             "kernel", self.kernel_init, (x.shape[-1], self.features), self.param_dtype
         )

@@ -39,6 +39,8 @@ def quantile_loss(pred: Array, target: Array, quantiles: Sequence[float]) -> Arr
     pred = _as_float("pred", pred)
     target = _as_float("target", target)
     levels = np.asarray(quantiles, dtype=np.float32).reshape(-1)
+    if levels.size == 0:
+        raise ValueError("quantile_loss: quantiles must hold at least one level, got none")
     if pred.ndim < 1 or pred.shape[-1] != levels.size:
         raise ValueError(
             f"quantile_loss: pred must have shape (..., {levels.size}) for {levels.size} "
@@ -49,7 +51,8 @@ def quantile_loss(pred: Array, target: Array, quantiles: Sequence[float]) -> Arr
             f"quantile_loss: target must have shape {tuple(pred.shape[:-1])} (pred without its "
             f"quantile axis), got {tuple(target.shape)}"
         )
-    if np.any((levels <= 0.0) | (levels >= 1.0)):
+    # Written so that a NaN level fails too (every comparison with NaN is False).
+    if not np.all((levels > 0.0) & (levels < 1.0)):
         raise ValueError(f"quantile_loss: quantiles must lie in (0, 1), got {levels.tolist()}")
     losses = pinball(
         pred.astype(jnp.float32), target[..., None].astype(jnp.float32), jnp.asarray(levels)
@@ -75,6 +78,10 @@ def q_risk(pred: Array, target: Array, q: float) -> Array:
         raise ValueError(
             f"q_risk: pred and target must have the same shape, got {tuple(pred.shape)} "
             f"and {tuple(target.shape)}"
+        )
+    if np.ndim(q) != 0:
+        raise ValueError(
+            f"q_risk: q must be one quantile level (a scalar), got shape {np.shape(q)}"
         )
     if not 0.0 < float(q) < 1.0:
         raise ValueError(f"q_risk: q must lie in (0, 1), got {q}")

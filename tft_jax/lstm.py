@@ -71,6 +71,7 @@ class LSTM(nn.Module):
     def __call__(
         self, inputs: Array, initial_state: tuple[Array, Array] | None = None
     ) -> tuple[Array, tuple[Array, Array]]:
+        self._check_inputs(inputs, initial_state)
         dtype = self.dtype or inputs.dtype
         input_gates = Linear(
             4 * self.features,
@@ -99,3 +100,29 @@ class LSTM(nn.Module):
             name="cell",
         )(carry, input_gates)
         return outputs, final_state
+
+    def _check_inputs(self, inputs: Array, initial_state: tuple[Array, Array] | None) -> None:
+        """Raises `ValueError`/`TypeError` naming the argument before the scan can fail.
+
+        A 2-D input would be scanned over its feature axis, and a state of the
+        wrong shape fails inside the scan as a broadcasting error about gates.
+        """
+        shape = tuple(jnp.shape(inputs))
+        if len(shape) != 3:
+            raise ValueError(f"LSTM: inputs must be 3-D (B, T, I), got shape {shape}")
+        if not jnp.issubdtype(jnp.result_type(inputs), jnp.floating):
+            raise TypeError(f"LSTM: inputs must be floating point, got {jnp.result_type(inputs)}")
+        if initial_state is None:
+            return
+        expected = (shape[0], self.features)
+        if not isinstance(initial_state, (tuple, list)) or len(initial_state) != 2:
+            raise ValueError(
+                f"LSTM: initial_state must be a pair (h, c), each of shape {expected}, got "
+                f"{type(initial_state).__name__} {jax.tree.map(jnp.shape, initial_state)}"
+            )
+        for name, state in zip(("h", "c"), initial_state, strict=True):
+            if tuple(jnp.shape(state)) != expected:
+                raise ValueError(
+                    f"LSTM: initial_state {name} must have shape (B, features) = {expected} for "
+                    f"inputs of shape {shape}, got {tuple(jnp.shape(state))}"
+                )

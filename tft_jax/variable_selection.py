@@ -12,7 +12,7 @@ from tft_jax._dropout import resolve_deterministic
 from tft_jax.chunked_selection import combine_variables
 from tft_jax.embeddings import AffineEmbedding
 from tft_jax.folded_selection import folded_selection
-from tft_jax.gating import GatedResidualNetwork
+from tft_jax.gating import GatedResidualNetwork, check_dropout_rate, check_positive_int
 from tft_jax.operand_quantizers import supports_operand_quantizers
 from tft_jax.quantized_selection import quantized_selection
 
@@ -70,6 +70,16 @@ class VariableSelectionNetwork(nn.Module):
     dot_general_cls: Callable[..., nn.Module] | None = None
     chunk_rows: int | None = None
 
+    def __post_init__(self) -> None:
+        owner = "VariableSelectionNetwork"
+        check_positive_int(owner, "num_variables", self.num_variables)
+        check_positive_int(owner, "features", self.features)
+        check_positive_int(
+            owner, "selection_hidden_features", self.selection_hidden_features, optional=True
+        )
+        check_dropout_rate(owner, self.dropout_rate)
+        super().__post_init__()
+
     @nn.compact
     def __call__(
         self, embedded: Array, context: Array | None = None, deterministic: bool | None = None
@@ -77,6 +87,7 @@ class VariableSelectionNetwork(nn.Module):
         deterministic = resolve_deterministic(
             "VariableSelectionNetwork", deterministic, self.dropout_rate, self.is_initializing()
         )
+        self._check_inputs(embedded, context)
         if isinstance(embedded, AffineEmbedding) and self.dot_general_cls is None:
             return folded_selection(self, embedded, context, deterministic, self.chunk_rows)
         if supports_operand_quantizers(self.dot_general_cls):
@@ -113,3 +124,25 @@ class VariableSelectionNetwork(nn.Module):
                 logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), axis=-1
             )
         return combine_variables(weights, processed), weights
+
+    def _check_inputs(self, embedded: Array | AffineEmbedding, context: Array | None) -> None:
+        """Raises `ValueError` naming the argument unless the shapes fit `(B, [T,] V, width)`.
+
+        Without it a wrong variable count surfaces as a `VariableLinear` error
+        about the internal variable-major layout (or, on the folded path, is
+        not noticed at all), and a wrong context as an error about the
+        flattened input of the selection GRN.
+        """
+        shape = tuple(embedded.shape)
+        if len(shape) < 2 or shape[-2] != self.num_variables:
+            raise ValueError(
+                f"VariableSelectionNetwork: embedded must have shape (B, [T,] "
+                f"{self.num_variables}, width) for num_variables={self.num_variables}, got {shape}"
+            )
+        if context is None:
+            return
+        if len(shape) < 3 or jnp.ndim(context) != 2 or jnp.shape(context)[0] != shape[0]:
+            raise ValueError(
+                f"VariableSelectionNetwork: context must have shape (B, C) with B = "
+                f"embedded.shape[0] for embedded of shape {shape}, got {tuple(jnp.shape(context))}"
+            )
