@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import numbers
 import pathlib
 import shutil
 from collections.abc import Mapping
@@ -118,14 +119,32 @@ class TrainingCheckpointer:
     kept (at least 2, so a corrupt newest step leaves an intact one); one best.
     """
 
-    def __init__(self, directory: str | pathlib.Path, max_to_keep: int = 2) -> None:
-        if isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 2:
+    def __init__(
+        self, directory: str | pathlib.Path, max_to_keep: int = 2, *, create: bool = True
+    ) -> None:
+        """Opens the checkpoints under `directory`.
+
+        Args:
+          directory: the run's checkpoint directory; it, or its nearest
+            existing ancestor, must be a directory (`ValueError` for a file).
+          max_to_keep: latest steps kept (an int >= 2).
+          create: create `directory/latest` and `directory/best` now; False
+            for reading only (`load_state`), which then writes nothing where
+            there is no checkpoint.
+        """
+        if (
+            isinstance(max_to_keep, bool)
+            or not isinstance(max_to_keep, numbers.Integral)
+            or max_to_keep < 2
+        ):
             raise ValueError(
                 f"TrainingCheckpointer: max_to_keep must be an int >= 2, got {max_to_keep!r}"
             )
         self.directory = pathlib.Path(directory).expanduser().resolve()
+        _check_directory(self.directory)
+        self._create = bool(create)
         self._managers = {
-            LATEST: self._manager(LATEST, max_to_keep),
+            LATEST: self._manager(LATEST, int(max_to_keep)),
             BEST: self._manager(BEST, 1),
         }
 
@@ -134,7 +153,7 @@ class TrainingCheckpointer:
             max_to_keep=max_to_keep,
             enable_async_checkpointing=False,
             cleanup_tmp_directories=True,
-            create=True,
+            create=self._create,
         )
         return ocp.CheckpointManager(self.directory / kind, options=options)
 
@@ -180,7 +199,13 @@ class TrainingCheckpointer:
 
     def steps(self, kind: str = LATEST) -> list[int]:
         """The saved steps of `kind` (`'latest'` or `'best'`), ascending."""
-        return sorted(self._managers[kind].all_steps())
+        return sorted(self._kind(kind).all_steps())
+
+    def _kind(self, kind: str) -> ocp.CheckpointManager:
+        """The manager of `kind`, or `ValueError` naming the argument."""
+        if kind not in self._managers:
+            raise ValueError(f"kind must be 'latest' or 'best', got {kind!r}")
+        return self._managers[kind]
 
     def discard_best_after(self, step: int) -> None:
         """Deletes best steps newer than `step` (written after the checkpoint resumed from)."""
@@ -191,9 +216,7 @@ class TrainingCheckpointer:
 
     def restore(self, kind: str, template: PyTree) -> Restored | None:
         """The newest intact step of `kind` (`'latest'` or `'best'`), or None."""
-        if kind not in self._managers:
-            raise ValueError(f"kind must be 'latest' or 'best', got {kind!r}")
-        manager = self._managers[kind]
+        manager = self._kind(kind)
         template_payload = _payload(template, jax.random.key(0))
         for step in sorted(manager.all_steps(), reverse=True):
             try:
@@ -271,6 +294,22 @@ class TrainingCheckpointer:
         self.close()
 
 
+def _check_directory(directory: pathlib.Path) -> None:
+    """Raises `ValueError` when `directory`, or its nearest existing ancestor, is not a directory.
+
+    Checked up front: orbax would fail deep inside with `NotADirectoryError`
+    on `directory/latest`, a path the caller never gave.
+    """
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        where = "is" if existing == directory else f"lies under {existing}, which is"
+        raise ValueError(
+            f"TrainingCheckpointer: directory {directory} {where} a file, expected a directory"
+        )
+
+
 def _layout_difference(saved: list[list[Any]], expected: list[list[Any]]) -> str:
     saved_map = {entry[0]: entry[1:] for entry in saved}
     expected_map = {entry[0]: entry[1:] for entry in expected}
@@ -345,7 +384,7 @@ def load_state(directory: str | pathlib.Path, template: PyTree, prefer: str = BE
     if not pathlib.Path(directory).is_dir():
         raise FileNotFoundError(f"load_state: no checkpoint directory {directory}")
     order = (BEST, LATEST) if prefer == BEST else (LATEST,)
-    with TrainingCheckpointer(directory) as checkpointer:
+    with TrainingCheckpointer(directory, create=False) as checkpointer:
         for kind in order:
             restored = checkpointer.restore(kind, template)
             if restored is not None:

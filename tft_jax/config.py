@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 
 # float64 is for gradient checks under `jax.enable_x64` only.
 _FLOAT_DTYPES = {
@@ -19,15 +20,61 @@ _FLOAT_DTYPES = {
 }
 
 
-def _require_int(name: str, value: Any, minimum: int) -> None:
+def _require_int(name: str, value: Any, minimum: int) -> int:
+    """`value` as a Python int, or raises naming `TFTConfig.{name}`.
+
+    A NumPy integer is taken as its Python value, so that the config stays
+    JSON-serialisable (`dataclasses.asdict` is how configs are saved).
+    """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"TFTConfig.{name} must be an int, got {type(value).__name__} {value!r}")
     if value < minimum:
         raise ValueError(f"TFTConfig.{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _is_real_scalar(value: Any) -> bool:
+    """Whether `value` is a real number: Python, NumPy or a 0-d array; not a bool or a string."""
+    # Checked first: `result_type` would read a string as a dtype name.
+    if value is None or isinstance(value, str | bytes | bool | np.bool_):
+        return False
+    try:
+        dtype = jnp.result_type(value)
+    except TypeError:
+        return False
+    real = jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)
+    return real and np.ndim(value) == 0
+
+
+def _quantile_levels(value: Any) -> tuple[float, ...]:
+    """`TFTConfig.quantiles` as a tuple of Python floats, or raises naming the field.
+
+    A string or a lone number is not a sequence of levels (a string would be
+    read character by character), nor is a level that is not a real number.
+    """
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise TypeError(
+            f"TFTConfig.quantiles must be a sequence of floats in (0, 1), got "
+            f"{type(value).__name__} {value!r}"
+        )
+    levels = []
+    for index, level in enumerate(value):
+        if not _is_real_scalar(level):
+            raise TypeError(
+                f"TFTConfig.quantiles[{index}] must be a float, got {type(level).__name__} "
+                f"{level!r}"
+            )
+        levels.append(float(level))
+    return tuple(levels)
 
 
 def canonical_dtype(name: str, value: Any) -> str:
-    """Returns the name of a supported floating dtype, or raises naming the field."""
+    """Returns the name of a supported floating dtype, or raises naming the field.
+
+    None is refused: NumPy reads it as float64, which is no default here.
+    """
+    if value is None:
+        raise TypeError(f"{name} must be a floating dtype, got None")
     try:
         dtype_name = jnp.dtype(value).name
     except TypeError as error:
@@ -97,13 +144,16 @@ class TFTConfig:
     observed_categorical_cardinalities: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        _require_int("num_static_features", self.num_static_features, 0)
-        _require_int("num_known_features", self.num_known_features, 1)
-        _require_int("num_observed_features", self.num_observed_features, 1)
-        _require_int("hidden_dim", self.hidden_dim, 1)
-        _require_int("num_heads", self.num_heads, 1)
-        _require_int("sequence_length", self.sequence_length, 1)
-        _require_int("prediction_horizon", self.prediction_horizon, 1)
+        for field, minimum in (
+            ("num_static_features", 0),
+            ("num_known_features", 1),
+            ("num_observed_features", 1),
+            ("hidden_dim", 1),
+            ("num_heads", 1),
+            ("sequence_length", 1),
+            ("prediction_horizon", 1),
+        ):
+            object.__setattr__(self, field, _require_int(field, getattr(self, field), minimum))
         if self.hidden_dim % self.num_heads:
             raise ValueError(
                 f"TFTConfig.hidden_dim ({self.hidden_dim}) must be divisible by "
@@ -115,7 +165,7 @@ class TFTConfig:
             raise ValueError(f"TFTConfig.dropout_rate must be in [0, 1), got {self.dropout_rate}")
         object.__setattr__(self, "dropout_rate", float(self.dropout_rate))
 
-        quantiles = tuple(float(q) for q in self.quantiles)
+        quantiles = _quantile_levels(self.quantiles)
         if not quantiles:
             raise ValueError("TFTConfig.quantiles must hold at least one level, got ()")
         if any(not 0.0 < q < 1.0 for q in quantiles):
@@ -132,13 +182,18 @@ class TFTConfig:
             value = getattr(self, field)
             if isinstance(value, str | bytes) or not isinstance(value, Iterable):
                 raise TypeError(f"TFTConfig.{field} must be a tuple of ints, got {value!r}")
-            cardinalities = tuple(value)
-            for index, cardinality in enumerate(cardinalities):
+            cardinalities = tuple(
                 _require_int(f"{field}[{index}]", cardinality, 1)
+                for index, cardinality in enumerate(value)
+            )
             object.__setattr__(self, field, cardinalities)
 
         if self.variable_hidden_dim is not None:
-            _require_int("variable_hidden_dim", self.variable_hidden_dim, 1)
+            object.__setattr__(
+                self,
+                "variable_hidden_dim",
+                _require_int("variable_hidden_dim", self.variable_hidden_dim, 1),
+            )
         for flag in ("compact_selection", "attend_to_self", "use_known_history"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"TFTConfig.{flag} must be a bool, got {getattr(self, flag)!r}")

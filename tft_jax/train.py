@@ -300,6 +300,17 @@ def _check_batch(name: str, batch: Any) -> None:
     target_shape = np.shape(batch.target)
     if len(target_shape) != 2:
         raise ValueError(f"{name}: batch.target must have shape (B, H), got {target_shape}")
+    # Metadata only (no device read): a bool or complex target would be cast to
+    # float32 by the loss, silently (a complex one losing its imaginary part).
+    target_dtype = getattr(batch.target, "dtype", None)
+    if target_dtype is None:  # a nested list, say (host data)
+        target_dtype = np.asarray(batch.target).dtype
+    real = jnp.issubdtype(target_dtype, jnp.floating) or jnp.issubdtype(target_dtype, jnp.integer)
+    if not real:
+        raise TypeError(
+            f"{name}: batch.target must hold real numbers (a float or int dtype), "
+            f"got dtype {target_dtype}"
+        )
     if batch.target_mask is not None and np.shape(batch.target_mask) != target_shape:
         raise ValueError(
             f"{name}: batch.target_mask must have the shape of batch.target {target_shape}, "
@@ -612,12 +623,32 @@ def _check_calibrate(name: str, calibrate: Any, state: TrainState) -> None:
         )
 
 
+def _check_rng(name: str, rng: Any) -> None:
+    """Raises `TypeError` unless `rng` is one PRNG key: a typed key, or raw `uint32` key data.
+
+    Metadata only (no device read). Without it an int or None reaches Flax,
+    which complains about an `rngs` argument the caller never passed.
+    """
+    dtype, shape = getattr(rng, "dtype", None), getattr(rng, "shape", None)
+    if dtype is not None and shape is not None:
+        if jnp.issubdtype(dtype, jax.dtypes.prng_key) and tuple(shape) == ():
+            return
+        if jnp.issubdtype(dtype, jnp.uint32) and len(shape) == 1:  # jax.random.PRNGKey(...)
+            return
+    got = f"{type(rng).__name__}" + ("" if dtype is None else f" of dtype {dtype}, shape {shape}")
+    raise TypeError(
+        f"{name}: rng must be one PRNG key (jax.random.key(seed), or jax.random.PRNGKey(seed)), "
+        f"got {got}"
+    )
+
+
 def _checked_train_step(
-    name: str, state: Any, batch: Any, calibrate: Any, compiler_options: Any
+    name: str, state: Any, batch: Any, rng: Any, calibrate: Any, compiler_options: Any
 ) -> Any:
     """The jitted step for these compiler options, once the arguments of `name` pass the checks."""
     _check_state(name, state)
     _check_batch(name, batch)
+    _check_rng(name, rng)
     _check_calibrate(name, calibrate, state)
     return _jitted_train_step(_check_compiler_options(name, compiler_options))
 
@@ -657,7 +688,7 @@ def train_step(
       clipping), `clipped_grad_norm` (after `clip_by_global_norm`) and the
       int32 `skipped` (1 when the step was skipped).
     """
-    step = _checked_train_step("train_step", state, batch, calibrate, compiler_options)
+    step = _checked_train_step("train_step", state, batch, rng, calibrate, compiler_options)
     return step(state, batch, rng, calibrate)
 
 
@@ -689,7 +720,7 @@ def lower_train_step(
       >>> compiled = lower_train_step(state, batch, rng).compile()  # doctest: +SKIP
       >>> flops = compiled.cost_analysis()["flops"]  # doctest: +SKIP
     """
-    step = _checked_train_step("lower_train_step", state, batch, calibrate, compiler_options)
+    step = _checked_train_step("lower_train_step", state, batch, rng, calibrate, compiler_options)
     return step.lower(state, batch, rng, calibrate)
 
 
@@ -718,21 +749,44 @@ def eval_step(state: TrainState, batch: Batch, calibrate: bool | None = None) ->
     return _eval_loss(state, batch, calibrate)[0]
 
 
+def _check_finite_targets(index: int, batch: Batch) -> None:
+    """Raises `ValueError` when batch `index` holds a NaN or inf target where it is observed.
+
+    Read only once a batch's loss is not finite, to tell bad data (an error)
+    from a diverged model (a NaN or inf loss, returned as it is).
+    """
+    target = np.asarray(batch.target, np.float64)
+    bad = ~np.isfinite(target)
+    if batch.target_mask is not None:
+        bad &= np.asarray(batch.target_mask) > 0
+    if bad.any():
+        row, step = (int(i[0]) for i in np.nonzero(bad))
+        raise ValueError(
+            f"evaluate: batch {index} holds {int(bad.sum())} NaN or inf targets (the first at "
+            f"window {row}, horizon step {step}): mark missing targets with batch.target_mask"
+        )
+
+
 def evaluate(state: TrainState, batches: Iterable[Batch], calibrate: bool | None = None) -> float:
     """The mean quantile loss over every observed target of `batches`.
 
     Each batch's mean is weighted by its number of observed targets, so the
     result does not depend on how the data is split into batches. Raises
-    `ValueError` when `batches` holds no observed target.
+    `ValueError` when `batches` holds no observed target, or an observed
+    target that is NaN or infinite (naming the batch); a model whose output is
+    not finite (a diverged run) gives a NaN or infinite result.
     """
     _check_state("evaluate", state)
     _check_frozen("evaluate", calibrate, state)
     total, count = 0.0, 0.0
-    for batch in batches:
+    for index, batch in enumerate(batches):
         _check_batch("evaluate", batch)
         loss, observed = _eval_loss(state, batch, calibrate)
-        total += float(loss) * float(observed)
-        count += float(observed)
+        loss, observed = float(loss), float(observed)
+        if observed and not math.isfinite(loss):
+            _check_finite_targets(index, batch)
+        total += loss * observed
+        count += observed
     if count == 0:
         raise ValueError("evaluate: batches hold no observed target")
     return total / count
@@ -943,9 +997,14 @@ def _copy_state(state: TrainState) -> TrainState:
     return jax.tree.map(jnp.copy, state)
 
 
-def _skip(iterator: Iterator[Batch], count: int) -> None:
+def _skip(iterator: Iterator[Batch], count: int) -> int:
+    """Skips up to `count` batches of `iterator`; returns how many there were."""
+    skipped = 0
     for _ in range(count):
-        next(iterator, None)
+        if next(iterator, None) is None:
+            break
+        skipped += 1
+    return skipped
 
 
 def _check_fit_args(
@@ -973,6 +1032,23 @@ def _check_fit_args(
             raise TypeError(f"fit: {name} must be an int, got {value!r}")
         if value < minimum:
             raise ValueError(f"fit: {name} must be >= {minimum}, got {value}")
+
+
+def _check_train_batches(source: Any, per_epoch: int | None, epochs: int) -> None:
+    """Raises `ValueError` for a batch source that cannot give `epochs` epochs.
+
+    A one-shot iterator (a generator, say) is used up by the first epoch: the
+    later ones would be empty and `fit` would report `'completed'` after a
+    single epoch. A source without batches would train nothing.
+    """
+    if per_epoch == 0:
+        raise ValueError("fit: train_batches holds no batch")
+    if not callable(source) and isinstance(source, Iterator) and epochs > 1:
+        raise ValueError(
+            f"fit: train_batches is a one-shot iterator ({type(source).__name__}), used up "
+            f"by the first epoch, but epochs={epochs}; pass a list, a re-iterable, or a "
+            "callable epoch -> iterable of Batch (or epochs=1)"
+        )
 
 
 def _check_fit_timing(
@@ -1023,10 +1099,11 @@ def fit(
 
     Args:
       state: the initial state (from `create_train_state`); donated.
-      train_batches: an iterable of `Batch` re-iterated every epoch, or a
+      train_batches: an iterable of `Batch` re-iterated every epoch (a
+        one-shot iterator, such as a generator, only with `epochs=1`), or a
         callable `epoch -> iterable of Batch` (shuffle inside it with a
         generator seeded by `(seed, epoch)` so that `resume` is exact).
-      val_batches: a re-iterable of validation batches, or None.
+      val_batches: a re-iterable of validation batches (at least one), or None.
       epochs: number of passes over `train_batches`.
       seed: the seed of the dropout keys (`fold_in(key(seed), step)`).
       patience: stop after this many evaluations without a lower validation
@@ -1098,9 +1175,13 @@ def fit(
         raise ValueError("fit: resume=True needs a checkpoint_dir")
     if val_batches is not None and not isinstance(val_batches, Sequence):
         val_batches = list(val_batches)
+    if val_batches is not None and not val_batches:
+        # Checked now: `evaluate` would raise only after the first epoch's training.
+        raise ValueError("fit: val_batches is empty; pass None to train without validation")
     eval_calibrate = None if calibrate_steps is None else False
 
     per_epoch = _epoch_length(train_batches)
+    _check_train_batches(train_batches, per_epoch, epochs)
     total = None if per_epoch is None else per_epoch * epochs
     if max_steps is not None:
         total = max_steps if total is None else min(total, max_steps)
@@ -1186,7 +1267,11 @@ def fit(
         ):
             loop.history[key].append(value)
         if val_loss is not None:
-            if loop.best_val_loss is None or val_loss < loop.best_val_loss:
+            # A NaN loss (a diverged model) is never best: it would never be beaten.
+            improved = math.isfinite(val_loss) and (
+                loop.best_val_loss is None or val_loss < loop.best_val_loss
+            )
+            if improved:
                 loop.best_val_loss, loop.evals_since_best = val_loss, 0
                 best_state = _copy_state(state)
                 if checkpointer is not None:
@@ -1265,8 +1350,9 @@ def fit(
     try:
         while not done():
             iterator = iter(_batches_for_epoch(train_batches, loop.epoch))
-            _skip(iterator, loop.batches_done)
+            seen = _skip(iterator, loop.batches_done)
             for batch in iterator:
+                seen += 1
                 calibrate = None if calibrate_steps is None else loop.step < calibrate_steps
                 compiling = calibrate not in compiled
                 if compiling:
@@ -1310,6 +1396,9 @@ def fit(
                 if done():
                     break
             else:  # the epoch ran to its end
+                if not seen and not loop.step:
+                    # Nothing trained yet (a source whose size is unknown up front).
+                    raise ValueError(f"fit: train_batches yielded no batch in epoch {loop.epoch}")
                 if eval_every is None and not _evaluated_at(loop):
                     loop.stopped_early = record()
                 loop.epoch, loop.batches_done = loop.epoch + 1, 0

@@ -1,0 +1,244 @@
+"""Boundary checks of the training and checkpoint API: bad input fails early and clearly.
+
+Each test here failed before its fix: an input that reached a deep or
+misleading error, trained silently on nothing, returned a silent NaN, or wrote
+into a directory it only read. Nearly all of them fail before anything
+compiles; one tiny train state, built once, serves every test (its model
+init is the only compilation besides one evaluation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tft_jax.checkpoint import TrainingCheckpointer, load_state
+from tft_jax.config import TFTConfig
+from tft_jax.model import TemporalFusionTransformer
+from tft_jax.train import (
+    Batch,
+    TrainState,
+    create_train_state,
+    eval_step,
+    evaluate,
+    fit,
+    lower_train_step,
+    make_optimizer,
+    train_step,
+)
+
+B, T, H, S, U, K = 4, 4, 2, 2, 3, 2
+CONFIG = TFTConfig(
+    num_static_features=S,
+    num_known_features=K,
+    num_observed_features=U,
+    hidden_dim=8,
+    num_heads=2,
+    sequence_length=T,
+    prediction_horizon=H,
+    dropout_rate=0.0,
+)
+
+
+def make_batch(seed: int = 0, **fields: Any) -> Batch:
+    rng = np.random.default_rng(seed)
+    values: dict[str, Any] = dict(
+        static=rng.normal(size=(B, S)).astype(np.float32),
+        historical=rng.normal(size=(B, T, U)).astype(np.float32),
+        future=rng.normal(size=(B, H, K)).astype(np.float32),
+        known_history=None,
+        static_categorical=None,
+        target=rng.normal(size=(B, H)).astype(np.float32),
+    )
+    return Batch(**{**values, **fields})
+
+
+@pytest.fixture(scope="module")
+def state() -> TrainState:
+    """One tiny train state for the module (never donated: no test here runs a step)."""
+    model = TemporalFusionTransformer(CONFIG)
+    return create_train_state(model, make_optimizer(1e-2), jax.random.key(0), make_batch())
+
+
+# ---------------------------------------------------------------------------
+# TFTConfig
+
+
+@pytest.mark.parametrize(
+    "quantiles",
+    [0.5, "0.5", ("0.1", "0.5"), (0.1j, 0.5), (None,), ([0.1],), (True,)],
+    ids=["float", "str", "strings", "complex", "none", "nested", "bool"],
+)
+def test_config_quantiles_that_are_not_real_levels_raise_naming_the_field(quantiles: Any) -> None:
+    # Before: "'float' object is not iterable", "could not convert string to
+    # float: '.'" (a string read character by character), or strings taken as numbers.
+    with pytest.raises(TypeError, match=r"TFTConfig\.quantiles"):
+        TFTConfig(quantiles=quantiles)
+
+
+def test_config_quantiles_accept_numpy_and_jax_levels() -> None:
+    assert TFTConfig(quantiles=np.array([0.1, 0.9])).quantiles == (0.1, 0.9)
+    assert TFTConfig(quantiles=jnp.array([0.5])).quantiles == (0.5,)
+
+
+@pytest.mark.parametrize("field", ["dtype", "param_dtype"])
+def test_config_dtype_none_is_refused(field: str) -> None:
+    # Before: None was read by NumPy as float64.
+    with pytest.raises(TypeError, match=rf"TFTConfig\.{field} must be a floating dtype, got None"):
+        TFTConfig(**{field: None})
+
+
+def test_config_numpy_integers_are_stored_as_python_ints() -> None:
+    # Before: the np.int64 stayed, and `json.dumps(dataclasses.asdict(config))`
+    # (how a Forecaster saves its config) raised.
+    config = TFTConfig(
+        hidden_dim=np.int64(16),
+        num_heads=np.int32(2),
+        variable_hidden_dim=np.int64(4),
+        static_categorical_cardinalities=(np.int64(3),),
+    )
+    assert type(config.hidden_dim) is int and type(config.variable_hidden_dim) is int
+    assert type(config.static_categorical_cardinalities[0]) is int
+    json.dumps(dataclasses.asdict(config))
+
+
+# ---------------------------------------------------------------------------
+# Steps
+
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.complex64])
+def test_a_target_that_is_not_real_raises_before_tracing(state: TrainState, dtype: Any) -> None:
+    # Before: cast to float32 silently (a complex target losing its imaginary part).
+    batch = make_batch(target=np.ones((B, H), dtype))
+    with pytest.raises(TypeError, match=r"train_step: batch\.target must hold real numbers"):
+        train_step(state, batch, jax.random.key(1))
+    with pytest.raises(TypeError, match=r"eval_step: batch\.target must hold real numbers"):
+        eval_step(state, batch)
+
+
+@pytest.mark.parametrize("rng", [0, None, np.zeros(2, np.float32)])
+def test_an_rng_that_is_not_a_key_raises_naming_rng(state: TrainState, rng: Any) -> None:
+    # Before: Flax's error about an `rngs` argument (int), or accepted (None).
+    with pytest.raises(TypeError, match="train_step: rng must be one PRNG key"):
+        train_step(state, make_batch(), rng)
+    with pytest.raises(TypeError, match="lower_train_step: rng must be one PRNG key"):
+        lower_train_step(state, make_batch(), rng)
+
+
+def test_evaluate_raises_on_a_nan_target_naming_the_batch(state: TrainState) -> None:
+    # Before: returned NaN, which `fit` then kept as its best validation loss for good.
+    target = make_batch().target.copy()
+    target[1, 0] = np.nan
+    message = r"evaluate: batch 1 holds 1 NaN or inf targets \(the first at window 1, horizon"
+    with pytest.raises(ValueError, match=message):
+        evaluate(state, [make_batch(), make_batch(target=target)])
+    # A gap the mask excludes is not an error.
+    mask = np.ones((B, H), np.float32)
+    mask[1, 0] = 0.0
+    loss = evaluate(state, [make_batch(target=target, target_mask=mask)])
+    assert np.isfinite(loss)
+
+
+def diverged(state: TrainState) -> TrainState:
+    """A copy of `state` with every parameter NaN: a run that diverged (`fit` may donate it)."""
+    copy = jax.tree.map(jnp.copy, state)
+    return copy.replace(params=jax.tree.map(lambda p: jnp.full_like(p, jnp.nan), copy.params))
+
+
+def test_evaluate_returns_the_nan_loss_of_a_diverged_model(state: TrainState) -> None:
+    # Clean data, NaN model: the loss is reported (the clipping experiment records
+    # diverged runs this way), not blamed on the data.
+    assert np.isnan(evaluate(diverged(state), [make_batch()]))
+
+
+def test_fit_never_keeps_a_nan_validation_loss_as_its_best(state: TrainState) -> None:
+    # Every step of the NaN model is skipped (non-finite gradients) and every
+    # evaluation is NaN: with patience 2, training stops after the second. Before,
+    # the first NaN became the best loss, and 'completed' came first.
+    result = fit(
+        diverged(state), [make_batch()] * 4, [make_batch()],
+        epochs=1, max_steps=4, eval_every=2, patience=2, quiet=True,
+        checkpoint_every_seconds=None,
+    )  # fmt: skip
+    assert result.stop_reason == "early_stopping"
+    assert np.isnan(result.history["val_loss"]).all()
+
+
+# ---------------------------------------------------------------------------
+# fit
+
+
+def _one_shot(batches: list[Batch]) -> Iterator[Batch]:
+    yield from batches
+
+
+def test_fit_refuses_a_one_shot_iterator_for_several_epochs(state: TrainState) -> None:
+    # Before: epoch 0 used the generator up, epochs 1.. were empty, and the
+    # result said 'completed' after one epoch.
+    with pytest.raises(ValueError, match=r"one-shot iterator \(generator\).*epochs=3"):
+        fit(state, _one_shot([make_batch()]), epochs=3, quiet=True)
+
+
+@pytest.mark.parametrize("source", [[], lambda epoch: []], ids=["list", "callable"])
+def test_fit_refuses_train_batches_without_a_batch(state: TrainState, source: Any) -> None:
+    # Before: 'completed' at step 0 with a NaN training loss.
+    with pytest.raises(ValueError, match="fit: train_batches holds no batch"):
+        fit(state, source, epochs=1, quiet=True)
+
+
+def test_fit_refuses_an_epoch_of_unknown_size_without_a_batch(state: TrainState) -> None:
+    # Before: 'completed' at step 0 (e.g. fewer windows than one batch with drop_last).
+    with pytest.raises(ValueError, match="fit: train_batches yielded no batch in epoch 0"):
+        fit(state, lambda epoch: _one_shot([]), epochs=2, quiet=True)
+
+
+@pytest.mark.parametrize("val", [[], iter([])], ids=["list", "iterator"])
+def test_fit_refuses_empty_val_batches_before_training(state: TrainState, val: Any) -> None:
+    # Before: a whole epoch trained, then `evaluate` raised and the work was lost.
+    with pytest.raises(ValueError, match="fit: val_batches is empty; pass None"):
+        fit(state, [make_batch()], val, epochs=1, quiet=True)
+
+
+# ---------------------------------------------------------------------------
+# Checkpoints
+
+
+def test_load_state_writes_nothing_where_there_is_no_checkpoint(
+    state: TrainState, tmp_path: pathlib.Path
+) -> None:
+    # Before: it created `latest/` and `best/` in the directory it only read.
+    with pytest.raises(FileNotFoundError, match="no intact checkpoint"):
+        load_state(tmp_path, state)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_checkpoint_directory_that_is_a_file_raises_value_error(
+    state: TrainState, tmp_path: pathlib.Path
+) -> None:
+    # Before: NotADirectoryError on `<file>/latest`, a path the caller never gave.
+    file = tmp_path / "run"
+    file.write_text("not a directory")
+    with pytest.raises(ValueError, match=r"directory .*run is a file, expected a directory"):
+        TrainingCheckpointer(file)
+    with pytest.raises(ValueError, match=r"lies under .*run, which is a file"):
+        TrainingCheckpointer(file / "sub")
+    with pytest.raises(ValueError, match="is a file, expected a directory"):
+        fit(state, [make_batch()], epochs=1, checkpoint_dir=file, quiet=True)
+
+
+def test_checkpointer_takes_numpy_max_to_keep_and_names_a_bad_kind(
+    tmp_path: pathlib.Path,
+) -> None:
+    # Before: "max_to_keep must be an int >= 2, got np.int64(3)", and KeyError for the kind.
+    with TrainingCheckpointer(tmp_path, max_to_keep=np.int64(3)) as checkpointer:
+        assert checkpointer.steps() == []
+        with pytest.raises(ValueError, match="kind must be 'latest' or 'best', got 'newest'"):
+            checkpointer.steps("newest")
