@@ -212,6 +212,16 @@ def test_lstm_checks_inputs_and_initial_state_before_the_scan(inputs, state, mes
         init(LSTM(4), inputs, state)
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_lstm_half_precision_params_are_flax_s_orthogonal_kernel_rounded(dtype):
+    # Before: the orthogonal initializer's QR raised NotImplementedError in half precision.
+    inputs = jnp.ones((2, 5, 3), dtype)
+    half = init(LSTM(4, param_dtype=dtype), inputs)["params"]["cell"]["recurrent"]["kernel"]
+    full = init(LSTM(4), inputs.astype(jnp.float32))["params"]["cell"]["recurrent"]["kernel"]
+    assert half.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(half), np.asarray(full.astype(dtype)))
+
+
 # --- losses ----------------------------------------------------------------------------
 
 

@@ -26,6 +26,16 @@ def _lstm_bias_init(key: Array, shape: tuple[int, ...], dtype: Dtype = jnp.float
     return jnp.zeros(shape, dtype).at[features : 2 * features].set(1.0)
 
 
+def _orthogonal(key: Array, shape: tuple[int, ...], dtype: Dtype = jnp.float32) -> Array:
+    """Flax's orthogonal initializer, computed in at least float32 and cast to `dtype`.
+
+    Its QR decomposition has no bfloat16 or float16 kernel, so half-precision
+    parameters are drawn in float32; float32 and float64 values are Flax's own.
+    """
+    wide = jnp.promote_types(dtype, jnp.float32)
+    return nn.initializers.orthogonal()(key, shape, wide).astype(dtype)
+
+
 class _LSTMStep(nn.Module):
     """One LSTM step given the precomputed input projection of that step."""
 
@@ -42,7 +52,7 @@ class _LSTMStep(nn.Module):
             use_bias=False,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
-            kernel_init=nn.initializers.orthogonal(),
+            kernel_init=_orthogonal,
             dot_general_cls=self.dot_general_cls,
             # h = o · tanh(c) lies in [-1, 1]: a quantizer needs no observer for it.
             input_bounds=(-1.0, 1.0),
