@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -174,6 +175,22 @@ def test_fit_never_keeps_a_nan_validation_loss_as_its_best(state: TrainState) ->
 
 # ---------------------------------------------------------------------------
 # fit
+
+
+@pytest.mark.parametrize(
+    "schedule, shown",
+    [
+        (lambda count: jnp.nan, "nan"),
+        (lambda count: -1e-3 + 0.0 * count, "-0.001"),
+        (lambda count: jnp.full(2, 1e-3), "[0.001"),
+    ],
+    ids=["nan", "negative", "not_scalar"],
+)
+def test_a_schedule_without_a_valid_first_rate_is_refused(schedule: Any, shown: str) -> None:
+    # Before: accepted; the steps then made every parameter NaN or climbed the loss.
+    with pytest.raises(ValueError, match=rf"learning_rate schedule .* got {re.escape(shown)}"):
+        make_optimizer(schedule)
+    make_optimizer(lambda count: 1e-3 * jnp.minimum(1.0, count / 10.0))  # 0 at step 0: fine
 
 
 def _one_shot(batches: list[Batch]) -> Iterator[Batch]:

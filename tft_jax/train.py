@@ -109,6 +109,21 @@ def decay_model_params_only(trainables: PyTree) -> PyTree:
     return jax.tree.map(lambda _: True, trainables)
 
 
+def _check_schedule_start(schedule: Callable[[Array], Array]) -> None:
+    """Raises `ValueError` unless `schedule(0)` is a finite scalar >= 0.
+
+    Inside the step a NaN learning rate turns every parameter into NaN and a
+    negative one climbs the loss, both silently; the first step's rate is
+    checked here, on the host, once.
+    """
+    start = np.asarray(schedule(jnp.zeros((), jnp.int32)))
+    if start.shape != () or not np.isfinite(start) or start < 0:
+        raise ValueError(
+            "make_optimizer: learning_rate schedule must give a finite scalar >= 0, "
+            f"got {start.tolist()!r} at step 0"
+        )
+
+
 def make_optimizer(
     learning_rate: float | optax.Schedule = 1e-3,
     clip_norm: float | None = 1.0,
@@ -128,9 +143,10 @@ def make_optimizer(
     optimizer kernels instead of several per parameter leaf.
 
     Args:
-      learning_rate: a positive float or an optax schedule `step -> lr`; a
-        `WarmupCosine` (from `warmup_cosine_schedule`) is kept in the
-        optimizer state, so the train step does not depend on its numbers.
+      learning_rate: a positive float or an optax schedule `step -> lr`
+        (its rate at step 0 must be a finite scalar >= 0); a `WarmupCosine`
+        (from `warmup_cosine_schedule`) is kept in the optimizer state, so the
+        train step does not depend on its numbers.
       clip_norm: the global-norm threshold (> 0); None disables clipping.
       weight_decay: the decoupled weight decay coefficient (>= 0).
       weight_decay_mask: optional pytree of booleans or callable, as
@@ -148,6 +164,8 @@ def make_optimizer(
     """
     if not callable(learning_rate):
         learning_rate = _require_positive_float("make_optimizer: learning_rate", learning_rate)
+    else:
+        _check_schedule_start(learning_rate)
     if clip_norm is not None:
         clip_norm = _require_positive_float("make_optimizer: clip_norm", clip_norm)
     weight_decay = _require_positive_float(
