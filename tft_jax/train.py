@@ -377,6 +377,26 @@ def _model_inputs(batch: Batch) -> tuple[tuple[Array, ...], dict[str, Array | No
 INIT_COMPILE_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 0}
 
 
+@partial(jax.jit, static_argnums=0, compiler_options=INIT_COMPILE_OPTIONS)
+def _jitted_init(model: Any, rngs: dict[str, Array], args: tuple, kwargs: dict) -> PyTree:
+    """`model.init`, compiled once per (equal) model and input shapes in a process."""
+    return model.init(rngs, *args, **kwargs)
+
+
+def _init_variables(model: Any, rngs: dict[str, Array], args: tuple, kwargs: dict) -> PyTree:
+    """The model's initial variables; equal models share one compiled `init`.
+
+    Flax modules compare and hash by their fields, so another seed, another
+    run of an experiment or a refit of the same model neither traces nor
+    compiles `init` again. A module with an unhashable field is traced per call.
+    """
+    try:
+        hash(model)
+    except TypeError:
+        return jax.jit(model.init, compiler_options=INIT_COMPILE_OPTIONS)(rngs, *args, **kwargs)
+    return _jitted_init(model, rngs, args, kwargs)
+
+
 def create_train_state(
     model: Any,
     tx: optax.GradientTransformation,
@@ -427,9 +447,7 @@ def create_train_state(
     args, kwargs = _model_inputs(sample_batch)
     init_rngs = {"params": params_rng, "dropout": dropout_rng}
     if variables is None:
-        variables = jax.jit(model.init, compiler_options=INIT_COMPILE_OPTIONS)(
-            init_rngs, *args, **kwargs
-        )
+        variables = _init_variables(model, init_rngs, args, kwargs)
     else:
         _check_variables(variables, jax.eval_shape(model.init, init_rngs, *args, **kwargs))
     variables = {name: unfreeze(value) for name, value in variables.items()}
