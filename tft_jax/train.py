@@ -116,6 +116,15 @@ def _check_schedule_start(schedule: Callable[[Array], Array]) -> None:
     negative one climbs the loss, both silently; the first step's rate is
     checked here, on the host, once.
     """
+    if isinstance(schedule, WarmupCosine):
+        # Its rate lies between 0 and its numbers: checked without running it
+        # (eagerly, each of its operations would compile on its own).
+        numbers = np.asarray(jax.tree.leaves(schedule), np.float64)
+        if np.all(np.isfinite(numbers)) and np.all(numbers >= 0):
+            return
+        raise ValueError(
+            f"make_optimizer: learning_rate {schedule!r} must hold finite numbers >= 0"
+        )
     start = np.asarray(schedule(jnp.zeros((), jnp.int32)))
     if start.shape != () or not np.isfinite(start) or start < 0:
         raise ValueError(
@@ -1028,8 +1037,13 @@ def _epoch_length(source: BatchSource) -> int | None:
         return None
 
 
+@jax.jit
 def _copy_state(state: TrainState) -> TrainState:
-    """A copy with fresh buffers, safe from the donation in `train_step`."""
+    """A copy with fresh buffers, safe from the donation in `train_step`.
+
+    One compiled copy of the whole state: eagerly, every distinct leaf shape
+    would compile a copy of its own.
+    """
     return jax.tree.map(jnp.copy, state)
 
 
