@@ -455,11 +455,17 @@ def quantized_layers(qat_variables: Variables) -> dict[tuple[str, ...], int | No
 
 @functools.partial(jax.jit, static_argnums=1)
 def _quantize_kernels(kernels: tuple[Array, ...], bits: tuple[int, ...]) -> tuple[Any, ...]:
+    """`(codes, scale)` per kernel, the scale without the contracted axis.
+
+    One compiled program for all layers (host arrays go in as they are): run
+    eagerly, each distinct shape would compile its own transfer and squeeze.
+    """
+    quantized = []
     # Linear/nn.Dense (I, F) and VariableLinear (V, I, F) all contract axis -2.
-    return tuple(
-        quantize_weight(kernel, (kernel.ndim - 2,), width)
-        for kernel, width in zip(kernels, bits, strict=True)
-    )
+    for kernel, width in zip(kernels, bits, strict=True):
+        codes, scale = quantize_weight(kernel, (kernel.ndim - 2,), width)
+        quantized.append((codes, jnp.squeeze(scale, -2)))
+    return tuple(quantized)
 
 
 def _warn_uncalibrated(qat_variables: Variables) -> None:
@@ -537,12 +543,12 @@ def convert(qat_variables: Variables, bits: int | None = None) -> dict[str, Any]
         kernel_paths.append(kernel_path)
     _warn_uncalibrated(qat_variables)
     quantized = _quantize_kernels(
-        tuple(jnp.asarray(params[path]) for path in kernel_paths), tuple(layers.values())
+        tuple(params[path] for path in kernel_paths), tuple(layers.values())
     )
     scales = {}
     for path, kernel_path, (codes, scale) in zip(layers, kernel_paths, quantized, strict=True):
         params[kernel_path] = codes
-        scales[(*path, "weight_scale")] = jnp.squeeze(scale, -2)
+        scales[(*path, "weight_scale")] = scale
     converted = {
         "params": traverse_util.unflatten_dict(params),
         INT8: traverse_util.unflatten_dict(scales),
@@ -615,7 +621,11 @@ def int8_apply(
 
 def tree_bytes(tree: Any) -> int:
     """Total bytes of the array leaves of a pytree."""
-    return int(sum(jnp.asarray(leaf).nbytes for leaf in jax.tree.leaves(tree)))
+    # An array's own `.nbytes` (`jnp.asarray` of a host array would compile a transfer);
+    # Python scalars as NumPy reads them.
+    leaves = jax.tree.leaves(tree)
+    return int(sum(leaf.nbytes if hasattr(leaf, "nbytes") else np.asarray(leaf).nbytes
+                   for leaf in leaves))  # fmt: skip
 
 
 def model_size(qat_variables: Variables, int8_variables: Variables) -> dict[str, float]:
