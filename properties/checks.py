@@ -615,6 +615,26 @@ def assert_causal(
         raise AssertionError(_summarize(header, problems))
 
 
+def _cotangents(
+    outputs: Sequence[Any],
+    output_axes: Sequence[int],
+    index: int | slice,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, ...]:
+    """Cotangents for `outputs`: random in `[0.5, 1.5)` at `index` along each output's axis, else 0.
+
+    Pulled back, they give the gradient of (a random weighting of) the outputs
+    at those positions only: one time step range, or one batch sample.
+    """
+    cotangents = []
+    for output, output_axis in zip(outputs, output_axes, strict=True):
+        cotangent = np.zeros(output.shape, output.dtype)
+        moved = np.moveaxis(cotangent, output_axis, 0)
+        moved[index] = rng.uniform(0.5, 1.5, moved[index].shape)
+        cotangents.append(cotangent)
+    return tuple(cotangents)
+
+
 def _float_outputs(fn: Callable[..., PyTree]) -> Callable[..., tuple[Any, ...]]:
     """`fn` returning only its float output leaves (in `tree_leaves` order), for `jax.vjp`."""
 
@@ -644,13 +664,7 @@ def _causal_gradient_leaks(
     rng = np.random.default_rng(seed)
     problems = []
     for t in steps:
-        cotangents = []
-        for output, output_axis in zip(outputs, output_axes, strict=True):
-            cotangent = np.zeros(output.shape, output.dtype)
-            moved = np.moveaxis(cotangent, output_axis, 0)
-            moved[: t + 1] = rng.uniform(0.5, 1.5, moved[: t + 1].shape)
-            cotangents.append(cotangent)
-        (gradient,) = pullback(tuple(cotangents))
+        (gradient,) = pullback(_cotangents(outputs, output_axes, slice(t + 1), rng))
         future = np.moveaxis(_as_float64(np.asarray(gradient)), axis, 0)[t + 1 :]
         leak = _gradient_leak(future, atol)
         if leak is not None:
@@ -749,13 +763,7 @@ def _gradient_leaks(
     rng = np.random.default_rng(seed)
     problems = []
     for sample in samples:
-        cotangents = []
-        for output, output_axis in zip(outputs, output_axes, strict=True):
-            cotangent = np.zeros(output.shape, output.dtype)
-            moved = np.moveaxis(cotangent, output_axis, 0)
-            moved[sample] = rng.uniform(0.5, 1.5, moved.shape[1:])
-            cotangents.append(cotangent)
-        gradients = pullback(tuple(cotangents))
+        gradients = pullback(_cotangents(outputs, output_axes, sample, rng))
         for k, gradient in zip(float_index, gradients, strict=True):
             path = named[k][0]
             moved = np.moveaxis(_as_float64(np.asarray(gradient)), axis % gradient.ndim, 0)
