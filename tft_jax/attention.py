@@ -16,6 +16,7 @@ import numpy as np
 from flax import linen as nn
 
 from tft_jax._dropout import resolve_deterministic
+from tft_jax.gating import check_dropout_rate
 
 Array = Any
 Dtype = Any
@@ -244,10 +245,7 @@ class TemporalSelfAttention(nn.Module):
                 f"TemporalSelfAttention: hidden_dim ({self.hidden_dim}) must be divisible by "
                 f"num_heads ({self.num_heads})"
             )
-        if not 0.0 <= self.dropout_rate < 1.0:
-            raise ValueError(
-                f"TemporalSelfAttention: dropout_rate must be in [0, 1), got {self.dropout_rate}"
-            )
+        check_dropout_rate("TemporalSelfAttention", self.dropout_rate)
         super().__post_init__()
 
     @property
