@@ -391,6 +391,15 @@ def test_run_reading_commands_default_to_the_runs_settings(capsys, command):
     assert train.eval_batch_size == TrainingConfig().eval_batch_size
 
 
+def test_the_clipping_experiment_takes_no_eval_batch_size_it_would_ignore(capsys):
+    # Its validation batches are its --batch-size; the flag used to parse and do nothing.
+    parse = cli.build_parser().parse_args
+    assert not hasattr(parse(["experiment", "clipping"]), "eval_batch_size")
+    with pytest.raises(SystemExit):
+        parse(["experiment", "clipping", "--eval-batch-size", "3"])
+    assert "unrecognized arguments: --eval-batch-size 3" in capsys.readouterr().err
+
+
 def _day_first_latin1_table(csv_path: pathlib.Path, path: pathlib.Path) -> pd.DataFrame:
     table = pd.read_csv(csv_path)
     table["store"] = table["store"].str.replace("alpha", "alph\u00e9")

@@ -526,7 +526,10 @@ RUN_EVAL_BATCH = dataclasses.replace(
 )
 
 
-def _runtime(parser: argparse.ArgumentParser, reads_run: bool = False) -> None:
+def _runtime(
+    parser: argparse.ArgumentParser, reads_run: bool = False, predicts: bool = True
+) -> None:
+    """`--quiet`, `--compile-cache`, and `--eval-batch-size` for a command that predicts."""
     group = parser.add_argument_group("runtime")
     group.add_argument("--quiet", action="store_true", help="no progress bars")
     group.add_argument(
@@ -537,7 +540,7 @@ def _runtime(parser: argparse.ArgumentParser, reads_run: bool = False) -> None:
     )
     if reads_run:
         add_options(group, [RUN_EVAL_BATCH], {RUN_EVAL_BATCH.flag: None})
-    else:
+    elif predicts:
         add_options(group, [EVAL_BATCH])
 
 
@@ -728,7 +731,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=pathlib.Path("runs/clipping"),
         help="output folder (default runs/clipping)",
     )
-    _runtime(clipping)
+    # Its validation batches are its --batch-size: an --eval-batch-size would do nothing.
+    _runtime(clipping, predicts=False)
     return parser
 
 
