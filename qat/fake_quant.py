@@ -277,28 +277,13 @@ class FakeQuantize:
                 f"zero_point must be a scalar or of scale's shape {tuple(scale.shape)}, got "
                 f"shape {tuple(zero_point.shape)}"
             )
-        if not isinstance(zero_point, jax.core.Tracer) and bool(
-            jnp.any(zero_point != jnp.round(zero_point))
-        ):
-            raise ValueError(f"zero_point must be integer-valued, got {zero_point}")
         zero_point = jnp.broadcast_to(zero_point, scale.shape)
-        if not isinstance(scale, jax.core.Tracer) and bool(
-            jnp.any(~jnp.isfinite(scale) | (scale <= 0))
-        ):
-            raise ValueError(f"scale must be positive and finite, got {scale}")
-        if (
-            cfg.symmetric
-            and not isinstance(zero_point, jax.core.Tracer)
-            and bool(jnp.any(zero_point != 0))
-        ):
+        check_qparams(scale, zero_point, cfg.qmin, cfg.qmax)
+        if cfg.symmetric and is_concrete(zero_point) and bool(jnp.any(zero_point != 0)):
             raise ValueError(
                 f"zero_point must be 0 for a symmetric QATConfig (symmetric=True), got "
                 f"{zero_point}; use QATConfig(symmetric=False) for an affine grid"
             )
-        if not isinstance(zero_point, jax.core.Tracer) and bool(
-            jnp.any((zero_point < cfg.qmin) | (zero_point > cfg.qmax))
-        ):
-            raise ValueError(f"zero_point must lie in [{cfg.qmin}, {cfg.qmax}], got {zero_point}")
         return cls(
             scale=scale,
             zero_point=zero_point,

@@ -53,6 +53,7 @@ from qat.dot_general import (
     qat_dot_general,
     quantize_weight,
 )
+from qat.fake_quant import is_concrete
 from tft_jax.config import TFTConfig
 from tft_jax.model import TemporalFusionTransformer, TFTOutput
 
@@ -433,10 +434,6 @@ def calibrate(
     return variables
 
 
-def _is_concrete(value: Any) -> bool:
-    return not isinstance(value, jax.core.Tracer)
-
-
 def quantized_layers(qat_variables: Variables) -> dict[tuple[str, ...], int | None]:
     """`{dot_general path: bits}` of every layer that ran through `QATDotGeneral`.
 
@@ -447,7 +444,7 @@ def quantized_layers(qat_variables: Variables) -> dict[tuple[str, ...], int | No
     _check_variables("qat_variables", qat_variables)
     stats = traverse_util.flatten_dict(unfreeze(qat_variables.get(QUANT_STATS, {})))
     return {
-        path[:-1]: int(np.asarray(value)) if _is_concrete(value) else None
+        path[:-1]: int(np.asarray(value)) if is_concrete(value) else None
         for path, value in stats.items()
         if path[-1] == BITS
     }

@@ -10,23 +10,14 @@ import pytest
 
 from properties import checks
 
+from .causal_functions import cumsum, reverse_cumsum
+
 _RNG = np.random.default_rng(0)
 _X = _RNG.standard_normal((3, 5, 4)).astype(np.float32)  # (B, T, D)
 _W = _RNG.standard_normal((4, 4)).astype(np.float32)
 
 
 # Functions under test: built once, jitted at module level, tiny shapes.
-
-
-@jax.jit
-def _cumsum(x):
-    return jnp.cumsum(x, axis=1)
-
-
-@jax.jit
-def _reverse_cumsum(x):
-    """Sums from the end: output t depends on inputs after t."""
-    return jnp.flip(jnp.cumsum(jnp.flip(x, axis=1), axis=1), axis=1)
 
 
 def _masked_attention(x, shift):
@@ -190,13 +181,13 @@ def test_nonzero_grads_treats_nan_norm_as_dead_and_rejects_negative_min_norm():
 
 
 def test_causal_passes_on_cumsum_and_masked_attention_exactly():
-    checks.assert_causal(_cumsum, _X)
+    checks.assert_causal(cumsum, _X)
     checks.assert_causal(_causal_attention, _X)
 
 
 def test_causal_catches_reverse_cumsum():
     with pytest.raises(AssertionError, match="not causal along axis 1") as error:
-        checks.assert_causal(_reverse_cumsum, _X)
+        checks.assert_causal(reverse_cumsum, _X)
     assert "t=0" in str(error.value)
 
 

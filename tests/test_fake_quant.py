@@ -228,10 +228,14 @@ def test_bad_arguments_raise_naming_them(kwargs, error, match):
 @pytest.mark.parametrize(
     ("cfg", "kwargs", "match"),
     [
-        (QATConfig(), dict(scale=0.0), "scale must be positive"),
+        (QATConfig(), dict(scale=0.0), r"scale must be finite and > 0, got \[0\.0\]"),
         (QATConfig(), dict(scale=[0.1, 0.2]), "per-tensor scalar"),
         (QATConfig(per_channel=True), dict(scale=0.1), r"per-channel \(C,\)"),
-        (QATConfig(symmetric=False), dict(scale=0.1, zero_point=300), "zero_point must lie"),
+        (
+            QATConfig(symmetric=False),
+            dict(scale=0.1, zero_point=300),
+            r"zero_point must be an integer in \[qmin, qmax\] = \[0, 255\], got \[300\.0\]",
+        ),
     ],
 )
 def test_create_rejects_invalid_qparams(cfg, kwargs, match):

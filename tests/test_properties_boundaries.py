@@ -20,17 +20,9 @@ from hypothesis import strategies as st
 from properties import checks
 from properties import strategies as st_tft
 
+from .causal_functions import cumsum, reverse_cumsum
+
 X = np.random.default_rng(0).standard_normal((2, 4, 3)).astype(np.float32)
-
-
-@jax.jit
-def cumsum(x):
-    return jnp.cumsum(x, axis=1)
-
-
-@jax.jit
-def reverse_cumsum(x):
-    return jnp.flip(jnp.cumsum(jnp.flip(x, axis=1), axis=1), axis=1)
 
 
 @jax.jit

@@ -84,7 +84,8 @@ def test_fake_quantize_module_is_differentiable_with_respect_to_its_fields():
     assert float(field_grads.scale) == 0.0 and float(field_grads.zero_point) == 0.0
     position = np.round(x / np.float32(0.1)) + 3
     np.testing.assert_array_equal(x_grad, ((position >= 0) & (position <= 15)).astype(np.float32))
-    with pytest.raises(ValueError, match=r"zero_point must be integer-valued, got 2\.5"):
+    not_an_integer = r"zero_point must be an integer in \[qmin, qmax\] = \[0, 255\], got \[2\.5\]"
+    with pytest.raises(ValueError, match=not_an_integer):
         FakeQuantize.create(QATConfig(symmetric=False), scale=0.1, zero_point=2.5)
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from flax import linen as nn
 
 from tft_jax._dropout import resolve_deterministic
-from tft_jax.gating import check_dropout_rate
+from tft_jax.gating import check_dropout_rate, check_positive_int
 
 Array = Any
 Dtype = Any
@@ -127,8 +127,7 @@ class PositionalEncoding(nn.Module):
     dim: int
 
     def __post_init__(self) -> None:
-        if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim < 1:
-            raise ValueError(f"PositionalEncoding: dim must be a positive int, got {self.dim!r}")
+        check_positive_int("PositionalEncoding", "dim", self.dim)
         super().__post_init__()
 
     def __call__(self, x: Array) -> Array:
@@ -167,9 +166,7 @@ class AttentionHead(nn.Module):
 
     def __post_init__(self) -> None:
         for name in ("hidden_dim", "head_dim"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"AttentionHead: {name} must be a positive int, got {value!r}")
+            check_positive_int("AttentionHead", name, getattr(self, name))
         super().__post_init__()
 
     @nn.compact
@@ -235,11 +232,7 @@ class TemporalSelfAttention(nn.Module):
 
     def __post_init__(self) -> None:
         for name in ("hidden_dim", "num_heads"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(
-                    f"TemporalSelfAttention: {name} must be a positive int, got {value!r}"
-                )
+            check_positive_int("TemporalSelfAttention", name, getattr(self, name))
         if self.hidden_dim % self.num_heads:
             raise ValueError(
                 f"TemporalSelfAttention: hidden_dim ({self.hidden_dim}) must be divisible by "
