@@ -105,13 +105,24 @@ def _path_name(path: tuple[Any, ...]) -> str:
 
 
 def _to_numpy(name: str, leaf: Any) -> np.ndarray:
-    """A host copy of one leaf; tracers are refused (checks run outside transformations)."""
+    """A host copy of one numeric or boolean leaf.
+
+    Tracers are refused (checks run outside transformations), and so are
+    leaves that are not numbers (a string, an object): a check would skip
+    them, or compare them as numbers, and pass without having checked them.
+    """
     if isinstance(leaf, jax.core.Tracer):
         raise TypeError(
             f"{name} is a traced value: call the checks outside jax.jit/grad/vmap, "
             "on concrete arrays"
         )
-    return np.asarray(leaf)
+    array = np.asarray(leaf)
+    if not (jnp.issubdtype(array.dtype, jnp.number) or array.dtype == np.bool_):
+        raise TypeError(
+            f"{name} must be numeric or boolean, got {type(leaf).__name__} of dtype "
+            f"{array.dtype}: the checks compare numbers"
+        )
+    return array
 
 
 def _named_leaves(name: str, tree: PyTree) -> list[tuple[str, np.ndarray]]:

@@ -184,6 +184,15 @@ def test_finite_differences_refuses_an_array_for_args_integer_args_and_a_zero_st
         checks.assert_grads_match_finite_differences(fn, (np.ones(3),), eps=0.0)
 
 
+def test_checks_refuse_leaves_that_are_not_numbers():
+    # Before: a string leaf was skipped as "not floating", so a tree of labels passed.
+    checks.assert_finite({"half": jnp.ones(2, jnp.bfloat16), "count": np.int8(3), "ok": True})
+    with pytest.raises(TypeError, match=r"out\['label'\] must be numeric or boolean, got str"):
+        checks.assert_finite({"x": np.ones(2), "label": "nan"}, name="out")
+    with pytest.raises(TypeError, match=r"grads\['tag'\] must be numeric or boolean, got object"):
+        checks.assert_nonzero_grads({"w": np.ones(2), "tag": object()})
+
+
 def test_checks_refuse_empty_results_and_empty_inputs():
     def quantize(x, scale, zero_point, qmin, qmax):
         return x
