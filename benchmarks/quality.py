@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.tables import TABLES, without_categoricals
+from tft_jax.allocator import relaunch_with_tuned_allocator
 from tft_jax.forecaster import Forecaster, ForecasterConfig, QATTrainingConfig
 
 # Settings variants compared on the validation split: name -> {section.field: value}.
@@ -131,4 +132,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    relaunch_with_tuned_allocator()
     sys.exit(main())

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -65,3 +67,35 @@ def test_relaunch_keeps_the_process_when_tuned_or_opted_out():
     assert lines == ["started", "tunables None args ['--flag', 'value']"]
     lines = run_probe({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})
     assert lines == ["started", "tunables glibc.malloc.hugetlb=1 args ['--flag', 'value']"]
+
+
+def _main_block(tree: ast.Module) -> ast.If | None:
+    for node in tree.body:
+        if (
+            isinstance(node, ast.If)
+            and isinstance(node.test, ast.Compare)
+            and isinstance(node.test.left, ast.Name)
+            and node.test.left.id == "__name__"
+        ):
+            return node
+    return None
+
+
+def test_every_benchmark_script_relaunches_with_the_tunable_first():
+    # The README promises `python -m benchmarks.*` runs with the tuned allocator;
+    # `benchmarks.quality` once did not.
+    scripts = sorted(pathlib.Path(__file__).resolve().parent.parent.glob("benchmarks/*.py"))
+    checked = []
+    for script in scripts:
+        block = _main_block(ast.parse(script.read_text()))
+        if block is None:
+            continue
+        first = block.body[0]
+        call = first.value if isinstance(first, ast.Expr) else None
+        assert (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Name)
+            and call.func.id == "relaunch_with_tuned_allocator"
+        ), f"{script.name}: its __main__ block must start with relaunch_with_tuned_allocator()"
+        checked.append(script.stem)
+    assert {"quality", "train_step", "peer", "accelerator"} <= set(checked)
