@@ -216,7 +216,12 @@ def test_checkpoint_of_another_model_raises_and_is_kept(tmp_path: pathlib.Path) 
     wider = TemporalFusionTransformer(
         TFTConfig(**{**CONFIG.__dict__, "hidden_dim": 12, "num_heads": 2})
     )
-    other = create_train_state(wider, TX, jax.random.key(0), sample_batch())
+    # Restoring reads only the template's structure, shapes and dtypes: its values can be
+    # zeros of `wider.init`'s shapes (no compiled init of a second model).
+    batch, keys = sample_batch(), {"params": jax.random.key(0), "dropout": jax.random.key(1)}
+    shapes = jax.eval_shape(wider.init, keys, batch.static, batch.historical, batch.future)
+    zeros = jax.device_put(jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), shapes))
+    other = create_train_state(wider, TX, jax.random.key(0), batch, variables=zeros)
     with TrainingCheckpointer(tmp_path) as checkpointer:
         with pytest.raises(ValueError, match="does not fit the template"):
             checkpointer.restore_latest(other)

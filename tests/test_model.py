@@ -375,9 +375,8 @@ def test_model_works_from_flax_nnx_through_the_bridge():
     assert out.quantiles.shape == (BATCH, CONFIG.prediction_horizon, 3)
     # The NNX module holds the same parameters; the Linen apply gives the same forecast.
     linen_params = nnx.to_pure_dict(nnx.split(model, nnx.Param, ...)[1])
-    reference = jax.jit(TemporalFusionTransformer(CONFIG).apply, static_argnames="deterministic")(
-        {"params": linen_params}, **inputs, deterministic=True
-    )
+    # The Linen apply, deterministic: the jitted `apply` the other tests compiled for CONFIG.
+    reference = apply({"params": linen_params}, inputs, jax.random.key(0))
     np.testing.assert_allclose(out.quantiles, reference.quantiles, rtol=1e-5, atol=1e-6)
 
 

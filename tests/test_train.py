@@ -652,7 +652,8 @@ def test_qat_model_trains_params_and_quant_params_while_quant_stats_only_observe
     from qat.config import QATConfig
     from qat.model import QATTemporalFusionTransformer, from_fp32
 
-    batch = synthetic_tft_batch(7, batch_size=4)
+    # The batch size of the FP32 test above: its compiled FP32 init serves this one.
+    batch = synthetic_tft_batch(7)
     tx = make_optimizer(1e-2, clip_norm=1.0, weight_decay=1e-4)
     fp32 = create_train_state(TemporalFusionTransformer(TFT_CONFIG), tx, jax.random.key(0), batch)
     qat_model = QATTemporalFusionTransformer(TFT_CONFIG, QATConfig(learnable_scale=True))
