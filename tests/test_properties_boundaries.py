@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from properties import checks
+from properties import checks, suite
 from properties import strategies as st_tft
 
 from .causal_functions import cumsum, reverse_cumsum
@@ -57,6 +57,19 @@ def test_causal_catches_a_leak_that_only_the_gradient_shows():
         checks.assert_causal(gradient_only_leak, X)
     checks.assert_causal(gradient_only_leak, X, check_gradients=False)  # forward is causal
     checks.assert_causal(cumsum, X)
+
+
+def test_suite_gradient_causality_catches_a_leak_that_only_the_backward_has():
+    # What the attention suite's check_causal adds to its NumPy-forward check.
+    def pullback_of(fn):
+        return lambda cotangent: jax.vjp(fn, X)[1](cotangent)[0]
+
+    suite.assert_gradient_stays_causal(pullback_of(cumsum), X)
+    leak = r"outputs\[steps <= 0\] w.r.t. inputs is nonzero at step 1"
+    with pytest.raises(AssertionError, match=leak):
+        suite.assert_gradient_stays_causal(pullback_of(gradient_only_leak), X)
+    with pytest.raises(AssertionError, match=r"not causal \(3 leaks\)"):
+        suite.assert_gradient_stays_causal(pullback_of(reverse_cumsum), X)
 
 
 def test_causal_gradient_check_needs_a_jax_function_and_says_so():

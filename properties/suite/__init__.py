@@ -36,6 +36,7 @@ __all__ = [
     "CI_EXAMPLES",
     "PARAM_KEY_IMPL",
     "Property",
+    "assert_gradient_stays_causal",
     "assert_gradient_stays_in_sample",
     "clear_caches",
     "examples",
@@ -147,6 +148,56 @@ def random_cotangent(like: Any, seed: int, *, only_sample: int | None = None) ->
 def zeros_like_tree(like: Any) -> Any:
     """NumPy zeros shaped and typed like the arrays of `like`."""
     return jax.tree.map(lambda leaf: np.zeros(np.shape(leaf), np.dtype(leaf.dtype)), like)
+
+
+def assert_gradient_stays_causal(
+    pullback: Callable[[Any], Any], outputs: Any, *, seed: int = 0, axis: int = 1
+) -> None:
+    """Asserts that a cotangent on the outputs up to step `t` gives zero input gradient after `t`.
+
+    The backward half of causality, for a compiled pullback: for every step
+    `t` but the last, the cotangent is random on steps `<= t` of `axis` (every
+    sample) and zero after, and every input gradient must be exactly zero at
+    the steps after `t`. A forward can be causal while its backward is not
+    (a mask applied to the values but not inside a custom gradient).
+
+    Args:
+      pullback: `cotangents -> input gradients` (a pytree, every leaf with its
+        time steps on `axis`, as the outputs).
+      outputs: the outputs (a pytree of arrays, time on `axis`) the cotangents match.
+      seed: seed of the cotangents.
+      axis: the time axis of the outputs and the input gradients.
+
+    Raises:
+      AssertionError: naming the input leaf, `t` and the first later step reached.
+    """
+
+    def up_to(leaf: np.ndarray, step: int) -> np.ndarray:
+        """`leaf` with its steps after `step` on `axis` zeroed."""
+        shape = [1] * leaf.ndim
+        shape[axis] = leaf.shape[axis]
+        keep = (np.arange(leaf.shape[axis]) <= step).reshape(shape)
+        return np.where(keep, leaf, 0).astype(leaf.dtype)
+
+    steps = int(np.shape(jax.tree.leaves(outputs)[0])[axis])
+    problems = []
+    for step in range(steps - 1):
+        cotangent = jax.tree.map(
+            lambda leaf, t=step: up_to(leaf, t), random_cotangent(outputs, seed + step)
+        )
+        gradients = jax.tree_util.tree_flatten_with_path(pullback(cotangent))
+        for path, gradient in gradients[0]:
+            later = np.moveaxis(np.asarray(gradient, np.float64), axis, 0)[step + 1 :]
+            reached = [index for index, values in enumerate(later) if np.any(values != 0.0)]
+            if reached:
+                name = "inputs" + jax.tree_util.keystr(path)
+                problems.append(
+                    f"gradient of outputs[steps <= {step}] w.r.t. {name} is nonzero at step "
+                    f"{step + 1 + reached[0]}"
+                )
+    if problems:
+        shown = "\n  ".join(problems[:6])
+        raise AssertionError(f"the gradient is not causal ({len(problems)} leaks):\n  {shown}")
 
 
 def assert_gradient_stays_in_sample(

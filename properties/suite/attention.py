@@ -30,6 +30,7 @@ from properties import strategies as st_tft
 from properties.suite import (
     PARAM_KEY_IMPL,
     Property,
+    assert_gradient_stays_causal,
     assert_gradient_stays_in_sample,
     param_key,
     parameter_cache,
@@ -184,8 +185,18 @@ def check_live_gradients(case: BlockCase) -> None:
 
 
 def check_causal(case: BlockCase) -> None:
-    """With `causal=True`, outputs and weights at step `t` ignore inputs after `t`, exactly."""
+    """With `causal=True`, outputs and weights at step `t` ignore inputs after `t`, exactly.
+
+    And so does the backward: the input gradient of the outputs up to `t` is
+    zero after `t` (through the compiled pullback: the forward here returns NumPy).
+    """
     checks.assert_causal(_forward(case), case.x, check_gradients=False)  # NumPy forward
+    functions = _block(case)
+
+    def input_gradient(dy: np.ndarray) -> Any:
+        return functions.pullback(functions.params, case.x, dy)[3]
+
+    assert_gradient_stays_causal(input_gradient, case.x, seed=case.seed)
 
 
 def check_batch_independent(case: BlockCase) -> None:
