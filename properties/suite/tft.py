@@ -34,6 +34,7 @@ from properties import checks
 from properties import strategies as st_tft
 from properties.suite import (
     Property,
+    assert_gradient_stays_causal,
     assert_gradient_stays_in_sample,
     param_key,
     parameter_cache,
@@ -271,10 +272,18 @@ def check_causal(case: ModelCase) -> None:
     """The forecast, future weights and attention at horizon step `i` ignore known inputs after `i`.
 
     And the history weights at step `t` ignore observed inputs after `t`;
-    categorical inputs over time (their codes changed) included.
+    categorical inputs over time (their codes changed) included. The
+    backward too: a loss on the forecasts up to step `i` gives the known
+    inputs after `i` exactly zero gradient (through the compiled pullback).
     """
     inputs = _all_inputs(case)
     forward = _forward_of(case)
+    like = output_like(case.config, case.inputs.batch_size)
+    assert_gradient_stays_causal(
+        lambda quantiles: {"future": _run(case, like.replace(quantiles=quantiles))[2]["future"]},
+        like.quantiles,
+        seed=case.seed,
+    )
 
     def horizon_outputs(changed: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
         outputs = forward({**inputs, **changed})
