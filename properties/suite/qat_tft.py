@@ -24,6 +24,7 @@ from properties import checks
 from properties import strategies as st_tft
 from properties.suite import (
     Property,
+    assert_gradient_stays_causal,
     assert_gradient_stays_in_sample,
     platform_cache,
     random_cotangent,
@@ -166,8 +167,20 @@ def check_live_gradients(case: tft_suite.ModelCase) -> None:
 
 
 def check_causal(case: tft_suite.ModelCase) -> None:
-    """The frozen QAT forecast at horizon step `i` ignores known inputs after `i`."""
+    """The frozen QAT forecast at horizon step `i` ignores known inputs after `i`.
+
+    The backward too: the straight-through gradient of the forecasts up to
+    step `i` is exactly zero at the known inputs after `i`.
+    """
     _, stats = _frozen(case)
+    like = tft_suite.output_like(case.config, case.inputs.batch_size)
+    assert_gradient_stays_causal(
+        lambda quantiles: {
+            "future": _run(case, stats, like.replace(quantiles=quantiles))[2]["future"]
+        },
+        like.quantiles,
+        seed=case.seed,
+    )
     inputs = _all_inputs(case)
     forward = _forward_of(case, stats)
 
