@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 import tft_jax.train as train
 from benchmarks import common
@@ -40,12 +39,6 @@ _NUM_KEYS = 16
 def count_instructions(hlo_text: str, opcode: str) -> int:
     """How many `opcode` instructions an HLO module's text holds."""
     return len(re.findall(rf" {opcode}\(", hlo_text))
-
-
-@jax.jit
-def _copy_tree(tree: Any) -> Any:
-    """A copy of every array of `tree`, in one compiled program (not one per leaf shape)."""
-    return jax.tree.map(jnp.copy, tree)
 
 
 class DropoutKeyStep:
@@ -63,7 +56,7 @@ class DropoutKeyStep:
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
         self.config, self.variant, self.batch = config, variant, batch
-        self.state = _copy_tree(state)  # each variant donates its own buffers
+        self.state = train.copy_state(state)  # each variant donates its own buffers
         self._keys = list(jax.random.split(jax.random.key(1), _NUM_KEYS))
         self._count = 0
         threshold = inline_threefry.INLINE_MIN_SIZE

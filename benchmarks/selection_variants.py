@@ -74,7 +74,7 @@ class VariantStep:
 
     def __init__(self, variant: str, state: Any, batch: Any, calibrate: bool | None) -> None:
         self.batch = batch
-        self.state = jax.tree.map(lambda leaf: leaf.copy(), state)
+        self.state = train.copy_state(state)  # each variant donates its own buffers
         self._keys = list(jax.random.split(jax.random.key(1), _NUM_KEYS))
         self._count = 0
         with variant_patch(variant):

@@ -704,10 +704,22 @@ def test_skipped_step_keeps_observers_and_reports_a_nan_clipped_norm() -> None:
     assert_trees_equal((state.trainables(), state.opt_state, state.model_state), before)
 
 
+def test_copy_state_survives_the_donation_of_the_original() -> None:
+    from tft_jax.train import copy_state
+
+    state, batch, rng = tiny_state(), make_batch(1), jax.random.key(1)
+    before = host_copy(state)
+    copy = copy_state(state)
+    train_step(state, batch, rng)  # donates the buffers of `state`
+    assert all(leaf.is_deleted() for leaf in jax.tree.leaves(state.params))
+    assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(copy))
+    assert_trees_equal(copy, before)
+
+
 def test_lower_train_step_compiles_the_step_that_train_step_runs(caplog) -> None:
     import jax.stages
 
-    from tft_jax.train import FAST_COMPILE_OPTIONS, lower_train_step
+    from tft_jax.train import FAST_COMPILE_OPTIONS, copy_state, lower_train_step
 
     state, batch, rng = tiny_state(), make_batch(1), jax.random.key(1)
     lowered = lower_train_step(state, batch, rng)
@@ -719,7 +731,7 @@ def test_lower_train_step_compiles_the_step_that_train_step_runs(caplog) -> None
     # Lowering donates nothing (the state is still usable); train_step then
     # runs that very executable without compiling again, and computes what
     # the compiled step computes.
-    copy, second_copy = jax.tree.map(jnp.copy, state), jax.tree.map(jnp.copy, state)
+    copy, second_copy = copy_state(state), copy_state(state)
     with jax.log_compiles(), caplog.at_level("WARNING"):
         expected_state, expected_metrics = train_step(copy, batch, rng)
     assert not [r for r in caplog.records if "_train_step" in r.getMessage()]

@@ -1038,11 +1038,13 @@ def _epoch_length(source: BatchSource) -> int | None:
 
 
 @jax.jit
-def _copy_state(state: TrainState) -> TrainState:
-    """A copy with fresh buffers, safe from the donation in `train_step`.
+def copy_state(state: TrainState) -> TrainState:
+    """A copy of a train state (or any pytree of arrays) with fresh buffers.
 
-    One compiled copy of the whole state: eagerly, every distinct leaf shape
-    would compile a copy of its own.
+    `train_step` donates its state's buffers, so a state that must survive
+    the step (the best state so far, the start of two runs compared) is
+    copied first. One compiled copy of the whole tree: eagerly, every
+    distinct leaf shape would compile a copy of its own.
     """
     return jax.tree.map(jnp.copy, state)
 
@@ -1281,7 +1283,7 @@ def fit(
     if loop.stopped_on_budget and (time_budget is None or loop.seconds < time_budget):
         loop.stopped_on_budget = False  # a larger budget, or none: train on
     if best_state is None:
-        best_state = _copy_state(state)
+        best_state = copy_state(state)
     if val_batches is not None:
         val_batches = _ShardedBatches(val_batches, mesh)
 
@@ -1323,7 +1325,7 @@ def fit(
             )
             if improved:
                 loop.best_val_loss, loop.evals_since_best = val_loss, 0
-                best_state = _copy_state(state)
+                best_state = copy_state(state)
                 if checkpointer is not None:
                     loop.seconds = elapsed()
                     checkpointer.save_best(state, seed_key, _loop_snapshot(loop))
