@@ -665,26 +665,52 @@ def _causal_gradient_leaks(
     atol: float,
     seed: int,
 ) -> list[str]:
-    """Where the gradient of the outputs at steps `<= t` reaches the inputs at steps `> t`.
+    """Where the gradient of `fn`'s outputs at steps `<= t` reaches `x` at steps `> t`.
 
     `output_axes` holds the time axis of each float output leaf, in order.
     """
     outputs, pullback = _vjp(_float_outputs(fn), x)
     if not outputs:
         return []
+    return _causal_pullback_leaks(
+        lambda cotangents: pullback(cotangents)[0], outputs, output_axes, axis, steps, atol, seed
+    )
+
+
+def _causal_pullback_leaks(
+    pullback: Callable[[tuple[np.ndarray, ...]], PyTree],
+    outputs: Sequence[Any],
+    output_axes: Sequence[int],
+    axis: int,
+    steps: Sequence[int],
+    atol: float,
+    seed: int,
+    name: str = "x",
+) -> list[str]:
+    """Where a pullback carries the outputs at steps `<= t` to the inputs at steps `> t`.
+
+    The backward half of causality, shared by `assert_causal` (a `jax.vjp`)
+    and the property suite (compiled pullbacks). `pullback` maps a tuple of
+    cotangents, one per entry of `outputs` (arrays, time on `output_axes`),
+    to the input gradients (a pytree, time on `axis`, named `name` + path).
+    For each `t` in `steps` the cotangents are random on steps `<= t` and
+    zero after; a gradient above `atol` (or NaN) after `t` is a leak.
+    """
     rng = np.random.default_rng(seed)
     problems = []
     for t in steps:
-        (gradient,) = pullback(_cotangents(outputs, output_axes, slice(t + 1), rng))
-        future = np.moveaxis(_as_float64(np.asarray(gradient)), axis, 0)[t + 1 :]
-        leak = _gradient_leak(future, atol)
-        if leak is not None:
+        gradients = pullback(_cotangents(outputs, output_axes, slice(t + 1), rng))
+        for path, gradient in jax.tree_util.tree_flatten_with_path(gradients)[0]:
+            future = np.moveaxis(_as_float64(np.asarray(gradient)), axis, 0)[t + 1 :]
+            leak = _gradient_leak(future, atol)
+            if leak is None:
+                continue
             with np.errstate(invalid="ignore"):
                 live = np.isnan(future) | (np.abs(future) > atol)
             first = t + 1 + int(np.argwhere(live)[0][0])
             problems.append(
-                f"t={t}, gradient of outputs[:{t + 1}] w.r.t. x[{t + 1}:] along axis {axis} is "
-                f"nonzero ({leak}; first at step {first})"
+                f"t={t}, gradient of outputs[:{t + 1}] w.r.t. {name}{jax.tree_util.keystr(path)}"
+                f"[{t + 1}:] along axis {axis} is nonzero ({leak}; first at step {first})"
             )
     return problems
 

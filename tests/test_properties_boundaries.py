@@ -65,7 +65,7 @@ def test_suite_gradient_causality_catches_a_leak_that_only_the_backward_has():
         return lambda cotangent: jax.vjp(fn, X)[1](cotangent)[0]
 
     suite.assert_gradient_stays_causal(pullback_of(cumsum), X)
-    leak = r"outputs\[steps <= 0\] w.r.t. inputs is nonzero at step 1"
+    leak = r"t=0, gradient of outputs\[:1\] w.r.t. inputs\[1:\] along axis 1 is nonzero .*step 1\)"
     with pytest.raises(AssertionError, match=leak):
         suite.assert_gradient_stays_causal(pullback_of(gradient_only_leak), X)
     with pytest.raises(AssertionError, match=r"not causal \(3 leaks\)"):

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from properties import backends
+from properties import backends, checks
 
 __all__ = [
     "CI_EXAMPLES",
@@ -155,11 +155,12 @@ def assert_gradient_stays_causal(
 ) -> None:
     """Asserts that a cotangent on the outputs up to step `t` gives zero input gradient after `t`.
 
-    The backward half of causality, for a compiled pullback: for every step
-    `t` but the last, the cotangent is random on steps `<= t` of `axis` (every
-    sample) and zero after, and every input gradient must be exactly zero at
-    the steps after `t`. A forward can be causal while its backward is not
-    (a mask applied to the values but not inside a custom gradient).
+    The backward half of causality, for a compiled pullback (the check
+    `checks.assert_causal` runs on a `jax.vjp`): for every step `t` but the
+    last, the cotangent is random on steps `<= t` of `axis` and zero after,
+    and every input gradient must be exactly zero at the steps after `t`. A
+    forward can be causal while its backward is not (a mask applied to the
+    values but not inside a custom gradient).
 
     Args:
       pullback: `cotangents -> input gradients` (a pytree, every leaf with its
@@ -171,30 +172,18 @@ def assert_gradient_stays_causal(
     Raises:
       AssertionError: naming the input leaf, `t` and the first later step reached.
     """
-
-    def up_to(leaf: np.ndarray, step: int) -> np.ndarray:
-        """`leaf` with its steps after `step` on `axis` zeroed."""
-        shape = [1] * leaf.ndim
-        shape[axis] = leaf.shape[axis]
-        keep = (np.arange(leaf.shape[axis]) <= step).reshape(shape)
-        return np.where(keep, leaf, 0).astype(leaf.dtype)
-
-    steps = int(np.shape(jax.tree.leaves(outputs)[0])[axis])
-    problems = []
-    for step in range(steps - 1):
-        cotangent = jax.tree.map(
-            lambda leaf, t=step: up_to(leaf, t), random_cotangent(outputs, seed + step)
-        )
-        gradients = jax.tree_util.tree_flatten_with_path(pullback(cotangent))
-        for path, gradient in gradients[0]:
-            later = np.moveaxis(np.asarray(gradient, np.float64), axis, 0)[step + 1 :]
-            reached = [index for index, values in enumerate(later) if np.any(values != 0.0)]
-            if reached:
-                name = "inputs" + jax.tree_util.keystr(path)
-                problems.append(
-                    f"gradient of outputs[steps <= {step}] w.r.t. {name} is nonzero at step "
-                    f"{step + 1 + reached[0]}"
-                )
+    leaves, treedef = jax.tree_util.tree_flatten(outputs)
+    leaves = [np.asarray(leaf) for leaf in leaves]
+    problems = checks._causal_pullback_leaks(
+        lambda cotangents: pullback(jax.tree_util.tree_unflatten(treedef, cotangents)),
+        leaves,
+        [axis] * len(leaves),
+        axis,
+        range(int(leaves[0].shape[axis]) - 1),
+        atol=0.0,
+        seed=seed,
+        name="inputs",
+    )
     if problems:
         shown = "\n  ".join(problems[:6])
         raise AssertionError(f"the gradient is not causal ({len(problems)} leaks):\n  {shown}")
