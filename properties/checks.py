@@ -797,21 +797,52 @@ def _gradient_leaks(
     outputs, pullback = _vjp(_float_outputs(with_float_leaves), *(leaves[k] for k in float_index))
     if not outputs:
         return []
+
+    def input_gradients(cotangents: tuple[np.ndarray, ...]) -> PyTree:
+        # The float leaves' gradients at their places in `x` (None elsewhere),
+        # so that they are named by their paths in `x`.
+        full: list[Any] = [None] * len(leaves)
+        for k, gradient in zip(float_index, pullback(cotangents), strict=True):
+            full[k] = gradient
+        return jax.tree_util.tree_unflatten(treedef, full)
+
+    return _sample_pullback_leaks(input_gradients, outputs, output_axes, axis, samples, atol, seed)
+
+
+def _sample_pullback_leaks(
+    pullback: Callable[[tuple[np.ndarray, ...]], PyTree],
+    outputs: Sequence[Any],
+    output_axes: Sequence[int],
+    axis: int,
+    samples: Sequence[int],
+    atol: float,
+    seed: int,
+    name: str = "x",
+) -> list[str]:
+    """Where a pullback carries sample `i`'s outputs to another sample's inputs.
+
+    The backward half of batch independence, shared by `assert_batch_independent`
+    (a `jax.vjp`) and the property suite (compiled pullbacks). `pullback` maps
+    a tuple of cotangents, one per entry of `outputs` (arrays, batch on
+    `output_axes`), to the input gradients (a pytree, batch on `axis`, named
+    `name` + path). For each `i` in `samples` the cotangents are random on
+    sample `i` and zero elsewhere; a gradient above `atol` (or NaN) at any
+    other sample is a leak.
+    """
     rng = np.random.default_rng(seed)
     problems = []
     for sample in samples:
         gradients = pullback(_cotangents(outputs, output_axes, sample, rng))
-        for k, gradient in zip(float_index, gradients, strict=True):
-            path = named[k][0]
-            moved = np.moveaxis(_as_float64(np.asarray(gradient)), axis % gradient.ndim, 0)
+        for path, gradient in jax.tree_util.tree_flatten_with_path(gradients)[0]:
+            moved = np.moveaxis(_as_float64(np.asarray(gradient)), axis % np.ndim(gradient), 0)
             for other in range(moved.shape[0]):
                 if other == sample:
                     continue
                 leak = _gradient_leak(moved[other], atol)
                 if leak is not None:
                     problems.append(
-                        f"gradient of outputs[sample {sample}] w.r.t. x{path}[sample {other}] "
-                        f"is nonzero ({leak})"
+                        f"gradient of outputs[sample {sample}] w.r.t. {name}{_path_name(path)}"
+                        f"[sample {other}] is nonzero ({leak})"
                     )
     return problems
 

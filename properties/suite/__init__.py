@@ -205,20 +205,18 @@ def assert_gradient_stays_in_sample(
     Raises:
       AssertionError: naming the input leaf and the pair `(i, j)`.
     """
-    batch = int(np.shape(jax.tree.leaves(outputs)[0])[0])
-    problems = []
-    for sample in samples or range(batch):
-        cotangent = random_cotangent(outputs, seed + sample, only_sample=sample)
-        gradients = jax.tree_util.tree_flatten_with_path(pullback(cotangent))[0]
-        for path, gradient in gradients:
-            values = np.asarray(gradient, np.float64)
-            for other in range(values.shape[0]):
-                leak = np.abs(values[other]).max(initial=0.0)
-                if other != sample and leak != 0.0:
-                    problems.append(
-                        f"gradient of outputs[sample {sample}] w.r.t. "
-                        f"{jax.tree_util.keystr(path)}[sample {other}] is {leak:.3g}, not 0"
-                    )
+    leaves, treedef = jax.tree_util.tree_flatten(outputs)
+    leaves = [np.asarray(leaf) for leaf in leaves]
+    problems = checks._sample_pullback_leaks(
+        lambda cotangents: pullback(jax.tree_util.tree_unflatten(treedef, cotangents)),
+        leaves,
+        [0] * len(leaves),
+        0,
+        samples or range(int(leaves[0].shape[0])),
+        atol=0.0,
+        seed=seed,
+        name="inputs",
+    )
     if problems:
         shown = "\n  ".join(problems[:6])
         raise AssertionError(f"the gradient mixes samples ({len(problems)} leaks):\n  {shown}")
