@@ -18,7 +18,15 @@ import numpy as np
 import optax
 import pytest
 
-from tft_jax.flat_optimizer import FlatAdamWState, flat_adamw, flatten, global_norm, unflatten
+from tft_jax.flat_optimizer import (
+    FlatAdamWState,
+    flat_adamw,
+    flatten,
+    global_norm,
+    scheduled_learning_rate,
+    unflatten,
+)
+from tft_jax.schedules import WarmupCosine
 from tft_jax.train import Optimizer, decay_model_params_only, make_optimizer
 
 # Several shapes (a scalar included) and two collections, so the default mask
@@ -265,3 +273,39 @@ def test_traced_mask_flags_raise_type_error() -> None:
     tx = flat_adamw(0.1, weight_decay=0.1, mask=lambda tree: {"w": jnp.any(tree["w"] > 0)})
     with pytest.raises(TypeError, match="concrete booleans"):
         jax.jit(tx.update)(params, tx.init(params), params)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"learning_rate": math.nan}, "learning_rate"),
+        ({"learning_rate": -0.1}, "learning_rate"),
+        ({"learning_rate": 0.1, "eps": 0.0}, "eps"),
+        ({"learning_rate": 0.1, "b1": 1.0}, "b1"),
+        ({"learning_rate": 0.1, "b2": -0.5}, "b2"),
+        ({"learning_rate": 0.1, "clip_norm": 0.0}, "clip_norm"),
+        ({"learning_rate": 0.1, "weight_decay": math.inf}, "weight_decay"),
+    ],
+)
+def test_settings_that_would_make_updates_non_finite_are_refused_by_name(
+    kwargs: dict[str, Any], fragment: str
+) -> None:
+    with pytest.raises(ValueError, match=f"flat_adamw: {fragment} must be"):
+        flat_adamw(**kwargs)
+
+
+def test_scheduled_learning_rate_is_the_next_updates_rate_and_none_when_constant() -> None:
+    params = {"w": jnp.ones(3)}
+    schedule = WarmupCosine(peak_lr=0.1, total_steps=10, warmup_steps=4, end_lr=0.0)
+    for rate in (schedule, lambda count: 0.5 ** count.astype(jnp.float32)):
+        tx = flat_adamw(rate)
+        state = tx.init(params)
+        for count in range(3):
+            assert float(scheduled_learning_rate(tx, state)) == pytest.approx(
+                float(rate(jnp.asarray(count))), rel=1e-6
+            )
+            _, state = tx.update(params, state, params)
+    constant = flat_adamw(0.1)
+    assert scheduled_learning_rate(constant, constant.init(params)) is None
+    adam = optax.adam(lambda count: 0.1)
+    assert scheduled_learning_rate(adam, adam.init(params)) is None

@@ -406,6 +406,44 @@ def test_non_finite_step_is_skipped_with_state_unchanged_and_counted(poison: str
     assert all(changed)
 
 
+def rate_turning(bad: float, from_step: int) -> Any:
+    """A schedule of `LR` that gives `bad` from update `from_step` on (fine at step 0)."""
+    return lambda count: jnp.where(count >= from_step, bad, LR)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -LR])
+def test_a_scheduled_rate_gone_bad_after_step_0_skips_steps_and_keeps_the_params(
+    bad: float,
+) -> None:
+    tx = make_optimizer(rate_turning(bad, 2), clip_norm=CLIP, weight_decay=WEIGHT_DECAY)
+    state = create_train_state(TINY, tx, jax.random.key(0), make_batch(0))
+    skipped = []
+    for step in range(4):
+        if step == 2:
+            kept = host_copy((state.params, state.opt_state))
+        state, metrics = train_step(state, make_batch(1 + step), jax.random.key(step))
+        skipped.append(int(metrics["skipped"]))
+        assert math.isfinite(float(metrics["loss"])) and math.isfinite(float(metrics["grad_norm"]))
+    # Applied, the NaN or inf rate would have turned every parameter non-finite.
+    assert skipped == [0, 0, 1, 1] and int(state.skipped_steps) == 2
+    assert_trees_equal((state.params, state.opt_state), kept)
+
+
+def test_fit_announces_skipped_steps_at_the_evaluation_after_them(capsys) -> None:
+    tx = make_optimizer(rate_turning(math.nan, 3), clip_norm=CLIP, weight_decay=WEIGHT_DECAY)
+    state = create_train_state(TINY, tx, jax.random.key(0), make_batch(0))
+    result = fit(
+        state, [make_batch(100 + i) for i in range(4)], epochs=1, eval_every=2, label="FP32"
+    )
+    assert result.history["skipped_steps"] == [0, 1]
+    lines = capsys.readouterr().err.splitlines()
+    notes = [line for line in lines if "skipped" in line]
+    assert notes == [
+        "FP32: step 4: 1 step(s) since the previous evaluation skipped (non-finite loss or "
+        "gradient, or an unusable learning rate); their updates were not applied"
+    ]
+
+
 def test_quant_stats_never_enter_params_gradients_or_weight_decay() -> None:
     batch = make_batch(4, scale=5.0)
     state = create_train_state(OBSERVED, OBSERVED_TX, jax.random.key(0), batch)

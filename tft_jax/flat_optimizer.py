@@ -35,7 +35,14 @@ from tft_jax.schedules import WarmupCosine
 PyTree = Any
 Array = jax.Array
 
-__all__ = ["FlatAdamWState", "flat_adamw", "flatten", "global_norm", "unflatten"]
+__all__ = [
+    "FlatAdamWState",
+    "flat_adamw",
+    "flatten",
+    "global_norm",
+    "scheduled_learning_rate",
+    "unflatten",
+]
 
 # Leaf dtypes the flat float32 vector represents exactly.
 _SUPPORTED_DTYPES = tuple(np.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.float16))
@@ -235,6 +242,7 @@ def flat_adamw(
       (2, 3)
     """
 
+    _check_hyperparameters(learning_rate, clip_norm, weight_decay, b1, b2, eps)
     hyper = _Hyper(
         learning_rate=_IN_STATE if isinstance(learning_rate, WarmupCosine) else learning_rate,
         clip_norm=clip_norm,
@@ -249,6 +257,73 @@ def flat_adamw(
         jax.tree.map(float, learning_rate) if isinstance(learning_rate, WarmupCosine) else None
     )
     return optax.GradientTransformationExtraArgs(_Init(hyper, schedule), _Update(hyper))
+
+
+def _check_hyperparameters(
+    learning_rate: Any, clip_norm: Any, weight_decay: Any, b1: Any, b2: Any, eps: Any
+) -> None:
+    """Raises `ValueError` naming the first setting out of its range.
+
+    Each would make the update non-finite or wrong without an error: a NaN
+    or negative rate, `eps = 0` (a parameter whose gradients have all been
+    0 gets `0 / 0`), `b1` or `b2` of 1 (the bias correction divides by 0).
+    """
+
+    def number(value: Any) -> float | None:
+        return (
+            float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+        )
+
+    def require(name: str, value: Any, ok: bool, expected: str) -> None:
+        if not ok:
+            raise ValueError(f"flat_adamw: {name} must be {expected}, got {value!r}")
+
+    if not callable(learning_rate) and not isinstance(learning_rate, WarmupCosine):
+        lr = number(learning_rate)
+        require(
+            "learning_rate",
+            learning_rate,
+            lr is not None and math.isfinite(lr) and lr >= 0,
+            "a finite float >= 0 or a schedule",
+        )
+    if clip_norm is not None:
+        c = number(clip_norm)
+        require(
+            "clip_norm",
+            clip_norm,
+            c is not None and math.isfinite(c) and c > 0,
+            "a finite float > 0 or None",
+        )
+    wd = number(weight_decay)
+    require(
+        "weight_decay",
+        weight_decay,
+        wd is not None and math.isfinite(wd) and wd >= 0,
+        "a finite float >= 0",
+    )
+    for name, value in (("b1", b1), ("b2", b2)):
+        beta = number(value)
+        require(name, value, beta is not None and 0.0 <= beta < 1.0, "a float in [0, 1)")
+    e = number(eps)
+    require("eps", eps, e is not None and math.isfinite(e) and e > 0, "a finite float > 0")
+
+
+def scheduled_learning_rate(tx: Any, state: Any) -> Array | None:
+    """The learning rate of `tx`'s next update, when `tx` is a `flat_adamw` with a schedule.
+
+    A float32 scalar computed from `state` (a `FlatAdamWState`); None when
+    the rate is a constant (checked when the optimizer was built) or `tx`
+    is another transformation. With finite gradients (and the settings
+    `flat_adamw` checks), its update is finite exactly when this rate is:
+    `tft_jax.train.train_step` reads it to skip a step whose scheduled rate
+    is NaN, inf or negative instead of applying it.
+    """
+    update = getattr(tx, "update", None)
+    if not isinstance(update, _Update) or not isinstance(state, FlatAdamWState):
+        return None
+    if not callable(update.hyper.learning_rate) and update.hyper.learning_rate is not _IN_STATE:
+        return None
+    return jnp.asarray(update._learning_rate(state), jnp.float32)
 
 
 class _ByIdentity:

@@ -35,7 +35,12 @@ from tqdm.auto import tqdm
 
 from tft_jax.checkpoint import TrainingCheckpointer
 from tft_jax.distributed import data_mesh, is_primary, place_state, shard_batch
-from tft_jax.flat_optimizer import FlatAdamWState, flat_adamw, global_norm
+from tft_jax.flat_optimizer import (
+    FlatAdamWState,
+    flat_adamw,
+    global_norm,
+    scheduled_learning_rate,
+)
 from tft_jax.inline_threefry import inline_threefry_key
 from tft_jax.losses import pinball, quantile_loss
 from tft_jax.schedules import WarmupCosine
@@ -277,7 +282,8 @@ class TrainState:
         `{'params': params, **extra_params}`.
       model_state: every other variable collection of the model (e.g. the QAT
         model's `'quant_stats'`): never differentiated, never decayed.
-      skipped_steps: int32 scalar, steps skipped for a non-finite loss or gradient.
+      skipped_steps: int32 scalar, steps skipped for a non-finite loss or gradient,
+        or an unusable scheduled learning rate (see `train_step`).
       apply_fn: the model's `apply` (static).
       tx: the optimizer (static).
       quantiles: the model's quantile levels (static), used by the loss.
@@ -602,6 +608,13 @@ def _train_step(
     # A NaN or inf in any gradient makes the global norm non-finite, so one
     # scalar test covers every leaf (and a norm overflowing float32 as well).
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    # A schedule is checked at step 0 only; a rate that turns NaN, inf or
+    # negative later would turn every parameter into NaN (and skip every
+    # later step) or climb the loss. One scalar: with finite gradients, a
+    # `flat_adamw` update is finite exactly when its rate is.
+    rate = scheduled_learning_rate(state.tx, state.opt_state)
+    if rate is not None:
+        finite &= jnp.isfinite(rate) & (rate >= 0)
     skipped = jnp.logical_not(finite).astype(jnp.int32)
     trained, opt_state, model_state = _keep_if(
         finite, update, (trainables, state.opt_state, state.model_state)
@@ -713,9 +726,12 @@ def train_step(
     drawn without loops on CPU); gradients are taken w.r.t.
     `state.trainables()` only (`'params'` and e.g. `'quant_params'`, never
     `model_state`). A step whose loss or gradient norm is not finite (a NaN
-    or inf in any gradient, or a norm that overflows) leaves `params`,
-    `opt_state` and `model_state` unchanged and increments `skipped_steps`;
-    `step` always advances.
+    or inf in any gradient, or a norm that overflows), or whose scheduled
+    learning rate (`make_optimizer` given a schedule) is NaN, inf or
+    negative, leaves `params`, `opt_state` and `model_state` unchanged and
+    increments `skipped_steps`; `step` always advances. (With an optimizer
+    other than `make_optimizer`'s, its updates are applied as it computes
+    them.)
 
     Args:
       state: the current state; its buffers are donated, do not reuse it.
@@ -1312,12 +1328,19 @@ def fit(
         evaluation_seconds = clock() - evaluation_started
         if refit is not None:
             refit.evaluated(evaluation_seconds)
+        skipped = int(state.skipped_steps)
+        skipped_before = loop.history["skipped_steps"][-1] if loop.history["skipped_steps"] else 0
         for key, value in zip(
-            HISTORY_KEYS,
-            (loop.epoch, loop.step, train_loss, val_loss, int(state.skipped_steps)),
-            strict=True,
+            HISTORY_KEYS, (loop.epoch, loop.step, train_loss, val_loss, skipped), strict=True
         ):
             loop.history[key].append(value)
+        if skipped > skipped_before:
+            # Skipping is a repair the user did not ask for: announced.
+            progress.note(
+                f"step {loop.step}: {skipped - skipped_before} step(s) since the previous "
+                "evaluation skipped (non-finite loss or gradient, or an unusable learning "
+                "rate); their updates were not applied"
+            )
         if val_loss is not None:
             # A NaN loss (a diverged model) is never best: it would never be beaten.
             improved = math.isfinite(val_loss) and (
