@@ -182,6 +182,21 @@ def test_categorical_embedding_checks_the_codes(codes, error, message):
         init(CategoricalEmbedding((3, 4), 5), codes)
 
 
+@pytest.mark.parametrize(
+    "cardinalities, message",
+    [
+        ((), "cardinalities must not be empty"),
+        ((3, 0), r"cardinalities\[1\] must be a positive int, got 0"),
+        ((3, True), r"cardinalities\[1\] must be a positive int, got True"),
+        ((2.0, 3), r"cardinalities\[0\] must be a positive int, got 2\.0"),
+    ],
+)
+def test_categorical_embedding_names_the_bad_cardinality(cardinalities, message):
+    codes = np.zeros((2, max(len(cardinalities), 1)), np.int32)
+    with pytest.raises(ValueError, match=f"CategoricalEmbedding: {message}"):
+        init(CategoricalEmbedding(cardinalities, 5), codes)
+
+
 def test_real_embedding_reports_the_callers_shape_on_the_eager_path():
     with pytest.raises(
         ValueError, match=r"RealEmbedding expects x of shape \(\.\.\., 3\), got \(2, 2\)"

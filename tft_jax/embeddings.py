@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -10,6 +9,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 from flax import struct
 
+from tft_jax.gating import check_positive_int
 from tft_jax.linear import VariableLinear, _cast_operands
 from tft_jax.operand_quantizers import supports_operand_quantizers
 
@@ -199,14 +199,10 @@ class CategoricalEmbedding(nn.Module):
           TypeError: `codes` is not of an integer dtype.
         """
         cardinalities = tuple(self.cardinalities)
-        if not cardinalities or any(
-            isinstance(c, bool) or not isinstance(c, numbers.Integral) or c < 1
-            for c in cardinalities
-        ):
-            raise ValueError(
-                "CategoricalEmbedding: cardinalities must be a non-empty sequence of positive "
-                f"ints, got {cardinalities!r}"
-            )
+        if not cardinalities:
+            raise ValueError("CategoricalEmbedding: cardinalities must not be empty")
+        for index, cardinality in enumerate(cardinalities):
+            check_positive_int("CategoricalEmbedding", f"cardinalities[{index}]", cardinality)
         shape = tuple(jnp.shape(codes))
         if len(shape) < 1 or shape[-1] != len(cardinalities):
             raise ValueError(
