@@ -294,6 +294,16 @@ def test_settings_that_would_make_updates_non_finite_are_refused_by_name(
         flat_adamw(**kwargs)
 
 
+def test_numpy_and_jax_scalars_are_accepted_as_settings() -> None:
+    params = {"w": jnp.ones(3)}
+    for tx in (
+        flat_adamw(np.float32(0.1), clip_norm=np.float64(1.0), eps=np.float32(1e-8)),
+        flat_adamw(jnp.asarray(0.1), b1=jnp.asarray(0.9)),
+    ):
+        updates, _ = tx.update(params, tx.init(params), params)
+        assert np.all(np.isfinite(np.asarray(updates["w"])))
+
+
 def test_scheduled_learning_rate_is_the_next_updates_rate_and_none_when_constant() -> None:
     params = {"w": jnp.ones(3)}
     schedule = WarmupCosine(peak_lr=0.1, total_steps=10, warmup_steps=4, end_lr=0.0)

@@ -270,9 +270,13 @@ def _check_hyperparameters(
     """
 
     def number(value: Any) -> float | None:
-        return (
-            float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-        )
+        """`value` as a float if it is a real scalar (NumPy and JAX ones too), else None."""
+        if value is None or isinstance(value, bool | np.bool_ | str | bytes):
+            return None
+        try:
+            return float(value) if np.ndim(value) == 0 else None
+        except (TypeError, ValueError):
+            return None
 
     def require(name: str, value: Any, ok: bool, expected: str) -> None:
         if not ok:
