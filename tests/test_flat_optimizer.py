@@ -21,8 +21,10 @@ import pytest
 from tft_jax.flat_optimizer import (
     FlatAdamWState,
     flat_adamw,
+    flat_updates,
     flatten,
     global_norm,
+    is_flat_adamw,
     scheduled_learning_rate,
     unflatten,
 )
@@ -319,3 +321,18 @@ def test_scheduled_learning_rate_is_the_next_updates_rate_and_none_when_constant
     assert scheduled_learning_rate(constant, constant.init(params)) is None
     adam = optax.adam(lambda count: 0.1)
     assert scheduled_learning_rate(adam, adam.init(params)) is None
+
+
+def test_flat_updates_are_the_updates_before_the_split_into_the_tree() -> None:
+    params = {"w": jnp.linspace(-1.0, 1.0, 6).reshape(2, 3), "b": jnp.asarray([0.5, -0.25])}
+    grads = jax.tree.map(lambda p: jnp.cos(3.0 * p), params)
+    tx = make_optimizer(0.1, clip_norm=0.5, weight_decay=0.01)
+    state = tx.init(params)
+    updates, new_state = tx.update(grads, state, params)
+    vector, flat_state = flat_updates(tx, grads, state, params)
+    np.testing.assert_array_equal(np.asarray(vector), np.asarray(flatten(updates)))
+    for got, want in zip(jax.tree.leaves(flat_state), jax.tree.leaves(new_state), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert is_flat_adamw(tx) and not is_flat_adamw(optax.adam(0.1))
+    with pytest.raises(TypeError, match="flat_updates: tx must be a flat_adamw"):
+        flat_updates(optax.chain(tx), grads, state, params)

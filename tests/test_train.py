@@ -406,6 +406,19 @@ def test_non_finite_step_is_skipped_with_state_unchanged_and_counted(poison: str
     assert all(changed)
 
 
+def test_another_optax_optimizer_trains_and_skips_a_non_finite_step_too() -> None:
+    state = create_train_state(TINY, optax.adamw(LR), jax.random.key(0), make_batch(0))
+    state, metrics = train_step(state, make_batch(1), jax.random.key(1))
+    assert int(metrics["skipped"]) == 0
+    before = host_copy((state.params, state.opt_state))
+    bad = make_batch(2)
+    target = np.array(bad.target)
+    target[0, 0] = np.nan
+    state, metrics = train_step(state, bad.replace(target=target), jax.random.key(2))
+    assert int(metrics["skipped"]) == 1 and int(state.skipped_steps) == 1
+    assert_trees_equal((state.params, state.opt_state), before)
+
+
 def rate_turning(bad: float, from_step: int) -> Any:
     """A schedule of `LR` that gives `bad` from update `from_step` on (fine at step 0)."""
     return lambda count: jnp.where(count >= from_step, bad, LR)

@@ -38,8 +38,10 @@ Array = jax.Array
 __all__ = [
     "FlatAdamWState",
     "flat_adamw",
+    "flat_updates",
     "flatten",
     "global_norm",
+    "is_flat_adamw",
     "scheduled_learning_rate",
     "unflatten",
 ]
@@ -312,6 +314,29 @@ def _check_hyperparameters(
     require("eps", eps, e is not None and math.isfinite(e) and e > 0, "a finite float > 0")
 
 
+def is_flat_adamw(tx: Any) -> bool:
+    """Whether `tx` is a `flat_adamw` (as `tft_jax.train.make_optimizer` builds), not wrapped."""
+    return isinstance(getattr(tx, "update", None), _Update)
+
+
+def flat_updates(
+    tx: Any, grads: PyTree, state: FlatAdamWState, params: PyTree | None = None
+) -> tuple[Array, FlatAdamWState]:
+    """A `flat_adamw`'s `update` before it is split into the tree: `(updates (N,), new state)`.
+
+    `unflatten(updates, grads)` is what `tx.update(grads, state, params)`
+    returns. `tft_jax.train.train_step` applies the vector outside its
+    skip-step conditional, which then carries three vectors instead of every
+    parameter leaf.
+
+    Raises:
+      TypeError: `tx` is not a `flat_adamw` (`is_flat_adamw`).
+    """
+    if not is_flat_adamw(tx):
+        raise TypeError(f"flat_updates: tx must be a flat_adamw, got {type(tx).__name__}")
+    return tx.update.flat(grads, state, params)
+
+
 def scheduled_learning_rate(tx: Any, state: Any) -> Array | None:
     """The learning rate of `tx`'s next update, when `tx` is a `flat_adamw` with a schedule.
 
@@ -322,8 +347,8 @@ def scheduled_learning_rate(tx: Any, state: Any) -> Array | None:
     `tft_jax.train.train_step` reads it to skip a step whose scheduled rate
     is NaN, inf or negative instead of applying it.
     """
-    update = getattr(tx, "update", None)
-    if not isinstance(update, _Update) or not isinstance(state, FlatAdamWState):
+    update = tx.update if is_flat_adamw(tx) else None
+    if update is None or not isinstance(state, FlatAdamWState):
         return None
     if not callable(update.hyper.learning_rate) and update.hyper.learning_rate is not _IN_STATE:
         return None
@@ -409,6 +434,13 @@ class _Update:
         self, grads: PyTree, state: FlatAdamWState, params: PyTree | None = None, **extra_args: Any
     ) -> tuple[PyTree, FlatAdamWState]:
         del extra_args
+        vector, new_state = self.flat(grads, state, params)
+        return _unflatten(vector, _layout(grads, "grads")), new_state
+
+    def flat(
+        self, grads: PyTree, state: FlatAdamWState, params: PyTree | None = None
+    ) -> tuple[Array, FlatAdamWState]:
+        """The update as one `(N,)` float32 vector in `flatten`'s order, and the new state."""
         hyper = self.hyper
         layout = _layout(grads, "grads")
         if np.shape(state.mu) != (layout.size,):
@@ -429,8 +461,7 @@ class _Update:
         if hyper.weight_decay:
             direction = self._add_decay(direction, grads, params, layout)
         direction = -self._learning_rate(state) * direction
-        new_state = FlatAdamWState(count=count, mu=mu, nu=nu, schedule=state.schedule)
-        return _unflatten(direction, layout), new_state
+        return direction, FlatAdamWState(count=count, mu=mu, nu=nu, schedule=state.schedule)
 
     def _learning_rate(self, state: FlatAdamWState) -> Any:
         """The learning rate of this update: a float, or a float32 scalar from the count."""

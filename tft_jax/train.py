@@ -38,8 +38,11 @@ from tft_jax.distributed import data_mesh, is_primary, place_state, shard_batch
 from tft_jax.flat_optimizer import (
     FlatAdamWState,
     flat_adamw,
+    flat_updates,
     global_norm,
+    is_flat_adamw,
     scheduled_learning_rate,
+    unflatten,
 )
 from tft_jax.inline_threefry import inline_threefry_key
 from tft_jax.losses import pinball, quantile_loss
@@ -575,6 +578,34 @@ def _keep_if(condition: Array, update: Callable[[], PyTree], old: PyTree) -> PyT
     return jax.lax.cond(condition, update, lambda: old)
 
 
+def _flat_update_if(
+    condition: Array,
+    state: TrainState,
+    grads: dict[str, PyTree],
+    trainables: dict[str, PyTree],
+    model_state: dict[str, PyTree],
+) -> tuple[dict[str, PyTree], PyTree, dict[str, PyTree]]:
+    """A `flat_adamw` step when `condition` holds, else the state kept (params plus a zero update).
+
+    The conditional computes only the optimizer's flat vectors (the update,
+    the moments) and the model state; the update is split into the leaves
+    and added after it. Carrying three vectors instead of every parameter
+    leaf through the conditional makes a small model's step faster, with
+    the same arithmetic as `_keep_if` around `tx.update` + `apply_updates`.
+    """
+    size = state.opt_state.mu.shape[0]
+
+    def update() -> tuple[Array, FlatAdamWState, dict[str, PyTree]]:
+        vector, opt_state = flat_updates(state.tx, grads, state.opt_state, trainables)
+        return vector, opt_state, model_state
+
+    def keep() -> tuple[Array, FlatAdamWState, dict[str, PyTree]]:
+        return jnp.zeros((size,), jnp.float32), state.opt_state, state.model_state
+
+    vector, opt_state, model_state = jax.lax.cond(condition, update, keep)
+    return optax.apply_updates(trainables, unflatten(vector, trainables)), opt_state, model_state
+
+
 # XLA options for `train_step(..., compiler_options=...)` that trade step speed
 # for compile speed: LLVM at -O1 instead of -O2. On the 2-core CPU of
 # BENCHMARKS.md the step compiles 30-45% faster; the `electricity` step is as
@@ -601,10 +632,6 @@ def _train_step(
     # One reduction over the concatenated gradients, not one per parameter leaf.
     grad_norm = global_norm(grads)
 
-    def update() -> tuple[dict[str, PyTree], PyTree, dict[str, PyTree]]:
-        updates, opt_state = state.tx.update(grads, state.opt_state, trainables)
-        return optax.apply_updates(trainables, updates), opt_state, model_state
-
     # A NaN or inf in any gradient makes the global norm non-finite, so one
     # scalar test covers every leaf (and a norm overflowing float32 as well).
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
@@ -616,9 +643,19 @@ def _train_step(
     if rate is not None:
         finite &= jnp.isfinite(rate) & (rate >= 0)
     skipped = jnp.logical_not(finite).astype(jnp.int32)
-    trained, opt_state, model_state = _keep_if(
-        finite, update, (trainables, state.opt_state, state.model_state)
-    )
+    if is_flat_adamw(state.tx):
+        trained, opt_state, model_state = _flat_update_if(
+            finite, state, grads, trainables, model_state
+        )
+    else:
+
+        def update() -> tuple[dict[str, PyTree], PyTree, dict[str, PyTree]]:
+            updates, opt_state = state.tx.update(grads, state.opt_state, trainables)
+            return optax.apply_updates(trainables, updates), opt_state, model_state
+
+        trained, opt_state, model_state = _keep_if(
+            finite, update, (trainables, state.opt_state, state.model_state)
+        )
     new_state = state.replace(
         step=state.step + 1,
         params=trained["params"],
