@@ -455,6 +455,14 @@ def test_fit_announces_skipped_steps_at_the_evaluation_after_them(capsys) -> Non
         "FP32: step 4: 1 step(s) since the previous evaluation skipped (non-finite loss or "
         "gradient, or an unusable learning rate); their updates were not applied"
     ]
+    # Training the same state on (a new run, counting its own steps): only its skips are announced.
+    again = fit(result.state, [make_batch(200 + i) for i in range(2)], epochs=1, label="FP32")
+    assert again.history["skipped_steps"] == [3]
+    notes = [line for line in capsys.readouterr().err.splitlines() if "skipped" in line]
+    assert notes == [
+        "FP32: step 2: 2 step(s) since the previous evaluation skipped (non-finite loss or "
+        "gradient, or an unusable learning rate); their updates were not applied"
+    ]
 
 
 def test_quant_stats_never_enter_params_gradients_or_weight_decay() -> None:

@@ -1345,6 +1345,9 @@ def fit(
     # resumed run sums exactly as the uninterrupted one.
     pending: list[tuple[Array, Array]] = []
     last_save = clock()
+    # Skipped steps already counted (by an earlier fit of this state, or
+    # before the checkpoint resumed from) are not this run's to announce.
+    announced_skips = int(state.skipped_steps)
 
     def flush() -> None:
         for loss, skipped in jax.device_get(pending):
@@ -1355,7 +1358,7 @@ def fit(
 
     def record() -> bool:
         """Evaluates, appends to the history and saves the best state; True = stop early."""
-        nonlocal best_state
+        nonlocal best_state, announced_skips
         flush()
         count = loop.loss_count
         train_loss = loop.loss_sum / count if count else math.nan
@@ -1366,18 +1369,18 @@ def fit(
         if refit is not None:
             refit.evaluated(evaluation_seconds)
         skipped = int(state.skipped_steps)
-        skipped_before = loop.history["skipped_steps"][-1] if loop.history["skipped_steps"] else 0
         for key, value in zip(
             HISTORY_KEYS, (loop.epoch, loop.step, train_loss, val_loss, skipped), strict=True
         ):
             loop.history[key].append(value)
-        if skipped > skipped_before:
+        if skipped > announced_skips:
             # Skipping is a repair the user did not ask for: announced.
             progress.note(
-                f"step {loop.step}: {skipped - skipped_before} step(s) since the previous "
+                f"step {loop.step}: {skipped - announced_skips} step(s) since the previous "
                 "evaluation skipped (non-finite loss or gradient, or an unusable learning "
                 "rate); their updates were not applied"
             )
+            announced_skips = skipped
         if val_loss is not None:
             # A NaN loss (a diverged model) is never best: it would never be beaten.
             improved = math.isfinite(val_loss) and (
