@@ -606,11 +606,11 @@ def _flat_update_if(
     return optax.apply_updates(trainables, unflatten(vector, trainables)), opt_state, model_state
 
 
-# XLA options for `train_step(..., compiler_options=...)` that trade step speed
-# for compile speed: LLVM at -O1 instead of -O2. On the 2-core CPU of
-# BENCHMARKS.md the step compiles 30-45% faster; the `electricity` step is as
-# fast, the small `seed` step about 10% slower. (For `fit`, the same through
-# `XLA_FLAGS=--xla_backend_optimization_level=1`.)
+# XLA options for `train_step(..., compiler_options=...)` that may trade step
+# speed for compile speed: LLVM at -O1 instead of -O2. Whether it pays depends
+# on the CPU: BENCHMARKS.md has hosts where the step compiled much faster at
+# the same speed, and one where it compiled no faster and ran slower. (For
+# `fit`, the same through `XLA_FLAGS=--xla_backend_optimization_level=1`.)
 FAST_COMPILE_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 1}
 _STEP_JITS: dict[tuple[tuple[str, Any], ...], Any] = {}
 
