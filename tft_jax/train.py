@@ -590,8 +590,9 @@ def _flat_update_if(
     The conditional computes only the optimizer's flat vectors (the update,
     the moments) and the model state; the update is split into the leaves
     and added after it. Carrying three vectors instead of every parameter
-    leaf through the conditional makes a small model's step faster, with
-    the same arithmetic as `_keep_if` around `tx.update` + `apply_updates`.
+    leaf through the conditional makes a small model's step faster. The
+    formula is that of `_keep_if` around `tx.update` + `apply_updates`; XLA
+    fuses it differently, so float32 results may differ in the last bit.
     """
     size = state.opt_state.mu.shape[0]
 
