@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -271,7 +272,7 @@ def _check_hyperparameters(
     0 gets `0 / 0`), `b1` or `b2` of 1 (the bias correction divides by 0).
     """
 
-    def number(value: Any) -> float | None:
+    def as_float(value: Any) -> float | None:
         """`value` as a float if it is a real scalar (NumPy and JAX ones too), else None."""
         if value is None or isinstance(value, bool | np.bool_ | str | bytes):
             return None
@@ -280,38 +281,25 @@ def _check_hyperparameters(
         except (TypeError, ValueError):
             return None
 
-    def require(name: str, value: Any, ok: bool, expected: str) -> None:
-        if not ok:
+    def require(name: str, value: Any, ok: Callable[[float], bool], expected: str) -> None:
+        number = as_float(value)
+        if number is None or not ok(number):
             raise ValueError(f"flat_adamw: {name} must be {expected}, got {value!r}")
 
-    if not callable(learning_rate) and not isinstance(learning_rate, WarmupCosine):
-        lr = number(learning_rate)
+    finite = math.isfinite
+    if not callable(learning_rate):  # a `WarmupCosine` is callable too
         require(
             "learning_rate",
             learning_rate,
-            lr is not None and math.isfinite(lr) and lr >= 0,
+            lambda x: finite(x) and x >= 0,
             "a finite float >= 0 or a schedule",
         )
     if clip_norm is not None:
-        c = number(clip_norm)
-        require(
-            "clip_norm",
-            clip_norm,
-            c is not None and math.isfinite(c) and c > 0,
-            "a finite float > 0 or None",
-        )
-    wd = number(weight_decay)
-    require(
-        "weight_decay",
-        weight_decay,
-        wd is not None and math.isfinite(wd) and wd >= 0,
-        "a finite float >= 0",
-    )
-    for name, value in (("b1", b1), ("b2", b2)):
-        beta = number(value)
-        require(name, value, beta is not None and 0.0 <= beta < 1.0, "a float in [0, 1)")
-    e = number(eps)
-    require("eps", eps, e is not None and math.isfinite(e) and e > 0, "a finite float > 0")
+        require("clip_norm", clip_norm, lambda x: finite(x) and x > 0, "a finite float > 0 or None")
+    require("weight_decay", weight_decay, lambda x: finite(x) and x >= 0, "a finite float >= 0")
+    for name, beta in (("b1", b1), ("b2", b2)):
+        require(name, beta, lambda x: 0.0 <= x < 1.0, "a float in [0, 1)")
+    require("eps", eps, lambda x: finite(x) and x > 0, "a finite float > 0")
 
 
 def is_flat_adamw(tx: Any) -> bool:
@@ -347,12 +335,12 @@ def scheduled_learning_rate(tx: Any, state: Any) -> Array | None:
     `tft_jax.train.train_step` reads it to skip a step whose scheduled rate
     is NaN, inf or negative instead of applying it.
     """
-    update = tx.update if is_flat_adamw(tx) else None
-    if update is None or not isinstance(state, FlatAdamWState):
+    if not is_flat_adamw(tx) or not isinstance(state, FlatAdamWState):
         return None
-    if not callable(update.hyper.learning_rate) and update.hyper.learning_rate is not _IN_STATE:
+    rate = tx.update.hyper.learning_rate
+    if rate is not _IN_STATE and not callable(rate):
         return None
-    return jnp.asarray(update._learning_rate(state), jnp.float32)
+    return jnp.asarray(tx.update._learning_rate(state), jnp.float32)
 
 
 class _ByIdentity:
