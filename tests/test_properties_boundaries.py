@@ -72,6 +72,18 @@ def test_suite_gradient_causality_catches_a_leak_that_only_the_backward_has():
         suite.assert_gradient_stays_causal(pullback_of(reverse_cumsum), X)
 
 
+def test_suite_gradient_batch_independence_catches_mixing_and_nan_across_samples():
+    def pullback_of(fn):
+        return lambda cotangent: jax.vjp(fn, X)[1](cotangent)[0]
+
+    suite.assert_gradient_stays_in_sample(pullback_of(per_sample), X)
+    mixing = r"gradient of outputs\[sample 0\] w.r.t. inputs<root>\[sample 1\] is nonzero"
+    with pytest.raises(AssertionError, match=rf"mixes samples \(2 leaks\):\n  {mixing}"):
+        suite.assert_gradient_stays_in_sample(pullback_of(batch_centered), X)
+    with pytest.raises(AssertionError, match=r"is nonzero \(max \|g\| 0, 12 NaN\)"):
+        suite.assert_gradient_stays_in_sample(pullback_of(nan_gradient_across_samples), X)
+
+
 def test_causal_gradient_check_needs_a_jax_function_and_says_so():
     def numpy_fn(x):
         return np.cumsum(np.asarray(x), axis=1)

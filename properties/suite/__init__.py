@@ -172,21 +172,15 @@ def assert_gradient_stays_causal(
     Raises:
       AssertionError: naming the input leaf, `t` and the first later step reached.
     """
-    leaves, treedef = jax.tree_util.tree_flatten(outputs)
-    leaves = [np.asarray(leaf) for leaf in leaves]
-    problems = checks._causal_pullback_leaks(
-        lambda cotangents: pullback(jax.tree_util.tree_unflatten(treedef, cotangents)),
-        leaves,
-        [axis] * len(leaves),
+    _assert_no_pullback_leaks(
+        checks._causal_pullback_leaks,
+        pullback,
+        outputs,
         axis,
-        range(int(leaves[0].shape[axis]) - 1),
-        atol=0.0,
-        seed=seed,
-        name="inputs",
+        lambda steps: range(steps - 1),
+        seed,
+        "the gradient is not causal",
     )
-    if problems:
-        shown = "\n  ".join(problems[:6])
-        raise AssertionError(f"the gradient is not causal ({len(problems)} leaks):\n  {shown}")
 
 
 def assert_gradient_stays_in_sample(
@@ -205,18 +199,45 @@ def assert_gradient_stays_in_sample(
     Raises:
       AssertionError: naming the input leaf and the pair `(i, j)`.
     """
+    _assert_no_pullback_leaks(
+        checks._sample_pullback_leaks,
+        pullback,
+        outputs,
+        0,
+        lambda batch: samples or range(batch),
+        seed,
+        "the gradient mixes samples",
+    )
+
+
+def _assert_no_pullback_leaks(
+    find_leaks: Callable[..., list[str]],
+    pullback: Callable[[Any], Any],
+    outputs: Any,
+    axis: int,
+    positions: Callable[[int], Sequence[int]],
+    seed: int,
+    failure: str,
+) -> None:
+    """Runs a `checks` pullback-leak finder on a compiled pullback; raises listing the leaks.
+
+    `find_leaks` is `checks._causal_pullback_leaks` or
+    `checks._sample_pullback_leaks`; `positions(n)` gives the steps or
+    samples to test from the size `n` of the outputs' `axis`. Gradients must
+    be exactly zero where they should not reach.
+    """
     leaves, treedef = jax.tree_util.tree_flatten(outputs)
     leaves = [np.asarray(leaf) for leaf in leaves]
-    problems = checks._sample_pullback_leaks(
+    problems = find_leaks(
         lambda cotangents: pullback(jax.tree_util.tree_unflatten(treedef, cotangents)),
         leaves,
-        [0] * len(leaves),
-        0,
-        samples or range(int(leaves[0].shape[0])),
+        [axis] * len(leaves),
+        axis,
+        positions(int(leaves[0].shape[axis])),
         atol=0.0,
         seed=seed,
         name="inputs",
     )
     if problems:
         shown = "\n  ".join(problems[:6])
-        raise AssertionError(f"the gradient mixes samples ({len(problems)} leaks):\n  {shown}")
+        raise AssertionError(f"{failure} ({len(problems)} leaks):\n  {shown}")
