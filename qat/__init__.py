@@ -9,10 +9,12 @@ Fake quantization with a straight-through gradient (`fake_quantize`,
 and the conversion to int8 (`from_fp32`, `calibrate`, `convert`, `int8_apply`,
 `model_size`).
 
-The straight-through estimators are `jax.custom_vjp` rules: differentiate
-with reverse mode (`jax.grad`, `jax.vjp`). Forward mode (`jax.jvp`,
-`jax.jacfwd`, `jax.linearize`) raises `ForwardModeError` (a `TypeError`)
-naming `fake_quantize` or `lsq_fake_quantize`.
+The straight-through estimators are `jax.custom_jvp` rules that only reverse
+mode accepts: differentiate with `jax.grad` or `jax.vjp`. Forward mode
+(`jax.jvp`, `jax.jacfwd`, `jax.linearize`) raises `ForwardModeError` (a
+`TypeError`) naming `fake_quantize` or `lsq_fake_quantize`; a second
+derivative (`jax.hessian`, `grad` of `grad`) differentiates the
+straight-through rule itself, whose derivative is zero.
 """
 
 from qat._forward_mode import ForwardModeError

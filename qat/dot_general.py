@@ -119,6 +119,25 @@ def rhs_channels_to_output(
     return jnp.reshape(values, shape)
 
 
+def lhs_rows_with_nan(lhs: Array, dimension_numbers: DimensionNumbers, rhs_ndim: int) -> Array:
+    """Where a contraction's output reads a NaN of `lhs`: a boolean mask broadcasting to it.
+
+    True at the output positions whose contracted `lhs` entries hold a NaN,
+    in `lax.dot_general`'s output order `(batch..., lhs free..., rhs free...)`
+    with singleton rhs-free axes. A float contraction propagates those NaNs;
+    an integer one would read them as arbitrary codes.
+    """
+    (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
+    contract = tuple(axis % lhs.ndim for axis in lhs_contract)
+    batch = tuple(axis % lhs.ndim for axis in lhs_batch)
+    remaining = [axis for axis in range(lhs.ndim) if axis not in contract]
+    free = [axis for axis in remaining if axis not in batch]
+    mask = jnp.any(jnp.isnan(lhs), axis=contract)
+    mask = jnp.transpose(mask, [remaining.index(axis) for axis in (*batch, *free)])
+    rhs_free = rhs_ndim - len(rhs_contract) - len(rhs_batch)
+    return jnp.reshape(mask, mask.shape + (1,) * rhs_free)
+
+
 def _contracting_dims(dimension_numbers: DimensionNumbers, rhs: Array) -> tuple[int, ...]:
     (_, rhs_contract), _ = dimension_numbers
     return tuple(axis % rhs.ndim for axis in rhs_contract)
@@ -322,6 +341,7 @@ class Int8DotGeneral(_ActivationQParams):
             )
         _check_bounds(self.lhs_bounds)
         contracting = _contracting_dims(dimension_numbers, rhs)
+        _check_convertible_contraction(contracting, rhs.ndim, self.scope.path)
         channel_shape = tuple(n for axis, n in enumerate(rhs.shape) if axis not in contracting)
         if not (self.is_initializing() or self.has_variable(INT8, "weight_scale")):
             raise ValueError(
@@ -371,7 +391,11 @@ class Int8DotGeneral(_ActivationQParams):
         zero_point: Array,
         dimension_numbers: DimensionNumbers,
     ) -> Array:
-        """`s_a * sum_k (q_k - zp) w_k` in float32, the sum computed in int32."""
+        """`s_a * sum_k (q_k - zp) w_k` in float32, the sum computed in int32.
+
+        An output that reads a NaN input is NaN, as in the fake-quantized
+        forward (a NaN has no integer code).
+        """
         qmin, qmax = self.activation_grid
         shift = 2 ** (self.config.bits - 1)
         codes = (quantize(lhs, scale, zero_point, qmin, qmax) - shift).astype(jnp.int8)
@@ -382,7 +406,30 @@ class Int8DotGeneral(_ActivationQParams):
         rhs_sums = jnp.sum(rhs.astype(jnp.int32), axis=contracting)
         rhs_sums = rhs_channels_to_output(rhs_sums, dimension_numbers, lhs.ndim, rhs.ndim)
         accumulator = accumulator - (zero_point - shift) * rhs_sums
-        return accumulator.astype(jnp.float32) * scale
+        y = accumulator.astype(jnp.float32) * scale
+        return jnp.where(lhs_rows_with_nan(lhs, dimension_numbers, rhs.ndim), jnp.nan, y)
+
+
+def _check_convertible_contraction(
+    contracting: tuple[int, ...], rhs_ndim: int, path: tuple[str, ...]
+) -> None:
+    """Raises unless the kernel is contracted over its second-to-last axis alone.
+
+    `qat.convert` quantizes every kernel per channel over axis -2 (the input
+    axis of `nn.Dense`/`Linear` `(I, F)` and `VariableLinear` `(V, I, F)`);
+    it never sees the dimension numbers. A kernel contracted over other axes
+    (`nn.DenseGeneral` with several feature or input axes) would get codes
+    and scales of the wrong channels: a wrong int8 output, silently so when
+    the shapes happen to agree.
+    """
+    if contracting == (rhs_ndim - 2,):
+        return
+    raise ValueError(
+        f"the int8 layer at '{'/'.join(path)}' contracts kernel axes {contracting} of a "
+        f"{rhs_ndim}-axis kernel, but qat.convert quantizes kernels per channel over their "
+        f"second-to-last axis only (nn.Dense/Linear (I, F), VariableLinear (V, I, F)); this "
+        "layer (e.g. nn.DenseGeneral with several feature or input axes) cannot run in int8"
+    )
 
 
 def _check_float_codes(rhs: Array, bits: int, path: tuple[str, ...]) -> None:

@@ -22,6 +22,7 @@ from qat import (
     int8_dot_general,
     quantized_layers,
 )
+from qat.dot_general import lhs_rows_with_nan
 from tft_jax import Linear
 
 FEATURES, HIDDEN, OUT, BATCH = 5, 16, 3, 32
@@ -213,3 +214,60 @@ def test_a_hand_built_int8_contraction_under_another_name_is_told_where_to_look(
         rtol=1e-6,
         atol=1e-6,
     )
+
+
+class MultiFeatureDense(nn.Module):
+    """`nn.DenseGeneral` with features `(2, 4)`: a `(2, 2, 4)` kernel contracted over axis 0."""
+
+    dot_general_cls: Any = None
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.DenseGeneral((2, 4), dot_general_cls=self.dot_general_cls)(x)
+
+
+def test_a_kernel_not_contracted_over_its_second_to_last_axis_is_refused_in_int8():
+    # convert quantizes over axis -2; here the input axis is 0 and, with 2 input
+    # features, the scale shapes agree: int8_apply used to return a wrong output.
+    x = np.random.default_rng(0).normal(size=(4, 2)).astype(np.float32)
+    model = MultiFeatureDense()
+    qat_model = QATModel(model, QATConfig(bits=8))
+    qat_vars = from_fp32(model.init(jax.random.key(0), x), qat_model, x)
+    int8_vars = convert(calibrate(qat_model, qat_vars, [x]))
+    with pytest.raises(ValueError, match=r"contracts kernel axes \(0,\) of a 3-axis kernel"):
+        int8_apply(qat_model, int8_vars, x)
+
+
+def test_int8_outputs_that_read_a_nan_input_are_nan_like_the_fake_quantized_ones():
+    # A NaN has no integer code: without the mask its row came out finite and plausible.
+    qat_model, _, qat_vars = quantized(DenseMLP)
+    x = batches(1)[0].copy()
+    x[2, 1] = np.nan
+    want = np.asarray(fake_forward(qat_model, qat_vars, x))
+    got = np.asarray(int8_forward(qat_model, convert(qat_vars), x))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got[2]).all() and not np.isnan(np.delete(got, 2, axis=0)).any()
+
+
+@pytest.mark.parametrize(
+    "lhs_shape, rhs_shape, dimension_numbers",
+    [
+        ((4, 5), (5, 3), (((1,), (0,)), ((), ()))),
+        ((2, 4, 5), (5, 3), (((2,), (0,)), ((), ()))),
+        ((3, 4, 5), (3, 5, 6), (((2,), (1,)), ((0,), (0,)))),  # VariableLinear's layout
+        ((4, 3, 5), (3, 5, 6), (((2,), (1,)), ((1,), (0,)))),  # batch axis not leading
+        ((5, 2, 4), (2, 5, 3, 2), (((0,), (1,)), ((1,), (0,)))),
+    ],
+)
+def test_nan_mask_marks_where_a_float_contraction_propagates_a_nan(
+    lhs_shape, rhs_shape, dimension_numbers
+):
+    rng = np.random.default_rng(0)
+    lhs = rng.normal(size=lhs_shape).astype(np.float32)
+    lhs[rng.random(lhs_shape) < 0.1] = np.nan
+    # Reference: a float contraction of the NaN pattern with a kernel of ones.
+    poison = np.where(np.isnan(lhs), np.nan, 0.0).astype(np.float32)
+    want = np.isnan(jax.lax.dot_general(poison, np.ones(rhs_shape, np.float32), dimension_numbers))
+    got = lhs_rows_with_nan(jnp.asarray(lhs), dimension_numbers, len(rhs_shape))
+    np.testing.assert_array_equal(np.broadcast_to(got, want.shape), want)
+    assert want.any() and not want.all()
