@@ -110,12 +110,17 @@ def _to_numpy(name: str, leaf: Any) -> np.ndarray:
     Tracers are refused (checks run outside transformations), and so are
     leaves that are not numbers (a string, an object): a check would skip
     them, or compare them as numbers, and pass without having checked them.
+    A `float0` leaf (the gradient of an integer input, `jax.grad(...,
+    allow_int=True)`) carries no value: it becomes a boolean array of its
+    shape, all False, which the checks treat as they treat integer leaves.
     """
     if isinstance(leaf, jax.core.Tracer):
         raise TypeError(
             f"{name} is a traced value: call the checks outside jax.jit/grad/vmap, "
             "on concrete arrays"
         )
+    if getattr(leaf, "dtype", None) == jax.dtypes.float0:
+        return np.zeros(np.shape(leaf), np.bool_)
     array = np.asarray(leaf)
     if not (jnp.issubdtype(array.dtype, jnp.number) or array.dtype == np.bool_):
         raise TypeError(
@@ -701,7 +706,8 @@ def _causal_pullback_leaks(
     for t in steps:
         gradients = pullback(_cotangents(outputs, output_axes, slice(t + 1), rng))
         for path, gradient in jax.tree_util.tree_flatten_with_path(gradients)[0]:
-            future = np.moveaxis(_as_float64(np.asarray(gradient)), axis, 0)[t + 1 :]
+            values = _as_float64(_to_numpy(f"{name}{jax.tree_util.keystr(path)}", gradient))
+            future = np.moveaxis(values, axis, 0)[t + 1 :]
             leak = _gradient_leak(future, atol)
             if leak is None:
                 continue
@@ -834,7 +840,8 @@ def _sample_pullback_leaks(
     for sample in samples:
         gradients = pullback(_cotangents(outputs, output_axes, sample, rng))
         for path, gradient in jax.tree_util.tree_flatten_with_path(gradients)[0]:
-            moved = np.moveaxis(_as_float64(np.asarray(gradient)), axis % np.ndim(gradient), 0)
+            values = _as_float64(_to_numpy(f"{name}{_path_name(path)}", gradient))
+            moved = np.moveaxis(values, axis % values.ndim, 0)
             for other in range(moved.shape[0]):
                 if other == sample:
                     continue
@@ -1164,24 +1171,34 @@ def _integer_grid(qmin: Any, qmax: Any) -> tuple[int, int]:
     return int(qmin), int(qmax)
 
 
-def _quantization_codes(
-    x: np.ndarray, scale: Any, zero_point: Any
-) -> tuple[np.ndarray, np.ndarray]:
-    """`round(x / scale) + zero_point` (half to even) in `x`'s dtype, two ways; float64 out.
+def _quantization_codes(x: np.ndarray, scale: Any, zero_point: Any) -> list[np.ndarray]:
+    """`round(x / scale) + zero_point` (half to even) as every sound quantizer may compute it.
 
-    The first uses IEEE division, the second multiplies by the rounded
-    reciprocal, which is what XLA emits for a division by a broadcast scalar
-    (its algebraic simplifier rewrites `x / s` to `x * (1 / s)`). They differ
-    only where `x / s` is within an ulp of a tie.
+    The first is IEEE division in `x`'s dtype widened to at least float32
+    (the precision `qat.fake_quantize` and PyTorch compute in, with the scale
+    as given); the others are where a correct quantizer may round a
+    near-tie to the other side: multiplying by the rounded reciprocal, which
+    is what XLA emits for a division by a broadcast scalar (its algebraic
+    simplifier rewrites `x / s` to `x * (1 / s)`), and, for float16 or
+    bfloat16 `x`, the same two in `x`'s own dtype (scale cast to it). They
+    differ only where `x / s` is within a few ulps (of `x`'s dtype) of a
+    tie. All float64.
     """
-    step = np.asarray(scale, x.dtype)
-    if np.any(~(_as_float64(step) > 0)):
-        raise ValueError(f"scale must be positive, got {scale}")
+    dtypes = [np.promote_types(x.dtype, np.float32)]
+    if dtypes[0] != x.dtype:
+        dtypes.append(x.dtype)
     offset = np.asarray(zero_point, np.float64)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        divided = np.round(x / step)
-        reciprocal = np.round(x * (np.ones_like(step) / step))
-    return _as_float64(divided) + offset, _as_float64(reciprocal) + offset
+    codes = []
+    for dtype in dtypes:
+        step = np.asarray(scale, dtype)
+        if np.any(~(_as_float64(step) > 0)):
+            raise ValueError(f"scale must be positive, got {scale}")
+        values = x.astype(dtype)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            divided = np.round(values / step)
+            reciprocal = np.round(values * (np.ones_like(step) / step))
+        codes += [_as_float64(divided) + offset, _as_float64(reciprocal) + offset]
+    return codes
 
 
 def assert_ste_gradient(
@@ -1209,9 +1226,12 @@ def assert_ste_gradient(
 
     One ambiguity is allowed: XLA computes `x / s` for a scalar `s` as
     `x * (1 / s)`, which can round a tie `x / s = qmax + 0.5` to the other
-    side of the grid's edge than IEEE division does. Where the two
-    roundings disagree on the mask, the gradient may be `g` or `0` (still
-    exactly one of them); everywhere else it must be exact.
+    side of the grid's edge than IEEE division does. For a float16 or
+    bfloat16 `x` the codes are computed in float32 with the scale as given
+    (as `qat.fake_quantize` does), and a quantizer computing in `x`'s own
+    dtype is allowed too. Where these roundings disagree on the mask, the
+    gradient may be `g` or `0` (still exactly one of them); everywhere else
+    it must be exact.
 
     Args:
       quantize_fn: called as `quantize_fn(x, scale, zero_point, qmin, qmax)`.
@@ -1227,12 +1247,13 @@ def assert_ste_gradient(
     """
     x = _float_array("x", x)
     qmin, qmax = _integer_grid(qmin, qmax)
-    divided, reciprocal = (
-        np.broadcast_to(codes, x.shape) for codes in _quantization_codes(x, scale, zero_point)
+    codes, *alternatives = (
+        np.broadcast_to(way, x.shape) for way in _quantization_codes(x, scale, zero_point)
     )
-    mask = (divided >= qmin) & (divided <= qmax)
-    ambiguous = mask != ((reciprocal >= qmin) & (reciprocal <= qmax))
-    codes = divided
+    mask = (codes >= qmin) & (codes <= qmax)
+    ambiguous = np.zeros(x.shape, bool)
+    for alternative in alternatives:
+        ambiguous |= mask != ((alternative >= qmin) & (alternative <= qmax))
     output, pullback = jax.vjp(lambda v: quantize_fn(v, scale, zero_point, qmin, qmax), x)
     if output.shape != x.shape:
         raise AssertionError(f"quantize_fn changed the shape: {x.shape} -> {output.shape}")

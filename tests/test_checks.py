@@ -9,6 +9,7 @@ import optax
 import pytest
 
 from properties import checks
+from qat import fake_quantize
 
 from .causal_functions import cumsum, reverse_cumsum
 
@@ -177,6 +178,17 @@ def test_nonzero_grads_treats_nan_norm_as_dead_and_rejects_negative_min_norm():
         checks.assert_nonzero_grads({"w": np.ones(2)}, min_norm=-1.0)
 
 
+def test_nonzero_grads_and_finite_skip_the_float0_gradient_of_an_integer_input():
+    # jax.grad(..., allow_int=True) gives integer leaves a float0 gradient,
+    # which the checks skip like integer leaves instead of refusing the tree.
+    params = {"w": np.ones(3, np.float32), "steps": np.arange(3)}
+    grads = jax.grad(lambda p: jnp.sum(p["w"] ** 2 * p["steps"]), allow_int=True)(params)
+    assert grads["steps"].dtype == jax.dtypes.float0
+    checks.assert_finite(grads)
+    with pytest.raises(AssertionError, match=r"\['w'\] \(shape \(3,\)\): 1 of 3 elements dead"):
+        checks.assert_nonzero_grads(grads, per_element=True)
+
+
 # assert_causal
 
 
@@ -302,6 +314,22 @@ def test_ste_gradient_accepts_either_side_only_where_xla_rounds_a_tie_differentl
 
     with pytest.raises(AssertionError, match="1 outside the grid"):
         checks.assert_ste_gradient(unmasked, x, scale, 0, -8, 7)
+
+
+def test_ste_gradient_of_a_float16_input_uses_the_scale_as_given_not_cast_to_float16():
+    # x / s = 1.49999 with the float32 scale: code 1 + 2 = 3, inside [0, 3], gradient g
+    # (qat.fake_quantize computes in float32); with the scale cast to float16 the
+    # quotient rounds to 1.5, code 4, and the check used to demand a zero gradient.
+    scale = np.float32(13.593851)
+    x = np.array([20.390625, 0.0, 200.0], np.float16)
+    checks.assert_ste_gradient(fake_quantize, x, scale, 2, 0, 3)
+
+    def unmasked(x, scale, zero_point, qmin, qmax):
+        quantized = fake_quantize(x, scale, zero_point, qmin, qmax)
+        return x + jax.lax.stop_gradient(quantized - x)
+
+    with pytest.raises(AssertionError, match="0 inside the grid, 0 at qmin or qmax, 1 outside"):
+        checks.assert_ste_gradient(unmasked, x, scale, 2, 0, 3)
 
 
 # assert_quantization_error_bounded

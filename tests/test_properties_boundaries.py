@@ -84,6 +84,26 @@ def test_suite_gradient_batch_independence_catches_mixing_and_nan_across_samples
         suite.assert_gradient_stays_in_sample(pullback_of(nan_gradient_across_samples), X)
 
 
+def test_suite_gradient_helpers_skip_the_float0_gradient_of_integer_inputs():
+    # A pullback over (floats, category codes) returns a float0 gradient for the codes.
+    codes = np.arange(X.shape[0] * X.shape[1]).reshape(X.shape[:2])
+
+    def pullback_of(fn):
+        return lambda cotangent: jax.vjp(fn, X, codes)[1](cotangent)
+
+    def scaled(x, codes):
+        return cumsum(x) * codes[:, :, None]
+
+    suite.assert_gradient_stays_in_sample(pullback_of(scaled), scaled(X, codes))
+    suite.assert_gradient_stays_causal(pullback_of(scaled), scaled(X, codes))
+
+    def centered(x, codes):
+        return batch_centered(x) * codes[:, :, None]
+
+    with pytest.raises(AssertionError, match=r"w.r.t. inputs\[0\]\[sample 1\] is nonzero"):
+        suite.assert_gradient_stays_in_sample(pullback_of(centered), centered(X, codes))
+
+
 def test_causal_gradient_check_needs_a_jax_function_and_says_so():
     def numpy_fn(x):
         return np.cumsum(np.asarray(x), axis=1)
