@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tft_jax.data import (
+    FeatureScaler,
     TableSpec,
     TargetScaler,
     batch_indices,
@@ -306,6 +307,21 @@ def test_robust_scale_of_an_intermittent_series_is_its_mean_absolute_deviation_w
     # A constant series still gets scale 1, silently (nothing to scale).
     constant = TargetScaler.fit(np.full(10, 3.0), np.zeros(10, int), 1, "robust")
     assert (constant.loc[0], constant.scale[0]) == (3.0, 1.0)
+
+
+@pytest.mark.parametrize("method", ["standard", "robust", "mean_abs"])
+def test_a_series_of_small_magnitude_keeps_its_own_scale(method):
+    # Values around 1e-9 vary (they are no constant): a scale of 1 would leave
+    # them ~0 in model units, and forecasts mapped back ~1e7 times too large.
+    values = 1e-9 * (1.0 + np.random.default_rng(0).random(50))
+    scaler = TargetScaler.fit(values, np.zeros(50, int), 1, method)
+    scaled = scaler.transform(values, np.zeros(50, int))
+    assert 0.1 < np.abs(scaled).max() < 10.0, (scaler.loc, scaler.scale)
+    features = FeatureScaler.fit(values[:, None])
+    assert features.scale[0] == pytest.approx(np.std(values))
+    if method != "mean_abs":  # a constant at that magnitude is still centred, not scaled
+        constant = TargetScaler.fit(np.full(10, 3e-9), np.zeros(10, int), 1, method)
+        assert (constant.loc[0], constant.scale[0]) == pytest.approx((3e-9, 1.0), rel=1e-12)
 
 
 def test_inverse_transform_rejects_mismatched_codes():

@@ -3,6 +3,7 @@ repairs are announced, tables that cannot be read as the model was trained are r
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 
 from tft_jax.data import prepare_dataset
 from tft_jax.data.future import future_windows
+from tft_jax.data.preprocessing import Preprocessor
 
 HISTORY, HORIZON = 6, 3
 SPEC = dict(id_col="id", time_col="time", target="y", freq="h", history=HISTORY, horizon=HORIZON)
@@ -226,6 +228,20 @@ def test_aware_times_in_another_zone_are_the_same_instants():
     assert same.known[-1, index] > same.known[0, index]
 
 
+def test_calendar_inputs_of_the_same_instants_in_another_zone_are_the_trained_ones():
+    # Trained on Berlin midnights; the same history in UTC is 23:00 the day before.
+    # Read in UTC, day of week and of year would be a day early: weekly patterns shift.
+    berlin = daily().assign(time=lambda t: t["time"].dt.tz_localize("Europe/Berlin"))
+    fitted = prepare_dataset(berlin, **dict(SPEC, freq="D")).preprocessor
+    assert fitted.time_zone == "Europe/Berlin"
+    in_utc = berlin.assign(time=berlin["time"].dt.tz_convert("UTC"))
+    for preprocessor in (fitted, Preprocessor.from_json(json.loads(json.dumps(fitted.to_json())))):
+        expected = future_windows(preprocessor, berlin, None, HISTORY, HORIZON).windows.panel
+        got = future_windows(preprocessor, in_utc, None, HISTORY, HORIZON).windows.panel
+        np.testing.assert_allclose(got.known, expected.known, atol=1e-6)
+    assert str(got.times.tz) == "UTC"  # the forecast keeps the zone it was given
+
+
 def test_a_day_first_future_is_read_as_the_history_is():
     spec = dict(SPEC, freq="D", known_cols=["promo"])
     table = daily(60, start="2021-01-15")
@@ -266,6 +282,20 @@ def test_iso_texts_with_offsets_changing_at_dst_read_as_the_zone_given():
     assert str(got.frame["time"].dt.tz) == "Australia/Melbourne"
     with pytest.raises(ValueError, match=r"off the freq='D' grid .* pass their zone as timezone="):
         prepare_dataset(texts, **dict(SPEC, freq="D"))
+
+
+def test_a_saved_preprocessor_counts_days_across_dst_as_the_fitted_one():
+    # Fitted in Melbourne's summer (+11:00); the history runs past the April change
+    # (+10:00). Read back with the offset alone, the origin's days would sit an hour
+    # off the later midnights and every time_index a day late.
+    fitted = prepare_dataset(melbourne_daily(), **dict(SPEC, freq="D")).preprocessor
+    loaded = Preprocessor.from_json(json.loads(json.dumps(fitted.to_json())))
+    assert str(loaded.origin.tz) == "Australia/Melbourne"
+    history = melbourne_daily()
+    index = list(fitted.known_feature_names).index("time_index")
+    expected = future_windows(fitted, history, None, HISTORY, HORIZON).windows.panel.known
+    got = future_windows(loaded, history, None, HISTORY, HORIZON).windows.panel.known
+    np.testing.assert_array_equal(got[:, index], expected[:, index])
 
 
 def test_iso_texts_with_changing_offsets_and_no_zone_are_read_in_utc_with_a_warning():

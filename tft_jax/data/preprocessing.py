@@ -51,6 +51,24 @@ def _json_value(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
+def _zone_name(stamp: pd.Timestamp) -> str | None:
+    """The name of `stamp`'s time zone ('Europe/Berlin'), or None if naive or nameless.
+
+    An ISO text keeps only the offset in force at `stamp` ('+02:00'), not the
+    zone: read back with that fixed offset, days counted across a
+    daylight-saving change land an hour off their midnights (`steps_since`),
+    so `Preprocessor.time_zone` keeps the name.
+    """
+    if stamp.tz is None:
+        return None
+    name = getattr(stamp.tz, "key", None) or getattr(stamp.tz, "zone", None) or str(stamp.tz)
+    try:
+        stamp.tz_convert(name)
+    except Exception:  # pandas cannot read this zone back by name: the offset is kept
+        return None
+    return name
+
+
 def _codes(vocabulary: Sequence[Any], values: Sequence[Any]) -> np.ndarray:
     """(R,) int32 position of each value in `vocabulary`; `len(vocabulary)` if absent."""
     position = {value: code for code, value in enumerate(vocabulary)}
@@ -92,6 +110,11 @@ class Preprocessor:
       feature_scaler: standardisation of the real observed then known columns.
       vocabularies: the sorted training values of each categorical column.
       missing_flag: whether `<target>_missing` is an observed input.
+      time_zone: the training time column's zone by name (None: naive, or a
+        run saved before it was kept). Without `spec.timezone`, calendar
+        inputs of aware times are read in it, so a table of the same instants
+        in another zone (UTC from a database) gets the inputs the model was
+        trained on, not its days shifted; `origin` is read back in it.
     """
 
     spec: TableSpec
@@ -102,6 +125,7 @@ class Preprocessor:
     feature_scaler: FeatureScaler
     vocabularies: dict[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
     missing_flag: bool = True
+    time_zone: str | None = None
 
     @property
     def missing_col(self) -> str:
@@ -199,6 +223,7 @@ class Preprocessor:
             feature_scaler=feature_scaler,
             vocabularies=vocabularies,
             missing_flag=bool((~observed[train_rows]).any()),
+            time_zone=_zone_name(origin),
         )
 
     def check_time_zone(self, times: pd.Series | pd.DatetimeIndex, what: str = "table") -> None:
@@ -307,10 +332,8 @@ class Preprocessor:
         observed_user = scaled_user[:, : len(real_observed)]
         known_user = scaled_user[:, len(real_observed) :]
         time_index = steps_since(times, self.origin, spec.freq) / self.train_steps
-        known = np.concatenate(
-            [calendar_features(times, spec.freq, spec.timezone), time_index[:, None], known_user],
-            axis=1,
-        )
+        calendar = calendar_features(times, spec.freq, spec.timezone or self.time_zone)
+        known = np.concatenate([calendar, time_index[:, None], known_user], axis=1)
         flag = [missing[:, None]] if self.missing_flag else []
         observed = np.concatenate([scaled_target[:, None], observed_user, *flag], axis=1)
         num_series = len(ids)
@@ -365,16 +388,21 @@ class Preprocessor:
             },
             "vocabularies": {name: list(values) for name, values in self.vocabularies.items()},
             "missing_flag": self.missing_flag,
+            "time_zone": self.time_zone,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Preprocessor:
         """The preprocessor `to_json` described."""
         target, features = data["target_scaler"], data["feature_scaler"]
+        origin = pd.Timestamp(data["origin"])  # ISO text: the offset of then, not the zone
+        zone = data.get("time_zone")
+        if zone is not None:
+            origin = origin.tz_convert(zone)
         return cls(
             spec=TableSpec(**data["spec"]),
             series_ids=tuple(data["series_ids"]),
-            origin=pd.Timestamp(data["origin"]),
+            origin=origin,
             train_steps=float(data["train_steps"]),
             target_scaler=TargetScaler(
                 loc=np.asarray(target["loc"], np.float64),
@@ -390,4 +418,5 @@ class Preprocessor:
                 name: tuple(values) for name, values in data.get("vocabularies", {}).items()
             },
             missing_flag=bool(data.get("missing_flag", True)),
+            time_zone=zone,
         )
