@@ -262,11 +262,36 @@ def _tree_shapes(tree: Any) -> Any:
     return jax.tree.map(lambda leaf: (tuple(jnp.shape(leaf)), jnp.result_type(leaf).name), tree)
 
 
-def _split_flags(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[Any, ...]]:
-    """`(array kwargs, hashable flag items)`: bools and strings must stay static under jit."""
-    flags = tuple(sorted((k, v) for k, v in kwargs.items() if isinstance(v, bool | str)))
-    arrays = {k: v for k, v in kwargs.items() if not isinstance(v, bool | str)}
-    return arrays, flags
+_Static = tuple[tuple[tuple[int, Any], ...], tuple[tuple[str, Any], ...]]
+
+
+def _is_flag(value: Any) -> bool:
+    return isinstance(value, bool | str)
+
+
+def _split_flags(
+    args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any], _Static]:
+    """`(array args, array kwargs, hashable flags)`: bools and strings must stay static under jit.
+
+    A flag given by position (`model(x, False)`) keeps its place: it is None
+    among the array args and `(position, value)` among the flags.
+    """
+    positional = tuple((i, v) for i, v in enumerate(args) if _is_flag(v))
+    arrays = tuple(None if _is_flag(v) else v for v in args)
+    keywords = tuple(sorted((k, v) for k, v in kwargs.items() if _is_flag(v)))
+    return arrays, {k: v for k, v in kwargs.items() if not _is_flag(v)}, (positional, keywords)
+
+
+def _join_flags(
+    args: tuple[Any, ...], kwargs: dict[str, Any], flags: _Static
+) -> tuple[list[Any], dict[str, Any]]:
+    """The call's `(args, kwargs)` with the flags `_split_flags` took out put back."""
+    positional, keywords = flags
+    joined = list(args)
+    for index, value in positional:
+        joined[index] = value
+    return joined, {**kwargs, **dict(keywords)}
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 4))
@@ -275,11 +300,12 @@ def _fresh_state(
     collections: tuple[str, ...],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    flags: tuple[Any, ...],
+    flags: _Static,
 ) -> dict[str, Any]:
     """The initial non-parameter collections; XLA prunes the unused params init and forward."""
     rngs = {"params": jax.random.key(0), "dropout": jax.random.key(0)}
-    variables = qat_model.init(rngs, *args, **kwargs, **dict(flags))
+    args, kwargs = _join_flags(args, kwargs, flags)
+    variables = qat_model.init(rngs, *args, **kwargs)
     return {name: variables[name] for name in collections}
 
 
@@ -302,7 +328,13 @@ def from_fp32(
         raise ValueError(f"fp32_variables must hold 'params', got keys {sorted(fp32_variables)}")
     kwargs = qat_model.inference_kwargs(kwargs)
     rngs = {"params": jax.random.key(0), "dropout": jax.random.key(0)}
-    expected = jax.eval_shape(functools.partial(qat_model.init, **kwargs), rngs, *inputs)
+    args, array_kwargs, flags = _split_flags(tuple(inputs), kwargs)
+
+    def init(rngs: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        args, kwargs = _join_flags(args, kwargs, flags)
+        return qat_model.init(rngs, *args, **kwargs)
+
+    expected = jax.eval_shape(init, rngs, args, array_kwargs)
     params = unfreeze(fp32_variables["params"])
     if _tree_shapes(params) != _tree_shapes(unfreeze(expected["params"])):
         raise ValueError(
@@ -310,9 +342,7 @@ def from_fp32(
             f"got {_tree_shapes(params)}, expected {_tree_shapes(unfreeze(expected['params']))}"
         )
     state_collections = tuple(name for name in expected if name != "params")
-    state = unfreeze(
-        _fresh_state(qat_model, state_collections, tuple(inputs), *_split_flags(kwargs))
-    )
+    state = unfreeze(_fresh_state(qat_model, state_collections, args, array_kwargs, flags))
     state.setdefault(QUANT_STATS, {})
     return {"params": params, **state}
 
@@ -343,16 +373,15 @@ def _calibration_step(
     variables: dict[str, Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    flags: tuple[Any, ...],
+    flags: _Static,
 ) -> tuple[dict[str, Any], Array]:
     """The variables after one deterministic forward with the observers updating.
 
     Also returns whether every observed range is still finite (NaN or inf in
     the batch, or an overflowing activation, would poison the scales).
     """
-    _, updates = qat_model.apply(
-        variables, *args, **kwargs, **dict(flags), calibrate=True, mutable=[QUANT_STATS]
-    )
+    args, kwargs = _join_flags(args, kwargs, flags)
+    _, updates = qat_model.apply(variables, *args, **kwargs, calibrate=True, mutable=[QUANT_STATS])
     stats = updates[QUANT_STATS]
     return {**variables, QUANT_STATS: stats}, _observed_ranges_finite(stats)
 
@@ -398,7 +427,10 @@ def calibrate(
     `tft_jax.train.Batch`) with `static, historical, future` and optionally
     `known_history, static_categorical`. For a `QATModel` a batch is the
     model's input: an array (one argument), a tuple or list (positional
-    arguments) or a mapping (keyword arguments). The forward is deterministic
+    arguments; a bool or string among them stays a static Python value, as
+    by keyword) or a mapping (keyword arguments). `batches` is iterated: one
+    array given as `batches` is a stack of batches along its first axis,
+    not a batch. The forward is deterministic
     (`deterministic=True` when the model takes it); only `'quant_stats'` changes.
     At most `num_batches` batches are drawn from `batches`: an iterator is
     not advanced past them.
@@ -422,7 +454,7 @@ def calibrate(
     for batch in itertools.islice(batches, limit):
         args, kwargs = qat_model.batch_inputs(batch)
         variables, batch_finite = _calibration_step(
-            qat_model, variables, args, *_split_flags(qat_model.inference_kwargs(kwargs))
+            qat_model, variables, *_split_flags(tuple(args), qat_model.inference_kwargs(kwargs))
         )
         finite.append(batch_finite)
     if not finite:

@@ -271,3 +271,27 @@ def test_nan_mask_marks_where_a_float_contraction_propagates_a_nan(
     got = lhs_rows_with_nan(jnp.asarray(lhs), dimension_numbers, len(rhs_shape))
     np.testing.assert_array_equal(np.broadcast_to(got, want.shape), want)
     assert want.any() and not want.all()
+
+
+class FlaggedDense(nn.Module):
+    """A hooked `nn.Dense` whose activation is chosen by a Python flag given by position."""
+
+    dot_general_cls: Any = None
+
+    @nn.compact
+    def __call__(self, x, squash: bool):
+        y = nn.Dense(OUT, dot_general_cls=self.dot_general_cls)(x)
+        return nn.tanh(y) if squash else y
+
+
+def test_a_flag_given_by_position_stays_static_in_from_fp32_and_calibrate():
+    # A bool inside a batch tuple used to be traced: `if squash` raised
+    # TracerBoolConversionError instead of calibrating.
+    x = batches(1)[0]
+    model = FlaggedDense()
+    qat_model = QATModel(model, QATConfig(bits=8))
+    qat_vars = from_fp32(model.init(jax.random.key(0), x, True), qat_model, x, True)
+    for squash in (True, False):
+        calibrated = calibrate(qat_model, qat_vars, [(x, squash)])
+        out = np.asarray(qat_model.apply(calibrated, x, squash))
+        assert (np.abs(out).max() <= 1.0) == squash  # the flag reached the model
