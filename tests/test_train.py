@@ -886,6 +886,69 @@ def test_time_budget_run_still_evaluates_keeps_the_best_state_and_checkpoints(tm
     assert on.history["step"] == [4, 6, 8, 9]
 
 
+@pytest.mark.parametrize(
+    ("ending", "last_step", "steps"),
+    [("max_steps", 8, [5, 8]), ("time_budget", 6, [2, 4, 6])],
+)
+def test_a_run_ending_at_a_saved_step_resumes_as_finished_with_its_final_evaluation(
+    tmp_path, ending: str, last_step: int, steps: list[int]
+) -> None:
+    # The last step is one the loop saves anyway (every 4 steps; an evaluation
+    # every 2), before the final evaluation (max_steps) or the stop (the time
+    # budget, spent at step 6) is known: the checkpoint must still hold them.
+    clock = FakeClock()
+    batches = [make_batch(90 + i) for i in range(5)]
+    val = [make_batch(95)]
+    if ending == "max_steps":
+        common = dict(epochs=3, max_steps=8, checkpoint_every=4)
+    else:
+        common = dict(epochs=10, eval_every=2, time_budget=5.5)
+    common.update(checkpoint_dir=tmp_path, clock=clock, quiet=True)
+    result = fit(tiny_state(), ticking(clock, batches), val, **common)
+    assert int(result.state.step) == last_step and result.history["step"] == steps
+    # A finished run returns its results at once (no extra step, no lost evaluation).
+    again = fit(tiny_state(), ticking(clock, batches), val, resume=True, **common)
+    assert again.stop_reason == result.stop_reason
+    assert int(again.state.step) == last_step
+    assert again.history == result.history
+
+
+def test_a_resumed_run_announces_the_skips_its_checkpoint_had_not_announced(
+    tmp_path, capsys
+) -> None:
+    # Steps 3 and 4 are skipped, the checkpoint at step 5 holds them, the run dies at
+    # step 6 before its evaluation at step 8; resumed, it still reports all 5 skips.
+    tx = make_optimizer(rate_turning(math.nan, 3), clip_norm=CLIP, weight_decay=WEIGHT_DECAY)
+    batches = [make_batch(100 + i) for i in range(8)]
+
+    class Killed(Exception):
+        """The stand-in for a killed run."""
+
+    def dying(epoch: int) -> Any:
+        for index, batch in enumerate(batches):
+            if index == 6:
+                raise Killed
+            yield batch
+
+    common = dict(epochs=1, eval_every=8, checkpoint_dir=tmp_path, label="FP32")
+    with pytest.raises(Killed):
+        fit(
+            create_train_state(TINY, tx, jax.random.key(0), make_batch(0)),
+            dying,
+            checkpoint_every=5,
+            **common,
+        )
+    capsys.readouterr()
+    state = create_train_state(TINY, tx, jax.random.key(0), make_batch(0))
+    result = fit(state, batches, resume=True, **common)
+    assert result.history["skipped_steps"] == [5]
+    notes = [line for line in capsys.readouterr().err.splitlines() if "skipped" in line]
+    assert notes == [
+        "FP32: step 8: 5 step(s) since the previous evaluation skipped (non-finite loss or "
+        "gradient, or an unusable learning rate); their updates were not applied"
+    ]
+
+
 def test_fit_arguments_of_time_are_checked_and_named() -> None:
     state, batches = tiny_state(), [make_batch(0)]
     with pytest.raises(ValueError, match=r"fit: time_budget must be finite and > 0, got 0\.0"):

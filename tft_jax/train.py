@@ -1030,6 +1030,11 @@ class LoopState:
       schedule_steps: the total steps that the time budget refitted the
         in-state learning-rate schedule to, or None when it was not refitted
         (the refitted schedule itself is in the checkpointed optimizer state).
+      announced_skips: the `TrainState.skipped_steps` count already announced
+        (at the latest evaluation, or the state's count when the run started),
+        so that a resumed run announces the skips the checkpoint holds but
+        no evaluation has reported yet; None until `fit` sets it (and in
+        checkpoints written before it was kept).
     """
 
     epoch: int = 0
@@ -1044,6 +1049,7 @@ class LoopState:
     stopped_on_budget: bool = False
     seconds: float = 0.0
     schedule_steps: int | None = None
+    announced_skips: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict of the fields."""
@@ -1346,9 +1352,11 @@ def fit(
     # resumed run sums exactly as the uninterrupted one.
     pending: list[tuple[Array, Array]] = []
     last_save = clock()
-    # Skipped steps already counted (by an earlier fit of this state, or
-    # before the checkpoint resumed from) are not this run's to announce.
-    announced_skips = int(state.skipped_steps)
+    # Skipped steps counted by an earlier fit of this state are not this run's
+    # to announce; a resumed run goes on from what its checkpoint had announced
+    # (skips after the latest evaluation before the checkpoint still to come).
+    if loop.announced_skips is None:
+        loop.announced_skips = int(state.skipped_steps)
 
     def flush() -> None:
         for loss, skipped in jax.device_get(pending):
@@ -1359,7 +1367,7 @@ def fit(
 
     def record() -> bool:
         """Evaluates, appends to the history and saves the best state; True = stop early."""
-        nonlocal best_state, announced_skips
+        nonlocal best_state
         flush()
         count = loop.loss_count
         train_loss = loop.loss_sum / count if count else math.nan
@@ -1374,6 +1382,7 @@ def fit(
             HISTORY_KEYS, (loop.epoch, loop.step, train_loss, val_loss, skipped), strict=True
         ):
             loop.history[key].append(value)
+        announced_skips = loop.announced_skips or 0
         if skipped > announced_skips:
             # Skipping is a repair the user did not ask for: announced.
             progress.note(
@@ -1381,7 +1390,7 @@ def fit(
                 "evaluation skipped (non-finite loss or gradient, or an unusable learning "
                 "rate); their updates were not applied"
             )
-            announced_skips = skipped
+            loop.announced_skips = skipped
         if val_loss is not None:
             # A NaN loss (a diverged model) is never best: it would never be beaten.
             improved = math.isfinite(val_loss) and (
@@ -1498,19 +1507,18 @@ def fit(
                 if refit is not None:
                     refit_schedule()
                 timed_save, spent = clock_says()
-                if eval_every is not None and loop.step % eval_every == 0:
+                evaluating = eval_every is not None and loop.step % eval_every == 0
+                if evaluating:
                     loop.stopped_early = record()
-                    save_latest()
-                elif timed_save or (
-                    checkpointer is not None
-                    and checkpoint_every is not None
-                    and loop.step % checkpoint_every == 0
-                ):
-                    save_latest()
                 if spent and not done():
                     loop.stopped_on_budget = True
                 if done():
+                    # Saved after the loop, once the final evaluation and the stop
+                    # are in `loop`: a checkpoint is never written twice at a step.
                     break
+                every = checkpoint_every is not None and loop.step % checkpoint_every == 0
+                if evaluating or timed_save or (checkpointer is not None and every):
+                    save_latest()
             else:  # the epoch ran to its end
                 if not seen and not loop.step:
                     # Nothing trained yet (a source whose size is unknown up front).
