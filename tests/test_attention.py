@@ -291,6 +291,22 @@ def test_causal_mask_convention():
     np.testing.assert_array_equal(causal_mask(2, 5), [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
 
 
+@pytest.mark.parametrize("num_queries, num_keys", [(3, 2), (-1, 3)])
+def test_causal_mask_rejects_more_queries_than_steps(num_queries, num_keys):
+    # (3, 2) used to give a first row with no allowed key, (-1, 3) an empty (0, 3) mask.
+    with pytest.raises(ValueError, match=f"num_queries={num_queries}, num_keys={num_keys}"):
+        causal_mask(num_queries, num_keys)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_attention_kernel_rejects_a_non_boolean_mask(dtype):
+    # An additive mask (0 = attend, -inf = blocked) was read as `mask != 0`: inverted, silently.
+    q = jnp.ones((1, 3, 2))
+    additive = np.where(np.tril(np.ones((3, 3), bool)), 0, -1e9).astype(dtype)
+    with pytest.raises(TypeError, match=f"mask must be boolean.*got dtype {np.dtype(dtype)}"):
+        scaled_dot_product_attention(q, q, q, additive)
+
+
 def test_bfloat16_inputs_compute_in_bfloat16_with_float32_params():
     x = random_input(2, 7).astype(jnp.bfloat16)
     params = params_for(7)

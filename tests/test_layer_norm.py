@@ -96,3 +96,14 @@ def test_bfloat16_input_keeps_its_dtype_with_float32_statistics():
         jnp.bfloat16(x)
     )
     assert grad.dtype == jnp.bfloat16
+
+
+def test_integer_input_gives_float_output_not_truncated_integers():
+    # The result used to be cast back to x's dtype: [1, 2, 3, 4] normalized to [-1, 0, 0, 1].
+    x = np.array([[1, 2, 3, 4]], np.int32)
+    scale, bias = np.ones(4, np.float32), np.zeros(4, np.float32)
+    out = layer_norm(x, scale, bias)
+    assert out.dtype == jnp.float32
+    np.testing.assert_allclose(
+        out, numpy_layer_norm(x, scale, bias, DEFAULT_EPSILON), rtol=1e-5, atol=1e-5
+    )

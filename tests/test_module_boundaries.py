@@ -29,7 +29,7 @@ from tft_jax import (
 )
 from tft_jax.embeddings import CategoricalEmbedding, RealEmbedding
 from tft_jax.layer_norm import layer_norm
-from tft_jax.linear import Linear
+from tft_jax.linear import Linear, VariableLinear
 from tft_jax.lstm import LSTM
 
 KEY = jax.random.key(0)
@@ -132,6 +132,21 @@ def test_grn_rejects_non_positive_sizes_when_built(kwargs, message):
         GatedResidualNetwork(**kwargs)
 
 
+@pytest.mark.parametrize("module", [GatedLinearUnit, GateAddNorm, GatedResidualNetwork])
+@pytest.mark.parametrize("rate", [None, "0.1"], ids=["none", "string"])
+def test_gating_blocks_name_a_dropout_rate_that_is_not_a_number(module, rate):
+    # Before: "'<=' not supported between instances of 'float' and 'NoneType'", no field named.
+    with pytest.raises(TypeError, match=f"{module.__name__}: dropout_rate must be a float"):
+        module(4, dropout_rate=rate)
+
+
+@pytest.mark.parametrize("chunk_rows", [0, -1, 2.5])
+def test_variable_selection_rejects_a_chunk_size_that_is_not_a_positive_int(chunk_rows):
+    # 0 used to divide by zero in the chunk count, -1 to run as one chunk, silently.
+    with pytest.raises(ValueError, match="VariableSelectionNetwork: chunk_rows must be a positive"):
+        VariableSelectionNetwork(num_variables=3, features=4, chunk_rows=chunk_rows)
+
+
 def test_grn_with_a_context_needs_a_batch_axis():
     # x (4,) used to be read as a batch of 4 and broadcast to (4, 4) against the context.
     with pytest.raises(ValueError, match=r"must have a batch axis.*\(4,\)"):
@@ -161,6 +176,36 @@ def test_variable_selection_folded_path_checks_the_variable_count():
 
 
 # --- linear, embeddings, LSTM ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: Linear(0), "Linear: features must be a positive int, got 0"),
+        (lambda: Linear(-1), "Linear: features must be a positive int, got -1"),
+        (lambda: VariableLinear(0, 3), "VariableLinear: num_variables must be a positive int"),
+        (lambda: VariableLinear(2, 0), "VariableLinear: features must be a positive int"),
+        (lambda: LSTM(0), "LSTM: features must be a positive int, got 0"),
+        (lambda: RealEmbedding(3, 0), "RealEmbedding: width must be a positive int, got 0"),
+        (lambda: RealEmbedding(0, 3), "RealEmbedding: num_variables must be a positive int"),
+        (lambda: CategoricalEmbedding((3,), 0), "CategoricalEmbedding: width must be a positive"),
+    ],
+    ids=[
+        "linear_zero",
+        "linear_negative",
+        "variable_linear_variables",
+        "variable_linear_features",
+        "lstm",
+        "real_embedding_width",
+        "real_embedding_variables",
+        "categorical_embedding_width",
+    ],
+)
+def test_layers_reject_non_positive_sizes_when_built(build, message):
+    # These failed in init as a ZeroDivisionError in the initializer or an XLA error about
+    # a negative dimension (a zero-width categorical embedding passed, empty).
+    with pytest.raises(ValueError, match=message):
+        build()
 
 
 def test_linear_rejects_a_scalar():

@@ -28,7 +28,18 @@ def causal_mask(num_queries: int, num_keys: int, attend_to_self: bool = True) ->
     Queries are the last `num_queries` of the `num_keys` steps, so query `i`
     sits at step `num_keys - num_queries + i` and may attend to every step
     before it, and to itself when `attend_to_self`.
+
+    Raises:
+      ValueError: not `0 <= num_queries <= num_keys` (more queries than steps
+        would give rows with no allowed key, a negative count an empty mask,
+        both silently).
     """
+    if not 0 <= num_queries <= num_keys:
+        raise ValueError(
+            f"causal_mask: need 0 <= num_queries <= num_keys (the queries are the last "
+            f"num_queries of the num_keys steps), got num_queries={num_queries}, "
+            f"num_keys={num_keys}"
+        )
     query_steps = np.arange(num_keys - num_queries, num_keys)[:, None]
     key_steps = np.arange(num_keys)[None, :]
     return key_steps <= query_steps if attend_to_self else key_steps < query_steps
@@ -73,6 +84,8 @@ def scaled_dot_product_attention(
         value shared by all heads can be passed with a head axis of size 1.
       mask: boolean, broadcastable to `(..., Tq, Tk)`; True = may attend. A
         query row with no allowed key gets all-zero weights and a zero output.
+        Any other dtype raises `TypeError`: read as `mask != 0`, an additive
+        mask (0 = attend, -inf = blocked) would be inverted silently.
       temperature: divides the logits (> 1 flattens the distribution).
       dropout_rate: dropout on the attention probabilities when not deterministic.
       dropout_rng: PRNG key for that dropout.
@@ -81,7 +94,17 @@ def scaled_dot_product_attention(
     Returns:
       `(output (..., Tq, dv), weights (..., Tq, Tk))`; the weights are the
       probabilities before dropout (what interpretability reads).
+
+    Raises:
+      TypeError: `mask` is not boolean.
     """
+    if mask is not None:
+        mask = jnp.asarray(mask)
+        if mask.dtype != jnp.bool_:
+            raise TypeError(
+                "scaled_dot_product_attention: mask must be boolean (True = may attend), got "
+                f"dtype {mask.dtype} (read as mask != 0, an additive mask would be inverted)"
+            )
     dtype = query.dtype
     # The softmax runs in at least float32 (float64 stays float64 for finite differences).
     softmax_dtype = jnp.promote_types(dtype, jnp.float32)
@@ -89,7 +112,6 @@ def scaled_dot_product_attention(
     logits = jnp.matmul(query, jnp.swapaxes(key, -1, -2)).astype(softmax_dtype)
     logits = logits / (math.sqrt(depth) * jnp.asarray(temperature, softmax_dtype))
     if mask is not None:
-        mask = jnp.asarray(mask, bool)
         # The dtype's lowest finite value, not -inf or -1e9: no inf - inf in the softmax,
         # no overflow in half precision (pytorch-forecasting issue #285).
         logits = jnp.where(mask, logits, jnp.finfo(softmax_dtype).min)

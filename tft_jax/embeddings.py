@@ -9,8 +9,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 from flax import struct
 
-from tft_jax.gating import check_positive_int
-from tft_jax.linear import VariableLinear, _cast_operands
+from tft_jax.linear import VariableLinear, _cast_operands, check_positive_int
 from tft_jax.operand_quantizers import supports_operand_quantizers
 
 Array = Any
@@ -129,6 +128,11 @@ class RealEmbedding(nn.Module):
     dot_general_cls: Callable[..., nn.Module] | None = None
     lazy: bool = False
 
+    def __post_init__(self) -> None:
+        for name in ("num_variables", "width"):
+            check_positive_int("RealEmbedding", name, getattr(self, name))
+        super().__post_init__()
+
     @nn.compact
     def __call__(self, x: Array) -> Array | AffineEmbedding:
         # Checked here for both paths: VariableLinear would report the (..., V, 1) it is given.
@@ -171,6 +175,11 @@ class CategoricalEmbedding(nn.Module):
     width: int
     dtype: Dtype | None = None
     param_dtype: Dtype = jnp.float32
+
+    def __post_init__(self) -> None:
+        # A zero width would silently give empty embeddings.
+        check_positive_int("CategoricalEmbedding", "width", self.width)
+        super().__post_init__()
 
     @nn.compact
     def __call__(self, codes: Array) -> Array:

@@ -11,7 +11,6 @@ parameters, same values).
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -20,23 +19,10 @@ from flax import linen as nn
 
 from tft_jax._dropout import resolve_deterministic
 from tft_jax.layer_norm import DEFAULT_EPSILON, layer_norm
-from tft_jax.linear import Linear, VariableLinear, variable_major_broadcast
+from tft_jax.linear import Linear, VariableLinear, check_positive_int, variable_major_broadcast
 
 Array = Any
 Dtype = Any
-
-
-def check_positive_int(owner: str, name: str, value: Any, optional: bool = False) -> None:
-    """Raises `ValueError` unless `value` is a positive int (or None when `optional`).
-
-    A zero or negative size would otherwise fail deep inside parameter
-    initialization (a division by zero in the initializer) without naming the field.
-    """
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        expected = "a positive int or None" if optional else "a positive int"
-        raise ValueError(f"{owner}: {name} must be {expected}, got {value!r}")
 
 
 def check_dropout_rate(owner: str, dropout_rate: float) -> None:
@@ -44,8 +30,20 @@ def check_dropout_rate(owner: str, dropout_rate: float) -> None:
 
     `nn.Dropout` accepts any rate: a negative one keeps everything and rescales
     by `1 / (1 - rate) < 1`, one above 1 zeroes everything, both silently.
+
+    Raises:
+      TypeError: `dropout_rate` is not a number (None, a string), which would
+        otherwise fail in the comparison without naming the field.
+      ValueError: it is outside [0, 1).
     """
-    if not 0.0 <= dropout_rate < 1.0:
+    try:
+        in_range = 0.0 <= dropout_rate < 1.0
+    except TypeError:
+        raise TypeError(
+            f"{owner}: dropout_rate must be a float in [0, 1), got "
+            f"{type(dropout_rate).__name__} {dropout_rate!r}"
+        ) from None
+    if not in_range:
         raise ValueError(f"{owner}: dropout_rate must be in [0, 1), got {dropout_rate!r}")
 
 
@@ -105,8 +103,9 @@ class FeatureLayerNorm(nn.Module):
         if self.variable_major and self.num_variables is not None:
             scale = variable_major_broadcast(scale, x.ndim)
             bias = variable_major_broadcast(bias, x.ndim)
-        # Statistics in at least float32, whatever the compute dtype.
-        return layer_norm(x, scale, bias, self.epsilon, self.dtype or x.dtype)
+        # Statistics in at least float32, whatever the compute dtype; without a dtype the
+        # result has x's (a float dtype for integer x).
+        return layer_norm(x, scale, bias, self.epsilon, self.dtype)
 
 
 class GatedLinearUnit(nn.Module):

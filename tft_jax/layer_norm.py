@@ -40,7 +40,9 @@ def layer_norm(
       epsilon: added to the variance, inside the square root; must be positive
         and finite (with 0 a constant row is `0 · inf = NaN`, and a negative
         one can take the square root of a negative number).
-      dtype: the result's dtype (default `x.dtype`).
+      dtype: the result's dtype (default `x.dtype`, or the statistics' float
+        dtype for an integer `x`: casting back to integers would truncate the
+        normalized values).
 
     Returns:
       `(..., F)` in `dtype`.
@@ -52,7 +54,9 @@ def layer_norm(
     if not 0.0 < epsilon < math.inf:
         raise ValueError(f"layer_norm: epsilon must be positive and finite, got {epsilon}")
     wide = x.astype(jnp.promote_types(x.dtype, jnp.float32))
-    return _affine_normalize(wide, scale, bias, epsilon).astype(dtype or x.dtype)
+    if dtype is None:
+        dtype = x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else wide.dtype
+    return _affine_normalize(wide, scale, bias, epsilon).astype(dtype)
 
 
 def _normalize(x: Array, epsilon: float) -> tuple[Array, Array]:

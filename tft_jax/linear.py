@@ -18,6 +18,7 @@ known from the math (an LSTM hidden state lies in ``[-1, 1]``), else None.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,20 @@ Dtype = Any
 Initializer = Callable[..., Array]
 
 default_kernel_init = nn.initializers.glorot_uniform()
+
+
+def check_positive_int(owner: str, name: str, value: Any, optional: bool = False) -> None:
+    """Raises `ValueError` unless `value` is a positive int (or None when `optional`).
+
+    A zero or negative size would otherwise fail deep inside parameter
+    initialization (a division by zero in the initializer, or an XLA error
+    about a negative dimension) without naming the field.
+    """
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        expected = "a positive int or None" if optional else "a positive int"
+        raise ValueError(f"{owner}: {name} must be {expected}, got {value!r}")
 
 
 def _cast_operands(
@@ -63,6 +78,10 @@ class Linear(nn.Module):
     bias_init: Initializer = nn.initializers.zeros_init()
     dot_general_cls: Callable[..., nn.Module] | None = None
     input_bounds: tuple[float, float] | None = None
+
+    def __post_init__(self) -> None:
+        check_positive_int("Linear", "features", self.features)
+        super().__post_init__()
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
@@ -114,6 +133,11 @@ class VariableLinear(nn.Module):
     bias_init: Initializer = nn.initializers.zeros_init()
     dot_general_cls: Callable[..., nn.Module] | None = None
     variable_major: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("num_variables", "features"):
+            check_positive_int("VariableLinear", name, getattr(self, name))
+        super().__post_init__()
 
     @nn.compact
     def __call__(self, x: Array) -> Array:

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from tft_jax.linear import Linear
+from tft_jax.linear import Linear, check_positive_int
 
 Array = Any
 Dtype = Any
@@ -76,6 +76,10 @@ class LSTM(nn.Module):
     dtype: Dtype | None = None
     param_dtype: Dtype = jnp.float32
     dot_general_cls: Callable[..., nn.Module] | None = None
+
+    def __post_init__(self) -> None:
+        check_positive_int("LSTM", "features", self.features)
+        super().__post_init__()
 
     @nn.compact
     def __call__(

@@ -77,6 +77,8 @@ class VariableSelectionNetwork(nn.Module):
         check_positive_int(
             owner, "selection_hidden_features", self.selection_hidden_features, optional=True
         )
+        # chunk_rows=0 divided by zero in the chunk count; a negative count ran as one chunk.
+        check_positive_int(owner, "chunk_rows", self.chunk_rows, optional=True)
         check_dropout_rate(owner, self.dropout_rate)
         super().__post_init__()
 
