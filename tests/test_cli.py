@@ -362,6 +362,25 @@ def test_qat_flags_without_qat_are_refused_even_at_their_defaults(capsys, csv_pa
     assert not (tmp_path / "r").exists()
 
 
+def test_split_fractions_with_the_cut_times_are_refused(capsys, csv_path, tmp_path):
+    # table_args gives --validation-fraction and --test-fraction; the cut times replace them.
+    code, _, err = run(
+        capsys, "train", *table_args(csv_path), "--validation-start", "2024-03-01",
+        "--test-start", "2024-03-20", "--out", str(tmp_path / "r"),
+    )  # fmt: skip
+    assert code == 2
+    assert (
+        "--validation-fraction, --test-fraction and --validation-start/--test-start "
+        "contradict each other"
+    ) in err
+    assert not (tmp_path / "r").exists()
+    # The cut times alone, and the fractions alone, are fine.
+    parse = cli.build_parser().parse_args
+    cuts = ["--validation-start", "2024-03-01", "--test-start", "2024-03-20"]
+    assert forecaster_config(parse(["train", *cuts]), qat=False).data.test_start == "2024-03-20"
+    forecaster_config(parse(["train", "--test-fraction", "0.2"]), qat=False)
+
+
 def test_qat_flags_with_qat_and_plain_train_flags_pass_the_check(csv_path):
     parse = cli.build_parser().parse_args
     check_train_flags(parse(["train", "--qat", "--qat-steps", "3", "--qat-lr", "1e-3"]))
@@ -704,6 +723,36 @@ def test_plot_draws_the_forecast_after_the_data(capsys, trained_run, csv_path):
     )  # fmt: skip
     assert code == 0 and "future_fp32.png" in stdout
     assert (trained_run / "plots" / "future_fp32.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
+@pytest.mark.slow
+def test_plot_finds_numeric_series_ids_given_to_series(capsys, trained_run, csv_path, tmp_path):
+    # Series ids that are numbers in the CSV: `--series 202` is the text '202'.
+    numbers = {"alpha": 101, "beta": 202, "gamma": 303}
+    table = pd.read_csv(csv_path).assign(store=lambda t: t["store"].map(numbers))
+    table.to_csv(tmp_path / "numeric.csv", index=False)
+    last = pd.Timestamp(table["day"].max())
+    days = pd.date_range(last + pd.Timedelta(days=1), periods=HORIZON, freq="D")
+    future = pd.DataFrame(
+        [(store, day.strftime("%Y-%m-%d"), 0.0) for store in numbers.values() for day in days],
+        columns=["store", "day", "promo"],
+    )
+    future.to_csv(tmp_path / "future.csv", index=False)
+    plot = [
+        "plot", "--run", str(trained_run), "--csv", str(tmp_path / "numeric.csv"),
+        "--future-csv", str(tmp_path / "future.csv"), "--compile-cache", "none", "--quiet",
+    ]  # fmt: skip
+    fans = trained_run / "plots" / "forecasts_fp32.png"
+    drawn = fans.stat().st_mtime_ns
+    code, _, err = run(capsys, *plot, "--series", "202", "404")
+    assert code == 2 and "--series 404: not a series of the table; it has 101, 202, 303" in err
+    assert fans.stat().st_mtime_ns == drawn  # refused before the plots are redrawn
+    future_png = trained_run / "plots" / "future_fp32.png"
+    future_png.unlink(missing_ok=True)
+    code, stdout, err = run(capsys, *plot, "--series", "202")
+    assert code == 0, err
+    assert "future_fp32.png" in stdout and future_png.read_bytes()[:8] == PNG_SIGNATURE
+    assert cli.chosen_series(["303", "101"], table["store"]) == [303, 101]
 
 
 @pytest.mark.slow

@@ -429,12 +429,36 @@ def command_forecast(args: argparse.Namespace) -> int:
     return 0
 
 
+def chosen_series(names: Sequence[str] | None, ids: pd.Series) -> list[Any] | None:
+    """The `--series` names as the table's series ids; None (all series) without `--series`.
+
+    The names are command-line text while a table's ids are often numbers
+    (store 101): each name is matched to the id that prints as it, so that
+    `--series 101` finds the integer id 101. An unknown name is refused here,
+    before the plots are redrawn.
+    """
+    if names is None:
+        return None
+    by_text = {str(value): value for value in pd.unique(ids)}
+    unknown = [name for name in names if name not in by_text]
+    if unknown:
+        shown = ", ".join(list(by_text)[:10]) + (", ..." if len(by_text) > 10 else "")
+        raise UsageError(f"--series {' '.join(unknown)}: not a series of the table; it has {shown}")
+    return [by_text[name] for name in names]
+
+
 def command_plot(args: argparse.Namespace) -> int:
     forecaster, config = load_run(args.run, args.eval_batch_size)
     model = args.model or "fp32"
     default_model(forecaster, model)
     check_output_folder(args.run / "plots", "plots folder")
     table = run_table(args, config, forecaster)
+    spec = forecaster.preprocessor.spec
+    series = (
+        chosen_series(args.series, table[spec.id_col])
+        if spec.id_col in table.columns
+        else args.series  # the data layer names the missing column
+    )
     future = (
         None
         if args.future_csv is None
@@ -451,7 +475,6 @@ def command_plot(args: argparse.Namespace) -> int:
         args.run / "plots",
         interpret=model,
     )
-    spec = forecaster.preprocessor.spec
     if spec.known_cols and args.future_csv is None:
         print(
             f"future chart skipped: the model uses known columns {list(spec.known_cols)}; "
@@ -469,7 +492,7 @@ def command_plot(args: argparse.Namespace) -> int:
                 target=spec.target,
                 quantiles=forecaster.tft_config.quantiles,
                 tail=min(forecaster.config.data.history, 3 * forecaster.config.data.horizon),
-                series=args.series,
+                series=series,
                 title=f"{plots.MODEL_LABELS[model]}: forecast after the data",
             )
         )

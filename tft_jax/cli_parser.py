@@ -458,7 +458,7 @@ def forecaster_config(args: argparse.Namespace, qat: bool) -> ForecasterConfig:
             raise UsageError(f"--csv {args.csv}: no such file")
         make_data = DataConfig
     try:
-        return ForecasterConfig(
+        config = ForecasterConfig(
             data=make_data(**data_values),
             model=ModelConfig(**section_values(args, "model")),
             training=TrainingConfig(**section_values(args, "training")),
@@ -466,6 +466,25 @@ def forecaster_config(args: argparse.Namespace, qat: bool) -> ForecasterConfig:
         )
     except (ValueError, TypeError) as error:
         raise UsageError(flag_message(str(error), vars(args))) from None
+    check_split_flags(config.data, given_flags(args))
+    return config
+
+
+def check_split_flags(data: DataConfig, given: Container[str]) -> None:
+    """Raises `UsageError` for a split fraction given together with the cut times.
+
+    The cut times replace the fractions, so a `--validation-fraction` or
+    `--test-fraction` given with them would be ignored without a word (as a
+    `--qat-*` flag without `--qat` would: `check_train_flags`).
+    """
+    if data.validation_start is None:
+        return
+    fractions = [flag for flag in ("--validation-fraction", "--test-fraction") if flag in given]
+    if fractions:
+        raise UsageError(
+            f"{', '.join(fractions)} and --validation-start/--test-start contradict each "
+            "other: the cut times replace the fractions; pass one or the other"
+        )
 
 
 def check_train_flags(args: argparse.Namespace) -> None:
