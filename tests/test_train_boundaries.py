@@ -126,6 +126,19 @@ def test_a_target_that_is_not_real_raises_before_tracing(state: TrainState, dtyp
         eval_step(state, batch)
 
 
+@pytest.mark.parametrize("field", ["historical", "target"])
+def test_a_batch_field_that_is_a_list_raises_naming_it(state: TrainState, field: str) -> None:
+    # Before: a nested list entered jax.jit as a pytree of scalars and failed in the trace.
+    batch = make_batch()
+    batch = dataclasses.replace(batch, **{field: np.asarray(getattr(batch, field)).tolist()})
+    with pytest.raises(
+        TypeError, match=rf"train_step: batch\.{field} must be an array .* got list"
+    ):
+        train_step(state, batch, jax.random.key(1))
+    with pytest.raises(TypeError, match=rf"eval_step: batch\.{field} must be an array"):
+        eval_step(state, batch)
+
+
 @pytest.mark.parametrize("rng", [0, None, np.zeros(2, np.float32)])
 def test_an_rng_that_is_not_a_key_raises_naming_rng(state: TrainState, rng: Any) -> None:
     # Before: Flax's error about an `rngs` argument (int), or accepted (None).

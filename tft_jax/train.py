@@ -333,14 +333,20 @@ def _model_quantiles(model: Any) -> tuple[float, ...]:
 def _check_batch(name: str, batch: Any) -> None:
     if not isinstance(batch, Batch):
         raise TypeError(f"{name}: batch must be a tft_jax.train.Batch, got {type(batch).__name__}")
+    for field in dataclasses.fields(batch):
+        value = getattr(batch, field.name)
+        # A list is a pytree of scalars to jax.jit: it would fail inside the trace.
+        if value is not None and not hasattr(value, "shape"):
+            raise TypeError(
+                f"{name}: batch.{field.name} must be an array (NumPy or JAX) or None, got "
+                f"{type(value).__name__}; convert it with np.asarray"
+            )
     target_shape = np.shape(batch.target)
     if len(target_shape) != 2:
         raise ValueError(f"{name}: batch.target must have shape (B, H), got {target_shape}")
     # Metadata only (no device read): a bool or complex target would be cast to
     # float32 by the loss, silently (a complex one losing its imaginary part).
-    target_dtype = getattr(batch.target, "dtype", None)
-    if target_dtype is None:  # a nested list, say (host data)
-        target_dtype = np.asarray(batch.target).dtype
+    target_dtype = batch.target.dtype
     real = jnp.issubdtype(target_dtype, jnp.floating) or jnp.issubdtype(target_dtype, jnp.integer)
     if not real:
         raise TypeError(
