@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import linen as nn
 
 from tft_jax import TemporalFusionTransformer, TFTConfig
 from tft_jax.linear import Linear, VariableLinear
@@ -242,6 +243,26 @@ def test_dropout_changes_training_outputs_only():
     c = apply(variables, inputs, jax.random.key(0), deterministic=False).quantiles
     d = apply(variables, inputs, jax.random.key(1), deterministic=False).quantiles
     assert not np.allclose(c, d)
+
+
+def test_dropout_acts_in_the_gates_of_the_reference_code_and_not_before_the_head():
+    # The paper's code and pytorch-forecasting apply no dropout in the gated skip
+    # before the quantile head (output_gate); the LSTM and attention gates drop.
+    dropping: set[str] = set()
+
+    def record(next_fun, args, kwargs, context):
+        module = context.module
+        if isinstance(module, nn.Dropout) and module.rate > 0:
+            dropping.add(module.path[0])
+        return next_fun(*args, **kwargs)
+
+    with nn.intercept_methods(record):
+        TemporalFusionTransformer(CONFIG).apply(
+            init_variables(), **make_inputs(), deterministic=False,
+            rngs={"dropout": jax.random.key(0)},
+        )  # fmt: skip
+    assert {"lstm_gate", "attention_gate", "static_enrichment", "positionwise_grn"} <= dropping
+    assert "output_gate" not in dropping
 
 
 def test_bfloat16_compute_runs_end_to_end_with_float32_parameters():

@@ -217,7 +217,8 @@ class TemporalFusionTransformer(nn.Module):
     over the horizon -> gated skip + LayerNorm -> static enrichment -> causal
     interpretable multi-head attention with the horizon steps as queries over
     all `T + H` steps -> gated skip -> position-wise GRN -> gated skip over the
-    whole attention block -> linear quantile head.
+    whole attention block (without dropout, as in the paper's code and
+    pytorch-forecasting) -> linear quantile head.
 
     `dot_general_cls` replaces every weight matmul (see `tft_jax.linear`); it
     is how `qat` quantizes this very model. Dropout uses the `'dropout'` RNG;
@@ -387,7 +388,8 @@ class TemporalFusionTransformer(nn.Module):
             attended, enriched[:, steps:], deterministic
         )
         decoded_features = grn("positionwise_grn")(attended, None, deterministic)
-        decoded_features = GateAddNorm(hidden, name="output_gate", **gated)(
+        # The last gated skip has no dropout, as in the paper's code and pytorch-forecasting.
+        decoded_features = GateAddNorm(hidden, name="output_gate", **common)(
             decoded_features, temporal[:, steps:], deterministic
         )
         quantiles = Linear(cfg.num_quantiles, name="quantile_head", **common)(decoded_features)
