@@ -184,8 +184,11 @@ def _numpy_dtype(dtype: Any) -> np.dtype:
     return resolved
 
 
-def _seeded_array(kind: str, shape: tuple[int, ...], seed: int, constant_axis: int) -> np.ndarray:
-    """A float64 array of one seeded kind; `constant` repeats one slice along `constant_axis`."""
+def _seeded_array(
+    kind: str, shape: tuple[int, ...], seed: int, constant_axis: int | None
+) -> np.ndarray:
+    """A float64 array of one seeded kind; `constant` repeats one slice along `constant_axis`
+    (one value everywhere when it is None)."""
     rng = np.random.default_rng(seed)
     if kind == "normal":
         return rng.standard_normal(shape)
@@ -201,7 +204,7 @@ def _seeded_array(kind: str, shape: tuple[int, ...], seed: int, constant_axis: i
         magnitude = HUGE_MAGNITUDE * 10.0 ** rng.uniform(-2.0, 0.0, shape)
         return magnitude * rng.choice((-1.0, 1.0), shape)
     if kind == "constant":
-        if len(shape) <= constant_axis:
+        if constant_axis is None or len(shape) <= constant_axis:
             return np.full(shape, rng.standard_normal())
         slice_shape = list(shape)
         slice_shape[constant_axis] = 1
@@ -214,7 +217,7 @@ def float_arrays(
     *,
     kinds: Sequence[str] = INPUT_KINDS,
     dtype: Any = np.float32,
-    constant_axis: int = 1,
+    constant_axis: int | None = 1,
 ) -> st.SearchStrategy[np.ndarray]:
     """NumPy float arrays of a fixed `shape`, one drawn kind per array (see the module docstring).
 
@@ -224,7 +227,7 @@ def float_arrays(
         overflow `dtype` (``"huge"`` in float16) are refused.
       dtype: float32, float16, bfloat16 (values are made in float64 and cast)...
       constant_axis: the axis along which a `"constant"` array is constant
-        (the time axis of `(B, T, F)` data).
+        (the time axis of `(B, T, F)` data); None: one value for the whole array.
 
     Returns:
       A strategy of `np.ndarray` of `shape` and `dtype`.
@@ -640,9 +643,10 @@ def observer_batches(
     """Batches for a quantization observer, degenerate ones included.
 
     Kinds: the module's kinds plus ``"single"`` (a one-element batch with the
-    drawn shape's number of axes, so a channel axis stays valid). Constant and
-    all-zero batches give `min == max`; ``"huge"`` reaches ~1e30 (the range
-    `max - min` stays finite in float32).
+    drawn shape's number of axes, so a channel axis stays valid). Constant
+    batches (one value, whatever the shape) and all-zero ones give
+    `min == max`; ``"huge"`` reaches ~1e30 (the range `max - min` stays
+    finite in float32).
     """
     shapes = tuple(_shape("shapes", shape) for shape in _buckets("shapes", shapes))
     kinds = _check_kinds("kinds", kinds, (*_ALL_KINDS, "single"))
@@ -654,7 +658,7 @@ def observer_batches(
         kind = draw(st.sampled_from(kinds))
         if kind == "single":
             shape, kind = (1,) * len(shape), "normal"
-        return draw(float_arrays(shape, kinds=(kind,), dtype=dtype, constant_axis=0))
+        return draw(float_arrays(shape, kinds=(kind,), dtype=dtype, constant_axis=None))
 
     return draw_batch()
 
@@ -668,7 +672,8 @@ def observer_batch_sequences(
 ) -> st.SearchStrategy[list[np.ndarray]]:
     """Lists of same-shaped observer batches (one kind drawn per batch), for running statistics.
 
-    `lengths` (ints >= 1) are the list lengths to draw from.
+    `lengths` (ints >= 1) are the list lengths to draw from. As in
+    `observer_batches`, a `"constant"` batch holds one value (`min == max`).
     """
     shapes = tuple(_shape("shapes", shape) for shape in _buckets("shapes", shapes))
     lengths = _integers("lengths", lengths, 1)
@@ -678,7 +683,7 @@ def observer_batch_sequences(
     @st.composite
     def draw_sequence(draw: st.DrawFn) -> list[np.ndarray]:
         shape = draw(st.sampled_from(shapes))
-        batch = float_arrays(shape, kinds=kinds, dtype=dtype, constant_axis=0)
+        batch = float_arrays(shape, kinds=kinds, dtype=dtype, constant_axis=None)
         return [draw(batch) for _ in range(draw(st.sampled_from(lengths)))]
 
     return draw_sequence()

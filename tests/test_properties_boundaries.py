@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 
 from properties import checks, suite
 from properties import strategies as st_tft
+from properties.suite import qat_tft
+from tft_jax.config import TFTConfig
 
 from .causal_functions import cumsum, reverse_cumsum
 
@@ -313,3 +315,24 @@ def test_float_arrays_take_a_numpy_shape(x):
 def test_fake_quantize_cases_refuse_a_drawn_scale_that_is_not_positive(data):
     with pytest.raises(ValueError, match=r"scales must draw finite floats > 0, drew -1.0"):
         data.draw(st_tft.fake_quantize_cases(scales=st.just(-1.0)))
+
+
+def test_qat_suite_builds_the_model_of_a_config_with_categorical_inputs_over_time():
+    # `qat_tft.qat_functions` initializes from sample inputs: those of every input the
+    # config takes, the categorical ones over time included (a tiny config: one compile).
+    config = TFTConfig(
+        num_static_features=0,
+        num_known_features=1,
+        num_observed_features=1,
+        hidden_dim=4,
+        num_heads=1,
+        sequence_length=2,
+        prediction_horizon=1,
+        quantiles=(0.5,),
+        dropout_rate=0.0,
+        use_known_history=True,
+        known_categorical_cardinalities=(2,),
+        observed_categorical_cardinalities=(3,),
+    )
+    functions = qat_tft.qat_functions(config, qat_tft.QAT_CONFIG)
+    assert set(functions.variables) == {"params", qat_tft.QUANT_STATS}

@@ -6,7 +6,7 @@ import hypothesis.strategies as st
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import find, given
+from hypothesis import find, given, settings
 
 from properties import strategies as st_tft
 from qat.config import QATConfig
@@ -169,6 +169,18 @@ def test_observer_batches_reach_degenerate_ranges():
     constant = find(st_tft.observer_batches(), lambda b: b.size > 1 and b.min() == b.max() != 0)
     assert constant.min() == constant.max()
     assert find(st_tft.observer_batches(), lambda b: np.abs(b).max() > 1e25) is not None
+
+
+@settings(max_examples=10, deadline=None, database=None)
+@given(
+    st_tft.observer_batches(kinds=("constant",), shapes=((4, 8), (2, 3, 4))),
+    st_tft.observer_batch_sequences(kinds=("constant",), shapes=((4, 8),)),
+)
+def test_constant_observer_batches_hold_one_value_whatever_their_shape(batch, batches):
+    # The documented degenerate range min == max, also for batches of several axes.
+    for array in (batch, *batches):
+        assert array.size > 1
+        assert array.min() == array.max()
 
 
 @given(st_tft.observer_batch_sequences())

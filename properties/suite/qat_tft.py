@@ -87,25 +87,13 @@ def qat_functions(config: TFTConfig, qat_config: QATConfig) -> _QATFunctions:
 
 
 def _zero_inputs(config: TFTConfig) -> dict[str, np.ndarray]:
-    """All-zero model inputs of batch size 1 (they fix shapes only)."""
-    like = st_tft.TFTInputs(
-        static=np.zeros((1, config.num_static_features), np.float32),
-        historical=np.zeros((1, config.sequence_length, config.num_observed_features), np.float32),
-        future=np.zeros((1, config.prediction_horizon, config.num_known_features), np.float32),
-        known_history=(
-            np.zeros((1, config.sequence_length, config.num_known_features), np.float32)
-            if config.use_known_history
-            else None
-        ),
-        static_categorical=(
-            np.zeros((1, len(config.static_categorical_cardinalities)), np.int32)
-            if config.static_categorical_cardinalities
-            else None
-        ),
-        target=np.zeros((1, config.prediction_horizon), np.float32),
-    )
-    floats, integers = tft_suite.split_inputs(like)
-    return {**floats, **integers}
+    """All-zero model inputs of batch size 1 (they fix shapes only).
+
+    Every input the config takes, the categorical ones over time included
+    (`tft.model_cases` draws them for any preset, so the QAT model must be
+    built for all of them).
+    """
+    return tft_suite._sample_inputs(config, 1)
 
 
 def calibrated_stats(case: tft_suite.ModelCase, inputs: st_tft.TFTInputs | None = None) -> Any:
