@@ -163,6 +163,30 @@ def test_overwrite_removes_every_file_of_the_earlier_run_and_nothing_else(tmp_pa
     assert not cli.holds_run(tmp_path)
 
 
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--known-cols", "nope"], "nope"),
+        (["--season-period", "30"], "seasonal naive period (30 steps) exceeds --history"),
+    ],
+)
+def test_overwrite_keeps_the_earlier_run_when_the_table_is_refused(
+    capsys, csv_path, tmp_path, flags, message
+):
+    run_files = ["config.json", "metrics.json", "models/fp32.msgpack", "checkpoints/fp32/3/x"]
+    for name in run_files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    code, out, err = run(
+        capsys, "train", *table_args(csv_path), *flags, "--out", str(tmp_path), "--overwrite"
+    )
+    assert code == 2
+    assert message in err
+    assert "removed the earlier run" not in out
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert left == sorted(run_files)
+
+
 @pytest.mark.parametrize("command", ["evaluate", "forecast", "plot"])
 def test_commands_on_a_directory_without_a_run_say_so(capsys, tmp_path, command):
     code, _, err = run(capsys, command, "--run", str(tmp_path))

@@ -343,3 +343,27 @@ def test_nonnegative_clips_forecasts_at_zero(fitted, tmp_path):
     assert (raw < 0).all()
     clipped = Forecaster.load(runs["clipped"]).predict(history, future)[QUANTILES].to_numpy()
     np.testing.assert_array_equal(clipped, 0.0)
+
+
+def test_a_new_series_is_scored_without_its_scaler_knowing_the_scored_steps(fitted, tmp_path):
+    _, table, saved = fitted
+    # Without window normalization the series scaler alone sets the model's input scale.
+    run = shutil.copytree(saved, tmp_path / "run")
+    config = json.loads((run / "config.json").read_text())
+    config["data"]["window_normalization"] = False
+    (run / "config.json").write_text(json.dumps(config))
+    forecaster = Forecaster.load(run)
+    new = table[table["store"] == "alpha"].assign(store="delta")
+    last_days = new["day"].isin(sorted(new["day"])[-HORIZON:])
+    jumped = new.assign(sales=np.where(last_days, new["sales"] + 100.0, new["sales"]))
+    quantiles, first_cutoff = [], []
+    for delta in (new, jumped):  # differ only in the target of the last H steps, always scored
+        both = pd.concat([table, delta], ignore_index=True)
+        with pytest.warns(UserWarning, match=r"series \['delta'\] were not in the training data"):
+            _, predictions = forecaster.evaluation(both, "test")
+        quantiles.append(predictions["fp32"].quantiles)
+        with pytest.warns(UserWarning, match=r"series \['delta'\] were not in the training data"):
+            result = forecaster.backtest(both, n_windows=2, step=HORIZON)
+        first_cutoff.append(result[result["cutoff"] == result["cutoff"].min()])
+    np.testing.assert_array_equal(quantiles[0], quantiles[1])
+    pd.testing.assert_frame_equal(first_cutoff[0], first_cutoff[1])

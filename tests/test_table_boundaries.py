@@ -182,6 +182,67 @@ def test_empty_input_cells_of_a_predict_history_are_announced(preprocessor):
     assert "'promo' 3 cells in 1 of 2 series ('a'), 2 of them leading" in filled[0]
 
 
+# ----------------------------------------------------------------- new series in a scored table
+
+CUTS = dict(validation_start="2021-04-02 00:00", test_start="2021-04-02 06:00")
+
+
+def with_new_series(first_hour: int = 0, jump: float = 50.0) -> pd.DataFrame:
+    """`hourly(60)` from 2021-04-01 plus 'c' (a copy of 'a' from `first_hour`) whose level
+    jumps by `jump` from the test start (`CUTS`) on."""
+    table = hourly(60, start="2021-04-01", seed=1)
+    new = table[table["id"] == "a"].iloc[first_hour:].assign(id="c")
+    new.loc[new["time"] >= CUTS["test_start"], "y"] += jump
+    return pd.concat([table, new], ignore_index=True)
+
+
+def new_series_scaler(preprocessor, table, **options) -> tuple[float, float]:
+    """`(loc, scale)` of series 'c' in `table` prepared with the trained `preprocessor`."""
+    data, _ = user_warnings(
+        lambda: prepare_dataset(table, **SPEC, **INPUTS, preprocessor=preprocessor, **options)
+    )
+    code = data.series_ids.index("c")
+    return data.target_scaler.loc[code], data.target_scaler.scale[code]
+
+
+def moments(table: pd.DataFrame, before: str) -> tuple[float, float]:
+    values = table.loc[(table["id"] == "c") & (table["time"] < before), "y"]
+    return float(values.mean()), float(values.std(ddof=0))
+
+
+def test_a_new_series_of_a_scored_table_is_scaled_by_its_target_before_the_validation_start(
+    preprocessor,
+):
+    table = with_new_series()
+    fitted = moments(table, CUTS["validation_start"])
+    for split in ("validation", "test"):
+        got = new_series_scaler(preprocessor, table, **CUTS, scored=split)
+        np.testing.assert_allclose(got, fitted, rtol=1e-9)
+    # A history (scored=None, the default) is scaled by all of it, the jump included.
+    everything = moments(table, "2100-01-01")
+    np.testing.assert_allclose(new_series_scaler(preprocessor, table, **CUTS), everything)
+    assert everything[1] > 20 * fitted[1]
+    # A backtest over the last k grid steps: before the k-th last time.
+    last = moments(table, "2021-04-03 00:00")  # hour 48 of 60
+    np.testing.assert_allclose(new_series_scaler(preprocessor, table, **CUTS, scored=12), last)
+
+
+def test_a_new_series_starting_after_the_validation_start_falls_back_to_the_split_start(
+    preprocessor,
+):
+    table = with_new_series(first_hour=26)  # 2021-04-02 02:00, after the validation start
+    got = new_series_scaler(preprocessor, table, **CUTS, scored="test")
+    np.testing.assert_allclose(got, moments(table, CUTS["test_start"]), rtol=1e-9)
+    with pytest.raises(
+        ValueError,
+        match=r"series 'c' is new and has no observed target before 2021-04-02 00:00:00",
+    ):
+        new_series_scaler(preprocessor, table, **CUTS, scored="validation")
+    for bad in ("future", 0, True):
+        with pytest.raises(ValueError, match=r"scored must be None, one of .* got"):
+            new_series_scaler(preprocessor, table, **CUTS, scored=bad)
+
+
 # ----------------------------------------------------------------- time zones and formats
 
 

@@ -228,7 +228,7 @@ def metrics_table(metrics: dict[str, Any]) -> str:
 
 def evaluate_announced(forecaster: Forecaster, table: Any, split: str, quiet: bool) -> tuple:
     """`Forecaster.evaluation` with a line before and after it (its time) unless `quiet`."""
-    dataset = forecaster.prepare(table)
+    dataset = forecaster.prepare(table, split)
     started = time.perf_counter()
     announce(
         quiet,
@@ -264,12 +264,21 @@ def holds_run(out: pathlib.Path) -> bool:
 
 
 def _check_out(out: pathlib.Path, resume: bool, overwrite: bool) -> None:
-    """Every process checks `--out`; process 0 clears it (`--overwrite`), the others wait."""
+    """Refuses an `--out` holding a run unless `--resume` or `--overwrite` (every process)."""
     if holds_run(out) and not resume and not overwrite:
         raise UsageError(
             f"--out {out} already holds a run; pass --resume to continue it, "
             "--overwrite to start over, or another --out"
         )
+
+
+def _ready_out(out: pathlib.Path, overwrite: bool) -> None:
+    """Process 0 clears `--out` (`--overwrite`) and creates it; the others wait.
+
+    Called by `Forecaster.fit` once the table has passed its checks, just
+    before training: a refused table (a missing column, say) leaves the
+    earlier run as it was.
+    """
     if is_primary():
         try:
             if overwrite:
@@ -323,8 +332,14 @@ def run_training(args: argparse.Namespace, command: str = "train") -> dict[str, 
     forecaster = Forecaster.from_config(settings)
     try:
         forecaster.fit(
-            table, checkpoint_dir=out / "checkpoints", resume=args.resume, quiet=args.quiet
+            table,
+            checkpoint_dir=out / "checkpoints",
+            resume=args.resume,
+            quiet=args.quiet,
+            before_training=lambda: _ready_out(out, args.overwrite),
         )
+    except UsageError:
+        raise
     except ValueError as error:
         raise UsageError(flag_message(str(error), vars(args))) from None
     if not is_primary():
@@ -421,7 +436,7 @@ def command_forecast(args: argparse.Namespace) -> int:
     name = default_model(forecaster, args.model)
     output = args.output or args.run / f"forecasts_{name}_{args.split}.csv"
     check_output_file(output, "--output")
-    dataset = forecaster.prepare(run_table(args, config, forecaster))
+    dataset = forecaster.prepare(run_table(args, config, forecaster), args.split)
     windows = dataset.split(args.split)
     prediction = forecaster.predictions(dataset, windows, [name])[name]
     write_split_forecasts(forecaster, dataset, args.split, prediction, name, output)
@@ -464,7 +479,7 @@ def command_plot(args: argparse.Namespace) -> int:
         if args.future_csv is None
         else read_given_csv(args.future_csv, "--future-csv", forecaster, args)
     )
-    dataset = forecaster.prepare(table)
+    dataset = forecaster.prepare(table, args.split)
     predictions = forecaster.predictions(dataset, dataset.split(args.split))
     figures = plots.draw_run_plots(
         dataset,

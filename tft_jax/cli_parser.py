@@ -631,8 +631,9 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument(
         "--overwrite",
         action="store_true",
-        help="delete the files of an earlier run in --out first (its checkpoints, models, "
-        "plots, config, history, metrics and forecasts; other files stay)",
+        help="delete the files of an earlier run in --out (its checkpoints, models, "
+        "plots, config, history, metrics and forecasts; other files stay) once the table "
+        "has passed its checks, just before training starts",
     )
     group = train.add_argument_group("quantization-aware training")
     group.add_argument(

@@ -337,6 +337,24 @@ def _check_windows(
             )
 
 
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool) and value >= 1
+
+
+def _new_series_cuts(
+    scored: str | int | None,
+    times: pd.DatetimeIndex,
+    periods: dict[str, tuple[pd.Timestamp, pd.Timestamp]],
+) -> tuple[pd.Timestamp, ...]:
+    """The `new_series_cuts` of `Preprocessor.transform` for `scored` (see `prepare_dataset`)."""
+    if scored is None:
+        return ()
+    if isinstance(scored, str):
+        return (periods["validation"][0], periods[scored][0])
+    grid_times = times.unique().sort_values()
+    return (grid_times[max(len(grid_times) - int(scored), 0)],)
+
+
 def prepare_dataset(
     table: pd.DataFrame | str | os.PathLike,
     *,
@@ -367,6 +385,7 @@ def prepare_dataset(
     min_series_length: int | None = None,
     target_transform: str = "none",
     window_normalization: bool = False,
+    scored: str | int | None = None,
 ) -> PreparedDataset:
     """Validates a long-format table and turns it into TFT windows (see the module docstring).
 
@@ -398,6 +417,16 @@ def prepare_dataset(
       target_transform: 'none' or 'log1p' (before the per-series scaler).
       window_normalization: also scale each window's target by its own
         history (see `WindowSet.normalized`): for series whose level moves.
+      scored: with `preprocessor`, the part of the table that will be scored,
+        which bounds what the target scaler of a series the preprocessor does
+        not know is fitted on (`Preprocessor.transform`), so that it does not
+        know the scored steps: a split name ('train', 'validation', 'test')
+        fits it on the series' observed target before `validation_start` (as
+        the trained series' scalers were fitted on the training period), or,
+        when there is none, before the start of that split; an int k before
+        the k-th last time of the grid (the first cutoff of a backtest over
+        the last k steps). None (the default) fits it on all of the table,
+        right for a history forecast from.
 
     Cells holding a missing-value text ('n/a', 'null', '-', ...) are read as
     missing, and filled target steps are announced with a `UserWarning`
@@ -410,9 +439,10 @@ def prepare_dataset(
 
     Raises:
       ValueError: for a bad table (see `validate_table`), bad cuts, a series
-        with no training target, a period without any window, or, with
-        `preprocessor`, times naive where the training ones were aware or the
-        reverse.
+        with no training target, a period without any window, a bad `scored`,
+        or, with `preprocessor`, times naive where the training ones were
+        aware or the reverse, or a new series with no observed target before
+        the cut `scored` sets.
     """
     spec = TableSpec(
         id_col=id_col,
@@ -428,6 +458,8 @@ def prepare_dataset(
         dayfirst=dayfirst,
     )
     check_missing_fraction_limit(max_missing_fraction)
+    if scored is not None and scored not in SPLITS and not _is_count(scored):
+        raise ValueError(f"scored must be None, one of {SPLITS} or an int >= 1, got {scored!r}")
     missing_col = missing_column(spec)
     calendar_names = calendar_feature_names(freq)
     generated = {missing_col, TIME_INDEX, "series_code", *calendar_names}
@@ -470,14 +502,13 @@ def prepare_dataset(
 
     if preprocessor is None:
         preprocessor = Preprocessor.fit(grid, spec, cut_validation, scaler, target_transform)
-    transformed = preprocessor.transform(grid)
-    panel = transformed.panel
-    times = panel.times
     periods = {
         "train": (times.min(), cut_validation),
         "validation": (cut_validation, cut_test),
         "test": (cut_test, end),
     }
+    transformed = preprocessor.transform(grid, _new_series_cuts(scored, times, periods))
+    panel = transformed.panel
     strides = {"train": train_stride, "validation": eval_stride, "test": eval_stride}
     windows = _windows(panel, history, horizon, periods, strides, require_observed_target)
     windows = {

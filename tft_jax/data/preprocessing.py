@@ -14,8 +14,11 @@ Categorical inputs (the id column, and every column of
 period: its sorted values get codes `0 .. n-1` and code `n` is reserved for
 "unknown", a value the training period did not have. A series the vocabulary
 does not know gets the unknown id code and a target scaler fitted on its own
-observed values in the new table; unknown values are announced with a
-`UserWarning`. The missing-target flag is an input only when the training
+observed values in the new table: all of them for a history one forecasts
+from, but only those before the first scored step when the table is also
+scored (`transform`'s `new_series_cuts`), so that its scaler does not know the
+level and spread of the period it is judged on; unknown values are announced
+with a `UserWarning`. The missing-target flag is an input only when the training
 period has a filled target step (an all-zero flag carries no information).
 """
 
@@ -273,27 +276,49 @@ class Preprocessor:
         return _codes(self.series_ids, ids)
 
     def _panel_target_scaler(
-        self, vocabulary: np.ndarray, ids: Sequence[Any], target: np.ndarray, codes: np.ndarray
+        self,
+        vocabulary: np.ndarray,
+        ids: Sequence[Any],
+        target: np.ndarray,
+        codes: np.ndarray,
+        times: pd.DatetimeIndex,
+        new_series_cuts: Sequence[pd.Timestamp] = (),
     ) -> TargetScaler:
-        """The target scaler of each panel series: the fitted one, or one fitted here if new."""
+        """The target scaler of each panel series: the fitted one, or one fitted here if new.
+
+        A new series is fitted on its observed `target` values before the
+        first of `new_series_cuts` under which it has any (all its values when
+        there are no cuts), and refused when it has none before the last cut.
+        """
         unknown = vocabulary == len(self.series_ids)
         known = np.where(unknown, 0, vocabulary)
         loc = self.target_scaler.loc[known].copy()
         scale = self.target_scaler.scale[known].copy()
         if unknown.any():
             names = [ids[code] for code in np.flatnonzero(unknown)]
+            source = (
+                f"history before {new_series_cuts[0]} (the first scored step)"
+                if len(new_series_cuts)
+                else "history given here"
+            )
             warnings.warn(
                 f"series {names} were not in the training data: their id embedding is the "
-                "untrained 'unknown' entry and their target scaler is fitted on the "
-                "history given here",
+                f"untrained 'unknown' entry and their target scaler is fitted on the {source}",
                 UserWarning,
                 stacklevel=3,
             )
             for code in np.flatnonzero(unknown):
-                values = target[(codes == code) & ~np.isnan(target)]
+                rows = (codes == code) & ~np.isnan(target)
+                values = target[rows]
+                for cut in new_series_cuts:
+                    values = target[rows & np.asarray(times < cut)]
+                    if values.size:
+                        break
                 if values.size == 0:
+                    before = f" before {new_series_cuts[-1]}" if len(new_series_cuts) else ""
                     raise ValueError(
-                        f"series {ids[code]!r} is new and has no observed target to scale it by"
+                        f"series {ids[code]!r} is new and has no observed target{before} to "
+                        "scale it by"
                     )
                 values = forward_transform(values, self.target_scaler.target_transform)
                 loc[code], scale[code] = _location_scale(values, self.target_scaler.method)
@@ -304,12 +329,24 @@ class Preprocessor:
             target_transform=self.target_scaler.target_transform,
         )
 
-    def transform(self, grid: pd.DataFrame) -> Transformed:
+    def transform(
+        self, grid: pd.DataFrame, new_series_cuts: Sequence[pd.Timestamp] = ()
+    ) -> Transformed:
         """Model inputs of a gridded table of this spec (see `Transformed`).
 
         `grid` is sorted by (id, time), as `to_regular_grid` returns it; the
         target may be NaN on rows flagged missing (e.g. future rows). Its times
         must be naive or aware as the training table's were (`check_time_zone`).
+
+        `new_series_cuts` (ordered times) limits what the target scaler of a
+        series not in `series_ids` is fitted on, for a table that is scored:
+        its observed target before the first cut under which it has one (the
+        validation start, then the start of the scored period), so the scaler
+        knows nothing of the steps it is scored on. Empty (the default) fits
+        it on all the table's observed target, right for a history.
+
+        Raises:
+          ValueError: a new series has no observed target (before the last cut).
         """
         spec = self.spec
         self.check_time_zone(grid[spec.time_col])
@@ -323,7 +360,9 @@ class Preprocessor:
         raw_target = np.where(missing > 0, np.nan, grid[spec.target].to_numpy(np.float64))
         vocabulary = self.vocabulary_codes(ids)
         check_domain(raw_target, codes, self.target_scaler.target_transform, ids)
-        target_scaler = self._panel_target_scaler(vocabulary, ids, raw_target, codes)
+        target_scaler = self._panel_target_scaler(
+            vocabulary, ids, raw_target, codes, times, new_series_cuts
+        )
         filled_target = grid[spec.target].to_numpy(np.float64)
         scaled_target = target_scaler.transform(np.nan_to_num(filled_target), codes)
         real_observed = spec.real(spec.observed_cols)

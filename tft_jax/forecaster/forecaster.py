@@ -18,7 +18,7 @@ import dataclasses
 import os
 import pathlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -29,6 +29,7 @@ import qat
 from tft_jax.baselines import candidate_periods, seasonal_period
 from tft_jax.config import TFTConfig
 from tft_jax.data import PreparedDataset, WindowSet, prepare_dataset, window_starts
+from tft_jax.data.dataset import SPLITS
 from tft_jax.data.future import future_windows
 from tft_jax.data.preprocessing import Preprocessor
 from tft_jax.distributed import local_rows
@@ -209,16 +210,25 @@ class Forecaster:
 
     # ------------------------------------------------------------------ data
 
-    def prepare(self, table: Table | PreparedDataset) -> PreparedDataset:
+    def prepare(self, table: Table | PreparedDataset, scored: str | None = None) -> PreparedDataset:
         """`table` as windows split by the data settings, with the fitted preprocessing.
 
-        A `PreparedDataset` is returned as it is.
+        `scored`, the split that will be scored, keeps the target scaler of a
+        series the model never saw from knowing that split: it is fitted on
+        the series' target before the validation start (or, without any,
+        before the split's start; see `prepare_dataset`). None fits it on all
+        of `table`. A `PreparedDataset` is returned as it is.
         """
+        if scored is not None and scored not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {scored!r}")
         if isinstance(table, PreparedDataset):
             return table
         fitted = self._require_fitted()
         return prepare_dataset(
-            table, **self.config.data.prepare_options(), preprocessor=fitted.preprocessor
+            table,
+            **self.config.data.prepare_options(),
+            preprocessor=fitted.preprocessor,
+            scored=scored,
         )
 
     def _season_period(self, dataset: PreparedDataset) -> int:
@@ -240,6 +250,7 @@ class Forecaster:
         checkpoint_dir: str | os.PathLike | None = None,
         resume: bool = False,
         quiet: bool = False,
+        before_training: Callable[[], None] | None = None,
     ) -> Forecaster:
         """Trains the FP32 TFT on `table` (then QAT and int8 with `qat` settings).
 
@@ -248,6 +259,11 @@ class Forecaster:
           checkpoint_dir: where training checkpoints go (`fp32/`, `qat/`); None keeps none.
           resume: continue from the newest checkpoint in `checkpoint_dir`.
           quiet: no progress bars.
+          before_training: called once `table` has passed every check (columns,
+            splits, windows, the seasonal period) and just before training
+            starts, before any checkpoint is written: where the CLI's
+            `--overwrite` deletes the earlier run, so that a refused table
+            leaves it in place.
 
         In a multi-process run (`tft_jax.distributed.initialize_multihost`)
         every process calls `fit` with the same table; each reads its own rows
@@ -276,6 +292,8 @@ class Forecaster:
         )
         checkpoints = None if checkpoint_dir is None else pathlib.Path(checkpoint_dir)
         timing = {"data": time.perf_counter() - started}
+        if before_training is not None:
+            before_training()
         phase = time.perf_counter()
         fp32 = train_fp32(
             TemporalFusionTransformer(tft_config),
@@ -446,7 +464,7 @@ class Forecaster:
         models: Sequence[str] | None = None,
     ) -> tuple[dict[str, Any], dict[str, Predictions]]:
         """`(metrics, predictions)` of every model on `split` of `table` (see `evaluate`)."""
-        dataset = self.prepare(table)
+        dataset = self.prepare(table, split)
         windows = dataset.split(split)
         names = self.models if models is None else tuple(self._check_model(m) for m in models)
         predictions, seconds = {}, {}
@@ -479,7 +497,11 @@ class Forecaster:
         `table` is split as in training (the data settings' fractions or cut
         times); metrics are in the target's units (`tft_jax.evaluation`):
         P50/P90 q-risk, q-risk per level, mean quantile loss, and the relative
-        changes fp32 vs seasonal naive and qat/int8 vs fp32.
+        changes fp32 vs seasonal naive and qat/int8 vs fp32. A series not in
+        the training data is scaled by its target before the validation start
+        (before `split`'s start if it has none there), never by the scored
+        steps; a `PreparedDataset` is used as it was prepared
+        (`prepare(table, split)` does this).
         """
         return self.evaluation(table, split, models)[0]
 
@@ -495,7 +517,9 @@ class Forecaster:
         The last cutoff forecasts the final `H` steps of `table`; each earlier
         one starts `step` steps (default `H`) before the next. At each cutoff
         every series with `history` steps before it and an observed target
-        over the next `H` steps is forecast once.
+        over the next `H` steps is forecast once. A series not in the training
+        data is scaled by its target before the first cutoff (a ValueError
+        names it if it has none), never by the steps it is scored on.
 
         Returns:
           A DataFrame, one row per (cutoff, model), the seasonal naive baseline
@@ -511,7 +535,8 @@ class Forecaster:
         step = data.horizon if step is None else step
         options = {**data.prepare_options(), "validation_fraction": 0.0, "test_fraction": 0.0}
         options.update(validation_start=None, test_start=None)
-        dataset = prepare_dataset(table, **options, preprocessor=self.preprocessor)
+        scored = data.horizon + (n_windows - 1) * step  # the grid steps from the first cutoff
+        dataset = prepare_dataset(table, **options, preprocessor=self.preprocessor, scored=scored)
         panel = dataset.panel
         grid_times = pd.DatetimeIndex(np.unique(panel.times))
         last_start = len(grid_times) - data.horizon
