@@ -114,6 +114,17 @@ def test_non_positive_history_is_rejected_by_the_parser(capsys):
     assert "--history: expected an integer >= 1, got 0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "flag, values", [("--known-cols", ["a", "b"]), ("--quantiles", ["0.5", "0.9"])]
+)
+def test_a_list_flag_given_twice_is_refused_instead_of_dropping_the_first(capsys, flag, values):
+    # argparse keeps the last one: `--known-cols a --known-cols b` trained without `a`.
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train", flag, values[0], flag, values[1]])
+    assert exit_info.value.code == 2
+    assert f"{flag} given twice" in capsys.readouterr().err
+
+
 def test_unknown_scaler_is_rejected_by_the_parser(capsys):
     with pytest.raises(SystemExit):
         cli.main(["train", "--scaler", "magic"])

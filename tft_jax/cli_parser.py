@@ -169,8 +169,15 @@ class _Store(argparse.Action):
         values: Any,
         option_string: str | None = None,
     ) -> None:
+        given = getattr(namespace, GIVEN, ())
+        if self.nargs in ("*", "+") and self.option_strings[0] in given:
+            # "Last one wins" would drop the first list (columns, quantiles) without a word.
+            parser.error(
+                f"{self.option_strings[0]} given twice: list all its values after one "
+                f"{self.option_strings[0]}"
+            )
         setattr(namespace, self.dest, values)
-        setattr(namespace, GIVEN, (*getattr(namespace, GIVEN, ()), self.option_strings[0]))
+        setattr(namespace, GIVEN, (*given, self.option_strings[0]))
 
 
 def given_flags(args: argparse.Namespace) -> tuple[str, ...]:
