@@ -109,17 +109,20 @@ def tasks(steps: int, warmup: int, quick: bool = False) -> list[common.Task]:
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Command line: `python -m benchmarks.accelerator [--out FILE] [--budget 300]`."""
     parser = common.base_parser(__doc__.splitlines()[0])
+    # --out is this script's name for the shared --output: both set the same file.
     parser.add_argument(
-        "--out", default="accelerator-results.jsonl", help="JSON lines file to append to"
+        "--out", dest="output", help="JSON lines file to append to (same as --output)"
     )
+    parser.set_defaults(output="accelerator-results.jsonl")
     parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, help="seconds")
     parser.add_argument("--quick", action="store_true", help="tiny configurations (tests)")
     parser.add_argument("--allow-cpu", action="store_true", help="run on a CPU backend too")
     parser.add_argument("--only", default=None, help="comma-separated task names to run")
     args = parser.parse_args(argv)
-    if args.budget <= 0:
-        raise ValueError(f"--budget must be positive, got {args.budget}")
-    common.setup(args)
+    with common.usage_errors(parser):
+        if not args.budget > 0:  # NaN too
+            raise ValueError(f"--budget must be positive, got {args.budget}")
+        common.setup(args)
     backend = jax.default_backend()
     if backend == "cpu" and not args.allow_cpu:
         raise SystemExit(
@@ -128,14 +131,15 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         )
     selected = tasks(args.steps, args.warmup, args.quick)
     if args.only:
-        names = common.split_names(args.only, [task.name for task in selected], "--only")
+        with common.usage_errors(parser):
+            names = common.split_names(args.only, [task.name for task in selected], "--only")
         selected = [task for task in selected if task.name in names]
-    directory = os.path.dirname(os.path.abspath(args.out))
+    directory = os.path.dirname(os.path.abspath(args.output))
     os.makedirs(directory, exist_ok=True)
-    report = common.suite_reporter(cpu.VIEWS, args.json, args.out)
+    report = common.suite_reporter(cpu.VIEWS, args.json, args.output)
     records = common.run_suite("accelerator", selected, budget_s=args.budget, report=report)
     if not args.json:
-        print(f"\nwrote {len(records)} records to {args.out}")
+        print(f"\nwrote {len(records)} records to {args.output}")
     return records
 
 

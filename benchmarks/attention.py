@@ -158,14 +158,15 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser = common.base_parser(__doc__.splitlines()[0])
     parser.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)))
     parser.add_argument("--paths", default=",".join(PATHS), help=f"subset of {list(PATHS)}")
-    parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--hidden-dim", type=int, default=64)
-    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--batch-size", type=common.positive_int, default=1)
+    parser.add_argument("--hidden-dim", type=common.positive_int, default=64)
+    parser.add_argument("--heads", type=common.positive_int, default=4)
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     args = parser.parse_args(argv)
-    lengths = parse_lengths(args.lengths)
-    paths = common.split_names(args.paths, PATHS, "--paths")
-    common.setup(args)
+    with common.usage_errors(parser):
+        lengths = parse_lengths(args.lengths)
+        paths = common.split_names(args.paths, PATHS, "--paths")
+        common.setup(args)
     records = run(
         lengths,
         paths,

@@ -20,6 +20,7 @@ Each result is a flat dict (a "record") printed as a table row or, with
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import functools
@@ -31,7 +32,7 @@ import resource
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -423,16 +424,58 @@ def emit(
     print(format_table(rows, columns), flush=True)
 
 
+def _int_at_least(text: str, minimum: int) -> int:
+    """`int(text)`, or `argparse.ArgumentTypeError` (which argparse reports with the flag)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int >= {minimum}, got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be an int >= {minimum}, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse `type`: an int >= 1, refused at parse time with the flag's name."""
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse `type`: an int >= 0, refused at parse time with the flag's name."""
+    return _int_at_least(text, 0)
+
+
+@contextlib.contextmanager
+def usage_errors(parser: argparse.ArgumentParser) -> Iterator[None]:
+    """Turns a `ValueError` of the checks on parsed flags into `parser.error` (usage, exit 2).
+
+    The checks (`split_names`, the list parsers, `setup`) name the flag in their
+    message; a command line with a bad value should end with that one line, not
+    a traceback. Wrap only those checks: errors of the measurement itself keep
+    their traceback.
+    """
+    try:
+        yield
+    except ValueError as error:
+        parser.error(str(error))
+
+
 def base_parser(description: str, steps: int = MIN_TIMED_STEPS) -> argparse.ArgumentParser:
     """The options every benchmark shares: `--json`, `--output`, `--steps`, `--warmup`."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--json", action="store_true", help="print one JSON object per line")
     parser.add_argument("--output", help="also append the JSON lines to this file")
     parser.add_argument(
-        "--steps", type=int, default=steps, help=f"timed calls per measurement (default {steps})"
+        "--steps",
+        type=positive_int,
+        default=steps,
+        help=f"timed calls per measurement (default {steps})",
     )
     parser.add_argument(
-        "--warmup", type=int, default=DEFAULT_WARMUP, help="untimed calls before timing"
+        "--warmup",
+        type=non_negative_int,
+        default=DEFAULT_WARMUP,
+        help="untimed calls before timing",
     )
     parser.add_argument(
         "--compile-cache",

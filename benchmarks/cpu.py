@@ -104,11 +104,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--quick", action="store_true", help="smallest configurations only")
     parser.add_argument("--only", default=None, help="comma-separated task names to run")
     args = parser.parse_args(argv)
-    common.setup(args)
-    selected = tasks(args.steps, args.warmup, args.quick)
-    if args.only:
-        names = common.split_names(args.only, [task.name for task in selected], "--only")
-        selected = [task for task in selected if task.name in names]
+    with common.usage_errors(parser):
+        common.setup(args)
+        selected = tasks(args.steps, args.warmup, args.quick)
+        if args.only:
+            names = common.split_names(args.only, [task.name for task in selected], "--only")
+            selected = [task for task in selected if task.name in names]
     report = common.suite_reporter(VIEWS, args.json, args.output)
     return common.run_suite("cpu", selected, report=report)
 

@@ -176,9 +176,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         help=f"subset of {list(VARIANTS)}, in compile order",
     )
     args = parser.parse_args(argv)
-    names = common.split_names(args.config, train_bench.CONFIGS, "--config")
-    variants = common.split_names(args.variant, VARIANTS, "--variant")
-    common.setup(args)
+    with common.usage_errors(parser):
+        names = common.split_names(args.config, train_bench.CONFIGS, "--config")
+        variants = common.split_names(args.variant, VARIANTS, "--variant")
+        common.setup(args)
     records = [
         record
         for name in names

@@ -199,13 +199,14 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         help="configurations for the QAT/FP32 step ratio (comma-separated, 'none' to skip)",
     )
     args = parser.parse_args(argv)
-    sizes = parse_sizes(args.sizes)
-    configs = (
-        []
-        if args.ratio_config == "none"
-        else common.split_names(args.ratio_config, steps_bench.CONFIGS, "--ratio-config")
-    )
-    common.setup(args)
+    with common.usage_errors(parser):
+        sizes = parse_sizes(args.sizes)
+        configs = (
+            []
+            if args.ratio_config == "none"
+            else common.split_names(args.ratio_config, steps_bench.CONFIGS, "--ratio-config")
+        )
+        common.setup(args)
     peak = common.matmul_peak_gflops() if configs else None
     records = run(sizes, configs, args.steps, args.warmup, peak)
     common.emit(

@@ -196,10 +196,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"subset of {list(KINDS)}")
     parser.add_argument("--dtype", default="float32", choices=steps_bench.DTYPES)
     args = parser.parse_args(argv)
-    configs = common.split_names(args.config, steps_bench.CONFIGS, "--config")
-    kinds = common.split_names(args.kinds, KINDS, "--kinds")
-    batch_sizes = parse_batch_sizes(args.batch_sizes)
-    common.setup(args)
+    with common.usage_errors(parser):
+        configs = common.split_names(args.config, steps_bench.CONFIGS, "--config")
+        kinds = common.split_names(args.kinds, KINDS, "--kinds")
+        batch_sizes = parse_batch_sizes(args.batch_sizes)
+        common.setup(args)
     records = run(configs, batch_sizes, kinds, args.steps, args.warmup, args.dtype)
     common.emit(
         records,

@@ -181,9 +181,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         help=f"subset of {list(OPTIMIZERS)}, in compile order",
     )
     args = parser.parse_args(argv)
-    names = common.split_names(args.config, train_bench.CONFIGS, "--config")
-    kinds = common.split_names(args.optimizer, OPTIMIZERS, "--optimizer")
-    common.setup(args)
+    with common.usage_errors(parser):
+        names = common.split_names(args.config, train_bench.CONFIGS, "--config")
+        kinds = common.split_names(args.optimizer, OPTIMIZERS, "--optimizer")
+        common.setup(args)
     records = [
         record
         for name in names

@@ -271,7 +271,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument(
         "--config", default="seed,electricity", help=f"subset of {list(ours.CONFIGS)}"
     )
-    parser.add_argument("--block", type=int, default=5, help="steps per alternating block")
+    parser.add_argument(
+        "--block", type=common.positive_int, default=5, help="steps per alternating block"
+    )
     parser.add_argument(
         "--selection",
         choices=SELECTIONS,
@@ -279,10 +281,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         help="our selection-GRN width: the peer's min(hidden, V) (compact) or hidden (paper)",
     )
     args = parser.parse_args(argv)
-    names = common.split_names(args.config, ours.CONFIGS, "--config")
-    common.check_step_counts(args.block, 0)
+    with common.usage_errors(parser):
+        names = common.split_names(args.config, ours.CONFIGS, "--config")
+        common.setup(args)
     _require_torch()
-    common.setup(args)
     records = [
         bench(ours.get_config(name), args.steps, args.warmup, args.block, args.selection)
         for name in names

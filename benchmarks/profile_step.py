@@ -165,11 +165,14 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser = common.base_parser(__doc__.splitlines()[0], steps=2)
     parser.add_argument("--config", default="electricity", choices=list(steps_bench.CONFIGS))
     parser.add_argument("--mode", default="float", choices=steps_bench.MODES)
-    parser.add_argument("--depth", type=int, default=2, help="module scopes to group by")
-    parser.add_argument("--top", type=int, default=25, help="rows to report")
+    parser.add_argument(
+        "--depth", type=common.positive_int, default=2, help="module scopes to group by"
+    )
+    parser.add_argument("--top", type=common.positive_int, default=25, help="rows to report")
     parser.add_argument("--trace-dir", default=None, help="keep the trace here")
     args = parser.parse_args(argv)
-    common.setup(args)
+    with common.usage_errors(parser):
+        common.setup(args)
     records = profile(args.config, args.mode, args.steps, args.depth, args.trace_dir, args.top)
     total = records[0]["op_ms_per_step"] if records else 0.0
     common.emit(

@@ -24,9 +24,17 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from benchmarks.common import positive_int, usage_errors
 from benchmarks.tables import TABLES, without_categoricals
 from tft_jax.allocator import relaunch_with_tuned_allocator
-from tft_jax.forecaster import Forecaster, ForecasterConfig, QATTrainingConfig
+from tft_jax.forecaster import (
+    DataConfig,
+    Forecaster,
+    ForecasterConfig,
+    ModelConfig,
+    QATTrainingConfig,
+    TrainingConfig,
+)
 
 # Settings variants compared on the validation split: name -> {section.field: value}.
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -34,6 +42,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "window_normalization": {"data.window_normalization": True},
     "series_scaler_only": {"data.window_normalization": False},
     "no_categoricals": {},  # the table without its categorical inputs
+}
+# The sections of `ForecasterConfig` that `--set` may override.
+SECTIONS: dict[str, type] = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "training": TrainingConfig,
+    "qat": QATTrainingConfig,
 }
 
 
@@ -109,17 +124,41 @@ def _value(text: str) -> Any:
         return text
 
 
+def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """`--set SECTION.FIELD=VALUE` items as `{section.field: value}` (values read as JSON).
+
+    Raises `ValueError` naming the item unless it has that form and names a
+    field of a `ForecasterConfig` section, so that a typo stops the command
+    before any table is fitted (not with a traceback from `configured`).
+    """
+    overrides = {}
+    for item in items:
+        key, equals, value = item.partition("=")
+        section, dot, field = key.partition(".")
+        if not (equals and dot and section in SECTIONS):
+            raise ValueError(
+                f"--set takes SECTION.FIELD=VALUE with SECTION one of {list(SECTIONS)}, "
+                f"got {item!r}"
+            )
+        if field not in {f.name for f in dataclasses.fields(SECTIONS[section])}:
+            raise ValueError(f"--set {item!r}: {section} has no field {field!r}")
+        overrides[key] = _value(value)
+    return overrides
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=__doc__)
     parser.add_argument("--tables", nargs="+", default=list(TABLES), choices=list(TABLES))
     parser.add_argument("--variants", nargs="+", default=["default"], choices=list(VARIANTS))
     parser.add_argument("--set", nargs="*", default=[], metavar="SECTION.FIELD=VALUE")
-    parser.add_argument("--cutoffs", type=int, default=3, help="backtest origins (default 3)")
+    parser.add_argument(
+        "--cutoffs", type=positive_int, default=3, help="backtest origins (default 3)"
+    )
     parser.add_argument("--json", help="append one JSON line per run to this file")
     parser.add_argument("--no-qat", action="store_true", help="FP32 only (quicker studies)")
     args = parser.parse_args(argv)
-    overrides = dict(item.split("=", 1) for item in args.set)
-    overrides = {key: _value(value) for key, value in overrides.items()}
+    with usage_errors(parser):
+        overrides = parse_overrides(args.set)
     for table in args.tables:
         for variant in args.variants:
             record = run(table, variant, overrides, args.cutoffs, qat=not args.no_qat)

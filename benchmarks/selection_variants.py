@@ -187,10 +187,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         help=f"subset of {list(VARIANTS)}, in compile order (default: all the mode allows)",
     )
     args = parser.parse_args(argv)
-    names = common.split_names(args.config, train_bench.CONFIGS, "--config")
     allowed = VARIANTS if args.mode == "qat" else VARIANTS[:2]
-    variants = common.split_names(args.variant or ",".join(allowed), VARIANTS, "--variant")
-    common.setup(args)
+    with common.usage_errors(parser):
+        names = common.split_names(args.config, train_bench.CONFIGS, "--config")
+        variants = common.split_names(args.variant or ",".join(allowed), VARIANTS, "--variant")
+        if args.mode != "qat" and "materialized" in variants:
+            raise ValueError("--variant materialized needs --mode qat (the FP32 model folds)")
+        common.setup(args)
     records = [
         record
         for name in names

@@ -432,17 +432,22 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--config", default="seed,electricity", help=f"subset of {list(CONFIGS)}")
     parser.add_argument("--mode", default="float,qat", help=f"subset of {list(MODES)}")
     parser.add_argument("--dtype", default="float32", choices=DTYPES)
-    parser.add_argument("--batch-size", type=int, default=None, help="override the batch size")
-    parser.add_argument("--devices", type=int, default=1, help="data-parallel devices")
+    parser.add_argument(
+        "--batch-size", type=common.positive_int, default=None, help="override the batch size"
+    )
+    parser.add_argument(
+        "--devices", type=common.positive_int, default=1, help="data-parallel devices"
+    )
     parser.add_argument(
         "--fast-compile",
         action="store_true",
         help="compile the step with tft_jax.train.FAST_COMPILE_OPTIONS",
     )
     args = parser.parse_args(argv)
-    names = common.split_names(args.config, CONFIGS, "--config")
-    modes = common.split_names(args.mode, MODES, "--mode")
-    common.setup(args)
+    with common.usage_errors(parser):
+        names = common.split_names(args.config, CONFIGS, "--config")
+        modes = common.split_names(args.mode, MODES, "--mode")
+        common.setup(args)
     peak = common.matmul_peak_gflops()
     records = [
         record

@@ -136,10 +136,6 @@ def test_selection_variants_compute_the_same_loss_in_every_layout(capsys, monkey
         common.validate_record(record, selection_variants.REQUIRED_FIELDS)
         assert record["loss_difference"] <= 1e-5 * abs(default["first_loss"])
         assert record["median_ratio"] == pytest.approx(record["median_s"] / default["median_s"])
-    with pytest.raises(ValueError, match="needs --mode qat"):
-        selection_variants.main(
-            ["--config", "tiny", "--mode", "float", "--variant", "materialized"]
-        )
 
 
 def test_attention_records_one_per_path(capsys):
@@ -212,9 +208,11 @@ def test_accelerator_refuses_a_cpu_backend_without_allow_cpu():
         accelerator.main(["--quick", "--out", "/dev/null"])
 
 
-def test_accelerator_quick_writes_its_records_to_the_output_file(tmp_path, capsys):
+# `--output` is the flag every script shares; the accelerator's own name is `--out`.
+@pytest.mark.parametrize("flag", ["--out", "--output"])
+def test_accelerator_quick_writes_its_records_to_the_output_file(tmp_path, capsys, flag):
     out = tmp_path / "results" / "accelerator.jsonl"
-    argv = ["--quick", "--allow-cpu", "--only", "fake_quant", "--out", str(out)]
+    argv = ["--quick", "--allow-cpu", "--only", "fake_quant", flag, str(out)]
     records = run_json(accelerator.main, argv, capsys)
     written = [json.loads(line) for line in out.read_text().splitlines()]
     assert written == records
@@ -256,6 +254,42 @@ def test_step_times_summary_matches_numpy():
 def test_step_counts_out_of_range_raise_value_error(steps, warmup):
     with pytest.raises(ValueError):
         common.time_steps(lambda: None, steps, warmup)
+
+
+@pytest.mark.parametrize(
+    ("script", "argv", "flag"),
+    [
+        ("train_step", ["--steps", "0"], "--steps"),
+        ("train_step", ["--warmup", "-1"], "--warmup"),
+        ("train_step", ["--config", "weather"], "--config"),
+        ("train_step", ["--mode", "int4"], "--mode"),
+        ("train_step", ["--batch-size", "0"], "--batch-size"),
+        ("inference", ["--batch-sizes", "1,x"], "--batch-sizes"),
+        ("peer", ["--block", "0"], "--block"),
+        ("attention", ["--lengths", "0"], "--lengths"),
+        ("fake_quant", ["--ratio-config", "weather"], "--ratio-config"),
+        ("optimizer", ["--optimizer", "sgd"], "--optimizer"),
+        ("dropout_keys", ["--variant", "other"], "--variant"),
+        ("selection_variants", ["--mode", "float", "--variant", "materialized"], "--mode qat"),
+        ("cpu", ["--only", "nothing"], "--only"),
+        ("accelerator", ["--budget", "nan", "--allow-cpu", "--quick", "--only", "x"], "--budget"),
+        ("quality", ["--cutoffs", "0"], "--cutoffs"),
+        ("quality", ["--set", "training.max_step=2"], "--set"),
+    ],
+)
+def test_a_bad_flag_value_is_a_usage_error_naming_the_flag(script, argv, flag, capsys, monkeypatch):
+    # Refused while the flags are checked, before any work: exit 2 and one error line.
+    module = importlib.import_module(f"benchmarks.{script}")
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError(f"{script} started measuring despite a bad flag")
+
+    monkeypatch.setattr(module, "run", must_not_run, raising=False)  # quality's fit, say
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(argv)
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "error:" in error and flag in error
 
 
 def test_unknown_config_name_raises_value_error_listing_the_choices():
