@@ -21,6 +21,7 @@ from tft_jax.data import (
     load_pedestrian,
     prepare_dataset,
     prepare_pedestrian,
+    steps_since,
     to_regular_grid,
     validate_table,
 )
@@ -232,6 +233,14 @@ def test_time_index_counts_steps_and_is_unit_over_training():
     steps = (frame["time"] - frame["time"].min()) / STEP
     train_steps = (dataset.validation_start - frame["time"].min()) / STEP
     np.testing.assert_allclose(frame["time_index"], steps / train_steps, rtol=1e-6)
+
+
+@pytest.mark.parametrize("freq", ["h", "D", "W", "MS", "B"])
+def test_steps_before_the_origin_count_negative_for_every_frequency(freq):
+    # A table reusing a fitted preprocessor may start before the training table;
+    # calendar frequencies ('D', 'W', 'MS') counted all those times as step 0.
+    times = pd.date_range("2021-01-04", periods=8, freq=freq)
+    np.testing.assert_array_equal(steps_since(times, times[3], freq), np.arange(-3.0, 5.0))
 
 
 def test_daily_table_prepares_with_daily_calendar():

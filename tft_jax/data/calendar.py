@@ -91,7 +91,7 @@ def calendar_features(
 
 
 def steps_since(times: pd.DatetimeIndex, origin: pd.Timestamp, freq: str) -> np.ndarray:
-    """Number of `freq` steps from `origin` to each of `times`, as (R,) float64.
+    """Signed number of `freq` steps from `origin` to each of `times`, as (R,) float64.
 
     Fixed-length frequencies ('h', '15min') divide the elapsed time by the
     step; calendar frequencies ('W', 'MS', 'B', and 'D' where pandas makes a
@@ -115,6 +115,11 @@ def steps_since(times: pd.DatetimeIndex, origin: pd.Timestamp, freq: str) -> np.
     try:
         step = pd.Timedelta(offset)
     except ValueError:
-        grid = pd.date_range(origin, times.max(), freq=offset)
-        return grid.searchsorted(times).astype(np.float64)
+        if len(times) == 0:
+            return np.zeros(0)
+        # The grid spans the times on both sides of `origin`, so times before it
+        # count negative steps as a fixed-length frequency's do (a table that
+        # starts before the training one), instead of all reading 0.
+        grid = pd.date_range(min(times.min(), origin), max(times.max(), origin), freq=offset)
+        return (grid.searchsorted(times) - grid.searchsorted(origin)).astype(np.float64)
     return np.asarray((times - origin) / step, dtype=np.float64)
