@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from tft_jax.baselines import seasonal_naive, seasonal_period
+from tft_jax.baselines import candidate_periods, seasonal_naive, seasonal_period
 
 
 def test_seasonal_naive_repeats_the_last_season_hand_computed():
@@ -101,3 +101,12 @@ def test_seasonal_period_of_a_step_not_dividing_a_day_asks_for_one():
 def test_seasonal_period_of_an_unknown_frequency_is_rejected():
     with pytest.raises(ValueError, match="unknown frequency"):
         seasonal_period("fortnightly")
+
+
+def test_candidate_periods_of_a_step_not_dividing_a_day_offer_the_last_value():
+    # A '7min' run trains with an explicit season period; its evaluation adds
+    # that period to these candidates and must not fail for want of a default.
+    assert candidate_periods("7min", 500) == (1,)
+    assert candidate_periods("h", 200) == (1, 24, 168)
+    with pytest.raises(ValueError, match="unknown frequency"):
+        candidate_periods("fortnightly", 500)

@@ -151,3 +151,75 @@ def test_plots_create_missing_directories(tmp_path):
     path = tmp_path / "a" / "b" / "attention.png"
     plots.plot_attention(path, np.full((2, 5), 0.2), history=3)
     assert_png(path)
+
+
+def _capture_fans(monkeypatch) -> list[tuple[pd.DataFrame, pd.DataFrame]]:
+    """Records the `(forecasts, context)` tables each fan chart is drawn from."""
+    drawn: list[tuple[pd.DataFrame, pd.DataFrame]] = []
+
+    def record(path, forecasts, context, **kwargs):
+        drawn.append((forecasts, context))
+        return path
+
+    monkeypatch.setattr(plots, "plot_forecast_fans", record)
+    return drawn
+
+
+def test_run_fan_charts_draw_the_quantiles_sorted_as_the_library_returns_them(
+    tmp_path, monkeypatch
+):
+    from tft_jax.data import prepare_dataset
+    from tft_jax.evaluation import Predictions
+
+    times = pd.date_range("2024-01-01", periods=120, freq="D")
+    table = pd.DataFrame({"shop": "a", "day": times, "sales": 10.0 + np.arange(120) % 7})
+    dataset = prepare_dataset(
+        table, id_col="shop", time_col="day", target="sales", freq="D", history=14, horizon=7
+    )
+    windows = dataset.split("test")
+    crossed = np.broadcast_to(np.array([1.0, 0.0, -1.0]), (len(windows), 7, 3))  # p10 > p90
+    predictions = Predictions(
+        quantiles=np.array(crossed),
+        attention=np.full((7, 21), 1 / 21),
+        static_weights=np.full(len(dataset.static_weight_names), 1.0),
+        history_weights=np.full(len(dataset.history_weight_names), 1.0),
+        future_weights=np.full(len(dataset.future_weight_names), 1.0),
+    )
+    drawn = _capture_fans(monkeypatch)
+    plots.draw_run_plots(dataset, "test", {"fp32": predictions}, (0.1, 0.5, 0.9), None, tmp_path)
+    ((forecasts, _),) = drawn
+    assert (forecasts["p10"] < forecasts["p50"]).all()
+    assert (forecasts["p50"] < forecasts["p90"]).all()
+
+
+def _future_forecast(times: pd.DatetimeIndex) -> pd.DataFrame:
+    return pd.DataFrame({"id": "a", "time": times, "q0.1": 1.0, "q0.5": 2.0, "q0.9": 3.0})
+
+
+def test_future_chart_reads_day_first_history_times_as_the_model_did(tmp_path, monkeypatch):
+    days = pd.date_range("2024-01-01", periods=40, freq="D")
+    history = pd.DataFrame({"id": "a", "time": days.strftime("%d/%m/%Y"), "y": np.arange(40.0)})
+    forecast = _future_forecast(pd.date_range("2024-02-10", periods=5, freq="D"))
+    drawn = _capture_fans(monkeypatch)
+    plots.plot_future(
+        tmp_path / "f.png", forecast, history, id_col="id", time_col="time", target="y",
+        quantiles=(0.1, 0.5, 0.9), tail=10, dayfirst=True,
+    )  # fmt: skip
+    ((_, context),) = drawn
+    assert list(context["time"]) == list(days[-10:])
+
+
+def test_future_chart_reads_history_with_daylight_saving_offsets_in_the_forecasts_zone(
+    tmp_path, monkeypatch
+):
+    local = pd.date_range("2024-03-30", periods=72, freq="h", tz="Europe/Paris")
+    history = pd.DataFrame({"id": "a", "time": [t.isoformat() for t in local], "y": 1.0})
+    forecast = _future_forecast(pd.date_range(local[-1] + pd.Timedelta("1h"), periods=3, freq="h"))
+    drawn = _capture_fans(monkeypatch)
+    plots.plot_future(
+        tmp_path / "f.png", forecast, history, id_col="id", time_col="time", target="y",
+        quantiles=(0.1, 0.5, 0.9), tail=10, timezone="Europe/Paris",
+    )  # fmt: skip
+    ((_, context),) = drawn
+    assert list(context["time"]) == list(local[-10:])
+    assert str(context["time"].dt.tz) == "Europe/Paris"

@@ -124,10 +124,15 @@ def candidate_periods(freq: str, history: int) -> tuple[int, ...]:
 
     The frequency's own season (`seasonal_period`), the one above it where a
     longer cycle is common (hourly: the day and the week; daily: the week and
-    the year), and 1 (the last value).
+    the year), and 1 (the last value). A sub-daily step that does not divide
+    a day has no season of its own (`seasonal_period` raises), so only 1 is
+    offered: the caller scores its explicitly configured period next to it
+    rather than failing the evaluation.
     """
+    step = typical_step(freq)  # raises ValueError for an unknown alias
+    if step < _DAY and _DAY % step != pd.Timedelta(0):
+        return (1,)
     base = seasonal_period(freq)
-    step = typical_step(freq)
     longer = []
     if step < _DAY and base * 7 > base:
         longer.append(base * 7)  # the week

@@ -370,6 +370,7 @@ def run_training(args: argparse.Namespace, command: str = "train") -> dict[str, 
         forecaster.tft_config.quantiles,
         forecaster.history,
         out / "plots",
+        postprocess=forecaster.postprocess,
     )
     metrics["seconds"] = {**forecaster.summary["seconds"], "total": time.perf_counter() - started}
     if "qat" in forecaster.summary:
@@ -489,6 +490,7 @@ def command_plot(args: argparse.Namespace) -> int:
         forecaster.history or None,
         args.run / "plots",
         interpret=model,
+        postprocess=forecaster.postprocess,
     )
     if spec.known_cols and args.future_csv is None:
         print(
@@ -497,6 +499,7 @@ def command_plot(args: argparse.Namespace) -> int:
         )
     else:
         forecast = forecaster.predict(table, future, model=model)
+        reading = reading_config(forecaster, args)
         figures.append(
             plots.plot_future(
                 args.run / "plots" / f"future_{model}.png",
@@ -509,6 +512,9 @@ def command_plot(args: argparse.Namespace) -> int:
                 tail=min(forecaster.config.data.history, 3 * forecaster.config.data.horizon),
                 series=series,
                 title=f"{plots.MODEL_LABELS[model]}: forecast after the data",
+                time_format=reading.time_format,
+                dayfirst=reading.dayfirst,
+                timezone=reading.timezone,
             )
         )
     for path in figures:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 import pathlib
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from tft_jax.data import PreparedDataset
+from tft_jax.data.tables import _parse_times
 from tft_jax.evaluation import (
     Predictions,
     fan_window_indices,
@@ -325,6 +327,11 @@ def plot_clipping_experiment(
     return _save(figure, path)
 
 
+def _sorted_levels(forecast: np.ndarray) -> np.ndarray:
+    """Quantile forecasts `(..., Q)` sorted across levels, as the library returns them."""
+    return np.sort(np.asarray(forecast, dtype=np.float64), axis=-1)
+
+
 def draw_run_plots(
     dataset: PreparedDataset,
     split: str,
@@ -333,8 +340,18 @@ def draw_run_plots(
     history: dict[str, Any] | None,
     directory: pathlib.Path,
     interpret: str = "fp32",
+    postprocess: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> list[pathlib.Path]:
-    """Fan charts per model, attention, variable importance and loss curves as PNGs."""
+    """Fan charts per model, attention, variable importance and loss curves as PNGs.
+
+    The fans show the forecasts as the library returns and scores them:
+    `postprocess` (e.g. `Forecaster.postprocess`, which also clips at 0 with
+    `nonnegative`) maps the `(N, H, Q)` quantiles in the target's units; by
+    default they are sorted across levels, so the band never shows a crossed
+    lowest and highest quantile that `predict`, `forecast` and the metrics
+    would have sorted.
+    """
+    returned = _sorted_levels if postprocess is None else postprocess
     windows = dataset.split(split)
     spec = dataset.spec
     low, high = quantile_column(min(quantiles)), quantile_column(max(quantiles))
@@ -353,7 +370,7 @@ def draw_run_plots(
         table = forecast_frame(
             dataset,
             fan_windows,
-            to_original_units(dataset, fan_windows, prediction.quantiles[chosen]),
+            returned(to_original_units(dataset, fan_windows, prediction.quantiles[chosen])),
             quantiles,
         )
         written.append(
@@ -418,6 +435,9 @@ def plot_future(
     tail: int,
     series: Sequence[Any] | None = None,
     title: str = "",
+    time_format: str | None = None,
+    dayfirst: bool = False,
+    timezone: str | None = None,
 ) -> pathlib.Path:
     """Fan chart of the forecast after the end of the data, one panel per series.
 
@@ -431,6 +451,10 @@ def plot_future(
       tail: history steps shown per series.
       series: the series to draw (default all), in that order.
       title: figure title.
+      time_format, dayfirst, timezone: how the model read `history`'s time
+        column (`TableSpec`); its texts are parsed as the data layer parsed
+        them (day-first dates, mixed UTC offsets) and drawn in the
+        forecast's zone, so the history ends where the forecast starts.
     """
     if series is not None:
         unknown = [name for name in series if name not in set(forecast[id_col])]
@@ -446,7 +470,19 @@ def plot_future(
     rows["actual"] = np.nan
     context = history[[id_col, time_col, target]].rename(columns={target: "actual"})
     context = context[context[id_col].isin(set(rows[id_col]))].copy()
-    context[time_col] = pd.to_datetime(context[time_col])
+    with warnings.catch_warnings():  # the data layer warned of mixed offsets when it read them
+        warnings.simplefilter("ignore", UserWarning)
+        times = _parse_times(
+            context[time_col], time_col, context[id_col], time_format, dayfirst, timezone
+        )
+    zone = rows[time_col].dt.tz
+    if len(times) and (times.dt.tz is None) != (zone is None):
+        raise ValueError(
+            f"history's {time_col!r} times are {'naive' if times.dt.tz is None else 'tz-aware'} "
+            f"but the forecast's are {'naive' if zone is None else f'in zone {zone}'}; "
+            "pass the history the forecast was made from"
+        )
+    context[time_col] = times if zone is None else times.dt.tz_convert(zone)
     context = context.sort_values(time_col).groupby(id_col).tail(tail)
     low, high = f"q{min(quantiles):g}", f"q{max(quantiles):g}"
     return plot_forecast_fans(
