@@ -175,22 +175,21 @@ def test_overwrite_removes_every_file_of_the_earlier_run_and_nothing_else(tmp_pa
 
 
 @pytest.mark.parametrize(
-    "flags, message",
+    "renamed, flags, message",
     [
-        (["--known-cols", "nope"], "nope"),
-        (["--season-period", "30"], "seasonal naive period (30 steps) exceeds --history"),
+        ({"promo": "nope"}, [], "nope"),  # --known-cols nope
+        ({}, ["--season-period", "30"], "seasonal naive period (30 steps) exceeds --history"),
     ],
 )
 def test_overwrite_keeps_the_earlier_run_when_the_table_is_refused(
-    capsys, csv_path, tmp_path, flags, message
+    capsys, csv_path, tmp_path, renamed, flags, message
 ):
     run_files = ["config.json", "metrics.json", "models/fp32.msgpack", "checkpoints/fp32/3/x"]
     for name in run_files:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("x")
-    code, out, err = run(
-        capsys, "train", *table_args(csv_path), *flags, "--out", str(tmp_path), "--overwrite"
-    )
+    args = [renamed.get(arg, arg) for arg in table_args(csv_path)]
+    code, out, err = run(capsys, "train", *args, *flags, "--out", str(tmp_path), "--overwrite")
     assert code == 2
     assert message in err
     assert "removed the earlier run" not in out

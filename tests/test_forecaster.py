@@ -289,6 +289,94 @@ def test_weights_of_another_model_are_refused_at_load_naming_the_file(fitted, tm
         Forecaster.load(foreign)
 
 
+def edit_config(folder, edit) -> None:
+    """Applies `edit` to the dict in `folder`/config.json and writes it back."""
+    config = json.loads((folder / "config.json").read_text())
+    edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def test_model_files_of_another_form_dtype_or_bit_width_are_refused_at_load(fitted, tmp_path):
+    _, _, saved = fitted
+    params = serialization.msgpack_restore((saved / "models" / "fp32.msgpack").read_bytes())
+    params = params["params"]
+    stats = {"attention": {"key": {"dot_general": {"bits": np.int32(8)}}}}
+    for variables, message in (
+        ({"params": params, "quant_stats": stats},
+         r"fp32.msgpack holds the collections \['params', 'quant_stats'\], the fp32 form's are "
+         r"\['params'\]; is it the file of another model form"),
+        ({"params": jax.tree.map(lambda leaf: leaf.astype(np.float16), params)},
+         r"fp32.msgpack: parameter \['attention'\]\['key'\]\['kernel'\] is float16, the run's "
+         r"parameters are float32"),
+    ):  # fmt: skip
+        folder = tmp_path / f"form{len(variables)}"
+        shutil.copytree(saved, folder)
+        (folder / "models" / "fp32.msgpack").write_bytes(serialization.msgpack_serialize(variables))
+        with pytest.raises(RunFolderError, match=message):
+            Forecaster.load(folder)
+    edited = tmp_path / "bits"  # a QAT form observed at 8 bits, config.json edited to 4
+    shutil.copytree(saved, edited)
+    qat_variables = {"params": params, "quant_stats": stats}
+    (edited / "models" / "qat.msgpack").write_bytes(serialization.msgpack_serialize(qat_variables))
+    edit_config(edited, lambda c: c.update(models=["fp32", "qat"], qat={"bits": 8}))
+    assert Forecaster.load(edited).models == ("fp32", "qat")
+    edit_config(edited, lambda c: c.update(qat={"bits": 4}))
+    with pytest.raises(
+        RunFolderError,
+        match=r"qat.msgpack was quantized with \[8\] bits, config.json says qat.bits=4",
+    ):
+        Forecaster.load(edited)
+
+
+def test_a_config_json_whose_sections_disagree_or_a_bad_history_json_is_refused(fitted, tmp_path):
+    _, _, saved = fitted
+    folder = tmp_path / "edited"
+    for edit, message in (
+        (lambda c: c["tft_config"].update(quantiles=[0.2, 0.5, 0.8]),
+         r"config.json is damaged: .*tft_config.quantiles is \(0.2, 0.5, 0.8\), "
+         r"model.quantiles is \(0.1, 0.5, 0.9\)"),
+        (lambda c: c["data"].update(history=HISTORY + 1),
+         rf"tft_config.sequence_length is {HISTORY}, data.history is {HISTORY + 1}"),
+        (lambda c: c.update(format_version=2, versions="0.1"), r"version 2, written by tft-jax an "
+         r"unknown version"),
+    ):  # fmt: skip
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(saved, folder)
+        edit_config(folder, edit)
+        with pytest.raises(RunFolderError, match=message):
+            Forecaster.load(folder)
+    shutil.rmtree(folder)
+    shutil.copytree(saved, folder)
+    (folder / "history.json").write_text("[1, 2]")
+    with pytest.raises(RunFolderError, match=r"history.json is damaged: it holds a JSON list"):
+        Forecaster.load(folder)
+    (folder / "history.json").unlink()
+    with pytest.raises(RunFolderError, match=r"history.json does not exist"):
+        Forecaster.load(folder)
+
+
+def test_saving_over_an_earlier_run_leaves_none_of_its_models_or_config(
+    fitted, tmp_path, monkeypatch
+):
+    forecaster, _, saved = fitted
+    earlier = tmp_path / "earlier"
+    shutil.copytree(saved, earlier)
+    for name in ("qat", "int8"):  # forms of the earlier run that this forecaster lacks
+        shutil.copy(earlier / "models" / "fp32.msgpack", earlier / "models" / f"{name}.msgpack")
+    forecaster.save(earlier)
+    assert sorted(path.name for path in (earlier / "models").iterdir()) == ["fp32.msgpack"]
+    assert Forecaster.load(earlier).models == ("fp32",)
+
+    def crash(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("tft_jax.forecaster.run_folder.save_variables", crash)
+    with pytest.raises(OSError, match="disk full"):
+        forecaster.save(earlier)  # cut short: the earlier config.json must not remain
+    with pytest.raises(RunFolderError, match=r"config.json does not exist"):
+        Forecaster.load(earlier)
+
+
 def test_evaluate_on_the_training_table_reports_every_model_and_the_baseline(fitted):
     forecaster, table, _ = fitted
     metrics = forecaster.evaluate(table)

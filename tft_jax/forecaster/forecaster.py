@@ -582,10 +582,18 @@ class Forecaster:
     def save(self, path: str | os.PathLike, extra: dict[str, Any] | None = None) -> pathlib.Path:
         """Writes a self-contained run folder (`run_folder`); loading needs no training data.
 
-        `extra` adds sections to config.json (the CLI records its arguments there).
+        `extra` adds sections to config.json (the CLI records its arguments there). A
+        folder holding an earlier run is written over: its config.json and the model files
+        of forms this forecaster lacks are deleted first.
         """
         fitted = self._require_fitted()
         root = pathlib.Path(path)
+        # Over an earlier run: its config.json goes first (written again last), so that a
+        # save cut short never loads as new weights under the old settings, and model
+        # files of forms this forecaster lacks go (they are another run's).
+        (root / run_folder.CONFIG_FILE).unlink(missing_ok=True)
+        for name in set(MODEL_NAMES) - set(fitted.variables):
+            run_folder.model_path(root, name).unlink(missing_ok=True)
         for name, variables in fitted.variables.items():
             run_folder.save_variables(run_folder.model_path(root, name), variables)
         run_folder.write_json(root / run_folder.HISTORY_FILE, fitted.history)
@@ -631,16 +639,24 @@ class Forecaster:
             unknown = [name for name in names if name not in MODEL_NAMES]
             if unknown or "fp32" not in names:
                 raise ValueError(f"models {names} must include 'fp32', all in {MODEL_NAMES}")
+            run_folder.check_tft_config(tft_config, forecaster.config)
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise run_folder.RunFolderError(f"{config_file} is damaged: {error!r}") from None
         variables = {}
         expected = run_folder.model_param_shapes(tft_config)  # every form shares them
+        bits = forecaster.config.qat.bits if forecaster.config.qat is not None else 8
         for name in names:
             path = run_folder.model_path(root, name)
             variables[name] = run_folder.load_variables(path)
             run_folder.check_params(variables[name], expected, path)
+            run_folder.check_form(variables[name], name, tft_config, bits, path)
         history_file = root / run_folder.HISTORY_FILE
-        history = run_folder.read_json(history_file) if history_file.is_file() else {}
+        history = run_folder.read_json(history_file)
+        if not isinstance(history, dict):
+            raise run_folder.RunFolderError(
+                f"{history_file} is damaged: it holds a JSON {type(history).__name__}, "
+                "not an object of losses by phase"
+            )
         forecaster._fitted = _Fitted(
             preprocessor=preprocessor,
             tft_config=tft_config,

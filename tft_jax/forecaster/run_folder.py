@@ -178,11 +178,82 @@ def check_params(
     )
 
 
+# The variable collections of each trained form, as `fit` makes them.
+COLLECTIONS = {"fp32": ("params",), "qat": ("params", "quant_stats"),
+               "int8": ("int8", "params", "quant_stats")}  # fmt: skip
+
+
+def check_form(
+    variables: dict[str, Any], name: str, config: TFTConfig, bits: int, path: pathlib.Path
+) -> None:
+    """Raises `RunFolderError` naming `path` unless `variables` are of the form `name`.
+
+    Checked: the collections (`COLLECTIONS`), every parameter of
+    `config.param_dtype` (int8 codes allowed in the int8 form), and, for 'qat'
+    and 'int8', observers of `bits` bits (the run's `qat.bits`). The three
+    forms share their parameter shapes (`check_params`), so the file of
+    another form, weights cast to another dtype, or an edited `qat.bits`
+    would otherwise load and forecast with another model without a word, or
+    fail deep inside Flax at the first forecast.
+    """
+    found, expected = sorted(variables), sorted(COLLECTIONS[name])
+    if found != expected:
+        raise RunFolderError(
+            f"{path} holds the collections {found}, the {name} form's are {expected}; "
+            "is it the file of another model form?"
+        )
+    dtypes = {jnp.dtype(config.param_dtype)} | ({jnp.dtype(jnp.int8)} if name == "int8" else set())
+    for key, leaf in jax.tree_util.tree_flatten_with_path(variables["params"])[0]:
+        if jnp.dtype(np.asarray(leaf).dtype) not in dtypes:
+            raise RunFolderError(
+                f"{path}: parameter {jax.tree_util.keystr(key)} is {np.asarray(leaf).dtype}, "
+                f"the run's parameters are {config.param_dtype}"
+            )
+    if name == "fp32":
+        return
+    marked = {
+        int(np.asarray(leaf))
+        for key, leaf in jax.tree_util.tree_flatten_with_path(variables["quant_stats"])[0]
+        if getattr(key[-1], "key", None) == "bits"
+    }
+    if marked - {bits}:
+        raise RunFolderError(
+            f"{path} was quantized with {sorted(marked)} bits, config.json says qat.bits={bits}"
+        )
+
+
+def check_tft_config(config: TFTConfig, settings: Any) -> None:
+    """Raises `ValueError` unless `config` (the saved `TFTConfig`) has the fields that `fit`
+    copies from `settings` (a `ForecasterConfig`): an edit of one of them in config.json
+    would otherwise be ignored or, in `tft_config.quantiles`, rename the forecast columns."""
+    data, model = settings.data, settings.model
+    copied = {
+        "sequence_length": ("data.history", data.history),
+        "prediction_horizon": ("data.horizon", data.horizon),
+        "hidden_dim": ("model.hidden_dim", model.hidden_dim),
+        "num_heads": ("model.num_heads", model.num_heads),
+        "dropout_rate": ("model.dropout_rate", model.dropout_rate),
+        "variable_hidden_dim": ("model.variable_hidden_dim", model.variable_hidden_dim),
+        "compact_selection": ("model.compact_selection", model.compact_selection),
+        "quantiles": ("model.quantiles", tuple(model.quantiles)),
+    }
+    differ = [
+        f"tft_config.{field} is {getattr(config, field)!r}, {name} is {value!r}"
+        for field, (name, value) in copied.items()
+        if getattr(config, field) != value
+    ]
+    if differ:
+        raise ValueError("; ".join(differ))
+
+
 def check_format(config: dict[str, Any], root: pathlib.Path) -> None:
     """Raises `RunFolderError` unless `config` is of this format version."""
     found = (config.get("format"), config.get("format_version"))
     if found != (FORMAT, FORMAT_VERSION):
-        written = config.get("versions", {}).get("tft_jax", "an unknown version")
+        versions = config.get("versions")
+        written = "an unknown version"
+        if isinstance(versions, dict):  # a hand-edited file may hold anything here
+            written = versions.get("tft_jax", written)
         raise RunFolderError(
             f"{root / CONFIG_FILE} is format {found[0]!r} version {found[1]!r}, written by "
             f"tft-jax {written}; this tft-jax reads {FORMAT!r} version {FORMAT_VERSION}. "
