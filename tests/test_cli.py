@@ -898,8 +898,8 @@ def test_a_budget_spent_by_the_first_step_stops_fp32_then_qat_and_int8_follow(
 FP32_RUN_FILES = {
     "config.json", "metrics.json", "history.json", "forecasts.csv", "models/fp32.msgpack",
     "plots/forecasts_fp32.png", "plots/attention.png", "plots/variable_importance.png",
-    "plots/loss_curves.png", "checkpoints/fp32/latest/2", "checkpoints/fp32/latest/4",
-    "checkpoints/fp32/best/4",
+    "plots/loss_curves.png", "checkpoints/batch_stream.json", "checkpoints/fp32/latest/2",
+    "checkpoints/fp32/latest/4", "checkpoints/fp32/best/4",
 }  # fmt: skip
 
 

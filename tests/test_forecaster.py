@@ -19,7 +19,7 @@ import pytest
 from flax import serialization
 
 from tft_jax.config import TFTConfig
-from tft_jax.data import WindowSet
+from tft_jax.data import WindowSet, prepare_dataset
 from tft_jax.evaluation import to_original_units
 from tft_jax.forecaster import (
     DataConfig,
@@ -28,7 +28,7 @@ from tft_jax.forecaster import (
     ModelConfig,
     RunFolderError,
 )
-from tft_jax.forecaster.forecaster import monotone
+from tft_jax.forecaster.forecaster import BATCH_STREAM_FILE, _check_batch_stream, monotone
 from tft_jax.forecaster.run_folder import check_params, model_param_shapes
 from tft_jax.model import TemporalFusionTransformer
 
@@ -455,3 +455,20 @@ def test_a_new_series_is_scored_without_its_scaler_knowing_the_scored_steps(fitt
         first_cutoff.append(result[result["cutoff"] == result["cutoff"].min()])
     np.testing.assert_array_equal(quantiles[0], quantiles[1])
     pd.testing.assert_frame_equal(first_cutoff[0], first_cutoff[1])
+
+
+def test_resuming_checkpoints_of_another_batch_stream_is_refused_before_training(fitted, tmp_path):
+    # A checkpoint knows how many batches of its epoch were drawn, not their size: resumed
+    # with another batch size it used to read other windows than the run it continues.
+    _, table, _ = fitted
+    checkpoints = tmp_path / "checkpoints"
+    dataset = prepare_dataset(table, **DATA.prepare_options())
+    _check_batch_stream(checkpoints, False, TINY_TRAINING.batch_size, dataset)
+    written = json.loads((checkpoints / BATCH_STREAM_FILE).read_text())
+    assert written == {"batch_size": TINY_TRAINING.batch_size, "train_windows": len(dataset.train)}
+    _check_batch_stream(checkpoints, True, TINY_TRAINING.batch_size, dataset)  # the same stream
+    other = dataclasses.replace(TINY_TRAINING, batch_size=2 * TINY_TRAINING.batch_size)
+    resumed = Forecaster(DATA, ModelConfig(hidden_dim=8, num_heads=2), other)
+    with pytest.raises(ValueError, match=r"batch_size \d+ then, \d+ now"):
+        resumed.fit(table, checkpoint_dir=checkpoints, resume=True, quiet=True)
+    assert not (checkpoints / "fp32").exists()  # refused before any training

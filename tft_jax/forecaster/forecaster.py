@@ -32,7 +32,7 @@ from tft_jax.data import PreparedDataset, WindowSet, prepare_dataset, window_sta
 from tft_jax.data.dataset import SPLITS
 from tft_jax.data.future import future_windows
 from tft_jax.data.preprocessing import Preprocessor
-from tft_jax.distributed import local_rows
+from tft_jax.distributed import is_primary, local_rows
 from tft_jax.evaluation import (
     Predictions,
     actuals,
@@ -92,6 +92,41 @@ class _Fitted:
     variables: dict[str, Any]
     history: dict[str, Any]
     summary: dict[str, Any]
+
+
+# Next to the training checkpoints: what fixes the stream of training batches.
+BATCH_STREAM_FILE = "batch_stream.json"
+
+
+def _check_batch_stream(
+    checkpoints: pathlib.Path, resume: bool, batch_size: int, dataset: PreparedDataset
+) -> None:
+    """Refuses to resume checkpoints written with another batch size or other training windows.
+
+    A checkpoint records how many batches of its epoch were drawn, not how
+    they were made: resumed with another `batch_size` (or a table giving
+    other training windows) the run would read other windows than the one it
+    continues, without a word. A fresh run records its stream (process 0);
+    checkpoints written before the record was kept resume unchecked.
+    """
+    path = checkpoints / BATCH_STREAM_FILE
+    stream = {"batch_size": int(batch_size), "train_windows": len(dataset.train)}
+    if resume and path.is_file():
+        written = run_folder.read_json(path)
+        differ = [
+            f"{key} {written.get(key)} then, {value} now"
+            for key, value in stream.items()
+            if written.get(key) != value
+        ]
+        if differ:
+            raise ValueError(
+                f"resume: the checkpoints in {checkpoints} were trained on another stream of "
+                f"batches ({'; '.join(differ)}); resume with the batch size and table they "
+                "were written with, or start over"
+            )
+        return
+    if is_primary():
+        run_folder.write_json(path, stream)
 
 
 class Forecaster:
@@ -294,6 +329,8 @@ class Forecaster:
         timing = {"data": time.perf_counter() - started}
         if before_training is not None:
             before_training()
+        if checkpoints is not None:
+            _check_batch_stream(checkpoints, resume, settings.training.batch_size, dataset)
         phase = time.perf_counter()
         fp32 = train_fp32(
             TemporalFusionTransformer(tft_config),
