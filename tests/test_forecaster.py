@@ -339,6 +339,8 @@ def test_a_config_json_whose_sections_disagree_or_a_bad_history_json_is_refused(
          rf"tft_config.sequence_length is {HISTORY}, data.history is {HISTORY + 1}"),
         (lambda c: c.update(format_version=2, versions="0.1"), r"version 2, written by tft-jax an "
          r"unknown version"),
+        (lambda c: c.update(season_period=7.9), r"season_period must be an int >= 1, got 7.9"),
+        (lambda c: c.update(season_period=-1), r"season_period must be an int >= 1, got -1"),
     ):  # fmt: skip
         shutil.rmtree(folder, ignore_errors=True)
         shutil.copytree(saved, folder)
@@ -472,3 +474,14 @@ def test_resuming_checkpoints_of_another_batch_stream_is_refused_before_training
     with pytest.raises(ValueError, match=r"batch_size \d+ then, \d+ now"):
         resumed.fit(table, checkpoint_dir=checkpoints, resume=True, quiet=True)
     assert not (checkpoints / "fp32").exists()  # refused before any training
+
+
+def test_save_and_load_read_a_leading_tilde_as_the_home_folder(fitted, tmp_path, monkeypatch):
+    # pathlib does not expand "~": the run went into a folder literally named "~".
+    forecaster, _, _ = fitted
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    forecaster.save("~/runs/tilde")
+    assert (tmp_path / "runs" / "tilde" / "config.json").is_file()
+    assert not (tmp_path / "~").exists()
+    assert Forecaster.load("~/runs/tilde").models == forecaster.models

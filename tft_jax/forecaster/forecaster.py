@@ -624,7 +624,7 @@ class Forecaster:
         of forms this forecaster lacks are deleted first.
         """
         fitted = self._require_fitted()
-        root = pathlib.Path(path)
+        root = pathlib.Path(path).expanduser()  # "~/runs/x" is the user's, as in a shell
         # Over an earlier run: its config.json goes first (written again last), so that a
         # save cut short never loads as new weights under the old settings, and model
         # files of forms this forecaster lacks go (they are another run's).
@@ -651,8 +651,8 @@ class Forecaster:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Forecaster:
-        """The forecaster `save` wrote into `path`."""
-        root = pathlib.Path(path)
+        """The forecaster `save` wrote into `path` (a leading `~` is the home folder)."""
+        root = pathlib.Path(path).expanduser()
         if not root.is_dir():
             raise run_folder.RunFolderError(f"{root} is not a folder (Forecaster.load)")
         config_file = root / run_folder.CONFIG_FILE
@@ -671,7 +671,12 @@ class Forecaster:
                 }
             )
             preprocessor = Preprocessor.from_json(config["preprocessor"])
-            season_period = int(config["season_period"])
+            season_period = config["season_period"]
+            # int() would truncate 7.9 to 7 and accept -1.
+            if isinstance(season_period, bool) or not isinstance(season_period, int):
+                raise ValueError(f"season_period must be an int >= 1, got {season_period!r}")
+            if season_period < 1:
+                raise ValueError(f"season_period must be an int >= 1, got {season_period!r}")
             names = list(config["models"])
             unknown = [name for name in names if name not in MODEL_NAMES]
             if unknown or "fp32" not in names:
