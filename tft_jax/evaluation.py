@@ -253,6 +253,12 @@ def best_of(models: dict[str, dict[str, Any]]) -> str:
     return min(models, key=lambda name: models[name]["p50_q_risk"])
 
 
+def monotone(quantiles: np.ndarray) -> np.ndarray:
+    """Quantile forecasts `(..., Q)` sorted along the levels, as the library returns them
+    (the rearrangement: see `tft_jax.forecaster.forecaster`'s module docstring)."""
+    return np.sort(np.asarray(quantiles, dtype=np.float64), axis=-1)
+
+
 def to_original_units(
     dataset: PreparedDataset, windows: WindowSet, quantiles: np.ndarray
 ) -> np.ndarray:

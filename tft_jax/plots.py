@@ -23,6 +23,7 @@ from tft_jax.evaluation import (
     Predictions,
     fan_window_indices,
     forecast_frame,
+    monotone,
     quantile_column,
     subset,
     to_original_units,
@@ -327,11 +328,6 @@ def plot_clipping_experiment(
     return _save(figure, path)
 
 
-def _sorted_levels(forecast: np.ndarray) -> np.ndarray:
-    """Quantile forecasts `(..., Q)` sorted across levels, as the library returns them."""
-    return np.sort(np.asarray(forecast, dtype=np.float64), axis=-1)
-
-
 def draw_run_plots(
     dataset: PreparedDataset,
     split: str,
@@ -351,7 +347,7 @@ def draw_run_plots(
     lowest and highest quantile that `predict`, `forecast` and the metrics
     would have sorted.
     """
-    returned = _sorted_levels if postprocess is None else postprocess
+    returned = monotone if postprocess is None else postprocess
     windows = dataset.split(split)
     spec = dataset.spec
     low, high = quantile_column(min(quantiles)), quantile_column(max(quantiles))

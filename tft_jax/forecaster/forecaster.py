@@ -40,6 +40,7 @@ from tft_jax.evaluation import (
     best_of,
     comparisons,
     forecast_metrics,
+    monotone,
     predict_windows,
     to_original_units,
     window_scales,
@@ -58,11 +59,6 @@ from tft_jax.forecaster.training import announce, train_fp32, train_qat, validat
 from tft_jax.model import TemporalFusionTransformer
 
 Table = pd.DataFrame | str | os.PathLike
-
-
-def monotone(quantiles: np.ndarray) -> np.ndarray:
-    """Quantile forecasts `(..., Q)` sorted along the levels (see the module docstring)."""
-    return np.sort(np.asarray(quantiles, dtype=np.float64), axis=-1)
 
 
 def check_global_batch(
