@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -91,6 +92,50 @@ def test_seasonal_naive_bad_arguments_name_the_argument(history, horizon, period
 )
 def test_seasonal_period_follows_the_documented_table(freq, period):
     assert seasonal_period(freq) == period
+
+
+@pytest.mark.parametrize(
+    ("freq", "period"),
+    [
+        ("2MS", 6),
+        ("6MS", 2),
+        ("2QS", 2),
+        ("2YS", 1),
+        ("2W", 26),
+        ("14D", 26),
+        ("10D", 37),
+        ("2D", 7),
+        ("3D", 7),
+        ("36h", 14),
+        ("2B", 5),
+        ("SMS", 24),
+    ],
+)
+def test_a_multiple_of_a_unit_counts_its_season_in_that_unit(freq, period):
+    # '2MS' steps two months: a year is 6 steps, not 12 (which would be two years).
+    assert seasonal_period(freq) == period
+
+
+@pytest.mark.parametrize("freq", ["2MS", "5MS", "2QS", "2D", "3D", "36h", "2B", "3B", "2SMS"])
+def test_the_period_of_a_multiple_spans_whole_seasons_on_the_calendar(freq):
+    # Independent of the unit arithmetic: step through pandas' own calendar.
+    period = seasonal_period(freq)
+    start = pd.Timestamp("2021-01-04")  # a Monday, the first of a half month too
+    grid = pd.date_range(start, periods=period + 1, freq=freq)
+    first, last = grid[0], grid[-1]
+    if freq.endswith(("MS", "QS", "SMS")):  # a year: same day of the year
+        assert (last.month, last.day) == (first.month, first.day) and last.year > first.year
+    elif freq.endswith("B"):  # a working week: same weekday
+        assert last.dayofweek == first.dayofweek and last > first
+    else:  # a week: same weekday and time
+        assert (last - first) % pd.Timedelta(days=7) == pd.Timedelta(0) and last > first
+
+
+def test_the_yearly_candidate_of_a_daily_multiple_is_a_year_of_its_steps():
+    assert candidate_periods("D", 400) == (1, 7, 365)
+    assert candidate_periods("B", 300) == (1, 5, 260)
+    assert candidate_periods("2D", 400) == (1, 7, 183)  # 366 days, not 730
+    assert candidate_periods("3B", 100) == (1, 5, 87)
 
 
 def test_seasonal_period_of_a_step_not_dividing_a_day_asks_for_one():

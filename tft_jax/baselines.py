@@ -20,10 +20,17 @@ month ('MS', 'ME')                   12 (a year)
 quarter ('QS', 'QE')                 4 (a year)
 year and longer                      1 (the last value)
 ==================================  ================================
+
+A multiple of a unit counts in that unit: the period is the fewest steps
+that make whole seasons ('2MS': 6, '2QS': 2, '2D': 7 steps, i.e. two whole
+weeks, '2B': 5). Steps of a week or longer that are not calendar months make
+a year of about 365.25 days ('2W': 26, '14D': 26, '10D': 37); half months
+('SMS') make a year of 24.
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any
 
@@ -33,6 +40,32 @@ import pandas as pd
 from tft_jax.data.tables import parse_frequency, typical_step
 
 _DAY = pd.Timedelta(days=1)
+_WEEK = pd.Timedelta(days=7)
+_YEAR_DAYS = 365.25
+_MONTHS_PER_STEP = {
+    pd.offsets.MonthBegin: 1,
+    pd.offsets.MonthEnd: 1,
+    pd.offsets.BusinessMonthBegin: 1,
+    pd.offsets.BusinessMonthEnd: 1,
+    pd.offsets.QuarterBegin: 3,
+    pd.offsets.QuarterEnd: 3,
+    pd.offsets.BQuarterBegin: 3,
+    pd.offsets.BQuarterEnd: 3,
+    pd.offsets.YearBegin: 12,
+    pd.offsets.YearEnd: 12,
+    pd.offsets.BYearBegin: 12,
+    pd.offsets.BYearEnd: 12,
+}
+
+
+def _whole_seasons(season: int, step: int) -> int:
+    """The fewest steps of `step` units that span a whole number of `season`-unit seasons."""
+    return math.lcm(season, step) // step
+
+
+def _steps_per_year(step: pd.Timedelta) -> int:
+    """A year of about 365.25 days in steps of `step` (at least 1)."""
+    return max(1, round(pd.Timedelta(days=_YEAR_DAYS) / step))
 
 
 def seasonal_period(freq: str) -> int:
@@ -43,8 +76,14 @@ def seasonal_period(freq: str) -> int:
         divide a day (say '7min'); pass the period explicitly then.
     """
     offset = parse_frequency(freq)
+    count = abs(int(offset.n)) or 1
     if isinstance(offset, pd.offsets.BusinessDay):
-        return 5
+        return _whole_seasons(5, count) if count < 5 else max(1, round(260 / count))
+    if isinstance(offset, pd.offsets.SemiMonthBegin | pd.offsets.SemiMonthEnd):
+        return _whole_seasons(24, count) if count < 24 else 1  # half months in a year
+    months = _MONTHS_PER_STEP.get(type(offset))
+    if months is not None:
+        return _whole_seasons(12, months * count) if months * count < 12 else 1
     step = typical_step(freq)
     if step < _DAY:
         per_day = _DAY / step
@@ -54,8 +93,13 @@ def seasonal_period(freq: str) -> int:
                 "default seasonal period; pass one explicitly (e.g. --season-period)"
             )
         return int(per_day)
-    if step < pd.Timedelta(days=7):
-        return 7
+    fixed = isinstance(offset, pd.offsets.Tick | pd.offsets.Day | pd.offsets.Week)
+    if step < _WEEK:
+        seconds = step / pd.Timedelta(seconds=1)
+        whole = fixed and seconds == int(seconds)
+        return _whole_seasons(7 * 86_400, int(seconds)) if whole else 7
+    if fixed:
+        return _steps_per_year(step)
     if step < pd.Timedelta(days=28):
         return 52
     if step < pd.Timedelta(days=90):
@@ -136,7 +180,11 @@ def candidate_periods(freq: str, history: int) -> tuple[int, ...]:
     longer = []
     if step < _DAY and base * 7 > base:
         longer.append(base * 7)  # the week
-    elif pd.Timedelta(days=1) <= step < pd.Timedelta(days=7):
-        longer.append(365 if base == 7 else 260)  # the year
+    elif _DAY <= step < _WEEK:  # the year
+        offset = parse_frequency(freq)
+        if isinstance(offset, pd.offsets.BusinessDay):
+            longer.append(max(1, round(260 / (abs(int(offset.n)) or 1))))
+        else:
+            longer.append(_steps_per_year(step))
     periods = {1, base, *longer}
     return tuple(sorted(p for p in periods if p <= history))
