@@ -134,22 +134,33 @@ def time_alternating(
     blocks: int,
     steps_per_block: int,
     warmup: int = DEFAULT_WARMUP,
+    total_steps: int | None = None,
 ) -> dict[str, StepTimes]:
     """Times several step functions in turns: `blocks` rounds of `steps_per_block` calls each.
 
     Interleaving spreads the load of a shared machine evenly over the
     contenders, so their ratio is fair even when absolute times drift. Each
     function is warmed up `warmup` times first; every timed call is recorded.
+    `total_steps` (at most `blocks * steps_per_block`) times exactly that many
+    calls of each function: the last round is cut short.
     """
     check_step_counts(blocks, warmup)
     check_step_counts(steps_per_block, 0)
+    total = blocks * steps_per_block if total_steps is None else total_steps
+    check_step_counts(total, 0)
+    if total > blocks * steps_per_block:
+        raise ValueError(
+            f"total_steps={total} is more than blocks * steps_per_block = "
+            f"{blocks} * {steps_per_block}"
+        )
     for step in steps.values():
         for _ in range(warmup):
             step()
     seconds: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(blocks):
+    for block in range(blocks):
+        calls = min(steps_per_block, total - block * steps_per_block)
         for name, step in steps.items():
-            for _ in range(steps_per_block):
+            for _ in range(calls):
                 start = time.perf_counter()
                 step()
                 seconds[name].append(time.perf_counter() - start)

@@ -101,7 +101,9 @@ def bench(
     state, _ = train_bench.build_state("float", config.model, batch)
     prepared = {variant: DropoutKeyStep(config, variant, state, batch) for variant in variants}
     block = min(steps_per_block, steps)
-    times = common.time_alternating(prepared, max(1, -(-steps // block)), block, warmup)
+    times = common.time_alternating(
+        prepared, max(1, -(-steps // block)), block, warmup, total_steps=steps
+    )
     records = [
         common.make_record(
             "dropout_keys",

@@ -110,7 +110,9 @@ def bench(
     common.check_step_counts(steps, warmup)
     prepared = {kind: OptimizerStep(config, kind) for kind in kinds}
     block = min(steps_per_block, steps)
-    times = common.time_alternating(prepared, max(1, -(-steps // block)), block, warmup)
+    times = common.time_alternating(
+        prepared, max(1, -(-steps // block)), block, warmup, total_steps=steps
+    )
     records = []
     for kind, step in prepared.items():
         records.append(

@@ -197,7 +197,11 @@ def bench(
     mine = ours.PreparedStep(dataclasses.replace(config, model=model), "float")
     theirs = PeerStep(config)
     times = common.time_alternating(
-        {"ours": mine, "theirs": theirs}, blocks, min(steps_per_block, steps), warmup
+        {"ours": mine, "theirs": theirs},
+        blocks,
+        min(steps_per_block, steps),
+        warmup,
+        total_steps=steps,
     )
     ours_median, theirs_median = times["ours"].median, times["theirs"].median
     speedup = theirs_median / ours_median

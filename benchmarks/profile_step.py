@@ -110,16 +110,21 @@ def profile(
     depth: int = 2,
     trace_dir: str | None = None,
     top: int = 25,
+    warmup: int = 1,
 ) -> list[dict[str, Any]]:
-    """Profiles `steps` train steps; returns one record per `(pass, module)`, largest first."""
+    """Profiles `steps` train steps after `warmup` unprofiled ones.
+
+    Returns one record per `(pass, module)`, largest first.
+    """
     import jax
 
     from benchmarks import common
     from benchmarks import train_step as steps_bench
 
-    common.check_step_counts(steps, 0)
+    common.check_step_counts(steps, warmup)
     prepared = steps_bench.PreparedStep(steps_bench.get_config(config_name), mode)
-    prepared()
+    for _ in range(warmup):
+        prepared()
     directory = trace_dir or tempfile.mkdtemp(prefix="tft-profile-")
     with jax.profiler.trace(directory, create_perfetto_trace=True):
         for _ in range(steps):
@@ -173,7 +178,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     args = parser.parse_args(argv)
     with common.usage_errors(parser):
         common.setup(args)
-    records = profile(args.config, args.mode, args.steps, args.depth, args.trace_dir, args.top)
+    records = profile(
+        args.config, args.mode, args.steps, args.depth, args.trace_dir, args.top, args.warmup
+    )
     total = records[0]["op_ms_per_step"] if records else 0.0
     common.emit(
         records,

@@ -117,7 +117,9 @@ def bench(
     state, calibrate = train_bench.build_state(mode, config.model, batch)
     prepared = {variant: VariantStep(variant, state, batch, calibrate) for variant in variants}
     block = min(steps_per_block, steps)
-    times = common.time_alternating(prepared, max(1, -(-steps // block)), block, warmup)
+    times = common.time_alternating(
+        prepared, max(1, -(-steps // block)), block, warmup, total_steps=steps
+    )
     records = [
         common.make_record(
             "selection_variants",

@@ -357,7 +357,9 @@ def bench_modes(
         for mode in modes
     }
     block = min(steps_per_block, steps)
-    times = common.time_alternating(prepared, max(1, -(-steps // block)), block, warmup)
+    times = common.time_alternating(
+        prepared, max(1, -(-steps // block)), block, warmup, total_steps=steps
+    )
     records = [measure(prepared[mode], times[mode], peak) for mode in modes]
     add_float_ratios(records)
     return records

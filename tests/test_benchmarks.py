@@ -24,6 +24,7 @@ from benchmarks import (
     fake_quant,
     inference,
     optimizer,
+    profile_step,
     selection_variants,
     train_step,
 )
@@ -250,6 +251,17 @@ def test_step_times_summary_matches_numpy():
     assert summary["min_s"] == 0.1 and summary["steps"] == 4
 
 
+def test_alternating_timing_takes_exactly_the_steps_asked_for_in_turns():
+    calls: list[str] = []
+    contenders = {name: (lambda name=name: calls.append(name)) for name in ("a", "b")}
+    times = common.time_alternating(contenders, 2, 5, warmup=1, total_steps=7)
+    assert [t.summary()["steps"] for t in times.values()] == [7, 7]
+    # warm-up once each, then rounds of 5 and a last round cut to 2
+    assert calls == ["a", "b", *"aaaaa", *"bbbbb", *"aa", *"bb"]
+    with pytest.raises(ValueError, match="total_steps=11 is more than"):
+        common.time_alternating(contenders, 2, 5, warmup=0, total_steps=11)
+
+
 @pytest.mark.parametrize("steps, warmup", [(0, 0), (1, -1)])
 def test_step_counts_out_of_range_raise_value_error(steps, warmup):
     with pytest.raises(ValueError):
@@ -313,3 +325,19 @@ def test_dropout_keys_records_both_variants_with_equal_losses_and_fewer_loops_in
     # The same masks: the same loss up to the order of float32 sums.
     assert inline["loss_difference"] <= 1e-5 * abs(builtin["first_loss"])
     assert inline["median_ratio"] == pytest.approx(inline["median_s"] / builtin["median_s"])
+
+
+def test_profile_runs_the_warmup_steps_then_profiles_the_timed_ones(capsys, monkeypatch):
+    calls = []
+    original = train_step.PreparedStep.__call__
+
+    def counted(self):
+        calls.append(self)
+        return original(self)
+
+    monkeypatch.setattr(train_step.PreparedStep, "__call__", counted)
+    argv = ["--config", "tiny", "--top", "3", "--steps", "1", "--warmup", "2", "--json"]
+    profile_step.main([*argv, "--compile-cache"])
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert len(calls) == 1 + 2 + 1  # PreparedStep's own first call, the warm-up, the profiled step
+    assert 1 <= len(records) <= 3 and all(r["ms_per_step"] >= 0 for r in records)
