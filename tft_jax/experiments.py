@@ -213,7 +213,8 @@ def clipping_experiment(
       `skipped_steps`), `skipped_total`, `final_val_loss`, `best_val_loss`,
       `diverged`, `clipped_fraction` (share of steps whose gradient norm
       exceeded `clip_norm`, i.e. that were or would have been clipped) and
-      `seconds`; `summary` per arm (`with_clipping`, `without_clipping`):
+      `seconds` (wall time; each arm's first run includes compiling that
+      arm's steps); `summary` per arm (`with_clipping`, `without_clipping`):
       runs, diverged, skipped steps, mean clipped fraction and the final
       validation loss median/mean/min/max over finite runs; `seconds` in total.
     """
