@@ -263,6 +263,19 @@ def test_gradients_of_another_size_than_the_state_raise_value_error() -> None:
         tx.update({"w": jnp.ones(4)}, state)
 
 
+@pytest.mark.parametrize(
+    "other", [{"w": jnp.ones((4, 3))}, {"w": jnp.ones(5)}], ids=["transposed", "other_size"]
+)
+def test_params_of_other_shapes_than_the_gradients_raise_value_error(other: Any) -> None:
+    # Same structure, other shapes: the flat vectors misalign. With equal sizes
+    # each scalar was silently decayed by another parameter's value; with
+    # other sizes the step failed with a broadcasting error deep inside JAX.
+    tx = flat_adamw(0.1, weight_decay=0.1)
+    grads = {"w": jnp.ones((3, 4))}
+    with pytest.raises(ValueError, match=r"params must have the shapes.*\(3, 4\)"):
+        tx.update(grads, tx.init(grads), other)
+
+
 def test_weight_decay_without_params_raises_value_error() -> None:
     tx = flat_adamw(0.1, weight_decay=0.1)
     params = {"w": jnp.ones(3)}

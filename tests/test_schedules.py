@@ -176,3 +176,33 @@ def test_update_without_the_schedule_in_its_state_raises_value_error() -> None:
     bare = FlatAdamWState(state.count, state.mu, state.nu)
     with pytest.raises(ValueError, match=r"state\.schedule is None"):
         tx.update(params, bare, params)
+
+
+@pytest.mark.parametrize("end", [0.0, 1e-2])
+def test_a_zero_peak_gives_optax_rates_with_the_numbers_as_arrays_too(end: float) -> None:
+    # optax takes a peak of 0 as alpha 0 (rate 0 throughout); the numbers as
+    # float32 arrays (a schedule in an optimizer state) once divided end by it:
+    # NaN from the end of the warmup on.
+    schedule = WarmupCosine(0.0, 10, 2, end)
+    want = optax.warmup_cosine_decay_schedule(0.0, 0.0, 2, 10, end)
+    counts = jnp.arange(14, dtype=jnp.int32)
+    in_state = jax.jit(lambda numbers, c: jax.vmap(numbers)(c))(schedule.as_arrays(), counts)
+    np.testing.assert_array_equal(np.asarray(in_state), np.asarray(jax.vmap(want)(counts)))
+    np.testing.assert_array_equal(np.asarray(jax.vmap(schedule)(counts)), np.zeros(14))
+
+
+@pytest.mark.parametrize(
+    "numbers",
+    [(1e-3, 10, 10, 0.0), (1e-3, 10, 12, 0.0), (math.nan, 10, 2, 0.0), (1e-3, 10, 2, -1.0)],
+    ids=["no_cosine", "warmup_past_total", "nan_peak", "negative_end"],
+)
+def test_flat_adamw_refuses_a_warmup_cosine_whose_rate_would_be_nan_or_negative(numbers) -> None:
+    # Built directly (not by warmup_cosine_schedule), such a schedule once went
+    # into the state unchecked: with total <= warmup every rate after the
+    # warmup is 0 / 0 = NaN. optax refuses to build the same schedule.
+    schedule = WarmupCosine(*numbers)
+    if numbers[1] <= numbers[2]:
+        with pytest.raises(ValueError):
+            optax.warmup_cosine_decay_schedule(0.0, numbers[0], numbers[2], numbers[1], 0.0)
+    with pytest.raises(ValueError, match="flat_adamw: learning_rate must be a WarmupCosine"):
+        flat_adamw(schedule, clip_norm=1.0)

@@ -287,7 +287,9 @@ def _check_hyperparameters(
             raise ValueError(f"flat_adamw: {name} must be {expected}, got {value!r}")
 
     finite = math.isfinite
-    if not callable(learning_rate):  # a `WarmupCosine` is callable too
+    if isinstance(learning_rate, WarmupCosine):
+        _check_warmup_cosine(learning_rate)
+    elif not callable(learning_rate):
         require(
             "learning_rate",
             learning_rate,
@@ -300,6 +302,27 @@ def _check_hyperparameters(
     for name, beta in (("b1", b1), ("b2", b2)):
         require(name, beta, lambda x: 0.0 <= x < 1.0, "a float in [0, 1)")
     require("eps", eps, lambda x: finite(x) and x > 0, "a finite float > 0")
+
+
+def _check_warmup_cosine(schedule: WarmupCosine) -> None:
+    """Raises `ValueError` unless `schedule`'s numbers make a finite rate >= 0 at every step.
+
+    A `WarmupCosine` built directly (not by `tft_jax.train.warmup_cosine_schedule`)
+    is not checked on construction; with `total_steps <= warmup_steps` its
+    cosine divides by a span <= 0 and the rate after the warmup is NaN (optax's
+    `warmup_cosine_decay_schedule` refuses such a schedule), which in the
+    state would silently turn every update after the warmup into NaN.
+    """
+    try:
+        peak, total, warmup, end = (float(value) for value in jax.tree.leaves(schedule))
+    except (TypeError, ValueError):
+        peak = total = warmup = end = math.nan
+    numbers = (peak, total, warmup, end)
+    if not (all(math.isfinite(x) and x >= 0 for x in numbers) and warmup < total):
+        raise ValueError(
+            "flat_adamw: learning_rate must be a WarmupCosine of finite numbers >= 0 with "
+            f"warmup_steps < total_steps, got {schedule!r}"
+        )
 
 
 def is_flat_adamw(tx: Any) -> bool:
@@ -476,6 +499,15 @@ class _Update:
             raise ValueError(
                 f"flat_adamw: params must have the structure of the gradients, got "
                 f"{jax.tree.structure(params)} and {layout.treedef}"
+            )
+        shapes = _layout(params, "params").shapes
+        if shapes != layout.shapes:
+            # Same structure, other shapes: the flat vectors would misalign (a
+            # broadcasting error deep in the step, or, with equal sizes, every
+            # parameter decayed by another's value).
+            raise ValueError(
+                f"flat_adamw: params must have the shapes of the gradients, got leaf shapes "
+                f"{list(shapes)} for gradients of {list(layout.shapes)}"
             )
         decayed = direction + self.hyper.weight_decay * flatten(params)
         mask = self.hyper.decay_mask

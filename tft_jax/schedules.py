@@ -73,8 +73,12 @@ def warmup_cosine(
         since = float(since)
     since = jnp.minimum(since, decay_steps)
     cosine = 0.5 * (1 + jnp.cos(jnp.pi * since / decay_steps))
-    # (optax takes a Python peak of 0 as alpha 0 rather than divide by it)
-    alpha = 0.0 if python and peak_lr == 0.0 else end_lr / peak_lr
+    # (optax takes a peak of 0 as alpha 0 rather than divide by it; the numbers
+    # as arrays must too, or a schedule in an optimizer state gives 0 / 0 = NaN)
+    if python:
+        alpha = 0.0 if peak_lr == 0.0 else end_lr / peak_lr
+    else:
+        alpha = jnp.where(peak_lr == 0.0, 0.0, end_lr / jnp.where(peak_lr == 0.0, 1.0, peak_lr))
     cooled = peak_lr * ((1 - alpha) * cosine + alpha)
     return jnp.where(count < warmup_steps, warm, cooled)
 

@@ -1,0 +1,96 @@
+"""Tests of the quantile loss and the paper's q-risk (`tft_jax.losses`).
+
+Reference: the TFT paper's equations written here in float64 NumPy (Lim et
+al. 2021): `QL(y, ŷ, q) = q (y - ŷ)_+ + (1 - q) (ŷ - y)_+` and the normalized
+`q-Risk = 2 Σ QL(y, ŷ, q) / Σ |y|`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tft_jax.losses import q_risk, quantile_loss
+
+QUANTILES = (0.1, 0.5, 0.9)
+
+
+def numpy_ql(pred: np.ndarray, target: np.ndarray, q: float) -> np.ndarray:
+    """The paper's quantile loss per element, in float64."""
+    error = target.astype(np.float64) - pred.astype(np.float64)
+    return q * np.maximum(error, 0.0) + (1.0 - q) * np.maximum(-error, 0.0)
+
+
+def _data(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    pred = rng.standard_normal((3, 5, len(QUANTILES))).astype(np.float32)
+    target = rng.standard_normal((3, 5)).astype(np.float32)
+    return pred, target
+
+
+def test_quantile_loss_and_q_risk_equal_the_papers_float64_formulas() -> None:
+    pred, target = _data()
+    want = np.mean([numpy_ql(pred[..., i], target, q) for i, q in enumerate(QUANTILES)])
+    np.testing.assert_allclose(float(quantile_loss(pred, target, QUANTILES)), want, rtol=1e-6)
+    for i, q in enumerate(QUANTILES):
+        risk = 2.0 * numpy_ql(pred[..., i], target, q).sum() / np.abs(target).sum()
+        np.testing.assert_allclose(float(q_risk(pred[..., i], target, q)), risk, rtol=1e-6)
+
+
+def test_quantile_loss_of_no_values_raises_instead_of_returning_nan() -> None:
+    # The mean over an empty batch was 0 / 0: a NaN loss, silently.
+    with pytest.raises(ValueError, match=r"quantile_loss: pred and target hold no values"):
+        quantile_loss(np.zeros((0, 3), np.float32), np.zeros((0,), np.float32), QUANTILES)
+
+
+def test_a_traced_level_under_jit_raises_type_error_naming_it() -> None:
+    pred, target = _data()
+    # Before: a ConcretizationTypeError / TracerArrayConversionError from deep in JAX.
+    with pytest.raises(TypeError, match=r"q_risk: q must be concrete.*static argument"):
+        jax.jit(lambda q: q_risk(pred[..., 1], target, q))(0.5)
+    with pytest.raises(TypeError, match=r"quantile_loss: quantiles must be concrete"):
+        jax.jit(lambda levels: quantile_loss(pred, target, levels))(jnp.asarray(QUANTILES))
+    # Concrete levels inside a jitted function are fine.
+    jitted = jax.jit(lambda p, t: q_risk(p, t, 0.5))(pred[..., 1], target)
+    np.testing.assert_allclose(float(jitted), float(q_risk(pred[..., 1], target, 0.5)), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda p, t: q_risk(p[..., 1], t, "0.5"), r"q_risk: q must be numbers"),
+        (lambda p, t: q_risk(p[..., 1], t, None), r"q_risk: q must be numbers"),
+        (lambda p, t: quantile_loss(p, t, "abc"), r"quantile_loss: quantiles must be numbers"),
+        (
+            lambda p, t: q_risk(p[..., 1] + 1j, t, 0.5),
+            r"q_risk: pred must be a real-valued array, got dtype complex",
+        ),
+        (
+            lambda p, t: quantile_loss(p, t.astype(str), QUANTILES),
+            r"quantile_loss: target must be a real-valued array",
+        ),
+    ],
+    ids=["q_string", "q_none", "quantiles_string", "complex_pred", "string_target"],
+)
+def test_inputs_that_are_not_real_numbers_raise_type_error_naming_them(
+    call: Any, message: str
+) -> None:
+    # A complex prediction lost its imaginary part silently (q-risk 0.0 for a
+    # wrong forecast); strings and None failed deep in NumPy or JAX.
+    pred, target = _data()
+    with pytest.raises(TypeError, match=message):
+        call(pred, target)
+
+
+def test_integer_and_boolean_targets_are_taken_as_float32() -> None:
+    pred, _ = _data()
+    counts = np.arange(15).reshape(3, 5)
+    want = np.mean([numpy_ql(pred[..., i], counts, q) for i, q in enumerate(QUANTILES)])
+    np.testing.assert_allclose(float(quantile_loss(pred, counts, QUANTILES)), want, rtol=1e-6)
+    flags = counts % 2 == 0
+    risk = 2.0 * numpy_ql(pred[..., 2], flags, 0.9).sum() / flags.sum()
+    np.testing.assert_allclose(float(q_risk(pred[..., 2], flags, 0.9)), risk, rtol=1e-6)
