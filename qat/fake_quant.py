@@ -88,23 +88,47 @@ def _invalid_entries(values: np.ndarray, bad: np.ndarray, limit: int = 4) -> str
 
 
 def check_qparams(
-    scale: Array, zero_point: Array, qmin: int, qmax: int, *, positive_scale: bool = True
+    scale: Array,
+    zero_point: Array,
+    qmin: int,
+    qmax: int,
+    *,
+    positive_scale: bool = True,
+    dtype: Any = None,
 ) -> None:
     """Raises for qparams that would give NaN, inf or a wrong grid; traced values pass unchecked.
 
     `scale` must be finite (and > 0 with `positive_scale`): a zero, infinite or
     NaN step size turns the output into NaN (`0/0`, `0*inf`), a negative one
-    mirrors the grid. `zero_point` must be an integer value in `[qmin, qmax]`
-    (PyTorch's `fake_quantize_*_affine` refuses one outside too): the grid is
-    then shifted off the range of the codes. Only concrete values are checked
-    (under `jax.jit` they are tracers and the call stays free of host syncs).
+    mirrors the grid. With `dtype` (the dtype the arithmetic runs in) the scale
+    must also stay so once cast to it: `1e300` overflows float32 to inf, and a
+    positive scale below its smallest normal number is 0 to XLA, which flushes
+    subnormals (both gave NaN). `zero_point` must be an integer value in
+    `[qmin, qmax]` (PyTorch's `fake_quantize_*_affine` refuses one outside too):
+    the grid is then shifted off the range of the codes. Only concrete values
+    are checked (under `jax.jit` they are tracers and the call stays free of host syncs).
     """
     if is_concrete(scale):
         values = np.asarray(scale, np.float64)
         bad = ~np.isfinite(values) | ((values <= 0) if positive_scale else False)
+        wanted = "finite and > 0" if positive_scale else "finite"
         if np.any(bad):
-            wanted = "finite and > 0" if positive_scale else "finite"
             raise ValueError(f"scale must be {wanted}, got {_invalid_entries(values, bad)}")
+        if dtype is not None:
+            info = jnp.finfo(dtype)
+            with np.errstate(over="ignore"):
+                cast = np.asarray(values, np.dtype(dtype)).astype(np.float64)
+            bad = ~np.isfinite(cast)
+            limits = f"|scale| <= {float(info.max):.4g}"
+            if positive_scale:
+                bad = bad | (cast < float(info.tiny))
+                limits = f"{float(info.tiny):.4g} <= scale <= {float(info.max):.4g}; XLA "
+                limits += "flushes smaller, subnormal values to 0"
+            if np.any(bad):
+                raise ValueError(
+                    f"scale must be {wanted} in {np.dtype(dtype).name}, the dtype the arithmetic "
+                    f"runs in ({limits}), got {_invalid_entries(values, bad)}"
+                )
     if is_concrete(zero_point):
         values = np.asarray(zero_point, np.float64)
         bad = ~np.isfinite(values) | (values != np.round(values))
@@ -185,8 +209,10 @@ def fake_quantize(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: in
 
     Raises:
       ValueError: a concrete (not traced) `scale` that is not finite and
-        positive, or a concrete `zero_point` that is not an integer in
-        `[qmin, qmax]` (either would give NaN or a shifted grid).
+        positive as a normal number of the compute dtype (float32 overflows
+        1e300 to inf, XLA flushes subnormals to 0), or a concrete `zero_point`
+        that is not an integer in `[qmin, qmax]` (either would give NaN or a
+        shifted grid).
 
     References:
       PyTorch `torch.fake_quantize_per_tensor_affine` / `per_channel_affine`.
@@ -197,8 +223,8 @@ def fake_quantize(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: in
         raise TypeError(f"x must be a floating array, got dtype {x.dtype}")
     check_broadcastable("scale", scale, x.shape)
     check_broadcastable("zero_point", zero_point, x.shape)
-    check_qparams(scale, zero_point, qmin, qmax)
     dtype = compute_dtype(x.dtype)
+    check_qparams(scale, zero_point, qmin, qmax, dtype=dtype)
     y = _fake_quantize(
         x.astype(dtype), jnp.asarray(scale, dtype), jnp.asarray(zero_point, dtype), qmin, qmax
     )
@@ -278,7 +304,7 @@ class FakeQuantize:
                 f"shape {tuple(zero_point.shape)}"
             )
         zero_point = jnp.broadcast_to(zero_point, scale.shape)
-        check_qparams(scale, zero_point, cfg.qmin, cfg.qmax)
+        check_qparams(scale, zero_point, cfg.qmin, cfg.qmax, dtype=scale.dtype)
         if cfg.symmetric and is_concrete(zero_point) and bool(jnp.any(zero_point != 0)):
             raise ValueError(
                 f"zero_point must be 0 for a symmetric QATConfig (symmetric=True), got "

@@ -152,7 +152,7 @@ def lsq_fake_quantize(
       An array of `x`'s shape and dtype, equal to `fake_quantize(x, max(|scale|, eps), ...)`.
 
     Raises:
-      ValueError: a concrete `scale` that is not finite, a concrete
+      ValueError: a concrete `scale` that is not finite (in the compute dtype), a concrete
         `zero_point` that is not an integer in `[qmin, qmax]`, or a
         `grad_scale` that is negative or not finite.
       TypeError: a `grad_scale` that is not a number, or is traced.
@@ -166,12 +166,12 @@ def lsq_fake_quantize(
         raise TypeError(f"x must be a floating array, got dtype {x.dtype}")
     check_broadcastable("scale", scale, x.shape)
     check_broadcastable("zero_point", zero_point, x.shape)
-    check_qparams(scale, zero_point, qmin, qmax, positive_scale=False)
+    dtype = compute_dtype(x.dtype)
+    check_qparams(scale, zero_point, qmin, qmax, positive_scale=False, dtype=dtype)
     if grad_scale is None:
         grad_scale = default_grad_scale(x.size, int(jnp.size(scale)), qmax)
     else:
         grad_scale = _check_grad_scale(grad_scale)
-    dtype = compute_dtype(x.dtype)
     y = _lsq(
         x.astype(dtype),
         jnp.asarray(scale, dtype),

@@ -247,3 +247,23 @@ def test_per_channel_call_rejects_a_channel_count_mismatch():
     quantizer = FakeQuantize.create(QATConfig(per_channel=True), scale=[0.1, 0.2])
     with pytest.raises(ValueError, match="3 channels on axis -1, the quantizer has 2"):
         quantizer(jnp.ones((4, 3)))
+
+
+@pytest.mark.parametrize("scale", [1e300, 1e-40, 1e-50])
+def test_a_scale_float32_cannot_hold_raises_instead_of_giving_nan(scale):
+    # Finite and > 0 as a Python float, but the arithmetic runs in float32: 1e300 is
+    # inf there (every output NaN) and 1e-40, 1e-50 are 0 to XLA (NaN at x = 0).
+    x = jnp.array([-1.0, 0.0, 1.0])
+    with pytest.raises(ValueError, match=r"scale must be finite and > 0 in float32.*got \["):
+        fake_quantize(x, scale, 0, -128, 127)
+    # A scale float32 holds as a normal number still quantizes: no false alarm.
+    np.testing.assert_array_equal(
+        np.asarray(fake_quantize(x, 2.0**-120, 0, -128, 127)),
+        [-(2.0**-120) * 128, 0.0, 2.0**-120 * 127],
+    )
+
+
+def test_create_rejects_a_subnormal_float32_scale():
+    # 1e-40 is a positive float32, but a subnormal one: XLA computes 0/0 = NaN at x = 0.
+    with pytest.raises(ValueError, match=r"scale must be finite and > 0 in float32.*got \[9\.9999"):
+        FakeQuantize.create(QATConfig(), scale=np.float32(1e-40))

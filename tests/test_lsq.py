@@ -155,3 +155,13 @@ def test_bad_arguments_raise():
         lsq_fake_quantize(jnp.ones(3), 0.1, 0, 3, 3)
     with pytest.raises(ValueError, match=r"scale of shape \(2,\)"):
         lsq_fake_quantize(jnp.ones(3), jnp.ones(2), 0, 0, 3)
+
+
+def test_a_scale_that_overflows_float32_raises_instead_of_giving_nan():
+    # 1e300 is finite as a Python float but inf in float32, where the step size lives:
+    # every output was NaN (0 * inf at the grid's zero, inf - inf elsewhere).
+    with pytest.raises(ValueError, match=r"scale must be finite in float32.*got \[1e\+300\]"):
+        lsq_fake_quantize(jnp.array([-1.0, 0.0, 1.0]), 1e300, 0, -128, 127)
+    # A tiny scale is no error: the eps floor of the step size makes it harmless.
+    y = lsq_fake_quantize(jnp.array([0.0, 1.0]), 1e-40, 0, -128, 127)
+    np.testing.assert_array_equal(np.asarray(y), [0.0, 127 * EPS])
