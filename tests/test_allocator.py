@@ -69,6 +69,16 @@ def test_relaunch_keeps_the_process_when_tuned_or_opted_out():
     assert lines == ["started", "tunables glibc.malloc.hugetlb=1 args ['--flag', 'value']"]
 
 
+@pytest.mark.parametrize("value", ["off", "0", "system", "jemalloc"])
+def test_an_unknown_allocator_choice_is_refused_instead_of_relaunching(value):
+    # Meant to opt out, each of these relaunched with the tuned allocator without a word.
+    environ = {"TFT_JAX_ALLOCATOR": value}
+    with pytest.raises(ValueError, match=f"TFT_JAX_ALLOCATOR must be 'default' .* got '{value}'"):
+        allocator.should_relaunch(environ)
+    assert not allocator.should_relaunch({"TFT_JAX_ALLOCATOR": "Default"})
+    assert allocator.should_relaunch({}) == allocator._uses_glibc()
+
+
 def _main_block(tree: ast.Module) -> ast.If | None:
     for node in tree.body:
         if (

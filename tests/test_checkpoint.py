@@ -121,6 +121,45 @@ def test_saving_a_step_again_keeps_the_first_copy(tmp_path: pathlib.Path) -> Non
     assert_bitwise_equal(restored.state, first)
 
 
+@pytest.mark.parametrize("kind", [LATEST, BEST])
+def test_saving_a_step_older_than_the_newest_raises_instead_of_writing_nothing(
+    tmp_path: pathlib.Path, kind: str
+) -> None:
+    # A fresh run in the directory of a longer one: orbax skipped every step up to the
+    # old run's newest without a word, and resume / load_state then read the old run.
+    newer, older = randomized(TEMPLATE, 10, step=10), randomized(TEMPLATE, 11, step=4)
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+        save = checkpointer.save_latest if kind == LATEST else checkpointer.save_best
+        assert save(newer, jax.random.key(0), {})
+        with pytest.raises(ValueError, match=f"save_{kind}: step 4 is older than the newest"):
+            save(older, jax.random.key(0), {})
+        assert checkpointer.steps(kind) == [10]
+        restored = checkpointer.restore(kind, TEMPLATE)
+    assert restored is not None and restored.step == 10
+    assert_bitwise_equal(restored.state, newer)
+
+
+# A failed write inside orbax leaves an asyncio callback behind; it is harmless.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_loop_json_cannot_hold_is_refused_before_anything_is_written(
+    tmp_path: pathlib.Path,
+) -> None:
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+        with pytest.raises(TypeError) as raised:
+            checkpointer.save_latest(
+                randomized(TEMPLATE, 12, step=3), jax.random.key(0), {"val": np.float32(0.5)}
+            )
+        assert sorted(os.listdir(tmp_path / LATEST)) == []  # no temporary step left behind
+        # The checkpointer still saves (a leftover temporary step made this an OSError).
+        assert checkpointer.save_latest(
+            randomized(TEMPLATE, 12, step=3), jax.random.key(0), {"val": 0.5}
+        )
+        restored = checkpointer.restore_latest(TEMPLATE)
+    assert restored is not None and restored.loop == {"val": 0.5}
+    assert "loop must hold only JSON values" in str(raised.value)
+    assert "float32" in str(raised.value)
+
+
 def test_restore_without_checkpoints_returns_none(tmp_path: pathlib.Path) -> None:
     with TrainingCheckpointer(tmp_path) as checkpointer:
         assert checkpointer.restore_latest(TEMPLATE) is None

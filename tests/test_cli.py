@@ -1015,3 +1015,12 @@ def test_two_processes_train_the_same_model_as_one_and_write_the_same_run(
         jax.tree.leaves(restored.params), jax.tree.leaves(two["params"]), strict=True
     ):
         np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_an_unknown_allocator_choice_is_a_one_line_error_of_the_command(capsys, monkeypatch):
+    monkeypatch.setenv("TFT_JAX_ALLOCATOR", "off")
+    monkeypatch.setattr(sys, "argv", ["tft-jax", "--help"])
+    assert cli.main() == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tft-jax: error: TFT_JAX_ALLOCATOR must be 'default'") and "'off'" in err
+    assert "Traceback" not in err

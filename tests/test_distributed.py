@@ -19,6 +19,7 @@ from tft_jax.distributed import (
     initialize_multihost,
     local_rows,
     process_rows,
+    shard_batch,
     to_host,
 )
 
@@ -124,3 +125,38 @@ def test_data_mesh_orders_devices_by_process():
     mesh = data_mesh()
     order = [(device.process_index, device.id) for device in mesh.devices.flat]
     assert order == sorted(order)
+
+
+@pytest.mark.parametrize(
+    "batch, message",
+    [
+        # Accepted before on one device (the first leaf's size was taken for all).
+        ({"a": np.zeros((4, 2)), "b": np.zeros((3, 1))}, r"batch\['b'\] has 3 rows .* expected 4"),
+        # A deep `device_put` error about the sharding's rank, or an IndexError.
+        ({"a": np.zeros((4, 2)), "b": np.float32(1.0)}, r"batch\['b'\] is a scalar"),
+        ({"a": np.float32(1.0), "b": np.zeros((4, 2))}, r"batch\['a'\] is a scalar"),
+        ({"a": np.zeros((0, 2)), "b": None}, "the batch has 0 rows"),
+    ],
+)
+def test_shard_batch_names_the_leaf_that_is_not_a_batch_of_the_common_size(batch, message):
+    with pytest.raises(ValueError, match=f"shard_batch: .*{message}"):
+        shard_batch(batch, data_mesh(1))
+
+
+def test_shard_batch_places_every_leaf_and_keeps_none():
+    batch = {"a": np.arange(8.0).reshape(4, 2), "b": None, "c": np.arange(4)}
+    placed = shard_batch(batch, data_mesh(1))
+    assert placed["b"] is None
+    np.testing.assert_array_equal(np.asarray(placed["a"]), batch["a"])
+    np.testing.assert_array_equal(np.asarray(placed["c"]), batch["c"])
+
+
+def test_an_empty_device_list_is_named_and_numpy_integers_are_ints():
+    # An empty list said "num_devices must be a positive int, got None", or raised
+    # IndexError with num_devices given.
+    for count in (None, 1):
+        with pytest.raises(ValueError, match="data_mesh: devices is empty"):
+            data_mesh(count, devices=[])
+    # NumPy integers were refused as "not an int" (process_rows accepted them).
+    assert data_mesh(np.int64(1)).size == 1
+    check_multihost_arguments("h:1", np.int64(2), np.int32(1))

@@ -67,13 +67,22 @@ def should_relaunch(environ: Mapping[str, str] | None = None) -> bool:
 
     Only on Linux with glibc, when the tunable is not set yet, the process
     was not relaunched already, and `TFT_JAX_ALLOCATOR` is not `default`.
+
+    Raises:
+      ValueError: `TFT_JAX_ALLOCATOR` is set to anything but `default` (a
+        value such as `off` or `system`, meant to opt out, would otherwise
+        relaunch with the tuned allocator without a word).
     """
     environ = os.environ if environ is None else environ
+    choice = environ.get(OPT_OUT_VARIABLE, "").strip().lower()
+    if choice not in ("", "default"):
+        raise ValueError(
+            f"{OPT_OUT_VARIABLE} must be 'default' (keep the allocator the process started "
+            f"with) or unset (relaunch with {TUNABLE}={TUNED_VALUE}), "
+            f"got {environ[OPT_OUT_VARIABLE]!r}"
+        )
     return (
-        _uses_glibc()
-        and not is_tuned(environ)
-        and _MARKER not in environ
-        and environ.get(OPT_OUT_VARIABLE, "").lower() != "default"
+        _uses_glibc() and not is_tuned(environ) and _MARKER not in environ and choice != "default"
     )
 
 

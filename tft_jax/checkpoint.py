@@ -22,6 +22,7 @@ corruption.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import numbers
 import pathlib
@@ -104,10 +105,23 @@ def _abstract(tree: PyTree) -> PyTree:
 
 
 def _loop_json(loop: Any) -> dict[str, Any]:
+    """`loop` as a JSON-serializable dict, checked before anything is written.
+
+    orbax serializes the metadata in a background thread after the arrays:
+    a value `json` cannot write (a NumPy scalar, say) failed there, deep in
+    orbax, and left a temporary step directory that made every later save of
+    the checkpointer fail with `OSError`.
+    """
     if hasattr(loop, "to_json"):
         loop = loop.to_json()
     if not isinstance(loop, Mapping):
         raise TypeError(f"loop must be a mapping or have .to_json(), got {type(loop).__name__}")
+    try:
+        json.dumps(dict(loop))
+    except (TypeError, ValueError) as error:
+        raise TypeError(
+            f"loop must hold only JSON values (dict, list, str, int, float, bool, None): {error}"
+        ) from error
     return dict(loop)
 
 
@@ -160,23 +174,39 @@ class TrainingCheckpointer:
     # Saving -----------------------------------------------------------------
 
     def save_latest(self, state: PyTree, rng: Array, loop: Any) -> bool:
-        """Saves `state` (with `.step`), the PRNG key and the loop dict as the latest step."""
+        """Saves `state` (with `.step`), the PRNG key and the loop dict as the latest step.
+
+        Returns False, writing nothing, when that step is saved already (a
+        replay after resume). Raises `ValueError` for a step older than the
+        newest saved one, and `TypeError` for a `loop` that JSON cannot hold.
+        """
         return self._save(LATEST, state, rng, loop)
 
     def save_best(self, state: PyTree, rng: Array, loop: Any) -> bool:
-        """Saves `state` as the best step, replacing the previous best."""
+        """Saves `state` as the best step, replacing the previous best (see `save_latest`)."""
         return self._save(BEST, state, rng, loop)
 
     def _save(self, kind: str, state: PyTree, rng: Array, loop: Any) -> bool:
         manager = self._managers[kind]
         step = int(state.step)
-        if step in manager.all_steps():
+        loop_json = _loop_json(loop)
+        saved = manager.all_steps()
+        if step in saved:
             # A replay after resume writes exactly the same bytes: keep the existing step.
             return False
+        if saved and step < max(saved):
+            # orbax would skip it without a word (it saves only steps past its newest),
+            # and a later resume or `load_state` would read the newer step of another run.
+            raise ValueError(
+                f"save_{kind}: step {step} is older than the newest {kind} checkpoint, "
+                f"step {max(saved)}, in {manager.directory}: that directory holds a later "
+                "point of a run (another run, or this one before a restart without resume); "
+                "resume from it, or save into another directory"
+            )
         payload = _payload(state, rng)
         meta = {
             "step": step,
-            "loop": _loop_json(loop),
+            "loop": loop_json,
             "layout": layout(payload),
             "digest": digest(payload),
         }

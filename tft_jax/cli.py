@@ -609,7 +609,11 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `tft-jax` console script; returns the exit status."""
     if argv is None:  # a process of its own: restart it with the tuned allocator
-        relaunch_with_tuned_allocator()
+        try:
+            relaunch_with_tuned_allocator()
+        except ValueError as error:  # an unknown TFT_JAX_ALLOCATOR
+            print(f"tft-jax: error: {error}", file=sys.stderr)
+            return 2
     args = build_parser().parse_args(argv)
 
     def show(message, category, filename, lineno, file=None, line=None) -> None:

@@ -37,9 +37,12 @@ def data_mesh(num_devices: int | None = None, devices: Sequence[Any] | None = No
         available = sorted(jax.devices(), key=lambda device: (device.process_index, device.id))
     else:
         available = list(devices)
+        if not available:
+            raise ValueError("data_mesh: devices is empty; pass at least one device, or None")
     count = len(available) if num_devices is None else num_devices
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+    if isinstance(count, bool) or not isinstance(count, int | np.integer) or count < 1:
         raise ValueError(f"num_devices must be a positive int, got {num_devices!r}")
+    count = int(count)
     if count > len(available):
         raise ValueError(
             f"num_devices={count} asks for a mesh larger than the {len(available)} "
@@ -76,11 +79,12 @@ def shard_batch(batch: PyTree, mesh: Mesh) -> PyTree:
     the result is the global array assembled from them.
     """
     sharding = batch_sharding(mesh)
-    leaves = [leaf for leaf in jax.tree.leaves(batch) if leaf is not None]
+    leaves = jax.tree_util.tree_flatten_with_path(batch)[0]
     if not leaves:
         raise ValueError("shard_batch: the batch has no arrays")
+    local_size = _batch_rows(leaves)
     processes = jax.process_count()
-    global_size = np.shape(leaves[0])[0] * processes
+    global_size = local_size * processes
     check_divisible(global_size, mesh)
     if processes == 1:
         return jax.device_put(batch, sharding)
@@ -92,6 +96,34 @@ def shard_batch(batch: PyTree, mesh: Mesh) -> PyTree:
         )
 
     return jax.tree.map(assemble, batch)
+
+
+def _batch_rows(leaves: list[tuple[Any, Any]]) -> int:
+    """The common leading size of the `(path, leaf)` pairs of a batch, checked.
+
+    Every leaf is split along its first axis, so every leaf needs one, of one
+    common, positive size: otherwise `jax.device_put` failed deep inside with
+    a sharding error about one leaf (or the first leaf's size was taken for
+    all, and a 0-d leaf raised `IndexError`).
+    """
+    first_path, first = leaves[0]
+    for path, leaf in leaves:
+        shape = np.shape(leaf)
+        if not shape:
+            raise ValueError(
+                f"shard_batch: batch{jax.tree_util.keystr(path)} is a scalar; every leaf "
+                "needs a leading batch axis"
+            )
+        if shape[0] != np.shape(first)[0]:
+            raise ValueError(
+                f"shard_batch: batch{jax.tree_util.keystr(path)} has {shape[0]} rows "
+                f"(shape {shape}), expected {np.shape(first)[0]} as "
+                f"batch{jax.tree_util.keystr(first_path)}"
+            )
+    rows = int(np.shape(first)[0])
+    if rows < 1:
+        raise ValueError("shard_batch: the batch has 0 rows")
+    return rows
 
 
 def fsdp_spec(shape: tuple[int, ...], mesh_size: int, min_size: int = 2**14) -> PartitionSpec:
@@ -137,7 +169,7 @@ def check_multihost_arguments(coordinator: str, num_processes: int, process_id: 
     (a `ValueError`), whose `argument` names the parameter at fault.
     """
     for name, value in (("num_processes", num_processes), ("process_id", process_id)):
-        if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer):
             raise TypeError(f"{name} must be an int, got {value!r}")
     host, _, port = str(coordinator).rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 2**16:
@@ -161,7 +193,9 @@ def initialize_multihost(coordinator: str, num_processes: int, process_id: int) 
     """
     check_multihost_arguments(coordinator, num_processes, process_id)
     jax.distributed.initialize(
-        coordinator_address=coordinator, num_processes=num_processes, process_id=process_id
+        coordinator_address=coordinator,
+        num_processes=int(num_processes),
+        process_id=int(process_id),
     )
 
 
