@@ -113,6 +113,8 @@ def _to_numpy(name: str, leaf: Any) -> np.ndarray:
     A `float0` leaf (the gradient of an integer input, `jax.grad(...,
     allow_int=True)`) carries no value: it becomes a boolean array of its
     shape, all False, which the checks treat as they treat integer leaves.
+    A typed PRNG key (`jax.random.key`, e.g. in a train state) becomes its
+    `uint32` key data, an integer leaf: NumPy cannot hold a key.
     """
     if isinstance(leaf, jax.core.Tracer):
         raise TypeError(
@@ -121,6 +123,8 @@ def _to_numpy(name: str, leaf: Any) -> np.ndarray:
         )
     if getattr(leaf, "dtype", None) == jax.dtypes.float0:
         return np.zeros(np.shape(leaf), np.bool_)
+    if _is_key(leaf):
+        return np.asarray(jax.random.key_data(leaf))
     array = np.asarray(leaf)
     if not (jnp.issubdtype(array.dtype, jnp.number) or array.dtype == np.bool_):
         raise TypeError(
@@ -128,6 +132,11 @@ def _to_numpy(name: str, leaf: Any) -> np.ndarray:
             f"{array.dtype}: the checks compare numbers"
         )
     return array
+
+
+def _is_key(leaf: Any) -> bool:
+    """Whether `leaf` is a typed PRNG key array (`jax.random.key`, not a raw `uint32` one)."""
+    return isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key)
 
 
 def _named_leaves(name: str, tree: PyTree) -> list[tuple[str, np.ndarray]]:
@@ -339,7 +348,7 @@ def _compare_trees(
 def assert_finite(tree: PyTree, *, name: str = "tree") -> None:
     """Asserts that no float leaf of `tree` holds NaN or inf, naming every leaf that does.
 
-    Integer and boolean leaves are always finite. A tree with no leaf at all
+    Integer, boolean and PRNG key leaves are always finite. A tree with no leaf at all
     (`None`, `{}`: a function that forgot to return) is refused, since
     nothing in it could fail. Example::
 
@@ -722,7 +731,16 @@ def _causal_pullback_leaks(
 
 
 def _batched_leaves(x: PyTree, axis: int) -> tuple[list[tuple[str, np.ndarray]], Any, int]:
-    """Named numpy leaves of `x`, its treedef and the common batch size along `axis`."""
+    """Named numpy leaves of `x`, its treedef and the common batch size along `axis`.
+
+    Typed PRNG keys are refused: the numpy leaves (key data) go back into `fn`.
+    """
+    for path, leaf in jax.tree_util.tree_flatten_with_path(x)[0]:
+        if _is_key(leaf):
+            raise TypeError(
+                f"x{_path_name(path)} is a PRNG key array: the batch checks change the inputs' "
+                "samples and cannot change keys; close over it (fn = lambda x: f(x, key))"
+            )
     named = _named_leaves("x", x)
     if not named:
         raise ValueError("x must hold at least one array")
@@ -1258,8 +1276,13 @@ def assert_ste_gradient(
     if output.shape != x.shape:
         raise AssertionError(f"quantize_fn changed the shape: {x.shape} -> {output.shape}")
     rng = np.random.default_rng(seed)
-    upstream = (rng.uniform(0.5, 1.5, x.shape) * rng.choice((-1.0, 1.0), x.shape)).astype(
-        output.dtype
+    # Representable in both `x`'s and the output's dtype: a quantizer computing in
+    # float32 for a float16 `x` returns float32, and its gradient, cast back to
+    # float16, must still equal `g` bit for bit.
+    upstream = (
+        (rng.uniform(0.5, 1.5, x.shape) * rng.choice((-1.0, 1.0), x.shape))
+        .astype(x.dtype)
+        .astype(output.dtype)
     )
     (gradient,) = pullback(upstream)
     gradient = _to_numpy("gradient", gradient)

@@ -227,7 +227,8 @@ def float_arrays(
         overflow `dtype` (``"huge"`` in float16) are refused.
       dtype: float32, float16, bfloat16 (values are made in float64 and cast)...
       constant_axis: the axis along which a `"constant"` array is constant
-        (the time axis of `(B, T, F)` data); None: one value for the whole array.
+        (the time axis of `(B, T, F)` data); None, or an axis beyond the
+        shape's last: one value for the whole array.
 
     Returns:
       A strategy of `np.ndarray` of `shape` and `dtype`.
@@ -236,6 +237,14 @@ def float_arrays(
     kinds = _check_kinds("kinds", kinds, _ALL_KINDS)
     resolved = _numpy_dtype(dtype)
     _check_range(kinds, resolved)
+    if constant_axis is not None:
+        if isinstance(constant_axis, bool) or not isinstance(constant_axis, numbers.Integral):
+            raise TypeError(f"constant_axis must be an int or None, got {constant_axis!r}")
+        if constant_axis < -len(shape):
+            raise ValueError(
+                f"constant_axis={constant_axis} is out of range for shape {shape} "
+                f"({len(shape)} axes)"
+            )
     elements = st.floats(
         -LARGE_MAGNITUDE, LARGE_MAGNITUDE, width=32, allow_nan=False, allow_subnormal=False
     )
@@ -277,6 +286,23 @@ def _divisors_in(value: int, candidates: Sequence[int]) -> list[int]:
     return [candidate for candidate in candidates if value % candidate == 0]
 
 
+def _check_heads(hidden_dims: Sequence[Any], num_heads: Sequence[int]) -> None:
+    """Refuses an int hidden size that no head count in `num_heads` divides: its configs
+    would silently get 1 head, a count outside the `num_heads` buckets."""
+    orphans = [
+        dim
+        for dim in hidden_dims
+        if isinstance(dim, numbers.Integral)
+        and not isinstance(dim, bool)
+        and not _divisors_in(dim, num_heads)
+    ]
+    if orphans:
+        raise ValueError(
+            f"num_heads must hold a head count dividing every hidden dim, got num_heads "
+            f"{num_heads} and hidden dims {orphans} that none of them divides"
+        )
+
+
 @st.composite
 def _heads_for(draw: st.DrawFn, hidden_dim: int, num_heads: Sequence[int]) -> int:
     """A head count from `num_heads` dividing `hidden_dim` (1 when none does)."""
@@ -293,6 +319,9 @@ def attention_configs(
 ) -> st.SearchStrategy[AttentionConfig]:
     """`AttentionConfig`s drawn from buckets; heads always divide the hidden size.
 
+    Every hidden dim needs a divisor in `num_heads` (`ValueError` otherwise):
+    the head count is drawn among those dividing the drawn hidden dim.
+
     At most ``len(hidden_dims) * len(num_heads) * len(sequence_lengths) *
     len(batch_sizes) * len(dropout_rates)`` distinct configs, hence compiles.
     Sizes are ints >= 1 and dropout rates lie in `[0, 1)`.
@@ -301,6 +330,7 @@ def attention_configs(
     num_heads = _integers("num_heads", num_heads, 1)
     sequence_lengths = _integers("sequence_lengths", sequence_lengths, 1)
     batch_sizes = _integers("batch_sizes", batch_sizes, 1)
+    _check_heads(hidden_dims, num_heads)
     dropout_rates = _buckets("dropout_rates", dropout_rates)
     bad_rates = [
         rate
@@ -360,7 +390,8 @@ def tft_configs(
 
     Each argument is the tuple of values to draw from; its first entry is the
     shrink target. Pass one-element tuples to pin a field, e.g.
-    ``tft_configs(dropout_rates=(0.0,), dtypes=("bfloat16",))``.
+    ``tft_configs(dropout_rates=(0.0,), dtypes=("bfloat16",))``. Every hidden
+    dim needs a divisor in `num_heads` (`ValueError` otherwise).
     """
     fields = {
         "static_features": _buckets("static_features", static_features),
@@ -386,6 +417,7 @@ def tft_configs(
         "dtypes": _buckets("dtypes", dtypes),
     }
     num_heads = _integers("num_heads", num_heads, 1)  # a 0 would divide by zero in `_heads_for`
+    _check_heads(fields["hidden_dims"], num_heads)
 
     @st.composite
     def draw_config(draw: st.DrawFn) -> TFTConfig:

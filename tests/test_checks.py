@@ -155,6 +155,20 @@ def test_finite_detects_nan_in_bfloat16_leaf():
         checks.assert_finite([leaf])
 
 
+def test_typed_prng_keys_are_integer_leaves_and_refused_as_batch_inputs():
+    # A train state holding a jax.random.key: NumPy cannot hold the key, and the
+    # checks used to crash on it instead of checking the float leaves.
+    state = {"rng": jax.random.key(0), "w": np.array([1.0, np.nan], np.float32)}
+    with pytest.raises(AssertionError, match=r"\['w'\]: 1 NaN") as error:
+        checks.assert_finite(state)
+    assert "rng" not in str(error.value)
+    checks.assert_finite({"rng": state["rng"], "w": np.ones(2, np.float32)})
+    with pytest.raises(TypeError, match=r"x\[1\] is a PRNG key array"):
+        checks.assert_batch_independent(
+            lambda inputs: inputs[0], (np.ones((2, 3), np.float32), jax.random.split(state["rng"]))
+        )
+
+
 # assert_nonzero_grads
 
 
@@ -330,6 +344,24 @@ def test_ste_gradient_of_a_float16_input_uses_the_scale_as_given_not_cast_to_flo
 
     with pytest.raises(AssertionError, match="0 inside the grid, 0 at qmin or qmax, 1 outside"):
         checks.assert_ste_gradient(unmasked, x, scale, 2, 0, 3)
+
+
+def test_ste_gradient_of_a_quantizer_returning_a_wider_dtype_than_x():
+    # A float16 x quantized in float32 (output float32): the gradient is the float32
+    # upstream cast back to float16, which used to differ from it bit for bit.
+    x = (np.arange(-12, 12) * 0.5).astype(np.float16)
+
+    def in_float32(x, scale, zero_point, qmin, qmax):
+        return fake_quantize(x.astype(jnp.float32), scale, zero_point, qmin, qmax)
+
+    checks.assert_ste_gradient(in_float32, x, np.float32(0.5), 0, -8, 7)
+
+    def unmasked(x, scale, zero_point, qmin, qmax):
+        wide = x.astype(jnp.float32)
+        return wide + jax.lax.stop_gradient(in_float32(x, scale, zero_point, qmin, qmax) - wide)
+
+    with pytest.raises(AssertionError, match="0 inside the grid, 0 at qmin or qmax, 8 outside"):
+        checks.assert_ste_gradient(unmasked, x, np.float32(0.5), 0, -8, 7)
 
 
 # assert_quantization_error_bounded

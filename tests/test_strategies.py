@@ -209,3 +209,24 @@ def test_strategy_arguments_are_validated_at_the_boundary():
         st_tft.tft_inputs({"hidden_dim": 8})
     with pytest.raises(TypeError, match="floating dtype"):
         st_tft.float_arrays((2,), dtype=np.int32)
+
+
+def test_head_counts_come_from_the_num_heads_buckets_or_are_refused():
+    # A hidden dim that no bucket divides used to get 1 head silently, a count
+    # outside num_heads=(3,).
+    with pytest.raises(ValueError, match=r"num_heads \(3,\) and hidden dims \[8, 16\]"):
+        st_tft.attention_configs(num_heads=(3,))
+    with pytest.raises(ValueError, match=r"num_heads \(3,\) and hidden dims \[8\]"):
+        st_tft.tft_configs(hidden_dims=(8, 12), num_heads=(3,))
+    config = find(st_tft.attention_configs(hidden_dims=(12,), num_heads=(3,)), lambda c: True)
+    assert config.num_heads == 3
+
+
+def test_constant_axis_is_validated_when_the_strategy_is_built():
+    # These failed only when an example was drawn, with an IndexError/TypeError from inside.
+    with pytest.raises(ValueError, match=r"constant_axis=-3 is out of range for shape \(2, 3\)"):
+        st_tft.float_arrays((2, 3), kinds=("constant",), constant_axis=-3)
+    with pytest.raises(TypeError, match=r"constant_axis must be an int or None, got 1\.0"):
+        st_tft.float_arrays((2, 3), kinds=("constant",), constant_axis=1.0)
+    last = find(st_tft.float_arrays((2, 3), kinds=("constant",), constant_axis=-1), lambda a: True)
+    assert (last == last[:, :1]).all()
