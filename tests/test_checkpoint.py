@@ -437,6 +437,15 @@ def test_resume_with_another_seed_is_rejected(tmp_path: pathlib.Path) -> None:
         )
 
 
+def test_a_fresh_start_refuses_a_folder_holding_an_earlier_run(tmp_path: pathlib.Path) -> None:
+    fit(stand_in_state(), epoch_batches, VAL, epochs=1, checkpoint_dir=tmp_path, quiet=True)
+    before = _steps(tmp_path)
+    # Its saves would interleave with the earlier run's (or be refused mid-training).
+    with pytest.raises(ValueError, match=r"earlier run \(latest step 6\); pass resume=True"):
+        fit(stand_in_state(), epoch_batches, VAL, epochs=2, checkpoint_dir=tmp_path, quiet=True)
+    assert _steps(tmp_path) == before
+
+
 class FakeClock:
     """A clock that stands still until told to advance (`now` seconds)."""
 

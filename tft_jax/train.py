@@ -1249,7 +1249,8 @@ def fit(
         the refitted total is in the checkpoints (a resumed run keeps it)
         and in `FitResult.schedule_steps`.
       checkpoint_dir: where the latest and best checkpoints go (see
-        `tft_jax.checkpoint`); None keeps no checkpoints.
+        `tft_jax.checkpoint`); None keeps no checkpoints. A fresh start
+        (`resume=False`) refuses a folder holding another run's checkpoints.
       checkpoint_every: also save the latest checkpoint every this many steps
         (it is always saved after each evaluation, at each epoch's end and
         at the end).
@@ -1321,6 +1322,8 @@ def fit(
         log_seconds=log_seconds,
     )
     checkpointer = None if checkpoint_dir is None else TrainingCheckpointer(checkpoint_dir)
+    if checkpointer is not None and not resume:
+        _check_no_earlier_run(checkpointer, checkpoint_dir)
     best_state: TrainState | None = None
     mesh = data_mesh() if mesh is None else mesh
     # Placed first: a checkpoint then restores straight into the mesh's shardings
@@ -1806,6 +1809,21 @@ def _loop_snapshot(loop: LoopState) -> LoopState:
 
 def _format(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
+
+
+def _check_no_earlier_run(checkpointer: TrainingCheckpointer, directory: Any) -> None:
+    """Raises `ValueError` when a fresh start would write into an earlier run's checkpoints.
+
+    Its saves would interleave with that run's steps (and a save older than
+    its newest step is refused), so a later resume would mix the two runs.
+    """
+    steps = checkpointer.steps() + checkpointer.steps("best")
+    if steps:
+        checkpointer.close()
+        raise ValueError(
+            f"fit: checkpoint_dir {directory} holds checkpoints of an earlier run (latest "
+            f"step {max(steps)}); pass resume=True to continue it, or use an empty folder"
+        )
 
 
 def _check_resume_seed(saved_key: Array, seed_key: Array, seed: int) -> None:
