@@ -430,3 +430,98 @@ def test_a_missing_value_text_in_a_future_known_column_is_an_empty_cell(preproce
     as_text = forecast_inputs(preprocessor, history, future.astype({"promo": str}))
     as_numbers = forecast_inputs(preprocessor, history, future.astype({"promo": float}))
     np.testing.assert_array_equal(as_text.windows.panel.known, as_numbers.windows.panel.known)
+
+
+# ----------------------------------------------------------------- column names and DST in future
+
+
+def test_a_known_column_named_like_the_merge_indicator_is_forecast():
+    # pandas' merge indicator is '_merge' by default: a known column of that
+    # name made the future check fail with pandas' "Cannot use name of an
+    # existing column for indicator column".
+    table = hourly().rename(columns={"promo": "_merge"})
+    fitted = prepare_dataset(table, **SPEC, known_cols=["_merge"]).preprocessor
+    history = hourly(30, start="2021-04-01").rename(columns={"promo": "_merge"})
+    future = future_for(history, value=1.0).rename(columns={"promo": "_merge"})
+    ahead = future_windows(fitted, history, future, HISTORY, HORIZON)
+    assert list(ahead.last_times) == [history["time"].max()] * 2
+    with pytest.raises(ValueError, match=r"future has no row for series 'a' at"):
+        future_windows(fitted, history, future.iloc[1:], HISTORY, HORIZON)
+
+
+def test_future_texts_with_offsets_changing_at_dst_are_read_in_the_history_zone():
+    # The horizon crosses Berlin's spring change: the future's ISO texts carry +01:00
+    # then +02:00. They are read in the history's zone, so the warning that calendar
+    # inputs would be read in UTC (true of a table, not of a future) is not given.
+    berlin = hourly().assign(time=lambda t: t["time"].dt.tz_localize("Europe/Berlin"))
+    fitted = prepare_dataset(berlin, **SPEC, known_cols=["promo"]).preprocessor
+    times = pd.date_range("2021-03-27", periods=25, freq="h", tz="Europe/Berlin")
+    history = pd.concat(
+        [pd.DataFrame({"id": s, "time": times, "y": 1.0 + np.arange(25.0), "promo": 0.0})
+         for s in "ab"],
+        ignore_index=True,
+    )  # fmt: skip
+    future = future_for(history)
+    texts = future.assign(time=future["time"].map(lambda t: t.isoformat()))
+    assert {t[-6:] for t in texts["time"]} == {"+01:00", "+02:00"}
+    ahead, messages = user_warnings(lambda: future_windows(fitted, history, texts, HISTORY,
+                                                           HORIZON))  # fmt: skip
+    assert messages == []
+    expected = future_windows(fitted, history, future, HISTORY, HORIZON).windows.panel
+    np.testing.assert_array_equal(ahead.windows.panel.known, expected.known)
+    assert str(ahead.windows.panel.times.tz) == "Europe/Berlin"
+
+
+# ----------------------------------------------------------------- values beyond float32
+
+
+@pytest.mark.parametrize(
+    ("column", "options", "where"),
+    [
+        ("y", {}, r"series 'a' at 2021-03-01 00:00:00"),
+        ("temp", INPUTS, r"series 'a' at 2021-03-01 00:00:00"),
+        ("size", {"static_cols": ["size"]}, r"series 'a';"),
+    ],
+)
+def test_values_beyond_float32_as_model_inputs_are_refused_by_column_and_series(
+    column, options, where
+):
+    # 1e200 squares to inf, so the scaler falls back to a scale of 1, and 1e200 (or a
+    # static, which is not scaled, of 1e39) is inf in float32: the model read inf and
+    # forecast NaN, or training skipped every step, without a word.
+    table = hourly().assign(size=lambda t: np.where(t["id"] == "a", 1.0, 2.0))
+    table[column] = table[column] * (1e39 if column == "size" else 1e200)
+    with pytest.raises(ValueError, match=rf"column '{column}' holds .* as a model input \("
+                       rf"{where}.*beyond float32 .*rescale the column"):  # fmt: skip
+        prepare_dataset(table, **SPEC, **options)
+
+
+def test_a_new_series_beyond_float32_is_refused_at_predict(preprocessor):
+    history = hourly(30, start="2021-04-01").replace({"id": {"b": "new"}})
+    history.loc[history["id"] == "new", "y"] *= 1e200
+    with pytest.raises(ValueError, match=r"column 'y' holds .*\(series 'new' at 2021-04-01 "
+                       r"00:00:00; \d+ such values\): beyond float32"):  # fmt: skip
+        forecast_inputs(preprocessor, history)
+
+
+# ----------------------------------------------------------------- ids of another type
+
+
+def test_ids_of_another_type_than_the_training_ones_are_named_with_the_cast_to_make():
+    # Trained on integer store ids; a history whose ids are the same numbers as text
+    # (a CSV column with one non-numeric id, a str cast) makes every series new: said.
+    table = hourly().assign(id=lambda t: t["id"].map({"a": 1, "b": 2}))
+    fitted = prepare_dataset(table, **SPEC).preprocessor
+    history = hourly(30, start="2021-04-01").assign(id=lambda t: t["id"].map({"a": 1, "b": 2}))
+    as_text = history.astype({"id": str})
+    with pytest.warns(UserWarning, match=r"series \['1', '2'\] were not in the training data.*"
+                      r"'1' \(str\) is 1 \(int\) in the training data: give column 'id' the same "
+                      r"type, e.g. df\['id'\].astype\(int\)"):  # fmt: skip
+        future_windows(fitted, as_text, None, HISTORY, HORIZON)
+    known = prepare_dataset(table, **SPEC, known_cols=["promo"]).preprocessor
+    future = future_for(history)
+    with pytest.raises(ValueError, match=r"future has series \['1', '2'\] that the history does "
+                       r"not.*'1' \(str\) is 1 \(int\) in the history"):  # fmt: skip
+        future_windows(known, history, future.astype({"id": str}), HISTORY, HORIZON)
+    _, messages = user_warnings(lambda: future_windows(known, history, future, HISTORY, HORIZON))
+    assert messages == []

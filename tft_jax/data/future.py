@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tft_jax.data.preprocessing import Preprocessor, Transformed
+from tft_jax.data.preprocessing import Preprocessor, Transformed, type_hint
 from tft_jax.data.tables import (
     TableSpec,
     _categorical_values,
@@ -63,6 +63,18 @@ def future_steps(last: pd.Timestamp, freq: str, horizon: int) -> pd.DatetimeInde
     return pd.date_range(last, periods=horizon + 1, freq=parse_frequency(freq))[1:]
 
 
+def _indicator_name(columns: list[str]) -> str:
+    """A name for `DataFrame.merge`'s indicator column that none of `columns` has.
+
+    pandas refuses an indicator named like a column, and `'_merge'`, its
+    default, is a name a user's known column may have.
+    """
+    name = "_merge"
+    while name in columns:
+        name = f"_{name}"
+    return name
+
+
 def _future_table(
     future: pd.DataFrame | None,
     preprocessor: Preprocessor,
@@ -74,6 +86,10 @@ def _future_table(
     Times are read as the history's are (the spec's `time_format`, `dayfirst`
     and `timezone`); `zone` is the history's time zone (None: naive), and
     aware future times in another zone are compared as the same instants.
+    Texts whose UTC offsets differ (a daylight-saving change within the
+    horizon) are read in `timezone`, else in `zone`, without `_parse_times`'s
+    warning that calendar inputs would be read in UTC: they are read in the
+    history's zone.
     """
     spec = preprocessor.spec
     known = list(spec.known_cols)
@@ -105,9 +121,11 @@ def _future_table(
     # refused below as one, not as a text that is no number.
     table, _ = missing_texts(future[needed].reset_index(drop=True), known)
     ids = table[spec.id_col]
+    # Texts with offsets changing at a daylight-saving change are read in the
+    # history's zone, into which the future's times are converted below anyway.
     table[spec.time_col] = _parse_times(
         table[spec.time_col], f"future {spec.time_col}", ids,
-        spec.time_format, spec.dayfirst, spec.timezone,
+        spec.time_format, spec.dayfirst, spec.timezone or zone,
     )  # fmt: skip
     times = pd.DatetimeIndex(table[spec.time_col])
     if (times.tz is not None) != (zone is not None):
@@ -132,10 +150,11 @@ def _future_table(
     if unknown:
         raise ValueError(
             f"future has series {unknown} that the history does not; every series in future "
-            "needs its history"
+            f"needs its history{type_hint(unknown, list(expected), spec.id_col, 'in the history')}"
         )
-    merged = rows.merge(table, on=[spec.id_col, spec.time_col], how="left", indicator=True)
-    absent_rows = merged["_merge"] != "both"
+    flag = _indicator_name(needed)
+    merged = rows.merge(table, on=[spec.id_col, spec.time_col], how="left", indicator=flag)
+    absent_rows = merged[flag] != "both"
     if absent_rows.any():
         row = int(np.flatnonzero(absent_rows.to_numpy())[0])
         raise ValueError(
@@ -143,8 +162,8 @@ def _future_table(
             f"{merged[spec.time_col].iloc[row]} ({int(absent_rows.sum())} missing); it must "
             "hold every one of the H steps after each series' last time"
         )
-    extra = table.merge(rows, on=[spec.id_col, spec.time_col], how="left", indicator=True)
-    extra_rows = (extra["_merge"] != "both").to_numpy()
+    extra = table.merge(rows, on=[spec.id_col, spec.time_col], how="left", indicator=flag)
+    extra_rows = (extra[flag] != "both").to_numpy()
     if extra_rows.any():
         row = int(np.flatnonzero(extra_rows)[0])
         series = extra[spec.id_col].iloc[row]
@@ -153,7 +172,7 @@ def _future_table(
             f"{series!r} at {extra[spec.time_col].iloc[row]}; its steps are "
             f"{expected[series][0]} .. {expected[series][-1]}"
         )
-    merged = merged.drop(columns="_merge")
+    merged = merged.drop(columns=flag)
     for column in known:
         empty = merged[column].isna().to_numpy()
         if empty.any():

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -77,6 +77,57 @@ def _codes(vocabulary: Sequence[Any], values: Sequence[Any]) -> np.ndarray:
     position = {value: code for code, value in enumerate(vocabulary)}
     unknown = len(vocabulary)
     return np.array([position.get(_json_value(v), unknown) for v in values], dtype=np.int32)
+
+
+def type_hint(given: Sequence[Any], known: Sequence[Any], column: str, where: str) -> str:
+    """A hint when values of `given` equal values of `known` (those `where`) as text only.
+
+    An id column read as text where the training one held numbers (`'1'` vs
+    `1`, or the reverse) makes every series new; the message naming them then
+    says why. Empty when no value is such a twin.
+    """
+    as_text = {str(_json_value(value)): value for value in known}
+    for value in given:
+        twin = as_text.get(str(_json_value(value)))
+        if twin is not None and twin != value:
+            kind = type(_json_value(twin)).__name__
+            return (
+                f"; {value!r} ({type(_json_value(value)).__name__}) is {twin!r} ({kind}) {where}: "
+                f"give column {column!r} the same type, e.g. df[{column!r}].astype({kind})"
+            )
+    return ""
+
+
+def _float32_inputs(
+    values: np.ndarray,
+    names: Sequence[str],
+    grid: pd.DataFrame,
+    rows: np.ndarray,
+    where: Callable[[int], str],
+) -> np.ndarray:
+    """`values` (R, F), model inputs named `names`, as float32; refused where not finite there.
+
+    A value beyond float32's range (about 3.4e38 after scaling, or a column
+    whose scaler could not be fitted because its squares overflow float64)
+    would enter the model as inf: NaN forecasts, or a training run whose every
+    step is skipped. It is refused here, naming the column, where it is
+    (`where(r)`, e.g. series and time, for row `r`) and the value the table
+    gave (`grid`'s row `rows[r]`).
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        cast = values.astype(np.float32)
+    bad = ~np.isfinite(cast)
+    if not bad.any():
+        return cast
+    row, column = (int(i) for i in np.argwhere(bad)[0])
+    name = names[column]
+    given = f" holds {float(grid[name].iloc[rows[row]]):.6g}," if name in grid.columns else ""
+    raise ValueError(
+        f"column {name!r}{given} which is {values[row, column]:.4g} as a model input "
+        f"({where(row)}; {int(bad[:, column].sum())} such values): beyond float32 "
+        f"(largest {float(np.finfo(np.float32).max):.3g}); model inputs must be finite in "
+        "float32, so rescale the column (e.g. divide it by 1e6)"
+    )
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -301,9 +352,11 @@ class Preprocessor:
                 if len(new_series_cuts)
                 else "history given here"
             )
+            hint = type_hint(names, self.series_ids, self.spec.id_col, "in the training data")
             warnings.warn(
                 f"series {names} were not in the training data: their id embedding is the "
-                f"untrained 'unknown' entry and their target scaler is fitted on the {source}",
+                "untrained 'unknown' entry and their target scaler is fitted on the "
+                f"{source}{hint}",
                 UserWarning,
                 stacklevel=3,
             )
@@ -346,7 +399,8 @@ class Preprocessor:
         it on all the table's observed target, right for a history.
 
         Raises:
-          ValueError: a new series has no observed target (before the last cut).
+          ValueError: a new series has no observed target (before the last cut), or
+            a value is beyond float32 as a model input (`_float32_inputs`).
         """
         spec = self.spec
         self.check_time_zone(grid[spec.time_col])
@@ -387,14 +441,28 @@ class Preprocessor:
             [vocabulary[:, None], categorical(self.static_categorical_names[1:], first_rows)],
             axis=1,
         )
+        every_row = np.arange(len(grid))
+
+        def at(row: int) -> str:
+            return f"series {ids[codes[row]]!r} at {times[row]}"
+
+        observed = _float32_inputs(observed, self.observed_feature_names, grid, every_row, at)
+        known = _float32_inputs(known, self.known_feature_names, grid, every_row, at)
+        static = _float32_inputs(
+            grid[list(self.static_feature_names)].to_numpy(np.float64)[first_rows],
+            self.static_feature_names,
+            grid,
+            first_rows,
+            lambda code: f"series {ids[code]!r}",
+        )
         panel = Panel(
             series_code=codes,
             times=times,
-            observed=observed.astype(np.float32),
-            known=known.astype(np.float32),
-            target=scaled_target.astype(np.float32),
+            observed=observed,
+            known=known,
+            target=observed[:, 0].copy(),
             target_mask=(1.0 - missing).astype(np.float32),
-            static=grid[list(self.static_feature_names)].to_numpy(np.float32)[first_rows],
+            static=static,
             series_start=first_rows.astype(np.int64),
             series_length=np.bincount(codes, minlength=num_series).astype(np.int64),
             static_categorical=static_categorical.astype(np.int32),
