@@ -99,6 +99,10 @@ def parametrize(argname: str = "platform", platforms: Sequence[str] = PLATFORMS)
     """
     import pytest
 
+    if isinstance(platforms, str):  # a bare name would be read letter by letter
+        raise TypeError(
+            f"platforms must be a sequence of platform names, got the string {platforms!r}"
+        )
     platforms = tuple(_check_platform(platform) for platform in platforms)
     if not platforms:
         raise ValueError("platforms must name at least one platform, got ()")

@@ -509,21 +509,43 @@ def _ste_strict_at_bounds() -> contextlib.AbstractContextManager[Any]:
 
 
 def _observer_ignores_first_batch() -> contextlib.AbstractContextManager[Any]:
+    """The first `observe` leaves the range as it was; the second batch starts it.
+
+    The second batch is observed as a first one (`num_batches` 0): a
+    moving-average observer would otherwise average it into the initial
+    +-inf range and hold NaN for good, a different bug.
+    """
     real = observers.QuantizationObserver.observe
 
     def observe(self: Any, x: Any) -> Any:
-        seen = real(self, x)
+        second = self.num_batches == 1
+        seen = real(self.replace(num_batches=jnp.where(second, 0, self.num_batches)), x)
         first = self.num_batches == 0
         return seen.replace(
             min_val=jnp.where(first, self.min_val, seen.min_val),
             max_val=jnp.where(first, self.max_val, seen.max_val),
+            num_batches=self.num_batches + 1,
         )
 
     return _replaced(observers.QuantizationObserver, "observe", observe)
 
 
-def _lsq_without_gradient_scale() -> contextlib.AbstractContextManager[Any]:
-    return _replaced(lsq, "default_grad_scale", lambda *args: 1.0)
+@contextlib.contextmanager
+def _lsq_without_gradient_scale() -> Iterator[None]:
+    """`default_grad_scale` is 1 wherever it is looked up.
+
+    `lsq_fake_quantize` finds it in `qat.lsq`; the QAT layer's learnable-scale
+    path imported its own name into `qat.dot_general`.
+    """
+
+    def unscaled(*args: Any) -> float:
+        return 1.0
+
+    with (
+        _replaced(lsq, "default_grad_scale", unscaled),
+        _replaced(dot_general, "default_grad_scale", unscaled),
+    ):
+        yield
 
 
 def _rounding_without_ste() -> contextlib.AbstractContextManager[Any]:

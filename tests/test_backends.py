@@ -49,3 +49,8 @@ def test_unknown_platform_and_empty_selection_are_rejected_naming_them():
     for platform in absent:
         with pytest.raises(ValueError, match=f"no {platform} device"):
             backends.device(platform)
+
+
+def test_a_bare_platform_name_is_rejected_not_read_letter_by_letter():
+    with pytest.raises(TypeError, match="the string 'cpu'"):
+        backends.parametrize(platforms="cpu")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import jax
+import numpy as np
 import pytest
 from flax import linen as nn
 
 from properties import faults
 from qat import dot_general, fake_quant, lsq, observers
+from qat.config import QATConfig
 from tft_jax import attention, interpretable_attention, layer_norm, train
 from tft_jax import model as tft_model
 
@@ -22,6 +24,7 @@ _PATCH_TARGETS = (
     (fake_quant, "_fake_quantize"),
     (observers.QuantizationObserver, "observe"),
     (lsq, "default_grad_scale"),
+    (dot_general, "default_grad_scale"),
     (dot_general, "fake_quantize"),
     (train, "flat_adamw"),
 )
@@ -51,6 +54,33 @@ def test_every_fault_patches_the_real_code_and_restores_it():
                 i for i, (a, b) in enumerate(zip(_snapshot(), before, strict=True)) if a is not b
             }
     assert changed == set(range(len(_PATCH_TARGETS)))
+
+
+def _fault(prefix: str) -> faults.Fault:
+    (fault,) = [fault for fault in faults.CATALOGUE if fault.name.startswith(prefix)]
+    return fault
+
+
+@pytest.mark.parametrize("kind", ["minmax", "moving_average"])
+def test_observer_fault_starts_the_range_from_the_second_batch(kind):
+    """Both observer kinds: the first batch is ignored, the second sets the range (no NaN)."""
+    first = np.array([-1.0, 2.0], np.float32)
+    second = np.array([-3.0, 5.0], np.float32)
+    observer = observers.QuantizationObserver.create(QATConfig(bits=8, observer=kind))
+    with _fault("observer: ignores the first batch").patch():
+        after_one = observer.observe(first)
+        after_two = after_one.observe(second)
+    assert float(after_one.min_val) == np.inf and float(after_one.max_val) == -np.inf
+    assert (float(after_two.min_val), float(after_two.max_val)) == (-3.0, 5.0)
+    assert int(after_two.num_batches) == 2
+
+
+def test_lsq_fault_reaches_the_qat_layer_too():
+    """The QAT layer's learnable-scale path looks the gradient scale up in `qat.dot_general`."""
+    with _fault("lsq: gradient without its scale").patch():
+        assert lsq.default_grad_scale(64, 1, 127) == 1.0
+        assert dot_general.default_grad_scale(64, 1, 127) == 1.0
+    assert dot_general.default_grad_scale(64, 1, 127) == pytest.approx(1 / np.sqrt(64 * 127))
 
 
 def test_reference_faults_are_distinct_and_restore_the_real_code():

@@ -9,19 +9,57 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from typing import Any
 
 from tft_jax import plots
-from tft_jax.cli_parser import check_output_folder, forecaster_config
+from tft_jax.cli_parser import UsageError, check_output_folder, forecaster_config
 from tft_jax.config import TFTConfig
 from tft_jax.data import load_pedestrian, prepare_dataset, read_table
 from tft_jax.experiments import ClippingSettings, clipping_experiment
 from tft_jax.forecaster.predictors import qat_model_for
 from tft_jax.forecaster.run_folder import write_json
 
+# The flag that sets each `ClippingSettings` field, for its error messages.
+_SETTING_FLAGS = {
+    "learning_rate": "--lr",
+    "clip_norm": "--clip-norm",
+    "seeds": "--seeds",
+    "steps": "--steps",
+    "batch_size": "--batch-size",
+    "eval_every": "--eval-every",
+    "calibrate_steps": "--calibration-steps",
+    "explode_factor": "--explode-factor",
+    "validation_windows": "--val-windows",
+}
+
+
+def _clipping_settings(args: argparse.Namespace) -> ClippingSettings:
+    """The experiment's settings from the flags; a `UsageError` naming the flag if invalid."""
+    try:
+        return ClippingSettings(
+            learning_rate=args.lr,
+            clip_norm=args.clip_norm,
+            seeds=tuple(range(args.seeds)),
+            steps=args.steps,
+            batch_size=args.batch_size,
+            eval_every=min(args.eval_every, args.steps),
+            calibrate_steps=args.calibration_steps,
+            explode_factor=args.explode_factor,
+            validation_windows=args.val_windows,
+        )
+    except ValueError as error:
+        message = re.sub(
+            r"ClippingSettings\.(\w+)",
+            lambda match: _SETTING_FLAGS.get(match.group(1), match.group(0)),
+            str(error),
+        )
+        raise UsageError(message) from None
+
 
 def command_experiment(args: argparse.Namespace) -> int:
     check_output_folder(args.out, "--out")  # before minutes of training
+    experiment = _clipping_settings(args)  # before reading the table
     settings = forecaster_config(args, qat=False)
     encoding = settings.data.encoding
     table = load_pedestrian() if args.csv is None else read_table(args.csv, encoding)
@@ -35,17 +73,6 @@ def command_experiment(args: argparse.Namespace) -> int:
         variable_hidden_dim=model.variable_hidden_dim,
         compact_selection=model.compact_selection,
         quantiles=model.quantiles,
-    )
-    experiment = ClippingSettings(
-        learning_rate=args.lr,
-        clip_norm=args.clip_norm,
-        seeds=tuple(range(args.seeds)),
-        steps=args.steps,
-        batch_size=args.batch_size,
-        eval_every=min(args.eval_every, args.steps),
-        calibrate_steps=args.calibration_steps,
-        explode_factor=args.explode_factor,
-        validation_windows=args.val_windows,
     )
 
     def report(run: dict[str, Any]) -> None:

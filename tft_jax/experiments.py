@@ -61,16 +61,18 @@ class ClippingSettings:
     Attributes:
       learning_rate: the constant (aggressive) AdamW learning rate of both arms.
       clip_norm: the global-norm threshold of the clipped arm.
-      seeds: one run per seed and arm.
+      seeds: one run per seed and arm (distinct ints >= 0).
       steps: training steps per run.
       batch_size: windows per step.
       eval_every: steps between recorded points (mean training loss since the
         last point, validation loss).
-      calibrate_steps: steps with the observers updating; None = every step.
+      calibrate_steps: steps with the observers updating (an int >= 0); None =
+        every step.
       explode_factor: divergence threshold on the interval training loss,
         relative to the first interval.
       validation_windows: at most this many validation windows per evaluation
-        (evenly spaced; a multiple of `batch_size`).
+        (evenly spaced, rounded down to a multiple of `batch_size`; at least
+        `batch_size`).
       weight_decay: AdamW weight decay of both arms.
     """
 
@@ -90,16 +92,51 @@ class ClippingSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ClippingSettings.{name} must be an int >= 1, got {value!r}")
-        if len(self.seeds) < 1 or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"ClippingSettings.seeds must be distinct, got {self.seeds!r}")
-        for name in ("learning_rate", "clip_norm"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-                raise ValueError(f"ClippingSettings.{name} must be > 0, got {value!r}")
-        if not self.explode_factor > 1.0:
+        # Validation runs in whole batches: fewer windows than one batch would mean more.
+        if self.validation_windows < self.batch_size:
             raise ValueError(
-                f"ClippingSettings.explode_factor must be > 1, got {self.explode_factor!r}"
+                f"ClippingSettings.validation_windows must be >= ClippingSettings.batch_size "
+                f"({self.batch_size}): validation runs in whole batches, got "
+                f"{self.validation_windows}"
             )
+        calibrate = self.calibrate_steps
+        if calibrate is not None and (
+            isinstance(calibrate, bool) or not isinstance(calibrate, int) or calibrate < 0
+        ):
+            raise ValueError(
+                f"ClippingSettings.calibrate_steps must be None or an int >= 0, got {calibrate!r}"
+            )
+        # Seeds key the initialization and the batch order (NumPy wants them >= 0).
+        if not isinstance(self.seeds, tuple | list) or not all(
+            isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0
+            for seed in self.seeds
+        ):
+            raise ValueError(
+                f"ClippingSettings.seeds must be a tuple of ints >= 0, got {self.seeds!r}"
+            )
+        if len(self.seeds) < 1 or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(
+                f"ClippingSettings.seeds must be at least one distinct seed, got {self.seeds!r}"
+            )
+        for name, allow_zero in (
+            ("learning_rate", False),
+            ("clip_norm", False),
+            ("weight_decay", True),
+        ):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or not (value >= 0 if allow_zero else value > 0)
+            ):
+                bound = ">= 0" if allow_zero else "> 0"
+                raise ValueError(
+                    f"ClippingSettings.{name} must be a finite number {bound}, got {value!r}"
+                )
+        factor = self.explode_factor
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or not factor > 1.0:
+            raise ValueError(f"ClippingSettings.explode_factor must be > 1, got {factor!r}")
 
 
 def diverged(history: dict[str, list], explode_factor: float) -> bool:
@@ -129,7 +166,8 @@ def train_run(
 
     Args:
       state: the initial state (donated).
-      batches: `epoch -> training batches`, cycled through epochs as needed.
+      batches: `epoch -> training batches`, cycled through epochs as needed
+        (an epoch without a batch raises `ValueError`).
       val_batches: the validation batches.
       steps: number of training steps.
       eval_every: steps between recorded points (and after the last step).
@@ -141,11 +179,15 @@ def train_run(
       point `step`, `train_loss` (mean finite step loss since the last point,
       NaN if none), `val_loss` and `skipped_steps` (running count).
     """
+    for name, value in (("steps", steps), ("eval_every", eval_every)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"train_run: {name} must be an int >= 1, got {value!r}")
     seed_key = jax.random.key(seed)
     step_metrics: list[dict[str, Any]] = []
     record: dict[str, list] = {"step": [], "train_loss": [], "val_loss": [], "skipped_steps": []}
     epoch, step, since = 0, 0, 0
     while step < steps:
+        epoch_started = step
         for batch in batches(epoch):
             state, metrics = train_step(
                 state, batch, step_key(seed_key, step), calibrate=step < calibrate_steps
@@ -163,6 +205,8 @@ def train_run(
                 since = 0
             if step == steps:
                 break
+        if step == epoch_started:  # the loop would never end
+            raise ValueError(f"train_run: batches({epoch}) gave no batch")
         epoch += 1
     host = jax.device_get(step_metrics)
     return {
@@ -220,19 +264,17 @@ def clipping_experiment(
     """
     if not isinstance(settings, ClippingSettings):
         raise TypeError(f"settings must be a ClippingSettings, got {type(settings).__name__}")
-    validation = evenly_spaced(
-        validation_windows,
-        max(
-            settings.batch_size,
-            settings.validation_windows // settings.batch_size * settings.batch_size,
-        ),
-    )
-    val_batches = fixed_batches(validation, settings.batch_size)
-    if not val_batches:
+    # Whole batches, chosen evenly over the split before batching: rounding the split's
+    # own size down afterwards would drop its last windows and misreport the count.
+    count = min(settings.validation_windows, len(validation_windows))
+    count = count // settings.batch_size * settings.batch_size
+    if count == 0:
         raise ValueError(
             f"the validation split has {len(validation_windows)} windows, fewer than one batch "
             f"of {settings.batch_size}; lower the batch size"
         )
+    validation = evenly_spaced(validation_windows, count)
+    val_batches = fixed_batches(validation, settings.batch_size)
     if len(train_windows) < settings.batch_size:
         raise ValueError(
             f"the training split has {len(train_windows)} windows, fewer than one batch of "
