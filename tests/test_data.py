@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -256,6 +257,51 @@ def test_daily_table_prepares_with_daily_calendar():
     )
 
 
+def berlin_midnights_in_utc(n: int = 70) -> pd.DataFrame:
+    """`make_table`'s columns on `n` Berlin midnights across the March 2021 change, in UTC."""
+    table = make_table({"a": n, "b": n})
+    days = pd.date_range("2021-03-01", periods=n, freq="D", tz="Europe/Berlin")
+    table["time"] = np.tile(days.tz_convert("UTC"), 2)  # 23:00, then 22:00 after 28 March
+    return table
+
+
+def test_aware_times_are_read_in_the_given_timezone_for_the_grid_and_calendar():
+    # UTC instants of Berlin midnights are off every UTC daily grid once they
+    # cross the daylight-saving change; read in timezone= they are on it.
+    table = berlin_midnights_in_utc()
+    dataset = prepare(table, freq="D", timezone="Europe/Berlin")
+    times = dataset.frame["time"]
+    assert str(times.dt.tz) == "Europe/Berlin"
+    assert (times.dt.hour == 0).all() and len(dataset.frame) == len(table)
+    local = pd.DatetimeIndex(table["time"]).tz_convert("Europe/Berlin")  # the same instants
+    assert set(times) == set(local)
+    weekday = np.asarray(local.dayofweek, dtype=float)  # table and frame: by (id, time)
+    np.testing.assert_allclose(
+        dataset.frame["day_of_week_sin"], np.sin(2 * np.pi * weekday / 7), atol=1e-6
+    )
+    assert weekday[27] == 6 and local[28].utcoffset() == pd.Timedelta(hours=2)  # 28 March, Sunday
+
+
+def test_aware_times_off_the_grid_in_a_fixed_offset_say_to_convert_them():
+    spec = TableSpec(**dict(SPEC, freq="D"))
+    table = berlin_midnights_in_utc()
+    # At predict there is no timezone= argument: the message says how to convert.
+    with pytest.raises(
+        ValueError,
+        match=r"off the freq='D' grid .*they are given in UTC, of one UTC offset all year.*"
+        r"df\['time'\] = df\['time'\]\.dt\.tz_convert\('Australia/Melbourne'\).*when "
+        r"fitting, pass their zone as timezone=",
+    ):
+        validate_table(table, spec, 6, 3)
+    converted = table.assign(time=table["time"].dt.tz_convert("Europe/Berlin"))
+    assert len(validate_table(converted, spec, 6, 3)) == len(table)  # the fix works
+    # Times already in a zone with daylight saving get no such hint.
+    gappy = converted.assign(time=converted["time"] + pd.Timedelta(hours=1) * (table.index == 5))
+    with pytest.raises(ValueError, match="off the freq='D' grid") as error:
+        validate_table(gappy, spec, 6, 3)
+    assert "tz_convert" not in str(error.value)
+
+
 # Scaling
 
 
@@ -331,6 +377,25 @@ def test_a_series_of_small_magnitude_keeps_its_own_scale(method):
     if method != "mean_abs":  # a constant at that magnitude is still centred, not scaled
         constant = TargetScaler.fit(np.full(10, 3e-9), np.zeros(10, int), 1, method)
         assert (constant.loc[0], constant.scale[0]) == pytest.approx((3e-9, 1.0), rel=1e-12)
+
+
+@pytest.mark.parametrize("method", ["standard", "robust", "mean_abs"])
+def test_a_series_of_huge_magnitude_keeps_its_own_scale(method):
+    # np.std of values around 1e200 overflows (their squares are beyond float64):
+    # the scale fell back to 1, leaving scaled targets ~1e200. The scale of x is
+    # 1e200 times the scale of x / 1e200 (an independent float64 reference).
+    unit = 1.0 + np.random.default_rng(0).random(50)
+    values = 1e200 * unit
+    codes = np.zeros(50, int)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow RuntimeWarning either
+        scaler = TargetScaler.fit(values, codes, 1, method)
+    reference = TargetScaler.fit(unit, codes, 1, method)
+    np.testing.assert_allclose(scaler.loc, 1e200 * reference.loc, rtol=1e-12)
+    np.testing.assert_allclose(scaler.scale, 1e200 * reference.scale, rtol=1e-12)
+    assert 0.1 < np.abs(scaler.transform(values, codes)).max() < 10.0
+    if method == "standard":
+        np.testing.assert_allclose(FeatureScaler.fit(values[:, None]).scale, 1e200 * np.std(unit))
 
 
 def test_inverse_transform_rejects_mismatched_codes():

@@ -69,9 +69,18 @@ def _negligible(scale: float, loc: float) -> bool:
 
 
 def _location_scale_checked(values: np.ndarray, method: str) -> tuple[float, float, bool]:
-    """`_location_scale`, and whether the robust scale fell back to the mean absolute deviation."""
+    """`_location_scale`, and whether the robust scale fell back to the mean absolute deviation.
+
+    The statistics are computed on `values` divided by a power of two near
+    their largest magnitude, then multiplied back: exact (a power of two only
+    moves exponents), but sums and squares no longer overflow, so values
+    around 1e200 get their own scale instead of an infinite one replaced by 1.
+    """
     if values.size == 0:
         raise ValueError("cannot fit a scaler on no values")
+    peak = float(np.max(np.abs(values)))
+    factor = float(np.ldexp(1.0, int(np.frexp(peak)[1]) - 1)) if 0.0 < peak < np.inf else 1.0
+    values = values / factor
     fallback = False
     if method == "standard":
         loc, scale = float(np.mean(values)), float(np.std(values))
@@ -85,7 +94,8 @@ def _location_scale_checked(values: np.ndarray, method: str) -> tuple[float, flo
     elif method == "mean_abs":
         loc, scale = 0.0, float(np.mean(np.abs(values)))
     else:
-        loc, scale = 0.0, 1.0
+        return 0.0, 1.0, False
+    loc, scale = loc * factor, scale * factor
     if _negligible(scale, loc):
         scale = 1.0
     return loc, scale, fallback

@@ -326,8 +326,27 @@ def _parse_times(
     """Parses a time column to datetimes, naming the first bad value if any.
 
     Texts with mixed UTC offsets are parsed to UTC and then, with `timezone`
-    given, converted to it (`_in_zone`).
+    given, converted to it (`_in_zone`). With `timezone` given, all aware times
+    (datetimes, or texts of one offset) are converted to it: the same
+    instants, read in the zone the calendar is read in, so a daily or coarser
+    grid is that zone's (UTC instants of Berlin midnights are 23:00 in winter
+    and 22:00 in summer: off any UTC daily grid).
     """
+    parsed = _parse_time_values(values, column, ids, time_format, dayfirst, timezone)
+    if timezone is not None and parsed.dt.tz is not None:
+        return parsed.dt.tz_convert(timezone)
+    return parsed
+
+
+def _parse_time_values(
+    values: pd.Series,
+    column: str,
+    ids: pd.Series,
+    time_format: str | None,
+    dayfirst: bool,
+    timezone: str | None,
+) -> pd.Series:
+    """`_parse_times` before aware times are converted to `timezone`."""
     empty = values.isna()
     if empty.any():
         row = int(np.flatnonzero(empty.to_numpy())[0])
@@ -467,13 +486,27 @@ def series_grid(times: pd.Series | pd.DatetimeIndex, freq: str) -> pd.DatetimeIn
 
 
 def _zone_hint(times: pd.DatetimeIndex, spec: TableSpec) -> str:
-    """A hint to pass `timezone` when times in UTC may be local times of changing offset."""
-    if spec.timezone is None and times.tz is not None and str(times.tz) == "UTC":
-        return (
-            "; if the times carry UTC offsets that change over the year (daylight saving), "
-            "pass their zone as timezone= (--timezone), e.g. 'Australia/Melbourne'"
-        )
-    return ""
+    """A hint to read the times in their local zone when they are aware, in a fixed offset.
+
+    Local days, weeks or months of a zone with daylight saving are not on a
+    grid of UTC (or of any fixed offset): the same instants must be read in
+    their zone. At fit that is `timezone=`; at predict (which has no such
+    argument) it is converting the column, so both are said. With the times
+    already in a zone whose offset changes over them, the hint does not apply.
+    """
+    if times.tz is None or len(times) == 0:
+        return ""
+    year = times[0].year
+    winter, summer = (pd.Timestamp(f"{year}-{month}-15", tz=times.tz) for month in (1, 7))
+    if winter.utcoffset() != summer.utcoffset():
+        return ""
+    column = spec.time_col
+    return (
+        f"; if they are local times of a zone with daylight saving (they are given in "
+        f"{times.tz}, of one UTC offset all year), read them in that zone: convert the column, "
+        f"e.g. df[{column!r}] = df[{column!r}].dt.tz_convert('Australia/Melbourne'), or, when "
+        "fitting, pass their zone as timezone= (--timezone)"
+    )
 
 
 def _anchor_hint(first: pd.Timestamp, freq: str) -> str:
@@ -513,7 +546,17 @@ def _short_series_text(short: dict[Any, int]) -> str:
 
 
 def _categorical_values(values: pd.Series, column: str, ids: pd.Series) -> pd.Series:
-    """A categorical column as Python ints (integer codes) or strings, NaN kept."""
+    """A categorical column as Python ints (integer codes) or strings, NaN kept.
+
+    A pandas `category` column with numeric (or bool) categories is read by
+    its values, as integer codes: the same codes in an int64 column (e.g. read
+    back from a CSV at predict time) must map to the same vocabulary entries,
+    not to texts '0', '1' that no int matches.
+    """
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        categories = values.cat.categories
+        if ptypes.is_numeric_dtype(categories) or ptypes.is_bool_dtype(categories):
+            values = values.astype("float64")
     present = values.notna().to_numpy()
     if ptypes.is_bool_dtype(values) or ptypes.is_numeric_dtype(values):
         numbers = values.astype("float64")
@@ -522,7 +565,7 @@ def _categorical_values(values: pd.Series, column: str, ids: pd.Series) -> pd.Se
             row = int(np.flatnonzero(fractional)[0])
             raise ValueError(
                 f"categorical column {column!r} has non-integer codes, e.g. "
-                f"{values.iloc[row]!r} in series {ids.iloc[row]!r} at row {row}"
+                f"{float(numbers.iloc[row])!r} in series {ids.iloc[row]!r} at row {row}"
             )
         return pd.Series(
             [int(v) if ok else None for v, ok in zip(numbers, present, strict=True)],
