@@ -25,6 +25,7 @@ period has a filled target step (an all-zero flag carries no information).
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,6 +35,8 @@ import pandas as pd
 
 from tft_jax.data.calendar import TIME_INDEX, calendar_feature_names, calendar_features, steps_since
 from tft_jax.data.scaling import (
+    TARGET_SCALERS,
+    TARGET_TRANSFORMS,
     FeatureScaler,
     TargetScaler,
     _location_scale,
@@ -500,30 +503,203 @@ class Preprocessor:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Preprocessor:
-        """The preprocessor `to_json` described."""
+        """The preprocessor `to_json` described, refused unless it is one `fit` could make.
+
+        A hand-edited or damaged description would otherwise load and fail deep
+        inside `transform`, or forecast with another model without a word: a
+        scaler list shorter or longer than the series, a non-finite or
+        non-positive scale, a vocabulary with a value twice (codes shifted), a
+        flag given as text, an origin that is not an ISO text (`'01/02/2024'`
+        is read month first) or a zone that is not the origin's. Unknown keys
+        are refused, as in the other sections of config.json (a mistyped
+        `transform` would otherwise be ignored); `vocabularies`,
+        `missing_flag`, `time_zone` and the scaler's `transform` may be
+        absent (runs saved before they were kept).
+
+        Raises:
+          ValueError, TypeError: naming the key (`preprocessor.<key>`), what it
+            must be and what it holds.
+        """
+        _check_keys(data, "preprocessor", _PREPROCESSOR_KEYS, _PREPROCESSOR_OPTIONAL)
         target, features = data["target_scaler"], data["feature_scaler"]
-        origin = pd.Timestamp(data["origin"])  # ISO text: the offset of then, not the zone
+        _check_keys(target, "preprocessor.target_scaler", _TARGET_SCALER_KEYS, {"transform"})
+        _check_keys(features, "preprocessor.feature_scaler", {"loc", "scale"}, set())
+        if not isinstance(data["spec"], dict):
+            raise TypeError(f"preprocessor.spec must be an object, got {data['spec']!r}")
+        spec = TableSpec(**data["spec"])
+        series_ids = _json_values(data["series_ids"], "preprocessor.series_ids")
+        if not series_ids:
+            raise ValueError("preprocessor.series_ids is empty; a fitted run has a series")
+        method, transform = target["method"], target.get("transform", "none")
+        for key, value, allowed in (("method", method, TARGET_SCALERS),
+                                    ("transform", transform, TARGET_TRANSFORMS)):  # fmt: skip
+            if value not in allowed:
+                raise ValueError(
+                    f"preprocessor.target_scaler.{key} must be one of {allowed}, got {value!r}"
+                )
+        scaled = f"one per series of preprocessor.series_ids ({len(series_ids)})"
+        user = len(spec.real(spec.observed_cols)) + len(spec.real(spec.known_cols))
+        columns = f"one per real observed then known column of preprocessor.spec ({user})"
+        vocabularies = data.get("vocabularies", {})
+        categorical = sorted(spec.categorical_cols)
+        if not isinstance(vocabularies, dict) or sorted(vocabularies) != categorical:
+            raise ValueError(
+                f"preprocessor.vocabularies must have one list per column of "
+                f"preprocessor.spec.categorical_cols {list(spec.categorical_cols)}, got "
+                f"{vocabularies!r:.200}"
+            )
+        missing_flag = data.get("missing_flag", True)
+        if not isinstance(missing_flag, bool):
+            raise TypeError(
+                f"preprocessor.missing_flag must be true or false, got {missing_flag!r}"
+            )
+        train_steps = data["train_steps"]
+        if (
+            isinstance(train_steps, bool)
+            or not isinstance(train_steps, int | float)
+            or not 1.0 <= train_steps < float("inf")
+        ):
+            raise ValueError(
+                f"preprocessor.train_steps must be a number >= 1 (steps from the origin to "
+                f"the validation start), got {train_steps!r}"
+            )
         zone = data.get("time_zone")
-        if zone is not None:
-            origin = origin.tz_convert(zone)
         return cls(
-            spec=TableSpec(**data["spec"]),
-            series_ids=tuple(data["series_ids"]),
-            origin=origin,
-            train_steps=float(data["train_steps"]),
+            spec=spec,
+            series_ids=series_ids,
+            origin=_origin(data["origin"], zone),
+            train_steps=float(train_steps),
             target_scaler=TargetScaler(
-                loc=np.asarray(target["loc"], np.float64),
-                scale=np.asarray(target["scale"], np.float64),
-                method=target["method"],
-                target_transform=target.get("transform", "none"),
+                loc=_numbers(
+                    target["loc"], "preprocessor.target_scaler.loc", len(series_ids), scaled
+                ),
+                scale=_numbers(
+                    target["scale"],
+                    "preprocessor.target_scaler.scale",
+                    len(series_ids),
+                    scaled,
+                    positive=True,
+                ),
+                method=method,
+                target_transform=transform,
             ),
             feature_scaler=FeatureScaler(
-                loc=np.asarray(features["loc"], np.float64).reshape(-1),
-                scale=np.asarray(features["scale"], np.float64).reshape(-1),
+                loc=_numbers(features["loc"], "preprocessor.feature_scaler.loc", user, columns),
+                scale=_numbers(
+                    features["scale"],
+                    "preprocessor.feature_scaler.scale",
+                    user,
+                    columns,
+                    positive=True,
+                ),
             ),
             vocabularies={
-                name: tuple(values) for name, values in data.get("vocabularies", {}).items()
+                name: _json_values(values, f"preprocessor.vocabularies.{name}")
+                for name, values in vocabularies.items()
             },
-            missing_flag=bool(data.get("missing_flag", True)),
+            missing_flag=missing_flag,
             time_zone=zone,
         )
+
+
+_PREPROCESSOR_KEYS = {"spec", "series_ids", "origin", "train_steps", "target_scaler",
+                      "feature_scaler"}  # fmt: skip
+# Absent from runs saved before they were kept: `from_json` takes their old meaning.
+_PREPROCESSOR_OPTIONAL = {"vocabularies", "missing_flag", "time_zone"}
+_TARGET_SCALER_KEYS = {"method", "loc", "scale"}
+
+
+def _check_keys(data: Any, where: str, required: set[str], optional: set[str]) -> None:
+    """Raises unless `data` is a dict with the keys `required`, some of `optional`, no other.
+
+    An unknown key is refused as the data, model and training sections refuse
+    theirs: a mistyped key would otherwise be ignored and its default used.
+    """
+    if not isinstance(data, dict):
+        raise TypeError(f"{where} must be an object, got {data!r:.80}")
+    missing = sorted(required - set(data))
+    if missing:
+        raise ValueError(f"{where} lacks the keys {missing}")
+    unknown = sorted(set(data) - required - optional)
+    if unknown:
+        raise ValueError(
+            f"{where} has the unknown keys {unknown}; its keys are {sorted(required | optional)}"
+        )
+
+
+def _json_values(values: Any, where: str) -> tuple[Any, ...]:
+    """`values`, a list of distinct texts or numbers (series ids, a vocabulary), as a tuple.
+
+    A code is a position in the list, so a value listed twice would shift the
+    codes of the values after it, and a list or null is no category.
+    """
+    if not isinstance(values, list):
+        raise TypeError(f"{where} must be a list of texts or numbers, got {values!r:.80}")
+    odd = [value for value in values if not isinstance(value, str | int | float)]
+    if odd:
+        raise TypeError(f"{where} must hold texts or numbers only, got {odd[0]!r}")
+    seen: set[Any] = set()
+    for value in values:
+        if value in seen:
+            raise ValueError(f"{where} lists {value!r} more than once; each value has one code")
+        seen.add(value)
+    return tuple(values)
+
+
+def _numbers(values: Any, where: str, length: int, what: str, positive: bool = False) -> np.ndarray:
+    """(length,) float64 of `values`, a list of finite numbers (`positive`: > 0) `what` lists.
+
+    A null (NaN), a text or a scaler list of another length would otherwise
+    load and give NaN forecasts, another series' scale or an index error at
+    the first forecast.
+    """
+    if not isinstance(values, list) or any(
+        isinstance(value, bool) or not isinstance(value, int | float) for value in values
+    ):
+        raise TypeError(f"{where} must be a list of numbers, got {values!r:.80}")
+    if len(values) != length:
+        raise ValueError(f"{where} has {len(values)} entries, it must have {what}")
+    array = np.asarray(values, np.float64).reshape(length)
+    bad = ~np.isfinite(array) | ((array <= 0.0) if positive else False)
+    if bad.any():
+        kind = "positive and finite" if positive else "finite"
+        raise ValueError(f"{where} must be {kind}, got {values[int(np.argmax(bad))]!r}")
+    return array
+
+
+def _origin(text: Any, zone: Any) -> pd.Timestamp:
+    """The origin from its ISO text, in `zone` (its name) when aware.
+
+    Only an ISO 8601 text is read (a text such as '01/02/2024' is read month
+    first, a number as nanoseconds since 1970: another origin without a word).
+    `to_json` writes the origin in `zone`, so its offset is the zone's at that
+    time; one that is not was edited (calendar inputs read in another zone).
+    """
+    try:
+        datetime.datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"preprocessor.origin must be an ISO 8601 time such as '2024-01-01T00:00:00', "
+            f"got {text!r}"
+        ) from None
+    origin = pd.Timestamp(text)  # ISO text: the offset of then, not the zone
+    if zone is None:
+        return origin
+    if not isinstance(zone, str) or origin.tz is None:
+        raise ValueError(
+            f"preprocessor.time_zone is {zone!r} but preprocessor.origin {text!r} has no "
+            "UTC offset; time_zone must be null for naive times, an IANA name for aware ones"
+        )
+    try:
+        named = origin.tz_convert(zone)
+    except Exception as error:
+        raise ValueError(
+            f"preprocessor.time_zone {zone!r} is not a time zone pandas knows; use an IANA "
+            f"name such as 'Australia/Melbourne' ({error!r})"
+        ) from None
+    if named.utcoffset() != origin.utcoffset():
+        raise ValueError(
+            f"preprocessor.origin {text!r} is not a time of preprocessor.time_zone {zone!r} "
+            f"(its offset then is {named.strftime('%z')}); was one of them edited?"
+        )
+    return named

@@ -15,6 +15,7 @@ crossing quantiles are not a forecast anyone can use.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 import pathlib
 import time
@@ -90,6 +91,10 @@ class _Fitted:
     summary: dict[str, Any]
 
 
+# `qat.QATConfig` fields that configure stand-alone observers only: the QAT TFT's layout
+# is fixed (weights per-channel symmetric, activations per-tensor affine, moving average).
+QAT_LAYOUT_FIELDS = ("symmetric", "per_channel", "channel_axis", "observer")
+
 # Next to the training checkpoints: what fixes the stream of training batches.
 BATCH_STREAM_FILE = "batch_stream.json"
 
@@ -154,7 +159,10 @@ class Forecaster:
         if not isinstance(data, DataConfig):
             raise TypeError(f"Forecaster: data must be a DataConfig, got {type(data).__name__}")
         self.config = ForecasterConfig(
-            data=data, model=model or ModelConfig(), training=training or TrainingConfig(), qat=qat
+            data=data,
+            model=ModelConfig() if model is None else model,
+            training=TrainingConfig() if training is None else training,
+            qat=qat,
         )
         self.dataset: PreparedDataset | None = None
         self._fitted: _Fitted | None = None
@@ -221,6 +229,18 @@ class Forecaster:
                 "(train with qat=QATTrainingConfig() for 'qat' and 'int8')"
             )
         return model
+
+    def _model_names(self, models: Sequence[str] | None) -> tuple[str, ...]:
+        """The trained forms `models` names (None: all); a bare string is refused, not
+        iterated letter by letter."""
+        if models is None:
+            return self.models
+        if isinstance(models, str):
+            raise TypeError(
+                f"models must be a list of model names such as [{models!r}], got the string "
+                f"{models!r}"
+            )
+        return tuple(self._check_model(m) for m in models)
 
     def postprocess(self, forecast: np.ndarray) -> np.ndarray:
         """Quantile forecasts `(..., Q)` in original units as returned: sorted across levels,
@@ -371,7 +391,13 @@ class Forecaster:
             history["qat"] = tuned.history
             summary["qat"] = {
                 **tuned.settings,
-                "qat_config": dataclasses.asdict(qat_model.qat_config),
+                # The fields the TFT's QAT model reads: its layout is fixed (below), so
+                # `symmetric`, `per_channel`, `channel_axis` and `observer` would misstate it.
+                "qat_config": {
+                    key: value
+                    for key, value in dataclasses.asdict(qat_model.qat_config).items()
+                    if key not in QAT_LAYOUT_FIELDS
+                },
                 "layout": "weights per-channel symmetric, activations per-tensor affine "
                 "(moving-average observers)",
                 "size": qat.model_size(variables["qat"], variables["int8"]),
@@ -422,8 +448,13 @@ class Forecaster:
         """
         if batch_size is None:
             batch_size = self.config.training.eval_batch_size
-        elif isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        elif (
+            isinstance(batch_size, bool)
+            or not isinstance(batch_size, numbers.Integral)
+            or batch_size < 1
+        ):
             raise ValueError(f"predict: batch_size must be an int >= 1, got {batch_size!r}")
+        batch_size = int(batch_size)  # a NumPy integer too, as the configs take
         fitted = self._require_fitted()
         predict = self.predictor(model)
         data = self.config.data
@@ -460,7 +491,7 @@ class Forecaster:
         self, dataset: PreparedDataset, windows: WindowSet, models: Sequence[str] | None = None
     ) -> dict[str, Predictions]:
         """Each model's `Predictions` over `windows` of `dataset` (model-scale quantiles)."""
-        names = self.models if models is None else tuple(self._check_model(m) for m in models)
+        names = self._model_names(models)
         batch_size = self.config.training.eval_batch_size
         return {name: predict_windows(self.predictor(name), windows, batch_size) for name in names}
 
@@ -499,7 +530,7 @@ class Forecaster:
         """`(metrics, predictions)` of every model on `split` of `table` (see `evaluate`)."""
         dataset = self.prepare(table, split)
         windows = dataset.split(split)
-        names = self.models if models is None else tuple(self._check_model(m) for m in models)
+        names = self._model_names(models)
         predictions, seconds = {}, {}
         for name in names:
             started = time.perf_counter()
@@ -561,11 +592,12 @@ class Forecaster:
         """
         for name, value in (("n_windows", n_windows), ("step", step)):
             if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1
+                isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1
             ):
                 raise ValueError(f"backtest: {name} must be an int >= 1, got {value!r}")
         data = self.config.data
-        step = data.horizon if step is None else step
+        n_windows = int(n_windows)  # a NumPy integer too, as the configs take
+        step = data.horizon if step is None else int(step)
         options = {**data.prepare_options(), "validation_fraction": 0.0, "test_fraction": 0.0}
         options.update(validation_start=None, test_start=None)
         scored = data.horizon + (n_windows - 1) * step  # the grid steps from the first cutoff
@@ -678,6 +710,7 @@ class Forecaster:
             if unknown or "fp32" not in names:
                 raise ValueError(f"models {names} must include 'fp32', all in {MODEL_NAMES}")
             run_folder.check_tft_config(tft_config, forecaster.config)
+            run_folder.check_preprocessor(preprocessor, tft_config, forecaster.config)
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise run_folder.RunFolderError(f"{config_file} is damaged: {error!r}") from None
         variables = {}

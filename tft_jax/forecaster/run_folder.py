@@ -16,10 +16,11 @@ refused with an error that names the folder and the file.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import pathlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +29,9 @@ from flax import serialization
 
 from tft_jax.config import TFTConfig
 from tft_jax.model import TemporalFusionTransformer
+
+if TYPE_CHECKING:
+    from tft_jax.data.preprocessing import Preprocessor
 
 FORMAT = "tft-jax-forecaster"
 FORMAT_VERSION = 1
@@ -244,6 +248,49 @@ def check_tft_config(config: TFTConfig, settings: Any) -> None:
     ]
     if differ:
         raise ValueError("; ".join(differ))
+
+
+def check_preprocessor(preprocessor: Preprocessor, config: TFTConfig, settings: Any) -> None:
+    """Raises `ValueError` unless the saved preprocessing makes the inputs of the saved model.
+
+    `preprocessor` (config.json's `preprocessor`), `config` (its `tft_config`)
+    and `settings` (a `ForecasterConfig`) come from one file that can be edited
+    by hand. `fit` derives the model's input counts and embedding sizes from
+    the preprocessor, and the preprocessor's table spec from `settings.data`;
+    an edit of one side only would otherwise forecast with inputs the model was
+    not trained on (a series or category added to a vocabulary takes codes
+    beyond the model's embedding, which JAX clamps silently), fail at the
+    first forecast, or be ignored (`predict` reads the preprocessor's spec).
+    """
+    derived = {
+        "num_static_features": len(preprocessor.static_feature_names),
+        "num_known_features": len(preprocessor.known_feature_names),
+        "num_observed_features": len(preprocessor.observed_feature_names),
+        "static_categorical_cardinalities": preprocessor.static_categorical_cardinalities,
+        "known_categorical_cardinalities": preprocessor.known_categorical_cardinalities,
+        "observed_categorical_cardinalities": preprocessor.observed_categorical_cardinalities,
+    }
+    differ = [
+        f"tft_config.{field} is {getattr(config, field)!r}, the preprocessor's inputs make "
+        f"{value!r}"
+        for field, value in derived.items()
+        if getattr(config, field) != value
+    ]
+    spec, data = preprocessor.spec, settings.data.table_spec()
+    # `fit` adds columns of text to the categorical ones (`infer_categorical`).
+    differ += [
+        f"preprocessor.spec.{field} is {getattr(spec, field)!r}, data.{field} is "
+        f"{getattr(data, field)!r}"
+        for field in (f.name for f in dataclasses.fields(spec))
+        if field != "categorical_cols" and getattr(spec, field) != getattr(data, field)
+    ]
+    if not set(data.categorical_cols) <= set(spec.categorical_cols):
+        differ.append(
+            f"data.categorical_cols {list(data.categorical_cols)} are not all in "
+            f"preprocessor.spec.categorical_cols {list(spec.categorical_cols)}"
+        )
+    if differ:
+        raise ValueError("; ".join(differ) + "; was config.json edited by hand?")
 
 
 def check_format(config: dict[str, Any], root: pathlib.Path) -> None:
