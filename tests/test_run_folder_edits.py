@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pandas as pd
 import pytest
+from flax import serialization
 
 from tft_jax.config import TFTConfig
 from tft_jax.data.preprocessing import Preprocessor
@@ -205,3 +207,17 @@ def test_a_vocabulary_grown_past_the_model_or_a_data_section_edit_is_refused_at_
         folder = edited(saved, tmp_path, edit)
         with pytest.raises(RunFolderError, match=r"config.json is damaged: .*" + message):
             Forecaster.load(folder)
+
+
+def test_a_model_file_with_a_nan_parameter_is_refused_at_load(saved, tmp_path):
+    # `fit` never keeps a non-finite state; such a file forecast NaN without a word.
+    folder = edited(saved, tmp_path, lambda config: None)
+    path = folder / "models" / "fp32.msgpack"
+    variables = serialization.msgpack_restore(path.read_bytes())
+    kernel = np.array(variables["params"]["quantile_head"]["kernel"])
+    kernel[0, 0] = np.nan
+    variables["params"]["quantile_head"]["kernel"] = kernel
+    path.write_bytes(serialization.msgpack_serialize(variables))
+    with pytest.raises(RunFolderError, match=r"fp32.msgpack: parameter \['quantile_head'\]"
+                       r"\['kernel'\] holds 1 NaN or infinite value\(s\)"):  # fmt: skip
+        Forecaster.load(folder)

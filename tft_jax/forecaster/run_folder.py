@@ -192,7 +192,7 @@ def check_form(
 ) -> None:
     """Raises `RunFolderError` naming `path` unless `variables` are of the form `name`.
 
-    Checked: the collections (`COLLECTIONS`), every parameter of
+    Checked: the collections (`COLLECTIONS`), every parameter finite and of
     `config.param_dtype` (int8 codes allowed in the int8 form), and, for 'qat'
     and 'int8', observers of `bits` bits (the run's `qat.bits`). The three
     forms share their parameter shapes (`check_params`), so the file of
@@ -212,6 +212,13 @@ def check_form(
             raise RunFolderError(
                 f"{path}: parameter {jax.tree_util.keystr(key)} is {np.asarray(leaf).dtype}, "
                 f"the run's parameters are {config.param_dtype}"
+            )
+        # `fit` never keeps a non-finite state: such a file would forecast NaN.
+        bad = int(np.size(leaf) - np.count_nonzero(np.isfinite(np.asarray(leaf, np.float32))))
+        if bad:
+            raise RunFolderError(
+                f"{path}: parameter {jax.tree_util.keystr(key)} holds {bad} NaN or infinite "
+                f"value(s) of {np.size(leaf)}; the file is damaged (a trained model's are finite)"
             )
     if name == "fp32":
         return
