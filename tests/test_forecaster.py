@@ -485,3 +485,34 @@ def test_save_and_load_read_a_leading_tilde_as_the_home_folder(fitted, tmp_path,
     assert (tmp_path / "runs" / "tilde" / "config.json").is_file()
     assert not (tmp_path / "~").exists()
     assert Forecaster.load("~/runs/tilde").models == forecaster.models
+
+
+def test_models_given_as_one_string_are_refused_by_name(fitted):
+    # A bare string was iterated letter by letter: "model must be one of ..., got 'f'".
+    forecaster, table, _ = fitted
+    message = r"models must be a list of model names such as \['fp32'\], got the string 'fp32'"
+    with pytest.raises(TypeError, match=message):
+        forecaster.evaluate(table, models="fp32")
+    with pytest.raises(TypeError, match=message):
+        forecaster.backtest(table, n_windows=1, models="fp32")
+
+
+def test_backtest_and_predict_take_numpy_integers(fitted):
+    # The configs take NumPy integers; these refused np.int64(2) as "not an int >= 1".
+    forecaster, table, _ = fitted
+    result = forecaster.backtest(table, n_windows=np.int64(2), step=np.int32(7))
+    assert result.equals(forecaster.backtest(table, n_windows=2, step=7))
+    history, future = cut(table, "2024-03-30")
+    forecast = forecaster.predict(history, future, batch_size=np.int64(2))
+    assert forecast.equals(forecaster.predict(history, future, batch_size=2))
+
+
+def test_evaluating_a_split_without_windows_names_the_split(fitted):
+    # A zero test fraction leaves no test window: "there are no windows to evaluate".
+    forecaster, table, _ = fitted
+    options = {**DATA.prepare_options(), "test_fraction": 0.0}
+    dataset = prepare_dataset(table, **options, preprocessor=forecaster.preprocessor)
+    assert len(dataset.test) == 0
+    with pytest.raises(ValueError, match=r"evaluate: the test split of the table holds no complet"):
+        forecaster.evaluate(dataset)
+    assert forecaster.evaluate(dataset, split="validation")["windows"] == len(dataset.validation)

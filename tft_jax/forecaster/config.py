@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from collections.abc import Iterable
 from typing import Any
 
 from tft_jax.data import TARGET_SCALERS, TableSpec
@@ -43,6 +44,23 @@ def _require_float(
     if not math.isfinite(value) or below or (high is not None and value >= high):
         bounds = f"{'(' if open_low else '['}{low}, {high if high is not None else 'inf'})"
         raise ValueError(f"{owner}.{name} must lie in {bounds} and be finite, got {value}")
+
+
+def _plain_numbers(instance: Any) -> None:
+    """Stores every numeric field of a config as a plain `int` or `float` (bools stay).
+
+    NumPy scalars pass the `numbers` checks, but JAX and `qat` refuse an
+    `np.int64` step count or batch count (after FP32 training, for QAT) and
+    `json` cannot write one into config.json at `save`.
+    """
+    for field in dataclasses.fields(instance):
+        value = getattr(instance, field.name)
+        if isinstance(value, bool) or type(value) in (int, float):
+            continue
+        if isinstance(value, numbers.Integral):
+            object.__setattr__(instance, field.name, int(value))
+        elif isinstance(value, numbers.Real):
+            object.__setattr__(instance, field.name, float(value))
 
 
 # Training draws from `jax.random.key(seed)`, `key(seed + 1)` (QAT) and batch orders
@@ -127,6 +145,7 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         owner = "DataConfig"
+        _plain_numbers(self)
         for name in ("static_cols", "known_cols", "observed_cols", "categorical_cols"):
             object.__setattr__(self, name, _tuple_of_names(owner, name, getattr(self, name)))
         for name in ("id_col", "time_col", "target", "freq"):
@@ -141,6 +160,10 @@ class DataConfig:
         _require_int(owner, "min_series_length", self.min_series_length, 1, optional=True)
         _require_float(owner, "max_missing_fraction", self.max_missing_fraction, 0.0, 1.0001,
                        open_low=False)  # fmt: skip
+        for name in ("time_format", "encoding"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{owner}.{name} must be a string or None, got {value!r}")
         for name in ("dayfirst", "window_normalization", "nonnegative"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{owner}.{name} must be a bool, got {getattr(self, name)!r}")
@@ -231,6 +254,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         owner = "ModelConfig"
+        _plain_numbers(self)
         _require_int(owner, "hidden_dim", self.hidden_dim, 1)
         _require_int(owner, "num_heads", self.num_heads, 1)
         _require_int(owner, "variable_hidden_dim", self.variable_hidden_dim, 1, optional=True)
@@ -244,6 +268,17 @@ class ModelConfig:
             raise TypeError(
                 f"{owner}.compact_selection must be a bool, got {self.compact_selection!r}"
             )
+        # A bare number, a string or None would fail in `tuple`/`float` without the field's name.
+        if isinstance(self.quantiles, str | bytes) or not isinstance(self.quantiles, Iterable):
+            raise TypeError(
+                f"{owner}.quantiles must be a sequence of levels such as (0.1, 0.5, 0.9), got "
+                f"{type(self.quantiles).__name__} {self.quantiles!r}"
+            )
+        for q in self.quantiles:
+            if isinstance(q, bool) or not isinstance(q, numbers.Real):
+                raise TypeError(
+                    f"{owner}.quantiles must hold numbers, got {type(q).__name__} {q!r}"
+                )
         levels = tuple(float(q) for q in self.quantiles)
         object.__setattr__(self, "quantiles", levels)
         if any(not 0.0 < q < 1.0 for q in levels) or sorted(set(levels)) != list(levels):
@@ -275,7 +310,8 @@ class TrainingConfig:
       weight_decay: AdamW weight decay.
       patience: early stopping after this many evaluations without improvement.
       eval_every: steps between validation evaluations (None: once per epoch).
-      validation_windows: validation windows per evaluation, evenly spaced.
+      validation_windows: validation windows per evaluation, evenly spaced;
+        at least `batch_size`, rounded down to whole batches of `batch_size`.
       seed: random seed, 0..`MAX_SEED` (2**63 - 3: QAT and calibration use
         seed + 1 and seed + 2, and JAX keys take a signed 64-bit seed).
       eval_batch_size: windows per batch when predicting.
@@ -297,6 +333,7 @@ class TrainingConfig:
 
     def __post_init__(self) -> None:
         owner = "TrainingConfig"
+        _plain_numbers(self)
         _require_int(owner, "epochs", self.epochs, 1)
         _require_int(owner, "max_steps", self.max_steps, 1, optional=True)
         if self.time_budget is not None:
@@ -314,6 +351,24 @@ class TrainingConfig:
         if self.seed > MAX_SEED:
             raise ValueError(f"{owner}.seed must be <= {MAX_SEED} (2**63 - 3), got {self.seed}")
         _require_int(owner, "eval_batch_size", self.eval_batch_size, 1)
+        # Validation runs in whole batches of `batch_size`: fewer windows than one batch
+        # would evaluate a whole batch, more than were asked for.
+        if self.validation_windows < self.batch_size:
+            raise ValueError(
+                f"{owner}.validation_windows must be >= {owner}.batch_size ({self.batch_size}): "
+                f"validation runs in whole batches, got {self.validation_windows}"
+            )
+        # The learning rate warms up over `warmup_steps` of at most `max_steps`; checked
+        # here, not after the table is read (without max_steps the data sets the total).
+        if (
+            self.warmup_steps is not None
+            and self.max_steps is not None
+            and self.warmup_steps >= self.max_steps
+        ):
+            raise ValueError(
+                f"{owner}.warmup_steps ({self.warmup_steps}) must be below "
+                f"{owner}.max_steps ({self.max_steps})"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -341,6 +396,7 @@ class QATTrainingConfig:
 
     def __post_init__(self) -> None:
         owner = "QATTrainingConfig"
+        _plain_numbers(self)
         if self.time_budget is not None:
             _require_float(owner, "time_budget", self.time_budget, 0.0)
         _require_int(owner, "bits", self.bits, 2)
@@ -367,6 +423,16 @@ class ForecasterConfig:
     qat: QATTrainingConfig | None = None
 
     def __post_init__(self) -> None:
+        # A wrong section (a dict, say) would fail later, in an attribute read or in training.
+        sections = (("data", DataConfig), ("model", ModelConfig), ("training", TrainingConfig))
+        for name, kind in (*sections, ("qat", QATTrainingConfig)):
+            value = getattr(self, name)
+            if not isinstance(value, kind) and not (name == "qat" and value is None):
+                optional = " or None" if name == "qat" else ""
+                raise TypeError(
+                    f"{name} must be a {kind.__name__}{optional}, got {type(value).__name__} "
+                    f"{value!r}"
+                )
         # `predict` writes the id, the time and one column per quantile level.
         outputs = {quantile_name(level) for level in self.model.quantiles}
         for name in ("id_col", "time_col"):

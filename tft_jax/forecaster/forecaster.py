@@ -530,6 +530,15 @@ class Forecaster:
         """`(metrics, predictions)` of every model on `split` of `table` (see `evaluate`)."""
         dataset = self.prepare(table, split)
         windows = dataset.split(split)
+        if not len(windows):
+            # Said here: the predictions would fail with "no windows to evaluate".
+            raise ValueError(
+                f"evaluate: the {split} split of the table holds no complete window "
+                f"({dataset.history} steps of history and {dataset.horizon} steps with an "
+                f"observed target); split={split!r} needs a nonzero DataConfig "
+                "validation_fraction/test_fraction (or validation_start/test_start) leaving "
+                "room for a window"
+            )
         names = self._model_names(models)
         predictions, seconds = {}, {}
         for name in names:

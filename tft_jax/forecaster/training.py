@@ -11,6 +11,7 @@ import math
 import pathlib
 import sys
 import time
+import warnings
 from typing import Any, NamedTuple
 
 import jax
@@ -153,8 +154,9 @@ def train_qat(
 
     Calibration first: the activation observers see `calibration_batches`
     training batches (deterministic forward, `qat.calibrate`), each the global
-    batch assembled from every process's `rows`. Then the fake-quantized model
-    trains with the observers frozen, except during the first
+    batch assembled from every process's `rows`; at most one epoch's, with a
+    warning when that is fewer (the settings record how many). Then the
+    fake-quantized model trains with the observers frozen, except during the first
     `observer_steps` steps, where they keep updating.
     """
     total = settings.steps
@@ -174,6 +176,14 @@ def train_qat(
         qat.calibrate(qat_model, variables, calibration, num_batches=settings.calibration_batches)
     )
     seen = min(settings.calibration_batches, len(dataset.train) // training.batch_size)
+    if seen < settings.calibration_batches:
+        # Fewer than asked for, a repair: warned even when `quiet`, and in the settings.
+        warnings.warn(
+            f"QATTrainingConfig.calibration_batches is {settings.calibration_batches}, but one "
+            f"epoch of training windows holds {seen} batches of {training.batch_size}: the "
+            f"activation observers were calibrated on {seen}",
+            stacklevel=3,
+        )
     announce(
         quiet,
         f"QAT: calibrated the activation observers on {seen} batches in "
@@ -202,6 +212,8 @@ def train_qat(
         to_host(result.best_state.variables),
         result.history,
         {
+            # The batches the observers saw (at most one epoch's).
+            "calibration_batches": seen,
             "total_steps": total,
             "schedule_steps": result.schedule_steps,
             "warmup_steps": warmup,
