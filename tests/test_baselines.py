@@ -126,7 +126,7 @@ def test_the_period_of_a_multiple_spans_whole_seasons_on_the_calendar(freq):
     if freq.endswith(("MS", "QS", "SMS")):  # a year: same day of the year
         assert (last.month, last.day) == (first.month, first.day) and last.year > first.year
     elif freq.endswith("B"):  # a working week: same weekday
-        assert last.dayofweek == first.dayofweek and last > first
+        assert last.day_of_week == first.day_of_week and last > first
     else:  # a week: same weekday and time
         assert (last - first) % pd.Timedelta(days=7) == pd.Timedelta(0) and last > first
 

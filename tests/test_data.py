@@ -275,7 +275,7 @@ def test_aware_times_are_read_in_the_given_timezone_for_the_grid_and_calendar():
     assert (times.dt.hour == 0).all() and len(dataset.frame) == len(table)
     local = pd.DatetimeIndex(table["time"]).tz_convert("Europe/Berlin")  # the same instants
     assert set(times) == set(local)
-    weekday = np.asarray(local.dayofweek, dtype=float)  # table and frame: by (id, time)
+    weekday = np.asarray(local.day_of_week, dtype=float)  # table and frame: by (id, time)
     np.testing.assert_allclose(
         dataset.frame["day_of_week_sin"], np.sin(2 * np.pi * weekday / 7), atol=1e-6
     )
@@ -296,7 +296,8 @@ def test_aware_times_off_the_grid_in_a_fixed_offset_say_to_convert_them():
     converted = table.assign(time=table["time"].dt.tz_convert("Europe/Berlin"))
     assert len(validate_table(converted, spec, 6, 3)) == len(table)  # the fix works
     # Times already in a zone with daylight saving get no such hint.
-    gappy = converted.assign(time=converted["time"] + pd.Timedelta(hours=1) * (table.index == 5))
+    shift = pd.to_timedelta((table.index == 5).astype(int), unit="h")  # one time an hour off
+    gappy = converted.assign(time=converted["time"] + shift)
     with pytest.raises(ValueError, match="off the freq='D' grid") as error:
         validate_table(gappy, spec, 6, 3)
     assert "tz_convert" not in str(error.value)
