@@ -19,6 +19,7 @@ import numbers
 import pathlib
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any, NamedTuple
@@ -1073,7 +1074,8 @@ class FitResult(NamedTuple):
     Attributes:
       state: the final train state.
       best_state: the state with the lowest validation loss (the final state
-        when there is no validation data).
+        when there is no validation data; the initial state, with a
+        `UserWarning`, when no validation loss was finite).
       history: per evaluation, lists under `HISTORY_KEYS`: epoch, step, mean
         training loss since the previous evaluation, validation loss (None
         without validation data) and the running count of skipped steps.
@@ -1544,6 +1546,16 @@ def fit(
             checkpointer.close()
     if val_batches is None:
         best_state = state
+    elif loop.best_val_loss is None and loop.step > 0:
+        # No finite validation loss ever: the best state is the initial one, a
+        # repair the caller did not ask for (said even when quiet).
+        warnings.warn(
+            f"fit{f' ({label})' if label else ''}: no validation loss was finite in "
+            f"{loop.step} steps; best_state is the initial state (the run diverged, or "
+            "every step was skipped)",
+            UserWarning,
+            stacklevel=2,
+        )
     if loop.stopped_on_budget:
         reason = "time_budget"
         progress.note(
