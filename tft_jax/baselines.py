@@ -68,6 +68,16 @@ def _steps_per_year(step: pd.Timedelta) -> int:
     return max(1, round(pd.Timedelta(days=_YEAR_DAYS) / step))
 
 
+def _unit_count(offset: pd.DateOffset) -> int:
+    """How many of its unit one step of `offset` spans ('2B': 2)."""
+    return abs(int(offset.n)) or 1
+
+
+def _business_days_per_year(count: int) -> int:
+    """A year of 260 working days in steps of `count` working days (at least 1)."""
+    return max(1, round(260 / count))
+
+
 def seasonal_period(freq: str) -> int:
     """The season length in steps for the pandas frequency alias `freq` (module table).
 
@@ -76,9 +86,9 @@ def seasonal_period(freq: str) -> int:
         divide a day (say '7min'); pass the period explicitly then.
     """
     offset = parse_frequency(freq)
-    count = abs(int(offset.n)) or 1
+    count = _unit_count(offset)
     if isinstance(offset, pd.offsets.BusinessDay):
-        return _whole_seasons(5, count) if count < 5 else max(1, round(260 / count))
+        return _whole_seasons(5, count) if count < 5 else _business_days_per_year(count)
     if isinstance(offset, pd.offsets.SemiMonthBegin | pd.offsets.SemiMonthEnd):
         return _whole_seasons(24, count) if count < 24 else 1  # half months in a year
     months = _MONTHS_PER_STEP.get(type(offset))
@@ -183,7 +193,7 @@ def candidate_periods(freq: str, history: int) -> tuple[int, ...]:
     elif _DAY <= step < _WEEK:  # the year
         offset = parse_frequency(freq)
         if isinstance(offset, pd.offsets.BusinessDay):
-            longer.append(max(1, round(260 / (abs(int(offset.n)) or 1))))
+            longer.append(_business_days_per_year(_unit_count(offset)))
         else:
             longer.append(_steps_per_year(step))
     periods = {1, base, *longer}

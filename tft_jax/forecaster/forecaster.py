@@ -231,8 +231,10 @@ class Forecaster:
         return model
 
     def _model_names(self, models: Sequence[str] | None) -> tuple[str, ...]:
-        """The trained forms `models` names (None: all); a bare string is refused, not
-        iterated letter by letter."""
+        """The trained forms `models` names (None: all).
+
+        A bare string is refused, not iterated letter by letter.
+        """
         if models is None:
             return self.models
         if isinstance(models, str):
