@@ -110,6 +110,21 @@ def test_missing_target_windows_are_left_out_unless_asked():
     assert history_flags.sum() == 6  # the filled step sits in 6 windows' histories
 
 
+@pytest.mark.parametrize("required", [True, False])
+def test_missing_report_counts_only_windows_left_out_for_a_filled_target_not_strided_ones(required):
+    # 60 hourly rows, history 6, horizon 3: starts at offsets 6..57 (52 windows);
+    # the filled row 30 lies in the horizons of starts 28, 29 and 30.
+    table = make_table({"a": 60})
+    table.loc[30, "y"] = np.nan
+    with pytest.warns(UserWarning, match="filled 1 missing target steps"):
+        dataset = prepare(table, validation_fraction=0.0, test_fraction=0.0, train_stride=4,
+                          require_observed_target=required)  # fmt: skip
+    report = dataset.missing_report()
+    eligible = 52 - 3 if required else 52
+    assert report.loc[0, "windows"] == len(range(0, eligible, 4)) == len(dataset.train)
+    assert report.loc[0, "windows_left_out"] == (3 if required else 0)
+
+
 # Bad tables
 
 
@@ -242,6 +257,21 @@ def test_steps_before_the_origin_count_negative_for_every_frequency(freq):
     # calendar frequencies ('D', 'W', 'MS') counted all those times as step 0.
     times = pd.date_range("2021-01-04", periods=8, freq=freq)
     np.testing.assert_array_equal(steps_since(times, times[3], freq), np.arange(-3.0, 5.0))
+
+
+@pytest.mark.parametrize("freq", ["D", "2D"])
+def test_steps_of_local_days_across_daylight_saving_changes_are_whole(freq):
+    # Berlin's days of 28 March (23 h) and 31 October (25 h): elapsed time over
+    # 24 h read 3.958 steps for the fourth day after 25 March, not 4.
+    times = pd.date_range("2021-03-21", "2021-11-06", freq=freq, tz="Europe/Berlin")
+    expected = np.arange(len(times)) - 2.0
+    np.testing.assert_array_equal(steps_since(times, times[2], freq), expected)
+    in_utc = times.tz_convert("UTC")  # the same instants, read in the origin's zone
+    np.testing.assert_array_equal(steps_since(in_utc, times[2], freq), expected)
+    table = make_table({"a": len(times)}).assign(time=times)
+    dataset = prepare(table, freq=freq, timezone="Europe/Berlin")
+    time_index = dataset.frame["time_index"] * dataset.preprocessor.train_steps
+    np.testing.assert_allclose(time_index, np.arange(len(times)), atol=1e-4)
 
 
 def test_daily_table_prepares_with_daily_calendar():
@@ -544,6 +574,50 @@ def test_explicit_cut_times_are_respected():
     assert last_train == dataset.validation_start - STEP
     with pytest.raises(ValueError, match=r"validation_start .*<= test_start"):
         prepare(table, validation_start="2021-03-04", test_start="2021-03-03")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"freq": "2h"}, r"freq='2h' \(the preprocessor's: 'h'\)"),
+        ({"target": "temp", "observed_cols": ["y"]}, r"target='temp' \(the preprocessor's: 'y'\)"),
+        ({"timezone": "Europe/Berlin"}, r"timezone='Europe/Berlin' \(the preprocessor's: None\)"),
+    ],
+)
+def test_a_spec_other_than_the_preprocessors_is_refused_by_field(options, message):
+    # The preprocessor's spec was used instead, silently: another freq moved the
+    # split cuts, another target failed deep with a KeyError.
+    table = make_table()
+    fitted = prepare(table).preprocessor
+    with pytest.raises(ValueError, match=rf"fitted with another table spec: {message}"):
+        prepare(table, preprocessor=fitted, **options)
+    same = prepare(table, preprocessor=fitted, freq="60min")  # the same frequency
+    assert same.spec.freq == "h"
+
+
+BERLIN_CUTS = dict(timezone="Europe/Berlin", validation_start="2021-03-05", test_start="2021-03-06")
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"train_stride": 0}, ValueError, r"^train_stride must be an int >= 1, got 0"),
+        ({"eval_stride": 2.0}, ValueError, r"^eval_stride must be an int >= 1, got 2.0"),
+        ({"min_series_length": "100"}, ValueError, r"^min_series_length must be None or an int"),
+        ({"window_normalization": "false"}, TypeError, r"^window_normalization must be a bool"),
+        ({"require_observed_target": "no"}, TypeError, r"^require_observed_target must be a bool"),
+        (  # 02:30 on 28 March 2021 does not exist in Berlin
+            {**BERLIN_CUTS, "test_start": "2021-03-28 02:30"},
+            ValueError,
+            r"^test_start='2021-03-28 02:30' is no single time in Europe/Berlin",
+        ),
+    ],
+)
+def test_bad_prepare_options_are_refused_naming_the_option(options, error, message):
+    # 'false' read as True and the stride messages named no option ("stride must ...").
+    table = make_table({"a": 24 * 40})
+    with pytest.raises(error, match=message):
+        prepare(table, **options)
 
 
 def test_a_split_without_windows_is_an_error():

@@ -51,6 +51,20 @@ def test_window_normalization_is_inverted_exactly():
     np.testing.assert_array_equal(normalized["known_history"], raw["known_history"])
 
 
+def test_denormalize_refuses_values_of_other_windows_than_it_is_told():
+    # One window's forecast without its index was broadcast over every window
+    # of the set, each row scaled by another window's statistics.
+    scaled = prepare_dataset(trending(series=2, days=80), **SPEC, window_normalization=True)
+    windows = scaled.test
+    one = windows.take(np.array([3]))["target"]
+    with pytest.raises(ValueError, match=r"shape \(1, 7\) must have one row per window of all"):
+        windows.denormalize(one)
+    with pytest.raises(ValueError, match=r"one row per window of indices \(2\)"):
+        windows.denormalize(one, np.array([3, 4]))
+    loc, scale = windows.window_stats(np.array([3]))
+    np.testing.assert_allclose(windows.denormalize(one, np.array([3])), one * scale + loc)
+
+
 def fit_and_score(window_normalization: bool) -> float:
     data = DataConfig(**SPEC, validation_fraction=0.15, test_fraction=0.15,
                       window_normalization=window_normalization)  # fmt: skip

@@ -90,14 +90,27 @@ def calendar_features(
     return np.stack(columns, axis=-1)
 
 
+def _fixed_step(offset: pd.DateOffset, aware: bool) -> pd.Timedelta | None:
+    """The duration of one step of `offset`, or None where steps differ in length."""
+    # A day of aware times is a calendar day (the grid's local midnights): 23 or
+    # 25 hours across a daylight-saving change, though pandas gives it 24 hours.
+    if aware and isinstance(offset, pd.offsets.Day):
+        return None
+    try:
+        return pd.Timedelta(offset)
+    except ValueError:
+        return None
+
+
 def steps_since(times: pd.DatetimeIndex, origin: pd.Timestamp, freq: str) -> np.ndarray:
     """Signed number of `freq` steps from `origin` to each of `times`, as (R,) float64.
 
     Fixed-length frequencies ('h', '15min') divide the elapsed time by the
-    step; calendar frequencies ('W', 'MS', 'B', and 'D' where pandas makes a
-    day a calendar day) count grid points from `origin`. Aware `times` in
-    another zone than `origin` are the same instants read in `origin`'s zone;
-    naive against aware is refused (it has no answer).
+    step; calendar frequencies ('W', 'MS', 'B', and 'D' or '2D' for aware
+    times, whose days are calendar days of 23 or 25 hours at a daylight-saving
+    change) count grid points from `origin`. Aware `times` in another zone
+    than `origin` are the same instants read in `origin`'s zone; naive against
+    aware is refused (it has no answer).
 
     Raises:
       ValueError: when exactly one of `times` and `origin` is timezone-aware.
@@ -112,9 +125,8 @@ def steps_since(times: pd.DatetimeIndex, origin: pd.Timestamp, freq: str) -> np.
     if times.tz is not None:
         times = times.tz_convert(origin.tz)
     offset = parse_frequency(freq)
-    try:
-        step = pd.Timedelta(offset)
-    except ValueError:
+    step = _fixed_step(offset, aware=times.tz is not None)
+    if step is None:
         if len(times) == 0:
             return np.zeros(0)
         # The grid spans the times on both sides of `origin`, so times before it

@@ -46,6 +46,7 @@ from tft_jax.data.tables import (
     check_missing_fraction_limit,
     empty_input_cells,
     infer_categorical,
+    parse_frequency,
     read_announced,
     to_regular_grid,
     validate_table,
@@ -81,6 +82,8 @@ class PreparedDataset:
         new tables of the same spec, see `preprocessing`).
       missing_texts: per column, the cells read as missing because they held
         a missing-value text such as 'n/a' (`tables.MISSING_TEXTS`).
+      require_observed_target: whether windows whose horizon holds a filled
+        target were left out (`prepare_dataset`'s argument).
     """
 
     spec: TableSpec
@@ -102,6 +105,7 @@ class PreparedDataset:
     frame: pd.DataFrame
     preprocessor: Preprocessor
     missing_texts: dict[str, int] = dataclasses.field(default_factory=dict)
+    require_observed_target: bool = True
 
     @property
     def panel(self) -> Panel:
@@ -220,20 +224,27 @@ class PreparedDataset:
         """Per series: grid rows, filled target steps (and their share), windows kept and left out.
 
         Windows left out are those whose horizon holds a filled target (they
-        would teach and score made-up values), counted over all splits.
+        would teach and score made-up values), counted over all splits before
+        any stride (`train_stride`/`eval_stride` thin out the windows kept,
+        which leaves none out for a filled target).
         """
         panel = self.panel
         frame = self.frame
         filled = frame.groupby("series_code", sort=True)[self.missing_col].sum()
         end = panel.times.max() + pd.tseries.frequencies.to_offset(self.spec.freq)
         bounds = (panel.times.min(), self.validation_start, self.test_start, end)
-        every = np.concatenate(
-            [
-                window_starts(panel, self.history, self.horizon, begin, stop,
-                              require_observed_target=False)
-                for begin, stop in itertools.pairwise(bounds)
-            ]
-        )  # fmt: skip
+
+        def every_window(observed_target: bool) -> np.ndarray:
+            return np.concatenate(
+                [
+                    window_starts(panel, self.history, self.horizon, begin, stop,
+                                  require_observed_target=observed_target)
+                    for begin, stop in itertools.pairwise(bounds)
+                ]
+            )  # fmt: skip
+
+        every = every_window(False)
+        eligible = every_window(True) if self.require_observed_target else every
         kept = np.concatenate([self.split(name).starts for name in SPLITS])
         codes = np.arange(self.num_series)
         return pd.DataFrame(
@@ -245,7 +256,7 @@ class PreparedDataset:
                 / panel.series_length,
                 "windows": np.bincount(panel.series_code[kept], minlength=self.num_series),
                 "windows_left_out": np.bincount(panel.series_code[every], minlength=self.num_series)
-                - np.bincount(panel.series_code[kept], minlength=self.num_series),
+                - np.bincount(panel.series_code[eligible], minlength=self.num_series),
             }
         )
 
@@ -256,7 +267,14 @@ def _to_timestamp(value: Any, name: str, tz: Any, timezone: str | None) -> pd.Ti
     except (ValueError, TypeError) as error:
         raise ValueError(f"{name}={value!r} is not a timestamp ({error})") from None
     if tz is not None and stamp.tz is None:
-        return stamp.tz_localize(timezone or tz)
+        zone = timezone or tz
+        try:
+            return stamp.tz_localize(zone)
+        except ValueError as error:  # a local time skipped or repeated at a DST change
+            raise ValueError(
+                f"{name}={value!r} is no single time in {zone} ({error}); give a time that "
+                "exists once there, or one with its UTC offset (ISO text ending in e.g. '+02:00')"
+            ) from None
     if tz is None and stamp.tz is not None:
         raise ValueError(
             f"{name}={value!r} carries a timezone but the time column has none; "
@@ -337,8 +355,46 @@ def _check_windows(
             )
 
 
+# The spec fields a fitted preprocessor fixes (the model's inputs and their grid).
+_PREPROCESSOR_SPEC_FIELDS = (
+    "id_col", "time_col", "target", "static_cols", "known_cols", "observed_cols", "freq",
+    "timezone",
+)  # fmt: skip
+
+
+def _check_preprocessor_spec(spec: TableSpec, fitted: TableSpec) -> None:
+    """Raises naming each field of `spec` that differs from the preprocessor's `fitted` one."""
+    differ = []
+    for name in _PREPROCESSOR_SPEC_FIELDS:
+        given, expected = getattr(spec, name), getattr(fitted, name)
+        if name == "freq":
+            same = parse_frequency(given) == parse_frequency(expected)
+        else:
+            same = given == expected
+        if not same:
+            differ.append(f"{name}={given!r} (the preprocessor's: {expected!r})")
+    if differ:
+        raise ValueError(
+            f"the preprocessor was fitted with another table spec: {'; '.join(differ)}; pass "
+            "the spec it was fitted with, or preprocessor=None to fit one on this table"
+        )
+
+
 def _is_count(value: Any) -> bool:
     return isinstance(value, int | np.integer) and not isinstance(value, bool) and value >= 1
+
+
+def _check_options(options: dict[str, Any]) -> None:
+    """Raises naming the `prepare_dataset` option that is of the wrong kind."""
+    for name in ("train_stride", "eval_stride"):
+        if not _is_count(options[name]):
+            raise ValueError(f"{name} must be an int >= 1, got {options[name]!r}")
+    value = options["min_series_length"]
+    if value is not None and not _is_count(value):
+        raise ValueError(f"min_series_length must be None or an int >= 1, got {value!r}")
+    for name in ("require_observed_target", "window_normalization"):
+        if not isinstance(options[name], bool | np.bool_):
+            raise TypeError(f"{name} must be a bool, got {options[name]!r}")
 
 
 def _new_series_cuts(
@@ -405,7 +461,8 @@ def prepare_dataset(
       require_observed_target: leave out windows whose horizon has a filled target.
       preprocessor: a fitted `Preprocessor` of this spec to apply instead of
         fitting one on this table's training period (`scaler` is then unused):
-        how a trained model is evaluated on a new table.
+        how a trained model is evaluated on a new table. The column roles,
+        `freq` and `timezone` given must be the ones it was fitted with.
       categorical_cols: integer-coded inputs to treat as categorical (inputs
         holding text are categorical without being listed).
       time_format, dayfirst: how to read the time column (see `TableSpec`).
@@ -440,7 +497,8 @@ def prepare_dataset(
     Raises:
       ValueError: for a bad table (see `validate_table`), bad cuts, a series
         with no training target, a period without any window, a bad `scored`,
-        or, with `preprocessor`, times naive where the training ones were
+        or, with `preprocessor`, a spec other than its own (column roles,
+        `freq`, `timezone`), times naive where the training ones were
         aware or the reverse, or a new series with no observed target before
         the cut `scored` sets.
     """
@@ -457,6 +515,17 @@ def prepare_dataset(
         time_format=time_format,
         dayfirst=dayfirst,
     )
+    _check_options(
+        {
+            "train_stride": train_stride,
+            "eval_stride": eval_stride,
+            "min_series_length": min_series_length,
+            "require_observed_target": require_observed_target,
+            "window_normalization": window_normalization,
+        }
+    )
+    if preprocessor is not None:
+        _check_preprocessor_spec(spec, preprocessor.spec)
     check_missing_fraction_limit(max_missing_fraction)
     if scored is not None and scored not in SPLITS and not _is_count(scored):
         raise ValueError(f"scored must be None, one of {SPLITS} or an int >= 1, got {scored!r}")
@@ -541,6 +610,7 @@ def prepare_dataset(
         frame=transformed.frame,
         preprocessor=preprocessor,
         missing_texts=texts,
+        require_observed_target=bool(require_observed_target),
     )
     announce_empty_inputs(empty_inputs, clean[spec.id_col].nunique(), stacklevel=3)
     filled = grid.groupby(spec.id_col, sort=True)[missing_col].sum()

@@ -250,8 +250,22 @@ class WindowSet:
         return loc, np.sqrt(var + WINDOW_SCALE_FLOOR**2)
 
     def denormalize(self, values: np.ndarray, indices: np.ndarray | None = None) -> np.ndarray:
-        """Window-scaled values `(B, ...)` on the per-series scale (as is if not normalized)."""
+        """Window-scaled values `(B, ...)` on the per-series scale (as is if not normalized).
+
+        `indices` (B,) are the window numbers of the rows of `values`; None
+        means all N windows in order (then B must be N).
+
+        Raises:
+          ValueError: when B is not the number of windows `indices` names.
+        """
         values = np.asarray(values, dtype=np.float64)
+        count = len(self) if indices is None else np.asarray(indices).shape[0]
+        if values.ndim == 0 or values.shape[0] != count:
+            named = "all windows of the set" if indices is None else "indices"
+            raise ValueError(
+                f"values of shape {values.shape} must have one row per window of {named} "
+                f"({count}); pass the window numbers the rows belong to as indices"
+            )
         if not self.normalized:
             return values
         loc, scale = self.window_stats(indices)
