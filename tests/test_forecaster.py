@@ -91,6 +91,33 @@ def test_forecasts_start_one_step_after_each_series_end_and_survive_save_and_loa
     pd.testing.assert_frame_equal(loaded.predict(history, future), forecast)
 
 
+_TRACES: list[str] | None = None  # while a list: the functions JAX traces, by name
+
+
+def _record_trace(event: str, duration: float, **kwargs) -> None:
+    if _TRACES is not None and event == "/jax/core/compile/jaxpr_trace_duration":
+        _TRACES.append(str(kwargs.get("fun_name")))
+
+
+jax.monitoring.register_event_duration_secs_listener(_record_trace)
+
+
+def test_a_loaded_forecaster_predicts_with_the_forward_already_compiled(fitted):
+    global _TRACES
+    forecaster, table, saved = fitted
+    history, future = cut(table, "2024-03-30")
+    forecast = forecaster.predict(history, future)
+    loaded = Forecaster.load(saved)  # new model objects, equal to the fitted ones
+    _TRACES = []
+    try:
+        again = loaded.predict(history, future)
+        traced, _TRACES = _TRACES, None
+    finally:
+        _TRACES = None
+    pd.testing.assert_frame_equal(again, forecast)
+    assert traced == []
+
+
 def test_the_model_reads_the_known_column_of_the_future_table(fitted):
     forecaster, table, _ = fitted
     history, future = cut(table, "2024-03-30")

@@ -1064,6 +1064,48 @@ def test_states_that_differ_only_in_schedule_numbers_share_one_compiled_step() -
     assert step._cache_size() == compiled
 
 
+def test_equal_models_share_one_compiled_train_step_evaluate_and_predict() -> None:
+    """A refit (a new model object equal to the last) neither traces nor compiles again."""
+    from tft_jax.train import _STEP_JITS, _eval_loss, _predict
+
+    batch, rng = make_batch(1), jax.random.key(1)
+    tx = lambda: make_optimizer(LR, clip_norm=CLIP, weight_decay=WEIGHT_DECAY)  # noqa: E731
+    first = create_train_state(TinyForecaster(), tx(), jax.random.key(0), batch)
+    first, _ = train_step(first, batch, rng)
+    evaluate(first, [batch])
+    predict(first, batch)
+    sizes = [f._cache_size() for f in (_STEP_JITS[()], _eval_loss, _predict)]
+    second = create_train_state(TinyForecaster(), tx(), jax.random.key(2), batch)
+    assert second.apply_fn == first.apply_fn and hash(second.apply_fn) == hash(first.apply_fn)
+    second, _ = train_step(second, batch, rng)
+    evaluate(second, [batch])
+    predict(second, batch)
+    assert [f._cache_size() for f in (_STEP_JITS[()], _eval_loss, _predict)] == sizes
+    # The shared step still runs each model's own parameters.
+    assert not np.allclose(host_copy(first.params)["head"]["bias"], second.params["head"]["bias"])
+
+
+def test_models_that_differ_or_cannot_be_hashed_keep_their_own_apply() -> None:
+    from tft_jax.train import ModelApply
+
+    assert ModelApply(TinyForecaster()) != ModelApply(TinyForecaster(TinyConfig(horizon=3)))
+
+    class Listed(nn.Module):  # a list field: the module cannot be hashed
+        sizes: Any = None
+
+        @nn.compact
+        def __call__(self, x: Any) -> Any:
+            return nn.Dense(self.sizes[0])(x)
+
+    model = Listed([2])
+    apply = ModelApply(model)
+    assert apply == ModelApply(model) and hash(apply) == hash(ModelApply(model))
+    assert apply != ModelApply(Listed([2]))
+    x = jnp.ones((1, 3))
+    variables = model.init(jax.random.key(0), x)
+    np.testing.assert_array_equal(apply(variables, x), model.apply(variables, x))
+
+
 def test_with_schedule_steps_rejects_what_it_cannot_do_naming_the_argument() -> None:
     with pytest.raises(ValueError, match="with_schedule_steps: state's optimizer keeps no"):
         with_schedule_steps(tiny_state(), 10)

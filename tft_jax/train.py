@@ -288,7 +288,8 @@ class TrainState:
         model's `'quant_stats'`): never differentiated, never decayed.
       skipped_steps: int32 scalar, steps skipped for a non-finite loss or gradient,
         or an unusable scheduled learning rate (see `train_step`).
-      apply_fn: the model's `apply` (static).
+      apply_fn: the model's `apply` (static), as a `ModelApply`: equal models share
+        one compiled `train_step`, `evaluate` and `predict`.
       tx: the optimizer (static).
       quantiles: the model's quantile levels (static), used by the loss.
       clip_norm: the optimizer's clipping threshold or None (static), used to
@@ -314,6 +315,50 @@ class TrainState:
     def variables(self) -> dict[str, PyTree]:
         """Every variable collection, as `model.apply` takes them."""
         return {**self.trainables(), **self.model_state}
+
+
+class ModelApply:
+    """`model.apply` that compares and hashes by the model's value.
+
+    A bound method compares by the identity of its object, so two equal
+    models' `apply` differ, and a train state's static `apply_fn` would make
+    `train_step`, `evaluate` and `predict` trace and compile again for every
+    new model object: each refit of a `Forecaster`, each seed of an
+    experiment. Flax modules compare and hash by their fields, so equal
+    models share the compiled steps. A module that cannot be hashed (a field
+    such as a list) compares by identity, as its bound method did.
+
+    Attributes:
+      model: the Flax module whose `apply` this calls.
+    """
+
+    __slots__ = ("model",)
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model.apply(*args, **kwargs)
+
+    def _by_value(self) -> bool:
+        try:
+            hash(self.model)
+        except TypeError:
+            return False
+        return True
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ModelApply):
+            return NotImplemented
+        if self.model is other.model:
+            return True
+        return self._by_value() and other._by_value() and bool(self.model == other.model)
+
+    def __hash__(self) -> int:
+        return hash(self.model) if self._by_value() else id(self.model)
+
+    def __repr__(self) -> str:
+        return f"ModelApply({self.model!r})"
 
 
 _FROM_TX = object()
@@ -494,7 +539,7 @@ def create_train_state(
         opt_state=jax.jit(tx.init)({"params": params, **extra_params}),
         model_state=model_state,
         skipped_steps=jnp.zeros((), jnp.int32),
-        apply_fn=model.apply,
+        apply_fn=ModelApply(model),
         tx=tx,
         quantiles=levels,
         clip_norm=clip_norm,

@@ -7,6 +7,7 @@ matmuls (`qat.int8_apply`). Each compiles once per batch shape.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -38,28 +39,26 @@ def qat_model_for(
     return qat.QATTemporalFusionTransformer(config, qat.QATConfig(bits=bits, **settings))
 
 
-def _jitted(forward: Callable[..., Any], variables: Any) -> Predictor:
-    variables = jax.device_put(variables)  # once, not at every call
-
-    @jax.jit
-    def apply(variables: Any, batch: Batch) -> Any:
-        args, kwargs = batch_inputs(batch)
-        return forward(variables, *args, **kwargs)
-
-    return lambda batch: apply(variables, batch)
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _predict(name: str, model: Any, variables: Any, batch: Batch) -> Any:
+    """Model `name`'s forecast of `batch`; equal models share one compiled function per shape."""
+    args, kwargs = batch_inputs(batch)
+    if name == "fp32":
+        return model.apply(variables, *args, **kwargs, deterministic=True)
+    if name == "qat":
+        return model.apply(variables, *args, **kwargs, calibrate=False, deterministic=True)
+    return qat.int8_apply(model, variables, *args, **kwargs)
 
 
 def make_predictor(name: str, config: TFTConfig, variables: Any, bits: int = 8) -> Predictor:
-    """The predictor of model `name` ('fp32', 'qat' or 'int8') with its variables."""
-    if name == "fp32":
-        model = TemporalFusionTransformer(config)
-        return _jitted(lambda v, *a, **k: model.apply(v, *a, **k, deterministic=True), variables)
-    qat_model = qat_model_for(config, bits)
-    if name == "qat":
-        return _jitted(
-            lambda v, *a, **k: qat_model.apply(v, *a, **k, calibrate=False, deterministic=True),
-            variables,
-        )
-    if name == "int8":
-        return _jitted(lambda v, *a, **k: qat.int8_apply(qat_model, v, *a, **k), variables)
-    raise ValueError(f"model must be one of {MODEL_NAMES}, got {name!r}")
+    """The predictor of model `name` ('fp32', 'qat' or 'int8') with its variables.
+
+    The forward is compiled once per model configuration and batch shape in a
+    process: a refitted or reloaded `Forecaster` of the same configuration
+    reuses it.
+    """
+    if name not in MODEL_NAMES:
+        raise ValueError(f"model must be one of {MODEL_NAMES}, got {name!r}")
+    model = TemporalFusionTransformer(config) if name == "fp32" else qat_model_for(config, bits)
+    variables = jax.device_put(variables)  # once, not at every call
+    return lambda batch: _predict(name, model, variables, batch)
