@@ -94,6 +94,7 @@ class QATConfig:
             raise ValueError(
                 f"QATConfig.calibration_batches must be >= 1, got {self.calibration_batches}"
             )
+        object.__setattr__(self, "calibration_batches", int(self.calibration_batches))
         _require_bool("learnable_scale", self.learnable_scale)
 
     @property

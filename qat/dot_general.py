@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -177,11 +178,25 @@ class _ActivationQParams(nn.Module):
 
 
 def _check_bounds(lhs_bounds: tuple[float, float] | None) -> None:
+    """Raises unless `lhs_bounds` is None or two finite real numbers `low < high`.
+
+    An infinite bound makes the activation scale inf, and the output NaN.
+    """
     if lhs_bounds is None:
         return
+    if (
+        not isinstance(lhs_bounds, tuple | list)
+        or len(lhs_bounds) != 2
+        or not all(
+            isinstance(bound, numbers.Real) and not isinstance(bound, bool) for bound in lhs_bounds
+        )
+    ):
+        raise TypeError(
+            f"lhs_bounds must be a pair (low, high) of real numbers, got {lhs_bounds!r}"
+        )
     low, high = lhs_bounds
-    if not low < high:
-        raise ValueError(f"lhs_bounds must satisfy low < high, got {lhs_bounds}")
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        raise ValueError(f"lhs_bounds must be finite with low < high, got {lhs_bounds}")
 
 
 class QATDotGeneral(_ActivationQParams):
@@ -330,6 +345,7 @@ class Int8DotGeneral(_ActivationQParams):
     ) -> Array:
         if not self.config.enabled:
             return lax.dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type)
+        _check_bounds(self.lhs_bounds)
         if jnp.issubdtype(rhs.dtype, jnp.floating):
             # nn.Dense cast the int8 codes to its compute dtype: exact, so cast them back.
             _check_float_codes(rhs, self.config.bits, self.scope.path)
@@ -339,7 +355,6 @@ class Int8DotGeneral(_ActivationQParams):
                 f"Int8DotGeneral expects the int8 kernel made by qat.convert (or that kernel "
                 f"cast to a float dtype by nn.Dense), got {rhs.dtype}"
             )
-        _check_bounds(self.lhs_bounds)
         contracting = _contracting_dims(dimension_numbers, rhs)
         _check_convertible_contraction(contracting, rhs.ndim, self.scope.path)
         channel_shape = tuple(n for axis, n in enumerate(rhs.shape) if axis not in contracting)

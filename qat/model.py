@@ -32,6 +32,7 @@ import dataclasses
 import functools
 import inspect
 import itertools
+import numbers
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -76,12 +77,19 @@ def _check_qat_config(qat_config: Any) -> None:
         raise TypeError(f"qat_config must be a QATConfig, got {type(qat_config).__name__}")
 
 
-def _accepts_deterministic(module: nn.Module) -> bool:
+def _accepts_deterministic(module: nn.Module, num_args: int = 0) -> bool:
+    """Whether `module` takes `deterministic` by keyword, not already given among `num_args`."""
     try:
-        parameters = inspect.signature(type(module).__call__).parameters
+        parameters = list(inspect.signature(type(module).__call__).parameters.values())[1:]
     except (TypeError, ValueError):
         return False
-    return "deterministic" in parameters
+    positional = [
+        p.name
+        for p in parameters
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    names = {p.name for p in parameters}
+    return "deterministic" in names and "deterministic" not in positional[:num_args]
 
 
 class _QuantizedModel(nn.Module):
@@ -101,10 +109,16 @@ class _QuantizedModel(nn.Module):
             return tuple(batch), {}
         return (batch,), {}
 
-    def inference_kwargs(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
-        """`kwargs` plus `deterministic=True` when the model takes it and it was not given."""
+    def inference_kwargs(self, kwargs: Mapping[str, Any], num_args: int = 0) -> dict[str, Any]:
+        """`kwargs` plus `deterministic=True` when the model takes it and it was not given.
+
+        `num_args` counts the positional arguments of the call: `deterministic`
+        given by position among them is given.
+        """
         kwargs = dict(kwargs)
-        if "deterministic" not in kwargs and _accepts_deterministic(self.with_dot_general(None)):
+        if "deterministic" not in kwargs and _accepts_deterministic(
+            self.with_dot_general(None), num_args
+        ):
             kwargs["deterministic"] = True
         return kwargs
 
@@ -112,6 +126,12 @@ class _QuantizedModel(nn.Module):
         if calibrate and not self.is_mutable_collection(QUANT_STATS):
             raise ValueError(
                 "calibrate=True updates the observers: apply with mutable=['quant_stats']"
+            )
+        if INT8 in self.variables:
+            # Its kernels are integer codes: a float layer would read them as weights.
+            raise ValueError(
+                "the variables hold the 'int8' collection of qat.convert: run them with "
+                "qat.int8_apply, or apply the QAT model to the QAT variables"
             )
         # Quantization off: the FP32 model itself, so the output is exactly the FP32 one.
         dot_general_cls = (
@@ -137,7 +157,8 @@ class QATModel(_QuantizedModel):
         symmetric, activations per-tensor affine with a moving-average observer).
 
     Call: the model's own arguments plus `calibrate` (True updates the
-    observers; apply with `mutable=['quant_stats']`).
+    observers; apply with `mutable=['quant_stats']`). `convert`'s variables
+    are refused (`ValueError`): run them with `int8_apply`.
     """
 
     model: nn.Module
@@ -192,7 +213,8 @@ class QATTemporalFusionTransformer(_QuantizedModel):
     on the whole activation. An observer that has not seen a batch leaves its
     activation unquantized, so before the first calibration only the weights are
     fake-quantized. As in the FP32 model, `deterministic` is required when
-    `dropout_rate > 0`.
+    `dropout_rate > 0`. `convert`'s variables are refused (`ValueError`):
+    run them with `int8_apply`.
     """
 
     config: TFTConfig
@@ -215,6 +237,13 @@ class QATTemporalFusionTransformer(_QuantizedModel):
         """The TFT inputs of a mapping or an object (e.g. `tft_jax.train.Batch`) by name."""
         if isinstance(batch, Mapping):
             return (), {name: batch.get(name) for name in _INPUT_NAMES}
+        if isinstance(batch, tuple | list) and not hasattr(batch, "_fields"):
+            # Its items have no names: every input would read as missing.
+            raise TypeError(
+                f"a TFT calibration batch must be a mapping or an object (e.g. "
+                f"tft_jax.train.Batch) with the inputs by name ({', '.join(_INPUT_NAMES[:3])}, "
+                f"...), got a {type(batch).__name__} of {len(batch)} items"
+            )
         return (), {name: getattr(batch, name, None) for name in _INPUT_NAMES}
 
     @nn.compact
@@ -319,14 +348,16 @@ def from_fp32(
     static_categorical]` (the categorical inputs over time by keyword) for
     the TFT or `x` for an MLP. Returns `{'params': fp32 params,
     'quant_stats': fresh}` (and `'quant_params'` of zeros with
-    `learnable_scale`). Raises `ValueError` if the FP32 params do not match
+    `learnable_scale`); the model's other collections (e.g. BatchNorm's
+    `'batch_stats'`) are carried over from `fp32_variables`. Raises
+    `ValueError` if the FP32 params (or a carried collection) do not match
     the QAT model's tree.
     """
     _check_model(qat_model)
     _check_variables("fp32_variables", fp32_variables)
     if "params" not in fp32_variables:
         raise ValueError(f"fp32_variables must hold 'params', got keys {sorted(fp32_variables)}")
-    kwargs = qat_model.inference_kwargs(kwargs)
+    kwargs = qat_model.inference_kwargs(kwargs, len(inputs))
     rngs = {"params": jax.random.key(0), "dropout": jax.random.key(0)}
     args, array_kwargs, flags = _split_flags(tuple(inputs), kwargs)
 
@@ -341,10 +372,22 @@ def from_fp32(
             "fp32_variables['params'] does not match the QAT model's parameter tree: "
             f"got {_tree_shapes(params)}, expected {_tree_shapes(unfreeze(expected['params']))}"
         )
-    state_collections = tuple(name for name in expected if name != "params")
+    # The model's own state (BatchNorm's 'batch_stats', say) is the trained FP32 one.
+    carried = {}
+    for name in expected:
+        if name in ("params", QUANT_STATS, QUANT_PARAMS) or name not in fp32_variables:
+            continue
+        carried[name] = unfreeze(fp32_variables[name])
+        want = _tree_shapes(unfreeze(expected[name]))
+        if _tree_shapes(carried[name]) != want:
+            raise ValueError(
+                f"fp32_variables[{name!r}] does not match the QAT model's {name!r} collection: "
+                f"got {_tree_shapes(carried[name])}, expected {want}"
+            )
+    state_collections = tuple(name for name in expected if name != "params" and name not in carried)
     state = unfreeze(_fresh_state(qat_model, state_collections, args, array_kwargs, flags))
     state.setdefault(QUANT_STATS, {})
-    return {"params": params, **state}
+    return {"params": params, **carried, **state}
 
 
 def _observers(stats: Any) -> dict[tuple[str, ...], dict[str, Any]]:
@@ -437,7 +480,8 @@ def calibrate(
 
     Raises:
       TypeError: `batches` is not an iterable of batches (e.g. one mapping
-        batch: wrap it in a list).
+        batch: wrap it in a list), or a TFT batch is a plain tuple or list
+        (its inputs have no names).
       ValueError: `batches` is empty (the observers would stay uncalibrated,
         the activations unquantized), or a batch made an observed range NaN
         or inf (NaN or inf in the batch, or an overflowing activation).
@@ -445,8 +489,9 @@ def calibrate(
     _check_model(qat_model)
     _check_variables("qat_variables", qat_variables)
     limit = qat_model.qat_config.calibration_batches if num_batches is None else num_batches
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+    if isinstance(limit, bool) or not isinstance(limit, numbers.Integral) or limit < 1:
         raise ValueError(f"num_batches must be a positive int, got {num_batches!r}")
+    limit = int(limit)
     _check_batches(batches)
 
     variables = dict(qat_variables)
@@ -454,7 +499,9 @@ def calibrate(
     for batch in itertools.islice(batches, limit):
         args, kwargs = qat_model.batch_inputs(batch)
         variables, batch_finite = _calibration_step(
-            qat_model, variables, *_split_flags(tuple(args), qat_model.inference_kwargs(kwargs))
+            qat_model,
+            variables,
+            *_split_flags(tuple(args), qat_model.inference_kwargs(kwargs, len(args))),
         )
         finite.append(batch_finite)
     if not finite:
@@ -523,7 +570,9 @@ def convert(qat_variables: Variables, bits: int | None = None) -> dict[str, Any]
     `round(w / s)`, `s = max|w| / qmax` over the input axis, dtype int8 and
     the same shape; its scale goes to `int8/<layer>/dot_general/weight_scale`
     (`(F,)` or `(V, F)`). Biases, LayerNorm and embeddings stay float.
-    `'quant_stats'` (and `'quant_params'`) are carried over for the activations.
+    The other collections are carried over: `'quant_stats'` (and
+    `'quant_params'`) for the activations, the model's own state (e.g.
+    BatchNorm's `'batch_stats'`) as it is.
 
     Args:
       qat_variables: the QAT model's variables (from `from_fp32`, calibrated, trained).
@@ -534,7 +583,9 @@ def convert(qat_variables: Variables, bits: int | None = None) -> dict[str, Any]
     Raises:
       ValueError: no layer was quantized (variables not made by `from_fp32`
         of a QAT model with quantization on), `bits` differs from the QAT
-        config's, or a quantized layer has no `kernel` of at least 2 axes.
+        config's, a quantized layer has no `kernel` of at least 2 axes, or
+        its kernel is already integer (the variables are `convert`'s output:
+        converting them again would read the codes as weights).
 
     Warns:
       UserWarning: some activation observers never saw a batch (`calibrate`
@@ -569,6 +620,12 @@ def convert(qat_variables: Variables, bits: int | None = None) -> dict[str, Any]
                 f"quantized layer {'/'.join(path[:-1])} needs a 'kernel' param with >= 2 axes "
                 f"(I, F) or (V, I, F), got {got}"
             )
+        if not jnp.issubdtype(jnp.result_type(params[kernel_path]), jnp.floating):
+            raise ValueError(
+                f"the kernel of quantized layer {'/'.join(path[:-1])} is "
+                f"{jnp.result_type(params[kernel_path])}, not float: qat_variables are already "
+                "converted (qat.convert's output); convert the QAT variables instead"
+            )
         kernel_paths.append(kernel_path)
     _warn_uncalibrated(qat_variables)
     quantized = _quantize_kernels(
@@ -582,9 +639,9 @@ def convert(qat_variables: Variables, bits: int | None = None) -> dict[str, Any]
         "params": traverse_util.unflatten_dict(params),
         INT8: traverse_util.unflatten_dict(scales),
     }
-    for name in (QUANT_STATS, QUANT_PARAMS):
-        if name in qat_variables:
-            converted[name] = unfreeze(qat_variables[name])
+    for name, collection in qat_variables.items():
+        if name not in converted:
+            converted[name] = unfreeze(collection)
     return converted
 
 
@@ -645,7 +702,7 @@ def int8_apply(
         raise ValueError("qat_model.qat_config.bits is None: there is no int8 model to run")
     _check_int8_variables(qat_model, int8_variables)
     model = qat_model.with_dot_general(int8_dot_general(qat_model.qat_config))
-    return model.apply(int8_variables, *inputs, **qat_model.inference_kwargs(kwargs))
+    return model.apply(int8_variables, *inputs, **qat_model.inference_kwargs(kwargs, len(inputs)))
 
 
 def tree_bytes(tree: Any) -> int:

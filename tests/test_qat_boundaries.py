@@ -291,3 +291,38 @@ def test_int8_apply_refuses_a_learnable_scale_mismatch():
         np.asarray(learned.apply(variables, sample())),
         atol=1e-5,
     )
+
+
+def test_numpy_integer_calibration_counts_are_taken_as_ints():
+    # Before: QATConfig kept np.int64, and calibrate then refused it as
+    # "num_batches must be a positive int, got None" (the argument it was not given).
+    config = QATConfig(calibration_batches=np.int64(2))
+    assert type(config.calibration_batches) is int and config.calibration_batches == 2
+    qat_model, _, fresh = tiny()
+    numpy_model = QATModel(qat_model.model, config)
+    calibrated = calibrate(numpy_model, fresh, [sample(seed) for seed in range(3)])
+    assert int(calibrated["quant_stats"]["Dense_0"]["dot_general"]["num_batches"]) == 2
+    calibrated = calibrate(qat_model, fresh, [sample(0), sample(1)], num_batches=np.int64(1))
+    assert int(calibrated["quant_stats"]["Dense_0"]["dot_general"]["num_batches"]) == 1
+
+
+def test_converting_converted_variables_again_is_refused():
+    # Before: the int8 codes were read as weights: every weight scale became 1
+    # and the int8 output was off by hundreds.
+    qat_model, _, fresh = tiny()
+    int8_vars = convert(calibrate(qat_model, fresh, [sample()]))
+    with pytest.raises(ValueError, match=r"Dense_0 is int8, not float: qat_variables are already"):
+        convert(int8_vars)
+
+
+def test_the_qat_forward_refuses_converted_variables():
+    # Before: nn.Dense cast the int8 codes to float and the QAT forward used
+    # them as weights (an output off by hundreds), calibrate likewise.
+    qat_model, _, fresh = tiny()
+    int8_vars = convert(calibrate(qat_model, fresh, [sample()]))
+    with pytest.raises(ValueError, match=r"'int8' collection of qat\.convert: run them with"):
+        qat_model.apply(int8_vars, sample())
+    with pytest.raises(ValueError, match=r"'int8' collection of qat\.convert: run them with"):
+        jax.jit(qat_model.apply)(int8_vars, sample())
+    with pytest.raises(ValueError, match=r"'int8' collection of qat\.convert: run them with"):
+        calibrate(qat_model, int8_vars, [sample()])

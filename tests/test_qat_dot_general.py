@@ -341,3 +341,22 @@ def test_int8_layer_rejects_a_wide_integer_kernel():
     params = {**variables["params"], "kernel": kernel}
     with pytest.raises(TypeError, match=r"int8 kernel made by qat\.convert"):
         integer_module.apply({**variables, "params": params, "int8": {}}, X)
+
+
+@pytest.mark.parametrize("bounds", [(0.0, np.inf), (-np.inf, 1.0)])
+@pytest.mark.parametrize("use_jit", [False, True])
+def test_non_finite_input_bounds_are_refused_naming_them(bounds, use_jit):
+    # Before: an infinite bound made the activation scale inf and, under jit,
+    # every output NaN (outside jit a "scale must be finite" from deep inside).
+    module = qat_linear(input_bounds=bounds)
+    initialize = jax.jit(module.init) if use_jit else module.init
+    with pytest.raises(ValueError, match=r"lhs_bounds must be finite with low < high"):
+        initialize(jax.random.key(0), X)
+
+
+def test_int8_layer_refuses_non_finite_input_bounds():
+    converted = int8_variables(init(qat_linear(), X), 0)
+    int8_cls = functools.partial(Int8DotGeneral, config=QATConfig())
+    module = Linear(4, dot_general_cls=int8_cls, input_bounds=(-1.0, np.inf))
+    with pytest.raises(ValueError, match=r"lhs_bounds must be finite with low < high"):
+        jax.jit(module.apply)(converted, X)

@@ -295,3 +295,82 @@ def test_a_flag_given_by_position_stays_static_in_from_fp32_and_calibrate():
         calibrated = calibrate(qat_model, qat_vars, [(x, squash)])
         out = np.asarray(qat_model.apply(calibrated, x, squash))
         assert (np.abs(out).max() <= 1.0) == squash  # the flag reached the model
+
+
+class NormalizedMLP(nn.Module):
+    """Hooked `nn.Dense` layers around a BatchNorm: model state in `'batch_stats'`."""
+
+    dot_general_cls: Any = None
+
+    @nn.compact
+    def __call__(self, x):
+        hidden = nn.Dense(HIDDEN, dot_general_cls=self.dot_general_cls)(x)
+        hidden = nn.BatchNorm(use_running_average=True)(hidden)
+        return nn.Dense(OUT, dot_general_cls=self.dot_general_cls)(nn.relu(hidden))
+
+
+@functools.cache
+def normalized(bits: int | None):
+    """`(qat_model, fp32 variables with trained-looking batch_stats, from_fp32's variables)`."""
+    model = NormalizedMLP()
+    x = batches(1)[0]
+    fp32 = jax.jit(model.init)(jax.random.key(0), x)
+    rng = np.random.default_rng(1)
+    stats = fp32["batch_stats"]["BatchNorm_0"]
+    fp32 = {
+        **fp32,
+        "batch_stats": {
+            "BatchNorm_0": {
+                "mean": rng.normal(size=stats["mean"].shape).astype(np.float32),
+                "var": rng.uniform(0.5, 4.0, stats["var"].shape).astype(np.float32),
+            }
+        },
+    }
+    qat_model = QATModel(model, QATConfig(bits=bits))
+    return qat_model, fp32, from_fp32(fp32, qat_model, x)
+
+
+def test_from_fp32_keeps_the_models_own_state_so_disabled_qat_is_the_fp32_model():
+    # Before: 'batch_stats' came back freshly initialised (mean 0, var 1).
+    qat_model, fp32, qat_vars = normalized(None)
+    jax.tree.map(np.testing.assert_array_equal, qat_vars["batch_stats"], fp32["batch_stats"])
+    x = batches(2)[1]
+    np.testing.assert_array_equal(
+        fake_forward(qat_model, qat_vars, x), jax.jit(NormalizedMLP().apply)(fp32, x)
+    )
+
+
+def test_from_fp32_refuses_model_state_of_another_shape():
+    qat_model, fp32, _ = normalized(8)
+    stats = {"BatchNorm_0": {"mean": np.zeros(HIDDEN + 1, np.float32), "var": np.ones(HIDDEN)}}
+    with pytest.raises(ValueError, match=r"fp32_variables\['batch_stats'\] does not match"):
+        from_fp32({**fp32, "batch_stats": stats}, qat_model, batches(1)[0])
+
+
+def test_convert_carries_the_models_own_state_into_int8_inference():
+    # Before: convert dropped 'batch_stats' and int8_apply failed in Flax.
+    qat_model, fp32, qat_vars = normalized(8)
+    calibrated = calibrate(qat_model, qat_vars, batches(2))
+    int8_vars = convert(calibrated)
+    jax.tree.map(np.testing.assert_array_equal, int8_vars["batch_stats"], fp32["batch_stats"])
+    x = batches(3)[2]
+    fake = np.asarray(fake_forward(qat_model, calibrated, x))
+    integer = np.asarray(int8_forward(qat_model, int8_vars, x))
+    assert np.max(np.abs(integer - fake)) <= np.ptp(fake) / 255
+
+
+def test_deterministic_given_by_position_is_not_given_twice():
+    # Before: from_fp32, calibrate and int8_apply added deterministic=True as a
+    # keyword too: "got multiple values for argument 'deterministic'".
+    qat_model, fp32, by_keyword = quantized(DenseMLP)
+    x = batches(1)[0]
+    fresh = from_fp32(fp32, qat_model, x, True)
+    calibrated = calibrate(qat_model, fresh, [(x, True) for x in batches()])
+    jax.tree.map(np.testing.assert_array_equal, calibrated, by_keyword)
+    int8_vars = convert(calibrated)
+    np.testing.assert_allclose(
+        int8_apply(qat_model, int8_vars, x, True),
+        int8_forward(qat_model, int8_vars, x),
+        rtol=1e-6,
+        atol=1e-6,
+    )

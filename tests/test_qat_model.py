@@ -318,3 +318,13 @@ def test_int8_apply_needs_converted_variables_and_enabled_quantization():
     disabled = QATTemporalFusionTransformer(CONFIG, QATConfig(bits=None))
     with pytest.raises(ValueError, match="bits is None"):
         int8_apply(disabled, convert(calibrated), **INPUTS[0])
+
+
+def test_calibrate_refuses_a_tft_batch_given_as_a_plain_tuple():
+    # Before: the tuple was read as an object without attributes, and the TFT
+    # answered "historical is required" although historical was in the tuple.
+    model, fresh, _ = qat_setup()
+    inputs = INPUTS[0]
+    batch = (inputs["static"], inputs["historical"], inputs["future"])
+    with pytest.raises(TypeError, match=r"mapping or an object .* got a tuple of 3 items"):
+        calibrate(model, fresh, [batch])
