@@ -323,6 +323,19 @@ def _join_flags(
     return joined, {**kwargs, **dict(keywords)}
 
 
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _initial_variables(
+    qat_model: _QuantizedModel,
+    rngs: dict[str, Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    flags: _Static,
+) -> dict[str, Any]:
+    """The QAT model's `init`; `from_fp32` takes its shapes, traced once per equal model."""
+    args, kwargs = _join_flags(args, kwargs, flags)
+    return qat_model.init(rngs, *args, **kwargs)
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1, 4))
 def _fresh_state(
     qat_model: _QuantizedModel,
@@ -361,11 +374,7 @@ def from_fp32(
     rngs = {"params": jax.random.key(0), "dropout": jax.random.key(0)}
     args, array_kwargs, flags = _split_flags(tuple(inputs), kwargs)
 
-    def init(rngs: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        args, kwargs = _join_flags(args, kwargs, flags)
-        return qat_model.init(rngs, *args, **kwargs)
-
-    expected = jax.eval_shape(init, rngs, args, array_kwargs)
+    expected = _initial_variables.eval_shape(qat_model, rngs, args, array_kwargs, flags)
     params = unfreeze(fp32_variables["params"])
     if _tree_shapes(params) != _tree_shapes(unfreeze(expected["params"])):
         raise ValueError(
