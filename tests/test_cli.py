@@ -453,6 +453,47 @@ def test_the_clipping_experiment_takes_no_eval_batch_size_it_would_ignore(capsys
     assert "unrecognized arguments: --eval-batch-size 3" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags", [["--season-period", "3"], ["--nonnegative"]])
+def test_the_clipping_experiment_takes_no_forecast_flags_it_would_ignore(capsys, flags):
+    # It scores no forecast: neither flag reached anything it computes.
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["experiment", "clipping", *flags])
+    assert f"unrecognized arguments: {' '.join(flags)}" in capsys.readouterr().err
+
+
+def _help(capsys, monkeypatch, *command: str) -> str:
+    """The `--help` of a command, each flag's help on one line (no wrapping)."""
+    monkeypatch.setenv("COLUMNS", "1000")
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args([*command, "--help"])
+    return capsys.readouterr().out
+
+
+def test_help_states_which_form_of_a_boolean_flag_is_the_default(capsys, monkeypatch):
+    text = _help(capsys, monkeypatch, "train")
+    # argparse puts the help of a long pair of flags on the next line.
+    (line,) = re.findall(r"--window-normalization, --no-window-normalization\s+(.*)", text)
+    assert DataConfig.__dataclass_fields__["window_normalization"].default is True
+    assert line.endswith("(default --window-normalization)")
+
+
+def test_help_states_an_overridden_default_once(capsys, monkeypatch):
+    # The clipping experiment's own width replaces the config's "(default: --hidden-dim)".
+    text = _help(capsys, monkeypatch, "experiment", "clipping")
+    (line,) = re.findall(r"--variable-hidden-dim VARIABLE_HIDDEN_DIM\s+(.*)", text)
+    assert line.count("default") == 1 and line.endswith("(default 8)")
+
+
+@pytest.mark.parametrize(
+    "flags", [["--dayfirst"], ["--encoding", "latin-1"], ["--encoding", "utf-8"]]
+)
+def test_reading_flags_without_csv_are_refused_not_dropped(flags):
+    # The bundled table is read with its own settings: these flags would do nothing.
+    args = cli.build_parser().parse_args(["train", *flags])
+    with pytest.raises(UsageError, match=rf"^{flags[0]} describe a table but no --csv was given"):
+        forecaster_config(args, qat=False)
+
+
 def _day_first_latin1_table(csv_path: pathlib.Path, path: pathlib.Path) -> pd.DataFrame:
     table = pd.read_csv(csv_path)
     table["store"] = table["store"].str.replace("alpha", "alph\u00e9")
@@ -483,6 +524,20 @@ def test_reading_flags_apply_over_the_runs_data_settings(csv_path, tmp_path):
     wrong = cli.build_parser().parse_args([*argv, "--encoding", "latin-1", "--time-format", "%Y"])
     with pytest.raises(UsageError, match=r"^--csv .*dmy\.csv: column 'day' has 300 times not in"):
         cli.read_given_csv(path, "--csv", forecaster, wrong)
+
+
+def test_a_folder_saved_by_forecaster_save_needs_csv_instead_of_the_bundled_table(csv_path):
+    # config.json without the CLI's `source`: the run-reading commands used to fall back to
+    # the pedestrian counts and fail on their columns ("table lacks columns ['store', ...]").
+    args = cli.build_parser().parse_args(["evaluate", "--run", "saved"])
+    train = cli.build_parser().parse_args(["train", *table_args(csv_path)])
+    mine = Forecaster.from_config(forecaster_config(train, qat=False))
+    with pytest.raises(UsageError, match=r"^--run saved: its config.json names no training table"):
+        cli.run_table(args, {"data": {}}, mine)
+    pedestrian = Forecaster.from_config(ForecasterConfig(data=DataConfig.pedestrian()))
+    assert list(cli.run_table(args, {}, pedestrian).columns[:2]) == ["Sensor", "Date_Time"]
+    # `tft-jax train` without --csv records `source.csv` None: the bundled table.
+    assert "Sensor" in cli.run_table(args, {"source": {"csv": None}}, mine).columns
 
 
 @pytest.mark.parametrize(
@@ -787,6 +842,30 @@ def test_plot_finds_numeric_series_ids_given_to_series(capsys, trained_run, csv_
     assert code == 0, err
     assert "future_fp32.png" in stdout and future_png.read_bytes()[:8] == PNG_SIGNATURE
     assert cli.chosen_series(["303", "101"], table["store"]) == [303, 101]
+
+
+@pytest.mark.slow
+def test_plot_reads_the_runs_table_as_the_run_did_whatever_the_future_csvs_format(
+    capsys, trained_run, csv_path, tmp_path
+):
+    # The reading flags describe --future-csv; the run's own table (ISO dates) used to be
+    # parsed with them for the future chart, and refused.
+    last = pd.Timestamp(pd.read_csv(csv_path)["day"].max())
+    days = pd.date_range(last + pd.Timedelta(days=1), periods=HORIZON, freq="D")
+    future = pd.DataFrame(
+        [(store, day.strftime("%d/%m/%Y"), 0.0) for store in ("alpha", "beta", "gamma")
+         for day in days],
+        columns=["store", "day", "promo"],
+    )  # fmt: skip
+    future.to_csv(tmp_path / "future_dmy.csv", index=False)
+    future_png = trained_run / "plots" / "future_fp32.png"
+    future_png.unlink(missing_ok=True)
+    code, stdout, err = run(
+        capsys, "plot", "--run", str(trained_run), "--future-csv", str(tmp_path / "future_dmy.csv"),
+        "--time-format", "%d/%m/%Y", "--compile-cache", "none", "--quiet",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "future_fp32.png" in stdout and future_png.read_bytes()[:8] == PNG_SIGNATURE
 
 
 @pytest.mark.slow

@@ -223,3 +223,47 @@ def test_future_chart_reads_history_with_daylight_saving_offsets_in_the_forecast
     ((_, context),) = drawn
     assert list(context["time"]) == list(local[-10:])
     assert str(context["time"].dt.tz) == "Europe/Paris"
+
+
+def _pixels_of(path, color: str) -> int:
+    """Pixels of a PNG within a small distance of the colour `#rrggbb`."""
+    import matplotlib.image
+
+    image = np.round(matplotlib.image.imread(path)[..., :3] * 255).astype(int)
+    rgb = np.array([int(color[i : i + 2], 16) for i in (1, 3, 5)])
+    return int((np.abs(image - rgb).sum(axis=-1) <= 6).sum())
+
+
+def test_fan_chart_draws_one_step_forecasts_visibly(tmp_path):
+    # Horizon 1: every window is one point, which a filled band and a line do not show.
+    times = pd.date_range("2024-01-01", periods=12, freq="h")
+    starts = times[[9, 11]]
+    context = pd.DataFrame({"sensor": "north", "time": times[:9], "actual": 10.0})
+
+    def draw(name, median, lower, upper):
+        forecasts = pd.DataFrame(
+            {"sensor": "north", "forecast_start": starts, "time": starts, "p10": lower,
+             "p50": median, "p90": upper, "actual": 10.0}
+        )  # fmt: skip
+        return plots.plot_forecast_fans(
+            tmp_path / name, forecasts, context, id_col="sensor", time_col="time",
+            lower="p10", median="p50", upper="p90",
+        )  # fmt: skip
+
+    drawn = draw("drawn.png", 20.0, 5.0, 30.0)
+    # The same chart without forecast values: only the legend shows their colours.
+    legend_only = draw("legend.png", math.nan, math.nan, math.nan)
+    for color in (plots._MEDIAN, plots._BAND):
+        assert _pixels_of(drawn, color) > _pixels_of(legend_only, color) + 20, color
+
+
+def test_loss_curves_draw_a_single_evaluation_visibly(tmp_path):
+    # A time budget spent by the first step leaves one point of training loss.
+    def draw(name, loss):
+        phases = {"fp32": {"step": [1], "train_loss": [loss], "val_loss": [None]}}
+        return plots.plot_loss_curves(tmp_path / name, phases)
+
+    train_color = "#1f77b4"
+    assert _pixels_of(draw("one.png", 0.5), train_color) > (
+        _pixels_of(draw("none.png", None), train_color) + 20
+    )

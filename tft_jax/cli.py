@@ -60,6 +60,7 @@ from tft_jax.cli_parser import (
     multihost_arguments,
 )
 from tft_jax.data import load_pedestrian, read_table
+from tft_jax.data.pedestrian import PEDESTRIAN_SPEC
 from tft_jax.data.tables import _parse_times
 from tft_jax.distributed import (
     barrier,
@@ -164,10 +165,21 @@ def read_given_csv(
 def run_table(
     args: argparse.Namespace, config: dict[str, Any], forecaster: Forecaster
 ) -> pd.DataFrame:
-    """The table of a command: `--csv`, else the run's training table."""
+    """The table of a command: `--csv`, else the run's training table.
+
+    A folder saved by `Forecaster.save` names no table: `--csv` is needed
+    unless its settings are the bundled pedestrian table's.
+    """
     encoding = config.get("data", {}).get("encoding", "utf-8")
     if args.csv is not None:
         return read_given_csv(args.csv, "--csv", forecaster, args)
+    if "source" not in config:  # saved by `Forecaster.save`, which names no table
+        data = forecaster.config.data
+        if any(getattr(data, name) != value for name, value in PEDESTRIAN_SPEC.items()):
+            raise UsageError(
+                f"--run {args.run}: its config.json names no training table (a folder saved "
+                "by Forecaster.save, not `tft-jax train`); pass --csv TABLE"
+            )
     source = config.get("source", {}).get("csv")
     if source is None:
         return load_pedestrian()
@@ -499,7 +511,9 @@ def command_plot(args: argparse.Namespace) -> int:
         )
     else:
         forecast = forecaster.predict(table, future, model=model)
-        reading = reading_config(forecaster, args)
+        # Times left as texts in `table` are in the run's format (`read_given_csv` parsed
+        # a --csv read with other flags): those flags may describe a --future-csv only.
+        run_data = forecaster.config.data
         figures.append(
             plots.plot_future(
                 args.run / "plots" / f"future_{model}.png",
@@ -509,12 +523,12 @@ def command_plot(args: argparse.Namespace) -> int:
                 time_col=spec.time_col,
                 target=spec.target,
                 quantiles=forecaster.tft_config.quantiles,
-                tail=min(forecaster.config.data.history, 3 * forecaster.config.data.horizon),
+                tail=min(run_data.history, 3 * run_data.horizon),
                 series=series,
                 title=f"{plots.MODEL_LABELS[model]}: forecast after the data",
-                time_format=reading.time_format,
-                dayfirst=reading.dayfirst,
-                timezone=reading.timezone,
+                time_format=run_data.time_format,
+                dayfirst=run_data.dayfirst,
+                timezone=run_data.timezone,
             )
         )
     for path in figures:

@@ -356,9 +356,12 @@ def add_options(
         default = option.default(overrides)
         kwargs = dict(option.kwargs)
         text = option.help
-        # argparse's BooleanOptionalAction states its default itself.
-        flag_action = kwargs.get("action") in ("store_true", argparse.BooleanOptionalAction)
-        if not flag_action and default not in (None, ()):
+        if overrides.get(option.flag) is not None:  # stated below, instead of the config's
+            text = re.sub(r"\s*\(default[^)]*\)", "", text)
+        if kwargs.get("action") is argparse.BooleanOptionalAction:
+            # argparse (3.11+) does not state it: which of the two forms is the default.
+            text = f"{text} (default {option.flag if default else '--no-' + option.flag[2:]})"
+        elif kwargs.get("action") != "store_true" and default not in (None, ()):
             shown = " ".join(map(str, default)) if isinstance(default, tuple) else default
             text = f"{text} (default {shown})"
         if kwargs.get("nargs") in ("*", "+") and isinstance(default, tuple):
@@ -427,13 +430,17 @@ def forecaster_config(args: argparse.Namespace, qat: bool) -> ForecasterConfig:
     data_values = section_values(args, "data")
     table_flags = ("id_col", "time_col", "target", "freq")
     if getattr(args, "csv", None) is None:
+        # By the flag (`--encoding utf-8` too) or the value (`--dayfirst`, a `store_true`
+        # that `given_flags` does not record): each would be dropped without a word.
+        flags = given_flags(args)
         given = [
             option.flag
             for option in DATA_OPTIONS
             if option.field
             in ("id_col", "time_col", "target", "freq", "static_cols", "known_cols",
-                "observed_cols", "timezone", "categorical_cols", "time_format")
-            and data_values.get(option.field)
+                "observed_cols", "timezone", "categorical_cols", "time_format", "dayfirst",
+                "encoding")
+            and (option.flag in flags or data_values.get(option.field) != option.default({}))
         ]  # fmt: skip
         if given:
             raise UsageError(
@@ -730,7 +737,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     data = clipping.add_argument_group("data")
     data.add_argument("--csv", type=pathlib.Path, help="long-format CSV, one row per series/time")
-    add_options(data, DATA_OPTIONS, CLIPPING_DEFAULTS)
+    # It scores no forecast: a seasonal naive period or clipping at 0 would do nothing.
+    unused = ("--season-period", "--nonnegative")
+    add_options(
+        data, [option for option in DATA_OPTIONS if option.flag not in unused], CLIPPING_DEFAULTS
+    )
     add_options(clipping.add_argument_group("model"), MODEL_OPTIONS, CLIPPING_DEFAULTS)
     add_options(clipping, [option for option in QAT_OPTIONS if option.flag == "--qat-bits"])
     defaults = ClippingSettings()

@@ -93,20 +93,30 @@ def plot_forecast_fans(
         # One band per forecast window, so consecutive windows are not joined.
         for start, window in rows.groupby("forecast_start", sort=True):
             first = start == rows["forecast_start"].min()
-            axis.fill_between(
-                window[time_col],
-                window[lower],
-                window[upper],
-                color=_BAND,
-                alpha=0.7,
-                lw=0,
-                label=f"{lower}-{upper}" if first else None,
-            )
+            band = f"{lower}-{upper}" if first else None
+            # A one-step window (horizon 1) has no width to fill nor a line to draw.
+            single = len(window) == 1
+            if single:
+                axis.vlines(
+                    window[time_col], window[lower], window[upper], color=_BAND, lw=6, label=band
+                )
+            else:
+                axis.fill_between(
+                    window[time_col],
+                    window[lower],
+                    window[upper],
+                    color=_BAND,
+                    alpha=0.7,
+                    lw=0,
+                    label=band,
+                )
             axis.plot(
                 window[time_col],
                 window[median],
                 color=_MEDIAN,
                 lw=1.3,
+                marker="o" if single else None,
+                ms=4,
                 label=median if first else None,
             )
         axis.set_title(str(name), fontsize=10, loc="left")
@@ -232,7 +242,15 @@ def plot_loss_curves(
     for index, (name, history) in enumerate(phases.items()):
         steps = _finite(history["step"]) + offset
         color = colors[index % len(colors)]
-        axis.plot(steps, _finite(history["train_loss"]), color=color, lw=1.2, label=f"{name} train")
+        # One evaluation (a budget spent by the first step) is a point: no line to draw.
+        axis.plot(
+            steps,
+            _finite(history["train_loss"]),
+            color=color,
+            lw=1.2,
+            marker="o" if steps.size == 1 else None,
+            label=f"{name} train",
+        )
         axis.plot(
             steps,
             _finite(history["val_loss"]),
