@@ -307,6 +307,33 @@ def test_attention_kernel_rejects_a_non_boolean_mask(dtype):
         scaled_dot_product_attention(q, q, q, additive)
 
 
+def test_attention_kernel_rejects_an_integer_query_instead_of_truncating_the_weights():
+    # The float32 softmax was cast back to the query's int32: every weight 0, output 0.
+    query = jnp.ones((1, 3, 2), jnp.int32)
+    with pytest.raises(TypeError, match=r"query must be floating point.*int32"):
+        scaled_dot_product_attention(query, jnp.ones((1, 3, 2)), jnp.ones((1, 3, 2)))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        # 1.0 zeroed the whole output; a negative rate switched dropout off; both silently.
+        (dict(dropout_rate=1.0), r"dropout_rate must be in \[0, 1\), got 1.0"),
+        (dict(dropout_rate=-0.5), r"dropout_rate must be in \[0, 1\), got -0.5"),
+        # 0 gave NaN weights; a negative temperature attended to the least similar keys.
+        (dict(temperature=0.0), "temperature must be positive, got 0.0"),
+        (dict(temperature=-1.0), "temperature must be positive, got -1.0"),
+    ],
+    ids=["dropout_one", "dropout_negative", "temperature_zero", "temperature_negative"],
+)
+def test_attention_kernel_rejects_a_dropout_rate_or_temperature_that_gives_garbage(kwargs, message):
+    q = jnp.ones((1, 3, 2))
+    with pytest.raises(ValueError, match=f"scaled_dot_product_attention: {message}"):
+        scaled_dot_product_attention(
+            q, q, q, dropout_rng=jax.random.key(0), deterministic=False, **kwargs
+        )
+
+
 def test_bfloat16_inputs_compute_in_bfloat16_with_float32_params():
     x = random_input(2, 7).astype(jnp.bfloat16)
     params = params_for(7)

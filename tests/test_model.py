@@ -371,6 +371,34 @@ def test_wrong_input_shapes_name_the_argument_and_both_shapes(name, shape, messa
         TemporalFusionTransformer(CONFIG).apply(init_variables(), **inputs)
 
 
+@pytest.mark.parametrize(
+    "name, convert, message",
+    [
+        ("historical", lambda a: a.tolist(), "historical must be a real-valued .* got list"),
+        (
+            "future",
+            lambda a: a.astype(str),
+            "future must be a real-valued .* got ndarray of dtype <U",
+        ),
+        ("static", lambda a: a.astype(object), "static must be a real-valued .* dtype object"),
+        (
+            "static_categorical",
+            lambda a: a.tolist(),
+            "static_categorical must be integer codes in a .* got list",
+        ),
+    ],
+    ids=["nested_list", "strings", "objects", "codes_as_list"],
+)
+def test_inputs_that_are_not_numeric_arrays_raise_type_error_naming_the_argument(
+    name, convert, message
+):
+    # JAX's own message ("Cannot determine dtype of [[...]]") named no argument.
+    inputs = make_inputs()
+    inputs[name] = convert(inputs[name])
+    with pytest.raises(TypeError, match=f"TemporalFusionTransformer: {message}"):
+        TemporalFusionTransformer(CONFIG).apply(init_variables(), **inputs)
+
+
 def test_out_of_range_categorical_codes_are_rejected():
     inputs = make_inputs()
     inputs["static_categorical"] = inputs["static_categorical"] + 3

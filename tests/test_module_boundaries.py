@@ -228,6 +228,29 @@ def test_categorical_embedding_checks_the_codes(codes, error, message):
 
 
 @pytest.mark.parametrize(
+    "codes, message",
+    [
+        (
+            np.array([[0, 4], [2, 0]], np.int32),
+            r"codes\[\.\.\., 1\] must lie in \[0, 4\).*\[0, 4\]",
+        ),
+        (
+            np.array([[-1, 0], [2, 3]], np.int32),
+            r"codes\[\.\.\., 0\] must lie in \[0, 3\).*\[-1, 2\]",
+        ),
+    ],
+    ids=["past_the_last_row", "negative"],
+)
+def test_categorical_embedding_rejects_concrete_codes_outside_the_table(codes, message):
+    # Used directly (not through the model) such codes were clipped to the last or the
+    # first row of the table, silently.
+    embedding = CategoricalEmbedding((3, 4), 5)
+    variables = init(embedding, np.zeros((2, 2), np.int32))
+    with pytest.raises(ValueError, match=f"CategoricalEmbedding: {message}"):
+        embedding.apply(variables, codes)
+
+
+@pytest.mark.parametrize(
     "cardinalities, message",
     [
         ((), "cardinalities must not be empty"),

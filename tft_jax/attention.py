@@ -45,13 +45,14 @@ def causal_mask(num_queries: int, num_keys: int, attend_to_self: bool = True) ->
     return key_steps <= query_steps if attend_to_self else key_steps < query_steps
 
 
-def _check_concrete_positive(name: str, value: Any) -> None:
+def _check_concrete_positive(name: str, value: Any, scalar: bool = True) -> None:
     """Raises `ValueError` unless `value` is a positive scalar (positivity: concrete values only).
 
     A non-scalar temperature would broadcast silently against the key axis of
-    the logits, so its shape is checked even under a trace.
+    the logits, so its shape is checked even under a trace (unless `scalar`
+    is False: the kernel takes any temperature that broadcasts).
     """
-    if jnp.ndim(value) != 0:
+    if scalar and jnp.ndim(value) != 0:
         raise ValueError(f"{name} must be a scalar, got shape {tuple(jnp.shape(value))}")
     if isinstance(value, jax.core.Tracer):
         return
@@ -61,8 +62,9 @@ def _check_concrete_positive(name: str, value: Any) -> None:
 
 def _check_floating(name: str, x: Array) -> None:
     """Raises `TypeError` unless `x` is a floating-point array (an integer input would be cast)."""
-    if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
-        raise TypeError(f"{name} must be floating point (float32, bfloat16, ...), got {x.dtype}")
+    dtype = jnp.result_type(x)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(f"{name} must be floating point (float32, bfloat16, ...), got {dtype}")
 
 
 def scaled_dot_product_attention(
@@ -96,8 +98,15 @@ def scaled_dot_product_attention(
       probabilities before dropout (what interpretability reads).
 
     Raises:
-      TypeError: `mask` is not boolean.
+      TypeError: `mask` is not boolean, or `query` is not floating point (the
+        weights take its dtype: cast to integers, all zero).
+      ValueError: `dropout_rate` is outside [0, 1) (1 zeroes the output, a
+        negative rate switches dropout off), or a concrete `temperature` is
+        not positive (0 gives NaN, a negative one inverts the attention).
     """
+    _check_floating("scaled_dot_product_attention: query", query)
+    check_dropout_rate("scaled_dot_product_attention", dropout_rate)
+    _check_concrete_positive("scaled_dot_product_attention: temperature", temperature, False)
     if mask is not None:
         mask = jnp.asarray(mask)
         if mask.dtype != jnp.bool_:

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 from flax import struct
 
@@ -166,9 +168,9 @@ class CategoricalEmbedding(nn.Module):
     """Embeds integer categorical variables: `(..., C) int -> (..., C, width)`.
 
     One table per variable (entity embeddings); statics are `(B, C)`, inputs
-    over time `(B, T, C)`. The model rejects codes outside
-    `[0, cardinality)` for concrete inputs; under `jit` they are clipped into
-    range (a gather cannot raise there).
+    over time `(B, T, C)`. Codes outside `[0, cardinality)` raise
+    `ValueError` for concrete inputs; under `jit` they are clipped into range
+    (a gather cannot raise there).
     """
 
     cardinalities: Sequence[int]
@@ -204,7 +206,9 @@ class CategoricalEmbedding(nn.Module):
         would be ignored; a float code cannot index a table.
 
         Raises:
-          ValueError: no cardinalities, a cardinality below 1, or the wrong column count.
+          ValueError: no cardinalities, a cardinality below 1, the wrong column
+            count, or (concrete codes only) a code outside `[0, cardinality)`,
+            which the gather would clip silently to the first or last row.
           TypeError: `codes` is not of an integer dtype.
         """
         cardinalities = tuple(self.cardinalities)
@@ -222,3 +226,13 @@ class CategoricalEmbedding(nn.Module):
             raise TypeError(
                 f"CategoricalEmbedding: codes must be integers, got {jnp.result_type(codes)}"
             )
+        if isinstance(codes, jax.core.Tracer) or not np.size(codes):
+            return
+        columns = np.asarray(codes).reshape(-1, len(cardinalities))
+        for index, cardinality in enumerate(cardinalities):
+            low, high = columns[:, index].min(), columns[:, index].max()
+            if low < 0 or high >= cardinality:
+                raise ValueError(
+                    f"CategoricalEmbedding: codes[..., {index}] must lie in [0, {cardinality}) "
+                    f"(cardinalities[{index}]), got values in [{low}, {high}]"
+                )

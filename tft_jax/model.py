@@ -74,7 +74,16 @@ def _check_array(name: str, value: Any, expected: tuple[Any, ...], integer: bool
     ):
         pretty = "(" + ", ".join("B" if want is None else str(want) for want in expected) + ")"
         raise ValueError(f"TemporalFusionTransformer: {name} must have shape {pretty}, got {shape}")
-    dtype = jnp.result_type(value)
+    try:
+        dtype = jnp.result_type(value)
+    except TypeError:
+        # A nested list, or an array of strings or objects: JAX's message names no argument.
+        kind = "integer codes in a" if integer else "a real-valued"
+        got = type(value).__name__ + (f" of dtype {value.dtype}" if hasattr(value, "dtype") else "")
+        error = IntegerCodesError if integer else TypeError
+        raise error(
+            f"TemporalFusionTransformer: {name} must be {kind} NumPy or JAX array, got {got}"
+        ) from None
     if integer and not jnp.issubdtype(dtype, jnp.integer):
         raise IntegerCodesError(
             f"TemporalFusionTransformer: {name} must be integer codes, got {dtype}"
