@@ -33,6 +33,7 @@ from tft_jax.forecaster.run_folder import check_params, model_param_shapes
 from tft_jax.model import TemporalFusionTransformer
 
 from .cli_tables import HISTORY, HORIZON, TINY_TRAINING, write_table
+from .tracing import recorded_traces
 
 DATA = DataConfig(
     id_col="store", time_col="day", target="sales", freq="D", static_cols=("size",),
@@ -91,29 +92,14 @@ def test_forecasts_start_one_step_after_each_series_end_and_survive_save_and_loa
     pd.testing.assert_frame_equal(loaded.predict(history, future), forecast)
 
 
-_TRACES: list[str] | None = None  # while a list: the functions JAX traces, by name
-
-
-def _record_trace(event: str, duration: float, **kwargs) -> None:
-    if _TRACES is not None and event == "/jax/core/compile/jaxpr_trace_duration":
-        _TRACES.append(str(kwargs.get("fun_name")))
-
-
-jax.monitoring.register_event_duration_secs_listener(_record_trace)
-
-
-def test_a_loaded_forecaster_predicts_with_the_forward_already_compiled(fitted):
-    global _TRACES
+def test_loading_and_predicting_again_trace_nothing(fitted):
     forecaster, table, saved = fitted
     history, future = cut(table, "2024-03-30")
     forecast = forecaster.predict(history, future)
-    loaded = Forecaster.load(saved)  # new model objects, equal to the fitted ones
-    _TRACES = []
-    try:
+    Forecaster.load(saved)  # the first load of a configuration checks its parameter shapes
+    with recorded_traces() as traced:
+        loaded = Forecaster.load(saved)  # new model objects, equal to the fitted ones
         again = loaded.predict(history, future)
-        traced, _TRACES = _TRACES, None
-    finally:
-        _TRACES = None
     pd.testing.assert_frame_equal(again, forecast)
     assert traced == []
 

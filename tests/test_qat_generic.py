@@ -25,6 +25,8 @@ from qat import (
 from qat.dot_general import lhs_rows_with_nan
 from tft_jax import Linear
 
+from .tracing import recorded_traces
+
 FEATURES, HIDDEN, OUT, BATCH = 5, 16, 3, 32
 
 
@@ -376,28 +378,12 @@ def test_deterministic_given_by_position_is_not_given_twice():
     )
 
 
-_TRACES: list[str] | None = None  # while a list: the functions JAX traces, by name
-
-
-def _record_trace(event: str, duration: float, **kwargs: Any) -> None:
-    if _TRACES is not None and event == "/jax/core/compile/jaxpr_trace_duration":
-        _TRACES.append(str(kwargs.get("fun_name")))
-
-
-jax.monitoring.register_event_duration_secs_listener(_record_trace)
-
-
 def test_from_fp32_of_an_equal_model_traces_nothing_again():
     """A refit builds a new, equal QAT model: its variables come from the compiled init."""
-    global _TRACES
     x = batches()[0]
     _, fp32, _ = quantized(MixedModel)
     first = from_fp32(fp32, QATModel(MixedModel(), QATConfig(bits=8)), x)
-    _TRACES = []
-    try:
+    with recorded_traces() as traced:
         again = from_fp32(fp32, QATModel(MixedModel(), QATConfig(bits=8)), x)
-        traced = _TRACES
-    finally:
-        _TRACES = None
     assert traced == []
     jax.tree.map(np.testing.assert_array_equal, again, first)

@@ -43,6 +43,8 @@ from tft_jax.train import (
     with_schedule_steps,
 )
 
+from .tracing import recorded_traces
+
 QUANTILES = (0.1, 0.5, 0.9)
 B, T, H, S, U, K = 4, 3, 2, 2, 2, 2
 
@@ -1083,6 +1085,18 @@ def test_equal_models_share_one_compiled_train_step_evaluate_and_predict() -> No
     assert [f._cache_size() for f in (_STEP_JITS[()], _eval_loss, _predict)] == sizes
     # The shared step still runs each model's own parameters.
     assert not np.allclose(host_copy(first.params)["head"]["bias"], second.params["head"]["bias"])
+
+
+def test_given_variables_are_checked_against_shapes_traced_once_per_equal_model() -> None:
+    batch = make_batch(1)
+    variables = create_train_state(TinyForecaster(), TINY_TX, jax.random.key(0), batch).variables
+    create_train_state(TinyForecaster(), TINY_TX, jax.random.key(1), batch, variables=variables)
+    with recorded_traces() as traced:
+        again = create_train_state(
+            TinyForecaster(), TINY_TX, jax.random.key(2), batch, variables=variables
+        )
+    assert traced == []
+    jax.tree.map(np.testing.assert_array_equal, again.params, variables["params"])
 
 
 def test_models_that_differ_or_cannot_be_hashed_keep_their_own_apply() -> None:

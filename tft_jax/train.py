@@ -467,6 +467,15 @@ def _init_variables(model: Any, rngs: dict[str, Array], args: tuple, kwargs: dic
     return _jitted_init(model, rngs, args, kwargs)
 
 
+def _init_shapes(model: Any, rngs: dict[str, Array], args: tuple, kwargs: dict) -> PyTree:
+    """The shapes and dtypes of the model's initial variables, traced once per equal model."""
+    try:
+        hash(model)
+    except TypeError:
+        return jax.eval_shape(model.init, rngs, *args, **kwargs)
+    return _jitted_init.eval_shape(model, rngs, args, kwargs)
+
+
 def create_train_state(
     model: Any,
     tx: optax.GradientTransformation,
@@ -519,7 +528,7 @@ def create_train_state(
     if variables is None:
         variables = _init_variables(model, init_rngs, args, kwargs)
     else:
-        _check_variables(variables, jax.eval_shape(model.init, init_rngs, *args, **kwargs))
+        _check_variables(variables, _init_shapes(model, init_rngs, args, kwargs))
     variables = {name: unfreeze(value) for name, value in variables.items()}
     if "params" not in variables:
         raise ValueError("create_train_state: the model has no 'params' collection")

@@ -17,6 +17,7 @@ refused with an error that names the folder and the file.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import pathlib
@@ -156,10 +157,17 @@ def model_param_shapes(config: TFTConfig) -> dict[str, tuple[int, ...]]:
     The FP32, QAT and int8 forms share this tree and these shapes (int8
     kernels hold codes).
     """
+    return dict(_model_param_shapes(config))
+
+
+@functools.lru_cache(maxsize=16)
+def _model_param_shapes(config: TFTConfig) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """`model_param_shapes` as pairs, traced once per configuration (every load checks them)."""
     args, kwargs = _abstract_inputs(config)
     rngs = {"params": jax.random.key(0), "dropout": jax.random.key(0)}
     model = TemporalFusionTransformer(config)
-    return _param_shapes(jax.eval_shape(model.init, rngs, *args, **kwargs)["params"])
+    shapes = _param_shapes(jax.eval_shape(model.init, rngs, *args, **kwargs)["params"])
+    return tuple(shapes.items())
 
 
 def check_params(
