@@ -9,6 +9,7 @@ import pytest
 from tft_jax.data import prepare_dataset
 from tft_jax.evaluation import (
     actuals,
+    baseline_metrics,
     evenly_spaced,
     fan_window_indices,
     forecast_frame,
@@ -225,3 +226,50 @@ def test_evenly_spaced_keeps_the_requested_count_in_order(dataset):
     assert np.all(np.diff(kept.starts) > 0)
     assert kept.starts[0] == windows.starts[0] and kept.starts[-1] == windows.starts[-1]
     assert evenly_spaced(windows, 10**6) is windows
+
+
+@pytest.fixture(scope="module")
+def log1p_dataset():
+    with pytest.warns(UserWarning, match="filled 2 missing target steps"):
+        return prepare_dataset(
+            make_table(),
+            id_col="shop",
+            time_col="day",
+            target="sales",
+            freq="D",
+            history=HISTORY,
+            horizon=HORIZON,
+            validation_fraction=0.2,
+            test_fraction=0.2,
+            target_transform="log1p",
+        )
+
+
+def test_scaled_loss_with_log1p_is_the_loss_on_the_models_scale(log1p_dataset):
+    # It divided original-unit errors by a scale of log1p units: 130 for a model
+    # whose loss on the scale it is trained on is 0.073.
+    dataset, windows = log1p_dataset, log1p_dataset.test
+    scale = window_scales(dataset, windows)
+    actual = actuals(dataset, windows)
+    # Seasonal naive, as evaluate scores it, against a float64 reference in log1p units.
+    naive = seasonal_naive_forecast(dataset, windows, period=7)
+    metrics = baseline_metrics(dataset, windows, QUANTILES, (7,))["seasonal_naive_7"]
+    errors = (np.log1p(naive) - np.log1p(actual)) / scale[:, None]
+    expected = np.mean([pinball(errors, 0.0, q) for q in QUANTILES])
+    assert metrics["mean_quantile_loss_scaled"] == pytest.approx(expected, rel=1e-4)
+    # A model: the scaled target plus a fixed offset per level scores that offset's loss.
+    offsets = np.array([-0.5, 0.2, 0.7])
+    predictions = predict_windows(offset_predictor(offsets), windows, batch_size=8)
+    forecast = to_original_units(dataset, windows, predictions.quantiles)
+    metrics = forecast_metrics(forecast, actual, QUANTILES, scale, "log1p")
+    expected = np.mean([pinball(o, 0.0, q) for o, q in zip(offsets, QUANTILES, strict=True)])
+    assert metrics["mean_quantile_loss_scaled"] == pytest.approx(expected, rel=1e-4)
+
+
+def test_scaled_loss_with_log1p_is_none_for_a_forecast_outside_the_domain():
+    actual = np.array([[1.0, 2.0]])
+    metrics = forecast_metrics(np.array([[0.5, -1.0]]), actual, QUANTILES, np.ones(1), "log1p")
+    assert metrics["mean_quantile_loss_scaled"] is None
+    assert metrics["p50_q_risk"] > 0  # the other metrics stay defined
+    with pytest.raises(ValueError, match=r"target_transform must be one of .* got 'log'"):
+        forecast_metrics(actual, actual, QUANTILES, np.ones(1), "log")

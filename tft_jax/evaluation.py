@@ -12,7 +12,10 @@ Metrics per model (`forecast_metrics`):
 - `mean_quantile_loss`: the pinball loss averaged over windows, steps and
   levels, in the target's units (`tft_jax.losses.quantile_loss`).
 - `mean_quantile_loss_scaled`: the same on the per-series scaled target, the
-  quantity the model is trained on (comparable across series).
+  quantity the model is trained on (comparable across series): forecasts and
+  targets go through the target transform (`log1p`) before the division by
+  the series' scale; None for a forecast outside the transform's domain (a
+  drifting baseline at or below -1 with `log1p`), where it is undefined.
 
 A point forecast (the seasonal naive baseline) is scored as if it predicted
 every quantile level with that one value.
@@ -29,6 +32,7 @@ import pandas as pd
 
 from tft_jax.baselines import seasonal_naive, seasonal_naive_with_drift
 from tft_jax.data import PreparedDataset, WindowSet, batch_indices
+from tft_jax.data.scaling import TARGET_TRANSFORMS, forward_transform
 from tft_jax.losses import q_risk, quantile_loss
 from tft_jax.train import Batch
 
@@ -244,7 +248,9 @@ def baseline_metrics(
                 history, windows.horizon, period
             )
         for name, forecast in forecasts.items():
-            results[name] = forecast_metrics(forecast, actual, quantiles, scale)
+            results[name] = forecast_metrics(
+                forecast, actual, quantiles, scale, dataset.target_scaler.target_transform
+            )
     return results
 
 
@@ -276,6 +282,7 @@ def forecast_metrics(
     actual: np.ndarray,
     quantiles: Sequence[float],
     scale: np.ndarray | None = None,
+    target_transform: str = "none",
 ) -> dict[str, Any]:
     """q-risk per level, P50/P90 q-risk and mean quantile losses (see the module docstring).
 
@@ -286,6 +293,9 @@ def forecast_metrics(
       quantiles: the `Q` levels.
       scale: optional `(N,)` per-window target scale; adds
         `mean_quantile_loss_scaled` (the loss of `forecast / scale`).
+      target_transform: the target transform the scale belongs to (one of
+        `tft_jax.data.scaling.TARGET_TRANSFORMS`): the scaled loss is that of
+        `transform(forecast) / scale` against `transform(actual) / scale`.
 
     Returns:
       A JSON-ready dict of floats.
@@ -309,11 +319,23 @@ def forecast_metrics(
         "mean_quantile_loss": float(quantile_loss(forecast, actual, levels)),
         "q_risk": risks,
     }
+    if target_transform not in TARGET_TRANSFORMS:
+        raise ValueError(
+            f"target_transform must be one of {TARGET_TRANSFORMS}, got {target_transform!r}"
+        )
     if scale is not None:
         divisor = np.asarray(scale, dtype=np.float64).reshape(-1, 1)
-        metrics["mean_quantile_loss_scaled"] = float(
-            quantile_loss(forecast / divisor[..., None], actual / divisor, levels)
-        )
+        if target_transform == "log1p" and not np.all(forecast > -1.0):
+            # log1p of a forecast at or below -1 is -inf or NaN: undefined, said as None.
+            metrics["mean_quantile_loss_scaled"] = None
+        else:
+            metrics["mean_quantile_loss_scaled"] = float(
+                quantile_loss(
+                    forward_transform(forecast, target_transform) / divisor[..., None],
+                    forward_transform(actual, target_transform) / divisor,
+                    levels,
+                )
+            )
     return metrics
 
 

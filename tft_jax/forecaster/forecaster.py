@@ -518,7 +518,9 @@ class Forecaster:
         }
         for name, prediction in predictions.items():
             forecast = self.postprocess(to_original_units(dataset, windows, prediction.quantiles))
-            models[name] = forecast_metrics(forecast, actual, quantiles, scale)
+            models[name] = forecast_metrics(
+                forecast, actual, quantiles, scale, dataset.target_scaler.target_transform
+            )
             if seconds is not None:
                 models[name]["seconds"] = seconds[name]
         return models, baselines
