@@ -10,16 +10,23 @@ they are built, not deep inside NumPy when an example is drawn.
 
 from __future__ import annotations
 
+import math
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
 from properties import checks, suite
 from properties import strategies as st_tft
+from properties.suite import attention as attention_suite
 from properties.suite import qat_tft
+from properties.suite import quantization as quantization_suite
+from qat import lsq
+from tft_jax import attention
 from tft_jax.config import TFTConfig
 
 from .causal_functions import cumsum, reverse_cumsum
@@ -336,3 +343,67 @@ def test_qat_suite_builds_the_model_of_a_config_with_categorical_inputs_over_tim
     )
     functions = qat_tft.qat_functions(config, qat_tft.QAT_CONFIG)
     assert set(functions.variables) == {"params", qat_tft.QUANT_STATS}
+
+
+# suite properties that passed on broken code
+
+
+@pytest.fixture
+def fresh_traces():
+    """Compiled suite functions dropped before and after: a patched module is traced afresh."""
+    suite.clear_caches()
+    yield
+    suite.clear_caches()
+
+
+def _bias_before_scale(next_fun, args, kwargs, context):
+    """The block's LayerNorm: `(normalized + bias) * scale`, not `normalized * scale + bias`."""
+    y = next_fun(*args, **kwargs)
+    module = context.module
+    if isinstance(module, nn.LayerNorm) and module.name == "layer_norm":
+        scale = module.get_variable("params", "scale")
+        bias = module.get_variable("params", "bias")
+        return y + bias * (scale - 1)
+    return y
+
+
+def test_attention_reference_catches_layer_norm_bias_applied_before_its_scale(fresh_traces):
+    # At initialization every bias is 0 and the LayerNorm scale 1: the reference
+    # property compared the block on exactly the parameters that hide such bugs.
+    x = np.random.default_rng(0).standard_normal((3, 5, 8)).astype(np.float32)
+    case = attention_suite.BlockCase(st_tft.AttentionConfig(8, 2, 5, 3), x, 0)
+    attention_suite.check_matches_reference(case)
+    suite.clear_caches()
+    with (
+        nn.intercept_methods(_bias_before_scale),
+        pytest.raises(AssertionError, match="TemporalSelfAttention differs"),
+    ):
+        attention_suite.check_matches_reference(case)
+
+
+def test_attention_unbiased_dropout_fails_when_dropout_is_not_applied(monkeypatch, fresh_traces):
+    # A kernel that ignores the rate is trivially unbiased: the property passed.
+    real = attention.scaled_dot_product_attention
+
+    def never_drops(*args, **kwargs):
+        return real(*args, **{**kwargs, "deterministic": True, "dropout_rng": None})
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 1, 5, 4)).astype(np.float32) for _ in range(3))
+    case = attention_suite.DropoutCase(q, k, v, 0.25, 0)
+    attention_suite.check_dropout_unbiased(case)
+    monkeypatch.setattr(attention, "scaled_dot_product_attention", never_drops)
+    suite.clear_caches()
+    with pytest.raises(AssertionError, match=r"dropout \(rate 0.25\) is not applied"):
+        attention_suite.check_dropout_unbiased(case)
+
+
+def test_lsq_gradient_scale_fails_when_the_scale_lacks_qmax(monkeypatch, fresh_traces):
+    # Comparing the tensor tiled k times with sqrt(k) x itself sees only the N in
+    # 1/sqrt(N qmax): a scale of 1/sqrt(N) (or any step gradient formula) passed.
+    case = find(st_tft.fake_quantize_cases(bits=(8,), symmetric=(True,)), lambda c: True)
+    quantization_suite.check_lsq_gradient_scale(case)
+    monkeypatch.setattr(lsq, "default_grad_scale", lambda n, size, qmax: 1 / math.sqrt(n // size))
+    suite.clear_caches()
+    with pytest.raises(AssertionError, match=r"1/sqrt\(N qmax\) = 1/sqrt\(\d+ x 127\)"):
+        quantization_suite.check_lsq_gradient_scale(case)

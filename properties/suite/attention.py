@@ -286,11 +286,29 @@ def _require_parameters(params: Any, names: Sequence[str]) -> None:
         )
 
 
+def _perturbed(params: Any, seed: int) -> Any:
+    """`params` with every element moved by `±U(0.125, 0.375)`, in the leaves' dtypes.
+
+    Initialized biases are 0 and LayerNorm scales 1: a reference run on them
+    cannot tell a bias added in the wrong place, or a scale and bias applied
+    in the wrong order, from the documented formula.
+    """
+    return jax.tree.map(
+        lambda leaf, step: (np.asarray(leaf) + 0.25 * step).astype(np.asarray(leaf).dtype),
+        params,
+        random_cotangent(params, seed),
+    )
+
+
 def check_matches_reference(case: BlockCase) -> None:
-    """The block computes the documented formula (`API.md`), against float64 NumPy."""
+    """The block computes the documented formula (`API.md`), against float64 NumPy.
+
+    With the initialized parameters perturbed (`_perturbed`), so that every
+    bias and LayerNorm parameter takes part.
+    """
     functions = _block(case)
-    params = functions.params
-    _require_parameters(params, ("query", "key", "value", "out", "layer_norm"))
+    _require_parameters(functions.params, ("query", "key", "value", "out", "layer_norm"))
+    params = _perturbed(functions.params, case.seed)
     y = functions.pullback(params, case.x, np.zeros_like(case.x))[0]
     expected = _reference_block(params, case.x, case.config.num_heads)
     np.testing.assert_allclose(
@@ -406,7 +424,9 @@ def check_dropout_unbiased(case: DropoutCase) -> None:
 
     Inverted dropout rescales kept probabilities by `1 / (1 - rate)`. Over
     `DROPOUT_SAMPLES` masks every element's mean must lie within 6 standard
-    errors of the deterministic output.
+    errors of the deterministic output. And dropout must take place: with a
+    rate above 0 every element varies over the masks (a kernel that ignores
+    the rate or `deterministic=False` is trivially "unbiased").
     """
     mean, std, expected = (
         np.asarray(a, np.float64)
@@ -414,6 +434,13 @@ def check_dropout_unbiased(case: DropoutCase) -> None:
             case.query, case.key, case.value, np.uint32(case.seed), rate=case.rate
         )
     )
+    if case.rate > 0 and not np.all(std > 0):
+        still = np.unravel_index(np.argmin(std), std.shape)
+        raise AssertionError(
+            f"attention dropout (rate {case.rate}) is not applied: at {[int(i) for i in still]} "
+            f"the output "
+            f"is the same ({mean[still]:.5g}) under all {DROPOUT_SAMPLES} masks"
+        )
     tolerance = 6.0 * std / math.sqrt(DROPOUT_SAMPLES) + 1e-6 * (1.0 + np.abs(expected))
     bias = np.abs(mean - expected)
     if not np.all(bias <= tolerance):

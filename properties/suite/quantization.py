@@ -7,8 +7,8 @@ sequences (degenerate batches included), and small dense-layer inputs.
 Properties: the straight-through gradient is exactly the clipped mask (for
 `fake_quantize` and LSQ, never checked by finite differences); error at most
 half a step inside the range, saturation outside; idempotence; jit ==
-eager; the LSQ step-size gradient grows as `sqrt(N)` (its `1/sqrt(N·qmax)`
-scale); observers give finite positive qparams on the grid for any batch,
+eager; the LSQ step-size gradient is Esser et al.'s eq. 3 times `1/sqrt(N·qmax)`
+(so it grows as `sqrt(N)`); observers give finite positive qparams on the grid for any batch,
 set the range from the first batch, represent every value they have seen,
 ignore element and (min-max) batch order; the QAT layer's gradients are
 straight through its fake-quantized operands.
@@ -104,14 +104,22 @@ def _value_and_gradient(qmin: int, qmax: int) -> Any:
     return jax.jit(value_and_gradient)
 
 
+def _off_ties(case: st_tft.FakeQuantizeCase) -> np.ndarray:
+    """`case.x` with the ties `x / s = k + 1/2` (and values within 1e-3 of one) scaled by 0.75.
+
+    XLA may compute `x / s` as `x * (1 / s)`, which rounds a tie either way.
+    """
+    codes = case.x.astype(np.float64) / np.float64(case.scale)
+    return np.where(np.abs(codes - np.floor(codes) - 0.5) < 1e-3, case.x * 0.75, case.x)
+
+
 def check_jit_matches_eager(case: st_tft.FakeQuantizeCase) -> None:
     """The compiled value and straight-through gradient equal op-by-op execution, exactly.
 
     Ties `x / s = k + 1/2` are moved off the tie: XLA may compute `x / s` as
     `x * (1 / s)` in either mode, which rounds a tie either way.
     """
-    codes = case.x.astype(np.float64) / np.float64(case.scale)
-    x = np.where(np.abs(codes - np.floor(codes) - 0.5) < 1e-3, case.x * 0.75, case.x)
+    x = _off_ties(case)
     checks.assert_jit_matches_eager(
         _value_and_gradient(case.qmin, case.qmax),
         x,
@@ -152,29 +160,59 @@ def _lsq_step_gradient(qmin: int, qmax: int) -> Any:
     return jax.jit(jax.grad(weighted))
 
 
-def check_lsq_gradient_scale(case: st_tft.FakeQuantizeCase) -> None:
-    """Repeating a tensor `k` times multiplies the LSQ step-size gradient by `sqrt(k)`.
+def _lsq_reference_step_gradient(
+    x: np.ndarray, upstream: np.ndarray, case: st_tft.FakeQuantizeCase
+) -> float:
+    """Esser et al. 2020, eq. 3, in float64: `g · Σ upstream · dy/ds`, `g = 1/sqrt(N·qmax)`.
 
-    The sum over elements grows `k`-fold and the gradient scale
-    `1/sqrt(N·qmax)` shrinks `sqrt(k)`-fold (Esser et al. 2020, section 2.2):
-    the step size learns at a rate independent of the tensor size.
+    `dy/ds` is `round(x/s) - x/s` on the grid, `qmin - zp` below it, `qmax - zp`
+    above it (`x` off the rounding ties).
+    """
+    ratio = x.astype(np.float64) / np.float64(case.scale)
+    rounded = np.round(ratio)
+    position = rounded + case.zero_point
+    d_step = np.where(
+        position < case.qmin,
+        case.qmin - case.zero_point,
+        np.where(position > case.qmax, case.qmax - case.zero_point, rounded - ratio),
+    )
+    grad_scale = 1.0 / math.sqrt(x.size * max(case.qmax, 1))
+    return float(grad_scale * np.sum(upstream.astype(np.float64) * d_step))
+
+
+def check_lsq_gradient_scale(case: st_tft.FakeQuantizeCase) -> None:
+    """The LSQ step-size gradient is Esser et al.'s, scaled by `1/sqrt(N·qmax)`.
+
+    Against a float64 reference of eq. 3 (section 2.2's scale included), and
+    repeating a tensor `k` times multiplies it by `sqrt(k)`: the sum over
+    elements grows `k`-fold and the gradient scale shrinks `sqrt(k)`-fold, so
+    the step size learns at a rate independent of the tensor size. The
+    rounding ties of `x` are moved off (`_off_ties`).
     """
     gradient = _lsq_step_gradient(case.qmin, case.qmax)
-    upstream = random_cotangent(case.x, 1)
+    x = _off_ties(case)
+    upstream = random_cotangent(x, 1)
     scale = np.float32(case.scale)
-    single = float(gradient(scale, case.x, np.float32(case.zero_point), upstream))
+    single = float(gradient(scale, x, np.float32(case.zero_point), upstream))
+    magnitude = (
+        np.abs(upstream).sum() * (case.qmax - case.qmin) / math.sqrt(x.size * max(case.qmax, 1))
+    )
+    reference = _lsq_reference_step_gradient(x, upstream, case)
+    if not abs(single - reference) <= 1e-4 * abs(reference) + 1e-6 * magnitude:
+        raise AssertionError(
+            f"the LSQ step gradient is {single:.6g}, Esser et al.'s eq. 3 with the gradient "
+            f"scale 1/sqrt(N qmax) = 1/sqrt({x.size} x {case.qmax}) gives {reference:.6g} "
+            f"(ratio {single / reference if reference else float('nan'):.4g})"
+        )
     tiled = float(
         gradient(
             scale,
-            np.tile(case.x, LSQ_TILES),
+            np.tile(x, LSQ_TILES),
             np.float32(case.zero_point),
             np.tile(upstream, LSQ_TILES),
         )
     )
     expected = math.sqrt(LSQ_TILES) * single
-    magnitude = (
-        np.abs(upstream).sum() * (case.qmax - case.qmin) / math.sqrt(case.x.size * case.qmax)
-    )
     if not abs(tiled - expected) <= 1e-4 * abs(expected) + 1e-6 * magnitude:
         raise AssertionError(
             f"the LSQ step gradient of x repeated {LSQ_TILES} times is {tiled:.6g}, expected "
