@@ -87,6 +87,20 @@ def _invalid_entries(values: np.ndarray, bad: np.ndarray, limit: int = 4) -> str
     return f"{shown}" + (f" (and {more} more)" if more > 0 else "")
 
 
+def _check_numeric(name: str, value: Any) -> None:
+    """Raises `TypeError` naming `name` unless `value` is a number or numeric array."""
+    try:
+        array = value if isinstance(value, jax.Array | np.ndarray) else np.asarray(value)
+        dtype = array.dtype
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"{name} must be a number or numeric array, got {value!r}") from error
+    if not (jnp.issubdtype(dtype, jnp.number) or dtype == np.bool_):
+        raise TypeError(
+            f"{name} must be a number or numeric array, got {type(value).__name__} {value!r} "
+            f"(dtype {dtype})"
+        )
+
+
 def check_qparams(
     scale: Array,
     zero_point: Array,
@@ -108,6 +122,9 @@ def check_qparams(
     the grid is then shifted off the range of the codes. Only concrete values
     are checked (under `jax.jit` they are tracers and the call stays free of host syncs).
     """
+    for name, value in (("scale", scale), ("zero_point", zero_point)):
+        if is_concrete(value):
+            _check_numeric(name, value)
     if is_concrete(scale):
         values = np.asarray(scale, np.float64)
         bad = ~np.isfinite(values) | ((values <= 0) if positive_scale else False)
@@ -213,6 +230,7 @@ def fake_quantize(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: in
         1e300 to inf, XLA flushes subnormals to 0), or a concrete `zero_point`
         that is not an integer in `[qmin, qmax]` (either would give NaN or a
         shifted grid).
+      TypeError: a `scale` or `zero_point` that is not a number or numeric array.
 
     References:
       PyTorch `torch.fake_quantize_per_tensor_affine` / `per_channel_affine`.
@@ -331,7 +349,12 @@ class FakeQuantize:
             raise TypeError(
                 f"observer must be a qat.QuantizationObserver, got {type(observer).__name__}"
             )
-        if is_concrete(observer.num_batches) and int(observer.num_batches) == 0:
+        # A per-channel observer keeps shape () until its first batch: that is static,
+        # so it is refused under jax.jit too (it failed later with an IndexError).
+        unobserved_channels = observer.per_channel and jnp.ndim(observer.min_val) == 0
+        if unobserved_channels or (
+            is_concrete(observer.num_batches) and int(observer.num_batches) == 0
+        ):
             raise ValueError(
                 "observer has not observed any batch (num_batches == 0), so it has no range "
                 "to quantize with: call observer = observer.observe(x) first"

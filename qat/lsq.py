@@ -146,7 +146,8 @@ def lsq_fake_quantize(
       grad_scale: multiplier of the step-size gradient, a finite float >= 0
         known outside `jax.jit` (it is static); None means
         `1 / sqrt(N * qmax)` with `N = x.size / scale.size` (PyTorch's
-        `_LearnableFakeQuantize` with grad scaling).
+        `_LearnableFakeQuantize` with grad scaling per tensor; per channel PyTorch
+        uses `N = x.size`, here `N` counts the elements sharing a step size).
 
     Returns:
       An array of `x`'s shape and dtype, equal to `fake_quantize(x, max(|scale|, eps), ...)`.
@@ -155,7 +156,8 @@ def lsq_fake_quantize(
       ValueError: a concrete `scale` that is not finite (in the compute dtype), a concrete
         `zero_point` that is not an integer in `[qmin, qmax]`, or a
         `grad_scale` that is negative or not finite.
-      TypeError: a `grad_scale` that is not a number, or is traced.
+      TypeError: a `grad_scale` that is not a number, or is traced; a `scale` or
+        `zero_point` that is not a number or numeric array.
 
     References:
       Esser et al., "Learned Step Size Quantization", ICLR 2020.

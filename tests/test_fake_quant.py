@@ -267,3 +267,43 @@ def test_create_rejects_a_subnormal_float32_scale():
     # 1e-40 is a positive float32, but a subnormal one: XLA computes 0/0 = NaN at x = 0.
     with pytest.raises(ValueError, match=r"scale must be finite and > 0 in float32.*got \[9\.9999"):
         FakeQuantize.create(QATConfig(), scale=np.float32(1e-40))
+
+
+@pytest.mark.parametrize("function", ["fake_quantize", "lsq_fake_quantize"])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(scale="0.1"), r"scale must be a number or numeric array, got str '0\.1'"),
+        (dict(scale=None), "scale must be a number or numeric array, got NoneType None"),
+        (dict(zero_point="3"), "zero_point must be a number or numeric array, got str '3'"),
+    ],
+)
+def test_non_numeric_qparams_raise_type_error_naming_them(function, kwargs, match):
+    # A string scale failed in numpy ("could not convert string to float") without
+    # naming the argument; None passed as NaN ("got [nan]").
+    from qat import lsq_fake_quantize
+
+    quantizer = {"fake_quantize": fake_quantize, "lsq_fake_quantize": lsq_fake_quantize}[function]
+    arguments = dict(x=jnp.ones(4), scale=0.1, zero_point=0, qmin=0, qmax=15) | kwargs
+    with pytest.raises(TypeError, match=match):
+        quantizer(**arguments)
+
+
+def test_from_observer_refuses_an_unobserved_per_channel_observer_under_jit():
+    # Its state keeps shape () until the first batch (static even when traced): the
+    # quantizer it gave failed later, on call, with "IndexError: tuple index out of range".
+    from qat import QuantizationObserver
+
+    observer = QuantizationObserver.create(QATConfig(per_channel=True, channel_axis=0))
+
+    @jax.jit
+    def quantize_with(observer, x):
+        return FakeQuantize.from_observer(observer)(x)
+
+    with pytest.raises(ValueError, match="has not observed any batch"):
+        quantize_with(observer, jnp.ones((3, 4)))
+    observed = observer.observe(jnp.arange(12.0).reshape(3, 4))
+    np.testing.assert_array_equal(
+        np.asarray(quantize_with(observed, jnp.ones((3, 4)))),
+        np.asarray(FakeQuantize.from_observer(observed)(jnp.ones((3, 4)))),
+    )
