@@ -63,7 +63,9 @@ def check_grid(qmin: Any, qmax: Any) -> tuple[int, int]:
 
 
 def check_broadcastable(name: str, value: Array, x_shape: tuple[int, ...]) -> None:
-    """Raises unless `value` broadcasts to `x_shape` without enlarging it."""
+    """Raises unless `value` broadcasts to `x_shape` without enlarging it, or is not numeric."""
+    if is_concrete(value):
+        _check_numeric(name, value)
     try:
         shape = jnp.broadcast_shapes(jnp.shape(value), x_shape)
     except ValueError:
