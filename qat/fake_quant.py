@@ -63,7 +63,7 @@ def check_grid(qmin: Any, qmax: Any) -> tuple[int, int]:
 
 
 def check_broadcastable(name: str, value: Array, x_shape: tuple[int, ...]) -> None:
-    """Raises if concrete `value` is not numeric, or if it enlarges `x_shape` when broadcast."""
+    """Raises if concrete `value` is not numeric, or if it does not broadcast to `x_shape` as is."""
     if is_concrete(value):
         _check_numeric(name, value)
     try:
