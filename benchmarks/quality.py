@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import time
 import warnings
@@ -117,6 +118,21 @@ def run(
     }
 
 
+def finite_or_none(value: Any) -> Any:
+    """`value` with every NaN or infinite float (the q-risk of a NaN forecast) as None.
+
+    Python's `json.dumps` would write them as `NaN`/`Infinity`, which strict
+    JSON readers (`jq`, browsers, most languages) reject.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_or_none(item) for item in value]
+    return value
+
+
 def _value(text: str) -> Any:
     try:
         return json.loads(text)
@@ -162,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for table in args.tables:
         for variant in args.variants:
             record = run(table, variant, overrides, args.cutoffs, qat=not args.no_qat)
-            line = json.dumps(record)
+            line = json.dumps(finite_or_none(record), allow_nan=False)
             print(line, flush=True)
             if args.json:
                 with open(args.json, "a") as out:

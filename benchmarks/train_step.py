@@ -450,7 +450,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         names = common.split_names(args.config, CONFIGS, "--config")
         modes = common.split_names(args.mode, MODES, "--mode")
         common.setup(args)
-    peak = common.matmul_peak_gflops()
+    # The yardstick of `peak_fraction`: the matmul peak in the dtype the steps compute in.
+    peak = common.matmul_peak_gflops(args.dtype)
     records = [
         record
         for name in names
@@ -469,7 +470,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         COLUMNS,
         args.json,
         args.output,
-        title=f"train_step (float32 matmul peak {peak['matmul_peak_gflops']:.1f} GFLOP/s)",
+        title=(
+            f"train_step ({peak['matmul_peak_dtype']} matmul peak "
+            f"{peak['matmul_peak_gflops']:.1f} GFLOP/s)"
+        ),
         view=table_view,
     )
     return records

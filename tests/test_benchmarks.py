@@ -341,3 +341,47 @@ def test_profile_runs_the_warmup_steps_then_profiles_the_timed_ones(capsys, monk
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
     assert len(calls) == 1 + 2 + 1  # PreparedStep's own first call, the warm-up, the profiled step
     assert 1 <= len(records) <= 3 and all(r["ms_per_step"] >= 0 for r in records)
+
+
+def test_quality_lines_stay_strict_json_when_a_score_is_not_finite(capsys, monkeypatch):
+    from benchmarks import quality
+
+    def run(table, variant, overrides, cutoffs, qat=True):
+        # The q-risk of a NaN forecast, and an infinite one, as `run` would report them.
+        scores = {"p50": float("nan"), "p90": float("inf")}
+        return {"table": table, "validation": {"fp32": scores}, "backtest": {"fp32": scores}}
+
+    monkeypatch.setattr(quality, "run", run)
+    assert quality.main(["--tables", "pedestrian"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+
+    def refuse(constant):
+        raise AssertionError(f"{constant} is not JSON")
+
+    record = json.loads(line, parse_constant=refuse)
+    assert record["validation"]["fp32"] == {"p50": None, "p90": None}
+    assert record["backtest"]["fp32"] == {"p50": None, "p90": None}
+
+
+def test_train_step_peak_fraction_is_of_the_matmul_peak_in_the_step_dtype(capsys):
+    argv = ["--config", "tiny", "--mode", "float", "--dtype", "bfloat16"]
+    (record,) = run_json(train_step.main, argv, capsys)
+    assert record["dtype"] == "bfloat16" and record["matmul_peak_dtype"] == "bfloat16"
+    assert record["peak_fraction"] == pytest.approx(
+        record["gflops_per_s"] / record["matmul_peak_gflops"]
+    )
+
+
+def test_accelerator_bfloat16_steps_are_measured_against_the_bfloat16_peak(tmp_path, capsys):
+    task = "train_step-tiny-float-bfloat16-B8"
+    argv = ["--quick", "--allow-cpu", "--only", f"matmul-peak,{task}"]
+    records = run_json(accelerator.main, [*argv, "--out", str(tmp_path / "a.jsonl")], capsys)
+    peaks = {r["config"]: r for r in records if r["benchmark"] == "matmul_peak"}
+    steps = [r for r in records if r["benchmark"] == "train_step"]
+    assert steps  # in --quick, the headline task and the `traffic` stand-in share this name
+    for step in steps:
+        assert step["dtype"] == step["matmul_peak_dtype"] == "bfloat16"
+        assert step["matmul_peak_gflops"] == peaks["bfloat16"]["matmul_peak_gflops"]
+        assert step["peak_fraction"] == pytest.approx(
+            step["gflops_per_s"] / peaks["bfloat16"]["matmul_peak_gflops"]
+        )
