@@ -510,6 +510,14 @@ def test_models_given_as_one_string_are_refused_by_name(fitted):
         forecaster.backtest(table, n_windows=1, models="fp32")
 
 
+def test_a_backtest_cutoff_whose_targets_are_all_zero_is_named(fitted):
+    forecaster, table, _ = fitted
+    last_days = sorted(table["day"].unique())[-HORIZON:]
+    zeroed = table.assign(sales=table["sales"].where(~table["day"].isin(last_days), 0.0))
+    with pytest.raises(ValueError, match=rf"after the cutoff {last_days[0]}( 00:00:00)? is zero"):
+        forecaster.backtest(zeroed, n_windows=2)
+
+
 def test_backtest_and_predict_take_numpy_integers(fitted):
     # The configs take NumPy integers; these refused np.int64(2) as "not an int >= 1".
     forecaster, table, _ = fitted

@@ -110,6 +110,10 @@ def quantile_loss(pred: Array, target: Array, quantiles: Sequence[float]) -> Arr
     return jnp.mean(losses)
 
 
+class ZeroTargetError(ValueError):
+    """`q_risk` of targets whose absolute values sum to zero: the normalized risk is undefined."""
+
+
 def q_risk(pred: Array, target: Array, q: float) -> Array:
     """The paper's normalized quantile loss `2 Σ QL_q(y, ŷ) / Σ |y|` (Lim et al. 2021).
 
@@ -119,8 +123,8 @@ def q_risk(pred: Array, target: Array, q: float) -> Array:
       q: the quantile level in (0, 1).
 
     Returns:
-      A float32 scalar. Raises `ValueError` when `Σ|y|` is zero for concrete
-      inputs (the risk is undefined there).
+      A float32 scalar. Raises `ZeroTargetError` (a `ValueError`) when `Σ|y|` is
+      zero for concrete inputs (the risk is undefined there).
     """
     pred = _as_float("q_risk", "pred", pred)
     target = _as_float("q_risk", "target", target)
@@ -139,5 +143,5 @@ def q_risk(pred: Array, target: Array, q: float) -> Array:
     numerator = 2.0 * jnp.sum(pinball(pred.astype(jnp.float32), target.astype(jnp.float32), q))
     denominator = jnp.sum(jnp.abs(target.astype(jnp.float32)))
     if not isinstance(denominator, jax.core.Tracer) and float(denominator) == 0.0:
-        raise ValueError("q_risk: sum(|target|) is zero, so the normalized risk is undefined")
+        raise ZeroTargetError("q_risk: sum(|target|) is zero, so the normalized risk is undefined")
     return numerator / denominator

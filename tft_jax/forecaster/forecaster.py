@@ -57,6 +57,7 @@ from tft_jax.forecaster.config import (
 )
 from tft_jax.forecaster.predictors import MODEL_NAMES, Predictor, make_predictor, qat_model_for
 from tft_jax.forecaster.training import announce, train_fp32, train_qat, validation_batches
+from tft_jax.losses import ZeroTargetError
 from tft_jax.model import TemporalFusionTransformer
 
 Table = pd.DataFrame | str | os.PathLike
@@ -641,7 +642,16 @@ class Forecaster:
             windows = WindowSet(
                 panel, starts, data.history, data.horizon, normalized=data.window_normalization
             )
-            metrics, _ = self._metrics(dataset, windows, self.predictions(dataset, windows, models))
+            try:
+                metrics, _ = self._metrics(
+                    dataset, windows, self.predictions(dataset, windows, models)
+                )
+            except ZeroTargetError:
+                raise ValueError(
+                    f"backtest: every target over the {data.horizon} steps after the cutoff "
+                    f"{cutoff} is zero ({starts.size} windows), so q-risk is undefined there; "
+                    "choose other cutoffs with n_windows and step"
+                ) from None
             for name, row in metrics.items():
                 records.append(
                     {
