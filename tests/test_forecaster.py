@@ -510,12 +510,16 @@ def test_models_given_as_one_string_are_refused_by_name(fitted):
         forecaster.backtest(table, n_windows=1, models="fp32")
 
 
-def test_a_backtest_cutoff_whose_targets_are_all_zero_is_named(fitted):
+def test_a_backtest_cutoff_or_a_split_whose_targets_are_all_zero_is_named(fitted):
     forecaster, table, _ = fitted
     last_days = sorted(table["day"].unique())[-HORIZON:]
     zeroed = table.assign(sales=table["sales"].where(~table["day"].isin(last_days), 0.0))
     with pytest.raises(ValueError, match=rf"after the cutoff {last_days[0]}( 00:00:00)? is zero"):
         forecaster.backtest(zeroed, n_windows=2)
+    test_days = sorted(table["day"].unique())[-(HORIZON + 20) :]  # past the test cut
+    zeroed = table.assign(sales=table["sales"].where(~table["day"].isin(test_days), 0.0))
+    with pytest.raises(ValueError, match=r"every target of the test split \(\d+ windows\) is zero"):
+        forecaster.evaluate(zeroed)
 
 
 def test_backtest_and_predict_take_numpy_integers(fitted):

@@ -550,7 +550,13 @@ class Forecaster:
             started = time.perf_counter()
             predictions.update(self.predictions(dataset, windows, [name]))
             seconds[name] = time.perf_counter() - started
-        models_metrics, baselines = self._metrics(dataset, windows, predictions, seconds)
+        try:
+            models_metrics, baselines = self._metrics(dataset, windows, predictions, seconds)
+        except ZeroTargetError:
+            raise ValueError(
+                f"evaluate: every target of the {split} split ({len(windows)} windows) is zero, "
+                "so q-risk is undefined there; evaluate another split or table"
+            ) from None
         metrics = {
             "split": split,
             "windows": len(windows),
