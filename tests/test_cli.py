@@ -18,6 +18,8 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Iterable
+from typing import Any
 
 import jax
 import numpy as np
@@ -795,16 +797,21 @@ def test_predict_command_rejects_an_unknown_model_and_a_missing_future(
     assert code == 2 and "future is required" in err
 
 
-@pytest.mark.slow
-def test_plot_draws_the_forecast_after_the_data(capsys, trained_run, csv_path):
-    table = pd.read_csv(csv_path)
+def known_future(
+    table: pd.DataFrame, stores: Iterable[Any], time_format: str = "%Y-%m-%d"
+) -> pd.DataFrame:
+    """The known column (promo 0) of `stores` over the H days after `table`'s last day."""
     last = pd.Timestamp(table["day"].max())
     days = pd.date_range(last + pd.Timedelta(days=1), periods=HORIZON, freq="D")
-    future = pd.DataFrame(
-        [(store, day.strftime("%Y-%m-%d"), 0.0) for store in ("alpha", "beta", "gamma")
-         for day in days],
+    return pd.DataFrame(
+        [(store, day.strftime(time_format), 0.0) for store in stores for day in days],
         columns=["store", "day", "promo"],
-    )  # fmt: skip
+    )
+
+
+@pytest.mark.slow
+def test_plot_draws_the_forecast_after_the_data(capsys, trained_run, csv_path):
+    future = known_future(pd.read_csv(csv_path), ("alpha", "beta", "gamma"))
     future.to_csv(trained_run / "future_end.csv", index=False)
     code, stdout, _ = run(
         capsys, "plot", "--run", str(trained_run), "--future-csv",
@@ -820,12 +827,7 @@ def test_plot_finds_numeric_series_ids_given_to_series(capsys, trained_run, csv_
     numbers = {"alpha": 101, "beta": 202, "gamma": 303}
     table = pd.read_csv(csv_path).assign(store=lambda t: t["store"].map(numbers))
     table.to_csv(tmp_path / "numeric.csv", index=False)
-    last = pd.Timestamp(table["day"].max())
-    days = pd.date_range(last + pd.Timedelta(days=1), periods=HORIZON, freq="D")
-    future = pd.DataFrame(
-        [(store, day.strftime("%Y-%m-%d"), 0.0) for store in numbers.values() for day in days],
-        columns=["store", "day", "promo"],
-    )
+    future = known_future(table, numbers.values())
     future.to_csv(tmp_path / "future.csv", index=False)
     plot = [
         "plot", "--run", str(trained_run), "--csv", str(tmp_path / "numeric.csv"),
@@ -850,13 +852,7 @@ def test_plot_reads_the_runs_table_as_the_run_did_whatever_the_future_csvs_forma
 ):
     # The reading flags describe --future-csv; the run's own table (ISO dates) used to be
     # parsed with them for the future chart, and refused.
-    last = pd.Timestamp(pd.read_csv(csv_path)["day"].max())
-    days = pd.date_range(last + pd.Timedelta(days=1), periods=HORIZON, freq="D")
-    future = pd.DataFrame(
-        [(store, day.strftime("%d/%m/%Y"), 0.0) for store in ("alpha", "beta", "gamma")
-         for day in days],
-        columns=["store", "day", "promo"],
-    )  # fmt: skip
+    future = known_future(pd.read_csv(csv_path), ("alpha", "beta", "gamma"), "%d/%m/%Y")
     future.to_csv(tmp_path / "future_dmy.csv", index=False)
     future_png = trained_run / "plots" / "future_fp32.png"
     future_png.unlink(missing_ok=True)

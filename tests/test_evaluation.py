@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tft_jax.data import prepare_dataset
+from tft_jax.data import PreparedDataset, prepare_dataset
 from tft_jax.evaluation import (
     actuals,
     baseline_metrics,
@@ -42,8 +42,8 @@ def make_table(seed: int = 0) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-@pytest.fixture(scope="module")
-def dataset():
+def prepare(**options) -> PreparedDataset:
+    """`make_table()` prepared with the tests' spec and splits (plus `options`)."""
     return prepare_dataset(
         make_table(),
         id_col="shop",
@@ -54,7 +54,13 @@ def dataset():
         horizon=HORIZON,
         validation_fraction=0.2,
         test_fraction=0.2,
+        **options,
     )
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    return prepare()
 
 
 def pinball(pred: np.ndarray, target: np.ndarray, q: float) -> np.ndarray:
@@ -231,18 +237,7 @@ def test_evenly_spaced_keeps_the_requested_count_in_order(dataset):
 @pytest.fixture(scope="module")
 def log1p_dataset():
     with pytest.warns(UserWarning, match="filled 2 missing target steps"):
-        return prepare_dataset(
-            make_table(),
-            id_col="shop",
-            time_col="day",
-            target="sales",
-            freq="D",
-            history=HISTORY,
-            horizon=HORIZON,
-            validation_fraction=0.2,
-            test_fraction=0.2,
-            target_transform="log1p",
-        )
+        return prepare(target_transform="log1p")
 
 
 def test_scaled_loss_with_log1p_is_the_loss_on_the_models_scale(log1p_dataset):
