@@ -336,18 +336,20 @@ def _initial_variables(
     return qat_model.init(rngs, *args, **kwargs)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 4))
+@functools.partial(jax.jit, static_argnums=(0, 1, 5))
 def _fresh_state(
     qat_model: _QuantizedModel,
     collections: tuple[str, ...],
+    rngs: dict[str, Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     flags: _Static,
 ) -> dict[str, Any]:
-    """The initial non-parameter collections; XLA prunes the unused params init and forward."""
-    rngs = {"params": jax.random.key(0), "dropout": jax.random.key(0)}
-    args, kwargs = _join_flags(args, kwargs, flags)
-    variables = qat_model.init(rngs, *args, **kwargs)
+    """The initial non-parameter collections; XLA prunes the unused params init and forward.
+
+    The init inside is `_initial_variables`, whose trace `from_fp32` already made.
+    """
+    variables = _initial_variables(qat_model, rngs, args, kwargs, flags)
     return {name: variables[name] for name in collections}
 
 
@@ -394,7 +396,7 @@ def from_fp32(
                 f"got {_tree_shapes(carried[name])}, expected {want}"
             )
     state_collections = tuple(name for name in expected if name != "params" and name not in carried)
-    state = unfreeze(_fresh_state(qat_model, state_collections, args, array_kwargs, flags))
+    state = unfreeze(_fresh_state(qat_model, state_collections, rngs, args, array_kwargs, flags))
     state.setdefault(QUANT_STATS, {})
     return {"params": params, **carried, **state}
 
