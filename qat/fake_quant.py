@@ -261,12 +261,10 @@ def quantize(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: int) ->
 
 
 def _float_array(name: str, value: Any) -> Array:
-    """`value` as a float32 array; a `TypeError` naming `name` when it is not numeric."""
-    try:
-        array = jnp.asarray(value)
-    except (TypeError, ValueError) as error:
-        raise TypeError(f"{name} must be a number or numeric array, got {value!r}") from error
-    if not jnp.issubdtype(array.dtype, jnp.number):
+    """`value` as a float32 array; a `TypeError` naming `name` when it is not numeric or bool."""
+    _check_numeric(name, value)
+    array = jnp.asarray(value)
+    if array.dtype == jnp.bool_:
         raise TypeError(f"{name} must be a number or numeric array, got dtype {array.dtype}")
     return array.astype(jnp.float32)
 
