@@ -317,6 +317,15 @@ class TrainState:
         return {**self.trainables(), **self.model_state}
 
 
+def _hashable(model: Any) -> bool:
+    """Whether `model` can be hashed: a static jit argument, shared by equal models."""
+    try:
+        hash(model)
+    except TypeError:
+        return False
+    return True
+
+
 class ModelApply:
     """`model.apply` that compares and hashes by the model's value.
 
@@ -340,22 +349,15 @@ class ModelApply:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.model.apply(*args, **kwargs)
 
-    def _by_value(self) -> bool:
-        try:
-            hash(self.model)
-        except TypeError:
-            return False
-        return True
-
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ModelApply):
             return NotImplemented
         if self.model is other.model:
             return True
-        return self._by_value() and other._by_value() and bool(self.model == other.model)
+        return _hashable(self.model) and _hashable(other.model) and bool(self.model == other.model)
 
     def __hash__(self) -> int:
-        return hash(self.model) if self._by_value() else id(self.model)
+        return hash(self.model) if _hashable(self.model) else id(self.model)
 
     def __repr__(self) -> str:
         return f"ModelApply({self.model!r})"
@@ -460,18 +462,14 @@ def _init_variables(model: Any, rngs: dict[str, Array], args: tuple, kwargs: dic
     run of an experiment or a refit of the same model neither traces nor
     compiles `init` again. A module with an unhashable field is traced per call.
     """
-    try:
-        hash(model)
-    except TypeError:
+    if not _hashable(model):
         return jax.jit(model.init, compiler_options=INIT_COMPILE_OPTIONS)(rngs, *args, **kwargs)
     return _jitted_init(model, rngs, args, kwargs)
 
 
 def _init_shapes(model: Any, rngs: dict[str, Array], args: tuple, kwargs: dict) -> PyTree:
     """The shapes and dtypes of the model's initial variables, traced once per equal model."""
-    try:
-        hash(model)
-    except TypeError:
+    if not _hashable(model):
         return jax.eval_shape(model.init, rngs, *args, **kwargs)
     return _jitted_init.eval_shape(model, rngs, args, kwargs)
 
