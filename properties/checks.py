@@ -475,8 +475,12 @@ def _causal_positions(
     if max_positions is not None:
         if isinstance(max_positions, bool) or not isinstance(max_positions, numbers.Integral):
             raise TypeError(f"max_positions must be an int, got {max_positions!r}")
-        if max_positions < 1:
-            raise ValueError(f"max_positions must be >= 1, got {max_positions}")
+        if max_positions < 2:
+            raise ValueError(
+                f"max_positions must be >= 2 (the first step and the last, t = T - 2, are always "
+                f"tested: only the last compares step T - 2 with a change at step T - 1), got "
+                f"{max_positions}"
+            )
         if len(chosen) > max_positions:
             rng = np.random.default_rng(seed)
             middle = rng.choice(chosen[1:-1], size=max(max_positions - 2, 0), replace=False)
@@ -574,7 +578,7 @@ def assert_causal(
       select: a function of `fn`'s output picking the parts to check (e.g.
         `lambda out: out.quantiles`); `out_axis` then refers to its result.
       positions: the steps `t` to test, in `[0, T - 1)` (default: every `t < T - 1`).
-      max_positions: subsample that many steps (first and last always in).
+      max_positions: subsample that many steps, >= 2 (first and last always in).
       check_gradients: also run the backward check (one `jax.vjp`).
       atol, rtol: tolerance of the comparison (finite, >= 0); the backward
         check uses `atol`.
@@ -1380,12 +1384,18 @@ def assert_idempotent(
 ) -> None:
     """Asserts `fn(fn(x)) == fn(x)` leaf by leaf (exact by default), e.g. for a fake quantizer.
 
+    `fn(x)` must not be NaN: NaN equals NaN here, so a NaN output (a scale of
+    0 gives `0 / 0`) would pass whatever the second application does.
+
     Raises:
-      AssertionError: naming the leaves where a second application changes the result.
+      AssertionError: naming the leaves where a second application changes the
+        result, or where `fn(x)` is NaN.
     """
     atol, rtol = _tolerance("atol", atol), _tolerance("rtol", rtol)
     once = fn(x)
-    _require_outputs("fn", _named_leaves("fn(x)", once), once)
+    named = _named_leaves("fn(x)", once)
+    _require_outputs("fn", named, once)
+    _require_no_nan("fn(x) is NaN (NaN == NaN here, so fn(fn(x)) could not differ):", named)
     twice = fn(once)
     problems = _compare_trees(twice, once, atol, rtol)
     if problems:
@@ -1403,9 +1413,11 @@ def assert_clipped(
 
     With `grads`, also asserts the exact rescaling of
     `optax.clip_by_global_norm`: `updates == grads * min(1, max_norm / ||grads||)`
-    leaf by leaf (tolerance `rtol`, and `rtol * max_norm` absolute), so
-    clipping that changes the direction, shrinks gradients already inside
-    the ball, or clips per leaf instead of globally fails too.
+    leaf by leaf (tolerance `rtol`, and `rtol` times the norm of the expected
+    updates absolute, not `rtol * max_norm`: gradients far inside the ball
+    would all fit in that), so clipping that changes the direction, shrinks
+    gradients already inside the ball, or clips per leaf instead of globally
+    fails too.
 
     Args:
       updates: pytree after clipping.
@@ -1442,7 +1454,9 @@ def assert_clipped(
     factor = 1.0 if gradient_norm <= max_norm else max_norm / gradient_norm
     expected = jax.tree_util.tree_map(lambda g: _as_float64(np.asarray(g)) * factor, grads)
     actual = jax.tree_util.tree_map(lambda u: _as_float64(np.asarray(u)), updates)
-    problems = _compare_trees(actual, expected, rtol * max_norm, rtol)
+    # The expected updates' norm (max_norm when ||grads|| is not finite).
+    expected_norm = min(max_norm, gradient_norm * factor)
+    problems = _compare_trees(actual, expected, rtol * expected_norm, rtol)
     if problems:
         header = (
             f"updates are not grads * min(1, max_norm / ||grads||) = grads * {factor:.6g} "

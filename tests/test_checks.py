@@ -396,6 +396,15 @@ def test_idempotent_fake_quantize_and_not_when_dequantizing_with_another_scale()
         checks.assert_idempotent(stale_scale, _GRID_X)
 
 
+def test_idempotent_fails_on_a_nan_output_instead_of_matching_nan_with_nan():
+    # A zero scale gives 0 / 0: NaN, and NaN == NaN made any such fn "idempotent".
+    def zero_scale(x):
+        return jnp.round(jnp.asarray(x) / 0.0) * 0.0
+
+    with pytest.raises(AssertionError, match=r"fn\(x\) is NaN"):
+        checks.assert_idempotent(zero_scale, np.array([0.0, 0.5, -1.5], np.float32))
+
+
 # assert_clipped
 
 
@@ -420,6 +429,17 @@ def test_clipped_catches_per_leaf_clipping_and_renormalizing_small_grads():
     renormalized = jax.tree_util.tree_map(lambda g: g / norm, small)
     with pytest.raises(AssertionError, match="not grads \\* min"):
         checks.assert_clipped(renormalized, 1.0, grads=small)
+
+
+@pytest.mark.parametrize("wrong", [0.0, 0.5, -1.0])
+def test_clipped_catches_wrong_updates_of_gradients_far_inside_the_ball(wrong):
+    # The absolute slack was rtol * max_norm = 1e-5: every element of a gradient of
+    # norm ~1e-6 fit inside it, so zeroed, halved or negated updates passed.
+    grads = {"w": np.random.default_rng(0).standard_normal(16).astype(np.float32) * 1e-7}
+    checks.assert_clipped(_clip_update(grads), 1.0, grads=grads)
+    updates = jax.tree_util.tree_map(lambda g: g * np.float32(wrong), grads)
+    with pytest.raises(AssertionError, match="not grads \\* min"):
+        checks.assert_clipped(updates, 1.0, grads=grads)
 
 
 # count_compiles and assert_max_compiles

@@ -59,6 +59,7 @@ def test_divergence_rule(record, expected):
         ("seeds", ()),
         ("seeds", (-1,)),  # NumPy's batch-order generator rejects it only after init
         ("seeds", (0.5,)),
+        ("seeds", (0, 2**32)),  # the same keys twice: a JAX key keeps the low 32 bits
         ("seeds", 3),
         ("seeds", (0, 0)),
         ("calibrate_steps", -1),  # would silently never calibrate the observers

@@ -115,6 +115,38 @@ def test_folded_selection_equals_layer_by_layer_with_dropout_and_gradients(
     assert np.max(np.abs(np.asarray(deterministic) - np.asarray(outputs[0]))) > 1e-3
 
 
+@pytest.mark.parametrize("lazy", [True, False], ids=["folded", "layer-by-layer"])
+def test_selection_refuses_embeddings_without_a_batch_axis(lazy):
+    # (V, width) with no batch: the folded path failed with an IndexError deep in the
+    # chunk loop, the layer-by-layer one ran it as if unbatched.
+    num_variables, width = 3, 4
+    slope = jnp.ones((num_variables, width))
+    embedded = (
+        AffineEmbedding(jnp.ones((num_variables,)), slope, jnp.zeros_like(slope))
+        if lazy
+        else jnp.ones((num_variables, width))
+    )
+    vsn = VariableSelectionNetwork(num_variables, 6)
+    with pytest.raises(ValueError, match=r"embedded must have shape \(B, \[T,\] 3, width\)"):
+        vsn.init(jax.random.key(0), embedded)
+
+
+def test_folded_selection_with_dropout_takes_an_empty_batch():
+    # A (0, T, V) batch in training mode: the dropout mask's reshape to (0, -1) raised a
+    # ZeroDivisionError on the fast path only.
+    num_variables, width, features = 3, 4, 6
+    embedding = RealEmbedding(num_variables, width, lazy=True)
+    vsn = VariableSelectionNetwork(num_variables, features, dropout_rate=0.3, chunk_rows=4)
+    values = jnp.zeros((0, 5, num_variables))
+    embedding_params = embedding.init(jax.random.key(0), values)
+    embedded = embedding.apply(embedding_params, values)
+    params = vsn.init(jax.random.key(1), embedded, deterministic=True)
+    combined, weights = vsn.apply(
+        params, embedded, deterministic=False, rngs={"dropout": jax.random.key(2)}
+    )
+    assert combined.shape == (0, 5, features) and weights.shape == (0, 5, num_variables)
+
+
 def small_config(**overrides):
     fields = dict(
         num_static_features=2,

@@ -8,6 +8,7 @@ CLI's trained run in `tests/test_cli.py`.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import shutil
@@ -18,6 +19,7 @@ import pandas as pd
 import pytest
 from flax import serialization
 
+from tft_jax.checkpoint import TrainingCheckpointer
 from tft_jax.config import TFTConfig
 from tft_jax.data import WindowSet, prepare_dataset
 from tft_jax.evaluation import to_original_units
@@ -541,3 +543,55 @@ def test_evaluating_a_split_without_windows_names_the_split(fitted):
     with pytest.raises(ValueError, match=r"evaluate: the test split of the table holds no complet"):
         forecaster.evaluate(dataset)
     assert forecaster.evaluate(dataset, split="validation")["windows"] == len(dataset.validation)
+
+
+def test_forecast_ids_keep_the_dtype_of_integer_ids(fitted):
+    # Integer ids came back as an object column, so the forecasts did not compare,
+    # concatenate or save like the user's int64 ids.
+    forecaster, table, _ = fitted
+    history, future = cut(table, "2024-03-30")
+    codes = {"alpha": 1, "beta": 2, "gamma": 3}
+    history = history.assign(store=history["store"].map(codes))
+    future = future.assign(store=future["store"].map(codes))
+    with pytest.warns(UserWarning, match=r"series \[1, 2, 3\] were not in the training data"):
+        forecast = forecaster.predict(history, future)
+    assert forecast["store"].dtype == history["store"].dtype == np.int64
+    assert forecast["store"].tolist() == [code for code in (1, 2, 3) for _ in range(HORIZON)]
+    assert forecaster.predict(*cut(table, "2024-03-30"))["store"].dtype == table["store"].dtype
+
+
+def test_save_refuses_extra_sections_named_like_the_runs_own(fitted, tmp_path):
+    # extra={"models": ...} replaced the run's own section: the folder then loaded with
+    # other settings, or was damaged, without a word at save.
+    forecaster, _, saved = fitted
+    folder = shutil.copytree(saved, tmp_path / "run")
+    for section in ("models", "data", "tft_config"):
+        with pytest.raises(
+            ValueError,
+            match=rf"save: extra sections \['{section}'\] are sections of the run's own config",
+        ):
+            forecaster.save(folder, extra={"source": "x", section: None})
+    with pytest.raises(TypeError, match=r"save: extra must be a dict of sections, got list"):
+        forecaster.save(folder, extra=[("source", "x")])
+    with pytest.raises(TypeError, match=r"save: extra must hold JSON values: .*ndarray"):
+        forecaster.save(folder, extra={"source": np.arange(3)})
+    assert Forecaster.load(folder).models == ("fp32",)  # refused before anything was written
+    forecaster.save(folder, extra={"source": "stores.csv"})
+    assert json.loads((folder / "config.json").read_text())["source"] == "stores.csv"
+
+
+def test_a_refused_fresh_start_keeps_the_batch_stream_of_the_checkpoints(fitted, tmp_path):
+    # A fresh fit over an earlier run's checkpoints wrote its own batch size into their
+    # record before training refused to start; resuming with that batch size then passed.
+    _, table, _ = fitted
+    checkpoints = tmp_path / "checkpoints"
+    dataset = prepare_dataset(table, **DATA.prepare_options())
+    _check_batch_stream(checkpoints, False, 16, dataset)  # the earlier run's batch size
+    state = collections.namedtuple("State", "step weights")(np.int32(3), np.zeros(2, np.float32))
+    with TrainingCheckpointer(checkpoints / "fp32") as checkpointer:
+        checkpointer.save_latest(state, jax.random.key(0), {})
+    _check_batch_stream(checkpoints, False, TINY_TRAINING.batch_size, dataset)  # fit refuses
+    assert json.loads((checkpoints / BATCH_STREAM_FILE).read_text())["batch_size"] == 16
+    with pytest.raises(ValueError, match=r"batch_size 16 then, 8 now"):
+        _check_batch_stream(checkpoints, True, TINY_TRAINING.batch_size, dataset)
+    _check_batch_stream(checkpoints, True, 16, dataset)

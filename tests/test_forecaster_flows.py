@@ -133,3 +133,16 @@ def test_qat_records_the_calibration_it_ran_and_the_layout_it_used(tmp_path):
     assert not {"observer", "per_channel", "symmetric", "channel_axis"} & set(summary["qat_config"])
     assert summary["qat_config"]["bits"] == 8
     assert summary["qat_config"]["calibration_batches"] == 50
+
+
+def test_quantile_levels_that_share_a_forecast_column_are_refused():
+    # 0.9 and 0.9000001 are both 'q0.9': predict wrote the second over the first and
+    # returned one quantile column fewer than the model has.
+    with pytest.raises(
+        ValueError,
+        match=r"ModelConfig\.quantiles .* levels \[0.9, 0.9000001\] share the columns \['q0.9'\]",
+    ):
+        ModelConfig(quantiles=(0.1, 0.5, 0.9, 0.9000001))
+    assert Forecaster(DATA, ModelConfig(quantiles=(0.1, 0.5, 0.9, 0.95))).config.model.quantiles[
+        -1
+    ] == pytest.approx(0.95)

@@ -25,6 +25,7 @@ from properties import strategies as st_tft
 from properties.suite import attention as attention_suite
 from properties.suite import qat_tft
 from properties.suite import quantization as quantization_suite
+from properties.suite import tft as tft_suite
 from qat import lsq
 from tft_jax import attention
 from tft_jax.config import TFTConfig
@@ -129,6 +130,7 @@ def test_causal_gradient_check_needs_a_jax_function_and_says_so():
         ({"positions": [3]}, ValueError, r"positions must lie in \[0, 3\) .*got \[3\]"),
         ({"positions": [1.5]}, TypeError, r"positions must hold ints, got 1.5"),
         ({"max_positions": 2.5}, TypeError, r"max_positions must be an int, got 2.5"),
+        ({"max_positions": 1}, ValueError, r"max_positions must be >= 2 .*got 1"),
         ({"atol": float("inf")}, ValueError, r"atol must be finite and >= 0, got inf"),
         ({"rtol": -1e-6}, ValueError, r"rtol must be finite and >= 0"),
     ],
@@ -407,3 +409,69 @@ def test_lsq_gradient_scale_fails_when_the_scale_lacks_qmax(monkeypatch, fresh_t
     suite.clear_caches()
     with pytest.raises(AssertionError, match=r"1/sqrt\(N qmax\) = 1/sqrt\(\d+ x 127\)"):
         quantization_suite.check_lsq_gradient_scale(case)
+
+
+def test_categorical_reach_fails_on_nan_forecasts_instead_of_reading_nan_as_a_change(
+    monkeypatch,
+):
+    # `max(|NaN - NaN|) == 0` is False: a model whose forecasts are NaN passed as one
+    # whose every categorical input moves every forecast.
+    config = st_tft.TFT_PRESETS[1]
+    case = find(tft_suite.model_cases((config,), kinds=("normal",)), lambda c: True)
+    batch = case.inputs.batch_size
+    like = tft_suite.output_like(config, batch)
+
+    def reads_codes(case):
+        def forward(inputs):
+            read = np.zeros(batch)
+            for name in tft_suite.INTEGER_INPUTS:
+                if name in inputs:
+                    codes = inputs[name].reshape(batch, -1).astype(np.float64)
+                    read += codes @ np.sqrt(np.arange(2.0, codes.shape[1] + 2.0))
+            return like.replace(
+                quantiles=np.broadcast_to(read[:, None, None], like.quantiles.shape)
+            )
+
+        return forward
+
+    def nan_forecasts(case):
+        return lambda inputs: like.replace(quantiles=np.full(like.quantiles.shape, np.nan))
+
+    monkeypatch.setattr(tft_suite, "_forward_of", reads_codes)
+    tft_suite.check_categorical_inputs_reach_the_forecast(case)
+    monkeypatch.setattr(tft_suite, "_forward_of", nan_forecasts)
+    with pytest.raises(AssertionError, match=r"did not change \(or are NaN\)"):
+        tft_suite.check_categorical_inputs_reach_the_forecast(case)
+
+
+def _routing_run(future_leaks_enrichment):
+    """A stand-in for the model's pullback: each static context's gradient norm by cotangent."""
+
+    def run(case, cotangent):
+        history, future, attention = (
+            float(np.abs(cotangent.history_weights).sum()),
+            float(np.abs(cotangent.future_weights).sum()),
+            float(np.abs(cotangent.attention).sum()),
+        )
+        norms = {
+            "selection": history + future,
+            "enrichment": attention + (future if future_leaks_enrichment else 0.0),
+            "state_h": attention,
+            "state_c": attention,
+        }
+        grads = {f"static_context_{name}": {"w": np.array([n])} for name, n in norms.items()}
+        return None, grads, None
+
+    return run
+
+
+def test_context_routing_checks_the_future_selection_too(monkeypatch):
+    # Only the history selection weights were pulled back: the enrichment context fed
+    # to the future selection network alone passed.
+    config = st_tft.TFT_PRESETS[1]
+    case = find(tft_suite.model_cases((config,), kinds=("normal",)), lambda c: True)
+    monkeypatch.setattr(tft_suite, "_run", _routing_run(future_leaks_enrichment=False))
+    tft_suite.check_context_routing(case)
+    monkeypatch.setattr(tft_suite, "_run", _routing_run(future_leaks_enrichment=True))
+    with pytest.raises(AssertionError, match="'enrichment' reaches the future variable selection"):
+        tft_suite.check_context_routing(case)

@@ -161,6 +161,13 @@ def test_per_variable_grns_equal_one_reference_grn_per_variable(variable_major):
         assert_close(got[:, :, v], ref.grn(x[:, :, v], ref._variable_slice(p, v)))
 
 
+def test_per_variable_grn_refuses_a_context_for_x_without_a_batch_axis():
+    # (V, I) has no batch axis: a (V, C) context used to be added row v to variable v.
+    module = GatedResidualNetwork(5, num_variables=3)
+    with pytest.raises(ValueError, match=r"batch axis.*\(B, \.\.\., V, I\).*\(3, 4\)"):
+        module.init(jax.random.key(0), normal(3, 4), normal(3, 2))
+
+
 def test_layer_norm_at_a_tiny_variance_equals_the_reference():
     """Variance ~1e-6, the size of epsilon: where `sqrt(var + eps)` and `sqrt(var) + eps` part."""
     module = FeatureLayerNorm()

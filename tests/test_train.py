@@ -551,6 +551,39 @@ def test_create_train_state_needs_quantiles_from_the_model_or_the_caller() -> No
         create_train_state(Bare(), TINY_TX, jax.random.key(0), make_batch(0))
 
 
+def test_masked_loss_refuses_fewer_quantile_levels_than_the_model_outputs() -> None:
+    # Before: with a target mask, one level broadcast over the model's three
+    # outputs and the loss came out as a number (the unmasked path raised).
+    state = create_train_state(TINY, TINY_TX, jax.random.key(0), make_batch(0), quantiles=(0.5,))
+    masked = make_batch(1).replace(target_mask=np.ones((B, H), np.float32))
+    with pytest.raises(
+        ValueError, match=r"batch_loss: output\.quantiles must have shape \(\.\.\., 1\)"
+    ):
+        eval_step(state, masked)
+
+
+def test_create_train_state_refuses_quantile_levels_outside_0_1() -> None:
+    # Before: accepted, and a masked batch's loss used the level 1.5 silently.
+    with pytest.raises(ValueError, match=r"create_train_state: quantiles must be .* in \(0, 1\)"):
+        create_train_state(
+            TINY, TINY_TX, jax.random.key(0), make_batch(0), quantiles=(0.1, 0.5, 1.5)
+        )
+
+
+def test_create_train_state_refuses_a_bare_string_as_trainable() -> None:
+    # Before: read character by character, so 'quant_params' went to model_state
+    # and was never trained, silently.
+    with pytest.raises(TypeError, match="create_train_state: trainable must be a sequence"):
+        create_train_state(
+            OBSERVED, OBSERVED_TX, jax.random.key(0), make_batch(0), trainable="quant_params"
+        )
+    state = create_train_state(
+        OBSERVED, OBSERVED_TX, jax.random.key(0), make_batch(0), trainable=["quant_params"]
+    )
+    assert list(state.extra_params) == ["quant_params"]
+    assert list(state.model_state) == ["quant_stats"]
+
+
 def numpy_pinball_mean(pred: np.ndarray, target: np.ndarray, observed: np.ndarray) -> float:
     levels = np.asarray(QUANTILES, np.float64)
     error = target.astype(np.float64)[..., None] - pred.astype(np.float64)

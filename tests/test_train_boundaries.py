@@ -148,6 +148,12 @@ def test_an_rng_that_is_not_a_key_raises_naming_rng(state: TrainState, rng: Any)
         lower_train_step(state, make_batch(), rng)
 
 
+def test_create_train_state_names_an_rng_that_is_not_a_key() -> None:
+    # Before: JAX's "invalid PRNG key data" from inside `jax.random.split`.
+    with pytest.raises(TypeError, match="create_train_state: rng must be one PRNG key"):
+        create_train_state(TemporalFusionTransformer(CONFIG), make_optimizer(1e-2), 0, make_batch())
+
+
 def test_evaluate_raises_on_a_nan_target_naming_the_batch(state: TrainState) -> None:
     # Before: returned NaN, which `fit` then kept as its best validation loss for good.
     target = make_batch().target.copy()
@@ -160,6 +166,17 @@ def test_evaluate_raises_on_a_nan_target_naming_the_batch(state: TrainState) -> 
     mask[1, 0] = 0.0
     loss = evaluate(state, [make_batch(target=target, target_mask=mask)])
     assert np.isfinite(loss)
+
+
+def test_evaluate_raises_on_a_nan_target_under_any_nonzero_mask_value(state: TrainState) -> None:
+    # The mask is "nonzero where observed" and the loss reads it so; before, the
+    # target check read only values > 0, and a NaN under -1 came back as a NaN loss.
+    target = make_batch().target.copy()
+    target[2, 1] = np.nan
+    mask = np.ones((B, H), np.float32)
+    mask[2, 1] = -1.0
+    with pytest.raises(ValueError, match=r"evaluate: batch 0 holds 1 NaN or inf targets"):
+        evaluate(state, [make_batch(target=target, target_mask=mask)])
 
 
 def diverged(state: TrainState) -> TrainState:

@@ -520,7 +520,8 @@ def chunked_selection(
             selection_context = per_row(dense(context, selection["context"]))
         selection_keep = selection["glu"]["keep"]
         if selection_keep is not None:
-            selection_keep = selection_keep.reshape(num_rows, -1)
+            # Not -1: with no rows (an empty batch) the size is 0 and -1 is ambiguous.
+            selection_keep = selection_keep.reshape(num_rows, selection_keep.shape[-1])
     rate = module.dropout_rate
     chunk_first_layers = first_layers(variable, selection)
 

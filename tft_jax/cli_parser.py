@@ -69,7 +69,7 @@ positive_int = _bounded(int, 1, True, "an integer >= 1")
 non_negative_int = _bounded(int, 0, True, "an integer >= 0")
 positive_float = _bounded(float, 0.0, False, "a finite number > 0")
 non_negative_float = _bounded(float, 0.0, True, "a finite number >= 0")
-seed_value = _bounded(int, 0, True, f"an integer in 0..{MAX_SEED} (2**63 - 3)", MAX_SEED)
+seed_value = _bounded(int, 0, True, f"an integer in 0..{MAX_SEED} (2**32 - 3)", MAX_SEED)
 
 
 def fraction(text: str) -> float:

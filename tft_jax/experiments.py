@@ -106,13 +106,15 @@ class ClippingSettings:
             raise ValueError(
                 f"ClippingSettings.calibrate_steps must be None or an int >= 0, got {calibrate!r}"
             )
-        # Seeds key the initialization and the batch order (NumPy wants them >= 0).
+        # Seeds key the initialization and the batch order (NumPy wants them >= 0; a JAX
+        # key keeps a seed's low 32 bits, so seeds 2**32 apart would be one run twice).
         if not isinstance(self.seeds, tuple | list) or not all(
-            isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0
+            isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**32
             for seed in self.seeds
         ):
             raise ValueError(
-                f"ClippingSettings.seeds must be a tuple of ints >= 0, got {self.seeds!r}"
+                "ClippingSettings.seeds must be a tuple of ints in 0..2**32 - 1, got "
+                f"{self.seeds!r}"
             )
         if len(self.seeds) < 1 or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(

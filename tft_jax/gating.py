@@ -193,18 +193,22 @@ class GateAddNorm(nn.Module):
         )(skip.astype(gated.dtype) + gated)
 
 
-def _check_context(context: Array, x: Array, variable_major: bool) -> None:
+def _check_context(context: Array, x: Array, variable_major: bool, per_variable: bool) -> None:
     """Raises `ValueError` unless `context` is `(B, C)` with `x`'s batch size."""
-    # A batch axis besides the feature axis (and the variable axis when it leads); a 1-D
-    # x would have its feature axis taken for the batch and broadcast against the context.
-    if x.ndim < (3 if variable_major else 2):
+    # A batch axis besides the feature axis (and the variable axis, per variable); a 1-D
+    # x would have its feature axis taken for the batch, a (V, I) per-variable x its
+    # variable axis, and broadcast against the context.
+    if variable_major:
+        layout = "(V, B, ..., I)"
+    else:
+        layout = "(B, ..., V, I)" if per_variable else "(B, ..., I)"
+    if x.ndim < (3 if per_variable else 2):
         raise ValueError(
-            f"GatedResidualNetwork: x must have a batch axis to go with a context, got x of "
-            f"shape {tuple(x.shape)}"
+            f"GatedResidualNetwork: x must have a batch axis to go with a context, {layout}, "
+            f"got x of shape {tuple(x.shape)}"
         )
     batch = x.shape[1] if variable_major else x.shape[0]
     if jnp.ndim(context) != 2 or context.shape[0] != batch:
-        layout = "(V, B, ..., I)" if variable_major else "(B, ..., I)"
         raise ValueError(
             f"GatedResidualNetwork: context must have shape (B, C) = ({batch}, C) for x of "
             f"shape {tuple(x.shape)} {layout}, got {tuple(jnp.shape(context))}"
@@ -268,7 +272,7 @@ class GatedResidualNetwork(nn.Module):
         )
         hidden = self.hidden_features or self.features
         if context is not None:
-            _check_context(context, x, self.variable_major)
+            _check_context(context, x, self.variable_major, self.num_variables is not None)
 
         def dense(features: int, name: str) -> nn.Module:
             return make_dense(

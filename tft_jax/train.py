@@ -517,7 +517,21 @@ def create_train_state(
             f"{type(tx).__name__}"
         )
     _check_batch("create_train_state", sample_batch)
+    _check_rng("create_train_state", rng)
+    # A bare string would be read character by character: its collection never trained.
+    if isinstance(trainable, Iterable) and not isinstance(trainable, str | bytes):
+        trainable = tuple(trainable)
+    if not isinstance(trainable, tuple) or not all(isinstance(name, str) for name in trainable):
+        raise TypeError(
+            "create_train_state: trainable must be a sequence of collection names, e.g. "
+            f"('params', 'quant_params'), got {trainable!r}"
+        )
     levels = _model_quantiles(model) if quantiles is None else tuple(float(q) for q in quantiles)
+    # Checked here, not first by the loss inside the trace of the first step.
+    if not levels or not all(0.0 < level < 1.0 for level in levels):
+        raise ValueError(
+            f"create_train_state: quantiles must be one or more levels in (0, 1), got {levels}"
+        )
     if clip_norm is _FROM_TX:
         clip_norm = getattr(tx, "clip_norm", None)
     params_rng, dropout_rng = jax.random.split(rng)
@@ -604,8 +618,18 @@ def batch_loss(output: Any, batch: Batch, quantiles: Sequence[float]) -> tuple[A
         raise ValueError(
             f"batch_loss: target must have shape {tuple(pred.shape[:-1])}, got {target.shape}"
         )
+    # The checks `quantile_loss` makes on the unmasked path: without them a wrong
+    # number of levels broadcasts against the quantile axis, silently.
+    level_values = np.asarray(quantiles, np.float64).reshape(-1)
+    if level_values.size == 0 or pred.shape[-1] != level_values.size:
+        raise ValueError(
+            f"batch_loss: output.quantiles must have shape (..., {level_values.size}) for "
+            f"{level_values.size} quantiles, got {tuple(pred.shape)}"
+        )
+    if not np.all((level_values > 0.0) & (level_values < 1.0)):
+        raise ValueError(f"batch_loss: quantiles must lie in (0, 1), got {level_values.tolist()}")
     observed = jnp.asarray(batch.target_mask) != 0
-    levels = jnp.asarray(quantiles, jnp.float32)
+    levels = jnp.asarray(level_values, jnp.float32)
     losses = pinball(pred.astype(jnp.float32), target[..., None].astype(jnp.float32), levels)
     # `where`, not a product: a filled gap may hold NaN, and NaN * 0 is NaN.
     total = jnp.sum(jnp.where(observed[..., None], losses, 0.0))
@@ -916,7 +940,7 @@ def _check_finite_targets(index: int, batch: Batch) -> None:
     target = np.asarray(batch.target, np.float64)
     bad = ~np.isfinite(target)
     if batch.target_mask is not None:
-        bad &= np.asarray(batch.target_mask) > 0
+        bad &= np.asarray(batch.target_mask) != 0  # observed, as `batch_loss` reads the mask
     if bad.any():
         row, step = (int(i[0]) for i in np.nonzero(bad))
         raise ValueError(

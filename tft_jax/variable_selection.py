@@ -136,14 +136,16 @@ class VariableSelectionNetwork(nn.Module):
         flattened input of the selection GRN.
         """
         shape = tuple(embedded.shape)
-        if len(shape) < 2 or shape[-2] != self.num_variables:
+        # A batch axis is required: without one the chunked paths have no batch to
+        # index (an IndexError), and the layer-by-layer one silently ran unbatched.
+        if len(shape) < 3 or shape[-2] != self.num_variables:
             raise ValueError(
                 f"VariableSelectionNetwork: embedded must have shape (B, [T,] "
                 f"{self.num_variables}, width) for num_variables={self.num_variables}, got {shape}"
             )
         if context is None:
             return
-        if len(shape) < 3 or jnp.ndim(context) != 2 or jnp.shape(context)[0] != shape[0]:
+        if jnp.ndim(context) != 2 or jnp.shape(context)[0] != shape[0]:
             raise ValueError(
                 f"VariableSelectionNetwork: context must have shape (B, C) with B = "
                 f"embedded.shape[0] for embedded of shape {shape}, got {tuple(jnp.shape(context))}"

@@ -362,9 +362,14 @@ def check_categorical_inputs_reach_the_forecast(case: ModelCase) -> None:
             continue
         changed = {**inputs, name: _shifted_codes(inputs[name], _cardinalities(case, name))}
         moved = np.abs(np.asarray(forward(changed).quantiles) - baseline)
-        still = np.nonzero(moved.reshape(moved.shape[0], -1).max(axis=1) == 0.0)[0]
+        # NaN is no move (`max` of a row with NaN is NaN, never == 0): a NaN forecast fails.
+        rows = moved.reshape(moved.shape[0], -1)
+        with np.errstate(invalid="ignore"):
+            still = np.nonzero(~(rows > 0.0).any(axis=1) | np.isnan(rows).any(axis=1))[0]
         if still.size:
-            problems.append(f"{name}: the forecasts of samples {still.tolist()} did not change")
+            problems.append(
+                f"{name}: the forecasts of samples {still.tolist()} did not change (or are NaN)"
+            )
     if problems:
         raise AssertionError(
             "categorical inputs do not reach the forecast:\n  " + "\n  ".join(problems)
@@ -402,24 +407,31 @@ def _subtree_norms(param_grads: Any) -> dict[str, float]:
 def check_context_routing(case: ModelCase) -> None:
     """Each static context reaches only its destination (Lim et al. 2021, section 4.3).
 
-    The variable selection weights depend on the selection context and on no
-    other; the attention weights (after the LSTM and static enrichment) depend
-    on the enrichment and LSTM state contexts. Needs statics and more than
-    one history variable.
+    The variable selection weights (history and future) depend on the
+    selection context and on no other; the attention weights (after the LSTM
+    and static enrichment) depend on the enrichment and LSTM state contexts.
+    Needs statics and more than one history variable (the future selection
+    is checked when it has more than one variable: one variable's weight is
+    the constant 1).
     """
     like = output_like(case.config, case.inputs.batch_size)
-    selection_cotangent = like.replace(
-        history_weights=random_cotangent(like.history_weights, case.seed)
-    )
-    norms = _subtree_norms(_run(case, selection_cotangent)[1])
-    problems = [
-        f"static context {context!r} reaches the history variable selection (gradient norm "
-        f"{norms[context]:.3g})"
-        for context in ("enrichment", "state_h", "state_c")
-        if norms[context] != 0.0
-    ]
-    if not norms["selection"] > 0.0:
-        problems.append("the selection context does not reach the history variable selection")
+    problems = []
+    for part in ("history", "future"):
+        weights = getattr(like, f"{part}_weights")
+        if part == "future" and weights.shape[-1] < 2:
+            continue
+        selection_cotangent = like.replace(
+            **{f"{part}_weights": random_cotangent(weights, case.seed)}
+        )
+        norms = _subtree_norms(_run(case, selection_cotangent)[1])
+        problems += [
+            f"static context {context!r} reaches the {part} variable selection (gradient "
+            f"norm {norms[context]:.3g})"
+            for context in ("enrichment", "state_h", "state_c")
+            if norms[context] != 0.0
+        ]
+        if not norms["selection"] > 0.0:
+            problems.append(f"the selection context does not reach the {part} variable selection")
     attention_cotangent = like.replace(attention=random_cotangent(like.attention, case.seed))
     norms = _subtree_norms(_run(case, attention_cotangent)[1])
     problems += [

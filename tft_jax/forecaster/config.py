@@ -64,8 +64,9 @@ def _plain_numbers(instance: Any) -> None:
 
 
 # Training draws from `jax.random.key(seed)`, `key(seed + 1)` (QAT) and batch orders
-# seeded by `seed + 2`; a key seed is a signed 64-bit integer.
-MAX_SEED = 2**63 - 3
+# seeded by `seed + 2`. Without 64-bit mode `jax.random.key` keeps a seed's low 32 bits,
+# so seeds 2**32 apart would train alike: every seed the runs use stays below 2**32.
+MAX_SEED = 2**32 - 3
 
 
 def _tuple_of_names(owner: str, name: str, value: Any) -> tuple[str, ...]:
@@ -288,6 +289,17 @@ class ModelConfig:
                 f"{owner}.quantiles must include 0.5 and 0.9 (metrics report P50 and P90 "
                 f"q-risk), got {levels}"
             )
+        # Levels equal to 6 significant digits share a forecast column (and a metrics key):
+        # predict would write the second over the first and return one column fewer.
+        names = [quantile_name(level) for level in levels]
+        shared = sorted({name for name in names if names.count(name) > 1})
+        if shared:
+            clashing = [level for level, name in zip(levels, names, strict=True) if name in shared]
+            raise ValueError(
+                f"{owner}.quantiles {levels} name the forecast columns {names}: levels "
+                f"{clashing} share the columns {shared}; give levels that differ within 6 "
+                "significant digits"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -312,8 +324,8 @@ class TrainingConfig:
       eval_every: steps between validation evaluations (None: once per epoch).
       validation_windows: validation windows per evaluation, evenly spaced;
         at least `batch_size`, rounded down to whole batches of `batch_size`.
-      seed: random seed, 0..`MAX_SEED` (2**63 - 3: QAT and calibration use
-        seed + 1 and seed + 2, and JAX keys take a signed 64-bit seed).
+      seed: random seed, 0..`MAX_SEED` (2**32 - 3: QAT and calibration use
+        seed + 1 and seed + 2, and JAX keys keep a seed's low 32 bits).
       eval_batch_size: windows per batch when predicting.
     """
 
@@ -349,7 +361,10 @@ class TrainingConfig:
         _require_int(owner, "validation_windows", self.validation_windows, 1)
         _require_int(owner, "seed", self.seed, 0)
         if self.seed > MAX_SEED:
-            raise ValueError(f"{owner}.seed must be <= {MAX_SEED} (2**63 - 3), got {self.seed}")
+            raise ValueError(
+                f"{owner}.seed must be <= {MAX_SEED} (2**32 - 3: JAX keys keep a seed's low "
+                f"32 bits), got {self.seed}"
+            )
         _require_int(owner, "eval_batch_size", self.eval_batch_size, 1)
         # Validation runs in whole batches of `batch_size`: fewer windows than one batch
         # would evaluate a whole batch, more than were asked for.

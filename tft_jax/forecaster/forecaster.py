@@ -15,6 +15,7 @@ crossing quantiles are not a forecast anyone can use.
 from __future__ import annotations
 
 import dataclasses
+import json
 import numbers
 import os
 import pathlib
@@ -28,6 +29,7 @@ import pandas as pd
 
 import qat
 from tft_jax.baselines import candidate_periods, seasonal_period
+from tft_jax.checkpoint import TrainingCheckpointer
 from tft_jax.config import TFTConfig
 from tft_jax.data import PreparedDataset, WindowSet, prepare_dataset, window_starts
 from tft_jax.data.dataset import SPLITS
@@ -108,8 +110,10 @@ def _check_batch_stream(
     A checkpoint records how many batches of its epoch were drawn, not how
     they were made: resumed with another `batch_size` (or a table giving
     other training windows) the run would read other windows than the one it
-    continues, without a word. A fresh run records its stream (process 0);
-    checkpoints written before the record was kept resume unchecked.
+    continues, without a word. A fresh run records its stream (process 0),
+    except over an earlier run's checkpoints: training refuses to start over
+    them, and their record must survive for the resume that follows.
+    Checkpoints written before the record was kept resume unchecked.
     """
     path = checkpoints / BATCH_STREAM_FILE
     stream = {"batch_size": int(batch_size), "train_windows": len(dataset.train)}
@@ -127,8 +131,18 @@ def _check_batch_stream(
                 "were written with, or start over"
             )
         return
-    if is_primary():
+    if is_primary() and not _holds_checkpoints(checkpoints):
         run_folder.write_json(path, stream)
+
+
+def _holds_checkpoints(checkpoints: pathlib.Path) -> bool:
+    """Whether a training phase's folder under `checkpoints` holds a saved step."""
+    for phase in ("fp32", "qat"):
+        if (checkpoints / phase).is_dir():
+            with TrainingCheckpointer(checkpoints / phase, create=False) as checkpointer:
+                if checkpointer.steps() or checkpointer.steps("best"):
+                    return True
+    return False
 
 
 class Forecaster:
@@ -476,14 +490,10 @@ class Forecaster:
         horizon = data.horizon
         rows = (windows.starts[:, None] + np.arange(horizon)).reshape(-1)
         spec = fitted.preprocessor.spec
-        result = pd.DataFrame(
-            {
-                spec.id_col: np.repeat(
-                    np.asarray(ahead.transformed.series_ids, dtype=object), horizon
-                ),
-                spec.time_col: windows.panel.times[rows],
-            }
-        )
+        # An Index infers the ids' dtype (int64 ids stay int64, not object), so that the
+        # forecasts merge and compare with the user's tables as their ids do.
+        ids = pd.Index(list(ahead.transformed.series_ids)).repeat(horizon)
+        result = pd.DataFrame({spec.id_col: ids, spec.time_col: windows.panel.times[rows]})
         for index, level in enumerate(fitted.tft_config.quantiles):
             result[quantile_name(level)] = forecast[..., index].reshape(-1)
         return result
@@ -676,21 +686,13 @@ class Forecaster:
     def save(self, path: str | os.PathLike, extra: dict[str, Any] | None = None) -> pathlib.Path:
         """Writes a self-contained run folder (`run_folder`); loading needs no training data.
 
-        `extra` adds sections to config.json (the CLI records its arguments there). A
+        `extra` adds sections to config.json (the CLI records its arguments there): JSON
+        values, under names other than the run's own sections. A
         folder holding an earlier run is written over: its config.json and the model files
         of forms this forecaster lacks are deleted first.
         """
         fitted = self._require_fitted()
         root = pathlib.Path(path).expanduser()  # "~/runs/x" is the user's, as in a shell
-        # Over an earlier run: its config.json goes first (written again last), so that a
-        # save cut short never loads as new weights under the old settings, and model
-        # files of forms this forecaster lacks go (they are another run's).
-        (root / run_folder.CONFIG_FILE).unlink(missing_ok=True)
-        for name in set(MODEL_NAMES) - set(fitted.variables):
-            run_folder.model_path(root, name).unlink(missing_ok=True)
-        for name, variables in fitted.variables.items():
-            run_folder.save_variables(run_folder.model_path(root, name), variables)
-        run_folder.write_json(root / run_folder.HISTORY_FILE, fitted.history)
         config = {
             "format": run_folder.FORMAT,
             "format_version": run_folder.FORMAT_VERSION,
@@ -701,9 +703,31 @@ class Forecaster:
             "models": list(fitted.variables),
             "summary": fitted.summary,
             "versions": run_folder.versions(),
-            **(extra or {}),
         }
-        run_folder.write_json(root / run_folder.CONFIG_FILE, config)
+        if extra is not None and not isinstance(extra, dict):
+            raise TypeError(f"save: extra must be a dict of sections, got {type(extra).__name__}")
+        # An extra section named like one of the run's would replace it: the folder would
+        # load with other settings or weights of another shape, or not at all.
+        clash = sorted(set(extra or {}) & set(config))
+        if clash:
+            raise ValueError(
+                f"save: extra sections {clash} are sections of the run's own config.json "
+                f"({list(config)}); give them other names"
+            )
+        try:  # refused here, not once the earlier run's config.json is gone
+            json.dumps(run_folder.json_ready(extra), allow_nan=False)
+        except (TypeError, ValueError) as error:
+            raise TypeError(f"save: extra must hold JSON values: {error}") from None
+        # Over an earlier run: its config.json goes first (written again last), so that a
+        # save cut short never loads as new weights under the old settings, and model
+        # files of forms this forecaster lacks go (they are another run's).
+        (root / run_folder.CONFIG_FILE).unlink(missing_ok=True)
+        for name in set(MODEL_NAMES) - set(fitted.variables):
+            run_folder.model_path(root, name).unlink(missing_ok=True)
+        for name, variables in fitted.variables.items():
+            run_folder.save_variables(run_folder.model_path(root, name), variables)
+        run_folder.write_json(root / run_folder.HISTORY_FILE, fitted.history)
+        run_folder.write_json(root / run_folder.CONFIG_FILE, {**config, **(extra or {})})
         return root
 
     @classmethod
