@@ -595,6 +595,24 @@ def test_a_spec_other_than_the_preprocessors_is_refused_by_field(options, messag
     assert same.spec.freq == "h"
 
 
+def test_a_target_scaling_other_than_the_preprocessors_is_refused_by_name():
+    # Ignored before: targets were scaled as the preprocessor was fitted, not as asked.
+    table = make_table()
+    fitted = prepare(table, scaler="robust", target_transform="log1p").preprocessor
+    for options, message in (
+        ({"target_transform": "none"}, r"target_transform='none' \(the preprocessor's: 'log1p'\)"),
+        ({"scaler": "standard"}, r"scaler='standard' \(the preprocessor's: 'robust'\)"),
+    ):
+        with pytest.raises(ValueError, match=rf"another target scaling: {message}"):
+            prepare(table, preprocessor=fitted, **options)
+    # Left out, or given as fitted, they are the preprocessor's.
+    for options in ({}, {"scaler": "robust", "target_transform": "log1p"}):
+        again = prepare(table, preprocessor=fitted, **options)
+        assert again.target_scaler.target_transform == "log1p"
+        assert again.target_scaler.method == "robust"
+    assert prepare(table).target_scaler.method == "standard"  # the default without one
+
+
 BERLIN_CUTS = dict(timezone="Europe/Berlin", validation_start="2021-03-05", test_start="2021-03-06")
 
 

@@ -362,6 +362,31 @@ _PREPROCESSOR_SPEC_FIELDS = (
 )  # fmt: skip
 
 
+def _check_preprocessor_target(
+    preprocessor: Preprocessor, scaler: str | None, target_transform: str | None
+) -> None:
+    """Raises naming `scaler`/`target_transform` when given other than `preprocessor`'s.
+
+    The preprocessor's target scaler decides both: another value given with it
+    would be ignored, and the user would read targets scaled another way than asked.
+    """
+    fitted = preprocessor.target_scaler
+    differ = [
+        f"{name}={given!r} (the preprocessor's: {expected!r})"
+        for name, given, expected in (
+            ("scaler", scaler, fitted.method),
+            ("target_transform", target_transform, fitted.target_transform),
+        )
+        if given is not None and given != expected
+    ]
+    if differ:
+        raise ValueError(
+            f"the preprocessor was fitted with another target scaling: {'; '.join(differ)}; "
+            "leave them out (None) to use the preprocessor's, or preprocessor=None to fit one "
+            "on this table"
+        )
+
+
 def _check_preprocessor_spec(spec: TableSpec, fitted: TableSpec) -> None:
     """Raises naming each field of `spec` that differs from the preprocessor's `fitted` one."""
     differ = []
@@ -428,7 +453,7 @@ def prepare_dataset(
     test_fraction: float = 0.1,
     validation_start: Any = None,
     test_start: Any = None,
-    scaler: str = "standard",
+    scaler: str | None = None,
     train_stride: int = 1,
     eval_stride: int = 1,
     require_observed_target: bool = True,
@@ -439,7 +464,7 @@ def prepare_dataset(
     encoding: str = "utf-8",
     max_missing_fraction: float = 0.5,
     min_series_length: int | None = None,
-    target_transform: str = "none",
+    target_transform: str | None = None,
     window_normalization: bool = False,
     scored: str | int | None = None,
 ) -> PreparedDataset:
@@ -455,14 +480,16 @@ def prepare_dataset(
         (earliest to latest timestamp) given to validation and test, at the end.
       validation_start, test_start: explicit cut times instead of the
         fractions (naive ones read in `timezone`, else the time column's zone).
-      scaler: target scaler method, one of `scaling.TARGET_SCALERS`.
+      scaler: target scaler method, one of `scaling.TARGET_SCALERS` (None:
+        'standard', or with `preprocessor` its own).
       train_stride, eval_stride: keep every n-th window per series in
         training / in validation and test.
       require_observed_target: leave out windows whose horizon has a filled target.
       preprocessor: a fitted `Preprocessor` of this spec to apply instead of
-        fitting one on this table's training period (`scaler` is then unused):
-        how a trained model is evaluated on a new table. The column roles,
-        `freq` and `timezone` given must be the ones it was fitted with.
+        fitting one on this table's training period: how a trained model is
+        evaluated on a new table. The column roles, `freq` and `timezone`
+        given must be the ones it was fitted with, as must `scaler` and
+        `target_transform` when given.
       categorical_cols: integer-coded inputs to treat as categorical (inputs
         holding text are categorical without being listed).
       time_format, dayfirst: how to read the time column (see `TableSpec`).
@@ -471,7 +498,8 @@ def prepare_dataset(
         this share of its grid.
       min_series_length: leave out series shorter than this many steps (and
         always those shorter than `history + horizon`), with a warning.
-      target_transform: 'none' or 'log1p' (before the per-series scaler).
+      target_transform: 'none' or 'log1p' (before the per-series scaler; None:
+        'none', or with `preprocessor` its own).
       window_normalization: also scale each window's target by its own
         history (see `WindowSet.normalized`): for series whose level moves.
       scored: with `preprocessor`, the part of the table that will be scored,
@@ -526,6 +554,7 @@ def prepare_dataset(
     )
     if preprocessor is not None:
         _check_preprocessor_spec(spec, preprocessor.spec)
+        _check_preprocessor_target(preprocessor, scaler, target_transform)
     check_missing_fraction_limit(max_missing_fraction)
     if scored is not None and scored not in SPLITS and not _is_count(scored):
         raise ValueError(f"scored must be None, one of {SPLITS} or an int >= 1, got {scored!r}")
@@ -570,7 +599,13 @@ def prepare_dataset(
         )
 
     if preprocessor is None:
-        preprocessor = Preprocessor.fit(grid, spec, cut_validation, scaler, target_transform)
+        preprocessor = Preprocessor.fit(
+            grid,
+            spec,
+            cut_validation,
+            "standard" if scaler is None else scaler,
+            "none" if target_transform is None else target_transform,
+        )
     periods = {
         "train": (times.min(), cut_validation),
         "validation": (cut_validation, cut_test),
