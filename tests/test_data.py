@@ -613,6 +613,22 @@ def test_a_target_scaling_other_than_the_preprocessors_is_refused_by_name():
     assert prepare(table).target_scaler.method == "standard"  # the default without one
 
 
+def test_split_fractions_take_numpy_floats_and_refuse_non_numbers_by_name():
+    table = make_table()
+    plain = prepare(table, validation_fraction=0.25, test_fraction=0.125)
+    # np.float32(0.25) was refused as "must be a number" (it is one, and exact).
+    numpy = prepare(table, validation_fraction=np.float32(0.25), test_fraction=np.float64(0.125))
+    assert (numpy.validation_start, numpy.test_start) == (plain.validation_start, plain.test_start)
+    for value, error in (
+        ("0.1", TypeError),
+        (True, TypeError),
+        (1.0, ValueError),
+        (np.nan, ValueError),
+    ):
+        with pytest.raises(error, match=r"validation_fraction must be a number in \[0, 1\)"):
+            prepare(table, validation_fraction=value)
+
+
 BERLIN_CUTS = dict(timezone="Europe/Berlin", validation_start="2021-03-05", test_start="2021-03-06")
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import numbers
 import os
 import warnings
 from collections.abc import Sequence
@@ -284,7 +285,10 @@ def _to_timestamp(value: Any, name: str, tz: Any, timezone: str | None) -> pd.Ti
 
 
 def _check_fraction(name: str, value: float) -> None:
-    if not isinstance(value, int | float) or not 0.0 <= value < 1.0:
+    # Any real number (a NumPy float32 from a config too), but not a bool.
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number in [0, 1), got {type(value).__name__} {value!r}")
+    if not 0.0 <= value < 1.0:
         raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
 
 
