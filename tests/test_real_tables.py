@@ -159,3 +159,22 @@ def test_a_missing_looking_text_in_a_text_column_is_a_category():
     dataset = prepare_dataset(table, **SPEC, known_cols=["holiday"])
     assert dataset.missing_texts == {}
     assert dataset.preprocessor.vocabularies["holiday"] == ("none", "xmas")
+
+
+def test_a_frequency_that_does_not_step_forward_is_refused_by_name():
+    # pandas reads '0h' and '-1h'; a zero step failed deep in date_range and a
+    # negative one called every timestamp "off the grid".
+    for freq in ("0h", "-1h", "-1MS"):
+        with pytest.raises(ValueError, match=rf"freq='{freq}' is a step of -?\d units; the "
+                           "frequency must step forward"):  # fmt: skip
+            prepare_dataset(hourly({"a": 40}), **{**SPEC, "freq": freq})
+
+
+def test_ids_equal_as_text_but_of_two_types_are_refused():
+    # A CSV-read table (ids 7) concatenated with rows whose ids are text ('7') would
+    # otherwise split series 7 into two series, each with part of its rows.
+    table = hourly({"a": 60}).assign(id=7).astype({"id": object})
+    table.loc[table.index[:20], "id"] = "7"
+    with pytest.raises(ValueError, match=r"id column 'id' holds '7' \(str\) and 7 \(int\): the "
+                       r"same id as different types.*df\['id'\]\.astype\(str\)"):  # fmt: skip
+        prepare_dataset(table, **SPEC)

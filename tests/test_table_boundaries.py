@@ -529,3 +529,45 @@ def test_ids_of_another_type_than_the_training_ones_are_named_with_the_cast_to_m
         future_windows(known, history, future.astype({"id": str}), HISTORY, HORIZON)
     _, messages = user_warnings(lambda: future_windows(known, history, future, HISTORY, HORIZON))
     assert messages == []
+
+
+# ----------------------------------------------------------------- naive and aware times mixed
+
+
+def test_naive_times_mixed_with_aware_ones_are_refused_not_read_as_utc(preprocessor):
+    # pd.concat of a naive and an aware table leaves a column of both; reading the
+    # naive times as UTC (what pd.to_datetime(utc=True) does) would guess their zone.
+    naive = hourly()
+    aware = naive.assign(time=naive["time"].dt.tz_localize("Europe/Berlin"))
+    mixed = pd.concat([naive[naive["id"] == "a"], aware[aware["id"] == "b"]], ignore_index=True)
+    assert mixed["time"].dtype == object
+    with pytest.raises(ValueError, match=r"column 'time' mixes times with no zone or UTC offset, "
+                       r"e\.g\. Timestamp\('2021-03-01 00:00:00'\) in series 'a' at row 0, with "
+                       r"times that have one.*in series 'b' at row 60"):  # fmt: skip
+        prepare_dataset(mixed, **SPEC)
+    texts = naive.assign(time=naive["time"].astype(str))
+    texts.loc[5, "time"] = "2021-03-01 05:00:00+00:00"
+    with pytest.raises(ValueError, match=r"mixes times with no zone or UTC offset.*"
+                       r"'2021-03-01 05:00:00\+00:00' in series 'a' at row 5"):  # fmt: skip
+        prepare_dataset(texts, **SPEC)
+    history = hourly(30, start="2021-04-01")
+    future = future_for(history).astype({"time": object})
+    future.loc[0, "time"] = pd.Timestamp(future.loc[0, "time"]).tz_localize("UTC")
+    with pytest.raises(ValueError, match=r"column 'future time' mixes times with no zone"):
+        forecast_inputs(preprocessor, history, future)
+
+
+def test_a_new_intermittent_series_at_predict_announces_its_robust_scale():
+    # The robust scale of a mostly-zero series falls back to the mean absolute deviation
+    # from the median: announced at fit (TargetScaler.fit), and so for a new series too.
+    fitted = prepare_dataset(hourly(), **SPEC, scaler="robust").preprocessor
+    history = hourly(30, start="2021-04-01")
+    spikes = np.where(np.arange(30) % 10 == 0, 5.0, 0.0)  # interquartile range 0
+    new = history[history["id"] == "a"].assign(id="new", y=spikes)
+    table = pd.concat([history, new], ignore_index=True)
+    result, messages = user_warnings(lambda: future_windows(fitted, table, None, HISTORY, HORIZON))
+    robust = "scaler='robust': 1 series have an interquartile range of 0 in the history given here"
+    assert any(robust in message and "'new'" in message for message in messages), messages
+    code = result.transformed.series_ids.index("new")
+    assert result.transformed.target_scaler.loc[code] == 0.0  # the median
+    assert result.transformed.target_scaler.scale[code] == np.mean(np.abs(spikes))

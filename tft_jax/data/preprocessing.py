@@ -39,7 +39,8 @@ from tft_jax.data.scaling import (
     TARGET_TRANSFORMS,
     FeatureScaler,
     TargetScaler,
-    _location_scale,
+    _location_scale_checked,
+    announce_spread_fallbacks,
     check_domain,
     forward_transform,
 )
@@ -363,6 +364,7 @@ class Preprocessor:
                 UserWarning,
                 stacklevel=3,
             )
+            fallbacks = []
             for code in np.flatnonzero(unknown):
                 rows = (codes == code) & ~np.isnan(target)
                 values = target[rows]
@@ -377,7 +379,12 @@ class Preprocessor:
                         "scale it by"
                     )
                 values = forward_transform(values, self.target_scaler.target_transform)
-                loc[code], scale[code] = _location_scale(values, self.target_scaler.method)
+                loc[code], scale[code], fallback = _location_scale_checked(
+                    values, self.target_scaler.method
+                )
+                if fallback:
+                    fallbacks.append(ids[code])
+            announce_spread_fallbacks(fallbacks, f"the {source}", stacklevel=4)
         return TargetScaler(
             loc=loc,
             scale=scale,

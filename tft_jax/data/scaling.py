@@ -101,6 +101,25 @@ def _location_scale_checked(values: np.ndarray, method: str) -> tuple[float, flo
     return loc, scale, fallback
 
 
+def announce_spread_fallbacks(names: Sequence[object], period: str, stacklevel: int) -> None:
+    """Warns that the robust scale of the series `names` is their mean absolute deviation.
+
+    `period` names the values they were fitted on ('the training period');
+    silent when `names` is empty.
+    """
+    if not names:
+        return
+    shown = ", ".join(repr(name) for name in names[:5])
+    more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+    warnings.warn(
+        f"scaler='robust': {len(names)} series have an interquartile range of 0 in {period} "
+        f"(mostly one value, e.g. intermittent demand): {shown}{more}; their scale is the mean "
+        "absolute deviation from the median instead",
+        UserWarning,
+        stacklevel=stacklevel,
+    )
+
+
 def _location_scale(values: np.ndarray, method: str) -> tuple[float, float]:
     """Location and scale of a 1-D array with no NaN, by `method` (see the module docstring)."""
     loc, scale, _ = _location_scale_checked(values, method)
@@ -197,17 +216,7 @@ class TargetScaler:
             loc[code], scale[code], fallback = _location_scale_checked(series_values, method)
             if fallback:
                 spread_fallbacks.append(series_names[code] if series_names is not None else code)
-        if spread_fallbacks:
-            shown = ", ".join(repr(name) for name in spread_fallbacks[:5])
-            more = f" and {len(spread_fallbacks) - 5} more" if len(spread_fallbacks) > 5 else ""
-            warnings.warn(
-                f"scaler='robust': {len(spread_fallbacks)} series have an interquartile range "
-                f"of 0 in the training period (mostly one value, e.g. intermittent demand): "
-                f"{shown}{more}; their scale is the mean absolute deviation from the median "
-                "instead",
-                UserWarning,
-                stacklevel=2,
-            )
+        announce_spread_fallbacks(spread_fallbacks, "the training period", stacklevel=3)
         return cls(loc=loc, scale=scale, method=method, target_transform=transform)
 
     @property

@@ -11,6 +11,7 @@ and flags them.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
 import warnings
 from collections.abc import Sequence
@@ -23,16 +24,27 @@ from pandas.tseries.frequencies import to_offset
 
 
 def parse_frequency(freq: Any) -> pd.DateOffset:
-    """Returns the pandas offset for an offset alias such as 'h', 'D' or '15min'."""
+    """Returns the pandas offset for an offset alias such as 'h', 'D' or '15min'.
+
+    A step of zero or fewer units ('0h', '-1D') is refused: pandas reads it,
+    but no grid runs forward in it (a zero step fails deep in `date_range`, a
+    negative one puts every timestamp "off the grid").
+    """
     if not isinstance(freq, str):
         raise TypeError(f"freq must be a pandas offset alias string such as 'h', got {freq!r}")
     try:
-        return to_offset(freq)
+        offset = to_offset(freq)
     except ValueError as error:
         raise ValueError(
             f"unknown frequency freq={freq!r}; use a pandas offset alias such as 'h' (hourly), "
             f"'D' (daily), '15min', 'W' or 'MS' (pandas error: {error})"
         ) from None
+    if offset.n <= 0:
+        raise ValueError(
+            f"freq={freq!r} is a step of {offset.n} units; the frequency must step forward, "
+            "e.g. 'h' or '2D'"
+        )
+    return offset
 
 
 def typical_step(freq: str) -> pd.Timedelta:
@@ -338,6 +350,58 @@ def _parse_times(
     return parsed
 
 
+def _is_aware(value: Any, time_format: str | None, dayfirst: bool) -> bool | None:
+    """Whether one time value carries a zone or UTC offset; None if it cannot be read alone."""
+    if isinstance(value, datetime.datetime):
+        return value.tzinfo is not None
+    if isinstance(value, datetime.date | np.datetime64):
+        return False
+    try:  # fast, and the zone does not depend on the day/month order
+        return pd.Timestamp(value).tz is not None
+    except (ValueError, TypeError, OverflowError):
+        pass
+    try:
+        return pd.to_datetime(value, format=time_format, dayfirst=dayfirst).tz is not None
+    except (ValueError, TypeError, OverflowError):
+        return None
+
+
+def _check_all_aware(
+    values: pd.Series, column: str, ids: pd.Series, time_format: str | None, dayfirst: bool
+) -> None:
+    """Raises when times about to be parsed through UTC include some with no zone or offset.
+
+    `pd.to_datetime(..., utc=True)` reads a naive time ('2024-01-01 00:00', a
+    naive datetime) as UTC: a guess of its zone. Such a column (e.g.
+    `pd.concat` of a naive and an aware table) is refused, naming one time of
+    each kind.
+    """
+    example: dict[bool, Any] = {}
+    for value in pd.unique(values.to_numpy(dtype=object)):
+        kind = _is_aware(value, time_format, dayfirst)
+        if kind is not None:
+            example.setdefault(kind, value)
+        if len(example) == 2:
+            break
+    if len(example) < 2:
+        return
+
+    def row_of(wanted: Any) -> int:
+        for row, value in enumerate(values):
+            if type(value) is type(wanted) and value == wanted:
+                return row
+        return 0  # not reached: `wanted` is one of `values`
+
+    naive, aware = row_of(example[False]), row_of(example[True])
+    raise ValueError(
+        f"column {column!r} mixes times with no zone or UTC offset, e.g. "
+        f"{values.iloc[naive]!r} in series {ids.iloc[naive]!r} at row {naive}, with times that "
+        f"have one, e.g. {values.iloc[aware]!r} in series {ids.iloc[aware]!r} at row {aware}; "
+        "reading the naive ones as UTC would guess their zone: give every time its zone "
+        "(tz_localize) or offset, or none"
+    )
+
+
 def _parse_time_values(
     values: pd.Series,
     column: str,
@@ -367,6 +431,7 @@ def _parse_time_values(
         except ValueError as error:
             if not _mixed_offsets(error):
                 raise
+            _check_all_aware(values, column, ids, time_format, dayfirst)
             parsed = _in_zone(
                 pd.to_datetime(values, format=time_format, errors="coerce", utc=True),
                 timezone,
@@ -386,9 +451,12 @@ def _parse_time_values(
     except (ValueError, TypeError, OverflowError):
         pass
     try:  # strings with mixed UTC offsets
-        return _in_zone(pd.to_datetime(values, utc=True, dayfirst=dayfirst), timezone, column)
+        in_utc = pd.to_datetime(values, utc=True, dayfirst=dayfirst)
     except (ValueError, TypeError, OverflowError):
         pass
+    else:
+        _check_all_aware(values, column, ids, None, dayfirst)
+        return _in_zone(in_utc, timezone, column)
     hint = _format_hint(values) if not dayfirst else ""
     parsed = pd.to_datetime(values, errors="coerce", format="mixed", utc=True, dayfirst=dayfirst)
     bad = parsed.isna().to_numpy()
@@ -399,6 +467,7 @@ def _parse_time_values(
             f"{values.iloc[row]!r} in series {ids.iloc[row]!r} at row {row}; "
             f"fix them or write ISO 8601 times such as '2015-01-01T13:00:00Z'{hint}"
         )
+    _check_all_aware(values, column, ids, None, dayfirst)
     raise ValueError(
         f"column {column!r} mixes timestamp formats; write all times in one format "
         f"(ISO 8601 such as '2015-01-01T13:00:00Z'){hint}"
@@ -579,6 +648,26 @@ def _categorical_values(values: pd.Series, column: str, ids: pd.Series) -> pd.Se
     )
 
 
+def _check_id_types(ids: pd.Series, column: str) -> None:
+    """Raises when two ids differ only in type, e.g. 7 and '7' (a column of objects).
+
+    Concatenating a table read from CSV (ids as numbers) with one of ids as
+    text leaves such a column: each twin would silently be a series of its
+    own, each with part of the rows.
+    """
+    if ids.dtype != object:
+        return
+    seen: dict[str, Any] = {}
+    for value in pd.unique(ids):
+        twin = seen.setdefault(str(value), value)
+        if type(twin) is not type(value):
+            raise ValueError(
+                f"id column {column!r} holds {twin!r} ({type(twin).__name__}) and {value!r} "
+                f"({type(value).__name__}): the same id as different types, which would be two "
+                f"series; give the column one type, e.g. df[{column!r}].astype(str)"
+            )
+
+
 def validate_table(
     frame: pd.DataFrame,
     spec: TableSpec,
@@ -602,10 +691,12 @@ def validate_table(
 
     Raises:
       ValueError: naming the column or series and the fix, for: missing
-        columns, an empty table, empty ids, unparseable or empty times,
-        non-numeric or infinite values, statics that vary within a series or
-        are empty, a column with no value at all in a series, duplicate
-        (id, time) rows, timestamps off the `freq` grid, or short series.
+        columns, an empty table, empty ids, ids equal as text but of two types
+        (7 and '7'), unparseable or empty times, times with a zone or UTC
+        offset mixed with naive ones, non-numeric or infinite values, statics
+        that vary within a series or are empty, a column with no value at all
+        in a series, duplicate (id, time) rows, timestamps off the `freq`
+        grid, or short series.
     """
     _require_positive_int("history", history)
     _require_positive_int("horizon", horizon)
@@ -625,6 +716,7 @@ def validate_table(
         raise ValueError(
             f"id column {spec.id_col!r} is empty at row {row}; give every row a series id"
         )
+    _check_id_types(ids, spec.id_col)
     clean[spec.time_col] = _parse_times(
         clean[spec.time_col], spec.time_col, ids, spec.time_format, spec.dayfirst, spec.timezone
     )
