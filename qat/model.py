@@ -197,7 +197,9 @@ class QATTemporalFusionTransformer(_QuantizedModel):
         layout is fixed: weights per-channel symmetric (scale `max|w|/qmax`,
         no state), activations per-tensor affine observed with a moving
         average in `'quant_stats'` (the LSTM hidden state uses its known range
-        `[-1, 1]` instead). `bits=None` switches quantization off: the output
+        `[-1, 1]` instead, into which each row of the initial state, the
+        static encoder's, is scaled by a power of two). `bits=None` switches
+        quantization off: the output
         is then exactly the FP32 model's.
 
     With `learnable_scale=True` each observed activation also has a trainable

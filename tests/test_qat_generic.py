@@ -24,6 +24,7 @@ from qat import (
 )
 from qat.dot_general import lhs_rows_with_nan
 from tft_jax import Linear
+from tft_jax.lstm import LSTM
 
 from .tracing import recorded_traces
 
@@ -387,3 +388,33 @@ def test_from_fp32_of_an_equal_model_traces_nothing_again():
         again = from_fp32(fp32, QATModel(MixedModel(), QATConfig(bits=8)), x)
     assert traced == []
     jax.tree.map(np.testing.assert_array_equal, again, first)
+
+
+def test_lstm_initial_state_beyond_the_unit_range_is_quantized_not_clipped():
+    # The recurrent quantizer's fixed [-1, 1] grid holds every h = o·tanh(c) but not a
+    # given initial state (the TFT's: a static encoder's LayerNorm output); beyond it,
+    # h0 was clipped (37% of the TFT's at width 16) and its gradient zeroed.
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4, 3, FEATURES)).astype(np.float32)
+    state = (
+        (3.0 * rng.normal(size=(4, 8))).astype(np.float32),
+        rng.normal(size=(4, 8)).astype(np.float32),
+    )
+    assert np.mean(np.abs(state[0]) > 1.0) > 0.5
+    lstm = LSTM(8)
+    fp32 = jax.jit(lstm.init)(jax.random.key(0), x, state)
+    qat_model = QATModel(lstm, QATConfig(bits=8))
+    qat_vars = calibrate(qat_model, from_fp32(fp32, qat_model, x, state), [(x, state)])
+    expected, _ = jax.jit(lstm.apply)(fp32, x, state)
+    fake, (hidden, _) = jax.jit(qat_model.apply)(qat_vars, x, state)
+    # 8-bit weights and activations: each output within a few grid steps of FP32.
+    np.testing.assert_allclose(fake, expected, atol=0.02)
+    np.testing.assert_array_equal(hidden, fake[:, -1])
+    integer, _ = jax.jit(functools.partial(int8_apply, qat_model))(convert(qat_vars), x, state)
+    np.testing.assert_allclose(integer, fake, atol=1e-6)
+
+    def first_outputs(h0):
+        return jnp.sum(qat_model.apply(qat_vars, x, (h0, state[1]))[0][:, 0])
+
+    gradient = np.asarray(jax.jit(jax.grad(first_outputs))(state[0]))
+    assert np.all(gradient != 0.0)  # clipped elements had a zero straight-through gradient

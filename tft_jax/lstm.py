@@ -8,6 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
+from jax import lax
 
 from tft_jax.linear import Linear, check_positive_int
 
@@ -45,9 +46,10 @@ class _LSTMStep(nn.Module):
     dot_general_cls: Callable[..., nn.Module] | None = None
 
     @nn.compact
-    def __call__(self, carry: tuple[Array, Array], input_gates: Array):
-        hidden, cell = carry
-        gates = input_gates + Linear(
+    def __call__(self, carry: tuple[Array, ...], input_gates: Array):
+        # A quantized model carries (h / scale, c, scale), see `_scaled_into_unit_range`.
+        hidden, cell, *scale = carry
+        projected = Linear(
             4 * self.features,
             use_bias=False,
             dtype=self.dtype,
@@ -58,10 +60,34 @@ class _LSTMStep(nn.Module):
             input_bounds=(-1.0, 1.0),
             name="recurrent",
         )(hidden)
+        gates = input_gates + (projected * scale[0] if scale else projected)
         input_gate, forget_gate, candidate, output_gate = jnp.split(gates, 4, axis=-1)
         cell = nn.sigmoid(forget_gate) * cell + nn.sigmoid(input_gate) * jnp.tanh(candidate)
         hidden = nn.sigmoid(output_gate) * jnp.tanh(cell)
+        if scale:  # every later h is in [-1, 1]
+            return (hidden, cell, jnp.ones_like(scale[0])), hidden
         return (hidden, cell), hidden
+
+
+def _scaled_into_unit_range(hidden: Array) -> tuple[Array, Array]:
+    """`(hidden / scale, scale)`: each row scaled by a power of two into `[-1, 1]`.
+
+    The quantized recurrent projection reads h on a fixed `[-1, 1]` grid, which
+    holds every h = o · tanh(c) the LSTM computes but not a given initial state
+    (the TFT's is a static encoder's LayerNorm output): beyond it, h would be
+    clipped. A power of two (1 for rows already within the range) scales
+    exactly, so `projection(h / scale) * scale` equals `projection(h)` in float
+    and quantizes such rows on a grid `scale` times as wide. `(B, F) -> (B, F), (B, 1)`.
+    """
+    largest = jnp.max(jnp.abs(hidden), axis=-1, keepdims=True)
+    # frexp: largest = m * 2**e with m in [0.5, 1): the smallest power of two at least
+    # `largest` is 2**e, or 2**(e - 1) when m is 0.5; a row within [-1, 1] keeps the
+    # scale 1. A NaN or infinite row keeps it too (and stays non-finite).
+    mantissa, exponent = jnp.frexp(largest)
+    exponent = jnp.where(mantissa == 0.5, exponent - 1, exponent)
+    exponent = jnp.where(largest <= 1.0, 0, exponent)
+    scale = lax.stop_gradient(jnp.ldexp(jnp.ones_like(largest), exponent))
+    return hidden / scale, scale
 
 
 class LSTM(nn.Module):
@@ -99,6 +125,10 @@ class LSTM(nn.Module):
             zeros = jnp.zeros((inputs.shape[0], self.features), dtype)
             initial_state = (zeros, zeros)
         carry = jax.tree.map(lambda t: t.astype(dtype), tuple(initial_state))
+        if self.dot_general_cls is not None:
+            hidden, cell = carry
+            scaled, scale = _scaled_into_unit_range(hidden)
+            carry = (scaled, cell, scale)
         scan = nn.scan(
             _LSTMStep,
             variable_broadcast=_BROADCAST_COLLECTIONS,
@@ -113,6 +143,9 @@ class LSTM(nn.Module):
             dot_general_cls=self.dot_general_cls,
             name="cell",
         )(carry, input_gates)
+        if len(final_state) == 3:  # h / scale, c, scale (the scale is 1 after a step)
+            hidden, cell, scale = final_state
+            final_state = (hidden * scale, cell)
         return outputs, final_state
 
     def _check_inputs(self, inputs: Array, initial_state: tuple[Array, Array] | None) -> None:
