@@ -349,3 +349,25 @@ def test_flat_updates_are_the_updates_before_the_split_into_the_tree() -> None:
     assert is_flat_adamw(tx) and not is_flat_adamw(optax.adam(0.1))
     with pytest.raises(TypeError, match="flat_updates: tx must be a flat_adamw"):
         flat_updates(optax.chain(tx), grads, state, params)
+
+
+def test_float64_scalar_settings_keep_the_state_and_update_float32_under_x64() -> None:
+    # NumPy / JAX float64 scalars were kept as given: under x64 they promoted the
+    # moments and the update vector to float64 after one step (the state's dtypes
+    # then differ from `init`'s, and a JAX array setting made `update` unhashable).
+    params = {"w": jnp.ones(3, jnp.float32), "b": jnp.ones(2, jnp.bfloat16)}
+    with jax.enable_x64(True):
+        tx = flat_adamw(
+            np.float64(0.1),
+            clip_norm=np.float64(0.5),
+            weight_decay=np.float64(0.1),
+            b1=jnp.asarray(0.9, jnp.float64),
+            b2=np.float64(0.999),
+            eps=np.float64(1e-8),
+        )
+        state = tx.init(params)
+        vector, state = flat_updates(tx, params, state, params)
+        updates, state = tx.update(params, state, params)
+    assert vector.dtype == state.mu.dtype == state.nu.dtype == jnp.float32
+    assert updates["w"].dtype == jnp.float32 and updates["b"].dtype == jnp.bfloat16
+    assert hash(tx.update) == hash(flat_adamw(0.1, clip_norm=0.5, weight_decay=0.1).update)

@@ -246,6 +246,13 @@ def flat_adamw(
     """
 
     _check_hyperparameters(learning_rate, clip_norm, weight_decay, b1, b2, eps)
+    # Python floats (weakly typed in the math): a NumPy or JAX float64 scalar
+    # would otherwise, under `jax.enable_x64`, promote the float32 moments and
+    # update vectors to float64, and a JAX array would make `update` unhashable.
+    if not callable(learning_rate):
+        learning_rate = float(learning_rate)
+    clip_norm = None if clip_norm is None else float(clip_norm)
+    weight_decay, b1, b2, eps = (float(value) for value in (weight_decay, b1, b2, eps))
     hyper = _Hyper(
         learning_rate=_IN_STATE if isinstance(learning_rate, WarmupCosine) else learning_rate,
         clip_norm=clip_norm,
