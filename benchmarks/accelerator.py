@@ -10,9 +10,11 @@ float32 and bfloat16 matmul peaks; the `electricity` train step at batch 1024
 in bfloat16 (the figure to hold against NVIDIA's 10,173 items/s on one A100
 for their TFT on Electricity), in float32 and with QAT; `electricity` at its
 paper batch 64; `TemporalSelfAttention` forward+backward for T = 64..4096,
-default against flash (cuDNN) path in bfloat16; inference at batch 1 and 256,
-FP32 and int8; `fake_quantize` throughput and the QAT/FP32 step ratio;
-`traffic` in bfloat16 if time remains.
+default against flash path in bfloat16 (each record's `kernel` says whether
+cuDNN's fused kernel ran: `jax.nn.dot_product_attention` uses XLA's unless
+asked for cuDNN, and a `flash` path without it is announced on stderr);
+inference at batch 1 and 256, FP32 and int8; `fake_quantize` throughput and
+the QAT/FP32 step ratio; `traffic` in bfloat16 if time remains.
 
 Refuses to run on a CPU backend unless `--allow-cpu` (used by the tests with
 `--quick`).
@@ -126,6 +128,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     with common.usage_errors(parser):
         if not args.budget > 0:  # NaN too
             raise ValueError(f"--budget must be positive, got {args.budget}")
+        # The output's directory is made first, so that `setup` can check the path.
+        directory = os.path.dirname(os.path.abspath(args.output))
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as error:
+            raise ValueError(f"--out: cannot create {directory!r} ({error})") from None
         common.setup(args)
     backend = jax.default_backend()
     if backend == "cpu" and not args.allow_cpu:
@@ -138,8 +146,6 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         with common.usage_errors(parser):
             names = common.split_names(args.only, [task.name for task in selected], "--only")
         selected = [task for task in selected if task.name in names]
-    directory = os.path.dirname(os.path.abspath(args.output))
-    os.makedirs(directory, exist_ok=True)
     report = common.suite_reporter(cpu.VIEWS, args.json, args.output)
     records = common.run_suite("accelerator", selected, budget_s=args.budget, report=report)
     if not args.json:

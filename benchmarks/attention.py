@@ -2,11 +2,16 @@
 
 For each length `T` and each path (`default`: the explicit kernel
 `scaled_dot_product_attention`; `flash`: `use_flash_attention=True`, i.e.
-`jax.nn.dot_product_attention`, cuDNN's fused kernel on GPU where it
-applies), one jitted call computes the causal self-attention block, a scalar
-loss and the gradients with respect to the parameters and the input. Reported:
-compile time, median time, tokens/s, XLA FLOPs and the executable's memory
-(the `T x T` probabilities dominate the default path's temp bytes).
+`jax.nn.dot_product_attention`), one jitted call computes the causal
+self-attention block, a scalar loss and the gradients with respect to the
+parameters and the input. Reported: compile time, median time, tokens/s, XLA
+FLOPs, the executable's memory (the `T x T` probabilities dominate the
+default path's temp bytes) and `kernel`, the attention kernel the compiled
+executable really runs: `cudnn` when it calls cuDNN's fused attention
+(`__cudnn$fmha*` custom calls), `xla` otherwise. `jax.nn.dot_product_attention`
+picks XLA unless told `implementation="cudnn"` (JAX 0.10 and earlier), so
+on a GPU the `flash` path may well be XLA's; a `flash` record on a GPU
+without cuDNN's kernel is announced on stderr, never passed off as cuDNN.
 
 Usage::
 
@@ -15,6 +20,7 @@ Usage::
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +33,23 @@ from tft_jax.allocator import relaunch_with_tuned_allocator
 
 PATHS = ("default", "flash")
 DEFAULT_LENGTHS = (64, 128, 256, 512, 1024, 2048, 4096)
+KERNELS = ("xla", "cudnn")
+_CUDNN_ATTENTION = "__cudnn$fmha"  # custom-call target prefix of cuDNN's fused attention
+
+
+def attention_kernel(hlo_text: str) -> str:
+    """`"cudnn"` if a compiled module's text calls cuDNN's fused attention, else `"xla"`."""
+    return "cudnn" if _CUDNN_ATTENTION in hlo_text else "xla"
+
+
+def announce_kernel(path: str, kernel: str, backend: str, seq_len: int) -> str | None:
+    """The stderr line for a `flash` path that runs no cuDNN kernel on a GPU (None otherwise)."""
+    if path != "flash" or kernel == "cudnn" or backend != "gpu":
+        return None
+    return (
+        f"benchmarks.attention: T={seq_len} path 'flash' runs XLA's attention on this GPU, "
+        "not cuDNN's fused kernel (its record says kernel='xla')"
+    )
 
 
 def make_step(
@@ -71,11 +94,16 @@ def bench(
     compiled = common.compile_timed(step, *args)
     times = common.time_steps(lambda: jax.block_until_ready(step(*args)), steps, warmup)
     flops = common.cost_flops(compiled.compiled)
+    kernel = attention_kernel(compiled.compiled.as_text())
+    note = announce_kernel(path, kernel, jax.default_backend(), seq_len)
+    if note:
+        print(note, file=sys.stderr, flush=True)
     return common.make_record(
         "attention",
         f"T{seq_len}-{path}",
         seq_len=seq_len,
         path=path,
+        kernel=kernel,
         batch_size=batch_size,
         hidden_dim=hidden_dim,
         num_heads=num_heads,
@@ -92,6 +120,7 @@ def bench(
 REQUIRED_FIELDS: dict[str, Any] = {
     "seq_len": int,
     "path": str,
+    "kernel": str,
     "batch_size": int,
     "dtype": str,
     "compile_s": float,
@@ -105,6 +134,7 @@ REQUIRED_FIELDS: dict[str, Any] = {
 COLUMNS = [
     ("T", "seq_len", ""),
     ("path", "path", ""),
+    ("kernel", "kernel", ""),
     ("dtype", "dtype", ""),
     ("compile s", "compile_s", ".2f"),
     ("median ms", "median_ms", ".3f"),

@@ -421,18 +421,21 @@ def emit(
     """Prints `records` as JSON lines or as a table; with `output`, appends the JSON lines there.
 
     `view` maps a record to the row the table shows (derived display fields).
+    The records are printed before they are appended to `output`, so that a
+    file that cannot be written loses no measurement (`setup` checks the path
+    before anything is measured).
     """
     lines = [json.dumps(record, allow_nan=False) for record in records]
+    if as_json:
+        print("\n".join(lines), flush=True)
+    else:
+        if title:
+            print(title)
+        rows = [view(record) for record in records] if view else records
+        print(format_table(rows, columns), flush=True)
     if output:
         with open(output, "a", encoding="utf-8") as handle:
             handle.writelines(line + "\n" for line in lines)
-    if as_json:
-        print("\n".join(lines), flush=True)
-        return
-    if title:
-        print(title)
-    rows = [view(record) for record in records] if view else records
-    print(format_table(rows, columns), flush=True)
 
 
 def _int_at_least(text: str, minimum: int) -> int:
@@ -496,9 +499,29 @@ def base_parser(description: str, steps: int = MIN_TIMED_STEPS) -> argparse.Argu
     return parser
 
 
+def check_output_path(path: str | None, option: str = "--output") -> None:
+    """Raises `ValueError` naming `option` unless `path` (if given) can be appended to.
+
+    The JSON lines are written when a benchmark ends, so a path in a missing
+    or read-only directory must be refused before minutes of measurements,
+    not after them. Nothing is created.
+    """
+    if not path:
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"{option} must name a file, got the directory {path!r}")
+    if not os.path.isdir(directory):
+        raise ValueError(f"{option}: the directory {directory!r} of {path!r} does not exist")
+    writable = os.access(path, os.W_OK) if os.path.exists(path) else os.access(directory, os.W_OK)
+    if not writable:
+        raise ValueError(f"{option}: {path!r} cannot be written")
+
+
 def setup(args: argparse.Namespace) -> None:
     """Checks the shared options and switches the compilation cache off unless asked to keep it."""
     check_step_counts(args.steps, args.warmup)
+    check_output_path(getattr(args, "output", None))
     if not args.compile_cache:
         disable_compilation_cache()
 

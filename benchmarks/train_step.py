@@ -207,6 +207,25 @@ def build_state(mode: str, config: TFTConfig, batch: train.Batch, seed: int = 0)
     return state, mode == "qat-observe"
 
 
+def check_devices(devices: int, configs: Sequence[BenchConfig]) -> None:
+    """Raises `ValueError` naming `--devices` unless every configuration's batch splits over them.
+
+    Checked on the command line before anything is measured (`_distribute`
+    checks again for callers of `bench`).
+    """
+    if devices > jax.device_count():
+        raise ValueError(
+            f"--devices {devices} but only {jax.device_count()} are visible; on CPU set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={devices}"
+        )
+    for config in configs:
+        if config.batch_size % devices:
+            raise ValueError(
+                f"--devices {devices} does not divide the batch size {config.batch_size} of "
+                f"{config.name!r}; use --batch-size with a multiple of {devices}"
+            )
+
+
 def _distribute(state: Any, batch: train.Batch, devices: int) -> tuple[Any, train.Batch]:
     """Data parallelism over the first `devices` devices: batch split, state replicated.
 
@@ -449,14 +468,16 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     with common.usage_errors(parser):
         names = common.split_names(args.config, CONFIGS, "--config")
         modes = common.split_names(args.mode, MODES, "--mode")
+        configs = [get_config(name, args.dtype, args.batch_size) for name in names]
+        check_devices(args.devices, configs)
         common.setup(args)
     # The yardstick of `peak_fraction`: the matmul peak in the dtype the steps compute in.
     peak = common.matmul_peak_gflops(args.dtype)
     records = [
         record
-        for name in names
+        for config in configs
         for record in bench_modes(
-            get_config(name, args.dtype, args.batch_size),
+            config,
             modes,
             args.steps,
             args.warmup,
