@@ -10,6 +10,7 @@ rewrites them with the flag (`--hidden-dim`).
 from __future__ import annotations
 
 import argparse
+import codecs
 import dataclasses
 import math
 import os
@@ -19,6 +20,7 @@ from collections.abc import Callable, Container, Sequence
 from typing import Any
 
 from tft_jax.data import TARGET_SCALERS
+from tft_jax.data.dataset import SPLITS
 from tft_jax.data.scaling import TARGET_TRANSFORMS
 from tft_jax.distributed import MultihostArgumentError, check_multihost_arguments
 from tft_jax.experiments import ClippingSettings
@@ -32,6 +34,7 @@ from tft_jax.forecaster.config import (
     TrainingConfig,
     field_default,
 )
+from tft_jax.forecaster.predictors import MODEL_NAMES
 
 SECTIONS: dict[str, type] = {
     "data": DataConfig,
@@ -114,6 +117,21 @@ def fraction_or_one(text: str) -> float:
 
 def clip_norm_value(text: str) -> float | None:
     return None if text.strip().lower() == "none" else positive_float(text)
+
+
+def encoding_name(text: str) -> str:
+    """A `--encoding` Python knows ('utf-8', 'latin-1', ...), refused here by the flag's name.
+
+    Unchecked, an unknown one is found only when the CSV is read, and that
+    error names the CSV's flag (`--csv`), not `--encoding`.
+    """
+    try:
+        codecs.lookup(text)
+    except LookupError:
+        raise argparse.ArgumentTypeError(
+            f"unknown text encoding {text!r}; e.g. utf-8, latin-1, cp1252"
+        ) from None
+    return text
 
 
 def compile_cache_value(text: str) -> str:
@@ -268,7 +286,8 @@ DATA_OPTIONS = (
            "strftime format of the time column, e.g. %%d/%%m/%%Y (default: inferred)"),
     Option("--dayfirst", "data", "dayfirst", "read dates such as 01/02/2024 as day first",
            {"action": "store_true"}),
-    Option("--encoding", "data", "encoding", "text encoding of the CSV files"),
+    Option("--encoding", "data", "encoding", "text encoding of the CSV files",
+           {"type": encoding_name}),
     Option("--max-missing-fraction", "data", "max_missing_fraction",
            "refuse a series whose missing target steps exceed this share of its grid",
            {"type": fraction_or_one}),
@@ -518,7 +537,6 @@ def check_train_flags(args: argparse.Namespace) -> None:
             )
 
 
-SPLITS = ("train", "validation", "test")
 DEFAULT_CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser()
 DEFAULT_COMPILE_CACHE = DEFAULT_CACHE / "tft-jax" / "jax"
 CLIPPING_DEFAULTS = {
@@ -586,7 +604,10 @@ def _reading(parser: argparse.ArgumentParser) -> None:
         "reading the given CSV files", "default: as the run read its training table"
     )
     group.add_argument(
-        "--encoding", default=None, help="text encoding of the CSV files (default: the run's)"
+        "--encoding",
+        type=encoding_name,
+        default=None,
+        help="text encoding of the CSV files (default: the run's)",
     )
     group.add_argument(
         "--dayfirst",
@@ -607,7 +628,7 @@ def _run_argument(parser: argparse.ArgumentParser, table_help: str) -> None:
 
 
 def _model_choice(parser: argparse.ArgumentParser, default_help: str) -> None:
-    parser.add_argument("--model", choices=("fp32", "qat", "int8"), help=default_help)
+    parser.add_argument("--model", choices=MODEL_NAMES, help=default_help)
 
 
 def build_parser() -> argparse.ArgumentParser:

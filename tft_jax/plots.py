@@ -8,6 +8,7 @@ involved. Each function writes one PNG and returns its path.
 from __future__ import annotations
 
 import math
+import numbers
 import pathlib
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +29,7 @@ from tft_jax.evaluation import (
     subset,
     to_original_units,
 )
+from tft_jax.forecaster.config import quantile_name
 
 PathLike = str | pathlib.Path
 
@@ -71,14 +73,30 @@ def plot_forecast_fans(
     Args:
       path: the PNG to write.
       forecasts: rows of forecast steps with columns `id_col`, `time_col`,
-        `lower`, `median`, `upper` and `actual` (as `evaluation.forecast_frame`).
+        `forecast_start` (one band per window), `lower`, `median`, `upper`
+        and `actual` (as `evaluation.forecast_frame`).
       context: actuals shown before (and under) the forecasts: columns
         `id_col`, `time_col`, `actual`.
       id_col, time_col: the id and time columns.
       lower, median, upper: the quantile columns of the band and the median.
       title: figure title.
       units: y-axis label.
+
+    Raises:
+      ValueError: naming the columns `forecasts` or `context` lacks, or when
+        `forecasts` is empty.
     """
+    for name, table, needed in (
+        (
+            "forecasts",
+            forecasts,
+            (id_col, time_col, "forecast_start", lower, median, upper, "actual"),
+        ),
+        ("context", context, (id_col, time_col, "actual")),
+    ):
+        missing = [column for column in dict.fromkeys(needed) if column not in table.columns]
+        if missing:
+            raise ValueError(f"{name} lacks the columns {missing}; it has {list(table.columns)}")
     series = list(pd.unique(forecasts[id_col]))
     if not series:
         raise ValueError("forecasts is empty: nothing to plot")
@@ -147,6 +165,8 @@ def plot_attention(
         first, middle and last. The mean over all horizons is drawn bold.
       title: figure title.
     """
+    if isinstance(history, bool) or not isinstance(history, numbers.Integral) or history < 1:
+        raise ValueError(f"history must be an int >= 1 (T), got {history!r}")
     attention = np.asarray(attention, dtype=np.float64)
     if attention.ndim != 2 or attention.shape[1] <= history:
         raise ValueError(
@@ -156,8 +176,9 @@ def plot_attention(
     if horizons is None:
         horizons = sorted({1, (steps + 1) // 2, steps})
     for step in horizons:
-        if not 1 <= step <= steps:
-            raise ValueError(f"horizons must lie in 1..{steps}, got {step}")
+        whole = not isinstance(step, bool) and isinstance(step, numbers.Integral)
+        if not whole or not 1 <= step <= steps:
+            raise ValueError(f"horizons must lie in 1..{steps} (whole steps), got {step!r}")
     lags = np.arange(-history, 0)
     figure = Figure(figsize=(10, 3.8), layout="constrained")
     axis = figure.subplots()
@@ -202,11 +223,17 @@ def plot_variable_importance(
     figure = Figure(figsize=(7, sum(heights)), layout="constrained")
     axes = figure.subplots(len(kept), 1, squeeze=False, height_ratios=heights)[:, 0]
     for axis, (name, labels, weights) in zip(axes, kept, strict=True):
-        order = np.argsort(weights)
-        axis.barh(np.arange(weights.size), weights[order], color=_MEDIAN)
-        axis.set_yticks(np.arange(weights.size), [labels[i] for i in order], fontsize=8)
+        # A NaN (a diverged model) would set the scale to NaN and hide every bar, an inf
+        # would stop the drawing: the scale comes from the finite weights, and each
+        # non-finite one is drawn as an empty bar whose label says what it holds.
+        finite = np.isfinite(weights)
+        order = np.argsort(np.where(finite, weights, -np.inf), kind="stable")
+        shown = [labels[i] if finite[i] else f"{labels[i]} ({weights[i]:g})" for i in order]
+        axis.barh(np.arange(weights.size), np.where(finite, weights, 0.0)[order], color=_MEDIAN)
+        axis.set_yticks(np.arange(weights.size), shown, fontsize=8)
         axis.set_title(name, fontsize=10, loc="left")
-        axis.set_xlim(0, max(1e-9, float(weights.max())) * 1.1)
+        top = float(weights[finite].max()) if finite.any() else 0.0
+        axis.set_xlim(0, max(1e-9, top) * 1.1)
         axis.grid(axis="x", alpha=0.3)
     axes[-1].set_xlabel("mean selection weight")
     figure.suptitle(title)
@@ -358,6 +385,9 @@ def draw_run_plots(
 ) -> list[pathlib.Path]:
     """Fan charts per model, attention, variable importance and loss curves as PNGs.
 
+    The attention and variable importance are those of the model `interpret`,
+    or of the first of `predictions` when it has no `interpret`.
+
     The fans show the forecasts as the library returns and scores them:
     `postprocess` (e.g. `Forecaster.postprocess`, which also clips at 0 with
     `nonnegative`) maps the `(N, H, Q)` quantiles in the target's units; by
@@ -365,6 +395,8 @@ def draw_run_plots(
     lowest and highest quantile that `predict`, `forecast` and the metrics
     would have sorted.
     """
+    if not predictions:
+        raise ValueError("predictions is empty: nothing to plot")
     returned = monotone if postprocess is None else postprocess
     windows = dataset.split(split)
     spec = dataset.spec
@@ -401,7 +433,9 @@ def draw_run_plots(
                 units=spec.target,
             )
         )
-    shown = predictions.get(interpret) or next(iter(predictions.values()))
+    # Without `interpret` among the predictions the first model is drawn: titled as itself.
+    interpret = interpret if interpret in predictions else next(iter(predictions))
+    shown = predictions[interpret]
     written.append(
         plot_attention(
             directory / "attention.png",
@@ -469,7 +503,21 @@ def plot_future(
         column (`TableSpec`); its texts are parsed as the data layer parsed
         them (day-first dates, mixed UTC offsets) and drawn in the
         forecast's zone, so the history ends where the forecast starts.
+
+    Raises:
+      ValueError: for a negative `tail`, `series` missing from the forecast,
+        or quantile columns `q<level>` of `quantiles` the forecast lacks.
     """
+    if isinstance(tail, bool) or not isinstance(tail, numbers.Integral) or tail < 0:
+        # pandas' `tail(-n)` keeps all rows but the first n: the whole history, nearly.
+        raise ValueError(f"tail must be an int >= 0 (history steps shown), got {tail!r}")
+    low, high = quantile_name(min(quantiles)), quantile_name(max(quantiles))
+    missing = [name for name in (low, quantile_name(0.5), high) if name not in forecast.columns]
+    if missing:
+        raise ValueError(
+            f"the forecast has no columns {missing} for quantiles {tuple(quantiles)} (with "
+            f"the median 0.5); its columns are {list(forecast.columns)}"
+        )
     if series is not None:
         unknown = [name for name in series if name not in set(forecast[id_col])]
         if unknown:
@@ -498,8 +546,8 @@ def plot_future(
         )
     context[time_col] = times if zone is None else times.dt.tz_convert(zone)
     context = context.sort_values(time_col).groupby(id_col).tail(tail)
-    low, high = f"q{min(quantiles):g}", f"q{max(quantiles):g}"
     return plot_forecast_fans(
-        path, rows, context, id_col=id_col, time_col=time_col, lower=low, median="q0.5",
+        path, rows, context, id_col=id_col, time_col=time_col, lower=low,
+        median=quantile_name(0.5),
         upper=high, title=title, units=target,
     )  # fmt: skip
