@@ -27,7 +27,7 @@ import pandas as pd
 import pytest
 from flax import serialization
 
-from tft_jax import cli
+from tft_jax import cli, plots
 from tft_jax.checkpoint import load_state
 from tft_jax.cli_parser import UsageError, check_train_flags, flag_message, forecaster_config
 from tft_jax.data import prepare_dataset
@@ -822,6 +822,21 @@ def test_plot_draws_the_forecast_after_the_data(capsys, trained_run, csv_path):
     )  # fmt: skip
     assert code == 0 and "future_fp32.png" in stdout
     assert (trained_run / "plots" / "future_fp32.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert "future chart: the first" not in stdout  # the series were named
+
+
+def test_plot_says_when_the_future_chart_shows_only_the_first_series(
+    capsys, trained_run, csv_path, tmp_path, monkeypatch
+):
+    future = tmp_path / "future_end.csv"
+    known_future(pd.read_csv(csv_path), ("alpha", "beta", "gamma")).to_csv(future, index=False)
+    monkeypatch.setattr(plots, "MAX_FAN_SERIES", 2)
+    code, stdout, err = run(
+        capsys, "plot", "--run", str(trained_run), "--future-csv", str(future),
+        "--compile-cache", "none",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "future chart: the first 2 of 3 series (choose them with --series)" in stdout
 
 
 @pytest.mark.slow

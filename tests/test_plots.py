@@ -267,3 +267,22 @@ def test_loss_curves_draw_a_single_evaluation_visibly(tmp_path):
     assert _pixels_of(draw("one.png", 0.5), train_color) > (
         _pixels_of(draw("none.png", None), train_color) + 20
     )
+
+
+def test_future_chart_draws_the_first_few_series_by_default_and_named_ones_in_order(
+    tmp_path, monkeypatch
+):
+    # All series by default made a chart of one panel per series: hundreds of panels,
+    # a PNG tens of thousands of pixels tall. Named series were drawn in table order.
+    times = pd.date_range("2024-01-01", periods=8, freq="D")
+    names = [f"s{index:02d}" for index in range(plots.MAX_FAN_SERIES + 3)]
+    history = pd.DataFrame([(n, t, 1.0) for n in names for t in times], columns=["id", "time", "y"])
+    future = pd.date_range(times[-1] + pd.Timedelta("1D"), periods=2, freq="D")
+    forecast = pd.concat([_future_forecast(future).assign(id=name) for name in names])
+    drawn = _capture_fans(monkeypatch)
+    options = dict(id_col="id", time_col="time", target="y", quantiles=(0.1, 0.5, 0.9), tail=4)
+    plots.plot_future(tmp_path / "all.png", forecast, history, **options)
+    plots.plot_future(tmp_path / "two.png", forecast, history, series=["s07", "s01"], **options)
+    (default, _), (named, _) = drawn
+    assert list(pd.unique(default["id"])) == names[: plots.MAX_FAN_SERIES]
+    assert list(pd.unique(named["id"])) == ["s07", "s01"]

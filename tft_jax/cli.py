@@ -511,6 +511,12 @@ def command_plot(args: argparse.Namespace) -> int:
         )
     else:
         forecast = forecaster.predict(table, future, model=model)
+        count = forecast[spec.id_col].nunique()
+        if series is None and count > plots.MAX_FAN_SERIES:
+            print(
+                f"future chart: the first {plots.MAX_FAN_SERIES} of {count} series "
+                "(choose them with --series)"
+            )
         # Times left as texts in `table` are in the run's format (`read_given_csv` parsed
         # a --csv read with other flags): those flags may describe a --future-csv only.
         run_data = forecaster.config.data

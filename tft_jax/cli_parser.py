@@ -35,6 +35,7 @@ from tft_jax.forecaster.config import (
     field_default,
 )
 from tft_jax.forecaster.predictors import MODEL_NAMES
+from tft_jax.plots import MAX_FAN_SERIES
 
 SECTIONS: dict[str, type] = {
     "data": DataConfig,
@@ -730,7 +731,10 @@ def build_parser() -> argparse.ArgumentParser:
                 help="known columns after the table's end (models with known columns)",
             )
             sub.add_argument(
-                "--series", nargs="+", metavar="ID", help="series of the future chart (default all)"
+                "--series",
+                nargs="+",
+                metavar="ID",
+                help=f"series of the future chart (default: the first {MAX_FAN_SERIES})",
             )
 
     demo = commands.add_parser(

@@ -38,6 +38,10 @@ _MEDIAN = "#08519c"
 _ACTUAL = "#252525"
 _ARMS = {True: "#1b9e77", False: "#d95f02"}
 
+# The most series one fan chart draws (a panel each) unless the caller names them:
+# a chart of hundreds of panels is tens of thousands of pixels tall and slow to draw.
+MAX_FAN_SERIES = 6
+
 MODEL_LABELS = {
     "seasonal_naive": "seasonal naive",
     "fp32": "TFT fp32",
@@ -401,7 +405,7 @@ def draw_run_plots(
     windows = dataset.split(split)
     spec = dataset.spec
     low, high = quantile_column(min(quantiles)), quantile_column(max(quantiles))
-    chosen = fan_window_indices(windows, per_series=7, max_series=6)
+    chosen = fan_window_indices(windows, per_series=7, max_series=MAX_FAN_SERIES)
     fan_windows = subset(windows, chosen)
     written = []
     context_steps = min(dataset.history, 2 * dataset.horizon)
@@ -497,7 +501,8 @@ def plot_future(
       id_col, time_col, target: the column names.
       quantiles: the levels; the band spans the lowest to the highest.
       tail: history steps shown per series.
-      series: the series to draw (default all), in that order.
+      series: the series to draw, in that order (default: the first
+        `MAX_FAN_SERIES` of the forecast, in its order).
       title: figure title.
       time_format, dayfirst, timezone: how the model read `history`'s time
         column (`TableSpec`); its texts are parsed as the data layer parsed
@@ -525,7 +530,12 @@ def plot_future(
                 f"series {unknown} are not in the forecast; it has "
                 f"{list(pd.unique(forecast[id_col]))}"
             )
-        forecast = forecast[forecast[id_col].isin(series)]
+    else:
+        series = list(pd.unique(forecast[id_col]))[:MAX_FAN_SERIES]
+    # The panels follow the first appearance of each id: put the rows in `series` order.
+    order = {name: index for index, name in enumerate(series)}
+    forecast = forecast[forecast[id_col].isin(list(order))]
+    forecast = forecast.iloc[np.argsort(forecast[id_col].map(order).to_numpy(), kind="stable")]
     rows = forecast.copy()
     rows[time_col] = pd.to_datetime(rows[time_col])
     rows["forecast_start"] = rows.groupby(id_col)[time_col].transform("min")
