@@ -67,6 +67,52 @@ def _check_floating(name: str, x: Array) -> None:
         raise TypeError(f"{name} must be floating point (float32, bfloat16, ...), got {dtype}")
 
 
+def _check_attention_shapes(query: Array, key: Array, value: Array, mask: Array | None) -> None:
+    """Raises `ValueError` naming the argument unless the shapes fit together.
+
+    Mismatched depths or step counts would otherwise fail inside `matmul`
+    without naming an argument, and a mask with more leading axes than the
+    logits (a `(B, 1, Tq, Tk)` mask for a 3-D query) would broadcast the
+    weights and the output to a larger shape, silently.
+    """
+    for name, array in (("query", query), ("key", key), ("value", value)):
+        if array.ndim < 2:
+            raise ValueError(
+                f"scaled_dot_product_attention: {name} must have at least 2 axes (..., T, d), "
+                f"got shape {array.shape}"
+            )
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(
+            "scaled_dot_product_attention: query (..., Tq, d) and key (..., Tk, d) must have "
+            f"the same depth d, got shapes {query.shape} and {key.shape}"
+        )
+    if key.shape[-2] != value.shape[-2]:
+        raise ValueError(
+            "scaled_dot_product_attention: key (..., Tk, d) and value (..., Tk, dv) must have "
+            f"the same number of steps Tk, got shapes {key.shape} and {value.shape}"
+        )
+    try:
+        leading = np.broadcast_shapes(query.shape[:-2], key.shape[:-2])
+        np.broadcast_shapes(leading, value.shape[:-2])
+    except ValueError:
+        raise ValueError(
+            "scaled_dot_product_attention: the leading axes of query, key and value must "
+            f"broadcast, got shapes {query.shape}, {key.shape} and {value.shape}"
+        ) from None
+    if mask is None:
+        return
+    logits_shape = (*leading, query.shape[-2], key.shape[-2])
+    try:
+        fits = np.broadcast_shapes(mask.shape, logits_shape) == logits_shape
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            "scaled_dot_product_attention: mask must broadcast to the logits' shape "
+            f"(..., Tq, Tk) = {logits_shape} without enlarging it, got {mask.shape}"
+        )
+
+
 def scaled_dot_product_attention(
     query: Array,
     key: Array,
@@ -84,7 +130,8 @@ def scaled_dot_product_attention(
       key: `(..., Tk, d)`.
       value: `(..., Tk, dv)`; leading axes broadcast against the weights, so a
         value shared by all heads can be passed with a head axis of size 1.
-      mask: boolean, broadcastable to `(..., Tq, Tk)`; True = may attend. A
+      mask: boolean, broadcastable to `(..., Tq, Tk)` (the logits' shape, which
+        it may not enlarge); True = may attend. A
         query row with no allowed key gets all-zero weights and a zero output.
         Any other dtype raises `TypeError`: read as `mask != 0`, an additive
         mask (0 = attend, -inf = blocked) would be inverted silently.
@@ -101,9 +148,12 @@ def scaled_dot_product_attention(
       TypeError: `mask` is not boolean, or `query` is not floating point (the
         weights take its dtype: cast to integers, all zero).
       ValueError: `dropout_rate` is outside [0, 1) (1 zeroes the output, a
-        negative rate switches dropout off), or a concrete `temperature` is
-        not positive (0 gives NaN, a negative one inverts the attention).
+        negative rate switches dropout off), a concrete `temperature` is
+        not positive (0 gives NaN, a negative one inverts the attention), or
+        the shapes do not fit (depths, step counts, leading axes, a mask that
+        would enlarge the logits).
     """
+    query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
     _check_floating("scaled_dot_product_attention: query", query)
     check_dropout_rate("scaled_dot_product_attention", dropout_rate)
     _check_concrete_positive("scaled_dot_product_attention: temperature", temperature, False)
@@ -114,6 +164,7 @@ def scaled_dot_product_attention(
                 "scaled_dot_product_attention: mask must be boolean (True = may attend), got "
                 f"dtype {mask.dtype} (read as mask != 0, an additive mask would be inverted)"
             )
+    _check_attention_shapes(query, key, value, mask)
     dtype = query.dtype
     # The softmax runs in at least float32 (float64 stays float64 for finite differences).
     softmax_dtype = jnp.promote_types(dtype, jnp.float32)
@@ -162,6 +213,7 @@ class PositionalEncoding(nn.Module):
         super().__post_init__()
 
     def __call__(self, x: Array) -> Array:
+        x = jnp.asarray(x)
         if x.ndim < 2 or x.shape[-1] != self.dim:
             raise ValueError(
                 f"PositionalEncoding: x must have shape (..., T, {self.dim}), got {tuple(x.shape)}"
@@ -204,6 +256,7 @@ class AttentionHead(nn.Module):
     def __call__(
         self, x: Array, mask: Array | None = None, temperature: float | Array = 1.0
     ) -> tuple[Array, Array]:
+        x = jnp.asarray(x)
         _check_sequence("AttentionHead", x, self.hidden_dim)
         steps = x.shape[1]
         if mask is not None:
@@ -233,8 +286,10 @@ class TemporalSelfAttention(nn.Module):
     `(B, heads, T, T)`.
 
     `use_flash_attention=True` computes the same function with
-    `jax.nn.dot_product_attention` (cuDNN's fused kernel on GPU where it
-    applies, XLA elsewhere). Fused kernels do not expose the probabilities, so
+    `jax.nn.dot_product_attention` at its default `implementation=None`, which
+    in the JAX this project pins (0.10) is XLA's implementation on every
+    backend, GPU included: cuDNN's fused kernel is not selected. Fused kernels
+    do not expose the probabilities, so
     on that path there is no dropout on them (dropout applies to the output
     projection only), and `return_weights=True` recomputes the weights with
     the explicit kernel.
@@ -289,6 +344,7 @@ class TemporalSelfAttention(nn.Module):
         deterministic = resolve_deterministic(
             "TemporalSelfAttention", deterministic, self.dropout_rate, self.is_initializing()
         )
+        x = jnp.asarray(x)
         _check_sequence("TemporalSelfAttention", x, self.hidden_dim)
         _check_concrete_positive("TemporalSelfAttention: temperature", temperature)
         dtype = self.dtype or x.dtype

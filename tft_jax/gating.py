@@ -132,6 +132,7 @@ class GatedLinearUnit(nn.Module):
         deterministic = resolve_deterministic(
             "GatedLinearUnit", deterministic, self.dropout_rate, self.is_initializing()
         )
+        x = jnp.asarray(x)
         x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
         projected = make_dense(
             2 * self.features,
@@ -166,6 +167,7 @@ class GateAddNorm(nn.Module):
         deterministic = resolve_deterministic(
             "GateAddNorm", deterministic, self.dropout_rate, self.is_initializing()
         )
+        x, skip = jnp.asarray(x), jnp.asarray(skip)
         # The output has x's shape with `features` last; a skip of another shape would
         # broadcast silently in the sum (a (B, 1, F) skip over every step, say).
         expected = (*jnp.shape(x)[:-1], self.features)
@@ -271,7 +273,13 @@ class GatedResidualNetwork(nn.Module):
             "GatedResidualNetwork", deterministic, self.dropout_rate, self.is_initializing()
         )
         hidden = self.hidden_features or self.features
+        x = jnp.asarray(x)
+        if x.ndim < 1:
+            raise ValueError(
+                f"GatedResidualNetwork: x must have a feature axis (..., I), got shape {x.shape}"
+            )
         if context is not None:
+            context = jnp.asarray(context)
             _check_context(context, x, self.variable_major, self.num_variables is not None)
 
         def dense(features: int, name: str) -> nn.Module:

@@ -70,6 +70,7 @@ class InterpretableMultiHeadAttention(nn.Module):
             self.dropout_rate,
             self.is_initializing(),
         )
+        queries, keys_values = jnp.asarray(queries), jnp.asarray(keys_values)
         for name, x in (("queries", queries), ("keys_values", keys_values)):
             if jnp.ndim(x) != 3:
                 raise ValueError(

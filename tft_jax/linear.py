@@ -85,7 +85,8 @@ class Linear(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
-        if jnp.ndim(x) < 1:
+        x = jnp.asarray(x)  # a nested list or a scalar: no `.shape` to read otherwise
+        if x.ndim < 1:
             raise ValueError(f"Linear expects x of shape (..., I), got a scalar of shape {x.shape}")
         kernel = self.param(
             "kernel", self.kernel_init, (x.shape[-1], self.features), self.param_dtype
@@ -141,6 +142,7 @@ class VariableLinear(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
+        x = jnp.asarray(x)
         variable_axis = 0 if self.variable_major else x.ndim - 2
         if x.ndim < 2 or x.shape[variable_axis] != self.num_variables:
             expected = (
