@@ -1117,3 +1117,12 @@ def test_an_unknown_allocator_choice_is_a_one_line_error_of_the_command(capsys, 
     err = capsys.readouterr().err
     assert err.startswith("tft-jax: error: TFT_JAX_ALLOCATOR must be 'default'") and "'off'" in err
     assert "Traceback" not in err
+
+
+def test_csv_ids_with_leading_zeros_are_read_as_the_file_writes_them(tmp_path):
+    path = tmp_path / "padded.csv"
+    pd.DataFrame({"store": ["001", "01"], "day": ["2024-01-01"] * 2, "sales": 1.0}).to_csv(
+        path, index=False
+    )
+    assert cli.read_csv(path, "--csv", "utf-8", "store")["store"].tolist() == ["001", "01"]
+    assert cli.read_csv(path, "--csv")["store"].tolist() == [1, 1]  # no id column named

@@ -178,3 +178,24 @@ def test_ids_equal_as_text_but_of_two_types_are_refused():
     with pytest.raises(ValueError, match=r"id column 'id' holds '7' \(str\) and 7 \(int\): the "
                        r"same id as different types.*df\['id'\]\.astype\(str\)"):  # fmt: skip
         prepare_dataset(table, **SPEC)
+
+
+@pytest.mark.parametrize(
+    ("ids", "expected"),
+    [
+        # Zero-padded codes: pandas read '001' as store 1 and '01' with it.
+        (("001", "01", "010"), ("001", "01", "010")),
+        # Two texts of one number were one series.
+        (("7", "7.0"), ("7", "7.0")),
+        # Ids that read as numbers unchanged stay numbers, as before.
+        (("101", "202"), (101, 202)),
+    ],
+)
+def test_csv_series_ids_stay_what_the_file_says(tmp_path, ids, expected):
+    table = hourly({name: 40 for name in ids})
+    path = tmp_path / "ids.csv"
+    table.to_csv(path, index=False)
+    dataset = prepare_dataset(path, **SPEC)
+    assert sorted(map(str, dataset.series_ids)) == sorted(map(str, expected))
+    assert set(dataset.series_ids) == set(expected)
+    assert len(dataset.series_ids) == len(ids)

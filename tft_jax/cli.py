@@ -117,12 +117,18 @@ def os_error_text(error: OSError) -> str:
     return f"{names}: {error.strerror or error}"
 
 
-def read_csv(path: pathlib.Path, flag: str, encoding: str = "utf-8") -> pd.DataFrame:
-    """A CSV named by `flag`, with an error naming the flag and the file."""
+def read_csv(
+    path: pathlib.Path, flag: str, encoding: str = "utf-8", id_col: str | None = None
+) -> pd.DataFrame:
+    """A CSV named by `flag`, with an error naming the flag and the file.
+
+    `id_col`: the series id column, kept as text where numbers would change
+    the ids (`tft_jax.data.read_table`).
+    """
     if not pathlib.Path(path).is_file():
         raise UsageError(f"{flag} {path}: no such file")
     try:
-        return read_table(path, encoding)
+        return read_table(path, encoding, id_col)
     except ValueError as error:
         raise UsageError(f"{flag}: {error}") from None
 
@@ -145,7 +151,7 @@ def read_given_csv(
     parsed here (the saved preprocessing reads it as the training table's).
     """
     data = reading_config(forecaster, args)
-    table = read_csv(path, flag, data.encoding)
+    table = read_csv(path, flag, data.encoding, data.id_col)
     run = forecaster.config.data
     if (data.time_format, data.dayfirst) == (run.time_format, run.dayfirst):
         return table
@@ -187,7 +193,8 @@ def run_table(
         raise UsageError(
             f"the run was trained on {source}, which no longer exists; pass --csv TABLE"
         )
-    return read_csv(pathlib.Path(source), "the run's table", encoding)
+    id_col = forecaster.config.data.id_col
+    return read_csv(pathlib.Path(source), "the run's table", encoding, id_col)
 
 
 def load_run(
@@ -338,7 +345,11 @@ def run_training(args: argparse.Namespace, command: str = "train") -> dict[str, 
     check_output_folder(args.out, "--out")
     settings = forecaster_config(args, qat=args.qat)
     encoding = settings.data.encoding
-    table = load_pedestrian() if args.csv is None else read_csv(args.csv, "--csv", encoding)
+    table = (
+        load_pedestrian()
+        if args.csv is None
+        else read_csv(args.csv, "--csv", encoding, settings.data.id_col)
+    )
     out = pathlib.Path(args.out)
     _check_out(out, args.resume, args.overwrite)
     forecaster = Forecaster.from_config(settings)

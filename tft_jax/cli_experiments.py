@@ -62,7 +62,11 @@ def command_experiment(args: argparse.Namespace) -> int:
     experiment = _clipping_settings(args)  # before reading the table
     settings = forecaster_config(args, qat=False)
     encoding = settings.data.encoding
-    table = load_pedestrian() if args.csv is None else read_table(args.csv, encoding)
+    table = (
+        load_pedestrian()
+        if args.csv is None
+        else read_table(args.csv, encoding, settings.data.id_col)
+    )
     dataset = prepare_dataset(table, **settings.data.prepare_options())
     model = settings.model
     tft_config = TFTConfig(

@@ -214,7 +214,7 @@ def read_announced(
       ValueError: also for a spec column whose label the table repeats
         (`check_unique_columns`).
     """
-    raw = read_table(table, encoding)
+    raw = read_table(table, encoding, spec.id_col)
     check_unique_columns(raw, spec.columns)
     columns = [c for c in spec.columns if c != spec.time_col and c in raw.columns]
     raw, counts = missing_texts(raw, columns)
@@ -249,8 +249,16 @@ def infer_categorical(frame: pd.DataFrame, spec: TableSpec) -> TableSpec:
     return dataclasses.replace(spec, categorical_cols=(*spec.categorical_cols, *found))
 
 
-def read_table(table: pd.DataFrame | str | os.PathLike, encoding: str = "utf-8") -> pd.DataFrame:
+def read_table(
+    table: pd.DataFrame | str | os.PathLike, encoding: str = "utf-8", id_col: str | None = None
+) -> pd.DataFrame:
     """Returns `table` itself if it is a DataFrame, else reads it as a CSV file.
+
+    With `id_col`, the series ids of a CSV stay the texts the file holds
+    where reading them as numbers would change them: ids with leading zeros
+    ('001' is store 1 to pandas, so forecasts came back for store 1 and '01'
+    and '001' were one series) or texts that are one number ('1.0' and '1').
+    Ids that read as numbers unchanged ('101') are numbers, as before.
 
     Raises:
       ValueError: naming the file, when it is missing, is not valid `encoding`
@@ -265,7 +273,10 @@ def read_table(table: pd.DataFrame | str | os.PathLike, encoding: str = "utf-8")
     if not os.path.isfile(table):
         raise ValueError(f"{os.fspath(table)}: no such file")
     try:
-        return pd.read_csv(table, encoding=encoding)
+        frame = pd.read_csv(table, encoding=encoding)
+        if id_col is not None and _numbers_change_the_ids(frame, table, encoding, id_col):
+            frame = pd.read_csv(table, encoding=encoding, dtype={id_col: str})
+        return frame
     except UnicodeDecodeError as error:
         raise ValueError(
             f"{os.fspath(table)} is not {encoding} text (byte {error.object[error.start]:#x} at "
@@ -276,6 +287,24 @@ def read_table(table: pd.DataFrame | str | os.PathLike, encoding: str = "utf-8")
         raise ValueError(f"unknown encoding {encoding!r} for {os.fspath(table)}") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError) as error:
         raise ValueError(f"{os.fspath(table)} cannot be read as CSV: {error}") from None
+
+
+def _numbers_change_the_ids(
+    frame: pd.DataFrame, path: str | os.PathLike, encoding: str, id_col: str
+) -> bool:
+    """Whether pandas read the CSV's `id_col` as numbers that lose what its texts say.
+
+    True when a text has a leading zero ('001', '-07', '0.5' excepted) or two
+    different texts are one number ('1', '1.0', '01').
+    """
+    if id_col not in frame.columns or not ptypes.is_numeric_dtype(frame[id_col]):
+        return False
+    texts = pd.read_csv(path, encoding=encoding, usecols=[id_col], dtype=str)[id_col]
+    given = texts.notna()
+    stripped = texts[given].str.strip()
+    if stripped.str.match(r"^[+-]?0\d").any():
+        return True
+    return bool((stripped.groupby(frame[id_col][given]).nunique() > 1).any())
 
 
 def _require_positive_int(name: str, value: Any) -> None:
