@@ -161,8 +161,11 @@ def make_optimizer(
     optimizer kernels instead of several per parameter leaf.
 
     Args:
-      learning_rate: a positive float or an optax schedule `step -> lr`
-        (its rate at step 0 must be a finite scalar >= 0); a `WarmupCosine`
+      learning_rate: a positive float or an optax schedule `count -> lr`,
+        called with the number of updates applied before this one (a step
+        that `train_step` skips applies none, so it does not advance the
+        schedule, as under `optax.apply_if_finite`; its rate at count 0 must
+        be a finite scalar >= 0); a `WarmupCosine`
         (from `warmup_cosine_schedule`) is kept in the optimizer state, so the
         train step does not depend on its numbers.
       clip_norm: the global-norm threshold (> 0); None disables clipping.
