@@ -257,3 +257,28 @@ def test_fit_keeps_the_state_of_the_lowest_validation_loss_and_stops_after_patie
     for name, want in snapshots[best_index].items():
         np.testing.assert_allclose(got[name], want, rtol=1e-6, err_msg=name)
     assert int(result.best_state.step) == best_index + 1
+
+
+@pytest.mark.parametrize(
+    ("val", "message"),
+    [
+        ([linear_batch(70), linear_batch(71, nan_target=True)], r"batch 1 holds 1 NaN or inf"),
+        (
+            [linear_batch(72).replace(target_mask=np.zeros((B, H), np.float32))],
+            r"val_batches hold no observed target",
+        ),
+    ],
+)
+def test_fit_refuses_validation_data_it_cannot_score_before_training(val, message) -> None:
+    # Found by `evaluate` at the first evaluation before: after an epoch of training.
+    steps: list[int] = []
+    state = create_train_state(MODEL, make_optimizer(0.1), jax.random.key(2), val[0])
+
+    def counted(epoch: int) -> Any:
+        for index in range(3):
+            steps.append(index)
+            yield linear_batch(80 + index)
+
+    with pytest.raises(ValueError, match=f"^fit: .*{message}"):
+        fit(state, counted, val, epochs=1, quiet=True)
+    assert steps == []

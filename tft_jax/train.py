@@ -934,11 +934,11 @@ def eval_step(state: TrainState, batch: Batch, calibrate: bool | None = None) ->
     return _eval_loss(state, batch, calibrate)[0]
 
 
-def _check_finite_targets(index: int, batch: Batch) -> None:
+def _check_finite_targets(index: int, batch: Batch, caller: str = "evaluate") -> None:
     """Raises `ValueError` when batch `index` holds a NaN or inf target where it is observed.
 
-    Read only once a batch's loss is not finite, to tell bad data (an error)
-    from a diverged model (a NaN or inf loss, returned as it is).
+    `evaluate` reads it only once a batch's loss is not finite, to tell bad
+    data (an error) from a diverged model (a NaN or inf loss, returned as it is).
     """
     target = np.asarray(batch.target, np.float64)
     bad = ~np.isfinite(target)
@@ -947,8 +947,33 @@ def _check_finite_targets(index: int, batch: Batch) -> None:
     if bad.any():
         row, step = (int(i[0]) for i in np.nonzero(bad))
         raise ValueError(
-            f"evaluate: batch {index} holds {int(bad.sum())} NaN or inf targets (the first at "
+            f"{caller}: batch {index} holds {int(bad.sum())} NaN or inf targets (the first at "
             f"window {row}, horizon step {step}): mark missing targets with batch.target_mask"
+        )
+
+
+def _check_validation_targets(batches: Sequence[Batch]) -> None:
+    """Raises `ValueError` unless `fit`'s validation batches hold observed, finite targets.
+
+    Checked before training: `evaluate` finds either problem only at the first
+    evaluation, after an epoch of training. One process's rows only, so it
+    is left to `evaluate` (which sees the global batches) in a multi-process run.
+    """
+    if jax.process_count() > 1:
+        return
+    observed = 0
+    for index in range(len(batches)):  # by index: a look at the arrays, not an evaluation pass
+        batch = batches[index]
+        _check_batch("fit", batch)
+        _check_finite_targets(index, batch, "fit: val_batches")
+        mask = batch.target_mask
+        observed += (
+            int(np.size(batch.target)) if mask is None else int(np.count_nonzero(np.asarray(mask)))
+        )
+    if observed == 0:
+        raise ValueError(
+            "fit: val_batches hold no observed target (every target_mask is zero); "
+            "pass None to train without validation"
         )
 
 
@@ -1378,6 +1403,8 @@ def fit(
     if val_batches is not None and not val_batches:
         # Checked now: `evaluate` would raise only after the first epoch's training.
         raise ValueError("fit: val_batches is empty; pass None to train without validation")
+    if val_batches is not None:
+        _check_validation_targets(val_batches)
     eval_calibrate = None if calibrate_steps is None else False
 
     per_epoch = _epoch_length(train_batches)
