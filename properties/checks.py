@@ -13,7 +13,8 @@ imports `tft_jax`: the checks work for any function of arrays and pytrees.
 - `assert_causal(fn, x, axis)`: outputs at steps `<= t` (and their gradient) ignore
   inputs at steps `> t`.
 - `assert_batch_independent(fn, x)`: sample `i`'s output and gradient ignore sample `j`.
-- `assert_batch_order_equivariant(fn, x)`: permuting the batch permutes the output.
+- `assert_batch_order_equivariant(fn, x)`: permuting the batch permutes the output (every
+  permutation: a random one and the two that generate them all).
 - `assert_jit_matches_eager(fn, *args)`: `jax.jit(fn)` equals op-by-op execution.
 - `assert_grads_match_finite_differences(fn, args)`: `jax.test_util.check_grads` in float64.
 - `assert_ste_gradient(quantize_fn, ...)`: the gradient is exactly the clipped-STE mask.
@@ -549,8 +550,11 @@ def assert_causal(
     """Asserts that `fn`'s outputs at steps `<= t` do not change when inputs at steps `> t` do.
 
     For each tested step `t`, the inputs after `t` along `axis` are replaced by
-    noisy copies (noise as large as the values); every output leaf, sliced to
-    `[:t+1]` along `out_axis`, must stay equal. With the default `atol = rtol
+    noisy copies (noise as large as the values), and then by zeros; every
+    output leaf, sliced to `[:t+1]` along `out_axis`, must stay equal in both
+    cases. The zeros catch a leak through padding: a mask or a count of valid
+    steps inferred from which steps are nonzero over the whole window, which
+    noise (never exactly zero) leaves as it was. With the default `atol = rtol
     = 0` equality is exact: a masked softmax gives exactly zero weight to
     masked steps, so any leak, however small, is caught. (A leak below the
     output's float resolution changes nothing and cannot be seen: in float32
@@ -620,17 +624,29 @@ def assert_causal(
     rng = np.random.default_rng(seed)
     problems = []
     for t in steps:
-        perturbed = x.copy()
         future = (slice(None),) * axis + (slice(t + 1, None),)
-        perturbed[future] = _perturb(x[future], rng)
-        outputs = _named_leaves("fn(x)", fn(perturbed))
-        if len(outputs) != len(baseline):
-            raise AssertionError(f"fn returned a different pytree for the perturbed input at t={t}")
-        for (path, before), (_, after), leaf_axis in zip(baseline, outputs, leaf_axes, strict=True):
-            past = (slice(None),) * leaf_axis + (slice(0, t + 1),)
-            problem = _mismatch(after[past], before[past], atol, rtol)
-            if problem is not None:
-                problems.append(f"t={t}, output {path}[:{t + 1} along axis {leaf_axis}]: {problem}")
+        noisy = x.copy()
+        noisy[future] = _perturb(x[future], rng)
+        changes = [("", noisy)]
+        zeroed = x.copy()
+        zeroed[future] = 0
+        if not np.array_equal(zeroed, x):
+            changes.append((" (later inputs set to 0)", zeroed))
+        for label, perturbed in changes:
+            outputs = _named_leaves("fn(x)", fn(perturbed))
+            if len(outputs) != len(baseline):
+                raise AssertionError(
+                    f"fn returned a different pytree for the perturbed input at t={t}"
+                )
+            for (path, before), (_, after), leaf_axis in zip(
+                baseline, outputs, leaf_axes, strict=True
+            ):
+                past = (slice(None),) * leaf_axis + (slice(0, t + 1),)
+                problem = _mismatch(after[past], before[past], atol, rtol)
+                if problem is not None:
+                    problems.append(
+                        f"t={t}, output {path}[:{t + 1} along axis {leaf_axis}]{label}: {problem}"
+                    )
     if check_gradients and steps:
         float_axes = [
             a for (_, leaf), a in zip(baseline, leaf_axes, strict=True) if _is_inexact(leaf)
@@ -761,17 +777,17 @@ def _batched_leaves(x: PyTree, axis: int) -> tuple[list[tuple[str, np.ndarray]],
 
 
 def _perturb_other_samples(
-    leaf: np.ndarray, sample: int, axis: int, rng: np.random.Generator
+    leaf: np.ndarray, sample: int, axis: int, rng: np.random.Generator | None
 ) -> np.ndarray:
     """Changes every sample but `sample` along `axis`.
 
-    Float samples get noise; integer and boolean samples become copies of
-    `sample` (always valid values, e.g. category ids).
+    Float samples get noise (zeros when `rng` is None); integer and boolean
+    samples become copies of `sample` (always valid values, e.g. category ids).
     """
     moved = np.moveaxis(leaf, axis, 0).copy()
     others = np.arange(moved.shape[0]) != sample
     if _is_inexact(leaf):
-        moved[others] = _perturb(moved[others], rng)
+        moved[others] = 0 if rng is None else _perturb(moved[others], rng)
     else:
         moved[others] = moved[sample]
     return np.moveaxis(moved, 0, axis)
@@ -892,8 +908,10 @@ def assert_batch_independent(
     """Asserts that sample `i`'s output and its gradient ignore every other sample `j`.
 
     Forward: for each tested sample `i`, all other samples of every input
-    leaf are changed (floats get noise; integer leaves get copies of sample
-    `i`); every output leaf's sample `i` must stay equal. Backward: the
+    leaf are changed (floats get noise, and then zeros; integer leaves get
+    copies of sample `i`); every output leaf's sample `i` must stay equal.
+    The zeros catch a count of "real" (nonzero, unpadded) samples in the
+    batch, which noise leaves as it was. Backward: the
     gradient of a random weighting of sample `i`'s outputs w.r.t. the float
     inputs must be zero at every other sample. This catches batch statistics
     (a mean over the batch, BatchNorm, a per-batch quantization range) in
@@ -950,11 +968,18 @@ def assert_batch_independent(
                 f"are empty and its integer samples all equal sample {sample}): the check "
                 "could not fail"
             )
-        outputs = _named_leaves("fn(x)", fn(jax.tree_util.tree_unflatten(treedef, perturbed)))
-        for (path, before), (_, after), out in zip(baseline, outputs, output_axes, strict=True):
-            problem = _mismatch(_take(after, sample, out), _take(before, sample, out), atol, rtol)
-            if problem is not None:
-                problems.append(f"output {path}[sample {sample}] changed: {problem}")
+        changes = [("", perturbed)]
+        zeroed = [_perturb_other_samples(leaf, sample, axis, None) for leaf in leaves]
+        if not all(np.array_equal(a, b) for a, b in zip(zeroed, leaves, strict=True)):
+            changes.append((" (other samples set to 0)", zeroed))
+        for label, changed in changes:
+            outputs = _named_leaves("fn(x)", fn(jax.tree_util.tree_unflatten(treedef, changed)))
+            for (path, before), (_, after), out in zip(baseline, outputs, output_axes, strict=True):
+                problem = _mismatch(
+                    _take(after, sample, out), _take(before, sample, out), atol, rtol
+                )
+                if problem is not None:
+                    problems.append(f"output {path}[sample {sample}] changed{label}: {problem}")
     if check_gradients:
         float_axes = [
             out for (_, leaf), out in zip(baseline, output_axes, strict=True) if _is_inexact(leaf)
@@ -978,6 +1003,13 @@ def assert_batch_order_equivariant(
 ) -> None:
     """Asserts that permuting the batch of every input leaf permutes every output leaf alike.
 
+    Checked for a random permutation (`seed`) and for the two permutations
+    that generate all others, the cyclic shift by one and the swap of the
+    first two samples: a function equivariant under both is equivariant
+    under every permutation. (One random permutation alone may fix a
+    sample: with 4 samples and seed 0 it fixed the last one, so a function
+    that treats the last sample as padding passed.)
+
     A small tolerance is the default: a matmul may sum a row in a different
     order when it moves within the batch. `out_axis` and `select` work as in
     `assert_batch_independent` (the output's batch axes; the parts to check).
@@ -985,32 +1017,49 @@ def assert_batch_order_equivariant(
     outputs free of NaN (which would match NaN wherever it moved).
 
     Raises:
-      AssertionError: naming the output leaves that do not follow the permutation.
+      AssertionError: naming the output leaves that do not follow a
+        permutation, and the permutation.
     """
     named, treedef, batch = _batched_leaves(x, axis)
     atol, rtol = _tolerance("atol", atol), _tolerance("rtol", rtol)
     if batch < 2:
         return
-    permutation = np.random.default_rng(seed).permutation(batch)
-    if np.array_equal(permutation, np.arange(batch)):
-        permutation = np.roll(permutation, 1)
     fn = _selected(fn, select)
     leaves = [leaf for _, leaf in named]
-    permuted = [_take(leaf, permutation, axis) for leaf in leaves]
     output = fn(jax.tree_util.tree_unflatten(treedef, leaves))
     baseline = _named_leaves("fn(x)", output)
     _require_outputs("fn", baseline, output)
     output_axes = _check_output_batch(baseline, _leaf_axes(out_axis, output, axis), batch)
     _require_no_nan("fn(x) is NaN (NaN == NaN here, so a wrong order would not show):", baseline)
-    outputs = _named_leaves("fn(x)", fn(jax.tree_util.tree_unflatten(treedef, permuted)))
-    problems = []
-    for (path, before), (_, after), out in zip(baseline, outputs, output_axes, strict=True):
-        problem = _mismatch(after, _take(before, permutation, out), atol, rtol)
-        if problem is not None:
-            problems.append(f"output {path}: {problem}")
-    if problems:
-        header = f"fn(x[perm]) != fn(x)[perm] along axis {axis} for perm {permutation.tolist()}:"
-        raise AssertionError(_summarize(header, problems))
+    for permutation in _permutations(batch, seed):
+        permuted = [_take(leaf, permutation, axis) for leaf in leaves]
+        outputs = _named_leaves("fn(x)", fn(jax.tree_util.tree_unflatten(treedef, permuted)))
+        problems = []
+        for (path, before), (_, after), out in zip(baseline, outputs, output_axes, strict=True):
+            problem = _mismatch(after, _take(before, permutation, out), atol, rtol)
+            if problem is not None:
+                problems.append(f"output {path}: {problem}")
+        if problems:
+            header = (
+                f"fn(x[perm]) != fn(x)[perm] along axis {axis} for perm {permutation.tolist()}:"
+            )
+            raise AssertionError(_summarize(header, problems))
+
+
+def _permutations(batch: int, seed: int) -> list[np.ndarray]:
+    """A random permutation of `range(batch)` (never the identity), then the generators of all
+    permutations not already listed: the cyclic shift by one and the swap of samples 0 and 1."""
+    identity = np.arange(batch)
+    permutation = np.random.default_rng(seed).permutation(batch)
+    if np.array_equal(permutation, identity):
+        permutation = np.roll(permutation, 1)
+    swap = identity.copy()
+    swap[[0, 1]] = [1, 0]
+    chosen = [permutation]
+    for generator in (np.roll(identity, 1), swap):
+        if not any(np.array_equal(generator, seen) for seen in chosen):
+            chosen.append(generator)
+    return chosen
 
 
 def assert_jit_matches_eager(
@@ -1137,6 +1186,11 @@ def assert_grads_match_finite_differences(
       modes: any of `"fwd"`, `"rev"`.
       eps: finite-difference step, finite and > 0 (None: 1e-4).
       atol, rtol: tolerances, finite and >= 0 (None: by dtype, `check_grads`' defaults).
+        With `atol=None` each output leaf whose derivatives are below 1 is
+        first divided by a power of two near their size, so that the
+        default absolute tolerance (1e-5 in float64) does not pass any
+        gradient of a function whose derivatives are that small; an explicit
+        `atol` is in `fn`'s units and nothing is divided.
       use_x64: run in float64.
       jit: wrap `fn` in `jax.jit` (unless it already is one), so that each of
         `check_grads`' evaluations compiles once instead of primitive by
@@ -1174,14 +1228,84 @@ def assert_grads_match_finite_differences(
     with context:
         point = jax.tree_util.tree_map(_to_float64, args) if use_x64 else args
         checked = jax.jit(fn) if jit and not hasattr(fn, "lower") else fn
+        compared, scaled = checked, ""
+        if atol is None:
+            divisors = _derivative_divisors(checked, point, step)
+            if any(divisor != 1.0 for divisor in divisors):
+                compared = _divided(checked, divisors, jit)
+                scaled = (
+                    f"\n(each output leaf was divided by its derivative's scale, "
+                    f"{', '.join(f'{divisor:.3g}' for divisor in divisors)}, so that the default "
+                    "absolute tolerance is relative to it)"
+                )
         try:
-            check_grads(checked, point, order, modes=modes, eps=step, atol=atol, rtol=rtol)
+            check_grads(compared, point, order, modes=modes, eps=step, atol=atol, rtol=rtol)
         except AssertionError as error:
             hint = _float32_hint(str(error), checked, point) if use_x64 else ""
             raise AssertionError(
                 f"derivatives of fn differ from central finite differences "
                 f"(order {order}, modes {modes}, eps {step:g}, in {precision}):\n{error}{hint}"
+                f"{scaled}"
             ) from error
+
+
+# The smallest derivative scale the default tolerance is made relative to (2**-60 ~ 9e-19).
+_SMALLEST_DERIVATIVE_SCALE = -60
+
+
+def _derivative_divisors(
+    fn: Callable[..., PyTree], point: tuple[Any, ...], step: float
+) -> list[float]:
+    """Per output leaf of `fn`, a power of two `<= 1` near its largest finite-difference slope.
+
+    `check_grads`' default tolerance is absolute as well as relative (1e-5
+    in float64): a function whose derivatives are 1e-6 passes with any
+    gradient, zero or negated included. Dividing each output leaf by the
+    largest central difference `|f(x + h v) - f(x - h v)| / 2h` along a
+    random direction `v` (a power of two: the division is exact) makes that
+    tolerance relative to the derivative's size. Leaves whose slope is >= 1,
+    zero or not finite keep 1 (the check is never loosened); integer leaves keep 1.
+    """
+    rng = np.random.default_rng(0)
+    leaves, treedef = jax.tree_util.tree_flatten(point)
+    arrays = [np.asarray(leaf) for leaf in leaves]
+    directions = [rng.standard_normal(array.shape) for array in arrays]
+
+    def moved(sign: float) -> tuple[Any, ...]:
+        shifted = [
+            (_as_float64(array) + sign * step * direction).astype(array.dtype)
+            for array, direction in zip(arrays, directions, strict=True)
+        ]
+        return jax.tree_util.tree_unflatten(treedef, shifted)
+
+    ahead = jax.tree_util.tree_leaves(fn(*moved(1.0)))
+    behind = jax.tree_util.tree_leaves(fn(*moved(-1.0)))
+    divisors = []
+    for a, b in zip(ahead, behind, strict=True):
+        a, b = np.asarray(a), np.asarray(b)
+        divisor = 1.0
+        if _is_inexact(a) and a.size:
+            with np.errstate(invalid="ignore", over="ignore"):
+                slope = np.abs(_as_float64(a) - _as_float64(b)) / (2 * step)
+                largest = float(np.max(np.where(np.isfinite(slope), slope, 0.0)))
+            if 0.0 < largest < 1.0:
+                divisor = 2.0 ** max(math.floor(math.log2(largest)), _SMALLEST_DERIVATIVE_SCALE)
+        divisors.append(divisor)
+    return divisors
+
+
+def _divided(fn: Callable[..., PyTree], divisors: Sequence[float], jit: bool) -> Callable[..., Any]:
+    """`fn` with output leaf `k` divided by `divisors[k]` (jitted when `jit`)."""
+
+    def divided(*args: Any) -> PyTree:
+        leaves, treedef = jax.tree_util.tree_flatten(fn(*args))
+        scaled = [
+            leaf if divisor == 1.0 else leaf / divisor
+            for leaf, divisor in zip(leaves, divisors, strict=True)
+        ]
+        return jax.tree_util.tree_unflatten(treedef, scaled)
+
+    return jax.jit(divided) if jit else divided
 
 
 def _integer_grid(qmin: Any, qmax: Any) -> tuple[int, int]:

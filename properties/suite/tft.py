@@ -11,8 +11,8 @@ properties.
 Properties: finite outputs and gradients; a gradient to every parameter
 and input; interpretability weights are distributions; the forecast at
 horizon step `i` ignores known inputs after `i`; batch independence (forward
-and backward); batch-order equivariance; each categorical input reaches the
-forecast; each static context reaches only
+and backward); batch-order equivariance; each categorical variable (each column
+of every categorical input) reaches the forecast; each static context reaches only
 its own destination; jit == eager and derivatives == float64 finite
 differences (smallest preset); the interpretable attention's documented
 formula (heads share one value projection and are averaged).
@@ -346,30 +346,40 @@ def _assert_causal_in_codes(
 
 
 def check_categorical_inputs_reach_the_forecast(case: ModelCase) -> None:
-    """Each categorical input is read: shifting all its codes moves every sample's forecast.
+    """Each categorical variable is read: shifting its codes moves every sample's forecast.
 
-    For each integer input present, every code `c` becomes `(c + 1) mod
-    cardinality` (a different category wherever the cardinality exceeds 1);
-    each sample's quantiles must change. Needs non-degenerate inputs
-    (`kinds=("normal",)`), so that no selection weight underflows to 0.
+    For each integer input present and each of its columns (one categorical
+    variable each) whose cardinality exceeds 1, every code `c` of that
+    column alone becomes `(c + 1) mod cardinality` (a different category);
+    each sample's quantiles must change. Column by column: shifting every
+    column at once moved the forecast through the first column alone, so a
+    model that embedded column 0's codes for every column passed. Needs
+    non-degenerate inputs (`kinds=("normal",)`), so that no selection
+    weight underflows to 0.
     """
     inputs = _all_inputs(case)
     forward = _forward_of(case)
     baseline = np.asarray(forward(inputs).quantiles)
     problems = []
     for name in INTEGER_INPUTS:
-        if name not in inputs or max(_cardinalities(case, name)) < 2:
+        if name not in inputs:
             continue
-        changed = {**inputs, name: _shifted_codes(inputs[name], _cardinalities(case, name))}
-        moved = np.abs(np.asarray(forward(changed).quantiles) - baseline)
-        # NaN is no move (`max` of a row with NaN is NaN, never == 0): a NaN forecast fails.
-        rows = moved.reshape(moved.shape[0], -1)
-        with np.errstate(invalid="ignore"):
-            still = np.nonzero(~(rows > 0.0).any(axis=1) | np.isnan(rows).any(axis=1))[0]
-        if still.size:
-            problems.append(
-                f"{name}: the forecasts of samples {still.tolist()} did not change (or are NaN)"
-            )
+        cardinalities = _cardinalities(case, name)
+        for column, cardinality in enumerate(cardinalities):
+            if cardinality < 2:
+                continue
+            codes = inputs[name].copy()
+            codes[..., column] = _shifted_codes(codes[..., column], (cardinality,))
+            moved = np.abs(np.asarray(forward({**inputs, name: codes}).quantiles) - baseline)
+            # NaN is no move (`max` of a row with NaN is NaN, never == 0): a NaN forecast fails.
+            rows = moved.reshape(moved.shape[0], -1)
+            with np.errstate(invalid="ignore"):
+                still = np.nonzero(~(rows > 0.0).any(axis=1) | np.isnan(rows).any(axis=1))[0]
+            if still.size:
+                problems.append(
+                    f"{name}[..., {column}]: the forecasts of samples {still.tolist()} did not "
+                    "change (or are NaN)"
+                )
     if problems:
         raise AssertionError(
             "categorical inputs do not reach the forecast:\n  " + "\n  ".join(problems)
