@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tft_jax.data.preprocessing import Preprocessor, Transformed, type_hint
+from tft_jax.data.preprocessing import Preprocessor, Transformed, _json_value, type_hint
 from tft_jax.data.tables import (
     TableSpec,
     _categorical_values,
@@ -121,6 +121,12 @@ def _future_table(
     # refused below as one, not as a text that is no number.
     table, _ = missing_texts(future[needed].reset_index(drop=True), known)
     ids = table[spec.id_col]
+    empty_ids = ids.isna().to_numpy()
+    if empty_ids.any():  # else named as a series 'nan' that the history lacks
+        raise ValueError(
+            f"future column {spec.id_col!r} is empty at row {int(np.flatnonzero(empty_ids)[0])} "
+            f"({int(empty_ids.sum())} empty ids); give every row a series id"
+        )
     # Texts with offsets changing at a daylight-saving change are read in the
     # history's zone, into which the future's times are converted below anyway.
     table[spec.time_col] = _parse_times(
@@ -143,10 +149,12 @@ def _future_table(
     if duplicate is not None:
         row, count = duplicate
         raise ValueError(
-            f"future repeats series {ids.iloc[row]!r} at {table[spec.time_col].iloc[row]} "
+            f"future repeats series {_json_value(ids.iloc[row])!r} at "
+            f"{table[spec.time_col].iloc[row]} "
             f"({count} duplicated rows); give each (series, time) once"
         )
-    unknown = sorted(set(ids) - set(expected), key=str)
+    # Plain values: an int64 id reads `7` in the messages, not `np.int64(7)`.
+    unknown = sorted({_json_value(value) for value in set(ids) - set(expected)}, key=str)
     if unknown:
         raise ValueError(
             f"future has series {unknown} that the history does not; every series in future "
@@ -158,7 +166,7 @@ def _future_table(
     if absent_rows.any():
         row = int(np.flatnonzero(absent_rows.to_numpy())[0])
         raise ValueError(
-            f"future has no row for series {merged[spec.id_col].iloc[row]!r} at "
+            f"future has no row for series {_json_value(merged[spec.id_col].iloc[row])!r} at "
             f"{merged[spec.time_col].iloc[row]} ({int(absent_rows.sum())} missing); it must "
             "hold every one of the H steps after each series' last time"
         )
@@ -169,7 +177,7 @@ def _future_table(
         series = extra[spec.id_col].iloc[row]
         raise ValueError(
             f"future has {int(extra_rows.sum())} rows outside the forecast steps, e.g. series "
-            f"{series!r} at {extra[spec.time_col].iloc[row]}; its steps are "
+            f"{_json_value(series)!r} at {extra[spec.time_col].iloc[row]}; its steps are "
             f"{expected[series][0]} .. {expected[series][-1]}"
         )
     merged = merged.drop(columns=flag)
@@ -178,7 +186,8 @@ def _future_table(
         if empty.any():
             row = int(np.flatnonzero(empty)[0])
             raise ValueError(
-                f"future column {column!r} is empty for series {merged[spec.id_col].iloc[row]!r} "
+                f"future column {column!r} is empty for series "
+                f"{_json_value(merged[spec.id_col].iloc[row])!r} "
                 f"at {merged[spec.time_col].iloc[row]} ({int(empty.sum())} empty cells); known "
                 "inputs need a value at every forecast step"
             )

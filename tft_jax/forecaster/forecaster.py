@@ -35,6 +35,7 @@ from tft_jax.data import PreparedDataset, WindowSet, prepare_dataset, window_sta
 from tft_jax.data.dataset import SPLITS
 from tft_jax.data.future import future_windows
 from tft_jax.data.preprocessing import Preprocessor
+from tft_jax.data.tables import parse_frequency
 from tft_jax.distributed import is_primary, local_rows
 from tft_jax.evaluation import (
     Predictions,
@@ -143,6 +144,32 @@ def _holds_checkpoints(checkpoints: pathlib.Path) -> bool:
                 if checkpointer.steps() or checkpointer.steps("best"):
                     return True
     return False
+
+
+def _common_grid(dataset: PreparedDataset, freq: str) -> pd.DatetimeIndex:
+    """The times of `freq` from the first to the last time of `dataset`: the backtest's steps.
+
+    Steps are counted on this grid, not over the times some series has: with
+    no series over a stretch of it, those would skip the stretch and put
+    cutoffs further than `step` steps apart. A series whose times lie off it
+    (recorded at another offset, e.g. every day at noon where the others are
+    at midnight) never has a cutoff in common with the others, and would
+    double the count of times: refused naming it.
+    """
+    panel = dataset.panel
+    times = pd.DatetimeIndex(panel.times)
+    grid = pd.date_range(times.min(), times.max(), freq=parse_frequency(freq))
+    off = ~times.isin(grid)
+    if off.any():
+        row = int(np.flatnonzero(off)[0])
+        series = dataset.series_ids[int(panel.series_code[row])]
+        raise ValueError(
+            f"backtest: series {series!r} is recorded at {times[row]}, off the freq={freq!r} "
+            f"grid from {grid[0]} that the other series' times lie on "
+            f"({int(off.sum())} times off it); cutoffs are times common to the series, so "
+            "backtest series recorded at other offsets separately"
+        )
+    return grid
 
 
 class Forecaster:
@@ -609,7 +636,9 @@ class Forecaster:
         """Rolling-origin evaluation over `n_windows` cutoffs, without retraining.
 
         The last cutoff forecasts the final `H` steps of `table`; each earlier
-        one starts `step` steps (default `H`) before the next. At each cutoff
+        one starts `step` steps (default `H`) of `freq` before the next, counted
+        on the grid from the table's first time (a series recorded off it, at
+        another offset, is refused naming it). At each cutoff
         every series with `history` steps before it and an observed target
         over the next `H` steps is forecast once. A series not in the training
         data is scaled by its target before the first cutoff (a ValueError
@@ -633,21 +662,21 @@ class Forecaster:
         scored = data.horizon + (n_windows - 1) * step  # the grid steps from the first cutoff
         dataset = prepare_dataset(table, **options, preprocessor=self.preprocessor, scored=scored)
         panel = dataset.panel
-        grid_times = pd.DatetimeIndex(np.unique(panel.times))
+        grid_times = _common_grid(dataset, data.freq)
         last_start = len(grid_times) - data.horizon
         positions = [last_start - k * step for k in range(n_windows)][::-1]
-        if positions[0] < 0:
+        if positions[0] < data.history:
             raise ValueError(
                 f"backtest: {n_windows} cutoffs {step} steps apart need "
-                f"{data.horizon + (n_windows - 1) * step} steps of data, the table has "
-                f"{len(grid_times)}"
+                f"{data.history + scored} steps of data ({data.history} of history before the "
+                f"first cutoff, {scored} from it), the table spans {len(grid_times)} "
+                f"({grid_times[0]} .. {grid_times[-1]}); lower n_windows or step"
             )
+        offset = parse_frequency(data.freq)
         records = []
         for position in positions:
             cutoff = grid_times[position]
-            end = grid_times[position + data.horizon - 1] + pd.tseries.frequencies.to_offset(
-                data.freq
-            )
+            end = grid_times[position + data.horizon - 1] + offset
             starts = window_starts(panel, data.history, data.horizon, cutoff, end)
             starts = starts[panel.times[starts] == cutoff]
             if starts.size == 0:
@@ -758,7 +787,12 @@ class Forecaster:
                 raise ValueError(f"season_period must be an int >= 1, got {season_period!r}")
             if season_period < 1:
                 raise ValueError(f"season_period must be an int >= 1, got {season_period!r}")
-            names = list(config["models"])
+            names = config["models"]
+            if not isinstance(names, list):  # list("fp32") would name the forms 'f', 'p', ...
+                raise TypeError(f"models must be a list of model names, got {names!r}")
+            summary = config.get("summary", {})
+            if not isinstance(summary, dict):
+                raise TypeError(f"summary must be an object, got {type(summary).__name__}")
             unknown = [name for name in names if name not in MODEL_NAMES]
             if unknown or "fp32" not in names:
                 raise ValueError(f"models {names} must include 'fp32', all in {MODEL_NAMES}")
@@ -787,6 +821,6 @@ class Forecaster:
             season_period=season_period,
             variables=variables,
             history=history,
-            summary=config.get("summary", {}),
+            summary=summary,
         )
         return forecaster

@@ -241,10 +241,24 @@ def check_form(
         )
 
 
+# `TFTConfig` fields no setting reaches, as `Forecaster.fit` trains them: the defaults, and
+# the known inputs over the history that every window carries (`tft_config_kwargs`).
+FIT_FIXED = {
+    **{
+        field.name: field.default
+        for field in dataclasses.fields(TFTConfig)
+        if field.name in ("attend_to_self", "dtype", "param_dtype")
+    },
+    "use_known_history": True,
+}
+
+
 def check_tft_config(config: TFTConfig, settings: Any) -> None:
     """Raises `ValueError` unless `config` (the saved `TFTConfig`) has the fields that `fit`
-    copies from `settings` (a `ForecasterConfig`): an edit of one of them in config.json
-    would otherwise be ignored or, in `tft_config.quantiles`, rename the forecast columns."""
+    copies from `settings` (a `ForecasterConfig`), and those it fixes as `fit` fixes them:
+    an edit of one of them in config.json would otherwise be ignored, rename the forecast
+    columns (`tft_config.quantiles`), or forecast with another computation
+    (`attend_to_self`, `dtype`)."""
     data, model = settings.data, settings.model
     copied = {
         "sequence_length": ("data.history", data.history),
@@ -259,6 +273,14 @@ def check_tft_config(config: TFTConfig, settings: Any) -> None:
     differ = [
         f"tft_config.{field} is {getattr(config, field)!r}, {name} is {value!r}"
         for field, (name, value) in copied.items()
+        if getattr(config, field) != value
+    ]
+    # An edit of a field no setting reaches loads weights of the same shapes into another
+    # computation (another attention mask, bfloat16 activations): other forecasts, silently.
+    differ += [
+        f"tft_config.{field} is {getattr(config, field)!r}, Forecaster.fit always trains with "
+        f"{value!r}"
+        for field, value in FIT_FIXED.items()
         if getattr(config, field) != value
     ]
     if differ:
