@@ -1178,8 +1178,10 @@ class FitResult(NamedTuple):
     Attributes:
       state: the final train state.
       best_state: the state with the lowest validation loss (the final state
-        when there is no validation data; the initial state, with a
-        `UserWarning`, when no validation loss was finite).
+        when there is no validation data: then the very same object as
+        `state`, whose buffers a later `train_step(result.state, ...)`
+        donates; copy it with `copy_state` first to keep it. The initial
+        state, with a `UserWarning`, when no validation loss was finite).
       history: per evaluation, lists under `HISTORY_KEYS`: epoch, step, mean
         training loss since the previous evaluation, validation loss (None
         without validation data) and the running count of skipped steps.
