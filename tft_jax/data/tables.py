@@ -607,6 +607,23 @@ def _zone_hint(times: pd.DatetimeIndex, spec: TableSpec) -> str:
     )
 
 
+def _recorded_hint(times: pd.DatetimeIndex, freq: str) -> str:
+    """A hint naming the frequency pandas reads in `times` (sorted), when it is not `freq`.
+
+    Month-end data given freq='MS' is off that grid at every time; saying
+    'ME' spares a guess. Empty when pandas reads none (gaps, irregular times).
+    """
+    if len(times) < 3:
+        return ""
+    try:
+        alias = pd.infer_freq(times)
+    except (TypeError, ValueError):
+        return ""
+    if alias is None or to_offset(alias) == parse_frequency(freq):
+        return ""
+    return f"; its times look recorded at freq={alias!r}"
+
+
 def _anchor_hint(first: pd.Timestamp, freq: str) -> str:
     """A hint when `freq`'s steps are anchored (e.g. weeks ending Sunday) and `first` is not."""
     offset = parse_frequency(freq)
@@ -633,7 +650,8 @@ def _check_on_grid(frame: pd.DataFrame, spec: TableSpec) -> dict[Any, int]:
                 f"{spec.freq!r} grid that starts at {start}, e.g. {times[off_grid][0]}; "
                 "resample the table to that frequency first (e.g. df.set_index(time)"
                 f".groupby(id).resample({spec.freq!r}).mean()) or pass the frequency the data "
-                f"is recorded at{_anchor_hint(times[0], spec.freq)}{_zone_hint(times, spec)}"
+                f"is recorded at{_recorded_hint(times, spec.freq)}"
+                f"{_anchor_hint(times[0], spec.freq)}{_zone_hint(times, spec)}"
             )
         lengths[series] = len(grid)
     return lengths
@@ -724,8 +742,9 @@ def validate_table(
         (7 and '7'), unparseable or empty times, times with a zone or UTC
         offset mixed with naive ones, non-numeric or infinite values, statics
         that vary within a series or are empty, a column with no value at all
-        in a series, duplicate (id, time) rows, timestamps off the `freq`
-        grid, or short series.
+        in a series, duplicate (id, time) rows, a fixed sub-daily `freq` much
+        finer than the table's steps (`check_density`, checked before any
+        grid is built), timestamps off the `freq` grid, or short series.
     """
     _require_positive_int("history", history)
     _require_positive_int("horizon", horizon)
@@ -764,6 +783,9 @@ def validate_table(
     _check_not_all_empty(clean, spec)
     _check_duplicates(clean, spec)
     clean = clean.sort_values([spec.id_col, spec.time_col], kind="stable").reset_index(drop=True)
+    grid_rows = _fixed_step_grid_rows(clean, spec)
+    if grid_rows is not None:  # before the grids are built (a too fine freq: billions of rows)
+        _check_density_rows(clean, grid_rows, spec)
     lengths = _check_on_grid(clean, spec)
     need = reason or (
         "a window needs history + horizon" if min_length is None else "forecasting needs history"
@@ -792,7 +814,28 @@ def validate_table(
 
 
 def inferred_step(clean: pd.DataFrame, spec: TableSpec) -> str:
-    """The most common step between consecutive times of a series, as a pandas alias."""
+    """The frequency the table looks recorded at, as a pandas alias ('30min', 'MS', 'W-MON').
+
+    pandas' `infer_freq` of the series with three or more times (the most
+    common answer among the first 100 it reads): only it names calendar
+    frequencies, whose steps differ in length (months of 28 to 31 days would
+    read '744h', a step that puts every month off the grid). Else the most
+    common step between consecutive times of a series.
+    """
+    found = []
+    for _, times in clean.groupby(spec.id_col, sort=False)[spec.time_col]:
+        if len(times) < 3:
+            continue
+        try:
+            alias = pd.infer_freq(pd.DatetimeIndex(times))
+        except (TypeError, ValueError):
+            alias = None
+        if alias:
+            found.append(alias)
+        if len(found) == 100:  # enough to name it, in an error path
+            break
+    if found:
+        return str(pd.Series(found).mode().iloc[0])
     steps = clean.groupby(spec.id_col, sort=False)[spec.time_col].diff().dropna()
     if steps.empty:
         return "unknown"
@@ -810,16 +853,40 @@ def check_density(clean: pd.DataFrame, grid: pd.DataFrame, spec: TableSpec) -> N
     least two steps of `freq` and the grid is at least a third rows the table
     lacks (`--freq 15min` on half-hourly data leaves half of it empty).
     """
-    inserted = 1.0 - len(clean) / max(len(grid), 1)
+    _check_density_rows(clean, len(grid), spec)
+
+
+def _check_density_rows(clean: pd.DataFrame, grid_rows: int, spec: TableSpec) -> None:
+    """`check_density` for a grid of `grid_rows` rows."""
+    inserted = 1.0 - len(clean) / max(grid_rows, 1)
     steps = clean.groupby(spec.id_col, sort=False)[spec.time_col].diff().dropna()
     if steps.empty:
         return
     if steps.mode().iloc[0] >= 2 * typical_step(spec.freq) and inserted >= 1 / 3:
         raise ValueError(
             f"freq={spec.freq!r} leaves {100 * inserted:.0f}% of the time grid without a row "
-            f"of the table: it looks recorded every {inferred_step(clean, spec)} (the most "
-            "common step between its times); pass that frequency"
+            f"of the table: it looks recorded every {inferred_step(clean, spec)} (pandas' "
+            "infer_freq of its series, else the most common step between its times); pass "
+            "that frequency"
         )
+
+
+def _fixed_step_grid_rows(frame: pd.DataFrame, spec: TableSpec) -> int | None:
+    """Rows the grids of `frame`'s series will have for a fixed sub-daily `freq`, not built.
+
+    For 'h', '15min', 'ms' and other fixed steps shorter than a day the count
+    is the span of each series over the step; None for other frequencies
+    (their grids grow by at most a few hundred rows a year). A mistaken
+    sub-daily `freq` ('ms', milliseconds, for month starts; 'min' for hourly
+    data) would otherwise build grids of billions of rows, failing with a
+    MemoryError, before `check_density` could name the frequency to pass.
+    """
+    offset = parse_frequency(spec.freq)
+    if not isinstance(offset, pd.offsets.Tick):
+        return None
+    times = frame.groupby(spec.id_col, sort=False)[spec.time_col]
+    spans = times.max() - times.min()
+    return int((spans // pd.Timedelta(offset)).sum()) + len(spans)
 
 
 def check_missing_fraction_limit(value: Any) -> None:
