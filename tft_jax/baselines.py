@@ -156,19 +156,21 @@ def seasonal_naive(history: Any, horizon: int, period: int) -> np.ndarray:
 def seasonal_naive_with_drift(history: Any, horizon: int, period: int) -> np.ndarray:
     """Seasonal naive plus the average change per season over the history: `(B, T) -> (B, H)`.
 
-    `ŷ[h] = y[T - m + (h mod m)] + (h // m + 1) · d`, with the drift
-    `d = (mean of the last season - mean of the first season) / (seasons between them)`
-    estimated from the `T // m` whole seasons at the end of the history
-    (Hyndman & Athanasopoulos, sections 5.2 and 5.8, seasonal naive with a
-    drift term). With fewer than two whole seasons the drift is 0.
+    `ŷ[h] = y[T - m + (h mod m)] + (h // m + 1) · d`, with the drift `d` the
+    mean of the `T - m` seasonal differences `y[t] - y[t - m]` of the whole
+    history, i.e. `(sum of the last m values - sum of the first m) / (T - m)`
+    (Hyndman & Athanasopoulos, sections 5.2 and 5.8; fable's
+    `SNAIVE(y ~ drift())`, which fits `d` as the mean of `y - lag(y, m)`).
+    When `T` is a whole number of seasons this is the change between the
+    first and last seasons' means per season. With `T == m` there is no
+    seasonal difference and the drift is 0.
     """
     forecast = seasonal_naive(history, horizon, period).astype(np.float64)
     history = np.asarray(history, dtype=np.float64)
-    seasons = history.shape[1] // period
-    if seasons < 2:
+    steps = history.shape[1]
+    if steps <= period:
         return forecast
-    whole = history[:, history.shape[1] - seasons * period :].reshape(-1, seasons, period)
-    drift = (whole[:, -1].mean(axis=1) - whole[:, 0].mean(axis=1)) / (seasons - 1)
+    drift = np.mean(history[:, period:] - history[:, :-period], axis=1)
     ahead = np.arange(horizon) // period + 1
     return forecast + drift[:, None] * ahead[None, :]
 

@@ -7,15 +7,20 @@ table's own target values (never a round trip through the scaler).
 Metrics per model (`forecast_metrics`):
 
 - `q_risk`: the paper's normalized quantile loss `2 Σ QL_q / Σ |y|` for every
-  quantile level (`tft_jax.losses.q_risk`), summed over all windows and
+  quantile level (as `tft_jax.losses.q_risk`), summed over all windows and
   horizon steps; `p50_q_risk` and `p90_q_risk` repeat the 0.5 and 0.9 levels.
 - `mean_quantile_loss`: the pinball loss averaged over windows, steps and
-  levels, in the target's units (`tft_jax.losses.quantile_loss`).
+  levels, in the target's units (as `tft_jax.losses.quantile_loss`).
 - `mean_quantile_loss_scaled`: the same on the per-series scaled target, the
-  quantity the model is trained on (comparable across series): forecasts and
+  quantity the model is trained on unless window normalization rescales each
+  window further (comparable across series): forecasts and
   targets go through the target transform (`log1p`) before the division by
   the series' scale; None for a forecast outside the transform's domain (a
   drifting baseline at or below -1 with `log1p`), where it is undefined.
+
+The metrics are computed in float64 NumPy, not with the float32 JAX losses:
+a float32 copy of a target at a level of 1e8 is rounded to a multiple of 8,
+so errors of a few units (and the q-risk of a good forecast) would be lost.
 
 A point forecast (the seasonal naive baseline) is scored as if it predicted
 every quantile level with that one value.
@@ -33,7 +38,7 @@ import pandas as pd
 from tft_jax.baselines import seasonal_naive, seasonal_naive_with_drift
 from tft_jax.data import PreparedDataset, WindowSet, batch_indices
 from tft_jax.data.scaling import TARGET_TRANSFORMS, forward_transform
-from tft_jax.losses import q_risk, quantile_loss
+from tft_jax.losses import ZeroTargetError
 from tft_jax.train import Batch
 
 Predictor = Callable[[Batch], Any]
@@ -212,11 +217,20 @@ def actuals(dataset: PreparedDataset, windows: WindowSet) -> np.ndarray:
 
 
 def filled_history(dataset: PreparedDataset, windows: WindowSet) -> np.ndarray:
-    """`(N, T)` history targets in the target's units, gaps filled as the model sees them."""
+    """`(N, T)` history targets in the target's units, gaps filled as the model sees them.
+
+    Observed steps are the table's own values; only the filled gaps come back
+    from the model's float32 scaled target, whose round trip through the
+    scaler is off by a float32 rounding (up to 4 at a level of 1e8 with
+    `scaler='none'`): a seasonal naive forecast of an exactly periodic series
+    would not score zero.
+    """
     panel = windows.panel
     rows = windows.starts[:, None] + np.arange(-windows.history, 0)
     codes = panel.series_code[windows.starts]
-    return dataset.inverse_transform(panel.target[rows].astype(np.float64), codes)
+    filled = dataset.inverse_transform(panel.target[rows].astype(np.float64), codes)
+    observed = dataset.frame[dataset.spec.target].to_numpy(dtype=np.float64)[rows]
+    return np.where(np.isnan(observed), filled, observed)
 
 
 def seasonal_naive_forecast(
@@ -277,6 +291,13 @@ def quantile_key(level: float) -> str:
     return f"{float(level):g}"
 
 
+def _pinball64(forecast: np.ndarray, actual: np.ndarray, levels: Sequence[float]) -> np.ndarray:
+    """`(..., Q)` float64 pinball losses of `forecast` `(..., Q)` against `actual` `(...)`."""
+    error = actual[..., None] - forecast
+    q = np.asarray(levels, dtype=np.float64)
+    return np.maximum(q * error, (q - 1.0) * error)
+
+
 def forecast_metrics(
     forecast: np.ndarray,
     actual: np.ndarray,
@@ -298,7 +319,12 @@ def forecast_metrics(
         `transform(forecast) / scale` against `transform(actual) / scale`.
 
     Returns:
-      A JSON-ready dict of floats.
+      A JSON-ready dict of floats (float64 sums, see the module docstring).
+
+    Raises:
+      ValueError: mismatched shapes, no level or one outside (0, 1), no value,
+        or an unknown `target_transform`; `tft_jax.losses.ZeroTargetError` (a
+        `ValueError`) when `Σ|actual|` is zero (q-risk is undefined).
     """
     levels = tuple(float(q) for q in quantiles)
     forecast = np.asarray(forecast, dtype=np.float64)
@@ -310,13 +336,21 @@ def forecast_metrics(
             f"forecast must have shape {actual.shape} or {(*actual.shape, len(levels))} for "
             f"actual {actual.shape} and {len(levels)} quantiles, got {forecast.shape}"
         )
-    risks = {
-        quantile_key(q): float(q_risk(forecast[..., i], actual, q)) for i, q in enumerate(levels)
-    }
+    if not levels or not all(0.0 < q < 1.0 for q in levels):
+        # Written so that a NaN level fails too (every comparison with NaN is False).
+        raise ValueError(f"quantiles must be at least one level in (0, 1), got {list(levels)}")
+    if actual.size == 0:
+        raise ValueError(f"actual holds no values (shape {actual.shape}): nothing to score")
+    losses = _pinball64(forecast, actual, levels)  # (N, H, Q), float64
+    total = float(np.sum(np.abs(actual)))
+    if total == 0.0:
+        raise ZeroTargetError("q_risk: sum(|target|) is zero, so the normalized risk is undefined")
+    sums = losses.reshape(-1, len(levels)).sum(axis=0)
+    risks = {quantile_key(q): float(2.0 * sums[i] / total) for i, q in enumerate(levels)}
     metrics: dict[str, Any] = {
         "p50_q_risk": risks.get("0.5"),
         "p90_q_risk": risks.get("0.9"),
-        "mean_quantile_loss": float(quantile_loss(forecast, actual, levels)),
+        "mean_quantile_loss": float(np.mean(losses)),
         "q_risk": risks,
     }
     if target_transform not in TARGET_TRANSFORMS:
@@ -330,10 +364,12 @@ def forecast_metrics(
             metrics["mean_quantile_loss_scaled"] = None
         else:
             metrics["mean_quantile_loss_scaled"] = float(
-                quantile_loss(
-                    forward_transform(forecast, target_transform) / divisor[..., None],
-                    forward_transform(actual, target_transform) / divisor,
-                    levels,
+                np.mean(
+                    _pinball64(
+                        forward_transform(forecast, target_transform) / divisor[..., None],
+                        forward_transform(actual, target_transform) / divisor,
+                        levels,
+                    )
                 )
             )
     return metrics
