@@ -410,6 +410,22 @@ def test_a_series_of_small_magnitude_keeps_its_own_scale(method):
         assert (constant.loc[0], constant.scale[0]) == pytest.approx((3e-9, 1.0), rel=1e-12)
 
 
+@pytest.mark.parametrize("method", ["standard", "robust"])
+def test_a_series_varying_little_against_its_level_keeps_its_own_scale(method):
+    # A meter reading around 4.2e9 varying by ~31: a spread of 7e-9 of the level,
+    # called constant under a 1e-8 threshold and fed to the model as +-31.
+    values = 4.2e9 + 31.0 * np.random.default_rng(1).standard_normal(200)
+    codes = np.zeros(200, int)
+    scaler = TargetScaler.fit(values, codes, 1, method)
+    scaled = scaler.transform(values, codes)
+    assert 0.5 < np.std(scaled) < 2.0, (scaler.loc, scaler.scale)
+    features = FeatureScaler.fit(values[:, None])
+    assert features.scale[0] == pytest.approx(np.std(values), rel=1e-9)
+    # Identical values whose float64 statistics round (mean of 0.1 thrice) stay constant.
+    constant = TargetScaler.fit(np.full(3, 0.1), np.zeros(3, int), 1, method)
+    assert constant.scale[0] == 1.0
+
+
 @pytest.mark.parametrize("method", ["standard", "robust", "mean_abs"])
 def test_a_series_of_huge_magnitude_keeps_its_own_scale(method):
     # np.std of values around 1e200 overflows (their squares are beyond float64):

@@ -486,14 +486,14 @@ def test_future_texts_with_offsets_changing_at_dst_are_read_in_the_history_zone(
 def test_values_beyond_float32_as_model_inputs_are_refused_by_column_and_series(
     column, options, where
 ):
-    # Varying by 1e-10 of a 1e200 level counts as constant (scale 1), so the scaled
-    # input is ~1e190; a static is not scaled, so 1e39 stays 1e39: both are inf in
+    # Varying by 1e-14 of a 1e200 level counts as constant (scale 1), so the scaled
+    # input is ~1e186; a static is not scaled, so 1e39 stays 1e39: both are inf in
     # float32, and the model read inf and forecast NaN, or training skipped every step.
     table = hourly().assign(size=lambda t: np.where(t["id"] == "a", 1.0, 2.0))
     if column == "size":
         table[column] = table[column] * 1e39
     else:
-        table[column] = 1e200 + 1e190 * table[column]
+        table[column] = 1e200 + 1e186 * table[column]
     with pytest.raises(ValueError, match=rf"column '{column}' holds .* as a model input \("
                        rf"{where}.*beyond float32 .*rescale the column"):  # fmt: skip
         prepare_dataset(table, **SPEC, **options)
@@ -502,7 +502,7 @@ def test_values_beyond_float32_as_model_inputs_are_refused_by_column_and_series(
 def test_a_new_series_beyond_float32_is_refused_at_predict(preprocessor):
     history = hourly(30, start="2021-04-01").replace({"id": {"b": "new"}})
     new = history["id"] == "new"
-    history.loc[new, "y"] = 1e200 + 1e190 * history.loc[new, "y"]  # its own scale is 1
+    history.loc[new, "y"] = 1e200 + 1e186 * history.loc[new, "y"]  # its own scale is 1
     with pytest.raises(ValueError, match=r"column 'y' holds .*\(series 'new' at 2021-04-01 "
                        r"00:00:00; \d+ such values\): beyond float32"):  # fmt: skip
         forecast_inputs(preprocessor, history)

@@ -1,14 +1,14 @@
 """Affine scalers fitted on the training period: per-series for the target, per-column for inputs.
 
 Both map `x -> (x - loc) / scale`. A scale that is zero, not finite, or below
-`1e-8 · |loc|` (a constant series or column, up to rounding) is replaced by 1, so
-a constant is centred but never divided by ~0. The test is relative only: a
-series that varies at a small magnitude (values around 1e-9) keeps its own
-scale, since a scale of 1 would leave it near 0 in model units and its
-forecasts off by orders of magnitude. The robust scale of a series that
-is not constant but mostly one value (intermittent demand: an interquartile
-range of 0) is its mean absolute deviation from the median instead, announced
-by a warning: a scale of 1 would leave its spikes unscaled.
+`NEGLIGIBLE_SPREAD · |loc|` (a constant series or column, up to float64
+rounding) is replaced by 1, so a constant is centred but never divided by ~0.
+The test is relative only: a series that varies at a small magnitude (values
+around 1e-9) keeps its own scale, since a scale of 1 would leave it near 0 in
+model units and its forecasts off by orders of magnitude. The robust scale of
+a series that is not constant but mostly one value (intermittent demand: an
+interquartile range of 0) is its mean absolute deviation from the median
+instead, announced by a warning: a scale of 1 would leave its spikes unscaled.
 """
 
 from __future__ import annotations
@@ -20,6 +20,10 @@ from collections.abc import Sequence
 import numpy as np
 
 TARGET_SCALERS = ("standard", "robust", "mean_abs", "none")
+# A spread below this fraction of the level is float64 rounding of a constant (the
+# statistics of identical values are off by a few 1e-16 of it), with a wide margin;
+# real variation above it is scaled: a meter at 4.2e9 varying by 31 is no constant.
+NEGLIGIBLE_SPREAD = 1e-12
 # Monotone maps applied to the target before scaling and inverted after: quantiles commute.
 TARGET_TRANSFORMS = ("none", "log1p")
 
@@ -61,11 +65,12 @@ def inverse_transform_values(values: np.ndarray, transform: str) -> np.ndarray:
 def _negligible(scale: float, loc: float) -> bool:
     """Whether `scale` is too small (or not finite) to divide by at location `loc`.
 
-    Relative to `|loc|` (rounding noise of a constant), never an absolute floor
-    such as 1e-8: that would call every series of small magnitude constant.
+    Relative to `|loc|` (rounding noise of a constant, `NEGLIGIBLE_SPREAD`),
+    never an absolute floor such as 1e-8: that would call every series of
+    small magnitude constant.
     """
     tiny = np.finfo(np.float64).tiny  # zero or subnormal: nothing to divide by
-    return not np.isfinite(scale) or scale <= max(1e-8 * abs(loc), tiny)
+    return not np.isfinite(scale) or scale <= max(NEGLIGIBLE_SPREAD * abs(loc), tiny)
 
 
 def _location_scale_checked(values: np.ndarray, method: str) -> tuple[float, float, bool]:
