@@ -146,3 +146,14 @@ def test_quantile_levels_that_share_a_forecast_column_are_refused():
     assert Forecaster(DATA, ModelConfig(quantiles=(0.1, 0.5, 0.9, 0.95))).config.model.quantiles[
         -1
     ] == pytest.approx(0.95)
+
+
+@pytest.mark.parametrize("text", ["foo", "NaT", "2024-13-45"])
+def test_a_cut_time_pandas_cannot_read_is_refused_when_the_config_is_made(text):
+    # Accepted before, and refused only once a table was prepared with it.
+    with pytest.raises(ValueError, match=rf"DataConfig.test_start must be a time.*{text!r}"):
+        DataConfig(**{**DATA.__dict__, "validation_start": "2024-01-01", "test_start": text})
+    cuts = DataConfig(
+        **{**DATA.__dict__, "validation_start": "2024-01-01", "test_start": "2024-02"}
+    )
+    assert cuts.test_start == "2024-02"

@@ -14,6 +14,8 @@ import numbers
 from collections.abc import Iterable
 from typing import Any
 
+import pandas as pd
+
 from tft_jax.data import TARGET_SCALERS, TableSpec
 from tft_jax.data.pedestrian import PEDESTRIAN_SPEC
 from tft_jax.data.scaling import TARGET_TRANSFORMS
@@ -77,6 +79,22 @@ def _tuple_of_names(owner: str, name: str, value: Any) -> tuple[str, ...]:
         if not isinstance(item, str):
             raise TypeError(f"{owner}.{name} must hold column names, got {item!r}")
     return names
+
+
+def _check_time_text(name: str, text: str) -> None:
+    """Raises `ValueError` naming `name` unless pandas reads `text` as one time.
+
+    Checked when the config is made, not when a table is prepared with it
+    (after reading the table, or in a run's config.json at load).
+    """
+    try:
+        stamp = pd.Timestamp(text)
+    except (ValueError, TypeError) as error:
+        raise ValueError(
+            f"{name} must be a time pandas reads (e.g. '2024-03-01'), got {text!r} ({error})"
+        ) from None
+    if pd.isna(stamp):
+        raise ValueError(f"{name} must be a time, got {text!r} (not a time)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,6 +206,7 @@ class DataConfig:
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, str(value))
+                _check_time_text(f"{owner}.{name}", str(value))
         if self.scaler not in TARGET_SCALERS:
             raise ValueError(f"{owner}.scaler must be one of {TARGET_SCALERS}, got {self.scaler!r}")
 
