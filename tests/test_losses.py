@@ -94,3 +94,8 @@ def test_integer_and_boolean_targets_are_taken_as_float32() -> None:
     flags = counts % 2 == 0
     risk = 2.0 * numpy_ql(pred[..., 2], flags, 0.9).sum() / flags.sum()
     np.testing.assert_allclose(float(q_risk(pred[..., 2], flags, 0.9)), risk, rtol=1e-6)
+
+
+def test_q_risk_of_no_values_says_so_instead_of_a_zero_target_sum() -> None:
+    with pytest.raises(ValueError, match=r"q_risk: pred and target hold no values \(shape \(0,"):
+        q_risk(np.zeros((0, 3)), np.zeros((0, 3)), 0.5)

@@ -140,6 +140,11 @@ def q_risk(pred: Array, target: Array, q: float) -> Array:
         )
     if not 0.0 < float(level) < 1.0:
         raise ValueError(f"q_risk: q must lie in (0, 1), got {q}")
+    if target.size == 0:  # else reported as targets summing to zero
+        raise ValueError(
+            f"q_risk: pred and target hold no values (shape {tuple(target.shape)}), so the "
+            "risk is undefined"
+        )
     numerator = 2.0 * jnp.sum(pinball(pred.astype(jnp.float32), target.astype(jnp.float32), q))
     denominator = jnp.sum(jnp.abs(target.astype(jnp.float32)))
     if not isinstance(denominator, jax.core.Tracer) and float(denominator) == 0.0:
