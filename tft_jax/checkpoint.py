@@ -95,6 +95,28 @@ def digest(tree: PyTree) -> str:
     return hasher.hexdigest()
 
 
+def _check_rng(rng: Array, caller: str) -> None:
+    """Raises `ValueError` unless `rng` is one key that `restore` can give back.
+
+    `restore` wraps the saved key data as a single key of JAX's default PRNG
+    implementation: a batch of keys, or a key of another implementation, would
+    be written and then never restored ('does not fit the template').
+    """
+    default = jax.random.key(0)
+    data = jax.random.key_data(rng)  # TypeError for what is no key at all
+    typed = jax.dtypes.issubdtype(getattr(rng, "dtype", None), jax.dtypes.prng_key)
+    if np.shape(data) != np.shape(jax.random.key_data(default)) or (
+        typed and jax.random.key_impl(rng) != jax.random.key_impl(default)
+    ):
+        impl = jax.random.key_impl(rng) if typed else f"raw {np.asarray(data).dtype}"
+        raise ValueError(
+            f"{caller}: rng must be one PRNG key of the default implementation "
+            f"({jax.random.key_impl(default)}, key data of shape "
+            f"{np.shape(jax.random.key_data(default))}), as restore returns it; got key data "
+            f"of shape {np.shape(data)} ({impl})"
+        )
+
+
 def _payload(state: PyTree, rng: Array) -> dict[str, PyTree]:
     # The key's data as NumPy: the same in every process, so saved once (by process 0).
     return {"train_state": state, "rng": np.asarray(jax.random.key_data(rng))}
@@ -178,7 +200,9 @@ class TrainingCheckpointer:
 
         Returns False, writing nothing, when that step is saved already (a
         replay after resume). Raises `ValueError` for a step older than the
-        newest saved one, and `TypeError` for a `loop` that JSON cannot hold.
+        newest saved one or an `rng` that is not one key of the default PRNG
+        implementation (`restore` could not give it back), and `TypeError` for
+        a `loop` that JSON cannot hold.
         """
         return self._save(LATEST, state, rng, loop)
 
@@ -190,6 +214,7 @@ class TrainingCheckpointer:
         manager = self._managers[kind]
         step = int(state.step)
         loop_json = _loop_json(loop)
+        _check_rng(rng, f"save_{kind}")
         saved = manager.all_steps()
         if step in saved:
             # A replay after resume writes exactly the same bytes: keep the existing step.

@@ -45,6 +45,7 @@ import pandas as pd
 
 from tft_jax import plots
 from tft_jax.allocator import relaunch_with_tuned_allocator
+from tft_jax.checkpoint import BEST, LATEST, TrainingCheckpointer
 from tft_jax.cli_experiments import command_experiment
 from tft_jax.cli_parser import (
     DEFAULT_COMPILE_CACHE,
@@ -186,7 +187,7 @@ def run_table(
                 f"--run {args.run}: its config.json names no training table (a folder saved "
                 "by Forecaster.save, not `tft-jax train`); pass --csv TABLE"
             )
-    source = config.get("source", {}).get("csv")
+    source = run_source(config, args.run)
     if source is None:
         return load_pedestrian()
     if not pathlib.Path(source).is_file():
@@ -195,6 +196,25 @@ def run_table(
         )
     id_col = forecaster.config.data.id_col
     return read_csv(pathlib.Path(source), "the run's table", encoding, id_col)
+
+
+def run_source(config: dict[str, Any], run: pathlib.Path) -> str | None:
+    """The training table config.json's `source` names (None: the bundled table or none).
+
+    `tft-jax train` writes `{"csv": PATH or null, "command": ...}`; anything else
+    there (a hand edit) is refused by name instead of failing as an `AttributeError`.
+    """
+    if "source" not in config:
+        return None
+    source = config["source"]
+    written = isinstance(source, dict) and isinstance(source.get("csv", 0), str | None)
+    if not written:
+        raise UsageError(
+            f"--run {run}: its config.json's source {source!r} is not the "
+            "{'csv': PATH or null, ...} `tft-jax train` writes (edited by hand?); "
+            "pass --csv TABLE"
+        )
+    return source["csv"]
 
 
 def load_run(
@@ -214,6 +234,32 @@ def load_run(
             training=dataclasses.replace(settings.training, eval_batch_size=eval_batch_size),
         )
     return forecaster, config
+
+
+def check_not_input(
+    output: pathlib.Path, flag: str, inputs: dict[str, pathlib.Path | str | None]
+) -> None:
+    """Refuses an output file that is one of the command's inputs (by label), which
+    writing it would replace: `--out HISTORY.csv` for `--csv HISTORY.csv`, say."""
+    output = pathlib.Path(output)
+    if not output.is_file():
+        return
+    for label, path in inputs.items():
+        if path is not None and pathlib.Path(path).is_file() and output.samefile(path):
+            raise UsageError(
+                f"{flag} {output} is {label}, which this command reads: writing it would "
+                f"replace that file; pass another {flag}"
+            )
+
+
+def run_inputs(run: pathlib.Path) -> dict[str, pathlib.Path]:
+    """The files of the run folder `run` that an output must not replace, by label."""
+    run = pathlib.Path(run)
+    files = {f"the run's {name}": run / name for name in (CONFIG_FILE, HISTORY_FILE)}
+    files.update(
+        {f"the run's models/{path.name}": path for path in sorted(run.glob("models/*.msgpack"))}
+    )
+    return files
 
 
 def default_model(forecaster: Forecaster, requested: str | None) -> str:
@@ -282,21 +328,52 @@ def holds_run(out: pathlib.Path) -> bool:
     return any((pathlib.Path(out) / name).exists() for name in RUN_MARKS)
 
 
+def holds_checkpoints(out: pathlib.Path) -> bool:
+    """Whether `out/checkpoints` holds a saved training step (FP32 or QAT, latest or best)."""
+    for phase in ("fp32", "qat"):
+        directory = pathlib.Path(out) / "checkpoints" / phase
+        if directory.is_dir():
+            with TrainingCheckpointer(directory, create=False) as checkpointer:
+                if checkpointer.steps(LATEST) or checkpointer.steps(BEST):
+                    return True
+    return False
+
+
+def saved_run_files(out: pathlib.Path) -> list[str]:
+    """The files of a saved forecaster in `out` (config.json, model files), sorted."""
+    out = pathlib.Path(out)
+    names = [CONFIG_FILE] if (out / CONFIG_FILE).exists() else []
+    return names + [f"models/{path.name}" for path in sorted(out.glob("models/*.msgpack"))]
+
+
 def _check_out(out: pathlib.Path, resume: bool, overwrite: bool) -> None:
-    """Refuses an `--out` holding a run unless `--resume` or `--overwrite` (every process)."""
+    """Refuses an `--out` holding a run unless `--resume` or `--overwrite` (every process).
+
+    `--resume` over a saved run without checkpoints (a `Forecaster.save` folder,
+    or a run whose checkpoints were deleted) is refused too: there is nothing
+    to continue, and training from step 0 would replace its models.
+    """
     if holds_run(out) and not resume and not overwrite:
         raise UsageError(
             f"--out {out} already holds a run; pass --resume to continue it, "
             "--overwrite to start over, or another --out"
         )
+    if resume and (saved := saved_run_files(out)) and not holds_checkpoints(out):
+        raise UsageError(
+            f"--resume: --out {out} holds a saved run ({', '.join(saved)}) but no checkpoint "
+            "to continue; training would start from step 0 and replace its models: pass "
+            "--overwrite to train a new run there, or another --out"
+        )
 
 
-def _ready_out(out: pathlib.Path, overwrite: bool) -> None:
+def _ready_out(out: pathlib.Path, overwrite: bool, command: str = "train") -> None:
     """Process 0 clears `--out` (`--overwrite`) and creates it; the others wait.
 
     Called by `Forecaster.fit` once the table has passed its checks, just
     before training: a refused table (a missing column, say) leaves the
-    earlier run as it was.
+    earlier run as it was. A `train` (not the demo's) removes the demo's
+    marker: the folder then holds a run of the user's, which a later
+    `tft-jax demo` must not replace.
     """
     if is_primary():
         try:
@@ -304,14 +381,24 @@ def _ready_out(out: pathlib.Path, overwrite: bool) -> None:
                 removed = remove_run_files(out)
                 if removed:
                     print(f"--overwrite: removed the earlier run's {', '.join(removed)} in {out}")
+            if command != "demo":
+                (out / DEMO_MARKER).unlink(missing_ok=True)
             out.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise UsageError(f"--out {out}: {os_error_text(error)}") from None
     barrier("tft-jax train: --out ready")
 
 
-# What `train` and the run-reading commands write into a run folder (and nothing else there).
-RUN_FOLDERS = ("checkpoints", "models", "plots")
+# What `train` and the run-reading commands write into a run folder (and nothing else
+# there): the entries of each folder, and the files at its top.
+RUN_FOLDERS = {
+    "checkpoints": ("fp32", "qat", "batch_stream.json*"),
+    "models": ("*.msgpack", "*.msgpack.tmp"),
+    "plots": (
+        "forecasts_*.png", "future_*.png", "attention.png", "variable_importance.png",
+        "loss_curves.png",
+    ),
+}  # fmt: skip
 RUN_FILE_PATTERNS = (CONFIG_FILE, HISTORY_FILE, "metrics*.json", "forecasts*.csv")
 
 
@@ -319,13 +406,23 @@ def remove_run_files(out: pathlib.Path) -> list[str]:
     """Deletes the files a run wrote in `out` (other files stay); returns their names, sorted.
 
     So that `--overwrite` leaves no model, plot or metric of the earlier run
-    next to the new run's (an FP32-only run after a QAT one, say).
+    next to the new run's (an FP32-only run after a QAT one, say). In
+    `checkpoints/`, `models/` and `plots/` only the run's entries go (a folder
+    is named once, as `models/`, and removed when left empty): a `models/` of
+    the user's own code next to the run stays.
     """
     out = pathlib.Path(out)
     removed = []
-    for name in RUN_FOLDERS:
-        if (out / name).is_dir():
-            shutil.rmtree(out / name)
+    for name, patterns in RUN_FOLDERS.items():
+        folder = out / name
+        if not folder.is_dir():
+            continue
+        entries = sorted({path for pattern in patterns for path in folder.glob(pattern)})
+        for path in entries:
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        if not any(folder.iterdir()):
+            folder.rmdir()
+        if entries:
             removed.append(f"{name}/")
     for pattern in RUN_FILE_PATTERNS:
         for path in sorted(out.glob(pattern)):
@@ -359,7 +456,7 @@ def run_training(args: argparse.Namespace, command: str = "train") -> dict[str, 
             checkpoint_dir=out / "checkpoints",
             resume=args.resume,
             quiet=args.quiet,
-            before_training=lambda: _ready_out(out, args.overwrite),
+            before_training=lambda: _ready_out(out, args.overwrite, command),
         )
     except UsageError:
         raise
@@ -416,6 +513,8 @@ def command_train(args: argparse.Namespace) -> int:
 
 def command_predict(args: argparse.Namespace) -> int:
     check_output_file(args.out, "--out")
+    inputs = {"the --csv file": args.csv, "the --future-csv file": args.future_csv}
+    check_not_input(args.out, "--out", {**inputs, **run_inputs(args.run)})
     forecaster, _ = load_run(args.run, args.eval_batch_size)
     model = default_model(forecaster, args.model)
     history = read_given_csv(args.csv, "--csv", forecaster, args)
@@ -460,6 +559,12 @@ def command_forecast(args: argparse.Namespace) -> int:
     name = default_model(forecaster, args.model)
     output = args.output or args.run / f"forecasts_{name}_{args.split}.csv"
     check_output_file(output, "--output")
+    table = (
+        {"the --csv file": args.csv}
+        if args.csv is not None
+        else {"the run's table": run_source(config, args.run)}
+    )
+    check_not_input(output, "--output", {**table, **run_inputs(args.run)})
     dataset = forecaster.prepare(run_table(args, config, forecaster), args.split)
     windows = dataset.split(args.split)
     prediction = forecaster.predictions(dataset, windows, [name])[name]
