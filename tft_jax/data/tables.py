@@ -607,6 +607,38 @@ def _zone_hint(times: pd.DatetimeIndex, spec: TableSpec) -> str:
     )
 
 
+def _inferred_alias(times: pd.DatetimeIndex) -> str | None:
+    """pandas' `infer_freq` of `times` as an alias ('MS', '30min'), or None when it reads none.
+
+    Where pandas has the `future.infer_freq_returns_offset` option (its string
+    result is deprecated there, a warning at every call) the offset is asked
+    for and its alias returned; older pandas return the alias itself.
+    """
+    try:
+        if _pandas_knows(_INFER_FREQ_OFFSET_OPTION):
+            with pd.option_context(_INFER_FREQ_OFFSET_OPTION, True):
+                found = pd.infer_freq(times)
+        else:
+            found = pd.infer_freq(times)
+    except (TypeError, ValueError):
+        return None
+    if found is None:
+        return None
+    return found if isinstance(found, str) else found.freqstr
+
+
+_INFER_FREQ_OFFSET_OPTION = "future.infer_freq_returns_offset"
+
+
+def _pandas_knows(option: str) -> bool:
+    """Whether this pandas has the option `option`."""
+    try:
+        pd.get_option(option)
+    except pd.errors.OptionError:
+        return False
+    return True
+
+
 def _recorded_hint(times: pd.DatetimeIndex, freq: str) -> str:
     """A hint naming the frequency pandas reads in `times` (sorted), when it is not `freq`.
 
@@ -615,10 +647,7 @@ def _recorded_hint(times: pd.DatetimeIndex, freq: str) -> str:
     """
     if len(times) < 3:
         return ""
-    try:
-        alias = pd.infer_freq(times)
-    except (TypeError, ValueError):
-        return ""
+    alias = _inferred_alias(times)
     if alias is None or to_offset(alias) == parse_frequency(freq):
         return ""
     return f"; its times look recorded at freq={alias!r}"
@@ -826,10 +855,7 @@ def inferred_step(clean: pd.DataFrame, spec: TableSpec) -> str:
     for _, times in clean.groupby(spec.id_col, sort=False)[spec.time_col]:
         if len(times) < 3:
             continue
-        try:
-            alias = pd.infer_freq(pd.DatetimeIndex(times))
-        except (TypeError, ValueError):
-            alias = None
+        alias = _inferred_alias(pd.DatetimeIndex(times))
         if alias:
             found.append(alias)
         if len(found) == 100:  # enough to name it, in an error path
