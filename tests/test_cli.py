@@ -1126,3 +1126,19 @@ def test_csv_ids_with_leading_zeros_are_read_as_the_file_writes_them(tmp_path):
     )
     assert cli.read_csv(path, "--csv", "utf-8", "store")["store"].tolist() == ["001", "01"]
     assert cli.read_csv(path, "--csv")["store"].tolist() == [1, 1]  # no id column named
+
+
+@pytest.mark.parametrize(("command", "hint"), [("train", "--resume"), ("evaluate", None)])
+def test_ctrl_c_ends_a_command_with_one_line_and_status_130(
+    capsys, monkeypatch, tmp_path, command, hint
+):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(cli.COMMANDS, command, interrupted)
+    argv = [command, "--out", str(tmp_path / "r")] if command == "train" else [command]
+    argv += ["--run", str(tmp_path)] if command == "evaluate" else []
+    assert cli.main(argv) == 130
+    err = capsys.readouterr().err
+    assert err.startswith(f"tft-jax {command}: interrupted") and "Traceback" not in err
+    assert (hint in err) if hint else ("--resume" not in err)

@@ -742,6 +742,10 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
+# The shell's status for a command stopped by SIGINT (128 + 2).
+INTERRUPTED = 130
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `tft-jax` console script; returns the exit status."""
     if argv is None:  # a process of its own: restart it with the tuned allocator
@@ -772,6 +776,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as error:  # an output path that cannot be written, found late
         print(f"tft-jax {args.command}: error: {os_error_text(error)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback from wherever it landed
+        resume = (
+            "; train again with --resume to go on from the last checkpoint"
+            if args.command == "train"
+            else ""
+        )
+        print(f"tft-jax {args.command}: interrupted{resume}", file=sys.stderr)
+        return INTERRUPTED
     finally:
         warnings.showwarning = previous
 
