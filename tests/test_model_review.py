@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from tests import reference_tft as ref
+from tests.test_reference_tft import cast, random_parameters
 from tft_jax.attention import (
     AttentionHead,
     PositionalEncoding,
@@ -79,30 +80,11 @@ def _inputs(cfg: TFTConfig) -> dict[str, Any]:
     return values
 
 
-def _cast(tree: Any, dtype: Any) -> Any:
-    return jax.tree.map(lambda a: a if a.dtype.kind == "i" else np.asarray(a, dtype), tree)
-
-
 @functools.cache
 def _parameters(use_known_history: bool) -> Any:
     """Random float64 parameters in the model's layout (LayerNorms away from 1 and 0)."""
     cfg = _config(use_known_history)
-    model = TemporalFusionTransformer(cfg)
-    shapes = jax.eval_shape(model.init, jax.random.key(0), **_cast(_inputs(cfg), np.float32))[
-        "params"
-    ]
-    rng = np.random.default_rng(11)
-
-    def draw(path: tuple[Any, ...], leaf: Any) -> np.ndarray:
-        key = str(path[-1].key)
-        if key == "scale":
-            return 1.0 + 0.3 * rng.normal(size=leaf.shape)
-        if key == "kernel" or key.startswith("embedding_"):
-            fan_in = leaf.shape[-2] if key == "kernel" else 1
-            return rng.normal(size=leaf.shape) / np.sqrt(fan_in)
-        return 0.3 * rng.normal(size=leaf.shape)
-
-    return jax.tree_util.tree_map_with_path(draw, shapes)
+    return random_parameters(cfg, _inputs(cfg), np.random.default_rng(11))
 
 
 def _embed_codes(codes: np.ndarray, tables: dict[str, np.ndarray]) -> np.ndarray:
@@ -188,7 +170,7 @@ def test_categorical_inputs_over_time_equal_the_float64_reference(use_known_hist
     with jax.enable_x64(True):
         output = jax.device_get(
             jax.jit(lambda v, x: model.apply({"params": v}, **x, deterministic=True))(
-                _cast(params, np.float64), _cast(values, np.float64)
+                cast(params, np.float64), cast(values, np.float64)
             )
         )
     for field in ref.OUTPUT_FIELDS:

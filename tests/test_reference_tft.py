@@ -118,14 +118,13 @@ def cast(tree: Any, dtype: Any) -> Any:
     return jax.tree.map(lambda a: a if a.dtype.kind == "i" else np.asarray(a, dtype), tree)
 
 
-@functools.cache
-def parameters(name: str, seed: int = 0) -> Any:
-    """Random float64 parameters in the layout `model.init` gives (shapes by `eval_shape`)."""
-    cfg = config(name)
+def random_parameters(cfg: TFTConfig, values: dict[str, Any], rng: np.random.Generator) -> Any:
+    """Random float64 parameters in the layout `model.init` gives for `cfg` and inputs
+    `values` (shapes by `eval_shape`): LayerNorm scales away from 1, kernels and
+    embeddings of unit variance per input, other leaves away from 0."""
     model = TemporalFusionTransformer(cfg)
     rngs = {"params": jax.random.key(0), "dropout": jax.random.key(1)}
-    shapes = jax.eval_shape(model.init, rngs, **cast(inputs(cfg), np.float32))["params"]
-    rng = np.random.default_rng(1000 + seed)
+    shapes = jax.eval_shape(model.init, rngs, **cast(values, np.float32))["params"]
 
     def draw(path: tuple[Any, ...], leaf: Any) -> np.ndarray:
         key = str(path[-1].key)
@@ -137,6 +136,13 @@ def parameters(name: str, seed: int = 0) -> Any:
         return 0.3 * rng.normal(size=leaf.shape)
 
     return jax.tree_util.tree_map_with_path(draw, shapes)
+
+
+@functools.cache
+def parameters(name: str, seed: int = 0) -> Any:
+    """Random float64 parameters of the named configuration (`random_parameters`)."""
+    cfg = config(name)
+    return random_parameters(cfg, inputs(cfg), np.random.default_rng(1000 + seed))
 
 
 def model_function(name: str, x64: bool = False):
