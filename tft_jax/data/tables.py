@@ -274,8 +274,9 @@ def read_table(
         raise ValueError(f"{os.fspath(table)}: no such file")
     try:
         frame = pd.read_csv(table, encoding=encoding)
-        if id_col is not None and _numbers_change_the_ids(frame, table, encoding, id_col):
-            frame = pd.read_csv(table, encoding=encoding, dtype={id_col: str})
+        texts = None if id_col is None else _id_texts_numbers_change(frame, table, encoding, id_col)
+        if texts is not None:
+            frame[id_col] = texts
         return frame
     except UnicodeDecodeError as error:
         raise ValueError(
@@ -289,22 +290,24 @@ def read_table(
         raise ValueError(f"{os.fspath(table)} cannot be read as CSV: {error}") from None
 
 
-def _numbers_change_the_ids(
+def _id_texts_numbers_change(
     frame: pd.DataFrame, path: str | os.PathLike, encoding: str, id_col: str
-) -> bool:
-    """Whether pandas read the CSV's `id_col` as numbers that lose what its texts say.
+) -> pd.Series | None:
+    """The CSV's `id_col` as texts when pandas read it as numbers that lose what they say.
 
-    True when a text has a leading zero ('001', '-07', '0.5' excepted) or two
-    different texts are one number ('1', '1.0', '01').
+    That is when a text has a leading zero ('001', '-07', '0.5' excepted) or two
+    different texts are one number ('1', '1.0', '01'); None otherwise (the
+    numbers `frame` holds are the ids).
     """
     if id_col not in frame.columns or not ptypes.is_numeric_dtype(frame[id_col]):
-        return False
+        return None
     texts = pd.read_csv(path, encoding=encoding, usecols=[id_col], dtype=str)[id_col]
     given = texts.notna()
     stripped = texts[given].str.strip()
     if stripped.str.match(r"^[+-]?0\d").any():
-        return True
-    return bool((stripped.groupby(frame[id_col][given]).nunique() > 1).any())
+        return texts
+    merged = (stripped.groupby(frame[id_col][given]).nunique() > 1).any()
+    return texts if merged else None
 
 
 def _require_positive_int(name: str, value: Any) -> None:
