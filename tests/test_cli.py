@@ -744,6 +744,53 @@ def test_evaluate_reproduces_the_metrics_from_the_saved_models(capsys, trained_r
 
 
 @pytest.mark.slow
+def test_evaluate_on_another_table_leaves_the_runs_metrics_alone(
+    capsys, trained_run, csv_path, tmp_path
+):
+    copy = tmp_path / "run"
+    shutil.copytree(trained_run, copy, ignore=shutil.ignore_patterns("checkpoints"))
+    before = (copy / "metrics.json").read_bytes()
+    other = tmp_path / "doubled.csv"
+    table = pd.read_csv(csv_path)
+    table["sales"] = table["sales"] * 2.0 + 5.0  # another table: other errors, other metrics
+    table.to_csv(other, index=False)
+    code, out, _ = run(
+        capsys, "evaluate", "--run", str(copy), "--csv", str(other), "--compile-cache", "none"
+    )
+    assert code == 0
+    assert (copy / "metrics.json").read_bytes() == before  # the run's own figures stand
+    written = copy / "metrics_test_doubled.json"
+    assert f"metrics: {written}" in out
+    scored = json.loads(written.read_text())
+    assert scored["table"] == str(other) and scored["split"] == "test"
+    own = json.loads(before)
+    assert scored["models"]["fp32"]["p50_q_risk"] != own["models"]["fp32"]["p50_q_risk"]
+    # the run's own table, named with --csv, still updates the run's metrics.json
+    code, out, _ = run(
+        capsys, "evaluate", "--run", str(copy), "--csv", str(csv_path), "--compile-cache", "none"
+    )
+    assert code == 0 and f"metrics: {copy / 'metrics.json'}" in out
+    again = json.loads((copy / "metrics.json").read_text())
+    assert again["models"]["fp32"]["p50_q_risk"] == pytest.approx(
+        own["models"]["fp32"]["p50_q_risk"], rel=1e-5
+    )
+    assert again["seconds"] == own["seconds"]  # train's other entries kept
+
+
+@pytest.mark.slow
+def test_evaluate_refuses_an_output_that_is_its_table(capsys, trained_run, csv_path, tmp_path):
+    other = tmp_path / "table.csv"
+    shutil.copyfile(csv_path, other)
+    code, _, err = run(
+        capsys, "evaluate", "--run", str(trained_run), "--csv", str(other), "--output",
+        str(other), "--compile-cache", "none",
+    )  # fmt: skip
+    assert code == 2
+    assert f"--output {other} is the --csv file" in err
+    assert other.read_bytes() == csv_path.read_bytes()
+
+
+@pytest.mark.slow
 def test_forecast_command_writes_the_chosen_models_csv(capsys, trained_run):
     output = trained_run / "validation.csv"
     code, _, _ = run(

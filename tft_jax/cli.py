@@ -531,12 +531,33 @@ def command_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def metrics_output(args: argparse.Namespace, config: dict[str, Any]) -> pathlib.Path:
+    """The metrics file `evaluate` writes: `--output`, else one in the run folder.
+
+    The run's own `metrics.json` (test split) or `metrics_<split>.json` hold the
+    run's table's metrics; a `--csv` table other than the one the run was
+    trained on gets `metrics_<split>_<CSV name>.json` beside them, so scoring
+    another table never replaces the run's figures.
+    """
+    if args.output is not None:
+        return args.output
+    name = "metrics.json" if args.split == "test" else f"metrics_{args.split}.json"
+    if args.csv is not None:
+        source = run_source(config, args.run)
+        own = source is not None and pathlib.Path(source).is_file() and args.csv.is_file()
+        if not (own and args.csv.samefile(source)):
+            name = f"metrics_{args.split}_{args.csv.stem}.json"
+    return args.run / name
+
+
 def command_evaluate(args: argparse.Namespace) -> int:
     forecaster, config = load_run(args.run, args.eval_batch_size)
-    target = args.run / ("metrics.json" if args.split == "test" else f"metrics_{args.split}.json")
-    check_output_file(target, "metrics file")
+    target = metrics_output(args, config)
+    check_output_file(target, "--output")
+    inputs = {"the --csv file": args.csv} if args.csv is not None else {}
+    check_not_input(target, "--output", {**inputs, **run_inputs(args.run)})
     previous: dict[str, Any] = {}
-    if target.exists() and args.split == "test":  # its other entries are kept: read it first
+    if target.exists() and target == args.run / "metrics.json":  # train's other entries are kept
         previous = read_json(target)
         if not isinstance(previous, dict):
             raise UsageError(
@@ -546,6 +567,9 @@ def command_evaluate(args: argparse.Namespace) -> int:
     table = run_table(args, config, forecaster)
     metrics, _ = evaluate_announced(forecaster, table, args.split, args.quiet)
     metrics = {**previous, **metrics}
+    if args.csv is not None:
+        metrics["table"] = str(args.csv)
+    target.parent.mkdir(parents=True, exist_ok=True)
     write_json(target, metrics)
     print(metrics_table(metrics))
     print(f"metrics: {target}")

@@ -707,7 +707,7 @@ def build_parser() -> argparse.ArgumentParser:
     _runtime(predict, reads_run=True)
 
     for name, text in (
-        ("evaluate", "recompute metrics.json of a run (any split)"),
+        ("evaluate", "recompute the metrics of a run (any split), or score another table"),
         ("forecast", "write a CSV of the forecasts of a split's windows, with actuals"),
         ("plot", "redraw a run's plots, and the forecast after the end of the table"),
     ):
@@ -716,6 +716,14 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--split", choices=SPLITS, default="test", help="default test")
         _reading(sub)
         _runtime(sub, reads_run=True)
+        if name == "evaluate":
+            sub.add_argument(
+                "--output",
+                type=pathlib.Path,
+                help="metrics JSON (default RUN/metrics.json for the test split, "
+                "RUN/metrics_<split>.json for another; RUN/metrics_<split>_<CSV name>.json "
+                "for a --csv table the run was not trained on)",
+            )
         if name == "forecast":
             _model_choice(sub, "default: int8 when the run has it, else fp32")
             sub.add_argument(
