@@ -466,6 +466,8 @@ def test_window_contents_equal_the_source_rows(split):
     train = table[table["time"] < dataset.validation_start]
     temp_mean, temp_std = train["temp"].mean(), train["temp"].std(ddof=0)
     promo_mean, promo_std = train["promo"].mean(), train["promo"].std(ddof=0)
+    sizes = train.groupby("id")["size"].first()  # one value per training series
+    size_mean, size_std = sizes.mean(), sizes.std(ddof=0)
     assert len(windows) > 0
     for i, start in enumerate(windows.forecast_start):
         series = dataset.series_ids[arrays["series_code"][i]]
@@ -494,7 +496,9 @@ def test_window_contents_equal_the_source_rows(split):
         np.testing.assert_allclose(
             arrays["future"][i, :, :6], calendar_features(ahead["time"], "h"), atol=1e-6
         )
-        assert arrays["static"][i, 0] == past["size"].iloc[0]
+        assert arrays["static"][i, 0] == pytest.approx(
+            (past["size"].iloc[0] - size_mean) / size_std, abs=1e-6
+        )
         assert arrays["static_categorical"][i, 0] == arrays["series_code"][i]
         pd.testing.assert_index_equal(windows.forecast_times(i), pd.DatetimeIndex(ahead["time"]))
 

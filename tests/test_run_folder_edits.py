@@ -92,6 +92,43 @@ def test_scaler_lists_of_another_length_non_finite_or_text_are_refused_at_load(s
     ])  # fmt: skip
 
 
+def test_real_statics_are_standardised_over_the_training_series_and_saved(saved, tmp_path):
+    table = pd.read_csv(write_table(tmp_path / "stores.csv"))
+    table["region"] = table["store"].map({"alpha": "north", "beta": "south", "gamma": "north"})
+    sizes = table.groupby("store")["size"].first()  # one per store, stores sorted
+    mean, std = sizes.mean(), sizes.std(ddof=0)
+    assert std > 0
+    described = json.loads((saved / "config.json").read_text())["preprocessor"]
+    np.testing.assert_allclose(described["static_scaler"]["loc"], [mean], rtol=1e-12)
+    np.testing.assert_allclose(described["static_scaler"]["scale"], [std], rtol=1e-12)
+
+    def static_inputs(folder):
+        """Each window's real static input and its store, as the loaded run feeds them."""
+        forecaster = Forecaster.load(folder)
+        dataset = forecaster.prepare(table, "test")
+        windows = dataset.split("test")
+        arrays = windows.arrays()
+        stores = [dataset.series_ids[code] for code in arrays["series_code"]]
+        return arrays["static"][:, 0], sizes.loc[stores].to_numpy(np.float64)
+
+    fed, expected = static_inputs(saved)
+    np.testing.assert_allclose(fed, (expected - mean) / std, rtol=1e-6, atol=1e-6)
+    # A run saved before statics were scaled has no static_scaler: its model was
+    # trained on the raw values, which it still gets.
+    old = edited(saved, tmp_path, lambda c: c["preprocessor"].pop("static_scaler"))
+    fed, expected = static_inputs(old)
+    np.testing.assert_allclose(fed, expected, rtol=1e-6)
+    refused(saved, tmp_path, [
+        (lambda p: p["static_scaler"].update(loc=[0.0, 1.0]),
+         r"preprocessor.static_scaler.loc has 2 entries, it must have one per real static "
+         r"column of preprocessor.spec \(1\)"),
+        (lambda p: p["static_scaler"]["scale"].__setitem__(0, 0.0),
+         r"static_scaler.scale must be positive and finite, got 0.0"),
+        (lambda p: p["static_scaler"].update(mean=[0.0]),
+         r"preprocessor.static_scaler has the unknown keys \['mean'\]"),
+    ])  # fmt: skip
+
+
 def test_unknown_scaler_names_and_unknown_or_missing_keys_are_refused_at_load(saved, tmp_path):
     refused(saved, tmp_path, [
         # An unknown transform was taken as 'none', an unknown method as 'none' for new series.

@@ -3,8 +3,9 @@
 Inputs per window (the order of the feature names below is the order of the
 last axis of each array):
 
-- static: the real-valued `static_cols` as given; static categorical: the
-  series id as an integer code (sorted ids -> 0 .. n-1).
+- static: the real-valued `static_cols` standardised over the training
+  series (one value per series); static categorical: the series id as an
+  integer code (sorted ids -> 0 .. n-1).
 - observed (U): the target scaled per series, the `observed_cols`
   standardised, and the missing indicator `<target>_missing` (1 = the target
   at that step was filled).

@@ -166,6 +166,10 @@ class Preprocessor:
       train_steps: steps from `origin` to the validation start (`time_index` 1).
       target_scaler: per vocabulary code, fitted on the training period.
       feature_scaler: standardisation of the real observed then known columns.
+      static_scaler: standardisation of the real static columns, fitted on one
+        row per training series (a store's area in m^2 would otherwise enter
+        the static embedding in the tens of thousands); None for a run saved
+        before statics were scaled, whose model was trained on them raw.
       vocabularies: the sorted training values of each categorical column.
       missing_flag: whether `<target>_missing` is an observed input.
       time_zone: the training time column's zone by name (None: naive, or a
@@ -184,6 +188,7 @@ class Preprocessor:
     vocabularies: dict[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
     missing_flag: bool = True
     time_zone: str | None = None
+    static_scaler: FeatureScaler | None = None
 
     @property
     def missing_col(self) -> str:
@@ -266,6 +271,11 @@ class Preprocessor:
         )
         user = [*spec.real(spec.observed_cols), *spec.real(spec.known_cols)]
         feature_scaler = FeatureScaler.fit(grid.loc[train_rows, user].to_numpy(np.float64))
+        statics = list(spec.real(spec.static_cols))
+        _, first_train_rows = np.unique(codes[train_rows], return_index=True)
+        static_scaler = FeatureScaler.fit(
+            grid.loc[train_rows, statics].to_numpy(np.float64)[first_train_rows]
+        )
         origin = times.min()
         train_steps = float(steps_since(pd.DatetimeIndex([validation_start]), origin, spec.freq)[0])
         vocabularies = {
@@ -282,6 +292,7 @@ class Preprocessor:
             vocabularies=vocabularies,
             missing_flag=bool((~observed[train_rows]).any()),
             time_zone=_zone_name(origin),
+            static_scaler=static_scaler,
         )
 
     def check_time_zone(self, times: pd.Series | pd.DatetimeIndex, what: str = "table") -> None:
@@ -458,8 +469,11 @@ class Preprocessor:
 
         observed = _float32_inputs(observed, self.observed_feature_names, grid, every_row, at)
         known = _float32_inputs(known, self.known_feature_names, grid, every_row, at)
+        static = grid[list(self.static_feature_names)].to_numpy(np.float64)[first_rows]
+        if self.static_scaler is not None:
+            static = self.static_scaler.transform(static)
         static = _float32_inputs(
-            grid[list(self.static_feature_names)].to_numpy(np.float64)[first_rows],
+            static,
             self.static_feature_names,
             grid,
             first_rows,
@@ -506,6 +520,16 @@ class Preprocessor:
             "vocabularies": {name: list(values) for name, values in self.vocabularies.items()},
             "missing_flag": self.missing_flag,
             "time_zone": self.time_zone,
+            **(
+                {}
+                if self.static_scaler is None
+                else {
+                    "static_scaler": {
+                        "loc": self.static_scaler.loc.tolist(),
+                        "scale": self.static_scaler.scale.tolist(),
+                    }
+                }
+            ),
         }
 
     @classmethod
@@ -520,8 +544,8 @@ class Preprocessor:
         is read month first) or a zone that is not the origin's. Unknown keys
         are refused, as in the other sections of config.json (a mistyped
         `transform` would otherwise be ignored); `vocabularies`,
-        `missing_flag`, `time_zone` and the scaler's `transform` may be
-        absent (runs saved before they were kept).
+        `missing_flag`, `time_zone`, `static_scaler` and the scaler's
+        `transform` may be absent (runs saved before they were kept).
 
         Raises:
           ValueError, TypeError: naming the key (`preprocessor.<key>`), what it
@@ -571,6 +595,18 @@ class Preprocessor:
                 f"the validation start), got {train_steps!r}"
             )
         zone = data.get("time_zone")
+        static_scaler = None
+        if "static_scaler" in data:
+            statics = data["static_scaler"]
+            _check_keys(statics, "preprocessor.static_scaler", {"loc", "scale"}, set())
+            count = len(spec.real(spec.static_cols))
+            per = f"one per real static column of preprocessor.spec ({count})"
+            static_scaler = FeatureScaler(
+                loc=_numbers(statics["loc"], "preprocessor.static_scaler.loc", count, per),
+                scale=_numbers(
+                    statics["scale"], "preprocessor.static_scaler.scale", count, per, positive=True
+                ),
+            )
         return cls(
             spec=spec,
             series_ids=series_ids,
@@ -606,13 +642,14 @@ class Preprocessor:
             },
             missing_flag=missing_flag,
             time_zone=zone,
+            static_scaler=static_scaler,
         )
 
 
 _PREPROCESSOR_KEYS = {"spec", "series_ids", "origin", "train_steps", "target_scaler",
                       "feature_scaler"}  # fmt: skip
 # Absent from runs saved before they were kept: `from_json` takes their old meaning.
-_PREPROCESSOR_OPTIONAL = {"vocabularies", "missing_flag", "time_zone"}
+_PREPROCESSOR_OPTIONAL = {"vocabularies", "missing_flag", "time_zone", "static_scaler"}
 _TARGET_SCALER_KEYS = {"method", "loc", "scale"}
 
 
