@@ -97,6 +97,8 @@ _JIT_TOLERANCE = {
     "float16": (5e-3, 5e-3),
     "bfloat16": (2e-2, 2e-2),
 }
+# Default atol of assert_batch_order_equivariant, times the output's magnitude.
+_BATCH_ORDER_ATOL = 1e-6
 _MAX_REPORTED = 6
 _LOWERING_EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"
 
@@ -319,6 +321,24 @@ def _mismatch(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float
     )
 
 
+def _output_scale(named: list[tuple[str, np.ndarray]]) -> float:
+    """The largest finite `|value|` over the float leaves of an output (1 when there is none).
+
+    A default absolute tolerance is this times the dtype's `atol`: rounding
+    differences grow with the magnitude of the values computed, so a fixed
+    `atol` fails correct outputs of magnitude 1e6 at their elements near 0 and
+    accepts any result, even a wrong one, whose values are all below it (1e-8).
+    """
+    scale = 0.0
+    for _, leaf in named:
+        if _is_inexact(leaf) and leaf.size:
+            magnitude = np.abs(_as_float64(leaf))
+            finite = magnitude[np.isfinite(magnitude)]
+            if finite.size:
+                scale = max(scale, float(finite.max()))
+    return scale if scale > 0.0 else 1.0
+
+
 def _compare_trees(
     actual: PyTree,
     expected: PyTree,
@@ -326,20 +346,26 @@ def _compare_trees(
     rtol: float | None,
     default_tolerance: dict[str, tuple[float, float]] | None = None,
 ) -> list[str]:
-    """Per-leaf mismatch descriptions of two pytrees (structure, shape, dtype and values)."""
+    """Per-leaf mismatch descriptions of two pytrees (structure, shape, dtype and values).
+
+    `None` tolerances come from `default_tolerance` by dtype; a default `atol`
+    is scaled by the largest `|expected|` of the whole tree (`_output_scale`).
+    """
     actual_structure = jax.tree_util.tree_structure(actual)
     expected_structure = jax.tree_util.tree_structure(expected)
     if actual_structure != expected_structure:
         return [f"tree structure {actual_structure} != expected {expected_structure}"]
     problems = []
-    pairs = zip(_named_leaves("actual", actual), _named_leaves("expected", expected), strict=True)
+    expected_leaves = _named_leaves("expected", expected)
+    scale = _output_scale(expected_leaves) if atol is None else 1.0
+    pairs = zip(_named_leaves("actual", actual), expected_leaves, strict=True)
     for (path, a), (_, e) in pairs:
         if a.dtype != e.dtype:
             problems.append(f"{path}: dtype {a.dtype} != expected {e.dtype}")
             continue
         leaf_rtol, leaf_atol = (default_tolerance or {}).get(e.dtype.name, (0.0, 0.0))
         leaf_rtol = leaf_rtol if rtol is None else rtol
-        leaf_atol = leaf_atol if atol is None else atol
+        leaf_atol = leaf_atol * scale if atol is None else atol
         problem = _mismatch(a, e, leaf_atol, leaf_rtol)
         if problem is not None:
             problems.append(f"{path}: {problem}")
@@ -997,7 +1023,7 @@ def assert_batch_order_equivariant(
     axis: int = 0,
     out_axis: int | PyTree | None = None,
     select: Callable[[PyTree], PyTree] | None = None,
-    atol: float = 1e-6,
+    atol: float | None = None,
     rtol: float = 1e-6,
     seed: int = 0,
 ) -> None:
@@ -1011,7 +1037,10 @@ def assert_batch_order_equivariant(
     that treats the last sample as padding passed.)
 
     A small tolerance is the default: a matmul may sum a row in a different
-    order when it moves within the batch. `out_axis` and `select` work as in
+    order when it moves within the batch. The default `atol` (None) is 1e-6
+    times the largest finite `|fn(x)|` over the output's float leaves (1 if
+    all are zero), so a wrong order is caught in outputs of magnitude 1e-8
+    too; an explicit `atol` is absolute. `out_axis` and `select` work as in
     `assert_batch_independent` (the output's batch axes; the parts to check).
     A batch of one passes trivially; float inputs must be finite and the
     outputs free of NaN (which would match NaN wherever it moved).
@@ -1021,7 +1050,8 @@ def assert_batch_order_equivariant(
         permutation, and the permutation.
     """
     named, treedef, batch = _batched_leaves(x, axis)
-    atol, rtol = _tolerance("atol", atol), _tolerance("rtol", rtol)
+    rtol = _tolerance("rtol", rtol)
+    atol = None if atol is None else _tolerance("atol", atol)
     if batch < 2:
         return
     fn = _selected(fn, select)
@@ -1029,6 +1059,8 @@ def assert_batch_order_equivariant(
     output = fn(jax.tree_util.tree_unflatten(treedef, leaves))
     baseline = _named_leaves("fn(x)", output)
     _require_outputs("fn", baseline, output)
+    if atol is None:
+        atol = _BATCH_ORDER_ATOL * _output_scale(baseline)
     output_axes = _check_output_batch(baseline, _leaf_axes(out_axis, output, axis), batch)
     _require_no_nan("fn(x) is NaN (NaN == NaN here, so a wrong order would not show):", baseline)
     for permutation in _permutations(batch, seed):
@@ -1069,7 +1101,12 @@ def assert_jit_matches_eager(
 
     Both results must have the same structure, shapes and dtypes. Default
     tolerances follow each leaf's dtype (float32: rtol 1e-5, atol 1e-6;
-    bfloat16: 2e-2) since XLA may fuse and reassociate. If `fn` is already a
+    bfloat16: 2e-2) since XLA may fuse and reassociate; the default `atol` is
+    relative to the output's magnitude: it is multiplied by the largest finite
+    `|value|` of the op-by-op output over all its float leaves (1 if all are
+    zero), so outputs of magnitude 1e6 are not failed at their elements near 0
+    and outputs of magnitude 1e-8 are compared at their own scale. An explicit
+    `atol` is absolute, in `fn`'s units. If `fn` is already a
     `jax.jit` function it is used as the compiled side as is, so a module-level
     jitted function is not traced again.
 

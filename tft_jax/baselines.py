@@ -127,28 +127,65 @@ def _require_positive_int(name: str, value: Any) -> int:
     return int(value)
 
 
+def _real_history(history: Any) -> np.ndarray:
+    """`history` as a `(B, T)` array of real numbers (bool, int or float).
+
+    A complex history would lose its imaginary part in the drift silently, and
+    strings or `None` (object arrays) would be copied into the forecast or fail
+    deep in NumPy: each is a `TypeError` naming `history`.
+    """
+    history = np.asarray(history)
+    if history.dtype.kind not in "biuf":
+        raise TypeError(f"history must hold real numbers, got dtype {history.dtype}")
+    if history.ndim != 2:
+        raise ValueError(f"history must have shape (B, T), got {history.shape}")
+    return history
+
+
+def _require_finite(values: np.ndarray, columns: np.ndarray, what: str) -> None:
+    """Refuses NaN/inf among the history `values` a forecast reads (`columns` their steps).
+
+    A NaN there would give NaN forecasts, silently, and a NaN score wins or
+    loses a `min` over baselines arbitrarily.
+    """
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(values.astype(np.float64))
+    if bad.any():
+        series, index = (int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(
+            f"history holds {int(bad.sum())} NaN/inf values that {what} reads (first: "
+            f"series {series}, step {int(columns[index])}); fill the gaps first"
+        )
+
+
 def seasonal_naive(history: Any, horizon: int, period: int) -> np.ndarray:
     """Forecasts `(B, H)` that repeat the last `period` values of `history` `(B, T)`.
 
     Args:
-      history: `(B, T)` past values, the last column just before the forecast start.
+      history: `(B, T)` past values (real numbers), the last column just before
+        the forecast start; the values the forecast copies must be finite.
       horizon: `H`, steps to forecast.
       period: the season length `m`, at most `T`.
 
     Returns:
       `(B, H)` array, `out[:, h] = history[:, T - m + (h mod m)]`, in the dtype of `history`.
+
+    Raises:
+      TypeError: `history` not real numbers, `horizon` or `period` not ints.
+      ValueError: `history` not 2-D, `period` longer than it, a copied value
+        NaN or inf, or `horizon`/`period` below 1.
     """
-    history = np.asarray(history)
+    history = _real_history(history)
     horizon = _require_positive_int("horizon", horizon)
     period = _require_positive_int("period", period)
-    if history.ndim != 2:
-        raise ValueError(f"history must have shape (B, T), got {history.shape}")
     steps = history.shape[1]
     if period > steps:
         raise ValueError(
             f"the seasonal period ({period}) is longer than the history ({steps} steps); "
             "lengthen the history or choose a shorter period"
         )
+    read = steps - period + np.arange(min(horizon, period))
+    _require_finite(history[:, read], read, "the seasonal naive forecast")
     columns = steps - period + np.arange(horizon) % period
     return history[:, columns]
 
@@ -164,10 +201,15 @@ def seasonal_naive_with_drift(history: Any, horizon: int, period: int) -> np.nda
     When `T` is a whole number of seasons this is the change between the
     first and last seasons' means per season. With `T == m` there is no
     seasonal difference and the drift is 0.
+
+    Returns a float64 `(B, H)` array. Raises as `seasonal_naive`, and
+    `ValueError` for a NaN or inf anywhere in the history (the drift reads
+    every value, so one would make every forecast of its series NaN).
     """
     forecast = seasonal_naive(history, horizon, period).astype(np.float64)
-    history = np.asarray(history, dtype=np.float64)
+    history = _real_history(history).astype(np.float64)
     steps = history.shape[1]
+    _require_finite(history, np.arange(steps), "the drift")
     if steps <= period:
         return forecast
     drift = np.mean(history[:, period:] - history[:, :-period], axis=1)

@@ -145,7 +145,11 @@ def q_risk(pred: Array, target: Array, q: float) -> Array:
             f"q_risk: pred and target hold no values (shape {tuple(target.shape)}), so the "
             "risk is undefined"
         )
-    numerator = 2.0 * jnp.sum(pinball(pred.astype(jnp.float32), target.astype(jnp.float32), q))
+    # The validated float32 level, not `q`: a NumPy float64 `q` would make the
+    # risk float64 under `jax_enable_x64`, against the documented float32.
+    numerator = 2.0 * jnp.sum(
+        pinball(pred.astype(jnp.float32), target.astype(jnp.float32), jnp.asarray(level))
+    )
     denominator = jnp.sum(jnp.abs(target.astype(jnp.float32)))
     if not isinstance(denominator, jax.core.Tracer) and float(denominator) == 0.0:
         raise ZeroTargetError("q_risk: sum(|target|) is zero, so the normalized risk is undefined")
