@@ -30,7 +30,7 @@ Quantization layout (the standard QAT recipe):
   observes twice. Until an observer has seen a batch its activations pass
   through unquantized (only the weights are fake-quantized).
 
-Fake quantization has a straight-through gradient (`jax.custom_vjp`): use
+Fake quantization has a straight-through gradient (a `jax.custom_jvp` rule): use
 reverse mode (`jax.grad`, `jax.vjp`); forward mode (`jax.jvp`, `jax.linearize`,
 `jax.jacfwd`) raises.
 """
@@ -408,21 +408,62 @@ class Int8DotGeneral(_ActivationQParams):
     ) -> Array:
         """`s_a * sum_k (q_k - zp) w_k` in float32, the sum computed in int32.
 
+        A contraction longer than `max_int32_contraction(bits)` is summed in
+        pieces of that length (each exact in int32), added in float32.
+
         An output that reads a NaN input is NaN, as in the fake-quantized
         forward (a NaN has no integer code).
         """
         qmin, qmax = self.activation_grid
         shift = 2 ** (self.config.bits - 1)
         codes = (quantize(lhs, scale, zero_point, qmin, qmax) - shift).astype(jnp.int8)
-        accumulator = lax.dot_general(
-            codes, rhs, dimension_numbers, preferred_element_type=jnp.int32
-        )
-        contracting = _contracting_dims(dimension_numbers, rhs)
-        rhs_sums = jnp.sum(rhs.astype(jnp.int32), axis=contracting)
-        rhs_sums = rhs_channels_to_output(rhs_sums, dimension_numbers, lhs.ndim, rhs.ndim)
-        accumulator = accumulator - (zero_point - shift) * rhs_sums
-        y = accumulator.astype(jnp.float32) * scale
+        (lhs_contract, rhs_contract), _ = dimension_numbers
+        lhs_axis, rhs_axis = lhs_contract[0] % lhs.ndim, rhs_contract[0] % rhs.ndim
+        length = rhs.shape[rhs_axis]
+        chunk = max_int32_contraction(self.config.bits)
+        total = None
+        # A longer contraction could exceed int32 and wrap silently: sum int32 pieces in float32.
+        for start in range(0, max(length, 1), chunk):  # one piece when length is 0
+            stop = min(start + chunk, length)
+            piece = _int32_contraction(
+                _slice(codes, start, stop, lhs_axis, length),
+                _slice(rhs, start, stop, rhs_axis, length),
+                zero_point - shift,
+                dimension_numbers,
+                lhs.ndim,
+            ).astype(jnp.float32)
+            total = piece if total is None else total + piece
+        y = total * scale
         return jnp.where(lhs_rows_with_nan(lhs, dimension_numbers, rhs.ndim), jnp.nan, y)
+
+
+def max_int32_contraction(bits: int) -> int:
+    """The longest contraction whose int32 sum `sum_k (q_k - zp) w_k` cannot overflow.
+
+    Per term `|q - zp| <= 2^b - 1` and `|w| <= 2^7` (any int8 code), and the two
+    partial sums (`sum q w`, `zp sum w`) are smaller still: 65,793 terms at 8 bits.
+    """
+    return (2**31 - 1) // ((2**bits - 1) * 2**7)
+
+
+def _slice(values: Array, start: int, stop: int, axis: int, length: int) -> Array:
+    """`values[start:stop]` along `axis` (`values` itself when that is the whole axis)."""
+    if start == 0 and stop == length:
+        return values
+    return lax.slice_in_dim(values, start, stop, axis=axis)
+
+
+def _int32_contraction(
+    codes: Array, rhs: Array, offset: Array, dimension_numbers: DimensionNumbers, lhs_ndim: int
+) -> Array:
+    """`sum_k (codes_k - offset) w_k` in int32 as `sum_k codes_k w_k - offset sum_k w_k`.
+
+    `offset` is `zp - 2^(b-1)`, the zero point on the shifted int8 codes.
+    """
+    accumulator = lax.dot_general(codes, rhs, dimension_numbers, preferred_element_type=jnp.int32)
+    rhs_sums = jnp.sum(rhs.astype(jnp.int32), axis=_contracting_dims(dimension_numbers, rhs))
+    rhs_sums = rhs_channels_to_output(rhs_sums, dimension_numbers, lhs_ndim, rhs.ndim)
+    return accumulator - offset * rhs_sums
 
 
 def _check_convertible_contraction(

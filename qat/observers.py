@@ -63,9 +63,20 @@ def batch_range(x: Array, channel_axis: int | None) -> tuple[Array, Array]:
 def moving_average_update(
     old: Array, new: Array, num_batches: Array, averaging_constant: float
 ) -> Array:
-    """`new` on the first batch, then `old + c * (new - old)`."""
+    """`new` on the first batch, then `old + c * (new - old)`.
+
+    Where `new - old` overflows float32 (ranges near +-3.4e38 of opposite
+    signs) the same average is taken as `(1 - c) * old + c * new`: the
+    difference form gave `+-inf`, and a `min_val` of `+inf` reads as
+    "nothing observed", silently dropping that side of the range.
+    """
     previous = jnp.where(num_batches == 0, new, old)
-    return previous + averaging_constant * (new - previous)
+    difference = new - previous
+    return jnp.where(
+        jnp.isfinite(difference),
+        previous + averaging_constant * difference,
+        (1.0 - averaging_constant) * previous + averaging_constant * new,
+    )
 
 
 @struct.dataclass
