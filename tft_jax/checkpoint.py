@@ -12,21 +12,32 @@ Why a checkpoint is never restored half-written: orbax writes each step into a
 temporary directory and renames it when complete, and a leftover temporary
 directory is not a step. What a rename cannot guard against (a step directory
 truncated or altered afterwards, a directory without its files) is caught by
-the digest: `restore_*` tries steps newest first, moves any step that fails to
-load or whose bytes do not match its digest into `corrupt/`, and returns the
-newest intact one. A checkpoint whose layout differs from the template (another
-model or optimizer) raises `ValueError` instead: that is a user error, not
-corruption.
+the digest: `restore_*` tries steps newest first, moves any step whose files
+are damaged or whose bytes do not match its digest into `corrupt/` (with a
+warning), and returns the newest intact one. A best step found corrupt is
+replaced by the latest step of the same number when one is intact (`fit` saves
+both from the same state), and saved as best again.
+
+A read that fails for a reason that says nothing about the files (permission
+denied, out of host or device memory, too many open files, an unavailable or
+timed-out file system, an I/O error) raises `CheckpointReadError`, an
+`OSError` naming the step's directory, and moves nothing: the step may be
+intact, and moving it away would resume from an older one, or from step 0. A
+checkpoint whose layout differs from the template (another model or
+optimizer) raises `ValueError`: that is a user error, not corruption.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
-import logging
 import numbers
+import os
 import pathlib
+import re
 import shutil
+import warnings
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -39,8 +50,6 @@ from tft_jax.distributed import barrier, is_primary, to_host
 
 PyTree = Any
 Array = Any
-
-logger = logging.getLogger(__name__)
 
 LATEST = "latest"
 BEST = "best"
@@ -65,6 +74,82 @@ class Restored(NamedTuple):
 
 class CorruptCheckpointError(RuntimeError):
     """A checkpoint step that cannot be read back intact."""
+
+
+class CheckpointReadError(OSError):
+    """A checkpoint step that could not be read for a reason other than damage; left in place.
+
+    `filename` is the step's directory; `__cause__` the error the read raised.
+    """
+
+    def __init__(self, path: pathlib.Path, detail: str, cause: BaseException) -> None:
+        super().__init__(getattr(cause, "errno", None), detail, str(path))
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+
+# Why a read failed, when the reason lies outside the checkpoint's files: Python's
+# exceptions, the errno values (also as the text tensorstore quotes them) and the
+# status codes that absl, tensorstore and XLA put in their messages.
+_READ_FAILURE_TYPES = (
+    PermissionError,
+    MemoryError,
+    TimeoutError,
+    ConnectionError,
+    InterruptedError,
+    BlockingIOError,
+)
+_READ_FAILURE_ERRNOS = tuple(
+    getattr(errno, name)
+    for name in (
+        "EACCES",
+        "EPERM",
+        "ENOMEM",
+        "EIO",
+        "EMFILE",
+        "ENFILE",
+        "ETIMEDOUT",
+        "EAGAIN",
+        "EINTR",
+        "ESTALE",
+        "EHOSTDOWN",
+        "ENOLCK",
+    )
+    if hasattr(errno, name)
+)
+_READ_FAILURE_TEXT = re.compile(
+    "|".join(
+        [
+            r"\b(?:PERMISSION_DENIED|RESOURCE_EXHAUSTED|UNAVAILABLE|DEADLINE_EXCEEDED"
+            r"|UNAUTHENTICATED|CANCELLED|ABORTED):",
+            r"\b[Oo]ut of memory\b",
+            *(re.escape(os.strerror(number)) for number in _READ_FAILURE_ERRNOS),
+        ]
+    )
+)
+
+
+def _is_read_failure(error: BaseException) -> bool:
+    """Whether `error`, or an error it was raised from, says the read failed, not the bytes."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, _READ_FAILURE_TYPES):
+            return True
+        if isinstance(current, OSError) and current.errno in _READ_FAILURE_ERRNOS:
+            return True
+        if _READ_FAILURE_TEXT.search(str(current)):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _summary(error: BaseException) -> str:
+    """`error` in one line, without the tensorstore spec that its messages append."""
+    text = f"{type(error).__name__}: {error}".split(" [tensorstore_spec=")[0]
+    return " ".join(text.split())[:500]
 
 
 def layout(tree: PyTree) -> list[list[Any]]:
@@ -270,30 +355,88 @@ class TrainingCheckpointer:
                 manager.delete(saved)
 
     def restore(self, kind: str, template: PyTree) -> Restored | None:
-        """The newest intact step of `kind` (`'latest'` or `'best'`), or None."""
+        """The newest intact step of `kind` (`'latest'` or `'best'`), or None.
+
+        Corrupt steps are moved to `corrupt/` with a warning. A corrupt best
+        step is replaced by the intact latest step of the same number, which
+        is saved as best again (announced); when there is none, a warning says
+        that the best state is lost.
+
+        Raises:
+          CheckpointReadError: a step could not be read for a reason other
+            than damage (see the module docstring); nothing was moved.
+          ValueError: a step does not fit `template`.
+        """
         manager = self._kind(kind)
         template_payload = _payload(template, jax.random.key(0))
+        lost: list[int] = []
         for step in sorted(manager.all_steps(), reverse=True):
             try:
-                return self._restore_step(manager, step, template, template_payload)
+                return self._restore_step(kind, step, template, template_payload)
             except CorruptCheckpointError as error:
                 self._quarantine(kind, step, error)
+            if kind == BEST:
+                stand_in = self._best_from_latest(step, template, template_payload)
+                if stand_in is not None:
+                    return stand_in
+                lost.append(step)
+        if lost and is_primary():
+            warnings.warn(
+                f"no intact best checkpoint remains in {self.directory / BEST} (best step "
+                f"{lost[0]} was corrupt and the latest checkpoints do not hold that step): "
+                "the best state is lost; a resumed fit takes the state it resumes from as "
+                "its best until a validation loss beats the lost best's, and load_state "
+                "falls back to the latest step",
+                UserWarning,
+                stacklevel=3,
+            )
         return None
+
+    def _best_from_latest(
+        self, step: int, template: PyTree, template_payload: PyTree
+    ) -> Restored | None:
+        """The intact latest step `step`, saved as best again, or None (a corrupt best's stand-in).
+
+        `fit` saves the best and the latest checkpoint of one step from the
+        same state, so the latest step of the corrupt best's number holds it.
+        """
+        if step not in self._managers[LATEST].all_steps():
+            return None
+        try:
+            restored = self._restore_step(LATEST, step, template, template_payload)
+        except CorruptCheckpointError as error:
+            self._quarantine(LATEST, step, error)
+            return None
+        self._save(BEST, restored.state, restored.rng, restored.loop)
+        if is_primary():
+            warnings.warn(
+                f"best checkpoint step {step} restored from the latest checkpoint of the "
+                f"same step, and saved in {self.directory / BEST} again",
+                UserWarning,
+                stacklevel=4,
+            )
+        return restored
 
     def _restore_step(
         self,
-        manager: ocp.CheckpointManager,
+        kind: str,
         step: int,
         template: PyTree,
         template_payload: PyTree,
     ) -> Restored:
+        """Step `step` of `kind` restored and checked against its digest.
+
+        Raises `CorruptCheckpointError` when its files are damaged and
+        `CheckpointReadError` when the read failed for another reason.
+        """
+        manager = self._managers[kind]
         try:
             meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))[
                 "meta"
             ]
             saved_layout, saved_digest, loop = meta["layout"], meta["digest"], meta["loop"]
         except Exception as error:  # orbax, tensorstore and json raise many types
-            raise CorruptCheckpointError(f"unreadable metadata: {error!r}") from error
+            raise self._read_error(kind, step, "metadata", error) from error
         expected_layout = layout(template_payload)
         if saved_layout != expected_layout:
             raise ValueError(
@@ -309,7 +452,7 @@ class TrainingCheckpointer:
                 ),
             )["state"]
         except Exception as error:  # orbax, tensorstore and json raise many types
-            raise CorruptCheckpointError(f"unreadable arrays: {error!r}") from error
+            raise self._read_error(kind, step, "arrays", error) from error
         if digest(restored) != saved_digest:
             raise CorruptCheckpointError("the bytes do not match the saved digest")
         state = jax.tree.unflatten(
@@ -317,6 +460,22 @@ class TrainingCheckpointer:
         )
         rng = jax.random.wrap_key_data(jnp.asarray(restored["rng"]))
         return Restored(step=step, state=state, rng=rng, loop=loop)
+
+    def _read_error(
+        self, kind: str, step: int, part: str, error: Exception
+    ) -> CorruptCheckpointError | CheckpointReadError:
+        """What a failed read of `part` of a step means: damage, or a failure to read."""
+        path = pathlib.Path(self._managers[kind].directory) / str(step)
+        if _is_read_failure(error):
+            return CheckpointReadError(
+                path,
+                f"could not read the {part} of {kind} checkpoint step {step} "
+                f"({_summary(error)}); the step was left in place, as this says nothing "
+                "about its files: fix the cause and retry (if the step is damaged, move it "
+                "out of the folder and the previous step is restored)",
+                error,
+            )
+        return CorruptCheckpointError(f"unreadable {part}: {_summary(error)}")
 
     def _quarantine(self, kind: str, step: int, error: Exception) -> None:
         manager = self._managers[kind]
@@ -330,10 +489,14 @@ class TrainingCheckpointer:
             while target.exists():
                 suffix += 1
                 target = target_root / f"{kind}-{step}-{suffix}"
-            logger.warning(
-                "checkpoint %s step %d is corrupt (%s); moved to %s", kind, step, error, target
-            )
             shutil.move(str(source), str(target))
+            # A repair of the user's run: announced (a warning, shown even when quiet).
+            warnings.warn(
+                f"checkpoint {kind} step {step} in {self.directory} is corrupt ({error}); "
+                f"moved to {target}",
+                UserWarning,
+                stacklevel=4,
+            )
         barrier(f"tft-jax quarantine {kind} {step}")
         manager.reload()
 

@@ -1455,6 +1455,17 @@ def fit(
             checkpointer.discard_best_after(loop.step)
             best = checkpointer.restore_best(state)
             best_state = None if best is None else best.state
+            if best is None and loop.best_val_loss is not None and val_batches is not None:
+                # The best state is gone (deleted, or moved aside as corrupt):
+                # the resumed state stands in for it, a repair said even when quiet.
+                warnings.warn(
+                    f"fit{f' ({label})' if label else ''}: the best checkpoint (validation "
+                    f"loss {loop.best_val_loss:.6g}) is missing from {checkpoint_dir}; "
+                    f"best_state is the resumed state of step {loop.step} until a validation "
+                    "loss beats that one",
+                    UserWarning,
+                    stacklevel=2,
+                )
             progress.note(
                 f"resuming from step {loop.step} (epoch {loop.epoch}) of the checkpoint "
                 f"in {checkpoint_dir}"

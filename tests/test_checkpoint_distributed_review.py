@@ -1,0 +1,176 @@
+"""Review tests of `tft_jax.checkpoint`: what is moved aside as corrupt, and a corrupt best step."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import pathlib
+import shutil
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+import pytest
+
+from tests.test_checkpoint import (
+    TEMPLATE,
+    VAL,
+    _truncate,
+    assert_bitwise_equal,
+    epoch_batches,
+    randomized,
+    stand_in_state,
+)
+from tft_jax.checkpoint import (
+    BEST,
+    CORRUPT,
+    LATEST,
+    CheckpointReadError,
+    TrainingCheckpointer,
+    load_state,
+)
+from tft_jax.train import fit
+
+RNG = jax.random.key(0)
+
+# A failed read inside orbax leaves an asyncio callback behind; it is harmless.
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+
+def _save_two_steps(directory: pathlib.Path) -> Any:
+    """Latest steps 5 and 10 under `directory`; returns the state of step 10."""
+    newer = randomized(TEMPLATE, 3, step=10)
+    with TrainingCheckpointer(directory) as checkpointer:
+        checkpointer.save_latest(randomized(TEMPLATE, 2, step=5), RNG, {})
+        checkpointer.save_latest(newer, RNG, {})
+    return newer
+
+
+# What a read of intact files raises when the cause lies elsewhere: Python's open,
+# tensorstore (a ValueError with the absl status code) and XLA (device memory).
+READ_FAILURES = [
+    PermissionError(errno.EACCES, "Permission denied"),
+    ValueError('PERMISSION_DENIED: Error reading local file "x": [OS error: Permission denied]'),
+    RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1024 bytes."),
+    MemoryError(),
+    OSError(errno.EMFILE, "Too many open files"),
+]
+
+
+@pytest.mark.parametrize("failure", READ_FAILURES, ids=lambda error: type(error).__name__)
+def test_a_read_failure_that_is_no_damage_raises_naming_the_step_and_moves_nothing(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, failure: BaseException
+) -> None:
+    newer = _save_two_steps(tmp_path)
+    original = ocp.CheckpointManager.restore
+
+    def failing(manager: Any, step: int, *args: Any, **kwargs: Any) -> Any:
+        if step == 10:
+            raise failure
+        return original(manager, step, *args, **kwargs)
+
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+        monkeypatch.setattr(ocp.CheckpointManager, "restore", failing)
+        with pytest.raises(CheckpointReadError) as raised:
+            checkpointer.restore_latest(TEMPLATE)
+        monkeypatch.undo()
+        assert checkpointer.steps() == [5, 10]
+    assert isinstance(raised.value, OSError)
+    assert raised.value.__cause__ is failure
+    assert raised.value.filename == str(tmp_path / LATEST / "10")
+    assert str(tmp_path / LATEST / "10") in str(raised.value)
+    assert not (tmp_path / CORRUPT).exists()
+    # The cause gone, the very step that failed to read is restored.
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+        restored = checkpointer.restore_latest(TEMPLATE)
+    assert restored is not None and restored.step == 10
+    assert_bitwise_equal(restored.state, newer)
+
+
+def test_a_damaged_step_is_moved_aside_with_a_warning_naming_where(
+    tmp_path: pathlib.Path,
+) -> None:
+    _save_two_steps(tmp_path)
+    _truncate(tmp_path / LATEST / "10")
+    with (
+        TrainingCheckpointer(tmp_path) as checkpointer,
+        pytest.warns(UserWarning, match="latest step 10 .* is corrupt") as caught,
+    ):
+        restored = checkpointer.restore_latest(TEMPLATE)
+    assert restored is not None and restored.step == 5
+    assert str(tmp_path / CORRUPT / "latest-10") in str(caught[0].message)
+    assert "tensorstore_spec" not in str(caught[0].message)  # one readable line
+
+
+def test_a_corrupt_best_is_restored_from_the_latest_step_of_the_same_number(
+    tmp_path: pathlib.Path,
+) -> None:
+    best = randomized(TEMPLATE, 3, step=10)
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+        checkpointer.save_latest(randomized(TEMPLATE, 2, step=5), RNG, {})
+        checkpointer.save_best(best, RNG, {})
+        checkpointer.save_latest(best, RNG, {})
+    _truncate(tmp_path / BEST / "10")
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+        with pytest.warns(UserWarning, match="restored from the latest checkpoint"):
+            restored = checkpointer.restore_best(TEMPLATE)
+        assert restored is not None and restored.step == 10
+        assert_bitwise_equal(restored.state, best)
+        assert checkpointer.steps(BEST) == [10]  # saved as best again
+    assert (tmp_path / CORRUPT / "best-10").is_dir()
+    # A later reader finds the best step without any warning.
+    assert_bitwise_equal(load_state(tmp_path, TEMPLATE), best)
+
+
+def test_a_corrupt_best_without_a_stand_in_is_announced_as_lost(tmp_path: pathlib.Path) -> None:
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+        checkpointer.save_best(randomized(TEMPLATE, 3, step=10), RNG, {})
+        checkpointer.save_latest(randomized(TEMPLATE, 2, step=12), RNG, {})
+    _truncate(tmp_path / BEST / "10")
+    with (
+        TrainingCheckpointer(tmp_path) as checkpointer,
+        pytest.warns(UserWarning, match="no intact best checkpoint remains .* lost"),
+    ):
+        assert checkpointer.restore_best(TEMPLATE) is None
+
+
+def test_resumed_fit_returns_the_best_state_when_its_best_checkpoint_is_corrupt(
+    tmp_path: pathlib.Path,
+) -> None:
+    # Negated validation targets: training moves away from them, so the first
+    # evaluation (step 6) is the best and the final state (step 12) is not.
+    away = [dataclasses.replace(batch, target=-batch.target) for batch in VAL]
+    first = fit(
+        stand_in_state(), epoch_batches, away, epochs=2, checkpoint_dir=tmp_path, quiet=True
+    )
+    assert first.history["step"] == [6, 12]
+    assert first.history["val_loss"][0] < first.history["val_loss"][1]
+    _truncate(tmp_path / BEST / "6")
+    with pytest.warns(UserWarning, match="best step 6 .* is corrupt"):
+        again = fit(
+            stand_in_state(),
+            epoch_batches,
+            away,
+            epochs=2,
+            checkpoint_dir=tmp_path,
+            resume=True,
+            quiet=True,
+        )
+    assert_bitwise_equal(again.best_state, first.best_state)
+    assert_bitwise_equal(load_state(tmp_path, stand_in_state()), first.best_state)
+
+
+def test_a_resumed_fit_whose_best_checkpoint_is_gone_says_so(tmp_path: pathlib.Path) -> None:
+    away = [dataclasses.replace(batch, target=-batch.target) for batch in VAL]
+    first = fit(
+        stand_in_state(), epoch_batches, away, epochs=2, checkpoint_dir=tmp_path, quiet=True
+    )
+    assert first.history["step"] == [6, 12]
+    shutil.rmtree(tmp_path / BEST / "6")  # deleted by hand, or moved aside by an earlier resume
+    with pytest.warns(UserWarning, match=r"the best checkpoint \(validation loss .*\) is "
+                      r"missing from .*; best_state is the resumed state of step 12"):  # fmt: skip
+        again = fit(
+            stand_in_state(), epoch_batches, away, epochs=2, checkpoint_dir=tmp_path,
+            resume=True, quiet=True,
+        )  # fmt: skip
+    assert_bitwise_equal(again.best_state, again.state)
