@@ -96,6 +96,10 @@ def _fixed_step(offset: pd.DateOffset, aware: bool) -> pd.Timedelta | None:
     # 25 hours across a daylight-saving change, though pandas gives it 24 hours.
     if aware and isinstance(offset, pd.offsets.Day):
         return None
+    # pandas 3 made `Day` a calendar offset that `pd.Timedelta` refuses; a naive day
+    # is still 24 hours, so a series at noon counts half steps from a midnight origin.
+    if isinstance(offset, pd.offsets.Day):
+        return pd.Timedelta(days=offset.n)
     try:
         return pd.Timedelta(offset)
     except ValueError:
@@ -113,9 +117,17 @@ def steps_since(times: pd.DatetimeIndex, origin: pd.Timestamp, freq: str) -> np.
     aware is refused (it has no answer).
 
     Raises:
-      ValueError: when exactly one of `times` and `origin` is timezone-aware.
+      ValueError: when `origin` is no timestamp (a text is read as one), or
+        exactly one of `times` and `origin` is timezone-aware.
     """
     times = pd.DatetimeIndex(times)
+    given = origin
+    try:
+        origin = pd.Timestamp(given)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"origin={given!r} is not a timestamp ({error})") from None
+    if origin is pd.NaT:
+        raise ValueError(f"origin={given!r} is not a timestamp")
     if (times.tz is None) != (origin.tz is None):
         raise ValueError(
             f"times are {'naive' if times.tz is None else f'timezone-aware ({times.tz})'} but "

@@ -118,8 +118,9 @@ def _future_table(
         )
     check_unique_columns(future, needed, "future")
     # 'n/a' in a column of numbers is an empty cell, as in the history, so it is
-    # refused below as one, not as a text that is no number.
-    table, _ = missing_texts(future[needed].reset_index(drop=True), known)
+    # refused below as one, not as a text that is no number; 'none' throughout a
+    # categorical column is that category, as in the history.
+    table, _ = missing_texts(future[needed].reset_index(drop=True), known, spec.categorical_cols)
     ids = table[spec.id_col]
     empty_ids = ids.isna().to_numpy()
     if empty_ids.any():  # else named as a series 'nan' that the history lacks
@@ -163,23 +164,29 @@ def _future_table(
     flag = _indicator_name(needed)
     merged = rows.merge(table, on=[spec.id_col, spec.time_col], how="left", indicator=flag)
     absent_rows = merged[flag] != "both"
+    extra = table.merge(rows, on=[spec.id_col, spec.time_col], how="left", indicator=flag)
+    extra_rows = (extra[flag] != "both").to_numpy()
+    outside = ""
+    if extra_rows.any():
+        row = int(np.flatnonzero(extra_rows)[0])
+        series = extra[spec.id_col].iloc[row]
+        outside = (
+            f"{int(extra_rows.sum())} rows outside the forecast steps, e.g. series "
+            f"{_json_value(series)!r} at {extra[spec.time_col].iloc[row]}; its steps are "
+            f"{expected[series][0]} .. {expected[series][-1]}"
+        )
     if absent_rows.any():
+        # A time off the grid or shifted (a typo, another zone) is both a missing step
+        # and a row outside the steps: said together, the row given is named too.
         row = int(np.flatnonzero(absent_rows.to_numpy())[0])
         raise ValueError(
             f"future has no row for series {_json_value(merged[spec.id_col].iloc[row])!r} at "
             f"{merged[spec.time_col].iloc[row]} ({int(absent_rows.sum())} missing); it must "
             "hold every one of the H steps after each series' last time"
+            + (f"; it has {outside}" if outside else "")
         )
-    extra = table.merge(rows, on=[spec.id_col, spec.time_col], how="left", indicator=flag)
-    extra_rows = (extra[flag] != "both").to_numpy()
-    if extra_rows.any():
-        row = int(np.flatnonzero(extra_rows)[0])
-        series = extra[spec.id_col].iloc[row]
-        raise ValueError(
-            f"future has {int(extra_rows.sum())} rows outside the forecast steps, e.g. series "
-            f"{_json_value(series)!r} at {extra[spec.time_col].iloc[row]}; its steps are "
-            f"{expected[series][0]} .. {expected[series][-1]}"
-        )
+    if outside:
+        raise ValueError(f"future has {outside}")
     merged = merged.drop(columns=flag)
     for column in known:
         empty = merged[column].isna().to_numpy()

@@ -161,11 +161,17 @@ class TableSpec:
 MISSING_TEXTS = frozenset({"", "na", "n/a", "nan", "null", "none", "-", "?", "#n/a", "missing"})
 
 
-def missing_texts(frame: pd.DataFrame, columns: Sequence[str]) -> tuple[pd.DataFrame, dict]:
+def missing_texts(
+    frame: pd.DataFrame, columns: Sequence[str], categorical: Sequence[str] = ()
+) -> tuple[pd.DataFrame, dict]:
     """`frame` with missing-value texts ('n/a', 'null', '-', ...) made NaN in columns of numbers.
 
     Only a column whose other cells are all numbers is touched: in a column of
-    text (a categorical one) such a text is a category like any other. Returns
+    text (a categorical one) such a text is a category like any other. A
+    column of `categorical` with no other cells is one of text too: a holiday
+    column holding only 'none' over a forecast's few steps, or a region column
+    only 'NA' in a table of North American series, holds those categories
+    (emptied, it was refused as having no values at all). Returns
     the new frame and `{column: count}` of the cells replaced (only columns
     with any), so the caller can say how many it found.
     """
@@ -180,6 +186,8 @@ def missing_texts(frame: pd.DataFrame, columns: Sequence[str]) -> tuple[pd.DataF
             text.isin(MISSING_TEXTS).fillna(False).to_numpy(dtype=bool) & values.notna().to_numpy()
         )
         rest = values[~hits & values.notna().to_numpy()]
+        if column in categorical and rest.empty:
+            continue
         if hits.any() and pd.to_numeric(rest, errors="coerce").notna().all():
             frame.loc[hits, column] = np.nan
             counts[column] = int(hits.sum())
@@ -217,7 +225,7 @@ def read_announced(
     raw = read_table(table, encoding, spec.id_col)
     check_unique_columns(raw, spec.columns)
     columns = [c for c in spec.columns if c != spec.time_col and c in raw.columns]
-    raw, counts = missing_texts(raw, columns)
+    raw, counts = missing_texts(raw, columns, spec.categorical_cols)
     if counts:
         warnings.warn(
             "read cells holding a missing-value text as missing: "
@@ -308,6 +316,15 @@ def _id_texts_numbers_change(
         return texts
     merged = (stripped.groupby(frame[id_col][given]).nunique() > 1).any()
     return texts if merged else None
+
+
+def _plain(value: Any) -> Any:
+    """A series id as the table holds it, for messages: NumPy scalars as Python ones.
+
+    `repr` of an id read from an int64 column is `np.int64(7)` under NumPy 2,
+    which names no id the user wrote; the future table's messages say `7`.
+    """
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _require_positive_int(name: str, value: Any) -> None:
@@ -427,8 +444,9 @@ def _check_all_aware(
     naive, aware = row_of(example[False]), row_of(example[True])
     raise ValueError(
         f"column {column!r} mixes times with no zone or UTC offset, e.g. "
-        f"{values.iloc[naive]!r} in series {ids.iloc[naive]!r} at row {naive}, with times that "
-        f"have one, e.g. {values.iloc[aware]!r} in series {ids.iloc[aware]!r} at row {aware}; "
+        f"{values.iloc[naive]!r} in series {_plain(ids.iloc[naive])!r} at row {naive}, with "
+        f"times that have one, e.g. {values.iloc[aware]!r} in series "
+        f"{_plain(ids.iloc[aware])!r} at row {aware}; "
         "reading the naive ones as UTC would guess their zone: give every time its zone "
         "(tz_localize) or offset, or none"
     )
@@ -448,7 +466,7 @@ def _parse_time_values(
         row = int(np.flatnonzero(empty.to_numpy())[0])
         raise ValueError(
             f"column {column!r} has {int(empty.sum())} empty timestamps, the first in series "
-            f"{ids.iloc[row]!r} at row {row}; drop or fill those rows"
+            f"{_plain(ids.iloc[row])!r} at row {row}; drop or fill those rows"
         )
     if ptypes.is_datetime64_any_dtype(values):
         return values
@@ -474,8 +492,8 @@ def _parse_time_values(
             row = int(np.flatnonzero(bad)[0])
             raise ValueError(
                 f"column {column!r} has {int(bad.sum())} times not in time_format="
-                f"{time_format!r}, e.g. {values.iloc[row]!r} in series {ids.iloc[row]!r} at "
-                f"row {row}"
+                f"{time_format!r}, e.g. {values.iloc[row]!r} in series "
+                f"{_plain(ids.iloc[row])!r} at row {row}"
             )
         return parsed
     try:
@@ -496,7 +514,7 @@ def _parse_time_values(
         row = int(np.flatnonzero(bad)[0])
         raise ValueError(
             f"column {column!r} has {int(bad.sum())} unparseable timestamps, e.g. "
-            f"{values.iloc[row]!r} in series {ids.iloc[row]!r} at row {row}; "
+            f"{values.iloc[row]!r} in series {_plain(ids.iloc[row])!r} at row {row}; "
             f"fix them or write ISO 8601 times such as '2015-01-01T13:00:00Z'{hint}"
         )
     _check_all_aware(values, column, ids, None, dayfirst)
@@ -517,16 +535,16 @@ def _to_float(values: pd.Series, column: str, ids: pd.Series) -> pd.Series:
             row = int(np.flatnonzero(bad)[0])
             raise ValueError(
                 f"column {column!r} has {int(bad.sum())} non-numeric values, e.g. "
-                f"{values.iloc[row]!r} in series {ids.iloc[row]!r} at row {row}; convert them to "
-                "numbers (leave a cell empty to mark a missing value), or, for an input, list it "
-                "in categorical_cols (--categorical-cols)"
+                f"{values.iloc[row]!r} in series {_plain(ids.iloc[row])!r} at row {row}; convert "
+                "them to numbers (leave a cell empty to mark a missing value), or, for an input, "
+                "list it in categorical_cols (--categorical-cols)"
             )
     infinite = np.isinf(numbers.to_numpy())
     if infinite.any():
         row = int(np.flatnonzero(infinite)[0])
         raise ValueError(
             f"column {column!r} has {int(infinite.sum())} infinite values, the first in series "
-            f"{ids.iloc[row]!r} at row {row}; replace them with numbers or leave them empty"
+            f"{_plain(ids.iloc[row])!r} at row {row}; replace them with numbers or leave them empty"
         )
     return numbers
 
@@ -537,15 +555,15 @@ def _check_statics(frame: pd.DataFrame, spec: TableSpec) -> None:
         if empty.any():
             row = int(np.flatnonzero(empty)[0])
             raise ValueError(
-                f"static column {column!r} is empty for series {frame[spec.id_col].iloc[row]!r} "
-                f"(row {row}); give every series a value"
+                f"static column {column!r} is empty for series "
+                f"{_plain(frame[spec.id_col].iloc[row])!r} (row {row}); give every series a value"
             )
         counts = frame.groupby(spec.id_col, sort=False)[column].nunique()
         varying = counts[counts > 1]
         if len(varying):
             raise ValueError(
                 f"static column {column!r} takes {int(varying.iloc[0])} different values within "
-                f"series {varying.index[0]!r}; a static must be constant per series "
+                f"series {_plain(varying.index[0])!r}; a static must be constant per series "
                 "(move it to known_cols or observed_cols)"
             )
 
@@ -556,7 +574,7 @@ def _check_not_all_empty(frame: pd.DataFrame, spec: TableSpec) -> None:
         if not present.all():
             series = present.index[~present.to_numpy()][0]
             raise ValueError(
-                f"column {column!r} has no values at all for series {series!r}; "
+                f"column {column!r} has no values at all for series {_plain(series)!r}; "
                 "drop that series or supply values"
             )
 
@@ -575,7 +593,8 @@ def _check_duplicates(frame: pd.DataFrame, spec: TableSpec) -> None:
         row, count = found
         raise ValueError(
             f"{count} rows repeat a ({spec.id_col!r}, {spec.time_col!r}) pair, "
-            f"e.g. series {frame[spec.id_col].iloc[row]!r} at {frame[spec.time_col].iloc[row]}; "
+            f"e.g. series {_plain(frame[spec.id_col].iloc[row])!r} at "
+            f"{frame[spec.time_col].iloc[row]}; "
             f"aggregate them (e.g. df.groupby([{spec.id_col!r}, {spec.time_col!r}]).mean()) "
             "or drop the duplicates"
         )
@@ -607,6 +626,28 @@ def _zone_hint(times: pd.DatetimeIndex, spec: TableSpec) -> str:
         f"{times.tz}, of one UTC offset all year), read them in that zone: convert the column, "
         f"e.g. df[{column!r}] = df[{column!r}].dt.tz_convert('Australia/Melbourne'), or, when "
         "fitting, pass their zone as timezone= (--timezone)"
+    )
+
+
+def _utc_grid_hint(times: pd.DatetimeIndex, spec: TableSpec) -> str:
+    """A hint when `timezone=` moved times that are on the `freq` grid in UTC off it.
+
+    Daily data stamped at UTC midnights (a database's dates) read in a zone
+    with daylight saving lands at 01:00 in winter and 02:00 in summer in
+    Berlin: no daily grid of that zone holds both, so the refusal names the
+    zone as its cause instead of leaving only "resample".
+    """
+    if spec.timezone is None or times.tz is None or len(times) == 0:
+        return ""
+    in_utc = times.tz_convert("UTC")
+    if not in_utc.isin(series_grid(in_utc, spec.freq)).all():
+        return ""
+    return (
+        f"; in UTC these times are on the freq={spec.freq!r} grid, read in timezone="
+        f"{spec.timezone!r} they are not: pass timezone=None to read them in UTC, or, if "
+        f"they stand for local dates, give them as that zone's times, e.g. "
+        f"df[{spec.time_col!r}] = df[{spec.time_col!r}].dt.tz_localize(None)"
+        f".dt.tz_localize({spec.timezone!r})"
     )
 
 
@@ -684,6 +725,7 @@ def _check_on_grid(frame: pd.DataFrame, spec: TableSpec) -> dict[Any, int]:
                 f".groupby(id).resample({spec.freq!r}).mean()) or pass the frequency the data "
                 f"is recorded at{_recorded_hint(times, spec.freq)}"
                 f"{_anchor_hint(times[0], spec.freq)}{_zone_hint(times, spec)}"
+                f"{_utc_grid_hint(times, spec)}"
             )
         lengths[series] = len(grid)
     return lengths
@@ -713,7 +755,7 @@ def _categorical_values(values: pd.Series, column: str, ids: pd.Series) -> pd.Se
             row = int(np.flatnonzero(fractional)[0])
             raise ValueError(
                 f"categorical column {column!r} has non-integer codes, e.g. "
-                f"{float(numbers.iloc[row])!r} in series {ids.iloc[row]!r} at row {row}"
+                f"{float(numbers.iloc[row])!r} in series {_plain(ids.iloc[row])!r} at row {row}"
             )
         return pd.Series(
             [int(v) if ok else None for v, ok in zip(numbers, present, strict=True)],

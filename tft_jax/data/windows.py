@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -65,6 +66,33 @@ class Panel:
         return int(self.series_code.shape[0])
 
 
+def _bound(name: str, value: Any, times: pd.DatetimeIndex) -> pd.Timestamp:
+    """`value` as a timestamp comparable with `times`, or a ValueError naming `name`.
+
+    A text without a zone is read in the zone of `times`, as pandas compares it.
+    """
+    try:
+        stamp = pd.Timestamp(value)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{name}={value!r} is not a timestamp ({error})") from None
+    if stamp is pd.NaT:
+        raise ValueError(f"{name}={value!r} is not a timestamp")
+    if isinstance(value, str) and stamp.tz is None and times.tz is not None:
+        try:
+            stamp = stamp.tz_localize(times.tz)
+        except ValueError as error:  # a local time skipped or repeated at a DST change
+            raise ValueError(
+                f"{name}={value!r} is no single time in {times.tz} ({error})"
+            ) from None
+    if (stamp.tz is None) != (times.tz is None):
+        raise ValueError(
+            f"{name}={stamp} is {'naive' if stamp.tz is None else 'timezone-aware'} but the "
+            f"panel's times are {'naive' if times.tz is None else f'in zone {times.tz}'}; "
+            "give it as they are"
+        )
+    return stamp
+
+
 def window_starts(
     panel: Panel,
     history: int,
@@ -90,9 +118,22 @@ def window_starts(
 
     Returns:
       (N,) int64 start rows, ordered by series code then time.
+
+    Raises:
+      TypeError: `history` or `horizon` not an int.
+      ValueError: `history` or `horizon` below 1 (a horizon of 0 read the row
+        before each start as its last forecast step), `stride` not an int >= 1,
+        or `begin`/`end` naive where the panel's times are timezone-aware or
+        the reverse.
     """
+    for name, value in (("history", history), ("horizon", horizon)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
     if isinstance(stride, bool) or not isinstance(stride, int | np.integer) or stride < 1:
         raise ValueError(f"stride must be an int >= 1, got {stride!r}")
+    begin, end = _bound("begin", begin, panel.times), _bound("end", end, panel.times)
     rows = np.arange(len(panel), dtype=np.int64)
     code = panel.series_code
     offset = rows - panel.series_start[code]
