@@ -426,3 +426,22 @@ def test_a_static_category_spelled_like_a_missing_value_is_read_as_itself():
     assert messages == []
     region = ahead.windows.take(np.arange(2))["static_categorical"][:, 1]
     assert (region == fitted.vocabularies["region"].index("NA")).all()
+
+
+def test_a_scored_table_is_read_with_the_fitted_spec_so_an_inferred_category_stays():
+    # 'region' was inferred categorical at fit (the user's spec does not list it); a
+    # scored table holding only the 'NA' region was read with the user's spec,
+    # its cells emptied as missing, and the table refused.
+    times = pd.date_range("2021-01-01", periods=30, freq="h")
+    table = pd.concat(
+        [pd.DataFrame({"id": series, "time": times, "y": np.sin(np.arange(30.0)) + k,
+                       "region": region})
+         for k, (series, region) in enumerate((("a", "NA"), ("b", "EU"), ("c", "NA")))],
+        ignore_index=True,
+    )  # fmt: skip
+    options = dict(freq="h", history=HISTORY, horizon=HORIZON, static_cols=["region"])
+    fitted = quiet_prepare(table, **options).preprocessor
+    assert "region" not in options.get("categorical_cols", ())
+    scored = quiet_prepare(table[table["id"] != "b"], preprocessor=fitted, **options)
+    codes = scored.split("train").arrays()["static_categorical"][:, 1]
+    assert len(codes) and (codes == fitted.vocabularies["region"].index("NA")).all()

@@ -571,7 +571,10 @@ def prepare_dataset(
         raise ValueError(
             f"column names {sorted(clash)} are reserved for generated inputs; rename them"
         )
-    raw, texts = read_announced(table, spec, encoding)
+    # A fitted table is read as at fit: its spec names the categorical columns
+    # inferred then, whose texts ('NA', 'none') are categories, not empty cells.
+    read_spec = preprocessor.spec if preprocessor is not None else spec
+    raw, texts = read_announced(table, read_spec, encoding)
     spec = preprocessor.spec if preprocessor is not None else infer_categorical(raw, spec)
     if min_series_length is not None and min_series_length > history + horizon:
         minimum, reason = min_series_length, f"min_series_length={min_series_length}"
