@@ -20,7 +20,7 @@ import numbers
 import os
 import pathlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
@@ -284,6 +284,11 @@ class Forecaster:
                 f"models must be a list of model names such as [{models!r}], got the string "
                 f"{models!r}"
             )
+        if not isinstance(models, Iterable):  # else "'int' object is not iterable"
+            raise TypeError(
+                f"models must be a list of model names from {MODEL_NAMES} or None, got "
+                f"{type(models).__name__} {models!r}"
+            )
         return tuple(self._check_model(m) for m in models)
 
     def postprocess(self, forecast: np.ndarray) -> np.ndarray:
@@ -312,19 +317,54 @@ class Forecaster:
         series the model never saw from knowing that split: it is fitted on
         the series' target before the validation start (or, without any,
         before the split's start; see `prepare_dataset`). None fits it on all
-        of `table`. A `PreparedDataset` is returned as it is.
+        of `table`. A `PreparedDataset` is returned as it is, once it is known
+        to be prepared as the model reads its inputs (`_check_prepared`).
         """
         if scored is not None and scored not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {scored!r}")
-        if isinstance(table, PreparedDataset):
-            return table
         fitted = self._require_fitted()
+        if isinstance(table, PreparedDataset):
+            self._check_prepared(table, fitted.preprocessor)
+            return table
         return prepare_dataset(
             table,
             **self.config.data.prepare_options(),
             preprocessor=fitted.preprocessor,
             scored=scored,
         )
+
+    def _check_prepared(self, dataset: PreparedDataset, preprocessor: Preprocessor) -> None:
+        """Raises unless `dataset` holds the windows the fitted model reads.
+
+        A dataset prepared with another preprocessor (one `prepare_dataset`
+        fitted on its own table, say) feeds the model inputs scaled
+        otherwise, and one with other window normalization feeds it windows
+        on another scale: either was scored without a word, on wrong
+        forecasts. Other window lengths failed deep in the model's shape check.
+        """
+        data = self.config.data
+        differ = [
+            f"{name} {value} (the model's: {wanted})"
+            for name, value, wanted in (
+                ("history", dataset.history, data.history),
+                ("horizon", dataset.horizon, data.horizon),
+                ("window_normalization", dataset.test.normalized, data.window_normalization),
+            )
+            if value != wanted
+        ]
+        if dataset.preprocessor is not preprocessor:
+            given, fitted = (
+                json.dumps(run_folder.json_ready(p.to_json()), sort_keys=True)
+                for p in (dataset.preprocessor, preprocessor)
+            )
+            if given != fitted:
+                differ.append("another preprocessor than the fitted one (other scalers or codes)")
+        if differ:
+            raise ValueError(
+                f"the PreparedDataset was prepared otherwise than this forecaster's model reads "
+                f"its inputs: {'; '.join(differ)}; pass the table, or prepare it with "
+                "Forecaster.prepare(table, split)"
+            )
 
     def _season_period(self, dataset: PreparedDataset) -> int:
         data = self.config.data
@@ -622,7 +662,9 @@ class Forecaster:
         the training data is scaled by its target before the validation start
         (before `split`'s start if it has none there), never by the scored
         steps; a `PreparedDataset` is used as it was prepared
-        (`prepare(table, split)` does this).
+        (`prepare(table, split)` does this), and refused with a `ValueError`
+        when prepared with another preprocessor, window length or window
+        normalization than the model reads.
         """
         return self.evaluation(table, split, models)[0]
 
