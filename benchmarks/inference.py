@@ -63,7 +63,7 @@ def prepare(config: steps_bench.BenchConfig, kind: str, seed: int = 0) -> Prepar
         forward = jax.jit(functools.partial(model.apply, deterministic=True))
         return Prepared(forward, (variables, *inputs), tree_bytes(variables["params"]))
     qat_model = steps_bench.build_model("qat", config.model)
-    int8_variables = qat.convert(variables)
+    int8_variables = qat.convert(variables, dtype=config.model.dtype)
     forward = jax.jit(functools.partial(qat.int8_apply, qat_model))
     return Prepared(forward, (int8_variables, *inputs), tree_bytes(int8_variables))
 

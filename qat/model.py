@@ -542,16 +542,22 @@ def quantized_layers(qat_variables: Variables) -> dict[tuple[str, ...], int | No
     }
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def _quantize_kernels(kernels: tuple[Array, ...], bits: tuple[int, ...]) -> tuple[Any, ...]:
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _quantize_kernels(
+    kernels: tuple[Array, ...], bits: tuple[int, ...], dtype: Any = None
+) -> tuple[Any, ...]:
     """`(codes, scale)` per kernel, the scale without the contracted axis.
 
-    One compiled program for all layers (host arrays go in as they are): run
-    eagerly, each distinct shape would compile its own transfer and squeeze.
+    With `dtype` each kernel is first rounded to it, as the dense layer casts
+    it before its contraction. One compiled program for all layers (host
+    arrays go in as they are): run eagerly, each distinct shape would compile
+    its own transfer and squeeze.
     """
     quantized = []
     # Linear/nn.Dense (I, F) and VariableLinear (V, I, F) all contract axis -2.
     for kernel, width in zip(kernels, bits, strict=True):
+        if dtype is not None:
+            kernel = kernel.astype(dtype)
         codes, scale = quantize_weight(kernel, (kernel.ndim - 2,), width)
         quantized.append((codes, jnp.squeeze(scale, -2)))
     return tuple(quantized)
@@ -572,7 +578,20 @@ def _warn_uncalibrated(qat_variables: Variables) -> None:
         )
 
 
-def convert(qat_variables: Variables, bits: int | None = None) -> dict[str, Any]:
+def _compute_dtype(dtype: Any) -> Any:
+    """`dtype` as a NumPy float dtype (None stays None); `TypeError` naming `dtype` otherwise."""
+    if dtype is None:
+        return None
+    try:
+        resolved = jnp.dtype(dtype)
+    except TypeError as error:
+        raise TypeError(f"dtype must be a floating dtype or None, got {dtype!r}") from error
+    if not jnp.issubdtype(resolved, jnp.floating):
+        raise TypeError(f"dtype must be a floating dtype or None, got {resolved.name}")
+    return resolved
+
+
+def convert(qat_variables: Variables, bits: int | None = None, dtype: Any = None) -> dict[str, Any]:
     """The int8 model: int8 kernels where the QAT model quantized, per-channel scales in `'int8'`.
 
     Exactly the layers that ran through `QATDotGeneral` are converted (found
@@ -592,6 +611,13 @@ def convert(qat_variables: Variables, bits: int | None = None) -> dict[str, Any]
       bits: optional check: the bit width the QAT model used (its
         `QATConfig.bits`); the width itself is always the one recorded in
         the variables.
+      dtype: the compute dtype the QAT model's dense layers cast their
+        kernels to before the contraction (the TFT's `TFTConfig.dtype`, e.g.
+        `'bfloat16'`; `nn.Dense(dtype=...)`). Each kernel is rounded to it
+        before quantizing, so codes and scales are exactly those the QAT
+        forward used; quantizing the float32 parameters of a bfloat16 model
+        instead changes about one code in nine. None (the default) quantizes
+        the parameters as stored, which is exact for float32 compute.
 
     Raises:
       ValueError: no layer was quantized (variables not made by `from_fp32`
@@ -610,6 +636,7 @@ def convert(qat_variables: Variables, bits: int | None = None) -> dict[str, Any]
         raise ValueError(f"qat_variables must hold 'params', got keys {sorted(qat_variables)}")
     if bits is not None and (isinstance(bits, bool) or not isinstance(bits, int)):
         raise TypeError(f"bits must be an int or None, got {type(bits).__name__} {bits!r}")
+    dtype = _compute_dtype(dtype)
     layers = quantized_layers(qat_variables)
     if not layers:
         raise ValueError(
@@ -642,7 +669,7 @@ def convert(qat_variables: Variables, bits: int | None = None) -> dict[str, Any]
         kernel_paths.append(kernel_path)
     _warn_uncalibrated(qat_variables)
     quantized = _quantize_kernels(
-        tuple(params[path] for path in kernel_paths), tuple(layers.values())
+        tuple(params[path] for path in kernel_paths), tuple(layers.values()), dtype
     )
     scales = {}
     for path, kernel_path, (codes, scale) in zip(layers, kernel_paths, quantized, strict=True):
@@ -706,12 +733,17 @@ def int8_apply(
 
     With float32 compute the output equals the calibrated fake-quantized
     forward to float32 rounding (far within one quantization step of the
-    output). With bfloat16 compute it does not reach that: the fake-quantized
-    operands `(q - zp) * s` are rounded to bfloat16 (up to half an activation
-    step and a quarter of a weight step), and the QAT forward quantizes the
-    bfloat16-rounded kernels while `convert` quantizes the float32 parameters
-    (about one code in eight differs by one); on a small TFT the two outputs
-    differed by 2-5 output steps (the bfloat16 and float32 FP32 models by 0.5-2).
+    output). With bfloat16 compute it does not reach that. Convert with
+    `convert(..., dtype=<compute dtype>)` so the kernel codes and scales are
+    exactly those of the QAT forward (without it about one code in nine
+    differs by one). What remains is bfloat16 itself: the QAT forward rounds
+    its fake-quantized operands `(q - zp) * s` to bfloat16 (up to half an
+    activation step, a quarter of a weight step) while the integer sum is
+    exact, and every bfloat16 intermediate differs slightly between the two,
+    so downstream activations can land on neighbouring codes: on a small
+    bfloat16 TFT the outputs differ by up to about two output steps on
+    average and by far more in single elements, as the bfloat16 and float32
+    FP32 models do.
 
     Raises:
       ValueError: quantization is off, the variables are not `convert`'s
