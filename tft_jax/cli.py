@@ -68,7 +68,12 @@ from tft_jax.distributed import (
     initialize_multihost,
     is_primary,
 )
-from tft_jax.evaluation import forecast_frame, to_original_units, write_forecasts
+from tft_jax.evaluation import (
+    forecast_frame,
+    quantile_column,
+    to_original_units,
+    write_forecasts,
+)
 from tft_jax.forecaster import DEMO, DataConfig, Forecaster, ForecasterConfig, RunFolderError
 from tft_jax.forecaster.run_folder import (
     CONFIG_FILE,
@@ -126,6 +131,8 @@ def read_csv(
     `id_col`: the series id column, kept as text where numbers would change
     the ids (`tft_jax.data.read_table`).
     """
+    if pathlib.Path(path).is_dir():
+        raise UsageError(f"{flag} {path}: is a folder, not a file")
     if not pathlib.Path(path).is_file():
         raise UsageError(f"{flag} {path}: no such file")
     try:
@@ -141,6 +148,32 @@ def reading_config(forecaster: Forecaster, args: argparse.Namespace) -> DataConf
         forecaster.config.data,
         **{name: value for name, value in given.items() if value is not None},
     )
+
+
+def check_reading_flags(args: argparse.Namespace) -> None:
+    """Refuses `--encoding`, `--dayfirst`/`--no-dayfirst` or `--time-format` with no CSV to read.
+
+    They describe the CSV files a command is given (`--csv`, and plot's
+    `--future-csv`); the run's own table is read as the run read it, so
+    without such a file they would do nothing (as `train` refuses them
+    without `--csv`: `forecaster_config`).
+    """
+    files = {"--csv": args.csv, "--future-csv": getattr(args, "future_csv", None)}
+    if any(path is not None for path in files.values()):
+        return
+    given = [
+        f"--{name.replace('_', '-')}"
+        if name != "dayfirst" or getattr(args, name)
+        else "--no-dayfirst"
+        for name in READING_FIELDS
+        if getattr(args, name) is not None
+    ]
+    if given:
+        names = " or ".join(flag for flag in files if hasattr(args, flag[2:].replace("-", "_")))
+        raise UsageError(
+            f"{', '.join(given)} describe the CSV files given, but no {names} was given (the "
+            "run's table is read as the run read it); pass --csv TABLE, or drop them"
+        )
 
 
 def read_given_csv(
@@ -305,6 +338,30 @@ def evaluate_announced(forecaster: Forecaster, table: Any, split: str, quiet: bo
     return result
 
 
+def check_forecast_columns(
+    data: DataConfig, quantiles: Sequence[float], labels: tuple[str, str], model_column: bool
+) -> None:
+    """Refuses an id or time column named as a column the forecast tables add.
+
+    `evaluation.forecast_frame` (forecast CSVs, fan charts) adds
+    `forecast_start`, `horizon`, one `p<level>` column per quantile and
+    `actual` by name, so an id or time column of one of those names was
+    replaced by it without a word; `write_split_forecasts` adds `model`
+    (with `model_column`), which pandas refused only after training.
+    `labels`: how the message names the id and time columns ('--id-col').
+    """
+    reserved = ["forecast_start", "horizon", *map(quantile_column, quantiles), "actual"]
+    if model_column:
+        reserved.insert(0, "model")
+    for label, column in zip(labels, (data.id_col, data.time_col), strict=True):
+        if column in reserved:
+            again = "" if label.startswith("--") else ", and train the run again"
+            raise UsageError(
+                f"{label} {column!r} is the name of a column the forecast tables add "
+                f"({', '.join(reserved)}); rename that column of the table{again}"
+            )
+
+
 def write_split_forecasts(forecaster, dataset, split, predictions, model, path) -> pathlib.Path:
     """Writes the forecasts of one model on `split`'s windows as CSV (with a `model` column)."""
     windows = dataset.split(split)
@@ -441,6 +498,9 @@ def run_training(args: argparse.Namespace, command: str = "train") -> dict[str, 
     check_train_flags(args)
     check_output_folder(args.out, "--out")
     settings = forecaster_config(args, qat=args.qat)
+    check_forecast_columns(
+        settings.data, settings.model.quantiles, ("--id-col", "--time-col"), model_column=True
+    )
     encoding = settings.data.encoding
     table = (
         load_pedestrian()
@@ -517,6 +577,13 @@ def command_predict(args: argparse.Namespace) -> int:
     check_not_input(args.out, "--out", {**inputs, **run_inputs(args.run)})
     forecaster, _ = load_run(args.run, args.eval_batch_size)
     model = default_model(forecaster, args.model)
+    known = list(forecaster.preprocessor.spec.known_cols)
+    if args.future_csv is None and known:
+        raise UsageError(
+            f"--future-csv is missing: the model uses the known columns {known}, so their "
+            f"future is required (their values for the {forecaster.config.data.horizon} steps "
+            "after each series' last time in --csv)"
+        )
     history = read_given_csv(args.csv, "--csv", forecaster, args)
     future = (
         None
@@ -551,6 +618,7 @@ def metrics_output(args: argparse.Namespace, config: dict[str, Any]) -> pathlib.
 
 
 def command_evaluate(args: argparse.Namespace) -> int:
+    check_reading_flags(args)
     forecaster, config = load_run(args.run, args.eval_batch_size)
     target = metrics_output(args, config)
     check_output_file(target, "--output")
@@ -577,10 +645,13 @@ def command_evaluate(args: argparse.Namespace) -> int:
 
 
 def command_forecast(args: argparse.Namespace) -> int:
+    check_reading_flags(args)
     if args.output is not None:
         check_output_file(args.output, "--output")
     forecaster, config = load_run(args.run, args.eval_batch_size)
     name = default_model(forecaster, args.model)
+    labels = ("the run's id column", "the run's time column")
+    check_forecast_columns(forecaster.config.data, forecaster.tft_config.quantiles, labels, True)
     output = args.output or args.run / f"forecasts_{name}_{args.split}.csv"
     check_output_file(output, "--output")
     table = (
@@ -616,9 +687,12 @@ def chosen_series(names: Sequence[str] | None, ids: pd.Series) -> list[Any] | No
 
 
 def command_plot(args: argparse.Namespace) -> int:
+    check_reading_flags(args)
     forecaster, config = load_run(args.run, args.eval_batch_size)
     model = args.model or "fp32"
     default_model(forecaster, model)
+    labels = ("the run's id column", "the run's time column")
+    check_forecast_columns(forecaster.config.data, forecaster.tft_config.quantiles, labels, False)
     check_output_folder(args.run / "plots", "plots folder")
     table = run_table(args, config, forecaster)
     spec = forecaster.preprocessor.spec

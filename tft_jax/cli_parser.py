@@ -488,6 +488,8 @@ def forecaster_config(args: argparse.Namespace, qat: bool) -> ForecasterConfig:
         ]
         if missing:
             raise UsageError(f"--csv needs {', '.join(missing)} as well")
+        if pathlib.Path(args.csv).is_dir():
+            raise UsageError(f"--csv {args.csv}: is a folder, not a file")
         if not pathlib.Path(args.csv).is_file():
             raise UsageError(f"--csv {args.csv}: no such file")
         make_data = DataConfig
