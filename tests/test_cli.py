@@ -775,6 +775,14 @@ def test_evaluate_on_another_table_leaves_the_runs_metrics_alone(
         own["models"]["fp32"]["p50_q_risk"], rel=1e-5
     )
     assert again["seconds"] == own["seconds"]  # train's other entries kept
+    # written over metrics.json on purpose, then the run's own table again: no stale `table`
+    code, _, _ = run(
+        capsys, "evaluate", "--run", str(copy), "--csv", str(other), "--output",
+        str(copy / "metrics.json"), "--compile-cache", "none",
+    )  # fmt: skip
+    assert code == 0 and json.loads((copy / "metrics.json").read_text())["table"] == str(other)
+    code, _, _ = run(capsys, "evaluate", "--run", str(copy), "--compile-cache", "none")
+    assert code == 0 and "table" not in json.loads((copy / "metrics.json").read_text())
 
 
 @pytest.mark.slow

@@ -635,6 +635,7 @@ def command_evaluate(args: argparse.Namespace) -> int:
     table = run_table(args, config, forecaster)
     metrics, _ = evaluate_announced(forecaster, table, args.split, args.quiet)
     metrics = {**previous, **metrics}
+    metrics.pop("table", None)  # an earlier evaluation's table does not describe these
     if args.csv is not None:
         metrics["table"] = str(args.csv)
     target.parent.mkdir(parents=True, exist_ok=True)
