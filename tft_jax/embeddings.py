@@ -185,6 +185,9 @@ class CategoricalEmbedding(nn.Module):
 
     @nn.compact
     def __call__(self, codes: Array) -> Array:
+        if not hasattr(codes, "dtype"):
+            # Nested lists: their dtype could not be read and they cannot be indexed per column.
+            codes = np.asarray(codes)
         self._check_codes(codes)
         columns = []
         for index, cardinality in enumerate(self.cardinalities):

@@ -57,8 +57,16 @@ class VariableSelectionNetwork(nn.Module):
     materialized and the layers run one by one.
 
     Args (call):
-      embedded: `(B, [T,] V, width)`, or an `AffineEmbedding` of `(B, [T,] V)` inputs.
-      context: optional `(B, D)` static context.
+      embedded: `(B, [T,] V, width)`, or an `AffineEmbedding` of `(B, [T,] V)` inputs
+        (slope and intercept `(V, width)`).
+      context: optional `(B, C)` static context (any width `C`; the model passes
+        its `(B, D)` selection context). Given at `init`, it must be given at
+        every `apply`.
+
+    Raises:
+      ValueError: `embedded` or `context` of the wrong shape (naming the
+        argument), or `context` left out of a call whose parameters were
+        initialized with one (its GRN layer would silently be skipped).
     """
 
     num_variables: int
@@ -89,7 +97,12 @@ class VariableSelectionNetwork(nn.Module):
         deterministic = resolve_deterministic(
             "VariableSelectionNetwork", deterministic, self.dropout_rate, self.is_initializing()
         )
+        if not isinstance(embedded, AffineEmbedding):
+            embedded = jnp.asarray(embedded)
+        if context is not None:
+            context = jnp.asarray(context)
         self._check_inputs(embedded, context)
+        self._check_context_matches_parameters(context)
         if isinstance(embedded, AffineEmbedding) and self.dot_general_cls is None:
             return folded_selection(self, embedded, context, deterministic, self.chunk_rows)
         if supports_operand_quantizers(self.dot_general_cls):
@@ -143,10 +156,46 @@ class VariableSelectionNetwork(nn.Module):
                 f"VariableSelectionNetwork: embedded must have shape (B, [T,] "
                 f"{self.num_variables}, width) for num_variables={self.num_variables}, got {shape}"
             )
+        # A zero width divided by zero in the fast paths' kernel initializers.
+        if shape[-1] < 1:
+            raise ValueError(
+                f"VariableSelectionNetwork: embedded must have a positive width (its last "
+                f"axis), got shape {shape}"
+            )
+        if isinstance(embedded, AffineEmbedding):
+            # Else a slope or intercept of another variable count or width failed in an
+            # einsum of the fold (or broadcast silently when materialized).
+            expected = (self.num_variables, shape[-1])
+            for name in ("slope", "intercept"):
+                got = tuple(jnp.shape(getattr(embedded, name)))
+                if got != expected:
+                    raise ValueError(
+                        f"VariableSelectionNetwork: embedded.{name} must have shape {expected} "
+                        f"(num_variables, width) for embedded.values of shape "
+                        f"{tuple(embedded.values.shape)}, got {got}"
+                    )
         if context is None:
             return
         if jnp.ndim(context) != 2 or jnp.shape(context)[0] != shape[0]:
             raise ValueError(
                 f"VariableSelectionNetwork: context must have shape (B, C) with B = "
                 f"embedded.shape[0] for embedded of shape {shape}, got {tuple(jnp.shape(context))}"
+            )
+
+    def _check_context_matches_parameters(self, context: Array | None) -> None:
+        """Raises `ValueError` if `context` is None but the parameters hold a context layer.
+
+        Flax ignores parameters a call does not use: without this check a
+        network initialized with a context and applied without one silently
+        dropped the static context's term from its GRN.
+        """
+        if context is not None or self.is_initializing():
+            return
+        params = self.variables.get("params", {})
+        holder = "variable_grns" if self.num_variables == 1 else "selection_grn"
+        if "context" in params.get(holder, {}):
+            raise ValueError(
+                "VariableSelectionNetwork: context is None, but the parameters hold a context "
+                f"layer ({holder}/context): the network was initialized with a context, so "
+                "pass one"
             )
