@@ -420,7 +420,12 @@ def _decoder_seeded_with_static_state() -> contextlib.AbstractContextManager[Any
 
 
 def _single_variable_selection_ignores_context() -> contextlib.AbstractContextManager[Any]:
-    """A one-variable VSN drops its static context (its only variable's GRN is unconditioned)."""
+    """A one-variable VSN drops its static context (its only variable's GRN is unconditioned).
+
+    The context is zeroed rather than left out: its GRN layer has no bias, so a
+    zero context adds nothing, and the network (which refuses a call without
+    the context it was initialized with) runs as if it had none.
+    """
 
     def interceptor(next_fun: Any, args: Any, kwargs: Any, context: Any) -> Any:
         module = context.module
@@ -429,10 +434,10 @@ def _single_variable_selection_ignores_context() -> contextlib.AbstractContextMa
             and module.num_variables == 1
             and context.method_name == "__call__"
         ):
-            if "context" in kwargs:
-                kwargs = {**kwargs, "context": None}
-            elif len(args) > 1:
-                args = (args[0], None, *args[2:])
+            if kwargs.get("context") is not None:
+                kwargs = {**kwargs, "context": jnp.zeros_like(kwargs["context"])}
+            elif len(args) > 1 and args[1] is not None:
+                args = (args[0], jnp.zeros_like(args[1]), *args[2:])
         return next_fun(*args, **kwargs)
 
     return nn.intercept_methods(interceptor)
