@@ -174,3 +174,27 @@ def test_a_resumed_fit_whose_best_checkpoint_is_gone_says_so(tmp_path: pathlib.P
             resume=True, quiet=True,
         )  # fmt: skip
     assert_bitwise_equal(again.best_state, again.state)
+
+
+def test_a_resume_whose_latest_checkpoints_are_all_corrupt_goes_on_from_the_best(
+    tmp_path: pathlib.Path,
+) -> None:
+    # Every latest step damaged (a disk fault), the best step intact: the run goes on
+    # from the best step, announced, and ends where the uninterrupted run ended.
+    # It restarted from step 0 as if nothing had been saved.
+    away = [dataclasses.replace(batch, target=-batch.target) for batch in VAL]
+    first = fit(
+        stand_in_state(), epoch_batches, away, epochs=2, checkpoint_dir=tmp_path, quiet=True
+    )
+    assert first.history["step"] == [6, 12]
+    latest = sorted(int(path.name) for path in (tmp_path / LATEST).iterdir() if path.name.isdigit())
+    assert latest == [6, 12]
+    for step in latest:
+        _truncate(tmp_path / LATEST / str(step))
+    with pytest.warns(UserWarning, match=r"no intact latest checkpoint .* best checkpoint, step 6"):
+        again = fit(
+            stand_in_state(), epoch_batches, away, epochs=2, checkpoint_dir=tmp_path,
+            resume=True, quiet=True,
+        )  # fmt: skip
+    assert_bitwise_equal(again.state, first.state)
+    assert_bitwise_equal(again.best_state, first.best_state)

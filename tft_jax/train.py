@@ -34,7 +34,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 from tqdm.auto import tqdm
 
-from tft_jax.checkpoint import TrainingCheckpointer
+from tft_jax.checkpoint import BEST, TrainingCheckpointer
 from tft_jax.distributed import data_mesh, is_primary, place_state, shard_batch
 from tft_jax.flat_optimizer import (
     FlatAdamWState,
@@ -1442,6 +1442,16 @@ def fit(
     planned_schedule = in_state_schedule(state)
     if checkpointer is not None and resume:
         restored = checkpointer.restore_latest(state)
+        if restored is None and checkpointer.steps(BEST):
+            restored = checkpointer.restore_best(state)
+            if restored is not None:  # every latest step was moved aside as corrupt
+                warnings.warn(
+                    f"fit{f' ({label})' if label else ''}: no intact latest checkpoint in "
+                    f"{checkpoint_dir}; going on from the best checkpoint, step "
+                    f"{int(restored.state.step)}",
+                    UserWarning,
+                    stacklevel=2,
+                )
         if restored is None:
             progress.note(f"no checkpoint in {checkpoint_dir}: starting from step 0")
         else:
