@@ -2,7 +2,8 @@
 
 Figures are built with `matplotlib.figure.Figure` and written by the Agg
 canvas, so no display, no `pyplot` global state and no backend switch is
-involved. Each function writes one PNG and returns its path.
+involved. Each function writes one PNG at exactly the path given (a path
+whose suffix names another image format is refused) and returns that path.
 """
 
 from __future__ import annotations
@@ -51,11 +52,21 @@ MODEL_LABELS = {
 
 
 def _save(figure: Figure, path: PathLike) -> pathlib.Path:
+    """Writes `figure` as a PNG at exactly `path` and returns it.
+
+    Matplotlib picks the format from the suffix and, for a path without one,
+    appends '.png': the file announced would not exist. The format is fixed
+    to PNG instead, and a suffix naming another image format is refused
+    rather than written as a PNG under a misleading name.
+    """
     path = pathlib.Path(path)
+    suffix = path.suffix.lower().lstrip(".")
+    if suffix != "png" and suffix in figure.canvas.get_supported_filetypes():
+        raise ValueError(f"plots are written as PNG; path {str(path)!r} names a .{suffix} file")
     path.parent.mkdir(parents=True, exist_ok=True)
     # Room between stacked panels for the tick labels of one and the title of the next.
     figure.get_layout_engine().set(h_pad=0.12)
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=110, format="png")
     return path
 
 
@@ -168,13 +179,22 @@ def plot_attention(
       horizons: 1-based horizon steps drawn as their own curves; default the
         first, middle and last. The mean over all horizons is drawn bold.
       title: figure title.
+
+    Raises:
+      ValueError: for a `history` below 1, `attention` not of shape
+        `(H, T+H)` with `H >= 1`, or `horizons` outside `1..H`.
     """
     if isinstance(history, bool) or not isinstance(history, numbers.Integral) or history < 1:
         raise ValueError(f"history must be an int >= 1 (T), got {history!r}")
     attention = np.asarray(attention, dtype=np.float64)
-    if attention.ndim != 2 or attention.shape[1] <= history:
+    # Columns T.. are the horizon steps: another width would put the lags on the wrong columns.
+    if (
+        attention.ndim != 2
+        or attention.shape[0] < 1
+        or attention.shape[1] != history + len(attention)
+    ):
         raise ValueError(
-            f"attention must have shape (H, T+H) with T={history}, got {attention.shape}"
+            f"attention must have shape (H, T+H) with T={history} and H >= 1, got {attention.shape}"
         )
     steps = attention.shape[0]
     if horizons is None:
@@ -248,6 +268,9 @@ def _finite(values: Sequence[Any]) -> np.ndarray:
     return np.array([math.nan if v is None else float(v) for v in values], dtype=np.float64)
 
 
+_CURVES = ("step", "train_loss", "val_loss")
+
+
 def plot_loss_curves(
     path: PathLike,
     phases: Mapping[str, Mapping[str, Sequence[Any]]],
@@ -263,9 +286,20 @@ def plot_loss_curves(
         `tft_jax.train.fit` returns. Each phase's steps continue where the
         previous phase ended.
       title: figure title.
+
+    Raises:
+      ValueError: naming a phase whose `step`, `train_loss` and `val_loss`
+        are missing or of different lengths.
     """
     if not phases:
         raise ValueError("phases is empty: nothing to plot")
+    for name, history in phases.items():
+        lengths = {key: len(history[key]) if key in history else None for key in _CURVES}
+        if None in lengths.values() or len(set(lengths.values())) != 1:
+            raise ValueError(
+                f"phase {name!r} must have lists {list(_CURVES)} of one length, got lengths "
+                f"{lengths} (None: missing)"
+            )
     figure = Figure(figsize=(9, 4), layout="constrained")
     axis = figure.subplots()
     offset = 0.0
@@ -313,6 +347,16 @@ def _smooth(values: np.ndarray, width: int) -> np.ndarray:
     return np.where(count > 0, (sums[upper] - sums[lower]) / np.maximum(count, 1), np.nan)
 
 
+def _log_scale_if_positive(axis: Any, values: Sequence[np.ndarray]) -> None:
+    """A log y-axis when some drawn value is finite and positive; else linear.
+
+    Matplotlib fails while saving a log axis with no positive finite value
+    ("Data cannot be log-scaled"), e.g. when every run diverged.
+    """
+    if any(np.any(np.isfinite(v) & (v > 0)) for v in values):
+        axis.set_yscale("log")
+
+
 def plot_clipping_experiment(
     path: PathLike, result: Mapping[str, Any], *, title: str | None = None
 ) -> pathlib.Path:
@@ -325,6 +369,9 @@ def plot_clipping_experiment(
         `final_val_loss` and `diverged`; and `settings` with `learning_rate`
         and `clip_norm`.
       title: figure title (default from the settings).
+
+    The loss, gradient norm and final loss axes are logarithmic, or linear
+    when they hold no positive finite value (every run diverged).
     """
     runs = result["runs"]
     if not runs:
@@ -333,6 +380,7 @@ def plot_clipping_experiment(
     figure = Figure(figsize=(15, 4.2), layout="constrained")
     losses, norms, finals = figure.subplots(1, 3, width_ratios=(1.6, 1.6, 1))
     labelled: set[bool] = set()
+    drawn: dict[Any, list[np.ndarray]] = {losses: [], norms: []}
     for run in runs:
         clip = bool(run["clip"])
         label = None if clip in labelled else ("with clipping" if clip else "without clipping")
@@ -342,11 +390,13 @@ def plot_clipping_experiment(
         steps = np.arange(1, step_loss.size + 1)
         losses.plot(steps, _smooth(step_loss, 5), label=label, **style)
         norms.plot(steps, _smooth(_finite(run["step_grad_norm"]), 5), **style)
+        drawn[losses].append(step_loss)
+        drawn[norms].append(_finite(run["step_grad_norm"]))
     if settings.get("clip_norm") is not None:
         norms.axhline(settings["clip_norm"], color="black", lw=0.8, ls="--", label="clip_norm")
         norms.legend(fontsize=8)
     for axis, name in ((losses, "training quantile loss"), (norms, "gradient norm (unclipped)")):
-        axis.set_yscale("log")
+        _log_scale_if_positive(axis, drawn[axis])
         axis.set_xlabel("step")
         axis.set_ylabel(name)
         axis.set_title(f"{name}, 5-step mean (dotted: diverged)", fontsize=10)
@@ -364,7 +414,7 @@ def plot_clipping_experiment(
     finals.set_xticks([0, 1], ["without clipping", "with clipping"])
     finals.set_xlim(-0.6, 1.6)
     finals.set_ylabel("final validation loss")
-    finals.set_yscale("log")
+    _log_scale_if_positive(finals, [_finite([run["final_val_loss"] for run in runs])])
     finals.grid(alpha=0.3, which="both")
     finals.set_title("final validation loss per seed", fontsize=10)
     figure.suptitle(
@@ -495,7 +545,9 @@ def plot_future(
 
     Args:
       path: the PNG to write.
-      forecast: `Forecaster.predict` output (id, time, `q<level>` columns).
+      forecast: `Forecaster.predict` output (id, time, `q<level>` columns),
+        or that table read back from its CSV (ISO texts, UTC offsets that may
+        change with daylight saving time; `timezone` converts them).
       history: the history table (id, time, target); its last `tail` steps
         per series are drawn before the forecast.
       id_col, time_col, target: the column names.
@@ -537,7 +589,11 @@ def plot_future(
     forecast = forecast[forecast[id_col].isin(list(order))]
     forecast = forecast.iloc[np.argsort(forecast[id_col].map(order).to_numpy(), kind="stable")]
     rows = forecast.copy()
-    rows[time_col] = pd.to_datetime(rows[time_col])
+    # A forecast read back from a CSV has texts, across a daylight saving change with two
+    # UTC offsets (which `pd.to_datetime` refuses): read as the data layer reads such texts.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        rows[time_col] = _parse_times(rows[time_col], time_col, rows[id_col], None, False, timezone)
     rows["forecast_start"] = rows.groupby(id_col)[time_col].transform("min")
     rows["actual"] = np.nan
     context = history[[id_col, time_col, target]].rename(columns={target: "actual"})
