@@ -269,8 +269,26 @@ def baseline_metrics(
 
 
 def best_of(models: dict[str, dict[str, Any]]) -> str:
-    """The name with the lowest P50 q-risk."""
-    return min(models, key=lambda name: models[name]["p50_q_risk"])
+    """The name with the lowest P50 q-risk, among those where it is a number (not None or NaN).
+
+    A None (levels without 0.5) failed inside `min` with a TypeError, and a
+    NaN won or lost by its place in the dict (every comparison with it is
+    False).
+
+    Raises:
+      ValueError: no model has a P50 q-risk.
+    """
+    scored = {
+        name: float(metrics["p50_q_risk"])
+        for name, metrics in models.items()
+        if metrics.get("p50_q_risk") is not None and not np.isnan(metrics["p50_q_risk"])
+    }
+    if not scored:
+        raise ValueError(
+            f"best_of: none of {list(models)} has a P50 q-risk (quantile levels without 0.5, "
+            "or NaN forecasts)"
+        )
+    return min(scored, key=scored.__getitem__)
 
 
 def monotone(quantiles: np.ndarray) -> np.ndarray:
@@ -282,8 +300,24 @@ def monotone(quantiles: np.ndarray) -> np.ndarray:
 def to_original_units(
     dataset: PreparedDataset, windows: WindowSet, quantiles: np.ndarray
 ) -> np.ndarray:
-    """Scaled forecasts `(N, H, Q)` of `windows` in the target's units."""
-    return dataset.inverse_transform(windows.denormalize(quantiles), windows.series_code)
+    """Scaled forecasts `(N, H, Q)` of `windows` in the target's units.
+
+    Raises:
+      ValueError: a forecast beyond float64 in the target's units (e.g. above
+        ~709.8 in log1p units), naming its series, time and level index
+        (`TargetScaler.inverse_transform`).
+    """
+    times = windows.panel.times
+
+    def where(index: tuple[int, ...]) -> str:
+        window, step = index[0], index[1]
+        series = dataset.series_ids[int(windows.series_code[window])]
+        level = f", quantile index {index[2]}" if len(index) > 2 else ""
+        return f"the forecast of series {series!r} at {times[windows.starts[window] + step]}{level}"
+
+    return dataset.target_scaler.inverse_transform(
+        windows.denormalize(quantiles), windows.series_code, where
+    )
 
 
 def quantile_key(level: float) -> str:
@@ -312,8 +346,9 @@ def forecast_metrics(
         used for every level; in the target's units.
       actual: `(N, H)` observed values in the same units.
       quantiles: the `Q` levels.
-      scale: optional `(N,)` per-window target scale; adds
-        `mean_quantile_loss_scaled` (the loss of `forecast / scale`).
+      scale: optional `(N,)` positive per-window target scale (one per row
+        of `actual`); adds `mean_quantile_loss_scaled` (the loss of
+        `forecast / scale`).
       target_transform: the target transform the scale belongs to (one of
         `tft_jax.data.scaling.TARGET_TRANSFORMS`): the scaled loss is that of
         `transform(forecast) / scale` against `transform(actual) / scale`.
@@ -323,8 +358,10 @@ def forecast_metrics(
 
     Raises:
       ValueError: mismatched shapes, no level or one outside (0, 1), no value,
-        or an unknown `target_transform`; `tft_jax.losses.ZeroTargetError` (a
-        `ValueError`) when `Σ|actual|` is zero (q-risk is undefined).
+        a NaN or infinite value in `forecast` or `actual`, a `scale` not
+        `(N,)` positive and finite, or an unknown `target_transform`;
+        `tft_jax.losses.ZeroTargetError` (a `ValueError`) when `Σ|actual|` is
+        zero (q-risk is undefined).
     """
     levels = tuple(float(q) for q in quantiles)
     forecast = np.asarray(forecast, dtype=np.float64)
@@ -339,8 +376,24 @@ def forecast_metrics(
     if not levels or not all(0.0 < q < 1.0 for q in levels):
         # Written so that a NaN level fails too (every comparison with NaN is False).
         raise ValueError(f"quantiles must be at least one level in (0, 1), got {list(levels)}")
+    keys = [quantile_key(q) for q in levels]
+    if len(set(keys)) != len(keys):
+        # The q-risk of one of them was dropped from the dict without a word.
+        raise ValueError(
+            f"quantiles {list(levels)} share the q-risk keys {keys}; use distinct levels"
+        )
     if actual.size == 0:
         raise ValueError(f"actual holds no values (shape {actual.shape}): nothing to score")
+    for name, values in (("actual", actual), ("forecast", forecast)):
+        # A NaN or inf made every metric NaN or inf (null in metrics.json) without a word.
+        bad = ~np.isfinite(values)
+        if bad.any():
+            raise ValueError(
+                f"{name} holds {int(bad.sum())} values that are not finite (the first "
+                f"{values[bad][0]} at index {tuple(int(i) for i in np.argwhere(bad)[0])}); "
+                "metrics need finite values: leave out steps without an observed target "
+                "(`actuals`), and check the model of a NaN forecast"
+            )
     losses = _pinball64(forecast, actual, levels)  # (N, H, Q), float64
     total = float(np.sum(np.abs(actual)))
     if total == 0.0:
@@ -358,7 +411,7 @@ def forecast_metrics(
             f"target_transform must be one of {TARGET_TRANSFORMS}, got {target_transform!r}"
         )
     if scale is not None:
-        divisor = np.asarray(scale, dtype=np.float64).reshape(-1, 1)
+        divisor = _window_divisor(scale, actual.shape)
         if target_transform == "log1p" and not np.all(forecast > -1.0):
             # log1p of a forecast at or below -1 is -inf or NaN: undefined, said as None.
             metrics["mean_quantile_loss_scaled"] = None
@@ -375,6 +428,25 @@ def forecast_metrics(
     return metrics
 
 
+def _window_divisor(scale: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """`scale` `(N,)` shaped to divide values of `shape` `(N, ...)` row by row.
+
+    Checked, not broadcast as it comes: a 1-D `actual` `(N,)` against a
+    `(N, 1)` divisor made an `(N, N)` table and a wrong scaled loss without a
+    word, a scale of another length failed deep in NumPy, and a zero scale
+    gave NaN.
+    """
+    scale = np.asarray(scale, dtype=np.float64)
+    if len(shape) == 0 or scale.shape != shape[:1]:
+        raise ValueError(
+            f"scale must have shape (N,), one per row of actual {shape}, got {scale.shape}"
+        )
+    if not np.all(np.isfinite(scale) & (scale > 0.0)):
+        bad = int(np.flatnonzero(~(np.isfinite(scale) & (scale > 0.0)))[0])
+        raise ValueError(f"scale must be positive and finite, got {scale[bad]} at row {bad}")
+    return scale.reshape(-1, *(1,) * (len(shape) - 1))
+
+
 def window_scales(dataset: PreparedDataset, windows: WindowSet) -> np.ndarray:
     """`(N,)` the target scale of each window's series."""
     return dataset.target_scaler.scale[windows.series_code]
@@ -383,6 +455,37 @@ def window_scales(dataset: PreparedDataset, windows: WindowSet) -> np.ndarray:
 def quantile_column(level: float) -> str:
     """The CSV column of a quantile level: 0.1 -> 'p10', 0.025 -> 'p2.5'."""
     return f"p{100.0 * float(level):g}"
+
+
+def forecast_frame_columns(quantiles: Sequence[float]) -> tuple[str, ...]:
+    """The columns `forecast_frame` adds besides the id and time columns, in order."""
+    return ("forecast_start", "horizon", *map(quantile_column, quantiles), "actual")
+
+
+def check_forecast_frame_columns(id_col: str, time_col: str, quantiles: Sequence[float]) -> None:
+    """Raises unless `forecast_frame`'s columns for `quantiles` are distinct from each other
+    and from the id and time columns.
+
+    The frame is built by name: an id or time column called `horizon`,
+    `actual`, `p50`, ... was replaced by that column without a word (ids
+    becoming 1..H), and two levels of one `quantile_column` name (0.5 and
+    0.5000001 are both 'p50') kept only the last.
+    """
+    added = forecast_frame_columns(quantiles)
+    for role, column in (("id", id_col), ("time", time_col)):
+        if column in added:
+            raise ValueError(
+                f"the {role} column {column!r} has the name of a column the forecast table "
+                f"adds ({', '.join(added)}); rename that column of the table"
+            )
+    names = [quantile_column(q) for q in quantiles]
+    twins = sorted({name for name in names if names.count(name) > 1})
+    if twins:
+        levels = [float(q) for q in quantiles if quantile_column(q) in twins]
+        raise ValueError(
+            f"quantile levels {levels} share the forecast column name(s) {twins}; use levels "
+            "that differ in their first 6 significant digits of percent"
+        )
 
 
 def forecast_frame(
@@ -397,6 +500,10 @@ def forecast_frame(
     window), the time column (the step forecast), `horizon` (1..H), one
     column per quantile (`quantile_column`) and `actual` (NaN where the
     target is missing).
+
+    Raises:
+      ValueError: `forecast` not `(N, H, Q)`, or a column name taken twice
+        (`check_forecast_frame_columns`).
     """
     forecast = np.asarray(forecast, dtype=np.float64)
     count, horizon = len(windows), windows.horizon
@@ -405,6 +512,7 @@ def forecast_frame(
             f"forecast must have shape {(count, horizon, len(quantiles))}, got {forecast.shape}"
         )
     spec = dataset.spec
+    check_forecast_frame_columns(spec.id_col, spec.time_col, quantiles)
     rows = horizon_rows(windows).reshape(-1)
     frame = dataset.frame
     table = pd.DataFrame(

@@ -431,13 +431,21 @@ def _new_series_cuts(
     scored: str | int | None,
     times: pd.DatetimeIndex,
     periods: dict[str, tuple[pd.Timestamp, pd.Timestamp]],
+    freq: str,
 ) -> tuple[pd.Timestamp, ...]:
-    """The `new_series_cuts` of `Preprocessor.transform` for `scored` (see `prepare_dataset`)."""
+    """The `new_series_cuts` of `Preprocessor.transform` for `scored` (see `prepare_dataset`).
+
+    An int counts `freq` steps back from the last time on the grid from the
+    first time, as `Forecaster.backtest` places its cutoffs: counted over the
+    times some series has, a stretch no series covers was skipped and the cut
+    fell before the first cutoff (a new series with target only between the
+    two was refused).
+    """
     if scored is None:
         return ()
     if isinstance(scored, str):
         return (periods["validation"][0], periods[scored][0])
-    grid_times = times.unique().sort_values()
+    grid_times = pd.date_range(times.min(), times.max(), freq=parse_frequency(freq))
     return (grid_times[max(len(grid_times) - int(scored), 0)],)
 
 
@@ -619,7 +627,7 @@ def prepare_dataset(
         "validation": (cut_validation, cut_test),
         "test": (cut_test, end),
     }
-    transformed = preprocessor.transform(grid, _new_series_cuts(scored, times, periods))
+    transformed = preprocessor.transform(grid, _new_series_cuts(scored, times, periods, freq))
     panel = transformed.panel
     strides = {"train": train_stride, "validation": eval_stride, "test": eval_stride}
     windows = _windows(panel, history, horizon, periods, strides, require_observed_target)

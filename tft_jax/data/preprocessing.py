@@ -323,15 +323,26 @@ class Preprocessor:
         )
 
     def encode(self, column: str, values: pd.Series) -> np.ndarray:
-        """(R,) int32 codes of a categorical column; values not in its vocabulary are unknown."""
+        """(R,) int32 codes of a categorical column; values not in its vocabulary are unknown.
+
+        The warning naming the unknown values shows them with their type
+        (`'1'` vs `1`) and says when one is a training value as text only
+        (`type_hint`): a column read as text where training had numbers
+        makes every value unknown, and printed alike the two looked the same.
+        """
         vocabulary = self.vocabularies[column]
         codes = _codes(vocabulary, values)
-        unseen = sorted({str(_json_value(v)) for v, c in zip(values, codes, strict=True)
-                         if c == len(vocabulary)})  # fmt: skip
+        unseen: dict[str, Any] = {}
+        for value, code in zip(values, codes, strict=True):
+            if code == len(vocabulary):
+                unseen.setdefault(repr(_json_value(value)), _json_value(value))
         if unseen:
+            shown = sorted(unseen)
+            more = " ..." if len(shown) > 10 else ""
+            hint = type_hint(list(unseen.values()), vocabulary, column, "in training")
             warnings.warn(
                 f"categorical column {column!r} has values not seen in training, coded as "
-                f"unknown: {unseen[:10]}{' ...' if len(unseen) > 10 else ''}",
+                f"unknown: [{', '.join(shown[:10])}{more}]{hint}",
                 UserWarning,
                 stacklevel=4,
             )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -242,19 +242,58 @@ class TargetScaler:
         loc, scale = self._broadcast(values, series_code)
         return (values - loc) / scale
 
-    def inverse_transform(self, values: np.ndarray, series_code: np.ndarray) -> np.ndarray:
+    def inverse_transform(
+        self,
+        values: np.ndarray,
+        series_code: np.ndarray,
+        where: Callable[[tuple[int, ...]], str] | None = None,
+    ) -> np.ndarray:
         """Maps scaled `values` (B, ...), e.g. forecasts (B, H, Q), back to the target's units.
+
+        A finite value whose image is beyond float64 (`expm1` above ~709.8 in
+        log1p units, or a huge value times a huge scale) is refused, not
+        returned as inf: no target the scaler was fitted on is near it, so it
+        is a broken forecast, and an inf scores as an inf q-risk that
+        metrics.json writes as null.
 
         Args:
           values: (B, ...) scaled values; any trailing shape.
           series_code: (B,) int series code of each row.
+          where: optional description of an element for the error message,
+            from its index (e.g. "the forecast of series 'a' at 2024-01-01");
+            default: its series code and index.
 
         Returns:
-          (B, ...) float64 `values * scale[code] + loc[code]`.
+          (B, ...) float64 `values * scale[code] + loc[code]` (then `expm1`
+          with `target_transform='log1p'`); NaN stays NaN.
+
+        Raises:
+          ValueError: a finite value maps beyond float64, naming where.
         """
         values = np.asarray(values, dtype=np.float64)
         loc, scale = self._broadcast(values, series_code)
-        return inverse_transform_values(values * scale + loc, self.target_transform)
+        with np.errstate(over="ignore"):
+            linear = values * scale + loc
+            result = inverse_transform_values(linear, self.target_transform)
+        overflow = np.isinf(result) & np.isfinite(values)
+        if overflow.any():
+            index = tuple(int(i) for i in np.argwhere(overflow)[0])
+            code = int(np.asarray(series_code)[index[0]])
+            place = (
+                where(index) if where is not None else f"the value of series code {code} at {index}"
+            )
+            units = (
+                f"{linear[index]:.6g} in log1p units, whose expm1 is"
+                if self.target_transform == "log1p"
+                else f"which times its scale {self.scale[code]:.4g} plus {self.loc[code]:.4g} is"
+            )
+            raise ValueError(
+                f"{place} is {values[index]:.6g} on the model's scale, {units} "
+                f"beyond float64 in the target's units ({int(overflow.sum())} such values): "
+                "far outside anything the model was trained on (a broken or diverged model), "
+                "refused rather than returned as inf"
+            )
+        return result
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
