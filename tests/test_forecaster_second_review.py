@@ -17,7 +17,7 @@ from tft_jax.data import prepare_dataset
 from tft_jax.data.future import future_windows
 from tft_jax.data.windows import WINDOW_SCALE_FLOOR
 from tft_jax.evaluation import to_batch
-from tft_jax.forecaster import Forecaster, ModelConfig
+from tft_jax.forecaster import DataConfig, Forecaster, ModelConfig
 
 from .cli_tables import HISTORY, HORIZON, TINY_TRAINING, write_table
 from .test_forecaster import DATA, QUANTILES, cut
@@ -168,3 +168,14 @@ def test_log1p_forecasts_are_the_float64_inverse_of_the_model_outputs(tmp_path):
         expected = np.sort(np.expm1(transformed), axis=-1)
         got = forecast[forecast["store"] == store][QUANTILES].to_numpy()
         np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("value", [1.00005, 1.5])
+def test_max_missing_fraction_above_one_is_refused_when_the_config_is_made(value):
+    # 1.00005 was accepted here and refused only by prepare_dataset; 1.5 was refused
+    # as outside "[0.0, 1.0001)", a range no fraction has.
+    with pytest.raises(
+        ValueError, match=rf"max_missing_fraction must lie in \[0.0, 1.0\], got {value}"
+    ):
+        DataConfig(id_col="id", time_col="t", target="y", freq="D", max_missing_fraction=value)
+    DataConfig(id_col="id", time_col="t", target="y", freq="D", max_missing_fraction=1)

@@ -177,8 +177,13 @@ class DataConfig:
         _require_int(owner, "train_stride", self.train_stride, 1)
         _require_int(owner, "season_period", self.season_period, 1, optional=True)
         _require_int(owner, "min_series_length", self.min_series_length, 1, optional=True)
-        _require_float(owner, "max_missing_fraction", self.max_missing_fraction, 0.0, 1.0001,
+        _require_float(owner, "max_missing_fraction", self.max_missing_fraction, 0.0,
                        open_low=False)  # fmt: skip
+        if self.max_missing_fraction > 1.0:  # a fraction: 1 (every step filled) included
+            raise ValueError(
+                f"{owner}.max_missing_fraction must lie in [0.0, 1.0], got "
+                f"{self.max_missing_fraction}"
+            )
         for name in ("time_format", "encoding"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
