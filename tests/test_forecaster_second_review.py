@@ -179,3 +179,21 @@ def test_max_missing_fraction_above_one_is_refused_when_the_config_is_made(value
     ):
         DataConfig(id_col="id", time_col="t", target="y", freq="D", max_missing_fraction=value)
     DataConfig(id_col="id", time_col="t", target="y", freq="D", max_missing_fraction=1)
+
+
+def test_a_model_with_non_finite_forecasts_is_named_when_metrics_refuse_them(fitted):
+    # Metrics refuse a NaN forecast; which model made it was not said.
+    forecaster, table, _ = fitted
+    postprocess = forecaster.postprocess
+
+    def one_nan(values):
+        values = np.array(postprocess(values), dtype=np.float64)
+        values[0, 0, 0] = np.nan
+        return values
+
+    forecaster.postprocess = one_nan
+    try:
+        with pytest.raises(ValueError, match=r"the fp32 model's forecasts: forecast holds 1 "):
+            forecaster.evaluate(table)
+    finally:
+        del forecaster.postprocess

@@ -596,9 +596,12 @@ class Forecaster:
         }
         for name, prediction in predictions.items():
             forecast = self.postprocess(to_original_units(dataset, windows, prediction.quantiles))
-            models[name] = forecast_metrics(
-                forecast, actual, quantiles, scale, dataset.target_scaler.target_transform
-            )
+            try:
+                models[name] = forecast_metrics(
+                    forecast, actual, quantiles, scale, dataset.target_scaler.target_transform
+                )
+            except ValueError as error:  # a non-finite forecast: say whose
+                raise ValueError(f"the {name} model's forecasts: {error}") from error
             if seconds is not None:
                 models[name]["seconds"] = seconds[name]
         return models, baselines
