@@ -32,6 +32,7 @@ import resource
 import statistics
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -264,7 +265,11 @@ def peak_rss_bytes() -> int:
 
 
 def device_peak_bytes(device: Any = None) -> int | None:
-    """The device allocator's peak bytes in use (GPU/TPU); None where it reports nothing (CPU)."""
+    """The device allocator's peak bytes in use since the process started (GPU/TPU).
+
+    None where the device reports nothing (CPU). JAX offers no reset of this
+    peak: in a suite, a record's value also covers every earlier task.
+    """
     device = device or jax.devices()[0]
     try:
         stats = device.memory_stats()
@@ -564,6 +569,7 @@ def run_suite(
     budget_s: float | None = None,
     clock: Callable[[], float] = time.perf_counter,
     report: Callable[[Task, list[dict[str, Any]]], None] | None = None,
+    keep_going: bool = False,
 ) -> list[dict[str, Any]]:
     """Runs `tasks` in order until the time budget is spent; returns their records and a summary.
 
@@ -571,16 +577,29 @@ def run_suite(
     budget); those left are named in the final `suite` record, with the
     elapsed time, so a cut-short run says what it skipped. `report(task,
     records)` is called as each task finishes (to print results as they come).
+    With `keep_going`, a task that raises (`Exception`, not an interrupt) has
+    its traceback printed on stderr and is named with its error in the
+    summary's `tasks_failed`, and the next task runs: a one-shot run on a
+    lent machine keeps what the other tasks measure.
     """
     start = clock()
     records: list[dict[str, Any]] = []
     done: list[str] = []
     skipped: list[str] = []
+    failed: list[dict[str, str]] = []
     for task in tasks:
         if budget_s is not None and clock() - start >= budget_s:
             skipped.append(task.name)
             continue
-        produced = task.run()
+        try:
+            produced = task.run()
+        except Exception as error:
+            if not keep_going:
+                raise
+            traceback.print_exc(file=sys.stderr)
+            print(f"{suite}: task {task.name!r} failed; continuing", file=sys.stderr, flush=True)
+            failed.append({"task": task.name, "error": f"{type(error).__name__}: {error}"})
+            continue
         records.extend(produced)
         done.append(task.name)
         if report is not None:
@@ -590,6 +609,7 @@ def run_suite(
         suite,
         tasks_run=done,
         tasks_skipped=skipped,
+        tasks_failed=failed,
         elapsed_s=clock() - start,
         budget_s=budget_s,
     )
@@ -616,9 +636,10 @@ def suite_reporter(
             return
         for record in (r for r in records if r["benchmark"] == "suite"):
             skipped = ", ".join(record["tasks_skipped"]) or "none"
+            failed = ", ".join(f["task"] for f in record.get("tasks_failed", [])) or "none"
             print(
                 f"\n{record['config']}: {len(record['tasks_run'])} tasks in "
-                f"{record['elapsed_s']:.0f} s; skipped: {skipped}",
+                f"{record['elapsed_s']:.0f} s; skipped: {skipped}; failed: {failed}",
                 flush=True,
             )
         for benchmark, part in views.items():

@@ -40,8 +40,9 @@ class Prepared:
     weight_bytes: int
 
 
-def _inputs(batch: Any) -> tuple[Any, Any, Any]:
-    return (batch.static, batch.historical, batch.future)
+def _inputs(batch: Any) -> tuple[Any, Any, Any, Any]:
+    """`(static, historical, future, known_history)`: the last is None without known history."""
+    return (batch.static, batch.historical, batch.future, batch.known_history)
 
 
 def prepare(config: steps_bench.BenchConfig, kind: str, seed: int = 0) -> Prepared:
