@@ -18,6 +18,7 @@ from tft_jax.data.future import future_windows
 from tft_jax.data.windows import WINDOW_SCALE_FLOOR
 from tft_jax.evaluation import to_batch
 from tft_jax.forecaster import DataConfig, Forecaster, ModelConfig
+from tft_jax.forecaster import forecaster as forecaster_module
 
 from .cli_tables import HISTORY, HORIZON, TINY_TRAINING, write_table
 from .test_forecaster import DATA, QUANTILES, cut
@@ -197,3 +198,25 @@ def test_a_model_with_non_finite_forecasts_is_named_when_metrics_refuse_them(fit
             forecaster.evaluate(table)
     finally:
         del forecaster.postprocess
+
+
+def test_a_future_forecast_beyond_float64_is_refused_naming_series_time_and_level(
+    fitted, monkeypatch
+):
+    # The error named "series code 0 at (0, 0, 0)", the panel's numbering.
+    forecaster, table, _ = fitted
+    real = forecaster_module.predict_windows
+
+    def huge(*args, **kwargs):
+        predictions = real(*args, **kwargs)
+        quantiles = np.zeros_like(predictions.quantiles)
+        quantiles[1, 2, 0] = 1e308  # times the series' scale: beyond float64
+        return dataclasses.replace(predictions, quantiles=quantiles)
+
+    monkeypatch.setattr(forecaster_module, "predict_windows", huge)
+    history, future = cut(table, "2024-03-20")
+    second = sorted(pd.unique(history["store"]))[1]  # the second window's series
+    level = forecaster.tft_config.quantiles[0]
+    with pytest.raises(ValueError, match=rf"the forecast of series '{second}' at 2024-03-22.* "
+                       rf"\(quantile {level}\) is .* beyond float64"):  # fmt: skip
+        forecaster.predict(history, future=future)

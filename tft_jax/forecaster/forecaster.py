@@ -549,9 +549,20 @@ class Forecaster:
         )  # fmt: skip
         windows = ahead.windows
         predictions = predict_windows(predict, windows, min(batch_size, len(windows)))
+        series_ids, times = ahead.transformed.series_ids, windows.panel.times
+
+        def where(index: tuple[int, ...]) -> str:  # names an overflowing forecast
+            window, step = index[0], index[1]
+            level = fitted.tft_config.quantiles[index[2]] if len(index) > 2 else None
+            return (
+                f"the forecast of series {series_ids[int(windows.series_code[window])]!r} at "
+                f"{times[windows.starts[window] + step]}"
+                + (f" (quantile {level})" if level is not None else "")
+            )
+
         forecast = self.postprocess(
             ahead.transformed.target_scaler.inverse_transform(
-                windows.denormalize(predictions.quantiles), windows.series_code
+                windows.denormalize(predictions.quantiles), windows.series_code, where
             )
         )
         horizon = data.horizon
