@@ -70,7 +70,7 @@ from tft_jax.distributed import (
 )
 from tft_jax.evaluation import (
     forecast_frame,
-    quantile_column,
+    forecast_frame_columns,
     to_original_units,
     write_forecasts,
 )
@@ -350,7 +350,7 @@ def check_forecast_columns(
     (with `model_column`), which pandas refused only after training.
     `labels`: how the message names the id and time columns ('--id-col').
     """
-    reserved = ["forecast_start", "horizon", *map(quantile_column, quantiles), "actual"]
+    reserved = list(forecast_frame_columns(quantiles))
     if model_column:
         reserved.insert(0, "model")
     for label, column in zip(labels, (data.id_col, data.time_col), strict=True):
