@@ -199,7 +199,8 @@ def train_run(
             if step % eval_every == 0 or step == steps:
                 recent = jax.device_get(step_metrics[-since:])
                 losses = np.array([m["loss"] for m in recent], dtype=np.float64)
-                kept = losses[[m["skipped"] == 0 for m in recent]]
+                # The applied steps: neither skipped nor without an observed target.
+                kept = losses[[m["skipped"] == 0 and m["observed"] > 0 for m in recent]]
                 record["step"].append(step)
                 record["train_loss"].append(float(np.mean(kept)) if kept.size else math.nan)
                 record["val_loss"].append(evaluate(state, val_batches, calibrate=False))

@@ -707,15 +707,15 @@ def _train_step(
 ) -> tuple[TrainState, dict[str, Array]]:
     """The body of `train_step` (jitted by `_jitted_train_step`)."""
 
-    def loss_fn(trainables: dict[str, PyTree]) -> tuple[Array, dict[str, PyTree]]:
+    def loss_fn(trainables: dict[str, PyTree]) -> tuple[Array, tuple[dict[str, PyTree], Array]]:
         output, model_state = _forward(
             state, trainables, batch, deterministic=False, rng=rng, calibrate=calibrate
         )
-        loss, _ = batch_loss(output, batch, state.quantiles)
-        return loss, model_state
+        loss, count = batch_loss(output, batch, state.quantiles)
+        return loss, (model_state, count)
 
     trainables = state.trainables()
-    (loss, model_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainables)
+    (loss, (model_state, observed)), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainables)
     # One reduction over the concatenated gradients, not one per parameter leaf.
     grad_norm = global_norm(grads)
 
@@ -729,10 +729,16 @@ def _train_step(
     rate = scheduled_learning_rate(state.tx, state.opt_state)
     if rate is not None:
         finite &= jnp.isfinite(rate) & (rate >= 0)
-    skipped = jnp.logical_not(finite).astype(jnp.int32)
+    # A batch without an observed target (every `target_mask` zero) holds no
+    # information: its zero gradient would still move the parameters through
+    # Adam's momentum and the weight decay, and advance the update count (and
+    # the schedule). It changes nothing, and is not a skip (nothing went wrong).
+    informative = observed > 0
+    skipped = (informative & jnp.logical_not(finite)).astype(jnp.int32)
+    apply = informative & finite
     if is_flat_adamw(state.tx):
         trained, opt_state, model_state = _flat_update_if(
-            finite, state, grads, trainables, model_state
+            apply, state, grads, trainables, model_state
         )
     else:
 
@@ -741,7 +747,7 @@ def _train_step(
             return optax.apply_updates(trainables, updates), opt_state, model_state
 
         trained, opt_state, model_state = _keep_if(
-            finite, update, (trainables, state.opt_state, state.model_state)
+            apply, update, (trainables, state.opt_state, state.model_state)
         )
     new_state = state.replace(
         step=state.step + 1,
@@ -756,6 +762,7 @@ def _train_step(
         "grad_norm": grad_norm,
         "clipped_grad_norm": _clipped_norm(grad_norm, state.clip_norm),
         "skipped": skipped,
+        "observed": observed,
     }
     return new_state, metrics
 
@@ -855,7 +862,11 @@ def train_step(
     negative, leaves `params`, `opt_state` and `model_state` unchanged and
     increments `skipped_steps`; `step` always advances. (With an optimizer
     other than `make_optimizer`'s, its updates are applied as it computes
-    them.)
+    them.) A batch without an observed target (`target_mask` all zero) has
+    a zero loss and gradient but no information: it too leaves `params`,
+    `opt_state` (the update count, so the schedule, included) and
+    `model_state` unchanged, without counting as skipped; applied, AdamW's
+    momentum and weight decay would still move the parameters.
 
     Args:
       state: the current state; its buffers are donated, do not reuse it.
@@ -870,8 +881,9 @@ def train_step(
 
     Returns:
       `(new_state, metrics)` with float32 scalars `loss`, `grad_norm` (before
-      clipping), `clipped_grad_norm` (after `clip_by_global_norm`) and the
-      int32 `skipped` (1 when the step was skipped).
+      clipping), `clipped_grad_norm` (after `clip_by_global_norm`) and
+      `observed` (the number of observed targets; 0: nothing was applied),
+      and the int32 `skipped` (1 when the step was skipped).
     """
     step = _checked_train_step("train_step", state, batch, rng, calibrate, compiler_options)
     return step(state, batch, rng, calibrate)
@@ -1132,7 +1144,8 @@ class LoopState:
       history: per evaluation, lists under `HISTORY_KEYS`.
       best_val_loss: the lowest validation loss so far, or None.
       evals_since_best: evaluations since the best one (for patience).
-      loss_sum: sum of finite training losses since the last evaluation.
+      loss_sum: sum of the training losses since the last evaluation, of the
+        steps that were applied (finite, with an observed target).
       loss_count: number of them.
       stopped_early: whether patience ran out.
       stopped_on_budget: whether the time budget ran out.
@@ -1183,7 +1196,9 @@ class FitResult(NamedTuple):
         donates; copy it with `copy_state` first to keep it. The initial
         state, with a `UserWarning`, when no validation loss was finite).
       history: per evaluation, lists under `HISTORY_KEYS`: epoch, step, mean
-        training loss since the previous evaluation, validation loss (None
+        training loss since the previous evaluation (over the applied steps:
+        neither skipped ones nor batches without an observed target; NaN when
+        there were none), validation loss (None
         without validation data) and the running count of skipped steps.
       stop_reason: why training ended: `'completed'` (every epoch, or
         `max_steps`), `'early_stopping'` (patience ran out) or
@@ -1333,7 +1348,7 @@ def fit(
       epochs: number of passes over `train_batches`.
       seed: the seed of the dropout keys (`fold_in(key(seed), step)`).
       patience: stop after this many evaluations without a lower validation
-        loss; None never stops early.
+        loss (needs `val_batches`); None never stops early.
       eval_every: evaluate every this many steps; None evaluates once per epoch.
         A final evaluation follows the last step when it had none.
       max_steps: stop after this many steps in total; None runs every epoch.
@@ -1398,8 +1413,25 @@ def fit(
     _check_fit_args(
         epochs, patience, eval_every, checkpoint_every, max_steps, calibrate_steps, log_every
     )
+    # Checked here: `jax.random.key` would fail on a traced float or a None, naming neither.
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"fit: seed must be an int, got {type(seed).__name__} {seed!r}")
+    if calibrate_steps is not None and not state.model_state:
+        # Else the first step fails: calibrate=True named as `train_step`'s, or the
+        # model refusing a `calibrate` argument inside the trace (calibrate_steps=0).
+        raise ValueError(
+            f"fit: calibrate_steps={calibrate_steps} needs a model with non-trainable "
+            "collections to calibrate (e.g. the QAT model's 'quant_stats'), but "
+            "state.model_state is empty; pass calibrate_steps=None"
+        )
     if resume and checkpoint_dir is None:
         raise ValueError("fit: resume=True needs a checkpoint_dir")
+    if patience is not None and val_batches is None:
+        # Without validation losses nothing counts toward it: it was ignored, silently.
+        raise ValueError(
+            f"fit: patience={patience} needs val_batches (early stopping compares "
+            "validation losses); pass val_batches, or patience=None"
+        )
     if val_batches is not None and not isinstance(val_batches, Sequence):
         val_batches = list(val_batches)
     if val_batches is not None and not val_batches:
@@ -1490,7 +1522,7 @@ def fit(
     # Step metrics wait on the device until an evaluation or a checkpoint needs
     # them (no host sync per step); they are then added in step order, so a
     # resumed run sums exactly as the uninterrupted one.
-    pending: list[tuple[Array, Array]] = []
+    pending: list[tuple[Array, Array, Array]] = []
     last_save = clock()
     # Skipped steps counted by an earlier fit of this state are not this run's
     # to announce; a resumed run goes on from what its checkpoint had announced
@@ -1499,8 +1531,9 @@ def fit(
         loop.announced_skips = int(state.skipped_steps)
 
     def flush() -> None:
-        for loss, skipped in jax.device_get(pending):
-            if not skipped:
+        for loss, skipped, observed in jax.device_get(pending):
+            # A batch without an observed target has a loss of 0 that says nothing.
+            if not skipped and observed:
                 loop.loss_sum += float(loss)
                 loop.loss_count += 1
         pending.clear()
@@ -1629,7 +1662,7 @@ def fit(
                 )
                 loop.step += 1
                 loop.batches_done += 1
-                pending.append((metrics["loss"], metrics["skipped"]))
+                pending.append((metrics["loss"], metrics["skipped"], metrics["observed"]))
                 if compiling:
                     jax.block_until_ready(metrics["loss"])
                     compiled.add(calibrate)
