@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 
 TUNABLE = "glibc.malloc.hugetlb"
@@ -94,8 +95,23 @@ def relaunch_with_tuned_allocator(argv: Sequence[str] | None = None) -> None:
     interpreter, arguments (`sys.orig_argv` by default) and environment plus
     the tunable. Returns without doing anything when `should_relaunch()` is
     False. Never call it from library code or tests that run in-process.
+
+    A program read from standard input (`python - < script.py`, a pipe) or
+    typed at the interactive prompt cannot be started again: its text is
+    gone, and the new process would read an exhausted input and exit at once
+    with status 0, without running the rest of the program. Such a process
+    keeps its allocator, with a `RuntimeWarning` saying how to set it.
     """
     if not should_relaunch():
+        return
+    if argv is None and sys.argv[:1] in ([""], ["-"]):
+        warnings.warn(
+            "relaunch_with_tuned_allocator: this program was read from standard input or "
+            "typed interactively and cannot be started again, so it keeps its allocator; "
+            f"set GLIBC_TUNABLES={TUNABLE}={TUNED_VALUE} in its environment instead",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return
     argv = list(sys.orig_argv if argv is None else argv)
     environ = tuned_environment()

@@ -8,6 +8,7 @@ itself on construction (`ValueError`/`TypeError` naming the field).
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import math
 import numbers
@@ -74,6 +75,11 @@ MAX_SEED = 2**32 - 3
 def _tuple_of_names(owner: str, name: str, value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         raise TypeError(f"{owner}.{name} must be a list of column names, got the string {value!r}")
+    # None or a number would fail in `tuple` without the field's name.
+    if not isinstance(value, Iterable):
+        raise TypeError(
+            f"{owner}.{name} must be a list of column names, got {type(value).__name__} {value!r}"
+        )
     names = tuple(value)
     for item in names:
         if not isinstance(item, str):
@@ -171,6 +177,13 @@ class DataConfig:
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise TypeError(f"{owner}.{name} must be a non-empty string, got {value!r}")
+        # pandas reads a number as a fixed offset in seconds (3 is UTC+00:00:03, not UTC+3),
+        # and a tzinfo object cannot be written into config.json at `save`.
+        if self.timezone is not None and not isinstance(self.timezone, str):
+            raise TypeError(
+                f"{owner}.timezone must be an IANA zone name such as 'Europe/Paris' or None, "
+                f"got {type(self.timezone).__name__} {self.timezone!r}"
+            )
         self.table_spec()  # roles, frequency and timezone are checked there
         _require_int(owner, "history", self.history, 1)
         _require_int(owner, "horizon", self.horizon, 1)
@@ -188,6 +201,14 @@ class DataConfig:
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"{owner}.{name} must be a string or None, got {value!r}")
+        if self.encoding is not None:
+            try:  # refused here, not once the table is read
+                codecs.lookup(self.encoding)
+            except LookupError:
+                raise ValueError(
+                    f"{owner}.encoding {self.encoding!r} is not a text encoding Python knows "
+                    "(e.g. 'utf-8', 'latin-1', 'cp1252')"
+                ) from None
         for name in ("dayfirst", "window_normalization", "nonnegative"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{owner}.{name} must be a bool, got {getattr(self, name)!r}")
@@ -212,6 +233,14 @@ class DataConfig:
             if value is not None:
                 object.__setattr__(self, name, str(value))
                 _check_time_text(f"{owner}.{name}", str(value))
+        if self.validation_start is not None and self.test_start is not None:
+            cuts = pd.Timestamp(self.validation_start), pd.Timestamp(self.test_start)
+            # Cuts of which one names a zone are compared once the table's zone is known.
+            if (cuts[0].tz is None) == (cuts[1].tz is None) and cuts[0] > cuts[1]:
+                raise ValueError(
+                    f"{owner}.validation_start ({self.validation_start}) must not be after "
+                    f"{owner}.test_start ({self.test_start}): validation comes before the test"
+                )
         if self.scaler not in TARGET_SCALERS:
             raise ValueError(f"{owner}.scaler must be one of {TARGET_SCALERS}, got {self.scaler!r}")
 

@@ -202,7 +202,8 @@ def check_form(
 
     Checked: the collections (`COLLECTIONS`), every parameter finite and of
     `config.param_dtype` (int8 codes allowed in the int8 form), and, for 'qat'
-    and 'int8', observers of `bits` bits (the run's `qat.bits`). The three
+    and 'int8', finite observer ranges and weight scales (`_check_state_finite`)
+    and observers of `bits` bits (the run's `qat.bits`). The three
     forms share their parameter shapes (`check_params`), so the file of
     another form, weights cast to another dtype, or an edited `qat.bits`
     would otherwise load and forecast with another model without a word, or
@@ -230,6 +231,7 @@ def check_form(
             )
     if name == "fp32":
         return
+    _check_state_finite(variables, path)
     marked = {
         int(np.asarray(leaf))
         for key, leaf in jax.tree_util.tree_flatten_with_path(variables["quant_stats"])[0]
@@ -239,6 +241,42 @@ def check_form(
         raise RunFolderError(
             f"{path} was quantized with {sorted(marked)} bits, config.json says qat.bits={bits}"
         )
+
+
+def _check_state_finite(variables: dict[str, Any], path: pathlib.Path) -> None:
+    """Raises `RunFolderError` naming `path` and the leaf if a QAT or int8 state value is
+    NaN or infinite where `fit` never leaves one.
+
+    Every float leaf of the collections other than `params` (observer ranges in
+    `quant_stats`, weight scales in `int8`) must be finite, except the `min`/`max`
+    of an observer that has seen no batch (`num_batches` 0: its fresh +inf/-inf,
+    as `qat.calibrate` leaves it). A NaN or infinite scale or range there makes
+    every forecast of the form NaN, without an error.
+    """
+    for collection in sorted(variables):
+        if collection == "params":
+            continue
+        leaves = jax.tree_util.tree_flatten_with_path(variables[collection])[0]
+        counts = {
+            tuple(key[:-1]): int(np.asarray(leaf).max(initial=0))
+            for key, leaf in leaves
+            if getattr(key[-1], "key", None) == "num_batches"
+        }
+        for key, leaf in leaves:
+            values = np.asarray(leaf)
+            if not np.issubdtype(values.dtype, np.floating) or np.isfinite(values).all():
+                continue
+            fresh = (
+                getattr(key[-1], "key", None) in ("min", "max") and counts.get(tuple(key[:-1])) == 0
+            )
+            if fresh and not np.isnan(values).any():
+                continue
+            bad = int(values.size - np.count_nonzero(np.isfinite(values)))
+            raise RunFolderError(
+                f"{path}: {collection}{jax.tree_util.keystr(key)} holds {bad} NaN or infinite "
+                f"value(s) of {values.size}; the file is damaged (a trained model's are finite, "
+                "and every forecast of this form would be NaN)"
+            )
 
 
 # `TFTConfig` fields no setting reaches, as `Forecaster.fit` trains them: the defaults, and
