@@ -198,3 +198,17 @@ def test_a_resume_whose_latest_checkpoints_are_all_corrupt_goes_on_from_the_best
         )  # fmt: skip
     assert_bitwise_equal(again.state, first.state)
     assert_bitwise_equal(again.best_state, first.best_state)
+
+
+def test_a_resume_past_a_lowered_max_steps_says_the_state_is_the_checkpoints(
+    tmp_path: pathlib.Path,
+) -> None:
+    # It returned at once as 'completed' with a state beyond the max_steps asked for.
+    first = fit(stand_in_state(), epoch_batches, VAL, epochs=2, checkpoint_dir=tmp_path, quiet=True)
+    assert int(first.state.step) == 12
+    with pytest.warns(UserWarning, match=r"at step 12, past max_steps=8; its state is returned"):
+        again = fit(
+            stand_in_state(), epoch_batches, VAL, epochs=2, checkpoint_dir=tmp_path,
+            resume=True, max_steps=8, quiet=True,
+        )  # fmt: skip
+    assert int(again.state.step) == 12

@@ -1490,6 +1490,16 @@ def fit(
             _check_resume_seed(restored.rng, seed_key, seed)
             state, loop = restored.state, LoopState.from_json(restored.loop)
             earlier_seconds = loop.seconds
+            if max_steps is not None and loop.step > max_steps:
+                # Nothing is undone: the result is the checkpoint's, past the cap asked for.
+                warnings.warn(
+                    f"fit{f' ({label})' if label else ''}: the checkpoint in {checkpoint_dir} "
+                    f"is at step {loop.step}, past max_steps={max_steps}; its state is "
+                    "returned as it is (a run cannot go back to an earlier step: train "
+                    "into another checkpoint_dir for a shorter run)",
+                    UserWarning,
+                    stacklevel=2,
+                )
             if planned_schedule is not None and loop.schedule_steps is None:
                 # Not refitted: the caller's schedule applies (a raised
                 # max_steps, say), as when schedules were compiled into the step.
