@@ -212,3 +212,25 @@ def test_a_resume_past_a_lowered_max_steps_says_the_state_is_the_checkpoints(
             resume=True, max_steps=8, quiet=True,
         )  # fmt: skip
     assert int(again.state.step) == 12
+
+
+def test_a_resume_over_an_epoch_with_fewer_batches_than_were_done_says_so(
+    tmp_path: pathlib.Path,
+) -> None:
+    # Four batches of epoch 0 done; the data now has three an epoch: the rest of
+    # epoch 0 was skipped without a word.
+    fit(
+        stand_in_state(), epoch_batches, VAL, epochs=2, checkpoint_dir=tmp_path,
+        checkpoint_every=4, max_steps=4, quiet=True,
+    )  # fmt: skip
+
+    def fewer(epoch):
+        return list(epoch_batches(epoch))[:3]
+
+    with pytest.warns(UserWarning, match=r"epoch 0 now has 3 batches, but the checkpoint had "
+                      r"trained on 4 of it"):  # fmt: skip
+        again = fit(
+            stand_in_state(), fewer, VAL, epochs=2, checkpoint_dir=tmp_path, resume=True,
+            quiet=True,
+        )  # fmt: skip
+    assert int(again.state.step) == 7  # epoch 1's three batches after the four

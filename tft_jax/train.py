@@ -1659,6 +1659,14 @@ def fit(
         while not done():
             iterator = iter(_batches_for_epoch(train_batches, loop.epoch))
             seen = _skip(iterator, loop.batches_done)
+            if seen < loop.batches_done:  # resumed over data with fewer batches an epoch
+                warnings.warn(
+                    f"fit{f' ({label})' if label else ''}: epoch {loop.epoch} now has {seen} "
+                    f"batches, but the checkpoint had trained on {loop.batches_done} of it: the "
+                    "training data changed since; going on with the next epoch",
+                    UserWarning,
+                    stacklevel=2,
+                )
             for batch in iterator:
                 seen += 1
                 calibrate = None if calibrate_steps is None else loop.step < calibrate_steps
