@@ -52,6 +52,7 @@ from tft_jax.cli_parser import (
     READING_FIELDS,
     UsageError,
     build_parser,
+    check_input_file,
     check_output_file,
     check_output_folder,
     check_train_flags,
@@ -131,10 +132,7 @@ def read_csv(
     `id_col`: the series id column, kept as text where numbers would change
     the ids (`tft_jax.data.read_table`).
     """
-    if pathlib.Path(path).is_dir():
-        raise UsageError(f"{flag} {path}: is a folder, not a file")
-    if not pathlib.Path(path).is_file():
-        raise UsageError(f"{flag} {path}: no such file")
+    check_input_file(path, flag)
     try:
         return read_table(path, encoding, id_col)
     except ValueError as error:

@@ -165,6 +165,15 @@ def check_output_folder(path: pathlib.Path, label: str) -> None:
     _check_parents(path, label)
 
 
+def check_input_file(path: pathlib.Path, label: str) -> None:
+    """Raises `UsageError` (naming `label`) unless `path` is a file that exists."""
+    path = pathlib.Path(path)
+    if path.is_dir():
+        raise UsageError(f"{label} {path}: is a folder, not a file")
+    if not path.is_file():
+        raise UsageError(f"{label} {path}: no such file")
+
+
 def check_output_file(path: pathlib.Path, label: str) -> None:
     """Raises `UsageError` (naming `label`) unless `path` can be written as a file."""
     path = pathlib.Path(path)
@@ -488,10 +497,7 @@ def forecaster_config(args: argparse.Namespace, qat: bool) -> ForecasterConfig:
         ]
         if missing:
             raise UsageError(f"--csv needs {', '.join(missing)} as well")
-        if pathlib.Path(args.csv).is_dir():
-            raise UsageError(f"--csv {args.csv}: is a folder, not a file")
-        if not pathlib.Path(args.csv).is_file():
-            raise UsageError(f"--csv {args.csv}: no such file")
+        check_input_file(args.csv, "--csv")
         make_data = DataConfig
     try:
         config = ForecasterConfig(
