@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tft_jax.data.preprocessing import Preprocessor, Transformed, _json_value, type_hint
+from tft_jax.data.preprocessing import Preprocessor, Transformed, type_hint
 from tft_jax.data.tables import (
     TableSpec,
     _categorical_values,
@@ -36,6 +36,7 @@ from tft_jax.data.tables import (
     first_duplicate,
     missing_texts,
     parse_frequency,
+    plain_value,
     read_announced,
     to_regular_grid,
     validate_table,
@@ -150,12 +151,12 @@ def _future_table(
     if duplicate is not None:
         row, count = duplicate
         raise ValueError(
-            f"future repeats series {_json_value(ids.iloc[row])!r} at "
+            f"future repeats series {plain_value(ids.iloc[row])!r} at "
             f"{table[spec.time_col].iloc[row]} "
             f"({count} duplicated rows); give each (series, time) once"
         )
     # Plain values: an int64 id reads `7` in the messages, not `np.int64(7)`.
-    unknown = sorted({_json_value(value) for value in set(ids) - set(expected)}, key=str)
+    unknown = sorted({plain_value(value) for value in set(ids) - set(expected)}, key=str)
     if unknown:
         raise ValueError(
             f"future has series {unknown} that the history does not; every series in future "
@@ -172,7 +173,7 @@ def _future_table(
         series = extra[spec.id_col].iloc[row]
         outside = (
             f"{int(extra_rows.sum())} rows outside the forecast steps, e.g. series "
-            f"{_json_value(series)!r} at {extra[spec.time_col].iloc[row]}; its steps are "
+            f"{plain_value(series)!r} at {extra[spec.time_col].iloc[row]}; its steps are "
             f"{expected[series][0]} .. {expected[series][-1]}"
         )
     if absent_rows.any():
@@ -180,7 +181,7 @@ def _future_table(
         # and a row outside the steps: said together, the row given is named too.
         row = int(np.flatnonzero(absent_rows.to_numpy())[0])
         raise ValueError(
-            f"future has no row for series {_json_value(merged[spec.id_col].iloc[row])!r} at "
+            f"future has no row for series {plain_value(merged[spec.id_col].iloc[row])!r} at "
             f"{merged[spec.time_col].iloc[row]} ({int(absent_rows.sum())} missing); it must "
             "hold every one of the H steps after each series' last time"
             + (f"; it has {outside}" if outside else "")
@@ -194,7 +195,7 @@ def _future_table(
             row = int(np.flatnonzero(empty)[0])
             raise ValueError(
                 f"future column {column!r} is empty for series "
-                f"{_json_value(merged[spec.id_col].iloc[row])!r} "
+                f"{plain_value(merged[spec.id_col].iloc[row])!r} "
                 f"at {merged[spec.time_col].iloc[row]} ({int(empty.sum())} empty cells); known "
                 "inputs need a value at every forecast step"
             )

@@ -44,18 +44,13 @@ from tft_jax.data.scaling import (
     check_domain,
     forward_transform,
 )
-from tft_jax.data.tables import TableSpec
+from tft_jax.data.tables import TableSpec, plain_value
 from tft_jax.data.windows import Panel
 
 
 def missing_column(spec: TableSpec) -> str:
     """Name of the missing-target indicator for `spec`: `<target>_missing`."""
     return f"{spec.target}_missing"
-
-
-def _json_value(value: Any) -> Any:
-    """A series id as a JSON value (NumPy scalars to Python ones)."""
-    return value.item() if isinstance(value, np.generic) else value
 
 
 def _zone_name(stamp: pd.Timestamp) -> str | None:
@@ -80,7 +75,7 @@ def _codes(vocabulary: Sequence[Any], values: Sequence[Any]) -> np.ndarray:
     """(R,) int32 position of each value in `vocabulary`; `len(vocabulary)` if absent."""
     position = {value: code for code, value in enumerate(vocabulary)}
     unknown = len(vocabulary)
-    return np.array([position.get(_json_value(v), unknown) for v in values], dtype=np.int32)
+    return np.array([position.get(plain_value(v), unknown) for v in values], dtype=np.int32)
 
 
 def type_hint(given: Sequence[Any], known: Sequence[Any], column: str, where: str) -> str:
@@ -90,13 +85,13 @@ def type_hint(given: Sequence[Any], known: Sequence[Any], column: str, where: st
     `1`, or the reverse) makes every series new; the message naming them then
     says why. Empty when no value is such a twin.
     """
-    as_text = {str(_json_value(value)): value for value in known}
+    as_text = {str(plain_value(value)): value for value in known}
     for value in given:
-        twin = as_text.get(str(_json_value(value)))
+        twin = as_text.get(str(plain_value(value)))
         if twin is not None and twin != value:
-            kind = type(_json_value(twin)).__name__
+            kind = type(plain_value(twin)).__name__
             return (
-                f"; {value!r} ({type(_json_value(value)).__name__}) is {twin!r} ({kind}) {where}: "
+                f"; {value!r} ({type(plain_value(value)).__name__}) is {twin!r} ({kind}) {where}: "
                 f"give column {column!r} the same type, e.g. df[{column!r}].astype({kind})"
             )
     return ""
@@ -279,12 +274,12 @@ class Preprocessor:
         origin = times.min()
         train_steps = float(steps_since(pd.DatetimeIndex([validation_start]), origin, spec.freq)[0])
         vocabularies = {
-            column: tuple(sorted({_json_value(v) for v in grid.loc[train_rows, column].dropna()}))
+            column: tuple(sorted({plain_value(v) for v in grid.loc[train_rows, column].dropna()}))
             for column in spec.categorical_cols
         }
         return cls(
             spec=spec,
-            series_ids=tuple(_json_value(value) for value in series_ids),
+            series_ids=tuple(plain_value(value) for value in series_ids),
             origin=origin,
             train_steps=max(train_steps, 1.0),
             target_scaler=target_scaler,
@@ -335,7 +330,7 @@ class Preprocessor:
         unseen: dict[str, Any] = {}
         for value, code in zip(values, codes, strict=True):
             if code == len(vocabulary):
-                unseen.setdefault(repr(_json_value(value)), _json_value(value))
+                unseen.setdefault(repr(plain_value(value)), plain_value(value))
         if unseen:
             shown = sorted(unseen)
             more = " ..." if len(shown) > 10 else ""
@@ -440,7 +435,7 @@ class Preprocessor:
         order = np.argsort(codes, kind="stable")
         grid = grid.iloc[order].reset_index(drop=True)
         codes = codes[order].astype(np.int32)
-        ids = tuple(_json_value(value) for value in ids)
+        ids = tuple(plain_value(value) for value in ids)
         times = pd.DatetimeIndex(grid[spec.time_col])
         missing = grid[self.missing_col].to_numpy(np.float64)
         raw_target = np.where(missing > 0, np.nan, grid[spec.target].to_numpy(np.float64))

@@ -318,11 +318,12 @@ def _id_texts_numbers_change(
     return texts if merged else None
 
 
-def _plain(value: Any) -> Any:
-    """A series id as the table holds it, for messages: NumPy scalars as Python ones.
+def plain_value(value: Any) -> Any:
+    """A series id or category as the table holds it, NumPy scalars as Python ones.
 
-    `repr` of an id read from an int64 column is `np.int64(7)` under NumPy 2,
-    which names no id the user wrote; the future table's messages say `7`.
+    For messages and JSON: `repr` of an id read from an int64 column is
+    `np.int64(7)` under NumPy 2, which names no id the user wrote, and `json`
+    cannot write a NumPy scalar.
     """
     return value.item() if isinstance(value, np.generic) else value
 
@@ -444,9 +445,9 @@ def _check_all_aware(
     naive, aware = row_of(example[False]), row_of(example[True])
     raise ValueError(
         f"column {column!r} mixes times with no zone or UTC offset, e.g. "
-        f"{values.iloc[naive]!r} in series {_plain(ids.iloc[naive])!r} at row {naive}, with "
+        f"{values.iloc[naive]!r} in series {plain_value(ids.iloc[naive])!r} at row {naive}, with "
         f"times that have one, e.g. {values.iloc[aware]!r} in series "
-        f"{_plain(ids.iloc[aware])!r} at row {aware}; "
+        f"{plain_value(ids.iloc[aware])!r} at row {aware}; "
         "reading the naive ones as UTC would guess their zone: give every time its zone "
         "(tz_localize) or offset, or none"
     )
@@ -466,7 +467,7 @@ def _parse_time_values(
         row = int(np.flatnonzero(empty.to_numpy())[0])
         raise ValueError(
             f"column {column!r} has {int(empty.sum())} empty timestamps, the first in series "
-            f"{_plain(ids.iloc[row])!r} at row {row}; drop or fill those rows"
+            f"{plain_value(ids.iloc[row])!r} at row {row}; drop or fill those rows"
         )
     if ptypes.is_datetime64_any_dtype(values):
         return values
@@ -493,7 +494,7 @@ def _parse_time_values(
             raise ValueError(
                 f"column {column!r} has {int(bad.sum())} times not in time_format="
                 f"{time_format!r}, e.g. {values.iloc[row]!r} in series "
-                f"{_plain(ids.iloc[row])!r} at row {row}"
+                f"{plain_value(ids.iloc[row])!r} at row {row}"
             )
         return parsed
     try:
@@ -514,7 +515,7 @@ def _parse_time_values(
         row = int(np.flatnonzero(bad)[0])
         raise ValueError(
             f"column {column!r} has {int(bad.sum())} unparseable timestamps, e.g. "
-            f"{values.iloc[row]!r} in series {_plain(ids.iloc[row])!r} at row {row}; "
+            f"{values.iloc[row]!r} in series {plain_value(ids.iloc[row])!r} at row {row}; "
             f"fix them or write ISO 8601 times such as '2015-01-01T13:00:00Z'{hint}"
         )
     _check_all_aware(values, column, ids, None, dayfirst)
@@ -535,16 +536,17 @@ def _to_float(values: pd.Series, column: str, ids: pd.Series) -> pd.Series:
             row = int(np.flatnonzero(bad)[0])
             raise ValueError(
                 f"column {column!r} has {int(bad.sum())} non-numeric values, e.g. "
-                f"{values.iloc[row]!r} in series {_plain(ids.iloc[row])!r} at row {row}; convert "
-                "them to numbers (leave a cell empty to mark a missing value), or, for an input, "
-                "list it in categorical_cols (--categorical-cols)"
+                f"{values.iloc[row]!r} in series {plain_value(ids.iloc[row])!r} at row {row}; "
+                "convert them to numbers (leave a cell empty to mark a missing value), or, for "
+                "an input, list it in categorical_cols (--categorical-cols)"
             )
     infinite = np.isinf(numbers.to_numpy())
     if infinite.any():
         row = int(np.flatnonzero(infinite)[0])
         raise ValueError(
             f"column {column!r} has {int(infinite.sum())} infinite values, the first in series "
-            f"{_plain(ids.iloc[row])!r} at row {row}; replace them with numbers or leave them empty"
+            f"{plain_value(ids.iloc[row])!r} at row {row}; replace them with numbers or leave "
+            "them empty"
         )
     return numbers
 
@@ -556,14 +558,15 @@ def _check_statics(frame: pd.DataFrame, spec: TableSpec) -> None:
             row = int(np.flatnonzero(empty)[0])
             raise ValueError(
                 f"static column {column!r} is empty for series "
-                f"{_plain(frame[spec.id_col].iloc[row])!r} (row {row}); give every series a value"
+                f"{plain_value(frame[spec.id_col].iloc[row])!r} (row {row}); give every series "
+                "a value"
             )
         counts = frame.groupby(spec.id_col, sort=False)[column].nunique()
         varying = counts[counts > 1]
         if len(varying):
             raise ValueError(
                 f"static column {column!r} takes {int(varying.iloc[0])} different values within "
-                f"series {_plain(varying.index[0])!r}; a static must be constant per series "
+                f"series {plain_value(varying.index[0])!r}; a static must be constant per series "
                 "(move it to known_cols or observed_cols)"
             )
 
@@ -574,7 +577,7 @@ def _check_not_all_empty(frame: pd.DataFrame, spec: TableSpec) -> None:
         if not present.all():
             series = present.index[~present.to_numpy()][0]
             raise ValueError(
-                f"column {column!r} has no values at all for series {_plain(series)!r}; "
+                f"column {column!r} has no values at all for series {plain_value(series)!r}; "
                 "drop that series or supply values"
             )
 
@@ -593,7 +596,7 @@ def _check_duplicates(frame: pd.DataFrame, spec: TableSpec) -> None:
         row, count = found
         raise ValueError(
             f"{count} rows repeat a ({spec.id_col!r}, {spec.time_col!r}) pair, "
-            f"e.g. series {_plain(frame[spec.id_col].iloc[row])!r} at "
+            f"e.g. series {plain_value(frame[spec.id_col].iloc[row])!r} at "
             f"{frame[spec.time_col].iloc[row]}; "
             f"aggregate them (e.g. df.groupby([{spec.id_col!r}, {spec.time_col!r}]).mean()) "
             "or drop the duplicates"
@@ -755,7 +758,8 @@ def _categorical_values(values: pd.Series, column: str, ids: pd.Series) -> pd.Se
             row = int(np.flatnonzero(fractional)[0])
             raise ValueError(
                 f"categorical column {column!r} has non-integer codes, e.g. "
-                f"{float(numbers.iloc[row])!r} in series {_plain(ids.iloc[row])!r} at row {row}"
+                f"{float(numbers.iloc[row])!r} in series {plain_value(ids.iloc[row])!r} at row "
+                f"{row}"
             )
         return pd.Series(
             [int(v) if ok else None for v, ok in zip(numbers, present, strict=True)],
