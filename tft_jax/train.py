@@ -1409,6 +1409,11 @@ def fit(
     """
     _check_fit_timing(checkpoint_every_seconds, time_budget, log_seconds, label, clock)
     started = clock()
+
+    def warn(message: str) -> None:
+        """A repair or surprise of this run, said even when quiet, at the caller of `fit`."""
+        warnings.warn(f"fit{f' ({label})' if label else ''}: {message}", UserWarning, stacklevel=3)
+
     _check_state("fit", state)
     _check_fit_args(
         epochs, patience, eval_every, checkpoint_every, max_steps, calibrate_steps, log_every
@@ -1477,12 +1482,9 @@ def fit(
         if restored is None and checkpointer.steps(BEST):
             restored = checkpointer.restore_best(state)
             if restored is not None:  # every latest step was moved aside as corrupt
-                warnings.warn(
-                    f"fit{f' ({label})' if label else ''}: no intact latest checkpoint in "
-                    f"{checkpoint_dir}; going on from the best checkpoint, step "
-                    f"{int(restored.state.step)}",
-                    UserWarning,
-                    stacklevel=2,
+                warn(
+                    f"no intact latest checkpoint in {checkpoint_dir}; going on from the best "
+                    f"checkpoint, step {int(restored.state.step)}"
                 )
         if restored is None:
             progress.note(f"no checkpoint in {checkpoint_dir}: starting from step 0")
@@ -1492,13 +1494,11 @@ def fit(
             earlier_seconds = loop.seconds
             if max_steps is not None and loop.step > max_steps:
                 # Nothing is undone: the result is the checkpoint's, past the cap asked for.
-                warnings.warn(
-                    f"fit{f' ({label})' if label else ''}: the checkpoint in {checkpoint_dir} "
-                    f"is at step {loop.step}, past max_steps={max_steps}; its state is "
-                    "returned as it is (a run cannot go back to an earlier step: train "
-                    "into another checkpoint_dir for a shorter run)",
-                    UserWarning,
-                    stacklevel=2,
+                warn(
+                    f"the checkpoint in {checkpoint_dir} is at step {loop.step}, past "
+                    f"max_steps={max_steps}; its state is returned as it is (a run cannot go "
+                    "back to an earlier step: train into another checkpoint_dir for a shorter "
+                    "run)"
                 )
             if planned_schedule is not None and loop.schedule_steps is None:
                 # Not refitted: the caller's schedule applies (a raised
@@ -1510,13 +1510,10 @@ def fit(
             if best is None and loop.best_val_loss is not None and val_batches is not None:
                 # The best state is gone (deleted, or moved aside as corrupt):
                 # the resumed state stands in for it, a repair said even when quiet.
-                warnings.warn(
-                    f"fit{f' ({label})' if label else ''}: the best checkpoint (validation "
-                    f"loss {loop.best_val_loss:.6g}) is missing from {checkpoint_dir}; "
-                    f"best_state is the resumed state of step {loop.step} until a validation "
-                    "loss beats that one",
-                    UserWarning,
-                    stacklevel=2,
+                warn(
+                    f"the best checkpoint (validation loss {loop.best_val_loss:.6g}) is "
+                    f"missing from {checkpoint_dir}; best_state is the resumed state of step "
+                    f"{loop.step} until a validation loss beats that one"
                 )
             progress.note(
                 f"resuming from step {loop.step} (epoch {loop.epoch}) of the checkpoint "
@@ -1660,12 +1657,10 @@ def fit(
             iterator = iter(_batches_for_epoch(train_batches, loop.epoch))
             seen = _skip(iterator, loop.batches_done)
             if seen < loop.batches_done:  # resumed over data with fewer batches an epoch
-                warnings.warn(
-                    f"fit{f' ({label})' if label else ''}: epoch {loop.epoch} now has {seen} "
-                    f"batches, but the checkpoint had trained on {loop.batches_done} of it: the "
-                    "training data changed since; going on with the next epoch",
-                    UserWarning,
-                    stacklevel=2,
+                warn(
+                    f"epoch {loop.epoch} now has {seen} batches, but the checkpoint had "
+                    f"trained on {loop.batches_done} of it: the training data changed since; "
+                    "going on with the next epoch"
                 )
             for batch in iterator:
                 seen += 1
@@ -1729,12 +1724,9 @@ def fit(
     elif loop.best_val_loss is None and loop.step > 0:
         # No finite validation loss ever: the best state is the initial one, a
         # repair the caller did not ask for (said even when quiet).
-        warnings.warn(
-            f"fit{f' ({label})' if label else ''}: no validation loss was finite in "
-            f"{loop.step} steps; best_state is the initial state (the run diverged, or "
-            "every step was skipped)",
-            UserWarning,
-            stacklevel=2,
+        warn(
+            f"no validation loss was finite in {loop.step} steps; best_state is the initial "
+            "state (the run diverged, or every step was skipped)"
         )
     if loop.stopped_on_budget:
         reason = "time_budget"
