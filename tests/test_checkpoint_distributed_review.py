@@ -134,23 +134,31 @@ def test_a_corrupt_best_without_a_stand_in_is_announced_as_lost(tmp_path: pathli
         assert checkpointer.restore_best(TEMPLATE) is None
 
 
+# Negated validation targets: training moves away from them, so the first
+# evaluation (step 6) is the best and the final state (step 12) is not.
+AWAY = [dataclasses.replace(batch, target=-batch.target) for batch in VAL]
+
+
+def fit_away(directory: pathlib.Path) -> Any:
+    """Two epochs on `AWAY`, checkpointed in `directory`: evaluations at steps 6 and 12."""
+    first = fit(
+        stand_in_state(), epoch_batches, AWAY, epochs=2, checkpoint_dir=directory, quiet=True
+    )
+    assert first.history["step"] == [6, 12]
+    return first
+
+
 def test_resumed_fit_returns_the_best_state_when_its_best_checkpoint_is_corrupt(
     tmp_path: pathlib.Path,
 ) -> None:
-    # Negated validation targets: training moves away from them, so the first
-    # evaluation (step 6) is the best and the final state (step 12) is not.
-    away = [dataclasses.replace(batch, target=-batch.target) for batch in VAL]
-    first = fit(
-        stand_in_state(), epoch_batches, away, epochs=2, checkpoint_dir=tmp_path, quiet=True
-    )
-    assert first.history["step"] == [6, 12]
+    first = fit_away(tmp_path)
     assert first.history["val_loss"][0] < first.history["val_loss"][1]
     _truncate(tmp_path / BEST / "6")
     with pytest.warns(UserWarning, match="best step 6 .* is corrupt"):
         again = fit(
             stand_in_state(),
             epoch_batches,
-            away,
+            AWAY,
             epochs=2,
             checkpoint_dir=tmp_path,
             resume=True,
@@ -161,16 +169,12 @@ def test_resumed_fit_returns_the_best_state_when_its_best_checkpoint_is_corrupt(
 
 
 def test_a_resumed_fit_whose_best_checkpoint_is_gone_says_so(tmp_path: pathlib.Path) -> None:
-    away = [dataclasses.replace(batch, target=-batch.target) for batch in VAL]
-    first = fit(
-        stand_in_state(), epoch_batches, away, epochs=2, checkpoint_dir=tmp_path, quiet=True
-    )
-    assert first.history["step"] == [6, 12]
+    fit_away(tmp_path)
     shutil.rmtree(tmp_path / BEST / "6")  # deleted by hand, or moved aside by an earlier resume
     with pytest.warns(UserWarning, match=r"the best checkpoint \(validation loss .*\) is "
                       r"missing from .*; best_state is the resumed state of step 12"):  # fmt: skip
         again = fit(
-            stand_in_state(), epoch_batches, away, epochs=2, checkpoint_dir=tmp_path,
+            stand_in_state(), epoch_batches, AWAY, epochs=2, checkpoint_dir=tmp_path,
             resume=True, quiet=True,
         )  # fmt: skip
     assert_bitwise_equal(again.best_state, again.state)
@@ -182,18 +186,14 @@ def test_a_resume_whose_latest_checkpoints_are_all_corrupt_goes_on_from_the_best
     # Every latest step damaged (a disk fault), the best step intact: the run goes on
     # from the best step, announced, and ends where the uninterrupted run ended.
     # It restarted from step 0 as if nothing had been saved.
-    away = [dataclasses.replace(batch, target=-batch.target) for batch in VAL]
-    first = fit(
-        stand_in_state(), epoch_batches, away, epochs=2, checkpoint_dir=tmp_path, quiet=True
-    )
-    assert first.history["step"] == [6, 12]
+    first = fit_away(tmp_path)
     latest = sorted(int(path.name) for path in (tmp_path / LATEST).iterdir() if path.name.isdigit())
     assert latest == [6, 12]
     for step in latest:
         _truncate(tmp_path / LATEST / str(step))
     with pytest.warns(UserWarning, match=r"no intact latest checkpoint .* best checkpoint, step 6"):
         again = fit(
-            stand_in_state(), epoch_batches, away, epochs=2, checkpoint_dir=tmp_path,
+            stand_in_state(), epoch_batches, AWAY, epochs=2, checkpoint_dir=tmp_path,
             resume=True, quiet=True,
         )  # fmt: skip
     assert_bitwise_equal(again.state, first.state)

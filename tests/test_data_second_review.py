@@ -409,7 +409,9 @@ def test_a_categorical_column_holding_only_a_missing_looking_category_keeps_that
     assert (arrays["known_categorical_history"] == none).all()
 
 
-def test_a_static_category_spelled_like_a_missing_value_is_read_as_itself():
+def regions_table() -> tuple[pd.DataFrame, dict]:
+    """Hourly series 'a' and 'c' of region 'NA' (North America), 'b' of 'EU', and the
+    options that read 'region' as a static column."""
     times = pd.date_range("2021-01-01", periods=30, freq="h")
     table = pd.concat(
         [pd.DataFrame({"id": series, "time": times, "y": np.sin(np.arange(30.0)) + k,
@@ -417,7 +419,11 @@ def test_a_static_category_spelled_like_a_missing_value_is_read_as_itself():
          for k, (series, region) in enumerate((("a", "NA"), ("b", "EU"), ("c", "NA")))],
         ignore_index=True,
     )  # fmt: skip
-    options = dict(freq="h", history=HISTORY, horizon=HORIZON, static_cols=["region"])
+    return table, dict(freq="h", history=HISTORY, horizon=HORIZON, static_cols=["region"])
+
+
+def test_a_static_category_spelled_like_a_missing_value_is_read_as_itself():
+    table, options = regions_table()
     fitted = quiet_prepare(table, **options).preprocessor
     assert fitted.vocabularies["region"] == ("EU", "NA")
     # Forecasting the North American series only: every region cell is 'NA'.
@@ -432,14 +438,7 @@ def test_a_scored_table_is_read_with_the_fitted_spec_so_an_inferred_category_sta
     # 'region' was inferred categorical at fit (the user's spec does not list it); a
     # scored table holding only the 'NA' region was read with the user's spec,
     # its cells emptied as missing, and the table refused.
-    times = pd.date_range("2021-01-01", periods=30, freq="h")
-    table = pd.concat(
-        [pd.DataFrame({"id": series, "time": times, "y": np.sin(np.arange(30.0)) + k,
-                       "region": region})
-         for k, (series, region) in enumerate((("a", "NA"), ("b", "EU"), ("c", "NA")))],
-        ignore_index=True,
-    )  # fmt: skip
-    options = dict(freq="h", history=HISTORY, horizon=HORIZON, static_cols=["region"])
+    table, options = regions_table()
     fitted = quiet_prepare(table, **options).preprocessor
     assert "region" not in options.get("categorical_cols", ())
     scored = quiet_prepare(table[table["id"] != "b"], preprocessor=fitted, **options)

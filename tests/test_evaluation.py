@@ -42,12 +42,15 @@ def make_table(seed: int = 0) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def prepare(**options) -> PreparedDataset:
-    """`make_table()` prepared with the tests' spec and splits (plus `options`)."""
+def prepare(
+    table: pd.DataFrame | None = None, id_col: str = "shop", time_col: str = "day", **options
+) -> PreparedDataset:
+    """`table` (default `make_table()`) prepared with the tests' spec and splits (plus
+    `options`)."""
     return prepare_dataset(
-        make_table(),
-        id_col="shop",
-        time_col="day",
+        make_table() if table is None else table,
+        id_col=id_col,
+        time_col=time_col,
         target="sales",
         freq="D",
         history=HISTORY,

@@ -13,7 +13,8 @@ from tft_jax.data import PreparedDataset, prepare_dataset
 from tft_jax.data.scaling import TargetScaler
 from tft_jax.evaluation import best_of, forecast_frame, forecast_metrics, to_original_units
 
-from .test_evaluation import HISTORY, HORIZON, QUANTILES, make_table
+from . import test_evaluation as evaluation_tests
+from .test_evaluation import HORIZON, QUANTILES, make_table
 
 LEVELS = np.asarray(QUANTILES)
 
@@ -21,18 +22,7 @@ LEVELS = np.asarray(QUANTILES)
 def prepare(table: pd.DataFrame, id_col: str = "shop", time_col: str = "day", **options):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the filled gap of series 'b'
-        return prepare_dataset(
-            table,
-            id_col=id_col,
-            time_col=time_col,
-            target="sales",
-            freq="D",
-            history=HISTORY,
-            horizon=HORIZON,
-            validation_fraction=0.2,
-            test_fraction=0.2,
-            **options,
-        )
+        return evaluation_tests.prepare(table, id_col, time_col, **options)
 
 
 @pytest.fixture(scope="module")

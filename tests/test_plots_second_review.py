@@ -13,18 +13,7 @@ import pytest
 
 from tft_jax import plots
 
-
-def _capture_figures(monkeypatch) -> list:
-    """Records each figure `plots` saves (and still writes it)."""
-    figures = []
-    save = plots._save
-
-    def record(figure, path):
-        figures.append(figure)
-        return save(figure, path)
-
-    monkeypatch.setattr(plots, "_save", record)
-    return figures
+from .test_plots_parser_review import _capture_figures
 
 
 def _band_edges(collection) -> dict[float, tuple[float, float]]:
