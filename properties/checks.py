@@ -12,6 +12,8 @@ imports `tft_jax`: the checks work for any function of arrays and pytrees.
   (or, with `per_element=True`, every element) exceeds `min_norm`.
 - `assert_causal(fn, x, axis)`: outputs at steps `<= t` (and their gradient) ignore
   inputs at steps `> t`.
+- `assert_ignores_padding(fn, x, valid)`: outputs at real steps (and their gradient)
+  ignore the inputs at padded steps (`valid (B, T)` False).
 - `assert_batch_independent(fn, x)`: sample `i`'s output and gradient ignore sample `j`.
 - `assert_batch_order_equivariant(fn, x)`: permuting the batch permutes the output (every
   permutation: a random one and the two that generate them all).
@@ -77,6 +79,7 @@ __all__ = [
     "assert_finite",
     "assert_grads_match_finite_differences",
     "assert_idempotent",
+    "assert_ignores_padding",
     "assert_jit_matches_eager",
     "assert_max_compiles",
     "assert_nonzero_grads",
@@ -918,6 +921,180 @@ def _sample_pullback_leaks(
     return problems
 
 
+def _padding_mask(valid: Any, x: np.ndarray, axis: int) -> np.ndarray:
+    """`valid` as a boolean `(B, T)` array matching `x`'s batch (axis 0) and time (`axis`) sizes."""
+    mask = _to_numpy("valid", valid)
+    if mask.dtype != np.bool_:
+        raise TypeError(f"valid must be a boolean array (True = a real step), got {mask.dtype}")
+    expected = (x.shape[0], x.shape[axis])
+    if mask.shape != expected:
+        raise ValueError(
+            f"valid must have shape (B, T) = {expected} (x's axis 0 and axis {axis}), got "
+            f"{mask.shape}"
+        )
+    return mask
+
+
+def _at_positions(leaf: np.ndarray, leaf_axis: int, mask: np.ndarray) -> np.ndarray:
+    """The elements of `leaf` (batch on axis 0, time on `leaf_axis`) at the `(b, t)` where
+    `mask` is True, flattened to `(number of True, ...)`."""
+    return np.moveaxis(leaf, leaf_axis, 1)[mask]
+
+
+def assert_ignores_padding(
+    fn: Callable[[Any], PyTree],
+    x: Any,
+    valid: Any,
+    *,
+    axis: int = 1,
+    out_axis: int | PyTree | None = None,
+    select: Callable[[PyTree], PyTree] | None = None,
+    check_gradients: bool = True,
+    atol: float = 0.0,
+    rtol: float = 0.0,
+    seed: int = 0,
+) -> None:
+    """Asserts that `fn`'s outputs at real steps ignore the inputs at padded steps.
+
+    `valid (B, T)` marks the real steps of `x` (batch on axis 0, time on
+    `axis`); `fn` closes over the same mask (``fn = lambda x: apply(params,
+    x, valid)``). The inputs at padded steps (`valid` False) are replaced by
+    noise as large as the values, then by zeros; every output leaf, at the
+    `(b, t)` where `valid` is True, must stay equal (exact by default).
+    Outputs at padded steps are free. This catches a padding mask applied
+    after the softmax (the padded keys' logits still enter the
+    normalization), a mean or a LayerNorm over the time axis that counts the
+    padding, a mask missing in one head, or a recurrence that runs through
+    trailing padding into a bidirectional read-out. `assert_causal` cannot:
+    padding is not in the future.
+
+    Backward (`check_gradients`): the gradient of a random weighting of the
+    outputs at real steps w.r.t. `x` at padded steps must be zero (within
+    `atol`).
+
+    A mask with no padded step (nothing to change) or no real step (nothing
+    to compare) passes trivially, as a sequence of one step does in
+    `assert_causal`. `x` must be finite and the compared outputs free of NaN
+    (NaN equals NaN here).
+
+    Args:
+      fn: `x -> pytree`; every output leaf has the batch on axis 0 and length
+        `T` along `out_axis`.
+      x: float array, e.g. `(B, T, D)`.
+      valid: boolean `(B, T)`, True at real steps.
+      axis: the time axis of `x` (not 0, the batch axis).
+      out_axis: the time axis of the output leaves (default `axis`): an int or
+        a pytree with an int per part of the output, e.g. `(1, 2)` for
+        `fn -> (y (B, T, D), weights (B, heads, T, T))`.
+      select: a function of `fn`'s output picking the parts to check.
+      check_gradients: also run the backward check (one `jax.vjp`).
+      atol, rtol: tolerance (finite, >= 0); the backward check uses `atol`.
+      seed: seed of the noise and of the cotangents.
+
+    Raises:
+      AssertionError: naming the output leaves, the samples and steps whose
+        values changed, and the padded steps that the gradient reaches.
+    """
+    x = _float_array("x", x)
+    _require_finite("x", x)
+    atol, rtol = _tolerance("atol", atol), _tolerance("rtol", rtol)
+    axis = _normalize_axis("axis", axis, x.ndim)
+    if axis == 0:
+        raise ValueError("axis must be the time axis of x, not 0 (the batch axis)")
+    mask = _padding_mask(valid, x, axis)
+    if mask.all() or not mask.any():
+        return
+    fn = _selected(fn, select)
+    output = fn(x)
+    baseline = _named_leaves("fn(x)", output)
+    _require_outputs("fn", baseline, output)
+    leaf_axes = []
+    for (path, leaf), leaf_out_axis in zip(
+        baseline, _leaf_axes(out_axis, output, axis), strict=True
+    ):
+        leaf_axis = _normalize_axis(f"out_axis for output leaf {path}", leaf_out_axis, leaf.ndim)
+        if (
+            leaf_axis == 0
+            or leaf.shape[0] != mask.shape[0]
+            or leaf.shape[leaf_axis] != mask.shape[1]
+        ):
+            raise ValueError(
+                f"output leaf {path} has shape {leaf.shape}: expected the batch size "
+                f"{mask.shape[0]} on axis 0 and the input length {mask.shape[1]} along "
+                f"out_axis={leaf_out_axis}"
+            )
+        leaf_axes.append(leaf_axis)
+    _require_no_nan(
+        "fn(x) is NaN at real steps (NaN == NaN here, so a dependence on padding would not show):",
+        [
+            (path, _at_positions(leaf, a, mask))
+            for (path, leaf), a in zip(baseline, leaf_axes, strict=True)
+        ],
+    )
+    rng = np.random.default_rng(seed)
+    padded = np.moveaxis(x, axis, 1).copy()
+    noisy, zeroed = padded.copy(), padded.copy()
+    noisy[~mask] = _perturb(padded[~mask], rng)
+    zeroed[~mask] = 0
+    changes = [("", noisy)]
+    if not np.array_equal(zeroed, padded):
+        changes.append((" (padded inputs set to 0)", zeroed))
+    problems = []
+    for label, changed in changes:
+        outputs = _named_leaves("fn(x)", fn(np.moveaxis(changed, 1, axis)))
+        for (path, before), (_, after), leaf_axis in zip(baseline, outputs, leaf_axes, strict=True):
+            moved_after = np.moveaxis(after, leaf_axis, 1)
+            moved_before = np.moveaxis(before, leaf_axis, 1)
+            for b, t in np.argwhere(mask):
+                problem = _mismatch(moved_after[b, t], moved_before[b, t], atol, rtol)
+                if problem is not None:
+                    problems.append(f"output {path}[sample {b}, step {t}]{label}: {problem}")
+    if check_gradients:
+        problems += _padding_gradient_leaks(fn, x, axis, mask, baseline, leaf_axes, atol, seed)
+    if problems:
+        header = (
+            f"fn's outputs at real steps depend on the padded inputs ({int((~mask).sum())} padded "
+            f"of {mask.size} steps along axis {axis}; their values change, or their gradient "
+            "reaches those inputs):"
+        )
+        raise AssertionError(_summarize(header, problems))
+
+
+def _padding_gradient_leaks(
+    fn: Callable[[Any], PyTree],
+    x: np.ndarray,
+    axis: int,
+    mask: np.ndarray,
+    baseline: list[tuple[str, np.ndarray]],
+    leaf_axes: Sequence[int],
+    atol: float,
+    seed: int,
+) -> list[str]:
+    """Where the gradient of the outputs at real steps reaches `x` at padded steps."""
+    outputs, pullback = _vjp(_float_outputs(fn), x)
+    if not outputs:
+        return []
+    float_axes = [a for (_, leaf), a in zip(baseline, leaf_axes, strict=True) if _is_inexact(leaf)]
+    rng = np.random.default_rng(seed)
+    cotangents = []
+    for output, leaf_axis in zip(outputs, float_axes, strict=True):
+        cotangent = np.zeros(output.shape, output.dtype)
+        moved = np.moveaxis(cotangent, leaf_axis, 1)  # a view: writes reach `cotangent`
+        moved[mask] = rng.uniform(0.5, 1.5, moved[mask].shape)
+        cotangents.append(cotangent)
+    (gradient,) = pullback(tuple(cotangents))
+    values = np.moveaxis(_as_float64(_to_numpy("gradient", gradient)), axis, 1)
+    problems = []
+    for b, t in np.argwhere(~mask):
+        leak = _gradient_leak(values[b, t], atol)
+        if leak is not None:
+            problems.append(
+                f"gradient of the outputs at real steps w.r.t. x[sample {b}, step {t}] (padded) "
+                f"is nonzero ({leak})"
+            )
+    return problems
+
+
 def assert_batch_independent(
     fn: Callable[[Any], PyTree],
     x: PyTree,
@@ -961,7 +1138,9 @@ def assert_batch_independent(
       seed: seed of the perturbations and cotangents.
 
     Raises:
-      AssertionError: naming the leaves and the pair `(i, j)` that interact.
+      AssertionError: naming the output leaves and the sample `i` whose output changed
+        when the others did (forward), and the pair `(i, j)` whose gradient
+        interacts (backward).
     """
     named, treedef, batch = _batched_leaves(x, axis)
     atol, rtol = _tolerance("atol", atol), _tolerance("rtol", rtol)

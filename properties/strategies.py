@@ -67,6 +67,7 @@ __all__ = [
     "NUM_HEADS",
     "OBSERVER_KINDS",
     "OBSERVER_SHAPES",
+    "PADDING_KINDS",
     "QUANTILE_SETS",
     "SEQUENCE_LENGTHS",
     "TFT_PRESETS",
@@ -81,6 +82,7 @@ __all__ = [
     "float_arrays",
     "observer_batch_sequences",
     "observer_batches",
+    "padding_masks",
     "qat_configs",
     "tft_config_presets",
     "tft_configs",
@@ -361,6 +363,52 @@ def attention_inputs(
     if not isinstance(config, AttentionConfig):
         raise TypeError(f"config must be an AttentionConfig, got {type(config).__name__}")
     return float_arrays(config.input_shape, kinds=kinds, dtype=dtype, constant_axis=1)
+
+
+PADDING_KINDS = ("full", "right", "left", "none", "one", "random")
+
+
+def padding_masks(
+    config: AttentionConfig, *, kinds: Sequence[str] = PADDING_KINDS
+) -> st.SearchStrategy[np.ndarray]:
+    """Boolean `(B, T)` masks of real steps (True) for an `AttentionConfig`, one kind per sample.
+
+    Kinds: ``"full"`` every step real (the shrink target); ``"right"`` a real
+    prefix of drawn length in `[0, T]` (trailing padding); ``"left"`` a real
+    suffix (leading padding: with a causal mask the first queries then see
+    no real key); ``"none"`` every step padded (an all-masked row, where a
+    softmax over nothing gives NaN); ``"one"`` a single real step at a drawn
+    position; ``"random"`` element by element. Drawing the kind per sample
+    mixes them within a batch. Use with `checks.assert_ignores_padding` and
+    `checks.assert_finite`.
+    """
+    if not isinstance(config, AttentionConfig):
+        raise TypeError(f"config must be an AttentionConfig, got {type(config).__name__}")
+    kinds = _check_kinds("kinds", kinds, PADDING_KINDS)
+    length = config.sequence_length
+
+    @st.composite
+    def draw_mask(draw: st.DrawFn) -> np.ndarray:
+        rows = []
+        for _ in range(config.batch_size):
+            kind = draw(st.sampled_from(kinds))
+            steps = np.arange(length)
+            if kind == "full":
+                row = np.ones(length, bool)
+            elif kind == "none":
+                row = np.zeros(length, bool)
+            elif kind == "right":
+                row = steps < draw(st.integers(0, length))
+            elif kind == "left":
+                row = steps >= length - draw(st.integers(0, length))
+            elif kind == "one":
+                row = steps == draw(st.integers(0, length - 1))
+            else:
+                row = draw(hnp.arrays(np.bool_, (length,)))
+            rows.append(row)
+        return np.stack(rows)
+
+    return draw_mask()
 
 
 def tft_configs(
