@@ -881,7 +881,11 @@ def train_step(
 
     Returns:
       `(new_state, metrics)` with float32 scalars `loss`, `grad_norm` (before
-      clipping), `clipped_grad_norm` (after `clip_by_global_norm`) and
+      clipping), `clipped_grad_norm` (after `clip_by_global_norm`: computed
+      as `min(grad_norm, state.clip_norm)`, the threshold `make_optimizer`
+      recorded; for another optimizer, one that clips included, pass its
+      threshold as `create_train_state(clip_norm=...)`, else this equals
+      `grad_norm`) and
       `observed` (the number of observed targets; 0: nothing was applied),
       and the int32 `skipped` (1 when the step was skipped).
     """
@@ -938,6 +942,9 @@ def _check_frozen(name: str, calibrate: Any, state: TrainState) -> None:
 def eval_step(state: TrainState, batch: Batch, calibrate: bool | None = None) -> Array:
     """The mean quantile loss of one batch in deterministic mode (jitted; a float32 scalar).
 
+    The mean runs over the batch's observed targets (`batch_loss`): 0 for a
+    batch without any, so a mean of these over batches is not the loss per
+    target; `evaluate` weighs each batch by its observed targets.
     `calibrate` may be None or False (evaluation never updates observers).
     """
     _check_state("eval_step", state)
@@ -962,6 +969,27 @@ def _check_finite_targets(index: int, batch: Batch, caller: str = "evaluate") ->
             f"{caller}: batch {index} holds {int(bad.sum())} NaN or inf targets (the first at "
             f"window {row}, horizon step {step}): mark missing targets with batch.target_mask"
         )
+
+
+def _check_mesh_divides(name: str, batches: Sequence[Batch], mesh: Mesh) -> None:
+    """Raises `ValueError` naming the first of `fit`'s `batches` that `mesh` cannot split evenly.
+
+    Checked before training: `shard_batch` raises only when it reaches such a
+    batch (a validation batch at the first evaluation, after an epoch of
+    training), without saying which batch. A batch's global size is its rows
+    times the number of processes (each passes its own rows).
+    """
+    processes = jax.process_count()
+    for index in range(len(batches)):  # by index: a look at the shapes only
+        batch = batches[index]
+        _check_batch("fit", batch)
+        rows = batch.batch_size * processes
+        if rows % mesh.size:
+            raise ValueError(
+                f"fit: {name}[{index}] is a global batch of {rows} windows, which the "
+                f"{mesh.size} devices of the mesh cannot split evenly; use batch sizes that "
+                f"are multiples of {mesh.size}"
+            )
 
 
 def _check_validation_targets(batches: Sequence[Batch]) -> None:
@@ -1144,9 +1172,11 @@ class LoopState:
       history: per evaluation, lists under `HISTORY_KEYS`.
       best_val_loss: the lowest validation loss so far, or None.
       evals_since_best: evaluations since the best one (for patience).
-      loss_sum: sum of the training losses since the last evaluation, of the
-        steps that were applied (finite, with an observed target).
-      loss_count: number of them.
+      loss_sum: sum, over the steps since the last evaluation that were
+        applied (finite, with an observed target), of each step's loss (the
+        mean over its batch's observed targets) times that number of targets.
+      loss_count: the number of observed targets of those steps, so that
+        `loss_sum / loss_count` is the mean loss per observed target.
       stopped_early: whether patience ran out.
       stopped_on_budget: whether the time budget ran out.
       seconds: training time of the run up to this point, over every `fit`
@@ -1196,10 +1226,14 @@ class FitResult(NamedTuple):
         donates; copy it with `copy_state` first to keep it. The initial
         state, with a `UserWarning`, when no validation loss was finite).
       history: per evaluation, lists under `HISTORY_KEYS`: epoch, step, mean
-        training loss since the previous evaluation (over the applied steps:
-        neither skipped ones nor batches without an observed target; NaN when
-        there were none), validation loss (None
-        without validation data) and the running count of skipped steps.
+        training loss since the previous evaluation (per observed target, as
+        `evaluate` weighs the validation loss: each applied step's batch loss
+        weighted by its number of observed targets, so a batch with few
+        observed targets counts little; skipped steps and batches without an
+        observed target are left out; NaN when there were none), validation
+        loss (None without validation data) and the running count of skipped
+        steps. The training loss of a step is measured with dropout, on the
+        parameters before its update.
       stop_reason: why training ended: `'completed'` (every epoch, or
         `max_steps`), `'early_stopping'` (patience ran out) or
         `'time_budget'`.
@@ -1401,7 +1435,9 @@ def fit(
         checkpoints and the progress read (replaceable in tests).
       mesh: the `data` mesh to train on (`tft_jax.distributed.data_mesh`); None
         uses every device. Batches are split over it (their size must divide
-        evenly), the state is replicated, or with `fsdp=True` split too.
+        evenly: checked before training for the validation batches and for
+        `train_batches` given as a list or tuple), the state is replicated, or
+        with `fsdp=True` split too.
       fsdp: shard parameters and optimizer state over the mesh (large models).
 
     Returns:
@@ -1444,6 +1480,11 @@ def fit(
         raise ValueError("fit: val_batches is empty; pass None to train without validation")
     if val_batches is not None:
         _check_validation_targets(val_batches)
+    mesh = data_mesh() if mesh is None else mesh
+    if val_batches is not None:
+        _check_mesh_divides("val_batches", val_batches, mesh)
+    if isinstance(train_batches, list | tuple):
+        _check_mesh_divides("train_batches", train_batches, mesh)
     eval_calibrate = None if calibrate_steps is None else False
 
     per_epoch = _epoch_length(train_batches)
@@ -1472,7 +1513,6 @@ def fit(
     if checkpointer is not None and not resume:
         _check_no_earlier_run(checkpointer, checkpoint_dir)
     best_state: TrainState | None = None
-    mesh = data_mesh() if mesh is None else mesh
     # Placed first: a checkpoint then restores straight into the mesh's shardings
     # (whatever device count wrote it), in every process of a multi-host run.
     state = place_state(state, mesh, fsdp)
@@ -1541,8 +1581,10 @@ def fit(
         for loss, skipped, observed in jax.device_get(pending):
             # A batch without an observed target has a loss of 0 that says nothing.
             if not skipped and observed:
-                loop.loss_sum += float(loss)
-                loop.loss_count += 1
+                # Weighted by its observed targets, as `evaluate` weighs batches: the
+                # mean per target, whatever the batches' sizes and masks.
+                loop.loss_sum += float(loss) * float(observed)
+                loop.loss_count += int(observed)
         pending.clear()
 
     def record() -> bool:

@@ -1,0 +1,134 @@
+"""Third review of the training surface, used the way a researcher's own loop uses it.
+
+References are float64 NumPy, independent of `tft_jax`: the masked pinball
+loss of the linear quantile model of `tests/test_train_review.py` (each batch's
+mean over its observed targets and the levels), and the mean of a whole stretch
+of training per observed target, as `evaluate` weighs validation batches.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import optax
+import pytest
+from jax.sharding import AbstractMesh
+
+from tests.test_train_review import MODEL, QUANTILES, _host, linear_batch, numpy_loss_and_grads
+from tft_jax.train import (
+    Batch,
+    copy_state,
+    create_train_state,
+    fit,
+    make_optimizer,
+    step_key,
+    train_step,
+)
+
+
+def masked(batch: Batch, observed: np.ndarray) -> Batch:
+    """`batch` with `target_mask = observed` and NaN targets where it is 0 (filled gaps)."""
+    observed = np.asarray(observed, np.float32)
+    target = np.where(observed != 0, np.asarray(batch.target), np.nan).astype(np.float32)
+    return batch.replace(target=target, target_mask=observed)
+
+
+def numpy_masked_loss(params: dict[str, np.ndarray], batch: Batch) -> tuple[float, int]:
+    """The linear model's mean pinball loss over the observed targets, and their number."""
+    future = np.asarray(batch.future, np.float64)
+    pred = np.exp(float(params["log_scale"])) * (future @ params["w"]) + params["bias"]
+    levels = np.asarray(QUANTILES, np.float64)
+    observed = np.asarray(batch.target_mask) != 0
+    error = np.asarray(batch.target, np.float64)[observed][:, None] - pred[observed]
+    losses = np.maximum(levels * error, (levels - 1.0) * error)
+    return float(losses.mean()), int(observed.sum())
+
+
+def test_fit_train_loss_is_the_mean_per_observed_target_as_val_loss_is() -> None:
+    """Before the fix the history's training loss was the plain mean of the batch
+    means: a batch with one observed target weighed as much as one with twelve,
+    unlike `evaluate`'s validation loss (per observed target), so the two curves
+    of one run measured different things."""
+    one = np.zeros((3, 2), np.float32)
+    one[1, 0] = 1.0
+    batches = [
+        masked(linear_batch(40, rows=6), np.ones((6, 2))),  # 12 observed targets
+        masked(linear_batch(41, rows=3, shift=25.0), one),  # 1, far off: a large loss
+        masked(linear_batch(42, rows=3), np.array([[1, 0], [1, 1], [0, 1]])),  # 4
+    ]
+    state = create_train_state(
+        MODEL, make_optimizer(0.05, clip_norm=None), jax.random.key(0), linear_batch(0)
+    )
+
+    # The researcher's own loop: the same steps, keys and state, by hand.
+    by_hand, seed_key = copy_state(state), jax.random.key(0)
+    losses, counts = [], []
+    for step, batch in enumerate(batches):
+        want_loss, want_count = numpy_masked_loss(_host(by_hand), batch)
+        by_hand, metrics = train_step(by_hand, batch, step_key(seed_key, step))
+        np.testing.assert_allclose(float(metrics["loss"]), want_loss, rtol=1e-5)
+        assert float(metrics["observed"]) == want_count
+        losses.append(want_loss)
+        counts.append(want_count)
+    per_target = float(np.dot(losses, counts) / np.sum(counts))
+    per_batch = float(np.mean(losses))
+    assert abs(per_target - per_batch) > 0.2 * per_target  # the two readings differ here
+
+    result = fit(state, batches, epochs=1, seed=0, quiet=True)
+    assert result.history["step"] == [3]
+    np.testing.assert_allclose(result.history["train_loss"], [per_target], rtol=1e-5)
+    for name, value in _host(by_hand).items():
+        np.testing.assert_array_equal(_host(result.state)[name], value, err_msg=name)
+
+
+def test_fit_names_a_batch_the_mesh_cannot_split_before_training() -> None:
+    """Before the fix a validation batch of 3 windows on a 2-device mesh failed at
+    the first evaluation, after a whole epoch of training (the state donated),
+    with a message naming no batch ("the global batch size 3 is not
+    divisible..."). Checked here on an abstract 2-device mesh: the check reads its
+    size before anything is placed on it."""
+    mesh = AbstractMesh((2,), ("data",))
+    state = create_train_state(MODEL, make_optimizer(0.05), jax.random.key(1), linear_batch(0))
+    train = [linear_batch(50, rows=4), linear_batch(51, rows=4)]
+    val = [linear_batch(52, rows=4), linear_batch(53, rows=3)]
+    with pytest.raises(ValueError, match=r"^fit: val_batches\[1\] is a global batch of 3 "):
+        fit(state, train, val, epochs=1, quiet=True, mesh=mesh)
+    odd_train = [*train, linear_batch(54, rows=5)]
+    with pytest.raises(ValueError, match=r"^fit: train_batches\[2\] is a global batch of 5 "):
+        fit(state, odd_train, epochs=1, quiet=True, mesh=mesh)
+    assert int(state.step) == 0  # nothing trained, and the buffers were not donated:
+    jax.block_until_ready(copy_state(state))
+
+
+def test_an_own_optax_chain_reports_the_clipped_norm_of_the_threshold_it_is_given() -> None:
+    """A researcher's `optax.chain(clip_by_global_norm(c), adamw)`: `train_step` cannot
+    read `c` from it, so `clipped_grad_norm` is `grad_norm` unless `c` is passed to
+    `create_train_state` (as its docstring now says); with it, the metric is the
+    norm of the gradients optax clipped, and the update is optax's own."""
+    clip = 0.05
+    tx = optax.chain(optax.clip_by_global_norm(clip), optax.adamw(0.05, weight_decay=0.1))
+    batch = linear_batch(60)
+    for given, reported in ((None, "grad_norm"), (clip, "clipped")):
+        state = create_train_state(MODEL, tx, jax.random.key(2), linear_batch(0), clip_norm=given)
+        _, grads = numpy_loss_and_grads(_host(state), batch)
+        norm = float(np.sqrt(sum(np.sum(g**2) for g in grads.values())))
+        assert norm > 10 * clip  # clipping acts
+        trainables = state.trainables()
+        grads = {name: np.asarray(g, np.float32) for name, g in grads.items()}
+        want_updates, _ = tx.update(
+            {
+                "params": {"bias": grads["bias"], "w": grads["w"]},
+                "quant_params": {"log_scale": grads["log_scale"]},
+            },
+            tx.init(trainables),
+            trainables,
+        )
+        want = optax.apply_updates(trainables, want_updates)
+        state, metrics = train_step(state, batch, jax.random.key(3))
+        np.testing.assert_allclose(float(metrics["grad_norm"]), norm, rtol=1e-5)
+        expected = norm if reported == "grad_norm" else clip
+        np.testing.assert_allclose(float(metrics["clipped_grad_norm"]), expected, rtol=1e-6)
+        for got_leaf, want_leaf in zip(
+            jax.tree.leaves(state.trainables()), jax.tree.leaves(want), strict=True
+        ):
+            np.testing.assert_allclose(np.asarray(got_leaf), np.asarray(want_leaf), rtol=1e-5)
