@@ -348,15 +348,34 @@ def _check_windows(
     horizon: int,
     wanted: dict[str, bool],
 ) -> None:
-    """Raises if a period that was asked for (`wanted`) has no window."""
+    """Raises if a period that was asked for (`wanted`) has no window.
+
+    When the period has windows that were all left out for a filled target
+    step in their horizon, the message says so: the warning counting the
+    filled steps comes only after a successful preparation, and "widen the
+    period" alone hides the cause (e.g. business-day data given freq='D',
+    whose weekends are filled rows).
+    """
     for name, window_set in windows.items():
         begin, end = periods[name]
         if len(window_set) == 0 and wanted[name]:
+            every = window_starts(
+                window_set.panel, window_set.history, horizon, begin, end,
+                require_observed_target=False,
+            )  # fmt: skip
+            filled = (
+                f"; its {len(every)} windows all have a filled target step (a row missing "
+                "from the table on the freq grid, or an empty target) in their horizon and "
+                "were left out: check that freq is the frequency the data is recorded at, or "
+                "pass require_observed_target=False to keep them"
+                if len(every)
+                else ""
+            )
             raise ValueError(
                 f"the {name} period [{begin}, {end}) holds no complete window (a window needs "
                 f"history steps before it and {horizon} horizon steps inside it with an observed "
                 "target); widen that period (validation_fraction/test_fraction, or "
-                "validation_start/test_start) or shorten history/horizon"
+                f"validation_start/test_start) or shorten history/horizon{filled}"
             )
 
 
@@ -530,7 +549,10 @@ def prepare_dataset(
     missing, and filled target steps are announced with a `UserWarning`
     (`PreparedDataset.missing_report` has the numbers per series), as are
     empty cells of known and observed columns (forward-filled within their
-    series, leading ones back-filled; counted per column).
+    series, leading ones back-filled in known columns; counted per column).
+    Target and observed cells before a series' first value are never
+    back-filled (that copies the target of a window's horizon into its
+    history): they enter the model as 0, the scaler's location, flagged.
 
     Returns:
       The `PreparedDataset`.
@@ -668,7 +690,8 @@ def prepare_dataset(
     if filled.sum():
         report = ", ".join(f"{series!r} {int(n)}" for series, n in filled[filled > 0].items())
         warnings.warn(
-            f"filled {int(filled.sum())} missing target steps (forward fill; flagged) in "
+            f"filled {int(filled.sum())} missing target steps (forward fill, those before a "
+            f"series' first observed target its scaler's location; flagged) in "
             f"{int((filled > 0).sum())} of {len(filled)} series: {report}; windows whose "
             "horizon holds one are left out (PreparedDataset.missing_report())",
             UserWarning,

@@ -271,7 +271,8 @@ def _announce_history(
             else "the model has no missing flag and reads them as observed"
         )  # fmt: skip
         warnings.warn(
-            f"filled {int(filled.sum())} missing target steps of the history (forward fill; "
+            f"filled {int(filled.sum())} missing target steps of the history (forward fill, "
+            "those before a series' first observed target its scaler's location; "
             f"{reading}) in {len(filled)} of {len(total)} series: {report}",
             UserWarning,
             stacklevel=4,

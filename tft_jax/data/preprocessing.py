@@ -324,12 +324,15 @@ class Preprocessor:
         (`'1'` vs `1`) and says when one is a training value as text only
         (`type_hint`): a column read as text where training had numbers
         makes every value unknown, and printed alike the two looked the same.
+        An empty value (the cells of an observed column before its series'
+        first value, which gridding leaves empty) is coded unknown without a
+        word: it was announced with the filled cells.
         """
         vocabulary = self.vocabularies[column]
         codes = _codes(vocabulary, values)
         unseen: dict[str, Any] = {}
         for value, code in zip(values, codes, strict=True):
-            if code == len(vocabulary):
+            if code == len(vocabulary) and not pd.isna(value):  # empty: announced as filled
                 unseen.setdefault(repr(plain_value(value)), plain_value(value))
         if unseen:
             shown = sorted(unseen)
@@ -444,12 +447,17 @@ class Preprocessor:
         target_scaler = self._panel_target_scaler(
             vocabulary, ids, raw_target, codes, times, new_series_cuts
         )
+        # Empty (NaN) on rows before a series' first observed value (never back-filled
+        # from the future, see `to_regular_grid`) and on appended future rows: there the
+        # input is the scaler's location, 0.
         filled_target = grid[spec.target].to_numpy(np.float64)
-        scaled_target = target_scaler.transform(np.nan_to_num(filled_target), codes)
+        empty_target = np.isnan(filled_target)
+        scaled_target = target_scaler.transform(np.where(empty_target, 0.0, filled_target), codes)
+        scaled_target[empty_target] = 0.0
         real_observed = spec.real(spec.observed_cols)
         user = [*real_observed, *spec.real(spec.known_cols)]
         scaled_user = self.feature_scaler.transform(grid[user].to_numpy(np.float64))
-        observed_user = scaled_user[:, : len(real_observed)]
+        observed_user = np.nan_to_num(scaled_user[:, : len(real_observed)], nan=0.0)
         known_user = scaled_user[:, len(real_observed) :]
         time_index = steps_since(times, self.origin, spec.freq) / self.train_steps
         calendar = calendar_features(times, spec.freq, spec.timezone or self.time_zone)

@@ -237,15 +237,23 @@ def read_announced(
 
 
 def infer_categorical(frame: pd.DataFrame, spec: TableSpec) -> TableSpec:
-    """`spec` with every static, known or observed column that holds only text made categorical.
+    """`spec` with every static, known or observed column that holds categories made categorical.
 
     A column whose non-empty cells are all non-numeric text is categorical; one
     that mixes numbers and text stays numeric (and `validate_table` names the
-    text cells).
+    text cells). A column of pandas' `category` dtype is categorical too,
+    whatever its categories (store types coded 1, 2, 3 were read as one
+    real-valued input, type 3 "three times" type 1), unless they are
+    fractional numbers, which name no category code.
     """
     found = []
     for column in (*spec.static_cols, *spec.known_cols, *spec.observed_cols):
         if column in spec.categorical_cols or column not in frame.columns:
+            continue
+        if isinstance(frame[column].dtype, pd.CategoricalDtype):
+            categories = frame[column].cat.categories
+            if not ptypes.is_float_dtype(categories) or (categories == np.round(categories)).all():
+                found.append(column)
             continue
         values = frame[column].dropna()
         if ptypes.is_numeric_dtype(values) or ptypes.is_bool_dtype(values) or values.empty:
@@ -471,6 +479,13 @@ def _parse_time_values(
         )
     if ptypes.is_datetime64_any_dtype(values):
         return values
+    if isinstance(values.dtype, pd.PeriodDtype):  # not "unparseable": a period has two ends
+        raise ValueError(
+            f"column {column!r} holds periods ({values.dtype}), not timestamps; convert it, "
+            f"e.g. df[{column!r}] = df[{column!r}].dt.to_timestamp() for period starts "
+            "(monthly: freq='MS'), or .dt.to_timestamp(how='end').dt.normalize() for "
+            "period ends (freq='ME')"
+        )
     if ptypes.is_numeric_dtype(values) or ptypes.is_bool_dtype(values):
         raise ValueError(
             f"column {column!r} holds numbers ({values.dtype}), not timestamps; convert it first, "
@@ -591,15 +606,30 @@ def first_duplicate(frame: pd.DataFrame, spec: TableSpec) -> tuple[int, int] | N
 
 
 def _check_duplicates(frame: pd.DataFrame, spec: TableSpec) -> None:
+    """Raises naming a repeated (id, time) pair.
+
+    Naive sub-daily times repeat one hour a year where they are local times
+    of a zone with daylight saving (clocks go back): then the message says
+    how to read them as that zone's instants instead of only "aggregate".
+    """
     found = first_duplicate(frame, spec)
     if found is not None:
         row, count = found
+        time = spec.time_col
+        local = (
+            f"; if the times are local times of a zone with daylight saving, the hour "
+            f"repeated when clocks go back is two rows: localize them, e.g. df[{time!r}] = "
+            f"df[{time!r}].dt.tz_localize('Europe/Berlin', ambiguous='infer') (rows in time "
+            "order), and pass that zone as timezone="
+            if frame[time].dt.tz is None and typical_step(spec.freq) < pd.Timedelta(days=1)
+            else ""
+        )
         raise ValueError(
-            f"{count} rows repeat a ({spec.id_col!r}, {spec.time_col!r}) pair, "
+            f"{count} rows repeat a ({spec.id_col!r}, {time!r}) pair, "
             f"e.g. series {plain_value(frame[spec.id_col].iloc[row])!r} at "
-            f"{frame[spec.time_col].iloc[row]}; "
-            f"aggregate them (e.g. df.groupby([{spec.id_col!r}, {spec.time_col!r}]).mean()) "
-            "or drop the duplicates"
+            f"{frame[time].iloc[row]}; "
+            f"aggregate them (e.g. df.groupby([{spec.id_col!r}, {time!r}]).mean()) "
+            f"or drop the duplicates{local}"
         )
 
 
@@ -991,7 +1021,8 @@ class EmptyCells:
 
     Attributes:
       cells: empty cells in the rows the table gave.
-      leading: those before a series' first value (back-filled from later values).
+      leading: those before a series' first value (known columns: back-filled
+        from later values; observed ones: left empty, see `to_regular_grid`).
       series: the ids of the series with any, in table order.
     """
 
@@ -1044,7 +1075,8 @@ def announce_empty_inputs(
     warnings.warn(
         f"filled {sum(e.cells for e in found.values())} empty cells of known/observed "
         f"inputs{where} (forward fill within each series; cells before a series' first value are "
-        "back-filled from its later values): "
+        "back-filled from its later values in known columns, and in observed ones, whose later "
+        "values are the future, set to the training mean, or to unknown if categorical): "
         + "; ".join(describe(column, empty) for column, empty in found.items()),
         UserWarning,
         stacklevel=stacklevel,
@@ -1056,12 +1088,16 @@ def to_regular_grid(clean: pd.DataFrame, spec: TableSpec, missing_col: str) -> p
 
     Each series keeps its own first and last timestamp; timestamps missing in
     between are inserted. Gaps are filled so no row is dropped: target,
-    observed and known columns forward-fill within the series (then
-    back-fill, for values missing at a series' start); statics are constant.
-    It announces nothing: callers count the filled cells first
-    (`empty_input_cells`, and `missing_col` for the target) and warn.
-    `missing_col` is 1.0 where the target was filled (inserted row or empty
-    target) and 0.0 where it was observed.
+    observed and known columns forward-fill within the series; statics are
+    constant. Cells before a series' first value are back-filled from its
+    later values in known columns only: in the target and observed columns
+    that later value is the future of the steps it would fill (a window whose
+    history is those steps would hold the target of its own horizon), so they
+    stay empty (NaN) and `Preprocessor.transform` gives them the scaler's
+    location (0 as a model input). It announces nothing: callers count the
+    filled cells first (`empty_input_cells`, and `missing_col` for the
+    target) and warn. `missing_col` is 1.0 where the target was filled
+    (inserted row or empty target) and 0.0 where it was observed.
 
     Args:
       clean: the output of `validate_table` (sorted by id, time).
@@ -1083,10 +1119,11 @@ def to_regular_grid(clean: pd.DataFrame, spec: TableSpec, missing_col: str) -> p
     grid = clean.set_index([spec.id_col, spec.time_col]).reindex(index).reset_index()
     grid[missing_col] = grid[spec.target].isna().astype("float64")
     by_series = grid.groupby(spec.id_col, sort=False)
-    filled: Sequence[str] = (spec.target, *spec.known_cols, *spec.observed_cols)
-    if filled:
-        grid[list(filled)] = by_series[list(filled)].ffill()
-        grid[list(filled)] = grid.groupby(spec.id_col, sort=False)[list(filled)].bfill()
+    filled = [spec.target, *spec.known_cols, *spec.observed_cols]
+    grid[filled] = by_series[filled].ffill()
+    if spec.known_cols:  # known in advance: a later value is no leak
+        known = list(spec.known_cols)
+        grid[known] = grid.groupby(spec.id_col, sort=False)[known].bfill()
     for column in spec.static_cols:
         grid[column] = by_series[column].transform("first")
     return grid
