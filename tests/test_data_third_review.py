@@ -216,3 +216,61 @@ def test_naive_local_times_repeating_the_dst_hour_are_told_how_to_localize():
             horizon=HORIZON, timezone="Europe/Berlin", validation_fraction=0.0, test_fraction=0.0,
         )  # fmt: skip
     assert len(dataset.frame) == 12
+
+
+def known_table() -> pd.DataFrame:
+    """Two daily series of 30 steps with a real known column 'promo'."""
+    times = pd.date_range("2024-01-01", periods=30, freq="D")
+    return pd.concat(
+        [
+            pd.DataFrame(
+                {"id": s, "time": times, "y": np.arange(30.0) * (k + 1), "promo": np.arange(30) % 2}
+            )
+            for k, s in enumerate("ab")
+        ],
+        ignore_index=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def known_dataset():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return prepare_dataset(
+            known_table(), id_col="id", time_col="time", target="y", freq="D",
+            history=HISTORY, horizon=HORIZON, known_cols=["promo"],
+        )  # fmt: skip
+
+
+def test_forecast_refusals_name_what_a_fitted_model_lets_the_user_change(known_dataset):
+    table = known_table()
+    future = pd.DataFrame(
+        {
+            "id": np.repeat(["a", "b"], HORIZON),
+            "time": np.tile(pd.date_range("2024-01-31", periods=HORIZON, freq="D"), 2),
+            "promo": ["x", 1] * HORIZON,
+        }
+    )
+    # A text in a known column of the future: the column by its own name, a usable hint.
+    with pytest.raises(ValueError) as caught:
+        future_windows(known_dataset.preprocessor, table, future, HISTORY, HORIZON)
+    message = str(caught.value)
+    assert message.startswith("future table: column 'promo' has 2 non-numeric values")
+    assert "'future promo'" not in message
+    # A series too short to forecast from: the fitted history is fixed, so the fix is data.
+    short = pd.concat([table, table[table["id"] == "a"].head(2).assign(id="c")])
+    with pytest.raises(ValueError) as caught:
+        future_windows(known_dataset.preprocessor, short, None, HISTORY, HORIZON)
+    message = str(caught.value)
+    assert "'c' (2 steps)" in message
+    assert f"give each of them at least {HISTORY} steps of history, or drop them" in message
+    assert "shorten history/horizon" not in message
+    # Too sparse recently: the limit is named where a Forecaster user sets it.
+    sparse = table.copy()
+    sparse.loc[(sparse["id"] == "a") & (sparse["time"] >= "2024-01-27"), "y"] = np.nan
+    sparse = sparse[~((sparse["id"] == "a") & (sparse["time"] == "2024-01-30"))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        with pytest.raises(ValueError, match=r"max_missing_fraction, which a Forecaster takes "
+                           r"from its DataConfig"):  # fmt: skip
+            future_windows(known_dataset.preprocessor, sparse, None, HISTORY, HORIZON)

@@ -550,7 +550,7 @@ def test_naive_times_mixed_with_aware_ones_are_refused_not_read_as_utc(preproces
     history = hourly(30, start="2021-04-01")
     future = future_for(history).astype({"time": object})
     future.loc[0, "time"] = pd.Timestamp(future.loc[0, "time"]).tz_localize("UTC")
-    with pytest.raises(ValueError, match=r"column 'future time' mixes times with no zone"):
+    with pytest.raises(ValueError, match=r"future table: column 'time' mixes times with no zone"):
         forecast_inputs(preprocessor, history, future)
 
 

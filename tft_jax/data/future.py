@@ -131,10 +131,16 @@ def _future_table(
         )
     # Texts with offsets changing at a daylight-saving change are read in the
     # history's zone, into which the future's times are converted below anyway.
-    table[spec.time_col] = _parse_times(
-        table[spec.time_col], f"future {spec.time_col}", ids,
-        spec.time_format, spec.dayfirst, spec.timezone or zone,
-    )  # fmt: skip
+    try:  # the plain column name: its messages' `df[column]` hints must name a real column
+        table[spec.time_col] = _parse_times(
+            table[spec.time_col], spec.time_col, ids,
+            spec.time_format, spec.dayfirst, spec.timezone or zone,
+        )  # fmt: skip
+        for column in known:
+            convert = _categorical_values if column in spec.categorical_cols else _to_float
+            table[column] = convert(table[column], column, ids)
+    except ValueError as error:
+        raise ValueError(f"future table: {error}") from None
     times = pd.DatetimeIndex(table[spec.time_col])
     if (times.tz is not None) != (zone is not None):
         raise ValueError(
@@ -144,9 +150,6 @@ def _future_table(
         )
     if zone is not None:
         table[spec.time_col] = times.tz_convert(zone)
-    for column in known:
-        convert = _categorical_values if column in spec.categorical_cols else _to_float
-        table[column] = convert(table[column], f"future {column}", ids)
     duplicate = first_duplicate(table, spec)
     if duplicate is not None:
         row, count = duplicate
@@ -247,7 +250,8 @@ def _check_recent_missing(
     raise ValueError(
         f"{len(sparse)} series have more than {100 * limit:.0f}% of the last {history} target "
         f"steps the forecast reads missing (filled): {listed}{hint}; give more recent "
-        "observed values, or pass a larger max_missing_fraction"
+        "observed values, or raise the limit (max_missing_fraction, which a Forecaster "
+        "takes from its DataConfig when it is made)"
     )
 
 

@@ -898,6 +898,12 @@ def validate_table(
     need = reason or (
         "a window needs history + horizon" if min_length is None else "forecasting needs history"
     )
+    if min_length is None:
+        fix = "drop them or shorten history/horizon"
+    elif reason is None:  # forecasting with a fitted model, whose history is fixed
+        fix = f"give each of them at least {min_length} steps of history, or drop them"
+    else:
+        fix = f"drop them or lower {reason.split('=')[0]}"
     min_length = history + horizon if min_length is None else min_length
     short = {series: length for series, length in lengths.items() if length < min_length}
     if short and (not drop_short or len(short) == len(lengths)):
@@ -908,7 +914,7 @@ def validate_table(
         )
         raise ValueError(
             f"{every} shorter than {min_length} steps of freq={spec.freq!r} "
-            f"({need}): {_short_series_text(short)}; drop them or shorten history/horizon"
+            f"({need}): {_short_series_text(short)}; {fix}"
         )
     if short:
         warnings.warn(
