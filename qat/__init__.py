@@ -12,9 +12,12 @@ and the conversion to int8 (`from_fp32`, `calibrate`, `convert`, `int8_apply`,
 The straight-through estimators are `jax.custom_jvp` rules that only reverse
 mode accepts: differentiate with `jax.grad` or `jax.vjp`. Forward mode
 (`jax.jvp`, `jax.jacfwd`, `jax.linearize`) raises `ForwardModeError` (a
-`TypeError`) naming `fake_quantize` or `lsq_fake_quantize`; a second
-derivative (`jax.hessian`, `grad` of `grad`) differentiates the
-straight-through rule itself, whose derivative is zero.
+`TypeError`) naming `fake_quantize` or `lsq_fake_quantize`. A second
+derivative (`jax.hessian`, `grad` of `grad`) does not apply the estimator
+twice: it differentiates the rule's formulas, where `round` has derivative
+zero. For `fake_quantize` w.r.t. `x` that is zero (the Hessian of
+`sum(fake_quantize(x)**2)` is 0, not `2 * mask`); the LSQ step-size rule
+depends on the step size, so its second derivative is not zero.
 """
 
 from qat._forward_mode import ForwardModeError

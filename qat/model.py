@@ -148,7 +148,10 @@ class QATModel(_QuantizedModel):
     The wrapped model's layers that receive its `dot_general_cls` (e.g.
     `nn.Dense(..., dot_general_cls=self.dot_general_cls)` or
     `tft_jax.Linear(..., dot_general_cls=...)`) get a `QATDotGeneral`;
-    every other layer stays float, in QAT and after `convert`.
+    every other layer stays float, in QAT and after `convert`. Hooked layers
+    under `nn.scan`/`nn.vmap` (a stack of layers) work when the lift maps
+    `'quant_stats'`, `'quant_params'` and `'int8'` along with `'params'`
+    (`variable_axes`): each copy keeps its own observer and scales.
 
     Attributes:
       model: the FP32 model (its own `dot_general_cls` is replaced).
@@ -415,9 +418,12 @@ def _observers(stats: Any) -> dict[tuple[str, ...], dict[str, Any]]:
 
 def _observed_ranges_finite(stats: Any) -> Array:
     """Whether every observer that has seen a batch holds a finite range (a bool scalar)."""
+    # An observer of a layer under `nn.scan`/`nn.vmap` holds one range per layer: (L,) leaves.
     finite = [
-        (observer["num_batches"] == 0)
-        | (jnp.all(jnp.isfinite(observer["min"])) & jnp.all(jnp.isfinite(observer["max"])))
+        jnp.all(
+            (observer["num_batches"] == 0)
+            | (jnp.isfinite(observer["min"]) & jnp.isfinite(observer["max"]))
+        )
         for observer in _observers(stats).values()
     ]
     return jnp.all(jnp.stack(finite)) if finite else jnp.asarray(True)
@@ -459,8 +465,10 @@ def _raise_non_finite(variables: Mapping[str, Any], finite: list[Array]) -> None
     layers = [
         "/".join(path)
         for path, observer in _observers(variables.get(QUANT_STATS, {})).items()
-        if not (np.isfinite(observer["min"]).all() and np.isfinite(observer["max"]).all())
-        and int(observer["num_batches"]) > 0
+        if not np.all(
+            (np.asarray(observer["num_batches"]) == 0)
+            | (np.isfinite(observer["min"]) & np.isfinite(observer["max"]))
+        )
     ]
     shown = ", ".join(layers[:3]) + (", ..." if len(layers) > 3 else "")
     raise ValueError(
@@ -531,15 +539,31 @@ def quantized_layers(qat_variables: Variables) -> dict[tuple[str, ...], int | No
 
     Read from the `bits` markers in `'quant_stats'`; a path is the layer's
     path plus the contraction module's name (e.g. `('Dense_0', 'dot_general')`).
-    `bits` is None when the marker is traced (inside `jax.jit`).
+    `bits` is None when the marker is traced (inside `jax.jit`). A layer under
+    `nn.scan` or `nn.vmap` holds one marker per copy (an `(L,)` array), all
+    of one width.
+
+    Raises:
+      ValueError: the copies of a lifted layer record different widths.
     """
     _check_variables("qat_variables", qat_variables)
     stats = traverse_util.flatten_dict(unfreeze(qat_variables.get(QUANT_STATS, {})))
     return {
-        path[:-1]: int(np.asarray(value)) if is_concrete(value) else None
+        path[:-1]: _marker_bits(path[:-1], value) if is_concrete(value) else None
         for path, value in stats.items()
         if path[-1] == BITS
     }
+
+
+def _marker_bits(path: tuple[str, ...], marker: Array) -> int:
+    """The bit width a layer's `bits` marker records: a scalar, or `(L,)` equal values."""
+    widths = np.unique(np.asarray(marker))
+    if widths.size != 1:
+        raise ValueError(
+            f"the quantized layer {'/'.join(path)} records several bit widths "
+            f"{widths.tolist()} (one per copy of a lifted layer): convert needs one"
+        )
+    return int(widths[0])
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
@@ -566,7 +590,11 @@ def _quantize_kernels(
 def _warn_uncalibrated(qat_variables: Variables) -> None:
     """Warns when activation observers have never seen a batch (they stay float when run)."""
     observers = _observers(qat_variables.get(QUANT_STATS, {}))
-    idle = ["/".join(path) for path, obs in observers.items() if int(obs["num_batches"]) == 0]
+    idle = [
+        "/".join(path)
+        for path, obs in observers.items()
+        if np.any(np.asarray(obs["num_batches"]) == 0)
+    ]
     if idle:
         shown = ", ".join(idle[:3]) + (", ..." if len(idle) > 3 else "")
         warnings.warn(
