@@ -401,12 +401,15 @@ def saved_run_files(out: pathlib.Path) -> list[str]:
     return names + [f"models/{path.name}" for path in sorted(out.glob("models/*.msgpack"))]
 
 
-def _check_out(out: pathlib.Path, resume: bool, overwrite: bool) -> None:
+def _check_out(out: pathlib.Path, resume: bool, overwrite: bool, qat: bool) -> None:
     """Refuses an `--out` holding a run unless `--resume` or `--overwrite` (every process).
 
     `--resume` over a saved run without checkpoints (a `Forecaster.save` folder,
     or a run whose checkpoints were deleted) is refused too: there is nothing
-    to continue, and training from step 0 would replace its models.
+    to continue, and training from step 0 would replace its models. So is
+    `--resume` without `--qat` over a run saved with QAT: its QAT and int8
+    models would be deleted (the save writes only FP32) without a word, and
+    their plots left behind.
     """
     if holds_run(out) and not resume and not overwrite:
         raise UsageError(
@@ -419,6 +422,21 @@ def _check_out(out: pathlib.Path, resume: bool, overwrite: bool) -> None:
             "to continue; training would start from step 0 and replace its models: pass "
             "--overwrite to train a new run there, or another --out"
         )
+    if resume and not qat and _saved_with_qat(out):
+        raise UsageError(
+            f"--resume: the run in --out {out} was trained with --qat; resuming it without "
+            "--qat would delete its QAT and int8 models: pass --qat (and its --qat-* flags) "
+            "as when it was trained"
+        )
+
+
+def _saved_with_qat(out: pathlib.Path) -> bool:
+    """Whether `out/config.json` is a saved run with a QAT section (an unreadable one: no)."""
+    try:
+        config = read_json(pathlib.Path(out) / CONFIG_FILE)
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("qat") is not None
 
 
 def _ready_out(out: pathlib.Path, overwrite: bool, command: str = "train") -> None:
@@ -506,7 +524,7 @@ def run_training(args: argparse.Namespace, command: str = "train") -> dict[str, 
         else read_csv(args.csv, "--csv", encoding, settings.data.id_col)
     )
     out = pathlib.Path(args.out)
-    _check_out(out, args.resume, args.overwrite)
+    _check_out(out, args.resume, args.overwrite, args.qat)
     forecaster = Forecaster.from_config(settings)
     try:
         forecaster.fit(

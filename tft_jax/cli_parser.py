@@ -415,6 +415,7 @@ def section_values(args: argparse.Namespace, section: str) -> dict[str, Any]:
 
 _FIELD = re.compile(r"\b(DataConfig|ModelConfig|TrainingConfig|QATTrainingConfig)\.(\w+)")
 _OWNER = {cls.__name__: section for section, cls in SECTIONS.items()}
+_OWNER_PREFIX = re.compile(r"^(DataConfig|ModelConfig|TrainingConfig|QATTrainingConfig): ")
 
 
 def _data_keyword(match: re.Match[str], available: Container[str] | None) -> str:
@@ -450,6 +451,8 @@ def flag_message(message: str, available: Container[str] | None = None) -> str:
                 return option.flag
         return match.group(0)
 
+    # 'DataConfig: give both ...' names a class a command-line user never wrote.
+    message = _OWNER_PREFIX.sub("", message)
     flagged = _KEYWORD.sub(lambda m: _data_keyword(m, available), _FIELD.sub(flag, message))
     return re.sub(r"(--[\w-]+)\s+\(\1\)", r"\1", flagged)  # 'timezone= (--timezone)'
 
