@@ -15,10 +15,12 @@ import pytest
 from jax.sharding import AbstractMesh
 
 from tests.test_train_review import MODEL, QUANTILES, _host, linear_batch, numpy_loss_and_grads
+from tft_jax import experiments
 from tft_jax.train import (
     Batch,
     copy_state,
     create_train_state,
+    evaluate,
     fit,
     make_optimizer,
     step_key,
@@ -79,6 +81,45 @@ def test_fit_train_loss_is_the_mean_per_observed_target_as_val_loss_is() -> None
     np.testing.assert_allclose(result.history["train_loss"], [per_target], rtol=1e-5)
     for name, value in _host(by_hand).items():
         np.testing.assert_array_equal(_host(result.state)[name], value, err_msg=name)
+
+
+def test_the_clipping_experiments_train_loss_is_the_mean_per_observed_target_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`experiments.train_run` records its own training loss: the plain mean of the
+    batch means before the fix, while `fit`'s is per observed target. (The linear
+    stand-in has no observers, so the run's `calibrate=False` is not passed on.)"""
+    monkeypatch.setattr(
+        experiments,
+        "train_step",
+        lambda state, batch, key, calibrate: train_step(state, batch, key),
+    )
+    monkeypatch.setattr(
+        experiments, "evaluate", lambda state, batches, calibrate: evaluate(state, batches)
+    )
+    one = np.zeros((3, 2), np.float32)
+    one[1, 0] = 1.0
+    batches = [
+        masked(linear_batch(40, rows=6), np.ones((6, 2))),
+        masked(linear_batch(41, rows=3, shift=25.0), one),
+    ]
+    state = create_train_state(
+        MODEL, make_optimizer(0.05, clip_norm=None), jax.random.key(0), linear_batch(0)
+    )
+    by_hand, seed_key = copy_state(state), jax.random.key(3)
+    losses, counts = [], []
+    for step, batch in enumerate(batches):
+        loss, count = numpy_masked_loss(_host(by_hand), batch)
+        by_hand, _ = train_step(by_hand, batch, step_key(seed_key, step))
+        losses.append(loss)
+        counts.append(count)
+    record = experiments.train_run(
+        state, lambda epoch: batches, [batches[0]], steps=2, eval_every=2, seed=3,
+        calibrate_steps=0,
+    )  # fmt: skip
+    want = float(np.dot(losses, counts) / np.sum(counts))
+    assert abs(want - np.mean(losses)) > 0.2 * want
+    np.testing.assert_allclose(record["train_loss"], [want], rtol=1e-5)
 
 
 def test_fit_names_a_batch_the_mesh_cannot_split_before_training() -> None:

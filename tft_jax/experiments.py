@@ -178,8 +178,9 @@ def train_run(
 
     Returns:
       Lists: per step `step_loss` and `step_grad_norm` (before clipping); per
-      point `step`, `train_loss` (mean finite step loss since the last point,
-      NaN if none), `val_loss` and `skipped_steps` (running count).
+      point `step`, `train_loss` (mean loss per observed target of the applied
+      steps since the last point, as `fit`'s; NaN if none), `val_loss` and
+      `skipped_steps` (running count).
     """
     for name, value in (("steps", steps), ("eval_every", eval_every)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -199,10 +200,16 @@ def train_run(
             if step % eval_every == 0 or step == steps:
                 recent = jax.device_get(step_metrics[-since:])
                 losses = np.array([m["loss"] for m in recent], dtype=np.float64)
-                # The applied steps: neither skipped nor without an observed target.
-                kept = losses[[m["skipped"] == 0 and m["observed"] > 0 for m in recent]]
+                observed = np.array([m["observed"] for m in recent], dtype=np.float64)
+                # The applied steps: neither skipped nor without an observed target, each
+                # weighted by its observed targets (the mean per target, as `fit`'s).
+                kept = np.array([m["skipped"] == 0 and m["observed"] > 0 for m in recent])
                 record["step"].append(step)
-                record["train_loss"].append(float(np.mean(kept)) if kept.size else math.nan)
+                record["train_loss"].append(
+                    float(np.average(losses[kept], weights=observed[kept]))
+                    if kept.any()
+                    else math.nan
+                )
                 record["val_loss"].append(evaluate(state, val_batches, calibrate=False))
                 record["skipped_steps"].append(int(state.skipped_steps))
                 since = 0
