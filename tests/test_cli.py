@@ -8,7 +8,9 @@ persistent cache of tests/conftest.py a second run is much faster.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import math
 import os
@@ -44,6 +46,7 @@ from tft_jax.forecaster import (
 )
 from tft_jax.forecaster.config import MAX_SEED
 from tft_jax.forecaster.forecaster import check_global_batch
+from tft_jax.forecaster.run_folder import earlier_results
 from tft_jax.forecaster.training import sample_batch
 from tft_jax.model import TemporalFusionTransformer
 from tft_jax.train import create_train_state, make_optimizer, warmup_cosine_schedule
@@ -666,16 +669,31 @@ def test_json_ready_turns_non_finite_floats_into_null():
 # End to end
 
 
+# What the trained run's `train` printed to stderr (its warnings among it).
+TRAINED_RUN_STDERR: list[str] = []
+
+
 @pytest.fixture(scope="module")
 def trained_run(csv_path, tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
-    code = cli.main(
-        [
-            "train", *table_args(csv_path), *TINY_MODEL, *TINY_RUN, *TINY_QAT, "--out", str(out)
-        ]
-    )  # fmt: skip
-    assert code == 0
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        code = cli.main(
+            [
+                "train", *table_args(csv_path), *TINY_MODEL, *TINY_RUN, *TINY_QAT,
+                "--out", str(out),
+            ]
+        )  # fmt: skip
+    TRAINED_RUN_STDERR.append(stderr.getvalue())
+    assert code == 0, stderr.getvalue()
     return out
+
+
+def test_train_saves_over_its_own_checkpoints_without_an_earlier_results_warning(trained_run):
+    # `train` saves its model with this run's checkpoints beside it, then writes its
+    # metrics, forecasts and plots: none of them is another model's.
+    assert "also holds" not in TRAINED_RUN_STDERR[0]
+    assert set(earlier_results(trained_run)) >= {"checkpoints/", "metrics.json", "plots/"}
 
 
 @pytest.mark.slow

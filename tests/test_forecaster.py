@@ -12,6 +12,7 @@ import collections
 import dataclasses
 import json
 import shutil
+import warnings
 
 import jax
 import numpy as np
@@ -31,7 +32,12 @@ from tft_jax.forecaster import (
     RunFolderError,
 )
 from tft_jax.forecaster.forecaster import BATCH_STREAM_FILE, _check_batch_stream, monotone
-from tft_jax.forecaster.run_folder import check_params, model_param_shapes
+from tft_jax.forecaster.run_folder import (
+    EarlierResultsWarning,
+    check_params,
+    earlier_results,
+    model_param_shapes,
+)
 from tft_jax.model import TemporalFusionTransformer
 
 from .cli_tables import HISTORY, HORIZON, TINY_TRAINING, write_table
@@ -595,3 +601,31 @@ def test_a_refused_fresh_start_keeps_the_batch_stream_of_the_checkpoints(fitted,
     with pytest.raises(ValueError, match=r"batch_size 16 then, 8 now"):
         _check_batch_stream(checkpoints, True, TINY_TRAINING.batch_size, dataset)
     _check_batch_stream(checkpoints, True, 16, dataset)
+
+
+def test_save_names_the_earlier_models_results_it_leaves(fitted, tmp_path):
+    forecaster, _, _ = fitted
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a fresh folder: not a word
+        forecaster.save(tmp_path / "run")
+    run = tmp_path / "run"
+    (run / "metrics.json").write_text("{}")
+    (run / "forecasts_fp32_test.csv").write_text("x\n")
+    (run / "plots").mkdir()
+    (run / "plots" / "attention.png").write_bytes(b"png")
+    (run / "checkpoints" / "fp32").mkdir(parents=True)
+    (run / "notes.txt").write_text("the user's own")  # not a result: not named
+    with pytest.warns(EarlierResultsWarning) as caught:
+        forecaster.save(run)
+    message = str(caught[0].message)
+    assert "checkpoints/, forecasts_fp32_test.csv, metrics.json, plots/ of the model" in message
+    assert "notes.txt" not in message
+    assert (run / "metrics.json").read_text() == "{}"  # left as they are
+    assert earlier_results(run) == [
+        "checkpoints/", "forecasts_fp32_test.csv", "metrics.json", "plots/",
+    ]  # fmt: skip
+    # A folder of its own under plots/ or an empty checkpoints/ is not a result.
+    (run / "plots" / "attention.png").unlink()
+    (run / "plots" / "mine").mkdir()
+    (run / "checkpoints" / "fp32").rmdir()
+    assert earlier_results(run) == ["forecasts_fp32_test.csv", "metrics.json"]

@@ -79,6 +79,9 @@ from tft_jax.forecaster import DEMO, DataConfig, Forecaster, ForecasterConfig, R
 from tft_jax.forecaster.run_folder import (
     CONFIG_FILE,
     HISTORY_FILE,
+    RESULT_FILE_PATTERNS,
+    RESULT_FOLDERS,
+    EarlierResultsWarning,
     json_ready,
     read_json,
     write_json,
@@ -464,15 +467,8 @@ def _ready_out(out: pathlib.Path, overwrite: bool, command: str = "train") -> No
 
 # What `train` and the run-reading commands write into a run folder (and nothing else
 # there): the entries of each folder, and the files at its top.
-RUN_FOLDERS = {
-    "checkpoints": ("fp32", "qat", "batch_stream.json*"),
-    "models": ("*.msgpack", "*.msgpack.tmp"),
-    "plots": (
-        "forecasts_*.png", "future_*.png", "attention.png", "variable_importance.png",
-        "loss_curves.png",
-    ),
-}  # fmt: skip
-RUN_FILE_PATTERNS = (CONFIG_FILE, HISTORY_FILE, "metrics*.json", "forecasts*.csv")
+RUN_FOLDERS = {**RESULT_FOLDERS, "models": ("*.msgpack", "*.msgpack.tmp")}
+RUN_FILE_PATTERNS = (CONFIG_FILE, HISTORY_FILE, *RESULT_FILE_PATTERNS)
 
 
 def remove_run_files(out: pathlib.Path) -> list[str]:
@@ -552,7 +548,9 @@ def run_training(args: argparse.Namespace, command: str = "train") -> dict[str, 
         "csv": None if args.csv is None else str(pathlib.Path(args.csv).resolve()),
         "command": command,
     }
-    forecaster.save(out, extra={"source": source, "arguments": arguments})
+    with warnings.catch_warnings():  # this run's results are written next, over the earlier
+        warnings.simplefilter("ignore", EarlierResultsWarning)
+        forecaster.save(out, extra={"source": source, "arguments": arguments})
     dataset = forecaster.dataset
     metrics, predictions = evaluate_announced(forecaster, dataset, "test", args.quiet)
     final = "int8" if "int8" in predictions else "fp32"

@@ -20,6 +20,7 @@ import numbers
 import os
 import pathlib
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -774,7 +775,9 @@ class Forecaster:
         `extra` adds sections to config.json (the CLI records its arguments there): JSON
         values, under names other than the run's own sections. A
         folder holding an earlier run is written over: its config.json and the model files
-        of forms this forecaster lacks are deleted first.
+        of forms this forecaster lacks are deleted first. The results `tft-jax` wrote there
+        for the earlier model (metrics, forecasts, plots, checkpoints) are left as they are,
+        with a `run_folder.EarlierResultsWarning` naming them: they describe another model.
         """
         fitted = self._require_fitted()
         root = pathlib.Path(path).expanduser()  # "~/runs/x" is the user's, as in a shell
@@ -813,6 +816,15 @@ class Forecaster:
             run_folder.save_variables(run_folder.model_path(root, name), variables)
         run_folder.write_json(root / run_folder.HISTORY_FILE, fitted.history)
         run_folder.write_json(root / run_folder.CONFIG_FILE, {**config, **(extra or {})})
+        earlier = run_folder.earlier_results(root)
+        if earlier:
+            warnings.warn(
+                f"save: {root} also holds {', '.join(earlier)} of the model saved there "
+                "before; they describe that model, not this one, and are left as they are "
+                "(delete them, or save into a new folder)",
+                run_folder.EarlierResultsWarning,
+                stacklevel=2,
+            )
         return root
 
     @classmethod

@@ -44,6 +44,34 @@ class RunFolderError(ValueError):
     """A run folder that cannot be loaded: missing, incomplete or of another format."""
 
 
+# What the `tft-jax` commands write beside a saved forecaster: results of the model
+# saved there (entries of each folder, and files at the top).
+RESULT_FOLDERS = {
+    "checkpoints": ("fp32", "qat", "batch_stream.json*"),
+    "plots": (
+        "forecasts_*.png", "future_*.png", "attention.png", "variable_importance.png",
+        "loss_curves.png",
+    ),
+}  # fmt: skip
+RESULT_FILE_PATTERNS = ("metrics*.json", "forecasts*.csv")
+
+
+class EarlierResultsWarning(UserWarning):
+    """`Forecaster.save` into a folder holding the results (metrics, forecasts, plots,
+    checkpoints) that `tft-jax` wrote there for the model saved before."""
+
+
+def earlier_results(root: pathlib.Path) -> list[str]:
+    """The result files and folders (`RESULT_FOLDERS`, `RESULT_FILE_PATTERNS`) in `root`, sorted."""
+    found = {
+        f"{name}/"
+        for name, patterns in RESULT_FOLDERS.items()
+        if (root / name).is_dir() and any(any((root / name).glob(p)) for p in patterns)
+    }
+    found.update(path.name for p in RESULT_FILE_PATTERNS for path in root.glob(p) if path.is_file())
+    return sorted(found)
+
+
 def model_path(root: pathlib.Path, name: str) -> pathlib.Path:
     """Where model `name`'s variables live in the folder `root`."""
     return pathlib.Path(root) / "models" / f"{name}.msgpack"
