@@ -100,27 +100,119 @@ class _Fitted:
 # is fixed (weights per-channel symmetric, activations per-tensor affine, moving average).
 QAT_LAYOUT_FIELDS = ("symmetric", "per_channel", "channel_axis", "observer")
 
-# Next to the training checkpoints: what fixes the stream of training batches.
+# Next to the training checkpoints: what fixes the stream of training batches, and the
+# settings (`ForecasterConfig.to_json`) the checkpoints were trained with.
 BATCH_STREAM_FILE = "batch_stream.json"
+
+# The settings a resume may change: how long training goes on (a finished or budgeted run
+# extended, as `tft_jax.train.fit` allows), and what is read only after training (the
+# prediction batch, the seasonal naive baseline, clipping forecasts at 0). Every other
+# field changes what is trained or the data it sees, and a resume with it is refused.
+RESUMABLE_FIELDS = {
+    "data": ("season_period", "nonnegative"),
+    "model": (),
+    "training": ("epochs", "max_steps", "time_budget", "eval_batch_size"),
+    "qat": ("steps", "time_budget"),
+}
+_SECTION_CLASSES: dict[str, type] = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "training": TrainingConfig,
+    "qat": QATTrainingConfig,
+}
+
+
+def _settings_record(settings: ForecasterConfig) -> dict[str, Any]:
+    """`settings.to_json()` as it reads back from JSON (tuples as lists)."""
+    return json.loads(json.dumps(run_folder.json_ready(settings.to_json())))
+
+
+def _changed_settings(written: dict[str, Any], settings: ForecasterConfig) -> list[str]:
+    """`'Section.field OLD then, NEW now'` for each field a resume may not change.
+
+    A field missing from `written` (recorded before the field existed) counts
+    as its default. The QAT section may be added (the QAT phase has not
+    started when the recorded run had none), not removed.
+    """
+    current = _settings_record(settings)
+    changed = []
+    if written.get("qat") is not None and current.get("qat") is None:
+        changed.append("ForecasterConfig.qat QAT settings then, None now")
+    for section, kind in _SECTION_CLASSES.items():
+        old, new = written.get(section), current.get(section)
+        if old is None or new is None:
+            continue
+        for field in dataclasses.fields(kind):
+            if field.name in RESUMABLE_FIELDS[section]:
+                continue
+            then, now = old.get(field.name, _settings_record_value(field.default)), new[field.name]
+            if then != now:
+                changed.append(
+                    f"{kind.__name__}.{field.name} {_shown(then)} then, {_shown(now)} now"
+                )
+    return changed
+
+
+def _settings_record_value(value: Any) -> Any:
+    """A field default as it reads back from JSON; MISSING stays (it equals no value)."""
+    if value is dataclasses.MISSING:
+        return value
+    return json.loads(json.dumps(run_folder.json_ready(value)))
+
+
+def _shown(value: Any) -> str:
+    """A recorded value as the message shows it: lists as tuples, like the config."""
+    if value is dataclasses.MISSING:
+        return "(not recorded)"
+    return repr(tuple(value)) if isinstance(value, list) else repr(value)
 
 
 def _check_batch_stream(
-    checkpoints: pathlib.Path, resume: bool, batch_size: int, dataset: PreparedDataset
+    checkpoints: pathlib.Path,
+    resume: bool,
+    batch_size: int,
+    dataset: PreparedDataset,
+    settings: ForecasterConfig | None = None,
 ) -> None:
-    """Refuses to resume checkpoints written with another batch size or other training windows.
+    """Refuses to resume checkpoints written with other settings or other training windows.
 
     A checkpoint records how many batches of its epoch were drawn, not how
     they were made: resumed with another `batch_size` (or a table giving
     other training windows) the run would read other windows than the one it
-    continues, without a word. A fresh run records its stream (process 0),
-    except over an earlier run's checkpoints: training refuses to start over
-    them, and their record must survive for the resume that follows.
-    Checkpoints written before the record was kept resume unchecked.
+    continues, without a word. With `settings` (as `Forecaster.fit` passes
+    them) the record also holds every setting, and a resume that changes one
+    outside `RESUMABLE_FIELDS` (a learning rate, a hidden size, quantiles,
+    history, columns, scaler, seed...) is refused naming each
+    `Section.field` with its old and new value: it would mix another run into
+    the one it continues, or stop deep in orbax on a shape. Raising `epochs`,
+    `max_steps`, a `time_budget` or QAT `steps` extends a run, and
+    `eval_batch_size`, `season_period` and `nonnegative` are read only after
+    training: those may change, and the record then holds the new values.
+
+    A fresh run records its stream and settings (process 0), except over an
+    earlier run's checkpoints: training refuses to start over them, and their
+    record must survive for the resume that follows. Checkpoints written
+    before the settings were recorded resume with a warning that they cannot
+    be checked (and unchecked altogether without a record).
     """
     path = checkpoints / BATCH_STREAM_FILE
-    stream = {"batch_size": int(batch_size), "train_windows": len(dataset.train)}
+    stream: dict[str, Any] = {"batch_size": int(batch_size), "train_windows": len(dataset.train)}
     if resume and path.is_file():
         written = run_folder.read_json(path)
+        if settings is not None:
+            if not isinstance(written.get("settings"), dict):
+                warnings.warn(
+                    f"resume: {path} was written before runs recorded their settings; the "
+                    "settings of this resume cannot be checked against those the checkpoints "
+                    "were trained with",
+                    stacklevel=3,
+                )
+            elif changed := _changed_settings(written["settings"], settings):
+                raise ValueError(
+                    f"resume: the checkpoints in {checkpoints} were trained with other "
+                    f"settings ({'; '.join(changed)}); resume with the settings they were "
+                    "written with, or start over"
+                )
         differ = [
             f"{key} {written.get(key)} then, {value} now"
             for key, value in stream.items()
@@ -132,8 +224,21 @@ def _check_batch_stream(
                 f"batches ({'; '.join(differ)}); resume with the batch size and table they "
                 "were written with, or start over"
             )
+        if settings is not None and "settings" in written and is_primary():
+            # The fields a resume may change (a raised max_steps, QAT added) are kept.
+            run_folder.write_json(path, {**written, "settings": _settings_record(settings)})
+        return
+    if settings is not None and resume and is_primary() and _holds_checkpoints(checkpoints):
+        warnings.warn(
+            f"resume: {checkpoints} holds no {BATCH_STREAM_FILE} (written before runs "
+            "recorded their settings); the settings and batch size of this resume cannot be "
+            "checked against those the checkpoints were trained with",
+            stacklevel=3,
+        )
         return
     if is_primary() and not _holds_checkpoints(checkpoints):
+        if settings is not None:
+            stream["settings"] = _settings_record(settings)
         run_folder.write_json(path, stream)
 
 
@@ -393,7 +498,14 @@ class Forecaster:
         Args:
           table: a long-format DataFrame or CSV path with the columns of `data`.
           checkpoint_dir: where training checkpoints go (`fp32/`, `qat/`); None keeps none.
-          resume: continue from the newest checkpoint in `checkpoint_dir`.
+          resume: continue from the newest checkpoint in `checkpoint_dir`. The
+            settings must be those the checkpoints recorded when their run
+            started, except `epochs`, `max_steps`, the time budgets, QAT
+            `steps` (to extend a run), a QAT section added, and `eval_batch_size`,
+            `season_period` and `nonnegative` (read after training only): any
+            other difference raises `ValueError` naming each `Config.field`
+            with its old and new value (`RESUMABLE_FIELDS`). Checkpoints from
+            before settings were recorded resume with a warning.
           quiet: no progress bars.
           before_training: called once `table` has passed every check (columns,
             splits, windows, the seasonal period) and just before training
@@ -431,7 +543,9 @@ class Forecaster:
         if before_training is not None:
             before_training()
         if checkpoints is not None:
-            _check_batch_stream(checkpoints, resume, settings.training.batch_size, dataset)
+            _check_batch_stream(
+                checkpoints, resume, settings.training.batch_size, dataset, settings
+            )
         phase = time.perf_counter()
         fp32 = train_fp32(
             TemporalFusionTransformer(tft_config),

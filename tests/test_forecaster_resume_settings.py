@@ -1,0 +1,192 @@
+"""`Forecaster.fit(resume=True)` checks the settings against those its checkpoints recorded.
+
+One tiny checkpointed FP32 run (the settings of `tests/test_forecaster.py`)
+is fitted once; each test resumes a copy of its checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import jax
+import numpy as np
+import pandas as pd
+import pytest
+
+from tft_jax.cli_parser import flag_message
+from tft_jax.forecaster import (
+    DataConfig,
+    Forecaster,
+    ForecasterConfig,
+    ModelConfig,
+    QATTrainingConfig,
+)
+from tft_jax.forecaster import forecaster as forecaster_module
+from tft_jax.forecaster.forecaster import BATCH_STREAM_FILE, _changed_settings
+
+from .cli_tables import HISTORY, HORIZON, TINY_TRAINING, write_table
+
+DATA = DataConfig(
+    id_col="store", time_col="day", target="sales", freq="D", static_cols=("size",),
+    known_cols=("promo",), observed_cols=("temperature",), history=HISTORY, horizon=HORIZON,
+    validation_fraction=0.15, test_fraction=0.15,
+)  # fmt: skip
+MODEL = ModelConfig(hidden_dim=8, num_heads=2)
+SETTINGS = ForecasterConfig(DATA, MODEL, TINY_TRAINING)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """`(table, fitted forecaster, its checkpoint folder)` of a finished 4-step run."""
+    folder = tmp_path_factory.mktemp("resume_settings")
+    table = pd.read_csv(write_table(folder / "stores.csv"))
+    checkpoints = folder / "checkpoints"
+    forecaster = Forecaster.from_config(SETTINGS).fit(table, checkpoint_dir=checkpoints, quiet=True)
+    return table, forecaster, checkpoints
+
+
+def _copy(checkpoints, tmp_path):
+    return shutil.copytree(checkpoints, tmp_path / "checkpoints")
+
+
+def _record(checkpoints):
+    return json.loads((checkpoints / BATCH_STREAM_FILE).read_text())
+
+
+def test_a_checkpointed_fit_records_its_settings_next_to_the_checkpoints(trained):
+    _, _, checkpoints = trained
+    recorded = ForecasterConfig.from_json(_record(checkpoints)["settings"])
+    assert recorded == SETTINGS
+
+
+@pytest.mark.parametrize(
+    ("changed", "expected"),
+    [
+        (
+            dataclasses.replace(SETTINGS, model=dataclasses.replace(MODEL, hidden_dim=16)),
+            ("ModelConfig.hidden_dim 8 then, 16 now", "--hidden-dim 8 then, 16 now"),
+        ),
+        (
+            dataclasses.replace(
+                SETTINGS, training=dataclasses.replace(TINY_TRAINING, learning_rate=2e-3)
+            ),
+            ("TrainingConfig.learning_rate 0.001 then, 0.002 now", "--lr 0.001 then, 0.002 now"),
+        ),
+        (
+            dataclasses.replace(
+                SETTINGS, model=dataclasses.replace(MODEL, quantiles=(0.1, 0.5, 0.9, 0.95))
+            ),
+            (
+                "ModelConfig.quantiles (0.1, 0.5, 0.9) then, (0.1, 0.5, 0.9, 0.95) now",
+                "--quantiles (0.1, 0.5, 0.9) then, (0.1, 0.5, 0.9, 0.95) now",
+            ),
+        ),
+    ],
+    ids=["hidden_dim", "learning_rate", "quantiles"],
+)
+def test_a_resume_with_changed_settings_is_refused_naming_the_field_before_training(
+    trained, tmp_path, monkeypatch, changed, expected
+):
+    # Only the batch stream and parameter shapes were checked: a new hidden size stopped
+    # on an orbax shape mismatch naming no setting, a new learning rate or new quantiles
+    # trained on, mixed into the run they continued.
+    table, _, checkpoints = trained
+    checkpoints = _copy(checkpoints, tmp_path)
+    before = _record(checkpoints)
+
+    def training_started(*args, **kwargs):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(forecaster_module, "train_fp32", training_started)
+    with pytest.raises(ValueError, match="were trained with other settings") as error:
+        Forecaster.from_config(changed).fit(
+            table, checkpoint_dir=checkpoints, resume=True, quiet=True
+        )
+    message, flagged = expected
+    assert message in str(error.value)
+    assert flagged in flag_message(str(error.value))  # as `tft-jax train --resume` says it
+    assert _record(checkpoints) == before
+
+
+def test_an_unchanged_resume_of_a_finished_run_gives_its_variables(trained, tmp_path):
+    table, fitted, checkpoints = trained
+    checkpoints = _copy(checkpoints, tmp_path)
+    resumed = Forecaster.from_config(SETTINGS).fit(
+        table, checkpoint_dir=checkpoints, resume=True, quiet=True
+    )
+    jax.tree.map(
+        np.testing.assert_array_equal,
+        resumed._fitted.variables["fp32"],
+        fitted._fitted.variables["fp32"],
+    )
+
+
+def test_a_resume_with_a_larger_max_steps_trains_on_and_records_it(trained, tmp_path):
+    table, _, checkpoints = trained
+    checkpoints = _copy(checkpoints, tmp_path)
+    longer = dataclasses.replace(
+        SETTINGS, training=dataclasses.replace(TINY_TRAINING, max_steps=6, eval_batch_size=16)
+    )
+    resumed = Forecaster.from_config(longer).fit(
+        table, checkpoint_dir=checkpoints, resume=True, quiet=True
+    )
+    assert resumed.summary["fp32"]["total_steps"] == 6
+    assert sorted(int(step.name) for step in (checkpoints / "fp32" / "latest").iterdir())[-1] == 6
+    assert ForecasterConfig.from_json(_record(checkpoints)["settings"]) == longer
+
+
+@pytest.mark.parametrize("record", ["without settings", "missing"])
+def test_checkpoints_from_before_the_settings_record_resume_with_a_warning(
+    trained, tmp_path, record
+):
+    table, _, checkpoints = trained
+    checkpoints = _copy(checkpoints, tmp_path)
+    path = checkpoints / BATCH_STREAM_FILE
+    if record == "missing":
+        path.unlink()
+    else:
+        path.write_text(
+            json.dumps({k: v for k, v in _record(checkpoints).items() if k != "settings"})
+        )
+    changed = dataclasses.replace(
+        SETTINGS, training=dataclasses.replace(TINY_TRAINING, learning_rate=2e-3)
+    )
+    with pytest.warns(UserWarning, match="cannot be checked"):
+        Forecaster.from_config(changed).fit(
+            table, checkpoint_dir=checkpoints, resume=True, quiet=True
+        )
+
+
+def _recorded(settings: ForecasterConfig) -> dict:
+    return json.loads(json.dumps(settings.to_json()))
+
+
+def test_qat_may_be_added_on_resume_but_not_removed():
+    with_qat = dataclasses.replace(SETTINGS, qat=QATTrainingConfig(steps=3))
+    assert _changed_settings(_recorded(SETTINGS), with_qat) == []
+    assert _changed_settings(_recorded(with_qat), SETTINGS) == [
+        "ForecasterConfig.qat QAT settings then, None now"
+    ]
+    more_bits = dataclasses.replace(with_qat, qat=QATTrainingConfig(steps=30, bits=4))
+    assert _changed_settings(_recorded(with_qat), more_bits) == [
+        "QATTrainingConfig.bits 8 then, 4 now"
+    ]
+
+
+def test_every_changed_field_is_named_and_a_field_missing_from_the_record_is_its_default():
+    written = _recorded(SETTINGS)
+    del written["data"]["nonnegative"], written["training"]["weight_decay"]  # older records
+    assert _changed_settings(written, SETTINGS) == []
+    changed = dataclasses.replace(
+        SETTINGS,
+        data=dataclasses.replace(DATA, history=21, scaler="robust", nonnegative=True),
+        training=dataclasses.replace(TINY_TRAINING, seed=1, batch_size=16, epochs=3),
+    )
+    assert _changed_settings(written, changed) == [
+        "DataConfig.history 14 then, 21 now",
+        "DataConfig.scaler 'standard' then, 'robust' now",
+        "TrainingConfig.batch_size 8 then, 16 now",
+        "TrainingConfig.seed 0 then, 1 now",
+    ]
