@@ -199,7 +199,7 @@ def read_given_csv(
             data.time_format, data.dayfirst, data.timezone,
         )  # fmt: skip
     except ValueError as error:
-        raise UsageError(f"{flag} {path}: {error}") from None
+        raise UsageError(f"{flag} {path}: {flag_message(str(error), vars(args))}") from None
     return table
 
 
@@ -612,6 +612,19 @@ def command_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def other_table(args: argparse.Namespace, config: dict[str, Any]) -> bool:
+    """Whether `--csv` names a table other than the one the run was trained on.
+
+    Outputs written for another table are named after it (`<CSV name>`), so
+    that they never replace the run's own figures or forecasts.
+    """
+    if args.csv is None:
+        return False
+    source = run_source(config, args.run)
+    own = source is not None and pathlib.Path(source).is_file() and args.csv.is_file()
+    return not (own and args.csv.samefile(source))
+
+
 def metrics_output(args: argparse.Namespace, config: dict[str, Any]) -> pathlib.Path:
     """The metrics file `evaluate` writes: `--output`, else one in the run folder.
 
@@ -623,12 +636,25 @@ def metrics_output(args: argparse.Namespace, config: dict[str, Any]) -> pathlib.
     if args.output is not None:
         return args.output
     name = "metrics.json" if args.split == "test" else f"metrics_{args.split}.json"
-    if args.csv is not None:
-        source = run_source(config, args.run)
-        own = source is not None and pathlib.Path(source).is_file() and args.csv.is_file()
-        if not (own and args.csv.samefile(source)):
-            name = f"metrics_{args.split}_{args.csv.stem}.json"
+    if other_table(args, config):
+        name = f"metrics_{args.split}_{args.csv.stem}.json"
     return args.run / name
+
+
+def forecast_output(args: argparse.Namespace, config: dict[str, Any], model: str) -> pathlib.Path:
+    """The CSV `forecast` writes: `--output`, else one in the run folder.
+
+    `forecasts_<model>_<split>.csv` for the run's table; a `--csv` table other
+    than the one the run was trained on gets `forecasts_<model>_<split>_<CSV
+    name>.csv`, as `evaluate` names its metrics (`metrics_output`), so that
+    forecasting another table never replaces the run's forecasts.
+    """
+    if args.output is not None:
+        return args.output
+    name = f"forecasts_{model}_{args.split}"
+    if other_table(args, config):
+        name = f"{name}_{args.csv.stem}"
+    return args.run / f"{name}.csv"
 
 
 def command_evaluate(args: argparse.Namespace) -> int:
@@ -667,7 +693,7 @@ def command_forecast(args: argparse.Namespace) -> int:
     name = default_model(forecaster, args.model)
     labels = ("the run's id column", "the run's time column")
     check_forecast_columns(forecaster.config.data, forecaster.tft_config.quantiles, labels, True)
-    output = args.output or args.run / f"forecasts_{name}_{args.split}.csv"
+    output = forecast_output(args, config, name)
     check_output_file(output, "--output")
     table = (
         {"the --csv file": args.csv}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+import warnings
 from typing import Any
 
 from tft_jax import plots
@@ -35,9 +36,14 @@ _SETTING_FLAGS = {
 
 
 def _clipping_settings(args: argparse.Namespace) -> ClippingSettings:
-    """The experiment's settings from the flags; a `UsageError` naming the flag if invalid."""
+    """The experiment's settings from the flags; a `UsageError` naming the flag if invalid.
+
+    An `--eval-every` above `--steps` records one point per run, after its
+    last step: it is recorded as `--steps`, the interval that took effect,
+    with a warning (a repair is said, as `train` says its own).
+    """
     try:
-        return ClippingSettings(
+        settings = ClippingSettings(
             learning_rate=args.lr,
             clip_norm=args.clip_norm,
             seeds=tuple(range(args.seeds)),
@@ -55,6 +61,14 @@ def _clipping_settings(args: argparse.Namespace) -> ClippingSettings:
             str(error),
         )
         raise UsageError(message) from None
+    if args.eval_every > args.steps:
+        warnings.warn(
+            f"--eval-every {args.eval_every} is more than --steps {args.steps}: each run "
+            f"records one point, after its last step (--eval-every {args.steps})",
+            UserWarning,
+            stacklevel=2,
+        )
+    return settings
 
 
 def command_experiment(args: argparse.Namespace) -> int:

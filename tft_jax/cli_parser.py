@@ -436,9 +436,37 @@ def _data_keyword(match: re.Match[str], available: Container[str] | None) -> str
 _KEYWORD = re.compile(r"(?<![\w.\-\[\'\"])([a-z]+(?:_[a-z]+)*)(=?)(?![\w(\]])")
 
 
+# A data-layer keyword with its value and the flag that says the same, in brackets:
+# "dayfirst=True (--dayfirst)", "time_format='%d/%m/%Y' (--time-format)".
+_PAIR = re.compile(r"\b([a-z]+(?:_[a-z]+)*)=('[^']*'|[^\s,;()]+) \((--[\w-]+)([^()]*)\)")
+
+
+def _flag_of_pair(match: re.Match[str], available: Container[str] | None) -> str:
+    """The command-line half of a `keyword=value (--flag ...)` pair, said once.
+
+    `(--encoding latin-1)` is the whole flag; a bare `(--time-format)` takes
+    the keyword's value, and `dayfirst=True (--dayfirst)` (a switch) is the flag
+    alone. A pair whose flag the command lacks, or that is not the keyword's,
+    stays as it is.
+    """
+    name, value, flag, rest = match.groups()
+    for option in ALL_OPTIONS:
+        if option.section != "data" or option.field != name or option.flag != flag:
+            continue
+        if available is not None and option.dest not in available:
+            break
+        if rest.strip():
+            return flag + rest
+        if option.kwargs.get("action") in ("store_true", argparse.BooleanOptionalAction):
+            return flag if value == "True" else match.group(0)
+        return f"{flag} {value}"
+    return match.group(0)
+
+
 def flag_message(message: str, available: Container[str] | None = None) -> str:
     """A config or data error with each `Config.field`, and each data-layer keyword
-    (`validation_start`, `freq=`), replaced by the flag that sets it.
+    (`validation_start`, `freq=`), replaced by the flag that sets it; a
+    keyword given with its flag (`dayfirst=True (--dayfirst)`) is said once.
 
     `available`: the destinations of the running command's flags (`vars(args)`);
     a keyword whose flag the command lacks stays as it is.
@@ -453,6 +481,7 @@ def flag_message(message: str, available: Container[str] | None = None) -> str:
 
     # 'DataConfig: give both ...' names a class a command-line user never wrote.
     message = _OWNER_PREFIX.sub("", message)
+    message = _PAIR.sub(lambda m: _flag_of_pair(m, available), message)
     flagged = _KEYWORD.sub(lambda m: _data_keyword(m, available), _FIELD.sub(flag, message))
     return re.sub(r"(--[\w-]+)\s+\(\1\)", r"\1", flagged)  # 'timezone= (--timezone)'
 
@@ -740,7 +769,9 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument(
                 "--output",
                 type=pathlib.Path,
-                help="CSV path (default RUN/forecasts_<model>_<split>.csv)",
+                help="CSV path (default RUN/forecasts_<model>_<split>.csv; "
+                "RUN/forecasts_<model>_<split>_<CSV name>.csv for a --csv table the run was "
+                "not trained on)",
             )
         if name == "plot":
             _model_choice(sub, "model whose attention, weights and future are drawn (default fp32)")

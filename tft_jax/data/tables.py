@@ -123,8 +123,9 @@ class TableSpec:
                 pd.Timestamp(0, tz="UTC").tz_convert(self.timezone)
             except Exception as error:
                 raise ValueError(
-                    f"unknown timezone={self.timezone!r}; use an IANA name such as "
-                    f"'Australia/Melbourne' or None ({error})"
+                    f"unknown timezone={self.timezone!r} ({error}); use an IANA name such as "
+                    "'Australia/Melbourne', or leave the timezone out to read calendar features "
+                    "in the time column's own zone"
                 ) from None
 
     def _roles(self) -> list[tuple[str, str]]:
@@ -265,6 +266,21 @@ def infer_categorical(frame: pd.DataFrame, spec: TableSpec) -> TableSpec:
     return dataclasses.replace(spec, categorical_cols=(*spec.categorical_cols, *found))
 
 
+def _separator(columns: Sequence[Any], candidates: str = ";\t|,") -> str | None:
+    """The one of `candidates` a table read as one column looks split by, else None.
+
+    A semicolon- or tab-separated file read as comma-separated has one column
+    whose name is the whole header ('store;date;sales'). Named in the error,
+    not guessed: reading the file another way than asked would be a repair the
+    user did not request.
+    """
+    if len(columns) != 1 or not isinstance(columns[0], str):
+        return None
+    counts = {sep: columns[0].count(sep) for sep in candidates}
+    sep = max(counts, key=counts.__getitem__)
+    return sep if counts[sep] else None
+
+
 def read_table(
     table: pd.DataFrame | str | os.PathLike, encoding: str = "utf-8", id_col: str | None = None
 ) -> pd.DataFrame:
@@ -278,7 +294,9 @@ def read_table(
 
     Raises:
       ValueError: naming the file, when it is missing, is not valid `encoding`
-        text (with the byte and a hint), or is not CSV.
+        text (with the byte and a hint), is not CSV, or lacks `id_col` and looks
+        separated by ';', a tab or '|' instead of commas (one column named
+        'store;date;sales'; the separator is named, not guessed).
     """
     if isinstance(table, pd.DataFrame):
         return table
@@ -290,6 +308,14 @@ def read_table(
         raise ValueError(f"{os.fspath(table)}: no such file")
     try:
         frame = pd.read_csv(table, encoding=encoding)
+        # Only a table without its id column: a one-column file may hold such texts.
+        sep = None if id_col in (None, *frame.columns) else _separator(frame.columns, ";\t|")
+        if sep is not None:
+            raise ValueError(
+                f"{os.fspath(table)} looks separated by {sep!r}, not commas: its header reads "
+                f"as the one column {frame.columns[0]!r}. Write a comma-separated copy, e.g. "
+                f"pandas.read_csv(path, sep={sep!r}).to_csv(new_path, index=False)"
+            )
         texts = None if id_col is None else _id_texts_numbers_change(frame, table, encoding, id_col)
         if texts is not None:
             frame[id_col] = texts
@@ -858,9 +884,14 @@ def validate_table(
     _require_positive_int("horizon", horizon)
     missing = [column for column in spec.columns if column not in frame.columns]
     if missing:
+        # As keywords (`target='sales'`), which the CLI shows as its flags.
+        roles = ", ".join(f"{role}={col!r}" for role, col in spec._roles() if col in missing)
+        sep = _separator(frame.columns)
+        reading = f"pandas.read_csv(path, sep={sep!r})"
+        hint = "" if sep is None else f"; it looks separated by {sep!r}: read it with {reading}"
         raise ValueError(
-            f"table lacks columns {missing}; it has {list(frame.columns)}. "
-            "Rename the columns or pass the right names (id_col, time_col, target, ...)"
+            f"table lacks columns {missing} ({roles}); it has {list(frame.columns)}{hint}. "
+            "Rename the columns or pass the right names"
         )
     check_unique_columns(frame, spec.columns)
     if len(frame) == 0:
