@@ -182,7 +182,7 @@ def test_every_changed_field_is_named_and_a_field_missing_from_the_record_is_its
     changed = dataclasses.replace(
         SETTINGS,
         data=dataclasses.replace(DATA, history=21, scaler="robust", nonnegative=True),
-        training=dataclasses.replace(TINY_TRAINING, seed=1, batch_size=16, epochs=3),
+        training=dataclasses.replace(TINY_TRAINING, seed=1, batch_size=16, epochs=3, patience=9),
     )
     assert _changed_settings(written, changed) == [
         "DataConfig.history 14 then, 21 now",

@@ -105,13 +105,14 @@ QAT_LAYOUT_FIELDS = ("symmetric", "per_channel", "channel_axis", "observer")
 BATCH_STREAM_FILE = "batch_stream.json"
 
 # The settings a resume may change: how long training goes on (a finished or budgeted run
-# extended, as `tft_jax.train.fit` allows), and what is read only after training (the
-# prediction batch, the seasonal naive baseline, clipping forecasts at 0). Every other
-# field changes what is trained or the data it sees, and a resume with it is refused.
+# extended, as `tft_jax.train.fit` allows; a patience for a run cut short), and what is
+# read only after training (the prediction batch, the seasonal naive baseline, clipping
+# forecasts at 0). Every other field changes what is trained or the data it sees, and a
+# resume with it is refused.
 RESUMABLE_FIELDS = {
     "data": ("season_period", "nonnegative"),
     "model": (),
-    "training": ("epochs", "max_steps", "time_budget", "eval_batch_size"),
+    "training": ("epochs", "max_steps", "time_budget", "patience", "eval_batch_size"),
     "qat": ("steps", "time_budget"),
 }
 _SECTION_CLASSES: dict[str, type] = {
@@ -185,7 +186,8 @@ def _check_batch_stream(
     history, columns, scaler, seed...) is refused naming each
     `Section.field` with its old and new value: it would mix another run into
     the one it continues, or stop deep in orbax on a shape. Raising `epochs`,
-    `max_steps`, a `time_budget` or QAT `steps` extends a run, and
+    `max_steps`, a `time_budget` or QAT `steps` extends a run (as `patience`
+    may, for a run cut short before it stopped early), and
     `eval_batch_size`, `season_period` and `nonnegative` are read only after
     training: those may change, and the record then holds the new values.
 
@@ -500,8 +502,8 @@ class Forecaster:
           checkpoint_dir: where training checkpoints go (`fp32/`, `qat/`); None keeps none.
           resume: continue from the newest checkpoint in `checkpoint_dir`. The
             settings must be those the checkpoints recorded when their run
-            started, except `epochs`, `max_steps`, the time budgets, QAT
-            `steps` (to extend a run), a QAT section added, and `eval_batch_size`,
+            started, except `epochs`, `max_steps`, the time budgets,
+            `patience`, QAT `steps` (to extend a run), a QAT section added, and `eval_batch_size`,
             `season_period` and `nonnegative` (read after training only): any
             other difference raises `ValueError` naming each `Config.field`
             with its old and new value (`RESUMABLE_FIELDS`). Checkpoints from
