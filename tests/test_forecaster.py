@@ -493,9 +493,11 @@ def test_resuming_checkpoints_of_another_batch_stream_is_refused_before_training
     other = dataclasses.replace(TINY_TRAINING, batch_size=2 * TINY_TRAINING.batch_size)
     resumed = Forecaster(DATA, ModelConfig(hidden_dim=8, num_heads=2), other)
     # A record of the stream alone (no settings): written before settings were recorded.
-    with pytest.warns(UserWarning, match="cannot be checked"):
-        with pytest.raises(ValueError, match=r"batch_size \d+ then, \d+ now"):
-            resumed.fit(table, checkpoint_dir=checkpoints, resume=True, quiet=True)
+    with (
+        pytest.warns(UserWarning, match="cannot be checked"),
+        pytest.raises(ValueError, match=r"batch_size \d+ then, \d+ now"),
+    ):
+        resumed.fit(table, checkpoint_dir=checkpoints, resume=True, quiet=True)
     assert not (checkpoints / "fp32").exists()  # refused before any training
 
 
