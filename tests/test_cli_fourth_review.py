@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -16,7 +17,9 @@ import pytest
 from tft_jax import cli
 from tft_jax.cli_experiments import _clipping_settings
 from tft_jax.cli_parser import build_parser, flag_message
+from tft_jax.data import prepare_dataset
 from tft_jax.data.tables import TableSpec, read_table, validate_table
+from tft_jax.forecaster import DataConfig
 
 COLUMNS = ["--id-col", "store", "--time-col", "date", "--target", "sales", "--freq", "D"]
 
@@ -137,3 +140,28 @@ def test_clipping_eval_every_within_steps_is_kept_without_a_warning(recwarn):
     settings = _clipping_settings(_clipping_args("--steps", "4", "--eval-every", "2"))
     assert settings.eval_every == 2
     assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
+
+
+def test_a_csv_given_to_a_run_fitted_on_text_codes_reads_them_as_text(tmp_path):
+    # A model saved from Python, fitted on a DataFrame of digit-string ids and codes;
+    # `tft-jax predict/evaluate --csv` read the file themselves: '007' stayed 7.
+    times = pd.date_range("2021-03-01", periods=120, freq="h")
+    table = pd.concat(
+        [
+            pd.DataFrame({"id": sid, "time": times, "y": np.arange(120.0), "grade": grade})
+            for sid, grade in (("12", "007"), ("5", "3"))
+        ],
+        ignore_index=True,
+    )
+    data = DataConfig(
+        id_col="id", time_col="time", target="y", freq="h", static_cols=("grade",),
+        categorical_cols=("grade",), history=8, horizon=4,
+    )  # fmt: skip
+    preprocessor = prepare_dataset(table, **data.prepare_options()).preprocessor
+    run = SimpleNamespace(config=SimpleNamespace(data=data), preprocessor=preprocessor)
+    args = argparse.Namespace(encoding=None, dayfirst=None, time_format=None)
+    path = tmp_path / "table.csv"
+    table.to_csv(path, index=False)
+    read = cli.read_given_csv(path, "--csv", run, args)
+    assert read["id"].tolist() == table["id"].tolist()
+    assert read["grade"].tolist() == table["grade"].tolist()

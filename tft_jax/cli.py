@@ -37,7 +37,7 @@ import shutil
 import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -128,16 +128,22 @@ def os_error_text(error: OSError) -> str:
 
 
 def read_csv(
-    path: pathlib.Path, flag: str, encoding: str = "utf-8", id_col: str | None = None
+    path: pathlib.Path,
+    flag: str,
+    encoding: str = "utf-8",
+    id_col: str | None = None,
+    fitted: Mapping[str, Sequence[Any]] | None = None,
 ) -> pd.DataFrame:
     """A CSV named by `flag`, with an error naming the flag and the file.
 
     `id_col`: the series id column, kept as text where numbers would change
-    the ids (`tft_jax.data.read_table`).
+    the ids; `fitted`: a run's `Preprocessor.fitted_values`, so that ids and
+    categories it was fitted on as text ('007') are read as text
+    (`tft_jax.data.read_table`).
     """
     check_input_file(path, flag)
     try:
-        return read_table(path, encoding, id_col)
+        return read_table(path, encoding, id_col, fitted)
     except ValueError as error:
         raise UsageError(f"{flag}: {error}") from None
 
@@ -186,7 +192,8 @@ def read_given_csv(
     parsed here (the saved preprocessing reads it as the training table's).
     """
     data = reading_config(forecaster, args)
-    table = read_csv(path, flag, data.encoding, data.id_col)
+    fitted = forecaster.preprocessor.fitted_values
+    table = read_csv(path, flag, data.encoding, data.id_col, fitted)
     run = forecaster.config.data
     if (data.time_format, data.dayfirst) == (run.time_format, run.dayfirst):
         return table
@@ -228,8 +235,8 @@ def run_table(
         raise UsageError(
             f"the run was trained on {source}, which no longer exists; pass --csv TABLE"
         )
-    id_col = forecaster.config.data.id_col
-    return read_csv(pathlib.Path(source), "the run's table", encoding, id_col)
+    id_col, fitted = forecaster.config.data.id_col, forecaster.preprocessor.fitted_values
+    return read_csv(pathlib.Path(source), "the run's table", encoding, id_col, fitted)
 
 
 def run_source(config: dict[str, Any], run: pathlib.Path) -> str | None:

@@ -602,9 +602,11 @@ def prepare_dataset(
             f"column names {sorted(clash)} are reserved for generated inputs; rename them"
         )
     # A fitted table is read as at fit: its spec names the categorical columns
-    # inferred then, whose texts ('NA', 'none') are categories, not empty cells.
+    # inferred then, whose texts ('NA', 'none') are categories, not empty cells, and
+    # a CSV's ids and categories fitted as text ('007') stay text.
     read_spec = preprocessor.spec if preprocessor is not None else spec
-    raw, texts = read_announced(table, read_spec, encoding)
+    fitted = preprocessor.fitted_values if preprocessor is not None else None
+    raw, texts = read_announced(table, read_spec, encoding, fitted)
     spec = preprocessor.spec if preprocessor is not None else infer_categorical(raw, spec)
     if min_series_length is not None and min_series_length > history + horizon:
         minimum, reason = min_series_length, f"min_series_length={min_series_length}"

@@ -311,6 +311,10 @@ def future_windows(
 
     `normalized` scales each window by its own history (`WindowSet.normalized`).
 
+    A CSV path is read with the preprocessor's fitted values (`read_table`'s
+    `fitted`): ids and categories fitted as text ('007', '1') are read as the
+    texts the file holds, not as the numbers 7 and 1 no code stands for.
+
     The history is checked and gridded as `prepare_dataset` does it, with
     the repairs said out loud: a `freq` finer than the data is an error
     (`check_density`); filled target steps (gaps and empty cells, counted per
@@ -336,7 +340,7 @@ def future_windows(
     check_missing_fraction_limit(max_missing_fraction)
     spec = preprocessor.spec
     missing_col = preprocessor.missing_col
-    raw, _ = read_announced(table, spec, encoding)
+    raw, _ = read_announced(table, spec, encoding, preprocessor.fitted_values)
     clean = validate_table(raw, spec, history, horizon, min_length=history)
     preprocessor.check_time_zone(clean[spec.time_col], "history")
     empty_inputs = empty_input_cells(clean, spec)

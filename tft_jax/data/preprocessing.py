@@ -191,6 +191,15 @@ class Preprocessor:
         return missing_column(self.spec)
 
     @property
+    def fitted_values(self) -> dict[str, tuple[Any, ...]]:
+        """`{column: its training values}`: the series ids, then each categorical vocabulary.
+
+        What `read_table` needs to read a CSV's columns as the fit read them
+        (codes '007' as text where the model was fitted on text).
+        """
+        return {self.spec.id_col: self.series_ids, **self.vocabularies}
+
+    @property
     def known_feature_names(self) -> tuple[str, ...]:
         """(K,) the known inputs: calendar features, `time_index`, then real `known_cols`."""
         real = self.spec.real(self.spec.known_cols)

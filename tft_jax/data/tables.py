@@ -14,7 +14,7 @@ import dataclasses
 import datetime
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -215,15 +215,21 @@ def check_unique_columns(frame: pd.DataFrame, columns: Sequence[str], what: str 
 
 
 def read_announced(
-    table: pd.DataFrame | str | os.PathLike, spec: TableSpec, encoding: str = "utf-8"
+    table: pd.DataFrame | str | os.PathLike,
+    spec: TableSpec,
+    encoding: str = "utf-8",
+    fitted: Mapping[str, Sequence[Any]] | None = None,
 ) -> tuple[pd.DataFrame, dict[str, int]]:
     """`read_table`, then `missing_texts` over the spec's columns, announced by a warning.
+
+    `fitted`: `read_table`'s, the fitted values of a preprocessor
+    (`Preprocessor.fitted_values`), so a CSV's columns read as at fit.
 
     Raises:
       ValueError: also for a spec column whose label the table repeats
         (`check_unique_columns`).
     """
-    raw = read_table(table, encoding, spec.id_col)
+    raw = read_table(table, encoding, spec.id_col, fitted)
     check_unique_columns(raw, spec.columns)
     columns = [c for c in spec.columns if c != spec.time_col and c in raw.columns]
     raw, counts = missing_texts(raw, columns, spec.categorical_cols)
@@ -282,7 +288,10 @@ def _separator(columns: Sequence[Any], candidates: str = ";\t|,") -> str | None:
 
 
 def read_table(
-    table: pd.DataFrame | str | os.PathLike, encoding: str = "utf-8", id_col: str | None = None
+    table: pd.DataFrame | str | os.PathLike,
+    encoding: str = "utf-8",
+    id_col: str | None = None,
+    fitted: Mapping[str, Sequence[Any]] | None = None,
 ) -> pd.DataFrame:
     """Returns `table` itself if it is a DataFrame, else reads it as a CSV file.
 
@@ -291,6 +300,17 @@ def read_table(
     ('001' is store 1 to pandas, so forecasts came back for store 1 and '01'
     and '001' were one series) or texts that are one number ('1.0' and '1').
     Ids that read as numbers unchanged ('101') are numbers, as before.
+
+    `fitted` maps columns to the values a preprocessor was fitted on (the
+    series ids, each categorical column's vocabulary: `Preprocessor.
+    fitted_values`). A CSV column pandas reads as numbers is read as the
+    texts the file holds where those values are all text: a model fitted on
+    a DataFrame of codes '1', '007' is given '1', '007' back, not 1 and 7,
+    which it knows under no code (every category was unknown). Unless the
+    column holds numbers: a text the fit lacks whose integer it holds as
+    text ('1.0' where it has '1') keeps the column's numbers, so the
+    unknown-value warning names the type mismatch. A DataFrame is never
+    changed: its dtypes are the caller's.
 
     Raises:
       ValueError: naming the file, when it is missing, is not valid `encoding`
@@ -316,9 +336,13 @@ def read_table(
                 f"as the one column {frame.columns[0]!r}. Write a comma-separated copy, e.g. "
                 f"pandas.read_csv(path, sep={sep!r}).to_csv(new_path, index=False)"
             )
-        texts = None if id_col is None else _id_texts_numbers_change(frame, table, encoding, id_col)
-        if texts is not None:
-            frame[id_col] = texts
+        texts = _fitted_texts(frame, table, encoding, fitted or {})
+        if id_col is not None and id_col not in texts:
+            ids = _id_texts_numbers_change(frame, table, encoding, id_col)
+            if ids is not None:
+                texts[id_col] = ids
+        for column, values in texts.items():
+            frame[column] = values
         return frame
     except UnicodeDecodeError as error:
         raise ValueError(
@@ -330,6 +354,43 @@ def read_table(
         raise ValueError(f"unknown encoding {encoding!r} for {os.fspath(table)}") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError) as error:
         raise ValueError(f"{os.fspath(table)} cannot be read as CSV: {error}") from None
+
+
+def _fitted_texts(
+    frame: pd.DataFrame,
+    path: str | os.PathLike,
+    encoding: str,
+    fitted: Mapping[str, Sequence[Any]],
+) -> dict[str, pd.Series]:
+    """`{column: the CSV's texts}` of each column to read as text for `fitted` (`read_table`).
+
+    Those are the columns of `frame` pandas read as numbers (or bools) whose
+    fitted values are all text, less those holding numbers: a text the
+    fitted values lack whose number is an integer they hold as text.
+    """
+    wanted = [
+        column
+        for column, values in fitted.items()
+        if column in frame.columns
+        and len(values) > 0
+        and all(isinstance(value, str) for value in values)
+        and (ptypes.is_numeric_dtype(frame[column]) or ptypes.is_bool_dtype(frame[column]))
+    ]
+    if not wanted:
+        return {}
+    read = pd.read_csv(path, encoding=encoding, usecols=wanted, dtype=str)
+    texts = {}
+    for column in wanted:
+        known = set(fitted[column])
+        numbers = frame[column].astype("float64")
+        new = read[column].notna().to_numpy() & ~read[column].isin(known).to_numpy()
+        twins = [
+            bool(np.isfinite(number)) and number == np.round(number) and str(int(number)) in known
+            for number in numbers[new]
+        ]
+        if not any(twins):
+            texts[column] = read[column]
+    return texts
 
 
 def _id_texts_numbers_change(

@@ -1,0 +1,134 @@
+"""A model fitted on a DataFrame, then given the same table as a CSV path.
+
+pandas reads a CSV's digit strings as numbers ('007' as 7), which a model
+fitted on text codes knows under no code; the library reads such columns as
+text when the fitted values are text. References are the codes of the same
+table given as a DataFrame, and the vocabulary positions themselves.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tft_jax.data import prepare_dataset, read_table
+from tft_jax.data.future import FutureWindows, future_windows
+from tft_jax.data.preprocessing import Preprocessor
+
+HISTORY, HORIZON, STEPS = 8, 4, 40
+SPEC = dict(
+    id_col="id", time_col="time", target="y", static_cols=["grade"], freq="h",
+    categorical_cols=["grade"],
+)  # fmt: skip
+
+
+def _table(series: list[tuple[object, object]]) -> pd.DataFrame:
+    """(series * STEPS, 4) hourly rows of `(id, grade)` pairs, a static 'grade'."""
+    times = pd.date_range("2021-03-01", periods=STEPS, freq="h")
+    rng = np.random.default_rng(0)
+    return pd.concat(
+        [pd.DataFrame({"id": sid, "time": times, "y": rng.normal(size=STEPS), "grade": grade})
+         for sid, grade in series],
+        ignore_index=True,
+    )  # fmt: skip
+
+
+# Ids and grades as digit strings, no id with a leading zero (so the id
+# column's own leading-zero rule does not apply); grade '007' has one.
+TEXT = _table([("12", "007"), ("5", "3"), ("9", "3")])
+
+
+@pytest.fixture(scope="module")
+def fitted_on_text() -> Preprocessor:
+    preprocessor = prepare_dataset(TEXT, history=HISTORY, horizon=HORIZON, **SPEC).preprocessor
+    assert preprocessor.series_ids == ("12", "5", "9")
+    assert preprocessor.vocabularies["grade"] == ("007", "3")
+    return preprocessor
+
+
+def _forecast_inputs(
+    preprocessor: Preprocessor, table: pd.DataFrame | pathlib.Path
+) -> tuple[FutureWindows, list[str]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ahead = future_windows(preprocessor, table, None, HISTORY, HORIZON)
+    return ahead, [str(warning.message) for warning in caught]
+
+
+def test_csv_of_digit_codes_codes_as_the_dataframe(fitted_on_text, tmp_path):
+    # A new series '42' of an unseen grade '9' next to the trained ones.
+    history = pd.concat([TEXT, _table([("42", "9")])], ignore_index=True)
+    path = tmp_path / "history.csv"
+    history.to_csv(path, index=False)
+    frame_read, frame_warnings = _forecast_inputs(fitted_on_text, history)
+    csv_read, csv_warnings = _forecast_inputs(fitted_on_text, path)
+    assert csv_read.transformed.series_ids == frame_read.transformed.series_ids
+    assert csv_read.transformed.series_ids == ("12", "42", "5", "9")
+    np.testing.assert_array_equal(
+        csv_read.windows.panel.static_categorical, frame_read.windows.panel.static_categorical
+    )
+    # Independent: (series code, grade code) of each series by vocabulary position;
+    # 3 is the unknown series code, 2 the unknown grade code.
+    expected = [[0, 0], [3, 2], [1, 1], [2, 1]]
+    np.testing.assert_array_equal(csv_read.windows.panel.static_categorical, expected)
+    assert csv_warnings == frame_warnings
+    assert any("['9']" in message for message in csv_warnings)  # only the unseen grade
+    assert not any("astype" in message for message in csv_warnings)
+
+
+def test_csv_holding_numbers_where_training_had_text_keeps_the_type_hint(fitted_on_text, tmp_path):
+    path = tmp_path / "floats.csv"
+    TEXT.assign(grade=TEXT["grade"].astype(float)).to_csv(path, index=False)  # '7.0', '3.0'
+    _, messages = _forecast_inputs(fitted_on_text, path)
+    assert any("3 (int) is '3' (str) in training" in message for message in messages), messages
+
+
+def test_ints_fitted_and_read_from_csv_stay_ints(tmp_path):
+    table = _table([(12, 7), (5, 3)])
+    preprocessor = prepare_dataset(table, history=HISTORY, horizon=HORIZON, **SPEC).preprocessor
+    path = tmp_path / "ints.csv"
+    table.to_csv(path, index=False)
+    frame_read, _ = _forecast_inputs(preprocessor, table)
+    csv_read, messages = _forecast_inputs(preprocessor, path)
+    assert csv_read.transformed.series_ids == (5, 12)
+    assert not any("unknown" in message or "not in the training" in message for message in messages)
+    np.testing.assert_array_equal(
+        csv_read.windows.panel.static_categorical, frame_read.windows.panel.static_categorical
+    )
+
+
+def test_read_table_fitted_texts_and_dataframes_untouched(tmp_path):
+    path = tmp_path / "cells.csv"
+    path.write_text("id,grade,size\n1,007,inf\n2,42,1\n3,,2\n")
+    fitted = {"id": ("1", "2"), "grade": ("007", "3"), "size": ("1", "2")}
+    read = read_table(path, "utf-8", "id", fitted)
+    assert read["id"].tolist() == ["1", "2", "3"]
+    assert read["grade"].tolist()[:2] == ["007", "42"]
+    assert pd.isna(read["grade"].iloc[2])
+    assert read["size"].tolist() == ["inf", "1", "2"]  # no twin of a fitted text: text
+    # Fitted on numbers, or no fit: pandas' numbers, as before.
+    assert read_table(path, "utf-8", "id", {"id": (1, 2)})["id"].tolist() == [1, 2, 3]
+    assert read_table(path, "utf-8", "id")["grade"].iloc[0] == 7
+    frame = pd.DataFrame({"id": [1, 2], "grade": [7, 3]})
+    assert read_table(frame, "utf-8", "id", fitted) is frame
+
+
+def test_a_csv_evaluated_with_the_fitted_preprocessing_codes_as_the_dataframe(
+    fitted_on_text, tmp_path
+):
+    # The evaluate/backtest path: `prepare_dataset(table, preprocessor=...)`.
+    path = tmp_path / "table.csv"
+    TEXT.to_csv(path, index=False)
+    options = dict(history=HISTORY, horizon=HORIZON, preprocessor=fitted_on_text, **SPEC)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no series or grade is new
+        from_csv = prepare_dataset(path, **options)
+    from_frame = prepare_dataset(TEXT, **options)
+    assert from_csv.series_ids == from_frame.series_ids == ("12", "5", "9")
+    np.testing.assert_array_equal(
+        from_csv.test.panel.static_categorical, from_frame.test.panel.static_categorical
+    )
