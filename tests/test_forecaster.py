@@ -31,12 +31,15 @@ from tft_jax.forecaster import (
     ModelConfig,
     RunFolderError,
 )
+from tft_jax.forecaster import forecaster as forecaster_module
 from tft_jax.forecaster.forecaster import BATCH_STREAM_FILE, _check_batch_stream, monotone
 from tft_jax.forecaster.run_folder import (
     EarlierResultsWarning,
     check_params,
     earlier_results,
+    load_variables,
     model_param_shapes,
+    save_variables,
 )
 from tft_jax.model import TemporalFusionTransformer
 
@@ -480,7 +483,9 @@ def test_a_new_series_is_scored_without_its_scaler_knowing_the_scored_steps(fitt
     pd.testing.assert_frame_equal(first_cutoff[0], first_cutoff[1])
 
 
-def test_resuming_checkpoints_of_another_batch_stream_is_refused_before_training(fitted, tmp_path):
+def test_resuming_checkpoints_of_another_batch_stream_is_refused_before_training(
+    fitted, tmp_path, monkeypatch
+):
     # A checkpoint knows how many batches of its epoch were drawn, not their size: resumed
     # with another batch size it used to read other windows than the run it continues.
     _, table, _ = fitted
@@ -489,6 +494,8 @@ def test_resuming_checkpoints_of_another_batch_stream_is_refused_before_training
     _check_batch_stream(checkpoints, False, TINY_TRAINING.batch_size, dataset)
     written = json.loads((checkpoints / BATCH_STREAM_FILE).read_text())
     assert written == {"batch_size": TINY_TRAINING.batch_size, "train_windows": len(dataset.train)}
+    # As if a step were saved: a record alone binds nothing (the resume starts over).
+    monkeypatch.setattr(forecaster_module, "_holds_checkpoints", lambda checkpoints: True)
     _check_batch_stream(checkpoints, True, TINY_TRAINING.batch_size, dataset)  # the same stream
     other = dataclasses.replace(TINY_TRAINING, batch_size=2 * TINY_TRAINING.batch_size)
     resumed = Forecaster(DATA, ModelConfig(hidden_dim=8, num_heads=2), other)
@@ -619,6 +626,14 @@ def test_save_names_the_earlier_models_results_it_leaves(fitted, tmp_path):
     (run / "plots" / "attention.png").write_bytes(b"png")
     (run / "checkpoints" / "fp32").mkdir(parents=True)
     (run / "notes.txt").write_text("the user's own")  # not a result: not named
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the very model saved there again: its own results
+        forecaster.save(run)
+    # Another model saved there before (one weight moved): the results are that model's.
+    earlier = load_variables(run / "models" / "fp32.msgpack")
+    key = earlier["params"]["attention"]["key"]
+    key["kernel"] = key["kernel"] + 1.0
+    save_variables(run / "models" / "fp32.msgpack", earlier)
     with pytest.warns(EarlierResultsWarning) as caught:
         forecaster.save(run)
     message = str(caught[0].message)
@@ -628,6 +643,12 @@ def test_save_names_the_earlier_models_results_it_leaves(fitted, tmp_path):
     assert earlier_results(run) == [
         "checkpoints/", "forecasts_fp32_test.csv", "metrics.json", "plots/",
     ]  # fmt: skip
+    # Results in a folder where no model was saved (a fit's own checkpoints): nothing to say.
+    fresh = tmp_path / "fresh"
+    (fresh / "checkpoints" / "fp32").mkdir(parents=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        forecaster.save(fresh)
     # A folder of its own under plots/ or an empty checkpoints/ is not a result.
     (run / "plots" / "attention.png").unlink()
     (run / "plots" / "mine").mkdir()

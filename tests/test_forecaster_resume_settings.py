@@ -169,6 +169,9 @@ def test_qat_may_be_added_on_resume_but_not_removed():
     assert _changed_settings(_recorded(with_qat), SETTINGS) == [
         "ForecasterConfig.qat QAT settings then, None now"
     ]
+    assert flag_message("(ForecasterConfig.qat QAT settings then, None now)") == (
+        "(--qat QAT settings then, None now)"
+    )  # as `tft-jax train --resume` without --qat says it
     more_bits = dataclasses.replace(with_qat, qat=QATTrainingConfig(steps=30, bits=4))
     assert _changed_settings(_recorded(with_qat), more_bits) == [
         "QATTrainingConfig.bits 8 then, 4 now"
@@ -190,3 +193,41 @@ def test_every_changed_field_is_named_and_a_field_missing_from_the_record_is_its
         "TrainingConfig.batch_size 8 then, 16 now",
         "TrainingConfig.seed 0 then, 1 now",
     ]
+
+
+def test_a_record_without_a_saved_step_binds_nothing_and_is_written_anew(trained, tmp_path):
+    # A run killed before its first checkpoint leaves the record alone; a job script
+    # resuming it with a new learning rate was refused, though nothing was trained.
+    table, _, checkpoints = trained
+    checkpoints = _copy(checkpoints, tmp_path)
+    shutil.rmtree(checkpoints / "fp32")
+    changed = dataclasses.replace(
+        SETTINGS, training=dataclasses.replace(TINY_TRAINING, learning_rate=5e-4)
+    )
+    resumed = Forecaster.from_config(changed).fit(
+        table, checkpoint_dir=checkpoints, resume=True, quiet=True
+    )
+    assert resumed.summary["fp32"]["total_steps"] == TINY_TRAINING.max_steps
+    assert ForecasterConfig.from_json(_record(checkpoints)["settings"]) == changed
+
+
+def test_settings_spelled_otherwise_are_the_same_settings():
+    written = _recorded(SETTINGS)
+    written["data"].update(freq="1D", encoding="UTF8", validation_start=None)
+    assert _changed_settings(written, SETTINGS) == []
+    cut = dataclasses.replace(DATA, validation_start="2024-03-01", test_start="2024-03-15")
+    spelled = dataclasses.replace(
+        DATA, validation_start="2024-03-01 00:00:00", test_start="2024-03-15T00:00"
+    )
+    assert (
+        _changed_settings(
+            _recorded(dataclasses.replace(SETTINGS, data=cut)),
+            dataclasses.replace(SETTINGS, data=spelled),
+        )
+        == []
+    )
+    moved = dataclasses.replace(DATA, validation_start="2024-03-02", test_start="2024-03-15")
+    assert _changed_settings(
+        _recorded(dataclasses.replace(SETTINGS, data=cut)),
+        dataclasses.replace(SETTINGS, data=moved),
+    ) == ["DataConfig.validation_start '2024-03-01' then, '2024-03-02' now"]

@@ -480,7 +480,7 @@ def flag_message(message: str, available: Container[str] | None = None) -> str:
         return match.group(0)
 
     # 'DataConfig: give both ...' names a class a command-line user never wrote.
-    message = _OWNER_PREFIX.sub("", message)
+    message = _OWNER_PREFIX.sub("", message).replace("ForecasterConfig.qat", "--qat")
     message = _PAIR.sub(lambda m: _flag_of_pair(m, available), message)
     flagged = _KEYWORD.sub(lambda m: _data_keyword(m, available), _FIELD.sub(flag, message))
     return re.sub(r"(--[\w-]+)\s+\(\1\)", r"\1", flagged)  # 'timezone= (--timezone)'

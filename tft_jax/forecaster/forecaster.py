@@ -14,6 +14,7 @@ crossing quantiles are not a forecast anyone can use.
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import json
 import numbers
@@ -147,11 +148,34 @@ def _changed_settings(written: dict[str, Any], settings: ForecasterConfig) -> li
             if field.name in RESUMABLE_FIELDS[section]:
                 continue
             then, now = old.get(field.name, _settings_record_value(field.default)), new[field.name]
-            if then != now:
+            if not _same_setting(field.name, then, now):
                 changed.append(
                     f"{kind.__name__}.{field.name} {_shown(then)} then, {_shown(now)} now"
                 )
     return changed
+
+
+def _same_setting(name: str, then: Any, now: Any) -> bool:
+    """Whether two recorded values of the field `name` mean the same ('D' and '1D',
+    '2024-03-01' and '2024-03-01 00:00:00', 'utf-8' and 'UTF8', 'UTC' and 'utc')."""
+    if then == now:
+        return True
+    if not isinstance(then, str) or not isinstance(now, str):
+        return False
+    spelled: dict[str, Callable[[str], Any]] = {
+        "freq": pd.tseries.frequencies.to_offset,
+        "validation_start": pd.Timestamp,
+        "test_start": pd.Timestamp,
+        "encoding": lambda value: codecs.lookup(value).name,
+        "timezone": str.lower,  # IANA names differ by more than case
+    }
+    meaning = spelled.get(name)
+    if meaning is None:
+        return False
+    try:
+        return bool(meaning(then) == meaning(now))
+    except (ValueError, TypeError, LookupError):  # a spelling that means nothing: differs
+        return False
 
 
 def _settings_record_value(value: Any) -> Any:
@@ -191,7 +215,8 @@ def _check_batch_stream(
     `eval_batch_size`, `season_period` and `nonnegative` are read only after
     training: those may change, and the record then holds the new values.
 
-    A fresh run records its stream and settings (process 0), except over an
+    A fresh run, or a resume over a record without a saved step (nothing to
+    go on from), records its stream and settings (process 0), except over an
     earlier run's checkpoints: training refuses to start over them, and their
     record must survive for the resume that follows. Checkpoints written
     before the settings were recorded resume with a warning that they cannot
@@ -199,7 +224,9 @@ def _check_batch_stream(
     """
     path = checkpoints / BATCH_STREAM_FILE
     stream: dict[str, Any] = {"batch_size": int(batch_size), "train_windows": len(dataset.train)}
-    if resume and path.is_file():
+    # A record without a saved step (a run killed before its first checkpoint) binds
+    # nothing: the resume starts from step 0, and the record is written anew.
+    if resume and path.is_file() and _holds_checkpoints(checkpoints):
         written = run_folder.read_json(path)
         if settings is not None:
             if not isinstance(written.get("settings"), dict):
@@ -893,7 +920,8 @@ class Forecaster:
         folder holding an earlier run is written over: its config.json and the model files
         of forms this forecaster lacks are deleted first. The results `tft-jax` wrote there
         for the earlier model (metrics, forecasts, plots, checkpoints) are left as they are,
-        with a `run_folder.EarlierResultsWarning` naming them: they describe another model.
+        with a `run_folder.EarlierResultsWarning` naming them when this is another model
+        (not the one loaded from there, or saved there before): they describe that one.
         """
         fitted = self._require_fitted()
         root = pathlib.Path(path).expanduser()  # "~/runs/x" is the user's, as in a shell
@@ -922,6 +950,14 @@ class Forecaster:
             json.dumps(run_folder.json_ready(extra), allow_nan=False)
         except (TypeError, ValueError) as error:
             raise TypeError(f"save: extra must hold JSON values: {error}") from None
+        # Results beside a model saved there before describe it: named below, unless this
+        # is that very model (loaded from the folder, or saved twice).
+        earlier = (
+            run_folder.earlier_results(root)
+            if (root / run_folder.CONFIG_FILE).is_file()
+            and not run_folder.holds_models(root, fitted.variables)
+            else []
+        )
         # Over an earlier run: its config.json goes first (written again last), so that a
         # save cut short never loads as new weights under the old settings, and model
         # files of forms this forecaster lacks go (they are another run's).
@@ -932,7 +968,6 @@ class Forecaster:
             run_folder.save_variables(run_folder.model_path(root, name), variables)
         run_folder.write_json(root / run_folder.HISTORY_FILE, fitted.history)
         run_folder.write_json(root / run_folder.CONFIG_FILE, {**config, **(extra or {})})
-        earlier = run_folder.earlier_results(root)
         if earlier:
             warnings.warn(
                 f"save: {root} also holds {', '.join(earlier)} of the model saved there "

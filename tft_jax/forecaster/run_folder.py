@@ -57,8 +57,8 @@ RESULT_FILE_PATTERNS = ("metrics*.json", "forecasts*.csv")
 
 
 class EarlierResultsWarning(UserWarning):
-    """`Forecaster.save` into a folder holding the results (metrics, forecasts, plots,
-    checkpoints) that `tft-jax` wrote there for the model saved before."""
+    """`Forecaster.save` of a new model into a folder holding the results (metrics,
+    forecasts, plots, checkpoints) that `tft-jax` wrote there for the model saved before."""
 
 
 def earlier_results(root: pathlib.Path) -> list[str]:
@@ -115,13 +115,29 @@ def read_json(path: pathlib.Path) -> Any:
         raise RunFolderError(f"{path} is damaged (not JSON): {error}") from None
 
 
+def variables_bytes(variables: Any) -> bytes:
+    """A variable dict as the flax msgpack bytes `save_variables` writes."""
+    return serialization.msgpack_serialize(jax.device_get(dict(variables)))
+
+
 def save_variables(path: pathlib.Path, variables: Any) -> None:
     """Writes a variable dict as flax msgpack, atomically."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(path.suffix + ".tmp")
-    temporary.write_bytes(serialization.msgpack_serialize(jax.device_get(dict(variables))))
+    temporary.write_bytes(variables_bytes(variables))
     temporary.replace(path)
+
+
+def holds_models(root: pathlib.Path, models: dict[str, Any]) -> bool:
+    """Whether `root` holds exactly these models' files, byte for byte (a model saved again)."""
+    saved = {path.stem for path in (root / "models").glob("*.msgpack")}
+    if saved != set(models):
+        return False
+    return all(
+        model_path(root, name).read_bytes() == variables_bytes(variables)
+        for name, variables in models.items()
+    )
 
 
 def load_variables(path: pathlib.Path) -> dict[str, Any]:
