@@ -158,7 +158,9 @@ def test_a_csv_given_to_a_run_fitted_on_text_codes_reads_them_as_text(tmp_path):
         categorical_cols=("grade",), history=8, horizon=4,
     )  # fmt: skip
     preprocessor = prepare_dataset(table, **data.prepare_options()).preprocessor
-    run = SimpleNamespace(config=SimpleNamespace(data=data), preprocessor=preprocessor)
+    run = SimpleNamespace(
+        config=SimpleNamespace(data=data), preprocessor=preprocessor, is_fitted=True
+    )
     args = argparse.Namespace(encoding=None, dayfirst=None, time_format=None)
     path = tmp_path / "table.csv"
     table.to_csv(path, index=False)

@@ -274,3 +274,15 @@ def test_forecast_refusals_name_what_a_fitted_model_lets_the_user_change(known_d
         with pytest.raises(ValueError, match=r"max_missing_fraction, which a Forecaster takes "
                            r"from its DataConfig"):  # fmt: skip
             future_windows(known_dataset.preprocessor, sparse, None, HISTORY, HORIZON)
+
+
+def test_an_observed_column_first_seen_after_the_training_period_is_named():
+    # A sensor added later: before, its cells were back-filled from validation values
+    # (the future); without that, its scaler had no value and the error named nothing.
+    table = leading_empty_table()
+    table.loc[table["time"] < "2024-01-25", "o"] = np.nan
+    with pytest.raises(ValueError, match=r"columns \['o'\] have no value before validation_start"):
+        prepare_dataset(
+            table, id_col="id", time_col="time", target="y", freq="D",
+            history=HISTORY, horizon=HORIZON, observed_cols=["o", "oc"],
+        )  # fmt: skip

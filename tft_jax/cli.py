@@ -192,7 +192,7 @@ def read_given_csv(
     parsed here (the saved preprocessing reads it as the training table's).
     """
     data = reading_config(forecaster, args)
-    fitted = forecaster.preprocessor.fitted_values
+    fitted = forecaster.preprocessor.fitted_values if forecaster.is_fitted else None
     table = read_csv(path, flag, data.encoding, data.id_col, fitted)
     run = forecaster.config.data
     if (data.time_format, data.dayfirst) == (run.time_format, run.dayfirst):
@@ -235,7 +235,8 @@ def run_table(
         raise UsageError(
             f"the run was trained on {source}, which no longer exists; pass --csv TABLE"
         )
-    id_col, fitted = forecaster.config.data.id_col, forecaster.preprocessor.fitted_values
+    id_col = forecaster.config.data.id_col
+    fitted = forecaster.preprocessor.fitted_values if forecaster.is_fitted else None
     return read_csv(pathlib.Path(source), "the run's table", encoding, id_col, fitted)
 
 

@@ -274,7 +274,21 @@ class Preprocessor:
             transform=target_transform,
         )
         user = [*spec.real(spec.observed_cols), *spec.real(spec.known_cols)]
-        feature_scaler = FeatureScaler.fit(grid.loc[train_rows, user].to_numpy(np.float64))
+        user_values = grid.loc[train_rows, user].to_numpy(np.float64)
+        # An observed column whose first value comes after the training period (a sensor
+        # added later) has nothing there: leading cells are never back-filled from the future.
+        empty = [
+            column
+            for column, values in zip(user, user_values.T, strict=True)
+            if np.isnan(values).all()
+        ]
+        if empty:
+            raise ValueError(
+                f"columns {empty} have no value before validation_start {validation_start} (the "
+                "training period), so their scalers cannot be fitted there; move the validation "
+                "start later or leave those columns out"
+            )
+        feature_scaler = FeatureScaler.fit(user_values)
         statics = list(spec.real(spec.static_cols))
         _, first_train_rows = np.unique(codes[train_rows], return_index=True)
         static_scaler = FeatureScaler.fit(

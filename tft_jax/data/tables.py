@@ -334,7 +334,8 @@ def read_table(
             raise ValueError(
                 f"{os.fspath(table)} looks separated by {sep!r}, not commas: its header reads "
                 f"as the one column {frame.columns[0]!r}. Write a comma-separated copy, e.g. "
-                f"pandas.read_csv(path, sep={sep!r}).to_csv(new_path, index=False)"
+                f"pandas.read_csv(path, sep={sep!r}).to_csv(new_path, index=False) (add "
+                "decimal=',' to read_csv if its numbers are written with decimal commas)"
             )
         texts = _fitted_texts(frame, table, encoding, fitted or {})
         if id_col is not None and id_col not in texts:
@@ -948,7 +949,7 @@ def validate_table(
         # As keywords (`target='sales'`), which the CLI shows as its flags.
         roles = ", ".join(f"{role}={col!r}" for role, col in spec._roles() if col in missing)
         sep = _separator(frame.columns)
-        reading = f"pandas.read_csv(path, sep={sep!r})"
+        reading = f"pandas.read_csv(path, sep={sep!r}) (and decimal=',' for decimal commas)"
         hint = "" if sep is None else f"; it looks separated by {sep!r}: read it with {reading}"
         raise ValueError(
             f"table lacks columns {missing} ({roles}); it has {list(frame.columns)}{hint}. "
