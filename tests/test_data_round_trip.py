@@ -132,3 +132,24 @@ def test_a_csv_evaluated_with_the_fitted_preprocessing_codes_as_the_dataframe(
     np.testing.assert_array_equal(
         from_csv.test.panel.static_categorical, from_frame.test.panel.static_categorical
     )
+
+
+def test_a_declared_categorical_whose_codes_numbers_would_merge_is_read_as_text(tmp_path):
+    # Grades '01' and '1' are two categories; read as numbers both were 1, one category.
+    table = _table([("a", "01"), ("b", "1"), ("c", "2")])
+    path = tmp_path / "grades.csv"
+    table.to_csv(path, index=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        dataset = prepare_dataset(path, history=HISTORY, horizon=HORIZON, **SPEC)
+    assert dataset.preprocessor.vocabularies["grade"] == ("01", "1", "2")
+    # Codes that read as numbers unchanged stay numbers, as before.
+    plain = tmp_path / "plain.csv"
+    _table([("a", "1"), ("b", "2")]).to_csv(plain, index=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        numbers = prepare_dataset(plain, history=HISTORY, horizon=HORIZON, **SPEC)
+    assert numbers.preprocessor.vocabularies["grade"] == (1, 2)
+    # A model fitted on those numbers reads a CSV by its vocabulary, not by the rule.
+    read = read_table(path, "utf-8", "id", numbers.preprocessor.fitted_values, ["grade"])
+    assert read["grade"].tolist()[:1] == [1]

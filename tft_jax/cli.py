@@ -133,17 +133,18 @@ def read_csv(
     encoding: str = "utf-8",
     id_col: str | None = None,
     fitted: Mapping[str, Sequence[Any]] | None = None,
+    categorical: Sequence[str] = (),
 ) -> pd.DataFrame:
     """A CSV named by `flag`, with an error naming the flag and the file.
 
-    `id_col`: the series id column, kept as text where numbers would change
-    the ids; `fitted`: a run's `Preprocessor.fitted_values`, so that ids and
-    categories it was fitted on as text ('007') are read as text
-    (`tft_jax.data.read_table`).
+    `id_col` and the `categorical` columns are kept as text where numbers
+    would change them ('01' and '1'); `fitted`: a run's
+    `Preprocessor.fitted_values`, so that ids and categories it was fitted
+    on as text ('007') are read as text (`tft_jax.data.read_table`).
     """
     check_input_file(path, flag)
     try:
-        return read_table(path, encoding, id_col, fitted)
+        return read_table(path, encoding, id_col, fitted, categorical)
     except ValueError as error:
         raise UsageError(f"{flag}: {error}") from None
 
@@ -525,7 +526,13 @@ def run_training(args: argparse.Namespace, command: str = "train") -> dict[str, 
     table = (
         load_pedestrian()
         if args.csv is None
-        else read_csv(args.csv, "--csv", encoding, settings.data.id_col)
+        else read_csv(
+            args.csv,
+            "--csv",
+            encoding,
+            settings.data.id_col,
+            categorical=settings.data.categorical_cols,
+        )
     )
     out = pathlib.Path(args.out)
     _check_out(out, args.resume, args.overwrite, args.qat)

@@ -79,7 +79,9 @@ def command_experiment(args: argparse.Namespace) -> int:
     table = (
         load_pedestrian()
         if args.csv is None
-        else read_table(args.csv, encoding, settings.data.id_col)
+        else read_table(
+            args.csv, encoding, settings.data.id_col, None, settings.data.categorical_cols
+        )
     )
     dataset = prepare_dataset(table, **settings.data.prepare_options())
     model = settings.model

@@ -229,7 +229,7 @@ def read_announced(
       ValueError: also for a spec column whose label the table repeats
         (`check_unique_columns`).
     """
-    raw = read_table(table, encoding, spec.id_col, fitted)
+    raw = read_table(table, encoding, spec.id_col, fitted, spec.categorical_cols)
     check_unique_columns(raw, spec.columns)
     columns = [c for c in spec.columns if c != spec.time_col and c in raw.columns]
     raw, counts = missing_texts(raw, columns, spec.categorical_cols)
@@ -292,6 +292,7 @@ def read_table(
     encoding: str = "utf-8",
     id_col: str | None = None,
     fitted: Mapping[str, Sequence[Any]] | None = None,
+    categorical: Sequence[str] = (),
 ) -> pd.DataFrame:
     """Returns `table` itself if it is a DataFrame, else reads it as a CSV file.
 
@@ -299,7 +300,9 @@ def read_table(
     where reading them as numbers would change them: ids with leading zeros
     ('001' is store 1 to pandas, so forecasts came back for store 1 and '01'
     and '001' were one series) or texts that are one number ('1.0' and '1').
-    Ids that read as numbers unchanged ('101') are numbers, as before.
+    Ids that read as numbers unchanged ('101') are numbers, as before. The
+    `categorical` columns not in `fitted` (a table read for a fit) follow
+    the same rule: codes '01' and '1' were one category.
 
     `fitted` maps columns to the values a preprocessor was fitted on (the
     series ids, each categorical column's vocabulary: `Preprocessor.
@@ -342,6 +345,12 @@ def read_table(
             ids = _id_texts_numbers_change(frame, table, encoding, id_col)
             if ids is not None:
                 texts[id_col] = ids
+        for column in categorical:  # the vocabulary decides for a fitted one
+            if column in (fitted or {}) or column in texts or column == id_col:
+                continue
+            codes = _id_texts_numbers_change(frame, table, encoding, column)
+            if codes is not None:
+                texts[column] = codes
         for column, values in texts.items():
             frame[column] = values
         return frame
@@ -397,7 +406,8 @@ def _fitted_texts(
 def _id_texts_numbers_change(
     frame: pd.DataFrame, path: str | os.PathLike, encoding: str, id_col: str
 ) -> pd.Series | None:
-    """The CSV's `id_col` as texts when pandas read it as numbers that lose what they say.
+    """The CSV's `id_col` (or a categorical column) as texts when pandas read it as
+    numbers that lose what they say.
 
     That is when a text has a leading zero ('001', '-07', '0.5' excepted) or two
     different texts are one number ('1', '1.0', '01'); None otherwise (the
