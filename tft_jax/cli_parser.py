@@ -27,6 +27,7 @@ from tft_jax.experiments import ClippingSettings
 from tft_jax.forecaster.config import (
     DEMO,
     MAX_SEED,
+    SECTIONS,
     DataConfig,
     ForecasterConfig,
     ModelConfig,
@@ -36,13 +37,6 @@ from tft_jax.forecaster.config import (
 )
 from tft_jax.forecaster.predictors import MODEL_NAMES
 from tft_jax.plots import MAX_FAN_SERIES
-
-SECTIONS: dict[str, type] = {
-    "data": DataConfig,
-    "model": ModelConfig,
-    "training": TrainingConfig,
-    "qat": QATTrainingConfig,
-}
 
 
 class UsageError(ValueError):

@@ -526,6 +526,15 @@ class ForecasterConfig:
         )
 
 
+# The sections of a `ForecasterConfig` (and of its `to_json`), by field name.
+SECTIONS: dict[str, type] = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "training": TrainingConfig,
+    "qat": QATTrainingConfig,
+}
+
+
 def field_default(config: type, name: str) -> Any:
     """The default of field `name` of a config dataclass (for argparse defaults and help)."""
     field = config.__dataclass_fields__[name]

@@ -53,6 +53,7 @@ from tft_jax.evaluation import (
 )
 from tft_jax.forecaster import run_folder
 from tft_jax.forecaster.config import (
+    SECTIONS,
     DataConfig,
     ForecasterConfig,
     ModelConfig,
@@ -116,12 +117,6 @@ RESUMABLE_FIELDS = {
     "training": ("epochs", "max_steps", "time_budget", "patience", "eval_batch_size"),
     "qat": ("steps", "time_budget"),
 }
-_SECTION_CLASSES: dict[str, type] = {
-    "data": DataConfig,
-    "model": ModelConfig,
-    "training": TrainingConfig,
-    "qat": QATTrainingConfig,
-}
 
 
 def _settings_record(settings: ForecasterConfig) -> dict[str, Any]:
@@ -140,7 +135,7 @@ def _changed_settings(written: dict[str, Any], settings: ForecasterConfig) -> li
     changed = []
     if written.get("qat") is not None and current.get("qat") is None:
         changed.append("ForecasterConfig.qat QAT settings then, None now")
-    for section, kind in _SECTION_CLASSES.items():
+    for section, kind in SECTIONS.items():
         old, new = written.get(section), current.get(section)
         if old is None or new is None:
             continue
