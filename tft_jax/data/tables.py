@@ -340,17 +340,20 @@ def read_table(
                 f"pandas.read_csv(path, sep={sep!r}).to_csv(new_path, index=False) (add "
                 "decimal=',' to read_csv if its numbers are written with decimal commas)"
             )
-        texts = _fitted_texts(frame, table, encoding, fitted or {})
-        if id_col is not None and id_col not in texts:
-            ids = _id_texts_numbers_change(frame, table, encoding, id_col)
-            if ids is not None:
-                texts[id_col] = ids
-        for column in categorical:  # the vocabulary decides for a fitted one
-            if column in (fitted or {}) or column in texts or column == id_col:
-                continue
-            codes = _id_texts_numbers_change(frame, table, encoding, column)
-            if codes is not None:
-                texts[column] = codes
+        fitted = fitted or {}
+        wanted = _fitted_text_columns(frame, fitted)
+        # The id column, and the categorical ones the vocabulary does not decide.
+        ruled = [id_col] if id_col is not None else []
+        ruled += [c for c in categorical if c not in fitted and c not in ruled]
+        ruled = [c for c in ruled if c in frame.columns and ptypes.is_numeric_dtype(frame[c])]
+        read = list(dict.fromkeys([*wanted, *ruled]))
+        if not read:
+            return frame
+        as_text = pd.read_csv(table, encoding=encoding, usecols=read, dtype=str)  # read once
+        texts = _fitted_texts(frame, as_text, fitted, wanted)
+        for column in ruled:
+            if column not in texts and _numbers_change(frame[column], as_text[column]):
+                texts[column] = as_text[column]
         for column, values in texts.items():
             frame[column] = values
         return frame
@@ -366,19 +369,9 @@ def read_table(
         raise ValueError(f"{os.fspath(table)} cannot be read as CSV: {error}") from None
 
 
-def _fitted_texts(
-    frame: pd.DataFrame,
-    path: str | os.PathLike,
-    encoding: str,
-    fitted: Mapping[str, Sequence[Any]],
-) -> dict[str, pd.Series]:
-    """`{column: the CSV's texts}` of each column to read as text for `fitted` (`read_table`).
-
-    Those are the columns of `frame` pandas read as numbers (or bools) whose
-    fitted values are all text, less those holding numbers: a text the
-    fitted values lack whose number is an integer they hold as text.
-    """
-    wanted = [
+def _fitted_text_columns(frame: pd.DataFrame, fitted: Mapping[str, Sequence[Any]]) -> list[str]:
+    """The columns of `frame` pandas read as numbers (or bools) whose fitted values are text."""
+    return [
         column
         for column, values in fitted.items()
         if column in frame.columns
@@ -386,42 +379,47 @@ def _fitted_texts(
         and all(isinstance(value, str) for value in values)
         and (ptypes.is_numeric_dtype(frame[column]) or ptypes.is_bool_dtype(frame[column]))
     ]
-    if not wanted:
-        return {}
-    read = pd.read_csv(path, encoding=encoding, usecols=wanted, dtype=str)
+
+
+def _fitted_texts(
+    frame: pd.DataFrame,
+    as_text: pd.DataFrame,
+    fitted: Mapping[str, Sequence[Any]],
+    wanted: Sequence[str],
+) -> dict[str, pd.Series]:
+    """`{column: the CSV's texts}` of each `wanted` column to read as text for `fitted`.
+
+    `wanted`: `_fitted_text_columns`; `as_text`: the CSV's columns read as
+    text. A column holding numbers stays as pandas read it: one with a text
+    the fitted values lack whose number is an integer they hold as text.
+    """
     texts = {}
     for column in wanted:
         known = set(fitted[column])
         numbers = frame[column].astype("float64")
-        new = read[column].notna().to_numpy() & ~read[column].isin(known).to_numpy()
+        new = as_text[column].notna().to_numpy() & ~as_text[column].isin(known).to_numpy()
         twins = [
             bool(np.isfinite(number)) and number == np.round(number) and str(int(number)) in known
             for number in numbers[new]
         ]
         if not any(twins):
-            texts[column] = read[column]
+            texts[column] = as_text[column]
     return texts
 
 
-def _id_texts_numbers_change(
-    frame: pd.DataFrame, path: str | os.PathLike, encoding: str, id_col: str
-) -> pd.Series | None:
-    """The CSV's `id_col` (or a categorical column) as texts when pandas read it as
-    numbers that lose what they say.
+def _numbers_change(numbers: pd.Series, texts: pd.Series) -> bool:
+    """Whether the numbers pandas read from a CSV's id (or categorical) column lose what
+    its `texts` say.
 
     That is when a text has a leading zero ('001', '-07', '0.5' excepted) or two
-    different texts are one number ('1', '1.0', '01'); None otherwise (the
-    numbers `frame` holds are the ids).
+    different texts are one number ('1', '1.0', '01'); otherwise the numbers
+    are the ids.
     """
-    if id_col not in frame.columns or not ptypes.is_numeric_dtype(frame[id_col]):
-        return None
-    texts = pd.read_csv(path, encoding=encoding, usecols=[id_col], dtype=str)[id_col]
     given = texts.notna()
     stripped = texts[given].str.strip()
     if stripped.str.match(r"^[+-]?0\d").any():
-        return texts
-    merged = (stripped.groupby(frame[id_col][given]).nunique() > 1).any()
-    return texts if merged else None
+        return True
+    return bool((stripped.groupby(numbers[given]).nunique() > 1).any())
 
 
 def plain_value(value: Any) -> Any:
