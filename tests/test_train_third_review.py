@@ -46,24 +46,28 @@ def numpy_masked_loss(params: dict[str, np.ndarray], batch: Batch) -> tuple[floa
     return float(losses.mean()), int(observed.sum())
 
 
-def test_fit_train_loss_is_the_mean_per_observed_target_as_val_loss_is() -> None:
-    """Before the fix the history's training loss was the plain mean of the batch
-    means: a batch with one observed target weighed as much as one with twelve,
-    unlike `evaluate`'s validation loss (per observed target), so the two curves
-    of one run measured different things."""
+def uneven_batches() -> list[Batch]:
+    """Three masked batches of 12, 1 (far off: a large loss) and 4 observed targets."""
     one = np.zeros((3, 2), np.float32)
     one[1, 0] = 1.0
-    batches = [
-        masked(linear_batch(40, rows=6), np.ones((6, 2))),  # 12 observed targets
-        masked(linear_batch(41, rows=3, shift=25.0), one),  # 1, far off: a large loss
-        masked(linear_batch(42, rows=3), np.array([[1, 0], [1, 1], [0, 1]])),  # 4
+    return [
+        masked(linear_batch(40, rows=6), np.ones((6, 2))),
+        masked(linear_batch(41, rows=3, shift=25.0), one),
+        masked(linear_batch(42, rows=3), np.array([[1, 0], [1, 1], [0, 1]])),
     ]
-    state = create_train_state(
+
+
+def fresh_state():
+    return create_train_state(
         MODEL, make_optimizer(0.05, clip_norm=None), jax.random.key(0), linear_batch(0)
     )
 
-    # The researcher's own loop: the same steps, keys and state, by hand.
-    by_hand, seed_key = copy_state(state), jax.random.key(0)
+
+def hand_run(state, batches: list[Batch], seed: int) -> tuple[object, list[float], list[int]]:
+    """The researcher's own loop over `batches` (a copy of `state`, the keys `fit` draws):
+    the final state and each step's reference loss and observed-target count, each
+    step's reported loss and count checked against them."""
+    by_hand, seed_key = copy_state(state), jax.random.key(seed)
     losses, counts = [], []
     for step, batch in enumerate(batches):
         want_loss, want_count = numpy_masked_loss(_host(by_hand), batch)
@@ -72,6 +76,16 @@ def test_fit_train_loss_is_the_mean_per_observed_target_as_val_loss_is() -> None
         assert float(metrics["observed"]) == want_count
         losses.append(want_loss)
         counts.append(want_count)
+    return by_hand, losses, counts
+
+
+def test_fit_train_loss_is_the_mean_per_observed_target_as_val_loss_is() -> None:
+    """Before the fix the history's training loss was the plain mean of the batch
+    means: a batch with one observed target weighed as much as one with twelve,
+    unlike `evaluate`'s validation loss (per observed target), so the two curves
+    of one run measured different things."""
+    batches, state = uneven_batches(), fresh_state()
+    by_hand, losses, counts = hand_run(state, batches, seed=0)
     per_target = float(np.dot(losses, counts) / np.sum(counts))
     per_batch = float(np.mean(losses))
     assert abs(per_target - per_batch) > 0.2 * per_target  # the two readings differ here
@@ -97,22 +111,8 @@ def test_the_clipping_experiments_train_loss_is_the_mean_per_observed_target_too
     monkeypatch.setattr(
         experiments, "evaluate", lambda state, batches, calibrate: evaluate(state, batches)
     )
-    one = np.zeros((3, 2), np.float32)
-    one[1, 0] = 1.0
-    batches = [
-        masked(linear_batch(40, rows=6), np.ones((6, 2))),
-        masked(linear_batch(41, rows=3, shift=25.0), one),
-    ]
-    state = create_train_state(
-        MODEL, make_optimizer(0.05, clip_norm=None), jax.random.key(0), linear_batch(0)
-    )
-    by_hand, seed_key = copy_state(state), jax.random.key(3)
-    losses, counts = [], []
-    for step, batch in enumerate(batches):
-        loss, count = numpy_masked_loss(_host(by_hand), batch)
-        by_hand, _ = train_step(by_hand, batch, step_key(seed_key, step))
-        losses.append(loss)
-        counts.append(count)
+    batches, state = uneven_batches()[:2], fresh_state()
+    _, losses, counts = hand_run(state, batches, seed=3)
     record = experiments.train_run(
         state, lambda epoch: batches, [batches[0]], steps=2, eval_every=2, seed=3,
         calibrate_steps=0,
