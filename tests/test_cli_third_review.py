@@ -17,26 +17,12 @@ from tft_jax.checkpoint import TrainingCheckpointer
 from tft_jax.forecaster import Forecaster
 
 from .cli_tables import run, table_args, write_table
+from .test_cli_checkpoint_review import _Stepped
 
 
 @pytest.fixture(scope="module")
 def csv_path(tmp_path_factory) -> pathlib.Path:
     return write_table(tmp_path_factory.mktemp("table") / "stores.csv")
-
-
-class _Stepped(dict):
-    """A dict pytree with a `.step`, as `save_latest` reads it."""
-
-    @property
-    def step(self):
-        return self["step"]
-
-
-jax.tree_util.register_pytree_node(
-    _Stepped,
-    lambda tree: (tuple(tree.values()), tuple(tree.keys())),
-    lambda keys, values: _Stepped(zip(keys, values, strict=True)),
-)
 
 
 def _finished_run(out: pathlib.Path, qat: dict | None) -> list[str]:
