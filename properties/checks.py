@@ -1536,15 +1536,15 @@ def _integer_grid(qmin: Any, qmax: Any) -> tuple[int, int]:
 def _quantization_codes(x: np.ndarray, scale: Any, zero_point: Any) -> list[np.ndarray]:
     """`round(x / scale) + zero_point` (half to even) as every sound quantizer may compute it.
 
-    The first is IEEE division in `x`'s dtype widened to at least float32
-    (the precision `qat.fake_quantize` and PyTorch compute in, with the scale
-    as given); the others are where a correct quantizer may round a
-    near-tie to the other side: multiplying by the rounded reciprocal, which
-    is what XLA emits for a division by a broadcast scalar (its algebraic
-    simplifier rewrites `x / s` to `x * (1 / s)`), and, for float16 or
-    bfloat16 `x`, the same two in `x`'s own dtype (scale cast to it). They
-    differ only where `x / s` is within a few ulps (of `x`'s dtype) of a
-    tie. All float64.
+    In `x`'s dtype widened to at least float32 (the precision
+    `qat.fake_quantize` and PyTorch compute in, with the scale as given):
+    IEEE division, and multiplication by the rounded reciprocal, which is
+    what PyTorch's fake quantization kernels and `qat.fake_quantize` compute
+    (and what XLA emits for a division by a broadcast scalar: its algebraic
+    simplifier rewrites `x / s` to `x * (1 / s)`); for float16 or bfloat16
+    `x`, the same two in `x`'s own dtype (scale cast to it) as well. A
+    correct quantizer may compute any of them: they differ only where `x /
+    s` is within a few ulps (of `x`'s dtype) of a tie. All float64.
     """
     dtypes = [np.promote_types(x.dtype, np.float32)]
     if dtypes[0] != x.dtype:

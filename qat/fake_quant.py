@@ -1,12 +1,20 @@
 """Fake quantization with a straight-through gradient, and the `FakeQuantize` pytree.
 
 Fake quantization rounds a float tensor onto the integer grid `[qmin, qmax]`
-and maps it straight back: `(clip(round(x/s) + zp, qmin, qmax) - zp) * s`, so
-training sees the quantization error while every tensor stays floating point.
-Rounding is half to even (`jnp.round`, PyTorch's `nearbyint`).
+and maps it straight back: `(clip(round(x * (1/s)) + zp, qmin, qmax) - zp) * s`,
+so training sees the quantization error while every tensor stays floating
+point. Rounding is half to even (`jnp.round`, PyTorch's `nearbyint`).
+
+`x` is multiplied by the reciprocal of the scale, as PyTorch's fake
+quantization kernels do (`inv_scale = 1 / scale`), not divided by it: the two
+differ by one ulp of the quotient for about a quarter of the inputs, which
+rounds `x` to the neighbouring code where `x / s` lies within that ulp of a
+tie. Written out, the codes are the same on every backend and for every
+scale shape (XLA rewrites a division by a broadcast scale into that
+multiplication, but divides by a scale of `x`'s full shape).
 
 The gradient is the clipped straight-through estimator of PyTorch's
-`fake_quantize_per_tensor_affine`: `g * 1[qmin <= round(x/s) + zp <= qmax]`,
+`fake_quantize_per_tensor_affine`: `g * 1[qmin <= round(x * (1/s)) + zp <= qmax]`,
 inclusive at both ends and exactly 0 or 1 per element. It is written out in a
 `jax.custom_jvp` rule (differentiating the forward would give 0 almost
 everywhere (round) and 0.5 at a clip bound, `jnp.clip` splits ties) whose
@@ -160,8 +168,8 @@ def check_qparams(
 
 
 def _grid_position(x: Array, scale: Array, zero_point: Array) -> Array:
-    """`round(x / s) + zp` in the compute dtype (not yet clipped)."""
-    return jnp.round(x / scale) + zero_point
+    """`round(x * (1/s)) + zp` in the compute dtype (not yet clipped): PyTorch's codes."""
+    return jnp.round(x * jnp.reciprocal(scale)) + zero_point
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
@@ -209,11 +217,13 @@ _fake_quantize.defjvp(_fake_quantize_jvp, symbolic_zeros=True)
 def fake_quantize(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: int) -> Array:
     """Quantizes `x` onto `[qmin, qmax]` and back, with the clipped straight-through gradient.
 
-    Forward: `(clip(round(x/s) + zp, qmin, qmax) - zp) * s`, rounding half to
-    even. Backward: `g * 1[qmin <= round(x/s) + zp <= qmax]` (inclusive at both
-    ends); `scale` and `zero_point` receive zero gradient. The backward is a
-    surrogate for training: use reverse mode (`jax.grad`, `jax.vjp`); forward
-    mode (`jax.jvp`, `jax.jacfwd`, `jax.linearize`) raises `ForwardModeError`.
+    Forward: `(clip(round(x * (1/s)) + zp, qmin, qmax) - zp) * s`, rounding
+    half to even, with the reciprocal of the scale as PyTorch computes it (the
+    module docstring says why). Backward: `g * 1[qmin <= round(x * (1/s)) + zp
+    <= qmax]` (inclusive at both ends); `scale` and `zero_point` receive zero
+    gradient. The backward is a surrogate for training: use reverse mode
+    (`jax.grad`, `jax.vjp`); forward mode (`jax.jvp`, `jax.jacfwd`,
+    `jax.linearize`) raises `ForwardModeError`.
 
     Args:
       x: float array of any shape.
@@ -252,7 +262,7 @@ def fake_quantize(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: in
 
 
 def quantize(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: int) -> Array:
-    """The integer codes `clip(round(x/s) + zp, qmin, qmax)` as int32 (no gradient)."""
+    """The integer codes `clip(round(x * (1/s)) + zp, qmin, qmax)` as int32 (no gradient)."""
     dtype = compute_dtype(x.dtype)
     position = _grid_position(
         x.astype(dtype), jnp.asarray(scale, dtype), jnp.asarray(zero_point, dtype)

@@ -1,6 +1,8 @@
 """Learned step size quantization (LSQ): a fake quantizer whose scale is trainable.
 
-The forward is `fake_quantize` with step size `s = max(|scale|, eps)`. The
+The forward is `fake_quantize` with step size `s = max(|scale|, eps)` (the
+input multiplied by `1/s`, as there and in PyTorch; `x/s` below stands for
+that product). The
 backward passes the clipped straight-through gradient to `x` and gives the
 step size the LSQ gradient (Esser et al. 2020, eq. 3), generalised to an
 affine grid with zero point `zp` as in PyTorch's
@@ -70,7 +72,7 @@ def _step_size(scale: Array) -> Array:
 
 def _lsq_forward(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: int) -> Array:
     step = _step_size(scale)
-    position = jnp.round(x / step) + zero_point
+    position = jnp.round(x * jnp.reciprocal(step)) + zero_point
     return (jnp.clip(position, qmin, qmax) - zero_point) * step
 
 
@@ -85,7 +87,7 @@ def _lsq_partials(
 ) -> tuple[Array, Array, Array, Array]:
     """`(inside, dy/dstep, dy/dzero_point, sign(scale))` per element (before grad scaling)."""
     step = _step_size(scale)
-    ratio = x / step
+    ratio = x * jnp.reciprocal(step)
     rounded = jnp.round(ratio)
     position = rounded + zero_point
     below = position < qmin

@@ -14,16 +14,20 @@ from hypothesis.extra import numpy as hnp
 
 from qat import FakeQuantize, QATConfig, fake_quantize
 from qat.config import integer_range
+from qat.fake_quant import quantize
 
 BITS = (2, 4, 8)
 
 
 def reference(x, scale, zero_point, qmin, qmax):
-    """Numpy fake quantization in float32: `(forward, straight-through mask)`."""
+    """Numpy fake quantization in float32: `(forward, straight-through mask)`.
+
+    `x` times the reciprocal of the scale, as PyTorch's fake quantization computes it.
+    """
     x = np.asarray(x, np.float32)
     scale = np.asarray(scale, np.float32)
     zero_point = np.asarray(zero_point, np.float32)
-    position = np.round(x / scale) + zero_point  # numpy rounds half to even too
+    position = np.round(x * (np.float32(1) / scale)) + zero_point  # numpy rounds half to even too
     forward = (np.clip(position, qmin, qmax) - zero_point) * scale
     mask = ((position >= qmin) & (position <= qmax)).astype(np.float32)
     return forward, mask
@@ -306,4 +310,38 @@ def test_from_observer_refuses_an_unobserved_per_channel_observer_under_jit():
     np.testing.assert_array_equal(
         np.asarray(quantize_with(observed, jnp.ones((3, 4)))),
         np.asarray(FakeQuantize.from_observer(observed)(jnp.ones((3, 4)))),
+    )
+
+
+def near_ties(scale: float, size: int, seed: int = 0) -> np.ndarray:
+    """float32 inputs within two ulps of `(k + 1/2) * scale`: `x / s`, `x * (1/s)` round apart."""
+    rng = np.random.default_rng(seed)
+    x = (rng.integers(-100, 100, size).astype(np.float32) + np.float32(0.5)) * np.float32(scale)
+    return x + rng.integers(-2, 3, size).astype(np.float32) * np.spacing(x)
+
+
+@pytest.mark.parametrize("layout", ["scalar", "per_channel", "full"])
+def test_near_ties_round_as_x_times_the_reciprocal_for_every_scale_shape(layout):
+    # A scale that is not a power of two: `x / s` and `x * (1/s)` differ by an ulp for
+    # about a quarter of these inputs and round to neighbouring codes for many of them.
+    # XLA rewrites a division by a broadcast scale into the multiplication but divides
+    # by a scale of x's full shape: the codes depended on how the scale was given.
+    x = near_ties(0.0371, 4096).reshape(512, 8)
+    scale = {
+        "scalar": np.float32(0.0371),
+        "per_channel": np.full((1, 8), 0.0371, np.float32),
+        "full": np.full(x.shape, 0.0371, np.float32),
+    }[layout]
+    divided = np.round(x / np.float32(0.0371))
+    assert np.sum(divided != np.round(x * (np.float32(1) / np.float32(0.0371)))) > 100
+    expected, mask = reference(x, scale, 0, -128, 127)
+    cotangent = np.ones_like(x)
+    y, grad = forward_and_vjp(jnp.asarray(x), jnp.asarray(scale), 0.0, -128, 127, cotangent)
+    np.testing.assert_array_equal(np.asarray(y), expected)
+    np.testing.assert_array_equal(np.asarray(grad), mask)
+    np.testing.assert_array_equal(np.asarray(fake_quantize(x, scale, 0, -128, 127)), expected)
+    codes = np.round(x * (np.float32(1) / np.broadcast_to(scale, x.shape)))
+    np.testing.assert_array_equal(
+        np.asarray(quantize(jnp.asarray(x), jnp.asarray(scale), 0.0, -128, 127)),
+        np.clip(codes, -128, 127).astype(np.int32),
     )

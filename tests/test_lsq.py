@@ -23,7 +23,8 @@ def reference_gradients(x, scale, zero_point, qmin, qmax, cotangent, grad_scale)
     """Numpy LSQ gradients (Esser et al. 2020, eq. 3, with a zero point) of sum(cotangent * y)."""
     x = np.asarray(x, np.float32)
     step = max(abs(np.float32(scale)), EPS)
-    ratio = (x / step).astype(np.float64)  # the grid position in float32, as the forward
+    # The grid position in float32, as the forward: x times the reciprocal (PyTorch's).
+    ratio = (x * (np.float32(1) / np.float32(step))).astype(np.float64)
     rounded = np.round(ratio)
     position = rounded + zero_point
     below, above = position < qmin, position > qmax
@@ -165,3 +166,23 @@ def test_a_scale_that_overflows_float32_raises_instead_of_giving_nan():
     # A tiny scale is no error: the eps floor of the step size makes it harmless.
     y = lsq_fake_quantize(jnp.array([0.0, 1.0]), 1e-40, 0, -128, 127)
     np.testing.assert_array_equal(np.asarray(y), [0.0, 127 * EPS])
+
+
+def test_near_ties_and_the_step_gradient_use_x_times_the_reciprocal():
+    # `x / s` and `x * (1/s)` round apart for many of these inputs (not a power-of-two
+    # step); the forward codes and the step gradient `round(r) - r` follow PyTorch's
+    # `r = x * (1/s)`, also for a step of x's full shape (which XLA divided by).
+    rng = np.random.default_rng(1)
+    step = np.float32(0.0371)
+    x = (rng.integers(-100, 100, 2048).astype(np.float32) + np.float32(0.5)) * step
+    x = x + rng.integers(-2, 3, x.size).astype(np.float32) * np.spacing(x)
+    assert np.sum(np.round(x / step) != np.round(x * (np.float32(1) / step))) > 50
+    cotangent = np.linspace(0.5, 1.5, x.size, dtype=np.float32)
+    expected = reference_gradients(x, step, 0, -128, 127, cotangent, 1.0)
+    dx, dscale, _ = lsq_gradients(jnp.asarray(x), step, 0.0, -128, 127, 1.0, cotangent)
+    np.testing.assert_array_equal(np.asarray(dx), expected[0])
+    np.testing.assert_allclose(float(dscale), expected[1], rtol=1e-5)
+    codes = np.clip(np.round(x * (np.float32(1) / step)), -128, 127)
+    for scale in (step, np.full(x.shape, step)):
+        y = lsq_fake_quantize(jnp.asarray(x), jnp.asarray(scale), 0.0, -128, 127, 1.0)
+        np.testing.assert_array_equal(np.asarray(y), (codes * step).astype(np.float32))

@@ -67,6 +67,48 @@ def test_per_channel_matches_torch_on_each_axis(axis):
     np.testing.assert_array_equal(grad, expected_grad)
 
 
+def near_ties(scale: np.float32, size: int) -> np.ndarray:
+    """float32 inputs within two ulps of `(k + 1/2) * scale`, `k` in [-100, 100)."""
+    x = (RNG.integers(-100, 100, size).astype(np.float32) + np.float32(0.5)) * scale
+    return x + RNG.integers(-2, 3, size).astype(np.float32) * np.spacing(x)
+
+
+def test_near_ties_round_as_torch_with_a_scale_that_is_not_a_power_of_two():
+    # `x / s` and torch's `x * (1/s)` round apart for many of these inputs: our codes
+    # are torch's, per tensor, per channel (also eagerly, where jnp broadcasts the
+    # scale before dividing) and for the learnable step size, forward and gradient.
+    scale = np.float32(0.0371)
+    x = near_ties(scale, 2048)
+    assert np.sum(np.round(x / scale) != np.round(x * (np.float32(1) / scale))) > 50
+    expected = torch.fake_quantize_per_tensor_affine(torch.tensor(x), float(scale), 0, -128, 127)
+    np.testing.assert_array_equal(np.asarray(fake_quantize(x, scale, 0, -128, 127)), expected)
+    per_channel = torch.fake_quantize_per_channel_affine(
+        torch.tensor(x.reshape(256, 8)),
+        torch.full((8,), float(scale)),
+        torch.zeros(8, dtype=torch.int32),
+        1,
+        -128,
+        127,
+    ).numpy()
+    channel_scales = np.full((1, 8), scale)
+    np.testing.assert_array_equal(
+        np.asarray(fake_quantize(x.reshape(256, 8), channel_scales, 0, -128, 127)), per_channel
+    )
+    x_t = torch.tensor(x, requires_grad=True)
+    scale_t = torch.tensor([float(scale)], requires_grad=True)
+    y_t = torch._fake_quantize_learnable_per_tensor_affine(
+        x_t, scale_t, torch.tensor([0.0]), -128, 127, 1.0
+    )
+    y_t.sum().backward()
+    np.testing.assert_array_equal(
+        np.asarray(lsq_fake_quantize(x, scale, 0.0, -128, 127, 1.0)), y_t.detach().numpy()
+    )
+    step_grad = jax.grad(
+        lambda s: jnp.sum(lsq_fake_quantize(jnp.asarray(x), s, 0.0, -128, 127, 1.0))
+    )(jnp.float32(scale))
+    np.testing.assert_allclose(float(step_grad), float(scale_t.grad[0]), rtol=1e-4)
+
+
 @pytest.mark.parametrize(("qmin", "qmax", "zero_point"), [(-8, 7, 0), (0, 255, 60)])
 def test_lsq_matches_torch_learnable_fake_quantize(qmin, qmax, zero_point):
     x = RNG.normal(scale=4.0, size=50).astype(np.float32)
