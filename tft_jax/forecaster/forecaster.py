@@ -859,14 +859,16 @@ class Forecaster:
         panel = dataset.panel
         grid_times = _common_grid(dataset, data.freq)
         last_start = len(grid_times) - data.horizon
-        positions = [last_start - k * step for k in range(n_windows)][::-1]
-        if positions[0] < data.history:
+        # Checked before the cutoffs are listed: a list of n_windows positions was built
+        # first, so an n_windows of 10**9 ran for minutes and out of memory before this error.
+        if last_start - (n_windows - 1) * step < data.history:
             raise ValueError(
                 f"backtest: {n_windows} cutoffs {step} steps apart need "
                 f"{data.history + scored} steps of data ({data.history} of history before the "
                 f"first cutoff, {scored} from it), the table spans {len(grid_times)} "
                 f"({grid_times[0]} .. {grid_times[-1]}); lower n_windows or step"
             )
+        positions = [last_start - k * step for k in range(n_windows)][::-1]
         offset = parse_frequency(data.freq)
         records = []
         for position in positions:
