@@ -542,7 +542,11 @@ def _relative(new: float | None, reference: float | None) -> float | None:
 
 def comparisons(models: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Relative P50/P90 q-risk changes: fp32 vs seasonal naive and vs the best baseline
-    (when `models` has `best_baseline`), int8 and qat vs fp32."""
+    (when `models` has `best_baseline`), int8 and qat vs fp32.
+
+    `(new - reference) / reference`; None where either score is missing or the
+    reference scores exactly 0 (a change relative to a perfect forecast has no value).
+    """
     pairs = (
         ("fp32", "seasonal_naive"), ("fp32", "best_baseline"), ("qat", "fp32"), ("int8", "fp32")
     )  # fmt: skip
