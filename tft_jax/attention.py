@@ -230,6 +230,22 @@ class PositionalEncoding(nn.Module):
         return x + jnp.asarray(sinusoidal_encoding(x.shape[-2], self.dim), x.dtype)
 
 
+def _check_flag(owner: str, name: str, value: Any) -> None:
+    """Raises `TypeError` unless `value` is a Python or NumPy bool.
+
+    The flag selects the computation in Python: a string such as `"False"` is
+    truthy and would silently switch it on, and a traced value fails inside
+    JAX with an error that does not name the argument.
+    """
+    if isinstance(value, jax.core.Tracer):
+        raise TypeError(
+            f"{owner}: {name} must be a concrete Python bool, got a traced value; under "
+            f"jax.jit pass it as a static argument (static_argnames=...)"
+        )
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"{owner}: {name} must be a bool, got {type(value).__name__} {value!r}")
+
+
 def _check_sequence(name: str, x: Array, hidden_dim: int) -> None:
     if x.ndim != 3:
         raise ValueError(f"{name}: x must be 3-D (B, T, {hidden_dim}), got shape {tuple(x.shape)}")
@@ -303,7 +319,9 @@ class TemporalSelfAttention(nn.Module):
 
     Args (call):
       x: `(B, T, D)`.
-      causal: step `t` attends to steps `s <= t` only.
+      causal: step `t` attends to steps `s <= t` only. A bool, static under
+        `jax.jit` (as are `deterministic` and `return_weights`); anything
+        else raises `TypeError`.
       deterministic: required when `dropout_rate > 0` (False: dropout on,
         with the `'dropout'` RNG; True: off); may be left out without dropout.
       return_weights: also return the attention weights `(B, heads, T, T)`.
@@ -351,6 +369,9 @@ class TemporalSelfAttention(nn.Module):
         deterministic = resolve_deterministic(
             "TemporalSelfAttention", deterministic, self.dropout_rate, self.is_initializing()
         )
+        for name, flag in (("causal", causal), ("return_weights", return_weights)):
+            _check_flag("TemporalSelfAttention", name, flag)
+        causal, return_weights = bool(causal), bool(return_weights)
         x = jnp.asarray(x)
         _check_sequence("TemporalSelfAttention", x, self.hidden_dim)
         _check_concrete_positive("TemporalSelfAttention: temperature", temperature)

@@ -137,6 +137,7 @@ class RealEmbedding(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array) -> Array | AffineEmbedding:
+        x = jnp.asarray(x)  # nested lists have no `.ndim`
         # Checked here for both paths: VariableLinear would report the (..., V, 1) it is given.
         if x.ndim < 1 or x.shape[-1] != self.num_variables:
             raise ValueError(

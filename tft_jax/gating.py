@@ -245,8 +245,11 @@ class GatedResidualNetwork(nn.Module):
         the `'dropout'` RNG; True: off); may be left out without dropout.
 
     Raises:
-      ValueError: `context` is not `(B, C)` with `x`'s batch size, or dropout
-        is on and `deterministic` was not given.
+      ValueError: `context` is not `(B, C)` with `x`'s batch size, `context`
+        is left out of a call whose parameters hold a context layer (Flax
+        would skip that layer silently: the network initialized with a
+        context would run without it), or dropout is on and `deterministic`
+        was not given.
     """
 
     features: int
@@ -281,6 +284,11 @@ class GatedResidualNetwork(nn.Module):
         if context is not None:
             context = jnp.asarray(context)
             _check_context(context, x, self.variable_major, self.num_variables is not None)
+        elif not self.is_initializing() and "context" in self.variables.get("params", {}):
+            raise ValueError(
+                "GatedResidualNetwork: context is None, but the parameters hold a context "
+                "layer (context/kernel): the network was initialized with a context, so pass one"
+            )
 
         def dense(features: int, name: str) -> nn.Module:
             return make_dense(

@@ -111,6 +111,10 @@ class LSTM(nn.Module):
     def __call__(
         self, inputs: Array, initial_state: tuple[Array, Array] | None = None
     ) -> tuple[Array, tuple[Array, Array]]:
+        # Nested lists as arrays: `inputs.dtype` and `state.astype` below need arrays.
+        inputs = jnp.asarray(inputs)
+        if isinstance(initial_state, tuple | list) and len(initial_state) == 2:
+            initial_state = (jnp.asarray(initial_state[0]), jnp.asarray(initial_state[1]))
         self._check_inputs(inputs, initial_state)
         dtype = self.dtype or inputs.dtype
         input_gates = Linear(
