@@ -296,8 +296,11 @@ class Preprocessor:
         )
         origin = times.min()
         train_steps = float(steps_since(pd.DatetimeIndex([validation_start]), origin, spec.freq)[0])
+        # The distinct values first (first occurrences, as a set keeps them), then the set.
         vocabularies = {
-            column: tuple(sorted({plain_value(v) for v in grid.loc[train_rows, column].dropna()}))
+            column: tuple(
+                sorted({plain_value(v) for v in pd.unique(grid.loc[train_rows, column].dropna())})
+            )
             for column in spec.categorical_cols
         }
         return cls(
@@ -352,11 +355,21 @@ class Preprocessor:
         word: it was announced with the filled cells.
         """
         vocabulary = self.vocabularies[column]
-        codes = _codes(vocabulary, values)
         unseen: dict[str, Any] = {}
-        for value, code in zip(values, codes, strict=True):
-            if code == len(vocabulary) and not pd.isna(value):  # empty: announced as filled
-                unseen.setdefault(repr(plain_value(value)), plain_value(value))
+        if pd.api.types.infer_dtype(values, skipna=True) in ("integer", "string", "empty"):
+            # Equal values are alike here (no 1 beside 1.0): each distinct one is looked
+            # up once, in the order of first occurrence, and empty cells are unknown.
+            group, distinct = pd.factorize(values)
+            known = np.append(_codes(vocabulary, distinct), len(vocabulary)).astype(np.int32)
+            codes = known[np.where(group >= 0, group, len(distinct))]
+            for value, code in zip(distinct, known[:-1], strict=True):
+                if code == len(vocabulary):
+                    unseen.setdefault(repr(plain_value(value)), plain_value(value))
+        else:
+            codes = _codes(vocabulary, values)
+            for value, code in zip(values, codes, strict=True):
+                if code == len(vocabulary) and not pd.isna(value):  # empty: announced as filled
+                    unseen.setdefault(repr(plain_value(value)), plain_value(value))
         if unseen:
             shown = sorted(unseen)
             more = " ..." if len(shown) > 10 else ""
@@ -408,11 +421,15 @@ class Preprocessor:
                 stacklevel=3,
             )
             fallbacks = []
+            # `codes` are sorted (`transform`): a series' rows are one slice.
+            bounds = np.searchsorted(codes, np.arange(len(ids) + 1))
+            present = ~np.isnan(target)
+            before = [np.asarray(times < cut) for cut in new_series_cuts]
             for code in np.flatnonzero(unknown):
-                rows = (codes == code) & ~np.isnan(target)
-                values = target[rows]
-                for cut in new_series_cuts:
-                    values = target[rows & np.asarray(times < cut)]
+                rows = slice(bounds[code], bounds[code + 1])
+                values = target[rows][present[rows]]
+                for earlier in before:
+                    values = target[rows][present[rows] & earlier[rows]]
                     if values.size:
                         break
                 if values.size == 0:
@@ -458,9 +475,12 @@ class Preprocessor:
         spec = self.spec
         self.check_time_zone(grid[spec.time_col])
         codes, ids = pd.factorize(grid[spec.id_col], sort=True)
-        order = np.argsort(codes, kind="stable")
-        grid = grid.iloc[order].reset_index(drop=True)
-        codes = codes[order].astype(np.int32)
+        if (codes[1:] < codes[:-1]).any():
+            order = np.argsort(codes, kind="stable")
+            grid, codes = grid.iloc[order], codes[order]
+        # else already in series order (`to_regular_grid`'s): no copy of the whole grid
+        grid = grid.reset_index(drop=True)
+        codes = codes.astype(np.int32)
         ids = tuple(plain_value(value) for value in ids)
         times = pd.DatetimeIndex(grid[spec.time_col])
         missing = grid[self.missing_col].to_numpy(np.float64)

@@ -206,11 +206,17 @@ class TargetScaler:
         codes = _check_codes(codes, values.shape[0], num_series)
         check_domain(values, codes, transform, series_names)
         values = forward_transform(values, transform)
-        present = ~np.isnan(values)
+        # Each series' values as one slice, in their given order (a stable sort by code):
+        # one pass over the rows, where masking the rows of every series was series x rows.
+        if (codes[1:] < codes[:-1]).any():
+            order = np.argsort(codes, kind="stable")
+            values, codes = values[order], codes[order]
+        bounds = np.searchsorted(codes, np.arange(num_series + 1))
         loc, scale = np.zeros(num_series), np.ones(num_series)
         spread_fallbacks: list[object] = []
         for code in range(num_series):
-            series_values = values[(codes == code) & present]
+            series_values = values[bounds[code] : bounds[code + 1]]
+            series_values = series_values[~np.isnan(series_values)]
             if series_values.size == 0:
                 name = series_names[code] if series_names is not None else code
                 raise ValueError(

@@ -182,14 +182,17 @@ def missing_texts(
         values = frame[column]
         if ptypes.is_numeric_dtype(values) or ptypes.is_bool_dtype(values):
             continue
-        text = values.astype("string").str.strip().str.lower()
-        hits = (
-            text.isin(MISSING_TEXTS).fillna(False).to_numpy(dtype=bool) & values.notna().to_numpy()
-        )
-        rest = values[~hits & values.notna().to_numpy()]
+        # Each distinct cell is read once (ids repeat over millions of rows); a cell is
+        # a hit when it equals a distinct cell that is one.
+        distinct = values.drop_duplicates()
+        text = distinct.astype("string").str.strip().str.lower()
+        found = distinct[text.isin(MISSING_TEXTS).fillna(False).to_numpy(dtype=bool)]
+        present = values.notna().to_numpy()
+        hits = values.isin(found).to_numpy(dtype=bool) & present
+        rest = values[~hits & present]
         if column in categorical and rest.empty:
             continue
-        if hits.any() and pd.to_numeric(rest, errors="coerce").notna().all():
+        if hits.any() and pd.to_numeric(rest.drop_duplicates(), errors="coerce").notna().all():
             frame.loc[hits, column] = np.nan
             counts[column] = int(hits.sum())
     return frame, counts
@@ -265,7 +268,7 @@ def infer_categorical(frame: pd.DataFrame, spec: TableSpec) -> TableSpec:
         values = frame[column].dropna()
         if ptypes.is_numeric_dtype(values) or ptypes.is_bool_dtype(values) or values.empty:
             continue
-        if pd.to_numeric(values, errors="coerce").isna().all():
+        if pd.to_numeric(values.drop_duplicates(), errors="coerce").isna().all():
             found.append(column)
     if not found:
         return spec
@@ -683,10 +686,12 @@ def _check_statics(frame: pd.DataFrame, spec: TableSpec) -> None:
 
 
 def _check_not_all_empty(frame: pd.DataFrame, spec: TableSpec) -> None:
+    # The series numbered once (in table order, as groupby's keys), not once per column.
+    codes, ids = pd.factorize(frame[spec.id_col])
     for column in (spec.target, *spec.known_cols, *spec.observed_cols):
-        present = frame[column].notna().groupby(frame[spec.id_col], sort=False).any()
+        present = frame[column].notna().groupby(codes, sort=False).any().to_numpy()
         if not present.all():
-            series = present.index[~present.to_numpy()][0]
+            series = ids[np.flatnonzero(~present)[0]]
             raise ValueError(
                 f"column {column!r} has no values at all for series {plain_value(series)!r}; "
                 "drop that series or supply values"
@@ -838,8 +843,67 @@ def _anchor_hint(first: pd.Timestamp, freq: str) -> str:
     return hint
 
 
+@dataclasses.dataclass(frozen=True)
+class _SteppedSeries:
+    """The series of a table sorted by (id, time) whose grids are `first + k * step`.
+
+    Attributes:
+      ids: (S,) the series ids, in table order (an Index: its items are Python scalars,
+        as groupby's keys are).
+      first: (S,) int the first time of each series, in units of the time column.
+      length: (S,) int the grid length of each series.
+      units: units of the time column in one step.
+      on_grid: whether every row is on its series' grid.
+    """
+
+    ids: pd.Index
+    first: np.ndarray
+    length: np.ndarray
+    units: int
+    on_grid: bool
+
+
+def _stepped_series(frame: pd.DataFrame, spec: TableSpec) -> _SteppedSeries | None:
+    """The grids of `frame` (sorted by id, time) as whole-number steps, or None where unsure.
+
+    For naive times and a fixed step ('h', '15min', 'D': no daylight saving,
+    no calendar) that is a whole number of units of the time column, the grid
+    `series_grid` builds is `first + k * step`: it is counted for all series
+    at once instead of one `date_range` and `isin` per series. Else None,
+    and the callers build each series' grid.
+    """
+    times = frame[spec.time_col]
+    if times.dt.tz is not None or len(frame) == 0:
+        return None
+    offset = parse_frequency(spec.freq)
+    if isinstance(offset, pd.offsets.Tick):
+        step = pd.Timedelta(offset)
+    elif isinstance(offset, pd.offsets.Day):  # pandas 3: a calendar offset, 24 h when naive
+        step = pd.Timedelta(days=offset.n)
+    else:
+        return None
+    values = times.to_numpy()
+    unit = np.datetime_data(values.dtype)[0]
+    units, remainder = divmod(step.value, pd.Timedelta(1, unit).value)
+    if remainder or units < 1:
+        return None
+    codes, ids = pd.factorize(frame[spec.id_col])
+    ticks = values.view(np.int64)
+    same = codes[1:] == codes[:-1]
+    if (codes[1:] < codes[:-1]).any() or (ticks[1:][same] <= ticks[:-1][same]).any():
+        return None  # not sorted by (id, time): the per-series path handles it as it did
+    start = np.searchsorted(codes, np.arange(len(ids) + 1))
+    first = ticks[start[:-1]]
+    on_grid = not ((ticks - np.repeat(first, np.diff(start))) % units).any()
+    length = (ticks[start[1:] - 1] - first) // units + 1
+    return _SteppedSeries(ids, first, length, int(units), bool(on_grid))
+
+
 def _check_on_grid(frame: pd.DataFrame, spec: TableSpec) -> dict[Any, int]:
     """Raises for timestamps off the `freq` grid; returns each series' grid length."""
+    stepped = _stepped_series(frame, spec)
+    if stepped is not None and stepped.on_grid:  # else the loop names the first series off it
+        return dict(zip(stepped.ids, stepped.length.tolist(), strict=True))
     lengths = {}
     for series, group in frame.groupby(spec.id_col, sort=False):
         times = pd.DatetimeIndex(group[spec.time_col])
@@ -887,16 +951,31 @@ def _categorical_values(values: pd.Series, column: str, ids: pd.Series) -> pd.Se
                 f"{float(numbers.iloc[row])!r} in series {plain_value(ids.iloc[row])!r} at row "
                 f"{row}"
             )
+        return _each_distinct(numbers, present, int)
+    return _each_distinct(values, present, str)
+
+
+def _each_distinct(values: pd.Series, present: np.ndarray, convert: type) -> pd.Series:
+    """(R,) object Series of `convert(v)` for each value `v` of `values`, None where not `present`.
+
+    Converted once per distinct value (a category repeats over millions of
+    rows) where equal values convert alike: ints and texts, and floats to
+    int. Else (an object column mixing 1 and 1.0, which compare equal but
+    read '1' and '1.0'; 0.0 and -0.0 as text) each value is converted on its own.
+    """
+    kind = ptypes.infer_dtype(values, skipna=True)
+    alike = ("integer", "string", "empty", *(("floating",) if convert is int else ()))
+    if kind not in alike:
         return pd.Series(
-            [int(v) if ok else None for v, ok in zip(numbers, present, strict=True)],
+            [convert(v) if ok else None for v, ok in zip(values, present, strict=True)],
             index=values.index,
             dtype=object,
         )
-    return pd.Series(
-        [str(v) if ok else None for v, ok in zip(values, present, strict=True)],
-        index=values.index,
-        dtype=object,
-    )
+    group, distinct = pd.factorize(values)
+    converted = np.empty(len(distinct) + 1, dtype=object)  # the last: None, for missing cells
+    converted[: len(distinct)] = [convert(v) for v in distinct]
+    group = np.where(present & (group >= 0), group, len(distinct))
+    return pd.Series(converted[group], index=values.index, dtype=object)
 
 
 def _check_id_types(ids: pd.Series, column: str) -> None:
@@ -1214,23 +1293,37 @@ def to_regular_grid(clean: pd.DataFrame, spec: TableSpec, missing_col: str) -> p
     Returns:
       A DataFrame sorted by (id, time), with the spec's columns and `missing_col`.
     """
-    grids = [
-        series_grid(pd.DatetimeIndex(group[spec.time_col]), spec.freq)
-        for _, group in clean.groupby(spec.id_col, sort=False)
-    ]
     series = clean[spec.id_col].drop_duplicates().to_numpy()
+    stepped = _stepped_series(clean, spec)
+    if stepped is not None and stepped.on_grid:
+        # All grids at once (`first + k * step`), not one `date_range` per series.
+        lengths = stepped.length
+        ticks = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        ticks *= stepped.units
+        ticks += np.repeat(stepped.first, lengths)
+        times = pd.DatetimeIndex(ticks.view(clean[spec.time_col].dtype))
+        del ticks
+    else:
+        grids = [
+            series_grid(pd.DatetimeIndex(group[spec.time_col]), spec.freq)
+            for _, group in clean.groupby(spec.id_col, sort=False)
+        ]
+        lengths = np.array([len(grid) for grid in grids])
+        times = grids[0].append(grids[1:])
     index = pd.MultiIndex.from_arrays(
-        [np.repeat(series, [len(grid) for grid in grids]), grids[0].append(grids[1:])],
-        names=[spec.id_col, spec.time_col],
+        [np.repeat(series, lengths), times], names=[spec.id_col, spec.time_col]
     )
     grid = clean.set_index([spec.id_col, spec.time_col]).reindex(index).reset_index()
     grid[missing_col] = grid[spec.target].isna().astype("float64")
-    by_series = grid.groupby(spec.id_col, sort=False)
+    # The series number of each row: grouping by it is grouping by the id column
+    # (rows of a series contiguous, in table order), without hashing the ids again.
+    codes = np.repeat(np.arange(len(series)), lengths)
+    by_series = grid.groupby(codes, sort=False)
     filled = [spec.target, *spec.known_cols, *spec.observed_cols]
     grid[filled] = by_series[filled].ffill()
     if spec.known_cols:  # known in advance: a later value is no leak
         known = list(spec.known_cols)
-        grid[known] = grid.groupby(spec.id_col, sort=False)[known].bfill()
+        grid[known] = grid.groupby(codes, sort=False)[known].bfill()
     for column in spec.static_cols:
         grid[column] = by_series[column].transform("first")
     return grid

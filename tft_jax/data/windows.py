@@ -146,13 +146,15 @@ def window_starts(
     if require_observed_target:
         filled = np.concatenate([[0.0], np.cumsum(1.0 - panel.target_mask)])
         candidates = candidates[filled[candidates + horizon] - filled[candidates] == 0]
-    if stride == 1:
+    if stride == 1 or candidates.size == 0:
         return candidates
-    keep = np.zeros(candidates.shape[0], dtype=bool)
-    for series in np.unique(code[candidates]):
-        (positions,) = np.nonzero(code[candidates] == series)
-        keep[positions[::stride]] = True
-    return candidates[keep]
+    # The candidates of a series are contiguous (rows in series order): number each from
+    # its series' first and keep every stride-th, in one pass over the candidates.
+    series = code[candidates]
+    position = np.arange(candidates.shape[0])
+    first = np.concatenate([[True], series[1:] != series[:-1]])
+    since_first = position - np.maximum.accumulate(np.where(first, position, 0))
+    return candidates[since_first % stride == 0]
 
 
 def batch_indices(
