@@ -331,7 +331,10 @@ class TemporalSelfAttention(nn.Module):
         attended to; its own output row is computed but meaningless), or
         `(B, 1, T, T)` / `(B, heads, T, T)` with True = query may attend to
         key. A query with no allowed key gets zero weights and a zero
-        attention output (`y = LayerNorm(h + b_out)` there), never NaN.
+        attention output (`y = LayerNorm(h + b_out)` there), never NaN. A
+        `(T, T)` pair mask (as `AttentionHead` takes) goes in as
+        `mask[None, None]` broadcast to `(B, 1, T, T)`: given as it is, it is
+        refused, or read as `(B, T)` valid steps when `B == T`.
     """
 
     hidden_dim: int
