@@ -26,15 +26,31 @@ class InterpretableMultiHeadAttention(nn.Module):
     averaged weights describe what the block actually mixes. Q/K/V and the
     output projection have no bias, as in the paper's code.
 
+    Dropout (when `deterministic=False`) applies to each head's output before
+    the average and to the output projection, never to the attention
+    probabilities: as in the paper's code (its `ScaledDotProductAttention` is
+    built with `attn_dropout=0`) and pytorch-forecasting (built without
+    dropout). The returned weights are never dropped out.
+
     Args (call):
-      queries: `(B, Tq, D)`; keys_values: `(B, Tk, D)`; mask: boolean
-      `(Tq, Tk)` (or `(B, 1|heads, Tq, Tk)` per example), True = may
-      attend, a query with no allowed key getting zero weights;
-      deterministic: required when `dropout_rate > 0` (False: dropout on,
-      with the `'dropout'` RNG).
+      queries: `(B, Tq, D)` floating point, `D = features`; keys_values:
+      `(B, Tk, D)` floating point; mask: boolean `(Tq, Tk)` (or
+      `(B, 1|heads, Tq, Tk)` per example), True = may attend, a query with
+      no allowed key getting zero weights; deterministic: required when
+      `dropout_rate > 0` (False: dropout on, with the `'dropout'` RNG).
 
     Returns:
-      `(output (B, Tq, D), weights (B, heads, Tq, Tk))`.
+      `(output (B, Tq, D), weights (B, heads, Tq, Tk))`: the output in the
+      compute dtype (`dtype`, else the inputs' and parameters' promoted
+      dtype), the weights in at least float32 (the softmax's own precision,
+      not rounded to a bfloat16 compute dtype), so each row with an allowed
+      key sums to 1 to float32 precision.
+
+    Raises:
+      TypeError: `queries` or `keys_values` is not floating point (an integer
+        array would be cast silently), or `mask` is not boolean.
+      ValueError: an input is not 3-D, its last axis is not `features`, the
+        batch sizes differ, or `mask` has another shape.
     """
 
     num_heads: int
@@ -77,6 +93,18 @@ class InterpretableMultiHeadAttention(nn.Module):
                     f"InterpretableMultiHeadAttention: {name} must be 3-D (B, T, D), got shape "
                     f"{tuple(jnp.shape(x))}"
                 )
+            # Else a width other than the parameters' fails in Flax as a ScopeParamShapeError
+            # naming no argument (or, at init, builds projections of another width).
+            if x.shape[-1] != self.features:
+                raise ValueError(
+                    f"InterpretableMultiHeadAttention: {name}.shape[-1] must equal "
+                    f"features={self.features}, got {x.shape[-1]} (shape {tuple(x.shape)})"
+                )
+            if not jnp.issubdtype(x.dtype, jnp.floating):
+                raise TypeError(
+                    f"InterpretableMultiHeadAttention: {name} must be floating point (float32, "
+                    f"bfloat16, ...), got {x.dtype}"
+                )
         if queries.shape[0] != keys_values.shape[0]:
             raise ValueError(
                 "InterpretableMultiHeadAttention: queries and keys_values must have the same "
@@ -102,7 +130,16 @@ class InterpretableMultiHeadAttention(nn.Module):
         query = split_heads(project(self.features, "query", queries))
         key = split_heads(project(self.features, "key", keys_values))
         value = project(head_dim, "value", keys_values)[:, None]  # (B, 1, Tk, head_dim)
-        heads, weights = scaled_dot_product_attention(query, key, value, mask)
+        # The kernel rounds its weights to its inputs' dtype: given them in at least float32
+        # it returns the softmax unrounded (bfloat16 rows miss 1 by a few thousandths). The
+        # head outputs are then formed as the kernel forms them from the weights rounded to
+        # the compute dtype, so the layer's output is the same as from bfloat16 inputs; the
+        # kernel's own float32 output is unused (pruned under jit).
+        weights_dtype = jnp.promote_types(query.dtype, jnp.float32)
+        _, weights = scaled_dot_product_attention(
+            query.astype(weights_dtype), key.astype(weights_dtype), value, mask
+        )
+        heads = jnp.matmul(weights.astype(query.dtype), value.astype(query.dtype))
         heads = nn.Dropout(self.dropout_rate)(heads, deterministic=deterministic)
         averaged = jnp.mean(heads, axis=1)
         output = project(self.features, "out", averaged)

@@ -42,6 +42,12 @@ class TFTOutput:
         columns: the known reals, then the known categoricals.
 
     Within each group the columns follow the input's last axis.
+
+    Dtypes: `quantiles` in the compute dtype (`TFTConfig.dtype`); every weight
+    in at least float32 (float32 under bfloat16 compute), as its softmax
+    computed it, so each row sums to 1 to float32 precision (rounded to
+    bfloat16, rows were off by up to a few thousandths). The same for the QAT
+    model and `int8_apply`.
     """
 
     quantiles: Array

@@ -158,7 +158,7 @@ def output_like(config: TFTConfig, batch: int) -> tft_model.TFTOutput:
     steps, horizon = config.sequence_length, config.prediction_horizon
     return tft_model.TFTOutput(
         quantiles=np.zeros((batch, horizon, config.num_quantiles), dtype),
-        attention=np.zeros((batch, config.num_heads, horizon, steps + horizon), dtype),
+        attention=np.zeros((batch, config.num_heads, horizon, steps + horizon), weights_dtype),
         static_weights=np.zeros((batch, config.num_static_inputs), weights_dtype),
         history_weights=np.zeros((batch, steps, config.num_history_inputs), weights_dtype),
         future_weights=np.zeros((batch, horizon, config.num_future_inputs), weights_dtype),
