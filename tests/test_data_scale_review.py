@@ -225,6 +225,7 @@ def categorical_reference(values: pd.Series) -> list:
         pd.Series([5, np.int64(5), 12, None], dtype=object),
         pd.Series(["x", pd.NA, "y", "x"], dtype="string"),
         pd.Series(pd.Categorical(["lo", "hi", None, "lo"])),
+        pd.Series(pd.Categorical(["01", "1", None, "01"], categories=["1", "unused", "01"])),
         pd.Series(pd.Categorical([2, 1, None, 2])),
         pd.Series([None, np.nan], dtype=object),
     ],
@@ -447,3 +448,18 @@ def test_a_series_with_an_empty_column_is_named_among_others(ids):
         ValueError, match=rf"column 'k' has no values at all for series {ids[1]!r};"
     ):
         validate_table(table, spec, 2, 1)
+
+
+def test_a_time_off_the_grid_names_a_nullable_integer_series_plainly():
+    # The series was shown by its bare repr: `np.int64(7)` for an Int64 id column.
+    table = pd.DataFrame(
+        {
+            "id": pd.array([7, 7, 7, 8, 8, 8], dtype="Int64"),
+            "time": pd.to_datetime(["2024-01-01 00:00", "2024-01-01 01:00", "2024-01-01 02:30"] * 2)
+            + pd.to_timedelta([0, 0, 0, 0, 0, -30], unit="min"),
+            "y": np.arange(6.0),
+        }
+    )
+    spec = TableSpec(id_col="id", time_col="time", target="y", freq="h")
+    with pytest.raises(ValueError, match=r"^series 7 has 1 timestamps off the freq='h' grid"):
+        validate_table(table, spec, 1, 1)

@@ -912,7 +912,7 @@ def _check_on_grid(frame: pd.DataFrame, spec: TableSpec) -> dict[Any, int]:
         if off_grid.any():
             start = grid[0] if len(grid) else times[0]
             raise ValueError(
-                f"series {series!r} has {int(off_grid.sum())} timestamps off the freq="
+                f"series {plain_value(series)!r} has {int(off_grid.sum())} timestamps off the freq="
                 f"{spec.freq!r} grid that starts at {start}, e.g. {times[off_grid][0]}; "
                 "resample the table to that frequency first (e.g. df.set_index(time)"
                 f".groupby(id).resample({spec.freq!r}).mean()) or pass the frequency the data "
@@ -959,10 +959,19 @@ def _each_distinct(values: pd.Series, present: np.ndarray, convert: type) -> pd.
     """(R,) object Series of `convert(v)` for each value `v` of `values`, None where not `present`.
 
     Converted once per distinct value (a category repeats over millions of
-    rows) where equal values convert alike: ints and texts, and floats to
-    int. Else (an object column mixing 1 and 1.0, which compare equal but
-    read '1' and '1.0'; 0.0 and -0.0 as text) each value is converted on its own.
+    rows) where equal values convert alike: ints and texts, floats to int,
+    and the categories of a `category` column (the same objects in each
+    cell). Else (an object column mixing 1 and 1.0, which compare equal but
+    read '1' and '1.0'; 0.0 and -0.0 as text) each value is converted on its
+    own.
     """
+    if isinstance(values.dtype, pd.CategoricalDtype):  # each category converted once
+        categories = values.cat.categories
+        converted = np.empty(len(categories) + 1, dtype=object)  # the last: None
+        converted[: len(categories)] = [convert(v) for v in categories]
+        group = values.cat.codes.to_numpy()
+        group = np.where(present & (group >= 0), group, len(categories))
+        return pd.Series(converted[group], index=values.index, dtype=object)
     kind = ptypes.infer_dtype(values, skipna=True)
     alike = ("integer", "string", "empty", *(("floating",) if convert is int else ()))
     if kind not in alike:
