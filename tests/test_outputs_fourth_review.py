@@ -170,24 +170,27 @@ def test_interpretable_attention_returns_float32_weights_for_bfloat16_inputs():
 
 
 @pytest.mark.parametrize("name", ["queries", "keys_values"])
-def test_interpretable_attention_refuses_integer_inputs_naming_them(name):
+@pytest.mark.parametrize(
+    ("bad", "error", "message"),
+    [
+        (np.ones((2, 3, 4), np.int32), TypeError, r"{name} must be floating point .*got int32"),
+        (
+            np.ones((2, 3, 6), np.float32),
+            ValueError,
+            r"{name}.shape\[-1\] must equal features=4, got 6 \(shape \(2, 3, 6\)\)",
+        ),
+    ],
+    ids=["integer", "width"],
+)
+def test_interpretable_attention_names_an_integer_input_or_a_width_other_than_features(
+    name, bad, error, message
+):
+    # Integers were cast silently; another width failed as Flax's ScopeParamShapeError.
     layer = InterpretableMultiHeadAttention(num_heads=2, features=4)
     x = np.ones((2, 3, 4), np.float32)
     variables = layer.init(jax.random.key(0), x, x)
-    arguments = {"queries": x, "keys_values": x, name: np.ones((2, 3, 4), np.int32)}
-    with pytest.raises(TypeError, match=rf"{name} must be floating point .*got int32"):
-        layer.apply(variables, **arguments)
-
-
-@pytest.mark.parametrize("name", ["queries", "keys_values"])
-def test_interpretable_attention_names_a_width_other_than_its_parameters(name):
-    layer = InterpretableMultiHeadAttention(num_heads=2, features=4)
-    x = np.ones((2, 3, 4), np.float32)
-    variables = layer.init(jax.random.key(0), x, x)
-    arguments = {"queries": x, "keys_values": x, name: np.ones((2, 3, 6), np.float32)}
-    message = rf"{name}.shape\[-1\] must equal features=4, got 6 \(shape \(2, 3, 6\)\)"
-    with pytest.raises(ValueError, match=message):
-        layer.apply(variables, **arguments)
+    with pytest.raises(error, match=message.format(name=name)):
+        layer.apply(variables, **{"queries": x, "keys_values": x, name: bad})
 
 
 def test_interpretable_attention_drops_out_heads_and_output_never_the_weights():
