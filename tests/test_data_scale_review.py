@@ -404,10 +404,11 @@ def test_regular_grid_is_the_per_series_date_range_reference(case):
     pd.testing.assert_frame_equal(
         to_regular_grid(clean, spec, "y_missing"), grid_reference(clean, spec, "y_missing")
     )
-    unsorted = clean.iloc[::-1].reset_index(drop=True)  # not sorted: the per-series path
-    pd.testing.assert_frame_equal(
-        to_regular_grid(unsorted, spec, "y_missing"), grid_reference(unsorted, spec, "y_missing")
-    )
+    # Not sorted by time: every grid was empty, silently; now refused, naming the series.
+    unsorted = clean.iloc[::-1].reset_index(drop=True)
+    last = unsorted.iloc[0]
+    with pytest.raises(ValueError, match=rf"series {plain_value(last['id'])!r} has .* after "):
+        to_regular_grid(unsorted, spec, "y_missing")
 
 
 def test_a_time_off_the_grid_is_named_in_its_series():

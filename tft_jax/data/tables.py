@@ -1301,6 +1301,9 @@ def to_regular_grid(clean: pd.DataFrame, spec: TableSpec, missing_col: str) -> p
 
     Returns:
       A DataFrame sorted by (id, time), with the spec's columns and `missing_col`.
+
+    Raises:
+      ValueError: a series of `clean` not sorted by time (its grid would be empty).
     """
     series = clean[spec.id_col].drop_duplicates().to_numpy()
     stepped = _stepped_series(clean, spec)
@@ -1313,10 +1316,17 @@ def to_regular_grid(clean: pd.DataFrame, spec: TableSpec, missing_col: str) -> p
         times = pd.DatetimeIndex(ticks.view(clean[spec.time_col].dtype))
         del ticks
     else:
-        grids = [
-            series_grid(pd.DatetimeIndex(group[spec.time_col]), spec.freq)
-            for _, group in clean.groupby(spec.id_col, sort=False)
-        ]
+        grids = []
+        for name, group in clean.groupby(spec.id_col, sort=False):
+            stamps = pd.DatetimeIndex(group[spec.time_col])
+            if not stamps.is_monotonic_increasing:  # else its grid would be empty, silently
+                later = int(np.flatnonzero(np.diff(stamps.asi8) < 0)[0])
+                raise ValueError(
+                    f"to_regular_grid: clean must be sorted by time within each series, as "
+                    f"validate_table returns it; series {plain_value(name)!r} has "
+                    f"{stamps[later + 1]} after {stamps[later]}"
+                )
+            grids.append(series_grid(stamps, spec.freq))
         lengths = np.array([len(grid) for grid in grids])
         times = grids[0].append(grids[1:])
     index = pd.MultiIndex.from_arrays(
