@@ -129,14 +129,21 @@ def bfloat16_outputs() -> dict[str, Any]:
     variables = model.init(jax.random.key(0), **inputs)
     qat_model = QATTemporalFusionTransformer(cfg, QATConfig(bits=8))
     qat_vars = from_fp32(variables, qat_model, **inputs)
-    _, stats = qat_model.apply(
-        qat_vars, **inputs, deterministic=True, calibrate=True, mutable=["quant_stats"]
-    )
+    # Each run jitted: one compile per program, where op by op compiled every primitive.
+    _, stats = jax.jit(
+        lambda v: qat_model.apply(
+            v, **inputs, deterministic=True, calibrate=True, mutable=["quant_stats"]
+        )
+    )(qat_vars)
     qat_vars = {**qat_vars, **stats}
     return {
-        "fp32": model.apply(variables, **inputs, deterministic=True),
-        "qat": qat_model.apply(qat_vars, **inputs, deterministic=True, calibrate=False),
-        "int8": int8_apply(qat_model, convert(qat_vars), **inputs, deterministic=True),
+        "fp32": jax.jit(lambda v: model.apply(v, **inputs, deterministic=True))(variables),
+        "qat": jax.jit(lambda v: qat_model.apply(v, **inputs, deterministic=True, calibrate=False))(
+            qat_vars
+        ),
+        "int8": jax.jit(lambda v: int8_apply(qat_model, v, **inputs, deterministic=True))(
+            convert(qat_vars)
+        ),
     }
 
 
