@@ -966,21 +966,17 @@ def _each_distinct(values: pd.Series, present: np.ndarray, convert: type) -> pd.
     own.
     """
     if isinstance(values.dtype, pd.CategoricalDtype):  # each category converted once
-        categories = values.cat.categories
-        converted = np.empty(len(categories) + 1, dtype=object)  # the last: None
-        converted[: len(categories)] = [convert(v) for v in categories]
-        group = values.cat.codes.to_numpy()
-        group = np.where(present & (group >= 0), group, len(categories))
-        return pd.Series(converted[group], index=values.index, dtype=object)
-    kind = ptypes.infer_dtype(values, skipna=True)
-    alike = ("integer", "string", "empty", *(("floating",) if convert is int else ()))
-    if kind not in alike:
-        return pd.Series(
-            [convert(v) if ok else None for v, ok in zip(values, present, strict=True)],
-            index=values.index,
-            dtype=object,
-        )
-    group, distinct = pd.factorize(values)
+        group, distinct = values.cat.codes.to_numpy(), values.cat.categories
+    else:
+        kind = ptypes.infer_dtype(values, skipna=True)
+        alike = ("integer", "string", "empty", *(("floating",) if convert is int else ()))
+        if kind not in alike:
+            return pd.Series(
+                [convert(v) if ok else None for v, ok in zip(values, present, strict=True)],
+                index=values.index,
+                dtype=object,
+            )
+        group, distinct = pd.factorize(values)
     converted = np.empty(len(distinct) + 1, dtype=object)  # the last: None, for missing cells
     converted[: len(distinct)] = [convert(v) for v in distinct]
     group = np.where(present & (group >= 0), group, len(distinct))
