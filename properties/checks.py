@@ -627,20 +627,16 @@ def assert_causal(
     length = x.shape[axis]
     fn = _selected(fn, select)
     steps = _causal_positions(length, positions, max_positions, seed)
-    output = fn(x)
-    baseline = _named_leaves("fn(x)", output)
-    _require_outputs("fn", baseline, output)
-    leaf_axes = []
-    for (path, leaf), leaf_out_axis in zip(
-        baseline, _leaf_axes(out_axis, output, axis), strict=True
-    ):
-        leaf_axis = _normalize_axis(f"out_axis for output leaf {path}", leaf_out_axis, leaf.ndim)
+    output, baseline = _output_leaves(fn, x)
+
+    def has_the_input_length(path: str, leaf: np.ndarray, leaf_axis: int, axis: int) -> None:
         if leaf.shape[leaf_axis] != length:
             raise ValueError(
                 f"output leaf {path} has shape {leaf.shape}: length {leaf.shape[leaf_axis]} along "
-                f"out_axis={leaf_out_axis}, expected the input length {length}"
+                f"out_axis={axis}, expected the input length {length}"
             )
-        leaf_axes.append(leaf_axis)
+
+    leaf_axes = _checked_axes(baseline, _leaf_axes(out_axis, output, axis), has_the_input_length)
     if steps:
         compared = np.arange(max(steps) + 1)
         _require_no_nan(
@@ -826,20 +822,47 @@ def _take(leaf: np.ndarray, index: Any, axis: int) -> np.ndarray:
     return np.take(leaf, index, axis=axis % leaf.ndim)
 
 
+def _output_leaves(
+    fn: Callable[[Any], PyTree], x: Any
+) -> tuple[PyTree, list[tuple[str, np.ndarray]]]:
+    """`fn(x)` and its named leaves; a `ValueError` when it has none."""
+    output = fn(x)
+    baseline = _named_leaves("fn(x)", output)
+    _require_outputs("fn", baseline, output)
+    return output, baseline
+
+
+def _checked_axes(
+    outputs: list[tuple[str, np.ndarray]],
+    axes: Sequence[int],
+    check: Callable[[str, np.ndarray, int, int], None],
+) -> list[int]:
+    """The normalized axis of every output leaf, leaf by leaf.
+
+    `check(path, leaf, leaf_axis, axis)` raises for a leaf whose shape does not
+    fit the check (`axis` as requested, `leaf_axis` normalized).
+    """
+    normalized = []
+    for (path, leaf), axis in zip(outputs, axes, strict=True):
+        leaf_axis = _normalize_axis(f"out_axis for output leaf {path}", axis, leaf.ndim)
+        check(path, leaf, leaf_axis, axis)
+        normalized.append(leaf_axis)
+    return normalized
+
+
 def _check_output_batch(
     outputs: list[tuple[str, np.ndarray]], axes: Sequence[int], batch: int
 ) -> list[int]:
     """The normalized batch axis of every output leaf, checked to hold `batch` samples."""
-    normalized = []
-    for (path, leaf), axis in zip(outputs, axes, strict=True):
-        leaf_axis = _normalize_axis(f"out_axis for output leaf {path}", axis, leaf.ndim)
+
+    def holds_the_batch(path: str, leaf: np.ndarray, leaf_axis: int, axis: int) -> None:
         if leaf.shape[leaf_axis] != batch:
             raise ValueError(
                 f"output leaf {path} has shape {leaf.shape}: batch size {leaf.shape[leaf_axis]} "
                 f"along axis {axis}, expected {batch}"
             )
-        normalized.append(leaf_axis)
-    return normalized
+
+    return _checked_axes(outputs, axes, holds_the_batch)
 
 
 def _gradient_leaks(
@@ -1005,14 +1028,9 @@ def assert_ignores_padding(
     if mask.all() or not mask.any():
         return
     fn = _selected(fn, select)
-    output = fn(x)
-    baseline = _named_leaves("fn(x)", output)
-    _require_outputs("fn", baseline, output)
-    leaf_axes = []
-    for (path, leaf), leaf_out_axis in zip(
-        baseline, _leaf_axes(out_axis, output, axis), strict=True
-    ):
-        leaf_axis = _normalize_axis(f"out_axis for output leaf {path}", leaf_out_axis, leaf.ndim)
+    output, baseline = _output_leaves(fn, x)
+
+    def has_the_mask_shape(path: str, leaf: np.ndarray, leaf_axis: int, axis: int) -> None:
         if (
             leaf_axis == 0
             or leaf.shape[0] != mask.shape[0]
@@ -1021,9 +1039,10 @@ def assert_ignores_padding(
             raise ValueError(
                 f"output leaf {path} has shape {leaf.shape}: expected the batch size "
                 f"{mask.shape[0]} on axis 0 and the input length {mask.shape[1]} along "
-                f"out_axis={leaf_out_axis}"
+                f"out_axis={axis}"
             )
-        leaf_axes.append(leaf_axis)
+
+    leaf_axes = _checked_axes(baseline, _leaf_axes(out_axis, output, axis), has_the_mask_shape)
     _require_no_nan(
         "fn(x) is NaN at real steps (NaN == NaN here, so a dependence on padding would not show):",
         [
@@ -1152,9 +1171,7 @@ def assert_batch_independent(
         return
     fn = _selected(fn, select)
     leaves = [leaf for _, leaf in named]
-    output = fn(jax.tree_util.tree_unflatten(treedef, leaves))
-    baseline = _named_leaves("fn(x)", output)
-    _require_outputs("fn", baseline, output)
+    output, baseline = _output_leaves(fn, jax.tree_util.tree_unflatten(treedef, leaves))
     output_axes = _check_output_batch(baseline, _leaf_axes(out_axis, output, axis), batch)
     _require_no_nan(
         "fn(x) is NaN at the tested samples (NaN == NaN here, so mixing would not show):",
@@ -1235,9 +1252,7 @@ def assert_batch_order_equivariant(
         return
     fn = _selected(fn, select)
     leaves = [leaf for _, leaf in named]
-    output = fn(jax.tree_util.tree_unflatten(treedef, leaves))
-    baseline = _named_leaves("fn(x)", output)
-    _require_outputs("fn", baseline, output)
+    output, baseline = _output_leaves(fn, jax.tree_util.tree_unflatten(treedef, leaves))
     if atol is None:
         atol = _BATCH_ORDER_ATOL * _output_scale(baseline)
     output_axes = _check_output_batch(baseline, _leaf_axes(out_axis, output, axis), batch)
