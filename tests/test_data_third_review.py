@@ -7,6 +7,7 @@ References are plain pandas (forward fill) and float64 NumPy (mean, population s
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -16,6 +17,16 @@ from tft_jax.data import prepare_dataset
 from tft_jax.data.future import future_windows
 
 HISTORY, HORIZON = 4, 2
+
+
+def prepare(table: pd.DataFrame, freq: str = "D", **options: Any) -> Any:
+    """`prepare_dataset` with this file's columns ('id', 'time', 'y'), history and horizon."""
+    return prepare_dataset(
+        table, id_col="id", time_col="time", target="y", freq=freq, history=HISTORY,
+        horizon=HORIZON, **options,
+    )  # fmt: skip
+
+
 LEADING = 6  # empty target and observed cells at the start of series 'a'
 
 
@@ -49,10 +60,7 @@ def leading_empty():
     """The prepared table and the messages of the warnings it gave."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        dataset = prepare_dataset(
-            leading_empty_table(), id_col="id", time_col="time", target="y", freq="D",
-            history=HISTORY, horizon=HORIZON, observed_cols=["o", "oc"],
-        )  # fmt: skip
+        dataset = prepare(leading_empty_table(), observed_cols=["o", "oc"])
     return dataset, [str(w.message) for w in caught]
 
 
@@ -141,10 +149,7 @@ def test_no_window_error_names_windows_left_out_for_filled_steps():
     with pytest.raises(
         ValueError, match=r"validation period .* 4 windows all have a filled target"
     ):
-        prepare_dataset(
-            table, id_col="id", time_col="time", target="y", freq="D", history=HISTORY,
-            horizon=HORIZON, validation_start="2024-01-26", test_start="2024-01-29",
-        )  # fmt: skip
+        prepare(table, validation_start="2024-01-26", test_start="2024-01-29")
 
 
 def daily_pair(n: int = 30) -> pd.DataFrame:
@@ -164,10 +169,7 @@ def test_a_pandas_category_column_of_codes_is_a_categorical_input():
     store_type = pd.Series(np.arange(len(table)) % 3 + 1).astype("category")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        dataset = prepare_dataset(
-            table.assign(kind=store_type), id_col="id", time_col="time", target="y", freq="D",
-            history=HISTORY, horizon=HORIZON, known_cols=["kind"],
-        )  # fmt: skip
+        dataset = prepare(table.assign(kind=store_type), known_cols=["kind"])
     assert "kind" not in dataset.known_feature_names
     assert dataset.known_categorical_names == ("kind",)
     assert dataset.preprocessor.vocabularies["kind"] == (1, 2, 3)
@@ -180,15 +182,7 @@ def test_a_period_time_column_is_refused_with_the_conversion_to_use():
     with pytest.raises(
         ValueError, match=r"column 'time' holds periods \(period\[D\]\).*to_timestamp"
     ):
-        prepare_dataset(
-            table,
-            id_col="id",
-            time_col="time",
-            target="y",
-            freq="D",
-            history=HISTORY,
-            horizon=HORIZON,
-        )
+        prepare(table)
 
 
 def test_naive_local_times_repeating_the_dst_hour_are_told_how_to_localize():
@@ -198,23 +192,14 @@ def test_naive_local_times_repeating_the_dst_hour_are_told_how_to_localize():
     with pytest.raises(
         ValueError, match=r"2 rows repeat .* at 2024-10-27 02:00:00.*ambiguous='infer'"
     ):
-        prepare_dataset(
-            table,
-            id_col="id",
-            time_col="time",
-            target="y",
-            freq="h",
-            history=HISTORY,
-            horizon=HORIZON,
-        )
+        prepare(table, "h")
     # The advice works: localized, the table is prepared with every hour once.
     table["time"] = table["time"].dt.tz_localize("Europe/Berlin", ambiguous="infer")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        dataset = prepare_dataset(
-            table, id_col="id", time_col="time", target="y", freq="h", history=HISTORY,
-            horizon=HORIZON, timezone="Europe/Berlin", validation_fraction=0.0, test_fraction=0.0,
-        )  # fmt: skip
+        dataset = prepare(
+            table, "h", timezone="Europe/Berlin", validation_fraction=0.0, test_fraction=0.0
+        )
     assert len(dataset.frame) == 12
 
 
@@ -236,10 +221,7 @@ def known_table() -> pd.DataFrame:
 def known_dataset():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        return prepare_dataset(
-            known_table(), id_col="id", time_col="time", target="y", freq="D",
-            history=HISTORY, horizon=HORIZON, known_cols=["promo"],
-        )  # fmt: skip
+        return prepare(known_table(), known_cols=["promo"])
 
 
 def test_forecast_refusals_name_what_a_fitted_model_lets_the_user_change(known_dataset):
@@ -282,7 +264,4 @@ def test_an_observed_column_first_seen_after_the_training_period_is_named():
     table = leading_empty_table()
     table.loc[table["time"] < "2024-01-25", "o"] = np.nan
     with pytest.raises(ValueError, match=r"columns \['o'\] have no value before validation_start"):
-        prepare_dataset(
-            table, id_col="id", time_col="time", target="y", freq="D",
-            history=HISTORY, horizon=HORIZON, observed_cols=["o", "oc"],
-        )  # fmt: skip
+        prepare(table, observed_cols=["o", "oc"])
