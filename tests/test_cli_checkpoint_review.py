@@ -67,6 +67,27 @@ def test_overwrite_removes_a_run_folder_left_empty(tmp_path):
 # --resume over a run that has nothing to continue
 
 
+def resume_train(
+    capsys, monkeypatch, csv_path, out, *flags: str, stop: type[Exception] = AssertionError
+) -> tuple[int, str]:
+    """`tft-jax train --resume` into `out`: `(exit code, stderr)`.
+
+    `Forecaster.fit` raises `stop("training started")`: an `AssertionError`
+    (the default) fails a test that expects a refusal before training, a
+    `UsageError` ends a run that was let through with that one line.
+    """
+
+    def training_started(*args, **kwargs):
+        raise stop("training started")
+
+    monkeypatch.setattr(Forecaster, "fit", training_started)
+    code, _, err = run(
+        capsys, "train", *table_args(csv_path), "--compile-cache", "none",
+        "--out", str(out), "--resume", *flags,
+    )  # fmt: skip
+    return code, err
+
+
 @pytest.mark.parametrize("saved", [["config.json", "models/fp32.msgpack"], ["models/fp32.msgpack"]])
 def test_resume_over_a_saved_run_without_checkpoints_is_refused_before_training(
     capsys, monkeypatch, csv_path, tmp_path, saved
@@ -78,14 +99,7 @@ def test_resume_over_a_saved_run_without_checkpoints_is_refused_before_training(
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("{}")
 
-    def training_started(*args, **kwargs):
-        raise AssertionError("training started")
-
-    monkeypatch.setattr(Forecaster, "fit", training_started)
-    code, _, err = run(
-        capsys, "train", *table_args(csv_path), "--compile-cache", "none", "--quiet",
-        "--out", str(tmp_path), "--resume",
-    )  # fmt: skip
+    code, err = resume_train(capsys, monkeypatch, csv_path, tmp_path, "--quiet")
     assert code == 2
     assert f"--resume: --out {tmp_path} holds a saved run ({', '.join(saved)})" in err
     assert "pass --overwrite" in err and len(err.strip().splitlines()) == 1
@@ -95,13 +109,8 @@ def test_resume_over_a_saved_run_without_checkpoints_is_refused_before_training(
 def test_resume_over_checkpoints_or_an_empty_folder_goes_on_to_training(
     capsys, monkeypatch, csv_path, tmp_path
 ):
-    def training_started(*args, **kwargs):
-        raise UsageError("training started")
-
-    monkeypatch.setattr(Forecaster, "fit", training_started)
     empty = tmp_path / "empty"
-    code, _, err = run(capsys, "train", *table_args(csv_path), "--compile-cache", "none",
-                       "--out", str(empty), "--resume")  # fmt: skip
+    code, err = resume_train(capsys, monkeypatch, csv_path, empty, stop=UsageError)
     assert (code, err.strip()) == (2, "tft-jax train: error: training started")
 
     saved = tmp_path / "saved"
@@ -110,8 +119,7 @@ def test_resume_over_checkpoints_or_an_empty_folder_goes_on_to_training(
     state = {"step": jnp.asarray(3, jnp.int32), "w": jnp.ones(2)}
     with TrainingCheckpointer(saved / "checkpoints" / "fp32") as checkpointer:
         checkpointer.save_latest(_Stepped(state), jax.random.key(0), {})
-    code, _, err = run(capsys, "train", *table_args(csv_path), "--compile-cache", "none",
-                       "--out", str(saved), "--resume")  # fmt: skip
+    code, err = resume_train(capsys, monkeypatch, csv_path, saved, stop=UsageError)
     assert (code, err.strip()) == (2, "tft-jax train: error: training started")
 
 

@@ -14,10 +14,9 @@ import pytest
 
 from tft_jax import cli
 from tft_jax.checkpoint import TrainingCheckpointer
-from tft_jax.forecaster import Forecaster
 
 from .cli_tables import run, table_args, write_table
-from .test_cli_checkpoint_review import _Stepped
+from .test_cli_checkpoint_review import _Stepped, resume_train
 
 
 @pytest.fixture(scope="module")
@@ -48,14 +47,7 @@ def test_resume_without_qat_over_a_qat_run_is_refused_before_training(
     out = tmp_path / f"{space}run"
     models = _finished_run(out, qat={"bits": 8, "steps": 3})
 
-    def training_started(*args, **kwargs):
-        raise AssertionError("training started")
-
-    monkeypatch.setattr(Forecaster, "fit", training_started)
-    code, _, err = run(
-        capsys, "train", *table_args(csv_path), "--compile-cache", "none", "--quiet",
-        "--out", str(out), "--resume",
-    )  # fmt: skip
+    code, err = resume_train(capsys, monkeypatch, csv_path, out, "--quiet")
     assert code == 2
     assert len(err.strip().splitlines()) == 1
     assert f"--resume: the run in --out {out} was trained with --qat" in err
@@ -69,14 +61,9 @@ def test_resume_with_the_runs_qat_setting_goes_on_to_training(
 ):
     _finished_run(tmp_path, qat=saved_qat)
 
-    def training_started(*args, **kwargs):
-        raise cli.UsageError("training started")
-
-    monkeypatch.setattr(Forecaster, "fit", training_started)
-    code, _, err = run(
-        capsys, "train", *table_args(csv_path), "--compile-cache", "none", "--quiet",
-        "--out", str(tmp_path), "--resume", *flags,
-    )  # fmt: skip
+    code, err = resume_train(
+        capsys, monkeypatch, csv_path, tmp_path, "--quiet", *flags, stop=cli.UsageError
+    )
     assert (code, err.strip()) == (2, "tft-jax train: error: training started")
 
 
