@@ -221,7 +221,8 @@ def _check_batch_stream(
     stream: dict[str, Any] = {"batch_size": int(batch_size), "train_windows": len(dataset.train)}
     # A record without a saved step (a run killed before its first checkpoint) binds
     # nothing: the resume starts from step 0, and the record is written anew.
-    if resume and path.is_file() and _holds_checkpoints(checkpoints):
+    holds = _holds_checkpoints(checkpoints)  # opens each phase's checkpoints: once
+    if resume and holds and path.is_file():
         written = run_folder.read_json(path)
         if settings is not None:
             if not isinstance(written.get("settings"), dict):
@@ -252,7 +253,7 @@ def _check_batch_stream(
             # The fields a resume may change (a raised max_steps, QAT added) are kept.
             run_folder.write_json(path, {**written, "settings": _settings_record(settings)})
         return
-    if settings is not None and resume and is_primary() and _holds_checkpoints(checkpoints):
+    if settings is not None and resume and is_primary() and holds:
         warnings.warn(
             f"resume: {checkpoints} holds no {BATCH_STREAM_FILE} (written before runs "
             "recorded their settings); the settings and batch size of this resume cannot be "
@@ -260,7 +261,7 @@ def _check_batch_stream(
             stacklevel=3,
         )
         return
-    if is_primary() and not _holds_checkpoints(checkpoints):
+    if is_primary() and not holds:
         if settings is not None:
             stream["settings"] = _settings_record(settings)
         run_folder.write_json(path, stream)
