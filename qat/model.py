@@ -416,16 +416,21 @@ def _observers(stats: Any) -> dict[tuple[str, ...], dict[str, Any]]:
     }
 
 
+def _observer_finite(observer: Mapping[str, Array]) -> Array:
+    """Whether an observer's range is finite wherever it has seen a batch (a bool scalar).
+
+    An observer of a layer under `nn.scan`/`nn.vmap` holds one range per
+    layer: `(L,)` leaves, each copy checked.
+    """
+    return jnp.all(
+        (observer["num_batches"] == 0)
+        | (jnp.isfinite(observer["min"]) & jnp.isfinite(observer["max"]))
+    )
+
+
 def _observed_ranges_finite(stats: Any) -> Array:
     """Whether every observer that has seen a batch holds a finite range (a bool scalar)."""
-    # An observer of a layer under `nn.scan`/`nn.vmap` holds one range per layer: (L,) leaves.
-    finite = [
-        jnp.all(
-            (observer["num_batches"] == 0)
-            | (jnp.isfinite(observer["min"]) & jnp.isfinite(observer["max"]))
-        )
-        for observer in _observers(stats).values()
-    ]
+    finite = [_observer_finite(observer) for observer in _observers(stats).values()]
     return jnp.all(jnp.stack(finite)) if finite else jnp.asarray(True)
 
 
@@ -465,10 +470,7 @@ def _raise_non_finite(variables: Mapping[str, Any], finite: list[Array]) -> None
     layers = [
         "/".join(path)
         for path, observer in _observers(variables.get(QUANT_STATS, {})).items()
-        if not np.all(
-            (np.asarray(observer["num_batches"]) == 0)
-            | (np.isfinite(observer["min"]) & np.isfinite(observer["max"]))
-        )
+        if not bool(_observer_finite(observer))
     ]
     shown = ", ".join(layers[:3]) + (", ..." if len(layers) > 3 else "")
     raise ValueError(
