@@ -56,8 +56,12 @@ def library_inline_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-# Cache every executable, however small.
-jax.config.update("jax_compilation_cache_dir", str(_ROOT / ".jax_cache"))
+# Cache every executable, however small, in the checkout's `.jax_cache` unless
+# JAX_COMPILATION_CACHE_DIR names another folder (an empty one times a cold run).
+jax.config.update(
+    "jax_compilation_cache_dir",
+    os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(_ROOT / ".jax_cache"),
+)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
