@@ -97,7 +97,8 @@ def test_attention_is_causal_and_includes_the_current_step_by_default():
 
 def test_attend_to_self_false_forbids_the_diagonal():
     cfg = dataclasses.replace(CONFIG, attend_to_self=False)
-    out = apply(init_variables(cfg), make_inputs(cfg), jax.random.key(0), cfg=cfg)
+    # The flag only masks: its init is CONFIG's bit for bit, compiled once already.
+    out = apply(init_variables(), make_inputs(cfg), jax.random.key(0), cfg=cfg)
     t = cfg.sequence_length
     w = np.asarray(out.attention)
     for i in range(cfg.prediction_horizon):
@@ -256,20 +257,28 @@ def test_dropout_acts_in_the_gates_of_the_reference_code_and_not_before_the_head
             dropping.add(module.path[0])
         return next_fun(*args, **kwargs)
 
+    # The interceptor runs as the forward is traced: eval_shape traces it and compiles
+    # nothing, where the op-by-op apply compiled ~300 primitives.
+    variables, inputs = init_variables(), make_inputs()
     with nn.intercept_methods(record):
-        TemporalFusionTransformer(CONFIG).apply(
-            init_variables(), **make_inputs(), deterministic=False,
-            rngs={"dropout": jax.random.key(0)},
-        )  # fmt: skip
+        jax.eval_shape(
+            lambda: TemporalFusionTransformer(CONFIG).apply(
+                variables, **inputs, deterministic=False, rngs={"dropout": jax.random.key(0)}
+            )
+        )
     assert {"lstm_gate", "attention_gate", "static_enrichment", "positionwise_grn"} <= dropping
     assert "output_gate" not in dropping
 
 
 def test_bfloat16_compute_runs_end_to_end_with_float32_parameters():
     cfg = dataclasses.replace(CONFIG, dtype="bfloat16")
-    variables = init_variables(cfg)
-    assert {leaf.dtype for leaf in jax.tree.leaves(variables)} == {jnp.dtype(jnp.float32)}
     inputs = make_inputs(cfg)
+    # The dtypes of the bfloat16 model's own init, traced without compiling; its values
+    # are CONFIG's init bit for bit (the compute dtype draws nothing), compiled already.
+    init = TemporalFusionTransformer(cfg).init
+    initial = jax.eval_shape(lambda: init({"params": jax.random.key(0)}, **inputs))
+    assert {leaf.dtype for leaf in jax.tree.leaves(initial)} == {jnp.dtype(jnp.float32)}
+    variables = init_variables()
     out = apply(variables, inputs, jax.random.key(0), cfg=cfg)
     assert out.quantiles.dtype == jnp.bfloat16
     reference = apply(variables, inputs, jax.random.key(0)).quantiles
@@ -282,11 +291,13 @@ def test_bfloat16_compute_runs_end_to_end_with_float32_parameters():
 def test_batched_variable_linear_equals_separate_linear_maps():
     x = np.random.default_rng(0).normal(size=(2, 5, 3, 4)).astype(np.float32)
     layer = VariableLinear(3, 6)
-    variables = layer.init(jax.random.key(0), x)
-    y = layer.apply(variables, x)
+    # Jitted: op by op, each primitive compiled apart (the three maps share one program).
+    variables = jax.jit(lambda: layer.init(jax.random.key(0), x))()
+    y = jax.jit(layer.apply)(variables, x)
     kernel, bias = (np.asarray(variables["params"][n]) for n in ("kernel", "bias"))
+    linear = jax.jit(Linear(6).apply)
     for v in range(3):
-        single = Linear(6).apply({"params": {"kernel": kernel[v], "bias": bias[v]}}, x[:, :, v])
+        single = linear({"params": {"kernel": kernel[v], "bias": bias[v]}}, x[:, :, v])
         np.testing.assert_allclose(y[:, :, v], single, rtol=1e-5, atol=1e-6)
 
 
@@ -436,14 +447,14 @@ def test_variable_major_variable_linear_equals_the_variable_last_layout():
     x = np.random.default_rng(1).normal(size=(2, 5, 3, 4)).astype(np.float32)
     last = VariableLinear(3, 6)
     major = VariableLinear(3, 6, variable_major=True)
-    variables = last.init(jax.random.key(0), x)
+    # Jitted (and the shapes traced only): op by op, each primitive compiled apart.
+    variables = jax.jit(lambda: last.init(jax.random.key(0), x))()
     # Same parameter names and shapes in both layouts.
-    assert jax.tree.map(np.shape, major.init(jax.random.key(0), np.moveaxis(x, -2, 0))) == (
-        jax.tree.map(np.shape, variables)
-    )
-    expected = np.moveaxis(np.asarray(last.apply(variables, x)), -2, 0)
+    major_variables = jax.eval_shape(lambda: major.init(jax.random.key(0), np.moveaxis(x, -2, 0)))
+    assert jax.tree.map(np.shape, major_variables) == jax.tree.map(np.shape, variables)
+    expected = np.moveaxis(np.asarray(jax.jit(last.apply)(variables, x)), -2, 0)
     np.testing.assert_allclose(
-        major.apply(variables, np.moveaxis(x, -2, 0)), expected, rtol=1e-6, atol=1e-6
+        jax.jit(major.apply)(variables, np.moveaxis(x, -2, 0)), expected, rtol=1e-6, atol=1e-6
     )
     with pytest.raises(ValueError, match=r"\(3, \.\.\., I\), got \(2, 5, 3, 4\)"):
         major.apply(variables, x)

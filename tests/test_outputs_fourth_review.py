@@ -9,6 +9,7 @@ the FP32 model, the calibrated QAT model and the int8 path alike.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -53,6 +54,15 @@ def tiny_inputs(cfg: TFTConfig, seed: int = 0) -> dict[str, np.ndarray]:
     }
 
 
+@functools.cache
+def tiny_init(cfg: TFTConfig) -> dict[str, Any]:
+    """The variables of `TemporalFusionTransformer(cfg)` on `tiny_inputs(cfg)`, init jitted."""
+    inputs = tiny_inputs(cfg)
+    if not cfg.use_known_history:
+        del inputs["known_history"]
+    return jax.jit(TemporalFusionTransformer(cfg).init)(jax.random.key(0), **inputs)
+
+
 def assert_rows_sum_to_one(name: str, weights: Any, tolerance: float) -> None:
     sums = np.asarray(weights, np.float64).sum(-1)
     worst = float(np.max(np.abs(sums - 1.0)))
@@ -74,14 +84,18 @@ def test_tft_attention_is_the_float64_causal_softmax_of_its_own_projections(atte
     cfg = tiny_config(attend_to_self=attend_to_self)
     inputs = tiny_inputs(cfg)
     model = TemporalFusionTransformer(cfg)
-    variables = model.init(jax.random.key(0), **inputs)
-    out, state = model.apply(
-        variables,
-        **inputs,
-        deterministic=True,
-        capture_intermediates=lambda module, _: module.name == "static_enrichment",
-        mutable=["intermediates"],
-    )
+    # Jitted: op by op, init and apply compiled ~300 primitives. The flag only masks,
+    # so both cases share one init (bit for bit what their own would give).
+    variables = tiny_init(tiny_config())
+    out, state = jax.jit(
+        lambda v: model.apply(
+            v,
+            **inputs,
+            deterministic=True,
+            capture_intermediates=lambda module, _: module.name == "static_enrichment",
+            mutable=["intermediates"],
+        )
+    )(variables)
     steps, horizon, heads = cfg.sequence_length, cfg.prediction_horizon, cfg.num_heads
     assert out.attention.shape == (BATCH, heads, horizon, steps + horizon)
     assert out.static_weights.shape == (BATCH, cfg.num_static_features)
@@ -126,7 +140,7 @@ def bfloat16_outputs() -> dict[str, Any]:
     inputs = tiny_inputs(cfg)
     del inputs["known_history"]
     model = TemporalFusionTransformer(cfg)
-    variables = model.init(jax.random.key(0), **inputs)
+    variables = tiny_init(cfg)
     qat_model = QATTemporalFusionTransformer(cfg, QATConfig(bits=8))
     qat_vars = from_fp32(variables, qat_model, **inputs)
     # Each run jitted: one compile per program, where op by op compiled every primitive.
@@ -168,12 +182,21 @@ def test_interpretable_attention_returns_float32_weights_for_bfloat16_inputs():
     keys_values = jnp.asarray(3.0 * rng.normal(size=(4, 7, 8)), jnp.bfloat16)
     queries = keys_values[:, -3:]
     mask = causal_mask(3, 7)
-    variables = layer.init(jax.random.key(0), queries, keys_values, mask)
-    output, weights = layer.apply(variables, queries, keys_values, mask)
+    # Jitted: op by op, init and apply compiled each primitive apart.
+    variables = jax.jit(lambda: layer.init(jax.random.key(0), queries, keys_values, mask))()
+    output, weights = jax.jit(lambda v: layer.apply(v, queries, keys_values, mask))(variables)
     assert output.dtype == jnp.bfloat16
     assert weights.dtype == jnp.float32
     assert_rows_sum_to_one("weights", weights, 1e-6)
     np.testing.assert_array_equal(np.asarray(weights)[..., ~mask], 0.0)
+
+
+@functools.cache
+def width4_variables() -> dict[str, Any]:
+    """A 2-head, 4-feature layer's variables on (2, 3, 4) ones: one jitted init for all cases."""
+    x = np.ones((2, 3, 4), np.float32)
+    layer = InterpretableMultiHeadAttention(num_heads=2, features=4)
+    return jax.jit(lambda: layer.init(jax.random.key(0), x, x))()
 
 
 @pytest.mark.parametrize("name", ["queries", "keys_values"])
@@ -195,7 +218,7 @@ def test_interpretable_attention_names_an_integer_input_or_a_width_other_than_fe
     # Integers were cast silently; another width failed as Flax's ScopeParamShapeError.
     layer = InterpretableMultiHeadAttention(num_heads=2, features=4)
     x = np.ones((2, 3, 4), np.float32)
-    variables = layer.init(jax.random.key(0), x, x)
+    variables = width4_variables()
     with pytest.raises(error, match=message.format(name=name)):
         layer.apply(variables, **{"queries": x, "keys_values": x, name: bad})
 
@@ -205,11 +228,14 @@ def test_interpretable_attention_drops_out_heads_and_output_never_the_weights():
     # weights are the same with dropout on, the output is not.
     layer = InterpretableMultiHeadAttention(num_heads=2, features=8, dropout_rate=0.5)
     x = jnp.asarray(np.random.default_rng(2).normal(size=(2, 5, 8)), jnp.float32)
-    variables = layer.init(jax.random.key(0), x, x)
-    quiet, quiet_weights = layer.apply(variables, x, x, deterministic=True)
-    noisy, noisy_weights = layer.apply(
-        variables, x, x, deterministic=False, rngs={"dropout": jax.random.key(1)}
-    )
+    # Jitted, both runs in one program: op by op, each primitive compiled apart.
+    variables = jax.jit(lambda: layer.init(jax.random.key(0), x, x))()
+    (quiet, quiet_weights), (noisy, noisy_weights) = jax.jit(
+        lambda v: (
+            layer.apply(v, x, x, deterministic=True),
+            layer.apply(v, x, x, deterministic=False, rngs={"dropout": jax.random.key(1)}),
+        )
+    )(variables)
     np.testing.assert_array_equal(np.asarray(noisy_weights), np.asarray(quiet_weights))
     assert not np.allclose(np.asarray(noisy), np.asarray(quiet))
 
