@@ -214,7 +214,10 @@ def test_operand_quantizers_refuse_to_calibrate_without_the_whole_activation():
     kernel = jnp.ones((3, 2))
     numbers = (((1,), (0,)), ((), ()))
     call = dict(method=QATDotGeneral.operand_quantizers, mutable=[STATS])
-    variables = module.init(jax.random.key(0), kernel, numbers, (4, 3), **call)
+    # One compiled init (op by op, each initializer op compiles on its own).
+    variables = jax.jit(lambda key: module.init(key, kernel, numbers, (4, 3), **call))(
+        jax.random.key(0)
+    )
     with pytest.raises(ValueError, match="whole activation"):
         module.apply(variables, kernel, numbers, (4, 3), **call)
 
