@@ -11,7 +11,6 @@ it never run.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import pathlib
@@ -35,10 +34,11 @@ from tft_jax.forecaster import (
     ModelConfig,
     QATTrainingConfig,
     RunFolderError,
+    TrainingConfig,
 )
 from tft_jax.forecaster.run_folder import check_form
 
-from .cli_tables import HISTORY, HORIZON, TINY_TRAINING, write_table
+from .cli_tables import HISTORY, HORIZON, write_table
 from .test_allocator import PROBE
 
 DATA = DataConfig(
@@ -50,19 +50,14 @@ DATA = DataConfig(
 
 @pytest.fixture(scope="module")
 def quantized(tmp_path_factory):
-    """The folder of a tiny run with all three forms, and its table.
-
-    Trained with the CLI tests' run settings (`TINY_TRAINING`, `TINY_QAT`'s steps and
-    calibration batches; no time budgets): the tests need only its finite forms, and
-    the same batch shapes let this fit reuse their compiled steps from the cache.
-    """
+    """The folder of a tiny run with all three forms, and its table."""
     folder = tmp_path_factory.mktemp("quantized")
     table = pd.read_csv(write_table(folder / "stores.csv"))
     forecaster = Forecaster(
         DATA,
         ModelConfig(hidden_dim=8, num_heads=2),
-        dataclasses.replace(TINY_TRAINING, time_budget=None),
-        QATTrainingConfig(steps=3, calibration_batches=2, time_budget=None),
+        TrainingConfig(batch_size=8, max_steps=1, validation_windows=8, time_budget=None),
+        QATTrainingConfig(steps=1, calibration_batches=1, time_budget=None),
     ).fit(table, quiet=True)
     return forecaster.save(folder / "run"), table
 
