@@ -80,29 +80,31 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # (pyproject's addopts) stops pytest-xdist from queuing files by their number of
 # tests, which put the one-test README run (one of the longest files) last.
 # Starting the long files first (longest processing time first) leaves the
-# short ones to even out the two workers at the end. Seconds from a cold run on
-# 2 cores; a file not listed runs after these, in alphabetical order. The order
-# only changes when a file runs, never what it checks.
+# short ones to even out the two workers at the end. By seconds in two cold runs
+# on 2 cores (2026-12-03); a file not listed runs after these, in alphabetical
+# order. The order only changes when a file runs, never what it checks.
 _HEAVY_FILES_FIRST = (
-    "test_cli.py",  # ~175 s: the trained run fixture and the two-process run
-    "test_distributed.py",  # the 8-device subprocess
-    "test_readme.py",
-    "test_experiments.py",
-    "test_faults.py",
-    "test_model.py",
-    "test_qat_model.py",
+    "test_cli.py",  # ~100 s: the trained run fixture and the two-process run
     "test_benchmarks.py",
+    "test_readme.py",
+    "test_distributed.py",  # the 8-device subprocess
+    "test_model.py",
     "test_train.py",
+    "test_outputs_fourth_review.py",
+    "test_qat_model.py",
+    "test_faults.py",
     "test_categorical_inputs.py",
-    "test_properties_tft.py",
-    "test_qat_fast_path.py",
     "test_checkpoint.py",
-    "test_level_shift.py",
+    "test_qat_fast_path.py",
+    "test_experiments.py",
+    "test_run_folder_config_review.py",
+    "test_properties_tft.py",  # before the review: its models come from the cache there
+    "test_properties_review.py",
+    "test_forecaster_flows.py",
+    "test_properties_boundaries.py",
     "test_fast_path.py",
+    "test_benchmarks_second_review.py",
     "test_properties_qat.py",
-    "test_properties_attention.py",
-    "test_reference_tft.py",
-    "test_forecaster.py",
 )
 
 
