@@ -1301,10 +1301,11 @@ def to_regular_grid(clean: pd.DataFrame, spec: TableSpec, missing_col: str) -> p
     Raises:
       ValueError: a series of `clean` not sorted by time (its grid would be empty).
     """
-    series = clean[spec.id_col].drop_duplicates().to_numpy()
     stepped = _stepped_series(clean, spec)
     if stepped is not None and stepped.on_grid:
-        # All grids at once (`first + k * step`), not one `date_range` per series.
+        # All grids at once (`first + k * step`), not one `date_range` per series; the
+        # ids in table order are those `_stepped_series` factorized.
+        series = stepped.ids.to_numpy()
         lengths = stepped.length
         ticks = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         ticks *= stepped.units
@@ -1312,6 +1313,7 @@ def to_regular_grid(clean: pd.DataFrame, spec: TableSpec, missing_col: str) -> p
         times = pd.DatetimeIndex(ticks.view(clean[spec.time_col].dtype))
         del ticks
     else:
+        series = clean[spec.id_col].drop_duplicates().to_numpy()
         grids = []
         for name, group in clean.groupby(spec.id_col, sort=False):
             stamps = pd.DatetimeIndex(group[spec.time_col])
