@@ -191,12 +191,14 @@ def test_interpretable_attention_returns_float32_weights_for_bfloat16_inputs():
     np.testing.assert_array_equal(np.asarray(weights)[..., ~mask], 0.0)
 
 
+WIDTH4 = InterpretableMultiHeadAttention(num_heads=2, features=4)
+WIDTH4_ONES = np.ones((2, 3, 4), np.float32)
+
+
 @functools.cache
 def width4_variables() -> dict[str, Any]:
-    """A 2-head, 4-feature layer's variables on (2, 3, 4) ones: one jitted init for all cases."""
-    x = np.ones((2, 3, 4), np.float32)
-    layer = InterpretableMultiHeadAttention(num_heads=2, features=4)
-    return jax.jit(lambda: layer.init(jax.random.key(0), x, x))()
+    """`WIDTH4`'s variables on `WIDTH4_ONES`: one jitted init for all the cases below."""
+    return jax.jit(lambda: WIDTH4.init(jax.random.key(0), WIDTH4_ONES, WIDTH4_ONES))()
 
 
 @pytest.mark.parametrize("name", ["queries", "keys_values"])
@@ -216,11 +218,9 @@ def test_interpretable_attention_names_an_integer_input_or_a_width_other_than_fe
     name, bad, error, message
 ):
     # Integers were cast silently; another width failed as Flax's ScopeParamShapeError.
-    layer = InterpretableMultiHeadAttention(num_heads=2, features=4)
-    x = np.ones((2, 3, 4), np.float32)
-    variables = width4_variables()
+    inputs = {"queries": WIDTH4_ONES, "keys_values": WIDTH4_ONES, name: bad}
     with pytest.raises(error, match=message.format(name=name)):
-        layer.apply(variables, **{"queries": x, "keys_values": x, name: bad})
+        WIDTH4.apply(width4_variables(), **inputs)
 
 
 def test_interpretable_attention_drops_out_heads_and_output_never_the_weights():
