@@ -265,3 +265,38 @@ def test_an_observed_column_first_seen_after_the_training_period_is_named():
     table.loc[table["time"] < "2024-01-25", "o"] = np.nan
     with pytest.raises(ValueError, match=r"columns \['o'\] have no value before validation_start"):
         prepare(table, observed_cols=["o", "oc"])
+
+
+def test_a_utc_history_is_forecast_on_the_training_zones_days_across_a_dst_change():
+    # Trained on Berlin midnights (no `timezone`): the same instants in UTC are 23:00 in
+    # winter and 22:00 in summer, off any UTC daily grid. The README promises such a
+    # history is forecast exactly as in the training zone; it was refused as off the grid
+    # (spanning the change) or stepped in 24-hour UTC days (the 7 steps crossing it).
+    days = pd.date_range("2024-03-01", "2024-04-12", freq="D", tz="Europe/Berlin")
+    table = pd.DataFrame({"id": "a", "time": days, "y": np.sin(np.arange(len(days)) / 3.0)})
+    dataset = prepare(table)
+    for end in ("2024-03-29", "2024-04-06"):  # horizon crossing the change; history spanning it
+        berlin = table[table["time"] < pd.Timestamp(end, tz="Europe/Berlin")]
+        utc = berlin.assign(time=berlin["time"].dt.tz_convert("UTC"))
+        local = future_windows(dataset.preprocessor, berlin, None, HISTORY, HORIZON)
+        given = future_windows(dataset.preprocessor, utc, None, HISTORY, HORIZON)
+        assert str(given.last_times.tz) == "UTC"  # the forecast keeps the zone it was given
+        assert given.last_times.tz_convert("Europe/Berlin").equals(local.last_times)
+        times = given.windows.panel.times
+        assert times.tz_convert("Europe/Berlin").equals(local.windows.panel.times)
+        for name, array in local.windows.arrays().items():
+            np.testing.assert_array_equal(given.windows.arrays()[name], array, err_msg=name)
+
+
+def test_dates_written_as_digits_are_read_by_the_time_format_given():
+    days = pd.date_range("2024-01-25", periods=20, freq="D")
+    table = pd.DataFrame({"id": "a", "time": days, "y": np.arange(20.0)})
+    digits = table.assign(time=days.strftime("%Y%m%d").astype(np.int64))  # as read_csv reads them
+    assert digits["time"].iloc[0] == 20240125
+    expected = prepare(table).train.panel.times
+    got = prepare(digits, time_format="%Y%m%d").train.panel.times
+    assert got.equals(expected)
+    # Without a format the numbers are refused, with both readings offered (unit='s'
+    # alone made 20240125 into 1970-08-23).
+    with pytest.raises(ValueError, match=r"holds numbers \(int64\).*time_format='%Y%m%d'"):
+        prepare(digits)
