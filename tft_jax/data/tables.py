@@ -585,10 +585,13 @@ def _parse_time_values(
             "(monthly: freq='MS'), or .dt.to_timestamp(how='end').dt.normalize() for "
             "period ends (freq='ME')"
         )
-    if ptypes.is_numeric_dtype(values) or ptypes.is_bool_dtype(values):
+    if time_format is not None and ptypes.is_integer_dtype(values):
+        values = values.astype(str)  # digits such as 20240131, read by the format given
+    elif ptypes.is_numeric_dtype(values) or ptypes.is_bool_dtype(values):
         raise ValueError(
             f"column {column!r} holds numbers ({values.dtype}), not timestamps; convert it first, "
-            f"e.g. pd.to_datetime(df[{column!r}], unit='s')"
+            f"e.g. pd.to_datetime(df[{column!r}], unit='s') for seconds since 1970, or give "
+            "time_format='%Y%m%d' for dates written as digits such as 20240131"
         )
     if time_format is not None:
         try:
