@@ -233,6 +233,10 @@ def test_a_new_series_starting_after_the_validation_start_falls_back_to_the_spli
     table = with_new_series(first_hour=26)  # 2021-04-02 02:00, after the validation start
     got = new_series_scaler(preprocessor, table, **CUTS, scored="test")
     np.testing.assert_allclose(got, moments(table, CUTS["test_start"]), rtol=1e-9)
+    # The warning names the cut used, not the validation start (where 'c' has no history).
+    with pytest.warns(UserWarning, match=r"under which it has observed values \('c' before "
+                      r"2021-04-02 06:00:00\)"):  # fmt: skip
+        prepare_dataset(table, **SPEC, **INPUTS, preprocessor=preprocessor, **CUTS, scored="test")
     with pytest.raises(
         ValueError,
         match=r"series 'c' is new and has no observed target before 2021-04-02 00:00:00",

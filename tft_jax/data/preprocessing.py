@@ -407,8 +407,35 @@ class Preprocessor:
         scale = self.target_scaler.scale[known].copy()
         if unknown.any():
             names = [ids[code] for code in np.flatnonzero(unknown)]
+            fallbacks, cuts_used = [], []
+            # `codes` are sorted (`transform`): a series' rows are one slice.
+            bounds = np.searchsorted(codes, np.arange(len(ids) + 1))
+            present = ~np.isnan(target)
+            before = [np.asarray(times < cut) for cut in new_series_cuts]
+            for code in np.flatnonzero(unknown):
+                rows = slice(bounds[code], bounds[code + 1])
+                values = target[rows][present[rows]]
+                for cut, earlier in zip(new_series_cuts, before, strict=True):
+                    values = target[rows][present[rows] & earlier[rows]]
+                    if values.size:
+                        cuts_used.append(f"{ids[code]!r} before {cut}")
+                        break
+                if values.size == 0:
+                    last = f" before {new_series_cuts[-1]}" if len(new_series_cuts) else ""
+                    raise ValueError(
+                        f"series {ids[code]!r} is new and has no observed target{last} to "
+                        "scale it by"
+                    )
+                values = forward_transform(values, self.target_scaler.target_transform)
+                loc[code], scale[code], fallback = _location_scale_checked(
+                    values, self.target_scaler.method
+                )
+                if fallback:
+                    fallbacks.append(ids[code])
             source = (
-                f"history before {new_series_cuts[0]} (the first scored step)"
+                "history before the first split start under which it has observed values ("
+                + ", ".join(cuts_used)
+                + ")"
                 if len(new_series_cuts)
                 else "history given here"
             )
@@ -420,30 +447,6 @@ class Preprocessor:
                 UserWarning,
                 stacklevel=3,
             )
-            fallbacks = []
-            # `codes` are sorted (`transform`): a series' rows are one slice.
-            bounds = np.searchsorted(codes, np.arange(len(ids) + 1))
-            present = ~np.isnan(target)
-            before = [np.asarray(times < cut) for cut in new_series_cuts]
-            for code in np.flatnonzero(unknown):
-                rows = slice(bounds[code], bounds[code + 1])
-                values = target[rows][present[rows]]
-                for earlier in before:
-                    values = target[rows][present[rows] & earlier[rows]]
-                    if values.size:
-                        break
-                if values.size == 0:
-                    before = f" before {new_series_cuts[-1]}" if len(new_series_cuts) else ""
-                    raise ValueError(
-                        f"series {ids[code]!r} is new and has no observed target{before} to "
-                        "scale it by"
-                    )
-                values = forward_transform(values, self.target_scaler.target_transform)
-                loc[code], scale[code], fallback = _location_scale_checked(
-                    values, self.target_scaler.method
-                )
-                if fallback:
-                    fallbacks.append(ids[code])
             announce_spread_fallbacks(fallbacks, f"the {source}", stacklevel=4)
         return TargetScaler(
             loc=loc,
