@@ -167,3 +167,12 @@ def test_a_csv_given_to_a_run_fitted_on_text_codes_reads_them_as_text(tmp_path):
     read = cli.read_given_csv(path, "--csv", run, args)
     assert read["id"].tolist() == table["id"].tolist()
     assert read["grade"].tolist() == table["grade"].tolist()
+
+
+def test_a_csv_with_a_header_and_no_rows_is_refused_naming_the_flag_and_file(capsys, tmp_path):
+    csv = tmp_path / "header_only.csv"
+    csv.write_text("store,date,sales\n")
+    code, err = _train(capsys, tmp_path, csv)
+    assert code == 2
+    assert f"--csv: {csv} has a header but no rows" in err
+    assert "Traceback" not in err

@@ -144,9 +144,12 @@ def read_csv(
     """
     check_input_file(path, flag)
     try:
-        return read_table(path, encoding, id_col, fitted, categorical)
+        table = read_table(path, encoding, id_col, fitted, categorical)
     except ValueError as error:
         raise UsageError(f"{flag}: {error}") from None
+    if len(table) == 0 and flag != "--future-csv":  # a future of no rows is the model's to judge
+        raise UsageError(f"{flag}: {path} has a header but no rows")
+    return table
 
 
 def reading_config(forecaster: Forecaster, args: argparse.Namespace) -> DataConfig:
