@@ -300,13 +300,14 @@ _Static = tuple[tuple[tuple[int, Any], ...], tuple[tuple[str, Any], ...]]
 
 
 def _is_flag(value: Any) -> bool:
-    return isinstance(value, bool | str)
+    """Python scalars (bools, strings, ints, floats: `num_steps=2`) are static, not traced."""
+    return isinstance(value, bool | str | int | float)
 
 
 def _split_flags(
     args: tuple[Any, ...], kwargs: Mapping[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any], _Static]:
-    """`(array args, array kwargs, hashable flags)`: bools and strings must stay static under jit.
+    """`(array args, array kwargs, hashable flags)`: Python scalars must stay static under jit.
 
     A flag given by position (`model(x, False)`) keeps its place: it is None
     among the array args and `(position, value)` among the flags.

@@ -418,3 +418,36 @@ def test_lstm_initial_state_beyond_the_unit_range_is_quantized_not_clipped():
 
     gradient = np.asarray(jax.jit(jax.grad(first_outputs))(state[0]))
     assert np.all(gradient != 0.0)  # clipped elements had a zero straight-through gradient
+
+
+class _Repeated(nn.Module):
+    """`num_steps` hooked layers in a row: a Python int argument, static under jit."""
+
+    dot_general_cls: Any = None
+
+    @nn.compact
+    def __call__(self, x, num_steps: int = 1):
+        for _ in range(num_steps):
+            x = nn.relu(nn.Dense(x.shape[-1], dot_general_cls=self.dot_general_cls)(x))
+        return x
+
+
+def test_a_python_int_argument_stays_static_in_from_fp32_and_calibrate():
+    # It was traced under their jit: `range(num_steps)` raised TracerIntegerConversionError.
+    x = np.random.default_rng(0).normal(size=(4, 6)).astype(np.float32)
+    fp32 = _Repeated()
+    variables = fp32.init(jax.random.key(0), x, 2)
+    model = QATModel(fp32, QATConfig(bits=8))
+    for given in ((x, 2), (x,)):
+        kwargs = {} if len(given) == 2 else {"num_steps": 2}
+        qat_vars = from_fp32(variables, model, *given, **kwargs)
+        assert jax.tree.map(jnp.shape, qat_vars["params"]) == jax.tree.map(
+            jnp.shape, variables["params"]
+        )
+    calibrated = calibrate(model, qat_vars, [(x, 2)])
+    stats = calibrated["quant_stats"]
+    assert [stats[f"Dense_{i}"]["dot_general"]["num_batches"] for i in (0, 1)] == [1, 1]
+    hidden = np.maximum(x @ variables["params"]["Dense_0"]["kernel"], 0)  # zero biases
+    np.testing.assert_allclose(stats["Dense_1"]["dot_general"]["max"], hidden.max(), rtol=1e-2)
+    out = model.apply(calibrated, x, 2)
+    np.testing.assert_allclose(out, fp32.apply(variables, x, 2), atol=0.05)
