@@ -371,3 +371,19 @@ def test_float64_scalar_settings_keep_the_state_and_update_float32_under_x64() -
     assert vector.dtype == state.mu.dtype == state.nu.dtype == jnp.float32
     assert updates["w"].dtype == jnp.float32 and updates["b"].dtype == jnp.bfloat16
     assert hash(tx.update) == hash(flat_adamw(0.1, clip_norm=0.5, weight_decay=0.1).update)
+
+
+def test_a_mask_over_the_params_alone_is_refused_at_init_with_the_wrapping_named() -> None:
+    # The optimizer sees {'params': params}; a params-shaped mask passed init and failed
+    # at the first update, inside the trace, with a bare structure error.
+    params = {"dense": {"kernel": jnp.ones((3, 2)), "bias": jnp.ones(2)}}
+    mask = {"dense": {"kernel": True, "bias": False}}
+    tx = make_optimizer(1e-2, clip_norm=None, weight_decay=0.1, weight_decay_mask=mask)
+    with pytest.raises(ValueError, match=r"top-level keys \['params'\].*\{'params': mask\}"):
+        tx.init({"params": params})
+    wrapped = make_optimizer(1e-2, None, weight_decay=0.1, weight_decay_mask={"params": mask})
+    state = wrapped.init({"params": params})
+    grads = jax.tree.map(jnp.zeros_like, {"params": params})
+    updates, _ = wrapped.update(grads, state, {"params": params})
+    assert float(jnp.abs(updates["params"]["dense"]["kernel"]).max()) > 0  # decayed
+    assert float(jnp.abs(updates["params"]["dense"]["bias"]).max()) == 0.0  # not

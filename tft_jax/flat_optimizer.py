@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -162,9 +162,16 @@ def _mask_vector(mask: Any, tree: PyTree, layout: _Layout) -> np.ndarray:
             jax.tree.map(lambda flag, subtree: jax.tree.map(lambda _: flag, subtree), flags, tree)
         )
     except ValueError as error:
+        top = f" (top-level keys {sorted(tree)})" if isinstance(tree, Mapping) else ""
+        hint = (
+            "; `tft_jax.train` optimizes {'params': params, **extra_params}, so a mask over "
+            "the model's params alone is given as {'params': mask}"
+            if isinstance(tree, Mapping) and "params" in tree
+            else ""
+        )
         raise ValueError(
-            f"flat_adamw: the weight-decay mask must have the structure of the parameters "
-            f"(or a prefix of it): {error}"
+            f"flat_adamw: the weight-decay mask must have the structure of the parameters"
+            f"{top} (or a prefix of it){hint}: {error}"
         ) from error
     values = []
     for flag in per_leaf:
@@ -433,7 +440,10 @@ class _Init:
     schedule: WarmupCosine | None
 
     def __call__(self, params: PyTree) -> FlatAdamWState:
-        size = _layout(params, "params").size
+        layout = _layout(params, "params")
+        size = layout.size
+        if self.hyper.weight_decay and self.hyper.decay_mask is not None:
+            _mask_vector(self.hyper.decay_mask, params, layout)  # a wrong mask fails here, named
         return FlatAdamWState(
             count=jnp.zeros((), jnp.int32),
             mu=jnp.zeros((size,), jnp.float32),

@@ -173,7 +173,10 @@ def make_optimizer(
       weight_decay_mask: optional pytree of booleans or callable, as
         `optax.adamw(mask=...)` takes it, selecting which parameters are
         decayed; by default `decay_model_params_only` (quantizer step sizes
-        are never decayed).
+        are never decayed). It is over what the optimizer sees,
+        `TrainState.trainables()` = `{'params': params, **extra_params}`: a
+        mask over the model's params alone is `{'params': mask}`. A mask of
+        another structure is refused by `create_train_state`.
 
     Returns:
       An `Optimizer` (an optax `GradientTransformationExtraArgs` with a
