@@ -54,6 +54,7 @@ from tft_jax.data.tables import (
     validate_table,
 )
 from tft_jax.data.windows import Panel, WindowSet, window_starts
+from tft_jax.data.zones import frame_in_zone, in_training_zone, panel_in_zone, zone_to_give_back
 
 SPLITS = ("train", "validation", "test")
 
@@ -283,6 +284,20 @@ def _to_timestamp(value: Any, name: str, tz: Any, timezone: str | None) -> pd.Ti
             "pass a naive timestamp"
         )
     return stamp
+
+
+def _dataset_in_zone(dataset: PreparedDataset, zone: Any) -> PreparedDataset:
+    """`dataset` with its times (the same instants) in `zone`: results keep the table's zone."""
+    panel = panel_in_zone(dataset.train.panel, zone)
+    return dataclasses.replace(
+        dataset,
+        validation_start=dataset.validation_start.tz_convert(zone),
+        test_start=dataset.test_start.tz_convert(zone),
+        train=dataclasses.replace(dataset.train, panel=panel),
+        validation=dataclasses.replace(dataset.validation, panel=panel),
+        test=dataclasses.replace(dataset.test, panel=panel),
+        frame=frame_in_zone(dataset.frame, dataset.spec.time_col, zone),
+    )
 
 
 def _check_fraction(name: str, value: float) -> None:
@@ -521,7 +536,9 @@ def prepare_dataset(
         fitting one on this table's training period: how a trained model is
         evaluated on a new table. The column roles, `freq` and `timezone`
         given must be the ones it was fitted with, as must `scaler` and
-        `target_transform` when given.
+        `target_transform` when given. Without `timezone`, aware times are
+        read in the fitted table's zone (`zones.in_training_zone`), naive
+        cuts too, and a datetime column's own zone is given back.
       categorical_cols: integer-coded inputs to treat as categorical (inputs
         holding text are categorical without being listed).
       time_format, dayfirst: how to read the time column (see `TableSpec`).
@@ -612,8 +629,13 @@ def prepare_dataset(
         minimum, reason = min_series_length, f"min_series_length={min_series_length}"
     else:
         minimum, reason = None, None  # what a window needs: history + horizon
+    # A fitted model reads aware times in its training zone, so that the same
+    # instants given in another zone (UTC) land on its grid (`zones`).
+    reading = (
+        spec if preprocessor is None else in_training_zone(spec, preprocessor, raw[spec.time_col])
+    )
     clean = validate_table(
-        raw, spec, history, horizon, min_length=minimum, drop_short=True, reason=reason
+        raw, reading, history, horizon, min_length=minimum, drop_short=True, reason=reason
     )
     if preprocessor is not None:
         preprocessor.check_time_zone(clean[spec.time_col])
@@ -687,6 +709,9 @@ def prepare_dataset(
         missing_texts=texts,
         require_observed_target=bool(require_observed_target),
     )
+    zone_back = zone_to_give_back(spec, reading, raw[spec.time_col])
+    if zone_back is not None:
+        dataset = _dataset_in_zone(dataset, zone_back)
     announce_empty_inputs(empty_inputs, clean[spec.id_col].nunique(), stacklevel=3)
     filled = grid.groupby(spec.id_col, sort=True)[missing_col].sum()
     if filled.sum():

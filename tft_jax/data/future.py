@@ -26,7 +26,6 @@ from tft_jax.data.preprocessing import Preprocessor, Transformed, type_hint
 from tft_jax.data.tables import (
     TableSpec,
     _categorical_values,
-    _is_aware,
     _parse_times,
     _to_float,
     announce_empty_inputs,
@@ -43,6 +42,7 @@ from tft_jax.data.tables import (
     validate_table,
 )
 from tft_jax.data.windows import WindowSet
+from tft_jax.data.zones import frame_in_zone, in_training_zone, panel_in_zone, zone_to_give_back
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -298,28 +298,6 @@ def _announce_history(
         )
 
 
-def _in_training_zone(spec: TableSpec, preprocessor: Preprocessor, times: pd.Series) -> TableSpec:
-    """`spec` reading aware history times in the training table's zone when no `timezone` is set.
-
-    The same instants given in another zone (UTC from a database) are then
-    gridded and stepped as the training times were: UTC instants of Berlin
-    midnights move by an hour across a daylight-saving change, off a UTC daily
-    grid, and the forecast steps would be 24-hour UTC days. Naive times keep
-    `spec` (and are refused by `Preprocessor.check_time_zone`).
-    """
-    zone = preprocessor.time_zone
-    if spec.timezone is not None or zone is None:
-        return spec
-    if isinstance(times.dtype, pd.DatetimeTZDtype):
-        aware = True
-    else:
-        present = times.dropna()
-        aware = bool(len(present)) and bool(
-            _is_aware(present.iloc[0], spec.time_format, spec.dayfirst)
-        )
-    return dataclasses.replace(spec, timezone=zone) if aware else spec
-
-
 def future_windows(
     preprocessor: Preprocessor,
     table: pd.DataFrame | str,
@@ -364,7 +342,7 @@ def future_windows(
     spec = preprocessor.spec
     missing_col = preprocessor.missing_col
     raw, _ = read_announced(table, spec, encoding, preprocessor.fitted_values)
-    reading = _in_training_zone(spec, preprocessor, raw[spec.time_col])
+    reading = in_training_zone(spec, preprocessor, raw[spec.time_col])
     clean = validate_table(raw, reading, history, horizon, min_length=history)
     preprocessor.check_time_zone(clean[spec.time_col], "history")
     empty_inputs = empty_input_cells(clean, spec)
@@ -398,17 +376,15 @@ def future_windows(
     )
     last_times = pd.DatetimeIndex([last[series] for series in transformed.series_ids])
     result = FutureWindows(windows=windows, transformed=transformed, last_times=last_times)
-    given = raw[spec.time_col].dtype
-    if reading is not spec and isinstance(given, pd.DatetimeTZDtype):
-        return _times_in_zone(result, given.tz, spec.time_col)
-    return result
+    zone_back = zone_to_give_back(spec, reading, raw[spec.time_col])
+    return result if zone_back is None else _times_in_zone(result, zone_back, spec.time_col)
 
 
 def _times_in_zone(result: FutureWindows, zone: Any, time_col: str) -> FutureWindows:
     """`result` with its times (the same instants) in `zone`: a forecast keeps its given zone."""
     transformed = result.transformed
-    panel = dataclasses.replace(transformed.panel, times=transformed.panel.times.tz_convert(zone))
-    frame = transformed.frame.assign(**{time_col: transformed.frame[time_col].dt.tz_convert(zone)})
+    panel = panel_in_zone(transformed.panel, zone)
+    frame = frame_in_zone(transformed.frame, time_col, zone)
     transformed = dataclasses.replace(transformed, panel=panel, frame=frame)
     windows = dataclasses.replace(result.windows, panel=panel)
     return FutureWindows(windows, transformed, result.last_times.tz_convert(zone))

@@ -1,0 +1,87 @@
+"""A fitted model reading a table whose aware times are in another zone (`data.zones`).
+
+The reference is the same table in the training zone: the arrays must be equal
+and the times the same instants, given back in the table's own zone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tft_jax.data import prepare_dataset
+
+HISTORY, HORIZON = 4, 2
+
+
+def prepare(table: pd.DataFrame, **options: Any) -> Any:
+    """`prepare_dataset` with this file's columns ('id', 'time', 'y'), daily steps."""
+    return prepare_dataset(
+        table, id_col="id", time_col="time", target="y", freq="D", history=HISTORY,
+        horizon=HORIZON, **options,
+    )  # fmt: skip
+
+
+def berlin_days() -> pd.DataFrame:
+    """Two daily series of Berlin midnights spanning the March daylight-saving change."""
+    days = pd.date_range("2024-03-01", "2024-04-20", freq="D", tz="Europe/Berlin")
+    steps = np.arange(len(days), dtype=np.float64)
+    return pd.concat(
+        [
+            pd.DataFrame({"id": series, "time": days, "y": np.sin(steps / 3.0) + offset})
+            for offset, series in enumerate(("a", "b"))
+        ],
+        ignore_index=True,
+    )
+
+
+def test_a_utc_table_is_evaluated_on_the_training_zones_days_and_keeps_its_zone():
+    # Evaluating or backtesting a fitted model reads the table through
+    # `prepare_dataset(preprocessor=...)`. The same instants in UTC are 23:00 in
+    # winter and 22:00 in summer: the table was refused as off the daily grid.
+    table = berlin_days()
+    fitted = prepare(table).preprocessor
+    cuts = {"validation_start": "2024-04-01", "test_start": "2024-04-10"}
+    local = prepare(table, preprocessor=fitted, **cuts)
+    utc = prepare(
+        table.assign(time=table["time"].dt.tz_convert("UTC")), preprocessor=fitted, **cuts
+    )
+    assert str(utc.train.panel.times.tz) == "UTC"
+    assert utc.train.panel.times.tz_convert("Europe/Berlin").equals(local.train.panel.times)
+    for period in ("train", "validation", "test"):
+        given, expected = getattr(utc, period), getattr(local, period)
+        assert given.panel is utc.train.panel
+        np.testing.assert_array_equal(given.starts, expected.starts, err_msg=period)
+        for name, array in expected.arrays().items():
+            np.testing.assert_array_equal(given.arrays()[name], array, err_msg=f"{period} {name}")
+    # Naive cuts are read in the training zone, whose days the grid steps by.
+    assert utc.validation_start == pd.Timestamp("2024-04-01", tz="Europe/Berlin")
+    assert str(utc.validation_start.tz) == "UTC"
+    assert str(utc.frame["time"].dt.tz) == "UTC"
+    pd.testing.assert_series_equal(
+        utc.frame["time"].dt.tz_convert("Europe/Berlin"), local.frame["time"]
+    )
+
+
+def test_texts_with_utc_offsets_are_read_in_the_training_zone():
+    # Offsets name no zone to give back: the times come back in the training zone.
+    table = berlin_days()
+    fitted = prepare(table).preprocessor
+    texts = table.assign(time=table["time"].dt.tz_convert("UTC").map(pd.Timestamp.isoformat))
+    assert texts["time"].iloc[0] == "2024-02-29T23:00:00+00:00"
+    local = prepare(table, preprocessor=fitted)
+    given = prepare(texts, preprocessor=fitted)
+    assert given.train.panel.times.equals(local.train.panel.times)
+    for name, array in local.train.arrays().items():
+        np.testing.assert_array_equal(given.train.arrays()[name], array, err_msg=name)
+
+
+def test_a_naive_table_for_an_aware_model_is_still_refused():
+    table = berlin_days()
+    fitted = prepare(table).preprocessor
+    naive = table.assign(time=table["time"].dt.tz_localize(None))
+    with pytest.raises(ValueError, match=r"holds naive times \(no zone\) but the model was"):
+        prepare(naive, preprocessor=fitted)
