@@ -36,7 +36,7 @@ def _as_float(function: str, name: str, value: Any) -> Array:
 
 
 def _concrete_levels(function: str, name: str, value: Any) -> np.ndarray:
-    """Quantile levels as a float32 NumPy array; `TypeError` naming `name` if they are not numbers.
+    """Quantile levels as a float64 NumPy array; `TypeError` naming `name` if they are not numbers.
 
     The levels are validated on the host, so they must be concrete (a traced
     value under `jax.jit` is refused with a hint rather than failing deep in
@@ -52,14 +52,41 @@ def _concrete_levels(function: str, name: str, value: Any) -> np.ndarray:
     if value is None or isinstance(value, str | bytes):
         raise TypeError(f"{function}: {name} must be numbers in (0, 1), got {value!r}")
     try:
-        return np.asarray(value, dtype=np.float32)
+        return np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError) as error:
         raise TypeError(f"{function}: {name} must be numbers in (0, 1), got {value!r}") from error
 
 
+def _error(raw_pred: Any, raw_target: Any, pred: Array, target: Array) -> Array:
+    """`target - pred` (`target` with a trailing axis to match `pred` when it has one less).
+
+    float32, or float64 when an input is float64 under `jax_enable_x64`. When
+    neither input is a JAX array the difference is taken in float64 on the
+    host first: NumPy targets near 1e8 rounded to float32 (a spacing of 8)
+    before subtracting lose an error of a few units entirely, while their
+    float64 difference keeps float32's relative precision.
+    """
+    dtype = jnp.promote_types(jnp.result_type(pred, target), jnp.float32)
+    if target.ndim < pred.ndim:
+        target = target[..., None]
+    on_device = any(
+        isinstance(value, jax.Array | jax.core.Tracer) for value in (raw_pred, raw_target)
+    )
+    if dtype != jnp.float64 and not on_device:
+        difference = np.asarray(raw_target, np.float64).reshape(target.shape) - np.asarray(
+            raw_pred, np.float64
+        )
+        return jnp.asarray(difference, dtype)
+    return target.astype(dtype) - pred.astype(dtype)
+
+
 def pinball(pred: Array, target: Array, quantile: Array) -> Array:
     """Elementwise quantile loss `max(q (y - ŷ), (q - 1)(y - ŷ))`."""
-    error = target - pred
+    return _pinball_of_error(target - pred, quantile)
+
+
+def _pinball_of_error(error: Array, quantile: Array) -> Array:
+    """`max(q e, (q - 1) e)` of the error `e = y - ŷ`."""
     return jnp.maximum(quantile * error, (quantile - 1.0) * error)
 
 
@@ -73,13 +100,16 @@ def quantile_loss(pred: Array, target: Array, quantiles: Sequence[float]) -> Arr
         under `jax.jit`), as they are validated on the host.
 
     Returns:
-      A float32 scalar: the mean of `max(q·(y−ŷ_q), (q−1)·(y−ŷ_q))`.
+      A float32 scalar (float64 when an input is float64 under
+      `jax_enable_x64`): the mean of `max(q·(y−ŷ_q), (q−1)·(y−ŷ_q))`, with
+      `y − ŷ` taken in float64 when neither input is a JAX array.
 
     Raises:
       ValueError: on mismatched shapes, levels outside (0, 1), or no values
         at all (the mean would be a silent NaN).
       TypeError: `pred` or `target` not real numbers, or `quantiles` traced.
     """
+    raw_pred, raw_target = pred, target
     pred = _as_float("quantile_loss", "pred", pred)
     target = _as_float("quantile_loss", "target", target)
     levels = _concrete_levels("quantile_loss", "quantiles", quantiles).reshape(-1)
@@ -104,10 +134,8 @@ def quantile_loss(pred: Array, target: Array, quantiles: Sequence[float]) -> Arr
             f"quantile_loss: pred and target hold no values (pred shape {tuple(pred.shape)}), "
             "so the mean loss is undefined"
         )
-    losses = pinball(
-        pred.astype(jnp.float32), target[..., None].astype(jnp.float32), jnp.asarray(levels)
-    )
-    return jnp.mean(losses)
+    error = _error(raw_pred, raw_target, pred, target)
+    return jnp.mean(_pinball_of_error(error, jnp.asarray(levels, error.dtype)))
 
 
 class ZeroTargetError(ValueError):
@@ -123,9 +151,12 @@ def q_risk(pred: Array, target: Array, q: float) -> Array:
       q: the quantile level in (0, 1).
 
     Returns:
-      A float32 scalar. Raises `ZeroTargetError` (a `ValueError`) when `Σ|y|` is
-      zero for concrete inputs (the risk is undefined there).
+      A float32 scalar (float64 when an input is float64 under
+      `jax_enable_x64`; `y − ŷ` taken in float64 when neither input is a JAX
+      array). Raises `ZeroTargetError` (a `ValueError`) when `Σ|y|` is zero
+      for concrete inputs (the risk is undefined there).
     """
+    raw_pred, raw_target = pred, target
     pred = _as_float("q_risk", "pred", pred)
     target = _as_float("q_risk", "target", target)
     if pred.shape != target.shape:
@@ -145,12 +176,11 @@ def q_risk(pred: Array, target: Array, q: float) -> Array:
             f"q_risk: pred and target hold no values (shape {tuple(target.shape)}), so the "
             "risk is undefined"
         )
-    # The validated float32 level, not `q`: a NumPy float64 `q` would make the
-    # risk float64 under `jax_enable_x64`, against the documented float32.
-    numerator = 2.0 * jnp.sum(
-        pinball(pred.astype(jnp.float32), target.astype(jnp.float32), jnp.asarray(level))
-    )
-    denominator = jnp.sum(jnp.abs(target.astype(jnp.float32)))
+    # The validated level in the inputs' precision, not `q`: a NumPy float64 `q`
+    # would make the risk of float32 inputs float64 under `jax_enable_x64`.
+    error = _error(raw_pred, raw_target, pred, target)
+    numerator = 2.0 * jnp.sum(_pinball_of_error(error, jnp.asarray(level, error.dtype)))
+    denominator = jnp.sum(jnp.abs(target.astype(error.dtype)))
     if not isinstance(denominator, jax.core.Tracer) and float(denominator) == 0.0:
         raise ZeroTargetError("q_risk: sum(|target|) is zero, so the normalized risk is undefined")
     return numerator / denominator
