@@ -21,6 +21,7 @@ imports `tft_jax`: the checks work for any function of arrays and pytrees.
 - `assert_grads_match_finite_differences(fn, args)`: `jax.test_util.check_grads` in float64.
 - `assert_ste_gradient(quantize_fn, ...)`: the gradient is exactly the clipped-STE mask.
 - `assert_quantization_error_bounded(quantize_fn, ...)`: `|fq(x) - x| <= scale/2` in range.
+- `assert_rounds_to_grid(quantize_fn, ...)`: `fq(x)` is the nearest grid point (ties to even).
 - `assert_idempotent(fn, x)`: `fn(fn(x)) == fn(x)`.
 - `assert_clipped(updates, max_norm)`: global norm bound (and optax's exact rescaling).
 - `count_compiles()` / `assert_max_compiles(n)`: how many computations were lowered.
@@ -84,6 +85,7 @@ __all__ = [
     "assert_max_compiles",
     "assert_nonzero_grads",
     "assert_quantization_error_bounded",
+    "assert_rounds_to_grid",
     "assert_ste_gradient",
     "count_compiles",
 ]
@@ -1548,7 +1550,20 @@ def _integer_grid(qmin: Any, qmax: Any) -> tuple[int, int]:
     return int(qmin), int(qmax)
 
 
-def _quantization_codes(x: np.ndarray, scale: Any, zero_point: Any) -> list[np.ndarray]:
+def _round_half_away(values: np.ndarray) -> np.ndarray:
+    """Rounding with ties away from zero (C's `round`): 0.5 -> 1, -2.5 -> -3."""
+    return np.copysign(np.floor(np.abs(values) + 0.5), values)
+
+
+_TIES = {"even": np.round, "away": _round_half_away}
+
+
+def _quantization_codes(
+    x: np.ndarray,
+    scale: Any,
+    zero_point: Any,
+    rounding: Callable[[np.ndarray], np.ndarray] = np.round,
+) -> list[np.ndarray]:
     """`round(x / scale) + zero_point` (half to even) as every sound quantizer may compute it.
 
     In `x`'s dtype widened to at least float32 (the precision
@@ -1560,6 +1575,7 @@ def _quantization_codes(x: np.ndarray, scale: Any, zero_point: Any) -> list[np.n
     `x`, the same two in `x`'s own dtype (scale cast to it) as well. A
     correct quantizer may compute any of them: they differ only where `x /
     s` is within a few ulps (of `x`'s dtype) of a tie. All float64.
+    `rounding` rounds the quotients (`np.round`: half to even).
     """
     dtypes = [np.promote_types(x.dtype, np.float32)]
     if dtypes[0] != x.dtype:
@@ -1572,8 +1588,8 @@ def _quantization_codes(x: np.ndarray, scale: Any, zero_point: Any) -> list[np.n
             raise ValueError(f"scale must be positive, got {scale}")
         values = x.astype(dtype)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            divided = np.round(values / step)
-            reciprocal = np.round(values * (np.ones_like(step) / step))
+            divided = rounding(values / step)
+            reciprocal = rounding(values * (np.ones_like(step) / step))
         codes += [_as_float64(divided) + offset, _as_float64(reciprocal) + offset]
     return codes
 
@@ -1730,6 +1746,85 @@ def assert_quantization_error_bounded(
         f"quantization error out of bounds at {int(violations.sum())} of {x.size} elements "
         f"(range [{float(np.min(low)):g}, {float(np.max(high)):g}], inside: |fq(x) - x| <= "
         f"scale/2, outside: fq(x) = nearest end):"
+    )
+    raise AssertionError(_summarize(header, examples))
+
+
+def assert_rounds_to_grid(
+    quantize_fn: Callable[..., Any],
+    x: Any,
+    scale: Any,
+    zero_point: Any,
+    qmin: int,
+    qmax: int,
+    *,
+    ties: str = "even",
+    ulps: float = 1.0,
+) -> None:
+    """Asserts `fq(x) = (clip(round(x / scale) + zp, qmin, qmax) - zp) * scale` element by element.
+
+    Every output must be the grid point nearest `x`, the nearest end of the
+    grid outside it, with ties `x / scale = k + 1/2` rounded as `ties` says:
+    'even' (`jnp.round`, PyTorch's `nearbyint`) or 'away' from zero (C's
+    `round`). The bound of `assert_quantization_error_bounded` is met by a
+    quantizer that only clips (`fq(x) = x` in range: error 0) and by either
+    tie rule; this check fails both where they differ. Include ties and
+    off-grid values in `x` (`strategies.fake_quantize_cases` does).
+
+    The codes may be computed as `assert_ste_gradient` allows (IEEE division
+    or the reciprocal of the scale, in float32 or `x`'s own dtype): where
+    these roundings differ (within an ulp of a tie), either grid point
+    passes. The output may differ from the float64 grid point by `ulps`
+    units of its own dtype's epsilon relative to the point (the rounding of
+    `(q - zp) * scale` in float32 and again to `x`'s dtype).
+
+    Args:
+      quantize_fn: called as `quantize_fn(x, scale, zero_point, qmin, qmax)`.
+      x: float array.
+      scale, zero_point: scalars or broadcastable to `x` (per channel).
+      qmin, qmax: the inclusive integer grid.
+      ties: 'even' or 'away'.
+      ulps: float slack in units of the output dtype's machine epsilon.
+
+    Raises:
+      AssertionError: with examples: `x`, `x / scale`, the output in steps
+        and the grid point expected.
+    """
+    if ties not in _TIES:
+        raise ValueError(f"ties must be one of {sorted(_TIES)}, got {ties!r}")
+    x = _float_array("x", x)
+    qmin, qmax = _integer_grid(qmin, qmax)
+    ulps = _tolerance("ulps", ulps)
+    ways = _quantization_codes(x, scale, zero_point, _TIES[ties])
+    output = _to_numpy("quantize_fn(x)", quantize_fn(x, scale, zero_point, qmin, qmax))
+    if output.shape != x.shape:
+        raise AssertionError(f"quantize_fn changed the shape: {x.shape} -> {output.shape}")
+    step = np.broadcast_to(_as_float64(np.asarray(scale, x.dtype)), x.shape)
+    offset = np.broadcast_to(np.asarray(zero_point, np.float64), x.shape)
+    eps = float(jnp.finfo(output.dtype).eps) if _is_inexact(output) else 0.0
+    got = _as_float64(output)
+    matches = np.zeros(x.shape, bool)
+    points = []
+    for codes in ways:
+        point = (np.clip(np.broadcast_to(codes, x.shape), qmin, qmax) - offset) * step
+        points.append(point)
+        with np.errstate(invalid="ignore"):
+            matches |= np.abs(got - point) <= ulps * eps * np.abs(point)
+    wrong = ~matches
+    if not wrong.any():
+        return
+    expected = points[0]
+    examples = [
+        f"x{_index(index)} = {float(x[index]):.7g} (x / scale = "
+        f"{float(x[index]) / step[index]:.7g}): fq(x) = {got[index]:.7g} "
+        f"({got[index] / step[index]:.7g} steps), expected {expected[index]:.7g} "
+        f"({expected[index] / step[index]:.7g} steps)"
+        for index in map(tuple, np.argwhere(wrong))
+    ]
+    header = (
+        f"quantize_fn does not round to the nearest point of the [{qmin}, {qmax}] grid "
+        f"(ties {'to even' if ties == 'even' else 'away from zero'}) at {int(wrong.sum())} "
+        f"of {x.size} elements:"
     )
     raise AssertionError(_summarize(header, examples))
 

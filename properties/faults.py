@@ -513,6 +513,33 @@ def _ste_strict_at_bounds() -> contextlib.AbstractContextManager[Any]:
     return _replaced(fake_quant, "_fake_quantize", quantizer)
 
 
+def _forward_without_rounding() -> contextlib.AbstractContextManager[Any]:
+    """The forward only clips `x` to the grid's range; the gradient is the real STE.
+
+    The error bound holds (the error is 0 in range) and clipping twice is
+    clipping once: of the fake quantizer's own properties only the
+    nearest-grid-point one sees it (the QAT layer's float64 reference too).
+    """
+    real = fake_quant._fake_quantize
+
+    def quantizer(x: Any, scale: Any, zero_point: Any, qmin: int, qmax: int) -> Any:
+        y = real(x, scale, zero_point, qmin, qmax)
+        clipped = jnp.clip(x, (qmin - zero_point) * scale, (qmax - zero_point) * scale)
+        return y + jax.lax.stop_gradient(clipped - y)
+
+    return _replaced(fake_quant, "_fake_quantize", quantizer)
+
+
+def _ties_away_from_zero() -> contextlib.AbstractContextManager[Any]:
+    """The codes round ties away from zero (C's `round`) instead of to even."""
+
+    def grid_position(x: Any, scale: Any, zero_point: Any) -> Any:
+        ratio = x * jnp.reciprocal(scale)
+        return jnp.sign(ratio) * jnp.floor(jnp.abs(ratio) + 0.5) + zero_point
+
+    return _replaced(fake_quant, "_grid_position", grid_position)
+
+
 def _observer_ignores_first_batch() -> contextlib.AbstractContextManager[Any]:
     """The first `observe` leaves the range as it was; the second batch starts it.
 
@@ -662,6 +689,7 @@ def _quantization_properties() -> tuple[Property, ...]:
     cases = {
         "fake quant: STE": grid,
         "fake quant: error bound": grid,
+        "fake quant: nearest grid point": grid,
         "lsq: STE": grid,
         "lsq: gradient scale": grid,
         "qat layer: STE reference": quantization_suite.layer_cases(bits=(8,)),
@@ -775,6 +803,18 @@ def _catalogue() -> tuple[Fault, ...]:
             "fake quant: STE strict at the bounds",
             "the mask uses qmin < code < qmax (> for >=): saturated bounds get no gradient",
             _ste_strict_at_bounds,
+            quantization,
+        ),
+        Fault(
+            "fake quant: forward without rounding",
+            "the forward only clips x to the grid's range (error 0 in range)",
+            _forward_without_rounding,
+            quantization,
+        ),
+        Fault(
+            "fake quant: ties away from zero",
+            "codes round x / s = k + 1/2 away from zero, not to even",
+            _ties_away_from_zero,
             quantization,
         ),
         Fault(

@@ -381,6 +381,49 @@ def test_quantization_error_bound_catches_floor_and_missing_saturation():
         checks.assert_quantization_error_bounded(_unclipped_quantize, beyond, _SCALE, 0, -8, 7)
 
 
+# assert_rounds_to_grid
+
+
+def _clip_only(x, scale, zero_point, qmin, qmax):
+    """Clips to the range without rounding: error 0 inside, so the error bound holds."""
+    return jnp.clip(x, (qmin - zero_point) * scale, (qmax - zero_point) * scale)
+
+
+def _ties_away(x, scale, zero_point, qmin, qmax):
+    """Rounds ties away from zero (C's round): within half a step, as the bound asks."""
+    ratio = x / scale
+    codes = jnp.sign(ratio) * jnp.floor(jnp.abs(ratio) + 0.5) + zero_point
+    return (jnp.clip(codes, qmin, qmax) - zero_point) * scale
+
+
+def test_rounds_to_grid_passes_the_project_quantizer_and_the_reference_in_every_dtype():
+    for dtype in (np.float32, np.float16, jnp.bfloat16):
+        x = _GRID_X.astype(dtype)
+        checks.assert_rounds_to_grid(fake_quantize, x, _SCALE, _ZERO_POINT, _QMIN, _QMAX)
+    checks.assert_rounds_to_grid(_fake_quantize, _GRID_X, _SCALE, 3, 0, 15)
+    checks.assert_rounds_to_grid(_ties_away, _GRID_X, _SCALE, 0, _QMIN, _QMAX, ties="away")
+
+
+def test_rounds_to_grid_catches_what_the_error_bound_lets_through():
+    # Both stay within half a step, so the error bound passes them.
+    for quantizer in (_clip_only, _ties_away):
+        checks.assert_quantization_error_bounded(quantizer, _GRID_X, _SCALE, 0, _QMIN, _QMAX)
+    x = np.array([0.25, 0.75, -0.25, 1.3], np.float32)  # ties 0.5, 1.5, -0.5 and an off-grid value
+    with pytest.raises(AssertionError, match=r"(?s)at 4 of 4 elements.*x\[0\] = 0.25 \(x / scale = "
+                       r"0.5\): fq\(x\) = 0.25 \(0.5 steps\), expected 0 \(0 steps\)"):  # fmt: skip
+        checks.assert_rounds_to_grid(_clip_only, x, _SCALE, 0, _QMIN, _QMAX)
+    # 0.5 and -0.5 go to +-1 instead of 0; 1.5 goes to 2 either way.
+    with pytest.raises(AssertionError, match=r"ties to even\) at 2 of 4 elements"):
+        checks.assert_rounds_to_grid(_ties_away, x, _SCALE, 0, _QMIN, _QMAX)
+    with pytest.raises(AssertionError, match=r"ties away from zero\) at 2 of 4 elements"):
+        checks.assert_rounds_to_grid(_fake_quantize, x, _SCALE, 0, _QMIN, _QMAX, ties="away")
+
+
+def test_rounds_to_grid_refuses_an_unknown_tie_rule():
+    with pytest.raises(ValueError, match=r"ties must be one of \['away', 'even'\], got 'up'"):
+        checks.assert_rounds_to_grid(_fake_quantize, _GRID_X, _SCALE, 0, _QMIN, _QMAX, ties="up")
+
+
 # assert_idempotent
 
 

@@ -22,6 +22,7 @@ _PATCH_TARGETS = (
     (tft_model, "InterpretableMultiHeadAttention"),
     (interpretable_attention, "InterpretableMultiHeadAttention"),
     (fake_quant, "_fake_quantize"),
+    (fake_quant, "_grid_position"),
     (observers.QuantizationObserver, "observe"),
     (lsq, "default_grad_scale"),
     (dot_general, "default_grad_scale"),

@@ -34,6 +34,13 @@ def test_fake_quantize_error_is_half_a_step_inside_and_saturates_outside(platfor
 
 
 @backends.parametrize()
+@given(_strategy("fake quant: nearest grid point"))
+def test_fake_quantize_and_lsq_round_to_the_nearest_grid_point_ties_to_even(platform, case):
+    with backends.on_platform(platform):
+        suite.check_rounds_to_grid(case)
+
+
+@backends.parametrize()
 @given(_strategy("fake quant: idempotent"))
 def test_fake_quantize_is_idempotent(platform, case):
     with backends.on_platform(platform):

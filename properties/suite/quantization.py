@@ -6,7 +6,8 @@ sequences (degenerate batches included), and small dense-layer inputs.
 
 Properties: the straight-through gradient is exactly the clipped mask (for
 `fake_quantize` and LSQ, never checked by finite differences); error at most
-half a step inside the range, saturation outside; idempotence; jit ==
+half a step inside the range, saturation outside; the output is the nearest
+grid point with ties to even (LSQ's too); idempotence; jit ==
 eager; the LSQ step-size gradient is Esser et al.'s eq. 3 times `1/sqrt(N·qmax)`
 (so it grows as `sqrt(N)`); observers give finite positive qparams on the grid for any batch,
 set the range from the first batch, represent every value they have seen,
@@ -49,6 +50,7 @@ __all__ = [
     "check_observer_order_invariant",
     "check_qat_layer_gradients",
     "check_qparams_valid",
+    "check_rounds_to_grid",
     "check_ste_gradient",
     "layer_cases",
     "observer_cases",
@@ -89,6 +91,17 @@ def check_error_bounded(case: st_tft.FakeQuantizeCase) -> None:
     """`|fq(x) - x| <= scale/2` inside the representable range; the nearest end outside it."""
     fq, _ = _quantizers()
     checks.assert_quantization_error_bounded(fq, case.x, *_grid_args(case))
+
+
+def check_rounds_to_grid(case: st_tft.FakeQuantizeCase) -> None:
+    """`fake_quantize` and LSQ return the nearest grid point, ties to even, the ends outside.
+
+    The error bound holds for a quantizer that only clips, or rounds ties
+    away from zero; this fails both.
+    """
+    fq, learned = _quantizers()
+    checks.assert_rounds_to_grid(fq, case.x, *_grid_args(case))
+    checks.assert_rounds_to_grid(learned, case.x, *_grid_args(case))
 
 
 @platform_cache
@@ -477,6 +490,7 @@ def check_qat_layer_gradients(case: LayerCase) -> None:
 PROPERTIES = (
     Property("fake quant: STE", st_tft.fake_quantize_cases(), check_ste_gradient),
     Property("fake quant: error bound", st_tft.fake_quantize_cases(), check_error_bounded),
+    Property("fake quant: nearest grid point", st_tft.fake_quantize_cases(), check_rounds_to_grid),
     Property("fake quant: idempotent", observer_cases(), check_idempotent),
     Property("fake quant: jit == eager", st_tft.fake_quantize_cases(), check_jit_matches_eager),
     Property("lsq: STE", st_tft.fake_quantize_cases(), check_lsq_ste_gradient),
