@@ -50,7 +50,10 @@ class QATConfig:
       averaging_constant: the moving-average constant, in (0, 1].
       calibration_batches: how many batches `qat.calibrate` feeds the observers.
       learnable_scale: make the activation step size trainable with the LSQ
-        gradient (Esser et al. 2020).
+        gradient (Esser et al. 2020), scaled by `1 / sqrt(N * qmax)` with `N`
+        the elements of the activation one call sees: under `jax.vmap` or
+        `nn.vmap` over the batch that is one example's, and the step size
+        learns `sqrt(B)` times faster than applied to the batch at once.
 
     In `QATTemporalFusionTransformer` the layout is fixed to the standard QAT
     recipe: weights per-channel symmetric, activations per-tensor affine with a

@@ -235,6 +235,8 @@ def fake_quantize(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: in
 
     Returns:
       An array of `x`'s shape and dtype. The arithmetic runs in at least float32.
+      `+-inf` saturate to the grid's ends, as any value beyond them does (as in
+      PyTorch; an int8 code has no infinity) and get no gradient; NaN stays NaN.
 
     Raises:
       ValueError: a concrete (not traced) `scale` that is not finite and

@@ -150,6 +150,10 @@ def lsq_fake_quantize(
         `1 / sqrt(N * qmax)` with `N = x.size / scale.size` (PyTorch's
         `_LearnableFakeQuantize` with grad scaling per tensor; per channel PyTorch
         uses `N = x.size`, here `N` counts the elements sharing a step size).
+        `N` is what this call sees: under `jax.vmap` over a batch of `B`
+        that is one example, and the summed step gradient comes out
+        `sqrt(B)` times the batched call's; pass
+        `grad_scale=qat.lsq.default_grad_scale(B * x.size, scale.size, qmax)` there.
 
     Returns:
       An array of `x`'s shape and dtype, equal to `fake_quantize(x, max(|scale|, eps), ...)`.

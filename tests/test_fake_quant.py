@@ -345,3 +345,13 @@ def test_near_ties_round_as_x_times_the_reciprocal_for_every_scale_shape(layout)
         np.asarray(quantize(jnp.asarray(x), jnp.asarray(scale), 0.0, -128, 127)),
         np.clip(codes, -128, 127).astype(np.int32),
     )
+
+
+def test_infinities_saturate_to_the_grid_ends_without_gradient_and_nan_stays_nan():
+    x = np.array([np.inf, -np.inf, np.nan, 0.3], np.float32)
+    scale, zero_point, qmin, qmax = np.float32(0.5), 2, -8, 7
+    y, pullback = jax.vjp(lambda v: fake_quantize(v, scale, zero_point, qmin, qmax), x)
+    np.testing.assert_array_equal(y[:2], [(qmax - zero_point) * 0.5, (qmin - zero_point) * 0.5])
+    assert np.isnan(y[2]) and y[3] == 0.5
+    (gradient,) = pullback(np.ones(4, np.float32))
+    np.testing.assert_array_equal(np.asarray(gradient)[[0, 1, 3]], [0.0, 0.0, 1.0])

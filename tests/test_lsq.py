@@ -15,6 +15,7 @@ from hypothesis.extra import numpy as hnp
 
 from qat import fake_quantize, lsq_fake_quantize
 from qat.config import integer_range
+from qat.lsq import default_grad_scale
 
 EPS = np.finfo(np.float32).eps
 
@@ -186,3 +187,23 @@ def test_near_ties_and_the_step_gradient_use_x_times_the_reciprocal():
     for scale in (step, np.full(x.shape, step)):
         y = lsq_fake_quantize(jnp.asarray(x), jnp.asarray(scale), 0.0, -128, 127, 1.0)
         np.testing.assert_array_equal(np.asarray(y), (codes * step).astype(np.float32))
+
+
+def test_under_vmap_the_default_scale_counts_one_example_and_an_explicit_one_fixes_it():
+    # The docstring's caveat: a call under vmap sees one example's N, so the summed
+    # step gradient is sqrt(B) times the batched call's; the batch's scale undoes it.
+    x = np.random.default_rng(5).normal(size=(16, 32)).astype(np.float32)
+    weights = np.random.default_rng(6).uniform(0.5, 1.5, x.shape).astype(np.float32)
+
+    def loss(scale, rows, grad_scale=None):
+        return jnp.sum(lsq_fake_quantize(rows, scale, 0.0, -128, 127, grad_scale) * weights[0])
+
+    step = jnp.float32(0.02)
+    batched = jax.grad(lambda s: jnp.sum(lsq_fake_quantize(x, s, 0.0, -128, 127) * weights[0]))(
+        step
+    )
+    per_example = jax.grad(lambda s: jnp.sum(jax.vmap(lambda r: loss(s, r))(x)))(step)
+    np.testing.assert_allclose(per_example / batched, np.sqrt(16), rtol=1e-5)
+    whole = default_grad_scale(x.size, 1, 127)
+    fixed = jax.grad(lambda s: jnp.sum(jax.vmap(lambda r: loss(s, r, whole))(x)))(step)
+    np.testing.assert_allclose(fixed, batched, rtol=1e-5)
