@@ -119,6 +119,7 @@ def check_qparams(
     *,
     positive_scale: bool = True,
     dtype: Any = None,
+    integer_zero_point: bool = True,
 ) -> None:
     """Raises for qparams that would give NaN, inf or a wrong grid; traced values pass unchecked.
 
@@ -129,7 +130,9 @@ def check_qparams(
     positive scale below its smallest normal number is 0 to XLA, which flushes
     subnormals (both gave NaN). `zero_point` must be an integer value in
     `[qmin, qmax]` (PyTorch's `fake_quantize_*_affine` refuses one outside too):
-    the grid is then shifted off the range of the codes. Only concrete values
+    the grid is then shifted off the range of the codes. Without
+    `integer_zero_point` (a learnable zero point, rounded onto the grid by its
+    user) it need only be finite. Only concrete values
     are checked (under `jax.jit` they are tracers and the call stays free of host syncs).
     """
     for name, value in (("scale", scale), ("zero_point", zero_point)):
@@ -156,7 +159,13 @@ def check_qparams(
                     f"scale must be {wanted} in {np.dtype(dtype).name}, the dtype the arithmetic "
                     f"runs in ({limits}), got {_invalid_entries(values, bad)}"
                 )
-    if is_concrete(zero_point):
+    if is_concrete(zero_point) and not integer_zero_point:
+        values = np.asarray(zero_point, np.float64)
+        if np.any(~np.isfinite(values)):
+            raise ValueError(
+                f"zero_point must be finite, got {_invalid_entries(values, ~np.isfinite(values))}"
+            )
+    elif is_concrete(zero_point):
         values = np.asarray(zero_point, np.float64)
         bad = ~np.isfinite(values) | (values != np.round(values))
         bad = bad | (values < qmin) | (values > qmax)

@@ -70,8 +70,14 @@ def _step_size(scale: Array) -> Array:
     return jnp.maximum(jnp.abs(scale), EPS)
 
 
+def _grid_zero_point(zero_point: Array, qmin: int, qmax: int) -> Array:
+    """The zero point the grid uses: `clip(round(zp), qmin, qmax)` (PyTorch's `nearbyint`)."""
+    return jnp.clip(jnp.round(zero_point), qmin, qmax)
+
+
 def _lsq_forward(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: int) -> Array:
     step = _step_size(scale)
+    zero_point = _grid_zero_point(zero_point, qmin, qmax)
     position = jnp.round(x * jnp.reciprocal(step)) + zero_point
     return (jnp.clip(position, qmin, qmax) - zero_point) * step
 
@@ -87,6 +93,7 @@ def _lsq_partials(
 ) -> tuple[Array, Array, Array, Array]:
     """`(inside, dy/dstep, dy/dzero_point, sign(scale))` per element (before grad scaling)."""
     step = _step_size(scale)
+    zero_point = _grid_zero_point(zero_point, qmin, qmax)
     ratio = x * jnp.reciprocal(step)
     rounded = jnp.round(ratio)
     position = rounded + zero_point
@@ -141,8 +148,11 @@ def lsq_fake_quantize(
       scale: the raw step-size parameter, broadcastable to `x`; the forward uses
         `max(|scale|, eps)`, so it stays positive whatever the optimizer does.
         It must be finite (NaN or inf would make the output NaN).
-      zero_point: integer-valued zero point in `[qmin, qmax]`, broadcastable to
-        `x`. Its gradient is `-s` at clipped elements and 0 inside (times `grad_scale`).
+      zero_point: the zero point, broadcastable to `x`, finite; the grid uses
+        `clip(round(zero_point), qmin, qmax)`, so a learned zero point moved
+        off the integers by its gradient stays on the grid (as PyTorch's
+        `_LearnableFakeQuantize`). Its gradient is `-s` at clipped elements
+        and 0 inside (times `grad_scale`), passed straight through the rounding.
       qmin: lowest integer of the grid (a Python int).
       qmax: highest integer of the grid (a Python int).
       grad_scale: multiplier of the step-size gradient, a finite float >= 0
@@ -160,7 +170,7 @@ def lsq_fake_quantize(
 
     Raises:
       ValueError: a concrete `scale` that is not finite (in the compute dtype), a concrete
-        `zero_point` that is not an integer in `[qmin, qmax]`, or a
+        `zero_point` that is not finite, or a
         `grad_scale` that is negative or not finite.
       TypeError: a `grad_scale` that is not a number, or is traced; a `scale` or
         `zero_point` that is not a number or numeric array.
@@ -175,7 +185,9 @@ def lsq_fake_quantize(
     check_broadcastable("scale", scale, x.shape)
     check_broadcastable("zero_point", zero_point, x.shape)
     dtype = compute_dtype(x.dtype)
-    check_qparams(scale, zero_point, qmin, qmax, positive_scale=False, dtype=dtype)
+    check_qparams(
+        scale, zero_point, qmin, qmax, positive_scale=False, dtype=dtype, integer_zero_point=False
+    )
     if grad_scale is None:
         grad_scale = default_grad_scale(x.size, int(jnp.size(scale)), qmax)
     else:

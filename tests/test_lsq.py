@@ -207,3 +207,50 @@ def test_under_vmap_the_default_scale_counts_one_example_and_an_explicit_one_fix
     whole = default_grad_scale(x.size, 1, 127)
     fixed = jax.grad(lambda s: jnp.sum(jax.vmap(lambda r: loss(s, r, whole))(x)))(step)
     np.testing.assert_allclose(fixed, batched, rtol=1e-5)
+
+
+@pytest.mark.parametrize("zero_point", [2.4, 2.6, -3.0, 300.0])
+def test_a_learned_zero_point_off_the_integers_is_rounded_and_clipped_onto_the_grid(zero_point):
+    # It was refused eagerly (and used off the grid under jit), though its gradient moves
+    # it off the integers at the first step. The grid now uses clip(round(zp), 0, 255).
+    x = np.random.default_rng(7).normal(size=64).astype(np.float32) * 2
+    upstream = np.random.default_rng(8).uniform(0.5, 1.5, 64).astype(np.float32)
+    on_grid = float(np.clip(np.round(zero_point), 0, 255))
+    scale = np.float32(0.1)
+
+    def quantized(v, s, z):
+        return lsq_fake_quantize(v, s, z, 0, 255, 1.0)
+
+    y, pullback = jax.vjp(quantized, x, scale, np.float32(zero_point))
+    expected_y, expected_pullback = jax.vjp(quantized, x, scale, np.float32(on_grid))
+    np.testing.assert_array_equal(y, expected_y)
+    np.testing.assert_array_equal(y, fake_quantize(x, scale, on_grid, 0, 255))
+    for got, expected in zip(pullback(upstream), expected_pullback(upstream), strict=True):
+        np.testing.assert_array_equal(got, expected)
+    jitted = jax.jit(lambda z: lsq_fake_quantize(x, scale, z, 0, 255))(np.float32(zero_point))
+    np.testing.assert_array_equal(jitted, y)
+
+
+def test_a_learned_zero_point_matches_torch_learnable_fake_quantize():
+    torch = pytest.importorskip("torch")
+    x = np.random.default_rng(9).normal(size=64).astype(np.float32) * 2
+    upstream = np.random.default_rng(10).uniform(0.5, 1.5, 64).astype(np.float32)
+    for zero_point in (2.4, 2.6, 300.0):
+        inputs = [torch.tensor(v, requires_grad=True) for v in (x, [0.1], [zero_point])]
+        out = torch._fake_quantize_learnable_per_tensor_affine(*inputs, 0, 255, 1.0)
+        out.backward(torch.tensor(upstream))
+        y, pullback = jax.vjp(
+            lambda v, s, z: lsq_fake_quantize(v, s, z, 0, 255, 1.0),
+            x,
+            np.float32(0.1),
+            np.float32(zero_point),
+        )
+        np.testing.assert_array_equal(y, out.detach().numpy())
+        for got, tensor in zip(pullback(upstream), inputs, strict=True):
+            # float32 sums over the 64 elements, accumulated in another order
+            np.testing.assert_allclose(np.ravel(got), tensor.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_non_finite_zero_point_is_still_refused():
+    with pytest.raises(ValueError, match=r"zero_point must be finite, got"):
+        lsq_fake_quantize(np.ones(4, np.float32), 0.1, np.nan, 0, 255)
