@@ -654,3 +654,32 @@ def test_save_names_the_earlier_models_results_it_leaves(fitted, tmp_path):
     (run / "plots" / "mine").mkdir()
     (run / "checkpoints" / "fp32").rmdir()
     assert earlier_results(run) == ["forecasts_fp32_test.csv", "metrics.json"]
+
+
+def test_evaluating_a_short_table_names_the_scored_period_and_the_runs_split(fitted):
+    # The error named the train period (which evaluation does not use) and told to
+    # change validation_fraction/test_fraction, settings `tft-jax evaluate` has no flags for.
+    forecaster, table, _ = fitted
+    short = table.groupby("store").head(25)
+    with pytest.raises(
+        ValueError,
+        match=r"the test period \[2024-01-23 00:00:00, 2024-01-26 00:00:00\) of this table holds "
+        r"no complete window: it spans 3 steps of the grid, and a window needs 7 horizon steps "
+        r"inside it with an observed target and 14 history steps before; the model splits a "
+        r"table by its data settings \(validation_fraction=0.15, test_fraction=0.15\)",
+    ):
+        forecaster.evaluate(short)
+
+
+def test_a_table_too_short_to_train_on_is_evaluated_on_its_test_period(fitted):
+    # 30 days split 40/10/50: the 12-day train period holds no window (history 14 +
+    # horizon 7), the 15-day test period 9 per series. Evaluation needs no train window.
+    forecaster, table, _ = fitted
+    short = table.groupby("store").head(30)
+    options = {**DATA.prepare_options(), "validation_fraction": 0.1, "test_fraction": 0.5}
+    dataset = prepare_dataset(short, **options, preprocessor=forecaster.preprocessor, scored="test")
+    assert len(dataset.train) == 0
+    assert len(dataset.test) == 3 * (15 - HORIZON + 1)
+    metrics = forecaster.evaluate(dataset)
+    assert metrics["windows"] == len(dataset.test)
+    assert np.isfinite(metrics["models"]["fp32"]["p50_q_risk"])

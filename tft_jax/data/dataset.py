@@ -362,8 +362,13 @@ def _check_windows(
     periods: dict[str, tuple[pd.Timestamp, pd.Timestamp]],
     horizon: int,
     wanted: dict[str, bool],
+    split_by: str | None = None,
 ) -> None:
     """Raises if a period that was asked for (`wanted`) has no window.
+
+    `split_by` says how a fitted model's settings split the table (its
+    fractions or cuts): the caller of evaluation cannot widen the period,
+    so the message gives its length against what a window needs instead.
 
     When the period has windows that were all left out for a filled target
     step in their horizon, the message says so: the warning counting the
@@ -386,6 +391,16 @@ def _check_windows(
                 if len(every)
                 else ""
             )
+            if split_by is not None:
+                times = window_set.panel.times
+                steps = len(times[(times >= begin) & (times < end)].unique())
+                raise ValueError(
+                    f"the {name} period [{begin}, {end}) of this table holds no complete window: "
+                    f"it spans {steps} steps of the grid, and a window needs {horizon} horizon "
+                    f"steps inside it with an observed target and {window_set.history} history "
+                    f"steps before; the model splits a table by its data settings ({split_by}), "
+                    f"so give a table whose {name} period is long enough{filled}"
+                )
             raise ValueError(
                 f"the {name} period [{begin}, {end}) holds no complete window (a window needs "
                 f"history steps before it and {horizon} horizon steps inside it with an observed "
@@ -660,6 +675,7 @@ def prepare_dataset(
             f"<= test_start {cut_test} <= the end of the data {end} (last time + one step)"
         )
 
+    fitted = preprocessor is not None
     if preprocessor is None:
         preprocessor = Preprocessor.fit(
             grid,
@@ -685,7 +701,16 @@ def prepare_dataset(
         wanted = {"validation": validation_fraction > 0, "test": test_fraction > 0}
     else:
         wanted = {name: begin < end for name, (begin, end) in periods.items()}
-    _check_windows(windows, periods, horizon, {**wanted, "train": True})
+    if fitted:  # a fitted model reads the table: only what is scored needs windows
+        required = {name: name == scored for name in periods} if scored else wanted
+        how = (
+            f"validation_fraction={validation_fraction}, test_fraction={test_fraction}"
+            if validation_start is None
+            else f"validation_start={cut_validation}, test_start={cut_test}"
+        )
+        _check_windows(windows, periods, horizon, {**required, "train": scored == "train"}, how)
+    else:
+        _check_windows(windows, periods, horizon, {**wanted, "train": True})
 
     dataset = PreparedDataset(
         spec=spec,
