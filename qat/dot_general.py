@@ -37,22 +37,25 @@ reverse mode (`jax.grad`, `jax.vjp`); forward mode (`jax.jvp`, `jax.linearize`,
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
+from flax.core.tracers import current_trace
 from jax import lax
 
 from qat.config import QATConfig, integer_range
 from qat.fake_quant import fake_quantize, quantize
 from qat.lsq import default_grad_scale, lsq_fake_quantize
-from qat.observers import EPS, QuantizationObserver, compute_qparams
+from qat.observers import EPS, QuantizationObserver, batch_range, compute_qparams
 
 Array = Any
 DimensionNumbers = tuple[
@@ -64,6 +67,30 @@ QUANT_PARAMS = "quant_params"
 INT8 = "int8"
 BITS = "bits"
 DOT_GENERAL_NAME = "dot_general"
+
+
+# The layers observed so far in one calibrating forward: path -> (the JAX trace
+# they were observed in, the observer before the forward, the min and max of
+# every call's activation so far).
+_CALIBRATION_PASS: contextvars.ContextVar[dict[tuple[str, ...], tuple[Any, ...]] | None]
+_CALIBRATION_PASS = contextvars.ContextVar("qat_calibration_pass", default=None)
+
+
+@contextlib.contextmanager
+def calibration_pass() -> Iterator[None]:
+    """One calibrating forward: a layer called several times in it is observed once.
+
+    Its observer sees the range of all its calls, as one batch: with a moving
+    average, observing each call as a batch of its own would average the
+    calls' ranges (the first call alone sets it on the first forward) and
+    clip the activations of the call with the wider range. `QATModel` and
+    `QATTemporalFusionTransformer` open one per call with `calibrate=True`.
+    """
+    token = _CALIBRATION_PASS.set({})
+    try:
+        yield
+    finally:
+        _CALIBRATION_PASS.reset(token)
 
 
 def activation_config(cfg: QATConfig) -> QATConfig:
@@ -166,6 +193,26 @@ class _ActivationQParams(nn.Module):
         self.put_variable(QUANT_STATS, "min", observer.min_val)
         self.put_variable(QUANT_STATS, "max", observer.max_val)
         self.put_variable(QUANT_STATS, "num_batches", observer.num_batches)
+
+    def _observe_in_pass(self, observer: QuantizationObserver, x: Array) -> QuantizationObserver:
+        """`observer` after `x` and the layer's earlier calls in this `calibration_pass`.
+
+        The activation observer is per tensor, so observing the pair of the
+        calls' overall min and max equals observing all their activations.
+        Only calls in the same JAX trace are combined: a transform that
+        traces its body more than once (`nn.scan` does) starts afresh in each.
+        """
+        seen = _CALIBRATION_PASS.get()
+        if seen is None:
+            return observer.observe(x)
+        low, high = batch_range(x, None)
+        path = tuple(self.scope.path)
+        trace = current_trace()
+        if path in seen and seen[path][0] == trace:
+            _, observer, earlier_low, earlier_high = seen[path]
+            low, high = jnp.minimum(earlier_low, low), jnp.maximum(earlier_high, high)
+        seen[path] = (trace, observer, low, high)
+        return observer.observe(jnp.stack([low, high]))
 
     def _bounded_qparams(self) -> tuple[Array, Array]:
         low, high = self.lhs_bounds
@@ -290,7 +337,7 @@ class QATDotGeneral(_ActivationQParams):
                     "calibrate=True: the observer must see the whole activation at once; "
                     "call the contraction itself, not its operand quantizers"
                 )
-            observer = observer.observe(observed)
+            observer = self._observe_in_pass(observer, observed)
             self._store(observer)
         scale, zero_point = observer.qparams()
         calibrated = observer.is_calibrated
@@ -534,6 +581,9 @@ def qat_dot_general(config: QATConfig, calibrate: bool = False) -> Callable[...,
 
     The module is named `dot_general` in every layer (`nn.Dense` would
     otherwise name it after its class), the name `int8_dot_general` uses too.
+    Calibrating a model built on it without `QATModel`, run each forward in
+    `calibration_pass()`, so that a layer called more than once per forward
+    updates its observer once, with the range of all its calls.
     With frozen observers (`calibrate=False`) it supports operand quantizers:
     the variable selection networks then contract their activations chunk by
     chunk with the same quantization (`tft_jax.operand_quantizers`).

@@ -28,6 +28,7 @@ and the variable-selection weighting are not weight matmuls and stay in float.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -50,6 +51,7 @@ from qat.dot_general import (
     INT8,
     QUANT_PARAMS,
     QUANT_STATS,
+    calibration_pass,
     int8_dot_general,
     qat_dot_general,
     quantize_weight,
@@ -139,7 +141,8 @@ class _QuantizedModel(nn.Module):
         )
         model = self.with_dot_general(dot_general_cls, parent=self)
         nn.share_scope(self, model)
-        return model(*args, **kwargs)
+        with calibration_pass() if calibrate else contextlib.nullcontext():
+            return model(*args, **kwargs)
 
 
 class QATModel(_QuantizedModel):

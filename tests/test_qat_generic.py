@@ -451,3 +451,39 @@ def test_a_python_int_argument_stays_static_in_from_fp32_and_calibrate():
     np.testing.assert_allclose(stats["Dense_1"]["dot_general"]["max"], hidden.max(), rtol=1e-2)
     out = model.apply(calibrated, x, 2)
     np.testing.assert_allclose(out, fp32.apply(variables, x, 2), atol=0.05)
+
+
+class SharedLayerModel(nn.Module):
+    """One hooked `nn.Dense` called twice per forward: on `x` and on `5 x`."""
+
+    dot_general_cls: Any = None
+
+    @nn.compact
+    def __call__(self, x):
+        shared = nn.Dense(OUT, dot_general_cls=self.dot_general_cls, name="shared")
+        return shared(x) + shared(5.0 * x)
+
+
+def test_a_layer_called_twice_per_forward_observes_the_range_of_both_calls():
+    # Each call was observed as a batch of its own: on the first forward the first call
+    # set the range and the second moved it by 1% (the moving average), so the 5x
+    # activations of the second call were clipped to a fifth of their range.
+    config = QATConfig(bits=8, averaging_constant=0.25)
+    qat_model = QATModel(SharedLayerModel(), config)
+    data = batches(2)
+    fp32 = SharedLayerModel().init(jax.random.key(0), data[0])
+    variables = from_fp32(fp32, qat_model, data[0])
+    step = jax.jit(lambda v, x: qat_model.apply(v, x, calibrate=True, mutable=["quant_stats"])[1])
+    low = high = None
+    for x in data:  # float64 reference: one moving-average update per forward
+        both = np.concatenate([x, 5.0 * x]).astype(np.float64)
+        if low is None:
+            low, high = both.min(), both.max()
+        else:
+            low += 0.25 * (both.min() - low)
+            high += 0.25 * (both.max() - high)
+        variables = {**variables, **step(variables, x)}
+        stats = variables["quant_stats"]["shared"]["dot_general"]
+        np.testing.assert_allclose(float(stats["min"]), low, rtol=1e-6)
+        np.testing.assert_allclose(float(stats["max"]), high, rtol=1e-6)
+    assert int(stats["num_batches"]) == 2  # one update per forward, not per call

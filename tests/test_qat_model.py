@@ -182,9 +182,9 @@ def test_calibration_stops_after_calibration_batches_and_tracks_the_moving_avera
     assert int(stats["num_batches"]) == QAT_CONFIG.calibration_batches
     for path, value in flat(calibrated["quant_stats"]).items():
         if path.endswith("num_batches"):
-            # The known-input embedding runs twice per forward (history and horizon).
-            calls = 2 if path.startswith("known_embedding") else 1
-            assert int(value) == calls * QAT_CONFIG.calibration_batches, path
+            # One update per forward, the known-input embedding's too, though it runs
+            # twice (history and horizon): it counted 4 and averaged the two ranges.
+            assert int(value) == QAT_CONFIG.calibration_batches, path
     # The static prescaler sees the raw static input: its range is the closed form.
     static = calibrated["quant_stats"]["static_embedding"]["prescaler"]["dot_general"]
     first, second = INPUTS[0]["static"], INPUTS[1]["static"]
@@ -194,6 +194,19 @@ def test_calibration_stops_after_calibration_batches_and_tracks_the_moving_avera
     )
     np.testing.assert_allclose(
         float(static["max"]), first.max() + c * (second.max() - first.max()), rtol=1e-6
+    )
+    # The known prescaler sees the known inputs of the history and of the horizon: the
+    # range of both, as one batch per forward.
+    known = calibrated["quant_stats"]["known_embedding"]["prescaler"]["dot_general"]
+    first, second = (
+        np.concatenate([inputs["known_history"].ravel(), inputs["future"].ravel()])
+        for inputs in INPUTS[:2]
+    )
+    np.testing.assert_allclose(
+        float(known["min"]), first.min() + c * (second.min() - first.min()), rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        float(known["max"]), first.max() + c * (second.max() - first.max()), rtol=1e-6
     )
 
 
