@@ -1558,13 +1558,13 @@ def _round_half_away(values: np.ndarray) -> np.ndarray:
 _TIES = {"even": np.round, "away": _round_half_away}
 
 
-def _quantization_codes(
+def _quantization_ways(
     x: np.ndarray,
     scale: Any,
     zero_point: Any,
     rounding: Callable[[np.ndarray], np.ndarray] = np.round,
-) -> list[np.ndarray]:
-    """`round(x / scale) + zero_point` (half to even) as every sound quantizer may compute it.
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`(round(x / scale) + zero_point, scale)` as every sound quantizer may compute them.
 
     In `x`'s dtype widened to at least float32 (the precision
     `qat.fake_quantize` and PyTorch compute in, with the scale as given):
@@ -1572,26 +1572,34 @@ def _quantization_codes(
     what PyTorch's fake quantization kernels and `qat.fake_quantize` compute
     (and what XLA emits for a division by a broadcast scalar: its algebraic
     simplifier rewrites `x / s` to `x * (1 / s)`); for float16 or bfloat16
-    `x`, the same two in `x`'s own dtype (scale cast to it) as well. A
-    correct quantizer may compute any of them: they differ only where `x /
-    s` is within a few ulps (of `x`'s dtype) of a tie. All float64.
+    `x`, the same two in `x`'s own dtype (scale cast to it, unless it is 0
+    there) as well. A correct quantizer may compute any of them: the codes
+    differ only where `x / s` is within a few ulps (of `x`'s dtype) of a
+    tie. Each way's scale is the one it computes with. All float64.
     `rounding` rounds the quotients (`np.round`: half to even).
     """
-    dtypes = [np.promote_types(x.dtype, np.float32)]
-    if dtypes[0] != x.dtype:
+    wide = np.promote_types(x.dtype, np.float32)
+    if np.any(~(_as_float64(np.asarray(scale, wide)) > 0)):
+        raise ValueError(f"scale must be positive, got {scale}")
+    dtypes = [wide]
+    if wide != x.dtype and np.all(_as_float64(np.asarray(scale, x.dtype)) > 0):
         dtypes.append(x.dtype)
     offset = np.asarray(zero_point, np.float64)
-    codes = []
+    ways = []
     for dtype in dtypes:
         step = np.asarray(scale, dtype)
-        if np.any(~(_as_float64(step) > 0)):
-            raise ValueError(f"scale must be positive, got {scale}")
         values = x.astype(dtype)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             divided = rounding(values / step)
             reciprocal = rounding(values * (np.ones_like(step) / step))
-        codes += [_as_float64(divided) + offset, _as_float64(reciprocal) + offset]
-    return codes
+        for codes in (divided, reciprocal):
+            ways.append((_as_float64(codes) + offset, _as_float64(step)))
+    return ways
+
+
+def _quantization_codes(x: np.ndarray, scale: Any, zero_point: Any) -> list[np.ndarray]:
+    """The codes of `_quantization_ways` (half to even)."""
+    return [codes for codes, _ in _quantization_ways(x, scale, zero_point)]
 
 
 def assert_ste_gradient(
@@ -1722,7 +1730,10 @@ def assert_quantization_error_bounded(
     if output.shape != x.shape:
         raise AssertionError(f"quantize_fn changed the shape: {x.shape} -> {output.shape}")
     values = _as_float64(x)
-    step = np.broadcast_to(_as_float64(np.asarray(scale, x.dtype)), x.shape)
+    # The scale as given (in at least float32, as `_quantization_ways` computes):
+    # cast to float16, a scale below its normal range (6.1e-5) moves the grid.
+    wide = np.promote_types(x.dtype, np.float32)
+    step = np.broadcast_to(_as_float64(np.asarray(scale, wide)), x.shape)
     offset = np.broadcast_to(np.asarray(zero_point, np.float64), x.shape)
     low, high = (qmin - offset) * step, (qmax - offset) * step
     slack = ulps * float(jnp.finfo(x.dtype).eps) * (np.abs(values) + step)
@@ -1759,7 +1770,7 @@ def assert_rounds_to_grid(
     qmax: int,
     *,
     ties: str = "even",
-    ulps: float = 1.0,
+    ulps: float = 0.0,
 ) -> None:
     """Asserts `fq(x) = (clip(round(x / scale) + zp, qmin, qmax) - zp) * scale` element by element.
 
@@ -1772,11 +1783,14 @@ def assert_rounds_to_grid(
     off-grid values in `x` (`strategies.fake_quantize_cases` does).
 
     The codes may be computed as `assert_ste_gradient` allows (IEEE division
-    or the reciprocal of the scale, in float32 or `x`'s own dtype): where
-    these roundings differ (within an ulp of a tie), either grid point
-    passes. The output may differ from the float64 grid point by `ulps`
-    units of its own dtype's epsilon relative to the point (the rounding of
-    `(q - zp) * scale` in float32 and again to `x`'s dtype).
+    or the reciprocal of the scale, in float32 with the scale as given or in
+    `x`'s own dtype): where these roundings differ (within an ulp of a tie),
+    either grid point passes. The output must be the grid point `(q - zp) *
+    scale` rounded to its dtype, directly or through float32 (a float32
+    computation cast to bfloat16), exactly: with 8 significant bits, a
+    bfloat16 output one code off at the top of an 8-bit grid is a single ulp
+    away. `ulps` admits other orders of arithmetic (`q * s - zp * s`); a
+    subnormal point may come out as 0 (flushed).
 
     Args:
       quantize_fn: called as `quantize_fn(x, scale, zero_point, qmin, qmax)`.
@@ -1784,7 +1798,8 @@ def assert_rounds_to_grid(
       scale, zero_point: scalars or broadcastable to `x` (per channel).
       qmin, qmax: the inclusive integer grid.
       ties: 'even' or 'away'.
-      ulps: float slack in units of the output dtype's machine epsilon.
+      ulps: slack in units of the output dtype's machine epsilon relative to
+        the point (0: exactly the rounded point).
 
     Raises:
       AssertionError: with examples: `x`, `x / scale`, the output in steps
@@ -1795,25 +1810,32 @@ def assert_rounds_to_grid(
     x = _float_array("x", x)
     qmin, qmax = _integer_grid(qmin, qmax)
     ulps = _tolerance("ulps", ulps)
-    ways = _quantization_codes(x, scale, zero_point, _TIES[ties])
+    ways = _quantization_ways(x, scale, zero_point, _TIES[ties])
     output = _to_numpy("quantize_fn(x)", quantize_fn(x, scale, zero_point, qmin, qmax))
     if output.shape != x.shape:
         raise AssertionError(f"quantize_fn changed the shape: {x.shape} -> {output.shape}")
-    step = np.broadcast_to(_as_float64(np.asarray(scale, x.dtype)), x.shape)
+    if not _is_inexact(output):
+        raise AssertionError(f"quantize_fn returned dtype {output.dtype}, not a float array")
+    info = jnp.finfo(output.dtype)
     offset = np.broadcast_to(np.asarray(zero_point, np.float64), x.shape)
-    eps = float(jnp.finfo(output.dtype).eps) if _is_inexact(output) else 0.0
     got = _as_float64(output)
     matches = np.zeros(x.shape, bool)
     points = []
-    for codes in ways:
+    for codes, step in ways:
         point = (np.clip(np.broadcast_to(codes, x.shape), qmin, qmax) - offset) * step
-        points.append(point)
-        with np.errstate(invalid="ignore"):
-            matches |= np.abs(got - point) <= ulps * eps * np.abs(point)
+        points.append((point, np.broadcast_to(step, x.shape)))
+        # The point rounded to the output dtype, directly or through float32.
+        for rounded in (point.astype(output.dtype), point.astype(np.float32).astype(output.dtype)):
+            candidate = _as_float64(rounded)
+            slack = ulps * float(info.eps) * np.abs(candidate)
+            # A subnormal result may be flushed to zero (GPUs, XLA's fast math).
+            flushed = (np.abs(candidate) < float(info.tiny)) & (got == 0.0)
+            with np.errstate(invalid="ignore"):
+                matches |= (np.abs(got - candidate) <= slack) | flushed
     wrong = ~matches
     if not wrong.any():
         return
-    expected = points[0]
+    expected, step = points[0]
     examples = [
         f"x{_index(index)} = {float(x[index]):.7g} (x / scale = "
         f"{float(x[index]) / step[index]:.7g}): fq(x) = {got[index]:.7g} "

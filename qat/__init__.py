@@ -4,8 +4,7 @@ Fake quantization with a straight-through gradient (`fake_quantize`,
 `FakeQuantize`), range observers (`QuantizationObserver`), learned step size
 (`lsq_fake_quantize`), the contraction modules that plug into a dense layer's
 `dot_general_cls` hook (`QATDotGeneral`, `Int8DotGeneral`, and the factories
-`qat_dot_general`, `int8_dot_general`, and `calibration_pass`, one
-calibrating forward of a model built on them), the QAT wrappers
+`qat_dot_general`, `int8_dot_general`), the QAT wrappers
 (`QATModel` for any Linen model with that hook, `QATTemporalFusionTransformer`)
 and the conversion to int8 (`from_fp32`, `calibrate`, `convert`, `int8_apply`,
 `model_size`).
@@ -23,13 +22,7 @@ depends on the step size, so its second derivative is not zero.
 
 from qat._forward_mode import ForwardModeError
 from qat.config import QATConfig
-from qat.dot_general import (
-    Int8DotGeneral,
-    QATDotGeneral,
-    calibration_pass,
-    int8_dot_general,
-    qat_dot_general,
-)
+from qat.dot_general import Int8DotGeneral, QATDotGeneral, int8_dot_general, qat_dot_general
 from qat.fake_quant import FakeQuantize, fake_quantize
 from qat.lsq import lsq_fake_quantize
 from qat.model import (
@@ -54,7 +47,6 @@ __all__ = [
     "QATTemporalFusionTransformer",
     "QuantizationObserver",
     "calibrate",
-    "calibration_pass",
     "convert",
     "fake_quantize",
     "from_fp32",

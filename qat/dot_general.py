@@ -85,6 +85,10 @@ def calibration_pass() -> Iterator[None]:
     calls' ranges (the first call alone sets it on the first forward) and
     clip the activations of the call with the wider range. `QATModel` and
     `QATTemporalFusionTransformer` open one per call with `calibrate=True`.
+
+    Calls in different JAX traces cannot share values: a layer called under
+    `nn.remat` or `nn.jit` (each call traced on its own) or in both branches
+    of `nn.cond` is observed once per call, each call a batch of its own.
     """
     token = _CALIBRATION_PASS.set({})
     try:
@@ -581,9 +585,10 @@ def qat_dot_general(config: QATConfig, calibrate: bool = False) -> Callable[...,
 
     The module is named `dot_general` in every layer (`nn.Dense` would
     otherwise name it after its class), the name `int8_dot_general` uses too.
-    Calibrating a model built on it without `QATModel`, run each forward in
-    `calibration_pass()`, so that a layer called more than once per forward
-    updates its observer once, with the range of all its calls.
+    Calibrated through `QATModel` (or `QATTemporalFusionTransformer`), a
+    layer called more than once per forward updates its observer once, with
+    the range of all its calls (`calibration_pass`); applied on its own, each
+    call is observed as a batch.
     With frozen observers (`calibrate=False`) it supports operand quantizers:
     the variable selection networks then contract their activations chunk by
     chunk with the same quantization (`tft_jax.operand_quantizers`).

@@ -163,8 +163,11 @@ class QATModel(_QuantizedModel):
         symmetric, activations per-tensor affine with a moving-average observer).
 
     Call: the model's own arguments plus `calibrate` (True updates the
-    observers; apply with `mutable=['quant_stats']`). `convert`'s variables
-    are refused (`ValueError`): run them with `int8_apply`.
+    observers; apply with `mutable=['quant_stats']`). A hooked layer called
+    more than once per call is observed once, with the range of all its
+    calls, except across JAX traces (under `nn.remat` or `nn.jit` each call
+    is observed on its own; `qat.dot_general.calibration_pass`).
+    `convert`'s variables are refused (`ValueError`): run them with `int8_apply`.
     """
 
     model: nn.Module

@@ -419,6 +419,29 @@ def test_rounds_to_grid_catches_what_the_error_bound_lets_through():
         checks.assert_rounds_to_grid(_fake_quantize, x, _SCALE, 0, _QMIN, _QMAX, ties="away")
 
 
+def test_float16_inputs_with_a_scale_below_float16s_normal_range_pass_both_checks():
+    # fake_quantize computes in float32 with the scale as given; the checks cast the
+    # scale to float16 (a subnormal there, 0.08% off) and failed it by up to 1.6 steps.
+    rng = np.random.default_rng(4)
+    for scale in (np.float32(1e-3 / 127), np.float32(2e-6)):
+        x = (rng.uniform(-140, 140, 200) * scale).astype(np.float16)
+        for check in (checks.assert_rounds_to_grid, checks.assert_quantization_error_bounded):
+            check(fake_quantize, x, scale, 0, -128, 127)
+
+
+def test_rounds_to_grid_sees_a_bfloat16_output_one_code_off_at_the_top_of_the_grid():
+    # 12.7 and 12.6 are neighbouring bfloat16 values: a slack of one ulp let a
+    # quantizer that never reaches qmax pass.
+    def stops_short(x, scale, zero_point, qmin, qmax):
+        return fake_quantize(x, scale, zero_point, qmin, qmax - 1)
+
+    x = (np.arange(100.0, 131.0) * 0.1).astype(jnp.bfloat16)
+    checks.assert_rounds_to_grid(fake_quantize, x, np.float32(0.1), 0, -128, 127)
+    with pytest.raises(AssertionError, match=r"x\[27\] = 12.6875 \(x / scale = 126.875\): "
+                       r"fq\(x\) = 12.625"):  # fmt: skip
+        checks.assert_rounds_to_grid(stops_short, x, np.float32(0.1), 0, -128, 127)
+
+
 def test_rounds_to_grid_refuses_an_unknown_tie_rule():
     with pytest.raises(ValueError, match=r"ties must be one of \['away', 'even'\], got 'up'"):
         checks.assert_rounds_to_grid(_fake_quantize, _GRID_X, _SCALE, 0, _QMIN, _QMAX, ties="up")

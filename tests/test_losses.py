@@ -132,3 +132,17 @@ def test_float64_inputs_under_x64_give_a_float64_loss() -> None:
     np.testing.assert_allclose(float(got), expected, rtol=1e-12)
     reference = 2.0 * numpy_ql(pred[..., 1], target, 0.5).sum() / np.abs(target).sum()
     np.testing.assert_allclose(float(risk), reference, rtol=1e-12)
+
+
+def test_int64_targets_beyond_int32_are_not_wrapped() -> None:
+    # jnp.asarray of an int64 NumPy array (x64 off) wrapped 3e9 to -1.29e9: the q-risk's
+    # denominator was 4x off, and a JAX pred's loss was ~2e9 instead of 1.
+    target = np.array([3_000_000_001, 5_000_000_000], np.int64)
+    pred = target.astype(np.float64) - 1.0  # exactly 1 below each target
+    risk = 2.0 * numpy_ql(pred, target, 0.5).sum() / np.abs(target.astype(np.float64)).sum()
+    np.testing.assert_allclose(float(q_risk(pred, target, 0.5)), risk, rtol=1e-6)
+    levels = (0.5,)
+    device_pred = jnp.asarray(target, jnp.float32)[:, None]  # float32: 3e9 and 5e9 exactly
+    expected = np.mean(numpy_ql(np.asarray(device_pred)[:, 0], target, 0.5))
+    got = quantile_loss(device_pred, target, levels)
+    np.testing.assert_allclose(float(got), expected, rtol=1e-6)

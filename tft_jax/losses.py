@@ -15,14 +15,23 @@ Array = Any
 def _as_float(function: str, name: str, value: Any) -> Array:
     """`value` as an array, integers and booleans as float32.
 
+    Integers are converted on the host: `jnp.asarray` of an int64 NumPy
+    array wraps values beyond int32 (bytes, cents) around silently.
     Raises `TypeError` naming the argument for anything else: a complex array
     would lose its imaginary part silently, strings would fail deep in JAX.
     """
-    try:
-        array = jnp.asarray(value)
-    except TypeError as error:
-        kind = getattr(value, "dtype", type(value).__name__)
-        raise TypeError(f"{function}: {name} must be a real-valued array, got {kind}") from error
+    if isinstance(value, jax.Array | jax.core.Tracer):
+        array = value
+    else:
+        try:
+            array = np.asarray(value)
+        except (TypeError, ValueError) as error:
+            kind = getattr(value, "dtype", type(value).__name__)
+            raise TypeError(
+                f"{function}: {name} must be a real-valued array, got {kind}"
+            ) from error
+        if array.dtype.kind in "iub":
+            array = array.astype(np.float32)
     dtype = array.dtype
     if not (
         jnp.issubdtype(dtype, jnp.floating)
@@ -30,7 +39,8 @@ def _as_float(function: str, name: str, value: Any) -> Array:
         or jnp.issubdtype(dtype, jnp.bool_)
     ):
         raise TypeError(f"{function}: {name} must be a real-valued array, got dtype {dtype}")
-    if not jnp.issubdtype(dtype, jnp.floating):
+    array = jnp.asarray(array)
+    if not jnp.issubdtype(array.dtype, jnp.floating):
         array = array.astype(jnp.float32)
     return array
 
@@ -61,18 +71,19 @@ def _error(raw_pred: Any, raw_target: Any, pred: Array, target: Array) -> Array:
     """`target - pred` (`target` with a trailing axis to match `pred` when it has one less).
 
     float32, or float64 when an input is float64 under `jax_enable_x64`. When
-    neither input is a JAX array the difference is taken in float64 on the
-    host first: NumPy targets near 1e8 rounded to float32 (a spacing of 8)
-    before subtracting lose an error of a few units entirely, while their
-    float64 difference keeps float32's relative precision.
+    an input is a NumPy array (or Python numbers) and neither is traced, the
+    difference is taken in float64 on the host first: NumPy targets near 1e8
+    rounded to float32 (a spacing of 8) before subtracting lose an error of a
+    few units entirely, while their float64 difference keeps float32's
+    relative precision.
     """
     dtype = jnp.promote_types(jnp.result_type(pred, target), jnp.float32)
     if target.ndim < pred.ndim:
         target = target[..., None]
-    on_device = any(
-        isinstance(value, jax.Array | jax.core.Tracer) for value in (raw_pred, raw_target)
-    )
-    if dtype != jnp.float64 and not on_device:
+    raw = (raw_pred, raw_target)
+    traced = any(isinstance(value, jax.core.Tracer) for value in raw)
+    on_host = any(not isinstance(value, jax.Array) for value in raw)
+    if dtype != jnp.float64 and on_host and not traced:
         difference = np.asarray(raw_target, np.float64).reshape(target.shape) - np.asarray(
             raw_pred, np.float64
         )
@@ -102,7 +113,8 @@ def quantile_loss(pred: Array, target: Array, quantiles: Sequence[float]) -> Arr
     Returns:
       A float32 scalar (float64 when an input is float64 under
       `jax_enable_x64`): the mean of `max(q·(y−ŷ_q), (q−1)·(y−ŷ_q))`, with
-      `y − ŷ` taken in float64 when neither input is a JAX array.
+      `y − ŷ` taken in float64 when an input is a NumPy array and neither
+      is traced.
 
     Raises:
       ValueError: on mismatched shapes, levels outside (0, 1), or no values
@@ -152,8 +164,8 @@ def q_risk(pred: Array, target: Array, q: float) -> Array:
 
     Returns:
       A float32 scalar (float64 when an input is float64 under
-      `jax_enable_x64`; `y − ŷ` taken in float64 when neither input is a JAX
-      array). Raises `ZeroTargetError` (a `ValueError`) when `Σ|y|` is zero
+      `jax_enable_x64`; `y − ŷ` taken in float64 when an input is a NumPy
+      array and neither is traced). Raises `ZeroTargetError` (a `ValueError`) when `Σ|y|` is zero
       for concrete inputs (the risk is undefined there).
     """
     raw_pred, raw_target = pred, target
