@@ -318,9 +318,10 @@ def test_aware_times_off_the_grid_in_a_fixed_offset_say_to_convert_them():
     # At predict there is no timezone= argument: the message says how to convert.
     with pytest.raises(
         ValueError,
-        match=r"off the freq='D' grid .*they are given in UTC, of one UTC offset all year.*"
-        r"df\['time'\] = df\['time'\]\.dt\.tz_convert\('Australia/Melbourne'\).*when "
-        r"fitting, pass their zone as timezone=",
+        match=r"off the freq='D' grid .*they are given in UTC, of one UTC offset all year\) "
+        r"\(zones where they fall at one clock time: 'Europe/Amsterdam', 'Europe/Andorra' or "
+        r"'Europe/Belgrade'\).*when fitting, pass it as timezone= \(--timezone\), or convert "
+        r"the column, e\.g\. df\['time'\] = df\['time'\]\.dt\.tz_convert\('Europe/Amsterdam'\)",
     ):
         validate_table(table, spec, 6, 3)
     converted = table.assign(time=table["time"].dt.tz_convert("Europe/Berlin"))

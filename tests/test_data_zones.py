@@ -6,6 +6,7 @@ and the times the same instants, given back in the table's own zone.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -85,3 +86,32 @@ def test_a_naive_table_for_an_aware_model_is_still_refused():
     naive = table.assign(time=table["time"].dt.tz_localize(None))
     with pytest.raises(ValueError, match=r"holds naive times \(no zone\) but the model was"):
         prepare(naive, preprocessor=fitted)
+
+
+def test_the_offsets_warning_names_zones_whose_offsets_the_texts_have():
+    # It named 'Australia/Melbourne' whatever the data; reading in a zone it names
+    # now puts the Berlin midnights back on the daily grid.
+    table = berlin_days()
+    texts = table.assign(time=table["time"].map(pd.Timestamp.isoformat))
+    assert {text[-6:] for text in texts["time"]} == {"+01:00", "+02:00"}
+    offsets = pytest.warns(UserWarning, match=r"pass it as timezone= \(--timezone\), e\.g\. ")
+    with offsets as caught, pytest.raises(ValueError, match="off the freq='D' grid"):
+        prepare(texts)
+    message = str(caught[0].message)
+    named = re.findall(r"'([A-Za-z_]+/[A-Za-z_]+)'", message.split("e.g.")[1])
+    assert len(named) == 3 and "Australia/Melbourne" not in named
+    for zone in named:
+        dataset = prepare(texts, timezone=zone)
+        assert dataset.train.panel.times.tz_convert("Europe/Berlin").equals(
+            prepare(table).train.panel.times
+        )
+
+
+def test_the_off_grid_hint_names_zones_in_which_the_days_fall_at_midnight():
+    table = berlin_days()
+    utc = table.assign(time=table["time"].dt.tz_convert("UTC"))
+    with pytest.raises(ValueError, match=r"zones where they fall at one clock time: ") as caught:
+        prepare(utc)
+    zone = re.search(r"dt\.tz_convert\('([^']+)'\)", str(caught.value)).group(1)
+    local = prepare(utc.assign(time=utc["time"].dt.tz_convert(zone)))
+    assert local.train.panel.times.hour.unique().tolist() == [0]

@@ -345,7 +345,8 @@ def test_iso_texts_with_offsets_changing_at_dst_read_as_the_zone_given():
     assert got.summary()["windows"] == expected.summary()["windows"]
     np.testing.assert_array_equal(got.panel.known, expected.panel.known)
     assert str(got.frame["time"].dt.tz) == "Australia/Melbourne"
-    with pytest.raises(ValueError, match=r"off the freq='D' grid .* pass their zone as timezone="):
+    with pytest.raises(ValueError, match=r"off the freq='D' grid .*'Australia/ACT'.* pass it as "
+                       r"timezone="):  # fmt: skip
         prepare_dataset(texts, **dict(SPEC, freq="D"))
 
 

@@ -669,13 +669,19 @@ def prepare_dataset(
     else:
         cut_validation = _to_timestamp(validation_start, "validation_start", times.tz, timezone)
         cut_test = _to_timestamp(test_start, "test_start", times.tz, timezone)
-    if not times.min() < cut_validation <= cut_test <= end:
+    fitted = preprocessor is not None
+    if fitted and not cut_validation <= cut_test:
+        raise ValueError(
+            f"cuts must satisfy validation_start {cut_validation} <= test_start {cut_test}"
+        )
+    # A fitted model's table may begin after the validation start or end before
+    # the test start: its periods are clipped to it, and only the period scored
+    # must hold windows (`_check_windows` below).
+    if not fitted and not times.min() < cut_validation <= cut_test <= end:
         raise ValueError(
             f"cuts must satisfy first time {times.min()} < validation_start {cut_validation} "
             f"<= test_start {cut_test} <= the end of the data {end} (last time + one step)"
         )
-
-    fitted = preprocessor is not None
     if preprocessor is None:
         preprocessor = Preprocessor.fit(
             grid,

@@ -22,6 +22,8 @@ import pandas as pd
 from pandas.api import types as ptypes
 from pandas.tseries.frequencies import to_offset
 
+from tft_jax.data.zone_candidates import describe, zones_keeping_time_of_day, zones_with_offsets
+
 
 def parse_frequency(freq: Any) -> pd.DateOffset:
     """Returns the pandas offset for an offset alias such as 'h', 'D' or '15min'.
@@ -461,7 +463,22 @@ def _mixed_offsets(error: Exception) -> bool:
     return "mixed timezones" in str(error).lower()
 
 
-def _in_zone(parsed: pd.Series, timezone: str | None, column: str) -> pd.Series:
+def _offset_zones(values: pd.Series) -> str:
+    """Zones fitting the UTC offsets written in `values` ('+01:00', '+02:00'), as an example."""
+    instants, offsets = [], []
+    for value in values.dropna().drop_duplicates().iloc[:256]:
+        try:
+            stamp = pd.Timestamp(value)
+        except (ValueError, TypeError, OverflowError):
+            continue
+        if stamp.tz is not None:
+            instants.append(stamp.tz_convert("UTC"))
+            offsets.append(stamp.utcoffset())
+    zones = zones_with_offsets(pd.DatetimeIndex(instants), offsets) if instants else []
+    return f"e.g. {describe(zones)}" if zones else "its IANA name"
+
+
+def _in_zone(parsed: pd.Series, timezone: str | None, column: str, values: pd.Series) -> pd.Series:
     """Times parsed to UTC from texts with mixed UTC offsets, in `timezone` when given.
 
     Texts such as '2024-04-06T00:00:00+11:00' and '2024-04-08T00:00:00+10:00'
@@ -476,8 +493,8 @@ def _in_zone(parsed: pd.Series, timezone: str | None, column: str) -> pd.Series:
     warnings.warn(
         f"{column} holds times with different UTC offsets; they are read in UTC, so hour of "
         "day and day of week are UTC's. If they are local times of one zone (daylight "
-        "saving changes the offset), pass it as timezone= (--timezone), e.g. "
-        "'Australia/Melbourne'",
+        f"saving changes the offset), pass it as timezone= (--timezone), "
+        f"{_offset_zones(values)}",
         UserWarning,
         stacklevel=5,
     )
@@ -604,6 +621,7 @@ def _parse_time_values(
                 pd.to_datetime(values, format=time_format, errors="coerce", utc=True),
                 timezone,
                 column,
+                values,
             )
         bad = parsed.isna().to_numpy()
         if bad.any():
@@ -624,7 +642,7 @@ def _parse_time_values(
         pass
     else:
         _check_all_aware(values, column, ids, None, dayfirst)
-        return _in_zone(in_utc, timezone, column)
+        return _in_zone(in_utc, timezone, column, values)
     hint = _format_hint(values) if not dayfirst else ""
     parsed = pd.to_datetime(values, errors="coerce", format="mixed", utc=True, dayfirst=dayfirst)
     bad = parsed.isna().to_numpy()
@@ -758,12 +776,24 @@ def _zone_hint(times: pd.DatetimeIndex, spec: TableSpec) -> str:
     if winter.utcoffset() != summer.utcoffset():
         return ""
     column = spec.time_col
+    zones = zones_keeping_time_of_day(times) if _steps_whole_days(spec.freq) else []
+    zone = repr(zones[0]) if zones else "ZONE"
+    named = f" (zones where they fall at one clock time: {describe(zones)})" if zones else ""
     return (
         f"; if they are local times of a zone with daylight saving (they are given in "
-        f"{times.tz}, of one UTC offset all year), read them in that zone: convert the column, "
-        f"e.g. df[{column!r}] = df[{column!r}].dt.tz_convert('Australia/Melbourne'), or, when "
-        "fitting, pass their zone as timezone= (--timezone)"
+        f"{times.tz}, of one UTC offset all year){named}, read them in that zone: when "
+        f"fitting, pass it as timezone= (--timezone), or convert the column, e.g. "
+        f"df[{column!r}] = df[{column!r}].dt.tz_convert({zone})"
     )
+
+
+def _steps_whole_days(freq: str) -> bool:
+    """Whether `freq` steps by days or more: local times of such data keep one clock time."""
+    offset = parse_frequency(freq)
+    try:
+        return pd.Timedelta(offset) >= pd.Timedelta(days=1)
+    except ValueError:  # months, weeks anchored on a day: calendar steps
+        return True
 
 
 def _utc_grid_hint(times: pd.DatetimeIndex, spec: TableSpec) -> str:

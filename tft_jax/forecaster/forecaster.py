@@ -277,8 +277,12 @@ def _holds_checkpoints(checkpoints: pathlib.Path) -> bool:
     return False
 
 
-def _common_grid(dataset: PreparedDataset, freq: str) -> pd.DatetimeIndex:
+def _common_grid(dataset: PreparedDataset, freq: str, zone: str | None) -> pd.DatetimeIndex:
     """The times of `freq` from the first to the last time of `dataset`: the backtest's steps.
+
+    Aware times are stepped in `zone`, the training table's (a day there is
+    23 or 25 hours of UTC across a daylight-saving change), and the grid is
+    given in the dataset's own zone.
 
     Steps are counted on this grid, not over the times some series has: with
     no series over a stretch of it, those would skip the stretch and put
@@ -289,7 +293,10 @@ def _common_grid(dataset: PreparedDataset, freq: str) -> pd.DatetimeIndex:
     """
     panel = dataset.panel
     times = pd.DatetimeIndex(panel.times)
-    grid = pd.date_range(times.min(), times.max(), freq=parse_frequency(freq))
+    local = times if times.tz is None or zone is None else times.tz_convert(zone)
+    grid = pd.date_range(local.min(), local.max(), freq=parse_frequency(freq))
+    if times.tz is not None:
+        grid = grid.tz_convert(times.tz)
     off = ~times.isin(grid)
     if off.any():
         row = int(np.flatnonzero(off)[0])
@@ -858,7 +865,8 @@ class Forecaster:
         scored = data.horizon + (n_windows - 1) * step  # the grid steps from the first cutoff
         dataset = prepare_dataset(table, **options, preprocessor=self.preprocessor, scored=scored)
         panel = dataset.panel
-        grid_times = _common_grid(dataset, data.freq)
+        zone = self.preprocessor.time_zone
+        grid_times = _common_grid(dataset, data.freq, zone)
         last_start = len(grid_times) - data.horizon
         # Checked before the cutoffs are listed: a list of n_windows positions was built
         # first, so an n_windows of 10**9 ran for minutes and out of memory before this error.
@@ -874,7 +882,12 @@ class Forecaster:
         records = []
         for position in positions:
             cutoff = grid_times[position]
-            end = grid_times[position + data.horizon - 1] + offset
+            last = grid_times[position + data.horizon - 1]
+            end = (
+                last + offset
+                if last.tz is None or zone is None
+                else ((last.tz_convert(zone) + offset).tz_convert(last.tz))
+            )
             starts = window_starts(panel, data.history, data.horizon, cutoff, end)
             starts = starts[panel.times[starts] == cutoff]
             if starts.size == 0:
