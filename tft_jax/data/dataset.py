@@ -49,6 +49,7 @@ from tft_jax.data.tables import (
     empty_input_cells,
     infer_categorical,
     parse_frequency,
+    parse_time_text,
     read_announced,
     to_regular_grid,
     validate_table,
@@ -264,10 +265,12 @@ class PreparedDataset:
         )
 
 
-def _to_timestamp(value: Any, name: str, tz: Any, timezone: str | None) -> pd.Timestamp:
+def _to_timestamp(value: Any, name: str, tz: Any, spec: TableSpec) -> pd.Timestamp:
+    """A cut time, read as the table's times are (`parse_time_text`) and in their zone."""
+    timezone = spec.timezone
     try:
-        stamp = pd.Timestamp(value)
-    except (ValueError, TypeError) as error:
+        stamp = parse_time_text(value, spec.time_format, spec.dayfirst)
+    except (ValueError, TypeError, OverflowError) as error:
         raise ValueError(f"{name}={value!r} is not a timestamp ({error})") from None
     if tz is not None and stamp.tz is None:
         zone = timezone or tz
@@ -667,8 +670,8 @@ def prepare_dataset(
     elif validation_start is None or test_start is None:
         raise ValueError("pass both validation_start and test_start, or neither (use fractions)")
     else:
-        cut_validation = _to_timestamp(validation_start, "validation_start", times.tz, timezone)
-        cut_test = _to_timestamp(test_start, "test_start", times.tz, timezone)
+        cut_validation = _to_timestamp(validation_start, "validation_start", times.tz, spec)
+        cut_test = _to_timestamp(test_start, "test_start", times.tz, spec)
     fitted = preprocessor is not None
     if fitted and not cut_validation <= cut_test:
         raise ValueError(

@@ -448,14 +448,41 @@ _DAY_MONTH = r"^\s*\d{1,2}[/.-]\d{1,2}[/.-]\d{2,4}"
 
 
 def _format_hint(values: pd.Series) -> str:
-    """A hint for day-first dates when the texts look like dd/mm/yyyy."""
+    """A hint for day-first dates when the texts look like dd/mm/yyyy (or dd.mm.yy, dd-mm-yyyy)."""
     text = values.astype("string")
-    if text.str.match(_DAY_MONTH).fillna(False).mean() > 0.5:
-        return (
-            "; the times look like day/month/year: pass dayfirst=True (--dayfirst) or "
-            "time_format='%d/%m/%Y' (--time-format)"
-        )
-    return ""
+    matches = text.str.match(_DAY_MONTH).fillna(False)
+    if matches.mean() <= 0.5:
+        return ""
+    first = str(text[matches.to_numpy()].iloc[0]).strip()
+    separator = next(character for character in first if character in "/.-")
+    year = "%Y" if len(first.split(separator)[2].split()[0]) == 4 else "%y"
+    pattern = separator.join(("%d", "%m", year))
+    return (
+        "; the times look like day/month/year: pass dayfirst=True (--dayfirst) or "
+        f"time_format={pattern!r} (--time-format)"
+    )
+
+
+def parse_time_text(value: Any, time_format: str | None, dayfirst: bool) -> pd.Timestamp:
+    """One time given by a user (a cut such as `validation_start`), read as the table's times.
+
+    ISO 8601 text ('2024-03-02') is read as such; other text in
+    `time_format`, else with `dayfirst` ('02/03/2024' is 2 March with it):
+    a plain `pd.Timestamp` read it month first while the table was read day
+    first. Raises `ValueError` (pandas') for text it cannot read.
+    """
+    if not isinstance(value, str):
+        return pd.Timestamp(value)
+    try:
+        return pd.Timestamp(pd.to_datetime(value, format="ISO8601"))
+    except (ValueError, TypeError, OverflowError):
+        pass
+    if time_format is not None:
+        try:
+            return pd.Timestamp(pd.to_datetime(value, format=time_format))
+        except (ValueError, TypeError, OverflowError):
+            pass
+    return pd.Timestamp(pd.to_datetime(value, dayfirst=dayfirst))
 
 
 def _mixed_offsets(error: Exception) -> bool:
@@ -632,6 +659,14 @@ def _parse_time_values(
                 f"{plain_value(ids.iloc[row])!r} at row {row}"
             )
         return parsed
+    if dayfirst:  # ISO 8601 texts are year-month-day: pandas read them year-day-month
+        try:
+            return pd.to_datetime(values, format="ISO8601")
+        except (ValueError, TypeError, OverflowError) as error:
+            if _mixed_offsets(error):
+                _check_all_aware(values, column, ids, None, False)
+                in_utc = pd.to_datetime(values, format="ISO8601", utc=True)
+                return _in_zone(in_utc, timezone, column, values)
     try:
         return pd.to_datetime(values, dayfirst=dayfirst)
     except (ValueError, TypeError, OverflowError):
@@ -654,9 +689,14 @@ def _parse_time_values(
             f"fix them or write ISO 8601 times such as '2015-01-01T13:00:00Z'{hint}"
         )
     _check_all_aware(values, column, ids, None, dayfirst)
+    inferred = pd.to_datetime(values, errors="coerce", dayfirst=dayfirst).isna().to_numpy()
+    unread = np.flatnonzero(inferred & values.notna().to_numpy())
+    row = int(unread[0]) if unread.size else 0
     raise ValueError(
-        f"column {column!r} mixes timestamp formats; write all times in one format "
-        f"(ISO 8601 such as '2015-01-01T13:00:00Z'){hint}"
+        f"column {column!r} has times that do not read in the format of its first time "
+        f"{values.iloc[0]!r}, e.g. {values.iloc[row]!r} in series "
+        f"{plain_value(ids.iloc[row])!r} at row {row}; write all times in one format (ISO "
+        f"8601 such as '2015-01-01T13:00:00Z'){hint}"
     )
 
 

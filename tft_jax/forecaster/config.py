@@ -20,6 +20,7 @@ import pandas as pd
 from tft_jax.data import TARGET_SCALERS, TableSpec
 from tft_jax.data.pedestrian import PEDESTRIAN_SPEC
 from tft_jax.data.scaling import TARGET_TRANSFORMS
+from tft_jax.data.tables import parse_time_text
 
 
 def _require_int(owner: str, name: str, value: Any, minimum: int, optional: bool = False) -> None:
@@ -87,20 +88,21 @@ def _tuple_of_names(owner: str, name: str, value: Any) -> tuple[str, ...]:
     return names
 
 
-def _check_time_text(name: str, text: str) -> None:
-    """Raises `ValueError` naming `name` unless pandas reads `text` as one time.
+def _read_time_text(name: str, text: str, time_format: str | None, dayfirst: bool) -> pd.Timestamp:
+    """`text` read as the table's times are (`parse_time_text`); `ValueError` naming `name`.
 
     Checked when the config is made, not when a table is prepared with it
     (after reading the table, or in a run's config.json at load).
     """
     try:
-        stamp = pd.Timestamp(text)
-    except (ValueError, TypeError) as error:
+        stamp = parse_time_text(text, time_format, dayfirst)
+    except (ValueError, TypeError, OverflowError) as error:
         raise ValueError(
             f"{name} must be a time pandas reads (e.g. '2024-03-01'), got {text!r} ({error})"
         ) from None
     if pd.isna(stamp):
         raise ValueError(f"{name} must be a time, got {text!r} (not a time)")
+    return stamp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,19 +230,20 @@ class DataConfig:
             raise ValueError(
                 f"{owner}: give both validation_start and test_start, or neither (fractions)"
             )
+        cuts = []
         for name in ("validation_start", "test_start"):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, str(value))
-                _check_time_text(f"{owner}.{name}", str(value))
-        if self.validation_start is not None and self.test_start is not None:
-            cuts = pd.Timestamp(self.validation_start), pd.Timestamp(self.test_start)
-            # Cuts of which one names a zone are compared once the table's zone is known.
-            if (cuts[0].tz is None) == (cuts[1].tz is None) and cuts[0] > cuts[1]:
-                raise ValueError(
-                    f"{owner}.validation_start ({self.validation_start}) must not be after "
-                    f"{owner}.test_start ({self.test_start}): validation comes before the test"
+                cuts.append(
+                    _read_time_text(f"{owner}.{name}", str(value), self.time_format, self.dayfirst)
                 )
+        # Cuts of which one names a zone are compared once the table's zone is known.
+        if len(cuts) == 2 and (cuts[0].tz is None) == (cuts[1].tz is None) and cuts[0] > cuts[1]:
+            raise ValueError(
+                f"{owner}.validation_start ({self.validation_start}) must not be after "
+                f"{owner}.test_start ({self.test_start}): validation comes before the test"
+            )
         if self.scaler not in TARGET_SCALERS:
             raise ValueError(f"{owner}.scaler must be one of {TARGET_SCALERS}, got {self.scaler!r}")
 
