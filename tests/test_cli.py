@@ -8,6 +8,7 @@ persistent cache of tests/conftest.py a second run is much faster.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import io
@@ -858,6 +859,31 @@ def test_predict_command_writes_what_the_python_predict_returns(capsys, trained_
     )
 
 
+@pytest.mark.parametrize("command", ["predict", "evaluate"])
+def test_a_table_lacking_a_column_the_run_uses_is_named_with_its_flag(
+    capsys, trained_run, csv_path, command
+):
+    # It said "table lacks columns ['temperature'] (observed_cols='temperature') ...
+    # pass the right names": no file, and these commands take no names.
+    table = pd.read_csv(csv_path)
+    lacking = trained_run / "without_temperature.csv"
+    table[table["day"] < "2024-03-30"].drop(columns="temperature").to_csv(lacking, index=False)
+    days = pd.date_range("2024-03-30", periods=HORIZON, freq="D").strftime("%Y-%m-%d")
+    future = trained_run / "future_promo.csv"
+    table[table["day"].isin(days)][["store", "day", "promo"]].to_csv(future, index=False)
+    out = ["--future-csv", str(future), "--out", str(trained_run / "never.csv")]
+    code, _, stderr = run(
+        capsys, command, "--run", str(trained_run), "--csv", str(lacking),
+        *(out if command == "predict" else []), "--compile-cache", "none",
+    )  # fmt: skip
+    assert code == 2
+    assert stderr.strip() == (
+        f"tft-jax {command}: error: --csv {lacking}: table lacks columns ['temperature'] that "
+        "the model was trained with (observed_cols='temperature'); it has ['store', 'day', "
+        "'sales', 'size', 'promo']: add them to the table"
+    )
+
+
 @pytest.mark.slow
 def test_predict_command_rejects_an_unknown_model_and_a_missing_future(
     capsys, trained_run, csv_path
@@ -929,11 +955,15 @@ def test_plot_finds_numeric_series_ids_given_to_series(capsys, trained_run, csv_
     code, _, err = run(capsys, *plot, "--series", "202", "404")
     assert code == 2 and "--series 404: not a series of the table; it has 101, 202, 303" in err
     assert fans.stat().st_mtime_ns == drawn  # refused before the plots are redrawn
-    future_png = trained_run / "plots" / "future_fp32.png"
+    # Another table's plots go to their own folder: the run's own figures, which
+    # metrics.json lists, were replaced by this table's.
+    future_png = trained_run / "plots" / "test_numeric" / "future_fp32.png"
     future_png.unlink(missing_ok=True)
     code, stdout, err = run(capsys, *plot, "--series", "202")
     assert code == 0, err
     assert "future_fp32.png" in stdout and future_png.read_bytes()[:8] == PNG_SIGNATURE
+    assert (future_png.parent / "forecasts_fp32.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert fans.stat().st_mtime_ns == drawn
     assert cli.chosen_series(["303", "101"], table["store"]) == [303, 101]
 
 
@@ -1215,3 +1245,11 @@ def test_ctrl_c_ends_a_command_with_one_line_and_status_130(
     err = capsys.readouterr().err
     assert err.startswith(f"tft-jax {command}: interrupted") and "Traceback" not in err
     assert (hint in err) if hint else ("--resume" not in err)
+
+
+@pytest.mark.parametrize(
+    ("split", "folder"), [("test", "plots"), ("validation", "plots/validation")]
+)
+def test_plot_draws_another_split_of_the_runs_table_into_its_own_folder(tmp_path, split, folder):
+    args = argparse.Namespace(run=tmp_path, csv=None, split=split)
+    assert cli.plots_output(args, {}) == tmp_path / folder

@@ -683,3 +683,15 @@ def test_a_table_too_short_to_train_on_is_evaluated_on_its_test_period(fitted):
     metrics = forecaster.evaluate(dataset)
     assert metrics["windows"] == len(dataset.test)
     assert np.isfinite(metrics["models"]["fp32"]["p50_q_risk"])
+
+
+def test_a_history_lacking_a_column_the_model_uses_says_to_add_it(fitted):
+    # "Rename the columns or pass the right names": a fitted model's names cannot change.
+    forecaster, table, _ = fitted
+    history, future = cut(table, "2024-03-30")
+    with pytest.raises(
+        ValueError,
+        match=r"table lacks columns \['temperature'\] that the model was trained with "
+        r"\(observed_cols='temperature'\); it has .*: add them to the table$",
+    ):
+        forecaster.predict(history.drop(columns="temperature"), future)

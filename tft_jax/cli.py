@@ -63,7 +63,7 @@ from tft_jax.cli_parser import (
 )
 from tft_jax.data import load_pedestrian, read_table
 from tft_jax.data.pedestrian import PEDESTRIAN_SPEC
-from tft_jax.data.tables import _parse_times
+from tft_jax.data.tables import MissingColumnsError, _parse_times
 from tft_jax.distributed import (
     barrier,
     initialize_multihost,
@@ -675,6 +675,20 @@ def forecast_output(args: argparse.Namespace, config: dict[str, Any], model: str
     return args.run / f"{name}.csv"
 
 
+def plots_output(args: argparse.Namespace, config: dict[str, Any]) -> pathlib.Path:
+    """The folder `plot` draws into: the run's `plots/` for its own table's test split.
+
+    Another split gets `plots/<split>/`, and a `--csv` table other than the
+    one the run was trained on `plots/<split>_<CSV name>/`, as `evaluate` and
+    `forecast` name their files, so that drawing them never replaces the
+    figures `metrics.json` lists as the run's.
+    """
+    root = args.run / "plots"
+    if other_table(args, config):
+        return root / f"{args.split}_{args.csv.stem}"
+    return root if args.split == "test" else root / args.split
+
+
 def command_evaluate(args: argparse.Namespace) -> int:
     check_reading_flags(args)
     forecaster, config = load_run(args.run, args.eval_batch_size)
@@ -752,7 +766,8 @@ def command_plot(args: argparse.Namespace) -> int:
     default_model(forecaster, model)
     labels = ("the run's id column", "the run's time column")
     check_forecast_columns(forecaster.config.data, forecaster.tft_config.quantiles, labels, False)
-    check_output_folder(args.run / "plots", "plots folder")
+    folder = plots_output(args, config)
+    check_output_folder(folder, "plots folder")
     table = run_table(args, config, forecaster)
     spec = forecaster.preprocessor.spec
     series = (
@@ -773,7 +788,7 @@ def command_plot(args: argparse.Namespace) -> int:
         predictions,
         forecaster.tft_config.quantiles,
         forecaster.history or None,
-        args.run / "plots",
+        folder,
         interpret=model,
         postprocess=forecaster.postprocess,
     )
@@ -795,7 +810,7 @@ def command_plot(args: argparse.Namespace) -> int:
         run_data = forecaster.config.data
         figures.append(
             plots.plot_future(
-                args.run / "plots" / f"future_{model}.png",
+                folder / f"future_{model}.png",
                 forecast,
                 table,
                 id_col=spec.id_col,
@@ -928,6 +943,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except ValueError as error:  # from the data layer: its keywords as this command's flags
         message = flag_message(str(error), vars(args))
+        if isinstance(error, MissingColumnsError) and getattr(args, "csv", None) is not None:
+            message = f"--csv {args.csv}: {message}"  # the table read, not a --future-csv
         print(f"tft-jax {args.command}: error: {message}", file=sys.stderr)
         return 2
     except OSError as error:  # an output path that cannot be written, found late

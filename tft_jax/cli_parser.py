@@ -740,12 +740,16 @@ def build_parser() -> argparse.ArgumentParser:
     _reading(predict)
     _runtime(predict, reads_run=True)
 
-    for name, text in (
-        ("evaluate", "recompute the metrics of a run (any split), or score another table"),
-        ("forecast", "write a CSV of the forecasts of a split's windows, with actuals"),
-        ("plot", "redraw a run's plots, and the forecast after the end of the table"),
+    where_plots = (
+        " (into RUN/plots for the run's table and test split, RUN/plots/<split> for another "
+        "split, RUN/plots/<split>_<CSV name> for a --csv table the run was not trained on)"
+    )
+    for name, text, more in (
+        ("evaluate", "recompute the metrics of a run (any split), or score another table", ""),
+        ("forecast", "write a CSV of the forecasts of a split's windows, with actuals", ""),
+        ("plot", "redraw a run's plots, and the forecast after the end of the table", where_plots),
     ):
-        sub = commands.add_parser(name, help=text, description=text)
+        sub = commands.add_parser(name, help=text, description=text + more)
         _run_argument(sub, "the table (default: the one the run was trained on)")
         sub.add_argument("--split", choices=SPLITS, default="test", help="default test")
         _reading(sub)

@@ -41,6 +41,7 @@ from tft_jax.data.calendar import TIME_INDEX, calendar_feature_names
 from tft_jax.data.preprocessing import Preprocessor, missing_column
 from tft_jax.data.scaling import FeatureScaler, TargetScaler
 from tft_jax.data.tables import (
+    MissingColumnsError,
     TableSpec,
     announce_empty_inputs,
     check_density,
@@ -652,9 +653,14 @@ def prepare_dataset(
     reading = (
         spec if preprocessor is None else in_training_zone(spec, preprocessor, raw[spec.time_col])
     )
-    clean = validate_table(
-        raw, reading, history, horizon, min_length=minimum, drop_short=True, reason=reason
-    )
+    try:
+        clean = validate_table(
+            raw, reading, history, horizon, min_length=minimum, drop_short=True, reason=reason
+        )
+    except MissingColumnsError as error:
+        if preprocessor is None:
+            raise
+        raise error.for_fitted_model(raw.columns) from None
     if preprocessor is not None:
         preprocessor.check_time_zone(clean[spec.time_col])
     empty_inputs = empty_input_cells(clean, spec)

@@ -24,6 +24,7 @@ import pandas as pd
 
 from tft_jax.data.preprocessing import Preprocessor, Transformed, type_hint
 from tft_jax.data.tables import (
+    MissingColumnsError,
     TableSpec,
     _categorical_values,
     _parse_times,
@@ -343,7 +344,10 @@ def future_windows(
     missing_col = preprocessor.missing_col
     raw, _ = read_announced(table, spec, encoding, preprocessor.fitted_values)
     reading = in_training_zone(spec, preprocessor, raw[spec.time_col])
-    clean = validate_table(raw, reading, history, horizon, min_length=history)
+    try:
+        clean = validate_table(raw, reading, history, horizon, min_length=history)
+    except MissingColumnsError as error:
+        raise error.for_fitted_model(raw.columns) from None
     preprocessor.check_time_zone(clean[spec.time_col], "history")
     empty_inputs = empty_input_cells(clean, spec)
     grid = to_regular_grid(clean, spec, missing_col)

@@ -55,6 +55,24 @@ def typical_step(freq: str) -> pd.Timedelta:
     return grid[2] - grid[1]
 
 
+class MissingColumnsError(ValueError):
+    """A table lacks columns its spec names; `missing` and their `roles` ("target='sales'")."""
+
+    def __init__(self, message: str, missing: list[str], roles: str) -> None:
+        super().__init__(message)
+        self.missing = missing
+        self.roles = roles
+
+    def for_fitted_model(self, columns: Sequence[Any]) -> MissingColumnsError:
+        """The same error for a table read by a fitted model, whose names cannot change."""
+        return MissingColumnsError(
+            f"table lacks columns {self.missing} that the model was trained with ({self.roles}); "
+            f"it has {list(columns)}: add them to the table",
+            self.missing,
+            self.roles,
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class TableSpec:
     """Which columns of a long-format table play which role, and how it is sampled.
@@ -1116,9 +1134,11 @@ def validate_table(
         sep = _separator(frame.columns)
         reading = f"pandas.read_csv(path, sep={sep!r}) (and decimal=',' for decimal commas)"
         hint = "" if sep is None else f"; it looks separated by {sep!r}: read it with {reading}"
-        raise ValueError(
+        raise MissingColumnsError(
             f"table lacks columns {missing} ({roles}); it has {list(frame.columns)}{hint}. "
-            "Rename the columns or pass the right names"
+            "Rename the columns or pass the right names",
+            missing,
+            roles,
         )
     check_unique_columns(frame, spec.columns)
     if len(frame) == 0:
