@@ -8,6 +8,8 @@
   tests and the fault catalogue.
 - `properties.faults`: `python -m properties.faults` applies deliberate faults to
   the real code and reports which property catches each.
+- `properties.profiles`: the Hypothesis profiles `dev`, `ci` and `thorough`
+  (import it in a `conftest.py`).
 
 The submodules are imported on first access (`import properties;
 properties.checks` works), so `properties.checks` works without Hypothesis.
@@ -18,7 +20,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-__all__ = ["backends", "checks", "faults", "strategies", "suite"]
+__all__ = ["backends", "checks", "faults", "profiles", "strategies", "suite"]
 
 
 def __getattr__(name: str) -> ModuleType:

@@ -168,7 +168,19 @@ def _as_float64(array: np.ndarray) -> np.ndarray:
 
 
 def _float_array(name: str, x: Any) -> np.ndarray:
-    """A non-empty floating host array (an empty one would let every check pass vacuously)."""
+    """A non-empty floating host array (an empty one would let every check pass vacuously).
+
+    A tuple, dict or list of arrays (several model inputs) is refused: NumPy
+    would stack it into one array whose axis 1 is no longer the time axis.
+    """
+    if isinstance(x, tuple | dict) or (
+        isinstance(x, list) and any(isinstance(item, np.ndarray | jax.Array) for item in x)
+    ):
+        raise TypeError(
+            f"{name} must be one array, got a {type(x).__name__} of inputs: close over the "
+            f"others (fn = lambda {name}: model({name}, covariate)) so that the check "
+            f"perturbs {name} alone"
+        )
     array = _to_numpy(name, x)
     if not _is_inexact(array):
         raise TypeError(f"{name} must be a floating array, got dtype {array.dtype}")
@@ -199,6 +211,36 @@ def _real(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {value!r}")
     return float(value)
+
+
+def _seed(value: Any) -> int:
+    """A seed: an int >= 0 (NumPy's generators take no other)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"seed must be an int >= 0, got {value!r}")
+    if value < 0:
+        raise ValueError(f"seed must be an int >= 0, got {value}")
+    return int(value)
+
+
+def _flag(name: str, value: Any) -> bool:
+    """A bool (the text 'no' is truthy: the gradients would be checked)."""
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return bool(value)
+
+
+def _check_broadcast(name: str, value: Any, shape: tuple[int, ...]) -> None:
+    """Raises `ValueError` naming `name` unless it broadcasts to `shape` (x's)."""
+    value_shape = np.shape(value)
+    try:
+        broadcast = np.broadcast_shapes(value_shape, shape)
+    except ValueError:
+        broadcast = None
+    if broadcast != shape:
+        raise ValueError(
+            f"{name} of shape {value_shape} does not broadcast to x's shape {shape} (a scalar, "
+            "or e.g. (1, C) for one value per channel along the last axis)"
+        )
 
 
 def _tolerance(name: str, value: Any) -> float:
@@ -286,6 +328,8 @@ def _gradient_leak(values: np.ndarray, atol: float) -> str | None:
 
 
 def _normalize_axis(name: str, axis: int, ndim: int) -> int:
+    if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {axis!r}")
     if not -ndim <= axis < ndim:
         raise ValueError(f"{name}={axis} is out of range for an array with {ndim} axes")
     return axis % ndim
@@ -622,6 +666,8 @@ def assert_causal(
     Raises:
       AssertionError: naming the steps, output leaves and positions that changed.
     """
+    seed = _seed(seed)
+    check_gradients = _flag("check_gradients", check_gradients)
     x = _float_array("x", x)
     _require_finite("x", x)
     atol, rtol = _tolerance("atol", atol), _tolerance("rtol", rtol)
@@ -1020,6 +1066,8 @@ def assert_ignores_padding(
       AssertionError: naming the output leaves, the samples and steps whose
         values changed, and the padded steps that the gradient reaches.
     """
+    seed = _seed(seed)
+    check_gradients = _flag("check_gradients", check_gradients)
     x = _float_array("x", x)
     _require_finite("x", x)
     atol, rtol = _tolerance("atol", atol), _tolerance("rtol", rtol)
@@ -1163,6 +1211,8 @@ def assert_batch_independent(
         when the others did (forward), and the pair `(i, j)` whose gradient
         interacts (backward).
     """
+    seed = _seed(seed)
+    check_gradients = _flag("check_gradients", check_gradients)
     named, treedef, batch = _batched_leaves(x, axis)
     atol, rtol = _tolerance("atol", atol), _tolerance("rtol", rtol)
     tested = range(batch) if samples is None else _integers("samples", samples)
@@ -1247,6 +1297,7 @@ def assert_batch_order_equivariant(
       AssertionError: naming the output leaves that do not follow a
         permutation, and the permutation.
     """
+    seed = _seed(seed)
     named, treedef, batch = _batched_leaves(x, axis)
     rtol = _tolerance("rtol", rtol)
     atol = None if atol is None else _tolerance("atol", atol)
@@ -1316,8 +1367,18 @@ def assert_jit_matches_eager(
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
     compiled = jitted(*args)
     _require_outputs("fn", _named_leaves("jit(fn)(*args)", compiled), compiled)
+    # Op by op on JAX arrays, as jit sees them: on NumPy arrays a user's `x @ y` or
+    # `x.mean()` would run in NumPy, with NumPy's dtype rules (bfloat16 @ -> float32).
+    on_device = jax.tree_util.tree_map(
+        lambda leaf: jnp.asarray(leaf) if isinstance(leaf, np.ndarray | np.generic) else leaf, args
+    )
     with jax.disable_jit():
-        eager = fn(*args)
+        eager = fn(*on_device)
+    # A Python number among the outputs (a count, a constant) is a weakly typed
+    # array under jit: compared as the array JAX makes of it.
+    eager = jax.tree_util.tree_map(
+        lambda leaf: jnp.asarray(leaf) if isinstance(leaf, numbers.Number) else leaf, eager
+    )
     chex.assert_trees_all_equal_shapes_and_dtypes(compiled, eager)
     problems = _compare_trees(compiled, eager, atol, rtol, _JIT_TOLERANCE)
     if problems:
@@ -1458,28 +1519,39 @@ def assert_grads_match_finite_differences(
         raise ValueError(f"eps must be finite and > 0, got {step}")
     precision = "float64" if use_x64 else "the given dtypes"
     context = _enable_x64() if use_x64 else contextlib.nullcontext()
-    with context:
-        point = jax.tree_util.tree_map(_to_float64, args) if use_x64 else args
-        checked = jax.jit(fn) if jit and not hasattr(fn, "lower") else fn
-        compared, scaled = checked, ""
-        if atol is None:
-            divisors = _derivative_divisors(checked, point, step)
-            if any(divisor != 1.0 for divisor in divisors):
-                compared = _divided(checked, divisors, jit)
-                scaled = (
-                    f"\n(each output leaf was divided by its derivative's scale, "
-                    f"{', '.join(f'{divisor:.3g}' for divisor in divisors)}, so that the default "
-                    "absolute tolerance is relative to it)"
-                )
-        try:
-            check_grads(compared, point, order, modes=modes, eps=step, atol=atol, rtol=rtol)
-        except AssertionError as error:
-            hint = _float32_hint(str(error), checked, point) if use_x64 else ""
-            raise AssertionError(
-                f"derivatives of fn differ from central finite differences "
-                f"(order {order}, modes {modes}, eps {step:g}, in {precision}):\n{error}{hint}"
-                f"{scaled}"
-            ) from error
+    try:
+        with context:
+            point = jax.tree_util.tree_map(_to_float64, args) if use_x64 else args
+            checked = jax.jit(fn) if jit and not hasattr(fn, "lower") else fn
+            compared, scaled = checked, ""
+            if atol is None:
+                divisors = _derivative_divisors(checked, point, step)
+                if any(divisor != 1.0 for divisor in divisors):
+                    compared = _divided(checked, divisors, jit)
+                    scaled = (
+                        f"\n(each output leaf was divided by its derivative's scale, "
+                        f"{', '.join(f'{divisor:.3g}' for divisor in divisors)}, so that the "
+                        "default absolute tolerance is relative to it)"
+                    )
+            try:
+                check_grads(compared, point, order, modes=modes, eps=step, atol=atol, rtol=rtol)
+            except AssertionError as error:
+                hint = _float32_hint(str(error), checked, point) if use_x64 else ""
+                raise AssertionError(
+                    f"derivatives of fn differ from central finite differences "
+                    f"(order {order}, modes {modes}, eps {step:g}, in {precision}):\n{error}{hint}"
+                    f"{scaled}"
+                ) from error
+    except TypeError as error:
+        text = str(error)
+        if not (use_x64 and "float32" in text and "float64" in text):
+            raise
+        raise TypeError(
+            f"{text}\n(the check casts fn's float arguments to float64, and fn made float32 "
+            "values of its own that met them: an RNN carry created in the cell's "
+            "param_dtype, a hard-coded dtype; build the module with "
+            "param_dtype=jnp.float64, or pass use_x64=False with rtol and atol)"
+        ) from error
 
 
 # The smallest derivative scale the default tolerance is made relative to (2**-60 ~ 9e-19).
@@ -1578,6 +1650,8 @@ def _quantization_ways(
     tie. Each way's scale is the one it computes with. All float64.
     `rounding` rounds the quotients (`np.round`: half to even).
     """
+    _check_broadcast("scale", scale, x.shape)
+    _check_broadcast("zero_point", zero_point, x.shape)
     wide = np.promote_types(x.dtype, np.float32)
     if np.any(~(_as_float64(np.asarray(scale, wide)) > 0)):
         raise ValueError(f"scale must be positive, got {scale}")
@@ -1646,6 +1720,7 @@ def assert_ste_gradient(
       AssertionError: with counts per region (inside, at a bound, outside)
         and examples showing `x`, its code, and the gradient ratio `got / g`.
     """
+    seed = _seed(seed)
     x = _float_array("x", x)
     qmin, qmax = _integer_grid(qmin, qmax)
     codes, *alternatives = (
@@ -1725,7 +1800,8 @@ def assert_quantization_error_bounded(
     """
     x = _float_array("x", x)
     qmin, qmax = _integer_grid(qmin, qmax)
-    _quantization_codes(x, scale, zero_point)  # validates scale
+    ulps = _tolerance("ulps", ulps)
+    _quantization_codes(x, scale, zero_point)  # validates scale and zero_point
     output = _as_float64(_to_numpy("quantize_fn(x)", quantize_fn(x, scale, zero_point, qmin, qmax)))
     if output.shape != x.shape:
         raise AssertionError(f"quantize_fn changed the shape: {x.shape} -> {output.shape}")
@@ -1879,7 +1955,7 @@ def _global_norm(named: list[tuple[str, np.ndarray]]) -> float:
 
 
 def assert_clipped(
-    updates: PyTree, max_norm: float, *, grads: PyTree | None = None, rtol: float = 1e-5
+    updates: PyTree, max_norm: float, *, grads: PyTree | None = None, rtol: float | None = None
 ) -> None:
     """Asserts that the global L2 norm of `updates` is at most `max_norm`.
 
@@ -1895,7 +1971,9 @@ def assert_clipped(
       updates: pytree after clipping.
       max_norm: the bound, finite and > 0.
       grads: optional pytree before clipping, same structure.
-      rtol: relative slack of the bound and of the comparison.
+      rtol: relative slack of the bound and of the comparison (None: 1e-5, or
+        4 machine epsilons of the least precise float dtype of `updates` when
+        wider: 3.1e-2 for bfloat16, 3.9e-3 for float16).
 
     Raises:
       AssertionError: with the norm found and the largest leaves.
@@ -1903,13 +1981,16 @@ def assert_clipped(
     max_norm = _real("max_norm", max_norm)
     if not (math.isfinite(max_norm) and max_norm > 0):
         raise ValueError(f"max_norm must be finite and > 0, got {max_norm}")
-    rtol = _tolerance("rtol", rtol)
     named = [(path, leaf) for path, leaf in _named_leaves("updates", updates) if _is_inexact(leaf)]
     if not any(leaf.size for _, leaf in named):
         raise ValueError(
             f"updates must hold at least one non-empty float leaf, got "
             f"{jax.tree_util.tree_structure(updates)}: there would be no norm to bound"
         )
+    if rtol is None:
+        widest_eps = max(float(jnp.finfo(leaf.dtype).eps) for _, leaf in named)
+        rtol = max(1e-5, 4.0 * widest_eps)
+    rtol = _tolerance("rtol", rtol)
     norm = _global_norm(named)
     if not math.isfinite(norm) or norm > max_norm * (1 + rtol):
         leaf_norms = sorted(
@@ -1921,7 +2002,13 @@ def assert_clipped(
         raise AssertionError(_summarize(header, largest))
     if grads is None:
         return
-    chex.assert_trees_all_equal_shapes(updates, grads)
+    try:
+        chex.assert_trees_all_equal_shapes(updates, grads)
+    except AssertionError as error:
+        raise ValueError(
+            f"grads must have the structure and shapes of updates (the gradients they were "
+            f"clipped from): {error}"
+        ) from None
     gradient_norm = _global_norm(_named_leaves("grads", grads))
     factor = 1.0 if gradient_norm <= max_norm else max_norm / gradient_norm
     expected = jax.tree_util.tree_map(lambda g: _as_float64(np.asarray(g)) * factor, grads)

@@ -34,7 +34,7 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
-from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 from tft_jax import inline_threefry  # noqa: E402
 
@@ -65,14 +65,8 @@ jax.config.update(
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
-_COMMON = dict(
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    print_blob=True,
-)
-settings.register_profile("dev", max_examples=5, **_COMMON)
-settings.register_profile("ci", max_examples=15, derandomize=True, **_COMMON)
-settings.register_profile("thorough", max_examples=200, **_COMMON)
+import properties.profiles  # noqa: E402, F401  (registers dev, ci and thorough)
+
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # Heaviest test files first. `make test` runs `-n 2 --dist loadfile`: each

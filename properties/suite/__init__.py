@@ -47,7 +47,7 @@ __all__ = [
     "zeros_like_tree",
 ]
 
-# The number of examples of the `ci` Hypothesis profile (tests/conftest.py).
+# The number of examples of the `ci` Hypothesis profile (`properties.profiles`).
 CI_EXAMPLES = 15
 
 # RngBitGenerator keys: a TFT's initializers compile ~2.5x faster than with threefry.
@@ -204,10 +204,19 @@ def assert_gradient_stays_in_sample(
         pullback,
         outputs,
         0,
-        lambda batch: samples or range(batch),
+        lambda batch: _in_range("samples", samples, batch) if samples else range(batch),
         seed,
         "the gradient mixes samples",
     )
+
+
+def _in_range(name: str, indices: Sequence[int], size: int) -> list[int]:
+    """`indices` as ints in `[0, size)`; `ValueError` naming `name` and the size otherwise."""
+    chosen = checks._integers(name, indices)
+    outside = [index for index in chosen if not 0 <= index < size]
+    if outside:
+        raise ValueError(f"{name} {outside} are not samples of a batch of {size}")
+    return chosen
 
 
 def _assert_no_pullback_leaks(

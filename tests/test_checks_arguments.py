@@ -1,0 +1,117 @@
+"""The checks on users' own functions: arguments they refuse, inputs they must not
+reshape, dtypes whose rounding they must allow, and the Hypothesis profiles.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import linen as nn
+
+from properties import checks
+from properties.suite import assert_gradient_stays_in_sample
+from qat import fake_quantize
+
+X = np.random.default_rng(0).standard_normal((2, 4, 3)).astype(np.float32)  # (B, T, D)
+
+
+def cumulative(x):
+    return jnp.cumsum(x, axis=1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"axis": 1.0}, TypeError, r"axis must be an int, got 1\.0"),
+        ({"seed": 1.5}, TypeError, r"seed must be an int >= 0, got 1\.5"),
+        ({"seed": -1}, ValueError, r"seed must be an int >= 0, got -1"),
+        ({"check_gradients": "no"}, TypeError, r"check_gradients must be a bool, got 'no'"),
+    ],
+)
+def test_causal_refuses_arguments_of_the_wrong_kind_naming_them(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        checks.assert_causal(cumulative, X, **kwargs)
+
+
+def test_a_tuple_of_inputs_is_refused_where_one_array_is_perturbed():
+    # NumPy stacked (x, covariate) into one (2, B, T, D) array: axis 1 became the batch
+    # and a causal model failed as "not causal".
+    covariate = np.ones_like(X)
+    for check in (checks.assert_causal, checks.assert_ignores_padding):
+        args = () if check is checks.assert_causal else (np.ones((2, 4), bool),)
+        with pytest.raises(TypeError, match=r"x must be one array, got a tuple of inputs"):
+            check(lambda pair: cumulative(pair[0]) + pair[1], (X, covariate), *args)
+    checks.assert_causal(lambda x: cumulative(x) + covariate, X)  # closed over: passes
+
+
+def test_quantization_checks_refuse_a_scale_that_does_not_broadcast_and_a_nan_slack():
+    x = np.linspace(-2, 2, 41, dtype=np.float32)
+    with pytest.raises(ValueError, match=r"scale of shape \(3,\) does not broadcast to x's "):
+        checks.assert_ste_gradient(fake_quantize, x, np.full(3, 0.1, np.float32), 0, -8, 7)
+    with pytest.raises(ValueError, match=r"ulps must be finite and >= 0, got nan"):
+        # With NaN slack every comparison was False: a quantizer returning 7 passed.
+        checks.assert_quantization_error_bounded(
+            lambda v, *args: jnp.full_like(v, 7.0), x, 0.1, 0, -8, 7, ulps=float("nan")
+        )
+
+
+def test_clipped_allows_the_rounding_of_half_precision_updates_and_names_bad_grads():
+    grads = {"w": jnp.asarray(np.random.default_rng(1).normal(size=(64,)) * 3, jnp.bfloat16)}
+    updates, _ = optax.clip_by_global_norm(1.0).update(grads, optax.EmptyState())
+    checks.assert_clipped(updates, 1.0, grads=grads)  # failed at rtol 1e-5: norm 1.004
+    with pytest.raises(AssertionError, match=r"global norm of updates is 2"):
+        checks.assert_clipped({"w": grads["w"] * 0 + 2.0 / 8.0}, 1.0)  # norm 2 in bfloat16
+    with pytest.raises(ValueError, match=r"grads must have the structure and shapes of updates"):
+        checks.assert_clipped(updates, 1.0, grads={"w": grads["w"][:3]})
+
+
+def test_jit_matches_eager_runs_numpy_inputs_as_jax_arrays_and_takes_python_numbers():
+    scores = np.asarray(X[0], jnp.bfloat16)
+
+    def attention(x):  # NumPy's bfloat16 @ gave float32 on the op-by-op side
+        return jax.nn.softmax(x @ x.T / 8.0), {"count": x.shape[0], "scale": 0.5}
+
+    checks.assert_jit_matches_eager(attention, scores)
+
+
+def test_the_gradient_check_names_samples_outside_the_batch():
+    outputs = jnp.ones((3, 2))
+    with pytest.raises(ValueError, match=r"samples \[5\] are not samples of a batch of 3"):
+        assert_gradient_stays_in_sample(lambda c: (c,), outputs, samples=[5])
+
+
+def test_finite_differences_say_why_a_float32_carry_fails_under_the_float64_cast():
+    class GRU(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.RNN(nn.GRUCell(4))(x)
+
+    model = GRU()
+    params = model.init(jax.random.key(0), X)
+    with pytest.raises(TypeError, match=r"build the module with param_dtype=jnp\.float64, or "):
+        checks.assert_grads_match_finite_differences(model.apply, (params, X), modes=("rev",))
+
+
+def test_a_users_conftest_gets_the_profiles_by_importing_them(tmp_path: pathlib.Path):
+    (tmp_path / "conftest.py").write_text("import properties.profiles  # noqa: F401\n")
+    (tmp_path / "test_drawn.py").write_text(
+        "from hypothesis import given, settings, strategies as st\n\n"
+        "@given(st.integers())\n"
+        "def test_examples(value):\n"
+        "    print('EXAMPLES', settings.default.max_examples)\n"
+    )
+    for profile, count in (("dev", 5), ("ci", 15), ("thorough", 200)):
+        run = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
+             f"--hypothesis-profile={profile}", "test_drawn.py"],
+            cwd=tmp_path, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert f"EXAMPLES {count}" in run.stdout
