@@ -77,6 +77,16 @@ def test_grn_initialized_with_a_context_refuses_a_call_without_one(grn_with_cont
         grn.apply(variables, _X)
 
 
+def test_grn_refuses_a_context_of_another_width_or_none_at_init(grn_with_context):
+    grn, variables = grn_with_context
+    wider = np.ones((*_CONTEXT.shape[:-1], _CONTEXT.shape[-1] + 2), np.float32)
+    with pytest.raises(ValueError, match=r"context has width \d+ \(its last axis\), but the "):
+        grn.apply(variables, _X, wider)
+    without = grn.init(jax.random.key(1), _X)
+    with pytest.raises(ValueError, match=r"a context was given, but the network was initialized "):
+        grn.apply(without, _X, _CONTEXT)
+
+
 def test_grn_initialized_without_a_context_still_runs_without_one():
     grn = GatedResidualNetwork(4)
     variables = grn.init(jax.random.key(0), _X)

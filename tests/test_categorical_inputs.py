@@ -8,6 +8,7 @@ known column and a text static column.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 
@@ -266,3 +267,32 @@ def test_a_forecaster_with_a_text_known_column_forecasts_an_unseen_category(tmp_
     assert np.abs(unseen[columns].to_numpy() - base).max() > 1e-6
     loaded = Forecaster.load(forecaster.save(tmp_path / "run"))  # its weights pass the load check
     np.testing.assert_array_equal(loaded.predict(history, future)[columns].to_numpy(), base)
+
+
+@pytest.mark.parametrize(
+    ("field", "code", "message"),
+    [
+        ("static_categorical", 7, r"static_categorical\[:, 0\] must lie in \[0, 2\)"),
+        ("observed_categorical", 4, r"observed_categorical\[:, :, 0\] must lie in \[0, 4\)"),
+    ],
+)
+def test_train_predict_and_evaluate_refuse_codes_beyond_the_cardinality(field, code, message):
+    # Inside the jitted steps the codes are traced and the embedding clipped them: a code
+    # beyond the cardinality trained and forecast as the last category, silently.
+    from tft_jax import train
+
+    arrays = inputs()
+    target = np.zeros((B, H), np.float32)
+    tx = train.make_optimizer(learning_rate=1e-3, clip_norm=1.0, weight_decay=0.0)
+    good = Batch(**{key: arrays[key] for key in arrays}, target=target)
+    state = train.create_train_state(MODEL, tx, jax.random.key(0), good)
+    codes = arrays[field].copy()
+    codes.flat[0] = code
+    bad = dataclasses.replace(good, **{field: codes})
+    for name, call in (
+        ("train_step", lambda: train.train_step(state, bad, jax.random.key(1))),
+        ("predict", lambda: train.predict(state, bad)),
+        ("evaluate", lambda: train.evaluate(state, [bad])),
+    ):
+        with pytest.raises(ValueError, match=rf"{name}: TemporalFusionTransformer: {message}"):
+            call()

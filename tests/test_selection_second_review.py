@@ -212,6 +212,25 @@ def test_selection_initialized_with_a_context_refuses_a_call_without_one(
     vsn.apply(vsn.init(jax.random.key(0), embedded), embedded)
 
 
+@pytest.mark.parametrize("variables", [3, 1])
+@pytest.mark.parametrize("dot_general_cls", [None, PlainDotGeneral], ids=["folded", "layered"])
+def test_selection_refuses_a_context_it_was_not_initialized_with(variables, dot_general_cls):
+    # Flax said "Could not find parameter named kernel in scope /selection_grn/context",
+    # or named an initializer's shape for a context of another width.
+    embedded = affine(variables, (variables, WIDTH), (variables, WIDTH))
+    vsn = VariableSelectionNetwork(variables, FEATURES, dot_general_cls=dot_general_cls)
+    without = vsn.init(jax.random.key(0), embedded)
+    with pytest.raises(ValueError, match=r"a context was given, but the network was initialized "):
+        vsn.apply(without, embedded, jnp.ones((2, CONTEXT)))
+    with_context = vsn.init(jax.random.key(0), embedded, jnp.ones((2, CONTEXT)))
+    with pytest.raises(
+        ValueError,
+        match=rf"context has width {CONTEXT + 1} \(its last axis\), but the network was "
+        rf"initialized with a context of width {CONTEXT}",
+    ):
+        vsn.apply(with_context, embedded, jnp.ones((2, CONTEXT + 1)))
+
+
 def test_folded_selection_takes_a_context_given_as_nested_lists():
     # The folded path called `.astype` on the list (the layer-by-layer one converted it).
     embedded = affine(3, (3, WIDTH), (3, WIDTH))

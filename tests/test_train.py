@@ -663,6 +663,25 @@ def test_fit_evaluates_every_n_steps_and_once_more_after_the_last() -> None:
     assert all(isinstance(loss, float) for loss in result.history["val_loss"])
 
 
+@pytest.mark.parametrize(
+    ("eval_every", "steps", "epochs"),
+    [
+        (None, [3, 6, 9], [0, 1, 2]),
+        (2, [2, 4, 6, 8, 9], [0, 1, 1, 2, 2]),
+        (4, [4, 8, 9], [1, 2, 2]),
+    ],
+)
+def test_fit_labels_each_evaluation_with_the_epoch_of_its_last_batch(eval_every, steps, epochs):
+    # Three epochs of three batches: the evaluation after the last one said epoch 3 (an
+    # epoch that never ran) unless it fell on an eval_every multiple.
+    batches = [make_batch(80 + i) for i in range(3)]
+    result = fit(
+        tiny_state(), batches, [make_batch(90)], epochs=3, eval_every=eval_every, quiet=True
+    )
+    assert result.history["step"] == steps
+    assert result.history["epoch"] == epochs
+
+
 def test_fit_calibrates_observers_for_the_first_calibrate_steps_only() -> None:
     batches = [make_batch(80 + i, scale=2.0 + 3.0 * i) for i in range(4)]
     state = create_train_state(OBSERVED, OBSERVED_TX, jax.random.key(0), batches[0])

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 from tft_jax._dropout import resolve_deterministic
@@ -228,6 +229,31 @@ def _broadcast_context(context: Array, ndim: int, variable_major: bool) -> Array
     return context.reshape((batch,) + (1,) * (ndim - 2) + (features,))
 
 
+def check_context_width(owner: str, context: Array, params: Any, where: str) -> None:
+    """Raises `ValueError` unless the parameters hold a context layer of `context`'s width.
+
+    Flax said only "Could not find parameter named kernel in scope /context"
+    for a network initialized without a context, and named an initializer's
+    shape for one of another width; `where` is the context layer's path.
+    """
+    layer: Any = params
+    for name in where.split("/"):
+        layer = layer.get(name, {}) if hasattr(layer, "get") else {}
+    kernel = layer.get("kernel") if hasattr(layer, "get") else None
+    if kernel is None:
+        raise ValueError(
+            f"{owner}: a context was given, but the network was initialized without one (its "
+            f"parameters hold no {where} layer): initialize it with a context, or leave the "
+            "context out"
+        )
+    width = int(np.shape(kernel)[-2])
+    if context.shape[-1] != width:
+        raise ValueError(
+            f"{owner}: context has width {context.shape[-1]} (its last axis), but the network "
+            f"was initialized with a context of width {width}"
+        )
+
+
 class GatedResidualNetwork(nn.Module):
     """The TFT's gated residual network, `(..., I) -> (..., features)`.
 
@@ -284,6 +310,10 @@ class GatedResidualNetwork(nn.Module):
         if context is not None:
             context = jnp.asarray(context)
             _check_context(context, x, self.variable_major, self.num_variables is not None)
+            if not self.is_initializing():
+                check_context_width(
+                    "GatedResidualNetwork", context, self.variables.get("params", {}), "context"
+                )
         elif not self.is_initializing() and "context" in self.variables.get("params", {}):
             raise ValueError(
                 "GatedResidualNetwork: context is None, but the parameters hold a context "

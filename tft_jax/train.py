@@ -35,6 +35,7 @@ from jax.sharding import Mesh
 from tqdm.auto import tqdm
 
 from tft_jax.checkpoint import BEST, TrainingCheckpointer
+from tft_jax.config import TFTConfig
 from tft_jax.distributed import data_mesh, is_primary, place_state, shard_batch
 from tft_jax.flat_optimizer import (
     FlatAdamWState,
@@ -47,6 +48,7 @@ from tft_jax.flat_optimizer import (
 )
 from tft_jax.inline_threefry import inline_threefry_key
 from tft_jax.losses import pinball, quantile_loss
+from tft_jax.model import validate_inputs
 from tft_jax.schedules import WarmupCosine
 
 Array = Any
@@ -384,7 +386,15 @@ def _model_quantiles(model: Any) -> tuple[float, ...]:
     )
 
 
-def _check_batch(name: str, batch: Any) -> None:
+def _check_batch(name: str, batch: Any, state: Any = None) -> None:
+    """Raises for a batch the jitted steps would fail on or misread.
+
+    With `state` of a TFT (FP32 or QAT), host (NumPy) batches also go through
+    the model's own input checks: inside the jitted step the categorical codes
+    are traced and the embeddings clip them, so a code beyond its cardinality
+    would train and forecast as the last category, silently. Device arrays
+    are not read back (a host sync per step): checked only by their shapes.
+    """
     if not isinstance(batch, Batch):
         raise TypeError(f"{name}: batch must be a tft_jax.train.Batch, got {type(batch).__name__}")
     for field in dataclasses.fields(batch):
@@ -412,6 +422,15 @@ def _check_batch(name: str, batch: Any) -> None:
             f"{name}: batch.target_mask must have the shape of batch.target {target_shape}, "
             f"got {np.shape(batch.target_mask)}"
         )
+    config = getattr(getattr(getattr(state, "apply_fn", None), "model", None), "config", None)
+    codes = [getattr(batch, field) for field in ("static_categorical", *CATEGORICAL_INPUTS)]
+    if isinstance(config, TFTConfig) and any(isinstance(c, np.ndarray) for c in codes):
+        args, kwargs = _model_inputs(batch)
+        try:
+            validate_inputs(config, *args, **kwargs)
+        except ValueError as error:  # its own type: IntegerCodesError is a TypeError too
+            error.args = (f"{name}: {error}",)
+            raise error from None
 
 
 def _check_variables(variables: Any, expected: Mapping[str, PyTree]) -> None:
@@ -839,7 +858,7 @@ def _checked_train_step(
 ) -> Any:
     """The jitted step for these compiler options, once the arguments of `name` pass the checks."""
     _check_state(name, state)
-    _check_batch(name, batch)
+    _check_batch(name, batch, state)
     _check_rng(name, rng)
     _check_calibrate(name, calibrate, state)
     return _jitted_train_step(_check_compiler_options(name, compiler_options))
@@ -951,7 +970,7 @@ def eval_step(state: TrainState, batch: Batch, calibrate: bool | None = None) ->
     `calibrate` may be None or False (evaluation never updates observers).
     """
     _check_state("eval_step", state)
-    _check_batch("eval_step", batch)
+    _check_batch("eval_step", batch, state)
     _check_frozen("eval_step", calibrate, state)
     return _eval_loss(state, batch, calibrate)[0]
 
@@ -1033,7 +1052,7 @@ def evaluate(state: TrainState, batches: Iterable[Batch], calibrate: bool | None
     _check_frozen("evaluate", calibrate, state)
     total, count = 0.0, 0.0
     for index, batch in enumerate(batches):
-        _check_batch("evaluate", batch)
+        _check_batch("evaluate", batch, state)
         loss, observed = _eval_loss(state, batch, calibrate)
         loss, observed = float(loss), float(observed)
         if observed and not math.isfinite(loss):
@@ -1059,7 +1078,7 @@ def predict(state: TrainState, batch: Batch, calibrate: bool | None = None) -> A
     `batch.target` is not used but must be present (any `(B, H)` array).
     """
     _check_state("predict", state)
-    _check_batch("predict", batch)
+    _check_batch("predict", batch, state)
     _check_frozen("predict", calibrate, state)
     return _predict(state, batch, calibrate)
 
@@ -1228,7 +1247,8 @@ class FitResult(NamedTuple):
         `state`, whose buffers a later `train_step(result.state, ...)`
         donates; copy it with `copy_state` first to keep it. The initial
         state, with a `UserWarning`, when no validation loss was finite).
-      history: per evaluation, lists under `HISTORY_KEYS`: epoch, step, mean
+      history: per evaluation, lists under `HISTORY_KEYS`: epoch (0-based, the
+        epoch of the last batch trained before the evaluation), step, mean
         training loss since the previous evaluation (per observed target, as
         `evaluate` weighs the validation loss: each applied step's batch loss
         weighted by its number of observed targets, so a batch with few
@@ -1603,8 +1623,11 @@ def fit(
         if refit is not None:
             refit.evaluated(evaluation_seconds)
         skipped = int(state.skipped_steps)
+        # The epoch of the last batch trained: the final evaluation comes after the
+        # loop moved on to the next epoch (it said 3 of a 3-epoch run, 0 to 2).
+        epoch = loop.epoch - 1 if loop.batches_done == 0 and loop.epoch > 0 else loop.epoch
         for key, value in zip(
-            HISTORY_KEYS, (loop.epoch, loop.step, train_loss, val_loss, skipped), strict=True
+            HISTORY_KEYS, (epoch, loop.step, train_loss, val_loss, skipped), strict=True
         ):
             loop.history[key].append(value)
         announced_skips = loop.announced_skips or 0

@@ -12,7 +12,12 @@ from tft_jax._dropout import resolve_deterministic
 from tft_jax.chunked_selection import combine_variables
 from tft_jax.embeddings import AffineEmbedding
 from tft_jax.folded_selection import folded_selection
-from tft_jax.gating import GatedResidualNetwork, check_dropout_rate, check_positive_int
+from tft_jax.gating import (
+    GatedResidualNetwork,
+    check_context_width,
+    check_dropout_rate,
+    check_positive_int,
+)
 from tft_jax.operand_quantizers import supports_operand_quantizers
 from tft_jax.quantized_selection import quantized_selection
 
@@ -183,16 +188,22 @@ class VariableSelectionNetwork(nn.Module):
             )
 
     def _check_context_matches_parameters(self, context: Array | None) -> None:
-        """Raises `ValueError` if `context` is None but the parameters hold a context layer.
+        """Raises `ValueError` if `context` is None but the parameters hold a context layer,
+        or is given without one or of another width than it was initialized with.
 
         Flax ignores parameters a call does not use: without this check a
         network initialized with a context and applied without one silently
         dropped the static context's term from its GRN.
         """
-        if context is not None or self.is_initializing():
+        if self.is_initializing():
             return
         params = self.variables.get("params", {})
         holder = "variable_grns" if self.num_variables == 1 else "selection_grn"
+        if context is not None:
+            check_context_width(
+                "VariableSelectionNetwork", jnp.asarray(context), params, f"{holder}/context"
+            )
+            return
         if "context" in params.get(holder, {}):
             raise ValueError(
                 "VariableSelectionNetwork: context is None, but the parameters hold a context "
