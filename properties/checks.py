@@ -62,7 +62,7 @@ import math
 import numbers
 import re
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import chex
 import jax
@@ -338,6 +338,13 @@ def _normalize_axis(name: str, axis: int, ndim: int) -> int:
 def _index(index: Sequence[Any]) -> str:
     """`[i, j]` for an element index."""
     return "[" + ", ".join(str(int(i)) for i in index) + "]"
+
+
+def _fail_at(
+    wrong: np.ndarray, header: str, describe: Callable[[tuple[int, ...]], str]
+) -> NoReturn:
+    """Raises `AssertionError`: `header`, then `describe(index)` of the first wrong elements."""
+    raise AssertionError(_summarize(header, [describe(i) for i in map(tuple, np.argwhere(wrong))]))
 
 
 def _summarize(header: str, problems: Sequence[str]) -> str:
@@ -1759,16 +1766,15 @@ def assert_ste_gradient(
     }
     counts = ", ".join(f"{int(region.sum())} {label}" for label, region in regions.items())
     ratio = _as_float64(gradient) / _as_float64(upstream)
-    examples = [
-        f"x{_index(index)} = {float(x[index]):.7g}: code {codes[index]:g}, "
-        f"gradient / g = {ratio[index]:.6g}, expected {int(mask[index])}"
-        for index in map(tuple, np.argwhere(wrong))
-    ]
-    header = (
+    _fail_at(
+        wrong,
         f"gradient of quantize_fn is not the clipped STE mask on [{qmin}, {qmax}] at "
-        f"{int(wrong.sum())} of {x.size} elements ({counts}):"
+        f"{int(wrong.sum())} of {x.size} elements ({counts}):",
+        lambda index: (
+            f"x{_index(index)} = {float(x[index]):.7g}: code {codes[index]:g}, "
+            f"gradient / g = {ratio[index]:.6g}, expected {int(mask[index])}"
+        ),
     )
-    raise AssertionError(_summarize(header, examples))
 
 
 def assert_quantization_error_bounded(
@@ -1912,19 +1918,18 @@ def assert_rounds_to_grid(
     if not wrong.any():
         return
     expected, step = points[0]
-    examples = [
-        f"x{_index(index)} = {float(x[index]):.7g} (x / scale = "
-        f"{float(x[index]) / step[index]:.7g}): fq(x) = {got[index]:.7g} "
-        f"({got[index] / step[index]:.7g} steps), expected {expected[index]:.7g} "
-        f"({expected[index] / step[index]:.7g} steps)"
-        for index in map(tuple, np.argwhere(wrong))
-    ]
-    header = (
+    _fail_at(
+        wrong,
         f"quantize_fn does not round to the nearest point of the [{qmin}, {qmax}] grid "
         f"(ties {'to even' if ties == 'even' else 'away from zero'}) at {int(wrong.sum())} "
-        f"of {x.size} elements:"
+        f"of {x.size} elements:",
+        lambda index: (
+            f"x{_index(index)} = {float(x[index]):.7g} (x / scale = "
+            f"{float(x[index]) / step[index]:.7g}): fq(x) = {got[index]:.7g} "
+            f"({got[index] / step[index]:.7g} steps), expected {expected[index]:.7g} "
+            f"({expected[index] / step[index]:.7g} steps)"
+        ),
     )
-    raise AssertionError(_summarize(header, examples))
 
 
 def assert_idempotent(
