@@ -834,7 +834,9 @@ def _zone_hint(times: pd.DatetimeIndex, spec: TableSpec) -> str:
     if winter.utcoffset() != summer.utcoffset():
         return ""
     column = spec.time_col
-    zones = zones_keeping_time_of_day(times) if _steps_whole_days(spec.freq) else []
+    # Local times of daily or coarser data keep one clock time; sub-daily data has none.
+    whole_days = typical_step(spec.freq) >= pd.Timedelta(days=1)
+    zones = zones_keeping_time_of_day(times) if whole_days else []
     zone = repr(zones[0]) if zones else "ZONE"
     named = f" (zones where they fall at one clock time: {describe(zones)})" if zones else ""
     return (
@@ -843,15 +845,6 @@ def _zone_hint(times: pd.DatetimeIndex, spec: TableSpec) -> str:
         f"fitting, pass it as timezone= (--timezone), or convert the column, e.g. "
         f"df[{column!r}] = df[{column!r}].dt.tz_convert({zone})"
     )
-
-
-def _steps_whole_days(freq: str) -> bool:
-    """Whether `freq` steps by days or more: local times of such data keep one clock time."""
-    offset = parse_frequency(freq)
-    try:
-        return pd.Timedelta(offset) >= pd.Timedelta(days=1)
-    except ValueError:  # months, weeks anchored on a day: calendar steps
-        return True
 
 
 def _utc_grid_hint(times: pd.DatetimeIndex, spec: TableSpec) -> str:
