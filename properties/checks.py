@@ -267,6 +267,17 @@ def _integers(name: str, values: Any) -> list[int]:
     return chosen
 
 
+def _samples(samples: Sequence[int] | None, batch: int) -> Sequence[int]:
+    """The samples to test: all of a batch of `batch` for None, else ints in `[0, batch)`."""
+    if samples is None:
+        return range(batch)
+    chosen = _integers("samples", samples)
+    bad = [i for i in chosen if not 0 <= i < batch]
+    if bad:
+        raise ValueError(f"samples must lie in [0, {batch}), got {bad}")
+    return chosen
+
+
 def _require_outputs(name: str, named: list[tuple[str, np.ndarray]], output: PyTree) -> None:
     """Refuses an output with no non-empty leaf: comparing it could never fail."""
     if not any(leaf.size for _, leaf in named):
@@ -1222,10 +1233,7 @@ def assert_batch_independent(
     check_gradients = _flag("check_gradients", check_gradients)
     named, treedef, batch = _batched_leaves(x, axis)
     atol, rtol = _tolerance("atol", atol), _tolerance("rtol", rtol)
-    tested = range(batch) if samples is None else _integers("samples", samples)
-    bad = [i for i in tested if not 0 <= i < batch]
-    if bad:
-        raise ValueError(f"samples must lie in [0, {batch}), got {bad}")
+    tested = _samples(samples, batch)
     if batch < 2:
         return
     fn = _selected(fn, select)

@@ -83,7 +83,7 @@ def test_jit_matches_eager_runs_numpy_inputs_as_jax_arrays_and_takes_python_numb
 
 def test_the_gradient_check_names_samples_outside_the_batch():
     outputs = jnp.ones((3, 2))
-    with pytest.raises(ValueError, match=r"samples \[5\] are not samples of a batch of 3"):
+    with pytest.raises(ValueError, match=r"samples must lie in \[0, 3\), got \[5\]"):
         assert_gradient_stays_in_sample(lambda c: (c,), outputs, samples=[5])
 
 

@@ -204,19 +204,10 @@ def assert_gradient_stays_in_sample(
         pullback,
         outputs,
         0,
-        lambda batch: _in_range("samples", samples, batch) if samples else range(batch),
+        lambda batch: checks._samples(samples or None, batch),
         seed,
         "the gradient mixes samples",
     )
-
-
-def _in_range(name: str, indices: Sequence[int], size: int) -> list[int]:
-    """`indices` as ints in `[0, size)`; `ValueError` naming `name` and the size otherwise."""
-    chosen = checks._integers(name, indices)
-    outside = [index for index in chosen if not 0 <= index < size]
-    if outside:
-        raise ValueError(f"{name} {outside} are not samples of a batch of {size}")
-    return chosen
 
 
 def _assert_no_pullback_leaks(
