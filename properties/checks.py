@@ -339,7 +339,7 @@ def _gradient_leak(values: np.ndarray, atol: float) -> str | None:
 
 
 def _normalize_axis(name: str, axis: int, ndim: int) -> int:
-    if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
+    if not _is_axis(axis):
         raise TypeError(f"{name} must be an int, got {axis!r}")
     if not -ndim <= axis < ndim:
         raise ValueError(f"{name}={axis} is out of range for an array with {ndim} axes")
