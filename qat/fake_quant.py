@@ -159,21 +159,15 @@ def check_qparams(
                     f"scale must be {wanted} in {np.dtype(dtype).name}, the dtype the arithmetic "
                     f"runs in ({limits}), got {_invalid_entries(values, bad)}"
                 )
-    if is_concrete(zero_point) and not integer_zero_point:
+    if is_concrete(zero_point):
         values = np.asarray(zero_point, np.float64)
-        if np.any(~np.isfinite(values)):
-            raise ValueError(
-                f"zero_point must be finite, got {_invalid_entries(values, ~np.isfinite(values))}"
-            )
-    elif is_concrete(zero_point):
-        values = np.asarray(zero_point, np.float64)
-        bad = ~np.isfinite(values) | (values != np.round(values))
-        bad = bad | (values < qmin) | (values > qmax)
+        bad = ~np.isfinite(values)
+        wanted = "finite"
+        if integer_zero_point:
+            bad = bad | (values != np.round(values)) | (values < qmin) | (values > qmax)
+            wanted = f"an integer in [qmin, qmax] = [{qmin}, {qmax}]"
         if np.any(bad):
-            raise ValueError(
-                f"zero_point must be an integer in [qmin, qmax] = [{qmin}, {qmax}], got "
-                f"{_invalid_entries(values, bad)}"
-            )
+            raise ValueError(f"zero_point must be {wanted}, got {_invalid_entries(values, bad)}")
 
 
 def _grid_position(x: Array, scale: Array, zero_point: Array) -> Array:
