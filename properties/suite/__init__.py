@@ -23,6 +23,7 @@ a patched module is traced afresh.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -40,6 +41,7 @@ __all__ = [
     "assert_gradient_stays_in_sample",
     "clear_caches",
     "examples",
+    "full_float32_matmuls",
     "param_key",
     "parameter_cache",
     "platform_cache",
@@ -70,6 +72,17 @@ def examples(ci_examples: int) -> int:
     from hypothesis import settings
 
     return max(1, settings.default.max_examples * ci_examples // CI_EXAMPLES)
+
+
+def full_float32_matmuls() -> contextlib.AbstractContextManager[None]:
+    """Float32 matrix products at full precision, for checks against float64 references.
+
+    GPUs multiply float32 matrices in TF32 by default (inputs rounded to 10
+    mantissa bits, relative errors near 1e-3), which a reference check's
+    tolerance would read as a wrong formula. Such a check tests the formula,
+    not the backend's precision choice; CPUs compute float32 in full either way.
+    """
+    return jax.default_matmul_precision("highest")
 
 
 _CACHES: list[tuple[Any, bool]] = []

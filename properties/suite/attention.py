@@ -32,6 +32,7 @@ from properties.suite import (
     Property,
     assert_gradient_stays_causal,
     assert_gradient_stays_in_sample,
+    full_float32_matmuls,
     param_key,
     parameter_cache,
     platform_cache,
@@ -304,12 +305,14 @@ def check_matches_reference(case: BlockCase) -> None:
     """The block computes the documented formula (`API.md`), against float64 NumPy.
 
     With the initialized parameters perturbed (`_perturbed`), so that every
-    bias and LayerNorm parameter takes part.
+    bias and LayerNorm parameter takes part. Matrix products run in full
+    float32 (`full_float32_matmuls`).
     """
     functions = _block(case)
     _require_parameters(functions.params, ("query", "key", "value", "out", "layer_norm"))
     params = _perturbed(functions.params, case.seed)
-    y = functions.pullback(params, case.x, np.zeros_like(case.x))[0]
+    with full_float32_matmuls():
+        y = functions.pullback(params, case.x, np.zeros_like(case.x))[0]
     expected = _reference_block(params, case.x, case.config.num_heads)
     np.testing.assert_allclose(
         np.asarray(y, np.float64),

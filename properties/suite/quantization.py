@@ -30,7 +30,13 @@ import numpy as np
 
 from properties import checks
 from properties import strategies as st_tft
-from properties.suite import Property, param_key, platform_cache, random_cotangent
+from properties.suite import (
+    Property,
+    full_float32_matmuls,
+    param_key,
+    platform_cache,
+    random_cotangent,
+)
 from qat import dot_general, fake_quant, lsq, observers
 from qat.config import QATConfig, integer_range
 from tft_jax import linear
@@ -446,13 +452,15 @@ def check_qat_layer_gradients(case: LayerCase) -> None:
     Reference (float64 NumPy, the documented layout): weights per output
     channel symmetric with scale `max|w| / qmax`; the activation per tensor
     affine with the observer's qparams. Gradients: `dW = fq(x)ᵀ dy`,
-    `db = Σ dy`, `dx = mask(x) ⊙ (dy fq(W)ᵀ)`.
+    `db = Σ dy`, `dx = mask(x) ⊙ (dy fq(W)ᵀ)`. Matrix products run in full
+    float32 (`full_float32_matmuls`).
     """
     functions = _layer_functions(case.bits)
     stats = functions.calibrate(functions.params, case.x)
     params = functions.params["params"]
     dy = random_cotangent(np.zeros((LAYER_INPUT_SHAPE[0], LAYER_FEATURES), np.float32), case.seed)
-    y, param_grads, x_grad = functions.pullback(params, stats, case.x, dy)
+    with full_float32_matmuls():
+        y, param_grads, x_grad = functions.pullback(params, stats, case.x, dy)
 
     kernel = np.asarray(params["kernel"], np.float64)
     weight_qmin, weight_qmax = integer_range(case.bits, symmetric=True)
