@@ -53,6 +53,7 @@ from flax.core.tracers import current_trace
 from jax import lax
 
 from qat.config import QATConfig, integer_range
+from qat.division import divide
 from qat.fake_quant import fake_quantize, quantize
 from qat.lsq import default_grad_scale, lsq_fake_quantize
 from qat.observers import EPS, QuantizationObserver, batch_range, compute_qparams
@@ -114,7 +115,7 @@ def weight_scale(kernel: Array, contracting: tuple[int, ...], bits: int) -> Arra
     """
     qmax = weight_grid(bits)[1]
     magnitude = jnp.max(jnp.abs(kernel.astype(jnp.float32)), axis=contracting, keepdims=True)
-    return jnp.maximum(magnitude / qmax, EPS)
+    return jnp.maximum(divide(magnitude, qmax), EPS)
 
 
 def fake_quantize_weight(kernel: Array, contracting: tuple[int, ...], bits: int) -> Array:

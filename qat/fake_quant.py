@@ -11,7 +11,8 @@ differ by one ulp of the quotient for about a quarter of the inputs, which
 rounds `x` to the neighbouring code where `x / s` lies within that ulp of a
 tie. Written out, the codes are the same on every backend and for every
 scale shape (XLA rewrites a division by a broadcast scale into that
-multiplication, but divides by a scale of `x`'s full shape).
+multiplication, but divides by a scale of `x`'s full shape), with the
+reciprocal correctly rounded on GPUs and TPUs too (`qat.division`).
 
 The gradient is the clipped straight-through estimator of PyTorch's
 `fake_quantize_per_tensor_affine`: `g * 1[qmin <= round(x * (1/s)) + zp <= qmax]`,
@@ -39,6 +40,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from qat._forward_mode import reverse_mode_only
 from qat.config import QATConfig
+from qat.division import reciprocal
 from qat.observers import QuantizationObserver
 
 Array = Any
@@ -172,7 +174,7 @@ def check_qparams(
 
 def _grid_position(x: Array, scale: Array, zero_point: Array) -> Array:
     """`round(x * (1/s)) + zp` in the compute dtype (not yet clipped): PyTorch's codes."""
-    return jnp.round(x * jnp.reciprocal(scale)) + zero_point
+    return jnp.round(x * reciprocal(scale)) + zero_point
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))

@@ -36,6 +36,7 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from qat._forward_mode import reverse_mode_only
+from qat.division import reciprocal
 from qat.fake_quant import check_broadcastable, check_grid, check_qparams, compute_dtype
 from qat.observers import EPS
 
@@ -78,7 +79,7 @@ def _grid_zero_point(zero_point: Array, qmin: int, qmax: int) -> Array:
 def _lsq_forward(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: int) -> Array:
     step = _step_size(scale)
     zero_point = _grid_zero_point(zero_point, qmin, qmax)
-    position = jnp.round(x * jnp.reciprocal(step)) + zero_point
+    position = jnp.round(x * reciprocal(step)) + zero_point
     return (jnp.clip(position, qmin, qmax) - zero_point) * step
 
 
@@ -94,7 +95,7 @@ def _lsq_partials(
     """`(inside, dy/dstep, dy/dzero_point, sign(scale))` per element (before grad scaling)."""
     step = _step_size(scale)
     zero_point = _grid_zero_point(zero_point, qmin, qmax)
-    ratio = x * jnp.reciprocal(step)
+    ratio = x * reciprocal(step)
     rounded = jnp.round(ratio)
     position = rounded + zero_point
     below = position < qmin

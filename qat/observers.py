@@ -9,7 +9,9 @@ the range is widened to include 0, then
              `zero_point = clip(qmin - round(min / scale), qmin, qmax)`;
 
 with the scale floored at float32 eps, so a constant or all-zero tensor (or an
-observer that has seen nothing) still gives a finite positive scale.
+observer that has seen nothing) still gives a finite positive scale. Each
+division is correctly rounded on every backend (`qat.division`), so a GPU
+gives the qparams a CPU and PyTorch give.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from qat.config import QATConfig, integer_range
+from qat.division import divide
 
 Array = Any
 EPS = float(jnp.finfo(jnp.float32).eps)
@@ -39,14 +42,15 @@ def compute_qparams(
     high = jnp.maximum(jnp.asarray(max_val, jnp.float32), 0.0)
     levels = float(qmax - qmin)
     if symmetric:
-        scale = jnp.maximum(-low, high) / (levels / 2)
+        scale = divide(jnp.maximum(-low, high), levels / 2)
         scale = jnp.maximum(scale, EPS)
         return scale, jnp.zeros(scale.shape, jnp.int32)
     width = high - low
     # (high - low) overflows past float32 max; the split form does not.
-    scale = jnp.where(jnp.isfinite(width), width / levels, high / levels - low / levels)
+    split = divide(high, levels) - divide(low, levels)
+    scale = jnp.where(jnp.isfinite(width), divide(width, levels), split)
     scale = jnp.maximum(scale, EPS)
-    zero_point = jnp.clip(qmin - jnp.round(low / scale), qmin, qmax).astype(jnp.int32)
+    zero_point = jnp.clip(qmin - jnp.round(divide(low, scale)), qmin, qmax).astype(jnp.int32)
     return scale, zero_point
 
 

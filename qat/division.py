@@ -1,0 +1,128 @@
+"""Correctly rounded float32 division `a / b` on every backend, for quantization parameters.
+
+A quantizer's codes depend on the last bit of its scale and of `1 / s` (an
+input near a tie `x / s = k + 0.5` rounds to one code or the other), so an
+observer's scale and zero point, and the codes, should be the bits PyTorch
+and NumPy give. XLA's float32 division is not correctly rounded in general:
+on GPU it is PTX's `div.full.f32` (within an ulp or two; openxla/xla#37181),
+TPUs divide approximately, and on every backend XLA rewrites a division by a
+constant or a broadcast divisor into a multiplication by its reciprocal. A
+quarter or more of such quotients come out one ulp off.
+
+`divide` therefore computes a float32 quotient from the two significands in
+integer arithmetic off the CPU (every backend does integer arithmetic
+exactly, and no compiler rewrites it), and on the CPU divides by a divisor
+that XLA cannot rewrite (`_cpu_divide`). Other dtypes divide as XLA does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+from jax import lax
+
+Array = Any
+
+_MANTISSA_BITS = 23
+_IMPLICIT_BIT = 1 << _MANTISSA_BITS
+_EXPONENT_BIAS = 127
+
+
+def rounded_quotient(dividend: Array, shift: Array, divisor: Array, estimate: Array) -> Array:
+    """`round(n * 2^shift / m)`, ties to even, from an estimate within 100 of it.
+
+    Args:
+      dividend: int32 significands `n` in `[2^23, 2^24)`.
+      shift: int32 array of 23 or 24, chosen so that the quotient is in `[2^23, 2^24]`.
+      divisor: int32 significands `m` in `[2^23, 2^24)`.
+      estimate: int32, within 100 of `n * 2^shift / m`.
+
+    Returns:
+      int32 array of the broadcast shape.
+
+    The remainder `n 2^shift - q m` of such an estimate `q` is below `2^31` in
+    magnitude, so its value modulo `2^32` (wrapping uint32 shifts and
+    products) read as int32 is the remainder itself.
+    """
+    m = divisor.astype(jnp.uint32)
+    wrapped = (dividend.astype(jnp.uint32) << shift.astype(jnp.uint32)) - (
+        estimate.astype(jnp.uint32) * m
+    )
+    remainder = lax.bitcast_convert_type(wrapped, jnp.int32)
+    correction = jnp.floor_divide(remainder, divisor)
+    quotient = estimate + correction
+    remainder = remainder - correction * divisor  # now in [0, m)
+    half_up = 2 * remainder > divisor
+    tie_to_odd = (2 * remainder == divisor) & (quotient % 2 == 1)
+    return quotient + (half_up | tie_to_odd).astype(jnp.int32)
+
+
+def _fields(value: Array) -> tuple[Array, Array]:
+    """`(biased exponent, 24-bit significand)` of float32 magnitudes."""
+    bits = lax.bitcast_convert_type(value, jnp.int32) & 0x7FFFFFFF
+    return bits >> _MANTISSA_BITS, (bits & (_IMPLICIT_BIT - 1)) | _IMPLICIT_BIT
+
+
+def integer_divide(a: Array, b: Array) -> Array:
+    """`a / b` for float32, correctly rounded by integer arithmetic; shapes broadcast.
+
+    Exact wherever `a` and `b` are normal numbers and the quotient is one;
+    everywhere else (zeros, subnormals, `inf`, NaN, a quotient that would
+    overflow or be subnormal) the backend's division.
+    """
+    a, b = jnp.broadcast_arrays(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32))
+    a_exponent, n = _fields(a)
+    b_exponent, m = _fields(b)
+    # n / m lies in (1/2, 2): scaled by 2^24 below 1, by 2^23 from 1 up, it is in [2^23, 2^24).
+    shift = jnp.where(n < m, 24, 23)
+    scaled = n.astype(jnp.float32) * jnp.where(n < m, 2.0**24, 2.0**23).astype(jnp.float32)
+    # Within 3 of the quotient wherever XLA's division is within 2 ulp.
+    estimate = (scaled / m.astype(jnp.float32)).astype(jnp.int32)
+    quotient = rounded_quotient(n, shift, m, estimate)
+    carry = quotient >> (_MANTISSA_BITS + 1)  # 1 where the quotient rounded up to 2^24
+    # a / b = quotient * 2^(A - B - shift) for biased exponents A, B.
+    exponent = a_exponent - b_exponent + _EXPONENT_BIAS + _MANTISSA_BITS - shift + carry
+    mantissa = jnp.where(carry == 1, 0, quotient - _IMPLICIT_BIT)
+    sign = (lax.bitcast_convert_type(a, jnp.int32) ^ lax.bitcast_convert_type(b, jnp.int32)) & (
+        -(1 << 31)
+    )
+    exact = lax.bitcast_convert_type(sign | (exponent << _MANTISSA_BITS) | mantissa, jnp.float32)
+    normal_inputs = (a_exponent >= 1) & (a_exponent < 255) & (b_exponent >= 1) & (b_exponent < 255)
+    in_range = normal_inputs & (exponent >= 1) & (exponent < 255)
+    return jnp.where(in_range, exact, a / b)
+
+
+def _cpu_divide(a: Array, b: Array) -> Array:
+    """XLA's correctly rounded CPU division, kept from being rewritten into a multiplication.
+
+    The divisor is broadcast to the full shape behind an optimization
+    barrier: XLA then sees neither a constant nor a broadcast divisor.
+    """
+    a, b = jnp.broadcast_arrays(a, b)
+    return a / lax.optimization_barrier(b)
+
+
+def divide(a: Array, b: Array) -> Array:
+    """`a / b`, correctly rounded for float32 on every backend; shapes broadcast.
+
+    Float32 quotients (Python numbers take the other operand's dtype) come
+    from `integer_divide` off the CPU and from the CPU's own division on it
+    (a program lowered for one platform holds only that platform's code);
+    other dtypes from XLA's division.
+    """
+    a, b = jnp.asarray(a), jnp.asarray(b)
+    dtype = jnp.result_type(a, b)
+    if dtype != jnp.float32:
+        return a / b
+    a, b = a.astype(dtype), b.astype(dtype)
+    return lax.platform_dependent(a, b, cpu=_cpu_divide, default=integer_divide)
+
+
+def reciprocal(scale: Array) -> Array:
+    """`1 / scale`, correctly rounded for float32 on every backend (`divide`)."""
+    scale = jnp.asarray(scale)
+    return divide(jnp.ones((), scale.dtype), scale)
+
+
+__all__ = ["divide", "integer_divide", "reciprocal", "rounded_quotient"]

@@ -1,0 +1,151 @@
+"""`qat.division`: float32 quotients with NumPy's (IEEE) bits, whatever XLA does to a division."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import export
+
+from qat import division, observers
+
+TINY = np.finfo(np.float32).tiny
+
+
+def random_floats(size: int, seed: int) -> np.ndarray:
+    """float32 values from uniformly random bit patterns: every sign, exponent and special."""
+    bits = np.random.default_rng(seed).integers(0, 2**32, size, dtype=np.int64)
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def normal(values: np.ndarray) -> np.ndarray:
+    return np.isfinite(values) & (np.abs(values) >= TINY)
+
+
+def same_bits(actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    return (actual.view(np.uint32) == expected.view(np.uint32)) | (
+        np.isnan(actual) & np.isnan(expected)
+    )
+
+
+def test_integer_divide_gives_numpy_bits_for_every_normal_quotient():
+    a = random_floats(400_000, seed=0)
+    # Random divisors, and divisors near a (quotients near 1, where rounding is tightest).
+    with np.errstate(all="ignore"):
+        near = a * np.float32(1.0009765625)
+    for b in (random_floats(a.size, seed=1), near):
+        with np.errstate(all="ignore"):
+            expected = a / b
+        actual = np.asarray(jax.jit(division.integer_divide)(a, b))
+        exact = normal(a) & normal(b) & normal(expected)
+        assert exact.mean() > 0.5
+        wrong = exact & ~same_bits(actual, expected)
+        assert not wrong.any(), (a[wrong][:3], b[wrong][:3], actual[wrong][:3])
+
+
+def test_reciprocal_of_every_significand_of_one_binade_has_numpy_bits():
+    mantissas = np.arange(0, 2**23, 7, dtype=np.uint32)
+    scales = ((np.uint32(127 + 3) << 23) | mantissas).view(np.float32)  # [8, 16)
+    actual = np.asarray(jax.jit(division.reciprocal)(scales))
+    np.testing.assert_array_equal(actual.view(np.uint32), (np.float32(1) / scales).view(np.uint32))
+
+
+@pytest.mark.parametrize("offset", [-100, -3, -1, 1, 3, 100])
+def test_rounded_quotient_recovers_from_an_estimate_off_by_up_to_100(offset):
+    # A GPU's approximate division gives an estimate a few units off; the remainder corrects it.
+    rng = np.random.default_rng(offset + 200)
+    dividend = rng.integers(2**23, 2**24, 50_000)
+    divisor = rng.integers(2**23, 2**24, dividend.size)
+    shift = np.where(dividend < divisor, 24, 23)
+    numerator = dividend.astype(object) << shift.astype(object)
+    floor = np.array(numerator // divisor.astype(object), dtype=np.int64)
+    remainder = np.array(numerator - floor * divisor.astype(object), dtype=np.int64)
+    half_even_up = (2 * remainder > divisor) | ((2 * remainder == divisor) & (floor % 2 == 1))
+    expected = floor + half_even_up
+    actual = division.rounded_quotient(
+        jnp.asarray(dividend, jnp.int32),
+        jnp.asarray(shift, jnp.int32),
+        jnp.asarray(divisor, jnp.int32),
+        jnp.asarray(floor + offset, jnp.int32),
+    )
+    np.testing.assert_array_equal(np.asarray(actual), expected)
+
+
+def test_divide_by_a_constant_or_a_broadcast_divisor_under_jit_keeps_numpy_bits():
+    # XLA rewrites both divisions into a multiplication by the reciprocal: on CPU that
+    # changed the last bit of about 70% (constant 255) and 26% (broadcast) of these quotients.
+    rng = np.random.default_rng(3)
+    a = rng.uniform(0.0, 100.0, (512, 64)).astype(np.float32)
+    b = rng.uniform(0.5, 3.0, (1, 64)).astype(np.float32)
+    by_constant = np.asarray(jax.jit(lambda a: division.divide(a, 255.0))(a))
+    expected = (a / np.float32(255)).view(np.uint32)
+    np.testing.assert_array_equal(by_constant.view(np.uint32), expected)
+    by_broadcast = np.asarray(jax.jit(division.divide)(a, b))
+    np.testing.assert_array_equal(by_broadcast.view(np.uint32), (a / b).view(np.uint32))
+    eager = np.asarray(division.divide(a, b))
+    np.testing.assert_array_equal(eager.view(np.uint32), (a / b).view(np.uint32))
+
+
+def test_zeros_infinities_nans_and_subnormals_get_the_backends_division():
+    values = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, 3.0, -2.5], np.float32)
+    a, b = np.meshgrid(values, values)
+    actual = np.asarray(jax.jit(division.integer_divide)(a, b))
+    backend = np.asarray(jax.jit(lambda a, b: a / b)(a, b))
+    exact = normal(a) & normal(b)
+    assert same_bits(actual, backend)[~exact].all()
+    with np.errstate(all="ignore"):
+        assert same_bits(actual, a / b)[exact].all()
+
+
+def test_signs_dtypes_and_shapes():
+    assert float(division.divide(-3.0, 7.0)) == float(np.float32(-3) / np.float32(7))
+    assert float(division.divide(3.0, -7.0)) == float(np.float32(3) / np.float32(-7))
+    assert division.divide(jnp.ones((2, 1)), jnp.ones(3)).shape == (2, 3)
+    half = division.divide(jnp.ones(2, jnp.bfloat16), jnp.bfloat16(2))
+    assert half.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(half, np.float32), [0.5, 0.5])
+
+
+def test_observer_qparams_under_jit_are_numpys_float32_formulas_bit_for_bit():
+    rng = np.random.default_rng(4)
+    low = -rng.uniform(0.1, 5.0, 64).astype(np.float32)
+    high = rng.uniform(0.1, 5.0, 64).astype(np.float32)
+    scale, zero_point = jax.jit(observers.compute_qparams, static_argnums=(2, 3, 4))(
+        low, high, 0, 255, False
+    )
+    expected_scale = (high - low) / np.float32(255)
+    np.testing.assert_array_equal(np.asarray(scale).view(np.uint32), expected_scale.view(np.uint32))
+    expected_zero_point = np.clip(0 - np.round(low / expected_scale), 0, 255)
+    np.testing.assert_array_equal(np.asarray(zero_point), expected_zero_point.astype(np.int32))
+    symmetric, _ = jax.jit(observers.compute_qparams, static_argnums=(2, 3, 4))(
+        low, high, -128, 127, True
+    )
+    expected = np.maximum(-low, high) / np.float32(127.5)
+    np.testing.assert_array_equal(np.asarray(symmetric).view(np.uint32), expected.view(np.uint32))
+
+
+def _lowered_text(fn: Callable[..., Any], platform: str, *args: Any) -> str:
+    return export.export(jax.jit(fn), platforms=[platform])(*args).mlir_module()
+
+
+@pytest.mark.parametrize("platform", ["cuda", "rocm", "tpu"])
+def test_off_the_cpu_divide_lowers_to_integer_arithmetic(platform):
+    # Lowered without such a device: the program for that platform, not this machine's.
+    a, b = np.ones((4, 3), np.float32), np.ones((1, 3), np.float32)
+    text = _lowered_text(division.divide, platform, a, b)
+    assert "bitcast_convert" in text and "optimization_barrier" not in text
+    qparams = _lowered_text(
+        lambda low, high: observers.compute_qparams(low, high, 0, 255, False), platform, b, b
+    )
+    assert "bitcast_convert" in qparams
+
+
+def test_on_the_cpu_divide_is_one_division_behind_a_barrier():
+    a, b = np.ones((4, 3), np.float32), np.ones((1, 3), np.float32)
+    text = _lowered_text(division.divide, "cpu", a, b)
+    assert "optimization_barrier" in text and "bitcast_convert" not in text
+    assert text.count("stablehlo.divide") == 1
