@@ -9,18 +9,29 @@ TPUs divide approximately, and on every backend XLA rewrites a division by a
 constant or a broadcast divisor into a multiplication by its reciprocal. A
 quarter or more of such quotients come out one ulp off.
 
-`divide` therefore computes a float32 quotient from the two significands in
-integer arithmetic off the CPU (every backend does integer arithmetic
-exactly, and no compiler rewrites it), and on the CPU divides by a divisor
-that XLA cannot rewrite (`_cpu_divide`). Other dtypes divide as XLA does.
+`divide` is a primitive lowered per platform. On CPUs and GPUs it divides
+in float64 and rounds to float32: the exact quotient of two float32 numbers
+is never a midpoint between two float32 numbers, nor within `2^-49` of one
+(relative), so a float64 quotient, within `2^-52` however XLA computes it
+(a division, or a multiplication by a rounded reciprocal), rounds to the
+correctly rounded float32 quotient. TPUs have no
+float64: there it computes the quotient from the two significands in integer
+arithmetic (`integer_divide`), which every backend does exactly and no
+compiler rewrites. Other dtypes divide as XLA does.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.extend.core import Primitive
+from jax.extend.mlir import ir
+from jax.extend.mlir.dialects import stablehlo
+from jax.interpreters import ad, batching, mlir
 
 Array = Any
 
@@ -93,30 +104,49 @@ def integer_divide(a: Array, b: Array) -> Array:
     return jnp.where(in_range, exact, a / b)
 
 
-def _cpu_divide(a: Array, b: Array) -> Array:
-    """XLA's correctly rounded CPU division, kept from being rewritten into a multiplication.
+def _lower_in_float64(ctx: Any, a: Any, b: Any) -> Sequence[Any]:
+    """StableHLO `convert(convert(a, f64) / convert(b, f64), f32)`, written directly.
 
-    The divisor is broadcast to the full shape behind an optimization
-    barrier: XLA then sees neither a constant nor a broadcast divisor.
+    Emitted as three operations rather than traced from a function: a QAT
+    model holds over a thousand divisions, and tracing each added to compile
+    time. The float64 values never leave the lowered code.
     """
-    a, b = jnp.broadcast_arrays(a, b)
-    return a / lax.optimization_barrier(b)
+    (aval,) = ctx.avals_out
+    wide = ir.RankedTensorType.get(aval.shape, ir.F64Type.get())
+    narrow = ir.RankedTensorType.get(aval.shape, ir.F32Type.get())
+    quotient = stablehlo.divide(stablehlo.convert(wide, a), stablehlo.convert(wide, b))
+    return [stablehlo.convert(narrow, quotient)]
+
+
+_divide_p = Primitive("correctly_rounded_divide")
+# Eager calls run the lowered code too (compiled once per shape).
+_divide_p.def_impl(jax.jit(lambda a, b: _divide_p.bind(a, b)))
+_divide_p.def_abstract_eval(lambda a, b: a.update(weak_type=False))
+batching.defbroadcasting(_divide_p)
+ad.defjvp(
+    _divide_p,
+    lambda g, a, b: g / b,
+    lambda g, a, b: -g * _divide_p.bind(a, b) / b,
+)
+mlir.register_lowering(_divide_p, _lower_in_float64)
+mlir.register_lowering(
+    _divide_p, mlir.lower_fun(integer_divide, multiple_results=False), platform="tpu"
+)
 
 
 def divide(a: Array, b: Array) -> Array:
     """`a / b`, correctly rounded for float32 on every backend; shapes broadcast.
 
     Float32 quotients (Python numbers take the other operand's dtype) come
-    from `integer_divide` off the CPU and from the CPU's own division on it
-    (a program lowered for one platform holds only that platform's code);
-    other dtypes from XLA's division.
+    from the module's primitive (float64 on CPUs and GPUs, `integer_divide`
+    on TPUs); other dtypes from XLA's division.
     """
     a, b = jnp.asarray(a), jnp.asarray(b)
     dtype = jnp.result_type(a, b)
     if dtype != jnp.float32:
         return a / b
-    a, b = a.astype(dtype), b.astype(dtype)
-    return lax.platform_dependent(a, b, cpu=_cpu_divide, default=integer_divide)
+    a, b = jnp.broadcast_arrays(a.astype(dtype), b.astype(dtype))
+    return _divide_p.bind(a, b)
 
 
 def reciprocal(scale: Array) -> Array:

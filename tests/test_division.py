@@ -129,23 +129,36 @@ def test_observer_qparams_under_jit_are_numpys_float32_formulas_bit_for_bit():
 
 
 def _lowered_text(fn: Callable[..., Any], platform: str, *args: Any) -> str:
+    """The StableHLO of `fn` lowered for `platform` (no such device needed)."""
     return export.export(jax.jit(fn), platforms=[platform])(*args).mlir_module()
 
 
-@pytest.mark.parametrize("platform", ["cuda", "rocm", "tpu"])
-def test_off_the_cpu_divide_lowers_to_integer_arithmetic(platform):
-    # Lowered without such a device: the program for that platform, not this machine's.
+@pytest.mark.parametrize("platform", ["cpu", "cuda", "rocm"])
+def test_cpus_and_gpus_divide_in_float64(platform):
     a, b = np.ones((4, 3), np.float32), np.ones((1, 3), np.float32)
     text = _lowered_text(division.divide, platform, a, b)
-    assert "bitcast_convert" in text and "optimization_barrier" not in text
+    assert "stablehlo.divide" in text and "tensor<4x3xf64>" in text
+    assert "bitcast_convert" not in text
+
+
+def test_tpus_divide_in_integer_arithmetic():
+    a, b = np.ones((4, 3), np.float32), np.ones((1, 3), np.float32)
+    text = _lowered_text(division.divide, "tpu", a, b)
+    assert "bitcast_convert" in text and "f64" not in text
     qparams = _lowered_text(
-        lambda low, high: observers.compute_qparams(low, high, 0, 255, False), platform, b, b
+        lambda low, high: observers.compute_qparams(low, high, 0, 255, False), "tpu", b, b
     )
     assert "bitcast_convert" in qparams
 
 
-def test_on_the_cpu_divide_is_one_division_behind_a_barrier():
-    a, b = np.ones((4, 3), np.float32), np.ones((1, 3), np.float32)
-    text = _lowered_text(division.divide, "cpu", a, b)
-    assert "optimization_barrier" in text and "bitcast_convert" not in text
-    assert text.count("stablehlo.divide") == 1
+def test_vmap_grad_and_64_bit_mode():
+    rng = np.random.default_rng(5)
+    a = rng.uniform(0.0, 100.0, (64, 8)).astype(np.float32)
+    b = rng.uniform(0.5, 3.0, 8).astype(np.float32)
+    batched = np.asarray(jax.vmap(division.divide, in_axes=(1, 0), out_axes=1)(a, b))
+    np.testing.assert_array_equal(batched.view(np.uint32), (a / b).view(np.uint32))
+    da, db = jax.grad(division.divide, argnums=(0, 1))(3.0, 2.0)
+    assert (float(da), float(db)) == (0.5, -0.75)
+    with jax.enable_x64(True):
+        assert division.divide(np.float32(1), np.float32(3)).dtype == jnp.float32
+        assert float(division.divide(1.0, 3.0)) == 1.0 / 3.0  # float64: XLA's division
