@@ -27,6 +27,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.extend.core import Primitive
 from jax.extend.mlir import ir
@@ -118,9 +119,15 @@ def _lower_in_float64(ctx: Any, a: Any, b: Any) -> Sequence[Any]:
     return [stablehlo.convert(narrow, quotient)]
 
 
+def _eager_divide(a: Array, b: Array) -> Array:
+    """An eager call (also under `jax.disable_jit`): NumPy's float32 quotient, on `a`'s devices."""
+    with np.errstate(all="ignore"):
+        quotient = np.asarray(a, np.float32) / np.asarray(b, np.float32)
+    return jax.device_put(quotient, a.sharding if isinstance(a, jax.Array) else None)
+
+
 _divide_p = Primitive("correctly_rounded_divide")
-# Eager calls run the lowered code too (compiled once per shape).
-_divide_p.def_impl(jax.jit(lambda a, b: _divide_p.bind(a, b)))
+_divide_p.def_impl(_eager_divide)
 _divide_p.def_abstract_eval(lambda a, b: a.update(weak_type=False))
 batching.defbroadcasting(_divide_p)
 ad.defjvp(

@@ -162,3 +162,15 @@ def test_vmap_grad_and_64_bit_mode():
     with jax.enable_x64(True):
         assert division.divide(np.float32(1), np.float32(3)).dtype == jnp.float32
         assert float(division.divide(1.0, 3.0)) == 1.0 / 3.0  # float64: XLA's division
+
+
+def test_eager_and_op_by_op_calls_keep_numpy_bits_and_the_device():
+    rng = np.random.default_rng(6)
+    a = rng.uniform(0.0, 100.0, (64, 8)).astype(np.float32)
+    b = rng.uniform(0.5, 3.0, (1, 8)).astype(np.float32)
+    with jax.disable_jit():  # an impl that called jit recursed here
+        quotient = division.divide(jnp.asarray(a), b)
+    np.testing.assert_array_equal(np.asarray(quotient).view(np.uint32), (a / b).view(np.uint32))
+    device = jax.devices()[-1]
+    placed = division.divide(jax.device_put(a, device), b)
+    assert placed.devices() == {device}
