@@ -26,6 +26,17 @@ def _recording(fn: Callable[..., Any], seen: list[Any]) -> Callable[..., Any]:
     return wrapped
 
 
+def _record_pullback(monkeypatch: Any, module: Any, name: str, seen: list[Any]) -> None:
+    """Makes `module.name(...)`'s functions record the precision whenever `pullback` runs."""
+    real = getattr(module, name)
+
+    def patched(*args: Any) -> Any:
+        functions = real(*args)
+        return functions._replace(pullback=_recording(functions.pullback, seen))
+
+    monkeypatch.setattr(module, name, patched)
+
+
 def test_full_float32_matmuls_sets_the_highest_precision_and_restores_the_default():
     before = jax.config.jax_default_matmul_precision
     with full_float32_matmuls():
@@ -35,13 +46,7 @@ def test_full_float32_matmuls_sets_the_highest_precision_and_restores_the_defaul
 
 def test_attention_reference_check_runs_the_block_at_full_precision(monkeypatch):
     seen: list[Any] = []
-    real = attention._block
-
-    def block(case: Any) -> Any:
-        functions = real(case)
-        return functions._replace(pullback=_recording(functions.pullback, seen))
-
-    monkeypatch.setattr(attention, "_block", block)
+    _record_pullback(monkeypatch, attention, "_block", seen)
     config = st_tft.AttentionConfig(
         hidden_dim=8, num_heads=2, sequence_length=3, batch_size=2, dropout_rate=0.0
     )
@@ -71,13 +76,7 @@ def test_interpretable_attention_reference_check_runs_at_full_precision(monkeypa
 
 def test_qat_layer_reference_check_runs_at_full_precision(monkeypatch):
     seen: list[Any] = []
-    real = quantization._layer_functions
-
-    def layer_functions(bits: int) -> Any:
-        functions = real(bits)
-        return functions._replace(pullback=_recording(functions.pullback, seen))
-
-    monkeypatch.setattr(quantization, "_layer_functions", layer_functions)
+    _record_pullback(monkeypatch, quantization, "_layer_functions", seen)
     x = np.random.default_rng(2).normal(size=quantization.LAYER_INPUT_SHAPE).astype(np.float32)
     quantization.check_qat_layer_gradients(quantization.LayerCase(8, x, seed=0))
     assert seen == ["highest"]
