@@ -12,7 +12,9 @@ import pytest
 from tft_jax import (
     AttentionHead,
     PositionalEncoding,
+    TemporalFusionTransformer,
     TemporalSelfAttention,
+    TFTConfig,
     causal_mask,
     scaled_dot_product_attention,
     sinusoidal_encoding,
@@ -368,3 +370,44 @@ def test_bad_input_shapes_are_rejected_with_the_numbers(shape, message):
 def test_non_positive_temperature_is_rejected():
     with pytest.raises(ValueError, match="temperature"):
         block().apply(params_for(7), random_input(2, 7), temperature=0.0)
+
+
+def test_a_host_mask_with_a_key_in_every_row_skips_the_empty_row_zeroing():
+    # XLA constant-folded that reduction over the mask at every compile: 4.1 s of a
+    # 10.4 s compile at T = 4096 on an H200. A device mask keeps it, with equal results.
+    rng = np.random.default_rng(2)
+    q, k, v = (jnp.asarray(rng.normal(size=(2, 6, 4)), jnp.float32) for _ in range(3))
+    mask = np.tril(np.ones((6, 6), bool))
+    on_host = jax.make_jaxpr(lambda *qkv: scaled_dot_product_attention(*qkv, mask))(q, k, v)
+    device_mask = jnp.asarray(mask)
+    on_device = jax.make_jaxpr(lambda *qkv: scaled_dot_product_attention(*qkv, device_mask))(
+        q, k, v
+    )
+    assert "reduce_or" not in str(on_host) and "reduce_or" in str(on_device)
+    for a, b in zip(
+        scaled_dot_product_attention(q, k, v, mask),
+        scaled_dot_product_attention(q, k, v, jnp.asarray(mask)),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_the_causal_block_and_the_tft_hold_no_mask_reduction():
+    x = jnp.zeros((1, 5, 8))
+    block = TemporalSelfAttention(8, 2)
+    variables = block.init(jax.random.key(0), x)
+    assert "reduce_or" not in str(jax.make_jaxpr(block.apply)(variables, x))
+    config = TFTConfig(
+        num_static_features=1,
+        num_observed_features=2,
+        num_known_features=1,
+        hidden_dim=8,
+        num_heads=2,
+        sequence_length=6,
+        prediction_horizon=3,
+    )
+    model = TemporalFusionTransformer(config)
+    inputs = (jnp.zeros((1, 1)), jnp.zeros((1, 6, 2)), jnp.zeros((1, 3, 1)))
+    tft_variables = model.init(jax.random.key(0), *inputs)
+    jaxpr = jax.make_jaxpr(lambda v: model.apply(v, *inputs, deterministic=True))(tft_variables)
+    assert "reduce_or" not in str(jaxpr)

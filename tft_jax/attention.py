@@ -159,6 +159,10 @@ def scaled_dot_product_attention(
     _check_floating("scaled_dot_product_attention: query", query)
     check_dropout_rate("scaled_dot_product_attention", dropout_rate)
     _check_concrete_positive("scaled_dot_product_attention: temperature", temperature, False)
+    # A mask known on the host (NumPy) with an allowed key in every row needs no
+    # zeroing of empty rows: left in, XLA constant-folds that reduction over the
+    # mask at every compile (seconds for thousands of steps).
+    every_row_attends = isinstance(mask, np.ndarray) and bool(np.any(mask, axis=-1).all())
     if mask is not None:
         mask = jnp.asarray(mask)
         if mask.dtype != jnp.bool_:
@@ -183,7 +187,7 @@ def scaled_dot_product_attention(
         # no overflow in half precision (pytorch-forecasting issue #285).
         logits = jnp.where(mask, logits, jnp.finfo(softmax_dtype).min)
     weights = jax.nn.softmax(logits, axis=-1)
-    if mask is not None:
+    if mask is not None and not every_row_attends:
         weights = jnp.where(jnp.any(mask, axis=-1, keepdims=True), weights, 0.0)
     weights = weights.astype(dtype)
     probabilities = weights
@@ -445,9 +449,9 @@ def attention_mask(
       TypeError: `mask` is not boolean.
       ValueError: `mask` has another shape (the message shows both).
     """
-    causal_part = jnp.asarray(causal_mask(steps, steps)) if causal else None
+    causal_part = causal_mask(steps, steps) if causal else None
     if mask is None:
-        return causal_part
+        return causal_part  # NumPy: the kernel sees that every row attends
     mask = jnp.asarray(mask)
     if mask.dtype != jnp.bool_:
         raise TypeError(f"TemporalSelfAttention: mask must be boolean, got dtype {mask.dtype}")

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 from tft_jax._dropout import resolve_deterministic
@@ -161,7 +162,8 @@ class InterpretableMultiHeadAttention(nn.Module):
         """
         if mask is None:
             return None
-        mask = jnp.asarray(mask)
+        # A NumPy mask stays one: the kernel then sees on the host whether every row attends.
+        mask = mask if isinstance(mask, np.ndarray) else jnp.asarray(mask)
         owner = "InterpretableMultiHeadAttention"
         if mask.dtype != jnp.bool_:
             raise TypeError(f"{owner}: mask must be boolean (True = may attend), got {mask.dtype}")
