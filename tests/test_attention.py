@@ -9,12 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from benchmarks import train_step
 from tft_jax import (
     AttentionHead,
     PositionalEncoding,
     TemporalFusionTransformer,
     TemporalSelfAttention,
-    TFTConfig,
     causal_mask,
     scaled_dot_product_attention,
     sinusoidal_encoding,
@@ -397,17 +397,10 @@ def test_the_causal_block_and_the_tft_hold_no_mask_reduction():
     block = TemporalSelfAttention(8, 2)
     variables = block.init(jax.random.key(0), x)
     assert "reduce_or" not in str(jax.make_jaxpr(block.apply)(variables, x))
-    config = TFTConfig(
-        num_static_features=1,
-        num_observed_features=2,
-        num_known_features=1,
-        hidden_dim=8,
-        num_heads=2,
-        sequence_length=6,
-        prediction_horizon=3,
-    )
+    config = train_step.get_config("tiny").model
+    batch = train_step.make_batch(config, 1)
+    inputs = (batch.static, batch.historical, batch.future, batch.known_history)
     model = TemporalFusionTransformer(config)
-    inputs = (jnp.zeros((1, 1)), jnp.zeros((1, 6, 2)), jnp.zeros((1, 3, 1)))
     tft_variables = model.init(jax.random.key(0), *inputs)
     jaxpr = jax.make_jaxpr(lambda v: model.apply(v, *inputs, deterministic=True))(tft_variables)
     assert "reduce_or" not in str(jaxpr)
