@@ -105,14 +105,23 @@ def integer_divide(a: Array, b: Array) -> Array:
     return jnp.where(in_range, exact, a / b)
 
 
+def _float64_divide(a: Array, b: Array) -> Array:
+    """`a / b` of float32 operands computed in float64, rounded to float32."""
+    return (a.astype(jnp.float64) / b.astype(jnp.float64)).astype(jnp.float32)
+
+
 def _lower_in_float64(ctx: Any, a: Any, b: Any) -> Sequence[Any]:
-    """StableHLO `convert(convert(a, f64) / convert(b, f64), f32)`, written directly.
+    """StableHLO `convert(convert(a, f64) / convert(b, f64), f32)`.
 
     Emitted as three operations rather than traced from a function: a QAT
     model holds over a thousand divisions, and tracing each added to compile
-    time. The float64 values never leave the lowered code.
+    time. A symbolic shape (`jax.export` with polymorphic dimensions) is
+    traced instead. The float64 values never leave the lowered code.
     """
     (aval,) = ctx.avals_out
+    if not all(isinstance(size, int) for size in aval.shape):
+        with jax.enable_x64(True):
+            return mlir.lower_fun(_float64_divide, multiple_results=False)(ctx, a, b)
     wide = ir.RankedTensorType.get(aval.shape, ir.F64Type.get())
     narrow = ir.RankedTensorType.get(aval.shape, ir.F32Type.get())
     quotient = stablehlo.divide(stablehlo.convert(wide, a), stablehlo.convert(wide, b))

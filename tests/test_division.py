@@ -174,3 +174,14 @@ def test_eager_and_op_by_op_calls_keep_numpy_bits_and_the_device():
     device = jax.devices()[-1]
     placed = division.divide(jax.device_put(a, device), b)
     assert placed.devices() == {device}
+
+
+def test_an_export_with_a_symbolic_batch_keeps_numpy_bits_at_every_size():
+    spec = jax.ShapeDtypeStruct(export.symbolic_shape("b, 3"), jnp.float32)
+    exported = export.export(jax.jit(division.divide))(spec, spec)
+    rng = np.random.default_rng(7)
+    for rows in (1, 9):
+        a = rng.uniform(0.0, 100.0, (rows, 3)).astype(np.float32)
+        b = rng.uniform(0.5, 3.0, (rows, 3)).astype(np.float32)
+        quotient = np.asarray(exported.call(a, b))
+        np.testing.assert_array_equal(quotient.view(np.uint32), (a / b).view(np.uint32))
