@@ -87,8 +87,9 @@ def integer_divide(a: Array, b: Array) -> Array:
     a_exponent, n = _fields(a)
     b_exponent, m = _fields(b)
     # n / m lies in (1/2, 2): scaled by 2^24 below 1, by 2^23 from 1 up, it is in [2^23, 2^24).
-    shift = jnp.where(n < m, 24, 23)
-    scaled = n.astype(jnp.float32) * jnp.where(n < m, 2.0**24, 2.0**23).astype(jnp.float32)
+    below_one = n < m
+    shift = jnp.where(below_one, 24, 23)
+    scaled = n.astype(jnp.float32) * jnp.where(below_one, 2.0**24, 2.0**23).astype(jnp.float32)
     # Within 3 of the quotient wherever XLA's division is within 2 ulp.
     estimate = (scaled / m.astype(jnp.float32)).astype(jnp.int32)
     quotient = rounded_quotient(n, shift, m, estimate)

@@ -12,7 +12,7 @@ rounds `x` to the neighbouring code where `x / s` lies within that ulp of a
 tie. Written out, the codes are the same on every backend and for every
 scale shape (XLA rewrites a division by a broadcast scale into that
 multiplication, but divides by a scale of `x`'s full shape), with the
-reciprocal correctly rounded on GPUs and TPUs too (`qat.division`).
+reciprocal itself correctly rounded on every backend (`qat.division`).
 
 The gradient is the clipped straight-through estimator of PyTorch's
 `fake_quantize_per_tensor_affine`: `g * 1[qmin <= round(x * (1/s)) + zp <= qmax]`,
