@@ -14,14 +14,26 @@ in float64 and rounds to float32: the exact quotient of two float32 numbers
 is never a midpoint between two float32 numbers, nor within `2^-49` of one
 (relative), so a float64 quotient, within `2^-52` however XLA computes it
 (a division, or a multiplication by a rounded reciprocal), rounds to the
-correctly rounded float32 quotient. TPUs have no
-float64: there it computes the quotient from the two significands in integer
-arithmetic (`integer_divide`), which every backend does exactly and no
-compiler rewrites. Other dtypes divide as XLA does.
+correctly rounded float32 quotient.
+
+The same theorem lets LLVM's instruction combiner rewrite
+`fptrunc(fdiv(fpext a, fpext b))` into a float32 `fdiv a, b`: exact on a
+CPU, whose float32 division is IEEE, but on a GPU XLA lowers that to its
+approximate `div.full`, and the float64 form gave XLA's bits (found on an
+H200; the test suite's `-O0` builds skip the combiner). On GPUs the float64
+quotient is therefore rounded to float32's format by `reduce_precision`
+(integer operations on its bits, which LLVM cannot fold back into a float32
+division) before the exact conversion. Quotients below float32's smallest
+normal number flush to zero there, as XLA's CPU code flushes them anyway.
+
+TPUs have no float64: there it computes the quotient from the two
+significands in integer arithmetic (`integer_divide`), which every backend
+does exactly and no compiler rewrites. Other dtypes divide as XLA does.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -111,21 +123,33 @@ def _float64_divide(a: Array, b: Array) -> Array:
     return (a.astype(jnp.float64) / b.astype(jnp.float64)).astype(jnp.float32)
 
 
-def _lower_in_float64(ctx: Any, a: Any, b: Any) -> Sequence[Any]:
+def _float64_divide_in_float32_format(a: Array, b: Array) -> Array:
+    """`_float64_divide` with the quotient rounded by `reduce_precision` first (GPUs)."""
+    quotient = a.astype(jnp.float64) / b.astype(jnp.float64)
+    rounded = lax.reduce_precision(quotient, exponent_bits=8, mantissa_bits=_MANTISSA_BITS)
+    return rounded.astype(jnp.float32)
+
+
+def _lower_in_float64(ctx: Any, a: Any, b: Any, *, gpu: bool = False) -> Sequence[Any]:
     """StableHLO `convert(convert(a, f64) / convert(b, f64), f32)`.
 
-    Emitted as three operations rather than traced from a function: a QAT
+    On GPUs (`gpu`), a `reduce_precision` to float32's format sits between
+    the division and the final conversion (see the module docstring).
+    Emitted as a few operations rather than traced from a function: a QAT
     model holds over a thousand divisions, and tracing each added to compile
     time. A symbolic shape (`jax.export` with polymorphic dimensions) is
     traced instead. The float64 values never leave the lowered code.
     """
     (aval,) = ctx.avals_out
     if not all(isinstance(size, int) for size in aval.shape):
+        traced = _float64_divide_in_float32_format if gpu else _float64_divide
         with jax.enable_x64(True):
-            return mlir.lower_fun(_float64_divide, multiple_results=False)(ctx, a, b)
+            return mlir.lower_fun(traced, multiple_results=False)(ctx, a, b)
     wide = ir.RankedTensorType.get(aval.shape, ir.F64Type.get())
     narrow = ir.RankedTensorType.get(aval.shape, ir.F32Type.get())
     quotient = stablehlo.divide(stablehlo.convert(wide, a), stablehlo.convert(wide, b))
+    if gpu:
+        quotient = stablehlo.reduce_precision(quotient, 8, _MANTISSA_BITS)
     return [stablehlo.convert(narrow, quotient)]
 
 
@@ -146,6 +170,10 @@ ad.defjvp(
     lambda g, a, b: -g * _divide_p.bind(a, b) / b,
 )
 mlir.register_lowering(_divide_p, _lower_in_float64)
+for _gpu_platform in ("cuda", "rocm"):
+    mlir.register_lowering(
+        _divide_p, functools.partial(_lower_in_float64, gpu=True), platform=_gpu_platform
+    )
 mlir.register_lowering(
     _divide_p, mlir.lower_fun(integer_divide, multiple_results=False), platform="tpu"
 )
@@ -156,7 +184,8 @@ def divide(a: Array, b: Array) -> Array:
 
     Float32 quotients (Python numbers take the other operand's dtype) come
     from the module's primitive (float64 on CPUs and GPUs, `integer_divide`
-    on TPUs); other dtypes from XLA's division.
+    on TPUs); other dtypes from XLA's division. On GPUs a float32 quotient
+    below the smallest normal float32 flushes to zero.
     """
     a, b = jnp.asarray(a), jnp.asarray(b)
     dtype = jnp.result_type(a, b)

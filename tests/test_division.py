@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -139,6 +143,77 @@ def test_cpus_and_gpus_divide_in_float64(platform):
     text = _lowered_text(division.divide, platform, a, b)
     assert "stablehlo.divide" in text and "tensor<4x3xf64>" in text
     assert "bitcast_convert" not in text
+    # GPUs round the float64 quotient to float32's format before converting it.
+    assert ("stablehlo.reduce_precision" in text) == (platform != "cpu")
+    if platform != "cpu":
+        assert "format = e8m23 : tensor<4x3xf64>" in text
+
+
+def test_the_gpu_form_gives_numpy_bits_for_every_normal_quotient():
+    a, b = random_floats(400_000, seed=8), random_floats(400_000, seed=9)
+    with np.errstate(all="ignore"):
+        expected = a / b
+    with jax.enable_x64(True):
+        actual = np.asarray(jax.jit(division._float64_divide_in_float32_format)(a, b))
+    finite = normal(a) & normal(b) & (normal(expected) | np.isinf(expected))
+    assert np.isinf(expected[finite]).any()  # overflow to infinity is covered
+    wrong = finite & ~same_bits(actual, expected)
+    assert not wrong.any(), (a[wrong][:3], b[wrong][:3], actual[wrong][:3])
+
+
+# Run at XLA's default optimization level (the suite compiles at -O0, which
+# skips LLVM's instruction combiner): NumPy's bits on this backend, and on a
+# CPU the combiner's rewrite seen in the optimized LLVM IR, which on a GPU
+# turned the plain float64 form into XLA's approximate float32 division.
+_FULL_OPTIMIZATION_CHECK = """
+import glob, json, os, sys
+import jax, jax.numpy as jnp, numpy as np
+from qat import division
+rng = np.random.default_rng(0)
+a = rng.uniform(0.0, 100.0, 1 << 20).astype(np.float32)
+b = rng.uniform(0.5, 3.0, a.size).astype(np.float32)
+divide = np.asarray(jax.jit(division.divide)(a, b))
+reciprocal = np.asarray(jax.jit(division.reciprocal)(b))
+with jax.enable_x64(True):
+    gpu_form = jax.jit(division._float64_divide_in_float32_format)(a, b)
+result = {
+    "backend": jax.default_backend(),
+    "divide_wrong": float((divide.view(np.uint32) != (a / b).view(np.uint32)).mean()),
+    "reciprocal_wrong": float(
+        (reciprocal.view(np.uint32) != (np.float32(1) / b).view(np.uint32)).mean()
+    ),
+}
+def divisions(name):
+    text = "".join(open(f).read() for f in glob.glob(f"{sys.argv[1]}/*{name}*ir-with-opt.ll"))
+    return {width: f"fdiv <8 x {width}>" in text or f"fdiv {width}" in text
+            for width in ("float", "double")}
+if result["backend"] == "cpu":
+    result["plain"] = divisions("jit_divide")
+    result["gpu_form"] = divisions("_float64_divide_in_float32_format")
+print(json.dumps(result))
+"""
+
+
+def test_at_full_optimization_quotients_keep_numpy_bits_and_the_gpu_form_a_float64_division(
+    tmp_path,
+):
+    flags = f"--xla_dump_to={tmp_path} --xla_dump_hlo_module_re=.*divide.*"
+    env = {**os.environ, "XLA_FLAGS": flags}
+    child = subprocess.run(
+        [sys.executable, "-c", _FULL_OPTIMIZATION_CHECK, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    result = json.loads(child.stdout.strip().splitlines()[-1])
+    assert result["divide_wrong"] == 0.0 and result["reciprocal_wrong"] == 0.0, result
+    if result["backend"] == "cpu":
+        # LLVM folds the plain form into a float32 division (exact on a CPU) ...
+        assert result["plain"] == {"float": True, "double": False}, result
+        # ... but not the GPU form, whose rounding goes through integer operations.
+        assert result["gpu_form"] == {"float": False, "double": True}, result
 
 
 def test_tpus_divide_in_integer_arithmetic():
