@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from tft_jax import fused_attention
 from tft_jax._dropout import resolve_deterministic
 from tft_jax.gating import check_dropout_rate, check_positive_int
 
@@ -313,13 +314,12 @@ class TemporalSelfAttention(nn.Module):
     `(B, heads, T, T)`.
 
     `use_flash_attention=True` computes the same function with
-    `jax.nn.dot_product_attention` at its default `implementation=None`, which
-    in the JAX this project pins (0.10) is XLA's implementation on every
-    backend, GPU included: cuDNN's fused kernel is not selected. Fused kernels
-    do not expose the probabilities, so
-    on that path there is no dropout on them (dropout applies to the output
-    projection only), and `return_weights=True` recomputes the weights with
-    the explicit kernel.
+    `jax.nn.dot_product_attention`: cuDNN's fused kernel where it applies (a
+    CUDA GPU, bfloat16/float16, a concrete temperature; the conditions are in
+    `tft_jax.fused_attention`), XLA's kernel elsewhere. Fused kernels do not
+    expose the probabilities, so on that path there is no dropout on them
+    (dropout applies to the output projection only), and
+    `return_weights=True` recomputes the weights with the explicit kernel.
 
     Args (call):
       x: `(B, T, D)`.
@@ -396,14 +396,22 @@ class TemporalSelfAttention(nn.Module):
         query, key, value = heads("query"), heads("key"), heads("value")
         weights = None
         if self.use_flash_attention:
-            scale = 1.0 / (math.sqrt(self.head_dim) * jnp.asarray(temperature, jnp.float32))
+            fixed_scale = fused_attention.concrete_scale(self.head_dim, temperature)
+            implementation = fused_attention.flash_implementation(
+                query.dtype, self.head_dim, fixed_scale, mask is not None, steps
+            )
+            scale = (
+                fixed_scale
+                if implementation == "cudnn"
+                else 1.0 / (math.sqrt(self.head_dim) * jnp.asarray(temperature, jnp.float32))
+            )
             if mask is None:
-                attended = jax.nn.dot_product_attention(
-                    query, key, value, scale=scale, is_causal=causal
+                attended = fused_attention.dot_product_attention(
+                    query, key, value, scale=scale, implementation=implementation, is_causal=causal
                 )
             else:
-                attended = jax.nn.dot_product_attention(
-                    query, key, value, scale=scale, mask=allowed
+                attended = fused_attention.dot_product_attention(
+                    query, key, value, scale=scale, implementation=implementation, mask=allowed
                 )
                 # The fused softmax spreads a fully masked row uniformly; the contract is zeros.
                 any_allowed = jnp.swapaxes(jnp.any(allowed, axis=-1), 1, 2)[..., None]
