@@ -9,28 +9,39 @@ import sys
 
 # Compile time dominates a JAX test suite, and on XLA:CPU nearly all of it is
 # LLVM compiling one module per fused kernel (~900 for a small TFT train step).
-# Tests check values, not speed, so they compile with LLVM at -O0 and XLA's
-# classic loop emitters instead of the MLIR fusion emitters: a `seed` TFT step
-# compiles ~2.5x faster (runs ~2x slower), and the whole suite takes 356 s
-# instead of 874 s on 2 cores with the same results. Set before JAX starts, so
-# the subprocesses that some tests launch inherit it; flags already in
-# XLA_FLAGS win. A jaxlib that no longer knows the emitter flag would abort on
-# it, so it is probed once in a child process (the result is inherited too).
+# Tests check values, not speed, so on a CPU they compile with LLVM at -O0 and
+# XLA's classic loop emitters instead of the MLIR fusion emitters: a `seed`
+# TFT step compiles ~2.5x faster (runs ~2x slower), and the whole suite takes
+# 356 s instead of 874 s on 2 cores with the same results. Set before JAX
+# starts, so the subprocesses that some tests launch inherit it; flags already
+# in XLA_FLAGS win. A child process probes the default backend with the flags
+# (a jaxlib that no longer knows the emitter flag aborts on it; the result is
+# inherited too). On a GPU or TPU the suite compiles as users do: -O0 there
+# skips LLVM rewrites that change results (qat.division's, found on an H200).
 _TEST_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
 
 
-def _accepted(flags: str) -> bool:
-    probe = "import jax, jax.numpy as jnp; jnp.zeros(2).block_until_ready()"
-    env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
-    child = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True)
-    return child.returncode == 0
+def _default_backend(flags: str) -> str | None:
+    """The default backend JAX starts with under `flags`, None if it cannot start."""
+    probe = (
+        "import jax, jax.numpy as jnp; jnp.zeros(2).block_until_ready(); "
+        "print(jax.default_backend())"
+    )
+    env = {**os.environ, "XLA_FLAGS": flags}
+    child = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    lines = child.stdout.split()
+    return lines[-1] if child.returncode == 0 and lines else None
 
 
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    _flags = " ".join((os.environ.get("XLA_FLAGS", ""), *_TEST_FLAGS)).strip()
-    if not _accepted(_flags):
-        _flags = " ".join((os.environ.get("XLA_FLAGS", ""), _TEST_FLAGS[0])).strip()
-    os.environ["XLA_FLAGS"] = _flags
+    _base = os.environ.get("XLA_FLAGS", "")
+    for _extra in (_TEST_FLAGS, _TEST_FLAGS[:1]):
+        _flags = " ".join((_base, *_extra)).strip()
+        _backend = _default_backend(_flags)
+        if _backend is not None:
+            break
+    if _backend == "cpu":
+        os.environ["XLA_FLAGS"] = _flags
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
