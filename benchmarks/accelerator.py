@@ -14,9 +14,9 @@ in bfloat16; `electricity` at batch 1024 in float32, and with QAT in bfloat16
 (timed in alternating blocks with a float twin, the QAT/FP32 ratio's
 denominator); `electricity` at its paper batch 64; `TemporalSelfAttention`
 forward+backward for T = 64..4096, default against flash path in bfloat16
-(each record's `kernel` says whether cuDNN's fused kernel ran:
-`jax.nn.dot_product_attention` uses XLA's unless asked for cuDNN, and a
-`flash` path without it is announced on stderr);
+(each record's `kernel` says whether cuDNN's fused kernel ran; the flash
+path asks for it where it applies, and a `flash` path without it is
+announced on stderr);
 inference at batch 1 and 256, FP32 and int8; `fake_quantize` throughput and
 the QAT/FP32 step ratio; `traffic` in bfloat16 if time remains.
 

@@ -8,10 +8,10 @@ parameters and the input. Reported: compile time, median time, tokens/s, XLA
 FLOPs, the executable's memory (the `T x T` probabilities dominate the
 default path's temp bytes) and `kernel`, the attention kernel the compiled
 executable really runs: `cudnn` when it calls cuDNN's fused attention
-(`__cudnn$fmha*` custom calls), `xla` otherwise. `jax.nn.dot_product_attention`
-picks XLA unless told `implementation="cudnn"` (JAX 0.10 and earlier), so
-on a GPU the `flash` path may well be XLA's; a `flash` record on a GPU
-without cuDNN's kernel is announced on stderr, never passed off as cuDNN.
+(`__cudnn$fmha*` custom calls), `xla` otherwise. The `flash` path asks for
+cuDNN where it applies (`tft_jax.fused_attention`); a `flash` record on a GPU
+without cuDNN's kernel (float32, say) is announced on stderr, never passed
+off as cuDNN.
 
 Usage::
 
