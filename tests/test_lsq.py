@@ -66,6 +66,21 @@ def test_forward_equals_fake_quantize_with_the_absolute_step(scale):
     )
 
 
+def test_ties_round_to_even_in_the_forward_and_the_step_gradient():
+    # x / s = k + 0.5 exactly (s a power of two): codes round half to even, as NumPy's.
+    scale, zero_point = 0.25, 3.0
+    ratio = np.arange(-20.5, 21.0, 1.0, dtype=np.float32)
+    x = ratio * np.float32(scale)
+    code = np.clip(np.round(ratio) + zero_point, 0, 15)
+    expected = ((code - zero_point) * scale).astype(np.float32)
+    y = lsq_fake_quantize(x, scale, zero_point, 0, 15, 1.0)
+    np.testing.assert_array_equal(np.asarray(y), expected)
+    cotangent = np.ones_like(x)
+    _, d_scale, _ = lsq_gradients(x, scale, zero_point, 0, 15, 1.0, cotangent)
+    _, want, _ = reference_gradients(x, scale, zero_point, 0, 15, cotangent, 1.0)
+    np.testing.assert_allclose(float(d_scale), want, rtol=1e-6)
+
+
 @given(
     hnp.arrays(np.float32, (12,), elements=st.floats(-20, 20, width=32)),
     st.floats(0.0625, 2.0, width=32),
