@@ -56,6 +56,15 @@ def test_the_scale_is_concrete_only_for_a_concrete_temperature():
     assert seen == [None]
 
 
+def test_the_default_device_honours_jax_default_device():
+    assert fused.default_device() == jax.devices()[0]
+    last = jax.devices()[-1]
+    with jax.default_device(last):
+        assert fused.default_device() == last
+    with jax.default_device("cpu"):
+        assert fused.default_device().platform == "cpu"
+
+
 def test_xla_runs_off_a_cuda_gpu():
     if jax.default_backend() == "gpu":
         pytest.skip("this host's default device is a GPU")

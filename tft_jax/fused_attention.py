@@ -82,11 +82,25 @@ def cudnn_unsupported_reason(
     return None
 
 
+def default_device() -> Any:
+    """The device JAX places new computations on: `jax.default_device`'s, else the first."""
+    chosen = jax.config.jax_default_device
+    if chosen is None:
+        return jax.devices()[0]
+    if isinstance(chosen, str):
+        return jax.devices(chosen)[0]
+    return chosen
+
+
 def flash_implementation(
     dtype: Any, head_dim: int, scale: float | None, masked: bool, steps: int
 ) -> Implementation:
-    """`"cudnn"` where cuDNN's fused attention applies on the default device, else None (XLA's)."""
-    device = jax.devices()[0]
+    """`"cudnn"` where cuDNN's fused attention applies on the default device, else None (XLA's).
+
+    The default device honours `jax.default_device` (a CPU chosen on a GPU
+    host runs XLA's kernel).
+    """
+    device = default_device()
     if cudnn_unsupported_reason(device, dtype, head_dim, scale, masked, steps) is None:
         return "cudnn"
     return None
