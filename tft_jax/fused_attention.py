@@ -8,8 +8,9 @@ capability 8.0 or later, bfloat16 or float16 operands, a head width that is a
 multiple of 8 up to 128, a temperature known when the function is traced (the
 kernel's scale is a compile-time constant), and an even number of steps when
 a mask is given (the mask becomes an additive bias, whose gradient kernel
-needs even lengths). Everywhere else it runs XLA's kernel: the two compute the
-same function, so the choice is one of speed, never of results.
+needs even lengths). Everywhere else it runs XLA's kernel. The two compute the
+same function up to rounding (their bfloat16 results differ in the last bits),
+so the choice is one of speed.
 """
 
 from __future__ import annotations
