@@ -18,7 +18,10 @@ forward+backward for T = 64..4096, default against flash path in bfloat16
 path asks for it where it applies, and a `flash` path without it is
 announced on stderr);
 inference at batch 1 and 256, FP32 and int8; `fake_quantize` throughput and
-the QAT/FP32 step ratio; `traffic` in bfloat16 if time remains.
+the QAT/FP32 step ratio; `traffic` in bfloat16 if time remains. Attention
+runs one task per length and inference one per batch size, so a run cut
+short keeps the records of those that finished; `--only` takes task names
+or a part's name (`attention`, `inference`, `train_step`, ...).
 
 The records at batch 1024 of `electricity` and `electricity-nvidia` carry
 `reference_items_per_s`, `ratio_to_reference` and `reference_shape_differences`
@@ -32,6 +35,7 @@ Refuses to run on a CPU backend unless `--allow-cpu` (used by the tests with
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -151,28 +155,46 @@ def tasks(steps: int, warmup: int, quick: bool = False) -> list[common.Task]:
         train_task(name, "float", "float32", big_batch),
         train_task(name, "qat", "bfloat16", big_batch),
         train_task(name, "float", "float32", None),
-        common.Task(
-            "attention",
-            "attention",
-            lambda: attention.run(
-                lengths,
-                attention.PATHS,
-                steps,
-                warmup,
-                batch_size=2 if quick else 8,
-                hidden_dim=64 if quick else 128,
-                num_heads=4,
-                dtype="bfloat16",
-            ),
+        # One task per length and per batch size: a run cut short keeps what finished.
+        *(
+            common.Task(
+                f"attention-T{length}",
+                "attention",
+                functools.partial(
+                    attention.run,
+                    [length],
+                    attention.PATHS,
+                    steps,
+                    warmup,
+                    batch_size=2 if quick else 8,
+                    hidden_dim=64 if quick else 128,
+                    num_heads=4,
+                    dtype="bfloat16",
+                ),
+            )
+            for length in lengths
         ),
-        common.Task(
-            "inference",
-            "inference",
-            lambda: inference.run([name], [1, 8 if quick else 256], inference.KINDS, steps, warmup),
+        *(
+            common.Task(
+                f"inference-B{batch_size}",
+                "inference",
+                functools.partial(
+                    inference.run, [name], [batch_size], inference.KINDS, steps, warmup
+                ),
+            )
+            for batch_size in (1, 8 if quick else 256)
         ),
         common.Task("fake_quant", "fake_quant", quantization),
         train_task("tiny" if quick else "traffic", "float", "bfloat16", big_batch),
     ]
+
+
+def select_tasks(tasks: Sequence[common.Task], only: str) -> list[common.Task]:
+    """The tasks `--only` names, by task name or part; `ValueError` listing both otherwise."""
+    allowed = [task.name for task in tasks]
+    allowed += sorted({task.part for task in tasks} - set(allowed))
+    names = common.split_names(only, allowed, "--only")
+    return [task for task in tasks if task.name in names or task.part in names]
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
@@ -186,7 +208,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, help="seconds")
     parser.add_argument("--quick", action="store_true", help="tiny configurations (tests)")
     parser.add_argument("--allow-cpu", action="store_true", help="run on a CPU backend too")
-    parser.add_argument("--only", default=None, help="comma-separated task names to run")
+    parser.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated task names or parts (peak, train_step, attention, inference, "
+        "fake_quant) to run",
+    )
     args = parser.parse_args(argv)
     with common.usage_errors(parser):
         if not args.budget > 0:  # NaN too
@@ -209,8 +236,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     selected = tasks(args.steps, args.warmup, args.quick)
     if args.only:
         with common.usage_errors(parser):
-            names = common.split_names(args.only, [task.name for task in selected], "--only")
-        selected = [task for task in selected if task.name in names]
+            selected = select_tasks(selected, args.only)
     report = common.suite_reporter(cpu.VIEWS, args.json, args.output)
     records = common.run_suite(
         "accelerator", selected, budget_s=args.budget, report=report, keep_going=True

@@ -220,6 +220,19 @@ def test_accelerator_quick_writes_its_records_to_the_output_file(tmp_path, capsy
     assert records[-1]["config"] == "accelerator" and records[-1]["tasks_run"] == ["fake_quant"]
 
 
+def test_accelerator_only_takes_task_names_and_parts_and_runs_one_task_per_length():
+    quick = accelerator.tasks(2, 1, quick=True)
+    chosen = accelerator.select_tasks(quick, "attention, inference-B1,matmul-peak")
+    assert [task.name for task in chosen] == [
+        "matmul-peak",
+        "attention-T16",
+        "attention-T32",
+        "inference-B1",
+    ]
+    with pytest.raises(ValueError, match=r"--only must be .*'attention'.*got 'atention'"):
+        accelerator.select_tasks(quick, "atention")
+
+
 def test_suite_skips_the_tasks_that_start_after_the_budget():
     ticks = iter([0.0, 0.0, 5.0, 11.0, 12.0])
     ran = []
