@@ -1,0 +1,176 @@
+"""One prepared run for a lent GPU/TPU: device tests, the property suite's device cases, benchmarks.
+
+A lent accelerator comes for minutes, so what a session should check on it
+is one command with a time box per stage. Each stage writes its log under
+`--out`, and one JSON line per stage (also appended to
+`OUT/device_check.jsonl`) says what ran, its exit status, its seconds and
+its summary::
+
+    python -m benchmarks.device_check --out results/device [--budget 480]
+
+Stages, in order: the environment (packages, devices); the tests whose
+meaning is on an accelerator at full optimization (cuDNN's attention, the
+correctly rounded division); the property suite's device cases (`pytest -n 8
+-k "gpu or tpu"`); `python -m benchmarks.accelerator` in what remains of the
+budget. A stage past its time box is stopped (its record says
+`timed_out`) and the next one runs. Exits 1 when a stage failed or timed out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from tft_jax.allocator import relaunch_with_tuned_allocator
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent  # the stages run from the checkout
+DEFAULT_BUDGET_S = 480.0
+DEVICE_TESTS = ("tests/test_fused_attention.py", "tests/test_division.py")
+PROPERTY_TESTS = (
+    "tests/test_backends.py",
+    "tests/test_properties_attention.py",
+    "tests/test_properties_tft.py",
+    "tests/test_properties_optimizer.py",
+    "tests/test_properties_qat.py",
+)
+STAGE_LIMITS_S = {"environment": 60.0, "device_tests": 100.0, "properties": 150.0}
+ACCELERATOR_MARGIN_S = 45.0  # the accelerator's last task finishes after its budget
+_ENVIRONMENT = """
+import importlib.metadata as metadata
+import jax
+for name in ("jax", "jaxlib", "flax", "optax", "chex", "orbax-checkpoint", "hypothesis", "numpy"):
+    try:
+        print(name, metadata.version(name))
+    except metadata.PackageNotFoundError:
+        print(name, "absent")
+print("devices", jax.devices())
+"""
+_PYTEST_SUMMARY = re.compile(r"^=*\s*(\d+ (passed|failed|error|skipped|deselected).*?)\s*=*$")
+
+
+def pytest_summary(log: str) -> str | None:
+    """pytest's last summary line ('3 passed, 1 skipped in 2.1s'), None if it never got there."""
+    for line in reversed(log.splitlines()):
+        match = _PYTEST_SUMMARY.match(line.strip())
+        if match:
+            return match.group(1)
+    return None
+
+
+def run_stage(
+    name: str, command: Sequence[str], limit_s: float, out: pathlib.Path
+) -> dict[str, Any]:
+    """Runs `command` for at most `limit_s` seconds, its output in `out/NAME.log`; its record."""
+    log_path = out / f"{name}.log"
+    start = time.perf_counter()
+    with open(log_path, "w") as log:
+        try:
+            returncode: int | None = subprocess.run(
+                list(command), stdout=log, stderr=subprocess.STDOUT, timeout=limit_s, cwd=ROOT
+            ).returncode
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            returncode, timed_out = None, True
+    text = log_path.read_text(errors="replace")
+    return {
+        "stage": name,
+        "command": " ".join(part if len(part) < 200 else "<script>" for part in command),
+        "returncode": returncode,
+        "timed_out": timed_out,
+        "elapsed_s": time.perf_counter() - start,
+        "limit_s": limit_s,
+        "summary": pytest_summary(text) or (text.strip().splitlines() or [""])[-1][-300:],
+        "log": str(log_path),
+    }
+
+
+def stages(out: pathlib.Path, budget_s: float) -> list[tuple[str, list[str], float]]:
+    """`(name, command, time box)` of each stage; the accelerator's box is set when it starts."""
+    python = sys.executable
+    pytest = [python, "-m", "pytest", "-p", "no:cacheprovider", "-q"]
+    accelerator_budget = max(budget_s - sum(STAGE_LIMITS_S.values()) - ACCELERATOR_MARGIN_S, 30.0)
+    return [
+        ("environment", [python, "-c", _ENVIRONMENT], STAGE_LIMITS_S["environment"]),
+        (
+            "device_tests",
+            [*pytest, "-n", "0", "-rs", *DEVICE_TESTS],
+            STAGE_LIMITS_S["device_tests"],
+        ),
+        (
+            "properties",
+            [*pytest, "-n", "8", *PROPERTY_TESTS, "-k", "gpu or tpu"],
+            STAGE_LIMITS_S["properties"],
+        ),
+        (
+            "accelerator",
+            [
+                python,
+                "-m",
+                "benchmarks.accelerator",
+                "--json",
+                "--out",
+                str(out / "accelerator.jsonl"),
+                "--budget",
+                f"{accelerator_budget:.0f}",
+            ],
+            accelerator_budget + ACCELERATOR_MARGIN_S,
+        ),
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Command line: `python -m benchmarks.device_check --out DIR [--budget 480]`."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="folder for the logs and records")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=DEFAULT_BUDGET_S,
+        help=f"seconds for all stages (default {DEFAULT_BUDGET_S:.0f})",
+    )
+    parser.add_argument("--only", default=None, help="comma-separated stages to run (default: all)")
+    args = parser.parse_args(argv)
+    if not args.budget > 0:
+        parser.error(f"--budget must be positive, got {args.budget}")
+    out = pathlib.Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        parser.error(f"--out: cannot create {out} ({error})")
+    planned = stages(out, args.budget)
+    if args.only:
+        names = [name.strip() for name in args.only.split(",") if name.strip()]
+        known = [name for name, _, _ in planned]
+        unknown = [name for name in names if name not in known]
+        if unknown or not names:
+            parser.error(f"--only must be a comma-separated subset of {known}, got {args.only!r}")
+        planned = [stage for stage in planned if stage[0] in names]
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # the stages share the chip
+    records = []
+    for name, command, limit_s in planned:
+        record = run_stage(name, command, limit_s, out)
+        records.append(record)
+        line = json.dumps(record)
+        print(line, flush=True)
+        with open(out / "device_check.jsonl", "a") as jsonl:
+            jsonl.write(line + "\n")
+    # pytest's 5 is "no tests collected": a backend without device cases.
+    failed = [r["stage"] for r in records if r["timed_out"] or r["returncode"] not in (0, 5)]
+    if failed:
+        raise SystemExit(
+            f"benchmarks.device_check: stage(s) {', '.join(failed)} failed or timed out"
+        )
+    return records
+
+
+if __name__ == "__main__":
+    relaunch_with_tuned_allocator()  # its stages inherit the tunable
+    main()
