@@ -11,9 +11,10 @@ its summary::
 Stages, in order: the environment (packages, devices); the tests whose
 meaning is on an accelerator at full optimization (cuDNN's attention, the
 correctly rounded division); the property suite's device cases (`pytest -n 8
--k "gpu or tpu"`); `python -m benchmarks.accelerator` in what remains of the
-budget. A stage past its time box is stopped (its record says
-`timed_out`) and the next one runs. Exits 1 when a stage failed or timed out.
+-k "gpu or tpu"`, fewer workers on a host with fewer cores); `python -m
+benchmarks.accelerator` in what remains of the budget. A stage past its time
+box is stopped (its record says `timed_out`) and the next one runs. Exits 1
+when a stage failed or timed out.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ PROPERTY_TESTS = (
     "tests/test_properties_optimizer.py",
     "tests/test_properties_qat.py",
 )
+PROPERTY_WORKERS = min(8, os.cpu_count() or 1)  # each device case compiles on the host
 STAGE_LIMITS_S = {"environment": 60.0, "device_tests": 100.0, "properties": 150.0}
 ACCELERATOR_MARGIN_S = 45.0  # the accelerator's last task finishes after its budget
 _ENVIRONMENT = """
@@ -106,7 +108,7 @@ def stages(out: pathlib.Path, budget_s: float) -> list[tuple[str, list[str], flo
         ),
         (
             "properties",
-            [*pytest, "-n", "8", *PROPERTY_TESTS, "-k", "gpu or tpu"],
+            [*pytest, "-n", str(PROPERTY_WORKERS), *PROPERTY_TESTS, "-k", "gpu or tpu"],
             STAGE_LIMITS_S["properties"],
         ),
         (
