@@ -147,6 +147,11 @@ def test_cpus_and_gpus_divide_in_float64(platform):
     assert ("stablehlo.reduce_precision" in text) == (platform != "cpu")
     if platform != "cpu":
         assert "format = e8m23 : tensor<4x3xf64>" in text
+    # A symbolic batch is traced instead of emitted: the same operations.
+    spec = jax.ShapeDtypeStruct(export.symbolic_shape("n, 3"), jnp.float32)
+    symbolic = _lowered_text(division.divide, platform, spec, spec)
+    assert "stablehlo.divide" in symbolic and "tensor<?x3xf64>" in symbolic
+    assert ("stablehlo.reduce_precision" in symbolic) == (platform != "cpu")
 
 
 def test_the_gpu_form_gives_numpy_bits_for_every_normal_quotient():
