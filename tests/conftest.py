@@ -27,19 +27,24 @@ def _default_backend(flags: str) -> str | None:
         "import jax, jax.numpy as jnp; jnp.zeros(2).block_until_ready(); "
         "print(jax.default_backend())"
     )
-    env = {**os.environ, "XLA_FLAGS": flags}
+    # The probe must not take a GPU's memory from the tests.
+    env = {**os.environ, "XLA_FLAGS": flags, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     child = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
     lines = child.stdout.split()
     return lines[-1] if child.returncode == 0 and lines else None
 
 
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+# Probed once: pytest-xdist's workers and the tests' subprocesses inherit the decision.
+_PROBED = "TFT_JAX_TESTS_PROBED_BACKEND"
+_unset = "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "")
+if _unset and _PROBED not in os.environ:
     _base = os.environ.get("XLA_FLAGS", "")
     for _extra in (_TEST_FLAGS, _TEST_FLAGS[:1]):
         _flags = " ".join((_base, *_extra)).strip()
         _backend = _default_backend(_flags)
         if _backend is not None:
             break
+    os.environ[_PROBED] = str(_backend)
     if _backend == "cpu":
         os.environ["XLA_FLAGS"] = _flags
 
