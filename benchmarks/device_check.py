@@ -30,6 +30,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from benchmarks import common
 from tft_jax.allocator import relaunch_with_tuned_allocator
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent  # the stages run from the checkout
@@ -140,21 +141,20 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     )
     parser.add_argument("--only", default=None, help="comma-separated stages to run (default: all)")
     args = parser.parse_args(argv)
-    if not args.budget > 0:
-        parser.error(f"--budget must be positive, got {args.budget}")
     out = pathlib.Path(args.out)
+    # Checked before anything is created or run.
+    with common.usage_errors(parser):
+        if not args.budget > 0:  # NaN too
+            raise ValueError(f"--budget must be positive, got {args.budget}")
+        planned = stages(out, args.budget)
+        if args.only:
+            known = [name for name, _, _ in planned]
+            names = common.split_names(args.only, known, "--only")
+            planned = [stage for stage in planned if stage[0] in names]
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         parser.error(f"--out: cannot create {out} ({error})")
-    planned = stages(out, args.budget)
-    if args.only:
-        names = [name.strip() for name in args.only.split(",") if name.strip()]
-        known = [name for name, _, _ in planned]
-        unknown = [name for name in names if name not in known]
-        if unknown or not names:
-            parser.error(f"--only must be a comma-separated subset of {known}, got {args.only!r}")
-        planned = [stage for stage in planned if stage[0] in names]
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # the stages share the chip
     records = []
     for name, command, limit_s in planned:

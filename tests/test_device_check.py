@@ -41,8 +41,9 @@ def test_the_accelerator_gets_what_the_other_stages_leave_of_the_budget(tmp_path
 
 def test_only_names_known_stages_and_runs_just_those(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        device_check.main(["--out", str(tmp_path), "--only", "enviroment"])
+        device_check.main(["--out", str(tmp_path / "new"), "--only", "enviroment"])
     assert "--only must be a comma-separated subset of" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()  # refused before anything is created
     records = device_check.main(["--out", str(tmp_path), "--only", "environment"])
     assert [record["stage"] for record in records] == ["environment"]
     assert records[0]["returncode"] == 0
