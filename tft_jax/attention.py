@@ -405,14 +405,17 @@ class TemporalSelfAttention(nn.Module):
                 if implementation == "cudnn"
                 else 1.0 / (math.sqrt(self.head_dim) * jnp.asarray(temperature, jnp.float32))
             )
-            if mask is None:
-                attended = fused_attention.dot_product_attention(
-                    query, key, value, scale=scale, implementation=implementation, is_causal=causal
-                )
-            else:
-                attended = fused_attention.dot_product_attention(
-                    query, key, value, scale=scale, implementation=implementation, mask=allowed
-                )
+            # Without a user mask the kernel builds the causal one itself.
+            attended = fused_attention.dot_product_attention(
+                query,
+                key,
+                value,
+                scale=scale,
+                implementation=implementation,
+                is_causal=causal and mask is None,
+                mask=None if mask is None else allowed,
+            )
+            if mask is not None:
                 # The fused softmax spreads a fully masked row uniformly; the contract is zeros.
                 any_allowed = jnp.swapaxes(jnp.any(allowed, axis=-1), 1, 2)[..., None]
                 attended = jnp.where(any_allowed, attended, jnp.zeros((), attended.dtype))
