@@ -388,3 +388,30 @@ def test_a_mask_over_the_params_alone_is_refused_at_init_with_the_wrapping_named
     # Zero gradients: Adam's direction is 0, so a decayed leaf moves by exactly -lr * wd * p.
     np.testing.assert_allclose(updates["params"]["dense"]["kernel"], np.full((3, 2), -1e-3))
     np.testing.assert_array_equal(updates["params"]["dense"]["bias"], np.zeros(2))
+
+
+def test_a_given_flat_gradient_and_norm_are_what_the_update_clips_with() -> None:
+    """`flat_updates(..., flat_grads=, grad_norm=)`: the caller's vector and norm are used.
+
+    Equal to the update that flattens and measures itself when they are
+    `flatten(grads)` and its norm; with a norm twice the true one the
+    clipped gradient (and so Adam's first moment) is half as large, which
+    shows the given norm is the one clipping reads.
+    """
+    rng = np.random.default_rng(5)
+    params, grads = _tree(rng), _tree(rng, scale=10.0)
+    tx = flat_adamw(LR, clip_norm=1.0)
+    state = tx.init(params)
+    vector = flatten(grads)
+    norm = jnp.sqrt(jnp.sum(jnp.square(vector)))
+    assert float(norm) > 1.0
+    plain, plain_state = flat_updates(tx, grads, state, params)
+    given, given_state = flat_updates(tx, grads, state, params, flat_grads=vector, grad_norm=norm)
+    np.testing.assert_allclose(np.asarray(given), np.asarray(plain), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(given_state.mu), np.asarray(plain_state.mu), rtol=1e-6)
+    _, doubled_state = flat_updates(tx, grads, state, params, flat_grads=vector, grad_norm=2 * norm)
+    np.testing.assert_allclose(
+        np.asarray(doubled_state.mu), 0.5 * np.asarray(plain_state.mu), rtol=1e-6
+    )
+    with pytest.raises(ValueError, match=r"flat_grads must be flatten\(grads\) of shape \(\d+,\)"):
+        flat_updates(tx, grads, state, params, flat_grads=vector[:-1], grad_norm=norm)

@@ -345,7 +345,13 @@ def is_flat_adamw(tx: Any) -> bool:
 
 
 def flat_updates(
-    tx: Any, grads: PyTree, state: FlatAdamWState, params: PyTree | None = None
+    tx: Any,
+    grads: PyTree,
+    state: FlatAdamWState,
+    params: PyTree | None = None,
+    *,
+    flat_grads: Array | None = None,
+    grad_norm: Array | None = None,
 ) -> tuple[Array, FlatAdamWState]:
     """A `flat_adamw`'s `update` before it is split into the tree: `(updates (N,), new state)`.
 
@@ -354,12 +360,20 @@ def flat_updates(
     skip-step conditional, which then carries three vectors instead of every
     parameter leaf.
 
+    Args:
+      tx, grads, state, params: as for `tx.update`.
+      flat_grads: `flatten(grads)` `(N,)`, when the caller has it already.
+      grad_norm: its L2 norm (a scalar), likewise; used for clipping.
+        Both serve a caller that computed them before a `lax.cond`, across
+        which XLA cannot share the concatenation and the reduction.
+
     Raises:
       TypeError: `tx` is not a `flat_adamw` (`is_flat_adamw`).
+      ValueError: `flat_grads` does not have the shape `(N,)` of `grads`.
     """
     if not is_flat_adamw(tx):
         raise TypeError(f"flat_updates: tx must be a flat_adamw, got {type(tx).__name__}")
-    return tx.update.flat(grads, state, params)
+    return tx.update.flat(grads, state, params, flat_grads=flat_grads, grad_norm=grad_norm)
 
 
 def scheduled_learning_rate(tx: Any, state: Any) -> Array | None:
@@ -466,9 +480,18 @@ class _Update:
         return _unflatten(vector, _layout(grads, "grads")), new_state
 
     def flat(
-        self, grads: PyTree, state: FlatAdamWState, params: PyTree | None = None
+        self,
+        grads: PyTree,
+        state: FlatAdamWState,
+        params: PyTree | None = None,
+        *,
+        flat_grads: Array | None = None,
+        grad_norm: Array | None = None,
     ) -> tuple[Array, FlatAdamWState]:
-        """The update as one `(N,)` float32 vector in `flatten`'s order, and the new state."""
+        """The update as one `(N,)` float32 vector in `flatten`'s order, and the new state.
+
+        `flat_grads` and `grad_norm`: `flatten(grads)` and its norm, if the caller has them.
+        """
         hyper = self.hyper
         layout = _layout(grads, "grads")
         if np.shape(state.mu) != (layout.size,):
@@ -476,10 +499,21 @@ class _Update:
                 f"flat_adamw: the gradients hold {layout.size} scalars but the optimizer "
                 f"state was initialized for {np.shape(state.mu)}"
             )
-        g = flatten(grads)
+        if flat_grads is None:
+            g = flatten(grads)
+        elif np.shape(flat_grads) != (layout.size,):
+            raise ValueError(
+                f"flat_adamw: flat_grads must be flatten(grads) of shape ({layout.size},), "
+                f"got shape {np.shape(flat_grads)}"
+            )
+        else:
+            g = jnp.asarray(flat_grads, jnp.float32)
         if hyper.clip_norm is not None:
-            norm = jnp.sqrt(jnp.sum(jnp.square(g)))
-            g = jnp.where(norm < hyper.clip_norm, g, (g / norm) * hyper.clip_norm)
+            # One scalar factor, so that the moment updates read `g` once: a
+            # vector select between `g` and the clipped `g` made XLA write the
+            # clipped vector out and read both.
+            norm = jnp.sqrt(jnp.sum(jnp.square(g))) if grad_norm is None else grad_norm
+            g = g * jnp.where(norm < hyper.clip_norm, 1.0, hyper.clip_norm / norm)
         mu = (1 - hyper.b1) * g + hyper.b1 * state.mu
         nu = (1 - hyper.b2) * (g**2) + hyper.b2 * state.nu
         count = optax.safe_increment(state.count)

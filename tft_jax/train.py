@@ -41,6 +41,7 @@ from tft_jax.flat_optimizer import (
     FlatAdamWState,
     flat_adamw,
     flat_updates,
+    flatten,
     global_norm,
     is_flat_adamw,
     scheduled_learning_rate,
@@ -692,8 +693,13 @@ def _flat_update_if(
     grads: dict[str, PyTree],
     trainables: dict[str, PyTree],
     model_state: dict[str, PyTree],
+    flat_grads: Array,
+    grad_norm: Array,
 ) -> tuple[dict[str, PyTree], PyTree, dict[str, PyTree]]:
     """A `flat_adamw` step when `condition` holds, else the state kept (params plus a zero update).
+
+    `flat_grads` is `flatten(grads)` and `grad_norm` its norm, computed once
+    for the step's metrics and reused here.
 
     The conditional computes only the optimizer's flat vectors (the update,
     the moments) and the model state; the update is split into the leaves
@@ -705,7 +711,14 @@ def _flat_update_if(
     size = state.opt_state.mu.shape[0]
 
     def update() -> tuple[Array, FlatAdamWState, dict[str, PyTree]]:
-        vector, opt_state = flat_updates(state.tx, grads, state.opt_state, trainables)
+        vector, opt_state = flat_updates(
+            state.tx,
+            grads,
+            state.opt_state,
+            trainables,
+            flat_grads=flat_grads,
+            grad_norm=grad_norm,
+        )
         return vector, opt_state, model_state
 
     def keep() -> tuple[Array, FlatAdamWState, dict[str, PyTree]]:
@@ -739,7 +752,11 @@ def _train_step(
     trainables = state.trainables()
     (loss, (model_state, observed)), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainables)
     # One reduction over the concatenated gradients, not one per parameter leaf.
-    grad_norm = global_norm(grads)
+    # The flat optimizer reuses the vector and its norm inside its conditional.
+    flat_grads = flatten(grads) if is_flat_adamw(state.tx) else None
+    grad_norm = (
+        global_norm(grads) if flat_grads is None else jnp.sqrt(jnp.sum(jnp.square(flat_grads)))
+    )
 
     # A NaN or inf in any gradient makes the global norm non-finite, so one
     # scalar test covers every leaf (and a norm overflowing float32 as well).
@@ -760,7 +777,7 @@ def _train_step(
     apply = informative & finite
     if is_flat_adamw(state.tx):
         trained, opt_state, model_state = _flat_update_if(
-            apply, state, grads, trainables, model_state
+            apply, state, grads, trainables, model_state, flat_grads, grad_norm
         )
     else:
 
