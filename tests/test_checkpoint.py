@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -166,6 +167,18 @@ def test_restore_without_checkpoints_returns_none(tmp_path: pathlib.Path) -> Non
         assert checkpointer.restore_best(TEMPLATE) is None
 
 
+def corrupt_warning(directory: pathlib.Path, kind: str, step: int, reason: str = "") -> str:
+    """The regex of the warning that moves step `step` of `kind` aside as corrupt.
+
+    `reason` is a regex of the start of the damage found (in parentheses).
+    """
+    moved = re.escape(str(directory / CORRUPT / f"{kind}-{step}"))
+    return (
+        rf"^checkpoint {kind} step {step} in {re.escape(str(directory))} is corrupt "
+        rf"\((?:{reason}).*\); moved to {moved}$"
+    )
+
+
 def _array_files(step_dir: pathlib.Path) -> list[pathlib.Path]:
     files = [path for path in (step_dir / "state").rglob("d/*") if path.is_file()]
     assert files, f"no array data files under {step_dir}"
@@ -203,12 +216,27 @@ def _garble_meta(step_dir: pathlib.Path) -> None:
             path.write_text("{not json")
 
 
+# The damage each one is found as: the check that catches it, named in the warning.
+DAMAGES = [
+    pytest.param(_truncate, "unreadable arrays: ", id="_truncate"),
+    # Flipped bytes fail the read where they land in a b-tree node, the digest elsewhere.
+    pytest.param(
+        _flip_bytes, "unreadable arrays: |the bytes do not match the saved digest", id="_flip_bytes"
+    ),
+    pytest.param(
+        _arrays_of_older_step, "the bytes do not match the saved digest", id="_arrays_of_older_step"
+    ),
+    pytest.param(_empty_step, "unreadable metadata: ", id="_empty_step"),
+    pytest.param(_garble_meta, "unreadable metadata: JSONDecodeError", id="_garble_meta"),
+]
+
+
 # A failed read inside orbax leaves an asyncio callback behind; it is harmless.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-@pytest.mark.parametrize(
-    "damage", [_truncate, _flip_bytes, _arrays_of_older_step, _empty_step, _garble_meta]
-)
-def test_damaged_newest_checkpoint_is_never_restored(tmp_path: pathlib.Path, damage: Any) -> None:
+@pytest.mark.parametrize(("damage", "reason"), DAMAGES)
+def test_damaged_newest_checkpoint_is_never_restored(
+    tmp_path: pathlib.Path, damage: Any, reason: str
+) -> None:
     good, newer = randomized(TEMPLATE, 2, step=5), randomized(TEMPLATE, 3, step=10)
     rng = jax.random.key(0)
     with TrainingCheckpointer(tmp_path) as checkpointer:
@@ -216,7 +244,9 @@ def test_damaged_newest_checkpoint_is_never_restored(tmp_path: pathlib.Path, dam
         checkpointer.save_latest(newer, rng, {"step": 10})
     damage(tmp_path / LATEST / "10")
     with TrainingCheckpointer(tmp_path) as checkpointer:
-        restored = checkpointer.restore_latest(TEMPLATE)
+        # Moving the step aside is a repair of the user's run: it is announced.
+        with pytest.warns(UserWarning, match=corrupt_warning(tmp_path, LATEST, 10, reason)):
+            restored = checkpointer.restore_latest(TEMPLATE)
         assert restored is not None and restored.step == 5
         assert_bitwise_equal(restored.state, good)
         assert checkpointer.steps() == [5]
@@ -239,16 +269,33 @@ def test_interrupted_save_leaves_a_temporary_directory_that_is_never_a_step(
     assert restored is not None and restored.step == 3
 
 
+# A failed read inside orbax leaves an asyncio callback behind; it is harmless.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_every_checkpoint_damaged_means_nothing_is_restored(tmp_path: pathlib.Path) -> None:
     with TrainingCheckpointer(tmp_path) as checkpointer:
         for step in (1, 2):
             checkpointer.save_latest(randomized(TEMPLATE, step, step), jax.random.key(0), {})
     for step in (1, 2):
         _truncate(tmp_path / LATEST / str(step))
-    with TrainingCheckpointer(tmp_path) as checkpointer:
+    with (
+        TrainingCheckpointer(tmp_path) as checkpointer,
+        pytest.warns(UserWarning, match=r"^checkpoint latest step") as caught,
+    ):
         assert checkpointer.restore_latest(TEMPLATE) is None
+    # Each step is moved aside with its own warning, the newest first.
+    messages = [
+        str(record.message)
+        for record in caught
+        if re.match(r"checkpoint latest step", str(record.message))
+    ]
+    assert len(messages) == 2, messages
+    for message, step in zip(messages, (2, 1), strict=True):
+        assert re.search(corrupt_warning(tmp_path, LATEST, step, "unreadable arrays: "), message)
+        assert (tmp_path / CORRUPT / f"latest-{step}").is_dir()
 
 
+# A failed read inside orbax leaves an asyncio callback behind; it is harmless.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_checkpoint_of_another_model_raises_and_is_kept(tmp_path: pathlib.Path) -> None:
     with TrainingCheckpointer(tmp_path) as checkpointer:
         checkpointer.save_latest(randomized(TEMPLATE, 5, 4), jax.random.key(0), {})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import pathlib
+import re
 import shutil
 from typing import Any
 
@@ -17,6 +18,7 @@ from tests.test_checkpoint import (
     VAL,
     _truncate,
     assert_bitwise_equal,
+    corrupt_warning,
     epoch_batches,
     randomized,
     stand_in_state,
@@ -112,7 +114,10 @@ def test_a_corrupt_best_is_restored_from_the_latest_step_of_the_same_number(
         checkpointer.save_latest(best, RNG, {})
     _truncate(tmp_path / BEST / "10")
     with TrainingCheckpointer(tmp_path) as checkpointer:
-        with pytest.warns(UserWarning, match="restored from the latest checkpoint"):
+        with (
+            pytest.warns(UserWarning, match=corrupt_warning(tmp_path, BEST, 10)),
+            pytest.warns(UserWarning, match="restored from the latest checkpoint"),
+        ):
             restored = checkpointer.restore_best(TEMPLATE)
         assert restored is not None and restored.step == 10
         assert_bitwise_equal(restored.state, best)
@@ -129,6 +134,7 @@ def test_a_corrupt_best_without_a_stand_in_is_announced_as_lost(tmp_path: pathli
     _truncate(tmp_path / BEST / "10")
     with (
         TrainingCheckpointer(tmp_path) as checkpointer,
+        pytest.warns(UserWarning, match=corrupt_warning(tmp_path, BEST, 10)),
         pytest.warns(UserWarning, match="no intact best checkpoint remains .* lost"),
     ):
         assert checkpointer.restore_best(TEMPLATE) is None
@@ -154,7 +160,14 @@ def test_resumed_fit_returns_the_best_state_when_its_best_checkpoint_is_corrupt(
     first = fit_away(tmp_path)
     assert first.history["val_loss"][0] < first.history["val_loss"][1]
     _truncate(tmp_path / BEST / "6")
-    with pytest.warns(UserWarning, match="best step 6 .* is corrupt"):
+    stand_in = (
+        r"^best checkpoint step 6 restored from the latest checkpoint of the same step, "
+        rf"and saved in {re.escape(str(tmp_path / BEST))} again$"
+    )
+    with (
+        pytest.warns(UserWarning, match=corrupt_warning(tmp_path, BEST, 6)),
+        pytest.warns(UserWarning, match=stand_in),
+    ):
         again = fit(
             stand_in_state(),
             epoch_batches,
@@ -191,7 +204,13 @@ def test_a_resume_whose_latest_checkpoints_are_all_corrupt_goes_on_from_the_best
     assert latest == [6, 12]
     for step in latest:
         _truncate(tmp_path / LATEST / str(step))
-    with pytest.warns(UserWarning, match=r"no intact latest checkpoint .* best checkpoint, step 6"):
+    # Each latest step is moved aside with its own warning.
+    truncated = "unreadable arrays: "
+    with (
+        pytest.warns(UserWarning, match=corrupt_warning(tmp_path, LATEST, 12, truncated)),
+        pytest.warns(UserWarning, match=corrupt_warning(tmp_path, LATEST, 6, truncated)),
+        pytest.warns(UserWarning, match=r"no intact latest checkpoint .* best checkpoint, step 6"),
+    ):
         again = fit(
             stand_in_state(), epoch_batches, AWAY, epochs=2, checkpoint_dir=tmp_path,
             resume=True, quiet=True,

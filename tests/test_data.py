@@ -96,13 +96,18 @@ def test_grid_inserts_missing_timestamps_flags_them_and_keeps_every_row():
 def test_missing_target_windows_are_left_out_unless_asked():
     table = make_table({"a": 60})
     table.loc[30, "y"] = np.nan
-    strict = prepare(table, validation_fraction=0.0, test_fraction=0.0)
+    # The filled step is a repair of the user's table: announced, with its series.
+    filled = r"^filled 1 missing target steps \(forward fill, .*\) in 1 of 1 series: 'a' 1; "
+    with pytest.warns(UserWarning, match=filled + "windows whose horizon holds one are left out"):
+        strict = prepare(table, validation_fraction=0.0, test_fraction=0.0)
     horizons = strict.train.starts[:, None] + np.arange(3)
     assert not np.isin(30, horizons)
     assert strict.train.arrays()["target_mask"].min() == 1.0
-    loose = prepare(
-        table, validation_fraction=0.0, test_fraction=0.0, require_observed_target=False
-    )
+    kept = "windows whose horizon holds one are kept, those steps with target_mask 0"
+    with pytest.warns(UserWarning, match=filled + kept):
+        loose = prepare(
+            table, validation_fraction=0.0, test_fraction=0.0, require_observed_target=False
+        )
     assert len(loose.train) == len(strict.train) + 3
     arrays = loose.train.arrays()
     assert (arrays["target_mask"] == 0).sum() == 3
@@ -707,7 +712,15 @@ def test_drop_last_skips_only_the_short_final_batch():
 
 @pytest.fixture(scope="module")
 def pedestrian():
-    return prepare_pedestrian(history=24, horizon=6)
+    # The table's 3,011 missing hours (`tft_jax.data.pedestrian`'s docstring) are announced.
+    filled = (
+        r"^filled 3011 missing target steps \(forward fill, .*\) in 4 of 4 series: "
+        r"'Birrarung Marr' 2978, 'Bourke Street Mall \(North\)' 2, "
+        r"'QV Market-Elizabeth St \(West\)' 26, 'Southern Cross Station' 5; "
+        r"windows whose horizon holds one are left out"
+    )
+    with pytest.warns(UserWarning, match=filled):
+        return prepare_pedestrian(history=24, horizon=6)
 
 
 def test_pedestrian_table_has_four_hourly_sensors():

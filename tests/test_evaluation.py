@@ -63,7 +63,11 @@ def prepare(
 
 @pytest.fixture(scope="module")
 def dataset():
-    return prepare()
+    # Series b's gap of two days is filled, and that repair is announced.
+    with pytest.warns(
+        UserWarning, match=r"^filled 2 missing target steps .* in 1 of 3 series: 'b' 2; "
+    ):
+        return prepare()
 
 
 def pinball(pred: np.ndarray, target: np.ndarray, q: float) -> np.ndarray:

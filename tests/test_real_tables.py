@@ -58,7 +58,13 @@ def test_day_first_dates_get_a_hint_and_parse_with_dayfirst():
 def test_missing_value_texts_are_counted_and_announced():
     table = hourly({"a": 60}).astype({"y": object})
     table.loc[[10, 11], "y"] = ["n/a", " NULL "]
-    with pytest.warns(UserWarning, match=r"missing-value text as missing: 2 in 'y'"):
+    # Two announcements: the texts read as missing, then the target steps they left filled.
+    with (
+        pytest.warns(
+            UserWarning, match=r"^filled 2 missing target steps .* in 1 of 1 series: 'a' 2; "
+        ),
+        pytest.warns(UserWarning, match=r"missing-value text as missing: 2 in 'y'"),
+    ):
         dataset = prepare_dataset(table, **SPEC)
     assert dataset.missing_texts == {"y": 2}
     report = dataset.missing_report()

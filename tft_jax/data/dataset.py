@@ -756,11 +756,16 @@ def prepare_dataset(
     filled = grid.groupby(spec.id_col, sort=True)[missing_col].sum()
     if filled.sum():
         report = ", ".join(f"{series!r} {int(n)}" for series, n in filled[filled > 0].items())
+        horizons = (
+            "windows whose horizon holds one are left out"
+            if require_observed_target
+            else "windows whose horizon holds one are kept, those steps with target_mask 0"
+        )
         warnings.warn(
             f"filled {int(filled.sum())} missing target steps (forward fill, those before a "
             f"series' first observed target its scaler's location; flagged) in "
-            f"{int((filled > 0).sum())} of {len(filled)} series: {report}; windows whose "
-            "horizon holds one are left out (PreparedDataset.missing_report())",
+            f"{int((filled > 0).sum())} of {len(filled)} series: {report}; {horizons} "
+            "(PreparedDataset.missing_report())",
             UserWarning,
             stacklevel=2,
         )
