@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 from typing import Any
 
 import jax
@@ -721,3 +722,81 @@ def test_sigkill_before_the_first_evaluation_resumes_from_a_timed_checkpoint(
     resumed_from = max(killed_steps[LATEST])
     assert f"resuming from step {resumed_from} (epoch 0) of the checkpoint in " in output
     assert history["step"] == [48]
+
+
+_DAMAGED_RESTORE = """
+import pathlib, sys
+sys.path.insert(0, {root!r})
+import jax
+from tests.test_checkpoint import LATEST, TEMPLATE, _truncate, randomized
+from tft_jax.checkpoint import TrainingCheckpointer
+
+directory = pathlib.Path({directory!r})
+with TrainingCheckpointer(directory) as checkpointer:
+    checkpointer.save_latest(randomized(TEMPLATE, 2, step=5), jax.random.key(0), {{}})
+    checkpointer.save_latest(randomized(TEMPLATE, 3, step=10), jax.random.key(0), {{}})
+_truncate(directory / LATEST / "10")
+with TrainingCheckpointer(directory) as checkpointer:
+    print("restored step", checkpointer.restore_latest(TEMPLATE).step)
+"""
+
+
+def test_restoring_past_a_damaged_step_prints_its_warning_and_no_asyncio_tracebacks(
+    tmp_path: pathlib.Path,
+) -> None:
+    """What a user's process shows: the one warning, not orbax's abandoned reads.
+
+    The other reads of a damaged step fail after orbax has closed its event
+    loop: without the checkpointer's filters Python printed an `Event loop is
+    closed` traceback for each of ~200 callbacks and asyncio logged each
+    failed task, hundreds of lines for one damaged step.
+    """
+    root = str(pathlib.Path(__file__).resolve().parent.parent)
+    script = _DAMAGED_RESTORE.format(root=root, directory=str(tmp_path / "run"))
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.split() == ["restored", "step", "5"]
+    assert re.search(r"UserWarning: checkpoint latest step 10 in .* is corrupt", result.stderr)
+    for noise in ("Event loop is closed", "Task exception was never retrieved", "Traceback"):
+        assert noise not in result.stderr, result.stderr[-4000:]
+
+
+def test_only_callbacks_on_a_closed_loop_are_dropped_from_the_unraisable_hook(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asyncio
+
+    from tft_jax import checkpoint
+
+    seen: list[BaseException] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda report: seen.append(report.exc_value))
+    checkpoint._drop_late_loop_callbacks()
+    checkpoint._drop_late_loop_callbacks()  # installed once: no second wrapper
+    assert sys.unraisablehook.drops_late_loop_callbacks  # type: ignore[attr-defined]
+
+    def report(error: BaseException) -> None:
+        # The fields of `sys.UnraisableHookArgs` the hook reads (the type is not constructible).
+        sys.unraisablehook(
+            types.SimpleNamespace(
+                exc_type=type(error),
+                exc_value=error,
+                exc_traceback=error.__traceback__,
+                err_msg=None,
+                object=None,
+            )
+        )
+
+    loop = asyncio.new_event_loop()
+    loop.close()
+    try:
+        loop.call_soon_threadsafe(print)
+    except RuntimeError as error:  # what a late tensorstore callback meets
+        closed = error
+    report(closed)
+    other = RuntimeError("Event loop is closed")  # the same text, raised elsewhere
+    report(other)
+    report(ValueError("a real problem"))
+    assert [type(error) for error in seen] == [RuntimeError, ValueError]
+    assert seen[0] is other

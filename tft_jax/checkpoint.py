@@ -25,20 +25,32 @@ timed-out file system, an I/O error) raises `CheckpointReadError`, an
 intact, and moving it away would resume from an older one, or from step 0. A
 checkpoint whose layout differs from the template (another model or
 optimizer) raises `ValueError`: that is a user error, not corruption.
+
+A damaged step is reported by its one warning: orbax abandons the step's
+other reads when the first fails, and their failures arrive on a closed
+event loop. While arrays are read, asyncio's "Task exception was never
+retrieved" log records are dropped, and the first restore installs, for the
+rest of the process, a `sys.unraisablehook` wrapper that drops only the
+`RuntimeError: Event loop is closed` reports raised by asyncio's
+`_check_closed` (every other report reaches the hook that was in place).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
+import logging
 import numbers
 import os
 import pathlib
 import re
 import shutil
+import sys
+import traceback
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -444,13 +456,15 @@ class TrainingCheckpointer:
                 f"{_layout_difference(saved_layout, expected_layout)}"
                 f"{_optimizer_layout_note(saved_layout, expected_layout, manager.directory, step)}"
             )
+        _drop_late_loop_callbacks()
         try:
-            restored = manager.restore(
-                step,
-                args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(_abstract(template_payload))
-                ),
-            )["state"]
+            with _unretrieved_task_errors_dropped():
+                restored = manager.restore(
+                    step,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardRestore(_abstract(template_payload))
+                    ),
+                )["state"]
         except Exception as error:  # orbax, tensorstore and json raise many types
             raise self._read_error(kind, step, "arrays", error) from error
         if digest(restored) != saved_digest:
@@ -510,6 +524,71 @@ class TrainingCheckpointer:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
+
+
+def _is_late_loop_callback(unraisable: Any) -> bool:
+    """Whether a `sys.unraisablehook` report is a callback scheduled on a closed asyncio loop.
+
+    When one array of a damaged checkpoint fails to read, orbax ends the
+    restore and closes its event loop while tensorstore's other reads are
+    still in flight; each of those then schedules its completion on the
+    closed loop from a tensorstore thread, and Python prints a `RuntimeError:
+    Event loop is closed` traceback for each, hundreds for one damaged step.
+    """
+    error = getattr(unraisable, "exc_value", None)
+    if not isinstance(error, RuntimeError) or str(error) != "Event loop is closed":
+        return False
+    frames = traceback.extract_tb(getattr(unraisable, "exc_traceback", None))
+    return (
+        bool(frames)
+        and frames[-1].name == "_check_closed"
+        and pathlib.Path(frames[-1].filename).parts[-2:] == ("asyncio", "base_events.py")
+    )
+
+
+def _drop_late_loop_callbacks() -> None:
+    """Makes `sys.unraisablehook` drop `_is_late_loop_callback` reports (installed once).
+
+    Every other report goes to the hook that was in place. Called before a
+    checkpoint's arrays are read, so that restoring past a damaged step
+    prints its one warning instead of a wall of tracebacks about a loop
+    that orbax has already closed.
+    """
+    previous = sys.unraisablehook
+    if getattr(previous, "drops_late_loop_callbacks", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        if not _is_late_loop_callback(unraisable):
+            previous(unraisable)
+
+    hook.drops_late_loop_callbacks = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+
+
+class _UnretrievedTaskErrors(logging.Filter):
+    """Drops asyncio's "Task exception was never retrieved" records."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Task exception was never retrieved")
+
+
+@contextlib.contextmanager
+def _unretrieved_task_errors_dropped() -> Iterator[None]:
+    """Drops asyncio's reports of the reads that orbax abandoned, while arrays are read.
+
+    The reads of a damaged step's other arrays fail too, after orbax stopped
+    waiting for them; asyncio logs each failed task with its traceback. The
+    one read whose error orbax raises is reported (as a warning naming the
+    step) by the caller.
+    """
+    logger = logging.getLogger("asyncio")
+    dropped = _UnretrievedTaskErrors()
+    logger.addFilter(dropped)
+    try:
+        yield
+    finally:
+        logger.removeFilter(dropped)
 
 
 def _check_directory(directory: pathlib.Path) -> None:
