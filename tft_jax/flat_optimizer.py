@@ -512,7 +512,7 @@ class _Update:
             # One scalar factor, so that the moment updates read `g` once: a
             # vector select between `g` and the clipped `g` made XLA write the
             # clipped vector out and read both.
-            norm = jnp.sqrt(jnp.sum(jnp.square(g))) if grad_norm is None else grad_norm
+            norm = global_norm(g) if grad_norm is None else grad_norm
             g = g * jnp.where(norm < hyper.clip_norm, 1.0, hyper.clip_norm / norm)
         mu = (1 - hyper.b1) * g + hyper.b1 * state.mu
         nu = (1 - hyper.b2) * (g**2) + hyper.b2 * state.nu

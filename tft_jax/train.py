@@ -754,9 +754,7 @@ def _train_step(
     # One reduction over the concatenated gradients, not one per parameter leaf.
     # The flat optimizer reuses the vector and its norm inside its conditional.
     flat_grads = flatten(grads) if is_flat_adamw(state.tx) else None
-    grad_norm = (
-        global_norm(grads) if flat_grads is None else jnp.sqrt(jnp.sum(jnp.square(flat_grads)))
-    )
+    grad_norm = global_norm(grads if flat_grads is None else flat_grads)
 
     # A NaN or inf in any gradient makes the global norm non-finite, so one
     # scalar test covers every leaf (and a norm overflowing float32 as well).
