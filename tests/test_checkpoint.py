@@ -232,8 +232,6 @@ DAMAGES = [
 ]
 
 
-# A failed read inside orbax leaves an asyncio callback behind; it is harmless.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize(("damage", "reason"), DAMAGES)
 def test_damaged_newest_checkpoint_is_never_restored(
     tmp_path: pathlib.Path, damage: Any, reason: str
@@ -270,8 +268,6 @@ def test_interrupted_save_leaves_a_temporary_directory_that_is_never_a_step(
     assert restored is not None and restored.step == 3
 
 
-# A failed read inside orbax leaves an asyncio callback behind; it is harmless.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_every_checkpoint_damaged_means_nothing_is_restored(tmp_path: pathlib.Path) -> None:
     with TrainingCheckpointer(tmp_path) as checkpointer:
         for step in (1, 2):
@@ -295,8 +291,6 @@ def test_every_checkpoint_damaged_means_nothing_is_restored(tmp_path: pathlib.Pa
         assert (tmp_path / CORRUPT / f"latest-{step}").is_dir()
 
 
-# A failed read inside orbax leaves an asyncio callback behind; it is harmless.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_checkpoint_of_another_model_raises_and_is_kept(tmp_path: pathlib.Path) -> None:
     with TrainingCheckpointer(tmp_path) as checkpointer:
         checkpointer.save_latest(randomized(TEMPLATE, 5, 4), jax.random.key(0), {})

@@ -35,9 +35,6 @@ from tft_jax.train import fit
 
 RNG = jax.random.key(0)
 
-# A failed read inside orbax leaves an asyncio callback behind; it is harmless.
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-
 
 def _save_two_steps(directory: pathlib.Path) -> Any:
     """Latest steps 5 and 10 under `directory`; returns the state of step 10."""
