@@ -396,7 +396,9 @@ def test_a_given_flat_gradient_and_norm_are_what_the_update_clips_with() -> None
     Equal to the update that flattens and measures itself when they are
     `flatten(grads)` and its norm; with a norm twice the true one the
     clipped gradient (and so Adam's first moment) is half as large, which
-    shows the given norm is the one clipping reads.
+    shows the given norm is the one clipping reads; the negated vector with
+    the same norm gives the negated first moment, which shows the given
+    vector is the one the moments read.
     """
     rng = np.random.default_rng(5)
     params, grads = _tree(rng), _tree(rng, scale=10.0)
@@ -413,5 +415,9 @@ def test_a_given_flat_gradient_and_norm_are_what_the_update_clips_with() -> None
     np.testing.assert_allclose(
         np.asarray(doubled_state.mu), 0.5 * np.asarray(plain_state.mu), rtol=1e-6
     )
+    _, negated_state = flat_updates(tx, grads, state, params, flat_grads=-vector, grad_norm=norm)
+    np.testing.assert_allclose(np.asarray(negated_state.mu), -np.asarray(plain_state.mu), rtol=1e-6)
     with pytest.raises(ValueError, match=r"flat_grads must be flatten\(grads\) of shape \(\d+,\)"):
         flat_updates(tx, grads, state, params, flat_grads=vector[:-1], grad_norm=norm)
+    with pytest.raises(ValueError, match=r"grad_norm must be a scalar, got shape \(\d+,\)"):
+        flat_updates(tx, grads, state, params, flat_grads=vector, grad_norm=jnp.abs(vector))

@@ -369,7 +369,8 @@ def flat_updates(
 
     Raises:
       TypeError: `tx` is not a `flat_adamw` (`is_flat_adamw`).
-      ValueError: `flat_grads` does not have the shape `(N,)` of `grads`.
+      ValueError: `flat_grads` does not have the shape `(N,)` of `grads`, or
+        `grad_norm` is not a scalar.
     """
     if not is_flat_adamw(tx):
         raise TypeError(f"flat_updates: tx must be a flat_adamw, got {type(tx).__name__}")
@@ -508,6 +509,11 @@ class _Update:
             )
         else:
             g = jnp.asarray(flat_grads, jnp.float32)
+        if grad_norm is not None and np.shape(grad_norm) != ():
+            # An (N,) "norm" would broadcast into an elementwise clipping factor.
+            raise ValueError(
+                f"flat_adamw: grad_norm must be a scalar, got shape {np.shape(grad_norm)}"
+            )
         if hyper.clip_norm is not None:
             # One scalar factor, so that the moment updates read `g` once: a
             # vector select between `g` and the clipped `g` made XLA write the
