@@ -100,20 +100,19 @@ _HEAVY_FILES_FIRST = (
     "test_distributed.py",  # the 8-device subprocess
     "test_model.py",
     "test_train.py",
-    "test_outputs_fourth_review.py",
+    "test_interpretable_outputs.py",
     "test_qat_model.py",
     "test_faults.py",
     "test_categorical_inputs.py",
     "test_checkpoint.py",
     "test_qat_fast_path.py",
     "test_experiments.py",
-    "test_run_folder_config_review.py",
-    "test_properties_tft.py",  # before the review: its models come from the cache there
-    "test_properties_review.py",
+    "test_run_folder_model_files.py",
+    "test_properties_tft.py",  # before the boundaries: its models come from the cache there
     "test_forecaster_flows.py",
     "test_properties_boundaries.py",
     "test_fast_path.py",
-    "test_benchmarks_second_review.py",
+    "test_benchmarks_accelerator.py",
     "test_properties_qat.py",
 )
 

@@ -79,6 +79,27 @@ def test_an_unknown_allocator_choice_is_refused_instead_of_relaunching(value):
     assert allocator.should_relaunch({}) == allocator._uses_glibc()
 
 
+@pytest.mark.skipif(not allocator._uses_glibc(), reason="the relaunch is glibc's")
+def test_a_program_read_from_standard_input_runs_on_instead_of_relaunching():
+    env = {key: value for key, value in os.environ.items() if key != "GLIBC_TUNABLES"}
+    env.pop("TFT_JAX_ALLOCATOR", None)
+    result = subprocess.run(
+        [sys.executable, "-", "--flag", "value"],
+        input=PROBE,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    # The relaunched process read an exhausted standard input: the probe printed
+    # "started" once and nothing after the call.
+    assert result.stdout.splitlines() == ["started", "tunables None args ['--flag', 'value']"]
+    assert "RuntimeWarning" in result.stderr and "GLIBC_TUNABLES=glibc.malloc.hugetlb=1" in (
+        result.stderr
+    )
+
+
 def _main_block(tree: ast.Module) -> ast.If | None:
     for node in tree.body:
         if (

@@ -1,4 +1,5 @@
-"""The temporal self-attention block: reference values, masks, causality, gradient flow."""
+"""The temporal self-attention block and its kernel: reference values, masks, causality,
+gradient flow, argument checks, and bfloat16 weights against a float64 softmax."""
 
 from __future__ import annotations
 
@@ -404,3 +405,67 @@ def test_the_causal_block_and_the_tft_hold_no_mask_reduction():
     tft_variables = model.init(jax.random.key(0), *inputs)
     jaxpr = jax.make_jaxpr(lambda v: model.apply(v, *inputs, deterministic=True))(tft_variables)
     assert "reduce_or" not in str(jaxpr)
+
+
+# ---------------------------------------------------------------------------
+# The kernel: masks that would enlarge the output, shapes that do not fit, bfloat16
+
+
+def test_attention_kernel_refuses_a_mask_that_would_enlarge_the_output():
+    """A `(B, 1, Tq, Tk)` mask with 3-D `(B, Tq, d)` inputs used to broadcast the
+    weights to `(B, B, Tq, Tk)` and the output to `(B, B, Tq, dv)`, silently."""
+    x = jnp.ones((2, 3, 4))
+    with pytest.raises(ValueError, match=r"mask must broadcast to the logits' shape.*\(2, 3, 3\)"):
+        scaled_dot_product_attention(x, x, x, np.ones((2, 1, 3, 3), bool))
+    # A mask that broadcasts without enlarging is still taken, with the documented result.
+    rows = np.array([[True], [True], [False]])  # (Tq, 1): the last query sees nothing
+    output, weights = scaled_dot_product_attention(x, x, x, rows)
+    assert output.shape == (2, 3, 4) and weights.shape == (2, 3, 3)
+    np.testing.assert_allclose(np.asarray(weights[:, :2]), 1.0 / 3.0, rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(weights[:, 2]), 0.0)
+
+
+@pytest.mark.parametrize(
+    "query_shape, key_shape, value_shape, match",
+    [
+        ((1, 2, 4), (1, 3, 5), (1, 3, 4), r"query .* and key .* the same depth d"),
+        ((1, 2, 4), (1, 3, 4), (1, 2, 4), r"key .* and value .* the same number of steps Tk"),
+        ((2, 2, 4), (3, 3, 4), (3, 3, 4), r"leading axes of query, key and value"),
+        ((4,), (3, 4), (3, 4), r"query must have at least 2 axes"),
+    ],
+)
+def test_attention_kernel_names_the_arguments_whose_shapes_do_not_fit(
+    query_shape, key_shape, value_shape, match
+):
+    with pytest.raises(ValueError, match=match):
+        scaled_dot_product_attention(
+            jnp.ones(query_shape), jnp.ones(key_shape), jnp.ones(value_shape)
+        )
+
+
+# One rounding to bfloat16 (8 significant bits) moves a value by at most 2^-8 of itself.
+BFLOAT16_ROUNDING = 2.0**-8
+
+
+def _float64_softmax_weights(query: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """`softmax(Q Kᵀ / sqrt(d))` in float64: `(..., Tq, d), (..., Tk, d) -> (..., Tq, Tk)`."""
+    logits = query @ np.swapaxes(key, -1, -2) / np.sqrt(query.shape[-1])
+    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)
+
+
+def test_bfloat16_attention_weights_are_the_float64_softmax_rounded_once():
+    # Logits up to ~20: rounded to bfloat16 before the softmax they were off by up to 0.06,
+    # which moved weights by up to 5%, ten times the weights' own final bfloat16 rounding.
+    rng = np.random.default_rng(0)
+    depth = 16
+    query = jnp.asarray(2.0 * rng.normal(size=(2, 2, 6, depth)), jnp.bfloat16)
+    key = jnp.asarray(2.0 * rng.normal(size=(2, 2, 40, depth)), jnp.bfloat16)
+    value = jnp.asarray(rng.normal(size=(2, 1, 40, depth)), jnp.bfloat16)
+    output, weights = scaled_dot_product_attention(query, key, value)
+    # The inputs are exact bfloat16 values; the reference reads those very values.
+    expected = _float64_softmax_weights(np.asarray(query, np.float64), np.asarray(key, np.float64))
+    assert weights.dtype == output.dtype == jnp.bfloat16
+    np.testing.assert_allclose(
+        np.asarray(weights, np.float64), expected, rtol=BFLOAT16_ROUNDING * 1.01, atol=1e-30
+    )

@@ -1,4 +1,5 @@
-"""The attention block's user mask, its positional-encoding switch and `deterministic`."""
+"""The attention block's user mask, its positional-encoding switch, `deterministic`, and its
+`causal` and `return_weights` flags (bools, concrete under `jit`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.block_inputs import _RNG
 from tft_jax import TemporalSelfAttention, sinusoidal_encoding
 
 HIDDEN, HEADS = 8, 2
@@ -166,3 +168,33 @@ def test_dropout_without_deterministic_raises_and_without_dropout_it_is_optional
     )
     # init needs no `deterministic`: the parameters do not depend on it.
     TemporalSelfAttention(HIDDEN, HEADS, dropout_rate=0.1).init(jax.random.key(0), x)
+
+
+@pytest.fixture(scope="module")
+def attention_block() -> tuple[TemporalSelfAttention, dict, np.ndarray]:
+    block = TemporalSelfAttention(4, 2)
+    x = _RNG.normal(size=(1, 3, 4)).astype(np.float32)
+    return block, block.init(jax.random.key(0), x), x
+
+
+@pytest.mark.parametrize("name", ["causal", "return_weights"])
+def test_attention_flags_must_be_bools_not_truthy_strings(attention_block, name):
+    # causal="False" was truthy: the block silently ran causal.
+    block, variables, x = attention_block
+    with pytest.raises(TypeError, match=f"{name} must be a bool, got str 'False'"):
+        block.apply(variables, x, **{name: "False"})
+
+
+@pytest.mark.parametrize("name", ["causal", "return_weights"])
+def test_attention_flags_traced_under_jit_are_named(attention_block, name):
+    block, variables, x = attention_block
+    run = jax.jit(lambda flag: block.apply(variables, x, **{name: flag}))
+    with pytest.raises(TypeError, match=f"{name} must be a concrete Python bool"):
+        run(jnp.asarray(True))
+
+
+def test_attention_flags_accept_numpy_bools(attention_block):
+    block, variables, x = attention_block
+    np.testing.assert_array_equal(
+        block.apply(variables, x, causal=np.bool_(False)), block.apply(variables, x, causal=False)
+    )

@@ -1,4 +1,5 @@
-"""Seasonal naive forecasts and their default periods."""
+"""Seasonal naive forecasts (with and without fable's drift) against hand computations and
+loop references, their default periods, and the histories they refuse."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from tft_jax.baselines import candidate_periods, seasonal_naive, seasonal_period
+from tft_jax.baselines import (
+    candidate_periods,
+    seasonal_naive,
+    seasonal_naive_with_drift,
+    seasonal_period,
+)
 
 
 def test_seasonal_naive_repeats_the_last_season_hand_computed():
@@ -155,3 +161,66 @@ def test_candidate_periods_of_a_step_not_dividing_a_day_offer_the_last_value():
     assert candidate_periods("h", 200) == (1, 24, 168)
     with pytest.raises(ValueError, match="unknown frequency"):
         candidate_periods("fortnightly", 500)
+
+
+# ----------------------------------------------------------------- drift and refused histories
+
+
+def fable_drift(history: np.ndarray, horizon: int, period: int) -> np.ndarray:
+    """fable's `SNAIVE(y ~ drift())` point forecast, written as loops (one series)."""
+    steps = len(history)
+    differences = [history[t] - history[t - period] for t in range(period, steps)]
+    drift = sum(differences) / len(differences)
+    out = []
+    for h in range(1, horizon + 1):  # 1-based as in fpp3
+        seasons = (h - 1) // period + 1
+        out.append(history[steps + h - period * seasons - 1] + seasons * drift)
+    return np.array(out)
+
+
+@pytest.mark.parametrize("steps, period", [(30, 7), (31, 7), (28, 7), (10, 7), (9, 1)])
+def test_seasonal_naive_with_drift_is_fables_mean_seasonal_difference(steps, period):
+    # The drift was estimated from the T // m whole seasons at the end only: for
+    # T = 30, m = 7 the first 2 values were dropped (forecast 150.6 vs 148.9).
+    rng = np.random.default_rng(steps)
+    history = np.abs(np.cumsum(rng.normal(1.0, 3.0, size=(3, steps)), axis=1)) ** 1.2
+    got = seasonal_naive_with_drift(history, 16, period)
+    expected = np.stack([fable_drift(row, 16, period) for row in history])
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+
+
+def test_drift_at_a_history_shorter_than_two_seasons_is_the_mean_seasonal_difference() -> None:
+    history = np.array([[1.0, 4.0, 2.0, 7.0, 3.0]])  # T = 5, m = 3: two seasonal differences
+    period = 3
+    differences = [history[0, t] - history[0, t - period] for t in range(period, 5)]
+    drift = np.mean(differences)  # (7 - 1 + 3 - 4) / 2 = 2.5
+    want = [history[0, 2 + h % period] + (h // period + 1) * drift for h in range(7)]
+    np.testing.assert_allclose(seasonal_naive_with_drift(history, 7, period)[0], want)
+
+
+def test_drift_refuses_a_nan_anywhere_in_the_history() -> None:
+    # The first step is not copied, but the drift reads it: every forecast was NaN.
+    history = np.array([[np.nan, 1.0, 2.0, 3.0], [0.0, 1.0, 2.0, 3.0]])
+    with pytest.raises(ValueError, match=r"NaN/inf .* drift .*series 0, step 0"):
+        seasonal_naive_with_drift(history, 2, 2)
+
+
+def test_seasonal_naive_refuses_nan_only_where_it_copies() -> None:
+    history = np.array([[np.nan, 1.0, 2.0, 3.0]])
+    np.testing.assert_array_equal(seasonal_naive(history, 3, 2), [[2.0, 3.0, 2.0]])
+    history[0, 3] = np.inf
+    with pytest.raises(ValueError, match=r"NaN/inf .*series 0, step 3"):
+        seasonal_naive(history, 3, 2)
+
+
+@pytest.mark.parametrize(
+    "history",
+    [np.array([[1 + 1j, 2 + 0j]]), np.array([["a", "b"]]), np.array([[1.0, None]], dtype=object)],
+    ids=["complex", "strings", "object"],
+)
+@pytest.mark.parametrize("baseline", [seasonal_naive, seasonal_naive_with_drift])
+def test_baselines_refuse_a_history_that_is_not_real_numbers(history, baseline) -> None:
+    # Complex lost its imaginary part in the drift, strings and None were copied or
+    # failed deep in NumPy.
+    with pytest.raises(TypeError, match="history must hold real numbers"):
+        baseline(history, 2, 1)

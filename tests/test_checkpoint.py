@@ -21,78 +21,29 @@ import numpy as np
 import optax
 import pytest
 
+from tests.checkpoint_states import (
+    CONFIG,
+    MODEL,
+    STAND_IN,
+    TEMPLATE,
+    TX,
+    VAL,
+    _array_files,
+    _truncate,
+    assert_bitwise_equal,
+    corrupt_warning,
+    epoch_batches,
+    randomized,
+    sample_batch,
+    stand_in_state,
+)
+from tests.stepped_state import _Stepped
 from tft_jax.checkpoint import BEST, CORRUPT, LATEST, TrainingCheckpointer, load_state
 from tft_jax.config import TFTConfig
 from tft_jax.model import TemporalFusionTransformer
-from tft_jax.train import (
-    Batch,
-    TrainState,
-    create_train_state,
-    decay_model_params_only,
-    fit,
-    make_optimizer,
-)
+from tft_jax.train import create_train_state, decay_model_params_only, fit
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-
-CONFIG = TFTConfig(
-    num_static_features=1,
-    num_known_features=2,
-    num_observed_features=1,
-    hidden_dim=8,
-    num_heads=2,
-    sequence_length=4,
-    prediction_horizon=2,
-    dropout_rate=0.1,
-)
-MODEL = TemporalFusionTransformer(CONFIG)
-TX = make_optimizer(1e-3, clip_norm=1.0, weight_decay=1e-4)
-
-
-def sample_batch(batch_size: int = 2) -> Batch:
-    rng = np.random.default_rng(0)
-    cfg = CONFIG
-    return Batch(
-        static=rng.normal(size=(batch_size, 1)).astype(np.float32),
-        historical=rng.normal(size=(batch_size, cfg.sequence_length, 1)).astype(np.float32),
-        future=rng.normal(size=(batch_size, cfg.prediction_horizon, 2)).astype(np.float32),
-        known_history=None,
-        static_categorical=None,
-        target=rng.normal(size=(batch_size, cfg.prediction_horizon)).astype(np.float32),
-    )
-
-
-TEMPLATE = create_train_state(MODEL, TX, jax.random.key(0), sample_batch())
-
-
-def randomized(state: TrainState, seed: int, step: int) -> TrainState:
-    """`state` with every float leaf (params and Adam moments) replaced by noise."""
-    rng = np.random.default_rng(seed)
-
-    def noise(leaf: Any) -> Any:
-        if jnp.issubdtype(leaf.dtype, jnp.floating):
-            return jnp.asarray(rng.normal(size=leaf.shape).astype(leaf.dtype))
-        return leaf
-
-    noisy = jax.tree.map(noise, state)
-    return noisy.replace(step=jnp.asarray(step, jnp.int32), skipped_steps=jnp.asarray(1, jnp.int32))
-
-
-def _data(tree: Any) -> Any:
-    """The array fields of a `TrainState` (the static ones hold per-instance callables)."""
-    if isinstance(tree, TrainState):
-        return (tree.step, tree.params, tree.opt_state, tree.model_state, tree.skipped_steps)
-    return tree
-
-
-def assert_bitwise_equal(left: Any, right: Any) -> None:
-    left, right = _data(left), _data(right)
-    assert jax.tree.structure(left) == jax.tree.structure(right)
-    for a, b in zip(jax.tree.leaves(left), jax.tree.leaves(right), strict=True):
-        a, b = np.asarray(a), np.asarray(b)
-        assert a.dtype == b.dtype and a.shape == b.shape
-        assert a.tobytes() == b.tobytes()
-
 
 LOOP = {"epoch": 1, "batches_done": 3, "history": {"val_loss": [0.1 + 0.2, None]}, "x": 1 / 3}
 
@@ -168,28 +119,38 @@ def test_restore_without_checkpoints_returns_none(tmp_path: pathlib.Path) -> Non
         assert checkpointer.restore_best(TEMPLATE) is None
 
 
-def corrupt_warning(directory: pathlib.Path, kind: str, step: int, reason: str = "") -> str:
-    """The regex of the warning that moves step `step` of `kind` aside as corrupt.
-
-    `reason` is a regex of the start of the damage found (in parentheses).
-    """
-    moved = re.escape(str(directory / CORRUPT / f"{kind}-{step}"))
-    return (
-        rf"^checkpoint {kind} step {step} in {re.escape(str(directory))} is corrupt "
-        rf"\((?:{reason}).*\); moved to {moved}$"
-    )
+# ---------------------------------------------------------------------------
+# The PRNG key: a key restore could not give back is refused at save
 
 
-def _array_files(step_dir: pathlib.Path) -> list[pathlib.Path]:
-    files = [path for path in (step_dir / "state").rglob("d/*") if path.is_file()]
-    assert files, f"no array data files under {step_dir}"
-    return files
+def _state(step: int) -> _Stepped:
+    return _Stepped({"step": jnp.asarray(step, jnp.int32), "w": jnp.arange(3.0)})
 
 
-def _truncate(step_dir: pathlib.Path) -> None:
-    for path in _array_files(step_dir):
-        data = path.read_bytes()
-        path.write_bytes(data[: len(data) // 2])
+@pytest.mark.parametrize(
+    "make, shown",
+    [
+        (lambda: jax.random.split(jax.random.key(1), 3), r"shape \(3, 2\)"),
+        (lambda: jax.random.key(1, impl="rbg"), r"shape \(4,\) \(rbg\)"),
+    ],
+)
+def test_a_key_restore_cannot_give_back_is_refused_at_save(tmp_path, make, shown):
+    # Saved without a word, then every resume failed: "does not fit the template: ['rng']".
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+        with pytest.raises(ValueError, match=rf"save_latest: rng must be one PRNG key .*{shown}"):
+            checkpointer.save_latest(_state(2), make(), {})
+        assert checkpointer.steps() == []
+
+
+def test_a_legacy_uint32_key_restores_as_the_same_typed_key(tmp_path):
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+        assert checkpointer.save_latest(_state(2), jax.random.PRNGKey(7), {"epoch": 1})
+        restored = checkpointer.restore(LATEST, _state(0))
+    assert restored is not None and restored.step == 2 and restored.loop == {"epoch": 1}
+    np.testing.assert_array_equal(jax.random.key_data(restored.rng), [0, 7])
+    expected = jax.random.uniform(jax.random.key(7), (4,))
+    np.testing.assert_array_equal(jax.random.uniform(restored.rng, (4,)), expected)
+    np.testing.assert_array_equal(restored.state["w"], np.arange(3.0))
 
 
 def _flip_bytes(step_dir: pathlib.Path) -> None:
@@ -344,80 +305,6 @@ def test_best_checkpoints_newer_than_the_resumed_step_are_discarded(
 
 # ---------------------------------------------------------------------------
 # Resume through fit, in process, on a stand-in forecaster
-
-STAND_IN = '''
-import time
-
-from flax import linen as nn
-from flax import struct
-import jax.numpy as jnp
-import numpy as np
-
-from tft_jax.train import Batch
-
-
-@struct.dataclass
-class Output:
-    quantiles: jnp.ndarray
-
-
-class Config:
-    quantiles = (0.1, 0.5, 0.9)
-
-
-class StandIn(nn.Module):
-    """Inputs flattened -> Dense -> tanh -> Dropout -> Dense -> (B, H, Q)."""
-
-    config: Config = Config()
-
-    @nn.compact
-    def __call__(self, static, historical, future, known_history=None,
-                 static_categorical=None, deterministic=True):
-        batch = historical.shape[0]
-        x = jnp.concatenate([static, historical.reshape(batch, -1),
-                             future.reshape(batch, -1)], axis=-1)
-        hidden = nn.Dropout(0.3)(jnp.tanh(nn.Dense(16)(x)), deterministic=deterministic)
-        return Output(nn.Dense(future.shape[1] * 3)(hidden).reshape(batch, -1, 3))
-
-
-def make_batches(seed, count, batch_size=4):
-    rng = np.random.default_rng(seed)
-    batches = []
-    for _ in range(count):
-        future = rng.normal(size=(batch_size, 2, 2)).astype(np.float32)
-        batches.append(Batch(
-            static=rng.normal(size=(batch_size, 1)).astype(np.float32),
-            historical=rng.normal(size=(batch_size, 3, 1)).astype(np.float32),
-            future=future, known_history=None, static_categorical=None,
-            target=(future.sum(-1) + 0.1 * rng.normal(size=(batch_size, 2))).astype(np.float32),
-        ))
-    return batches
-
-
-TRAIN = make_batches(0, 6)
-VAL = make_batches(1, 2)
-
-
-def epoch_batches(epoch, delay=0.0, repeat=1):
-    """The training batches of `epoch` (each `repeat` times), shuffled by a generator seeded
-    with (0, epoch)."""
-    order = np.random.default_rng([0, epoch]).permutation(len(TRAIN) * repeat) % len(TRAIN)
-    for index in order:
-        if delay:
-            time.sleep(delay)
-        yield TRAIN[index]
-'''
-
-namespace: dict[str, Any] = {}
-exec(STAND_IN, namespace)  # the very source the subprocesses run
-StandIn, TRAIN, VAL, epoch_batches = (
-    namespace[name] for name in ("StandIn", "TRAIN", "VAL", "epoch_batches")
-)
-STAND_IN_TX = make_optimizer(3e-2, clip_norm=1.0, weight_decay=1e-3)
-
-
-def stand_in_state() -> TrainState:
-    return create_train_state(StandIn(), STAND_IN_TX, jax.random.key(3), TRAIN[0])
 
 
 def test_resume_of_a_finished_run_returns_its_results_without_training(

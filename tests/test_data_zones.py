@@ -1,4 +1,5 @@
-"""A fitted model reading a table whose aware times are in another zone (`data.zones`).
+"""Aware times in another zone than the training one (`data.zones`), at scoring and at
+forecast, and UTC dates read in a zone with daylight saving.
 
 The reference is the same table in the training zone: the arrays must be equal
 and the times the same instants, given back in the table's own zone.
@@ -14,6 +15,9 @@ import pandas as pd
 import pytest
 
 from tft_jax.data import prepare_dataset
+from tft_jax.data.future import future_windows
+
+from .prepared_tables import quiet_prepare
 
 HISTORY, HORIZON = 4, 2
 
@@ -115,3 +119,39 @@ def test_the_off_grid_hint_names_zones_in_which_the_days_fall_at_midnight():
     zone = re.search(r"dt\.tz_convert\('([^']+)'\)", str(caught.value)).group(1)
     local = prepare(utc.assign(time=utc["time"].dt.tz_convert(zone)))
     assert local.train.panel.times.hour.unique().tolist() == [0]
+
+
+def test_utc_dates_read_in_a_daylight_saving_zone_name_the_zone_as_the_cause():
+    table = pd.DataFrame(
+        {"id": "a", "time": pd.date_range("2024-03-01", periods=60, freq="D", tz="UTC"),
+         "y": np.arange(60.0)}
+    )  # fmt: skip
+    options = dict(freq="D", history=HISTORY, horizon=HORIZON, timezone="Europe/Berlin")
+    with pytest.raises(ValueError, match=r"in UTC these times are on the freq='D' grid") as caught:
+        quiet_prepare(table, **options)
+    assert "tz_localize(None).dt.tz_localize('Europe/Berlin')" in str(caught.value)
+    # The fix the message gives reads them as Berlin's dates.
+    table["time"] = table["time"].dt.tz_localize(None).dt.tz_localize("Europe/Berlin")
+    data = quiet_prepare(table, **options)
+    assert list(data.panel.times.hour.unique()) == [0]
+
+
+def test_a_utc_history_is_forecast_on_the_training_zones_days_across_a_dst_change():
+    # Trained on Berlin midnights (no `timezone`): the same instants in UTC are 23:00 in
+    # winter and 22:00 in summer, off any UTC daily grid. The README promises such a
+    # history is forecast exactly as in the training zone; it was refused as off the grid
+    # (spanning the change) or stepped in 24-hour UTC days (the 7 steps crossing it).
+    days = pd.date_range("2024-03-01", "2024-04-12", freq="D", tz="Europe/Berlin")
+    table = pd.DataFrame({"id": "a", "time": days, "y": np.sin(np.arange(len(days)) / 3.0)})
+    dataset = prepare(table)
+    for end in ("2024-03-29", "2024-04-06"):  # horizon crossing the change; history spanning it
+        berlin = table[table["time"] < pd.Timestamp(end, tz="Europe/Berlin")]
+        utc = berlin.assign(time=berlin["time"].dt.tz_convert("UTC"))
+        local = future_windows(dataset.preprocessor, berlin, None, HISTORY, HORIZON)
+        given = future_windows(dataset.preprocessor, utc, None, HISTORY, HORIZON)
+        assert str(given.last_times.tz) == "UTC"  # the forecast keeps the zone it was given
+        assert given.last_times.tz_convert("Europe/Berlin").equals(local.last_times)
+        times = given.windows.panel.times
+        assert times.tz_convert("Europe/Berlin").equals(local.windows.panel.times)
+        for name, array in local.windows.arrays().items():
+            np.testing.assert_array_equal(given.windows.arrays()[name], array, err_msg=name)

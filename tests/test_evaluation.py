@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -10,8 +12,10 @@ from tft_jax.data import PreparedDataset, prepare_dataset
 from tft_jax.evaluation import (
     actuals,
     baseline_metrics,
+    best_of,
     evenly_spaced,
     fan_window_indices,
+    filled_history,
     forecast_frame,
     forecast_metrics,
     padded_batches,
@@ -21,44 +25,10 @@ from tft_jax.evaluation import (
     to_original_units,
     window_scales,
 )
+from tft_jax.losses import ZeroTargetError
 from tft_jax.model import TFTOutput
 
-QUANTILES = (0.1, 0.5, 0.9)
-HISTORY, HORIZON = 14, 7
-
-
-def make_table(seed: int = 0) -> pd.DataFrame:
-    """Three daily series at very different levels, one with a gap."""
-    rng = np.random.default_rng(seed)
-    frames = []
-    for code, (name, level) in enumerate({"a": 10.0, "b": 200.0, "c": 5000.0}.items()):
-        times = pd.date_range("2024-01-01", periods=90, freq="D")
-        values = level * (1 + 0.3 * np.sin(2 * np.pi * np.arange(90) / 7))
-        values = values + rng.normal(scale=0.05 * level, size=90)
-        frame = pd.DataFrame({"shop": name, "day": times, "sales": values})
-        if code == 1:
-            frame = frame.drop(index=[30, 31])
-        frames.append(frame)
-    return pd.concat(frames, ignore_index=True)
-
-
-def prepare(
-    table: pd.DataFrame | None = None, id_col: str = "shop", time_col: str = "day", **options
-) -> PreparedDataset:
-    """`table` (default `make_table()`) prepared with the tests' spec and splits (plus
-    `options`)."""
-    return prepare_dataset(
-        make_table() if table is None else table,
-        id_col=id_col,
-        time_col=time_col,
-        target="sales",
-        freq="D",
-        history=HISTORY,
-        horizon=HORIZON,
-        validation_fraction=0.2,
-        test_fraction=0.2,
-        **options,
-    )
+from .evaluation_tables import HISTORY, HORIZON, QUANTILES, make_table, prepare
 
 
 @pytest.fixture(scope="module")
@@ -275,3 +245,145 @@ def test_scaled_loss_with_log1p_is_none_for_a_forecast_outside_the_domain():
     assert metrics["p50_q_risk"] > 0  # the other metrics stay defined
     with pytest.raises(ValueError, match=r"target_transform must be one of .* got 'log'"):
         forecast_metrics(actual, actual, QUANTILES, np.ones(1), "log")
+
+
+# ----------------------------------------------------------------- float64 metrics
+
+
+def pinball64(forecast: np.ndarray, actual: np.ndarray, q: float) -> np.ndarray:
+    error = actual - forecast
+    return np.maximum(q * error, (q - 1.0) * error)
+
+
+def test_metrics_keep_float64_precision_at_a_large_level():
+    # A float32 copy of 1e8 + k rounds to a multiple of 8: the q-risk came out 47%
+    # too high and the mean quantile loss 1.20 instead of 0.82.
+    rng = np.random.default_rng(0)
+    actual = 1e8 + rng.integers(0, 100, size=(20, 5)).astype(np.float64)
+    forecast = actual[..., None] + rng.normal(0.0, 2.0, size=(20, 5, 3))
+    metrics = forecast_metrics(forecast, actual, QUANTILES, np.full(20, 50.0))
+    for index, q in enumerate(QUANTILES):
+        losses = pinball64(forecast[..., index], actual, q)
+        expected = 2.0 * losses.sum() / np.abs(actual).sum()
+        assert metrics["q_risk"][f"{q:g}"] == pytest.approx(expected, rel=1e-9)
+    expected_mean = np.mean(
+        [pinball64(forecast[..., i], actual, q) for i, q in enumerate(QUANTILES)]
+    )
+    assert metrics["mean_quantile_loss"] == pytest.approx(expected_mean, rel=1e-9)
+    assert metrics["mean_quantile_loss_scaled"] == pytest.approx(expected_mean / 50.0, rel=1e-9)
+    assert metrics["p50_q_risk"] == metrics["q_risk"]["0.5"]
+
+
+def test_metrics_still_refuse_zero_targets_and_bad_levels():
+    with pytest.raises(ZeroTargetError, match="sum"):
+        forecast_metrics(np.ones((2, 3)), np.zeros((2, 3)), QUANTILES)
+    with pytest.raises(ValueError, match=r"quantiles must be .* in \(0, 1\)"):
+        forecast_metrics(np.ones((2, 3)), np.ones((2, 3)), (0.5, 1.0))
+    with pytest.raises(ValueError, match=r"quantiles must be .* in \(0, 1\)"):
+        forecast_metrics(np.ones((2, 3)), np.ones((2, 3)), (float("nan"),))
+
+
+LEVELS = np.asarray(QUANTILES)
+
+
+def test_the_scaled_loss_of_a_one_dimensional_actual_divides_row_by_row():
+    # A (N,) actual against the (N, 1) divisor broadcast to an (N, N) table: 0.27
+    # instead of 0.22 here, without a word.
+    rng = np.random.default_rng(0)
+    actual = rng.uniform(1.0, 2.0, size=4)
+    forecast = actual[:, None] + rng.normal(size=(4, len(QUANTILES)))
+    scale = np.array([1.0, 2.0, 3.0, 4.0])
+    error = (actual[:, None] - forecast) / scale[:, None]
+    expected = np.mean(np.maximum(LEVELS * error, (LEVELS - 1.0) * error))
+    got = forecast_metrics(forecast, actual, QUANTILES, scale)["mean_quantile_loss_scaled"]
+    assert got == pytest.approx(expected, rel=1e-12)
+    two_d = forecast_metrics(forecast[:, None], actual[:, None], QUANTILES, scale)
+    assert two_d["mean_quantile_loss_scaled"] == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "scale, message",
+    [
+        (np.ones(3), r"scale must have shape \(N,\), one per row of actual \(4, 2\), got \(3,\)"),
+        (np.ones((4, 2)), r"scale must have shape \(N,\).* got \(4, 2\)"),
+        (np.array([1.0, 0.0, 1.0, 1.0]), r"scale must be positive and finite, got 0.0 at row 1"),
+        (np.array([1.0, 1.0, np.nan, 1.0]), r"scale must be positive and finite, got nan at row 2"),
+    ],
+)
+def test_a_scale_of_the_wrong_shape_or_not_positive_is_refused(scale, message):
+    # A shorter scale failed deep in NumPy's broadcasting, a zero one gave a NaN loss.
+    actual = np.ones((4, 2))
+    with pytest.raises(ValueError, match=message):
+        forecast_metrics(actual, actual, QUANTILES, scale)
+
+
+def test_best_of_ranks_only_models_with_a_p50_q_risk():
+    # A None (levels without 0.5) raised a TypeError in min; a NaN won when listed first.
+    assert best_of({"a": {"p50_q_risk": None}, "b": {"p50_q_risk": 0.3}}) == "b"
+    assert best_of({"a": {"p50_q_risk": float("nan")}, "b": {"p50_q_risk": 0.3}}) == "b"
+    assert best_of({"a": {"p50_q_risk": 0.2}, "b": {"p50_q_risk": 0.3}}) == "a"
+    with pytest.raises(ValueError, match=r"none of \['a'\] has a P50 q-risk"):
+        best_of({"a": {"p50_q_risk": None}})
+
+
+@pytest.mark.parametrize("name", ["actual", "forecast"])
+def test_metrics_refuse_a_value_that_is_not_finite_naming_where(name):
+    # A NaN made every q-risk NaN (null in metrics.json) without a word.
+    values = {"actual": np.ones((2, 3)), "forecast": np.ones((2, 3, len(QUANTILES)))}
+    index = (1, 2) if name == "actual" else (1, 2, 0)
+    values[name][index] = np.nan
+    with pytest.raises(ValueError, match=rf"{name} holds 1 values .* nan at index \({index[0]}, "):
+        forecast_metrics(values["forecast"], values["actual"], QUANTILES)
+
+
+def test_metrics_refuse_levels_that_share_a_q_risk_key():
+    # 0.5 and 0.5000001 are both '0.5': the dict kept the second level's q-risk only.
+    actual = np.ones((2, 3))
+    with pytest.raises(ValueError, match=r"share the q-risk keys \['0.5', '0.5'\]"):
+        forecast_metrics(actual, actual, (0.5, 0.5000001))
+
+
+# ----------------------------------------------------------------- histories of the baselines
+
+
+def periodic_dataset() -> PreparedDataset:
+    """A daily series repeating each week exactly at a level of 1e8, a training day missing."""
+    times = pd.date_range("2024-01-01", periods=126, freq="D")
+    values = 1e8 + np.tile([0.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0], 18)
+    table = pd.DataFrame({"shop": "a", "day": times, "sales": values}).drop(index=[40])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the filled step is announced
+        return prepare_dataset(
+            table, id_col="shop", time_col="day", target="sales", freq="D",
+            history=14, horizon=7, validation_fraction=0.2, test_fraction=0.2, scaler="none",
+        )  # fmt: skip
+
+
+def test_seasonal_naive_of_an_exactly_periodic_series_is_exact():
+    # The history came back from the float32 scaled target: off by up to 4 at 1e8.
+    dataset = periodic_dataset()
+    windows = dataset.test
+    naive = seasonal_naive_forecast(dataset, windows, period=7)
+    actual = actuals(dataset, windows)
+    np.testing.assert_array_equal(naive, actual)
+    assert (
+        baseline_metrics(dataset, windows, QUANTILES, (7,))["seasonal_naive_7"]["p50_q_risk"] == 0.0
+    )
+    # Off by exactly one unit: 2 · 0.5 · n / Σ|y|, which float32 copies of 1e8 + k lose.
+    metrics = forecast_metrics(actual + 1.0, actual, QUANTILES)
+    assert metrics["p50_q_risk"] == pytest.approx(actual.size / np.abs(actual).sum(), rel=1e-12)
+
+
+def test_filled_history_is_the_tables_values_and_forward_fills_gaps():
+    dataset = periodic_dataset()
+    windows = dataset.train
+    history = filled_history(dataset, windows)
+    rows = windows.starts[:, None] + np.arange(-windows.history, 0)
+    frame = dataset.frame["sales"].to_numpy(dtype=np.float64)
+    observed = ~np.isnan(frame[rows])
+    assert (~observed).any(), "the test needs a window whose history holds the gap"
+    np.testing.assert_array_equal(history[observed], frame[rows][observed])
+    # The gap is forward filled (as the model sees it), up to the float32 round trip.
+    gap = np.argwhere(~observed)
+    for window, step in gap:
+        assert history[window, step] == pytest.approx(history[window, step - 1], abs=8.0)

@@ -1,4 +1,5 @@
-"""The clipping experiment: its divergence rule, and the whole experiment on a tiny table."""
+"""The clipping experiment: its divergence rule, its summary of the runs, and the whole
+experiment on a tiny table."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from tft_jax import cli, experiments
 from tft_jax.cli_parser import forecaster_config
 from tft_jax.data import prepare_dataset
-from tft_jax.experiments import ClippingSettings, diverged
+from tft_jax.experiments import ClippingSettings, _summary, diverged
 
 from .cli_tables import PNG_SIGNATURE, TINY_MODEL, run, table_args, write_table
 
@@ -165,3 +166,23 @@ def test_clipping_experiment_writes_paired_runs_a_summary_and_a_plot(capsys, csv
     assert result["settings"]["clip_norm"] == 0.05
     assert (tmp_path / "clipping.png").read_bytes()[:8] == PNG_SIGNATURE
     assert "with_clipping" in out
+
+
+def test_clipping_summary_matches_a_hand_computation():
+    runs = [
+        {"final_val_loss": 0.5, "diverged": False, "skipped_total": 0, "clipped_fraction": 0.2},
+        {"final_val_loss": float("nan"), "diverged": True, "skipped_total": 3,
+         "clipped_fraction": 0.6},
+        {"final_val_loss": 0.3, "diverged": False, "skipped_total": 1, "clipped_fraction": 0.1},
+        {"final_val_loss": 0.4, "diverged": True, "skipped_total": 0, "clipped_fraction": 0.3},
+    ]  # fmt: skip
+    summary = _summary(runs)
+    assert summary["runs"] == 4
+    assert summary["diverged"] == 2
+    assert summary["skipped_steps"] == 4
+    assert summary["clipped_fraction_mean"] == pytest.approx(0.3)
+    assert summary["final_val_loss_median"] == pytest.approx(0.4)
+    assert summary["final_val_loss_mean"] == pytest.approx(0.4)
+    assert summary["final_val_loss_min"] == 0.3
+    assert summary["final_val_loss_max"] == 0.5
+    assert summary["non_finite_final_val_loss"] == 1

@@ -1,4 +1,8 @@
-"""`fake_quantize` and `FakeQuantize` against an independent numpy reference."""
+"""`fake_quantize` and `FakeQuantize` against independent numpy and float64 references.
+
+Quantizers built from observers, the straight-through gradient at the grid ends
+and the (zero) second derivative are checked too.
+"""
 
 from __future__ import annotations
 
@@ -12,11 +16,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from qat import FakeQuantize, QATConfig, fake_quantize
+from qat import FakeQuantize, QATConfig, QuantizationObserver, fake_quantize
 from qat.config import integer_range
 from qat.fake_quant import quantize
 
+from .quantization_references import away_from_ties
+
 BITS = (2, 4, 8)
+RNG = np.random.default_rng(31)
 
 
 def reference(x, scale, zero_point, qmin, qmax):
@@ -355,3 +362,83 @@ def test_infinities_saturate_to_the_grid_ends_without_gradient_and_nan_stays_nan
     assert np.isnan(y[2]) and y[3] == 0.5
     (gradient,) = pullback(np.ones(4, np.float32))
     np.testing.assert_array_equal(np.asarray(gradient)[[0, 1, 3]], [0.0, 0.0, 1.0])
+
+
+# Observer-derived quantizers and derivatives against float64 and closed forms.
+
+
+def reference_fake_quantize(x, scale, zero_point, qmin, qmax):
+    """`(clip(round(x/s) + zp, qmin, qmax) - zp) * s` in float64, round half to even."""
+    x, scale = np.asarray(x, np.float64), np.asarray(scale, np.float64)
+    codes = np.clip(np.round(x / scale) + zero_point, qmin, qmax)
+    return (codes - zero_point) * scale
+
+
+@pytest.mark.parametrize(
+    ("symmetric", "per_channel", "channel_axis"),
+    [(True, False, -1), (False, False, -1), (True, True, 0), (True, True, -1), (False, True, 1)],
+)
+def test_fake_quantizer_from_observer_matches_float64_reference(
+    symmetric, per_channel, channel_axis
+):
+    cfg = QATConfig(bits=8, symmetric=symmetric, per_channel=per_channel, channel_axis=channel_axis)
+    x = (RNG.normal(size=(6, 5)) * np.array([0.1, 1.0, 3.0, 0.5, 2.0]) + 0.3).astype(np.float32)
+    quantizer = FakeQuantize.from_observer(QuantizationObserver.create(cfg).observe(x))
+
+    axes = None if not per_channel else tuple(a for a in range(2) if a != channel_axis % 2)
+    low = np.minimum(x.astype(np.float64).min(axis=axes, keepdims=True), 0.0)
+    high = np.maximum(x.astype(np.float64).max(axis=axes, keepdims=True), 0.0)
+    if symmetric:
+        qmin, qmax = -128, 127
+        scale = np.maximum(-low, high) / 127.5
+        zero_point = np.zeros_like(scale)
+    else:
+        qmin, qmax = 0, 255
+        scale = (high - low) / 255
+        zero_point = np.clip(qmin - np.round(low / scale), qmin, qmax)
+    got_scale, got_zero_point = quantizer.scale_zero_point()
+    np.testing.assert_allclose(np.asarray(got_scale), scale.squeeze(), rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(got_zero_point), zero_point.squeeze())
+
+    expected = reference_fake_quantize(x, scale, zero_point, qmin, qmax)
+    got = np.asarray(quantizer(x), np.float64)
+    clean = away_from_ties(x, scale)
+    np.testing.assert_allclose(got[clean], expected[clean], atol=1e-6)
+    # A symmetric range puts its extreme on 127.5 (or -127.5): a tie, one code either way.
+    step = np.broadcast_to(scale, x.shape)
+    assert np.all(np.abs(got - expected)[~clean] <= step[~clean] * (1 + 1e-6))
+
+
+def test_fake_quantize_rounds_half_to_even_and_clips_at_both_grid_ends():
+    x = jnp.array([0.5, 1.5, 2.5, -0.5, -2.5, 6.5, 7.5, -7.5, -8.5, -9.0, 100.0])
+    got = fake_quantize(x, 1.0, 0, -8, 7)
+    np.testing.assert_array_equal(np.asarray(got), [0, 2, 2, 0, -2, 6, 7, -8, -8, -8, 7])
+    # Affine: codes 0..15 with zero point 3, step 0.5.
+    got = fake_quantize(jnp.array([-1.75, -1.5, -1.25, 0.0, 6.0, 6.25, 6.5]), 0.5, 3, 0, 15)
+    np.testing.assert_array_equal(np.asarray(got), [-1.5, -1.5, -1.0, 0.0, 6.0, 6.0, 6.0])
+
+
+def test_straight_through_gradient_is_one_on_the_grid_ends_and_zero_past_them():
+    # Step 1: round(x) is exact, so the mask is 1[qmin <= round(x) + zp <= qmax].
+    x = jnp.array([-9.0, -8.5, -8.0, -7.6, 0.0, 6.6, 7.0, 7.49, 7.5, 8.0])
+    grad = jax.jit(jax.grad(lambda x: jnp.sum(fake_quantize(x, 1.0, 0, -8, 7) * 3.0)))(x)
+    # -8.5 rounds to -8 (even): inside; 7.5 rounds to 8: outside.
+    np.testing.assert_array_equal(np.asarray(grad), 3.0 * np.array([0, 1, 1, 1, 1, 1, 1, 1, 0, 0]))
+    # With a zero point the mask shifts with it.
+    x = jnp.array([-3.6, -3.4, 0.0, 12.4, 12.6])
+    grad = jax.jit(jax.grad(lambda x: jnp.sum(fake_quantize(x, 1.0, 3, 0, 15))))(x)
+    np.testing.assert_array_equal(np.asarray(grad), [0, 1, 1, 1, 0])
+
+
+def test_second_derivative_of_fake_quantize_is_zero_not_the_estimator_applied_twice():
+    # As the package docstring says: round has derivative 0 in the rule's formulas.
+    x = jnp.array([0.12, -0.37, 5.0, -5.0, 0.25])
+
+    def loss(x):
+        return jnp.sum(fake_quantize(x, 0.1, 0, -8, 7) ** 2)
+
+    np.testing.assert_array_equal(np.asarray(jax.jit(jax.hessian(loss))(x)), np.zeros((5, 5)))
+    np.testing.assert_array_equal(
+        np.asarray(jax.grad(loss)(x)),
+        2 * np.asarray(fake_quantize(x, 0.1, 0, -8, 7)) * np.array([1, 1, 0, 0, 1]),
+    )

@@ -18,9 +18,11 @@ import pytest
 from flax import linen as nn
 from jax import lax
 
-from tft_jax import TemporalFusionTransformer, TFTConfig
+from tft_jax import TemporalFusionTransformer
 from tft_jax.embeddings import AffineEmbedding, RealEmbedding
 from tft_jax.variable_selection import VariableSelectionNetwork
+
+from .fast_path_configs import small_config
 
 
 class PlainDotGeneral(nn.Module):
@@ -145,23 +147,6 @@ def test_folded_selection_with_dropout_takes_an_empty_batch():
         params, embedded, deterministic=False, rngs={"dropout": jax.random.key(2)}
     )
     assert combined.shape == (0, 5, features) and weights.shape == (0, 5, num_variables)
-
-
-def small_config(**overrides):
-    fields = dict(
-        num_static_features=2,
-        num_known_features=3,
-        num_observed_features=4,
-        hidden_dim=8,
-        num_heads=2,
-        sequence_length=6,
-        prediction_horizon=3,
-        dropout_rate=0.2,
-        variable_hidden_dim=4,
-        use_known_history=True,
-    )
-    fields.update(overrides)
-    return TFTConfig(**fields)
 
 
 def test_model_fast_path_equals_layer_by_layer_in_outputs_loss_and_gradients():

@@ -2,22 +2,27 @@
 
 Two references: optax's own per-leaf chain `optax.chain(clip_by_global_norm,
 adamw(mask=...))`, which the flat transformation must reproduce step after
-step to float32 rounding, and a float64 NumPy AdamW step written here from
-the paper's equations.
+step to float32 rounding, and float64 NumPy AdamW steps from the paper's
+equations (one written here, one in `tests/linear_quantile_model.py`). A
+checkpointed flat state is restored only with the parameters it was built for.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import pathlib
 from typing import Any
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
+from tests.linear_quantile_model import NumpyClipAdamW
+from tft_jax.checkpoint import TrainingCheckpointer
 from tft_jax.flat_optimizer import (
     FlatAdamWState,
     flat_adamw,
@@ -421,3 +426,56 @@ def test_a_given_flat_gradient_and_norm_are_what_the_update_clips_with() -> None
         flat_updates(tx, grads, state, params, flat_grads=vector[:-1], grad_norm=norm)
     with pytest.raises(ValueError, match=r"grad_norm must be a scalar, got shape \(\d+,\)"):
         flat_updates(tx, grads, state, params, flat_grads=vector, grad_norm=jnp.abs(vector))
+
+
+def test_flat_adamw_without_a_mask_decays_every_leaf_as_optax_adamw_does() -> None:
+    """optax's `adamw(mask=None)` decays all leaves; so must `flat_adamw(mask=None)`."""
+    rng = np.random.default_rng(5)
+    params = {"a": rng.standard_normal((2, 3)), "b": rng.standard_normal(4)}
+    grads = [{k: 2.0 * rng.standard_normal(v.shape) for k, v in params.items()} for _ in range(3)]
+    as32 = lambda tree: jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)  # noqa: E731
+    tx = flat_adamw(0.03, clip_norm=1.0, weight_decay=0.3)
+    reference = NumpyClipAdamW(params, 0.03, 1.0, 0.3, {"a", "b"})
+    current, opt_state = as32(params), tx.init(as32(params))
+    for gradient in grads:
+        updates, opt_state = tx.update(as32(gradient), opt_state, current)
+        current = optax.apply_updates(current, updates)
+        reference.step(gradient)
+    for name in params:
+        np.testing.assert_allclose(np.asarray(current[name]), reference.params[name], rtol=2e-5)
+    assert flatten(current).shape == (10,)
+
+
+# ---------------------------------------------------------------------------
+# A flat optimizer state is restored only with the parameters it was built for
+
+
+@flax.struct.dataclass
+class _State:
+    step: Any
+    params: Any
+    opt_state: FlatAdamWState
+
+
+def _state(params: dict[str, Any]) -> _State:
+    tx = flat_adamw(0.1)
+    opt_state = tx.init(params)
+    _, opt_state = tx.update(params, opt_state)
+    return _State(step=jnp.ones((), jnp.int32), params=params, opt_state=opt_state)
+
+
+def test_checkpoint_refuses_a_flat_state_of_parameters_laid_out_otherwise_with_equal_size(
+    tmp_path: pathlib.Path,
+) -> None:
+    # Moments are matched to parameters by position in one (N,) vector: the
+    # checkpoint's per-leaf layout check is what keeps them with their own leaves.
+    saved = _state({"a": jnp.ones((2, 3)), "b": jnp.ones(4)})
+    other = _state({"a": jnp.ones(4), "b": jnp.ones((2, 3))})
+    assert saved.opt_state.mu.shape == other.opt_state.mu.shape
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+        checkpointer.save_latest(saved, jax.random.key(0), {})
+        with pytest.raises(ValueError, match="does not fit the template"):
+            checkpointer.restore_latest(other)
+        restored = checkpointer.restore_latest(saved)
+    assert restored is not None
+    np.testing.assert_array_equal(restored.state.opt_state.mu, saved.opt_state.mu)

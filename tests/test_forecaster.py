@@ -44,14 +44,8 @@ from tft_jax.forecaster.run_folder import (
 from tft_jax.model import TemporalFusionTransformer
 
 from .cli_tables import HISTORY, HORIZON, TINY_TRAINING, write_table
+from .forecaster_stores import DATA, QUANTILES, cut
 from .tracing import recorded_traces
-
-DATA = DataConfig(
-    id_col="store", time_col="day", target="sales", freq="D", static_cols=("size",),
-    known_cols=("promo",), observed_cols=("temperature",), history=HISTORY, horizon=HORIZON,
-    validation_fraction=0.15, test_fraction=0.15,
-)  # fmt: skip
-QUANTILES = ["q0.1", "q0.5", "q0.9"]
 
 
 @pytest.fixture(scope="module")
@@ -68,14 +62,6 @@ def fitted(tmp_path_factory):
     saved = forecaster.save(folder / "run")
     csv.unlink()
     return forecaster, table, saved
-
-
-def cut(table: pd.DataFrame, day: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """History before `day`, and the known column over the H days from `day`."""
-    history = table[table["day"] < day]
-    days = pd.date_range(day, periods=HORIZON, freq="D").strftime("%Y-%m-%d")
-    future = table[table["day"].isin(days)][["store", "day", "promo"]]
-    return history, future
 
 
 def test_forecasts_start_one_step_after_each_series_end_and_survive_save_and_load(fitted):

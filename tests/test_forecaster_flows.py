@@ -1,7 +1,7 @@
 """Forecaster settings that must be refused (or normalised) before any training.
 
-Each test but the last builds configs only: a bad setting is named at
-construction, never after minutes of training or at `save`. The last fits a
+Each test but one builds configs only: a bad setting is named at
+construction, never after minutes of training or at `save`. The one fits a
 tiny QAT run and reads what `fit` records about it.
 """
 
@@ -157,3 +157,14 @@ def test_a_cut_time_pandas_cannot_read_is_refused_when_the_config_is_made(text):
         **{**DATA.__dict__, "validation_start": "2024-01-01", "test_start": "2024-02"}
     )
     assert cuts.test_start == "2024-02"
+
+
+@pytest.mark.parametrize("value", [1.00005, 1.5])
+def test_max_missing_fraction_above_one_is_refused_when_the_config_is_made(value):
+    # 1.00005 was accepted here and refused only by prepare_dataset; 1.5 was refused
+    # as outside "[0.0, 1.0001)", a range no fraction has.
+    with pytest.raises(
+        ValueError, match=rf"max_missing_fraction must lie in \[0.0, 1.0\], got {value}"
+    ):
+        DataConfig(id_col="id", time_col="t", target="y", freq="D", max_missing_fraction=value)
+    DataConfig(id_col="id", time_col="t", target="y", freq="D", max_missing_fraction=1)

@@ -16,7 +16,7 @@ import pytest
 from tft_jax.forecaster import Forecaster, ModelConfig
 
 from .cli_tables import HORIZON, TINY_TRAINING, write_table
-from .test_forecaster import DATA, QUANTILES, cut
+from .forecaster_stores import DATA, QUANTILES, cut
 
 
 @pytest.fixture(scope="module")

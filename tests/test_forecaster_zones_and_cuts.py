@@ -17,7 +17,7 @@ from tft_jax.data import prepare_dataset
 from tft_jax.forecaster import Forecaster, ModelConfig
 
 from .cli_tables import HORIZON, TINY_TRAINING, write_table
-from .test_forecaster import DATA
+from .forecaster_stores import DATA
 
 CUTS = {"validation_start": "2024-03-01", "test_start": "2024-03-20"}
 

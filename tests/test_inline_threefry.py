@@ -154,3 +154,37 @@ def test_train_step_dropout_equals_the_model_applied_with_the_given_key() -> Non
     np.testing.assert_allclose(float(metrics["loss"]), loss_with(key), rtol=1e-6)
     # The masks matter at this rate: another key gives another loss.
     assert abs(loss_with(jax.random.key(43)) - loss_with(key)) > 1e-3
+
+
+# ---------------------------------------------------------------------------
+# Inline Threefry draws beyond the raw bits
+
+
+@pytest.fixture
+def inline_every_draw(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(inline_threefry, "INLINE_MIN_SIZE", 1)
+
+
+DRAWS = {
+    "scalar bits": lambda key: jax.random.bits(key, ()),
+    "empty": lambda key: jax.random.bits(key, (0, 4)),
+    "uniform bfloat16": lambda key: jax.random.uniform(key, (33,), jnp.bfloat16),
+    "uniform float16": lambda key: jax.random.uniform(key, (33,), jnp.float16),
+    "bernoulli near 1": lambda key: jax.random.bernoulli(key, 0.999, (257,)),
+    "normal": lambda key: jax.random.normal(key, (4, 5)),
+    "randint": lambda key: jax.random.randint(key, (50,), 0, 1000),
+    "permutation": lambda key: jax.random.permutation(key, 20),
+    "vmapped over split keys": lambda key: jax.vmap(lambda k: jax.random.uniform(k, (3,)))(
+        jax.random.split(key, 4)
+    ),
+}
+
+
+@pytest.mark.usefixtures("inline_every_draw")
+@pytest.mark.parametrize("name", list(DRAWS))
+def test_inline_key_draws_equal_jax_s_threefry_draws_bit_for_bit(name: str) -> None:
+    key = jax.random.key(7)
+    draw = jax.jit(DRAWS[name])
+    want, got = np.asarray(draw(key)), np.asarray(draw(inline_threefry_key(key)))
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got.reshape(-1).view(np.uint8), want.reshape(-1).view(np.uint8))

@@ -146,3 +146,43 @@ def test_int64_targets_beyond_int32_are_not_wrapped() -> None:
     expected = np.mean(numpy_ql(np.asarray(device_pred)[:, 0], target, 0.5))
     got = quantile_loss(device_pred, target, levels)
     np.testing.assert_allclose(float(got), expected, rtol=1e-6)
+
+
+def _pinball64(pred: np.ndarray, target: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    error = target[..., None].astype(np.float64) - pred.astype(np.float64)
+    return np.maximum(levels * error, (levels - 1.0) * error)
+
+
+def test_quantile_loss_with_unsorted_levels_equals_float64_numpy() -> None:
+    rng = np.random.default_rng(3)
+    levels = np.array([0.9, 0.02, 0.5, 0.25])
+    pred = rng.standard_normal((2, 3, 5, 4)).astype(np.float32)
+    target = rng.standard_normal((2, 3, 5)).astype(np.float32)
+    want = _pinball64(pred, target, levels).mean()
+    np.testing.assert_allclose(float(quantile_loss(pred, target, levels)), want, rtol=1e-6)
+
+
+def test_quantile_loss_gradient_is_the_pinball_slope_and_a_subgradient_at_zero_error() -> None:
+    levels = (0.1, 0.9)
+    target = jnp.zeros(3)
+    pred = jnp.array([[-1.0, 0.0], [1.0, 0.0], [0.0, 2.0]])
+    grad = np.asarray(jax.grad(lambda p: quantile_loss(p, target, levels))(pred))
+    count = pred.size
+    # d/dŷ of max(q e, (q - 1) e), e = y - ŷ: -q where e > 0, 1 - q where e < 0.
+    np.testing.assert_allclose(grad[0, 0], -0.1 / count, rtol=1e-6)
+    np.testing.assert_allclose(grad[1, 0], 0.9 / count, rtol=1e-6)
+    np.testing.assert_allclose(grad[2, 1], 0.1 / count, rtol=1e-6)
+    # At zero error any slope in [-q, 1 - q] is a subgradient; JAX's max splits the tie.
+    for row, column, q in ((0, 1, 0.9), (1, 1, 0.9), (2, 0, 0.1)):
+        assert -q / count - 1e-9 <= grad[row, column] <= (1.0 - q) / count + 1e-9
+
+
+def test_q_risk_is_float32_under_x64_with_a_numpy_float64_level() -> None:
+    rng = np.random.default_rng(4)
+    pred = rng.standard_normal(6).astype(np.float32)
+    target = rng.standard_normal(6).astype(np.float32)
+    with jax.enable_x64(True):
+        risk = q_risk(pred, target, np.float64(0.9))
+    assert risk.dtype == jnp.float32
+    want = 2.0 * _pinball64(pred[:, None], target, np.array([0.9])).sum() / np.abs(target).sum()
+    np.testing.assert_allclose(float(risk), want, rtol=1e-6)

@@ -17,26 +17,10 @@ from qat import fake_quantize, lsq_fake_quantize
 from qat.config import integer_range
 from qat.lsq import default_grad_scale
 
+from .quantization_references import reference_gradients
+
 EPS = np.finfo(np.float32).eps
-
-
-def reference_gradients(x, scale, zero_point, qmin, qmax, cotangent, grad_scale):
-    """Numpy LSQ gradients (Esser et al. 2020, eq. 3, with a zero point) of sum(cotangent * y)."""
-    x = np.asarray(x, np.float32)
-    step = max(abs(np.float32(scale)), EPS)
-    # The grid position in float32, as the forward: x times the reciprocal (PyTorch's).
-    ratio = (x * (np.float32(1) / np.float32(step))).astype(np.float64)
-    rounded = np.round(ratio)
-    position = rounded + zero_point
-    below, above = position < qmin, position > qmax
-    inside = ~(below | above)
-    d_step = np.where(below, qmin - zero_point, np.where(above, qmax - zero_point, rounded - ratio))
-    sign = -1.0 if scale < 0 else 1.0
-    return (
-        cotangent * inside,
-        np.sum(cotangent * d_step) * grad_scale * sign,
-        np.sum(cotangent * np.where(inside, 0.0, -step)) * grad_scale,
-    )
+RNG = np.random.default_rng(31)
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4, 5))
@@ -269,3 +253,27 @@ def test_a_learned_zero_point_matches_torch_learnable_fake_quantize():
 def test_a_non_finite_zero_point_is_still_refused():
     with pytest.raises(ValueError, match=r"zero_point must be finite, got"):
         lsq_fake_quantize(np.ones(4, np.float32), 0.1, np.nan, 0, 255)
+
+
+@pytest.mark.parametrize("zero_point", [0, 5])
+def test_lsq_step_size_gradient_is_the_papers_formula_times_its_gradient_scale(zero_point):
+    qmin, qmax = (-8, 7) if zero_point == 0 else (0, 15)
+    x = (RNG.normal(size=(4, 3)) * 0.6).astype(np.float32)
+    upstream = RNG.normal(size=(4, 3)).astype(np.float32)
+    scale = np.array([0.07, 0.1, 0.05], np.float32)  # per channel along the last axis
+
+    def loss(s):
+        return jnp.sum(lsq_fake_quantize(x, s, zero_point, qmin, qmax) * upstream)
+
+    got = np.asarray(jax.jit(jax.grad(loss))(jnp.asarray(scale)))
+    ratio = x.astype(np.float64) / scale
+    position = np.round(ratio) + zero_point
+    partial = np.where(
+        position < qmin,
+        qmin - zero_point,
+        np.where(position > qmax, qmax - zero_point, np.round(ratio) - ratio),
+    )
+    assert (position < qmin).any() or (position > qmax).any()
+    # N: the elements sharing one step size (a column of 4).
+    expected = (partial * upstream).sum(axis=0) / np.sqrt(4 * qmax)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)

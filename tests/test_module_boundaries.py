@@ -213,6 +213,17 @@ def test_linear_rejects_a_scalar():
         init(Linear(3), jnp.ones(()))
 
 
+@pytest.mark.parametrize("scalar", [3.0, 3, np.float32(3.0)])
+def test_linear_rejects_a_python_or_numpy_scalar_with_value_error(scalar):
+    with pytest.raises(ValueError, match=r"Linear expects x of shape \(\.\.\., I\)"):
+        Linear(4).init(jax.random.key(0), scalar)
+
+
+def test_grn_names_a_scalar_input_instead_of_an_index_error():
+    with pytest.raises(ValueError, match=r"GatedResidualNetwork: x must have a feature axis"):
+        GatedResidualNetwork(3).init(jax.random.key(0), 2.0)
+
+
 @pytest.mark.parametrize(
     "codes, error, message",
     [

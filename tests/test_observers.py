@@ -1,4 +1,8 @@
-"""`QATConfig` validation and `QuantizationObserver` against numpy and closed forms."""
+"""`QATConfig` validation and `QuantizationObserver` against numpy and closed forms.
+
+Includes the range updates of each observer kind (moving averages near float32's
+maximum too), constant and non-finite batches.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from hypothesis.extra import numpy as hnp
 from qat import FakeQuantize, QATConfig, QuantizationObserver
 
 EPS = np.finfo(np.float32).eps
+RNG = np.random.default_rng(4)
 
 
 def reference_qparams(low, high, qmin, qmax, symmetric):
@@ -216,3 +221,72 @@ def test_per_channel_observer_rejects_a_channel_count_change():
     observer = QuantizationObserver.create(QATConfig(per_channel=True)).observe(np.ones((2, 3)))
     with pytest.raises(ValueError, match="4 channels on axis -1, the observer has 3"):
         observer.observe(np.ones((2, 4)))
+
+
+def test_moving_average_of_ranges_near_float32_max_stays_finite():
+    # min_val + c * (new - min_val) overflowed to +inf for new - min_val > 3.4e38, and a
+    # min_val of +inf reads as "nothing observed": the negative side of the range vanished.
+    cfg = QATConfig(symmetric=False, observer="moving_average", averaging_constant=0.01)
+    observer = QuantizationObserver.create(cfg)
+    observer = observer.observe(np.array([-3e38, 3e38], np.float32))
+    observer = observer.observe(np.array([3e38, 3e38], np.float32))
+    expected_min = -3e38 + 0.01 * (3e38 - -3e38)
+    np.testing.assert_allclose(float(observer.min_val), expected_min, rtol=1e-6)
+    np.testing.assert_allclose(float(observer.max_val), 3e38, rtol=1e-6)
+    scale, zero_point = observer.qparams()
+    expected_scale = (3e38 - expected_min) / 255
+    np.testing.assert_allclose(float(scale), expected_scale, rtol=1e-5)
+    assert int(zero_point) == round(-expected_min / expected_scale)
+
+
+def test_moving_average_of_ordinary_ranges_keeps_the_difference_form():
+    # The overflow branch must not change ordinary updates: m + c * (new - m) in float32.
+    cfg = QATConfig(symmetric=False, observer="moving_average", averaging_constant=0.3)
+    observer = QuantizationObserver.create(cfg)
+    batches = [RNG.normal(size=(5, 3)).astype(np.float32) * (i + 1) for i in range(4)]
+    low = high = None
+    for batch in batches:
+        observer = observer.observe(batch)
+        new_low, new_high = np.float32(batch.min()), np.float32(batch.max())
+        if low is None:
+            low, high = new_low, new_high
+        else:
+            low = np.float32(low + np.float32(0.3) * (new_low - low))
+            high = np.float32(high + np.float32(0.3) * (new_high - high))
+    assert float(observer.min_val) == pytest.approx(float(low), rel=1e-6)
+    assert float(observer.max_val) == pytest.approx(float(high), rel=1e-6)
+
+
+def test_observer_first_update_sets_the_range_then_each_kind_follows_its_rule():
+    first, second = jnp.array([-1.0, 2.0]), jnp.array([-3.0, 1.0])
+    minmax = QuantizationObserver.create(QATConfig(symmetric=False)).observe(first)
+    average = QuantizationObserver.create(
+        QATConfig(symmetric=False, observer="moving_average", averaging_constant=0.25)
+    ).observe(first)
+    for observer in (minmax, average):
+        assert (float(observer.min_val), float(observer.max_val)) == (-1.0, 2.0)
+        assert int(observer.num_batches) == 1
+    minmax, average = minmax.observe(second), average.observe(second)
+    assert (float(minmax.min_val), float(minmax.max_val)) == (-3.0, 2.0)
+    assert float(average.min_val) == pytest.approx(-1.0 + 0.25 * (-3.0 + 1.0))
+    assert float(average.max_val) == pytest.approx(2.0 + 0.25 * (1.0 - 2.0))
+
+
+@pytest.mark.parametrize("value", [0.0, -3.0, 2.5])
+def test_observer_of_a_constant_tensor_gives_a_finite_scale_that_keeps_the_value(value):
+    for symmetric in (True, False):
+        observer = QuantizationObserver.create(QATConfig(symmetric=symmetric))
+        observer = observer.observe(jnp.full((3, 2), value))
+        scale, _ = observer.qparams()
+        assert np.isfinite(float(scale)) and float(scale) > 0
+        quantizer = FakeQuantize.from_observer(observer)
+        np.testing.assert_allclose(
+            np.asarray(quantizer(jnp.full((4,), value))), value, atol=float(scale)
+        )
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_observer_refuses_a_non_finite_batch_by_name(bad):
+    observer = QuantizationObserver.create(QATConfig(observer="moving_average"))
+    with pytest.raises(ValueError, match="finite"):
+        observer.observe(jnp.array([0.0, bad]))

@@ -1,14 +1,22 @@
-"""Plots: each writes a readable PNG; inconsistent inputs are rejected before drawing."""
+"""Plots: each writes a readable PNG at the path it returns; what is drawn matches the
+artists' data and labels; inconsistent inputs are rejected by name before drawing, and
+degenerate ones are still drawn."""
 
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
+import matplotlib.dates as mdates
 import numpy as np
 import pandas as pd
 import pytest
 
 from tft_jax import plots
+
+from .figure_capture import _capture_figures
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -286,3 +294,294 @@ def test_future_chart_draws_the_first_few_series_by_default_and_named_ones_in_or
     (default, _), (named, _) = drawn
     assert list(pd.unique(default["id"])) == names[: plots.MAX_FAN_SERIES]
     assert list(pd.unique(named["id"])) == ["s07", "s01"]
+
+
+# ----------------------------------------------------------------- refused and degenerate inputs
+
+
+def test_variable_importance_scale_comes_from_the_finite_weights(tmp_path, monkeypatch):
+    # A NaN weight (a diverged model) set the scale to ~1e-9: the finite bars ran off it.
+    figures = _capture_figures(monkeypatch)
+    plots.plot_variable_importance(
+        tmp_path / "vi.png", [("history", ["a", "b", "c"], [math.nan, 0.5, 0.2])]
+    )
+    (axis,) = figures[0].axes
+    assert axis.get_xlim() == pytest.approx((0.0, 0.55))
+    labels = [label.get_text() for label in axis.get_yticklabels()]
+    assert labels == ["a (nan)", "c", "b"]  # ascending, the non-finite one named at the bottom
+    widths = [patch.get_width() for patch in axis.patches]
+    np.testing.assert_allclose(widths, [0.0, 0.2, 0.5])
+
+
+def test_variable_importance_with_an_infinite_weight_still_draws(tmp_path):
+    path = plots.plot_variable_importance(tmp_path / "vi.png", [("h", ["a", "b"], [math.inf, 0.5])])
+    assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("history", [0, -1, 2.5, True])
+def test_attention_plot_refuses_a_history_that_is_not_a_positive_int(tmp_path, history):
+    with pytest.raises(ValueError, match="history must be an int >= 1"):
+        plots.plot_attention(tmp_path / "a.png", np.full((2, 5), 0.2), history=history)
+
+
+def test_attention_plot_refuses_fractional_horizons_by_name(tmp_path):
+    with pytest.raises(ValueError, match=r"horizons must lie in 1\.\.2 \(whole steps\), got 1\.5"):
+        plots.plot_attention(tmp_path / "a.png", np.full((2, 5), 0.2), history=3, horizons=[1.5])
+
+
+def _future_inputs() -> tuple[pd.DataFrame, pd.DataFrame]:
+    forecast = pd.DataFrame(
+        {"id": "a", "time": pd.date_range("2024-02-10", periods=5, freq="D"),
+         "q0.1": 1.0, "q0.5": 2.0, "q0.9": 3.0}
+    )  # fmt: skip
+    days = pd.date_range("2024-01-01", periods=40, freq="D")
+    history = pd.DataFrame({"id": "a", "time": days, "y": np.arange(40.0)})
+    return forecast, history
+
+
+def test_future_chart_names_the_quantile_columns_the_forecast_lacks(tmp_path):
+    forecast, history = _future_inputs()
+    with pytest.raises(ValueError, match=r"no columns \['q0.05', 'q0.95'\] for quantiles"):
+        plots.plot_future(
+            tmp_path / "f.png", forecast, history, id_col="id", time_col="time", target="y",
+            quantiles=(0.05, 0.5, 0.95), tail=10,
+        )  # fmt: skip
+
+
+def test_future_chart_refuses_a_negative_tail(tmp_path):
+    # pandas' tail(-3) keeps all rows but the first 3: nearly the whole history.
+    forecast, history = _future_inputs()
+    with pytest.raises(ValueError, match="tail must be an int >= 0"):
+        plots.plot_future(
+            tmp_path / "f.png", forecast, history, id_col="id", time_col="time", target="y",
+            quantiles=(0.1, 0.5, 0.9), tail=-3,
+        )  # fmt: skip
+
+
+def test_fan_chart_names_the_columns_its_inputs_lack(tmp_path):
+    times = pd.date_range("2024-01-01", periods=4, freq="h")
+    forecasts = pd.DataFrame(
+        {"id": "a", "time": times, "p10": 1.0, "p50": 2.0, "p90": 3.0, "actual": 2.0}
+    )
+    context = pd.DataFrame({"id": "a", "time": times, "actual": 2.0})
+    with pytest.raises(ValueError, match=r"forecasts lacks the columns \['forecast_start'\]"):
+        plots.plot_forecast_fans(
+            tmp_path / "f.png", forecasts, context, id_col="id", time_col="time",
+            lower="p10", median="p50", upper="p90",
+        )  # fmt: skip
+
+
+def _run_inputs():
+    from tft_jax.data import prepare_dataset
+    from tft_jax.evaluation import Predictions
+
+    times = pd.date_range("2024-01-01", periods=120, freq="D")
+    table = pd.DataFrame({"shop": "a", "day": times, "sales": 10.0 + np.arange(120) % 7})
+    dataset = prepare_dataset(
+        table, id_col="shop", time_col="day", target="sales", freq="D", history=14, horizon=7
+    )
+    count = len(dataset.split("test"))
+    prediction = Predictions(
+        quantiles=np.broadcast_to(np.array([-1.0, 0.0, 1.0]), (count, 7, 3)).copy(),
+        attention=np.full((7, 21), 1 / 21),
+        static_weights=np.full(len(dataset.static_weight_names), 1.0),
+        history_weights=np.full(len(dataset.history_weight_names), 1.0),
+        future_weights=np.full(len(dataset.future_weight_names), 1.0),
+    )
+    return dataset, prediction
+
+
+def test_run_plots_title_the_model_whose_attention_they_draw(tmp_path, monkeypatch):
+    # Asked for fp32 (the default) among int8 predictions only, it drew int8's as "TFT fp32".
+    dataset, prediction = _run_inputs()
+    titles = []
+
+    def record(path, attention, history, **kwargs):
+        titles.append(kwargs["title"])
+        return path
+
+    monkeypatch.setattr(plots, "plot_attention", record)
+    plots.draw_run_plots(dataset, "test", {"int8": prediction}, (0.1, 0.5, 0.9), None, tmp_path)
+    assert titles == [f"{plots.MODEL_LABELS['int8']}: attention over the history (test mean)"]
+
+
+def test_run_plots_of_no_predictions_is_an_error(tmp_path):
+    dataset, _ = _run_inputs()
+    with pytest.raises(ValueError, match="predictions is empty"):
+        plots.draw_run_plots(dataset, "test", {}, (0.1, 0.5, 0.9), None, tmp_path)
+
+
+def test_plots_draw_headless_without_pyplot_or_open_figures(tmp_path):
+    # An interactive backend and no display: the Agg canvas alone writes the PNG.
+    script = (
+        "import sys, numpy as np; from tft_jax import plots; "
+        f"plots.plot_attention({str(tmp_path / 'a.png')!r}, np.full((2, 5), 0.2), history=3); "
+        "assert 'matplotlib.pyplot' not in sys.modules; print('drawn')"
+    )
+    environment = {**os.environ, "MPLBACKEND": "TkAgg", "DISPLAY": ""}
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=environment, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# ----------------------------------------------------------------- what the artists hold
+
+
+def _band_edges(collection) -> dict[float, tuple[float, float]]:
+    """`{x: (lowest y, highest y)}` over the vertices of a filled band."""
+    edges: dict[float, tuple[float, float]] = {}
+    for path in collection.get_paths():
+        for x, y in path.vertices:
+            low, high = edges.get(float(x), (math.inf, -math.inf))
+            edges[float(x)] = (min(low, float(y)), max(high, float(y)))
+    return edges
+
+
+def test_fan_chart_bands_and_medians_are_the_given_columns_per_window_in_time_order(
+    tmp_path, monkeypatch
+):
+    # Five quantile columns, rows shuffled, two windows in a zone with daylight saving time.
+    rng = np.random.default_rng(0)
+    times = pd.date_range("2024-03-30", periods=16, freq="h", tz="Europe/Paris")
+    rows = []
+    for start in (8, 12):
+        for step in range(4):
+            levels = np.sort(rng.normal(size=5)) + start
+            rows.append(
+                {"id": "a", "forecast_start": times[start], "time": times[start + step],
+                 **dict(zip(("p5", "p25", "p50", "p75", "p95"), levels, strict=True)),
+                 "actual": float(start + step)}
+            )  # fmt: skip
+    forecasts = pd.DataFrame(rows)
+    context = pd.DataFrame({"id": "a", "time": times[:8], "actual": np.arange(8.0)})
+    figures = _capture_figures(monkeypatch)
+    plots.plot_forecast_fans(
+        tmp_path / "fans.png", forecasts.sample(frac=1.0, random_state=1), context,
+        id_col="id", time_col="time", lower="p5", median="p50", upper="p95",
+    )  # fmt: skip
+    (axis,) = figures[0].axes
+    bands = axis.collections
+    assert len(bands) == 2  # one per window, never joined
+    medians = [line for line in axis.get_lines() if line.get_label() != "actual"]
+    for band, median, start in zip(bands, medians, (8, 12), strict=True):
+        window = forecasts[forecasts["forecast_start"] == times[start]]
+        x = mdates.date2num(window["time"].dt.tz_convert("UTC").dt.tz_localize(None))
+        edges = _band_edges(band)
+        for position, low, high in zip(x, window["p5"], window["p95"], strict=True):
+            assert edges[float(position)] == pytest.approx((low, high))
+        np.testing.assert_allclose(median.get_ydata(orig=False), window["p50"])
+        np.testing.assert_allclose(median.get_xdata(orig=False), x)
+    (actual,) = [line for line in axis.get_lines() if line.get_label() == "actual"]
+    np.testing.assert_allclose(actual.get_ydata(orig=False), np.arange(16.0))
+    figures[0].canvas.draw()
+    # The ticks are read in the table's zone: Paris local hours, not UTC.
+    assert str(axis.xaxis.get_major_formatter()._tz) == "Europe/Paris"
+
+
+def test_plot_is_written_at_exactly_the_path_it_returns_without_a_suffix(tmp_path):
+    # Matplotlib appended '.png' to a path without a suffix: the path returned did not exist.
+    path = plots.plot_attention(tmp_path / "attention", np.full((2, 5), 0.2), history=3)
+    assert path == tmp_path / "attention"
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["attention"]
+
+
+@pytest.mark.parametrize("name", ["attention.pdf", "attention.SVG", "attention.jpg"])
+def test_plot_refuses_a_path_naming_another_image_format(tmp_path, name):
+    # A '.pdf' path was written as a PDF by a function documented to write a PNG.
+    with pytest.raises(ValueError, match=r"written as PNG; path .* names a \."):
+        plots.plot_attention(tmp_path / name, np.full((2, 5), 0.2), history=3)
+    assert not any(tmp_path.iterdir())
+
+
+def test_clipping_plot_of_runs_that_all_diverged_is_drawn(tmp_path, monkeypatch):
+    # Every final validation loss non-finite: saving the log axis failed in matplotlib's
+    # ticker ("Data cannot be log-scaled"), after the whole experiment had run.
+    def run(clip):
+        return {
+            "clip": clip,
+            "step_loss": [0.5, math.nan, math.nan],
+            "step_grad_norm": [math.nan] * 3,
+            "final_val_loss": math.nan,
+            "diverged": True,
+        }
+
+    figures = _capture_figures(monkeypatch)
+    result = {"runs": [run(True), run(False)], "settings": {"learning_rate": 1.0}}
+    path = plots.plot_clipping_experiment(tmp_path / "clipping.png", result)
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    losses, norms, finals = figures[0].axes
+    assert losses.get_yscale() == "log"  # a positive loss was drawn
+    assert norms.get_yscale() == "linear"
+    assert finals.get_yscale() == "linear"
+    assert [text.get_text() for text in finals.texts] == ["1 non-finite"] * 2
+
+
+@pytest.mark.parametrize("shape", [(4, 10), (2, 6), (0, 5)])
+def test_attention_plot_refuses_a_width_other_than_history_plus_horizon(tmp_path, shape):
+    # (4, 10) with T=3 was drawn: columns 0..2 of a T=6 window labelled as lags -3..-1.
+    # (0, 5) was blamed on horizons the caller had not given.
+    with pytest.raises(ValueError, match=r"shape \(H, T\+H\) with T=3 and H >= 1"):
+        plots.plot_attention(tmp_path / "a.png", np.full(shape, 0.1), history=3)
+
+
+def test_attention_curves_are_the_history_columns_against_their_lags(tmp_path, monkeypatch):
+    attention = np.random.default_rng(0).dirichlet(np.ones(9), size=3)  # H=3, T=6
+    figures = _capture_figures(monkeypatch)
+    plots.plot_attention(tmp_path / "a.png", attention, history=6, horizons=[2])
+    step, mean = figures[0].axes[0].get_lines()
+    np.testing.assert_array_equal(step.get_xdata(), np.arange(-6, 0))
+    np.testing.assert_allclose(step.get_ydata(), attention[1, :6])
+    np.testing.assert_allclose(mean.get_ydata(), attention[:, :6].sum(axis=0) / 3)
+
+
+def test_loss_curves_name_a_phase_whose_lists_differ_in_length(tmp_path):
+    phases = {
+        "fp32": {"step": [1, 2], "train_loss": [0.5, 0.4], "val_loss": [None, 0.4]},
+        "qat": {"step": [1, 2, 3], "train_loss": [0.4, 0.3], "val_loss": [None] * 3},
+    }
+    with pytest.raises(ValueError, match=r"phase 'qat' must have lists .* of one length"):
+        plots.plot_loss_curves(tmp_path / "loss.png", phases)
+
+
+def test_loss_curves_continue_each_phase_after_the_previous_one(tmp_path, monkeypatch):
+    phases = {
+        "fp32": {"step": [10, 20], "train_loss": [0.5, 0.4], "val_loss": [0.6, None]},
+        "qat": {"step": [5, 10], "train_loss": [0.3, 0.2], "val_loss": [0.35, 0.25]},
+    }
+    figures = _capture_figures(monkeypatch)
+    plots.plot_loss_curves(tmp_path / "loss.png", phases)
+    lines = {line.get_label(): line for line in figures[0].axes[0].get_lines()}
+    np.testing.assert_array_equal(lines["qat train"].get_xdata(), [25.0, 30.0])
+    np.testing.assert_array_equal(lines["fp32 validation"].get_ydata(), [0.6, math.nan])
+
+
+def test_future_chart_reads_a_forecast_csv_across_a_daylight_saving_change(tmp_path, monkeypatch):
+    # The forecast written as CSV and read back holds texts with two UTC offsets, which
+    # pd.to_datetime refused ("Mixed timezones detected").
+    local = pd.date_range("2024-03-29", periods=48, freq="h", tz="Europe/Paris")
+    future = pd.date_range(local[-1] + pd.Timedelta("1h"), periods=24, freq="h")
+    forecast = pd.DataFrame({"id": "a", "time": future, "q0.1": 1.0, "q0.5": 2.0, "q0.9": 3.0})
+    forecast.to_csv(tmp_path / "f.csv", index=False, date_format="%Y-%m-%dT%H:%M:%S%z")
+    read_back = pd.read_csv(tmp_path / "f.csv")
+    history = pd.DataFrame({"id": "a", "time": local, "y": 1.0})
+    figures = _capture_figures(monkeypatch)
+    plots.plot_future(
+        tmp_path / "f.png", read_back, history, id_col="id", time_col="time", target="y",
+        quantiles=(0.1, 0.5, 0.9), tail=4, timezone="Europe/Paris",
+    )  # fmt: skip
+    (axis,) = figures[0].axes
+    (band,) = axis.collections
+    expected = mdates.date2num(future.tz_convert("UTC").tz_localize(None))
+    assert sorted(_band_edges(band)) == pytest.approx(list(expected))
+
+
+def test_many_plots_leave_no_figure_open(tmp_path):
+    import matplotlib.pyplot as plt
+
+    before = plt.get_fignums()
+    for index in range(5):
+        plots.plot_attention(tmp_path / f"a{index}.png", np.full((2, 5), 0.2), history=3)
+    assert plt.get_fignums() == before

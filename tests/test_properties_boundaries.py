@@ -5,12 +5,17 @@ nothing (no positions, no samples, an empty input or output, NaN that matches
 NaN, an infinite tolerance) are refused with a `ValueError`/`TypeError`
 naming the argument, and leaks the forward values hide (a gradient-only
 causal leak, an inf gradient) fail. Strategies validate their buckets when
-they are built, not deep inside NumPy when an example is drawn.
+they are built, not deep inside NumPy when an example is drawn. Suite properties
+fail on patched models with the bugs they exist for (a layer norm bias applied
+before its scale, categorical columns read through the first one, NaN forecasts).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -27,7 +32,7 @@ from properties.suite import qat_tft
 from properties.suite import quantization as quantization_suite
 from properties.suite import tft as tft_suite
 from qat import lsq
-from tft_jax import attention
+from tft_jax import attention, embeddings
 from tft_jax.config import TFTConfig
 
 from .causal_functions import cumsum, reverse_cumsum
@@ -442,6 +447,50 @@ def test_categorical_reach_fails_on_nan_forecasts_instead_of_reading_nan_as_a_ch
     monkeypatch.setattr(tft_suite, "_forward_of", nan_forecasts)
     with pytest.raises(AssertionError, match=r"did not change \(or are NaN\)"):
         tft_suite.check_categorical_inputs_reach_the_forecast(case)
+
+
+@contextlib.contextmanager
+def _every_column_reads_column_zero() -> Iterator[None]:
+    """Every categorical embedding looks up column 0's codes in each of its tables."""
+
+    def interceptor(next_fun: Any, args: Any, kwargs: Any, context: Any) -> Any:
+        module = context.module
+        if (
+            isinstance(module, embeddings.CategoricalEmbedding)
+            and context.method_name == "__call__"
+        ):
+            codes = args[0]
+            first = codes[..., :1]
+            codes = jnp.concatenate(
+                [jnp.minimum(first, cardinality - 1) for cardinality in module.cardinalities],
+                axis=-1,
+            ).astype(codes.dtype)
+            args = (codes, *args[1:])
+        return next_fun(*args, **kwargs)
+
+    suite.clear_caches(keep_parameters=True)
+    try:
+        with nn.intercept_methods(interceptor):
+            yield
+    finally:
+        suite.clear_caches(keep_parameters=True)
+
+
+def test_categorical_reach_catches_a_model_that_reads_only_the_first_column():
+    # Shifting every column of an input at once moved the forecast through column 0
+    # alone: a model embedding column 0's codes for every column passed (preset 2 has
+    # two columns in its categorical statics and known inputs).
+    config = st_tft.TFT_PRESETS[2]
+    assert len(config.static_categorical_cardinalities) == 2
+    case = find(tft_suite.model_cases((config,), kinds=("normal",)), lambda c: True)
+    tft_suite.check_categorical_inputs_reach_the_forecast(case)
+    with (
+        _every_column_reads_column_zero(),
+        pytest.raises(AssertionError, match=r"static_categorical\[\.\.\., 1\]") as error,
+    ):
+        tft_suite.check_categorical_inputs_reach_the_forecast(case)
+    assert r"future_categorical[..., 1]" in str(error.value)
+    assert r"[..., 0]" not in str(error.value)
 
 
 def _routing_run(future_leaks_enrichment):

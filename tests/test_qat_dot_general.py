@@ -12,8 +12,9 @@ from jax import lax
 
 from qat import Int8DotGeneral, QATConfig, QATDotGeneral
 from qat.dot_general import quantize_weight, rhs_channels_to_output
-from tests.test_lsq import reference_gradients
 from tft_jax.linear import Linear, VariableLinear
+
+from .quantization_references import reference_gradients
 
 EPS = np.finfo(np.float32).eps
 INT8_CONFIG = QATConfig()

@@ -25,7 +25,7 @@ from tft_jax.embeddings import RealEmbedding
 from tft_jax.losses import quantile_loss
 from tft_jax.variable_selection import VariableSelectionNetwork
 
-from .test_fast_path import small_config
+from .fast_path_configs import small_config
 
 FEATURES = 6
 BATCH, STEPS = 3, 7

@@ -1,4 +1,9 @@
-"""QAT and int8 for a user's own Linen model: only the hooked layers are quantized."""
+"""QAT and int8 for a user's own Linen model: only the hooked layers are quantized.
+
+The int8 forward is checked against the fake-quantized one and a float64 reference;
+the whole flow (calibrate, fine-tune with clipping + AdamW, convert, int8) runs on a
+conv + attention model and on layers stacked by `nn.scan`.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import linen as nn
 
@@ -26,9 +32,11 @@ from qat.dot_general import lhs_rows_with_nan
 from tft_jax import Linear
 from tft_jax.lstm import LSTM
 
+from .quantization_references import away_from_ties
 from .tracing import recorded_traces
 
 FEATURES, HIDDEN, OUT, BATCH = 5, 16, 3, 32
+RNG = np.random.default_rng(31)
 
 
 class MixedModel(nn.Module):
@@ -487,3 +495,181 @@ def test_a_layer_called_twice_per_forward_observes_the_range_of_both_calls():
         np.testing.assert_allclose(float(stats["min"]), low, rtol=1e-6)
         np.testing.assert_allclose(float(stats["max"]), high, rtol=1e-6)
     assert int(stats["num_batches"]) == 2  # one update per forward, not per call
+
+
+# A hooked dense layer in integers against float64.
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _fake_and_int8(qat_model, qat_variables, int8_variables, x):
+    """The fake-quantized and the int8 forward, compiled once (op by op, each op compiles)."""
+    return qat_model.apply(qat_variables, x), int8_apply(qat_model, int8_variables, x)
+
+
+class Dense(nn.Module):
+    """One hooked `nn.Dense`."""
+
+    features: int = 3
+    dot_general_cls: Any = None
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(self.features, dot_general_cls=self.dot_general_cls)(x)
+
+
+def test_int8_dense_equals_the_float64_product_of_the_dequantized_operands():
+    x = (RNG.normal(size=(16, 7)) + 0.4).astype(np.float32)
+    model = Dense()
+    qat_model = QATModel(model, QATConfig(bits=8))
+    fp32 = jax.jit(model.init)(jax.random.key(1), x)
+    qat_vars = calibrate(qat_model, from_fp32(fp32, qat_model, x), [x])
+    got = np.asarray(_fake_and_int8(qat_model, qat_vars, convert(qat_vars), x)[1], np.float64)
+
+    kernel = np.asarray(qat_vars["params"]["Dense_0"]["kernel"], np.float64)
+    bias = np.asarray(qat_vars["params"]["Dense_0"]["bias"], np.float64)
+    w_scale = np.abs(kernel).max(axis=0) / 127
+    w = np.clip(np.round(kernel / w_scale), -128, 127) * w_scale
+    low, high = min(x.min(), 0.0), max(x.max(), 0.0)
+    a_scale = (np.float64(high) - low) / 255
+    zero_point = np.clip(-np.round(low / a_scale), 0, 255)
+    assert away_from_ties(x, a_scale).all()
+    a = (np.clip(np.round(x / a_scale) + zero_point, 0, 255) - zero_point) * a_scale
+    expected = a @ w + bias
+    # float32 scales and a float32 rescale of an exact int32 sum.
+    bound = 1e-5 * (np.abs(a) @ np.abs(w) + np.abs(bias))
+    assert np.all(np.abs(got - expected) <= bound)
+
+
+# The full flow on small user models: a conv + attention model, layers under `nn.scan`.
+
+
+class ConvAttention(nn.Module):
+    """1-D convolution (a hooked `nn.Dense` over im2col patches), self-attention, float head."""
+
+    dot_general_cls: Any = None
+    width: int = 8
+
+    @nn.compact
+    def __call__(self, x, deterministic: bool = True):
+        steps = x.shape[1]
+        padded = jnp.pad(x, ((0, 0), (1, 1), (0, 0)))
+        patches = jnp.concatenate([padded[:, i : i + steps] for i in range(3)], axis=-1)
+        hook = {"dot_general_cls": self.dot_general_cls}
+        h = nn.gelu(nn.Dense(self.width, name="conv", **hook)(patches))
+        q, k, v = (nn.Dense(self.width, name=name, **hook)(h) for name in "qkv")
+        weights = jax.nn.softmax(q @ jnp.swapaxes(k, -1, -2) / np.sqrt(self.width), axis=-1)
+        attended = nn.Dense(self.width, name="out", **hook)(weights @ v)
+        h = h + nn.Dropout(0.1, deterministic=deterministic)(attended)
+        return nn.Dense(1, name="head")(h.mean(axis=1))  # no hook: stays float
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _fine_tune(qat_model, tx, variables, x, y):
+    """Three clip + AdamW steps on `'params'` and `'quant_params'`; losses and last gradients."""
+    trainable = {name: variables[name] for name in ("params", "quant_params")}
+    frozen = {name: value for name, value in variables.items() if name not in trainable}
+
+    def loss(trainable, key):
+        out = qat_model.apply(
+            {**frozen, **trainable}, x, deterministic=False, rngs={"dropout": key}
+        )
+        return jnp.mean((out - y) ** 2)
+
+    def step(carry, index):
+        trainable, state, _ = carry
+        value, grads = jax.value_and_grad(loss)(trainable, jax.random.key(index))
+        updates, state = tx.update(grads, state, trainable)
+        return (optax.apply_updates(trainable, updates), state, grads), value
+
+    # One traced step under `lax.scan` (an unrolled loop would compile it three times).
+    zero_grads = jax.tree.map(jnp.zeros_like, trainable)
+    (trainable, _, grads), losses = jax.lax.scan(
+        step, (trainable, tx.init(trainable), zero_grads), jnp.arange(3)
+    )
+    return {**frozen, **trainable}, losses, grads
+
+
+def test_conv_attention_model_calibrates_fine_tunes_converts_and_runs_in_int8():
+    x = RNG.normal(size=(16, 6, 2)).astype(np.float32)
+    y = np.sin(x.sum(axis=(1, 2)))[:, None].astype(np.float32)
+    model = ConvAttention()
+    fp32 = jax.jit(model.init)(jax.random.key(0), x)
+    qat_model = QATModel(model, QATConfig(bits=8, learnable_scale=True))
+    qat_vars = calibrate(qat_model, from_fp32(fp32, qat_model, x), [x[:8], x[8:]])
+    hooked = {path[0] for path in quantized_layers(qat_vars)}
+    assert hooked == {"conv", "q", "k", "v", "out"}
+
+    tx = optax.chain(optax.clip_by_global_norm(0.05), optax.adamw(1e-3))
+    trained, losses, grads = _fine_tune(qat_model, tx, qat_vars, x, y)
+    assert np.all(np.isfinite(np.asarray(losses)))
+    # The straight-through gradient reaches every hooked kernel and every step size.
+    # Host arithmetic from here on: op by op, each leaf shape would compile its own kernel.
+    for name in hooked:
+        assert np.abs(np.asarray(grads["params"][name]["kernel"])).max() > 0
+        assert abs(float(grads["quant_params"][name]["dot_general"]["scale_offset"])) > 0
+    # Observers stay frozen while training with calibrate=False.
+    assert jax.tree.all(
+        jax.tree.map(
+            lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)),
+            trained["quant_stats"],
+            qat_vars["quant_stats"],
+        )
+    )
+
+    int8_vars = convert(trained)
+    for name in hooked:
+        assert int8_vars["params"][name]["kernel"].dtype == jnp.int8
+    assert int8_vars["params"]["head"]["kernel"].dtype == jnp.float32
+    fake, integer = map(np.asarray, _fake_and_int8(qat_model, trained, int8_vars, x))
+    # Integer sums are exact; what remains is float32 rounding of the same codes.
+    np.testing.assert_allclose(integer, fake, atol=1e-5 * np.abs(fake).max())
+
+
+class ScannedLayer(nn.Module):
+    """One hooked dense layer, the body of `nn.scan` over layers."""
+
+    dot_general_cls: Any = None
+
+    @nn.compact
+    def __call__(self, x, _):
+        return nn.relu(nn.Dense(4, dot_general_cls=self.dot_general_cls)(x)), None
+
+
+class ScannedStack(nn.Module):
+    """Three layers as one `nn.scan` (every variable gets a leading layer axis), then a head."""
+
+    dot_general_cls: Any = None
+
+    @nn.compact
+    def __call__(self, x):
+        axes = {name: 0 for name in ("params", "quant_stats", "quant_params", "int8")}
+        scan = nn.scan(ScannedLayer, variable_axes=axes, split_rngs={"params": True}, length=3)
+        x = scan(dot_general_cls=self.dot_general_cls)(x, None)[0]
+        return nn.Dense(2, dot_general_cls=self.dot_general_cls)(x)
+
+
+def test_layers_stacked_by_nn_scan_convert_and_run_in_int8():
+    # Each scanned layer stores its bits marker and observer with a layer axis, (3,):
+    # calibrate stacked the (3,) and () finiteness flags, convert read the marker with
+    # int(): both crashed with a bare TypeError.
+    x = (RNG.normal(size=(8, 4)) + 0.2).astype(np.float32)
+    model = ScannedStack()
+    qat_model = QATModel(model, QATConfig(bits=6))
+    fp32 = jax.jit(model.init)(jax.random.key(2), x)
+    qat_vars = calibrate(qat_model, from_fp32(fp32, qat_model, x), [x])
+    assert quantized_layers(qat_vars) == {
+        ("ScanScannedLayer_0", "Dense_0", "dot_general"): 6,
+        ("Dense_0", "dot_general"): 6,
+    }
+    int8_vars = convert(qat_vars)
+    kernel = np.asarray(qat_vars["params"]["ScanScannedLayer_0"]["Dense_0"]["kernel"], np.float64)
+    # One scale per layer and output feature: max |w| over that layer's inputs / 31.
+    np.testing.assert_allclose(
+        np.asarray(
+            int8_vars["int8"]["ScanScannedLayer_0"]["Dense_0"]["dot_general"]["weight_scale"]
+        ),
+        np.abs(kernel).max(axis=1) / 31,
+        rtol=1e-6,
+    )
+    fake, integer = map(np.asarray, _fake_and_int8(qat_model, qat_vars, int8_vars, x))
+    np.testing.assert_allclose(integer, fake, atol=1e-5 * np.abs(fake).max())

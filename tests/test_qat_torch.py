@@ -169,3 +169,61 @@ def test_per_channel_observer_matches_torch():
     scale, zero_point = QuantizationObserver.create(cfg).observe(x).qparams()
     np.testing.assert_allclose(np.asarray(scale), expected_scale.numpy(), rtol=1e-6)
     np.testing.assert_array_equal(np.asarray(zero_point), expected_zero_point.numpy())
+
+
+@pytest.mark.peers
+@pytest.mark.parametrize("bits", range(2, 9))
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_observer_qparams_match_torch_at_every_bit_width(bits, symmetric):
+    torch = pytest.importorskip("torch")
+    from torch.ao.quantization import MinMaxObserver
+
+    cfg = QATConfig(bits=bits, symmetric=symmetric)
+    torch_observer = MinMaxObserver(
+        dtype=torch.qint8 if symmetric else torch.quint8,
+        qscheme=torch.per_tensor_symmetric if symmetric else torch.per_tensor_affine,
+        quant_min=cfg.qmin,
+        quant_max=cfg.qmax,
+    )
+    observer = QuantizationObserver.create(cfg)
+    for batch in (
+        np.full((3, 4), 2.5, np.float32),
+        np.zeros((3, 4), np.float32),
+        (RNG.normal(size=(3, 4)) * 2 - 0.5).astype(np.float32),
+    ):
+        torch_observer(torch.tensor(batch))
+        observer = observer.observe(batch)
+    expected_scale, expected_zero_point = torch_observer.calculate_qparams()
+    scale, zero_point = observer.qparams()
+    np.testing.assert_allclose(float(scale), float(expected_scale), rtol=1e-6)
+    assert int(zero_point) == int(expected_zero_point)
+
+
+@pytest.mark.peers
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_per_channel_lsq_matches_torch_learnable_per_channel(bits):
+    torch = pytest.importorskip("torch")
+    qmin, qmax = 0, 2**bits - 1
+    x = (RNG.normal(size=(6, 3)) * 2).astype(np.float32)
+    scale = np.array([0.07, 0.3, 0.011], np.float32)
+    zero_point = RNG.integers(qmin, qmax + 1, 3).astype(np.float32)
+    cotangent = RNG.normal(size=x.shape).astype(np.float32)
+    grad_factor = 0.37
+    x_t, scale_t, zero_point_t = (
+        torch.tensor(value, requires_grad=True) for value in (x, scale, zero_point)
+    )
+    y_t = torch._fake_quantize_learnable_per_channel_affine(
+        x_t, scale_t, zero_point_t, 1, qmin, qmax, grad_factor
+    )
+    (y_t * torch.tensor(cotangent)).sum().backward()
+
+    def weighted(x, s, zp):
+        return jnp.sum(cotangent * lsq_fake_quantize(x, s[None], zp[None], qmin, qmax, grad_factor))
+
+    args = (jnp.asarray(x), jnp.asarray(scale), jnp.asarray(zero_point))
+    y = lsq_fake_quantize(args[0], args[1][None], args[2][None], qmin, qmax, grad_factor)
+    dx, ds, dzp = jax.grad(weighted, argnums=(0, 1, 2))(*args)
+    np.testing.assert_array_equal(np.asarray(y), y_t.detach().numpy())
+    np.testing.assert_array_equal(np.asarray(dx), x_t.grad.numpy())
+    np.testing.assert_allclose(np.asarray(ds), scale_t.grad.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(dzp), zero_point_t.grad.numpy(), rtol=1e-4, atol=1e-6)

@@ -20,6 +20,7 @@ from flax import linen as nn
 
 from properties import faults
 from tests import reference_tft as ref
+from tests.reference_parameters import random_parameters
 from tft_jax.attention import causal_mask
 from tft_jax.embeddings import CategoricalEmbedding, RealEmbedding
 from tft_jax.gating import FeatureLayerNorm, GatedResidualNetwork
@@ -28,24 +29,6 @@ from tft_jax.lstm import LSTM
 from tft_jax.variable_selection import VariableSelectionNetwork
 
 TOLERANCE = dict(rtol=2e-5, atol=2e-6)
-
-
-def random_parameters(module: nn.Module, *args: Any, seed: int = 0) -> Any:
-    """Random float32 parameters with the shapes `module.init(key, *args)` would give."""
-    shapes = jax.eval_shape(module.init, jax.random.key(0), *args)["params"]
-    rng = np.random.default_rng(seed)
-
-    def draw(path: tuple[Any, ...], leaf: Any) -> np.ndarray:
-        key = str(path[-1].key)
-        if key == "scale":
-            value = 1.0 + 0.3 * rng.normal(size=leaf.shape)
-        elif key == "kernel":
-            value = rng.normal(size=leaf.shape) / np.sqrt(leaf.shape[-2])
-        else:
-            value = 0.5 * rng.normal(size=leaf.shape)
-        return value.astype(np.float32)
-
-    return jax.tree_util.tree_map_with_path(draw, shapes)
 
 
 def normal(*shape: int, seed: int = 1, scale: float = 1.0) -> np.ndarray:

@@ -9,6 +9,11 @@ reference. And four faults of the equations that leave the model's shapes,
 causality and gradient flow intact (`properties.faults.REFERENCE_FAULTS`)
 must each make the comparison fail.
 
+Categorical known and observed inputs over time are checked against a forward
+composed here from the reference's blocks (variable selection, GRN, LSTM,
+interpretable attention): the column order of the selection weights and the
+known tables shared between history and horizon.
+
 Parameters are random (not the initializer's values: LayerNorm scales of 1
 and biases of 0 would hide a swapped scale and bias), drawn with NumPy from
 the shapes `model.init` would give (`jax.eval_shape`, no compile).
@@ -356,3 +361,159 @@ def test_the_reference_catches_the_fault(fault, capsys):
     with capsys.disabled():
         print(f"\n{fault.name}: max |model - reference| {found}")
     assert max(found.values()) > 1e3 * F64_TOLERANCE["atol"], found
+
+
+# ---------------------------------------------------------------------------
+# Categorical known and observed inputs over time
+
+B, T, H = 2, 4, 3
+
+CATEGORICAL_CONFIG = dict(
+    num_static_features=1,
+    static_categorical_cardinalities=(3,),
+    num_known_features=2,
+    known_categorical_cardinalities=(4, 5),
+    num_observed_features=2,
+    observed_categorical_cardinalities=(3,),
+    hidden_dim=8,
+    num_heads=2,
+    sequence_length=T,
+    prediction_horizon=H,
+    variable_hidden_dim=4,
+    dropout_rate=0.1,
+)
+
+
+def _config(use_known_history: bool, dtype: str = "float32") -> TFTConfig:
+    return TFTConfig(
+        **CATEGORICAL_CONFIG,
+        use_known_history=use_known_history,
+        dtype=dtype,
+        param_dtype=dtype,
+    )
+
+
+def _inputs(cfg: TFTConfig) -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+
+    def codes(leading: tuple[int, ...], cardinalities: tuple[int, ...]) -> np.ndarray:
+        return np.stack([rng.integers(0, n, leading) for n in cardinalities], -1).astype(np.int32)
+
+    values: dict[str, Any] = dict(
+        static=rng.normal(size=(B, cfg.num_static_features)),
+        historical=rng.normal(size=(B, T, cfg.num_observed_features)),
+        future=rng.normal(size=(B, H, cfg.num_known_features)),
+        static_categorical=codes((B,), cfg.static_categorical_cardinalities),
+        future_categorical=codes((B, H), cfg.known_categorical_cardinalities),
+        observed_categorical=codes((B, T), cfg.observed_categorical_cardinalities),
+    )
+    if cfg.use_known_history:
+        values["known_history"] = rng.normal(size=(B, T, cfg.num_known_features))
+        values["known_categorical_history"] = codes((B, T), cfg.known_categorical_cardinalities)
+    return values
+
+
+@functools.cache
+def _parameters(use_known_history: bool) -> Any:
+    """Random float64 parameters in the model's layout (LayerNorms away from 1 and 0)."""
+    cfg = _config(use_known_history)
+    return random_parameters(cfg, _inputs(cfg), np.random.default_rng(11))
+
+
+def _embed_codes(codes: np.ndarray, tables: dict[str, np.ndarray]) -> np.ndarray:
+    """Column `i` of `codes (..., C)` looks up `embedding_i`: `(..., C, width)`."""
+    return np.stack(
+        [tables[f"embedding_{i}"][codes[..., i]] for i in range(codes.shape[-1])], axis=-2
+    )
+
+
+def _reference_forward(params: Any, values: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The paper's TFT with categorical inputs over time, from `reference_tft`'s blocks.
+
+    Variables, in the documented order: history = observed reals, observed
+    categoricals, then (with known history) known reals and known
+    categoricals; horizon = known reals, known categoricals. The known tables
+    (real prescalers and categorical embeddings) are the same over the
+    history and the horizon.
+    """
+    p = ref.to_float64(params)
+    steps = values["historical"].shape[1]
+    static_embedded = np.concatenate(
+        [
+            ref.real_embedding(values["static"], p["static_embedding"]),
+            _embed_codes(values["static_categorical"], p["static_categorical_embedding"]),
+        ],
+        axis=-2,
+    )
+    static_encoding, static_weights = ref.variable_selection(static_embedded, p["static_selection"])
+    contexts = {
+        name: ref.grn(static_encoding, p[f"static_context_{name}"]) for name in ref.CONTEXTS
+    }
+
+    def known(reals: np.ndarray, codes: np.ndarray) -> list[np.ndarray]:
+        return [
+            ref.real_embedding(reals, p["known_embedding"]),
+            _embed_codes(codes, p["known_categorical_embedding"]),
+        ]
+
+    history_parts = [
+        ref.real_embedding(values["historical"], p["observed_embedding"]),
+        _embed_codes(values["observed_categorical"], p["observed_categorical_embedding"]),
+    ]
+    if "known_history" in values:
+        history_parts += known(values["known_history"], values["known_categorical_history"])
+    history, history_weights = ref.variable_selection(
+        np.concatenate(history_parts, axis=-2), p["history_selection"], contexts["selection"]
+    )
+    horizon, future_weights = ref.variable_selection(
+        np.concatenate(known(values["future"], values["future_categorical"]), axis=-2),
+        p["future_selection"],
+        contexts["selection"],
+    )
+    encoded, state = ref.lstm(history, p["encoder"], (contexts["state_h"], contexts["state_c"]))
+    decoded, _ = ref.lstm(horizon, p["decoder"], state)
+    temporal = ref.gate_add_norm(
+        np.concatenate([encoded, decoded], axis=1),
+        np.concatenate([history, horizon], axis=1),
+        p["lstm_gate"],
+    )
+    enriched = ref.grn(temporal, p["static_enrichment"], contexts["enrichment"])
+    attended, attention = ref.interpretable_attention(
+        enriched[:, steps:], enriched, p["attention"], attend_to_self=True
+    )
+    gated = ref.gate_add_norm(attended, enriched[:, steps:], p["attention_gate"])
+    features = ref.gate_add_norm(
+        ref.grn(gated, p["positionwise_grn"]), temporal[:, steps:], p["output_gate"]
+    )
+    return dict(
+        quantiles=ref.dense(features, p["quantile_head"]),
+        attention=attention,
+        static_weights=static_weights,
+        history_weights=history_weights,
+        future_weights=future_weights,
+    )
+
+
+@pytest.mark.parametrize("use_known_history", [True, False])
+def test_categorical_inputs_over_time_equal_the_float64_reference(use_known_history):
+    params = _parameters(use_known_history)
+    values = _inputs(_config(use_known_history))
+    expected = _reference_forward(params, values)
+    model = TemporalFusionTransformer(_config(use_known_history, "float64"))
+    with jax.enable_x64(True):
+        output = jax.device_get(
+            jax.jit(lambda v, x: model.apply({"params": v}, **x, deterministic=True))(
+                cast(params, np.float64), cast(values, np.float64)
+            )
+        )
+    for field in ref.OUTPUT_FIELDS:
+        np.testing.assert_allclose(
+            np.asarray(getattr(output, field), np.float64),
+            expected[field],
+            rtol=1e-10,
+            atol=1e-10,
+            err_msg=f"{field} differs from the float64 reference",
+        )
+    # Every categorical column carries weight that depends on its codes.
+    assert np.ptp(expected["history_weights"][..., 2]) > 1e-3
+    assert np.ptp(expected["future_weights"][..., 3]) > 1e-3

@@ -2,8 +2,9 @@
 
 References: optax's `warmup_cosine_decay_schedule` (the closure that
 `warmup_cosine_schedule` returned before, which `WarmupCosine` must reproduce
-bit for bit), a float64 NumPy closed form written here, and `flat_adamw` with
-the same schedule compiled in (the in-state schedule must give its updates).
+bit for bit), float64 NumPy closed forms written here (also at step 0, the
+warmup's end, the total and beyond), and `flat_adamw` with the same schedule
+compiled in (the in-state schedule must give its updates).
 """
 
 from __future__ import annotations
@@ -206,3 +207,37 @@ def test_flat_adamw_refuses_a_warmup_cosine_whose_rate_would_be_nan_or_negative(
             optax.warmup_cosine_decay_schedule(0.0, numbers[0], numbers[2], numbers[1], 0.0)
     with pytest.raises(ValueError, match="flat_adamw: learning_rate must be a WarmupCosine"):
         flat_adamw(schedule, clip_norm=1.0)
+
+
+# ---------------------------------------------------------------------------
+# Schedules at their boundaries, against the closed form
+
+
+def closed_form(count: float, peak: float, total: float, warmup: float, end: float) -> float:
+    if count < warmup:
+        return peak * count / warmup
+    progress = min(count - warmup, total - warmup) / (total - warmup)
+    return end + (peak - end) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+@pytest.mark.parametrize(
+    "numbers", [(1e-3, 100, 10, 0.0), (0.1, 7, 0, 0.01), (2.0, 7, 6, 0.5), (0.5, 1, 0, 0.7)]
+)
+def test_schedule_at_step_zero_warmup_end_total_and_beyond_is_the_closed_form(numbers) -> None:
+    peak, total, warmup, end = numbers
+    schedule = WarmupCosine(*numbers)
+    in_state = jax.jit(lambda count, schedule: schedule(count))
+    counts = sorted({0, 1, warmup - 1, warmup, warmup + 1, total - 1, total, total + 1, 10 * total})
+    for count in (c for c in counts if c >= 0):
+        want = closed_form(count, peak, total, warmup, end)
+        for label, got in [
+            ("int", schedule(count)),
+            ("float", schedule(float(count))),
+            ("int32", schedule(jnp.int32(count))),
+            ("in state", in_state(jnp.int32(count), schedule.as_arrays())),
+            ("in state, float count", in_state(jnp.float32(count), schedule.as_arrays())),
+        ]:
+            assert got.dtype == jnp.float32, label
+            np.testing.assert_allclose(
+                float(got), want, rtol=2e-6, atol=1e-9, err_msg=f"{label} count {count}"
+            )

@@ -1,4 +1,5 @@
-"""Categorical columns read the same whatever pandas dtype holds their values."""
+"""Categorical columns read the same whatever pandas dtype holds their values, and a category
+spelled like a missing value ('NA') is read as itself at forecast and at scoring."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pytest
 
 from tft_jax.data import prepare_dataset
 from tft_jax.data.future import future_windows
+
+from .prepared_tables import daily_pair, forecast_inputs, prepare, quiet_prepare
 
 HISTORY, HORIZON = 4, 2
 SPEC = dict(id_col="id", time_col="time", target="y", freq="h", known_cols=["shift"],
@@ -67,3 +70,53 @@ def test_integer_categories_with_empty_cells_and_fractional_categories():
     with pytest.raises(ValueError, match=r"categorical column 'shift' has non-integer codes, "
                        r"e\.g\. 0\.5 in series 'a' at row 0"):  # fmt: skip
         prepare_dataset(halves, **SPEC)
+
+
+def test_a_pandas_category_column_of_codes_is_a_categorical_input():
+    table = daily_pair()
+    store_type = pd.Series(np.arange(len(table)) % 3 + 1).astype("category")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dataset = prepare(table.assign(kind=store_type), known_cols=["kind"])
+    assert "kind" not in dataset.known_feature_names
+    assert dataset.known_categorical_names == ("kind",)
+    assert dataset.preprocessor.vocabularies["kind"] == (1, 2, 3)
+    # The code of value v is its position in (1, 2, 3).
+    np.testing.assert_array_equal(dataset.panel.known_categorical[:, 0], store_type.to_numpy() - 1)
+
+
+def regions_table() -> tuple[pd.DataFrame, dict]:
+    """Hourly series 'a' and 'c' of region 'NA' (North America), 'b' of 'EU', and the
+    options that read 'region' as a static column."""
+    times = pd.date_range("2021-01-01", periods=30, freq="h")
+    table = pd.concat(
+        [pd.DataFrame({"id": series, "time": times, "y": np.sin(np.arange(30.0)) + k,
+                       "region": region})
+         for k, (series, region) in enumerate((("a", "NA"), ("b", "EU"), ("c", "NA")))],
+        ignore_index=True,
+    )  # fmt: skip
+    return table, dict(freq="h", history=HISTORY, horizon=HORIZON, static_cols=["region"])
+
+
+def test_a_static_category_spelled_like_a_missing_value_is_read_as_itself():
+    table, options = regions_table()
+    fitted = quiet_prepare(table, **options).preprocessor
+    assert fitted.vocabularies["region"] == ("EU", "NA")
+    # Forecasting the North American series only: every region cell is 'NA'.
+    only_na = table[table["id"] != "b"]
+    ahead, messages = forecast_inputs(fitted, only_na, None)
+    assert messages == []
+    region = ahead.windows.take(np.arange(2))["static_categorical"][:, 1]
+    assert (region == fitted.vocabularies["region"].index("NA")).all()
+
+
+def test_a_scored_table_is_read_with_the_fitted_spec_so_an_inferred_category_stays():
+    # 'region' was inferred categorical at fit (the user's spec does not list it); a
+    # scored table holding only the 'NA' region was read with the user's spec,
+    # its cells emptied as missing, and the table refused.
+    table, options = regions_table()
+    fitted = quiet_prepare(table, **options).preprocessor
+    assert "region" not in options.get("categorical_cols", ())
+    scored = quiet_prepare(table[table["id"] != "b"], preprocessor=fitted, **options)
+    codes = scored.split("train").arrays()["static_categorical"][:, 1]
+    assert len(codes) and (codes == fitted.vocabularies["region"].index("NA")).all()

@@ -1,0 +1,25 @@
+"""The `Forecaster` settings of the stores table (`tests/cli_tables.py`) shared by the
+forecaster tests, and how they cut that table into a history and a future."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from tft_jax.forecaster import DataConfig
+
+from .cli_tables import HISTORY, HORIZON
+
+DATA = DataConfig(
+    id_col="store", time_col="day", target="sales", freq="D", static_cols=("size",),
+    known_cols=("promo",), observed_cols=("temperature",), history=HISTORY, horizon=HORIZON,
+    validation_fraction=0.15, test_fraction=0.15,
+)  # fmt: skip
+QUANTILES = ["q0.1", "q0.5", "q0.9"]
+
+
+def cut(table: pd.DataFrame, day: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """History before `day`, and the known column over the H days from `day`."""
+    history = table[table["day"] < day]
+    days = pd.date_range(day, periods=HORIZON, freq="D").strftime("%Y-%m-%d")
+    future = table[table["day"].isin(days)][["store", "day", "promo"]]
+    return history, future

@@ -1,0 +1,91 @@
+"""Forecast tables and forecasts in the target's units: `forecast_frame` refuses id or time
+columns named like a column it adds and levels sharing a column name, and a value returned
+to original units beyond float64 is refused naming where it is."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tft_jax.data import PreparedDataset
+from tft_jax.data.scaling import TargetScaler
+from tft_jax.evaluation import forecast_frame, to_original_units
+
+from . import evaluation_tables
+from .evaluation_tables import HORIZON, QUANTILES, make_table
+
+
+def prepare(table: pd.DataFrame, id_col: str = "shop", time_col: str = "day", **options):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the filled gap of series 'b'
+        return evaluation_tables.prepare(table, id_col, time_col, **options)
+
+
+@pytest.fixture(scope="module")
+def log1p_dataset() -> PreparedDataset:
+    return prepare(make_table(), target_transform="log1p")
+
+
+# ----------------------------------------------------------------- forecast table columns
+
+
+@pytest.mark.parametrize(
+    "role, name", [("id", "horizon"), ("id", "p50"), ("time", "actual"), ("time", "forecast_start")]
+)
+def test_forecast_frame_refuses_an_id_or_time_column_named_as_a_column_it_adds(role, name):
+    # The ids (or times) were replaced by 1..H, the actuals, the medians or the window
+    # starts without a word: a Python user's table had a 'horizon' id column of zeros.
+    columns = {"id_col": "shop", "time_col": "day"}
+    table = make_table().rename(columns={columns[f"{role}_col"]: name})
+    dataset = prepare(table, **{**columns, f"{role}_col": name})
+    windows = dataset.test
+    forecast = np.zeros((len(windows), HORIZON, len(QUANTILES)))
+    with pytest.raises(ValueError, match=rf"the {role} column '{name}' has the name of a column"):
+        forecast_frame(dataset, windows, forecast, QUANTILES)
+
+
+def test_forecast_frame_refuses_two_levels_of_one_column_name(log1p_dataset):
+    # 0.5 and 0.5000001 are both 'p50': the table kept the second level's values only.
+    windows = log1p_dataset.test
+    forecast = np.zeros((len(windows), HORIZON, 2))
+    with pytest.raises(ValueError, match=r"share the forecast column name\(s\) \['p50'\]"):
+        forecast_frame(log1p_dataset, windows, forecast, (0.5, 0.5000001))
+
+
+# ----------------------------------------------------------------- forecasts beyond float64
+
+
+def test_a_log1p_forecast_beyond_float64_is_refused_naming_series_and_time(log1p_dataset):
+    # expm1 of a value above ~709.78 log1p units overflowed to inf with only NumPy's
+    # RuntimeWarning; the q-risk became inf, which metrics.json writes as null.
+    dataset, windows = log1p_dataset, log1p_dataset.test
+    scaler = dataset.target_scaler
+    window, step = len(windows) - 1, 2
+    code = int(windows.series_code[window])
+    quantiles = np.zeros((len(windows), HORIZON, len(QUANTILES)))
+    log_value = 700.0  # finite in float64: returned, exactly expm1
+    quantiles[window, step, 2] = (log_value - scaler.loc[code]) / scaler.scale[code]
+    back = to_original_units(dataset, windows, quantiles)
+    assert back[window, step, 2] == pytest.approx(np.expm1(log_value), rel=1e-12)
+    assert np.all(np.isfinite(back))
+    quantiles[window, step, 2] = (720.0 - scaler.loc[code]) / scaler.scale[code]
+    series = dataset.series_ids[code]
+    time = windows.forecast_times(window)[step]
+    with pytest.raises(
+        ValueError,
+        match=rf"forecast of series '{series}' at {time}, quantile index 2 is .* 720 in log1p "
+        r"units, whose expm1 is beyond float64",
+    ):
+        to_original_units(dataset, windows, quantiles)
+
+
+def test_an_affine_inverse_beyond_float64_is_refused_and_nan_passes():
+    scaler = TargetScaler(loc=np.zeros(2), scale=np.array([1.0, 1e300]), method="standard")
+    codes = np.array([0, 1])
+    with pytest.raises(ValueError, match=r"series code 1 at \(1, 0\) is 1e\+10 .* beyond float64"):
+        scaler.inverse_transform(np.array([[1e10], [1e10]]), codes)
+    back = scaler.inverse_transform(np.array([[np.nan], [1e5]]), codes)
+    assert np.isnan(back[0, 0]) and back[1, 0] == pytest.approx(1e305, rel=1e-12)

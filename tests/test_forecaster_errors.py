@@ -1,0 +1,143 @@
+"""`Forecaster` names what is wrong with what it is given: a config.json edited by hand, a
+series off the freq grid, a backtest longer than the table, future rows of integer or empty
+ids; and backtest cutoffs stay freq steps apart across a stretch no series covers.
+
+One tiny FP32 model is fitted once on the synthetic stores table (the
+settings of `tests/test_forecaster.py`, so that its compiled steps are
+shared); every test reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tft_jax.forecaster import Forecaster, ModelConfig, RunFolderError
+
+from .cli_tables import HISTORY, HORIZON, TINY_TRAINING, write_table
+from .forecaster_stores import DATA, cut
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    """`(forecaster, table, saved folder)`."""
+    folder = tmp_path_factory.mktemp("forecaster_errors")
+    csv = write_table(folder / "stores.csv")
+    forecaster = Forecaster(DATA, ModelConfig(hidden_dim=8, num_heads=2), TINY_TRAINING)
+    forecaster.fit(csv, quiet=True)
+    return forecaster, pd.read_csv(csv), forecaster.save(folder / "run")
+
+
+def edited(saved, folder, edit):
+    """A copy of the run folder `saved` in `folder` with `edit` applied to its config.json."""
+    shutil.copytree(saved, folder)
+    config = json.loads((folder / "config.json").read_text())
+    edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "field, value", [("attend_to_self", False), ("dtype", "bfloat16"), ("use_known_history", False)]
+)
+def test_a_tft_config_field_that_fit_fixes_edited_by_hand_is_refused_at_load(
+    fitted, tmp_path, field, value
+):
+    # No setting reaches these fields: an edit loaded the same weights into another
+    # computation (no causal mask, bfloat16 activations) and forecast otherwise, silently.
+    _, _, saved = fitted
+    folder = edited(saved, tmp_path / "run", lambda c: c["tft_config"].update({field: value}))
+    with pytest.raises(
+        RunFolderError,
+        match=rf"config.json is damaged: .*tft_config.{field} is {value!r}, Forecaster.fit "
+        "always trains with",
+    ):
+        Forecaster.load(folder)
+
+
+def test_models_or_summary_of_another_type_in_config_json_are_named(fitted, tmp_path):
+    # models="fp32" was read letter by letter ("models ['f', 'p', '3', '2'] must include
+    # 'fp32'"); a summary list loaded and came back from `summary` as a list.
+    _, _, saved = fitted
+    folder = edited(saved, tmp_path / "models", lambda c: c.update(models="fp32"))
+    with pytest.raises(RunFolderError, match=r"models must be a list of model names, got 'fp32'"):
+        Forecaster.load(folder)
+    folder = edited(saved, tmp_path / "summary", lambda c: c.update(summary=[1]))
+    with pytest.raises(RunFolderError, match=r"summary must be an object, got list"):
+        Forecaster.load(folder)
+
+
+def test_backtest_cutoffs_are_step_grid_steps_apart_across_a_stretch_without_series(fitted):
+    # Steps were counted over the times some series has: with no series from Mar 1 to
+    # Mar 10 the two cutoffs "60 steps apart" were 70 days apart.
+    forecaster, table, _ = fitted
+    alpha = table[(table["store"] == "alpha") & (table["day"] <= "2024-02-29")]
+    beta = table[table["store"] == "beta"].iloc[:50]
+    beta = beta.assign(day=pd.date_range("2024-03-11", periods=50, freq="D").strftime("%Y-%m-%d"))
+    result = forecaster.backtest(pd.concat([alpha, beta]), n_windows=2, step=60)
+    cutoffs = sorted(result["cutoff"].unique())
+    last = pd.Timestamp("2024-04-29") - pd.Timedelta(days=HORIZON - 1)
+    assert cutoffs == [last - pd.Timedelta(days=60), last]
+    assert (result["windows"] == 1).all()
+
+
+def test_backtest_refuses_a_series_recorded_at_another_offset_naming_it(fitted):
+    # A series at noon among series at midnight doubled the count of times: cutoffs fell
+    # half a step apart and the last failed with "no series has 14 steps of history".
+    forecaster, table, _ = fitted
+    shifted = table.assign(day=pd.to_datetime(table["day"]))
+    noon = shifted["store"] == "alpha"
+    shifted.loc[noon, "day"] += pd.Timedelta(hours=12)
+    with pytest.raises(
+        ValueError,
+        match=r"backtest: series 'alpha' is recorded at 2024-01-01 12:00:00, off the freq='D' "
+        r"grid from 2024-01-01 00:00:00",
+    ):
+        forecaster.backtest(shifted, n_windows=2)
+
+
+def test_backtest_says_the_steps_its_cutoffs_need_history_included(fitted):
+    # 13 cutoffs 7 days apart need 14 + 91 days of the table's 100: refused as "no series
+    # has 14 steps of history before the cutoff 2024-01-10", a cutoff the user never chose.
+    forecaster, table, _ = fitted
+    with pytest.raises(
+        ValueError,
+        match=rf"backtest: 13 cutoffs 7 steps apart need {HISTORY + 91} steps of data "
+        rf"\({HISTORY} of history before the first cutoff, 91 from it\), the table spans 100",
+    ):
+        forecaster.backtest(table, n_windows=13, step=7)
+    assert len(forecaster.backtest(table, n_windows=12, step=7)["cutoff"].unique()) == 12
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda f: f.iloc[1:], r"future has no row for series 1 at 2024-03-30"),
+        (lambda f: pd.concat([f, f.iloc[:1]]), r"future repeats series 1 at 2024-03-30"),
+        (
+            lambda f: f.assign(promo=np.where(np.arange(len(f)) == 1, np.nan, f["promo"])),
+            r"future column 'promo' is empty for series 1 at 2024-03-31",
+        ),
+        (
+            lambda f: pd.concat([f, f.iloc[:1].assign(day="2024-05-01")]),
+            r"rows outside the forecast steps, e.g. series 1 at 2024-05-01",
+        ),
+        (
+            lambda f: f.assign(store=f["store"].astype(float).where(np.arange(len(f)) != 2)),
+            r"future column 'store' is empty at row 2 \(1 empty ids\)",
+        ),
+    ],
+)
+def test_future_errors_name_integer_ids_as_written_and_an_empty_id_as_one(fitted, edit, message):
+    # Integer ids were named np.int64(1); an empty id as a series [nan] the history lacks.
+    forecaster, table, _ = fitted
+    history, future = cut(table, "2024-03-30")
+    codes = {"alpha": 1, "beta": 2, "gamma": 3}
+    history = history.assign(store=history["store"].map(codes))
+    future = future.assign(store=future["store"].map(codes)).reset_index(drop=True)
+    with pytest.raises(ValueError, match=message):  # refused before the ids are coded
+        forecaster.predict(history, edit(future))

@@ -1,0 +1,173 @@
+"""`tft_jax.data.future`: the future table of known inputs and the history a fitted model
+forecasts from. Bad tables are refused naming the series, time and column, and the fix a
+fitted model allows; unseen categories are coded unknown and announced."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tft_jax.data.future import future_windows
+
+from .prepared_tables import HISTORY, HORIZON, forecast_inputs, prepare, quiet_prepare
+
+
+def history_table(length: int = 40, start: str = "2021-03-01") -> pd.DataFrame:
+    rng = np.random.default_rng(0)
+    times = pd.date_range(start, periods=length, freq="h")
+    return pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    "id": series,
+                    "time": times,
+                    "y": 10.0 + rng.normal(size=length),
+                    "promo": rng.random(length),
+                    "holiday": rng.choice(["none", "xmas"], length),
+                }
+            )
+            for series in (1, 2)
+        ],
+        ignore_index=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def preprocessor():
+    data = quiet_prepare(
+        history_table(), freq="h", history=HISTORY, horizon=HORIZON,
+        known_cols=["promo", "holiday"],
+    )  # fmt: skip
+    return data.preprocessor
+
+
+def future_of(history: pd.DataFrame) -> pd.DataFrame:
+    last = history.groupby("id")["time"].max()
+    rows = [
+        (series, time, 0.5, "none")
+        for series, end in last.items()
+        for time in pd.date_range(end, periods=HORIZON + 1, freq="h")[1:]
+    ]
+    return pd.DataFrame(rows, columns=["id", "time", "promo", "holiday"])
+
+
+def test_a_future_time_off_the_grid_is_named_with_the_step_it_misses(preprocessor):
+    history = history_table(12, "2021-04-01")
+    future = future_of(history)
+    future.loc[0, "time"] += pd.Timedelta(minutes=30)
+    with pytest.raises(ValueError) as caught:
+        forecast_inputs(preprocessor, history, future)
+    message = str(caught.value)
+    assert "no row for series 1 at 2021-04-01 12:00:00" in message
+    assert "1 rows outside the forecast steps, e.g. series 1 at 2021-04-01 12:30:00" in message
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda f: f.assign(time=f["time"] + pd.Timedelta(hours=1)),
+         r"no row for series 1 at 2021-04-01 12:00:00 \(2 missing\).*2 rows outside"),
+        (lambda f: f.drop(index=[1]), r"no row for series 1 at 2021-04-01 13:00:00 \(1 missing\)"),
+        (lambda f: f.assign(promo=f["promo"].mask(f.index == 2)),
+         r"future column 'promo' is empty for series 2 at 2021-04-01 12:00:00"),
+        (lambda f: f.assign(holiday=f["holiday"].mask(f.index == 0)),
+         r"future column 'holiday' is empty for series 1"),
+        (lambda f: f.assign(promo=f["promo"].astype(object).mask(f.index == 0, "lots")),
+         r"'lots' in series 1 at row 0"),
+        (lambda f: pd.concat([f, f.iloc[[1]]]), r"future repeats series 1 at 2021-04-01 13:00"),
+        (lambda f: f.drop(columns=["holiday"]), r"future lacks the columns \['holiday'\]"),
+        (lambda f: f.assign(id=f["id"].astype(str)), r"'1' \(str\) is 1 \(int\) in the history"),
+    ],
+)  # fmt: skip
+def test_a_bad_future_table_is_refused_naming_series_time_and_column(preprocessor, edit, message):
+    history = history_table(12, "2021-04-01")
+    with pytest.raises(ValueError, match=message):
+        forecast_inputs(preprocessor, history, edit(future_of(history)))
+
+
+def test_an_unseen_future_category_is_coded_unknown_and_announced(preprocessor):
+    history = history_table(12, "2021-04-01")
+    future = future_of(history)
+    future.loc[future["id"] == 2, "holiday"] = "easter"
+    future["extra"] = 1.0  # columns the model does not read are left aside
+    ahead, messages = forecast_inputs(preprocessor, history, future)
+    assert any("'holiday'" in m and "['easter']" in m for m in messages)
+    codes = ahead.windows.take(np.arange(2))["future_categorical"][:, :, 0]
+    unknown = len(preprocessor.vocabularies["holiday"])
+    series_two = list(ahead.transformed.series_ids).index(2)
+    assert (codes[series_two] == unknown).all()
+    assert (codes[1 - series_two] == preprocessor.vocabularies["holiday"].index("none")).all()
+
+
+def test_a_categorical_column_holding_only_a_missing_looking_category_keeps_that_category(
+    preprocessor,
+):
+    # 'none' is a holiday category of training; a recent history and a future with no
+    # holiday hold only 'none', which was read as empty cells: both were refused.
+    history = history_table(12, "2021-04-01").assign(holiday="none")
+    future = future_of(history)
+    assert set(future["holiday"]) == {"none"}
+    ahead, messages = forecast_inputs(preprocessor, history, future)
+    assert messages == []
+    arrays = ahead.windows.take(np.arange(2))
+    none = preprocessor.vocabularies["holiday"].index("none")
+    assert (arrays["future_categorical"] == none).all()
+    assert (arrays["known_categorical_history"] == none).all()
+
+
+def known_table() -> pd.DataFrame:
+    """Two daily series of 30 steps with a real known column 'promo'."""
+    times = pd.date_range("2024-01-01", periods=30, freq="D")
+    return pd.concat(
+        [
+            pd.DataFrame(
+                {"id": s, "time": times, "y": np.arange(30.0) * (k + 1), "promo": np.arange(30) % 2}
+            )
+            for k, s in enumerate("ab")
+        ],
+        ignore_index=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def known_dataset():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return prepare(known_table(), known_cols=["promo"])
+
+
+def test_forecast_refusals_name_what_a_fitted_model_lets_the_user_change(known_dataset):
+    table = known_table()
+    future = pd.DataFrame(
+        {
+            "id": np.repeat(["a", "b"], HORIZON),
+            "time": np.tile(pd.date_range("2024-01-31", periods=HORIZON, freq="D"), 2),
+            "promo": ["x", 1] * HORIZON,
+        }
+    )
+    # A text in a known column of the future: the column by its own name, a usable hint.
+    with pytest.raises(ValueError) as caught:
+        future_windows(known_dataset.preprocessor, table, future, HISTORY, HORIZON)
+    message = str(caught.value)
+    assert message.startswith("future table: column 'promo' has 2 non-numeric values")
+    assert "'future promo'" not in message
+    # A series too short to forecast from: the fitted history is fixed, so the fix is data.
+    short = pd.concat([table, table[table["id"] == "a"].head(2).assign(id="c")])
+    with pytest.raises(ValueError) as caught:
+        future_windows(known_dataset.preprocessor, short, None, HISTORY, HORIZON)
+    message = str(caught.value)
+    assert "'c' (2 steps)" in message
+    assert f"give each of them at least {HISTORY} steps of history, or drop them" in message
+    assert "shorten history/horizon" not in message
+    # Too sparse recently: the limit is named where a Forecaster user sets it.
+    sparse = table.copy()
+    sparse.loc[(sparse["id"] == "a") & (sparse["time"] >= "2024-01-27"), "y"] = np.nan
+    sparse = sparse[~((sparse["id"] == "a") & (sparse["time"] == "2024-01-30"))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        with pytest.raises(ValueError, match=r"max_missing_fraction, which a Forecaster takes "
+                           r"from its DataConfig"):  # fmt: skip
+            future_windows(known_dataset.preprocessor, sparse, None, HISTORY, HORIZON)

@@ -1,0 +1,138 @@
+"""The gating blocks: the GRN against the paper's equations, its context checks, and the
+`deterministic` flag of `GatedLinearUnit` (a bool, static under `jit`).
+
+The GRN reference is float64 NumPy written here: LayerNorm(skip(x) + GLU(W1
+ELU(W2 x + W3 c + b2) + b1)), with random LayerNorm parameters too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.block_inputs import _CONTEXT, _X
+from tft_jax import GatedResidualNetwork
+from tft_jax.gating import GatedLinearUnit
+
+# ---------------------------------------------------------------------------
+# GatedResidualNetwork with and without a context
+
+
+def _numpy_grn(params: dict, x: np.ndarray, context: np.ndarray | None) -> np.ndarray:
+    """The paper's GRN in float64: LayerNorm(skip(x) + GLU(W1 ELU(W2 x + W3 c + b2) + b1))."""
+
+    def dense(name: str, z: np.ndarray, tree: dict = params) -> np.ndarray:
+        layer = tree[name]
+        out = z @ np.asarray(layer["kernel"], np.float64)
+        return out + np.asarray(layer["bias"], np.float64) if "bias" in layer else out
+
+    x = np.asarray(x, np.float64)
+    skip = dense("skip", x) if "skip" in params else x
+    eta = dense("input", x)
+    if context is not None:
+        eta = eta + dense("context", np.asarray(context, np.float64))[:, None, :]
+    eta = dense("hidden", np.where(eta > 0, eta, np.expm1(np.minimum(eta, 0.0))))
+    gate_add_norm = params["gate_add_norm"]
+    value, gate = np.split(dense("projection", eta, gate_add_norm["glu"]), 2, axis=-1)
+    z = skip + value / (1.0 + np.exp(-gate))
+    mean = z.mean(-1, keepdims=True)
+    variance = ((z - mean) ** 2).mean(-1, keepdims=True)
+    norm = gate_add_norm["layer_norm"]
+    return (z - mean) / np.sqrt(variance + 1e-6) * np.asarray(
+        norm["scale"], np.float64
+    ) + np.asarray(norm["bias"], np.float64)
+
+
+@pytest.fixture(scope="module")
+def grn_with_context() -> tuple[GatedResidualNetwork, dict]:
+    """A GRN `(2, 3, 4) -> (2, 3, 6)` with a `(2, 5)` context; random LayerNorm parameters too."""
+    grn = GatedResidualNetwork(6, hidden_features=3)
+    variables = grn.init(jax.random.key(0), _X, _CONTEXT)
+    leaves, tree = jax.tree.flatten(variables)
+    keys = jax.random.split(jax.random.key(1), len(leaves))
+    variables = jax.tree.unflatten(
+        tree,
+        [
+            jax.random.normal(k, leaf.shape, leaf.dtype)
+            for k, leaf in zip(keys, leaves, strict=True)
+        ],
+    )
+    return grn, variables
+
+
+def test_grn_with_context_and_a_learned_skip_matches_the_paper_equations(grn_with_context):
+    grn, variables = grn_with_context
+    got = grn.apply(variables, _X, _CONTEXT)
+    expected = _numpy_grn(variables["params"], _X, _CONTEXT)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_grn_initialized_with_a_context_refuses_a_call_without_one(grn_with_context):
+    # Flax skips parameters a call does not use: the context term was dropped silently.
+    grn, variables = grn_with_context
+    with pytest.raises(ValueError, match="context is None, but the parameters hold a context"):
+        grn.apply(variables, _X)
+
+
+def test_grn_refuses_a_context_of_another_width_or_none_at_init(grn_with_context):
+    grn, variables = grn_with_context
+    wider = np.ones((*_CONTEXT.shape[:-1], _CONTEXT.shape[-1] + 2), np.float32)
+    with pytest.raises(ValueError, match=r"context has width \d+ \(its last axis\), but the "):
+        grn.apply(variables, _X, wider)
+    without = grn.init(jax.random.key(1), _X)
+    with pytest.raises(ValueError, match=r"a context was given, but the network was initialized "):
+        grn.apply(without, _X, _CONTEXT)
+
+
+def test_grn_initialized_without_a_context_still_runs_without_one():
+    grn = GatedResidualNetwork(4)
+    variables = grn.init(jax.random.key(0), _X)
+    np.testing.assert_allclose(
+        grn.apply(variables, _X), _numpy_grn(variables["params"], _X, None), rtol=1e-5, atol=1e-5
+    )
+
+
+# ---------------------------------------------------------------------------
+# `deterministic` must be a bool
+
+
+@pytest.mark.parametrize("value", ["False", "True", 0.0, [False]])
+def test_deterministic_that_is_not_a_bool_raises_type_error_naming_it(value: Any) -> None:
+    # "False" is truthy: it used to switch dropout off without a word.
+    module = GatedLinearUnit(4, dropout_rate=0.5)
+    x = jnp.ones((2, 3))
+    variables = module.init(jax.random.key(0), x)
+    with pytest.raises(TypeError, match="deterministic must be a bool"):
+        module.apply(variables, x, deterministic=value, rngs={"dropout": jax.random.key(1)})
+
+
+def test_traced_deterministic_raises_type_error_naming_it_and_is_ignored_without_dropout() -> None:
+    x = jnp.ones((2, 3))
+    module = GatedLinearUnit(4, dropout_rate=0.5)
+    variables = module.init(jax.random.key(0), x)
+    apply = jax.jit(
+        lambda d: module.apply(variables, x, deterministic=d, rngs={"dropout": jax.random.key(1)})
+    )
+    with pytest.raises(TypeError, match=r"deterministic.*static"):
+        apply(False)
+    plain = GatedLinearUnit(4)
+    plain_variables = plain.init(jax.random.key(0), x)
+    traced = jax.jit(lambda d: plain.apply(plain_variables, x, deterministic=d))(False)
+    want = plain.apply(plain_variables, x, deterministic=True)
+    np.testing.assert_allclose(traced, want, rtol=1e-6, atol=1e-7)
+
+
+def test_numpy_and_array_bools_and_zero_or_one_are_accepted_as_deterministic() -> None:
+    module = GatedLinearUnit(4, dropout_rate=0.5)
+    x = jnp.ones((2, 3))
+    variables = module.init(jax.random.key(0), x)
+    rngs = {"dropout": jax.random.key(1)}
+    on = module.apply(variables, x, deterministic=False, rngs=rngs)
+    off = module.apply(variables, x, deterministic=True, rngs=rngs)
+    for value, want in [(np.bool_(False), on), (jnp.array(True), off), (0, on), (1, off)]:
+        got = module.apply(variables, x, deterministic=value, rngs=rngs)
+        np.testing.assert_array_equal(got, want)

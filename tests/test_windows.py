@@ -1,0 +1,145 @@
+"""`tft_jax.data.windows`: the window starts of each split equal a brute-force enumeration
+and strided starts every stride-th window of each series; bad histories, horizons and
+bounds are refused by name."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tft_jax.data import window_starts
+from tft_jax.data.windows import Panel
+
+from .prepared_tables import HISTORY, HORIZON, quiet_prepare
+
+
+def ragged_table(freq: str, seed: int) -> pd.DataFrame:
+    """Three series of `freq` with other start times, lengths and a few missing rows."""
+    rng = np.random.default_rng(seed)
+    offset = pd.tseries.frequencies.to_offset(freq)
+    base = offset.rollforward(pd.Timestamp("2020-01-06"))
+    parts = []
+    for series in range(3):
+        length = int(rng.integers(18, 40))
+        times = pd.date_range(base + int(rng.integers(0, 8)) * offset, periods=length, freq=freq)
+        keep = np.ones(length, dtype=bool)
+        keep[rng.choice(np.arange(1, length - 1), size=2, replace=False)] = False
+        values = 5.0 + rng.normal(size=length)
+        parts.append(pd.DataFrame({"id": f"s{series}", "time": times, "y": values})[keep])
+    return pd.concat(parts, ignore_index=True)
+
+
+def brute_force_starts(table, freq, begin, end, stride, observed_only):
+    """Per series, the first forecast time of every window whose horizon lies in [begin, end)."""
+    found = {}
+    for series, rows in table.groupby("id", sort=True):
+        grid = pd.date_range(rows["time"].min(), rows["time"].max(), freq=freq)
+        observed = grid.isin(pd.DatetimeIndex(rows["time"]))
+        starts = [
+            grid[i]
+            for i in range(HISTORY, len(grid) - HORIZON + 1)
+            if grid[i] >= begin
+            and grid[i + HORIZON - 1] < end
+            and (not observed_only or observed[i : i + HORIZON].all())
+        ]
+        if starts[::stride]:
+            found[series] = starts[::stride]
+    return found
+
+
+@pytest.mark.parametrize(
+    ("freq", "seed", "stride", "observed_only"),
+    [("h", 0, 1, True), ("D", 1, 2, False), ("W-WED", 2, 1, True), ("MS", 3, 3, True),
+     ("B", 4, 1, False), ("QS", 5, 2, False)],
+)  # fmt: skip
+def test_each_split_holds_exactly_the_windows_a_brute_force_enumeration_finds(
+    freq, seed, stride, observed_only
+):
+    table = ragged_table(freq, seed)
+    times = pd.DatetimeIndex(table["time"]).sort_values()
+    cut_validation, cut_test = times[len(times) // 2], times[3 * len(times) // 4]
+    data = quiet_prepare(
+        table, freq=freq, history=HISTORY, horizon=HORIZON, validation_start=cut_validation,
+        test_start=cut_test, train_stride=stride, eval_stride=stride,
+        require_observed_target=observed_only, max_missing_fraction=1.0,
+    )  # fmt: skip
+    end = times.max() + pd.tseries.frequencies.to_offset(freq)
+    bounds = {"train": (times.min(), cut_validation), "validation": (cut_validation, cut_test),
+              "test": (cut_test, end)}  # fmt: skip
+    for name, (begin, stop) in bounds.items():
+        windows = data.split(name)
+        found: dict[str, list[pd.Timestamp]] = {}
+        for code, start in zip(windows.series_code, windows.forecast_start, strict=True):
+            found.setdefault(data.series_ids[code], []).append(start)
+        assert found == brute_force_starts(table, freq, begin, stop, stride, observed_only), name
+
+
+def strided_reference(panel: Panel, candidates: np.ndarray, stride: int) -> np.ndarray:
+    """Every `stride`-th candidate of each series, from its first: one mask per series."""
+    code = panel.series_code
+    keep = np.zeros(candidates.shape[0], dtype=bool)
+    for series in np.unique(code[candidates]):
+        (positions,) = np.nonzero(code[candidates] == series)
+        keep[positions[::stride]] = True
+    return candidates[keep]
+
+
+def small_panel() -> Panel:
+    """Three series of 23, 9 and 31 rows; a few filled target steps."""
+    lengths = np.array([23, 9, 31])
+    rows = int(lengths.sum())
+    code = np.repeat(np.arange(3), lengths).astype(np.int32)
+    times = pd.DatetimeIndex(
+        np.concatenate([pd.date_range("2024-01-01", periods=n, freq="h") for n in lengths])
+    )
+    mask = np.ones(rows, np.float32)
+    mask[[5, 40, 41, 60]] = 0.0
+    return Panel(
+        series_code=code, times=times, observed=np.zeros((rows, 1), np.float32),
+        known=np.zeros((rows, 0), np.float32), target=np.zeros(rows, np.float32),
+        target_mask=mask, static=np.zeros((3, 0), np.float32),
+        series_start=np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64),
+        series_length=lengths.astype(np.int64),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("stride", [2, 3, 5, 50])
+def test_strided_window_starts_are_every_strideth_window_of_each_series(stride):
+    panel = small_panel()
+    begin, end = pd.Timestamp("2024-01-01 03:00"), pd.Timestamp("2024-01-02 05:00")
+    every = window_starts(panel, 4, 2, begin, end)
+    assert np.unique(panel.series_code[every]).size == 3
+    strided = window_starts(panel, 4, 2, begin, end, stride)
+    np.testing.assert_array_equal(strided, strided_reference(panel, every, stride))
+    empty = window_starts(panel, 4, 2, end, end + pd.Timedelta("1h"), stride)
+    assert empty.shape == (0,) and empty.dtype == np.int64
+
+
+def test_window_starts_refuses_a_history_or_horizon_below_one_or_not_an_int():
+    table = ragged_table("h", 0)
+    panel = quiet_prepare(table, freq="h", history=HISTORY, horizon=HORIZON).panel
+    begin, end = panel.times.min(), panel.times.max() + pd.Timedelta(hours=1)
+    # A horizon of 0 took the row before each start as its last forecast step.
+    for history, horizon, error, name in [
+        (HISTORY, 0, ValueError, "horizon"),
+        (0, HORIZON, ValueError, "history"),
+        (-2, HORIZON, ValueError, "history"),
+        (float(HISTORY), HORIZON, TypeError, "history"),
+        (HISTORY, True, TypeError, "horizon"),
+    ]:
+        with pytest.raises(error, match=name):
+            window_starts(panel, history, horizon, begin, end)
+
+
+def test_window_starts_names_a_bound_naive_where_the_times_are_aware():
+    table = ragged_table("h", 0)
+    table["time"] = table["time"].dt.tz_localize("UTC")
+    panel = quiet_prepare(table, freq="h", history=HISTORY, horizon=HORIZON).panel
+    end = panel.times.max() + pd.Timedelta(hours=1)
+    with pytest.raises(ValueError, match=r"begin=.* is naive .* in zone UTC"):
+        window_starts(panel, HISTORY, HORIZON, pd.Timestamp("2020-01-06"), end)
+    # A text is compared as pandas compares it: in the times' zone.
+    as_text = window_starts(panel, HISTORY, HORIZON, "2020-01-06 05:00", end)
+    as_stamp = window_starts(panel, HISTORY, HORIZON, pd.Timestamp("2020-01-06 05:00Z"), end)
+    np.testing.assert_array_equal(as_text, as_stamp)
