@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pathlib
 import re
@@ -606,11 +607,11 @@ def test_sigkill_before_the_first_evaluation_resumes_from_a_timed_checkpoint(
 
 
 _DAMAGED_RESTORE = """
-import pathlib, sys
+import gc, pathlib, sys, time
 sys.path.insert(0, {root!r})
 import jax
-from tests.test_checkpoint import LATEST, TEMPLATE, _truncate, randomized
-from tft_jax.checkpoint import TrainingCheckpointer
+from tests.checkpoint_states import TEMPLATE, _truncate, randomized
+from tft_jax.checkpoint import LATEST, TrainingCheckpointer
 
 directory = pathlib.Path({directory!r})
 with TrainingCheckpointer(directory) as checkpointer:
@@ -619,6 +620,9 @@ with TrainingCheckpointer(directory) as checkpointer:
 _truncate(directory / LATEST / "10")
 with TrainingCheckpointer(directory) as checkpointer:
     print("restored step", checkpointer.restore_latest(TEMPLATE).step)
+# The abandoned reads' tasks are reported when collected, after the restore returned.
+time.sleep(0.5)
+gc.collect()
 """
 
 
@@ -681,3 +685,54 @@ def test_only_callbacks_on_a_closed_loop_are_dropped_from_the_unraisable_hook(
     report(ValueError("a real problem"))
     assert [type(error) for error in seen] == [RuntimeError, ValueError]
     assert seen[0] is other
+
+
+@pytest.mark.parametrize("future", ["task", "gather"])
+def test_asyncio_reports_of_abandoned_reads_are_dropped_only_inside_a_step_that_failed(
+    future: str, tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Real unretrieved-exception reports, collected after the read: only the failed step's go."""
+    import asyncio
+    import gc
+
+    from tft_jax import checkpoint
+
+    failed, read, sibling = (tmp_path / "latest" / name for name in ("10", "5", "100"))
+
+    async def read_array(step: pathlib.Path) -> None:
+        raise ValueError(f'Error reading "scale/.zarray" at local file "{step}/state/"')
+
+    async def start(step: pathlib.Path) -> asyncio.Future:
+        if future == "task":
+            return asyncio.ensure_future(read_array(step))
+        return asyncio.gather(read_array(step))  # a _GatheringFuture
+
+    def abandon(step: pathlib.Path) -> None:
+        """A read that fails and is never awaited, collected later (as orbax's are)."""
+        loop = asyncio.new_event_loop()
+        pending = loop.run_until_complete(start(step))
+        loop.run_until_complete(asyncio.sleep(0.01))
+        loop.close()
+        del pending
+        gc.collect()
+
+    with (
+        pytest.raises(ValueError, match="the read orbax raises"),
+        checkpoint._abandoned_reads_unlogged(failed),
+    ):
+        raise ValueError("the read orbax raises")
+    with checkpoint._abandoned_reads_unlogged(read):  # read in full: off the list again
+        pass
+    # A damaged step moved aside and saved again: its new read succeeds, while
+    # the failed read's tasks may still be collected.
+    with checkpoint._abandoned_reads_unlogged(failed):
+        pass
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        for step in (failed, read, sibling):
+            abandon(step)
+    reported = [record.exc_info[1] for record in caplog.records if record.name == "asyncio"]
+    assert [str(error).split('"')[3] for error in reported] == [
+        f"{read}/state/",
+        f"{sibling}/state/",
+    ]
+    assert all("exception was never retrieved" in record.msg for record in caplog.records)

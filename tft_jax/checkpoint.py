@@ -28,11 +28,13 @@ optimizer) raises `ValueError`: that is a user error, not corruption.
 
 A damaged step is reported by its one warning: orbax abandons the step's
 other reads when the first fails, and their failures arrive on a closed
-event loop. While arrays are read, asyncio's "Task exception was never
-retrieved" log records are dropped, and the first restore installs, for the
-rest of the process, a `sys.unraisablehook` wrapper that drops only the
-`RuntimeError: Event loop is closed` reports raised by asyncio's
-`_check_closed` (every other report reaches the hook that was in place).
+event loop, or when their tasks are garbage-collected, long after the
+restore returned. So the first restore installs, for the rest of the
+process, an `asyncio` log filter that drops only the "... exception was
+never retrieved" records of reads inside a step that failed to read, and a
+`sys.unraisablehook` wrapper that drops only the `RuntimeError: Event loop
+is closed` reports raised by asyncio's `_check_closed` (every other record
+and report goes where it went before).
 """
 
 from __future__ import annotations
@@ -458,7 +460,7 @@ class TrainingCheckpointer:
             )
         _drop_late_loop_callbacks()
         try:
-            with _unretrieved_task_errors_dropped():
+            with _abandoned_reads_unlogged(pathlib.Path(manager.directory) / str(step)):
                 restored = manager.restore(
                     step,
                     args=ocp.args.Composite(
@@ -566,29 +568,51 @@ def _drop_late_loop_callbacks() -> None:
     sys.unraisablehook = hook
 
 
-class _UnretrievedTaskErrors(logging.Filter):
-    """Drops asyncio's "Task exception was never retrieved" records."""
+# Step directories whose array reads failed (or are under way): asyncio's
+# reports of their abandoned reads are dropped (`_AbandonedReadErrors`).
+_FAILED_READS: set[str] = set()
+
+
+class _AbandonedReadErrors(logging.Filter):
+    """Drops asyncio's "... exception was never retrieved" records of reads in `_FAILED_READS`.
+
+    A record is dropped only when its task's (or gathering future's)
+    exception names a file inside one of those step directories; every
+    other record passes.
+    """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Task exception was never retrieved")
+        # asyncio names the future's class: "Task", "Future", "_GatheringFuture".
+        first_line = str(record.msg).split("\n", 1)[0]
+        if not first_line.endswith(" exception was never retrieved"):
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        text = f"{record.msg} {error}"
+        return not any(f"{directory}/" in text for directory in _FAILED_READS)
 
 
 @contextlib.contextmanager
-def _unretrieved_task_errors_dropped() -> Iterator[None]:
-    """Drops asyncio's reports of the reads that orbax abandoned, while arrays are read.
+def _abandoned_reads_unlogged(step_directory: pathlib.Path) -> Iterator[None]:
+    """Around a read of `step_directory`'s arrays: if it fails, its abandoned reads stay unlogged.
 
-    The reads of a damaged step's other arrays fail too, after orbax stopped
-    waiting for them; asyncio logs each failed task with its traceback. The
-    one read whose error orbax raises is reported (as a warning naming the
-    step) by the caller.
+    When one array of a damaged step fails to read, orbax raises that error
+    and abandons the step's other reads; each fails too, and asyncio logs it
+    with its traceback when its task is garbage-collected, during the read
+    or at any later time (hundreds of records for one damaged step). The
+    caller reports the step once (a warning naming it). The filter is
+    installed on the `asyncio` logger once per process; a step whose read
+    succeeds is taken off its list again, unless an earlier read of the same
+    directory failed (a damaged step moved aside and saved again).
     """
     logger = logging.getLogger("asyncio")
-    dropped = _UnretrievedTaskErrors()
-    logger.addFilter(dropped)
-    try:
-        yield
-    finally:
-        logger.removeFilter(dropped)
+    if not any(isinstance(kept, _AbandonedReadErrors) for kept in logger.filters):
+        logger.addFilter(_AbandonedReadErrors())
+    directory = str(step_directory)
+    failed_before = directory in _FAILED_READS
+    _FAILED_READS.add(directory)
+    yield
+    if not failed_before:  # an earlier failed read's tasks may still be collected later
+        _FAILED_READS.discard(directory)
 
 
 def _check_directory(directory: pathlib.Path) -> None:
