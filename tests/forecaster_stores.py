@@ -3,11 +3,13 @@ forecaster tests, and how they cut that table into a history and a future."""
 
 from __future__ import annotations
 
+import pathlib
+
 import pandas as pd
 
-from tft_jax.forecaster import DataConfig
+from tft_jax.forecaster import DataConfig, Forecaster, ModelConfig
 
-from .cli_tables import HISTORY, HORIZON
+from .cli_tables import HISTORY, HORIZON, TINY_TRAINING, write_table
 
 DATA = DataConfig(
     id_col="store", time_col="day", target="sales", freq="D", static_cols=("size",),
@@ -15,6 +17,14 @@ DATA = DataConfig(
     validation_fraction=0.15, test_fraction=0.15,
 )  # fmt: skip
 QUANTILES = ["q0.1", "q0.5", "q0.9"]
+MODEL = ModelConfig(hidden_dim=8, num_heads=2)
+
+
+def fitted_stores(folder: pathlib.Path) -> tuple[Forecaster, pd.DataFrame, pathlib.Path]:
+    """`(forecaster, table, saved run folder)`: the small model fitted on the stores table."""
+    csv = write_table(folder / "stores.csv")
+    forecaster = Forecaster(DATA, MODEL, TINY_TRAINING).fit(csv, quiet=True)
+    return forecaster, pd.read_csv(csv), forecaster.save(folder / "run")
 
 
 def cut(table: pd.DataFrame, day: str) -> tuple[pd.DataFrame, pd.DataFrame]:

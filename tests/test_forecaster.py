@@ -43,8 +43,8 @@ from tft_jax.forecaster.run_folder import (
 )
 from tft_jax.model import TemporalFusionTransformer
 
-from .cli_tables import HISTORY, HORIZON, TINY_TRAINING, write_table
-from .forecaster_stores import DATA, QUANTILES, cut
+from .cli_tables import HISTORY, HORIZON, TINY_TRAINING
+from .forecaster_stores import DATA, QUANTILES, cut, fitted_stores
 from .tracing import recorded_traces
 
 
@@ -52,16 +52,9 @@ from .tracing import recorded_traces
 def fitted(tmp_path_factory):
     """`(forecaster, table, saved folder)`; the training CSV is deleted after fitting."""
     folder = tmp_path_factory.mktemp("forecaster")
-    csv = write_table(folder / "stores.csv")
-    table = pd.read_csv(csv)
-    forecaster = Forecaster(
-        DATA,
-        ModelConfig(hidden_dim=8, num_heads=2),
-        TINY_TRAINING,
-    ).fit(csv, quiet=True)
-    saved = forecaster.save(folder / "run")
-    csv.unlink()
-    return forecaster, table, saved
+    fitted = fitted_stores(folder)
+    (folder / "stores.csv").unlink()
+    return fitted
 
 
 def test_forecasts_start_one_step_after_each_series_end_and_survive_save_and_load(fitted):

@@ -16,20 +16,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tft_jax.forecaster import Forecaster, ModelConfig, RunFolderError
+from tft_jax.forecaster import Forecaster, RunFolderError
 
-from .cli_tables import HISTORY, HORIZON, TINY_TRAINING, write_table
-from .forecaster_stores import DATA, cut
+from .cli_tables import HISTORY, HORIZON
+from .forecaster_stores import cut, fitted_stores
 
 
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory):
     """`(forecaster, table, saved folder)`."""
-    folder = tmp_path_factory.mktemp("forecaster_errors")
-    csv = write_table(folder / "stores.csv")
-    forecaster = Forecaster(DATA, ModelConfig(hidden_dim=8, num_heads=2), TINY_TRAINING)
-    forecaster.fit(csv, quiet=True)
-    return forecaster, pd.read_csv(csv), forecaster.save(folder / "run")
+    return fitted_stores(tmp_path_factory.mktemp("forecaster_errors"))
 
 
 def edited(saved, folder, edit):

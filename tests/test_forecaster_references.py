@@ -23,7 +23,7 @@ from tft_jax.forecaster import Forecaster, ModelConfig
 from tft_jax.forecaster import forecaster as forecaster_module
 
 from .cli_tables import HISTORY, HORIZON, TINY_TRAINING, write_table
-from .forecaster_stores import DATA, QUANTILES, cut
+from .forecaster_stores import DATA, QUANTILES, cut, fitted_stores
 
 LEVELS = np.array([0.1, 0.5, 0.9])
 
@@ -31,11 +31,7 @@ LEVELS = np.array([0.1, 0.5, 0.9])
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory):
     """`(forecaster, table, saved folder)`."""
-    folder = tmp_path_factory.mktemp("forecaster_references")
-    csv = write_table(folder / "stores.csv")
-    forecaster = Forecaster(DATA, ModelConfig(hidden_dim=8, num_heads=2), TINY_TRAINING)
-    forecaster.fit(csv, quiet=True)
-    return forecaster, pd.read_csv(csv), forecaster.save(folder / "run")
+    return fitted_stores(tmp_path_factory.mktemp("forecaster_references"))
 
 
 def pinball64(actual: np.ndarray, forecast: np.ndarray, level: float) -> np.ndarray:

@@ -19,6 +19,7 @@ import numpy as np
 import optax
 import pytest
 
+from tests.schedule_reference import warmup_cosine
 from tft_jax.flat_optimizer import FlatAdamWState, flat_adamw
 from tft_jax.schedules import WarmupCosine
 from tft_jax.train import warmup_cosine_schedule
@@ -32,14 +33,6 @@ SETTINGS = [
     (2e-2, 50, 49, 0.0),
     (5e-4, 1, 0, 0.0),
 ]
-
-
-def numpy_warmup_cosine(count: int, peak: float, total: int, warmup: int, end: float) -> float:
-    """The documented schedule in float64: linear to `peak`, then cosine to `end` at `total`."""
-    if count < warmup:
-        return peak * count / warmup
-    progress = min(count - warmup, total - warmup) / (total - warmup)
-    return end + (peak - end) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 @pytest.mark.parametrize("setting", SETTINGS)
@@ -61,7 +54,7 @@ def test_warmup_cosine_matches_the_float64_closed_form(setting) -> None:
     peak, total, warmup, end = setting
     schedule = WarmupCosine(peak, total, warmup, end)
     for count in range(total + 5):
-        want = numpy_warmup_cosine(count, peak, total, warmup, end)
+        want = warmup_cosine(count, peak, total, warmup, end)
         np.testing.assert_allclose(float(schedule(count)), want, rtol=2e-6, atol=1e-7 * peak)
 
 
@@ -213,13 +206,6 @@ def test_flat_adamw_refuses_a_warmup_cosine_whose_rate_would_be_nan_or_negative(
 # Schedules at their boundaries, against the closed form
 
 
-def closed_form(count: float, peak: float, total: float, warmup: float, end: float) -> float:
-    if count < warmup:
-        return peak * count / warmup
-    progress = min(count - warmup, total - warmup) / (total - warmup)
-    return end + (peak - end) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
 @pytest.mark.parametrize(
     "numbers", [(1e-3, 100, 10, 0.0), (0.1, 7, 0, 0.01), (2.0, 7, 6, 0.5), (0.5, 1, 0, 0.7)]
 )
@@ -229,7 +215,7 @@ def test_schedule_at_step_zero_warmup_end_total_and_beyond_is_the_closed_form(nu
     in_state = jax.jit(lambda count, schedule: schedule(count))
     counts = sorted({0, 1, warmup - 1, warmup, warmup + 1, total - 1, total, total + 1, 10 * total})
     for count in (c for c in counts if c >= 0):
-        want = closed_form(count, peak, total, warmup, end)
+        want = warmup_cosine(count, peak, total, warmup, end)
         for label, got in [
             ("int", schedule(count)),
             ("float", schedule(float(count))),

@@ -27,16 +27,14 @@ from tests.linear_quantile_model import (
     linear_batch,
     numpy_loss_and_grads,
 )
+from tests.schedule_reference import warmup_cosine
 from tft_jax.schedules import WarmupCosine
 from tft_jax.train import create_train_state, make_optimizer, train_step, warmup_cosine_schedule
 
 
 def numpy_warmup_cosine(count: int, schedule: WarmupCosine) -> float:
-    peak, total, warmup, end = (float(x) for x in jax.tree.leaves(schedule))
-    if count < warmup:
-        return peak * count / warmup
-    progress = min(count - warmup, total - warmup) / (total - warmup)
-    return end + (peak - end) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    """The float64 learning rate of `schedule` at step `count`."""
+    return warmup_cosine(count, *(float(x) for x in jax.tree.leaves(schedule)))
 
 
 def _host_tree(tree: Any) -> list[np.ndarray]:
