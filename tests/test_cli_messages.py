@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import pathlib
 
-import pandas as pd
 import pytest
 
 from tft_jax import cli
-from tft_jax.cli_parser import flag_message
-from tft_jax.data.tables import TableSpec, read_table, validate_table
+from tft_jax.data.tables import TableSpec
 
 from .cli_tables import run, table_args, write_table
 from .one_store_sales import _table
@@ -42,20 +40,6 @@ def test_a_csv_separated_by_another_character_is_refused_naming_it(capsys, tmp_p
     assert f"looks separated by {sep!r}" in err
     assert f"pandas.read_csv(path, sep={sep!r}).to_csv(new_path, index=False)" in err
     assert not (tmp_path / "run").exists()
-
-
-def test_a_dataframe_read_with_the_wrong_separator_is_named_in_the_missing_columns_error():
-    frame = pd.DataFrame({"store;date;sales": ["a;2024-01-01;1.0"]})
-    with pytest.raises(ValueError, match=r"looks separated by ';'.*sep=';'"):
-        validate_table(frame, TableSpec("store", "date", "sales"), history=2, horizon=1)
-
-
-def test_a_one_column_csv_with_the_id_column_or_no_id_column_is_read_as_it_is(tmp_path):
-    # Only a table that lacks its id column is taken for a wrongly separated one.
-    csv = tmp_path / "notes.csv"
-    csv.write_text("note;text\nsee;below\n")
-    assert list(read_table(csv).columns) == ["note;text"]
-    assert list(read_table(csv, id_col="note;text").columns) == ["note;text"]
 
 
 def test_missing_columns_are_named_by_the_flags_that_name_them(capsys, tmp_path):
@@ -90,14 +74,6 @@ def test_the_day_first_hint_names_each_flag_once(capsys, tmp_path):
     assert code == 2
     assert "pass --dayfirst or --time-format '%d/%m/%Y'" in err
     assert err.count("--time-format") == 1 and err.count("--dayfirst") == 1
-
-
-def test_flag_message_says_a_keyword_and_its_flag_once():
-    assert flag_message("e.g. encoding='latin-1' (--encoding latin-1)") == "e.g. --encoding latin-1"
-    assert flag_message("dayfirst=False (--dayfirst)") == "dayfirst=False (--dayfirst)"
-    # A command without the flag keeps the data layer's text.
-    text = "pass dayfirst=True (--dayfirst) or time_format='%d' (--time-format)"
-    assert flag_message(text, {"encoding"}) == text
 
 
 def test_a_csv_with_a_header_and_no_rows_is_refused_naming_the_flag_and_file(capsys, tmp_path):

@@ -1,5 +1,6 @@
 """The CLI parser (`tft_jax.cli_parser`): text encodings are checked as the flags are parsed,
-and the model and split choices are the library's own tuples, not copies."""
+the model and split choices are the library's own tuples, not copies, and the data layer's
+keyword hints become flags."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import argparse
 
 import pytest
 
-from tft_jax.cli_parser import build_parser
+from tft_jax.cli_parser import build_parser, flag_message
 from tft_jax.data.dataset import SPLITS
 from tft_jax.forecaster.predictors import MODEL_NAMES
 
@@ -53,3 +54,11 @@ def test_model_choices_are_the_librarys_model_names_not_a_copy(command):
 def test_split_choices_are_the_data_layers_splits_not_a_copy(command):
     (action,) = [a for a in _subparser(command)._actions if "--split" in a.option_strings]
     assert action.choices is SPLITS
+
+
+def test_flag_message_says_a_keyword_and_its_flag_once():
+    assert flag_message("e.g. encoding='latin-1' (--encoding latin-1)") == "e.g. --encoding latin-1"
+    assert flag_message("dayfirst=False (--dayfirst)") == "dayfirst=False (--dayfirst)"
+    # A command without the flag keeps the data layer's text.
+    text = "pass dayfirst=True (--dayfirst) or time_format='%d' (--time-format)"
+    assert flag_message(text, {"encoding"}) == text

@@ -22,6 +22,7 @@ from tft_jax.data.tables import (
     _check_on_grid,
     missing_texts,
     plain_value,
+    read_table,
     series_grid,
     to_regular_grid,
     validate_table,
@@ -359,3 +360,17 @@ def test_naive_local_times_repeating_the_dst_hour_are_told_how_to_localize():
             table, "h", timezone="Europe/Berlin", validation_fraction=0.0, test_fraction=0.0
         )
     assert len(dataset.frame) == 12
+
+
+def test_a_dataframe_read_with_the_wrong_separator_is_named_in_the_missing_columns_error():
+    frame = pd.DataFrame({"store;date;sales": ["a;2024-01-01;1.0"]})
+    with pytest.raises(ValueError, match=r"looks separated by ';'.*sep=';'"):
+        validate_table(frame, TableSpec("store", "date", "sales"), history=2, horizon=1)
+
+
+def test_a_one_column_csv_with_the_id_column_or_no_id_column_is_read_as_it_is(tmp_path):
+    # Only a table that lacks its id column is taken for a wrongly separated one.
+    csv = tmp_path / "notes.csv"
+    csv.write_text("note;text\nsee;below\n")
+    assert list(read_table(csv).columns) == ["note;text"]
+    assert list(read_table(csv, id_col="note;text").columns) == ["note;text"]
