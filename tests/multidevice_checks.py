@@ -28,6 +28,7 @@ from qat import QATConfig, QATTemporalFusionTransformer  # noqa: E402
 from tft_jax import TemporalFusionTransformer, TFTConfig  # noqa: E402
 from tft_jax.checkpoint import TrainingCheckpointer  # noqa: E402
 from tft_jax.distributed import data_mesh, place_state, replicated, shard_batch  # noqa: E402
+from tft_jax.forecaster.predictors import make_predictor  # noqa: E402
 from tft_jax.train import Batch, create_train_state, train_step  # noqa: E402
 
 CONFIG = TFTConfig(
@@ -151,6 +152,29 @@ def check_checkpoint_from_8_devices_restores_on_1_and_continues_identically() ->
     assert_trees_close(continued1.params, continued8.params, "continued params")
 
 
+def check_predictors_split_what_the_devices_can_and_forecast_as_one_device() -> None:
+    """A `Forecaster` predictor: batches of 16 split over the 8 devices, as `fit`
+    validates, and a batch of 3 on one device, each equal to `apply` on one device."""
+    state = jax.tree.map(np.asarray, fresh_state(TemporalFusionTransformer(CONFIG), data_mesh(1)))
+    predict = make_predictor("fp32", CONFIG, state.variables)
+    apply = jax.jit(TemporalFusionTransformer(CONFIG).apply, static_argnames="deterministic")
+    device = jax.devices()[0]
+    for rows in (GLOBAL_BATCH, 3):
+        batch = jax.tree.map(lambda x, rows=rows: x[:rows], make_batch(7))
+        output = predict(batch)
+        variables, static, historical, future, codes = jax.device_put(
+            (state.variables, batch.static, batch.historical, batch.future,
+             batch.static_categorical),
+            device,
+        )  # fmt: skip
+        expected = apply(
+            variables, static, historical, future, static_categorical=codes, deterministic=True
+        )
+        devices = len(output.quantiles.sharding.device_set)
+        assert devices == (8 if rows == GLOBAL_BATCH else 1), f"{rows} rows on {devices} devices"
+        assert_trees_close(output, expected, f"forecast of {rows} windows", atol=1e-5)
+
+
 def check_clear_errors() -> None:
     mesh = data_mesh(8)
     batch = make_batch(0)
@@ -175,6 +199,7 @@ CHECKS = [
     check_fsdp_sharded_step_equals_single_device,
     check_qat_sharded_step_equals_single_device_and_replicas_agree,
     check_checkpoint_from_8_devices_restores_on_1_and_continues_identically,
+    check_predictors_split_what_the_devices_can_and_forecast_as_one_device,
     check_clear_errors,
 ]
 

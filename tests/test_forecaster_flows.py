@@ -2,7 +2,8 @@
 
 Each test but one builds configs only: a bad setting is named at
 construction, never after minutes of training or at `save`. The one fits a
-tiny QAT run and reads what `fit` records about it.
+tiny QAT run, reads what `fit` records about it, and checks that its forecasts
+run the forwards that validated it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tft_jax.forecaster import (
     QATTrainingConfig,
     TrainingConfig,
 )
+from tft_jax.train import deterministic_output
 
 from .cli_tables import HISTORY, HORIZON, TINY_TRAINING, write_table
 
@@ -118,7 +120,8 @@ def test_qat_records_the_calibration_it_ran_and_the_layout_it_used(tmp_path):
         horizon=HORIZON, validation_fraction=0.15, test_fraction=0.15,
     )  # fmt: skip
     qat = QATTrainingConfig(steps=3, calibration_batches=50, time_budget=None)
-    forecaster = Forecaster(data, ModelConfig(hidden_dim=8, num_heads=2), TINY_TRAINING, qat)
+    # A width no other test trains, so that no forward of this model is compiled yet.
+    forecaster = Forecaster(data, ModelConfig(hidden_dim=6, num_heads=2), TINY_TRAINING, qat)
     train = prepare_dataset(csv, **data.prepare_options()).train  # the windows fit trains on
     per_epoch = len(train) // TINY_TRAINING.batch_size
     assert per_epoch < 50
@@ -133,6 +136,11 @@ def test_qat_records_the_calibration_it_ran_and_the_layout_it_used(tmp_path):
     assert not {"observer", "per_channel", "symmetric", "channel_axis"} & set(summary["qat_config"])
     assert summary["qat_config"]["bits"] == 8
     assert summary["qat_config"]["calibration_batches"] == 50
+    # Validation ran each model's forward on batches of the forecasts' size, placed
+    # alike: forecasting the test windows compiles nothing more.
+    forwards = deterministic_output._cache_size()
+    forecaster.predictions(forecaster.dataset, forecaster.dataset.test, ("fp32", "qat"))
+    assert deterministic_output._cache_size() == forwards
 
 
 def test_quantile_levels_that_share_a_forecast_column_are_refused():

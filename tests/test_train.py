@@ -1126,21 +1126,24 @@ def test_states_that_differ_only_in_schedule_numbers_share_one_compiled_step() -
 
 def test_equal_models_share_one_compiled_train_step_evaluate_and_predict() -> None:
     """A refit (a new model object equal to the last) neither traces nor compiles again."""
-    from tft_jax.train import _STEP_JITS, _eval_loss, _predict
+    from tft_jax.train import _STEP_JITS, _output_loss, deterministic_output
 
     batch, rng = make_batch(1), jax.random.key(1)
     tx = lambda: make_optimizer(LR, clip_norm=CLIP, weight_decay=WEIGHT_DECAY)  # noqa: E731
     first = create_train_state(TinyForecaster(), tx(), jax.random.key(0), batch)
     first, _ = train_step(first, batch, rng)
     evaluate(first, [batch])
-    predict(first, batch)
-    sizes = [f._cache_size() for f in (_STEP_JITS[()], _eval_loss, _predict)]
+    forward = deterministic_output._cache_size()
+    predict(first, batch)  # the forward that evaluate ran: one program for both
+    assert deterministic_output._cache_size() == forward
+    functions = (_STEP_JITS[()], deterministic_output, _output_loss)
+    sizes = [f._cache_size() for f in functions]
     second = create_train_state(TinyForecaster(), tx(), jax.random.key(2), batch)
     assert second.apply_fn == first.apply_fn and hash(second.apply_fn) == hash(first.apply_fn)
     second, _ = train_step(second, batch, rng)
     evaluate(second, [batch])
     predict(second, batch)
-    assert [f._cache_size() for f in (_STEP_JITS[()], _eval_loss, _predict)] == sizes
+    assert [f._cache_size() for f in functions] == sizes
     # The shared step still runs each model's own parameters.
     assert not np.allclose(host_copy(first.params)["head"]["bias"], second.params["head"]["bias"])
 

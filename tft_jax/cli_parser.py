@@ -364,7 +364,7 @@ EVAL_BATCH = Option(
     "--eval-batch-size",
     "training",
     "eval_batch_size",
-    "windows per batch when predicting",
+    "windows per batch when predicting and validating",
     {"type": positive_int},
 )
 ALL_OPTIONS = (*DATA_OPTIONS, *MODEL_OPTIONS, *TRAINING_OPTIONS, *QAT_OPTIONS, EVAL_BATCH)

@@ -426,7 +426,7 @@ def _check_batch(name: str, batch: Any, state: Any = None) -> None:
     config = getattr(getattr(getattr(state, "apply_fn", None), "model", None), "config", None)
     codes = [getattr(batch, field) for field in ("static_categorical", *CATEGORICAL_INPUTS)]
     if isinstance(config, TFTConfig) and any(isinstance(c, np.ndarray) for c in codes):
-        args, kwargs = _model_inputs(batch)
+        args, kwargs = model_inputs(batch)
         try:
             validate_inputs(config, *args, **kwargs)
         except ValueError as error:  # its own type: IntegerCodesError is a TypeError too
@@ -459,7 +459,12 @@ def _check_variables(variables: Any, expected: Mapping[str, PyTree]) -> None:
             )
 
 
-def _model_inputs(batch: Batch) -> tuple[tuple[Array, ...], dict[str, Array | None]]:
+def model_inputs(batch: Batch) -> tuple[tuple[Array, ...], dict[str, Array | None]]:
+    """The model's inputs in `batch`: `(static, historical, future)` and the keywords.
+
+    The keywords are `known_history`, `static_categorical` and the
+    categorical inputs over time that `batch` holds.
+    """
     args = (batch.static, batch.historical, batch.future)
     kwargs = {"known_history": batch.known_history, "static_categorical": batch.static_categorical}
     # Only when present: models without categorical inputs over time need not take them.
@@ -561,7 +566,7 @@ def create_train_state(
     if clip_norm is _FROM_TX:
         clip_norm = getattr(tx, "clip_norm", None)
     params_rng, dropout_rng = jax.random.split(rng)
-    args, kwargs = _model_inputs(sample_batch)
+    args, kwargs = model_inputs(sample_batch)
     init_rngs = {"params": params_rng, "dropout": dropout_rng}
     if variables is None:
         variables = _init_variables(model, init_rngs, args, kwargs)
@@ -611,7 +616,7 @@ def _forward(
     With `calibrate=True` every collection of `model_state` is mutable (the
     QAT observers update); with None the model gets no `calibrate` argument.
     """
-    args, kwargs = _model_inputs(batch)
+    args, kwargs = model_inputs(batch)
     kwargs["deterministic"] = deterministic
     if rng is not None:
         # Same dropout masks; on CPU they are drawn without a loop.
@@ -962,12 +967,33 @@ def lower_train_step(
     return step.lower(state, batch, rng, calibrate)
 
 
-@partial(jax.jit, static_argnames=("calibrate",))
+@partial(jax.jit, static_argnums=(0, 1))
+def deterministic_output(
+    apply_fn: Callable[..., Any], calibrate: bool | None, variables: PyTree, batch: Batch
+) -> Any:
+    """`apply_fn(variables, ...)` on `batch`'s inputs in deterministic mode (jitted).
+
+    The one forward program of a trained model: `evaluate`, `predict` and the
+    `Forecaster`'s predictors all run it, so a run compiles each model's
+    forward once per batch shape, not once for the validation loss and again
+    for the forecasts. `apply_fn` (static: a `ModelApply`, so that equal
+    models share it) gets `calibrate` unless it is None.
+    """
+    args, kwargs = model_inputs(batch)
+    if calibrate is not None:
+        kwargs["calibrate"] = calibrate
+    return apply_fn(variables, *args, **kwargs, deterministic=True)
+
+
+@partial(jax.jit, static_argnums=2)
+def _output_loss(output: Any, batch: Batch, quantiles: tuple[float, ...]) -> tuple[Array, Array]:
+    return batch_loss(output, batch, quantiles)
+
+
 def _eval_loss(state: TrainState, batch: Batch, calibrate: bool | None) -> tuple[Array, Array]:
-    output, _ = _forward(
-        state, state.trainables(), batch, deterministic=True, rng=None, calibrate=calibrate
-    )
-    return batch_loss(output, batch, state.quantiles)
+    """`batch_loss` of the model's deterministic output (two programs: the forward is shared)."""
+    output = deterministic_output(state.apply_fn, calibrate, state.variables, batch)
+    return _output_loss(output, batch, state.quantiles)
 
 
 def _check_frozen(name: str, calibrate: Any, state: TrainState) -> None:
@@ -1079,14 +1105,6 @@ def evaluate(state: TrainState, batches: Iterable[Batch], calibrate: bool | None
     return total / count
 
 
-@partial(jax.jit, static_argnames=("calibrate",))
-def _predict(state: TrainState, batch: Batch, calibrate: bool | None) -> Any:
-    output, _ = _forward(
-        state, state.trainables(), batch, deterministic=True, rng=None, calibrate=calibrate
-    )
-    return output
-
-
 def predict(state: TrainState, batch: Batch, calibrate: bool | None = None) -> Any:
     """The model output (a `TFTOutput`) for `batch` in deterministic mode (jitted).
 
@@ -1095,7 +1113,7 @@ def predict(state: TrainState, batch: Batch, calibrate: bool | None = None) -> A
     _check_state("predict", state)
     _check_batch("predict", batch, state)
     _check_frozen("predict", calibrate, state)
-    return _predict(state, batch, calibrate)
+    return deterministic_output(state.apply_fn, calibrate, state.variables, batch)
 
 
 # ---------------------------------------------------------------------------

@@ -382,7 +382,8 @@ class TrainingConfig:
         at least `batch_size`, rounded down to whole batches of `batch_size`.
       seed: random seed, 0..`MAX_SEED` (2**32 - 3: QAT and calibration use
         seed + 1 and seed + 2, and JAX keys keep a seed's low 32 bits).
-      eval_batch_size: windows per batch when predicting.
+      eval_batch_size: windows per batch when predicting, and when validating
+        if it divides over the devices (one compiled forward serves both).
     """
 
     epochs: int = 10

@@ -567,9 +567,7 @@ class Forecaster:
             quantiles=settings.model.quantiles,
         )
         rows = local_rows(settings.training.batch_size)
-        val_batches = validation_batches(
-            dataset, settings.training.validation_windows, settings.training.batch_size, rows
-        )
+        val_batches = validation_batches(dataset, settings.training)
         checkpoints = None if checkpoint_dir is None else pathlib.Path(checkpoint_dir)
         timing = {"data": time.perf_counter() - started}
         if before_training is not None:
@@ -595,9 +593,9 @@ class Forecaster:
         summary: dict[str, Any] = {"fp32": fp32.settings, "dataset": dataset.summary()}
         if settings.qat is not None:
             phase = time.perf_counter()
-            qat_model = qat_model_for(
-                tft_config, settings.qat.bits, settings.qat.calibration_batches
-            )
+            # The model the predictors build (calibration takes its batch count as an
+            # argument): the QAT forward that validated it then serves its forecasts.
+            qat_model = qat_model_for(tft_config, settings.qat.bits)
             tuned = train_qat(
                 qat_model,
                 fp32.variables,
@@ -625,9 +623,12 @@ class Forecaster:
                 # The fields the TFT's QAT model reads: its layout is fixed (below), so
                 # `symmetric`, `per_channel`, `channel_axis` and `observer` would misstate it.
                 "qat_config": {
-                    key: value
-                    for key, value in dataclasses.asdict(qat_model.qat_config).items()
-                    if key not in QAT_LAYOUT_FIELDS
+                    **{
+                        key: value
+                        for key, value in dataclasses.asdict(qat_model.qat_config).items()
+                        if key not in QAT_LAYOUT_FIELDS
+                    },
+                    "calibration_batches": settings.qat.calibration_batches,
                 },
                 "layout": "weights per-channel symmetric, activations per-tensor affine "
                 "(moving-average observers)",

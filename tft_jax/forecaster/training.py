@@ -15,13 +15,26 @@ import warnings
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 
 import qat
 from tft_jax.data import PreparedDataset
-from tft_jax.distributed import data_mesh, is_primary, place_state, shard_batch, to_host
-from tft_jax.evaluation import epoch_batches, evenly_spaced, fixed_batches
+from tft_jax.distributed import (
+    data_mesh,
+    is_primary,
+    local_rows,
+    place_state,
+    shard_batch,
+    to_host,
+)
+from tft_jax.evaluation import (
+    epoch_batches,
+    evenly_spaced,
+    fixed_batches,
+    padded_batches,
+    subset,
+)
 from tft_jax.forecaster.config import QATTrainingConfig, TrainingConfig
-from tft_jax.forecaster.predictors import batch_inputs
 from tft_jax.model import TemporalFusionTransformer
 from tft_jax.train import (
     Batch,
@@ -29,6 +42,7 @@ from tft_jax.train import (
     create_train_state,
     fit,
     make_optimizer,
+    model_inputs,
     warmup_cosine_schedule,
 )
 
@@ -52,18 +66,39 @@ def sample_batch(dataset: PreparedDataset, batch_size: int, rows: slice = slice(
     return fixed_batches(evenly_spaced(dataset.train, batch_size), batch_size, rows)[0]
 
 
-def validation_batches(
-    dataset: PreparedDataset, count: int, batch_size: int, rows: slice = slice(None)
-) -> list[Batch]:
-    """Batches of `batch_size` over `count` evenly spaced validation windows; `rows` of each."""
-    count = max(batch_size, count // batch_size * batch_size)
-    batches = fixed_batches(evenly_spaced(dataset.validation, count), batch_size, rows)
-    if not batches:
+def validation_batches(dataset: PreparedDataset, training: TrainingConfig) -> list[Batch]:
+    """The batches `fit` validates on, over `training.validation_windows` evenly spaced windows.
+
+    The count is rounded down to whole training batches (at least one; the
+    windows of whole batches when the split holds fewer). In one process the
+    windows come in batches of `eval_batch_size` when that splits evenly
+    over the devices, the last filled up by repeating its final window with
+    those targets masked out (`evaluate` counts observed targets only, so the
+    loss is the windows' own): the forecasts use batches of that size too,
+    so one compiled forward serves both. Otherwise, and with several
+    processes (each holding its rows of every global batch), they come in
+    batches of `batch_size`.
+    """
+    batch_size = training.batch_size
+    if len(dataset.validation) < batch_size:
         raise ValueError(
             f"the validation split has {len(dataset.validation)} windows, fewer than one "
             f"batch of {batch_size}; lower the batch size or raise the validation fraction"
         )
-    return batches
+    count = max(batch_size, training.validation_windows // batch_size * batch_size)
+    windows = evenly_spaced(dataset.validation, count)
+    eval_size = training.eval_batch_size
+    if jax.process_count() > 1 or eval_size % jax.device_count():
+        return fixed_batches(windows, batch_size, local_rows(batch_size))
+    whole = subset(windows, np.arange(len(windows) // batch_size * batch_size))
+    return [_padding_masked(batch, valid) for batch, valid in padded_batches(whole, eval_size)]
+
+
+def _padding_masked(batch: Batch, valid: int) -> Batch:
+    """`batch` with the targets of its rows from `valid` on masked out (filled-up rows)."""
+    mask = np.array(batch.target_mask, dtype=np.float32)
+    mask[valid:] = 0.0
+    return batch.replace(target_mask=mask)
 
 
 def steps_of(dataset: PreparedDataset, training: TrainingConfig) -> tuple[int, int]:
@@ -163,7 +198,7 @@ def train_qat(
     schedule, warmup = schedule_of(settings.learning_rate, total, min(50, total // 10))
     tx = make_optimizer(schedule, clip_norm=training.clip_norm, weight_decay=training.weight_decay)
     sample = sample_batch(dataset, training.batch_size, rows)
-    inputs, kwargs = batch_inputs(sample)
+    inputs, kwargs = model_inputs(sample)
     mesh = data_mesh()
     # Fresh device buffers: the train step donates its state, the FP32 arrays must survive it.
     variables = place_state(qat.from_fp32(fp32_variables, qat_model, *inputs, **kwargs), mesh)
