@@ -15,7 +15,7 @@ import jax
 
 import qat
 from tft_jax.config import TFTConfig
-from tft_jax.distributed import data_mesh, replicated, shard_batch
+from tft_jax.distributed import data_mesh, place_state, shard_batch
 from tft_jax.model import TemporalFusionTransformer
 from tft_jax.train import Batch, ModelApply, deterministic_output, model_inputs
 
@@ -69,7 +69,7 @@ def _placed_as_in_training(
         local = jax.device_put(variables)
         return lambda batch: deterministic_output(apply_fn, calibrate, local, batch)
     mesh = data_mesh()
-    on_mesh = jax.device_put(variables, replicated(mesh))
+    on_mesh = place_state(variables, mesh)
     on_one_device = functools.cache(lambda: jax.device_put(variables))
 
     def predict(batch: Batch) -> Any:
