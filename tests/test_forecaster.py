@@ -94,6 +94,24 @@ def test_loading_and_predicting_again_trace_nothing(fitted):
     assert traced == []
 
 
+def test_forecasts_of_three_and_four_series_share_one_program(fitted):
+    # Fewer series than a batch go in the next power of two: 3 and 4 series
+    # both run batches of 4, where 3 series used to compile a batch of 3.
+    forecaster, table, _ = fitted
+    history, future = cut(table, "2024-03-30")
+    three = forecaster.predict(history, future)
+    extra_history = history[history["store"] == "alpha"].assign(store="delta")
+    extra_future = future[future["store"] == "alpha"].assign(store="delta")
+    with recorded_traces() as traced, pytest.warns(UserWarning, match="were not in the training"):
+        four = forecaster.predict(
+            pd.concat([history, extra_history]), pd.concat([future, extra_future])
+        )
+    assert traced == []
+    assert sorted(pd.unique(four["store"])) == ["alpha", "beta", "delta", "gamma"]
+    original = four[four["store"] != "delta"].reset_index(drop=True)
+    pd.testing.assert_frame_equal(original, three, rtol=1e-5)
+
+
 def test_the_model_reads_the_known_column_of_the_future_table(fitted):
     forecaster, table, _ = fitted
     history, future = cut(table, "2024-03-30")

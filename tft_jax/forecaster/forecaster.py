@@ -44,6 +44,7 @@ from tft_jax.evaluation import (
     actuals,
     baseline_metrics,
     best_of,
+    bucketed_batch_size,
     comparisons,
     forecast_metrics,
     monotone,
@@ -667,7 +668,10 @@ class Forecaster:
             steps after each series' last time (calendar inputs are
             generated); not needed without known columns.
           model: 'fp32', 'qat' or 'int8'.
-          batch_size: series per batch (default the training eval batch size).
+          batch_size: series per batch (default the training eval batch size);
+            fewer series go in one batch of the next power of two, so that
+            forecasts of varying numbers of series share a few compiled
+            programs (`tft_jax.evaluation.bucketed_batch_size`).
 
         The history gets the checks of training data: gaps and empty cells are
         forward-filled and announced, and a series whose last `history` steps
@@ -696,7 +700,9 @@ class Forecaster:
             max_missing_fraction=data.max_missing_fraction,
         )  # fmt: skip
         windows = ahead.windows
-        predictions = predict_windows(predict, windows, min(batch_size, len(windows)))
+        predictions = predict_windows(
+            predict, windows, bucketed_batch_size(len(windows), batch_size)
+        )
         series_ids, times = ahead.transformed.series_ids, windows.panel.times
 
         def where(index: tuple[int, ...]) -> str:  # names an overflowing forecast
