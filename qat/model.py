@@ -35,12 +35,13 @@ import inspect
 import itertools
 import numbers
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import errors as flax_errors
 from flax import linen as nn
 from flax import traverse_util
 from flax.core import unfreeze
@@ -74,9 +75,37 @@ _INPUT_NAMES = (
 )
 
 
-def _check_qat_config(qat_config: Any) -> None:
+# The QATConfig fields that configure stand-alone observers and fake quantizers;
+# the QAT models quantize with their own fixed layout instead.
+_STAND_ALONE_LAYOUT = ("symmetric", "per_channel", "channel_axis", "observer")
+# The (model class, ignored fields) announced so far: once per process, not at
+# every clone Flax makes of the module.
+_ANNOUNCED_LAYOUTS: set[tuple[str, tuple[str, ...]]] = set()
+
+
+def _check_qat_config(qat_config: Any, owner: str) -> None:
+    """Raises `TypeError` unless `qat_config` is a `QATConfig`; warns if it sets a layout field.
+
+    A layout field set away from its default would otherwise be ignored without a word.
+    """
     if not isinstance(qat_config, QATConfig):
         raise TypeError(f"qat_config must be a QATConfig, got {type(qat_config).__name__}")
+    default = QATConfig()
+    ignored = [
+        f"{name}={getattr(qat_config, name)!r}"
+        for name in _STAND_ALONE_LAYOUT
+        if getattr(qat_config, name) != getattr(default, name)
+    ]
+    if ignored and (owner, tuple(ignored)) not in _ANNOUNCED_LAYOUTS:
+        _ANNOUNCED_LAYOUTS.add((owner, tuple(ignored)))
+        warnings.warn(
+            f"{owner} quantizes with a fixed layout (weights per-channel symmetric, "
+            "activations per-tensor affine with a moving-average observer); the "
+            f"qat_config's {', '.join(ignored)} configure stand-alone observers and fake "
+            "quantizers only, and change nothing here",
+            UserWarning,
+            stacklevel=5,  # the line that builds the model, past Flax's dataclass __init__
+        )
 
 
 def _accepts_deterministic(module: nn.Module, num_args: int = 0) -> bool:
@@ -182,7 +211,7 @@ class QATModel(_QuantizedModel):
                 f"model must have a dot_general_cls field (the hook its dense layers take), "
                 f"{type(self.model).__name__} has none"
             )
-        _check_qat_config(self.qat_config)
+        _check_qat_config(self.qat_config, "QATModel")
         super().__post_init__()
 
     def with_dot_general(
@@ -234,7 +263,7 @@ class QATTemporalFusionTransformer(_QuantizedModel):
     def __post_init__(self) -> None:
         if not isinstance(self.config, TFTConfig):
             raise TypeError(f"config must be a TFTConfig, got {type(self.config).__name__}")
-        _check_qat_config(self.qat_config)
+        _check_qat_config(self.qat_config, "QATTemporalFusionTransformer")
         super().__post_init__()
 
     def with_dot_general(
@@ -300,6 +329,36 @@ def _check_model(qat_model: Any) -> None:
 
 def _tree_shapes(tree: Any) -> Any:
     return jax.tree.map(lambda leaf: (tuple(jnp.shape(leaf)), jnp.result_type(leaf).name), tree)
+
+
+def _shape_differences(got: Mapping[str, Any], expected: Mapping[str, Any]) -> list[str]:
+    """Each parameter path where two `_tree_shapes` trees differ, `got` against `expected`."""
+    got_flat = traverse_util.flatten_dict(dict(got), sep="/")
+    expected_flat = traverse_util.flatten_dict(dict(expected), sep="/")
+    differences = []
+    for path in sorted(set(got_flat) | set(expected_flat)):
+        if path not in got_flat:
+            differences.append(f"{path} is missing")
+        elif path not in expected_flat:
+            differences.append(f"{path} is not a parameter of the QAT model")
+        elif got_flat[path] != expected_flat[path]:
+            (shape, dtype), (want, want_dtype) = got_flat[path], expected_flat[path]
+            differences.append(
+                f"{path} is {shape} {dtype}, the sample inputs make it {want} {want_dtype}"
+            )
+    return differences
+
+
+@contextlib.contextmanager
+def _inputs_fitting(name: str) -> Iterator[None]:
+    """Flax's error for inputs that do not fit the parameters, as a `ValueError` naming `name`."""
+    try:
+        yield
+    except flax_errors.ScopeParamShapeError as error:
+        raise ValueError(
+            f"{name} do not fit the variables (inputs of another shape than the model's, or "
+            f"variables of another model): {error}"
+        ) from error
 
 
 _Static = tuple[tuple[tuple[int, Any], ...], tuple[tuple[str, Any], ...]]
@@ -390,10 +449,16 @@ def from_fp32(
 
     expected = _initial_variables.eval_shape(qat_model, rngs, args, array_kwargs, flags)
     params = unfreeze(fp32_variables["params"])
-    if _tree_shapes(params) != _tree_shapes(unfreeze(expected["params"])):
+    expected_shapes = _tree_shapes(unfreeze(expected["params"]))
+    differences = _shape_differences(_tree_shapes(params), expected_shapes)
+    if differences:
+        shown = "; ".join(differences[:5]) + (
+            f"; ... ({len(differences) - 5} more)" if len(differences) > 5 else ""
+        )
         raise ValueError(
-            "fp32_variables['params'] does not match the QAT model's parameter tree: "
-            f"got {_tree_shapes(params)}, expected {_tree_shapes(unfreeze(expected['params']))}"
+            "fp32_variables['params'] does not match the QAT model's parameter tree built on "
+            f"the sample inputs: {shown}. The sample inputs must have the shapes the FP32 "
+            "model was built on, and the variables must be that model's"
         )
     # The model's own state (BatchNorm's 'batch_stats', say) is the trained FP32 one.
     carried = {}
@@ -526,13 +591,14 @@ def calibrate(
 
     variables = dict(qat_variables)
     finite = []
-    for batch in itertools.islice(batches, limit):
+    for index, batch in enumerate(itertools.islice(batches, limit)):
         args, kwargs = qat_model.batch_inputs(batch)
-        variables, batch_finite = _calibration_step(
-            qat_model,
-            variables,
-            *_split_flags(tuple(args), qat_model.inference_kwargs(kwargs, len(args))),
-        )
+        with _inputs_fitting(f"calibrate: the inputs of batch {index}"):
+            variables, batch_finite = _calibration_step(
+                qat_model,
+                variables,
+                *_split_flags(tuple(args), qat_model.inference_kwargs(kwargs, len(args))),
+            )
         finite.append(batch_finite)
     if not finite:
         raise ValueError(
@@ -793,7 +859,10 @@ def int8_apply(
         raise ValueError("qat_model.qat_config.bits is None: there is no int8 model to run")
     _check_int8_variables(qat_model, int8_variables)
     model = qat_model.with_dot_general(int8_dot_general(qat_model.qat_config))
-    return model.apply(int8_variables, *inputs, **qat_model.inference_kwargs(kwargs, len(inputs)))
+    with _inputs_fitting("int8_apply: the inputs"):
+        return model.apply(
+            int8_variables, *inputs, **qat_model.inference_kwargs(kwargs, len(inputs))
+        )
 
 
 def tree_bytes(tree: Any) -> int:

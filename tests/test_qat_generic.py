@@ -8,6 +8,7 @@ conv + attention model and on layers stacked by `nn.scan`.
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any
 
 import jax
@@ -197,6 +198,42 @@ def test_qat_model_needs_a_dot_general_cls_field():
 
     with pytest.raises(TypeError, match=r"dot_general_cls field.*Plain has none"):
         QATModel(Plain())
+
+
+def test_layout_settings_the_qat_model_does_not_use_are_announced_once(monkeypatch):
+    # QATModel quantizes with its fixed layout; these QATConfig fields configure
+    # stand-alone observers. Set on a model they were ignored without a word.
+    import qat.model as qat_model_module
+
+    monkeypatch.setattr(qat_model_module, "_ANNOUNCED_LAYOUTS", set())
+    config = QATConfig(per_channel=True, observer="moving_average")
+    message = r"QATModel quantizes with a fixed layout .* per_channel=True, observer='moving_avera"
+    with pytest.warns(UserWarning, match=message) as caught:
+        qat_model = QATModel(MixedModel(), config)
+        x = batches()[0]
+        fp32 = MixedModel().init(jax.random.key(0), x)
+        calibrate(qat_model, from_fp32(fp32, qat_model, x), [x])  # Flax clones the model
+    assert len(caught) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        QATModel(MixedModel(), QATConfig(bits=4, averaging_constant=0.5))  # fields it uses
+
+
+def test_inputs_of_another_shape_are_named_in_from_fp32_calibrate_and_int8_apply():
+    # Before: from_fp32 blamed the parameters, and calibrate and int8_apply raised
+    # Flax's ScopeParamShapeError, which is no ValueError.
+    qat_model, fp32, qat_vars = quantized(MixedModel)
+    narrow = batches()[0][:, :3]
+    with pytest.raises(
+        ValueError,
+        match=r"parameter tree built on the sample inputs: body/kernel is \(5, 16\) float32, "
+        r"the sample inputs make it \(3, 16\) float32",
+    ):
+        from_fp32(fp32, qat_model, narrow)
+    with pytest.raises(ValueError, match=r"calibrate: the inputs of batch 1 do not fit the var"):
+        calibrate(qat_model, qat_vars, [batches()[0], narrow])
+    with pytest.raises(ValueError, match=r"int8_apply: the inputs do not fit the variables"):
+        int8_apply(qat_model, convert(qat_vars), narrow)
 
 
 def test_disabled_quantization_is_the_fp32_model_exactly():
