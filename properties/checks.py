@@ -504,6 +504,7 @@ def assert_nonzero_grads(
         first indices.
     """
     min_norm = _tolerance("min_norm", min_norm)
+    per_element = _flag("per_element", per_element)
     checked, dead = 0, []
     for path, leaf in _named_leaves(name, grads):
         if not _is_inexact(leaf) or leaf.size == 0:
@@ -580,6 +581,12 @@ def _causal_positions(
             middle = rng.choice(chosen[1:-1], size=max(max_positions - 2, 0), replace=False)
             chosen = sorted({chosen[0], chosen[-1], *(int(t) for t in middle)})[:max_positions]
     return chosen
+
+
+def _require_function(fn: Any) -> None:
+    """Raises `TypeError` unless `fn` is callable (checked first: some checks never call it)."""
+    if not callable(fn):
+        raise TypeError(f"fn must be a function of x, got {type(fn).__name__} {fn!r}")
 
 
 def _selected(fn: Callable[[Any], PyTree], select: Callable[[PyTree], PyTree] | None) -> Any:
@@ -684,6 +691,7 @@ def assert_causal(
     Raises:
       AssertionError: naming the steps, output leaves and positions that changed.
     """
+    _require_function(fn)
     seed = _seed(seed)
     check_gradients = _flag("check_gradients", check_gradients)
     x = _float_array("x", x)
@@ -847,6 +855,12 @@ def _batched_leaves(x: PyTree, axis: int) -> tuple[list[tuple[str, np.ndarray]],
     Typed PRNG keys are refused: the numpy leaves (key data) go back into `fn`.
     """
     for path, leaf in jax.tree_util.tree_flatten_with_path(x)[0]:
+        if isinstance(leaf, numbers.Number) and isinstance(x, list | tuple):
+            raise TypeError(
+                f"x{_path_name(path)} is a Python {type(leaf).__name__}: a list or tuple x is a "
+                "pytree whose leaves must be arrays; for a nested list of numbers pass "
+                "np.asarray(x)"
+            )
         if _is_key(leaf):
             raise TypeError(
                 f"x{_path_name(path)} is a PRNG key array: the batch checks change the inputs' "
@@ -1084,6 +1098,7 @@ def assert_ignores_padding(
       AssertionError: naming the output leaves, the samples and steps whose
         values changed, and the padded steps that the gradient reaches.
     """
+    _require_function(fn)
     seed = _seed(seed)
     check_gradients = _flag("check_gradients", check_gradients)
     x = _float_array("x", x)
@@ -1229,6 +1244,7 @@ def assert_batch_independent(
         when the others did (forward), and the pair `(i, j)` whose gradient
         interacts (backward).
     """
+    _require_function(fn)
     seed = _seed(seed)
     check_gradients = _flag("check_gradients", check_gradients)
     named, treedef, batch = _batched_leaves(x, axis)
@@ -1312,6 +1328,7 @@ def assert_batch_order_equivariant(
       AssertionError: naming the output leaves that do not follow a
         permutation, and the permutation.
     """
+    _require_function(fn)
     seed = _seed(seed)
     named, treedef, batch = _batched_leaves(x, axis)
     rtol = _tolerance("rtol", rtol)
@@ -1376,6 +1393,7 @@ def assert_jit_matches_eager(
       AssertionError: naming each differing leaf, its largest difference and
         first differing index.
     """
+    _require_function(fn)
     for name, value in (("rtol", rtol), ("atol", atol)):
         if value is not None:
             _tolerance(name, value)
@@ -1508,6 +1526,7 @@ def assert_grads_match_finite_differences(
     Raises:
       AssertionError: with `check_grads`' report of the differing derivative.
     """
+    _require_function(fn)
     if isinstance(order, bool) or not isinstance(order, int) or order < 1:
         raise ValueError(f"order must be an int >= 1, got {order!r}")
     modes = tuple(modes)
@@ -1952,6 +1971,7 @@ def assert_idempotent(
       AssertionError: naming the leaves where a second application changes the
         result, or where `fn(x)` is NaN.
     """
+    _require_function(fn)
     atol, rtol = _tolerance("atol", atol), _tolerance("rtol", rtol)
     once = fn(x)
     named = _named_leaves("fn(x)", once)

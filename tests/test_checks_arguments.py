@@ -40,6 +40,43 @@ def test_causal_refuses_arguments_of_the_wrong_kind_naming_them(kwargs, error, m
         checks.assert_causal(cumulative, X, **kwargs)
 
 
+def test_assert_nonzero_grads_refuses_a_per_element_flag_that_is_not_a_bool():
+    # The text 'no' is truthy: it switched the per-element check on.
+    grads = {"a": np.array([1.0, 0.0, 2.0], np.float32)}
+    with pytest.raises(TypeError, match=r"per_element must be a bool, got 'no'"):
+        checks.assert_nonzero_grads(grads, per_element="no")
+    checks.assert_nonzero_grads(grads, per_element=np.bool_(False))  # the leaf's norm is live
+
+
+ONE_SAMPLE_ONE_STEP = np.ones((1, 1, 2), np.float32)  # checks with nothing to compare
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda fn: checks.assert_causal(fn, ONE_SAMPLE_ONE_STEP),
+        lambda fn: checks.assert_ignores_padding(fn, X, np.ones((2, 4), bool)),
+        lambda fn: checks.assert_batch_independent(fn, ONE_SAMPLE_ONE_STEP),
+        lambda fn: checks.assert_batch_order_equivariant(fn, ONE_SAMPLE_ONE_STEP),
+        lambda fn: checks.assert_jit_matches_eager(fn, X),
+        lambda fn: checks.assert_grads_match_finite_differences(fn, X),
+        lambda fn: checks.assert_idempotent(fn, X),
+    ],
+)
+def test_every_check_of_a_function_refuses_one_that_is_not_callable(call):
+    # A batch of one (or no padding) passed without calling fn, whatever it was;
+    # otherwise Python's own "'NoneType' object is not callable" named nothing.
+    with pytest.raises(TypeError, match=r"fn must be a function of x, got NoneType None"):
+        call(None)
+
+
+def test_a_nested_list_of_numbers_is_refused_with_the_array_it_should_be():
+    nested = X.tolist()
+    with pytest.raises(TypeError, match=r"x\[0\]\[0\]\[0\] is a Python float: .*np\.asarray"):
+        checks.assert_batch_independent(cumulative, nested)
+    checks.assert_batch_independent(cumulative, np.asarray(nested, np.float32))
+
+
 def test_a_tuple_of_inputs_is_refused_where_one_array_is_perturbed():
     # NumPy stacked (x, covariate) into one (2, B, T, D) array: axis 1 became the batch
     # and a causal model failed as "not causal".
