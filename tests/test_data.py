@@ -97,7 +97,10 @@ def test_missing_target_windows_are_left_out_unless_asked():
     table = make_table({"a": 60})
     table.loc[30, "y"] = np.nan
     # The filled step is a repair of the user's table: announced, with its series.
-    filled = r"^filled 1 missing target steps \(forward fill, .*\) in 1 of 1 series: 'a' 1; "
+    filled = (
+        r"^filled 1 missing target steps \(forward fill, .*; flagged as missing to the model\) "
+        r"in 1 of 1 series: 'a' 1; "
+    )
     with pytest.warns(UserWarning, match=filled + "windows whose horizon holds one are left out"):
         strict = prepare(table, validation_fraction=0.0, test_fraction=0.0)
     horizons = strict.train.starts[:, None] + np.arange(3)

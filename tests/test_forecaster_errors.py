@@ -137,3 +137,32 @@ def test_future_errors_name_integer_ids_as_written_and_an_empty_id_as_one(fitted
     future = future.assign(store=future["store"].map(codes)).reset_index(drop=True)
     with pytest.raises(ValueError, match=message):  # refused before the ids are coded
         forecaster.predict(history, edit(future))
+
+
+@pytest.mark.parametrize("method", ["predict", "evaluate", "backtest"])
+@pytest.mark.parametrize(
+    "without_time", [lambda t: t.drop(columns="day"), lambda t: t.set_index("day")]
+)
+def test_a_table_without_the_time_column_is_named_not_a_pandas_key_error(
+    fitted, method, without_time
+):
+    # The time column was read (for its zone) before the columns were checked: a bare
+    # KeyError: 'day' from pandas, also for a time moved into the index.
+    forecaster, table, _ = fitted
+    with pytest.raises(
+        ValueError, match=r"table lacks columns \['day'\] that the model was trained with"
+    ):
+        getattr(forecaster, method)(without_time(table))
+
+
+def test_evaluating_a_table_with_gaps_says_the_model_reads_the_filled_steps_as_observed(fitted):
+    # The stores model was trained without gaps, so without a missing flag: evaluate
+    # called the filled steps "flagged" where predict said the model has no flag.
+    forecaster, table, _ = fitted
+    gap = table[~((table["store"] == "beta") & table["day"].isin(["2024-02-10", "2024-02-11"]))]
+    with pytest.warns(
+        UserWarning,
+        match=r"filled 2 missing target steps \(.*; the model has no missing flag and reads "
+        r"them as observed\) in 1 of 3 series: 'beta' 2",
+    ):
+        forecaster.evaluate(gap)

@@ -651,7 +651,9 @@ def prepare_dataset(
     # A fitted model reads aware times in its training zone, so that the same
     # instants given in another zone (UTC) land on its grid (`zones`).
     reading = (
-        spec if preprocessor is None else in_training_zone(spec, preprocessor, raw[spec.time_col])
+        spec
+        if preprocessor is None
+        else in_training_zone(spec, preprocessor, raw.get(spec.time_col))
     )
     try:
         clean = validate_table(
@@ -761,9 +763,14 @@ def prepare_dataset(
             if require_observed_target
             else "windows whose horizon holds one are kept, those steps with target_mask 0"
         )
+        flagged = (
+            "flagged as missing to the model"
+            if dataset.preprocessor.missing_flag
+            else "the model has no missing flag and reads them as observed"
+        )
         warnings.warn(
             f"filled {int(filled.sum())} missing target steps (forward fill, those before a "
-            f"series' first observed target its scaler's location; flagged) in "
+            f"series' first observed target its scaler's location; {flagged}) in "
             f"{int((filled > 0).sum())} of {len(filled)} series: {report}; {horizons} "
             "(PreparedDataset.missing_report())",
             UserWarning,

@@ -343,7 +343,7 @@ def future_windows(
     spec = preprocessor.spec
     missing_col = preprocessor.missing_col
     raw, _ = read_announced(table, spec, encoding, preprocessor.fitted_values)
-    reading = in_training_zone(spec, preprocessor, raw[spec.time_col])
+    reading = in_training_zone(spec, preprocessor, raw.get(spec.time_col))
     try:
         clean = validate_table(raw, reading, history, horizon, min_length=history)
     except MissingColumnsError as error:

@@ -18,17 +18,20 @@ from tft_jax.data.tables import TableSpec, _is_aware
 from tft_jax.data.windows import Panel
 
 
-def in_training_zone(spec: TableSpec, preprocessor: Preprocessor, times: pd.Series) -> TableSpec:
+def in_training_zone(
+    spec: TableSpec, preprocessor: Preprocessor, times: pd.Series | None
+) -> TableSpec:
     """`spec` reading aware `times` in the training table's zone when no `timezone` is set.
 
     The same instants given in another zone are then gridded and stepped as
     the training times were: UTC instants of Berlin midnights move by an hour
     across a daylight-saving change, off a UTC daily grid, and the steps would
     be 24-hour UTC days. Naive times keep `spec` (and are refused by
-    `Preprocessor.check_time_zone`).
+    `Preprocessor.check_time_zone`), and so does a table without the time
+    column (`times` None), which the table's validation then names.
     """
     zone = preprocessor.time_zone
-    if spec.timezone is not None or zone is None:
+    if spec.timezone is not None or zone is None or times is None:
         return spec
     if isinstance(times.dtype, pd.DatetimeTZDtype):
         aware = True
