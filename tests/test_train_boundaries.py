@@ -179,6 +179,110 @@ def test_evaluate_raises_on_a_nan_target_under_any_nonzero_mask_value(state: Tra
         evaluate(state, [make_batch(target=target, target_mask=mask)])
 
 
+def test_a_nan_input_is_named_by_evaluate_and_predict_not_returned_as_nan(
+    state: TrainState,
+) -> None:
+    # Before: predict's quantiles and evaluate's loss were NaN, without a word.
+    historical = make_batch().historical.copy()
+    historical[2, 1, 0] = np.inf
+    bad = make_batch(historical=historical)
+    message = r"batch.historical holds 1 NaN or inf values \(the first at index \(2, 1, 0\)\)"
+    with pytest.raises(ValueError, match=r"evaluate: batch 1: " + message):
+        evaluate(state, [make_batch(), jax.tree.map(jnp.asarray, bad)])  # device arrays too
+    with pytest.raises(ValueError, match=r"predict: " + message):
+        train.predict(state, bad)
+
+
+def test_a_nan_target_mask_is_refused_not_read_as_observed(state: TrainState) -> None:
+    # NaN is nonzero: the loss counted the step as observed.
+    mask = np.ones((B, H), np.float32)
+    mask[3, 1] = np.nan
+    message = r"batch.target_mask must be finite .* at window 3, horizon step 1"
+    for call in (lambda b: evaluate(state, [b]), lambda b: train_step(state, b, jax.random.key(0))):
+        with pytest.raises(ValueError, match=message):
+            call(make_batch(target_mask=mask))
+
+
+@pytest.mark.parametrize("field", ["historical", "target_mask"])
+def test_a_batch_array_of_text_is_refused_naming_it(state: TrainState, field: str) -> None:
+    # Before: JAX's "Error interpreting argument to <function _train_step ...>".
+    shape = {"historical": (B, T, U), "target_mask": (B, H)}[field]
+    with pytest.raises(TypeError, match=rf"train_step: batch.{field} must hold numbers, got dtype"):
+        train_step(state, make_batch(**{field: np.full(shape, "1")}), jax.random.key(0))
+
+
+def test_calibrate_on_a_model_without_calibration_says_none(state: TrainState) -> None:
+    # `calibrate=True` was refused with "must be None or False", and False then failed
+    # inside the jitted forward: "__call__() got an unexpected keyword argument".
+    with pytest.raises(ValueError, match=r"predict: calibrate must be None, the model is frozen"):
+        train.predict(state, make_batch(), calibrate=True)
+    message = r"calibrate must be None for a model without calibration \(TemporalFusionTran"
+    with pytest.raises(ValueError, match="evaluate: " + message):
+        evaluate(state, [make_batch()], calibrate=False)
+    with pytest.raises(ValueError, match="train_step: " + message):
+        train_step(state, make_batch(), jax.random.key(0), calibrate=False)
+
+
+def test_a_donated_state_is_named_not_an_xla_buffer_error(state: TrainState) -> None:
+    copy = jax.tree.map(jnp.copy, state)
+    train_step(copy, make_batch(), jax.random.key(0))
+    message = r"state was donated to an earlier train_step or fit, which deleted its buffers"
+    with pytest.raises(ValueError, match="train_step: " + message):
+        train_step(copy, make_batch(), jax.random.key(0))
+    with pytest.raises(ValueError, match="evaluate: " + message):
+        evaluate(copy, [make_batch()])
+
+
+def test_fit_names_a_bad_batch_found_during_training(state: TrainState) -> None:
+    # Before: "quantile_loss: target must have shape (4, 2) ..., got (4, 3)", no batch named.
+    wide = make_batch(target=np.zeros((B, H + 1), np.float32))
+    with pytest.raises(
+        ValueError,
+        match=r"^fit: train batch 1 of epoch 0: train_step: batch.target must have shape "
+        r"\(B, 2\) \(the model's prediction_horizon\), got \(4, 3\)",
+    ):
+        fit(
+            jax.tree.map(jnp.copy, state), (make_batch(), wide), epochs=1, quiet=True,
+            checkpoint_every_seconds=None,
+        )  # fmt: skip
+
+
+def test_with_schedule_steps_names_itself_for_a_state_of_another_type() -> None:
+    with pytest.raises(TypeError, match=r"^with_schedule_steps: state must be a TrainState"):
+        train.with_schedule_steps({}, 5)
+
+
+def test_checkpoint_saves_name_a_state_and_an_rng_of_another_kind(
+    state: TrainState, tmp_path: pathlib.Path
+) -> None:
+    checkpointer = TrainingCheckpointer(tmp_path / "ckpt")
+    with pytest.raises(ValueError, match=r"save_latest: rng must be one PRNG key .* got int 3"):
+        checkpointer.save_latest(state, 3, {})
+    with pytest.raises(TypeError, match=r"save_latest: state must have a step .* got dict"):
+        checkpointer.save_latest({}, jax.random.key(0), {})
+
+
+def test_a_checkpoint_of_other_quantile_levels_is_refused_at_restore(
+    state: TrainState, tmp_path: pathlib.Path
+) -> None:
+    # The levels shape no array: a run of (0.1, 0.5, 0.9) resumed as (0.1, 0.5, 0.8).
+    checkpointer = TrainingCheckpointer(tmp_path / "ckpt")
+    checkpointer.save_latest(state, jax.random.key(0), {"epoch": 0})
+    other = dataclasses.replace(CONFIG, quantiles=(0.1, 0.5, 0.8))
+    template = create_train_state(
+        TemporalFusionTransformer(other), make_optimizer(1e-2), jax.random.key(0), make_batch()
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"was trained for quantile levels \(0.1, 0.5, 0.9\), the template's model "
+        r"predicts \(0.1, 0.5, 0.8\)",
+    ):
+        checkpointer.restore_latest(template)
+    with pytest.raises(ValueError, match=r"trained for quantile levels"):
+        load_state(tmp_path / "ckpt", template, prefer="latest")
+    assert checkpointer.restore_latest(state).step == 0
+
+
 def diverged(state: TrainState) -> TrainState:
     """A copy of `state` with every parameter NaN: a run that diverged (`fit` may donate it)."""
     copy = jax.tree.map(jnp.copy, state)

@@ -202,7 +202,13 @@ def _check_rng(rng: Array, caller: str) -> None:
     be written and then never restored ('does not fit the template').
     """
     default = jax.random.key(0)
-    data = jax.random.key_data(rng)  # TypeError for what is no key at all
+    try:
+        data = jax.random.key_data(rng)
+    except TypeError:  # what is no key at all
+        raise ValueError(
+            f"{caller}: rng must be one PRNG key (jax.random.key(seed)), got "
+            f"{type(rng).__name__} {rng!r}"
+        ) from None
     typed = jax.dtypes.issubdtype(getattr(rng, "dtype", None), jax.dtypes.prng_key)
     if np.shape(data) != np.shape(jax.random.key_data(default)) or (
         typed and jax.random.key_impl(rng) != jax.random.key_impl(default)
@@ -213,6 +219,24 @@ def _check_rng(rng: Array, caller: str) -> None:
             f"({jax.random.key_impl(default)}, key data of shape "
             f"{np.shape(jax.random.key_data(default))}), as restore returns it; got key data "
             f"of shape {np.shape(data)} ({impl})"
+        )
+
+
+def _check_quantiles(saved: Any, template: PyTree, step: int, directory: Any) -> None:
+    """Raises `ValueError` when a step was trained for other quantile levels than `template`'s.
+
+    The levels shape no array (a model of 0.1/0.5/0.8 has the parameters of
+    one of 0.1/0.5/0.9), so the layout check cannot see them; checkpoints
+    written before the levels were recorded are not checked.
+    """
+    expected = getattr(template, "quantiles", None)
+    if saved is None or expected is None:
+        return
+    if [float(level) for level in expected] != [float(level) for level in saved]:
+        raise ValueError(
+            f"checkpoint step {step} in {directory} was trained for quantile levels "
+            f"{tuple(saved)}, the template's model predicts {tuple(expected)}: resume or load "
+            "it with the model it was trained as"
         )
 
 
@@ -311,6 +335,11 @@ class TrainingCheckpointer:
 
     def _save(self, kind: str, state: PyTree, rng: Array, loop: Any) -> bool:
         manager = self._managers[kind]
+        if not hasattr(state, "step"):
+            raise TypeError(
+                f"save_{kind}: state must have a step (a tft_jax.train.TrainState), got "
+                f"{type(state).__name__}"
+            )
         step = int(state.step)
         loop_json = _loop_json(loop)
         _check_rng(rng, f"save_{kind}")
@@ -334,6 +363,9 @@ class TrainingCheckpointer:
             "layout": layout(payload),
             "digest": digest(payload),
         }
+        quantiles = getattr(state, "quantiles", None)
+        if quantiles is not None:  # the loss's levels: not in the arrays' layout
+            meta["quantiles"] = [float(level) for level in quantiles]
         return manager.save(
             step,
             args=ocp.args.Composite(
@@ -458,6 +490,7 @@ class TrainingCheckpointer:
                 f"{_layout_difference(saved_layout, expected_layout)}"
                 f"{_optimizer_layout_note(saved_layout, expected_layout, manager.directory, step)}"
             )
+        _check_quantiles(meta.get("quantiles"), template, step, manager.directory)
         _drop_late_loop_callbacks()
         try:
             with _abandoned_reads_unlogged(pathlib.Path(manager.directory) / str(step)):

@@ -14,6 +14,7 @@ uninterrupted run exactly.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import numbers
 import pathlib
@@ -406,6 +407,11 @@ def _check_batch(name: str, batch: Any, state: Any = None) -> None:
                 f"{name}: batch.{field.name} must be an array (NumPy or JAX) or None, got "
                 f"{type(value).__name__}; convert it with np.asarray"
             )
+        dtype = getattr(value, "dtype", None)
+        if dtype is not None and not (
+            jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)
+        ):
+            raise TypeError(f"{name}: batch.{field.name} must hold numbers, got dtype {dtype}")
     target_shape = np.shape(batch.target)
     if len(target_shape) != 2:
         raise ValueError(f"{name}: batch.target must have shape (B, H), got {target_shape}")
@@ -423,7 +429,19 @@ def _check_batch(name: str, batch: Any, state: Any = None) -> None:
             f"{name}: batch.target_mask must have the shape of batch.target {target_shape}, "
             f"got {np.shape(batch.target_mask)}"
         )
+    # A NaN is nonzero: the loss would read the step as observed.
+    if isinstance(batch.target_mask, np.ndarray) and not np.isfinite(batch.target_mask).all():
+        row, step = (int(i[0]) for i in np.nonzero(~np.isfinite(batch.target_mask)))
+        raise ValueError(
+            f"{name}: batch.target_mask must be finite (nonzero where observed), got NaN or inf "
+            f"at window {row}, horizon step {step}"
+        )
     config = getattr(getattr(getattr(state, "apply_fn", None), "model", None), "config", None)
+    if isinstance(config, TFTConfig) and target_shape[1] != config.prediction_horizon:
+        raise ValueError(
+            f"{name}: batch.target must have shape (B, {config.prediction_horizon}) (the "
+            f"model's prediction_horizon), got {target_shape}"
+        )
     codes = [getattr(batch, field) for field in ("static_categorical", *CATEGORICAL_INPUTS)]
     if isinstance(config, TFTConfig) and any(isinstance(c, np.ndarray) for c in codes):
         args, kwargs = model_inputs(batch)
@@ -800,7 +818,7 @@ def _train_step(
         skipped_steps=state.skipped_steps + skipped,
     )
     metrics = {
-        "loss": loss,
+        "loss": loss.astype(jnp.float32),  # float64 inputs under jax_enable_x64 promote it
         "grad_norm": grad_norm,
         "clipped_grad_norm": _clipped_norm(grad_norm, state.clip_norm),
         "skipped": skipped,
@@ -842,6 +860,24 @@ def _check_compiler_options(name: str, compiler_options: Any) -> tuple[tuple[str
 def _check_state(name: str, state: Any) -> None:
     if not isinstance(state, TrainState):
         raise TypeError(f"{name}: state must be a TrainState, got {type(state).__name__}")
+    # Donation deletes every buffer of the state at once: one leaf tells.
+    if isinstance(state.step, jax.Array) and state.step.is_deleted():
+        raise ValueError(
+            f"{name}: state was donated to an earlier train_step or fit, which deleted its "
+            "buffers: pass the state that call returned"
+        )
+
+
+def _takes_calibrate(apply_fn: Any) -> bool:
+    """Whether the model behind `apply_fn` takes a `calibrate` argument (True if unknown)."""
+    model = getattr(apply_fn, "model", None)
+    if model is None:
+        return True
+    try:
+        parameters = inspect.signature(type(model).__call__).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == "calibrate" or p.kind is p.VAR_KEYWORD for p in parameters)
 
 
 def _check_calibrate(name: str, calibrate: Any, state: TrainState) -> None:
@@ -851,6 +887,12 @@ def _check_calibrate(name: str, calibrate: Any, state: TrainState) -> None:
         raise ValueError(
             f"{name}: calibrate=True needs a model with non-trainable collections "
             "(e.g. 'quant_stats'), but state.model_state is empty"
+        )
+    if calibrate is not None and not _takes_calibrate(state.apply_fn):
+        model = type(state.apply_fn.model).__name__
+        raise ValueError(
+            f"{name}: calibrate must be None for a model without calibration ({model} takes "
+            f"no calibrate argument), got {calibrate!r}"
         )
 
 
@@ -998,7 +1040,8 @@ def _eval_loss(state: TrainState, batch: Batch, calibrate: bool | None) -> tuple
 
 def _check_frozen(name: str, calibrate: Any, state: TrainState) -> None:
     if calibrate is True:
-        raise ValueError(f"{name}: calibrate must be None or False, the model is frozen here")
+        allowed = "None or False" if _takes_calibrate(state.apply_fn) else "None"
+        raise ValueError(f"{name}: calibrate must be {allowed}, the model is frozen here")
     _check_calibrate(name, calibrate, state)
 
 
@@ -1032,6 +1075,29 @@ def _check_finite_targets(index: int, batch: Batch, caller: str = "evaluate") ->
             f"{caller}: batch {index} holds {int(bad.sum())} NaN or inf targets (the first at "
             f"window {row}, horizon step {step}): mark missing targets with batch.target_mask"
         )
+
+
+_REAL_INPUTS = ("static", "historical", "future", "known_history")
+
+
+def _check_finite_inputs(caller: str, batch: Batch) -> None:
+    """Raises `ValueError` naming the first NaN or inf among `batch`'s real-valued inputs.
+
+    A non-finite input makes the model's output NaN without an error; reads
+    the inputs on the host.
+    """
+    for name in _REAL_INPUTS:
+        value = getattr(batch, name)
+        if value is None:
+            continue
+        values = np.asarray(value)
+        bad = ~np.isfinite(values) if jnp.issubdtype(values.dtype, jnp.inexact) else None
+        if bad is not None and bad.any():
+            where = ", ".join(str(int(i[0])) for i in np.nonzero(bad))
+            raise ValueError(
+                f"{caller}: batch.{name} holds {int(bad.sum())} NaN or inf values (the first at "
+                f"index ({where})); the model's output would be NaN"
+            )
 
 
 def _check_mesh_divides(name: str, batches: Sequence[Batch], mesh: Mesh) -> None:
@@ -1086,8 +1152,9 @@ def evaluate(state: TrainState, batches: Iterable[Batch], calibrate: bool | None
     Each batch's mean is weighted by its number of observed targets, so the
     result does not depend on how the data is split into batches. Raises
     `ValueError` when `batches` holds no observed target, or an observed
-    target that is NaN or infinite (naming the batch); a model whose output is
-    not finite (a diverged run) gives a NaN or infinite result.
+    target or an input that is NaN or infinite (naming the batch; read only
+    when a batch's loss is not finite); a model whose output is not finite
+    (a diverged run) gives a NaN or infinite result.
     """
     _check_state("evaluate", state)
     _check_frozen("evaluate", calibrate, state)
@@ -1098,6 +1165,7 @@ def evaluate(state: TrainState, batches: Iterable[Batch], calibrate: bool | None
         loss, observed = float(loss), float(observed)
         if observed and not math.isfinite(loss):
             _check_finite_targets(index, batch)
+            _check_finite_inputs(f"evaluate: batch {index}", batch)
         total += loss * observed
         count += observed
     if count == 0:
@@ -1109,10 +1177,14 @@ def predict(state: TrainState, batch: Batch, calibrate: bool | None = None) -> A
     """The model output (a `TFTOutput`) for `batch` in deterministic mode (jitted).
 
     `batch.target` is not used but must be present (any `(B, H)` array).
+    Raises `ValueError` for a NaN or inf among the inputs held in NumPy
+    arrays (device arrays are not read back: their NaN gives a NaN output).
     """
     _check_state("predict", state)
     _check_batch("predict", batch, state)
     _check_frozen("predict", calibrate, state)
+    if all(isinstance(getattr(batch, name), np.ndarray | None) for name in _REAL_INPUTS):
+        _check_finite_inputs("predict", batch)
     return deterministic_output(state.apply_fn, calibrate, state.variables, batch)
 
 
@@ -1183,6 +1255,7 @@ def with_schedule_steps(state: TrainState, total_steps: int) -> TrainState:
       ValueError: when `state`'s optimizer keeps no schedule in its state, or
         `total_steps` is not above the warmup or is below `state.step`.
     """
+    _check_state("with_schedule_steps", state)
     schedule = in_state_schedule(state)
     if schedule is None:
         raise ValueError(
@@ -1771,9 +1844,13 @@ def fit(
                     what = "the train step" + (" with frozen observers" if compiled else "")
                     progress.note(f"compiling {what}...")
                     compile_started = clock()
-                state, metrics = train_step(
-                    state, shard_batch(batch, mesh), step_key(seed_key, loop.step), calibrate
-                )
+                try:
+                    state, metrics = train_step(
+                        state, shard_batch(batch, mesh), step_key(seed_key, loop.step), calibrate
+                    )
+                except (TypeError, ValueError) as error:  # a bad batch, found as it came
+                    error.args = (f"fit: train batch {seen - 1} of epoch {loop.epoch}: {error}",)
+                    raise
                 loop.step += 1
                 loop.batches_done += 1
                 pending.append((metrics["loss"], metrics["skipped"], metrics["observed"]))
