@@ -7,6 +7,8 @@ refused before any model is built.
 
 from __future__ import annotations
 
+import argparse
+import errno
 import pathlib
 
 import pytest
@@ -101,3 +103,40 @@ def test_one_split_start_is_refused_naming_the_flags_not_the_config_class(
         "or neither (fractions)"
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_an_empty_flag_value_is_named_as_empty_not_as_missing(capsys, tmp_path, csv_path):
+    # It said "--csv needs --freq as well", for a --freq that was given.
+    argv = ["train", "--csv", str(csv_path), *COLUMNS[:-1], ""]
+    code = cli.main([*argv, "--out", str(tmp_path / "run"), "--compile-cache", "none", "--quiet"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "tft-jax train: error: --freq: expected a value, got an empty one" in err
+
+
+def test_an_empty_path_is_refused_by_the_parser_not_read_as_the_current_folder(capsys):
+    # `pathlib.Path('')` is '.': the error said "--out .: is a folder, not a file".
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["predict", "--run", "run", "--csv", "a.csv", "--out", ""])
+    assert stop.value.code == 2
+    assert "argument --out: expected a path, got an empty one" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("failed", "expected"),
+    [
+        ("/proc/x.tmp", "--output /proc/x: writing it failed: No such file or directory"),
+        ("/proc/x", "--output /proc/x: writing it failed: No such file or directory"),
+        ("/elsewhere/y", "/elsewhere/y: No such file or directory"),
+    ],
+)
+def test_an_output_that_fails_late_is_named_by_its_flag(failed, expected):
+    # The checks before a run cannot foresee every refusal: the error named
+    # '/proc/x.tmp', a temporary file, and no flag.
+    error = FileNotFoundError(errno.ENOENT, "No such file or directory", failed)
+    args = argparse.Namespace(output=pathlib.Path("/proc/x"))
+    assert cli.output_error_text(error, args) == expected
+    inside = FileNotFoundError(errno.ENOSPC, "No space left on device", "/runs/a/config.json")
+    assert cli.output_error_text(inside, argparse.Namespace(out=pathlib.Path("/runs/a"))) == (
+        "--out /runs/a: writing /runs/a/config.json failed: No space left on device"
+    )

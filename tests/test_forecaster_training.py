@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tft_jax.data import prepare_dataset
+from tft_jax.evaluation import subset
 from tft_jax.forecaster.training import validation_batches
 
 from .cli_tables import TINY_TRAINING, write_table
@@ -74,3 +75,11 @@ def test_a_validation_split_smaller_than_one_training_batch_is_refused(dataset):
     training = dataclasses.replace(TINY_TRAINING, batch_size=size, validation_windows=size)
     with pytest.raises(ValueError, match=r"the validation split has \d+ windows, fewer than one"):
         validation_batches(dataset, training)
+
+
+def test_a_validation_split_without_windows_asks_for_a_larger_fraction_only(dataset):
+    # "fewer than one batch of 4; lower the batch size or raise the validation
+    # fraction": no batch size helps a split of no windows.
+    empty = dataclasses.replace(dataset, validation=subset(dataset.validation, np.arange(0)))
+    with pytest.raises(ValueError, match=r"validation split has no windows .* raise the valid"):
+        validation_batches(empty, TINY_TRAINING)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import pathlib
 import shutil
 import sys
@@ -125,6 +126,31 @@ def os_error_text(error: OSError) -> str:
         return str(error)
     names = f"{error.filename}" + (f" -> {error.filename2}" if error.filename2 else "")
     return f"{names}: {error.strerror or error}"
+
+
+# The flags that name what a command writes.
+_OUTPUT_FLAGS = (("out", "--out"), ("output", "--output"))
+
+
+def output_error_text(error: OSError, args: argparse.Namespace) -> str:
+    """`os_error_text`, naming the output flag whose path (or a file in it) failed to be written.
+
+    The checks before a command runs cannot foresee every refusal (a path in
+    /proc, a full disk): the error then names the file the write reached,
+    which may be a temporary sibling the user never named.
+    """
+    if error.filename is not None:
+        failed = pathlib.Path(os.fsdecode(error.filename))
+        for dest, flag in _OUTPUT_FLAGS:
+            path = getattr(args, dest, None)
+            if path is None:
+                continue
+            path = pathlib.Path(path)
+            inside = path in failed.parents
+            if failed == path or inside or failed == path.with_name(f"{path.name}.tmp"):
+                what = f"writing {failed}" if inside else "writing it"
+                return f"{flag} {path}: {what} failed: {error.strerror or error}"
+    return os_error_text(error)
 
 
 def read_csv(
@@ -938,7 +964,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             initialize_multihost(*settings)
         enable_compile_cache(args.compile_cache)
         return COMMANDS[args.command](args)
-    except (UsageError, RunFolderError, FileNotFoundError) as error:
+    except (UsageError, RunFolderError) as error:
         print(f"tft-jax {args.command}: error: {error}", file=sys.stderr)
         return 2
     except ValueError as error:  # from the data layer: its keywords as this command's flags
@@ -948,7 +974,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tft-jax {args.command}: error: {message}", file=sys.stderr)
         return 2
     except OSError as error:  # an output path that cannot be written, found late
-        print(f"tft-jax {args.command}: error: {os_error_text(error)}", file=sys.stderr)
+        print(f"tft-jax {args.command}: error: {output_error_text(error, args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback from wherever it landed
         resume = (

@@ -147,6 +147,13 @@ def _check_parents(path: pathlib.Path, label: str) -> None:
             return
 
 
+def path_argument(text: str) -> pathlib.Path:
+    """An argparse `type` for paths: an empty text (which `pathlib` reads as '.') is refused."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a path, got an empty one")
+    return pathlib.Path(text)
+
+
 def check_output_folder(path: pathlib.Path, label: str) -> None:
     """Raises `UsageError` (naming `label`, e.g. '--out') unless `path` can be a folder to write."""
     path = pathlib.Path(path)
@@ -521,6 +528,9 @@ def forecaster_config(args: argparse.Namespace, qat: bool) -> ForecasterConfig:
             for option in DATA_OPTIONS
             if option.field in table_flags and not data_values.get(option.field)
         ]
+        empty = [flag for flag in missing if flag in given_flags(args)]
+        if empty:
+            raise UsageError(f"{empty[0]}: expected a value, got an empty one")
         if missing:
             raise UsageError(f"--csv needs {', '.join(missing)} as well")
         check_input_file(args.csv, "--csv")
@@ -658,8 +668,8 @@ def _reading(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_argument(parser: argparse.ArgumentParser, table_help: str) -> None:
-    parser.add_argument("--run", type=pathlib.Path, required=True, help="a `tft-jax train` folder")
-    parser.add_argument("--csv", type=pathlib.Path, help=table_help)
+    parser.add_argument("--run", type=path_argument, required=True, help="a `tft-jax train` folder")
+    parser.add_argument("--csv", type=path_argument, help=table_help)
 
 
 def _model_choice(parser: argparse.ArgumentParser, default_help: str) -> None:
@@ -682,14 +692,14 @@ def build_parser() -> argparse.ArgumentParser:
     data = train.add_argument_group(
         "data", "a long-format table (default: the bundled Melbourne pedestrian counts)"
     )
-    data.add_argument("--csv", type=pathlib.Path, help="long-format CSV, one row per series/time")
+    data.add_argument("--csv", type=path_argument, help="long-format CSV, one row per series/time")
     add_options(data, DATA_OPTIONS)
     add_options(train.add_argument_group("model"), MODEL_OPTIONS)
     group = train.add_argument_group("training")
     add_options(group, TRAINING_OPTIONS)
     group.add_argument(
         "--out",
-        type=pathlib.Path,
+        type=path_argument,
         default=pathlib.Path("runs/latest"),
         help="output folder (default runs/latest)",
     )
@@ -728,14 +738,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Quantile forecasts of the H steps after each series' last time in --csv "
         "(columns: id, time, q<level>, in the target's units).",
     )
-    predict.add_argument("--run", type=pathlib.Path, required=True, help="a `tft-jax train` folder")
-    predict.add_argument("--csv", type=pathlib.Path, required=True, help="history, long format")
+    predict.add_argument(
+        "--run", type=path_argument, required=True, help="a `tft-jax train` folder"
+    )
+    predict.add_argument("--csv", type=path_argument, required=True, help="history, long format")
     predict.add_argument(
         "--future-csv",
-        type=pathlib.Path,
+        type=path_argument,
         help="known columns for the H steps after each series' end",
     )
-    predict.add_argument("--out", type=pathlib.Path, required=True, help="forecasts CSV to write")
+    predict.add_argument("--out", type=path_argument, required=True, help="forecasts CSV to write")
     _model_choice(predict, "default: int8 when the run has it, else fp32")
     _reading(predict)
     _runtime(predict, reads_run=True)
@@ -757,7 +769,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "evaluate":
             sub.add_argument(
                 "--output",
-                type=pathlib.Path,
+                type=path_argument,
                 help="metrics JSON (default RUN/metrics.json for the test split, "
                 "RUN/metrics_<split>.json for another; RUN/metrics_<split>_<CSV name>.json "
                 "for a --csv table the run was not trained on)",
@@ -766,7 +778,7 @@ def build_parser() -> argparse.ArgumentParser:
             _model_choice(sub, "default: int8 when the run has it, else fp32")
             sub.add_argument(
                 "--output",
-                type=pathlib.Path,
+                type=path_argument,
                 help="CSV path (default RUN/forecasts_<model>_<split>.csv; "
                 "RUN/forecasts_<model>_<split>_<CSV name>.csv for a --csv table the run was "
                 "not trained on)",
@@ -775,7 +787,7 @@ def build_parser() -> argparse.ArgumentParser:
             _model_choice(sub, "model whose attention, weights and future are drawn (default fp32)")
             sub.add_argument(
                 "--future-csv",
-                type=pathlib.Path,
+                type=path_argument,
                 help="known columns after the table's end (models with known columns)",
             )
             sub.add_argument(
@@ -793,7 +805,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--out",
-        type=pathlib.Path,
+        type=path_argument,
         default=pathlib.Path("runs/demo"),
         help="output folder (default runs/demo)",
     )
@@ -809,7 +821,7 @@ def build_parser() -> argparse.ArgumentParser:
         "final validation loss.",
     )
     data = clipping.add_argument_group("data")
-    data.add_argument("--csv", type=pathlib.Path, help="long-format CSV, one row per series/time")
+    data.add_argument("--csv", type=path_argument, help="long-format CSV, one row per series/time")
     # It scores no forecast: a seasonal naive period or clipping at 0 would do nothing.
     unused = ("--season-period", "--nonnegative")
     add_options(
@@ -838,7 +850,7 @@ def build_parser() -> argparse.ArgumentParser:
         clipping.add_argument(flag, type=kind, default=value, help=text + shown)
     clipping.add_argument(
         "--out",
-        type=pathlib.Path,
+        type=path_argument,
         default=pathlib.Path("runs/clipping"),
         help="output folder (default runs/clipping)",
     )

@@ -80,6 +80,11 @@ def validation_batches(dataset: PreparedDataset, training: TrainingConfig) -> li
     batches of `batch_size`.
     """
     batch_size = training.batch_size
+    if len(dataset.validation) == 0:  # no batch size helps
+        raise ValueError(
+            "the validation split has no windows (fit validates every run: for its early "
+            "stopping and its best state); raise the validation fraction"
+        )
     if len(dataset.validation) < batch_size:
         raise ValueError(
             f"the validation split has {len(dataset.validation)} windows, fewer than one "
