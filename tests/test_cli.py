@@ -1245,6 +1245,19 @@ def test_ctrl_c_ends_a_command_with_one_line_and_status_130(
     err = capsys.readouterr().err
     assert err.startswith(f"tft-jax {command}: interrupted") and "Traceback" not in err
     assert (hint in err) if hint else ("--resume" not in err)
+    if command == "train":  # no checkpoint was written: nothing to go on from
+        assert "interrupted before the first checkpoint; train again with --resume" in err
+
+
+def test_ctrl_c_after_a_checkpoint_says_resume_goes_on_from_it(capsys, monkeypatch, tmp_path):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(cli.COMMANDS, "train", interrupted)
+    monkeypatch.setattr(cli, "holds_checkpoints", lambda out: out == tmp_path / "r")
+    assert cli.main(["train", "--out", str(tmp_path / "r")]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted; train again with --resume to go on from the last checkpoint" in err
 
 
 @pytest.mark.parametrize(

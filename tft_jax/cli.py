@@ -977,11 +977,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tft-jax {args.command}: error: {output_error_text(error, args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback from wherever it landed
-        resume = (
-            "; train again with --resume to go on from the last checkpoint"
-            if args.command == "train"
-            else ""
-        )
+        resume = ""
+        if args.command == "train":
+            resume = (
+                "; train again with --resume to go on from the last checkpoint"
+                if holds_checkpoints(args.out)
+                else " before the first checkpoint; train again with --resume to start over "
+                "in the same folder"
+            )
         print(f"tft-jax {args.command}: interrupted{resume}", file=sys.stderr)
         return INTERRUPTED
     finally:
