@@ -87,9 +87,9 @@ def bucketed_batch_size(count: int, batch_size: int) -> int:
     series compile at most `log2(batch_size) + 2` programs, each computing
     fewer than twice the rows asked for.
     """
-    for name, value, least in (("count", count, 1), ("batch_size", batch_size, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+    for name, value in (("count", count), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     if count >= batch_size:
         return batch_size
     return min(1 << (count - 1).bit_length(), batch_size)
