@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import linen as nn
 
 import tft_jax.train as train
 from tft_jax.checkpoint import TrainingCheckpointer, load_state
@@ -221,6 +222,30 @@ def test_calibrate_on_a_model_without_calibration_says_none(state: TrainState) -
         evaluate(state, [make_batch()], calibrate=False)
     with pytest.raises(ValueError, match="train_step: " + message):
         train_step(state, make_batch(), jax.random.key(0), calibrate=False)
+
+
+class _ArrayOutputModel(nn.Module):
+    """A user's model that returns its `(B, H, 3)` quantiles as a bare array."""
+
+    @nn.compact
+    def __call__(self, static: Any, historical: Any, future: Any, **unused: Any) -> Any:
+        return nn.Dense(3)(future)
+
+
+def test_a_model_output_without_quantiles_is_named_not_a_tracer_attribute_error() -> None:
+    # It failed in the loss's trace: "AttributeError: LinearizeTracer has no attribute quantiles".
+    model_state = create_train_state(
+        _ArrayOutputModel(),
+        make_optimizer(1e-2),
+        jax.random.key(0),
+        make_batch(),
+        quantiles=(0.1, 0.5, 0.9),
+    )
+    message = r"must return an object with an array field \.quantiles .*array of shape \(4, 2, 3\)"
+    with pytest.raises(TypeError, match=message):
+        train_step(model_state, make_batch(), jax.random.key(0))
+    with pytest.raises(TypeError, match=message):
+        evaluate(model_state, [make_batch()])
 
 
 def test_a_donated_state_is_named_not_an_xla_buffer_error(state: TrainState) -> None:

@@ -650,6 +650,28 @@ def _forward(
     return state.apply_fn(variables, *args, **kwargs), state.model_state
 
 
+def _output_quantiles(output: Any) -> Array:
+    """`output.quantiles`, or a TypeError saying what the model returned instead.
+
+    Checked while tracing (no cost in the compiled step): a model without the
+    field would otherwise fail deep in the loss's trace ("LinearizeTracer has
+    no attribute quantiles").
+    """
+    pred = getattr(output, "quantiles", None)
+    if pred is None or not hasattr(pred, "shape"):
+        if pred is not None:
+            got = f".quantiles of type {type(pred).__name__}"
+        elif hasattr(output, "shape"):  # a bare array (a tracer while tracing)
+            got = f"an array of shape {tuple(output.shape)}"
+        else:
+            got = type(output).__name__
+        raise TypeError(
+            "batch_loss: the model must return an object with an array field .quantiles "
+            f"(B, H, Q) (e.g. tft_jax.model.TFTOutput), got {got}"
+        )
+    return pred
+
+
 def batch_loss(output: Any, batch: Batch, quantiles: Sequence[float]) -> tuple[Array, Array]:
     """The mean quantile loss of a batch over its observed targets, and their number.
 
@@ -660,7 +682,7 @@ def batch_loss(output: Any, batch: Batch, quantiles: Sequence[float]) -> tuple[A
     Returns:
       `(loss, count)`: float32 scalars.
     """
-    pred, target = output.quantiles, jnp.asarray(batch.target)
+    pred, target = _output_quantiles(output), jnp.asarray(batch.target)
     if batch.target_mask is None:
         return quantile_loss(pred, target, quantiles), jnp.asarray(target.size, jnp.float32)
     if pred.shape[:-1] != target.shape:
