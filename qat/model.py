@@ -606,7 +606,35 @@ def calibrate(
             "uncalibrated and the activations unquantized)"
         )
     _raise_non_finite(variables, finite)
+    _warn_zero_ranges(variables)
     return variables
+
+
+def _warn_zero_ranges(variables: Mapping[str, Any]) -> None:
+    """Warns when an observer saw only zeros: its range is `[0, 0]`.
+
+    Its scale is then the `EPS` floor, so every nonzero activation of that
+    layer later quantizes to about zero or clips: the batches did not
+    exercise the layer's input (an all-zero feature, a padded or masked input).
+    """
+    zero = [
+        "/".join(path)
+        for path, observer in _observers(variables.get(QUANT_STATS, {})).items()
+        if np.any(
+            (np.asarray(observer["num_batches"]) > 0)
+            & (np.asarray(observer["min"]) >= 0.0)
+            & (np.asarray(observer["max"]) <= 0.0)
+        )
+    ]
+    if zero:
+        shown = ", ".join(zero[:3]) + (", ..." if len(zero) > 3 else "")
+        warnings.warn(
+            f"calibrate: {len(zero)} activation observer(s) saw only zeros ({shown}): their "
+            "range is [0, 0], so every nonzero input of those layers will quantize to about 0. "
+            "Calibrate on batches that exercise those inputs",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def quantized_layers(qat_variables: Variables) -> dict[tuple[str, ...], int | None]:

@@ -186,6 +186,20 @@ def test_calibrate_refuses_a_batch_that_makes_the_ranges_non_finite(bad):
         calibrate(qat_model, fresh, [sample(0), poisoned, sample(2)])
 
 
+def test_calibrate_warns_when_an_observer_saw_only_zeros():
+    # Before: a range of [0, 0] took the EPS scale floor without a word, and
+    # every real input of the layer then quantized to about 0.
+    qat_model, _, fresh = tiny()
+    zeros = np.zeros_like(sample())
+    with pytest.warns(UserWarning, match=r"2 activation observer\(s\) saw only zeros \(Dense_0/"):
+        calibrated = calibrate(qat_model, fresh, [zeros])
+    stats = calibrated["quant_stats"]["Dense_0"]["dot_general"]
+    assert float(stats["min"]) == float(stats["max"]) == 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        calibrate(qat_model, fresh, [zeros, sample()])
+
+
 def test_calibrate_draws_no_batch_past_num_batches():
     qat_model, _, fresh = tiny()
     drawn = []
