@@ -60,7 +60,7 @@ from tft_jax import (
     layer_norm,
     linear,
     lstm,
-    train,
+    optimizer,
     variable_selection,
 )
 from tft_jax import model as tft_model
@@ -594,7 +594,7 @@ def _rounding_without_ste() -> contextlib.AbstractContextManager[Any]:
 
 
 def _clip_after_adamw() -> contextlib.AbstractContextManager[Any]:
-    real = train.flat_adamw
+    real = optimizer.flat_adamw
 
     def adamw_then_clip(learning_rate: Any, *, clip_norm: Any = None, **kwargs: Any) -> Any:
         adamw = real(learning_rate, clip_norm=None, **kwargs)
@@ -602,7 +602,7 @@ def _clip_after_adamw() -> contextlib.AbstractContextManager[Any]:
             adamw if clip_norm is None else optax.chain(adamw, optax.clip_by_global_norm(clip_norm))
         )
 
-    return _replaced(train, "flat_adamw", adamw_then_clip)
+    return _replaced(optimizer, "flat_adamw", adamw_then_clip)
 
 
 def _clip_each_leaf(max_norm: float) -> optax.GradientTransformation:
@@ -619,7 +619,7 @@ def _clip_each_leaf(max_norm: float) -> optax.GradientTransformation:
 
 
 def _clipping_per_leaf() -> contextlib.AbstractContextManager[Any]:
-    real = train.flat_adamw
+    real = optimizer.flat_adamw
 
     def clip_each_leaf_then_adamw(
         learning_rate: Any, *, clip_norm: Any = None, **kwargs: Any
@@ -627,7 +627,7 @@ def _clipping_per_leaf() -> contextlib.AbstractContextManager[Any]:
         adamw = real(learning_rate, clip_norm=None, **kwargs)
         return adamw if clip_norm is None else optax.chain(_clip_each_leaf(clip_norm), adamw)
 
-    return _replaced(train, "flat_adamw", clip_each_leaf_then_adamw)
+    return _replaced(optimizer, "flat_adamw", clip_each_leaf_then_adamw)
 
 
 # ---------------------------------------------------------------------------

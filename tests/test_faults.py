@@ -10,7 +10,7 @@ from flax import linen as nn
 from properties import faults
 from qat import dot_general, fake_quant, lsq, observers
 from qat.config import QATConfig
-from tft_jax import attention, interpretable_attention, layer_norm, train
+from tft_jax import attention, interpretable_attention, layer_norm, optimizer
 from tft_jax import model as tft_model
 
 # Where the catalogue patches the real code.
@@ -27,7 +27,7 @@ _PATCH_TARGETS = (
     (lsq, "default_grad_scale"),
     (dot_general, "default_grad_scale"),
     (dot_general, "fake_quantize"),
-    (train, "flat_adamw"),
+    (optimizer, "flat_adamw"),
 )
 
 

@@ -1102,7 +1102,7 @@ def schedule_state(peak: float, total: int, warmup: int, end: float = 0.0) -> Tr
 
 
 def test_states_that_differ_only_in_schedule_numbers_share_one_compiled_step() -> None:
-    from tft_jax.train import _STEP_JITS
+    from tft_jax.steps import _STEP_JITS
 
     batch, rng = make_batch(1), jax.random.key(1)
     # No warmup: the first update is `-peak · direction`, the same direction for both.
@@ -1126,7 +1126,7 @@ def test_states_that_differ_only_in_schedule_numbers_share_one_compiled_step() -
 
 def test_equal_models_share_one_compiled_train_step_evaluate_and_predict() -> None:
     """A refit (a new model object equal to the last) neither traces nor compiles again."""
-    from tft_jax.train import _STEP_JITS, _output_loss, deterministic_output
+    from tft_jax.steps import _STEP_JITS, _output_loss, deterministic_output
 
     batch, rng = make_batch(1), jax.random.key(1)
     tx = lambda: make_optimizer(LR, clip_norm=CLIP, weight_decay=WEIGHT_DECAY)  # noqa: E731
@@ -1239,7 +1239,7 @@ def far_batch(seed: int) -> Batch:
 def test_time_budget_refits_the_schedule_to_the_step_the_budget_stops_at(capsys) -> None:
     # One second per step: measured over steps 2-6, the 20.5 s budget then
     # leaves 14.5 s, so it is spent at the end of step 21, where fit stops.
-    from tft_jax.train import _STEP_JITS
+    from tft_jax.steps import _STEP_JITS
 
     clock, rates = FakeClock(), []
     batches = [far_batch(90 + i) for i in range(4)]

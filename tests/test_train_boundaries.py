@@ -23,6 +23,7 @@ import pytest
 from flax import linen as nn
 
 import tft_jax.train as train
+import tft_jax.train_state as train_state
 from tft_jax.checkpoint import TrainingCheckpointer, load_state
 from tft_jax.config import TFTConfig
 from tft_jax.model import TemporalFusionTransformer
@@ -344,11 +345,11 @@ def test_fit_never_keeps_a_nan_validation_loss_as_its_best(state: TrainState) ->
 def test_equal_models_share_one_compiled_init(state: TrainState) -> None:
     # The module fixture initialized CONFIG's model once; another instance of it,
     # with another seed, reuses that executable (before: traced and compiled again).
-    compiled = train._jitted_init._cache_size()
+    compiled = train_state._jitted_init._cache_size()
     other = create_train_state(
         TemporalFusionTransformer(CONFIG), make_optimizer(1e-2), jax.random.key(1), make_batch()
     )
-    assert train._jitted_init._cache_size() == compiled >= 1
+    assert train_state._jitted_init._cache_size() == compiled >= 1
     assert not np.array_equal(
         np.asarray(other.params["static_selection"]["selection_grn"]["hidden"]["kernel"]),
         np.asarray(state.params["static_selection"]["selection_grn"]["hidden"]["kernel"]),

@@ -36,9 +36,9 @@ from tft_jax.evaluation import (
 )
 from tft_jax.forecaster.config import QATTrainingConfig, TrainingConfig
 from tft_jax.model import TemporalFusionTransformer
+from tft_jax.schedules import WarmupCosine
 from tft_jax.train import (
     Batch,
-    WarmupCosine,
     create_train_state,
     fit,
     make_optimizer,

@@ -1,0 +1,953 @@
+"""`fit`: the training loop, with validation, early stopping, checkpoints and `resume`.
+
+Every random number is a function of the seed and a counter: the dropout key of
+step `s` is `fold_in(key(seed), s)` and the training batches of epoch `e` come
+from `train_batches(e)`. A run resumed from a checkpoint therefore repeats the
+uninterrupted run exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import pathlib
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh
+from tqdm.auto import tqdm
+
+from tft_jax.checkpoint import BEST, TrainingCheckpointer
+from tft_jax.distributed import data_mesh, is_primary, place_state, shard_batch
+from tft_jax.optimizer import _require_positive_float
+from tft_jax.steps import _check_mesh_divides, _check_validation_targets, evaluate, train_step
+from tft_jax.train_state import (
+    Batch,
+    TrainState,
+    _check_state,
+    _with_schedule,
+    copy_state,
+    in_state_schedule,
+    with_schedule_steps,
+)
+
+Array = Any
+PyTree = Any
+History = dict[str, list]
+BatchSource = Iterable["Batch"] | Callable[[int], Iterable["Batch"]]
+
+HISTORY_KEYS = ("epoch", "step", "train_loss", "val_loss", "skipped_steps")
+_MAX_PENDING = 1024  # step metrics held on the device before `fit` sums them on the host
+_SHARED_CLOCK_STEPS = 10  # steps between clock readings in a multi-process `fit`
+
+
+# ---------------------------------------------------------------------------
+# The loop
+
+
+@jax.jit
+def step_key(seed_key: Array, step: int | Array) -> Array:
+    """The dropout key of training step `step`: `fold_in(seed_key, step)` (jitted)."""
+    return jax.random.fold_in(seed_key, step)
+
+
+@dataclasses.dataclass
+class LoopState:
+    """Where the training loop is: everything `fit` needs to resume, JSON-serialisable.
+
+    Attributes:
+      epoch: the current epoch.
+      batches_done: batches of `epoch` already trained on (the data position).
+      step: global step count (equals `TrainState.step`).
+      history: per evaluation, lists under `HISTORY_KEYS`.
+      best_val_loss: the lowest validation loss so far, or None.
+      evals_since_best: evaluations since the best one (for patience).
+      loss_sum: sum, over the steps since the last evaluation that were
+        applied (finite, with an observed target), of each step's loss (the
+        mean over its batch's observed targets) times that number of targets.
+      loss_count: the number of observed targets of those steps, so that
+        `loss_sum / loss_count` is the mean loss per observed target.
+      stopped_early: whether patience ran out.
+      stopped_on_budget: whether the time budget ran out.
+      seconds: training time of the run up to this point, over every `fit`
+        call that continued it (what the time budget counts).
+      schedule_steps: the total steps that the time budget refitted the
+        in-state learning-rate schedule to, or None when it was not refitted
+        (the refitted schedule itself is in the checkpointed optimizer state).
+      announced_skips: the `TrainState.skipped_steps` count already announced
+        (at the latest evaluation, or the state's count when the run started),
+        so that a resumed run announces the skips the checkpoint holds but
+        no evaluation has reported yet; None until `fit` sets it (and in
+        checkpoints written before it was kept).
+    """
+
+    epoch: int = 0
+    batches_done: int = 0
+    step: int = 0
+    history: History = dataclasses.field(default_factory=lambda: {key: [] for key in HISTORY_KEYS})
+    best_val_loss: float | None = None
+    evals_since_best: int = 0
+    loss_sum: float = 0.0
+    loss_count: int = 0
+    stopped_early: bool = False
+    stopped_on_budget: bool = False
+    seconds: float = 0.0
+    schedule_steps: int | None = None
+    announced_skips: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict of the fields."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LoopState:
+        """The inverse of `to_json`."""
+        return cls(**data)
+
+
+class FitResult(NamedTuple):
+    """What `fit` returns.
+
+    Attributes:
+      state: the final train state.
+      best_state: the state with the lowest validation loss (the final state
+        when there is no validation data: then the very same object as
+        `state`, whose buffers a later `train_step(result.state, ...)`
+        donates; copy it with `copy_state` first to keep it. The initial
+        state, with a `UserWarning`, when no validation loss was finite).
+      history: per evaluation, lists under `HISTORY_KEYS`: epoch (0-based, the
+        epoch of the last batch trained before the evaluation), step, mean
+        training loss since the previous evaluation (per observed target, as
+        `evaluate` weighs the validation loss: each applied step's batch loss
+        weighted by its number of observed targets, so a batch with few
+        observed targets counts little; skipped steps and batches without an
+        observed target are left out; NaN when there were none), validation
+        loss (None without validation data) and the running count of skipped
+        steps. The training loss of a step is measured with dropout, on the
+        parameters before its update.
+      stop_reason: why training ended: `'completed'` (every epoch, or
+        `max_steps`), `'early_stopping'` (patience ran out) or
+        `'time_budget'`.
+      schedule_steps: where the in-state learning-rate schedule ends at the
+        end of training: the total the time budget refitted it to, else the
+        planned one; None when the learning rate is compiled into the step.
+    """
+
+    state: TrainState
+    best_state: TrainState
+    history: History
+    stop_reason: str = "completed"
+    schedule_steps: int | None = None
+
+
+def _batches_for_epoch(source: BatchSource, epoch: int) -> Iterable[Batch]:
+    return source(epoch) if callable(source) else source
+
+
+def _epoch_length(source: BatchSource) -> int | None:
+    try:
+        return len(_batches_for_epoch(source, 0))  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def _skip(iterator: Iterator[Batch], count: int) -> int:
+    """Skips up to `count` batches of `iterator`; returns how many there were."""
+    skipped = 0
+    for _ in range(count):
+        if next(iterator, None) is None:
+            break
+        skipped += 1
+    return skipped
+
+
+def _check_fit_args(
+    epochs: int,
+    patience: int | None,
+    eval_every: int | None,
+    checkpoint_every: int | None,
+    max_steps: int | None,
+    calibrate_steps: int | None,
+    log_every: int,
+) -> None:
+    named = {
+        "epochs": (epochs, 1),
+        "patience": (patience, 1),
+        "eval_every": (eval_every, 1),
+        "checkpoint_every": (checkpoint_every, 1),
+        "max_steps": (max_steps, 1),
+        "calibrate_steps": (calibrate_steps, 0),
+        "log_every": (log_every, 1),
+    }
+    for name, (value, minimum) in named.items():
+        if value is None and name not in ("epochs", "log_every"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"fit: {name} must be an int, got {value!r}")
+        if value < minimum:
+            raise ValueError(f"fit: {name} must be >= {minimum}, got {value}")
+
+
+def _check_train_batches(source: Any, per_epoch: int | None, epochs: int) -> None:
+    """Raises `ValueError` for a batch source that cannot give `epochs` epochs.
+
+    A one-shot iterator (a generator, say) is used up by the first epoch: the
+    later ones would be empty and `fit` would report `'completed'` after a
+    single epoch. A source without batches would train nothing.
+    """
+    if per_epoch == 0:
+        raise ValueError("fit: train_batches holds no batch")
+    if not callable(source) and isinstance(source, Iterator) and epochs > 1:
+        raise ValueError(
+            f"fit: train_batches is a one-shot iterator ({type(source).__name__}), used up "
+            f"by the first epoch, but epochs={epochs}; pass a list, a re-iterable, or a "
+            "callable epoch -> iterable of Batch (or epochs=1)"
+        )
+
+
+def _check_fit_timing(
+    checkpoint_every_seconds: float | None,
+    time_budget: float | None,
+    log_seconds: float,
+    label: str | None,
+    clock: Any,
+) -> None:
+    for name, value in (
+        ("checkpoint_every_seconds", checkpoint_every_seconds),
+        ("time_budget", time_budget),
+    ):
+        if value is not None:
+            _require_positive_float(f"fit: {name}", value)
+    _require_positive_float("fit: log_seconds", log_seconds, allow_zero=True)
+    if label is not None and not isinstance(label, str):
+        raise TypeError(f"fit: label must be a string or None, got {label!r}")
+    if not callable(clock):
+        raise TypeError(f"fit: clock must be a callable returning seconds, got {clock!r}")
+
+
+def fit(
+    state: TrainState,
+    train_batches: BatchSource,
+    val_batches: Iterable[Batch] | None = None,
+    *,
+    epochs: int,
+    seed: int = 0,
+    patience: int | None = None,
+    eval_every: int | None = None,
+    max_steps: int | None = None,
+    time_budget: float | None = None,
+    checkpoint_dir: str | pathlib.Path | None = None,
+    checkpoint_every: int | None = None,
+    checkpoint_every_seconds: float | None = 120.0,
+    resume: bool = False,
+    calibrate_steps: int | None = None,
+    quiet: bool = False,
+    label: str | None = None,
+    log_every: int = 10,
+    log_seconds: float = 10.0,
+    clock: Callable[[], float] = time.monotonic,
+    mesh: Mesh | None = None,
+    fsdp: bool = False,
+) -> FitResult:
+    """Trains `state` for `epochs` epochs with validation, early stopping and checkpoints.
+
+    Args:
+      state: the initial state (from `create_train_state`); donated.
+      train_batches: an iterable of `Batch` re-iterated every epoch (a
+        one-shot iterator, such as a generator, only with `epochs=1`), or a
+        callable `epoch -> iterable of Batch` (shuffle inside it with a
+        generator seeded by `(seed, epoch)` so that `resume` is exact).
+      val_batches: a re-iterable of validation batches (at least one), or None.
+      epochs: number of passes over `train_batches`.
+      seed: the seed of the dropout keys (`fold_in(key(seed), step)`).
+      patience: stop after this many evaluations without a lower validation
+        loss (needs `val_batches`); None never stops early.
+      eval_every: evaluate every this many steps; None evaluates once per epoch.
+        A final evaluation follows the last step when it had none.
+      max_steps: stop after this many steps in total; None runs every epoch.
+      time_budget: stop once this many seconds of training have passed (None:
+        no limit). The time counts from the start of `fit`, so the compilation
+        of the train step is included, and, for a resumed run, adds the time
+        of the earlier runs up to the checkpoint resumed from. It is checked
+        after every step, so training ends within one step (and that step's
+        evaluation or checkpoint) of the budget; the final evaluation, the
+        best state and the checkpoints then follow as at a normal end, and
+        `stop_reason` is `'time_budget'`. In a multi-process run process 0's
+        clock decides, read every 10 steps, so that every process stops (and
+        saves timed checkpoints) at the same step. When the learning-rate
+        schedule lives in the optimizer state (`make_optimizer(
+        warmup_cosine_schedule(...))`), the budget also refits it once: after
+        a few steps past the compilation, the measured step time (and that of
+        the evaluations so far) tells how many steps the rest of the budget
+        allows; when that is fewer than planned, the cosine is made to end
+        there (`with_schedule_steps`, announced unless `quiet`), so that the
+        last steps train at the low learning rate. `max_steps` stays the cap;
+        the refitted total is in the checkpoints (a resumed run keeps it)
+        and in `FitResult.schedule_steps`.
+      checkpoint_dir: where the latest and best checkpoints go (see
+        `tft_jax.checkpoint`); None keeps no checkpoints. A fresh start
+        (`resume=False`) refuses a folder holding another run's checkpoints.
+      checkpoint_every: also save the latest checkpoint every this many steps
+        (it is always saved after each evaluation, at each epoch's end and
+        at the end).
+      checkpoint_every_seconds: also save the latest checkpoint once this many
+        seconds have passed since the previous save (None: never by time), so
+        that a killed run loses at most about this much training.
+      resume: continue from the newest intact checkpoint in `checkpoint_dir` if
+        there is one (a fresh start otherwise; either is announced unless
+        `quiet`); `state` then only gives the structure, and its
+        schedule (when in the optimizer state) unless the time budget
+        refitted the checkpoint's. With the same
+        arguments the result equals that of the uninterrupted run; a finished
+        run returns at once, unless `epochs`, `max_steps` or `time_budget`
+        were raised, when it trains on.
+      calibrate_steps: None for models without calibration; N for the QAT
+        model: steps `< N` run with `calibrate=True`, later ones `calibrate=False`.
+      quiet: print nothing (no progress bar, no lines).
+      label: the name of the run in its progress bar and lines (e.g. `'FP32'`).
+      log_every: on a terminal, refresh the training loss in the progress bar
+        every this many steps.
+      log_seconds: without a terminal (a log file, a pipe), print a plain
+        progress line (step/total, loss, elapsed, ETA) at least this many
+        seconds apart, besides one per evaluation, instead of a progress bar.
+      clock: the monotonic clock, in seconds, that the time budget, the timed
+        checkpoints and the progress read (replaceable in tests).
+      mesh: the `data` mesh to train on (`tft_jax.distributed.data_mesh`); None
+        uses every device. Batches are split over it (their size must divide
+        evenly: checked before training for the validation batches and for
+        `train_batches` given as a list or tuple), the state is replicated, or
+        with `fsdp=True` split too.
+      fsdp: shard parameters and optimizer state over the mesh (large models).
+
+    Returns:
+      A `FitResult(state, best_state, history, stop_reason, schedule_steps)`.
+    """
+    _check_fit_timing(checkpoint_every_seconds, time_budget, log_seconds, label, clock)
+    started = clock()
+
+    def warn(message: str) -> None:
+        """A repair or surprise of this run, said even when quiet, at the caller of `fit`."""
+        warnings.warn(f"fit{f' ({label})' if label else ''}: {message}", UserWarning, stacklevel=3)
+
+    _check_state("fit", state)
+    _check_fit_args(
+        epochs, patience, eval_every, checkpoint_every, max_steps, calibrate_steps, log_every
+    )
+    # Checked here: `jax.random.key` would fail on a traced float or a None, naming neither.
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"fit: seed must be an int, got {type(seed).__name__} {seed!r}")
+    if calibrate_steps is not None and not state.model_state:
+        # Else the first step fails: calibrate=True named as `train_step`'s, or the
+        # model refusing a `calibrate` argument inside the trace (calibrate_steps=0).
+        raise ValueError(
+            f"fit: calibrate_steps={calibrate_steps} needs a model with non-trainable "
+            "collections to calibrate (e.g. the QAT model's 'quant_stats'), but "
+            "state.model_state is empty; pass calibrate_steps=None"
+        )
+    if resume and checkpoint_dir is None:
+        raise ValueError("fit: resume=True needs a checkpoint_dir")
+    if patience is not None and val_batches is None:
+        # Without validation losses nothing counts toward it: it was ignored, silently.
+        raise ValueError(
+            f"fit: patience={patience} needs val_batches (early stopping compares "
+            "validation losses); pass val_batches, or patience=None"
+        )
+    if val_batches is not None and not isinstance(val_batches, Sequence):
+        val_batches = list(val_batches)
+    if val_batches is not None and not val_batches:
+        # Checked now: `evaluate` would raise only after the first epoch's training.
+        raise ValueError("fit: val_batches is empty; pass None to train without validation")
+    if val_batches is not None:
+        _check_validation_targets(val_batches)
+    mesh = data_mesh() if mesh is None else mesh
+    if val_batches is not None:
+        _check_mesh_divides("val_batches", val_batches, mesh)
+    if isinstance(train_batches, list | tuple):
+        _check_mesh_divides("train_batches", train_batches, mesh)
+    eval_calibrate = None if calibrate_steps is None else False
+
+    per_epoch = _epoch_length(train_batches)
+    _check_train_batches(train_batches, per_epoch, epochs)
+    total = None if per_epoch is None else per_epoch * epochs
+    if max_steps is not None:
+        total = max_steps if total is None else min(total, max_steps)
+    seed_key = jax.random.key(seed)
+    loop = LoopState()
+    earlier_seconds = 0.0  # training time of the runs this one continues
+
+    def elapsed() -> float:
+        return earlier_seconds + clock() - started
+
+    progress = _Progress(
+        enabled=not quiet and is_primary(),  # one progress display per run
+        label=label,
+        total=total,
+        clock=clock,
+        elapsed=elapsed,
+        time_budget=time_budget,
+        log_every=log_every,
+        log_seconds=log_seconds,
+    )
+    checkpointer = None if checkpoint_dir is None else TrainingCheckpointer(checkpoint_dir)
+    if checkpointer is not None and not resume:
+        _check_no_earlier_run(checkpointer, checkpoint_dir)
+    best_state: TrainState | None = None
+    # Placed first: a checkpoint then restores straight into the mesh's shardings
+    # (whatever device count wrote it), in every process of a multi-host run.
+    state = place_state(state, mesh, fsdp)
+    planned_schedule = in_state_schedule(state)
+    if checkpointer is not None and resume:
+        restored = checkpointer.restore_latest(state)
+        if restored is None and checkpointer.steps(BEST):
+            restored = checkpointer.restore_best(state)
+            if restored is not None:  # every latest step was moved aside as corrupt
+                warn(
+                    f"no intact latest checkpoint in {checkpoint_dir}; going on from the best "
+                    f"checkpoint, step {int(restored.state.step)}"
+                )
+        if restored is None:
+            progress.note(f"no checkpoint in {checkpoint_dir}: starting from step 0")
+        else:
+            _check_resume_seed(restored.rng, seed_key, seed)
+            state, loop = restored.state, LoopState.from_json(restored.loop)
+            earlier_seconds = loop.seconds
+            if max_steps is not None and loop.step > max_steps:
+                # Nothing is undone: the result is the checkpoint's, past the cap asked for.
+                warn(
+                    f"the checkpoint in {checkpoint_dir} is at step {loop.step}, past "
+                    f"max_steps={max_steps}; its state is returned as it is (a run cannot go "
+                    "back to an earlier step: train into another checkpoint_dir for a shorter "
+                    "run)"
+                )
+            if planned_schedule is not None and loop.schedule_steps is None:
+                # Not refitted: the caller's schedule applies (a raised
+                # max_steps, say), as when schedules were compiled into the step.
+                state = _with_schedule(state, planned_schedule)
+            checkpointer.discard_best_after(loop.step)
+            best = checkpointer.restore_best(state)
+            best_state = None if best is None else best.state
+            if best is None and loop.best_val_loss is not None and val_batches is not None:
+                # The best state is gone (deleted, or moved aside as corrupt):
+                # the resumed state stands in for it, a repair said even when quiet.
+                warn(
+                    f"the best checkpoint (validation loss {loop.best_val_loss:.6g}) is "
+                    f"missing from {checkpoint_dir}; best_state is the resumed state of step "
+                    f"{loop.step} until a validation loss beats that one"
+                )
+            progress.note(
+                f"resuming from step {loop.step} (epoch {loop.epoch}) of the checkpoint "
+                f"in {checkpoint_dir}"
+            )
+    if loop.stopped_on_budget and (time_budget is None or loop.seconds < time_budget):
+        loop.stopped_on_budget = False  # a larger budget, or none: train on
+    if best_state is None:
+        best_state = copy_state(state)
+    if val_batches is not None:
+        val_batches = _ShardedBatches(val_batches, mesh)
+
+    # Step metrics wait on the device until an evaluation or a checkpoint needs
+    # them (no host sync per step); they are then added in step order, so a
+    # resumed run sums exactly as the uninterrupted one.
+    pending: list[tuple[Array, Array, Array]] = []
+    last_save = clock()
+    # Skipped steps counted by an earlier fit of this state are not this run's
+    # to announce; a resumed run goes on from what its checkpoint had announced
+    # (skips after the latest evaluation before the checkpoint still to come).
+    if loop.announced_skips is None:
+        loop.announced_skips = int(state.skipped_steps)
+
+    def flush() -> None:
+        for loss, skipped, observed in jax.device_get(pending):
+            # A batch without an observed target has a loss of 0 that says nothing.
+            if not skipped and observed:
+                # Weighted by its observed targets, as `evaluate` weighs batches: the
+                # mean per target, whatever the batches' sizes and masks.
+                loop.loss_sum += float(loss) * float(observed)
+                loop.loss_count += int(observed)
+        pending.clear()
+
+    def record() -> bool:
+        """Evaluates, appends to the history and saves the best state; True = stop early."""
+        nonlocal best_state
+        flush()
+        count = loop.loss_count
+        train_loss = loop.loss_sum / count if count else math.nan
+        loop.loss_sum, loop.loss_count = 0.0, 0
+        evaluation_started = clock()
+        val_loss = None if val_batches is None else evaluate(state, val_batches, eval_calibrate)
+        evaluation_seconds = clock() - evaluation_started
+        if refit is not None:
+            refit.evaluated(evaluation_seconds)
+        skipped = int(state.skipped_steps)
+        # The epoch of the last batch trained: the final evaluation comes after the
+        # loop moved on to the next epoch (it said 3 of a 3-epoch run, 0 to 2).
+        epoch = loop.epoch - 1 if loop.batches_done == 0 and loop.epoch > 0 else loop.epoch
+        for key, value in zip(
+            HISTORY_KEYS, (epoch, loop.step, train_loss, val_loss, skipped), strict=True
+        ):
+            loop.history[key].append(value)
+        announced_skips = loop.announced_skips or 0
+        if skipped > announced_skips:
+            # Skipping is a repair the user did not ask for: announced.
+            progress.note(
+                f"step {loop.step}: {skipped - announced_skips} step(s) since the previous "
+                "evaluation skipped (non-finite loss or gradient, or an unusable learning "
+                "rate); their updates were not applied"
+            )
+            loop.announced_skips = skipped
+        if val_loss is not None:
+            # A NaN loss (a diverged model) is never best: it would never be beaten.
+            improved = math.isfinite(val_loss) and (
+                loop.best_val_loss is None or val_loss < loop.best_val_loss
+            )
+            if improved:
+                loop.best_val_loss, loop.evals_since_best = val_loss, 0
+                best_state = copy_state(state)
+                if checkpointer is not None:
+                    loop.seconds = elapsed()
+                    checkpointer.save_best(state, seed_key, _loop_snapshot(loop))
+            else:
+                loop.evals_since_best += 1
+        progress.evaluated(loop.step, train_loss, val_loss, evaluation_seconds)
+        return patience is not None and loop.evals_since_best >= patience
+
+    def save_latest() -> None:
+        nonlocal last_save
+        if checkpointer is not None:
+            flush()
+            loop.seconds = elapsed()
+            checkpointer.save_latest(state, seed_key, _loop_snapshot(loop))
+            last_save = clock()
+
+    single_process = jax.process_count() == 1
+    refit: _ScheduleRefit | None = None
+    if time_budget is not None and planned_schedule is not None and loop.schedule_steps is None:
+        refit = _ScheduleRefit(
+            time_budget=time_budget,
+            planned=min(planned_schedule.total_steps, math.inf if total is None else total),
+            warmup_steps=planned_schedule.warmup_steps,
+            eval_interval=per_epoch if eval_every is None else eval_every,
+            settled_after=calibrate_steps or 0,
+        )
+
+    def refit_schedule() -> None:
+        """Ends the schedule where the budget will, once the step time is known (see `fit`)."""
+        nonlocal state, refit
+        assert refit is not None
+        if not single_process and loop.step % _SHARED_CLOCK_STEPS:
+            return
+        fitted = refit.estimate(loop.step, clock(), elapsed())
+        if not single_process:
+            fitted = _int_from_process_0(fitted)
+        if fitted is None:
+            return
+        if fitted < refit.planned:
+            state = with_schedule_steps(state, fitted)
+            loop.schedule_steps = fitted
+            progress.note(
+                f"the time budget fits about {fitted} steps: the learning rate now decays "
+                f"to step {fitted}"
+            )
+        refit = None
+
+    def clock_says() -> tuple[bool, bool]:
+        """`(a timed checkpoint is due, the time budget is spent)` by process 0's clock.
+
+        Read after every step in one process. In a multi-process run every
+        process must save and stop at the same step, so the clock is read every
+        `_SHARED_CLOCK_STEPS` steps and process 0's answer is shared (a collective).
+        """
+        timed_save = checkpointer is not None and checkpoint_every_seconds is not None
+        if not timed_save and time_budget is None:
+            return False, False
+        if not single_process and loop.step % _SHARED_CLOCK_STEPS:
+            return False, False
+        save = timed_save and clock() - last_save >= checkpoint_every_seconds
+        spent = time_budget is not None and elapsed() >= time_budget
+        return (save, spent) if single_process else _from_process_0(save, spent)
+
+    def done() -> bool:
+        return (
+            loop.stopped_early
+            or loop.stopped_on_budget
+            or loop.epoch >= epochs
+            or (max_steps is not None and loop.step >= max_steps)
+        )
+
+    compiled: set[bool | None] = set()  # the `calibrate` values whose step has run
+    previous_loss: Array | None = None
+    try:
+        while not done():
+            iterator = iter(_batches_for_epoch(train_batches, loop.epoch))
+            seen = _skip(iterator, loop.batches_done)
+            if seen < loop.batches_done:  # resumed over data with fewer batches an epoch
+                warn(
+                    f"epoch {loop.epoch} now has {seen} batches, but the checkpoint had "
+                    f"trained on {loop.batches_done} of it: the training data changed since; "
+                    "going on with the next epoch"
+                )
+            for batch in iterator:
+                seen += 1
+                calibrate = None if calibrate_steps is None else loop.step < calibrate_steps
+                compiling = calibrate not in compiled
+                if compiling:
+                    what = "the train step" + (" with frozen observers" if compiled else "")
+                    progress.note(f"compiling {what}...")
+                    compile_started = clock()
+                try:
+                    state, metrics = train_step(
+                        state, shard_batch(batch, mesh), step_key(seed_key, loop.step), calibrate
+                    )
+                except (TypeError, ValueError) as error:  # a bad batch, found as it came
+                    error.args = (f"fit: train batch {seen - 1} of epoch {loop.epoch}: {error}",)
+                    raise
+                loop.step += 1
+                loop.batches_done += 1
+                pending.append((metrics["loss"], metrics["skipped"], metrics["observed"]))
+                if compiling:
+                    jax.block_until_ready(metrics["loss"])
+                    compiled.add(calibrate)
+                    progress.note(f"compiled in {_duration(clock() - compile_started)}")
+                    progress.start(loop.step)
+                    if refit is not None:
+                        refit.compiled(loop.step, clock())
+                elif time_budget is not None and previous_loss is not None:
+                    # The device stays at most one step behind: the clock measures its work.
+                    jax.block_until_ready(previous_loss)
+                previous_loss = metrics["loss"]
+                if len(pending) >= _MAX_PENDING:
+                    flush()
+                progress.stepped(loop.step, metrics["loss"])
+                if refit is not None:
+                    refit_schedule()
+                timed_save, spent = clock_says()
+                evaluating = eval_every is not None and loop.step % eval_every == 0
+                if evaluating:
+                    loop.stopped_early = record()
+                if spent and not done():
+                    loop.stopped_on_budget = True
+                if done():
+                    # Saved after the loop, once the final evaluation and the stop
+                    # are in `loop`: a checkpoint is never written twice at a step.
+                    break
+                every = checkpoint_every is not None and loop.step % checkpoint_every == 0
+                if evaluating or timed_save or (checkpointer is not None and every):
+                    save_latest()
+            else:  # the epoch ran to its end
+                if not seen and not loop.step:
+                    # Nothing trained yet (a source whose size is unknown up front).
+                    raise ValueError(f"fit: train_batches yielded no batch in epoch {loop.epoch}")
+                if eval_every is None and not _evaluated_at(loop):
+                    loop.stopped_early = record()
+                loop.epoch, loop.batches_done = loop.epoch + 1, 0
+            if done() and not _evaluated_at(loop):
+                record()
+            save_latest()
+    finally:
+        progress.close()
+        if checkpointer is not None:
+            checkpointer.close()
+    if val_batches is None:
+        best_state = state
+    elif loop.best_val_loss is None and loop.step > 0:
+        # No finite validation loss ever: the best state is the initial one, a
+        # repair the caller did not ask for (said even when quiet).
+        warn(
+            f"no validation loss was finite in {loop.step} steps; best_state is the initial "
+            "state (the run diverged, or every step was skipped)"
+        )
+    if loop.stopped_on_budget:
+        reason = "time_budget"
+        progress.note(
+            f"stopped on the time budget of {_duration(time_budget)} at step "
+            f"{_of(loop.step, total)} after {_duration(elapsed())}"
+        )
+    elif loop.stopped_early:
+        reason = "early_stopping"
+        progress.note(
+            f"stopped early at step {_of(loop.step, total)}: no lower validation loss in "
+            f"{patience} evaluations"
+        )
+    else:
+        reason = "completed"
+        progress.note(f"finished at step {_of(loop.step, total)} after {_duration(elapsed())}")
+    schedule = None if planned_schedule is None else in_state_schedule(state)
+    return FitResult(
+        state=state,
+        best_state=best_state,
+        history=loop.history,
+        stop_reason=reason,
+        schedule_steps=None if schedule is None else schedule.total_steps,
+    )
+
+
+# Before the time budget refits the schedule: steps and seconds measured since
+# the latest compilation, so that the step time is the running step's.
+_REFIT_MIN_STEPS = 5
+_REFIT_MIN_SECONDS = 2.0
+
+
+class _ScheduleRefit:
+    """Where the time budget will end training, from the measured step time (`fit`).
+
+    The step time is measured from the end of the latest compiling step,
+    leaving the evaluations in between out; the evaluations' cost is added
+    per step as their mean over `eval_interval` steps. The estimate is the
+    step at whose end the budget is spent, where `fit` stops.
+    """
+
+    def __init__(
+        self,
+        *,
+        time_budget: float,
+        planned: float,
+        warmup_steps: int,
+        eval_interval: int | None,
+        settled_after: int,
+    ) -> None:
+        self.time_budget, self.planned, self.warmup_steps = time_budget, planned, warmup_steps
+        self.eval_interval, self.settled_after = eval_interval, settled_after
+        self.start: tuple[int, float] | None = None  # (step, time) after the latest compile
+        self.window_evaluations = 0.0  # evaluation seconds since then
+        self.evaluations, self.evaluation_seconds = 0, 0.0
+
+    def compiled(self, step: int, now: float) -> None:
+        """A newly compiled step has run up to `step` at `now`: measure from here."""
+        self.start, self.window_evaluations = (step, now), 0.0
+
+    def evaluated(self, seconds: float) -> None:
+        """An evaluation took `seconds`."""
+        self.evaluations += 1
+        self.evaluation_seconds += seconds
+        self.window_evaluations += seconds
+
+    def estimate(self, step: int, now: float, elapsed: float) -> int | None:
+        """The step at which the budget runs out (not before `step`, above the warmup).
+
+        None while too little is measured, or while a compilation is still
+        ahead (the QAT step with frozen observers, after `settled_after` steps).
+        """
+        if self.start is None or self.start[0] <= self.settled_after:
+            return None
+        start_step, start_time = self.start
+        steps, seconds = step - start_step, now - start_time
+        if steps < _REFIT_MIN_STEPS or seconds < _REFIT_MIN_SECONDS:
+            return None
+        per_step = max(0.0, seconds - self.window_evaluations) / steps
+        if self.evaluations and self.eval_interval:
+            per_step += self.evaluation_seconds / self.evaluations / self.eval_interval
+        if per_step <= 0.0:
+            return None
+        remaining = max(0.0, self.time_budget - elapsed)
+        # Rounded first: a budget that is a whole number of steps ends at that step.
+        steps_left = math.ceil(round(remaining / per_step, 9))
+        return max(step + steps_left, self.warmup_steps + 1, step)
+
+
+class _Progress:
+    """What `fit` shows on process 0; nothing at all when not `enabled`.
+
+    On a terminal (or in a notebook) a tqdm bar named by the label, opened
+    once the train step has compiled, so that its rate and ETA leave the
+    compilation out. Elsewhere (a log file, a pipe) plain lines instead, so a
+    log holds no carriage returns: one at least every `log_seconds`, and one
+    per evaluation. Notes (resume, compilation, the end) are lines in both.
+    Everything goes to `sys.stderr`, as tqdm's bar does.
+    """
+
+    def __init__(
+        self,
+        *,
+        enabled: bool,
+        label: str | None,
+        total: int | None,
+        clock: Callable[[], float],
+        elapsed: Callable[[], float],
+        time_budget: float | None,
+        log_every: int,
+        log_seconds: float,
+    ) -> None:
+        self.enabled, self.label, self.total = enabled, label, total
+        self.clock, self.elapsed, self.time_budget = clock, elapsed, time_budget
+        self.log_every, self.log_seconds = log_every, log_seconds
+        self.stream = sys.stderr
+        self.interactive = enabled and _interactive(self.stream)
+        self.bar: Any = None
+        self.postfix: dict[str, str] = {}
+        self.first_step: int | None = None  # where the rate is measured from (the last compile)
+        self.first_time = 0.0
+        self.last_line = -math.inf
+
+    def note(self, text: str) -> None:
+        """One line, prefixed with the label."""
+        if not self.enabled:
+            return
+        line = f"{self.label}: {text}" if self.label else text
+        if self.bar is not None:
+            self.bar.write(line, file=self.stream)
+        else:
+            print(line, file=self.stream, flush=True)
+
+    def start(self, step: int) -> None:
+        """A newly compiled step has run (up to `step`): the rate is measured from here."""
+        if not self.enabled:
+            return
+        self.first_step, self.first_time = step, self.clock()
+        self.last_line = self.first_time
+        if self.interactive and self.bar is None:
+            self.bar = tqdm(
+                total=self.total,
+                initial=step,
+                desc=self.label,
+                unit="step",
+                dynamic_ncols=True,
+                file=self.stream,
+            )
+
+    def stepped(self, step: int, loss: Array) -> None:
+        """Step `step` has been dispatched; `loss` is read only when shown."""
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(step - self.bar.n)
+            if step % self.log_every == 0:
+                self.postfix["loss"] = f"{float(loss):.4f}"
+                self.bar.set_postfix(self.postfix)
+        elif self.clock() - self.last_line >= self.log_seconds:
+            self._line(step, f"loss {float(loss):.4f}")
+
+    def evaluated(
+        self, step: int, train_loss: float, val_loss: float | None, seconds: float
+    ) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.postfix.update(train_loss=f"{train_loss:.4f}", val_loss=_format(val_loss))
+            self.bar.set_postfix(self.postfix)
+            return
+        text = f"train_loss {train_loss:.4f}"
+        if val_loss is not None:
+            text += f"  val_loss {val_loss:.4f} (evaluated in {_duration(seconds)})"
+        self._line(step, text)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def _line(self, step: int, text: str) -> None:
+        now = self.clock()
+        self.last_line = now
+        parts = [f"step {_of(step, self.total)}", text, f"elapsed {_duration(self.elapsed())}"]
+        eta = self._eta(step, now)
+        if eta is not None:
+            parts.append(f"ETA {_duration(eta)}")
+        self.note("  ".join(parts))
+
+    def _eta(self, step: int, now: float) -> float | None:
+        """Seconds left: at the rate since the compiled step first ran, within the budget."""
+        left = []
+        if self.time_budget is not None:
+            left.append(max(0.0, self.time_budget - self.elapsed()))
+        if (
+            self.total is not None
+            and self.first_step is not None
+            and step > self.first_step
+            and now > self.first_time
+        ):
+            rate = (step - self.first_step) / (now - self.first_time)
+            left.append(max(0, self.total - step) / rate)
+        return min(left) if left else None
+
+
+def _int_from_process_0(value: int | None) -> int | None:
+    """Process 0's `value` in every process (a collective: every process must call it)."""
+    encoded = np.asarray(-1 if value is None else value, np.int32)
+    shared = int(np.asarray(multihost_utils.broadcast_one_to_all(encoded)))
+    return None if shared < 0 else shared
+
+
+def _from_process_0(*flags: bool) -> tuple[bool, ...]:
+    """Process 0's `flags` in every process (a collective: every process must call it)."""
+    shared = multihost_utils.broadcast_one_to_all(np.asarray(flags, np.bool_))
+    return tuple(bool(flag) for flag in np.asarray(shared))
+
+
+def _interactive(stream: Any) -> bool:
+    """Whether `stream` shows a live bar: a terminal, or tqdm's notebook widget."""
+    if any(cls.__module__ == "tqdm.notebook" for cls in tqdm.__mro__):
+        return True
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty()) if callable(isatty) else False
+    except ValueError:  # a closed stream
+        return False
+
+
+def _of(step: int, total: int | None) -> str:
+    return f"{step}" if total is None else f"{step}/{total}"
+
+
+def _duration(seconds: float) -> str:
+    """`4.2s`, `3m05s` or `1h02m`."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    seconds = round(seconds)
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+class _ShardedBatches:
+    """Re-iterable view of validation batches, each placed on the mesh when reached."""
+
+    def __init__(self, batches: Sequence[Batch], mesh: Mesh) -> None:
+        self.batches, self.mesh = batches, mesh
+
+    def __iter__(self) -> Iterator[Batch]:
+        return (shard_batch(batch, self.mesh) for batch in self.batches)
+
+
+def _evaluated_at(loop: LoopState) -> bool:
+    steps = loop.history["step"]
+    return bool(steps) and steps[-1] == loop.step
+
+
+def _loop_snapshot(loop: LoopState) -> LoopState:
+    return dataclasses.replace(
+        loop, history={key: list(values) for key, values in loop.history.items()}
+    )
+
+
+def _format(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _check_no_earlier_run(checkpointer: TrainingCheckpointer, directory: Any) -> None:
+    """Raises `ValueError` when a fresh start would write into an earlier run's checkpoints.
+
+    Its saves would interleave with that run's steps (and a save older than
+    its newest step is refused), so a later resume would mix the two runs.
+    """
+    steps = checkpointer.steps() + checkpointer.steps("best")
+    if steps:
+        checkpointer.close()
+        raise ValueError(
+            f"fit: checkpoint_dir {directory} holds checkpoints of an earlier run (latest "
+            f"step {max(steps)}); pass resume=True to continue it, or use an empty folder"
+        )
+
+
+def _check_resume_seed(saved_key: Array, seed_key: Array, seed: int) -> None:
+    if not np.array_equal(jax.random.key_data(saved_key), jax.random.key_data(seed_key)):
+        raise ValueError(
+            f"fit: the checkpoint was written by a run with another seed than seed={seed}; "
+            "resume with the original seed"
+        )

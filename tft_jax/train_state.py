@@ -1,0 +1,540 @@
+"""The batch and the train state: `Batch`, `TrainState`, `create_train_state`.
+
+Also the learning-rate schedule a `flat_adamw` state keeps
+(`in_state_schedule`, `with_schedule_steps`) and `copy_state`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+from flax.core import unfreeze
+
+from tft_jax.config import TFTConfig
+from tft_jax.flat_optimizer import (
+    FlatAdamWState,
+)
+from tft_jax.model import validate_inputs
+from tft_jax.schedules import WarmupCosine
+
+Array = Any
+PyTree = Any
+
+# ---------------------------------------------------------------------------
+# Batch and train state
+
+
+# The `Batch` fields holding categorical inputs over time (model keyword arguments).
+CATEGORICAL_INPUTS = ("known_categorical_history", "future_categorical", "observed_categorical")
+
+
+@struct.dataclass
+class Batch:
+    """One minibatch of model inputs and targets (a pytree).
+
+    Attributes:
+      static: `(B, S)` real-valued static inputs.
+      historical: `(B, T, U)` observed inputs over the history.
+      future: `(B, H, K)` known inputs over the horizon.
+      known_history: `(B, T, K)` known inputs over the history, or None.
+      static_categorical: `(B, C)` integer codes, or None.
+      target: `(B, H)` targets on the model's (scaled) output scale.
+      target_mask: optional `(B, H)`, nonzero where the target was observed;
+        the loss ignores the other steps (filled gaps). None = all observed.
+      known_categorical_history: `(B, T, Kc)` integer codes of the categorical
+        known inputs over the history, or None.
+      future_categorical: `(B, H, Kc)` their codes over the horizon, or None.
+      observed_categorical: `(B, T, Uc)` integer codes of the categorical
+        observed inputs, or None.
+    """
+
+    static: Array
+    historical: Array
+    future: Array
+    known_history: Array | None
+    static_categorical: Array | None
+    target: Array
+    target_mask: Array | None = None
+    known_categorical_history: Array | None = None
+    future_categorical: Array | None = None
+    observed_categorical: Array | None = None
+
+    @property
+    def batch_size(self) -> int:
+        """The leading dimension `B` of `target`."""
+        return int(np.shape(self.target)[0])
+
+
+@struct.dataclass
+class TrainState:
+    """Everything that changes during training (a pytree) plus how to apply the model.
+
+    Attributes:
+      step: int32 scalar, the number of `train_step` calls so far (skipped ones included).
+      params: the `'params'` collection (trained).
+      extra_params: other trained collections by name, e.g. the QAT model's
+        `'quant_params'` (learnable step sizes); `{}` for the FP32 TFT.
+      opt_state: the optimizer state of `trainables()`, i.e. of
+        `{'params': params, **extra_params}`.
+      model_state: every other variable collection of the model (e.g. the QAT
+        model's `'quant_stats'`): never differentiated, never decayed.
+      skipped_steps: int32 scalar, steps skipped for a non-finite loss or gradient,
+        or an unusable scheduled learning rate (see `train_step`).
+      apply_fn: the model's `apply` (static), as a `ModelApply`: equal models share
+        one compiled `train_step`, `evaluate` and `predict`.
+      tx: the optimizer (static).
+      quantiles: the model's quantile levels (static), used by the loss.
+      clip_norm: the optimizer's clipping threshold or None (static), used to
+        report the clipped gradient norm.
+    """
+
+    step: Array
+    params: PyTree
+    extra_params: dict[str, PyTree]
+    opt_state: PyTree
+    model_state: dict[str, PyTree]
+    skipped_steps: Array
+    apply_fn: Callable[..., Any] = struct.field(pytree_node=False)
+    tx: optax.GradientTransformation = struct.field(pytree_node=False)
+    quantiles: tuple[float, ...] = struct.field(pytree_node=False)
+    clip_norm: float | None = struct.field(pytree_node=False, default=None)
+
+    def trainables(self) -> dict[str, PyTree]:
+        """The trained collections, `{'params': params, **extra_params}` (what `tx` sees)."""
+        return {"params": self.params, **self.extra_params}
+
+    @property
+    def variables(self) -> dict[str, PyTree]:
+        """Every variable collection, as `model.apply` takes them."""
+        return {**self.trainables(), **self.model_state}
+
+
+def _hashable(model: Any) -> bool:
+    """Whether `model` can be hashed: a static jit argument, shared by equal models."""
+    try:
+        hash(model)
+    except TypeError:
+        return False
+    return True
+
+
+class ModelApply:
+    """`model.apply` that compares and hashes by the model's value.
+
+    A bound method compares by the identity of its object, so two equal
+    models' `apply` differ, and a train state's static `apply_fn` would make
+    `train_step`, `evaluate` and `predict` trace and compile again for every
+    new model object: each refit of a `Forecaster`, each seed of an
+    experiment. Flax modules compare and hash by their fields, so equal
+    models share the compiled steps. A module that cannot be hashed (a field
+    such as a list) compares by identity, as its bound method did.
+
+    Attributes:
+      model: the Flax module whose `apply` this calls.
+    """
+
+    __slots__ = ("model",)
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model.apply(*args, **kwargs)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ModelApply):
+            return NotImplemented
+        if self.model is other.model:
+            return True
+        return _hashable(self.model) and _hashable(other.model) and bool(self.model == other.model)
+
+    def __hash__(self) -> int:
+        return hash(self.model) if _hashable(self.model) else id(self.model)
+
+    def __repr__(self) -> str:
+        return f"ModelApply({self.model!r})"
+
+
+_FROM_TX = object()
+TRAINABLE_COLLECTIONS = ("params", "quant_params")
+
+
+def _model_quantiles(model: Any) -> tuple[float, ...]:
+    for name in ("config", "tft_config"):
+        levels = getattr(getattr(model, name, None), "quantiles", None)
+        if levels is not None:
+            return tuple(float(q) for q in levels)
+    raise TypeError(
+        f"create_train_state: cannot find the quantile levels of {type(model).__name__} "
+        "(no .config.quantiles); pass quantiles=..."
+    )
+
+
+def _check_batch(name: str, batch: Any, state: Any = None) -> None:
+    """Raises for a batch the jitted steps would fail on or misread.
+
+    With `state` of a TFT (FP32 or QAT), host (NumPy) batches also go through
+    the model's own input checks: inside the jitted step the categorical codes
+    are traced and the embeddings clip them, so a code beyond its cardinality
+    would train and forecast as the last category, silently. Device arrays
+    are not read back (a host sync per step): checked only by their shapes.
+    """
+    if not isinstance(batch, Batch):
+        raise TypeError(f"{name}: batch must be a tft_jax.train.Batch, got {type(batch).__name__}")
+    for field in dataclasses.fields(batch):
+        value = getattr(batch, field.name)
+        # A list is a pytree of scalars to jax.jit: it would fail inside the trace.
+        if value is not None and not hasattr(value, "shape"):
+            raise TypeError(
+                f"{name}: batch.{field.name} must be an array (NumPy or JAX) or None, got "
+                f"{type(value).__name__}; convert it with np.asarray"
+            )
+        dtype = getattr(value, "dtype", None)
+        if dtype is not None and not (
+            jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)
+        ):
+            raise TypeError(f"{name}: batch.{field.name} must hold numbers, got dtype {dtype}")
+    target_shape = np.shape(batch.target)
+    if len(target_shape) != 2:
+        raise ValueError(f"{name}: batch.target must have shape (B, H), got {target_shape}")
+    # Metadata only (no device read): a bool or complex target would be cast to
+    # float32 by the loss, silently (a complex one losing its imaginary part).
+    target_dtype = batch.target.dtype
+    real = jnp.issubdtype(target_dtype, jnp.floating) or jnp.issubdtype(target_dtype, jnp.integer)
+    if not real:
+        raise TypeError(
+            f"{name}: batch.target must hold real numbers (a float or int dtype), "
+            f"got dtype {target_dtype}"
+        )
+    if batch.target_mask is not None and np.shape(batch.target_mask) != target_shape:
+        raise ValueError(
+            f"{name}: batch.target_mask must have the shape of batch.target {target_shape}, "
+            f"got {np.shape(batch.target_mask)}"
+        )
+    # A NaN is nonzero: the loss would read the step as observed.
+    if isinstance(batch.target_mask, np.ndarray) and not np.isfinite(batch.target_mask).all():
+        row, step = (int(i[0]) for i in np.nonzero(~np.isfinite(batch.target_mask)))
+        raise ValueError(
+            f"{name}: batch.target_mask must be finite (nonzero where observed), got NaN or inf "
+            f"at window {row}, horizon step {step}"
+        )
+    config = getattr(getattr(getattr(state, "apply_fn", None), "model", None), "config", None)
+    if isinstance(config, TFTConfig) and target_shape[1] != config.prediction_horizon:
+        raise ValueError(
+            f"{name}: batch.target must have shape (B, {config.prediction_horizon}) (the "
+            f"model's prediction_horizon), got {target_shape}"
+        )
+    codes = [getattr(batch, field) for field in ("static_categorical", *CATEGORICAL_INPUTS)]
+    if isinstance(config, TFTConfig) and any(isinstance(c, np.ndarray) for c in codes):
+        args, kwargs = model_inputs(batch)
+        try:
+            validate_inputs(config, *args, **kwargs)
+        except ValueError as error:  # its own type: IntegerCodesError is a TypeError too
+            error.args = (f"{name}: {error}",)
+            raise error from None
+
+
+def _check_variables(variables: Any, expected: Mapping[str, PyTree]) -> None:
+    """Raises `ValueError` unless `variables` has `expected`'s collections and leaf shapes."""
+    if not isinstance(variables, Mapping):
+        raise TypeError(
+            f"create_train_state: variables must be a mapping of collections, got "
+            f"{type(variables).__name__}"
+        )
+    if set(variables) != set(expected):
+        raise ValueError(
+            f"create_train_state: variables must hold the collections {sorted(expected)}, "
+            f"got {sorted(variables)}"
+        )
+
+    def signature(tree: PyTree) -> PyTree:
+        return jax.tree.map(lambda leaf: (tuple(np.shape(leaf)), jnp.dtype(leaf.dtype).name), tree)
+
+    for name, tree in expected.items():
+        got, want = signature(unfreeze(variables[name])), signature(unfreeze(tree))
+        if got != want:
+            raise ValueError(
+                f"create_train_state: variables[{name!r}] does not match the model: "
+                f"got {got}, expected {want}"
+            )
+
+
+def model_inputs(batch: Batch) -> tuple[tuple[Array, ...], dict[str, Array | None]]:
+    """The model's inputs in `batch`: `(static, historical, future)` and the keywords.
+
+    The keywords are `known_history`, `static_categorical` and the
+    categorical inputs over time that `batch` holds.
+    """
+    args = (batch.static, batch.historical, batch.future)
+    kwargs = {"known_history": batch.known_history, "static_categorical": batch.static_categorical}
+    # Only when present: models without categorical inputs over time need not take them.
+    for name in CATEGORICAL_INPUTS:
+        if getattr(batch, name) is not None:
+            kwargs[name] = getattr(batch, name)
+    return args, kwargs
+
+
+# `model.init` runs once per train state but compiles to several kernels per
+# parameter (its random initializers): LLVM at -O0 compiles it about twice as
+# fast, and running the slower code once costs less than the time saved.
+INIT_COMPILE_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 0}
+
+
+@partial(jax.jit, static_argnums=0, compiler_options=INIT_COMPILE_OPTIONS)
+def _jitted_init(model: Any, rngs: dict[str, Array], args: tuple, kwargs: dict) -> PyTree:
+    """`model.init`, compiled once per (equal) model and input shapes in a process."""
+    return model.init(rngs, *args, **kwargs)
+
+
+def _init_variables(model: Any, rngs: dict[str, Array], args: tuple, kwargs: dict) -> PyTree:
+    """The model's initial variables; equal models share one compiled `init`.
+
+    Flax modules compare and hash by their fields, so another seed, another
+    run of an experiment or a refit of the same model neither traces nor
+    compiles `init` again. A module with an unhashable field is traced per call.
+    """
+    if not _hashable(model):
+        return jax.jit(model.init, compiler_options=INIT_COMPILE_OPTIONS)(rngs, *args, **kwargs)
+    return _jitted_init(model, rngs, args, kwargs)
+
+
+def _init_shapes(model: Any, rngs: dict[str, Array], args: tuple, kwargs: dict) -> PyTree:
+    """The shapes and dtypes of the model's initial variables, traced once per equal model."""
+    if not _hashable(model):
+        return jax.eval_shape(model.init, rngs, *args, **kwargs)
+    return _jitted_init.eval_shape(model, rngs, args, kwargs)
+
+
+def _check_state(name: str, state: Any) -> None:
+    if not isinstance(state, TrainState):
+        raise TypeError(f"{name}: state must be a TrainState, got {type(state).__name__}")
+    # Donation deletes every buffer of the state at once: one leaf tells.
+    if isinstance(state.step, jax.Array) and state.step.is_deleted():
+        raise ValueError(
+            f"{name}: state was donated to an earlier train_step or fit, which deleted its "
+            "buffers: pass the state that call returned"
+        )
+
+
+def _check_rng(name: str, rng: Any) -> None:
+    """Raises `TypeError` unless `rng` is one PRNG key: a typed key, or raw `uint32` key data.
+
+    Metadata only (no device read). Without it an int or None reaches Flax,
+    which complains about an `rngs` argument the caller never passed.
+    """
+    dtype, shape = getattr(rng, "dtype", None), getattr(rng, "shape", None)
+    if dtype is not None and shape is not None:
+        if jnp.issubdtype(dtype, jax.dtypes.prng_key) and tuple(shape) == ():
+            return
+        if jnp.issubdtype(dtype, jnp.uint32) and len(shape) == 1:  # jax.random.PRNGKey(...)
+            return
+    got = f"{type(rng).__name__}" + ("" if dtype is None else f" of dtype {dtype}, shape {shape}")
+    raise TypeError(
+        f"{name}: rng must be one PRNG key (jax.random.key(seed), or jax.random.PRNGKey(seed)), "
+        f"got {got}"
+    )
+
+
+def create_train_state(
+    model: Any,
+    tx: optax.GradientTransformation,
+    rng: Array,
+    sample_batch: Batch,
+    *,
+    variables: Mapping[str, PyTree] | None = None,
+    trainable: Sequence[str] = TRAINABLE_COLLECTIONS,
+    clip_norm: Any = _FROM_TX,
+    quantiles: Sequence[float] | None = None,
+) -> TrainState:
+    """Initializes the model (jitted), or takes given variables, and the optimizer.
+
+    Args:
+      model: a Flax module called as `model(static, historical, future,
+        known_history=None, static_categorical=None, deterministic=True)` and
+        returning an object with `.quantiles (B, H, Q)`.
+      tx: the optimizer, normally from `make_optimizer`.
+      rng: a PRNG key; split into the `'params'` and `'dropout'` init streams.
+      sample_batch: a `Batch` with the shapes used for training.
+      variables: start from these variables (e.g. a trained FP32 model's, or
+        `qat.from_fp32(...)`) instead of a fresh init; they must have the
+        collections, structure, shapes and dtypes that `model.init` gives.
+      trainable: the collections that are trained (those present); every
+        other collection goes to `model_state`.
+      clip_norm: the clipping threshold for the reported clipped gradient norm;
+        by default `tx.clip_norm` (set by `make_optimizer`), else None.
+      quantiles: the quantile levels; by default `model.config.quantiles`.
+
+    Returns:
+      A `TrainState` at step 0: `params` holds the `'params'` collection,
+      `extra_params` the other `trainable` ones, `model_state` the rest.
+    """
+    if not callable(getattr(model, "init", None)) or not callable(getattr(model, "apply", None)):
+        raise TypeError(
+            f"create_train_state: model must be a Flax module, got {type(model).__name__}"
+        )
+    if not callable(getattr(tx, "init", None)) or not callable(getattr(tx, "update", None)):
+        raise TypeError(
+            f"create_train_state: tx must be an optax GradientTransformation, got "
+            f"{type(tx).__name__}"
+        )
+    _check_batch("create_train_state", sample_batch)
+    _check_rng("create_train_state", rng)
+    # A bare string would be read character by character: its collection never trained.
+    if isinstance(trainable, Iterable) and not isinstance(trainable, str | bytes):
+        trainable = tuple(trainable)
+    if not isinstance(trainable, tuple) or not all(isinstance(name, str) for name in trainable):
+        raise TypeError(
+            "create_train_state: trainable must be a sequence of collection names, e.g. "
+            f"('params', 'quant_params'), got {trainable!r}"
+        )
+    levels = _model_quantiles(model) if quantiles is None else tuple(float(q) for q in quantiles)
+    # Checked here, not first by the loss inside the trace of the first step.
+    if not levels or not all(0.0 < level < 1.0 for level in levels):
+        raise ValueError(
+            f"create_train_state: quantiles must be one or more levels in (0, 1), got {levels}"
+        )
+    if clip_norm is _FROM_TX:
+        clip_norm = getattr(tx, "clip_norm", None)
+    params_rng, dropout_rng = jax.random.split(rng)
+    args, kwargs = model_inputs(sample_batch)
+    init_rngs = {"params": params_rng, "dropout": dropout_rng}
+    if variables is None:
+        variables = _init_variables(model, init_rngs, args, kwargs)
+    else:
+        _check_variables(variables, _init_shapes(model, init_rngs, args, kwargs))
+    variables = {name: unfreeze(value) for name, value in variables.items()}
+    if "params" not in variables:
+        raise ValueError("create_train_state: the model has no 'params' collection")
+    extra_params = {
+        name: variables[name] for name in trainable if name != "params" and name in variables
+    }
+    model_state = {
+        name: value
+        for name, value in variables.items()
+        if name != "params" and name not in extra_params
+    }
+    params = variables["params"]
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        extra_params=extra_params,
+        opt_state=jax.jit(tx.init)({"params": params, **extra_params}),
+        model_state=model_state,
+        skipped_steps=jnp.zeros((), jnp.int32),
+        apply_fn=ModelApply(model),
+        tx=tx,
+        quantiles=levels,
+        clip_norm=clip_norm,
+    )
+
+
+# ---------------------------------------------------------------------------
+# The schedule in the optimizer state
+
+
+def _is_flat_state(node: Any) -> bool:
+    return isinstance(node, FlatAdamWState)
+
+
+def in_state_schedule(state: TrainState) -> WarmupCosine | None:
+    """The learning-rate schedule kept in `state`'s optimizer state, with Python numbers.
+
+    A `WarmupCosine` given to `make_optimizer` lives in its `FlatAdamWState`
+    (as float32 scalars); None when the learning rate is compiled into the
+    step instead (a float, another schedule) or the optimizer keeps no
+    `FlatAdamWState`. Reads the numbers from the device.
+    """
+    _check_state("in_state_schedule", state)
+    nodes = jax.tree.leaves(state.opt_state, is_leaf=_is_flat_state)
+    schedules = [node.schedule for node in nodes if _is_flat_state(node)]
+    schedules = [schedule for schedule in schedules if schedule is not None]
+    return schedules[0].as_numbers() if len(schedules) == 1 else None
+
+
+def _with_schedule(state: TrainState, schedule: WarmupCosine) -> TrainState:
+    """`state` whose in-state schedule holds `schedule`'s numbers, each where the old one was.
+
+    Each new float32 scalar is placed as the one it replaces (its sharding,
+    committed or not), so the jitted step sees the same arguments' placement
+    and does not compile again.
+    """
+
+    def place(new: Any, old: Array) -> Array:
+        value = jnp.asarray(new, jnp.float32)
+        if not getattr(old, "committed", False):
+            return value
+        return jax.device_put(value, old.sharding)
+
+    def replace(node: Any) -> Any:
+        if _is_flat_state(node) and node.schedule is not None:
+            return node._replace(schedule=jax.tree.map(place, schedule, node.schedule))
+        return node
+
+    opt_state = jax.tree.map(replace, state.opt_state, is_leaf=_is_flat_state)
+    return state.replace(opt_state=opt_state)
+
+
+def with_schedule_steps(state: TrainState, total_steps: int) -> TrainState:
+    """`state` with its in-state schedule ending at `total_steps`, without compiling again.
+
+    The warmup, peak and end learning rates stay; the cosine now spans steps
+    `warmup_steps .. total_steps`. Because the schedule's numbers are data of
+    the optimizer state, the next `train_step` runs the step already compiled
+    for `state`. The other arrays are shared with `state` (nothing is copied).
+
+    Args:
+      state: a train state whose optimizer was built with a `WarmupCosine`
+        (`make_optimizer(warmup_cosine_schedule(...))`).
+      total_steps: the new end of the cosine: above the warmup steps, and not
+        before the state's step.
+
+    Returns:
+      The new `TrainState`.
+
+    Raises:
+      ValueError: when `state`'s optimizer keeps no schedule in its state, or
+        `total_steps` is not above the warmup or is below `state.step`.
+    """
+    _check_state("with_schedule_steps", state)
+    schedule = in_state_schedule(state)
+    if schedule is None:
+        raise ValueError(
+            "with_schedule_steps: state's optimizer keeps no schedule in its state (its "
+            "learning rate is compiled into the step); build it with "
+            "make_optimizer(warmup_cosine_schedule(...))"
+        )
+    if isinstance(total_steps, bool) or not isinstance(total_steps, numbers.Integral):
+        raise TypeError(f"with_schedule_steps: total_steps must be an int, got {total_steps!r}")
+    if total_steps <= schedule.warmup_steps:
+        raise ValueError(
+            f"with_schedule_steps: total_steps must be above the schedule's warmup steps "
+            f"({schedule.warmup_steps}), got {total_steps}"
+        )
+    step = int(state.step)
+    if total_steps < step:
+        raise ValueError(
+            f"with_schedule_steps: total_steps must not be below the state's step ({step}), "
+            f"got {total_steps}"
+        )
+    return _with_schedule(state, dataclasses.replace(schedule, total_steps=int(total_steps)))
+
+
+@jax.jit
+def copy_state(state: TrainState) -> TrainState:
+    """A copy of a train state (or any pytree of arrays) with fresh buffers.
+
+    `train_step` donates its state's buffers, so a state that must survive
+    the step (the best state so far, the start of two runs compared) is
+    copied first. One compiled copy of the whole tree: eagerly, every
+    distinct leaf shape would compile a copy of its own.
+    """
+    return jax.tree.map(jnp.copy, state)
