@@ -160,10 +160,23 @@ def _eager_divide(a: Array, b: Array) -> Array:
     return jax.device_put(quotient, a.sharding if isinstance(a, jax.Array) else None)
 
 
+def _batch_divide(args: Sequence[Array], dims: Sequence[Any]) -> tuple[Array, int]:
+    """The batching rule: both operands batched on axis 0, then of one shape.
+
+    `divide` binds operands of equal shapes (the lowering's `stablehlo.divide`
+    needs them); under `vmap` one may be unbatched, so it is broadcast along
+    the batch axis rather than left a size-1 axis.
+    """
+    size = next(x.shape[d] for x, d in zip(args, dims, strict=True) if d is not None)
+    a, b = (batching.bdim_at_front(x, d, size) for x, d in zip(args, dims, strict=True))
+    a, b = jnp.broadcast_arrays(a, b)
+    return _divide_p.bind(a, b), 0
+
+
 _divide_p = Primitive("correctly_rounded_divide")
 _divide_p.def_impl(_eager_divide)
 _divide_p.def_abstract_eval(lambda a, b: a.update(weak_type=False))
-batching.defbroadcasting(_divide_p)
+batching.primitive_batchers[_divide_p] = _batch_divide
 ad.defjvp(
     _divide_p,
     lambda g, a, b: g / b,

@@ -114,6 +114,32 @@ def test_signs_dtypes_and_shapes():
     np.testing.assert_array_equal(np.asarray(half, np.float32), [0.5, 0.5])
 
 
+@pytest.mark.parametrize("batched", ["divisor", "dividend", "both"])
+def test_divide_under_vmap_and_jit_keeps_shapes_and_numpy_bits(batched: str) -> None:
+    # Before: the batching rule bound operands of different shapes, and the
+    # abstract shape was the first operand's: `jit(vmap(reciprocal))` raised an
+    # IndexError in the lowering, `eval_shape` gave (1, 1, 4) for (3, 1, 4).
+    a = random_floats(3 * 2 * 4, seed=5).reshape(3, 2, 4)
+    b = random_floats(3 * 1 * 4, seed=6).reshape(3, 1, 4)
+    fixed_a, fixed_b = a[0], b[0]
+    with np.errstate(all="ignore"):
+        if batched == "divisor":
+            fn, args, want = (lambda y: division.divide(fixed_a, y)), (b,), fixed_a / b
+        elif batched == "dividend":
+            fn, args, want = (lambda x: division.divide(x, fixed_b)), (a,), a / fixed_b
+        else:
+            fn, args, want = division.divide, (a, b), a / b
+    assert jax.eval_shape(jax.vmap(fn), *args).shape == (3, 2, 4)
+    with np.errstate(all="ignore"):
+        got = np.asarray(jax.jit(jax.vmap(fn))(*args))
+    assert got.shape == want.shape == (3, 2, 4)
+    ok = normal(want)
+    assert ok.sum() > 5
+    assert same_bits(got[ok], want[ok]).all()
+    reciprocals = np.asarray(jax.jit(jax.vmap(division.reciprocal))(np.abs(b) + 1.0))
+    assert same_bits(reciprocals, np.float32(1.0) / (np.abs(b) + np.float32(1.0))).all()
+
+
 def test_observer_qparams_under_jit_are_numpys_float32_formulas_bit_for_bit():
     rng = np.random.default_rng(4)
     low = -rng.uniform(0.1, 5.0, 64).astype(np.float32)

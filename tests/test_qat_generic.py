@@ -710,3 +710,36 @@ def test_layers_stacked_by_nn_scan_convert_and_run_in_int8():
     )
     fake, integer = map(np.asarray, _fake_and_int8(qat_model, qat_vars, int8_vars, x))
     np.testing.assert_allclose(integer, fake, atol=1e-5 * np.abs(fake).max())
+
+
+class VmappedEnsemble(nn.Module):
+    """Three copies of one hooked dense layer under `nn.vmap`, each fed its own input."""
+
+    dot_general_cls: Any = None
+
+    @nn.compact
+    def __call__(self, x):
+        axes = {name: 0 for name in ("params", "quant_stats", "quant_params", "int8")}
+        copies = nn.vmap(
+            nn.Dense, variable_axes=axes, split_rngs={"params": True}, in_axes=0, axis_size=3
+        )
+        return copies(4, dot_general_cls=self.dot_general_cls)(x)
+
+
+def test_layers_under_nn_vmap_calibrate_per_copy_and_run_jitted():
+    # Before: any jitted forward of a vmapped hooked layer failed in the lowering of
+    # the scale's division (an IndexError), so `calibrate` (jitted) never worked.
+    x = RNG.normal(size=(5, 4)).astype(np.float32)
+    inputs = np.stack([x, 2 * x, 3 * x])  # (3, 5, 4): copy i sees (i + 1) x
+    model = VmappedEnsemble()
+    qat_model = QATModel(model, QATConfig(bits=8))
+    qat_vars = calibrate(
+        qat_model, from_fp32(model.init(jax.random.key(0), inputs), qat_model, inputs), [inputs]
+    )
+    observed = qat_vars["quant_stats"]["VmapDense_0"]["dot_general"]
+    np.testing.assert_array_equal(np.asarray(observed["min"]), inputs.min(axis=(1, 2)))
+    np.testing.assert_array_equal(np.asarray(observed["max"]), inputs.max(axis=(1, 2)))
+    eager = qat_model.apply(qat_vars, inputs)
+    np.testing.assert_allclose(
+        np.asarray(jax.jit(qat_model.apply)(qat_vars, inputs)), eager, atol=1e-6
+    )
