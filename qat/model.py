@@ -394,6 +394,38 @@ def _join_flags(
     return joined, {**kwargs, **dict(keywords)}
 
 
+class _ByIdentity:
+    """A model with an unhashable field (a list of features, an array) as a static jit argument.
+
+    Compared and hashed by the model object's identity: calls with that
+    object share one trace; an equal model built anew traces again.
+    """
+
+    __slots__ = ("model",)
+
+    def __init__(self, model: _QuantizedModel) -> None:
+        self.model = model
+
+    def __hash__(self) -> int:
+        return id(self.model)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _ByIdentity) and other.model is self.model
+
+
+def _static_model(qat_model: _QuantizedModel) -> Any:
+    """`qat_model` as the static argument of the jitted helpers (by value when it hashes)."""
+    try:
+        hash(qat_model)
+    except TypeError:
+        return _ByIdentity(qat_model)
+    return qat_model
+
+
+def _model_of(static: Any) -> _QuantizedModel:
+    return static.model if isinstance(static, _ByIdentity) else static
+
+
 @functools.partial(jax.jit, static_argnums=(0, 4))
 def _initial_variables(
     qat_model: _QuantizedModel,
@@ -404,7 +436,7 @@ def _initial_variables(
 ) -> dict[str, Any]:
     """The QAT model's `init`; `from_fp32` takes its shapes, traced once per equal model."""
     args, kwargs = _join_flags(args, kwargs, flags)
-    return qat_model.init(rngs, *args, **kwargs)
+    return _model_of(qat_model).init(rngs, *args, **kwargs)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 5))
@@ -447,7 +479,9 @@ def from_fp32(
     rngs = {"params": jax.random.key(0), "dropout": jax.random.key(0)}
     args, array_kwargs, flags = _split_flags(tuple(inputs), kwargs)
 
-    expected = _initial_variables.eval_shape(qat_model, rngs, args, array_kwargs, flags)
+    expected = _initial_variables.eval_shape(
+        _static_model(qat_model), rngs, args, array_kwargs, flags
+    )
     params = unfreeze(fp32_variables["params"])
     expected_shapes = _tree_shapes(unfreeze(expected["params"]))
     differences = _shape_differences(_tree_shapes(params), expected_shapes)
@@ -473,7 +507,9 @@ def from_fp32(
                 f"got {_tree_shapes(carried[name])}, expected {want}"
             )
     state_collections = tuple(name for name in expected if name != "params" and name not in carried)
-    state = unfreeze(_fresh_state(qat_model, state_collections, rngs, args, array_kwargs, flags))
+    state = unfreeze(
+        _fresh_state(_static_model(qat_model), state_collections, rngs, args, array_kwargs, flags)
+    )
     state.setdefault(QUANT_STATS, {})
     return {"params": params, **carried, **state}
 
@@ -520,7 +556,9 @@ def _calibration_step(
     the batch, or an overflowing activation, would poison the scales).
     """
     args, kwargs = _join_flags(args, kwargs, flags)
-    _, updates = qat_model.apply(variables, *args, **kwargs, calibrate=True, mutable=[QUANT_STATS])
+    _, updates = _model_of(qat_model).apply(
+        variables, *args, **kwargs, calibrate=True, mutable=[QUANT_STATS]
+    )
     stats = updates[QUANT_STATS]
     return {**variables, QUANT_STATS: stats}, _observed_ranges_finite(stats)
 
@@ -595,7 +633,7 @@ def calibrate(
         args, kwargs = qat_model.batch_inputs(batch)
         with _inputs_fitting(f"calibrate: the inputs of batch {index}"):
             variables, batch_finite = _calibration_step(
-                qat_model,
+                _static_model(qat_model),
                 variables,
                 *_split_flags(tuple(args), qat_model.inference_kwargs(kwargs, len(args))),
             )

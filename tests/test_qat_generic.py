@@ -743,3 +743,32 @@ def test_layers_under_nn_vmap_calibrate_per_copy_and_run_jitted():
     np.testing.assert_allclose(
         np.asarray(jax.jit(qat_model.apply)(qat_vars, inputs)), eager, atol=1e-6
     )
+
+
+class ListMLP(nn.Module):
+    """Flax's usual MLP with its widths in a list: the module cannot be hashed."""
+
+    features: Any
+    dot_general_cls: Any = None
+
+    @nn.compact
+    def __call__(self, x):
+        for width in self.features:
+            x = nn.relu(nn.Dense(width, dot_general_cls=self.dot_general_cls)(x))
+        return x
+
+
+def test_a_model_with_an_unhashable_field_goes_through_the_whole_flow():
+    # Before: from_fp32 and calibrate jit their helpers with the model static, and a
+    # list field made that "Non-hashable static arguments are not supported".
+    x = RNG.normal(size=(6, 3)).astype(np.float32)
+    model = ListMLP(features=[5, 2])
+    qat_model = QATModel(model, QATConfig(bits=8))
+    with pytest.raises(TypeError):
+        hash(qat_model)
+    qat_vars = calibrate(qat_model, from_fp32(model.init(jax.random.key(1), x), qat_model, x), [x])
+    observed = qat_vars["quant_stats"]["Dense_0"]["dot_general"]
+    assert (float(observed["min"]), float(observed["max"])) == (x.min(), x.max())
+    fake = np.asarray(qat_model.apply(qat_vars, x))
+    integer = np.asarray(int8_apply(qat_model, convert(qat_vars), x))
+    np.testing.assert_allclose(integer, fake, atol=1e-5 * np.abs(fake).max())
