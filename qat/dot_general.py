@@ -176,6 +176,10 @@ def _contracting_dims(dimension_numbers: DimensionNumbers, rhs: Array) -> tuple[
     return tuple(axis % rhs.ndim for axis in rhs_contract)
 
 
+class EmptyCalibrationInput(ValueError):
+    """A layer met an empty activation while calibrating (its range would be of nothing)."""
+
+
 class _ActivationQParams(nn.Module):
     """Shared logic: the activation grid and its qparams from bounds or the observer."""
 
@@ -208,10 +212,15 @@ class _ActivationQParams(nn.Module):
         traces its body more than once (`nn.scan` does) starts afresh in each.
         """
         seen = _CALIBRATION_PASS.get()
+        path = tuple(self.scope.path)
+        if x.size == 0:  # the range of nothing: min/max of an empty array, deep in JAX
+            raise EmptyCalibrationInput(
+                f"calibrating {'/'.join(path)}: its input must hold at least one element, got "
+                f"shape {tuple(x.shape)} (an empty batch)"
+            )
         if seen is None:
             return observer.observe(x)
         low, high = batch_range(x, None)
-        path = tuple(self.scope.path)
         trace = current_trace()
         if path in seen and seen[path][0] == trace:
             _, observer, earlier_low, earlier_high = seen[path]

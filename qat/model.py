@@ -52,6 +52,7 @@ from qat.dot_general import (
     INT8,
     QUANT_PARAMS,
     QUANT_STATS,
+    EmptyCalibrationInput,
     calibration_pass,
     int8_dot_general,
     qat_dot_general,
@@ -361,6 +362,15 @@ def _inputs_fitting(name: str) -> Iterator[None]:
         ) from error
 
 
+@contextlib.contextmanager
+def _naming_batch(index: int) -> Iterator[None]:
+    """An empty activation met while calibrating, named with its batch."""
+    try:
+        yield
+    except EmptyCalibrationInput as error:
+        raise ValueError(f"calibrate: batch {index} (counting from 0): {error}") from None
+
+
 _Static = tuple[tuple[tuple[int, Any], ...], tuple[tuple[str, Any], ...]]
 
 
@@ -631,7 +641,7 @@ def calibrate(
     finite = []
     for index, batch in enumerate(itertools.islice(batches, limit)):
         args, kwargs = qat_model.batch_inputs(batch)
-        with _inputs_fitting(f"calibrate: the inputs of batch {index}"):
+        with _inputs_fitting(f"calibrate: the inputs of batch {index}"), _naming_batch(index):
             variables, batch_finite = _calibration_step(
                 _static_model(qat_model),
                 variables,

@@ -200,6 +200,16 @@ def test_calibrate_warns_when_an_observer_saw_only_zeros():
         calibrate(qat_model, fresh, [zeros, sample()])
 
 
+def test_an_empty_calibration_batch_is_named_with_its_layer_and_index():
+    # Before: JAX's "zero-size array to reduction operation min which has no identity".
+    qat_model, _, fresh = tiny()
+    message = (
+        r"calibrate: batch 1 \(counting from 0\): calibrating Dense_0/dot_general: .*shape \(0, 4\)"
+    )
+    with pytest.raises(ValueError, match=message):
+        calibrate(qat_model, fresh, [sample(), sample()[:0]])
+
+
 def test_calibrate_draws_no_batch_past_num_batches():
     qat_model, _, fresh = tiny()
     drawn = []
