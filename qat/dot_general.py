@@ -54,7 +54,7 @@ from jax import lax
 
 from qat.config import QATConfig, integer_range
 from qat.division import divide
-from qat.fake_quant import fake_quantize, quantize
+from qat.fake_quant import fake_quantize, is_concrete, quantize
 from qat.lsq import default_grad_scale, lsq_fake_quantize
 from qat.observers import EPS, QuantizationObserver, batch_range, compute_qparams
 
@@ -333,6 +333,43 @@ class QATDotGeneral(_ActivationQParams):
         rhs = fake_quantize_weight(rhs, _contracting_dims(dimension_numbers, rhs), self.config.bits)
         return rhs, self._activation_quantizer(lhs_shape, observed)
 
+    def _check_variables_fit(self) -> None:
+        """Raises `ValueError` for variables made for another QAT configuration.
+
+        Checked while tracing: FP32 variables (no observers) failed in Flax's
+        scope lookup, and a learned step size the config does not use (or the
+        reverse) was ignored, silently, or failed there too. A bit width other
+        than the variables' is caught here when the marker is concrete (an
+        eager call; `qat.calibrate` checks it on the host).
+        """
+        if self.is_initializing():
+            return
+        path = "/".join(self.scope.path)
+        if not self.has_variable(QUANT_STATS, "min") and not self.is_mutable_collection(
+            QUANT_STATS
+        ):
+            raise ValueError(
+                f"{path}: the variables hold no '{QUANT_STATS}' observers (FP32 variables?): "
+                "make the QAT model's variables with qat.from_fp32(fp32_variables, qat_model, "
+                "*inputs)"
+            )
+        learned = self.has_variable(QUANT_PARAMS, "scale_offset")
+        if learned != self.config.learnable_scale:
+            held = "hold a learned step size" if learned else "hold no learned step size"
+            raise ValueError(
+                f"{path}: the variables {held} ('{QUANT_PARAMS}/scale_offset') but the "
+                f"model's QATConfig has learnable_scale={self.config.learnable_scale}: apply "
+                "them with the QATConfig they were made with (qat.from_fp32 makes them)"
+            )
+        if self.has_variable(QUANT_STATS, BITS):
+            marker = self.get_variable(QUANT_STATS, BITS)
+            if is_concrete(marker) and np.any(np.asarray(marker) != self.config.bits):
+                raise ValueError(
+                    f"{path}: the variables were made for {np.unique(np.asarray(marker)).tolist()} "
+                    f"bits but the model's QATConfig has bits={self.config.bits}: apply them "
+                    "with the QATConfig they were made with"
+                )
+
     def _activation_quantizer(
         self, lhs_shape: tuple[int, ...], observed: Array | None
     ) -> Callable[[Array], Array]:
@@ -344,6 +381,7 @@ class QATDotGeneral(_ActivationQParams):
             raise ValueError(
                 "calibrate=True updates the observers: apply with mutable=['quant_stats']"
             )
+        self._check_variables_fit()
         observer = self._observer()
         if self.calibrate and not self.is_initializing():
             if observed is None:

@@ -573,6 +573,26 @@ def _calibration_step(
     return {**variables, QUANT_STATS: stats}, _observed_ranges_finite(stats)
 
 
+def _check_marked_bits(qat_model: _QuantizedModel, qat_variables: Variables) -> None:
+    """Raises `ValueError` when the variables' layers were made for another bit width.
+
+    The forward would quantize at the model's width while the markers keep
+    the variables' one, which `convert` then uses for the weights.
+    """
+    bits = qat_model.qat_config.bits
+    other = {
+        "/".join(path): width
+        for path, width in quantized_layers(qat_variables).items()
+        if width is not None and width != bits
+    }
+    if other:
+        shown = ", ".join(f"{path} ({width} bits)" for path, width in list(other.items())[:3])
+        raise ValueError(
+            f"qat_variables were made for another bit width than the model's QATConfig.bits="
+            f"{bits}: {shown}; calibrate them with the QAT model they were made with"
+        )
+
+
 def _check_batches(batches: Any) -> None:
     """Raises `TypeError` unless `batches` is an iterable of batches (not one mapping batch)."""
     if isinstance(batches, Mapping | str | bytes) or not isinstance(batches, Iterable):
@@ -636,6 +656,7 @@ def calibrate(
         raise ValueError(f"num_batches must be a positive int, got {num_batches!r}")
     limit = int(limit)
     _check_batches(batches)
+    _check_marked_bits(qat_model, qat_variables)
 
     variables = dict(qat_variables)
     finite = []

@@ -210,6 +210,29 @@ def test_an_empty_calibration_batch_is_named_with_its_layer_and_index():
         calibrate(qat_model, fresh, [sample(), sample()[:0]])
 
 
+def test_variables_made_for_another_qat_config_are_refused_by_the_forward():
+    # Before: FP32 variables failed in Flax's scope lookup ("ScopeCollectionNotFound"),
+    # a learned step size the config does not use was ignored (the output moved
+    # silently), and variables of another width ran at the model's width while
+    # calibrate kept their width's markers for convert.
+    qat_model, fp32, fresh = tiny()
+    x = sample()
+    with pytest.raises(ValueError, match=r"Dense_0/dot_general: .*no 'quant_stats'.*qat.from_fp32"):
+        qat_model.apply(fp32, x)
+    learned_model = QATModel(TinyMLP(), QATConfig(bits=8, learnable_scale=True))
+    learned = from_fp32(fp32, learned_model, x)
+    assert "quant_params" in learned
+    with pytest.raises(ValueError, match=r"hold a learned step size .* learnable_scale=False"):
+        qat_model.apply(learned, x)
+    with pytest.raises(ValueError, match=r"hold no learned step size .* learnable_scale=True"):
+        learned_model.apply(fresh, x)
+    four_bits = QATModel(TinyMLP(), QATConfig(bits=4))
+    with pytest.raises(ValueError, match=r"made for \[8\] bits but .* bits=4"):
+        four_bits.apply(fresh, x)
+    with pytest.raises(ValueError, match=r"another bit width than the model's QATConfig.bits=4"):
+        calibrate(four_bits, fresh, [x])
+
+
 def test_calibrate_draws_no_batch_past_num_batches():
     qat_model, _, fresh = tiny()
     drawn = []
