@@ -31,10 +31,12 @@ def _table(series: list[tuple[object, object]]) -> pd.DataFrame:
     times = pd.date_range("2021-03-01", periods=STEPS, freq="h")
     rng = np.random.default_rng(0)
     return pd.concat(
-        [pd.DataFrame({"id": sid, "time": times, "y": rng.normal(size=STEPS), "grade": grade})
-         for sid, grade in series],
+        [
+            pd.DataFrame({"id": sid, "time": times, "y": rng.normal(size=STEPS), "grade": grade})
+            for sid, grade in series
+        ],
         ignore_index=True,
-    )  # fmt: skip
+    )
 
 
 # Ids and grades as digit strings, no id with a leading zero (so the id
@@ -153,3 +155,51 @@ def test_a_declared_categorical_whose_codes_numbers_would_merge_is_read_as_text(
     # A model fitted on those numbers reads a CSV by its vocabulary, not by the rule.
     read = read_table(path, "utf-8", "id", numbers.preprocessor.fitted_values, ["grade"])
     assert read["grade"].tolist()[:1] == [1]
+
+
+def test_categories_and_ids_spelled_like_missing_values_read_as_the_dataframe(tmp_path):
+    # pandas' default na_values emptied 'NA' and 'None' in a CSV: a static region
+    # 'NA' (North America) was refused as empty, an id 'NA' too, and a holiday
+    # column's 'None' days were filled with the neighbouring 'Xmas'.
+    days = pd.date_range("2024-01-01", periods=40, freq="D")
+    holiday = np.where(np.arange(40) % 10 == 1, "Xmas", "None")
+    frame = pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    "store": store,
+                    "day": days,
+                    "sales": 10.0 + k + np.sin(np.arange(40)),
+                    "region": region,
+                    "holiday": holiday,
+                }
+            )
+            for k, (store, region) in enumerate([("NA", "NA"), ("GB", "EU")])
+        ]
+    )
+    path = tmp_path / "table.csv"
+    frame.to_csv(path, index=False)
+    options = dict(
+        history=8,
+        horizon=3,
+        id_col="store",
+        time_col="day",
+        target="sales",
+        freq="D",
+        static_cols=("region",),
+        known_cols=("holiday",),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing read as missing, nothing filled
+        from_csv = prepare_dataset(path, **options)
+    from_frame = prepare_dataset(frame, **options)
+    assert from_csv.series_ids == from_frame.series_ids == ("GB", "NA")
+    assert from_csv.preprocessor.vocabularies == {
+        "region": ("EU", "NA"),
+        "holiday": ("None", "Xmas"),
+    }
+    panel, want = from_csv.train.panel, from_frame.train.panel
+    np.testing.assert_array_equal(panel.known_categorical, want.known_categorical)
+    np.testing.assert_array_equal(panel.static_categorical, want.static_categorical)
+    vocabulary = from_csv.preprocessor.vocabularies["holiday"]
+    assert [vocabulary[code] for code in panel.known_categorical[:12, 0]] == list(holiday[:12])

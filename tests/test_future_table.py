@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tft_jax.data import prepare_dataset
 from tft_jax.data.future import future_windows
 
 from .prepared_tables import HISTORY, HORIZON, forecast_inputs, prepare, quiet_prepare
@@ -171,3 +172,45 @@ def test_forecast_refusals_name_what_a_fitted_model_lets_the_user_change(known_d
         with pytest.raises(ValueError, match=r"max_missing_fraction, which a Forecaster takes "
                            r"from its DataConfig"):  # fmt: skip
             future_windows(known_dataset.preprocessor, sparse, None, HISTORY, HORIZON)
+
+
+def _ids_table(ids: list) -> pd.DataFrame:
+    days = pd.date_range("2024-01-01", periods=30, freq="D")
+    return pd.concat(
+        [
+            pd.DataFrame(
+                {"store": [i] * 30, "day": days, "sales": 10.0 + k + np.sin(np.arange(30))}
+            )
+            for k, i in enumerate(ids)
+        ],
+        ignore_index=True,
+    )
+
+
+_ID_OPTIONS = dict(history=8, horizon=3, id_col="store", time_col="day", target="sales", freq="D")
+
+
+def test_unsigned_ids_above_2_to_53_stay_distinct_integers_in_a_forecast():
+    # The future rows' ids (int64) joined uint64 history ids as float64: 2^60 + 1 and
+    # 2^60 + 2 became one float, and the forecast failed with pandas' KeyError.
+    table = _ids_table([2**60 + 1, 2**60 + 2])
+    table["store"] = table["store"].astype("uint64")
+    fitted = prepare_dataset(table, **_ID_OPTIONS).preprocessor
+    ahead = future_windows(fitted, table, None, 8, 3)
+    assert ahead.transformed.series_ids == (2**60 + 1, 2**60 + 2)
+    assert all(type(series) is int for series in ahead.transformed.series_ids)
+
+
+@pytest.mark.parametrize(
+    ("ids", "shown"),
+    [
+        ([(1, 2), (3, 4)], "tuple ids"),
+        ([pd.Timestamp("2024-01-01"), pd.Timestamp("2024-02-01")], "Timestamp ids"),
+    ],
+    ids=["tuple", "timestamp"],
+)
+def test_ids_that_a_saved_run_cannot_list_are_refused_naming_the_column(ids, shown):
+    # Tuple ids trained and saved, then `Forecaster.load` refused its own folder;
+    # Timestamp ids trained, then `save` failed in json and left half a folder.
+    with pytest.raises(TypeError, match=rf"id column 'store' holds {shown} .*texts or numbers"):
+        prepare_dataset(_ids_table(ids), **_ID_OPTIONS)

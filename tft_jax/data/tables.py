@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import numbers
 import os
 import warnings
 from collections.abc import Mapping, Sequence
@@ -180,6 +181,13 @@ class TableSpec:
 
 # Cell texts read as a missing value (case and surrounding spaces ignored).
 MISSING_TEXTS = frozenset({"", "na", "n/a", "nan", "null", "none", "-", "?", "#n/a", "missing"})
+
+
+# How a CSV file's cells are read: only an empty cell is missing. pandas' own list
+# ('NA', 'None', 'null', 'NaN', ...) would empty a category such as the region 'NA' or
+# the holiday 'None' before `missing_texts` could tell a column of text from one of
+# numbers, so a file and the same table as a DataFrame would read differently.
+CSV_MISSING: dict[str, Any] = {"keep_default_na": False, "na_values": [""]}
 
 
 def missing_texts(
@@ -353,7 +361,7 @@ def read_table(
     if not os.path.isfile(table):
         raise ValueError(f"{os.fspath(table)}: no such file")
     try:
-        frame = pd.read_csv(table, encoding=encoding)
+        frame = pd.read_csv(table, encoding=encoding, **CSV_MISSING)
         # Only a table without its id column: a one-column file may hold such texts.
         sep = None if id_col in (None, *frame.columns) else _separator(frame.columns, ";\t|")
         if sep is not None:
@@ -372,7 +380,9 @@ def read_table(
         read = list(dict.fromkeys([*wanted, *ruled]))
         if not read:
             return frame
-        as_text = pd.read_csv(table, encoding=encoding, usecols=read, dtype=str)  # read once
+        as_text = pd.read_csv(
+            table, encoding=encoding, usecols=read, dtype=str, **CSV_MISSING
+        )  # read once
         texts = _fitted_texts(frame, as_text, fitted, wanted)
         for column in ruled:
             if column not in texts and _numbers_change(frame[column], as_text[column]):
@@ -1087,6 +1097,38 @@ def _check_id_types(ids: pd.Series, column: str) -> None:
             )
 
 
+def _id_values(ids: pd.Series, column: str) -> pd.Series:
+    """The ids as texts or numbers, the kinds a saved run can list; unsigned ints as int64.
+
+    An id of another kind (a timestamp, a tuple) trained but could not be
+    saved (JSON) or loaded again. Unsigned integer ids would turn into
+    floats where the future rows (int64) join them: ids above 2^53 then merge.
+    """
+    if ptypes.is_unsigned_integer_dtype(ids.dtype):
+        if len(ids) and int(ids.max()) > np.iinfo(np.int64).max:
+            raise ValueError(
+                f"id column {column!r} holds unsigned ids above 2^63 - 1 (e.g. {int(ids.max())}): "
+                f"give them as text, e.g. df[{column!r}].astype(str)"
+            )
+        return ids.astype(np.int64)
+    if ids.dtype == object or isinstance(ids.dtype, pd.CategoricalDtype):
+        values = pd.unique(ids.to_numpy(dtype=object))
+        odd = [v for v in values if not isinstance(v, str | numbers.Real)]
+    else:
+        odd = (
+            []
+            if ptypes.is_numeric_dtype(ids.dtype) or ptypes.is_string_dtype(ids.dtype)
+            else [ids.iloc[0]]
+        )
+    if odd:
+        raise TypeError(
+            f"id column {column!r} holds {type(odd[0]).__name__} ids (e.g. {odd[0]!r}): series "
+            f"ids must be texts or numbers (a saved run lists them in JSON); convert them, e.g. "
+            f"df[{column!r}].astype(str)"
+        )
+    return ids
+
+
 def validate_table(
     frame: pd.DataFrame,
     spec: TableSpec,
@@ -1144,6 +1186,7 @@ def validate_table(
             f"id column {spec.id_col!r} is empty at row {row}; give every row a series id"
         )
     _check_id_types(ids, spec.id_col)
+    clean[spec.id_col] = ids = _id_values(ids, spec.id_col)
     clean[spec.time_col] = _parse_times(
         clean[spec.time_col], spec.time_col, ids, spec.time_format, spec.dayfirst, spec.timezone
     )
