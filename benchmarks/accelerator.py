@@ -46,6 +46,7 @@ from benchmarks import attention, common, cpu, fake_quant, inference
 from benchmarks import train_step as steps_bench
 from tft_jax.allocator import relaunch_with_tuned_allocator
 
+DEFAULT_OUTPUT = "accelerator-results.jsonl"
 DEFAULT_BUDGET_S = 300.0
 HEADLINE_BATCH = 1024
 REFERENCE_ITEMS_PER_S = 10173.0  # NVIDIA DeepLearningExamples TFT, one A100 (TF32), Electricity
@@ -202,10 +203,18 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser = common.base_parser(__doc__.splitlines()[0])
     # --out is this script's name for the shared --output: both set the same file.
     parser.add_argument(
-        "--out", dest="output", help="JSON lines file to append to (same as --output)"
+        "--out",
+        dest="output",
+        help="JSON lines file to append to, always written (same as --output; default "
+        f"{DEFAULT_OUTPUT} in the working directory)",
     )
-    parser.set_defaults(output="accelerator-results.jsonl")
-    parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, help="seconds")
+    parser.set_defaults(output=DEFAULT_OUTPUT)
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=DEFAULT_BUDGET_S,
+        help=f"seconds for all tasks (default {DEFAULT_BUDGET_S:.0f})",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny configurations (tests)")
     parser.add_argument("--allow-cpu", action="store_true", help="run on a CPU backend too")
     parser.add_argument(
@@ -225,18 +234,21 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
             "benchmarks.accelerator found no GPU/TPU (backend 'cpu'); "
             "use `python -m benchmarks.cpu`, or --allow-cpu"
         )
+    selected = tasks(args.steps, args.warmup, args.quick)
     with common.usage_errors(parser):
-        # The output's directory is made first, so that `setup` can check the path.
+        if args.only is not None:
+            selected = select_tasks(selected, args.only)
+        if not args.output:
+            raise ValueError("--out is empty: give a file name")
+        if os.path.isdir(args.output):
+            raise ValueError(f"--out must name a file, got the directory {args.output!r}")
+        # The output's directory is made last, so that `setup` can check the path.
         directory = os.path.dirname(os.path.abspath(args.output))
         try:
             os.makedirs(directory, exist_ok=True)
         except OSError as error:
             raise ValueError(f"--out: cannot create {directory!r} ({error})") from None
         common.setup(args)
-    selected = tasks(args.steps, args.warmup, args.quick)
-    if args.only:
-        with common.usage_errors(parser):
-            selected = select_tasks(selected, args.only)
     report = common.suite_reporter(cpu.VIEWS, args.json, args.output)
     records = common.run_suite(
         "accelerator", selected, budget_s=args.budget, report=report, keep_going=True

@@ -196,6 +196,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     with common.usage_errors(parser):
         lengths = parse_lengths(args.lengths)
         paths = common.split_names(args.paths, PATHS, "--paths")
+        if args.hidden_dim % args.heads:
+            raise ValueError(
+                f"--hidden-dim ({args.hidden_dim}) must be divisible by --heads ({args.heads})"
+            )
         common.setup(args)
     records = run(
         lengths,

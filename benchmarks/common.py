@@ -494,7 +494,7 @@ def base_parser(description: str, steps: int = MIN_TIMED_STEPS) -> argparse.Argu
         "--warmup",
         type=non_negative_int,
         default=DEFAULT_WARMUP,
-        help="untimed calls before timing",
+        help="untimed calls before timing (default %(default)s)",
     )
     parser.add_argument(
         "--compile-cache",
@@ -511,8 +511,10 @@ def check_output_path(path: str | None, option: str = "--output") -> None:
     or read-only directory must be refused before minutes of measurements,
     not after them. Nothing is created.
     """
-    if not path:
+    if path is None:
         return
+    if not path:
+        raise ValueError(f"{option} is empty: give a file name")
     directory = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise ValueError(f"{option} must name a file, got the directory {path!r}")
@@ -538,6 +540,11 @@ def split_names(text: str, allowed: Iterable[str], option: str) -> list[str]:
     unknown = [name for name in names if name not in allowed]
     if unknown or not names:
         raise ValueError(f"{option} must be a comma-separated subset of {allowed}, got {text!r}")
+    # A name twice would measure twice, the second time from JAX's in-memory caches
+    # (a compile time near 0 s recorded as the compile).
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"{option} names {', '.join(repeated)} more than once, got {text!r}")
     return names
 
 

@@ -107,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     with common.usage_errors(parser):
         common.setup(args)
         selected = tasks(args.steps, args.warmup, args.quick)
-        if args.only:
+        if args.only is not None:
             names = common.split_names(args.only, [task.name for task in selected], "--only")
             selected = [task for task in selected if task.name in names]
     report = common.suite_reporter(VIEWS, args.json, args.output)

@@ -14,7 +14,9 @@ correctly rounded division); the property suite's device cases (`pytest -n 8
 -k "gpu or tpu"`, fewer workers on a host with fewer cores); `python -m
 benchmarks.accelerator` in what remains of the budget. A stage past its time
 box is stopped (its record says `timed_out`) and the next one runs. Exits 1
-when a stage failed or timed out.
+when a stage failed or timed out. The boxes of the stages chosen must fit in
+`--budget`, and on a machine where JAX finds no GPU or TPU every stage but
+the environment is refused unless `--allow-cpu` is given.
 """
 
 from __future__ import annotations
@@ -95,12 +97,29 @@ def run_stage(
     }
 
 
-def stages(out: pathlib.Path, budget_s: float) -> list[tuple[str, list[str], float]]:
-    """`(name, command, time box)` of each stage; the accelerator's box is set when it starts."""
+STAGE_NAMES = ("environment", "device_tests", "properties", "accelerator")
+MIN_ACCELERATOR_S = 30.0  # the accelerator's own budget: at least one task's worth
+
+
+def stages(
+    out: pathlib.Path, budget_s: float, names: Sequence[str] = STAGE_NAMES
+) -> list[tuple[str, list[str], float]]:
+    """`(name, command, time box)` of each stage in `names`, their boxes within `budget_s`.
+
+    The accelerator gets what the other stages' boxes leave (less its margin
+    for the last task); `ValueError` when the budget cannot hold the stages.
+    """
     python = sys.executable
     pytest = [python, "-m", "pytest", "-p", "no:cacheprovider", "-q"]
-    accelerator_budget = max(budget_s - sum(STAGE_LIMITS_S.values()) - ACCELERATOR_MARGIN_S, 30.0)
-    return [
+    fixed = sum(limit for name, limit in STAGE_LIMITS_S.items() if name in names)
+    needed = fixed + (MIN_ACCELERATOR_S + ACCELERATOR_MARGIN_S if "accelerator" in names else 0)
+    if budget_s < needed:
+        raise ValueError(
+            f"--budget must be at least {needed:.0f} s for the stages {', '.join(names)} "
+            f"(their time boxes), got {budget_s:g}; run fewer with --only"
+        )
+    accelerator_budget = budget_s - fixed - ACCELERATOR_MARGIN_S
+    planned = [
         ("environment", [python, "-c", _ENVIRONMENT], STAGE_LIMITS_S["environment"]),
         (
             "device_tests",
@@ -127,6 +146,18 @@ def stages(out: pathlib.Path, budget_s: float) -> list[tuple[str, list[str], flo
             accelerator_budget + ACCELERATOR_MARGIN_S,
         ),
     ]
+    return [stage for stage in planned if stage[0] in names]
+
+
+def default_backend() -> str:
+    """JAX's default backend, probed in a child process (this one never holds the chip)."""
+    probe = "import jax; print(jax.default_backend())"
+    env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    child = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, cwd=ROOT
+    )
+    lines = child.stdout.split()
+    return lines[-1] if child.returncode == 0 and lines else "unknown"
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
@@ -140,17 +171,29 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         help=f"seconds for all stages (default {DEFAULT_BUDGET_S:.0f})",
     )
     parser.add_argument("--only", default=None, help="comma-separated stages to run (default: all)")
+    parser.add_argument(
+        "--allow-cpu",
+        action="store_true",
+        help="run the stages when JAX finds no GPU or TPU (refused by default)",
+    )
     args = parser.parse_args(argv)
     out = pathlib.Path(args.out)
     # Checked before anything is created or run.
     with common.usage_errors(parser):
         if not args.budget > 0:  # NaN too
             raise ValueError(f"--budget must be positive, got {args.budget}")
-        planned = stages(out, args.budget)
-        if args.only:
-            known = [name for name, _, _ in planned]
-            names = common.split_names(args.only, known, "--only")
-            planned = [stage for stage in planned if stage[0] in names]
+        names = STAGE_NAMES
+        if args.only is not None:
+            names = tuple(common.split_names(args.only, STAGE_NAMES, "--only"))
+        planned = stages(out, args.budget, names)
+        if set(names) - {"environment"} and not args.allow_cpu:
+            backend = default_backend()
+            if backend not in ("gpu", "tpu"):
+                raise ValueError(
+                    f"JAX's default backend here is {backend!r}, not a GPU or TPU: the stages "
+                    f"{', '.join(n for n in names if n != 'environment')} check an accelerator "
+                    "(--allow-cpu runs them anyway)"
+                )
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:

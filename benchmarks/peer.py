@@ -32,6 +32,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from benchmarks import common
@@ -76,6 +77,15 @@ def variable_names(config: TFTConfig) -> dict[str, list[str]]:
     }
 
 
+def peer_buildable(config: TFTConfig) -> bool:
+    """Whether `build_peer_model` covers `config`: real-valued inputs, no known history."""
+    return not (config.num_static_categoricals or config.use_known_history)
+
+
+# The configurations of `benchmarks.train_step` the peer can be built for.
+PEER_CONFIGS = tuple(name for name, bench in ours.CONFIGS.items() if peer_buildable(bench.model))
+
+
 def build_peer_model(config: TFTConfig, seed: int = 0) -> Any:
     """pytorch-forecasting's `TemporalFusionTransformer` for our configuration (its constructor).
 
@@ -88,7 +98,7 @@ def build_peer_model(config: TFTConfig, seed: int = 0) -> Any:
     from pytorch_forecasting.data.encoders import TorchNormalizer
     from pytorch_forecasting.metrics import QuantileLoss
 
-    if config.num_static_categoricals or config.use_known_history:
+    if not peer_buildable(config):
         raise ValueError("the peer benchmark covers real-valued inputs without known history")
     names = variable_names(config)
     torch.manual_seed(seed)
@@ -289,7 +299,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Command line: `python -m benchmarks.peer [--config seed,electricity] [--json]`."""
     parser = common.base_parser(__doc__.splitlines()[0])
     parser.add_argument(
-        "--config", default="seed,electricity", help=f"subset of {list(ours.CONFIGS)}"
+        "--config",
+        default="seed,electricity",
+        help=f"subset of {list(PEER_CONFIGS)} (default seed,electricity)",
     )
     parser.add_argument(
         "--block", type=common.positive_int, default=5, help="steps per alternating block"
@@ -302,8 +314,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     )
     args = parser.parse_args(argv)
     with common.usage_errors(parser):
-        names = common.split_names(args.config, ours.CONFIGS, "--config")
+        names = common.split_names(args.config, PEER_CONFIGS, "--config")
         common.setup(args)
+        if jax.default_backend() != "cpu":  # the peer is torch's CPU build
+            raise ValueError(
+                f"JAX runs on {jax.default_backend()!r} here and the peer on the CPU: the ratio "
+                "would not compare like with like; run with JAX_PLATFORMS=cpu"
+            )
     _require_torch()
     records = [
         bench(ours.get_config(name), args.steps, args.warmup, args.block, args.selection)

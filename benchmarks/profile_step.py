@@ -34,10 +34,15 @@ _TRACEME_FLAG = "--xla_cpu_enable_xprof_traceme=true"
 # Trace events that are not HLO instructions (runtime, Python, bookkeeping).
 _RUNTIME = re.compile(
     r"^(\$|end: |ThunkExecutor|PjitFunction|Pjrt|PjRt|CommonPjRt|ParseArguments|Handle |"
-    r"SlinkyThreadPool|TfrtCpu|Execute)"
+    r"SlinkyThreadPool|TfrtCpu|Execute|AllocateOutputBuffers)"
 )
 _CONTAINERS = re.compile(r"^(while|call|conditional)(\.\d+)?$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(\S+) = .*?op_name=\"([^\"]*)\"", re.MULTILINE)
+# An instruction whose opcode runs other computations (its event spans theirs): `%cond.9 =
+# (f32[], s32[]) conditional(...)`. The shape may hold spaces; the opcode follows it.
+_CONTAINER_INSTRUCTION = re.compile(
+    r"^\s*(?:ROOT )?%(\S+) = [^=]*?\s(?:while|call|conditional)\(", re.MULTILINE
+)
 
 
 def enable_op_events() -> None:
@@ -67,14 +72,26 @@ def module_of(op_name: str, depth: int) -> tuple[str, str]:
     return "other", "/".join(parts[:2])
 
 
-def op_durations(trace: Mapping[str, Any]) -> collections.Counter:
-    """Total microseconds per HLO instruction name in a Perfetto/Chrome trace."""
+def container_instructions(hlo_text: str) -> frozenset[str]:
+    """Names of the `while`/`call`/`conditional` instructions of a compiled HLO module's text."""
+    return frozenset(match.group(1) for match in _CONTAINER_INSTRUCTION.finditer(hlo_text))
+
+
+def op_durations(
+    trace: Mapping[str, Any], containers: frozenset[str] = frozenset()
+) -> collections.Counter:
+    """Total microseconds per HLO instruction name in a Perfetto/Chrome trace.
+
+    Runtime events and the events of instructions that run other
+    computations (`containers`, and names like `while.3`) are left out: the
+    operations they run have events of their own, which would count twice.
+    """
     totals: collections.Counter = collections.Counter()
     for event in trace.get("traceEvents", []):
         if event.get("ph") != "X":
             continue
         name = event.get("name", "")
-        if _RUNTIME.match(name) or _CONTAINERS.match(name):
+        if _RUNTIME.match(name) or _CONTAINERS.match(name) or name in containers:
             continue
         totals[name] += float(event.get("dur", 0.0))
     return totals
@@ -129,8 +146,9 @@ def profile(
     with jax.profiler.trace(directory, create_perfetto_trace=True):
         for _ in range(steps):
             prepared()
-    durations = op_durations(load_trace(directory))
-    totals = attribute(durations, instruction_op_names(prepared.compile.compiled.as_text()), depth)
+    hlo_text = prepared.compile.compiled.as_text()
+    durations = op_durations(load_trace(directory), container_instructions(hlo_text))
+    totals = attribute(durations, instruction_op_names(hlo_text), depth)
     overall = sum(totals.values()) or 1.0
     return [
         common.make_record(

@@ -25,7 +25,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.common import positive_int, usage_errors
+from benchmarks.common import check_output_path, positive_int, usage_errors
 from benchmarks.tables import TABLES, without_categoricals
 from tft_jax.allocator import relaunch_with_tuned_allocator
 from tft_jax.forecaster import (
@@ -175,6 +175,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with usage_errors(parser):
         overrides = parse_overrides(args.set)
+        check_output_path(args.json, "--json")  # written after the first fit: checked now
+        for table in args.tables:  # each run's settings, before any table is fitted
+            for variant in args.variants:
+                try:
+                    configured(table, variant, overrides, qat=not args.no_qat)
+                except (TypeError, ValueError) as error:
+                    raise ValueError(f"--set {' '.join(args.set)}: {error}") from None
     for table in args.tables:
         for variant in args.variants:
             record = run(table, variant, overrides, args.cutoffs, qat=not args.no_qat)

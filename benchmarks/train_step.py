@@ -333,8 +333,11 @@ def measure(
     """The record of a timed train step."""
     cfg = prepared.config
     median = times.median
-    flops = common.cost_flops(prepared.compile.compiled)
-    peak_gflops = peak["matmul_peak_gflops"] if peak else None
+    # XLA reports one device's share of a sharded step: the step's FLOPs are that times the
+    # devices, and its peak fraction compares each device's share with one device's peak.
+    share = common.cost_flops(prepared.compile.compiled)
+    flops = share * prepared.devices if share else None
+    peak_gflops = peak["matmul_peak_gflops"] * prepared.devices if peak else None
     return common.make_record(
         "train_step",
         cfg.name,
