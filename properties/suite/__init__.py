@@ -31,7 +31,8 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from properties import backends, checks
+from properties import backends
+from properties.checks import dependence
 
 __all__ = [
     "CI_EXAMPLES",
@@ -186,7 +187,7 @@ def assert_gradient_stays_causal(
       AssertionError: naming the input leaf, `t` and the first later step reached.
     """
     _assert_no_pullback_leaks(
-        checks._causal_pullback_leaks,
+        dependence._causal_pullback_leaks,
         pullback,
         outputs,
         axis,
@@ -213,11 +214,11 @@ def assert_gradient_stays_in_sample(
       AssertionError: naming the input leaf and the pair `(i, j)`.
     """
     _assert_no_pullback_leaks(
-        checks._sample_pullback_leaks,
+        dependence._sample_pullback_leaks,
         pullback,
         outputs,
         0,
-        lambda batch: checks._samples(samples or None, batch),
+        lambda batch: dependence._samples(samples or None, batch),
         seed,
         "the gradient mixes samples",
     )
@@ -234,8 +235,8 @@ def _assert_no_pullback_leaks(
 ) -> None:
     """Runs a `checks` pullback-leak finder on a compiled pullback; raises listing the leaks.
 
-    `find_leaks` is `checks._causal_pullback_leaks` or
-    `checks._sample_pullback_leaks`; `positions(n)` gives the steps or
+    `find_leaks` is `dependence._causal_pullback_leaks` or
+    `dependence._sample_pullback_leaks`; `positions(n)` gives the steps or
     samples to test from the size `n` of the outputs' `axis`. Gradients must
     be exactly zero where they should not reach.
     """

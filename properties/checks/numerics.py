@@ -1,0 +1,317 @@
+"""Checks of the computation: `jit` against op by op, gradients against finite differences."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import numbers
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.test_util import check_grads
+
+from properties.checks._support import (
+    _as_float64,
+    _compare_trees,
+    _is_inexact,
+    _named_leaves,
+    _real,
+    _require_function,
+    _require_outputs,
+    _summarize,
+    _tolerance,
+)
+
+PyTree = Any
+
+
+# Finite-difference step that passes reliably in float32 (1e-2 and <= 1e-5 fail often).
+FLOAT32_FINITE_DIFFERENCE_EPS = 1e-4
+
+
+# Default (rtol, atol) for comparing a jitted result with the op-by-op one, by dtype.
+_JIT_TOLERANCE = {
+    "float64": (1e-10, 1e-12),
+    "float32": (1e-5, 1e-6),
+    "float16": (5e-3, 5e-3),
+    "bfloat16": (2e-2, 2e-2),
+}
+
+
+def assert_jit_matches_eager(
+    fn: Callable[..., PyTree], *args: Any, rtol: float | None = None, atol: float | None = None
+) -> None:
+    """Asserts that `jax.jit(fn)(*args)` equals `fn(*args)` run op by op (`jax.disable_jit`).
+
+    Both results must have the same structure, shapes and dtypes. Default
+    tolerances follow each leaf's dtype (float32: rtol 1e-5, atol 1e-6;
+    bfloat16: 2e-2) since XLA may fuse and reassociate; the default `atol` is
+    relative to the output's magnitude: it is multiplied by the largest finite
+    `|value|` of the op-by-op output over all its float leaves (1 if all are
+    zero), so outputs of magnitude 1e6 are not failed at their elements near 0
+    and outputs of magnitude 1e-8 are compared at their own scale. An explicit
+    `atol` is absolute, in `fn`'s units. If `fn` is already a
+    `jax.jit` function it is used as the compiled side as is, so a module-level
+    jitted function is not traced again.
+
+    Raises:
+      AssertionError: naming each differing leaf, its largest difference and
+        first differing index.
+    """
+    _require_function(fn)
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None:
+            _tolerance(name, value)
+    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    compiled = jitted(*args)
+    _require_outputs("fn", _named_leaves("jit(fn)(*args)", compiled), compiled)
+    # Op by op on JAX arrays, as jit sees them: on NumPy arrays a user's `x @ y` or
+    # `x.mean()` would run in NumPy, with NumPy's dtype rules (bfloat16 @ -> float32).
+    on_device = jax.tree_util.tree_map(
+        lambda leaf: jnp.asarray(leaf) if isinstance(leaf, np.ndarray | np.generic) else leaf, args
+    )
+    with jax.disable_jit():
+        eager = fn(*on_device)
+    # A Python number among the outputs (a count, a constant) is a weakly typed
+    # array under jit: compared as the array JAX makes of it.
+    eager = jax.tree_util.tree_map(
+        lambda leaf: jnp.asarray(leaf) if isinstance(leaf, numbers.Number) else leaf, eager
+    )
+    chex.assert_trees_all_equal_shapes_and_dtypes(compiled, eager)
+    problems = _compare_trees(compiled, eager, atol, rtol, _JIT_TOLERANCE)
+    if problems:
+        raise AssertionError(_summarize("jit(fn) differs from fn run op by op:", problems))
+
+
+def _enable_x64() -> contextlib.AbstractContextManager[Any]:
+    """The 64-bit context manager (`jax.enable_x64` in JAX >= 0.7, else `jax.experimental`)."""
+    if callable(getattr(jax, "enable_x64", None)):
+        return jax.enable_x64(True)
+    from jax.experimental import enable_x64
+
+    return enable_x64()
+
+
+def _to_float64(leaf: Any) -> Any:
+    array = np.asarray(leaf)
+    if jnp.issubdtype(array.dtype, jnp.complexfloating):
+        return array.astype(np.complex128)
+    if jnp.issubdtype(array.dtype, jnp.floating):
+        return array.astype(np.float64)
+    return leaf
+
+
+_RELATIVE_ERROR = re.compile(r"Max relative difference[^:]*:\s*([-+0-9.eE]+|inf|nan)")
+
+
+def _float32_hint(report: str, fn: Callable[..., PyTree], args: tuple[Any, ...]) -> str:
+    """The "fn computes in float32" hint, where the evidence points to it, else "".
+
+    It applies when `fn` returns a lower precision than float64 for float64
+    inputs, or when the reported relative error is the size that float32
+    round-off divided by the finite-difference step gives (1e-5 to 1e-2),
+    not when the derivative is plainly wrong (a relative error near 1).
+    """
+    try:
+        outputs = jax.tree_util.tree_leaves(jax.eval_shape(fn, *args))
+    except Exception:  # the report itself is what matters; the hint is a bonus
+        outputs = []
+    narrow = [
+        str(leaf.dtype)
+        for leaf in outputs
+        if jnp.issubdtype(leaf.dtype, jnp.floating) and jnp.finfo(leaf.dtype).bits < 64
+    ]
+    if narrow:
+        return (
+            f"\n(fn returns {', '.join(sorted(set(narrow)))} for float64 inputs: it casts to a "
+            "lower precision inside, e.g. a hard-coded dtype; finite differences then measure "
+            "its round-off)"
+        )
+    errors = [float(value) for value in _RELATIVE_ERROR.findall(report)]
+    if errors and all(1e-5 <= error <= 1e-2 for error in errors):
+        return (
+            f"\n(a relative error of {max(errors):.3g} in float64 usually means fn casts to "
+            "float32 inside, e.g. a hard-coded dtype: float32 round-off divided by eps)"
+        )
+    return ""
+
+
+def assert_grads_match_finite_differences(
+    fn: Callable[..., PyTree],
+    args: Sequence[Any],
+    *,
+    order: int = 1,
+    modes: Sequence[str] = ("fwd", "rev"),
+    eps: float | None = None,
+    atol: float | None = None,
+    rtol: float | None = None,
+    use_x64: bool = True,
+    jit: bool = True,
+) -> None:
+    """Asserts that JAX's derivatives of `fn` match central finite differences.
+
+    Runs `jax.test_util.check_grads(fn, args, order, modes)`, which compares
+    forward- and reverse-mode derivatives with finite differences along a
+    random direction. With `use_x64` (default) it runs under 64-bit mode and
+    every float leaf of `args` is cast to float64, where the default step
+    (1e-4) and tolerance (1e-5) are sound. Pass parameters through `args`:
+    closed-over float32 arrays stay float32 and the check then works at
+    float32 precision (`check_grads` picks its tolerance from the output dtype).
+
+    Float32 fallback (`use_x64=False`): `eps` defaults to
+    `FLOAT32_FINITE_DIFFERENCE_EPS` = 1e-4, which passes reliably on small
+    functions; 1e-2 (truncation error) and 1e-5 or below (cancellation) fail
+    often. On a whole block float32 round-off can still exceed the default
+    float32 tolerance (2e-3): prefer float64, or pass `rtol`/`atol`.
+    64-bit mode is `jax.enable_x64(True)` (JAX >= 0.7; older JAX:
+    `jax.experimental.enable_x64()`).
+
+    Functions built on `jax.custom_vjp` (a straight-through estimator) have no
+    forward mode: pass `modes=("rev",)`. An STE gradient is a surrogate, not
+    the derivative, so check it with `assert_ste_gradient`, never here.
+
+    Args:
+      fn: a function of `*args` returning an array or pytree.
+      args: the point at which to differentiate: a sequence of arguments
+        (`(x,)`, not `x`), every leaf a float array.
+      order: derivative order (1 or more).
+      modes: any of `"fwd"`, `"rev"`.
+      eps: finite-difference step, finite and > 0 (None: 1e-4).
+      atol, rtol: tolerances, finite and >= 0 (None: by dtype, `check_grads`' defaults).
+        With `atol=None` each output leaf whose derivatives are below 1 is
+        first divided by a power of two near their size, so that the
+        default absolute tolerance (1e-5 in float64) does not pass any
+        gradient of a function whose derivatives are that small; an explicit
+        `atol` is in `fn`'s units and nothing is divided.
+      use_x64: run in float64.
+      jit: wrap `fn` in `jax.jit` (unless it already is one), so that each of
+        `check_grads`' evaluations compiles once instead of primitive by
+        primitive (a Flax block: ~6 s instead of ~19 s on a small CPU).
+
+    Raises:
+      AssertionError: with `check_grads`' report of the differing derivative.
+    """
+    _require_function(fn)
+    if isinstance(order, bool) or not isinstance(order, int) or order < 1:
+        raise ValueError(f"order must be an int >= 1, got {order!r}")
+    modes = tuple(modes)
+    if not modes or any(mode not in ("fwd", "rev") for mode in modes):
+        raise ValueError(f"modes must be a non-empty subset of ('fwd', 'rev'), got {modes}")
+    if isinstance(args, np.ndarray | jax.Array) or not isinstance(args, Sequence):
+        shape = getattr(args, "shape", None)
+        raise TypeError(
+            f"args must be a sequence of fn's arguments, e.g. (x,), got {type(args).__name__}"
+            + (f" of shape {shape} (it would be split along its first axis)" if shape else "")
+        )
+    args = tuple(args)
+    for path, leaf in _named_leaves("args", args):
+        if not _is_inexact(leaf):
+            raise TypeError(
+                f"args{path} has dtype {leaf.dtype}: every argument is differentiated, so pass "
+                "only float arrays (close over integer arguments with functools.partial)"
+            )
+    for name, value in (("atol", atol), ("rtol", rtol)):
+        if value is not None:
+            _tolerance(name, value)
+    step = FLOAT32_FINITE_DIFFERENCE_EPS if eps is None else _real("eps", eps)
+    if not (math.isfinite(step) and step > 0):
+        raise ValueError(f"eps must be finite and > 0, got {step}")
+    precision = "float64" if use_x64 else "the given dtypes"
+    context = _enable_x64() if use_x64 else contextlib.nullcontext()
+    try:
+        with context:
+            point = jax.tree_util.tree_map(_to_float64, args) if use_x64 else args
+            checked = jax.jit(fn) if jit and not hasattr(fn, "lower") else fn
+            compared, scaled = checked, ""
+            if atol is None:
+                divisors = _derivative_divisors(checked, point, step)
+                if any(divisor != 1.0 for divisor in divisors):
+                    compared = _divided(checked, divisors, jit)
+                    scaled = (
+                        f"\n(each output leaf was divided by its derivative's scale, "
+                        f"{', '.join(f'{divisor:.3g}' for divisor in divisors)}, so that the "
+                        "default absolute tolerance is relative to it)"
+                    )
+            try:
+                check_grads(compared, point, order, modes=modes, eps=step, atol=atol, rtol=rtol)
+            except AssertionError as error:
+                hint = _float32_hint(str(error), checked, point) if use_x64 else ""
+                raise AssertionError(
+                    f"derivatives of fn differ from central finite differences "
+                    f"(order {order}, modes {modes}, eps {step:g}, in {precision}):\n{error}{hint}"
+                    f"{scaled}"
+                ) from error
+    except TypeError as error:
+        text = str(error)
+        if not (use_x64 and "float32" in text and "float64" in text):
+            raise
+        raise TypeError(
+            f"{text}\n(the check casts fn's float arguments to float64, and fn made float32 "
+            "values of its own that met them: an RNN carry created in the cell's "
+            "param_dtype, a hard-coded dtype; build the module with "
+            "param_dtype=jnp.float64, or pass use_x64=False with rtol and atol)"
+        ) from error
+
+
+# The smallest derivative scale the default tolerance is made relative to (2**-60 ~ 9e-19).
+_SMALLEST_DERIVATIVE_SCALE = -60
+
+
+def _derivative_divisors(
+    fn: Callable[..., PyTree], point: tuple[Any, ...], step: float
+) -> list[float]:
+    """Per output leaf of `fn`, a power of two `<= 1` near its largest finite-difference slope.
+
+    `check_grads`' default tolerance is absolute as well as relative (1e-5
+    in float64): a function whose derivatives are 1e-6 passes with any
+    gradient, zero or negated included. Dividing each output leaf by the
+    largest central difference `|f(x + h v) - f(x - h v)| / 2h` along a
+    random direction `v` (a power of two: the division is exact) makes that
+    tolerance relative to the derivative's size. Leaves whose slope is >= 1,
+    zero or not finite keep 1 (the check is never loosened); integer leaves keep 1.
+    """
+    rng = np.random.default_rng(0)
+    leaves, treedef = jax.tree_util.tree_flatten(point)
+    arrays = [np.asarray(leaf) for leaf in leaves]
+    directions = [rng.standard_normal(array.shape) for array in arrays]
+
+    def moved(sign: float) -> tuple[Any, ...]:
+        shifted = [
+            (_as_float64(array) + sign * step * direction).astype(array.dtype)
+            for array, direction in zip(arrays, directions, strict=True)
+        ]
+        return jax.tree_util.tree_unflatten(treedef, shifted)
+
+    ahead = jax.tree_util.tree_leaves(fn(*moved(1.0)))
+    behind = jax.tree_util.tree_leaves(fn(*moved(-1.0)))
+    divisors = []
+    for a, b in zip(ahead, behind, strict=True):
+        a, b = np.asarray(a), np.asarray(b)
+        divisor = 1.0
+        if _is_inexact(a) and a.size:
+            with np.errstate(invalid="ignore", over="ignore"):
+                slope = np.abs(_as_float64(a) - _as_float64(b)) / (2 * step)
+                largest = float(np.max(np.where(np.isfinite(slope), slope, 0.0)))
+            if 0.0 < largest < 1.0:
+                divisor = 2.0 ** max(math.floor(math.log2(largest)), _SMALLEST_DERIVATIVE_SCALE)
+        divisors.append(divisor)
+    return divisors
+
+
+def _divided(fn: Callable[..., PyTree], divisors: Sequence[float], jit: bool) -> Callable[..., Any]:
+    """`fn` with output leaf `k` divided by `divisors[k]` (jitted when `jit`)."""
+
+    def divided(*args: Any) -> PyTree:
+        leaves, treedef = jax.tree_util.tree_flatten(fn(*args))
+        scaled = [
+            leaf if divisor == 1.0 else leaf / divisor
+            for leaf, divisor in zip(leaves, divisors, strict=True)
+        ]
+        return jax.tree_util.tree_unflatten(treedef, scaled)
+
+    return jax.jit(divided) if jit else divided

@@ -1,0 +1,125 @@
+"""Checks of a pytree's values: `assert_finite`, `assert_nonzero_grads`."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import numpy as np
+
+from properties.checks._support import (
+    _MAX_REPORTED,
+    _as_float64,
+    _flag,
+    _index,
+    _is_inexact,
+    _named_leaves,
+    _summarize,
+    _tolerance,
+)
+
+PyTree = Any
+
+
+def assert_finite(tree: PyTree, *, name: str = "tree") -> None:
+    """Asserts that no float leaf of `tree` holds NaN or inf, naming every leaf that does.
+
+    Integer, boolean and PRNG key leaves are always finite. A tree with no leaf at all
+    (`None`, `{}`: a function that forgot to return) is refused, since
+    nothing in it could fail. Example::
+
+        checks.assert_finite(jax.grad(loss)(params, batch), name="grads")
+
+    Raises:
+      AssertionError: listing each non-finite leaf's path, NaN and inf counts
+        and the first offending index.
+      ValueError: if `tree` has no leaves.
+    """
+    named = _named_leaves(name, tree)
+    if not named:
+        raise ValueError(
+            f"{name} must hold at least one array, got {jax.tree_util.tree_structure(tree)}: "
+            "there would be nothing to check"
+        )
+    problems = []
+    for path, leaf in named:
+        if not _is_inexact(leaf):
+            continue
+        with np.errstate(invalid="ignore"):
+            nan, inf = np.isnan(leaf), np.isinf(leaf)
+        if nan.any() or inf.any():
+            first = np.argwhere(nan | inf)[0]
+            problems.append(
+                f"{path}: {int(nan.sum())} NaN, {int(inf.sum())} inf of {leaf.size} "
+                f"elements (first at {_index(first)})"
+            )
+    if problems:
+        raise AssertionError(_summarize(f"{name} has non-finite leaves:", problems))
+
+
+def assert_nonzero_grads(
+    grads: PyTree, min_norm: float = 0.0, *, per_element: bool = False, name: str = "grads"
+) -> None:
+    """Asserts that every float leaf of `grads` (or every element) has a live gradient.
+
+    By default a leaf is dead when its L2 norm is `<= min_norm` or not
+    finite (an inf or NaN gradient teaches nothing either): its parameter
+    does not learn. That misses a partially dead
+    parameter (one row under `stop_gradient`, a masked-out slice), so with
+    `per_element=True` every element must be finite with `|g| > min_norm`, and
+    each dead element is named by leaf path and index. All dead leaves are
+    reported at once. Empty leaves (a zero-sized axis) carry nothing and are
+    skipped; integer and `float0` leaves are skipped. Inputs that legitimately
+    zero a gradient (a constant sequence through a LayerNorm, a ReLU that is
+    off for the whole batch) should be excluded with `hypothesis.assume`
+    before calling this.
+
+    Args:
+      grads: a pytree of gradients (e.g. `jax.grad(loss)(params)`).
+      min_norm: the norm (per leaf) or magnitude (per element) to exceed, >= 0.
+      per_element: check every element instead of every leaf's norm.
+      name: how the tree is called in the message.
+
+    Raises:
+      AssertionError: naming every dead leaf and its norm, or with
+        `per_element` every leaf with dead elements, how many, and their
+        first indices.
+    """
+    min_norm = _tolerance("min_norm", min_norm)
+    per_element = _flag("per_element", per_element)
+    checked, dead = 0, []
+    for path, leaf in _named_leaves(name, grads):
+        if not _is_inexact(leaf) or leaf.size == 0:
+            continue
+        checked += 1
+        if per_element:
+            magnitude = np.abs(_as_float64(leaf))
+            with np.errstate(invalid="ignore"):
+                alive = np.isfinite(magnitude) & (magnitude > min_norm)
+            if not alive.all():
+                indices = np.argwhere(~alive)
+                shown = ", ".join(_index(index) for index in indices[:_MAX_REPORTED])
+                more = (
+                    f", ... ({len(indices) - _MAX_REPORTED} more)"
+                    if (len(indices) > _MAX_REPORTED)
+                    else ""
+                )
+                dead.append(
+                    f"{path} (shape {leaf.shape}): {len(indices)} of {leaf.size} elements dead "
+                    f"at {shown}{more}"
+                )
+            continue
+        norm = float(np.linalg.norm(_as_float64(leaf).ravel()))
+        if not (math.isfinite(norm) and norm > min_norm):
+            dead.append(f"{path}: norm {norm:.3g}")
+    if checked == 0:
+        raise AssertionError(f"{name} has no non-empty float leaves: nothing has a gradient")
+    if dead:
+        what = (
+            f"elements with |g| <= {min_norm:g} or not finite"
+            if per_element
+            else f"a norm <= {min_norm:g} or not finite"
+        )
+        header = f"{len(dead)} of {checked} leaves of {name} have {what}:"
+        raise AssertionError(_summarize(header, dead))
