@@ -12,7 +12,6 @@ import dataclasses
 import math
 import numbers
 import pathlib
-import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -22,10 +21,10 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
-from tqdm.auto import tqdm
 
 from tft_jax.checkpoint import BEST, TrainingCheckpointer
 from tft_jax.distributed import data_mesh, is_primary, place_state, shard_batch
+from tft_jax.fit_progress import Progress, duration_text, step_text
 from tft_jax.optimizer import _require_positive_float
 from tft_jax.steps import _check_mesh_divides, _check_validation_targets, evaluate, train_step
 from tft_jax.train_state import (
@@ -385,7 +384,7 @@ def fit(
     def elapsed() -> float:
         return earlier_seconds + clock() - started
 
-    progress = _Progress(
+    progress = Progress(
         enabled=not quiet and is_primary(),  # one progress display per run
         label=label,
         total=total,
@@ -614,7 +613,7 @@ def fit(
                 if compiling:
                     jax.block_until_ready(metrics["loss"])
                     compiled.add(calibrate)
-                    progress.note(f"compiled in {_duration(clock() - compile_started)}")
+                    progress.note(f"compiled in {duration_text(clock() - compile_started)}")
                     progress.start(loop.step)
                     if refit is not None:
                         refit.compiled(loop.step, clock())
@@ -666,18 +665,20 @@ def fit(
     if loop.stopped_on_budget:
         reason = "time_budget"
         progress.note(
-            f"stopped on the time budget of {_duration(time_budget)} at step "
-            f"{_of(loop.step, total)} after {_duration(elapsed())}"
+            f"stopped on the time budget of {duration_text(time_budget)} at step "
+            f"{step_text(loop.step, total)} after {duration_text(elapsed())}"
         )
     elif loop.stopped_early:
         reason = "early_stopping"
         progress.note(
-            f"stopped early at step {_of(loop.step, total)}: no lower validation loss in "
+            f"stopped early at step {step_text(loop.step, total)}: no lower validation loss in "
             f"{patience} evaluations"
         )
     else:
         reason = "completed"
-        progress.note(f"finished at step {_of(loop.step, total)} after {_duration(elapsed())}")
+        progress.note(
+            f"finished at step {step_text(loop.step, total)} after {duration_text(elapsed())}"
+        )
     schedule = None if planned_schedule is None else in_state_schedule(state)
     return FitResult(
         state=state,
@@ -751,122 +752,6 @@ class _ScheduleRefit:
         return max(step + steps_left, self.warmup_steps + 1, step)
 
 
-class _Progress:
-    """What `fit` shows on process 0; nothing at all when not `enabled`.
-
-    On a terminal (or in a notebook) a tqdm bar named by the label, opened
-    once the train step has compiled, so that its rate and ETA leave the
-    compilation out. Elsewhere (a log file, a pipe) plain lines instead, so a
-    log holds no carriage returns: one at least every `log_seconds`, and one
-    per evaluation. Notes (resume, compilation, the end) are lines in both.
-    Everything goes to `sys.stderr`, as tqdm's bar does.
-    """
-
-    def __init__(
-        self,
-        *,
-        enabled: bool,
-        label: str | None,
-        total: int | None,
-        clock: Callable[[], float],
-        elapsed: Callable[[], float],
-        time_budget: float | None,
-        log_every: int,
-        log_seconds: float,
-    ) -> None:
-        self.enabled, self.label, self.total = enabled, label, total
-        self.clock, self.elapsed, self.time_budget = clock, elapsed, time_budget
-        self.log_every, self.log_seconds = log_every, log_seconds
-        self.stream = sys.stderr
-        self.interactive = enabled and _interactive(self.stream)
-        self.bar: Any = None
-        self.postfix: dict[str, str] = {}
-        self.first_step: int | None = None  # where the rate is measured from (the last compile)
-        self.first_time = 0.0
-        self.last_line = -math.inf
-
-    def note(self, text: str) -> None:
-        """One line, prefixed with the label."""
-        if not self.enabled:
-            return
-        line = f"{self.label}: {text}" if self.label else text
-        if self.bar is not None:
-            self.bar.write(line, file=self.stream)
-        else:
-            print(line, file=self.stream, flush=True)
-
-    def start(self, step: int) -> None:
-        """A newly compiled step has run (up to `step`): the rate is measured from here."""
-        if not self.enabled:
-            return
-        self.first_step, self.first_time = step, self.clock()
-        self.last_line = self.first_time
-        if self.interactive and self.bar is None:
-            self.bar = tqdm(
-                total=self.total,
-                initial=step,
-                desc=self.label,
-                unit="step",
-                dynamic_ncols=True,
-                file=self.stream,
-            )
-
-    def stepped(self, step: int, loss: Array) -> None:
-        """Step `step` has been dispatched; `loss` is read only when shown."""
-        if not self.enabled:
-            return
-        if self.bar is not None:
-            self.bar.update(step - self.bar.n)
-            if step % self.log_every == 0:
-                self.postfix["loss"] = f"{float(loss):.4f}"
-                self.bar.set_postfix(self.postfix)
-        elif self.clock() - self.last_line >= self.log_seconds:
-            self._line(step, f"loss {float(loss):.4f}")
-
-    def evaluated(
-        self, step: int, train_loss: float, val_loss: float | None, seconds: float
-    ) -> None:
-        if not self.enabled:
-            return
-        if self.bar is not None:
-            self.postfix.update(train_loss=f"{train_loss:.4f}", val_loss=_format(val_loss))
-            self.bar.set_postfix(self.postfix)
-            return
-        text = f"train_loss {train_loss:.4f}"
-        if val_loss is not None:
-            text += f"  val_loss {val_loss:.4f} (evaluated in {_duration(seconds)})"
-        self._line(step, text)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-
-    def _line(self, step: int, text: str) -> None:
-        now = self.clock()
-        self.last_line = now
-        parts = [f"step {_of(step, self.total)}", text, f"elapsed {_duration(self.elapsed())}"]
-        eta = self._eta(step, now)
-        if eta is not None:
-            parts.append(f"ETA {_duration(eta)}")
-        self.note("  ".join(parts))
-
-    def _eta(self, step: int, now: float) -> float | None:
-        """Seconds left: at the rate since the compiled step first ran, within the budget."""
-        left = []
-        if self.time_budget is not None:
-            left.append(max(0.0, self.time_budget - self.elapsed()))
-        if (
-            self.total is not None
-            and self.first_step is not None
-            and step > self.first_step
-            and now > self.first_time
-        ):
-            rate = (step - self.first_step) / (now - self.first_time)
-            left.append(max(0, self.total - step) / rate)
-        return min(left) if left else None
-
-
 def _int_from_process_0(value: int | None) -> int | None:
     """Process 0's `value` in every process (a collective: every process must call it)."""
     encoded = np.asarray(-1 if value is None else value, np.int32)
@@ -878,31 +763,6 @@ def _from_process_0(*flags: bool) -> tuple[bool, ...]:
     """Process 0's `flags` in every process (a collective: every process must call it)."""
     shared = multihost_utils.broadcast_one_to_all(np.asarray(flags, np.bool_))
     return tuple(bool(flag) for flag in np.asarray(shared))
-
-
-def _interactive(stream: Any) -> bool:
-    """Whether `stream` shows a live bar: a terminal, or tqdm's notebook widget."""
-    if any(cls.__module__ == "tqdm.notebook" for cls in tqdm.__mro__):
-        return True
-    isatty = getattr(stream, "isatty", None)
-    try:
-        return bool(isatty()) if callable(isatty) else False
-    except ValueError:  # a closed stream
-        return False
-
-
-def _of(step: int, total: int | None) -> str:
-    return f"{step}" if total is None else f"{step}/{total}"
-
-
-def _duration(seconds: float) -> str:
-    """`4.2s`, `3m05s` or `1h02m`."""
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    seconds = round(seconds)
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 class _ShardedBatches:
@@ -924,10 +784,6 @@ def _loop_snapshot(loop: LoopState) -> LoopState:
     return dataclasses.replace(
         loop, history={key: list(values) for key, values in loop.history.items()}
     )
-
-
-def _format(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4f}"
 
 
 def _check_no_earlier_run(checkpointer: TrainingCheckpointer, directory: Any) -> None:

@@ -12,7 +12,7 @@ This module is the public entry point; the code lives in one module per part:
   schedule kept in the state, `copy_state`;
 * `tft_jax.steps`: `train_step`, `lower_train_step`, `eval_step`,
   `evaluate`, `predict`;
-* `tft_jax.fit`: the loop.
+* `tft_jax.fit`: the loop (its progress report: `tft_jax.fit_progress`).
 """
 
 from __future__ import annotations
