@@ -586,7 +586,7 @@ def _check_marked_bits(qat_model: _QuantizedModel, qat_variables: Variables) -> 
         if width is not None and width != bits
     }
     if other:
-        shown = ", ".join(f"{path} ({width} bits)" for path, width in list(other.items())[:3])
+        shown = _first_few([f"{path} ({width} bits)" for path, width in other.items()])
         raise ValueError(
             f"qat_variables were made for another bit width than the model's QATConfig.bits="
             f"{bits}: {shown}; calibrate them with the QAT model they were made with"
@@ -602,6 +602,11 @@ def _check_batches(batches: Any) -> None:
         )
 
 
+def _first_few(paths: list[str]) -> str:
+    """The first three layer paths of a message, `...` for the rest."""
+    return ", ".join(paths[:3]) + (", ..." if len(paths) > 3 else "")
+
+
 def _raise_non_finite(variables: Mapping[str, Any], finite: list[Array]) -> None:
     """Raises `ValueError` naming the first batch and the layers with a NaN or inf range."""
     per_batch = np.asarray(jnp.stack(finite))
@@ -612,7 +617,7 @@ def _raise_non_finite(variables: Mapping[str, Any], finite: list[Array]) -> None
         for path, observer in _observers(variables.get(QUANT_STATS, {})).items()
         if not bool(_observer_finite(observer))
     ]
-    shown = ", ".join(layers[:3]) + (", ..." if len(layers) > 3 else "")
+    shown = _first_few(layers)
     raise ValueError(
         f"calibration batch {int(np.argmin(per_batch))} (counting from 0) made the observed "
         f"activation range NaN or inf in {len(layers)} layer(s) ({shown}): the batch holds "
@@ -696,7 +701,7 @@ def _warn_zero_ranges(variables: Mapping[str, Any]) -> None:
         )
     ]
     if zero:
-        shown = ", ".join(zero[:3]) + (", ..." if len(zero) > 3 else "")
+        shown = _first_few(zero)
         warnings.warn(
             f"calibrate: {len(zero)} activation observer(s) saw only zeros ({shown}): their "
             "range is [0, 0], so every nonzero input of those layers will quantize to about 0. "
@@ -768,7 +773,7 @@ def _warn_uncalibrated(qat_variables: Variables) -> None:
         if np.any(np.asarray(obs["num_batches"]) == 0)
     ]
     if idle:
-        shown = ", ".join(idle[:3]) + (", ..." if len(idle) > 3 else "")
+        shown = _first_few(idle)
         warnings.warn(
             f"{len(idle)} of {len(observers)} activation observers never saw a batch ({shown}): "
             "their activations stay float in the converted model (weights are int8, but those "
