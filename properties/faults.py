@@ -37,6 +37,7 @@ import dataclasses
 import functools
 import sys
 import time
+import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -185,6 +186,24 @@ def _kernel_wrapped(transform: Callable[..., Any]) -> Callable[[], Any]:
         return _replaced(attention, "scaled_dot_product_attention", transform(real))
 
     return patch
+
+
+class _UnscaledDropout(nn.Module):
+    """`nn.Dropout` whose kept values are not divided by `1 - rate` (same masks' shape)."""
+
+    rate: float
+
+    @nn.compact
+    def __call__(self, inputs: Any, deterministic: bool | None = None) -> Any:
+        kept = nn.Dropout(self.rate)(inputs, deterministic=deterministic)
+        return kept if deterministic or self.rate == 0.0 else kept * (1.0 - self.rate)
+
+
+def _output_dropout_not_rescaled() -> contextlib.AbstractContextManager[Any]:
+    """The block's dropouts outside the kernel (the output projection's) are not rescaled."""
+    linen = types.SimpleNamespace(**vars(nn))
+    linen.Dropout = _UnscaledDropout
+    return _replaced(attention, "nn", linen)
 
 
 def _head_zero_detached(real: Callable[..., Any]) -> Callable[..., Any]:
@@ -645,6 +664,7 @@ def _attention_properties() -> tuple[Property, ...]:
     cases = {
         "attention: positions": attention_suite.block_cases(kinds=("constant",), **shape),
         "attention: unbiased dropout": attention_suite.dropout_cases(num_heads=(2,)),
+        "attention: unbiased block dropout": attention_suite.block_dropout_cases(num_heads=(2,)),
         "attention: finite differences": attention_suite.block_cases(
             kinds=attention_suite.FINITE_DIFFERENCE_KINDS, **shape
         ),
@@ -764,6 +784,14 @@ def _catalogue() -> tuple[Fault, ...]:
             "kept attention probabilities are not divided by 1 - rate",
             _kernel_wrapped(_dropout_not_rescaled),
             block,
+            keeps_parameters=True,
+        ),
+        Fault(
+            "attention: output dropout not rescaled",
+            "the output projection's kept values are not divided by 1 - rate",
+            _output_dropout_not_rescaled,
+            # Only the block-dropout property can see it (the others run deterministically).
+            tuple(prop for prop in block if prop.name == "attention: unbiased block dropout"),
             keeps_parameters=True,
         ),
         Fault(

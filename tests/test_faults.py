@@ -18,6 +18,7 @@ _PATCH_TARGETS = (
     (attention, "scaled_dot_product_attention"),
     (attention, "causal_mask"),
     (attention, "sinusoidal_encoding"),
+    (attention, "nn"),
     (tft_model, "causal_mask"),
     (tft_model, "InterpretableMultiHeadAttention"),
     (interpretable_attention, "InterpretableMultiHeadAttention"),

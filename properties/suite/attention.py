@@ -10,7 +10,7 @@ every head's columns and the input; causality; batch independence (forward
 and backward); batch-order equivariance; jit == eager; derivatives ==
 float64 finite differences; the documented formula (an independent NumPy
 implementation); position awareness; the LayerNorm bound; unbiased
-attention dropout.
+attention dropout, in the kernel and in the whole block.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import linen as nn
 
 from properties import checks
 from properties import strategies as st_tft
@@ -43,10 +44,13 @@ from tft_jax import attention
 __all__ = [
     "PROPERTIES",
     "BlockCase",
+    "BlockDropoutCase",
     "DropoutCase",
     "block_cases",
+    "block_dropout_cases",
     "check_batch_independent",
     "check_batch_order_equivariant",
+    "check_block_dropout_unbiased",
     "check_causal",
     "check_dropout_unbiased",
     "check_finite",
@@ -456,6 +460,100 @@ def check_dropout_unbiased(case: DropoutCase) -> None:
         )
 
 
+class BlockDropoutCase(NamedTuple):
+    """A `BlockCase` and the block's dropout rate (attention probabilities and output)."""
+
+    block: BlockCase
+    rate: float
+
+
+def block_dropout_cases(
+    *,
+    num_heads: Sequence[int] = (1, 2),
+    sequence_lengths: Sequence[int] = (5,),
+    rates: Sequence[float] = (0.1, 0.5),
+) -> st.SearchStrategy[BlockDropoutCase]:
+    """`BlockDropoutCase`s on standard normal inputs."""
+    blocks = block_cases(num_heads=num_heads, sequence_lengths=sequence_lengths, kinds=("normal",))
+    return st.builds(BlockDropoutCase, blocks, st.sampled_from(rates))
+
+
+@platform_cache
+def _block_dropout_statistics(hidden_dim: int, num_heads: int, rate: float) -> Any:
+    """Jitted `(params, x, seed) -> (mean, std over masks, deterministic)` of the LayerNorm input.
+
+    The block is `y = LayerNorm(h + Dropout(W_o · MultiHead(h)))`: what the
+    LayerNorm reads is linear in each dropout mask (the attention
+    probabilities' and the output's), so its mean over masks is its
+    deterministic value. It is read with a Flax method interceptor.
+    """
+    block = attention.TemporalSelfAttention(hidden_dim, num_heads, dropout_rate=rate)
+
+    def layer_norm_input(params: Any, x: Any, rng: Any) -> Any:
+        seen = []
+
+        def record(next_fun: Any, args: Any, kwargs: Any, context: Any) -> Any:
+            if context.method_name == "__call__" and context.module.name == "layer_norm":
+                seen.append(args[0])
+            return next_fun(*args, **kwargs)
+
+        with nn.intercept_methods(record):
+            block.apply(
+                {"params": params},
+                x,
+                causal=True,
+                deterministic=rng is None,
+                rngs=None if rng is None else {"dropout": rng},
+            )
+        if len(seen) != 1:
+            raise AssertionError(
+                f"TemporalSelfAttention called its 'layer_norm' {len(seen)} times, not once: "
+                "the block no longer has the documented form"
+            )
+        return seen[0]
+
+    @jax.jit
+    def statistics(params: Any, x: Any, seed: Any) -> Any:
+        keys = jax.random.split(jax.random.key(seed, impl=PARAM_KEY_IMPL), DROPOUT_SAMPLES)
+        samples = jax.vmap(lambda key: layer_norm_input(params, x, key))(keys)
+        return samples.mean(0), samples.std(0), layer_norm_input(params, x, None)
+
+    return statistics
+
+
+def check_block_dropout_unbiased(case: BlockDropoutCase) -> None:
+    """The block's dropout keeps the expected pre-LayerNorm value `h + W_o · MultiHead(h)`.
+
+    Catches a dropout anywhere in the block that is not rescaled by `1 / (1 -
+    rate)` (the output projection's as well as the attention probabilities'),
+    or not applied: over `DROPOUT_SAMPLES` masks the mean of the LayerNorm's
+    input must lie within 6 standard errors of its deterministic value, and
+    it must vary over the masks.
+    """
+    config = case.block.config
+    statistics = _block_dropout_statistics(config.hidden_dim, config.num_heads, case.rate)
+    params = _parameters(config.hidden_dim, config.num_heads)
+    mean, std, expected = (
+        np.asarray(a, np.float64)
+        for a in statistics(params, case.block.x, np.uint32(case.block.seed))
+    )
+    if not np.all(std > 0):
+        still = np.unravel_index(np.argmin(std), std.shape)
+        raise AssertionError(
+            f"block dropout (rate {case.rate}) is not applied: at {[int(i) for i in still]} the "
+            f"LayerNorm's input is the same ({mean[still]:.5g}) under all {DROPOUT_SAMPLES} masks"
+        )
+    tolerance = 6.0 * std / math.sqrt(DROPOUT_SAMPLES) + 1e-6 * (1.0 + np.abs(expected))
+    bias = np.abs(mean - expected)
+    if not np.all(bias <= tolerance):
+        worst = np.unravel_index(np.argmax(bias / tolerance), bias.shape)
+        raise AssertionError(
+            f"block dropout (rate {case.rate}) is biased: at {[int(i) for i in worst]} the mean "
+            f"of the LayerNorm's input over {DROPOUT_SAMPLES} masks is {mean[worst]:.5g}, its "
+            f"deterministic value {expected[worst]:.5g} (tolerance {tolerance[worst]:.2g})"
+        )
+
+
 def _moderate(**kwargs: Any) -> st.SearchStrategy[BlockCase]:
     return block_cases(kinds=MODERATE_KINDS, **kwargs)
 
@@ -490,4 +588,7 @@ PROPERTIES = (
     ),
     Property("attention: layer norm bound", block_cases(), check_layer_norm_bounds_output),
     Property("attention: unbiased dropout", dropout_cases(), check_dropout_unbiased),
+    Property(
+        "attention: unbiased block dropout", block_dropout_cases(), check_block_dropout_unbiased
+    ),
 )
