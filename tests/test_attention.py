@@ -469,3 +469,25 @@ def test_bfloat16_attention_weights_are_the_float64_softmax_rounded_once():
     np.testing.assert_allclose(
         np.asarray(weights, np.float64), expected, rtol=BFLOAT16_ROUNDING * 1.01, atol=1e-30
     )
+
+
+def test_sizes_and_temperatures_that_would_change_the_shapes_are_refused():
+    # causal_mask(2.5, 3) gave a (3, 3) mask and sinusoidal_encoding(3, 0) a (3, 0)
+    # array, silently; a temperature of shape (7, 1, 1, 1) enlarged the outputs to 7 rows.
+    with pytest.raises(TypeError, match=r"causal_mask: num_queries must be an int, got 2\.5"):
+        causal_mask(2.5, 3)
+    with pytest.raises(TypeError, match=r"causal_mask: num_keys must be an int, got 3\.5"):
+        causal_mask(2, 3.5)
+    assert causal_mask(np.int64(2), np.int64(3)).shape == (2, 3)
+    with pytest.raises(ValueError, match="sinusoidal_encoding: length must be an int >= 0"):
+        sinusoidal_encoding(-1, 4)
+    with pytest.raises(ValueError, match="sinusoidal_encoding: dim must be a positive int"):
+        sinusoidal_encoding(3, 0)
+    q = np.ones((2, 3, 5, 4), np.float32)
+    with pytest.raises(
+        ValueError, match=r"temperature must be .* without enlarging it, got \(7, 1, 1, 1\)"
+    ):
+        scaled_dot_product_attention(q, q, q, temperature=np.ones((7, 1, 1, 1), np.float32))
+    per_example = np.array([1.0, 2.0], np.float32).reshape(2, 1, 1, 1)
+    output, _ = scaled_dot_product_attention(q, q, q, temperature=per_example)
+    assert output.shape == q.shape

@@ -8,6 +8,7 @@ multi-head attention all call it.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import jax
@@ -35,6 +36,9 @@ def causal_mask(num_queries: int, num_keys: int, attend_to_self: bool = True) ->
         would give rows with no allowed key, a negative count an empty mask,
         both silently).
     """
+    for name, size in (("num_queries", num_queries), ("num_keys", num_keys)):
+        if isinstance(size, bool) or not isinstance(size, numbers.Integral):
+            raise TypeError(f"causal_mask: {name} must be an int, got {size!r}")
     if not 0 <= num_queries <= num_keys:
         raise ValueError(
             f"causal_mask: need 0 <= num_queries <= num_keys (the queries are the last "
@@ -114,6 +118,20 @@ def _check_attention_shapes(query: Array, key: Array, value: Array, mask: Array 
         )
 
 
+def _check_temperature_shape(temperature: Any, logits_shape: tuple[int, ...]) -> None:
+    """Raises `ValueError` unless `temperature` broadcasts to the logits without enlarging them."""
+    shape = tuple(jnp.shape(temperature))
+    try:
+        fits = np.broadcast_shapes(shape, logits_shape) == logits_shape
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            "scaled_dot_product_attention: temperature must be a scalar or broadcast to the "
+            f"logits' shape (..., Tq, Tk) = {logits_shape} without enlarging it, got {shape}"
+        )
+
+
 def scaled_dot_product_attention(
     query: Array,
     key: Array,
@@ -134,6 +152,9 @@ def scaled_dot_product_attention(
       mask: boolean, broadcastable to `(..., Tq, Tk)` (the logits' shape, which
         it may not enlarge); True = may attend. A
         query row with no allowed key gets all-zero weights and a zero output.
+        Blocked keys must hold finite values: a weight of 0 times a NaN or inf
+        value is NaN, so a non-finite value at a blocked key still reaches the
+        outputs through the weighted sum (pad with zeros, not NaN).
         Any other dtype raises `TypeError`: read as `mask != 0`, an additive
         mask (0 = attend, -inf = blocked) would be inverted silently.
       temperature: divides the logits (> 1 flattens the distribution).
@@ -172,6 +193,8 @@ def scaled_dot_product_attention(
                 f"dtype {mask.dtype} (read as mask != 0, an additive mask would be inverted)"
             )
     _check_attention_shapes(query, key, value, mask)
+    leading = np.broadcast_shapes(query.shape[:-2], key.shape[:-2])
+    _check_temperature_shape(temperature, (*leading, query.shape[-2], key.shape[-2]))
     dtype = query.dtype
     # The logits and the softmax in at least float32 (float64 stays float64 for finite
     # differences). Logits rounded to bfloat16 (a matmul's default output dtype) before
@@ -205,7 +228,11 @@ def sinusoidal_encoding(length: int, dim: int) -> np.ndarray:
     """Interleaved sinusoidal positions `(length, dim)` of Vaswani et al. (2017).
 
     `PE[t, 2i] = sin(t / 10000^(2i/dim))`, `PE[t, 2i+1] = cos(t / 10000^(2i/dim))`.
+    Raises `ValueError` unless `length >= 0` and `dim >= 1` are ints.
     """
+    if isinstance(length, bool) or not isinstance(length, numbers.Integral) or length < 0:
+        raise ValueError(f"sinusoidal_encoding: length must be an int >= 0, got {length!r}")
+    check_positive_int("sinusoidal_encoding", "dim", dim)
     positions = np.arange(length, dtype=np.float64)[:, None]
     even = np.arange(0, dim, 2, dtype=np.float64)
     angles = positions / np.power(10000.0, even / dim)
@@ -320,6 +347,10 @@ class TemporalSelfAttention(nn.Module):
     expose the probabilities, so on that path there is no dropout on them
     (dropout applies to the output projection only), and
     `return_weights=True` recomputes the weights with the explicit kernel.
+    JAX's kernel computes in float32 at most: float64 inputs get float32
+    accuracy there (use the default path for float64 gradient checks).
+    As with the kernel, masked (padded or future) steps must hold finite
+    values: 0 times NaN is NaN.
 
     Args (call):
       x: `(B, T, D)`.
