@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -103,9 +103,13 @@ def parametrize(argname: str = "platform", platforms: Sequence[str] = PLATFORMS)
         raise TypeError(
             f"platforms must be a sequence of platform names, got the string {platforms!r}"
         )
+    if not isinstance(platforms, Iterable):
+        raise TypeError(f"platforms must be a sequence of platform names, got {platforms!r}")
     platforms = tuple(_check_platform(platform) for platform in platforms)
     if not platforms:
         raise ValueError("platforms must name at least one platform, got ()")
+    if len(set(platforms)) != len(platforms):  # two tests with one id
+        raise ValueError(f"platforms must name each platform once, got {platforms}")
     present = available_platforms()
     params = [
         pytest.param(

@@ -48,6 +48,7 @@ adds ``"single"``: a one-element batch. The seeded kinds shrink to seed 0.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import numbers
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
@@ -273,6 +274,19 @@ class AttentionConfig:
     batch_size: int
     dropout_rate: float = 0.0
 
+    def __post_init__(self) -> None:
+        # Built directly too (an `@example`): a head count that does not divide the
+        # width gave a wrong `head_dim` silently, a zero one a ZeroDivisionError.
+        _integers("AttentionConfig.hidden_dim", (self.hidden_dim,), 1)
+        _integers("AttentionConfig.num_heads", (self.num_heads,), 1)
+        _integers("AttentionConfig.sequence_length", (self.sequence_length,), 0)
+        _integers("AttentionConfig.batch_size", (self.batch_size,), 0)
+        if self.hidden_dim % self.num_heads:
+            raise ValueError(
+                f"AttentionConfig.num_heads ({self.num_heads}) must divide hidden_dim "
+                f"({self.hidden_dim})"
+            )
+
     @property
     def head_dim(self) -> int:
         """Width of one head, `D / num_heads`."""
@@ -386,6 +400,8 @@ def padding_masks(
         raise TypeError(f"config must be an AttentionConfig, got {type(config).__name__}")
     kinds = _check_kinds("kinds", kinds, PADDING_KINDS)
     length = config.sequence_length
+    if length == 0 or config.batch_size == 0:  # nothing to draw: the one empty mask
+        return st.just(np.zeros((config.batch_size, length), bool))
 
     @st.composite
     def draw_mask(draw: st.DrawFn) -> np.ndarray:
@@ -465,34 +481,59 @@ def tft_configs(
         "dtypes": _buckets("dtypes", dtypes),
     }
     num_heads = _integers("num_heads", num_heads, 1)  # a 0 would divide by zero in `_heads_for`
+    fields["hidden_dims"] = _integers("hidden_dims", fields["hidden_dims"], 1)
     _check_heads(fields["hidden_dims"], num_heads)
+    _check_config_buckets(fields, num_heads)
 
     @st.composite
     def draw_config(draw: st.DrawFn) -> TFTConfig:
-        def pick(name: str) -> Any:
-            return draw(st.sampled_from(fields[name]))
-
-        hidden_dim = pick("hidden_dims")
-        return TFTConfig(
-            num_static_features=pick("static_features"),
-            num_known_features=pick("known_features"),
-            num_observed_features=pick("observed_features"),
-            hidden_dim=hidden_dim,
-            num_heads=draw(_heads_for(hidden_dim, num_heads)),
-            sequence_length=pick("sequence_lengths"),
-            prediction_horizon=pick("horizons"),
-            quantiles=tuple(pick("quantile_sets")),
-            dropout_rate=pick("dropout_rates"),
-            static_categorical_cardinalities=tuple(pick("categorical_cardinalities")),
-            variable_hidden_dim=pick("variable_hidden_dims"),
-            attend_to_self=pick("attend_to_self"),
-            use_known_history=pick("use_known_history"),
-            dtype=pick("dtypes"),
-            known_categorical_cardinalities=tuple(pick("known_categorical_cardinalities")),
-            observed_categorical_cardinalities=tuple(pick("observed_categorical_cardinalities")),
-        )
+        values = {name: draw(st.sampled_from(buckets)) for name, buckets in fields.items()}
+        return _tft_config(values, draw(_heads_for(values["hidden_dims"], num_heads)))
 
     return draw_config()
+
+
+def _tft_config(values: dict[str, Any], num_heads: int) -> TFTConfig:
+    """The `TFTConfig` of one value per `tft_configs` bucket argument."""
+    return TFTConfig(
+        num_static_features=values["static_features"],
+        num_known_features=values["known_features"],
+        num_observed_features=values["observed_features"],
+        hidden_dim=values["hidden_dims"],
+        num_heads=num_heads,
+        sequence_length=values["sequence_lengths"],
+        prediction_horizon=values["horizons"],
+        quantiles=tuple(values["quantile_sets"]),
+        dropout_rate=values["dropout_rates"],
+        static_categorical_cardinalities=tuple(values["categorical_cardinalities"]),
+        variable_hidden_dim=values["variable_hidden_dims"],
+        attend_to_self=values["attend_to_self"],
+        use_known_history=values["use_known_history"],
+        dtype=values["dtypes"],
+        known_categorical_cardinalities=tuple(values["known_categorical_cardinalities"]),
+        observed_categorical_cardinalities=tuple(values["observed_categorical_cardinalities"]),
+    )
+
+
+def _check_config_buckets(fields: dict[str, tuple[Any, ...]], num_heads: Sequence[int]) -> None:
+    """Builds a config from every bucket value (the others at their defaults), naming a bad one.
+
+    A value that makes no `TFTConfig` (quantile levels given as one float,
+    cardinalities as one int) failed only when Hypothesis drew it, with an
+    error that named neither the argument nor the value.
+    """
+    parameters = inspect.signature(tft_configs).parameters
+    defaults = {name: parameters[name].default[0] for name in fields}  # a valid config
+    for name, buckets in fields.items():
+        for value in buckets:
+            values = {**defaults, name: value}
+            heads = (_divisors_in(values["hidden_dims"], num_heads) or [1])[0]
+            try:
+                _tft_config(values, heads)
+            except (TypeError, ValueError) as error:
+                raise type(error)(
+                    f"tft_configs: {name} holds {value!r}, which makes no TFTConfig: {error}"
+                ) from None
 
 
 # Three configs that between them cover every edge of `tft_configs`: zero and
@@ -557,6 +598,9 @@ def tft_config_presets(
     `dtype` (e.g. ``"bfloat16"``) replaces every preset's compute dtype.
     """
     presets = _buckets("presets", presets)
+    odd = [preset for preset in presets if not isinstance(preset, TFTConfig)]
+    if odd:
+        raise TypeError(f"presets must hold TFTConfigs, got {odd[0]!r}")
     if dtype is not None:
         presets = tuple(dataclasses.replace(config, dtype=dtype) for config in presets)
     return st.sampled_from(presets)
@@ -774,8 +818,10 @@ class FakeQuantizeCase(NamedTuple):
 
     `x (N,)` float32 holds every grid point `(k - zero_point) * scale` for `k`
     in `[qmin, qmax]` (the bounds exactly included), the half-way points
-    between them (ties of the rounding), points beyond both ends, and random
-    values over twice the range.
+    between them (ties of the rounding) that float32 holds exactly (with a
+    scale of many significant bits some are not: the grid point below each
+    stands in, so every case of a bit width has one size), points beyond
+    both ends, and random values over twice the range.
     """
 
     x: np.ndarray
@@ -805,6 +851,11 @@ def fake_quantize_cases(
             f"bits must lie in [1, 16] (a case holds all 2^bits grid points), got {bits}"
         )
     symmetric = _buckets("symmetric", symmetric)
+    if scales is not None and not isinstance(scales, st.SearchStrategy):
+        raise TypeError(
+            f"scales must be a Hypothesis strategy of floats (e.g. st.just({scales!r})), got "
+            f"{type(scales).__name__}"
+        )
     if scales is None:
         scales = st.one_of(
             st.sampled_from((1.0, 0.5, 0.1, 2.0**-7)),
@@ -825,7 +876,12 @@ def fake_quantize_cases(
         rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
         spread = rng.uniform(2 * qmin - qmax, 2 * qmax - qmin, 16)
         outside = np.concatenate([beyond, spread]) - zero_point
-        units = np.concatenate([levels, levels[:-1] + 0.5, outside])
+        # A half-way point is a tie only where float32 holds it exactly (x / scale == k + 1/2
+        # in float64): with a scale of many significant bits some are not, and the grid
+        # point below stands in for them (the case keeps its size: one compile per bucket).
+        halves = levels[:-1] + 0.5
+        exact = (halves * np.float64(scale)).astype(np.float32) / np.float64(scale) == halves
+        units = np.concatenate([levels, np.where(exact, halves, levels[:-1]), outside])
         x = (units * np.float64(scale)).astype(np.float32)
         return FakeQuantizeCase(x, scale, zero_point, qmin, qmax)
 

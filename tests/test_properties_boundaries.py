@@ -25,7 +25,7 @@ import pytest
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
-from properties import checks, suite
+from properties import backends, checks, suite
 from properties import strategies as st_tft
 from properties.suite import attention as attention_suite
 from properties.suite import qat_tft
@@ -524,3 +524,81 @@ def test_context_routing_checks_the_future_selection_too(monkeypatch):
     monkeypatch.setattr(tft_suite, "_run", _routing_run(future_leaks_enrichment=True))
     with pytest.raises(AssertionError, match="'enrichment' reaches the future variable selection"):
         tft_suite.check_context_routing(case)
+
+
+# ---------------------------------------------------------------------------
+# Strategies and backends used directly (review of 2026-12-05)
+
+
+def test_an_attention_config_built_by_hand_is_checked():
+    # AttentionConfig(8, 3, 4, 2).head_dim was 2 (3 heads of 2 is not 8); 0 heads
+    # raised ZeroDivisionError from head_dim.
+    with pytest.raises(ValueError, match=r"AttentionConfig.num_heads \(3\) must divide hidden_dim"):
+        st_tft.AttentionConfig(8, 3, 4, 2)
+    with pytest.raises(ValueError, match=r"AttentionConfig\.num_heads must hold ints >= 1"):
+        st_tft.AttentionConfig(8, 0, 4, 2)
+    assert st_tft.AttentionConfig(8, 2, 4, 2).head_dim == 4
+
+
+@settings(max_examples=5, deadline=None)
+@given(st.data())
+def test_padding_masks_of_zero_steps_or_rows_are_the_empty_mask(data):
+    # Hypothesis' "max_value=-1 < min_value=0" and NumPy's "need at least one array".
+    for config in (st_tft.AttentionConfig(8, 2, 0, 3), st_tft.AttentionConfig(8, 2, 4, 0)):
+        mask = data.draw(st_tft.padding_masks(config))
+        assert mask.shape == (config.batch_size, config.sequence_length) and mask.dtype == bool
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.data(), st.sampled_from([0.1234567, 0.5, 0.1]))
+def test_fake_quantize_ties_are_exact_ties_and_the_case_keeps_its_size(data, scale):
+    # With a scale of many significant bits, (k + 1/2) * scale rounded to float32 was
+    # no tie: 103 of 200 cases held such near-ties, documented as ties.
+    case = data.draw(
+        st_tft.fake_quantize_cases(bits=(4,), symmetric=(True,), scales=st.just(scale))
+    )
+    levels = case.qmax - case.qmin + 1
+    assert case.x.size == levels + (levels - 1) + 22
+    units = case.x[levels : 2 * levels - 1].astype(np.float64) / np.float64(case.scale)
+    below = np.arange(case.qmin, case.qmax, dtype=np.float64)
+    exact_tie = units == below + 0.5
+    grid_point = case.x[levels : 2 * levels - 1] == case.x[: levels - 1]
+    assert np.all(exact_tie | grid_point)
+    if scale == 0.5:
+        assert exact_tie.all()
+
+
+def test_strategy_arguments_of_the_wrong_kind_are_named_before_any_draw():
+    with pytest.raises(TypeError, match=r"tft_configs: quantile_sets holds 0\.1"):
+        st_tft.tft_configs(quantile_sets=(0.1, 0.5))
+    with pytest.raises(TypeError, match="tft_configs: categorical_cardinalities holds 3"):
+        st_tft.tft_configs(categorical_cardinalities=(3,))
+    with pytest.raises(TypeError, match="hidden_dims must hold ints"):
+        st_tft.tft_configs(hidden_dims=("8",))
+    with pytest.raises(TypeError, match="presets must hold TFTConfigs, got 1"):
+        st_tft.tft_config_presets((1, 2))
+    with pytest.raises(TypeError, match="scales must be a Hypothesis strategy"):
+        st_tft.fake_quantize_cases(scales=0.1)
+    with pytest.raises(TypeError, match="platforms must be a sequence of platform names"):
+        backends.parametrize(platforms=None)
+    with pytest.raises(ValueError, match="platforms must name each platform once"):
+        backends.parametrize(platforms=("cpu", "cpu"))
+
+
+def test_the_suite_helpers_name_their_bad_arguments():
+    # IndexError, TypeError from a tuple index, NumPy's "expected non-negative integer"
+    # and "'float' object has no attribute 'dtype'" before.
+    outputs = np.zeros((2, 3, 4), np.float32)
+    pullback = lambda cotangent: cotangent  # noqa: E731
+    cases = [
+        (dict(axis=3), ValueError, r"axis 3 is out of range for an output of shape \(2, 3, 4\)"),
+        (dict(axis=1.0), TypeError, r"axis must be an int, got 1\.0"),
+        (dict(seed=-1), ValueError, r"seed must be an int >= 0, got -1"),
+    ]
+    for kwargs, error, message in cases:
+        with pytest.raises(error, match=message):
+            suite.assert_gradient_stays_causal(pullback, outputs, **kwargs)
+    with pytest.raises(ValueError, match="outputs must hold at least one array"):
+        suite.assert_gradient_stays_in_sample(pullback, {})
+    cotangent = suite.random_cotangent({"a": 1.0}, 0)
+    assert cotangent["a"].dtype == np.float64 and 0.5 <= abs(cotangent["a"]) <= 1.5

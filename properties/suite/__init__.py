@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -148,7 +149,7 @@ def random_cotangent(like: Any, seed: int, *, only_sample: int | None = None) ->
     rng = np.random.default_rng(seed)
 
     def draw(leaf: Any) -> np.ndarray:
-        shape, dtype = np.shape(leaf), np.dtype(leaf.dtype)
+        shape, dtype = np.shape(leaf), _dtype_of(leaf)
         values = rng.uniform(0.5, 1.5, shape) * rng.choice((-1.0, 1.0), shape)
         if only_sample is not None:
             keep = np.zeros(shape, bool)
@@ -161,7 +162,13 @@ def random_cotangent(like: Any, seed: int, *, only_sample: int | None = None) ->
 
 def zeros_like_tree(like: Any) -> Any:
     """NumPy zeros shaped and typed like the arrays of `like`."""
-    return jax.tree.map(lambda leaf: np.zeros(np.shape(leaf), np.dtype(leaf.dtype)), like)
+    return jax.tree.map(lambda leaf: np.zeros(np.shape(leaf), _dtype_of(leaf)), like)
+
+
+def _dtype_of(leaf: Any) -> np.dtype:
+    """An array's (or an abstract array's) dtype; a Python number's as NumPy reads it."""
+    dtype = getattr(leaf, "dtype", None)
+    return np.dtype(dtype) if dtype is not None else np.asarray(leaf).dtype
 
 
 def assert_gradient_stays_causal(
@@ -224,6 +231,19 @@ def assert_gradient_stays_in_sample(
     )
 
 
+def _check_pullback_arguments(leaves: list[np.ndarray], axis: Any, seed: Any) -> None:
+    """Raises naming `outputs`, `axis` or `seed` where the leak finders would fail deep."""
+    if not leaves:
+        raise ValueError("outputs must hold at least one array, got an empty pytree")
+    if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
+        raise TypeError(f"axis must be an int, got {axis!r}")
+    too_short = [leaf.shape for leaf in leaves if not -leaf.ndim <= axis < leaf.ndim]
+    if too_short:
+        raise ValueError(f"axis {axis} is out of range for an output of shape {too_short[0]}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+
+
 def _assert_no_pullback_leaks(
     find_leaks: Callable[..., list[str]],
     pullback: Callable[[Any], Any],
@@ -242,6 +262,7 @@ def _assert_no_pullback_leaks(
     """
     leaves, treedef = jax.tree_util.tree_flatten(outputs)
     leaves = [np.asarray(leaf) for leaf in leaves]
+    _check_pullback_arguments(leaves, axis, seed)
     problems = find_leaks(
         lambda cotangents: pullback(jax.tree_util.tree_unflatten(treedef, cotangents)),
         leaves,
