@@ -441,20 +441,31 @@ def check_dropout_unbiased(case: DropoutCase) -> None:
             case.query, case.key, case.value, np.uint32(case.seed), rate=case.rate
         )
     )
-    if case.rate > 0 and not np.all(std > 0):
+    _assert_unbiased(mean, std, expected, case.rate, "attention dropout", "output")
+
+
+def _assert_unbiased(
+    mean: np.ndarray, std: np.ndarray, expected: np.ndarray, rate: float, what: str, value: str
+) -> None:
+    """Raises unless `value` varies over the masks (rate > 0) and its mean is within 6 SE.
+
+    `mean`, `std`: over `DROPOUT_SAMPLES` masks; `expected`: the
+    deterministic value; `what` and `value` name the dropout and the value.
+    """
+    dropout = f"{what} (rate {rate})"
+    if rate > 0 and not np.all(std > 0):
         still = np.unravel_index(np.argmin(std), std.shape)
         raise AssertionError(
-            f"attention dropout (rate {case.rate}) is not applied: at {[int(i) for i in still]} "
-            f"the output "
-            f"is the same ({mean[still]:.5g}) under all {DROPOUT_SAMPLES} masks"
+            f"{dropout} is not applied: at {[int(i) for i in still]} the {value} is the same "
+            f"({mean[still]:.5g}) under all {DROPOUT_SAMPLES} masks"
         )
     tolerance = 6.0 * std / math.sqrt(DROPOUT_SAMPLES) + 1e-6 * (1.0 + np.abs(expected))
     bias = np.abs(mean - expected)
     if not np.all(bias <= tolerance):
         worst = np.unravel_index(np.argmax(bias / tolerance), bias.shape)
         raise AssertionError(
-            f"attention dropout (rate {case.rate}) is biased: at {list(worst)} the mean over "
-            f"{DROPOUT_SAMPLES} masks is {mean[worst]:.5g}, the deterministic output "
+            f"{dropout} is biased: at {[int(i) for i in worst]} the mean of the {value} over "
+            f"{DROPOUT_SAMPLES} masks is {mean[worst]:.5g}, its deterministic value "
             f"{expected[worst]:.5g} (ratio {mean[worst] / expected[worst]:.4g}, tolerance "
             f"{tolerance[worst]:.2g})"
         )
@@ -537,21 +548,7 @@ def check_block_dropout_unbiased(case: BlockDropoutCase) -> None:
         np.asarray(a, np.float64)
         for a in statistics(params, case.block.x, np.uint32(case.block.seed))
     )
-    if not np.all(std > 0):
-        still = np.unravel_index(np.argmin(std), std.shape)
-        raise AssertionError(
-            f"block dropout (rate {case.rate}) is not applied: at {[int(i) for i in still]} the "
-            f"LayerNorm's input is the same ({mean[still]:.5g}) under all {DROPOUT_SAMPLES} masks"
-        )
-    tolerance = 6.0 * std / math.sqrt(DROPOUT_SAMPLES) + 1e-6 * (1.0 + np.abs(expected))
-    bias = np.abs(mean - expected)
-    if not np.all(bias <= tolerance):
-        worst = np.unravel_index(np.argmax(bias / tolerance), bias.shape)
-        raise AssertionError(
-            f"block dropout (rate {case.rate}) is biased: at {[int(i) for i in worst]} the mean "
-            f"of the LayerNorm's input over {DROPOUT_SAMPLES} masks is {mean[worst]:.5g}, its "
-            f"deterministic value {expected[worst]:.5g} (tolerance {tolerance[worst]:.2g})"
-        )
+    _assert_unbiased(mean, std, expected, case.rate, "block dropout", "LayerNorm's input")
 
 
 def _moderate(**kwargs: Any) -> st.SearchStrategy[BlockCase]:
