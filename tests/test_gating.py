@@ -136,3 +136,13 @@ def test_numpy_and_array_bools_and_zero_or_one_are_accepted_as_deterministic() -
     for value, want in [(np.bool_(False), on), (jnp.array(True), off), (0, on), (1, off)]:
         got = module.apply(variables, x, deterministic=value, rngs=rngs)
         np.testing.assert_array_equal(got, want)
+
+
+def test_an_input_of_another_width_than_at_init_is_named():
+    # Flax said "Could not find parameter named "kernel" in scope "/skip"" (an input as
+    # wide as the output skips the learned skip) or named an initializer at "/input".
+    network = GatedResidualNetwork(8, dropout_rate=0.0)
+    variables = network.init(jax.random.key(0), jnp.ones((2, 5)))
+    for width in (6, 8):
+        with pytest.raises(ValueError, match=rf"x has width {width} .* inputs of width 5"):
+            network.apply(variables, jnp.ones((2, width)))

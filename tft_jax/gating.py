@@ -254,6 +254,24 @@ def check_context_width(owner: str, context: Array, params: Any, where: str) -> 
         )
 
 
+def _check_input_width(x: Array, params: Any) -> None:
+    """Raises `ValueError` unless `x` has the input width the network was initialized with.
+
+    Flax named only a scope ("Could not find parameter named kernel in scope
+    /skip", or an initializer's shape at "/input").
+    """
+    layer = params.get("input", {}) if hasattr(params, "get") else {}
+    kernel = layer.get("kernel") if hasattr(layer, "get") else None
+    if kernel is None:
+        return
+    width = int(np.shape(kernel)[-2])
+    if x.shape[-1] != width:
+        raise ValueError(
+            f"GatedResidualNetwork: x has width {x.shape[-1]} (its last axis), but the network "
+            f"was initialized with inputs of width {width}"
+        )
+
+
 class GatedResidualNetwork(nn.Module):
     """The TFT's gated residual network, `(..., I) -> (..., features)`.
 
@@ -307,6 +325,8 @@ class GatedResidualNetwork(nn.Module):
             raise ValueError(
                 f"GatedResidualNetwork: x must have a feature axis (..., I), got shape {x.shape}"
             )
+        if not self.is_initializing():
+            _check_input_width(x, self.variables.get("params", {}))
         if context is not None:
             context = jnp.asarray(context)
             _check_context(context, x, self.variable_major, self.num_variables is not None)
