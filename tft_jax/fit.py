@@ -38,7 +38,6 @@ from tft_jax.train_state import (
 )
 
 Array = Any
-PyTree = Any
 History = dict[str, list]
 BatchSource = Iterable["Batch"] | Callable[[int], Iterable["Batch"]]
 

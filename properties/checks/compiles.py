@@ -10,9 +10,6 @@ from typing import Any
 
 import jax
 
-PyTree = Any
-
-
 _LOWERING_EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"
 
 
