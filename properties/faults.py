@@ -57,6 +57,7 @@ from properties.suite import tft as tft_suite
 from qat import dot_general, fake_quant, lsq, observers
 from tft_jax import (
     attention,
+    gating,
     interpretable_attention,
     layer_norm,
     linear,
@@ -204,6 +205,13 @@ def _output_dropout_not_rescaled() -> contextlib.AbstractContextManager[Any]:
     linen = types.SimpleNamespace(**vars(nn))
     linen.Dropout = _UnscaledDropout
     return _replaced(attention, "nn", linen)
+
+
+def _gate_dropout_not_rescaled() -> contextlib.AbstractContextManager[Any]:
+    """Every GLU's input dropout keeps its values undivided by `1 - rate`."""
+    linen = types.SimpleNamespace(**vars(nn))
+    linen.Dropout = _UnscaledDropout
+    return _replaced(gating, "nn", linen)
 
 
 def _head_zero_detached(real: Callable[..., Any]) -> Callable[..., Any]:
@@ -692,6 +700,14 @@ def _tft_properties() -> tuple[Property, ...]:
     return tuple(Property(names[check], cases, check) for check in model_level)
 
 
+def _gate_dropout_property() -> Property:
+    return Property(
+        "tft: gate dropout is inverted",
+        tft_suite.model_cases((FAULT_TFT_CONFIG,), kinds=("normal",)),
+        tft_suite.check_gate_dropout_is_inverted,
+    )
+
+
 def _interpretable_attention_properties() -> tuple[Property, ...]:
     return (
         Property(
@@ -792,6 +808,14 @@ def _catalogue() -> tuple[Fault, ...]:
             _output_dropout_not_rescaled,
             # Only the block-dropout property can see it (the others run deterministically).
             tuple(prop for prop in block if prop.name == "attention: unbiased block dropout"),
+            keeps_parameters=True,
+        ),
+        Fault(
+            "tft: gate dropout not rescaled",
+            "the GLUs' kept inputs are not divided by 1 - rate",
+            _gate_dropout_not_rescaled,
+            # Only the gate-dropout property can see it (the others run deterministically).
+            (_gate_dropout_property(),),
             keeps_parameters=True,
         ),
         Fault(

@@ -102,3 +102,11 @@ def test_derivatives_match_float64_finite_differences(platform, case):
 def test_heads_share_one_value_projection_and_are_averaged(platform, case):
     with backends.on_platform(platform):
         suite.check_attention_matches_reference(case)
+
+
+@backends.parametrize()
+@settings(max_examples=examples(3))
+@given(_strategy("tft: gate dropout is inverted"))
+def test_every_gate_applies_inverted_dropout_at_the_configured_rate_in_training(platform, case):
+    with backends.on_platform(platform):
+        suite.check_gate_dropout_is_inverted(case)

@@ -13,7 +13,8 @@ and input; interpretability weights are distributions; the forecast at
 horizon step `i` ignores known inputs after `i`; batch independence (forward
 and backward); batch-order equivariance; each categorical variable (each column
 of every categorical input) reaches the forecast; each static context reaches only
-its own destination; jit == eager and derivatives == float64 finite
+its own destination; in training every gate (GLU) applies inverted dropout
+at the config's rate; jit == eager and derivatives == float64 finite
 differences (smallest preset); the interpretable attention's documented
 formula (heads share one value projection and are averaged).
 """
@@ -29,10 +30,12 @@ import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import linen as nn
 
 from properties import checks
 from properties import strategies as st_tft
 from properties.suite import (
+    PARAM_KEY_IMPL,
     Property,
     assert_gradient_stays_causal,
     assert_gradient_stays_in_sample,
@@ -42,7 +45,7 @@ from properties.suite import (
     platform_cache,
     random_cotangent,
 )
-from tft_jax import interpretable_attention
+from tft_jax import gating, interpretable_attention
 from tft_jax import model as tft_model
 from tft_jax.config import TFTConfig
 
@@ -59,6 +62,7 @@ __all__ = [
     "check_causal",
     "check_context_routing",
     "check_finite",
+    "check_gate_dropout_is_inverted",
     "check_grads_match_finite_differences",
     "check_jit_matches_eager",
     "check_live_gradients",
@@ -511,6 +515,155 @@ def check_grads_match_finite_differences(case: ModelCase) -> None:
     )
 
 
+# Dropout masks drawn per gate-dropout case: each multiplies the gate inputs counted.
+GATE_DROPOUT_MASKS = 16
+# The gates built without dropout: the last gated skip, as in the paper's code.
+UNDROPPED_GATES = ("output_gate/glu",)
+# Relative room for `x / (1 - rate)` computed in the compute dtype, in its epsilons.
+GATE_DROPOUT_ULPS = 4.0
+
+
+def _glu_path(module: Any) -> str:
+    return "/".join(str(part) for part in module.path) or "<root>"
+
+
+@platform_cache
+def _gate_dropout_recorder(config: TFTConfig) -> Any:
+    """Jitted `(params, floats, integers, seed) -> {GLU path: (inputs, dropped, rate)}`.
+
+    Runs the TFT in training mode under `GATE_DROPOUT_MASKS` dropout keys.
+    A Flax method interceptor reads, at every `GatedLinearUnit` call, the
+    GLU's input and what its `projection` reads: the input after dropout.
+    Shapes: `(masks, *input shape)` each; `rate` is the GLU's own rate.
+    """
+    model = tft_model.TemporalFusionTransformer(config)
+
+    def gate_inputs(params: Any, floats: Any, integers: Any, key: Any) -> Any:
+        inputs: dict[str, Any] = {}
+        dropped: dict[str, Any] = {}
+        rates: dict[str, float] = {}
+
+        def record(next_fun: Any, args: Any, kwargs: Any, context: Any) -> Any:
+            module = context.module
+            if context.method_name == "__call__":
+                value = args[0] if args else next(iter(kwargs.values()))
+                if isinstance(module, gating.GatedLinearUnit):
+                    path = _glu_path(module)
+                    if path in inputs:
+                        raise AssertionError(f"GatedLinearUnit {path} ran twice in one forward")
+                    inputs[path], rates[path] = value, module.dropout_rate
+                elif module.name == "projection" and isinstance(
+                    module.parent, gating.GatedLinearUnit
+                ):
+                    dropped[_glu_path(module.parent)] = value
+            return next_fun(*args, **kwargs)
+
+        with nn.intercept_methods(record):
+            model.apply(
+                {"params": params},
+                **floats,
+                **integers,
+                deterministic=False,
+                rngs={"dropout": key},
+            )
+        missing = sorted(set(inputs) - set(dropped))
+        if missing:
+            raise AssertionError(
+                f"GatedLinearUnit {missing[0]} never called its 'projection': the gate no "
+                "longer has the documented form Dropout(x) -> projection"
+            )
+        return {path: (inputs[path], dropped[path], jnp.float32(rates[path])) for path in inputs}
+
+    @jax.jit
+    def recorder(params: Any, floats: Any, integers: Any, seed: Any) -> Any:
+        keys = jax.random.split(jax.random.key(seed, impl=PARAM_KEY_IMPL), GATE_DROPOUT_MASKS)
+        return jax.vmap(lambda key: gate_inputs(params, floats, integers, key))(keys)
+
+    return recorder
+
+
+def _binomial_room(rate: float, count: int) -> float:
+    """6 standard deviations of a fraction of `count` Bernoulli(rate) draws, plus one draw."""
+    return 6.0 * math.sqrt(rate * (1.0 - rate) / count) + 1.0 / count
+
+
+def check_gate_dropout_is_inverted(case: ModelCase) -> None:
+    """In training, every gate (GLU) of the TFT applies inverted dropout at the config's rate.
+
+    The TFT drops a GLU's input before its projection: each element is
+    either zeroed or scaled by `1 / (1 - rate)`, which keeps its expected
+    value. Over `GATE_DROPOUT_MASKS` masks, for every `GatedLinearUnit` the
+    model runs: its rate is the config's `dropout_rate` (0 for
+    `UNDROPPED_GATES`, which must pass their input unchanged); every nonzero input
+    element reaches the projection as exactly 0 or `x / (1 - rate)` (a
+    dropout left unrescaled, rescaled twice, or replaced by noise fails);
+    and the fraction zeroed, per gate and over all gates, is the rate within
+    6 binomial standard deviations (dropout switched off in training fails).
+    The VSNs' fused fast paths apply their GRNs' dropout without GLU
+    modules and are not seen here (tests compare them with the module path).
+    Needs a config with `dropout_rate > 0`.
+    """
+    rate = case.config.dropout_rate
+    if rate <= 0.0:
+        raise ValueError(
+            f"check_gate_dropout_is_inverted needs a config with dropout_rate > 0, got {rate}"
+        )
+    floats, integers = split_inputs(case.inputs)
+    recorded = _gate_dropout_recorder(case.config)(
+        model_parameters(case.config), floats, integers, np.uint32(case.seed)
+    )
+    if not recorded:
+        raise AssertionError("the TFT ran no GatedLinearUnit in training mode")
+    scale = 1.0 / (1.0 - rate)
+    total_seen = total_zeroed = 0
+    for path, (inputs, dropped, rates) in sorted(recorded.items()):
+        own_rate = float(np.asarray(rates).reshape(-1)[0])
+        expected_rate = 0.0 if path in UNDROPPED_GATES else rate
+        if not math.isclose(own_rate, expected_rate, rel_tol=1e-6):
+            raise AssertionError(
+                f"GatedLinearUnit {path} has dropout_rate {own_rate:.6g}, expected "
+                f"{expected_rate} (the config's dropout_rate is {rate})"
+            )
+        if inputs.shape != dropped.shape:
+            raise AssertionError(
+                f"GatedLinearUnit {path}: its projection reads shape {dropped.shape}, "
+                f"its input has {inputs.shape}"
+            )
+        x, y = np.asarray(inputs, np.float64), np.asarray(dropped, np.float64)
+        if expected_rate == 0.0:
+            if not np.array_equal(x, y):
+                raise AssertionError(
+                    f"GatedLinearUnit {path} has no dropout, yet its projection reads another "
+                    "value than its input"
+                )
+            continue
+        room = GATE_DROPOUT_ULPS * float(np.finfo(np.dtype(inputs.dtype)).eps)
+        zeroed = y == 0.0
+        kept = np.abs(y - x * scale) <= room * np.abs(x * scale)
+        wrong = ~(zeroed | kept)
+        if np.any(wrong):
+            at = np.unravel_index(np.argmax(wrong), wrong.shape)
+            raise AssertionError(
+                f"GatedLinearUnit {path} (dropout {rate}) turns the input {x[at]:.6g} at "
+                f"{[int(i) for i in at]} into {y[at]:.6g} (ratio {y[at] / x[at]:.6g}); "
+                f"inverted dropout gives 0 or {scale:.6g} times the input"
+            )
+        nonzero = x != 0.0
+        seen, dropped_count = int(nonzero.sum()), int((zeroed & nonzero).sum())
+        if seen and abs(dropped_count / seen - rate) > _binomial_room(rate, seen):
+            raise AssertionError(
+                f"GatedLinearUnit {path} zeroes {dropped_count} of {seen} input elements "
+                f"({dropped_count / seen:.3f}) over {GATE_DROPOUT_MASKS} masks; dropout_rate "
+                f"is {rate}"
+            )
+        total_seen, total_zeroed = total_seen + seen, total_zeroed + dropped_count
+    if total_seen == 0 or abs(total_zeroed / total_seen - rate) > _binomial_room(rate, total_seen):
+        raise AssertionError(
+            f"the TFT's gates zero {total_zeroed} of {total_seen} input elements over "
+            f"{GATE_DROPOUT_MASKS} masks; dropout_rate is {rate}"
+        )
+
+
 class AttentionCase(NamedTuple):
     """Interpretable attention operands: queries `(B, Tq, D)`, keys/values `(B, Tk, D)`."""
 
@@ -620,6 +773,7 @@ WITH_CATEGORICALS = tuple(
     or config.num_known_categoricals
     or config.num_observed_categoricals
 )
+WITH_DROPOUT = tuple(config for config in st_tft.TFT_PRESETS if config.dropout_rate > 0)
 
 PROPERTIES = (
     Property("tft: finite", model_cases(), check_finite),
@@ -635,6 +789,11 @@ PROPERTIES = (
     Property("tft: batch order", model_cases(), check_batch_order_equivariant),
     Property(
         "tft: context routing", model_cases(WITH_STATICS, kinds=("normal",)), check_context_routing
+    ),
+    Property(
+        "tft: gate dropout is inverted",
+        model_cases(WITH_DROPOUT, kinds=("normal",)),
+        check_gate_dropout_is_inverted,
     ),
     Property(
         "tft: jit == eager", model_cases((SMALLEST,), kinds=("normal",)), check_jit_matches_eager
