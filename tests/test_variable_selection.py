@@ -235,6 +235,20 @@ def test_selection_refuses_a_context_it_was_not_initialized_with(variables, dot_
         vsn.apply(with_context, embedded, jnp.ones((2, CONTEXT + 1)))
 
 
+@pytest.mark.parametrize("variables", [3, 1])
+@pytest.mark.parametrize("dot_general_cls", [None, PlainDotGeneral], ids=["folded", "layered"])
+def test_selection_names_an_embedding_of_another_width_than_at_init(variables, dot_general_cls):
+    # The folded path failed with Flax's ScopeParamShapeError at "/variable_grns/skip".
+    vsn = VariableSelectionNetwork(variables, FEATURES, dot_general_cls=dot_general_cls)
+    params = vsn.init(jax.random.key(0), affine(variables, (variables, WIDTH), (variables, WIDTH)))
+    wider = WIDTH + 2
+    message = rf"embedded has width {wider} \(its last axis\), .* initialized with width {WIDTH}"
+    with pytest.raises(ValueError, match=message):
+        vsn.apply(params, affine(variables, (variables, wider), (variables, wider)))
+    with pytest.raises(ValueError, match=message):
+        vsn.apply(params, jnp.ones((2, 5, variables, wider)))
+
+
 def test_folded_selection_takes_a_context_given_as_nested_lists():
     # The folded path called `.astype` on the list (the layer-by-layer one converted it).
     embedded = affine(3, (3, WIDTH), (3, WIDTH))

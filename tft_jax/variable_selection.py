@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 from tft_jax._dropout import resolve_deterministic
@@ -108,6 +109,7 @@ class VariableSelectionNetwork(nn.Module):
             context = jnp.asarray(context)
         self._check_inputs(embedded, context)
         self._check_context_matches_parameters(context)
+        self._check_width_matches_parameters(embedded.shape[-1])
         if isinstance(embedded, AffineEmbedding) and self.dot_general_cls is None:
             return folded_selection(self, embedded, context, deterministic, self.chunk_rows)
         if supports_operand_quantizers(self.dot_general_cls):
@@ -185,6 +187,22 @@ class VariableSelectionNetwork(nn.Module):
             raise ValueError(
                 f"VariableSelectionNetwork: context must have shape (B, C) with B = "
                 f"embedded.shape[0] for embedded of shape {shape}, got {tuple(jnp.shape(context))}"
+            )
+
+    def _check_width_matches_parameters(self, width: int) -> None:
+        """Raises `ValueError` if the embedding width differs from the one at init.
+
+        The fused paths failed with Flax's parameter-shape error at a scope
+        ("/variable_grns/skip"), naming neither the argument nor the widths.
+        """
+        if self.is_initializing():
+            return
+        grns = self.variables.get("params", {}).get("variable_grns", {})
+        kernel = grns.get("input", {}).get("kernel") if hasattr(grns, "get") else None
+        if kernel is not None and int(np.shape(kernel)[-2]) != width:
+            raise ValueError(
+                f"VariableSelectionNetwork: embedded has width {width} (its last axis), but "
+                f"the network was initialized with width {int(np.shape(kernel)[-2])}"
             )
 
     def _check_context_matches_parameters(self, context: Array | None) -> None:
