@@ -11,7 +11,10 @@ the int8 model find their variables at the same paths.
 
 Every enabled `QATDotGeneral` records its bit width in `'quant_stats'`
 (`bits`, an int32 scalar, written by `init`): that marker is how `qat.convert`
-knows exactly which layers are quantized and with how many bits.
+knows exactly which layers are quantized and with how many bits. A kernel
+contracted over other axes than its second-to-last alone (`nn.DenseGeneral`
+with several input or feature axes) also records which (`contracted_axes`,
+a 0/1 mask over its axes), so that `qat.convert` quantizes the same channels.
 
 Quantization layout (the standard QAT recipe):
 
@@ -67,6 +70,10 @@ QUANT_STATS = "quant_stats"
 QUANT_PARAMS = "quant_params"
 INT8 = "int8"
 BITS = "bits"
+# A kernel contracted over other axes than its second-to-last alone records which,
+# as a mask over its axes (1: contracted), so that `qat.convert` quantizes the same
+# channels; the usual `(I, F)`/`(V, I, F)` layers record nothing.
+CONTRACTED_AXES = "contracted_axes"
 DOT_GENERAL_NAME = "dot_general"
 
 
@@ -328,9 +335,16 @@ class QATDotGeneral(_ActivationQParams):
         if not self.config.enabled:
             return rhs, _identity
         _check_bounds(self.lhs_bounds)
+        contracting = _contracting_dims(dimension_numbers, rhs)
         if self.is_mutable_collection(QUANT_STATS) or self.has_variable(QUANT_STATS, BITS):
             self.variable(QUANT_STATS, BITS, lambda: jnp.asarray(self.config.bits, jnp.int32))
-        rhs = fake_quantize_weight(rhs, _contracting_dims(dimension_numbers, rhs), self.config.bits)
+        if not is_default_contraction(contracting, rhs.ndim) and (
+            self.is_mutable_collection(QUANT_STATS)
+            or self.has_variable(QUANT_STATS, CONTRACTED_AXES)
+        ):
+            mask = [int(axis in contracting) for axis in range(rhs.ndim)]
+            self.variable(QUANT_STATS, CONTRACTED_AXES, lambda: jnp.asarray(mask, jnp.int32))
+        rhs = fake_quantize_weight(rhs, contracting, self.config.bits)
         return rhs, self._activation_quantizer(lhs_shape, observed)
 
     def _check_variables_fit(self) -> None:
@@ -455,8 +469,8 @@ class Int8DotGeneral(_ActivationQParams):
                 f"cast to a float dtype by nn.Dense), got {rhs.dtype}"
             )
         contracting = _contracting_dims(dimension_numbers, rhs)
-        _check_convertible_contraction(contracting, rhs.ndim, self.scope.path)
         channel_shape = tuple(n for axis, n in enumerate(rhs.shape) if axis not in contracting)
+        scale_shape = int8_scale_shape(tuple(rhs.shape), contracting)
         if not (self.is_initializing() or self.has_variable(INT8, "weight_scale")):
             raise ValueError(
                 f"no int8 weight_scale for the layer at '{'/'.join(self.scope.path)}': the "
@@ -464,15 +478,13 @@ class Int8DotGeneral(_ActivationQParams):
                 "the QAT one's name (build it with qat.int8_dot_general and the QAT side with "
                 "qat.qat_dot_general, both named 'dot_general', or run qat.int8_apply)"
             )
-        stored = self.variable(INT8, "weight_scale", lambda: jnp.ones(channel_shape, jnp.float32))
-        if tuple(stored.value.shape) != channel_shape:
-            raise ValueError(
-                f"int8 weight_scale has shape {tuple(stored.value.shape)}, the kernel "
-                f"{tuple(rhs.shape)} needs {channel_shape}"
-            )
+        stored = self.variable(INT8, "weight_scale", lambda: jnp.ones(scale_shape, jnp.float32))
+        _check_scale_fits(
+            tuple(stored.value.shape), tuple(rhs.shape), contracting, "/".join(self.scope.path)
+        )
         out_dtype = preferred_element_type or lhs.dtype
         weight_scale_out = rhs_channels_to_output(
-            stored.value, dimension_numbers, lhs.ndim, rhs.ndim
+            stored.value.reshape(channel_shape), dimension_numbers, lhs.ndim, rhs.ndim
         )
 
         if self.lhs_bounds is not None:
@@ -565,25 +577,44 @@ def _int32_contraction(
     return accumulator - offset * rhs_sums
 
 
-def _check_convertible_contraction(
-    contracting: tuple[int, ...], rhs_ndim: int, path: tuple[str, ...]
-) -> None:
-    """Raises unless the kernel is contracted over its second-to-last axis alone.
+def is_default_contraction(contracting: tuple[int, ...], rhs_ndim: int) -> bool:
+    """Whether a kernel is contracted over its second-to-last axis alone (`(I, F)`, `(V, I, F)`)."""
+    return tuple(contracting) == (rhs_ndim - 2,)
 
-    `qat.convert` quantizes every kernel per channel over axis -2 (the input
-    axis of `nn.Dense`/`Linear` `(I, F)` and `VariableLinear` `(V, I, F)`);
-    it never sees the dimension numbers. A kernel contracted over other axes
-    (`nn.DenseGeneral` with several feature or input axes) would get codes
-    and scales of the wrong channels: a wrong int8 output, silently so when
-    the shapes happen to agree.
+
+def int8_scale_shape(rhs_shape: tuple[int, ...], contracting: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape of `qat.convert`'s `weight_scale` for a kernel contracted over `contracting`.
+
+    The kernel's shape without its contracted axis for the usual layers
+    (`(F,)`, `(V, F)`); for any other contraction (`nn.DenseGeneral` with
+    several input or feature axes) the contracted axes are kept as 1s, so
+    that the scale's shape says which axes the codes were quantized over.
     """
-    if contracting == (rhs_ndim - 2,):
+    if is_default_contraction(contracting, len(rhs_shape)):
+        return tuple(n for axis, n in enumerate(rhs_shape) if axis not in contracting)
+    return tuple(1 if axis in contracting else n for axis, n in enumerate(rhs_shape))
+
+
+def _check_scale_fits(
+    stored: tuple[int, ...], rhs_shape: tuple[int, ...], contracting: tuple[int, ...], path: str
+) -> None:
+    """Raises unless `qat.convert` quantized this kernel over the axes it is contracted over."""
+    expected = int8_scale_shape(rhs_shape, contracting)
+    if stored == expected:
         return
+    if not is_default_contraction(contracting, len(rhs_shape)) and stored == int8_scale_shape(
+        rhs_shape, (len(rhs_shape) - 2,)
+    ):
+        raise ValueError(
+            f"the int8 layer at '{path}' contracts kernel axes {contracting} of a "
+            f"{len(rhs_shape)}-axis kernel, but its weight_scale {stored} was made over the "
+            "second-to-last axis (by qat.convert of variables that do not record the "
+            f"contraction): convert the QAT variables again (made by qat.from_fp32) so that "
+            f"the scale has shape {expected}"
+        )
     raise ValueError(
-        f"the int8 layer at '{'/'.join(path)}' contracts kernel axes {contracting} of a "
-        f"{rhs_ndim}-axis kernel, but qat.convert quantizes kernels per channel over their "
-        f"second-to-last axis only (nn.Dense/Linear (I, F), VariableLinear (V, I, F)); this "
-        "layer (e.g. nn.DenseGeneral with several feature or input axes) cannot run in int8"
+        f"int8 weight_scale has shape {stored}, the kernel {rhs_shape} contracted over axes "
+        f"{contracting} needs {expected}"
     )
 
 

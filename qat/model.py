@@ -49,12 +49,14 @@ from flax.core import unfreeze
 from qat.config import QATConfig
 from qat.dot_general import (
     BITS,
+    CONTRACTED_AXES,
     INT8,
     QUANT_PARAMS,
     QUANT_STATS,
     EmptyCalibrationInput,
     calibration_pass,
     int8_dot_general,
+    int8_scale_shape,
     qat_dot_general,
     quantize_weight,
 )
@@ -743,11 +745,41 @@ def _marker_bits(path: tuple[str, ...], marker: Array) -> int:
     return int(widths[0])
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
+def _contracted_axes(
+    path: tuple[str, ...], stats: Mapping[tuple[str, ...], Any], kernel_ndim: int
+) -> tuple[int, ...]:
+    """The kernel axes a layer contracts: its `contracted_axes` marker, else the second-to-last.
+
+    The marker is a 0/1 mask over the axes of the kernel as the contraction
+    saw it; a layer under `nn.scan`/`nn.vmap` holds one row per copy and a
+    kernel with the copies' axes in front, which shift the axes.
+    """
+    marker = stats.get((*path, CONTRACTED_AXES))
+    if marker is None:
+        return (kernel_ndim - 2,)
+    rows = np.unique(np.asarray(marker).reshape(-1, np.shape(marker)[-1]), axis=0)
+    if rows.shape[0] != 1:
+        raise ValueError(
+            f"the quantized layer {'/'.join(path)} records several contractions "
+            f"{rows.tolist()} (one per copy of a lifted layer): convert needs one"
+        )
+    lifted = kernel_ndim - rows.shape[1]
+    if lifted < 0:
+        raise ValueError(
+            f"the quantized layer {'/'.join(path)} records a contraction over "
+            f"{rows.shape[1]} kernel axes, but its kernel has {kernel_ndim}"
+        )
+    return tuple(lifted + int(axis) for axis in np.flatnonzero(rows[0]))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
 def _quantize_kernels(
-    kernels: tuple[Array, ...], bits: tuple[int, ...], dtype: Any = None
+    kernels: tuple[Array, ...],
+    bits: tuple[int, ...],
+    contracted: tuple[tuple[int, ...], ...],
+    dtype: Any = None,
 ) -> tuple[Any, ...]:
-    """`(codes, scale)` per kernel, the scale without the contracted axis.
+    """`(codes, scale)` per kernel, the scale shaped by `dot_general.int8_scale_shape`.
 
     With `dtype` each kernel is first rounded to it, as the dense layer casts
     it before its contraction. One compiled program for all layers (host
@@ -755,12 +787,11 @@ def _quantize_kernels(
     its own transfer and squeeze.
     """
     quantized = []
-    # Linear/nn.Dense (I, F) and VariableLinear (V, I, F) all contract axis -2.
-    for kernel, width in zip(kernels, bits, strict=True):
+    for kernel, width, axes in zip(kernels, bits, contracted, strict=True):
         if dtype is not None:
             kernel = kernel.astype(dtype)
-        codes, scale = quantize_weight(kernel, (kernel.ndim - 2,), width)
-        quantized.append((codes, jnp.squeeze(scale, -2)))
+        codes, scale = quantize_weight(kernel, axes, width)
+        quantized.append((codes, scale.reshape(int8_scale_shape(kernel.shape, axes))))
     return tuple(quantized)
 
 
@@ -806,7 +837,10 @@ def convert(qat_variables: Variables, bits: int | None = None, dtype: Any = None
     `(V, I, F)` of `VariableLinear`) becomes its integer codes
     `round(w / s)`, `s = max|w| / qmax` over the input axis, dtype int8 and
     the same shape; its scale goes to `int8/<layer>/dot_general/weight_scale`
-    (`(F,)` or `(V, F)`). Biases, LayerNorm and embeddings stay float.
+    (`(F,)` or `(V, F)`). A kernel contracted over other axes (recorded by
+    the QAT layer, e.g. `nn.DenseGeneral` with several input or feature
+    axes) is quantized over those, its scale of the kernel's shape with 1s
+    at the contracted axes. Biases, LayerNorm and embeddings stay float.
     The other collections are carried over: `'quant_stats'` (and
     `'quant_params'`) for the activations, the model's own state (e.g.
     BatchNorm's `'batch_stats'`) as it is.
@@ -873,8 +907,13 @@ def convert(qat_variables: Variables, bits: int | None = None, dtype: Any = None
             )
         kernel_paths.append(kernel_path)
     _warn_uncalibrated(qat_variables)
+    stats = traverse_util.flatten_dict(unfreeze(qat_variables.get(QUANT_STATS, {})))
+    contracted = tuple(
+        _contracted_axes(path, stats, jnp.ndim(params[kernel_path]))
+        for path, kernel_path in zip(layers, kernel_paths, strict=True)
+    )
     quantized = _quantize_kernels(
-        tuple(params[path] for path in kernel_paths), tuple(layers.values()), dtype
+        tuple(params[path] for path in kernel_paths), tuple(layers.values()), contracted, dtype
     )
     scales = {}
     for path, kernel_path, (codes, scale) in zip(layers, kernel_paths, quantized, strict=True):

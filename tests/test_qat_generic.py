@@ -29,7 +29,7 @@ from qat import (
     int8_dot_general,
     quantized_layers,
 )
-from qat.dot_general import lhs_rows_with_nan
+from qat.dot_general import INT8, lhs_rows_with_nan
 from tft_jax import Linear
 from tft_jax.lstm import LSTM
 
@@ -264,26 +264,66 @@ def test_a_hand_built_int8_contraction_under_another_name_is_told_where_to_look(
     )
 
 
-class MultiFeatureDense(nn.Module):
-    """`nn.DenseGeneral` with features `(2, 4)`: a `(2, 2, 4)` kernel contracted over axis 0."""
+class MultiAxisDense(nn.Module):
+    """`nn.DenseGeneral` contracted over other axes than the kernel's second-to-last alone."""
 
+    features: tuple[int, ...]
+    axis: tuple[int, ...]
     dot_general_cls: Any = None
 
     @nn.compact
     def __call__(self, x):
-        return nn.DenseGeneral((2, 4), dot_general_cls=self.dot_general_cls)(x)
+        return nn.DenseGeneral(self.features, self.axis, dot_general_cls=self.dot_general_cls)(x)
 
 
-def test_a_kernel_not_contracted_over_its_second_to_last_axis_is_refused_in_int8():
-    # convert quantizes over axis -2; here the input axis is 0 and, with 2 input
-    # features, the scale shapes agree: int8_apply used to return a wrong output.
-    x = np.random.default_rng(0).normal(size=(4, 2)).astype(np.float32)
-    model = MultiFeatureDense()
+@pytest.mark.parametrize(
+    "features, axis, x_shape, contracted",
+    [
+        ((2, 4), (-1,), (4, 2), (0,)),  # (2, 2, 4): the input axis in front, shapes ambiguous
+        ((3,), (-2, -1), (4, 2, 5), (0, 1)),  # (2, 5, 3): two input axes
+        ((2, 3), (-2, -1), (4, 2, 5), (0, 1)),  # (2, 5, 2, 3): two of each
+    ],
+)
+def test_a_kernel_contracted_over_other_axes_converts_and_runs_in_int8(
+    features, axis, x_shape, contracted
+):
+    # convert quantized every kernel over axis -2; for these layers it wrote codes and
+    # scales of the wrong channels, and int8_apply refused to run them.
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=x_shape).astype(np.float32)
+    model = MultiAxisDense(features, axis)
     qat_model = QATModel(model, QATConfig(bits=8))
-    qat_vars = from_fp32(model.init(jax.random.key(0), x), qat_model, x)
-    int8_vars = convert(calibrate(qat_model, qat_vars, [x]))
-    with pytest.raises(ValueError, match=r"contracts kernel axes \(0,\) of a 3-axis kernel"):
+    qat_vars = calibrate(qat_model, from_fp32(model.init(jax.random.key(0), x), qat_model, x), [x])
+    int8_vars = convert(qat_vars)
+    (layer,) = int8_vars["params"]
+    kernel = np.asarray(qat_vars["params"][layer]["kernel"], np.float64)
+    # Independent reference: per output channel, max|w| over the contracted axes.
+    scale = np.max(np.abs(kernel), axis=contracted, keepdims=True) / 127.0
+    np.testing.assert_array_equal(
+        int8_vars["params"][layer]["kernel"], np.round(kernel / scale).astype(np.int8)
+    )
+    np.testing.assert_allclose(
+        int8_vars[INT8][layer]["dot_general"]["weight_scale"], scale, rtol=1e-6
+    )
+    want = np.asarray(qat_model.apply(qat_vars, x), np.float64)
+    got = np.asarray(int8_apply(qat_model, int8_vars, x), np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_an_int8_scale_made_over_the_wrong_axes_is_refused():
+    # int8 variables converted without the contraction's record (over axis -2):
+    # with 2 input features the scale shapes agreed and the output was wrong.
+    x = np.random.default_rng(0).normal(size=(4, 2)).astype(np.float32)
+    model = MultiAxisDense((2, 4), (-1,))
+    qat_model = QATModel(model, QATConfig(bits=8))
+    qat_vars = calibrate(qat_model, from_fp32(model.init(jax.random.key(0), x), qat_model, x), [x])
+    int8_vars = convert(qat_vars)
+    (layer,) = int8_vars["params"]
+    stale = int8_vars[INT8][layer]["dot_general"]["weight_scale"]
+    int8_vars[INT8][layer]["dot_general"]["weight_scale"] = np.ones((2, 4), np.float32)
+    with pytest.raises(ValueError, match=r"contracts kernel axes \(0,\) .* convert the QAT"):
         int8_apply(qat_model, int8_vars, x)
+    assert stale.shape == (1, 2, 4)
 
 
 def test_int8_outputs_that_read_a_nan_input_are_nan_like_the_fake_quantized_ones():
