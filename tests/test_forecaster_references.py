@@ -68,6 +68,34 @@ def test_evaluate_refuses_a_prepared_dataset_the_model_does_not_read(fitted):
     assert scores[0] == scores[1]
 
 
+def test_a_dataset_prepared_for_another_split_cannot_score_its_new_series(fitted):
+    # A new series is scaled by its target before the scored period. A dataset
+    # prepared for the test split scaled one starting inside the validation period by
+    # its validation targets, and evaluate(split="validation") scored it without a word.
+    forecaster, table, _ = fitted
+    start = forecaster.prepare(table, "validation").validation_start
+    first = table["store"].iloc[0]
+    new = table[(table["store"] == first) & (pd.to_datetime(table["day"]) >= start)]
+    with_new = pd.concat([table, new.assign(store="new store")], ignore_index=True)
+
+    def unseen():
+        return pytest.warns(UserWarning, match=r"series \['new store'\] were not in the training")
+
+    with unseen():
+        for_test = forecaster.prepare(with_new, "test")
+    assert for_test.new_series == ("new store",) and for_test.scored == "test"
+    leaked = r"prepared with scored='test', but the validation split .* \('new store'\)"
+    with pytest.raises(ValueError, match=leaked):
+        forecaster.evaluate(for_test, split="validation")
+    with unseen():
+        everything = forecaster.prepare(with_new)
+    with pytest.raises(ValueError, match=r"prepared with scored=None, but the test split"):
+        forecaster.evaluate(everything, split="test")
+    # Prepared for the split it scores, or without new series, a dataset is accepted.
+    assert forecaster.evaluate(for_test, split="test")["windows"]
+    assert forecaster.prepare(forecaster.prepare(table, "test"), "validation").new_series == ()
+
+
 def test_models_of_a_type_that_is_no_list_of_names_are_named(fitted):
     forecaster, table, _ = fitted
     with pytest.raises(TypeError, match=r"models must be a list of model names .* got int 3"):

@@ -89,6 +89,8 @@ class PreparedDataset:
         a missing-value text such as 'n/a' (`tables.MISSING_TEXTS`).
       require_observed_target: whether windows whose horizon holds a filled
         target were left out (`prepare_dataset`'s argument).
+      scored: `prepare_dataset`'s `scored`: the part of the table whose
+        targets the scalers of series new to `preprocessor` do not know.
     """
 
     spec: TableSpec
@@ -111,6 +113,13 @@ class PreparedDataset:
     preprocessor: Preprocessor
     missing_texts: dict[str, int] = dataclasses.field(default_factory=dict)
     require_observed_target: bool = True
+    scored: str | int | None = None
+
+    @property
+    def new_series(self) -> tuple[Any, ...]:
+        """The ids of the series `preprocessor` was not fitted on (scaled from this table)."""
+        known = set(self.preprocessor.series_ids)
+        return tuple(series for series in self.series_ids if series not in known)
 
     @property
     def panel(self) -> Panel:
@@ -750,6 +759,7 @@ def prepare_dataset(
         preprocessor=preprocessor,
         missing_texts=texts,
         require_observed_target=bool(require_observed_target),
+        scored=scored,
     )
     zone_back = zone_to_give_back(spec, reading, raw[spec.time_col])
     if zone_back is not None:

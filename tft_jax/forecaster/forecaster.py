@@ -311,6 +311,26 @@ def _common_grid(dataset: PreparedDataset, freq: str, zone: str | None) -> pd.Da
     return grid
 
 
+def _check_new_series_scaled_for(dataset: PreparedDataset, scored: str | None) -> None:
+    """Raises unless the scalers of `dataset`'s new series were fitted without `scored`'s targets.
+
+    A series the model never saw is scaled by its own target before the
+    scored period (`prepare_dataset`'s `scored`). A dataset prepared for
+    another split (or for none) may have scaled it by the very targets
+    scored now: that leaked them into the inputs, without a word.
+    """
+    new = dataset.new_series
+    if scored is None or dataset.scored == scored or not new:
+        return
+    shown = ", ".join(repr(series) for series in new[:3]) + (" ..." if len(new) > 3 else "")
+    raise ValueError(
+        f"the PreparedDataset was prepared with scored={dataset.scored!r}, but the {scored} "
+        f"split is scored: the scalers of its {len(new)} new series ({shown}) may know that "
+        f"split's targets; pass the table, or prepare it with Forecaster.prepare(table, "
+        f"{scored!r})"
+    )
+
+
 class Forecaster:
     """A TFT forecasting pipeline for long-format tables (one row per series and time).
 
@@ -464,6 +484,7 @@ class Forecaster:
         fitted = self._require_fitted()
         if isinstance(table, PreparedDataset):
             self._check_prepared(table, fitted.preprocessor)
+            _check_new_series_scaled_for(table, scored)
             return table
         return prepare_dataset(
             table,
