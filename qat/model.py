@@ -63,6 +63,7 @@ from qat.dot_general import (
 from qat.fake_quant import is_concrete
 from tft_jax.config import TFTConfig
 from tft_jax.model import TemporalFusionTransformer, TFTOutput
+from tft_jax.static_arguments import from_static_argument, static_argument
 
 Array = Any
 Variables = Mapping[str, Any]
@@ -406,38 +407,6 @@ def _join_flags(
     return joined, {**kwargs, **dict(keywords)}
 
 
-class _ByIdentity:
-    """A model with an unhashable field (a list of features, an array) as a static jit argument.
-
-    Compared and hashed by the model object's identity: calls with that
-    object share one trace; an equal model built anew traces again.
-    """
-
-    __slots__ = ("model",)
-
-    def __init__(self, model: _QuantizedModel) -> None:
-        self.model = model
-
-    def __hash__(self) -> int:
-        return id(self.model)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _ByIdentity) and other.model is self.model
-
-
-def _static_model(qat_model: _QuantizedModel) -> Any:
-    """`qat_model` as the static argument of the jitted helpers (by value when it hashes)."""
-    try:
-        hash(qat_model)
-    except TypeError:
-        return _ByIdentity(qat_model)
-    return qat_model
-
-
-def _model_of(static: Any) -> _QuantizedModel:
-    return static.model if isinstance(static, _ByIdentity) else static
-
-
 @functools.partial(jax.jit, static_argnums=(0, 4))
 def _initial_variables(
     qat_model: _QuantizedModel,
@@ -448,7 +417,7 @@ def _initial_variables(
 ) -> dict[str, Any]:
     """The QAT model's `init`; `from_fp32` takes its shapes, traced once per equal model."""
     args, kwargs = _join_flags(args, kwargs, flags)
-    return _model_of(qat_model).init(rngs, *args, **kwargs)
+    return from_static_argument(qat_model).init(rngs, *args, **kwargs)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 5))
@@ -492,7 +461,7 @@ def from_fp32(
     args, array_kwargs, flags = _split_flags(tuple(inputs), kwargs)
 
     expected = _initial_variables.eval_shape(
-        _static_model(qat_model), rngs, args, array_kwargs, flags
+        static_argument(qat_model), rngs, args, array_kwargs, flags
     )
     params = unfreeze(fp32_variables["params"])
     expected_shapes = _tree_shapes(unfreeze(expected["params"]))
@@ -520,7 +489,7 @@ def from_fp32(
             )
     state_collections = tuple(name for name in expected if name != "params" and name not in carried)
     state = unfreeze(
-        _fresh_state(_static_model(qat_model), state_collections, rngs, args, array_kwargs, flags)
+        _fresh_state(static_argument(qat_model), state_collections, rngs, args, array_kwargs, flags)
     )
     state.setdefault(QUANT_STATS, {})
     return {"params": params, **carried, **state}
@@ -568,7 +537,7 @@ def _calibration_step(
     the batch, or an overflowing activation, would poison the scales).
     """
     args, kwargs = _join_flags(args, kwargs, flags)
-    _, updates = _model_of(qat_model).apply(
+    _, updates = from_static_argument(qat_model).apply(
         variables, *args, **kwargs, calibrate=True, mutable=[QUANT_STATS]
     )
     stats = updates[QUANT_STATS]
@@ -671,7 +640,7 @@ def calibrate(
         args, kwargs = qat_model.batch_inputs(batch)
         with _inputs_fitting(f"calibrate: the inputs of batch {index}"), _naming_batch(index):
             variables, batch_finite = _calibration_step(
-                _static_model(qat_model),
+                static_argument(qat_model),
                 variables,
                 *_split_flags(tuple(args), qat_model.inference_kwargs(kwargs, len(args))),
             )

@@ -32,6 +32,7 @@ import numpy as np
 import optax
 
 from tft_jax.schedules import WarmupCosine
+from tft_jax.static_arguments import from_static_argument, static_argument
 
 PyTree = Any
 Array = jax.Array
@@ -264,7 +265,7 @@ def flat_adamw(
         learning_rate=_IN_STATE if isinstance(learning_rate, WarmupCosine) else learning_rate,
         clip_norm=clip_norm,
         weight_decay=weight_decay,
-        mask=_hashable(mask),
+        mask=static_argument(mask),
         b1=b1,
         b2=b2,
         eps=eps,
@@ -395,28 +396,6 @@ def scheduled_learning_rate(tx: Any, state: Any) -> Array | None:
     return jnp.asarray(tx.update._learning_rate(state), jnp.float32)
 
 
-class _ByIdentity:
-    """A wrapper that compares (and hashes) by the identity of an unhashable object."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _ByIdentity) and other.value is self.value
-
-    def __hash__(self) -> int:
-        return id(self.value)
-
-
-def _hashable(value: Any) -> Any:
-    """`value` if hashable, else wrapped to compare by identity (a pytree mask, say)."""
-    try:
-        hash(value)
-    except TypeError:
-        return _ByIdentity(value)
-    return value
-
-
 # The learning rate of a `_Hyper` whose schedule lives in the state (compared by identity).
 _IN_STATE: Any = object()
 
@@ -427,7 +406,7 @@ class _Hyper:
 
     `learning_rate` is a float or a schedule compiled into the step, or
     `_IN_STATE` for a `WarmupCosine` read from `FlatAdamWState.schedule`;
-    `mask` as given, or wrapped by `_hashable`.
+    `mask` as given, or wrapped by `static_argument`.
     """
 
     learning_rate: Any
@@ -440,7 +419,7 @@ class _Hyper:
 
     @property
     def decay_mask(self) -> Any:
-        return self.mask.value if isinstance(self.mask, _ByIdentity) else self.mask
+        return from_static_argument(self.mask)
 
 
 @dataclasses.dataclass(frozen=True)

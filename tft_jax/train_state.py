@@ -25,6 +25,7 @@ from tft_jax.flat_optimizer import (
 )
 from tft_jax.model import validate_inputs
 from tft_jax.schedules import WarmupCosine
+from tft_jax.static_arguments import is_hashable
 
 Array = Any
 PyTree = Any
@@ -118,15 +119,6 @@ class TrainState:
         return {**self.trainables(), **self.model_state}
 
 
-def _hashable(model: Any) -> bool:
-    """Whether `model` can be hashed: a static jit argument, shared by equal models."""
-    try:
-        hash(model)
-    except TypeError:
-        return False
-    return True
-
-
 class ModelApply:
     """`model.apply` that compares and hashes by the model's value.
 
@@ -155,10 +147,12 @@ class ModelApply:
             return NotImplemented
         if self.model is other.model:
             return True
-        return _hashable(self.model) and _hashable(other.model) and bool(self.model == other.model)
+        return (
+            is_hashable(self.model) and is_hashable(other.model) and bool(self.model == other.model)
+        )
 
     def __hash__(self) -> int:
-        return hash(self.model) if _hashable(self.model) else id(self.model)
+        return hash(self.model) if is_hashable(self.model) else id(self.model)
 
     def __repr__(self) -> str:
         return f"ModelApply({self.model!r})"
@@ -302,14 +296,14 @@ def _init_variables(model: Any, rngs: dict[str, Array], args: tuple, kwargs: dic
     run of an experiment or a refit of the same model neither traces nor
     compiles `init` again. A module with an unhashable field is traced per call.
     """
-    if not _hashable(model):
+    if not is_hashable(model):
         return jax.jit(model.init, compiler_options=INIT_COMPILE_OPTIONS)(rngs, *args, **kwargs)
     return _jitted_init(model, rngs, args, kwargs)
 
 
 def _init_shapes(model: Any, rngs: dict[str, Array], args: tuple, kwargs: dict) -> PyTree:
     """The shapes and dtypes of the model's initial variables, traced once per equal model."""
-    if not _hashable(model):
+    if not is_hashable(model):
         return jax.eval_shape(model.init, rngs, *args, **kwargs)
     return _jitted_init.eval_shape(model, rngs, args, kwargs)
 
