@@ -141,13 +141,25 @@ def test_a_batch_field_that_is_a_list_raises_naming_it(state: TrainState, field:
         eval_step(state, batch)
 
 
-@pytest.mark.parametrize("rng", [0, None, np.zeros(2, np.float32)])
+@pytest.mark.parametrize(
+    "rng", [0, None, np.zeros(2, np.float32), np.zeros(3, np.uint32)], ids=repr
+)
 def test_an_rng_that_is_not_a_key_raises_naming_rng(state: TrainState, rng: Any) -> None:
-    # Before: Flax's error about an `rngs` argument (int), or accepted (None).
+    # Before: Flax's error about an `rngs` argument (int, or uint32 data of another
+    # length than a key's), or accepted (None).
     with pytest.raises(TypeError, match="train_step: rng must be one PRNG key"):
         train_step(state, make_batch(), rng)
     with pytest.raises(TypeError, match="lower_train_step: rng must be one PRNG key"):
         lower_train_step(state, make_batch(), rng)
+
+
+def test_fit_names_a_mesh_that_is_not_a_data_mesh(state: TrainState) -> None:
+    # Before: "AttributeError: 'str' object has no attribute 'size'" deep in a check.
+    with pytest.raises(TypeError, match=r"fit: mesh must be a jax.sharding.Mesh .* got str"):
+        fit(state, [make_batch()], epochs=1, mesh="data", quiet=True)
+    other_axis = jax.sharding.Mesh(np.asarray(jax.devices()[:1]), ("batch",))
+    with pytest.raises(ValueError, match=r"fit: mesh must have a 'data' axis .* \('batch',\)"):
+        fit(state, [make_batch()], epochs=1, mesh=other_axis, quiet=True)
 
 
 def test_create_train_state_names_an_rng_that_is_not_a_key() -> None:
@@ -307,6 +319,55 @@ def test_a_checkpoint_of_other_quantile_levels_is_refused_at_restore(
     with pytest.raises(ValueError, match=r"trained for quantile levels"):
         load_state(tmp_path / "ckpt", template, prefer="latest")
     assert checkpointer.restore_latest(state).step == 0
+
+
+def test_a_checkpoint_of_a_model_of_other_settings_is_refused_at_restore(
+    state: TrainState, tmp_path: pathlib.Path
+) -> None:
+    # History length, horizon and self-attention shape no array: a checkpoint of
+    # attend_to_self=True resumed as False, or loaded into a model of 6 history and 3
+    # horizon steps, ran as another model without a word.
+    checkpointer = TrainingCheckpointer(tmp_path / "ckpt")
+    checkpointer.save_latest(state, jax.random.key(0), {"epoch": 0})
+    rng = np.random.default_rng(1)
+    longer = make_batch(
+        historical=rng.normal(size=(B, T + 2, U)).astype(np.float32),
+        future=rng.normal(size=(B, H + 1, K)).astype(np.float32),
+        target=rng.normal(size=(B, H + 1)).astype(np.float32),
+    )
+    cases = [
+        (
+            dict(attend_to_self=False),
+            make_batch(),
+            r"attend_to_self=True \(the template's: False\)",
+        ),
+        (
+            dict(sequence_length=T + 2, prediction_horizon=H + 1),
+            longer,
+            rf"sequence_length={T} \(the template's: {T + 2}\), prediction_horizon={H} "
+            rf"\(the template's: {H + 1}\)",
+        ),
+    ]
+    for fields, batch, message in cases:
+        template = create_train_state(
+            TemporalFusionTransformer(dataclasses.replace(CONFIG, **fields)),
+            make_optimizer(1e-2),
+            jax.random.key(0),
+            batch,
+        )
+        with pytest.raises(ValueError, match=rf"trained as a model of other settings: {message}"):
+            checkpointer.restore_latest(template)
+        with pytest.raises(ValueError, match=r"trained as a model of other settings"):
+            load_state(tmp_path / "ckpt", template, prefer="latest")
+    # The dropout rate and the compute dtype are the template's to choose.
+    for fields in (dict(dropout_rate=0.2), dict(dtype="bfloat16")):
+        template = create_train_state(
+            TemporalFusionTransformer(dataclasses.replace(CONFIG, **fields)),
+            make_optimizer(1e-2),
+            jax.random.key(0),
+            make_batch(),
+        )
+        assert checkpointer.restore_latest(template).step == 0
 
 
 def diverged(state: TrainState) -> TrainState:

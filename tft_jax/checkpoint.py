@@ -240,6 +240,58 @@ def _check_quantiles(saved: Any, template: PyTree, step: int, directory: Any) ->
         )
 
 
+# The model settings a checkpoint records (the model's `config`, a QAT model's
+# `qat_config`) and the fields it compares on restore: those that change what the
+# model computes without changing any array's shape or dtype. Quantile levels have
+# their own check; the dropout rate and the compute dtype are the template's to choose.
+_MODEL_SETTINGS = {
+    "config": ("sequence_length", "prediction_horizon", "attend_to_self", "use_known_history"),
+    "qat_config": ("bits",),
+}
+
+
+def _model_settings(state: PyTree) -> dict[str, dict[str, Any]]:
+    """`{attribute: {field: value}}`: the settings of `state`'s model named by `_MODEL_SETTINGS`.
+
+    Read from `state.apply_fn.model` (a `ModelApply`); a model without such
+    attributes records nothing.
+    """
+    model = getattr(getattr(state, "apply_fn", None), "model", None)
+    settings = {}
+    for attribute, fields in _MODEL_SETTINGS.items():
+        config = getattr(model, attribute, None)
+        values = {field: getattr(config, field) for field in fields if hasattr(config, field)}
+        if values:
+            settings[attribute] = json.loads(json.dumps(values))
+    return settings
+
+
+def _check_model_settings(saved: Any, template: PyTree, step: int, directory: Any) -> None:
+    """Raises `ValueError` when a step was trained as a model of other settings than `template`'s.
+
+    History length, horizon, self-attention, the known history and the bit
+    width shape no array (a model of 12 steps has the parameters of one of
+    10), so the layout check cannot see them, and the restored parameters
+    would run as another model without a word. Checkpoints written before the
+    settings were recorded are not checked.
+    """
+    if not isinstance(saved, Mapping):
+        return
+    expected = _model_settings(template)
+    differ = [
+        f"{field}={then!r} (the template's: {expected[attribute][field]!r})"
+        for attribute, fields in saved.items()
+        if isinstance(fields, Mapping) and attribute in expected
+        for field, then in fields.items()
+        if field in expected[attribute] and expected[attribute][field] != then
+    ]
+    if differ:
+        raise ValueError(
+            f"checkpoint step {step} in {directory} was trained as a model of other settings: "
+            f"{', '.join(differ)}; resume or load it with the model it was trained as"
+        )
+
+
 def _payload(state: PyTree, rng: Array) -> dict[str, PyTree]:
     # The key's data as NumPy: the same in every process, so saved once (by process 0).
     return {"train_state": state, "rng": np.asarray(jax.random.key_data(rng))}
@@ -366,6 +418,9 @@ class TrainingCheckpointer:
         quantiles = getattr(state, "quantiles", None)
         if quantiles is not None:  # the loss's levels: not in the arrays' layout
             meta["quantiles"] = [float(level) for level in quantiles]
+        settings = _model_settings(state)
+        if settings:  # nor are these
+            meta["model"] = settings
         return manager.save(
             step,
             args=ocp.args.Composite(
@@ -491,6 +546,7 @@ class TrainingCheckpointer:
                 f"{_optimizer_layout_note(saved_layout, expected_layout, manager.directory, step)}"
             )
         _check_quantiles(meta.get("quantiles"), template, step, manager.directory)
+        _check_model_settings(meta.get("model"), template, step, manager.directory)
         _drop_late_loop_callbacks()
         try:
             with _abandoned_reads_unlogged(pathlib.Path(manager.directory) / str(step)):

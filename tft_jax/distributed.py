@@ -51,6 +51,25 @@ def data_mesh(num_devices: int | None = None, devices: Sequence[Any] | None = No
     return Mesh(np.asarray(available[:count]), (DATA_AXIS,))
 
 
+def check_mesh(owner: str, mesh: Any) -> None:
+    """Raises unless `mesh` is a `jax.sharding.Mesh` with a `data` axis (as `data_mesh` makes).
+
+    Raises:
+      TypeError: `mesh` is not a `Mesh` (a string, a device list).
+      ValueError: it has no `data` axis to split the batch over.
+    """
+    if not isinstance(mesh, Mesh):
+        raise TypeError(
+            f"{owner}: mesh must be a jax.sharding.Mesh with a {DATA_AXIS!r} axis "
+            f"(tft_jax.distributed.data_mesh()), got {type(mesh).__name__} {mesh!r}"
+        )
+    if DATA_AXIS not in mesh.axis_names:
+        raise ValueError(
+            f"{owner}: mesh must have a {DATA_AXIS!r} axis to split the batch over, got axes "
+            f"{tuple(mesh.axis_names)} (tft_jax.distributed.data_mesh() makes one)"
+        )
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     """Leading (batch) axis split over `data`, the rest replicated."""
     return NamedSharding(mesh, PartitionSpec(DATA_AXIS))

@@ -23,7 +23,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from tft_jax.checkpoint import BEST, TrainingCheckpointer
-from tft_jax.distributed import data_mesh, is_primary, place_state, shard_batch
+from tft_jax.distributed import check_mesh, data_mesh, is_primary, place_state, shard_batch
 from tft_jax.fit_progress import Progress, duration_text, step_text
 from tft_jax.optimizer import _require_positive_float
 from tft_jax.steps import _check_mesh_divides, _check_validation_targets, evaluate, train_step
@@ -365,6 +365,7 @@ def fit(
     if val_batches is not None:
         _check_validation_targets(val_batches)
     mesh = data_mesh() if mesh is None else mesh
+    check_mesh("fit", mesh)
     if val_batches is not None:
         _check_mesh_divides("val_batches", val_batches, mesh)
     if isinstance(train_batches, list | tuple):

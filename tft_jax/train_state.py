@@ -319,6 +319,11 @@ def _check_state(name: str, state: Any) -> None:
         )
 
 
+def _raw_key_shape() -> tuple[int, ...]:
+    """The shape of one raw key of the default PRNG implementation (`(2,)` for threefry)."""
+    return tuple(jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))).shape)
+
+
 def _check_rng(name: str, rng: Any) -> None:
     """Raises `TypeError` unless `rng` is one PRNG key: a typed key, or raw `uint32` key data.
 
@@ -329,12 +334,12 @@ def _check_rng(name: str, rng: Any) -> None:
     if dtype is not None and shape is not None:
         if jnp.issubdtype(dtype, jax.dtypes.prng_key) and tuple(shape) == ():
             return
-        if jnp.issubdtype(dtype, jnp.uint32) and len(shape) == 1:  # jax.random.PRNGKey(...)
-            return
+        if jnp.issubdtype(dtype, jnp.uint32) and tuple(shape) == _raw_key_shape():
+            return  # jax.random.PRNGKey(...): the default implementation's key data
     got = f"{type(rng).__name__}" + ("" if dtype is None else f" of dtype {dtype}, shape {shape}")
     raise TypeError(
-        f"{name}: rng must be one PRNG key (jax.random.key(seed), or jax.random.PRNGKey(seed)), "
-        f"got {got}"
+        f"{name}: rng must be one PRNG key (jax.random.key(seed), or jax.random.PRNGKey(seed) "
+        f"of shape {_raw_key_shape()}), got {got}"
     )
 
 
