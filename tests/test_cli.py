@@ -815,6 +815,33 @@ def test_evaluate_refuses_an_output_that_is_its_table(capsys, trained_run, csv_p
     assert code == 2
     assert f"--output {other} is the --csv file" in err
     assert other.read_bytes() == csv_path.read_bytes()
+    # Without --csv the run's own table is read: it was overwritten with the metrics.
+    code, _, err = run(
+        capsys, "evaluate", "--run", str(trained_run), "--output", str(csv_path),
+        "--compile-cache", "none",
+    )  # fmt: skip
+    assert code == 2 and f"--output {csv_path} is the run's table" in err
+    assert csv_path.read_bytes() == other.read_bytes()
+
+
+@pytest.mark.slow
+def test_evaluate_keeps_trains_entries_of_metrics_json_however_its_path_is_spelled(
+    capsys, trained_run, tmp_path
+):
+    # Compared as text, an absolute --output to the run's metrics.json dropped train's
+    # `plots`, `seconds` and `size`.
+    copy = tmp_path / "run"
+    shutil.copytree(trained_run, copy, ignore=shutil.ignore_patterns("checkpoints"))
+    before = json.loads((copy / "metrics.json").read_text())
+    spelled = copy / "plots" / ".." / "metrics.json"
+    code, _, _ = run(
+        capsys, "evaluate", "--run", str(copy), "--output", str(spelled), "--compile-cache", "none"
+    )
+    assert code == 0
+    after = json.loads((copy / "metrics.json").read_text())
+    assert {key: after[key] for key in ("plots", "seconds")} == {
+        key: before[key] for key in ("plots", "seconds")
+    }
 
 
 @pytest.mark.slow

@@ -67,6 +67,54 @@ def test_overwrite_removes_a_run_folder_left_empty(tmp_path):
     assert _files(tmp_path) == ["plots/mine.svg"]
 
 
+def test_overwrite_removes_plot_folders_and_partial_files_but_not_lookalike_user_files(tmp_path):
+    # `plot --split validation` and `plot --csv other.csv` draw into plots/validation/ and
+    # plots/test_other/: they survived --overwrite and described the old model. And the
+    # patterns metrics*.json / forecasts*.csv deleted the user's own files of such names.
+    run_files = [
+        "metrics.json", "metrics_validation.json", "metrics_test_other.json",
+        "metrics.json.tmp", "forecasts.csv", "forecasts_int8_test.csv",
+        "forecasts_fp32_validation_other.csv", "forecasts.csv.tmp", "other_tables.json",
+        "plots/attention.png", "plots/validation/attention.png",
+        "plots/test_other/forecasts_fp32.png", "plots/loss_curves.png.tmp",
+    ]  # fmt: skip
+    mine = ["forecasts_sales_team.csv", "metrics_dashboard.json", "plots/figure1.png"]
+    for name in run_files + mine:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    removed = cli.remove_run_files(tmp_path)
+    assert removed == sorted([*(name for name in run_files if "/" not in name), "plots/"])
+    assert _files(tmp_path) == sorted(mine)
+
+
+def test_two_tables_of_one_file_name_cannot_share_the_runs_outputs(tmp_path):
+    # Outputs for another table are named after its file: a second sales.csv from
+    # another folder replaced the first's metrics_test_sales.json without a word.
+    first, second = tmp_path / "2023" / "sales.csv", tmp_path / "2024" / "sales.csv"
+    for path in (first, second):
+        path.parent.mkdir()
+        _table().to_csv(path, index=False)
+    run_folder = tmp_path / "run"
+    config = {"source": {"csv": str(tmp_path / "own.csv"), "command": "train"}}
+    assert cli.metrics_output(_forecast_args(run_folder, first), config).name == (
+        "metrics_validation_sales.json"
+    )
+    # The same table again, by another spelling of its path, keeps its names.
+    again = _forecast_args(run_folder, tmp_path / "2023" / ".." / "2023" / "sales.csv")
+    assert cli.forecast_output(again, config, "fp32").name == "forecasts_fp32_validation_sales.csv"
+    for output in (cli.metrics_output, cli.plots_output):
+        with pytest.raises(UsageError, match=r"--csv .*2024/sales.csv: .* named 'sales' .*2023"):
+            output(_forecast_args(run_folder, second), config)
+    with pytest.raises(UsageError, match=r"named 'sales'"):
+        cli.forecast_output(_forecast_args(run_folder, second), config, "fp32")
+    # An --output of the user's own is no name of the run's.
+    args = argparse.Namespace(run=run_folder, csv=second, output=tmp_path / "m.json", split="test")
+    assert cli.metrics_output(args, config) == tmp_path / "m.json"
+    assert json.loads((run_folder / "other_tables.json").read_text()) == {
+        "sales": str(first.resolve())
+    }
+
+
 # ---------------------------------------------------------------------------
 # --resume over a run that has nothing to continue
 

@@ -1,9 +1,11 @@
 """Forecast tables and forecasts in the target's units: `forecast_frame` refuses id or time
-columns named like a column it adds and levels sharing a column name, and a value returned
-to original units beyond float64 is refused naming where it is."""
+columns named like a column it adds and levels sharing a column name, a value returned
+to original units beyond float64 is refused naming where it is, and `write_forecasts`
+keeps times of a fraction of a second and writes whole files or none."""
 
 from __future__ import annotations
 
+import pathlib
 import warnings
 
 import numpy as np
@@ -12,7 +14,7 @@ import pytest
 
 from tft_jax.data import PreparedDataset
 from tft_jax.data.scaling import TargetScaler
-from tft_jax.evaluation import forecast_frame, to_original_units
+from tft_jax.evaluation import forecast_frame, to_original_units, write_forecasts
 
 from . import evaluation_tables
 from .evaluation_tables import HORIZON, QUANTILES, make_table
@@ -89,3 +91,42 @@ def test_an_affine_inverse_beyond_float64_is_refused_and_nan_passes():
         scaler.inverse_transform(np.array([[1e10], [1e10]]), codes)
     back = scaler.inverse_transform(np.array([[np.nan], [1e5]]), codes)
     assert np.isnan(back[0, 0]) and back[1, 0] == pytest.approx(1e305, rel=1e-12)
+
+
+# ----------------------------------------------------------------- writing forecast tables
+
+
+def test_forecast_times_of_a_fraction_of_a_second_are_written_in_full(tmp_path):
+    # The format cut times to the second: the 5 steps of a 100 ms series read back as one.
+    times = pd.date_range("2024-01-01 00:00:20", periods=5, freq="100ms")
+    table = pd.DataFrame(
+        {"shop": "a", "forecast_start": times[0], "day": times, "horizon": range(1, 6)}
+    )
+    path = tmp_path / "forecasts.csv"
+    write_forecasts(table, path)
+    back = pd.read_csv(path, parse_dates=["forecast_start", "day"])
+    pd.testing.assert_series_equal(back["day"], table["day"], check_dtype=False)
+    assert back["day"].nunique() == 5
+    # Whole seconds stay in the short form.
+    write_forecasts(table.assign(day=table["day"].dt.floor("s")), path)
+    assert "2024-01-01T00:00:20," in path.read_text()
+
+
+def test_a_forecast_table_cut_short_leaves_the_earlier_file_and_names_the_output(
+    tmp_path, monkeypatch
+):
+    # Written in place, a full disk left a truncated CSV (a row cut in half) where the
+    # complete one was, and pandas' error named no file.
+    path = tmp_path / "forecasts.csv"
+    path.write_text("the earlier forecasts\n")
+
+    def fail_midway(self, target, **kwargs):
+        pathlib.Path(target).write_text("model,shop,day\nfp32,a,2024-0")
+        raise OSError(27, "File too large")
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv", fail_midway)
+    with pytest.raises(OSError, match="File too large") as raised:
+        write_forecasts(pd.DataFrame({"shop": ["a"]}), path)
+    assert raised.value.filename == str(tmp_path / "forecasts.csv.tmp")
+    assert path.read_text() == "the earlier forecasts\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["forecasts.csv"]

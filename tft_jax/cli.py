@@ -80,6 +80,7 @@ from tft_jax.forecaster import DEMO, DataConfig, Forecaster, ForecasterConfig, R
 from tft_jax.forecaster.run_folder import (
     CONFIG_FILE,
     HISTORY_FILE,
+    OTHER_TABLES_FILE,
     RESULT_FILE_PATTERNS,
     RESULT_FOLDERS,
     EarlierResultsWarning,
@@ -322,6 +323,18 @@ def check_not_input(
                 f"{flag} {output} is {label}, which this command reads: writing it would "
                 f"replace that file; pass another {flag}"
             )
+
+
+def table_inputs(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, Any]:
+    """The table a run-reading command reads, by label: `--csv`, else the run's own table."""
+    if args.csv is not None:
+        return {"the --csv file": args.csv}
+    return {"the run's table": run_source(config, args.run)}
+
+
+def is_same_file(path: pathlib.Path, other: pathlib.Path) -> bool:
+    """Whether both paths exist and are one file (however each is spelled)."""
+    return path.is_file() and other.is_file() and path.samefile(other)
 
 
 def run_inputs(run: pathlib.Path) -> dict[str, pathlib.Path]:
@@ -669,6 +682,37 @@ def other_table(args: argparse.Namespace, config: dict[str, Any]) -> bool:
     return not (own and args.csv.samefile(source))
 
 
+def claim_other_table_name(args: argparse.Namespace, config: dict[str, Any]) -> None:
+    """Records which table the `<CSV name>` of the run's outputs for `--csv` stands for.
+
+    Outputs for a table other than the run's are named after the file
+    (`metrics_<split>_<CSV name>.json`, `forecasts_..._<CSV name>.csv`,
+    `plots/<split>_<CSV name>/`): two tables of one name in other folders
+    would write the same files, the second replacing the first's without a
+    word. The run's `OTHER_TABLES_FILE` keeps the table each name stands for;
+    another table of a name already taken is refused.
+    """
+    if not other_table(args, config):
+        return
+    index_path = args.run / OTHER_TABLES_FILE
+    index = read_json(index_path) if index_path.is_file() else {}
+    if not isinstance(index, dict):
+        raise UsageError(
+            f"{index_path} holds a JSON {type(index).__name__}, not the object `tft-jax` "
+            "writes; remove it to write it anew"
+        )
+    name, table = args.csv.stem, str(args.csv.resolve())
+    claimed = index.get(name)
+    if claimed is None:
+        write_json(index_path, {**index, name: table})
+    elif claimed != table:
+        raise UsageError(
+            f"--csv {args.csv}: the run's outputs for another table named {name!r} are those "
+            f"of {claimed} (see {index_path}); writing this table's would replace them: pass "
+            "--output, or a copy of the table under another file name"
+        )
+
+
 def metrics_output(args: argparse.Namespace, config: dict[str, Any]) -> pathlib.Path:
     """The metrics file `evaluate` writes: `--output`, else one in the run folder.
 
@@ -681,6 +725,7 @@ def metrics_output(args: argparse.Namespace, config: dict[str, Any]) -> pathlib.
         return args.output
     name = "metrics.json" if args.split == "test" else f"metrics_{args.split}.json"
     if other_table(args, config):
+        claim_other_table_name(args, config)
         name = f"metrics_{args.split}_{args.csv.stem}.json"
     return args.run / name
 
@@ -697,6 +742,7 @@ def forecast_output(args: argparse.Namespace, config: dict[str, Any], model: str
         return args.output
     name = f"forecasts_{model}_{args.split}"
     if other_table(args, config):
+        claim_other_table_name(args, config)
         name = f"{name}_{args.csv.stem}"
     return args.run / f"{name}.csv"
 
@@ -711,6 +757,7 @@ def plots_output(args: argparse.Namespace, config: dict[str, Any]) -> pathlib.Pa
     """
     root = args.run / "plots"
     if other_table(args, config):
+        claim_other_table_name(args, config)
         return root / f"{args.split}_{args.csv.stem}"
     return root if args.split == "test" else root / args.split
 
@@ -720,10 +767,9 @@ def command_evaluate(args: argparse.Namespace) -> int:
     forecaster, config = load_run(args.run, args.eval_batch_size)
     target = metrics_output(args, config)
     check_output_file(target, "--output")
-    inputs = {"the --csv file": args.csv} if args.csv is not None else {}
-    check_not_input(target, "--output", {**inputs, **run_inputs(args.run)})
+    check_not_input(target, "--output", {**table_inputs(args, config), **run_inputs(args.run)})
     previous: dict[str, Any] = {}
-    if target.exists() and target == args.run / "metrics.json":  # train's other entries are kept
+    if is_same_file(target, args.run / "metrics.json"):  # train's other entries are kept
         previous = read_json(target)
         if not isinstance(previous, dict):
             raise UsageError(
@@ -753,12 +799,7 @@ def command_forecast(args: argparse.Namespace) -> int:
     check_forecast_columns(forecaster.config.data, forecaster.tft_config.quantiles, labels, True)
     output = forecast_output(args, config, name)
     check_output_file(output, "--output")
-    table = (
-        {"the --csv file": args.csv}
-        if args.csv is not None
-        else {"the run's table": run_source(config, args.run)}
-    )
-    check_not_input(output, "--output", {**table, **run_inputs(args.run)})
+    check_not_input(output, "--output", {**table_inputs(args, config), **run_inputs(args.run)})
     dataset = forecaster.prepare(run_table(args, config, forecaster), args.split)
     windows = dataset.split(args.split)
     prediction = forecaster.predictions(dataset, windows, [name])[name]

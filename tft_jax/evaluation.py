@@ -29,12 +29,14 @@ every quantile level with that one value.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from tft_jax.atomic_files import replaced_atomically
 from tft_jax.baselines import seasonal_naive, seasonal_naive_with_drift
 from tft_jax.data import PreparedDataset, WindowSet, batch_indices
 from tft_jax.data.scaling import TARGET_TRANSFORMS, forward_transform
@@ -546,9 +548,35 @@ def forecast_frame(
     return table
 
 
-def write_forecasts(table: pd.DataFrame, path: str) -> None:
-    """Writes a `forecast_frame` table as CSV (ISO 8601 timestamps, no index)."""
-    table.to_csv(path, index=False, date_format="%Y-%m-%dT%H:%M:%S%z")
+def write_forecasts(table: pd.DataFrame, path: str | os.PathLike[str]) -> None:
+    """Writes a `forecast_frame` table as CSV (ISO 8601 timestamps, no index), atomically.
+
+    Times are written to the second; a time column holding a fraction of a
+    second (a `freq` of `100ms`, say) is written in full, every row to the
+    same precision (`2024-01-01T00:00:20.100000`): cut to the second,
+    distinct steps would read back as one time.
+    """
+    table = table.copy(deep=False)
+    for column in table.columns:
+        values = table[column]
+        if pd.api.types.is_datetime64_any_dtype(values):
+            timespec = _fraction_timespec(values)
+            if timespec is not None:
+                table[column] = values.map(
+                    lambda stamp, spec=timespec: (
+                        "" if pd.isna(stamp) else stamp.isoformat(timespec=spec)
+                    )
+                )
+    with replaced_atomically(path) as temporary:
+        table.to_csv(temporary, index=False, date_format="%Y-%m-%dT%H:%M:%S%z")
+
+
+def _fraction_timespec(times: pd.Series) -> str | None:
+    """The `isoformat` precision that keeps every time of `times`; None on whole seconds."""
+    present = times.dropna()
+    if bool((present == present.dt.floor("s")).all()):
+        return None
+    return "microseconds" if bool((present == present.dt.floor("us")).all()) else "nanoseconds"
 
 
 def _relative(new: float | None, reference: float | None) -> float | None:

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from tft_jax.atomic_files import replaced_atomically
 from tft_jax.data import PreparedDataset
 from tft_jax.data.tables import _parse_times
 from tft_jax.evaluation import (
@@ -66,7 +67,8 @@ def _save(figure: Figure, path: PathLike) -> pathlib.Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Room between stacked panels for the tick labels of one and the title of the next.
     figure.get_layout_engine().set(h_pad=0.12)
-    figure.savefig(path, dpi=110, format="png")
+    with replaced_atomically(path) as temporary:
+        figure.savefig(temporary, dpi=110, format="png")
     return path
 
 

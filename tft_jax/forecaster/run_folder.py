@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
+from tft_jax.atomic_files import replaced_atomically
 from tft_jax.config import TFTConfig
 from tft_jax.model import TemporalFusionTransformer
 
@@ -46,14 +47,32 @@ class RunFolderError(ValueError):
 
 # What the `tft-jax` commands write beside a saved forecaster: results of the model
 # saved there (entries of each folder, and files at the top).
+# Exactly the names written (and their `.tmp` siblings): other files there are the user's.
+_SPLITS = ("train", "validation", "test")
+_MODELS = ("fp32", "qat", "int8")
+# Where the `tft-jax` commands record which table each `<CSV name>` in the names of
+# their outputs for another table stands for (two tables of one name would share them).
+OTHER_TABLES_FILE = "other_tables.json"
 RESULT_FOLDERS = {
     "checkpoints": ("fp32", "qat", "batch_stream.json*"),
     "plots": (
         "forecasts_*.png", "future_*.png", "attention.png", "variable_importance.png",
-        "loss_curves.png",
+        "loss_curves.png", "*.png.tmp",
+        # `tft-jax plot`'s folders: plots/<split>/ and plots/<split>_<CSV name>/.
+        *(split for split in _SPLITS if split != "test"),
+        *(f"{split}_*" for split in _SPLITS),
     ),
 }  # fmt: skip
-RESULT_FILE_PATTERNS = ("metrics*.json", "forecasts*.csv")
+_RESULT_FILES = (
+    "metrics.json",
+    *(f"metrics_{split}.json" for split in _SPLITS),
+    *(f"metrics_{split}_*.json" for split in _SPLITS),
+    "forecasts.csv",
+    *(f"forecasts_{model}_{split}.csv" for model in _MODELS for split in _SPLITS),
+    *(f"forecasts_{model}_{split}_*.csv" for model in _MODELS for split in _SPLITS),
+    OTHER_TABLES_FILE,
+)
+RESULT_FILE_PATTERNS = (*_RESULT_FILES, *(f"{name}.tmp" for name in _RESULT_FILES))
 
 
 class EarlierResultsWarning(UserWarning):
@@ -96,9 +115,9 @@ def write_json(path: pathlib.Path, data: Any) -> None:
     """Writes `data` as indented JSON (strict: NaN becomes null), atomically."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(path.suffix + ".tmp")
-    temporary.write_text(json.dumps(json_ready(data), indent=2, allow_nan=False) + "\n")
-    temporary.replace(path)
+    text = json.dumps(json_ready(data), indent=2, allow_nan=False) + "\n"
+    with replaced_atomically(path) as temporary:
+        temporary.write_text(text)
 
 
 def read_json(path: pathlib.Path) -> Any:
@@ -124,9 +143,9 @@ def save_variables(path: pathlib.Path, variables: Any) -> None:
     """Writes a variable dict as flax msgpack, atomically."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(path.suffix + ".tmp")
-    temporary.write_bytes(variables_bytes(variables))
-    temporary.replace(path)
+    data = variables_bytes(variables)
+    with replaced_atomically(path) as temporary:
+        temporary.write_bytes(data)
 
 
 def holds_models(root: pathlib.Path, models: dict[str, Any]) -> bool:

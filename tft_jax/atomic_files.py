@@ -1,0 +1,42 @@
+"""Files written whole or not at all: a temporary sibling, renamed over the target once written.
+
+A write cut short (a full disk, a file-size limit, an interrupt) must not
+leave a truncated forecast table, plot or JSON file where a complete one was:
+the temporary file is removed, and the earlier file stays as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+from collections.abc import Iterator
+
+__all__ = ["replaced_atomically", "temporary_sibling"]
+
+
+def temporary_sibling(path: str | os.PathLike[str]) -> pathlib.Path:
+    """Where `replaced_atomically(path)` writes first: `path` with `.tmp` appended."""
+    path = pathlib.Path(path)
+    return path.with_name(f"{path.name}.tmp")
+
+
+@contextlib.contextmanager
+def replaced_atomically(path: str | os.PathLike[str]) -> Iterator[pathlib.Path]:
+    """Yields a temporary sibling of `path` to write; it replaces `path` when the block ends.
+
+    On an error the temporary file is removed and `path` is untouched. An
+    `OSError` that names no file (pandas' and Matplotlib's writes raise
+    "File too large" without one) is given the temporary file's name, so that
+    the message can say which output failed.
+    """
+    path = pathlib.Path(path)
+    temporary = temporary_sibling(path)
+    try:
+        yield temporary
+        temporary.replace(path)
+    except BaseException as error:
+        temporary.unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.filename is None:
+            error.filename = str(temporary)
+        raise
