@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks import common
+from benchmarks.backend_probe import probe_default_backend
 from tft_jax.allocator import relaunch_with_tuned_allocator
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent  # the stages run from the checkout
@@ -151,13 +152,7 @@ def stages(
 
 def default_backend() -> str:
     """JAX's default backend, probed in a child process (this one never holds the chip)."""
-    probe = "import jax; print(jax.default_backend())"
-    env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-    child = subprocess.run(
-        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, cwd=ROOT
-    )
-    lines = child.stdout.split()
-    return lines[-1] if child.returncode == 0 and lines else "unknown"
+    return probe_default_backend(cwd=ROOT) or "unknown"
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:

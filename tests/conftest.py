@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import pathlib
-import subprocess
-import sys
+
+from benchmarks.backend_probe import probe_default_backend
 
 # Compile time dominates a JAX test suite, and on XLA:CPU nearly all of it is
 # LLVM compiling one module per fused kernel (~900 for a small TFT train step).
@@ -23,15 +23,7 @@ _TEST_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitt
 
 def _default_backend(flags: str) -> str | None:
     """The default backend JAX starts with under `flags`, None if it cannot start."""
-    probe = (
-        "import jax, jax.numpy as jnp; jnp.zeros(2).block_until_ready(); "
-        "print(jax.default_backend())"
-    )
-    # The probe must not take a GPU's memory from the tests.
-    env = {**os.environ, "XLA_FLAGS": flags, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-    child = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
-    lines = child.stdout.split()
-    return lines[-1] if child.returncode == 0 and lines else None
+    return probe_default_backend({"XLA_FLAGS": flags})
 
 
 # Probed once: pytest-xdist's workers and the tests' subprocesses inherit the decision.
