@@ -16,7 +16,7 @@ import pytest
 from flax import linen as nn
 
 from properties import checks
-from properties.suite import assert_gradient_stays_in_sample
+from properties.suite import assert_gradient_stays_in_sample, random_cotangent
 from qat import fake_quantize
 
 X = np.random.default_rng(0).standard_normal((2, 4, 3)).astype(np.float32)  # (B, T, D)
@@ -152,3 +152,43 @@ def test_a_users_conftest_gets_the_profiles_by_importing_them(tmp_path: pathlib.
         )  # fmt: skip
         assert run.returncode == 0, run.stdout + run.stderr
         assert f"EXAMPLES {count}" in run.stdout
+
+
+def test_finite_differences_name_an_integer_output_instead_of_failing_a_correct_function():
+    # check_grads raised a bare AssertionError: "derivatives of fn differ" with no report.
+    with pytest.raises(TypeError, match=r"fn's output \[1\] has dtype int"):
+        checks.assert_grads_match_finite_differences(
+            lambda x: (jnp.sin(x), jnp.argmax(x)), (np.linspace(0.1, 1.0, 4),)
+        )
+
+
+def test_jit_matches_eager_names_a_python_flag_traced_under_jit():
+    def flagged(x, deterministic):
+        return x if deterministic else 2.0 * x
+
+    with pytest.raises(TypeError, match=r"close over it \(functools.partial"):
+        checks.assert_jit_matches_eager(flagged, X, True)
+
+
+def test_random_cotangent_gives_integer_outputs_float0_and_checks_only_sample():
+    # An integer leaf got int casts of ±U(0.5, 1.5): zeros at half the elements.
+    like = {"codes": np.zeros((3, 4), np.int32), "x": np.zeros((3, 4), np.float32)}
+    cotangent = random_cotangent(like, 0)
+    assert cotangent["codes"].dtype == jax.dtypes.float0 and np.all(cotangent["x"] != 0)
+    for bad, error in ((-1, ValueError), (3, ValueError), (1.0, TypeError)):
+        with pytest.raises(error, match="only_sample"):
+            random_cotangent(like, 0, only_sample=bad)
+
+
+def test_gradient_sample_check_takes_its_samples_as_an_array():
+    # `samples or None` raised "truth value of an array is ambiguous" (and a
+    # one-element array [0] was falsy: every sample was tested).
+    def leaky_pullback(cotangent):
+        return cotangent + cotangent.sum(axis=0, keepdims=True)
+
+    outputs = np.zeros((3, 2), np.float32)
+    with pytest.raises(AssertionError, match="the gradient mixes samples"):
+        assert_gradient_stays_in_sample(leaky_pullback, outputs, samples=np.array([0, 2]))
+    assert_gradient_stays_in_sample(
+        lambda cotangent: 2.0 * cotangent, outputs, samples=np.array([1])
+    )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from properties import checks
@@ -60,3 +61,68 @@ def test_batch_order_default_catches_a_wrong_order_at_magnitude_1e_8() -> None:
         checks.assert_batch_order_equivariant(cumulative, x)
     # An explicit atol is absolute: 1e-6 hides this function, as it did by default.
     checks.assert_batch_order_equivariant(cumulative, x, atol=1e-6)
+
+
+def test_jit_matches_eager_allows_rounding_noise_in_a_leaf_that_is_zero_by_symmetry() -> None:
+    # The gradient of a key bias is zero (softmax ignores a shift shared by a row), so it
+    # holds rounding noise of the loss's scale, different under jit: a tolerance scaled by
+    # that leaf alone failed a correct attention block.
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 16, 8)).astype(np.float32) for _ in range(3))
+
+    def key_bias_gradient_and_loss(bias: jax.Array) -> tuple[jax.Array, jax.Array]:
+        def loss(bias: jax.Array) -> jax.Array:
+            logits = jnp.einsum("btd,bsd->bts", q, k + bias)
+            return jnp.sum(jax.nn.softmax(logits, -1) @ v * v)
+
+        return jax.grad(loss)(bias), loss(bias)
+
+    bias = np.zeros(8, np.float32)
+    compiled = np.asarray(jax.jit(key_bias_gradient_and_loss)(bias)[0])
+    with jax.disable_jit():
+        eager = np.asarray(key_bias_gradient_and_loss(bias)[0])
+    assert not np.array_equal(compiled, eager) and np.abs(eager).max() < 1e-4
+    checks.assert_jit_matches_eager(key_bias_gradient_and_loss, bias)
+
+
+def test_batch_order_scales_its_default_atol_by_each_sample() -> None:
+    # A bias that depends on the position in the batch (not equivariant) went unseen
+    # once one sample was in units of 1e6: every sample got an absolute tolerance of 1.
+    def positional(batch: jax.Array) -> jax.Array:
+        return batch + 0.05 * jnp.arange(batch.shape[0], dtype=batch.dtype)[:, None]
+
+    x = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    x[0] *= 1e6
+    with pytest.raises(AssertionError, match=r"fn\(x\[perm\]\) != fn\(x\)\[perm\]"):
+        checks.assert_batch_order_equivariant(positional, x)
+    # Equivariant functions of such a batch pass.
+    checks.assert_batch_order_equivariant(lambda batch: jnp.tanh(batch) * 3.0 + batch, x)
+
+
+def test_clipping_is_compared_element_by_element_however_small_a_leaf() -> None:
+    # The absolute tolerance rtol * ||updates|| (1e-5) left a bias gradient of 1e-7 per
+    # element unchecked: clipping per leaf, or zeroing that leaf, passed.
+    rng = np.random.default_rng(0)
+    grads = {
+        "w": rng.standard_normal((100, 100)).astype(np.float32),
+        "b": np.full(100, 1e-7, np.float32),
+    }
+    clipped, _ = optax.clip_by_global_norm(1.0).update(grads, optax.EmptyState())
+    checks.assert_clipped(clipped, 1.0, grads=grads)  # the reference passes
+    per_leaf = {**clipped, "b": grads["b"]}  # the bias is inside the ball on its own
+    with pytest.raises(AssertionError, match=r"\['b'\]: 100 of 100 elements differ"):
+        checks.assert_clipped(per_leaf, 1.0, grads=grads)
+    with pytest.raises(AssertionError, match=r"\['b'\]"):
+        checks.assert_clipped({**clipped, "b": np.zeros(100, np.float32)}, 1.0, grads=grads)
+
+
+def test_perturbations_stay_finite_in_float16() -> None:
+    # Noise on float16 values of 3e4 overflowed to inf, and a correct causal running mean
+    # written as a masked matmul read 0 * inf = NaN at its masked steps.
+    def running_mean(x: jax.Array) -> jax.Array:
+        steps = x.shape[1]
+        weights = jnp.tril(jnp.ones((steps, steps), x.dtype)) / jnp.arange(1, steps + 1)[:, None]
+        return jnp.einsum("ts,bsd->btd", weights.astype(x.dtype), x)
+
+    x = np.full((2, 4, 3), 3e4, np.float16)
+    checks.assert_causal(running_mean, x, check_gradients=False)

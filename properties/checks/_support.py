@@ -92,7 +92,11 @@ def _float_array(name: str, x: Any) -> np.ndarray:
         )
     array = _to_numpy(name, x)
     if not _is_inexact(array):
-        raise TypeError(f"{name} must be a floating array, got dtype {array.dtype}")
+        raise TypeError(
+            f"{name} must be a floating array, got dtype {array.dtype}: the check perturbs "
+            f"{name} with noise; for a model of integer codes (token ids), check what follows "
+            f"the lookup on float inputs (fn = lambda e: body(e), {name} = embed(ids))"
+        )
     if array.size == 0:
         raise ValueError(
             f"{name} must hold at least one element, got shape {array.shape}: there would be "
@@ -247,6 +251,9 @@ def _compare_trees(
 
     `None` tolerances come from `default_tolerance` by dtype; a default `atol`
     is scaled by the largest `|expected|` of the whole tree (`_output_scale`).
+    Not by each leaf's: a leaf that is zero by symmetry (an attention key
+    bias's gradient) holds rounding noise of the tree's scale, which its own
+    scale would fail.
     """
     actual_structure = jax.tree_util.tree_structure(actual)
     expected_structure = jax.tree_util.tree_structure(expected)

@@ -28,7 +28,6 @@ from properties.checks._support import (
     _is_key,
     _mismatch,
     _named_leaves,
-    _output_scale,
     _path_name,
     _require_function,
     _require_no_nan,
@@ -105,10 +104,18 @@ def _normalize_axis(name: str, axis: int, ndim: int) -> int:
 
 
 def _perturb(values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Adds noise at least as large as each value (so saturating functions still see a change)."""
+    """Adds noise at least as large as each value (so saturating functions still see a change).
+
+    Kept within the dtype's finite range: float16 values of 3e4 became inf,
+    and a correct masked function then read `0 * inf = NaN` at its masked steps.
+    """
     wide = _as_float64(values)
     noise = rng.standard_normal(wide.shape) * (1.0 + np.abs(wide))
-    return (wide + noise).astype(values.dtype)
+    perturbed = wide + noise
+    if not np.iscomplexobj(perturbed):
+        largest = float(jnp.finfo(values.dtype).max)
+        perturbed = np.clip(perturbed, -largest, largest)
+    return perturbed.astype(values.dtype)
 
 
 def _causal_positions(
@@ -869,9 +876,10 @@ def assert_batch_order_equivariant(
 
     A small tolerance is the default: a matmul may sum a row in a different
     order when it moves within the batch. The default `atol` (None) is 1e-6
-    times the largest finite `|fn(x)|` over the output's float leaves (1 if
-    all are zero), so a wrong order is caught in outputs of magnitude 1e-8
-    too; an explicit `atol` is absolute. `out_axis` and `select` work as in
+    times each sample's largest finite `|fn(x)|` over the output's float
+    leaves (1 if all are zero), so a wrong order is caught in outputs of
+    magnitude 1e-8 too, and beside a sample of magnitude 1e6; an explicit
+    `atol` is absolute. `out_axis` and `select` work as in
     `assert_batch_independent` (the output's batch axes; the parts to check).
     A batch of one passes trivially; float inputs must be finite and the
     outputs free of NaN (which would match NaN wherever it moved).
@@ -890,16 +898,19 @@ def assert_batch_order_equivariant(
     fn = _selected(fn, select)
     leaves = [leaf for _, leaf in named]
     output, baseline = _output_leaves(fn, jax.tree_util.tree_unflatten(treedef, leaves))
-    if atol is None:
-        atol = _BATCH_ORDER_ATOL * _output_scale(baseline)
     output_axes = _check_output_batch(baseline, _leaf_axes(out_axis, output, axis), batch)
     _require_no_nan("fn(x) is NaN (NaN == NaN here, so a wrong order would not show):", baseline)
+    sample_atol = None if atol is not None else _per_sample_atol(baseline, output_axes, batch)
     for permutation in _permutations(batch, seed):
         permuted = [_take(leaf, permutation, axis) for leaf in leaves]
         outputs = _named_leaves("fn(x)", fn(jax.tree_util.tree_unflatten(treedef, permuted)))
         problems = []
         for (path, before), (_, after), out in zip(baseline, outputs, output_axes, strict=True):
-            problem = _mismatch(after, _take(before, permutation, out), atol, rtol)
+            expected = _take(before, permutation, out)
+            leaf_atol = (
+                atol if sample_atol is None else _along(sample_atol[permutation], out, before)
+            )
+            problem = _mismatch(after, expected, leaf_atol, rtol)
             if problem is not None:
                 problems.append(f"output {path}: {problem}")
         if problems:
@@ -907,6 +918,34 @@ def assert_batch_order_equivariant(
                 f"fn(x[perm]) != fn(x)[perm] along axis {axis} for perm {permutation.tolist()}:"
             )
             raise AssertionError(_summarize(header, problems))
+
+
+def _per_sample_atol(
+    baseline: list[tuple[str, np.ndarray]], axes: Sequence[int], batch: int
+) -> np.ndarray:
+    """`(batch,)`: `_BATCH_ORDER_ATOL` times each sample's largest finite `|fn(x)|` over the
+    float leaves (1 for an all-zero sample).
+
+    Per sample: by the whole output's largest value, one sample in units of 1e6
+    gave every sample an absolute tolerance of 1, and a wrong order among the
+    others went unseen. Over all leaves of a sample, not each leaf alone: a
+    leaf that is zero by symmetry holds rounding noise of the sample's scale.
+    """
+    scale = np.zeros(batch)
+    for (_, leaf), axis in zip(baseline, axes, strict=True):
+        if not _is_inexact(leaf) or not leaf.size:
+            continue
+        magnitude = np.abs(_as_float64(leaf))
+        magnitude = np.moveaxis(np.where(np.isfinite(magnitude), magnitude, 0.0), axis, 0)
+        scale = np.maximum(scale, magnitude.reshape(batch, -1).max(axis=1))
+    return _BATCH_ORDER_ATOL * np.where(scale > 0.0, scale, 1.0)
+
+
+def _along(values: np.ndarray, axis: int, like: np.ndarray) -> np.ndarray:
+    """`(batch,)` values shaped to broadcast along `like`'s batch `axis`."""
+    shape = [1] * like.ndim
+    shape[axis % like.ndim] = values.shape[0]
+    return values.reshape(shape)
 
 
 def _permutations(batch: int, seed: int) -> list[np.ndarray]:

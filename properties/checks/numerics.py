@@ -16,6 +16,7 @@ import numpy as np
 from jax.test_util import check_grads
 
 from properties.checks._support import (
+    _UNTRACEABLE,
     _as_float64,
     _compare_trees,
     _is_inexact,
@@ -54,7 +55,12 @@ def assert_jit_matches_eager(
     relative to the output's magnitude: it is multiplied by the largest finite
     `|value|` of the op-by-op output over all its float leaves (1 if all are
     zero), so outputs of magnitude 1e6 are not failed at their elements near 0
-    and outputs of magnitude 1e-8 are compared at their own scale. An explicit
+    and outputs of magnitude 1e-8 are compared at their own scale. The scale
+    is the whole output's, not each leaf's: a leaf that is zero by symmetry
+    (the gradient of an attention key bias) holds rounding noise of the other
+    leaves' scale. So a leaf far smaller than the others (probabilities
+    beside a sum of 1e6) is compared at their scale: check it on its own, or
+    pass an `atol`, to compare it at its own. An explicit
     `atol` is absolute, in `fn`'s units. If `fn` is already a
     `jax.jit` function it is used as the compiled side as is, so a module-level
     jitted function is not traced again.
@@ -68,7 +74,15 @@ def assert_jit_matches_eager(
         if value is not None:
             _tolerance(name, value)
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
-    compiled = jitted(*args)
+    try:
+        compiled = jitted(*args)
+    except _UNTRACEABLE as error:
+        raise TypeError(
+            f"jax.jit(fn) cannot trace fn ({type(error).__name__}): an argument fn uses as a "
+            "Python value (a flag such as `deterministic`, a size) is traced under jit; close "
+            "over it (functools.partial(fn, deterministic=True)) or pass a function jitted "
+            "with static_argnums"
+        ) from error
     _require_outputs("fn", _named_leaves("jit(fn)(*args)", compiled), compiled)
     # Op by op on JAX arrays, as jit sees them: on NumPy arrays a user's `x @ y` or
     # `x.mean()` would run in NumPy, with NumPy's dtype rules (bfloat16 @ -> float32).
@@ -139,6 +153,22 @@ def _float32_hint(report: str, fn: Callable[..., PyTree], args: tuple[Any, ...])
             "float32 inside, e.g. a hard-coded dtype: float32 round-off divided by eps)"
         )
     return ""
+
+
+def _require_float_outputs(fn: Callable[..., PyTree], point: tuple[Any, ...]) -> None:
+    """Raises `TypeError` naming an output leaf that is not a float (it has no derivative).
+
+    `check_grads` failed on one with a bare `AssertionError`, which read as
+    wrong derivatives of a correct function.
+    """
+    shapes = jax.eval_shape(fn, *point)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]:
+        if not jnp.issubdtype(leaf.dtype, jnp.inexact):
+            raise TypeError(
+                f"fn's output {jax.tree_util.keystr(path) or '<root>'} has dtype {leaf.dtype}, "
+                "which has no derivative: return only the float outputs (e.g. "
+                "lambda *a: fn(*a)[0])"
+            )
 
 
 def assert_grads_match_finite_differences(
@@ -227,6 +257,7 @@ def assert_grads_match_finite_differences(
         with context:
             point = jax.tree_util.tree_map(_to_float64, args) if use_x64 else args
             checked = jax.jit(fn) if jit and not hasattr(fn, "lower") else fn
+            _require_float_outputs(checked, point)
             compared, scaled = checked, ""
             if atol is None:
                 divisors = _derivative_divisors(checked, point, step)

@@ -34,11 +34,13 @@ def assert_clipped(
 
     With `grads`, also asserts the exact rescaling of
     `optax.clip_by_global_norm`: `updates == grads * min(1, max_norm / ||grads||)`
-    leaf by leaf (tolerance `rtol`, and `rtol` times the norm of the expected
-    updates absolute, not `rtol * max_norm`: gradients far inside the ball
-    would all fit in that), so clipping that changes the direction, shrinks
-    gradients already inside the ball, or clips per leaf instead of globally
-    fails too.
+    element by element, within `rtol` of each expected element (the
+    rescaling is one product per element, so its rounding is relative;
+    values below the dtype's smallest normal number, which a CPU may flush
+    to zero, are compared absolutely). Clipping that changes the direction,
+    shrinks gradients already inside the ball, or clips per leaf instead of
+    globally fails too, however small the leaf: an absolute tolerance of
+    `rtol` times the norm left every element below it unchecked.
 
     Args:
       updates: pytree after clipping.
@@ -86,9 +88,8 @@ def assert_clipped(
     factor = 1.0 if gradient_norm <= max_norm else max_norm / gradient_norm
     expected = jax.tree_util.tree_map(lambda g: _as_float64(np.asarray(g)) * factor, grads)
     actual = jax.tree_util.tree_map(lambda u: _as_float64(np.asarray(u)), updates)
-    # The expected updates' norm (max_norm when ||grads|| is not finite).
-    expected_norm = min(max_norm, gradient_norm * factor)
-    problems = _compare_trees(actual, expected, rtol * expected_norm, rtol)
+    smallest_normal = max(float(jnp.finfo(leaf.dtype).tiny) for _, leaf in named)
+    problems = _compare_trees(actual, expected, smallest_normal, rtol)
     if problems:
         header = (
             f"updates are not grads * min(1, max_norm / ||grads||) = grads * {factor:.6g} "

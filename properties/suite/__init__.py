@@ -144,12 +144,19 @@ def param_key(seed: int = 0) -> Any:
 def random_cotangent(like: Any, seed: int, *, only_sample: int | None = None) -> Any:
     """NumPy cotangents shaped like the arrays of `like`: `±U(0.5, 1.5)`, never zero.
 
-    With `only_sample=i`, every leaf is zero except sample `i` of its first axis.
+    With `only_sample=i`, every leaf is zero except sample `i` of its first
+    axis (`0 <= i <` that axis' length). Integer and boolean leaves have no
+    cotangent but JAX's `float0` zeros, which they get (an integer cast of
+    `±U(0.5, 1.5)` was zero at half the elements).
     """
     rng = np.random.default_rng(seed)
+    if only_sample is not None:
+        _check_only_sample(only_sample, like)
 
     def draw(leaf: Any) -> np.ndarray:
         shape, dtype = np.shape(leaf), _dtype_of(leaf)
+        if not np.issubdtype(dtype, np.inexact):
+            return np.zeros(shape, jax.dtypes.float0)
         values = rng.uniform(0.5, 1.5, shape) * rng.choice((-1.0, 1.0), shape)
         if only_sample is not None:
             keep = np.zeros(shape, bool)
@@ -158,6 +165,19 @@ def random_cotangent(like: Any, seed: int, *, only_sample: int | None = None) ->
         return values.astype(dtype)
 
     return jax.tree.map(draw, like)
+
+
+def _check_only_sample(only_sample: Any, like: Any) -> None:
+    """Raises unless `only_sample` is an int indexing the first axis of every leaf of `like`."""
+    if isinstance(only_sample, bool) or not isinstance(only_sample, numbers.Integral):
+        raise TypeError(f"only_sample must be an int or None, got {only_sample!r}")
+    for leaf in jax.tree.leaves(like):
+        shape = np.shape(leaf)
+        if not shape or not 0 <= only_sample < shape[0]:
+            raise ValueError(
+                f"only_sample={only_sample} must index the first axis of every leaf "
+                f"(0 <= only_sample < its length), got a leaf of shape {shape}"
+            )
 
 
 def zeros_like_tree(like: Any) -> Any:
@@ -225,7 +245,9 @@ def assert_gradient_stays_in_sample(
         pullback,
         outputs,
         0,
-        lambda batch: dependence._samples(samples or None, batch),
+        lambda batch: dependence._samples(
+            None if samples is None or len(samples) == 0 else samples, batch
+        ),
         seed,
         "the gradient mixes samples",
     )
