@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from tft_jax.data import prepare_dataset
-from tft_jax.data.future import future_windows
+from tft_jax.data.future import future_steps, future_windows
 
 from .prepared_tables import quiet_prepare
 
@@ -155,3 +155,45 @@ def test_a_utc_history_is_forecast_on_the_training_zones_days_across_a_dst_chang
         assert times.tz_convert("Europe/Berlin").equals(local.windows.panel.times)
         for name, array in local.windows.arrays().items():
             np.testing.assert_array_equal(given.windows.arrays()[name], array, err_msg=name)
+
+
+def test_local_days_that_a_clock_change_starts_after_midnight_are_a_daily_grid():
+    # In America/Santiago midnight of 2024-09-08 does not exist (the day starts at 01:00);
+    # in America/Havana midnight of 2024-11-03 happens twice. pandas' calendar grid
+    # raised "nonexistent time ... Try using the 'nonexistent' argument".
+    days = pd.date_range("2024-08-01", "2024-10-15", freq="D")
+    local = days.tz_localize("America/Santiago", nonexistent="shift_forward")
+    table = pd.DataFrame({"id": "a", "time": local, "y": np.arange(len(days), dtype=float)})
+    dataset = prepare(table, validation_fraction=0.1, test_fraction=0.1)
+    assert len(dataset.frame) == len(days) and not dataset.frame["y"].isna().any()
+    # The forecast steps after the change: its day at 01:00, the next ones at midnight.
+    steps = future_steps(pd.Timestamp("2024-09-06", tz="America/Santiago"), "D", 4)
+    assert [str(t) for t in steps] == [
+        "2024-09-07 00:00:00-04:00", "2024-09-08 01:00:00-03:00",
+        "2024-09-09 00:00:00-03:00", "2024-09-10 00:00:00-03:00",
+    ]  # fmt: skip
+    # A repeated midnight is its first occurrence.
+    repeated = future_steps(pd.Timestamp("2024-11-02", tz="America/Havana"), "D", 2)
+    assert [str(t) for t in repeated] == ["2024-11-03 00:00:00-04:00", "2024-11-04 00:00:00-05:00"]
+
+
+def test_texts_at_another_offset_than_a_fixed_offset_training_zone_are_announced():
+    # Fitted on winter texts ('+01:00'), the model's zone is the offset UTC+01:00; summer
+    # texts of the same midnights ('+02:00') became 23:00 the day before, without a word.
+    iso = pd.Timestamp.isoformat
+    days = berlin_days()
+    winter = days[days["time"] < pd.Timestamp("2024-03-25", tz="Europe/Berlin")]
+    assert {text[-6:] for text in winter["time"].map(iso)} == {"+01:00"}
+    fitted = prepare(winter.assign(time=winter["time"].map(iso))).preprocessor
+    assert fitted.time_zone == "UTC+01:00"
+    summer = pd.DataFrame(
+        {
+            "id": "a",
+            "time": pd.date_range("2024-07-01", periods=12, freq="D", tz="Europe/Berlin").map(iso),
+            "y": np.arange(12.0),
+        }
+    )
+    with pytest.warns(
+        UserWarning, match=r"offsets \['\+02:00'\], but the model's zone is the fixed"
+    ):
+        future_windows(fitted, summer, None, HISTORY, HORIZON)

@@ -456,6 +456,26 @@ def test_nonnegative_clips_forecasts_at_zero(fitted, tmp_path):
     np.testing.assert_array_equal(clipped, 0.0)
 
 
+def test_nonnegative_announces_negative_targets_it_would_clip(fitted, tmp_path):
+    # A history of negative targets came back as forecasts of exactly 0, without a word.
+    _, table, saved = fitted
+    run = shutil.copytree(saved, tmp_path / "run")
+    config = json.loads((run / "config.json").read_text())
+    config["data"]["nonnegative"] = True
+    (run / "config.json").write_text(json.dumps(config))
+    forecaster = Forecaster.load(run)
+    history, future = cut(table, "2024-03-30")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        forecaster.predict(history, future)  # nonnegative data: nothing to say
+    assert not [warning for warning in caught if "nonnegative" in str(warning.message)]
+    negative = history.assign(sales=np.where(history["store"] == "beta", -3.0, history["sales"]))
+    with pytest.warns(
+        UserWarning, match=r"nonnegative=True clips .* in 1 series \(e.g. series 'beta': -3.0"
+    ):
+        forecaster.predict(negative, future)
+
+
 def test_a_new_series_is_scored_without_its_scaler_knowing_the_scored_steps(fitted, tmp_path):
     _, table, saved = fitted
     # Without window normalization the series scaler alone sets the model's input scale.

@@ -123,3 +123,18 @@ def test_candidate_periods_follow_the_frequency_and_fit_the_history():
     assert candidate_periods("D", 28) == (1, 7)
     assert candidate_periods("D", 400) == (1, 7, 365)
     assert candidate_periods("MS", 24) == (1, 12)
+
+
+def test_a_target_outside_log1p_is_named_by_series_and_time_at_fit_and_after():
+    # It named the series only, and for a fitted model advised target_transform='none',
+    # which that model's fixed transform cannot follow.
+    table = trending(series=2, days=120)
+    late = table.index[table["id"] == "s1"][-3]
+    when = table.loc[late, "day"]
+    bad = table.copy()
+    bad.loc[late, "y"] = -3.0
+    with pytest.raises(ValueError, match=rf"has -3.0 at {when}.*use target_transform='none'"):
+        prepare_dataset(bad, **SPEC, target_transform="log1p")
+    fitted = prepare_dataset(table, **SPEC, target_transform="log1p").preprocessor
+    with pytest.raises(ValueError, match=rf"has -3.0 at {when}.*fitted with .*fix or drop"):
+        prepare_dataset(bad, **SPEC, target_transform="log1p", preprocessor=fitted)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tft_jax.data.tables import parse_frequency, typical_step
+from tft_jax.data.tables import parse_frequency, time_grid, typical_step
 
 HOUR_OF_DAY = ("hour_of_day_sin", "hour_of_day_cos")
 DAY_OF_WEEK = ("day_of_week_sin", "day_of_week_cos")
@@ -144,6 +144,6 @@ def steps_since(times: pd.DatetimeIndex, origin: pd.Timestamp, freq: str) -> np.
         # The grid spans the times on both sides of `origin`, so times before it
         # count negative steps as a fixed-length frequency's do (a table that
         # starts before the training one), instead of all reading 0.
-        grid = pd.date_range(min(times.min(), origin), max(times.max(), origin), freq=offset)
+        grid = time_grid(min(times.min(), origin), max(times.max(), origin), freq=offset)
         return (grid.searchsorted(times) - grid.searchsorted(origin)).astype(np.float64)
     return np.asarray((times - origin) / step, dtype=np.float64)

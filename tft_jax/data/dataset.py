@@ -52,6 +52,7 @@ from tft_jax.data.tables import (
     parse_frequency,
     parse_time_text,
     read_announced,
+    time_grid,
     to_regular_grid,
     validate_table,
 )
@@ -507,7 +508,7 @@ def _new_series_cuts(
         return ()
     if isinstance(scored, str):
         return (periods["validation"][0], periods[scored][0])
-    grid_times = pd.date_range(times.min(), times.max(), freq=parse_frequency(freq))
+    grid_times = time_grid(times.min(), times.max(), freq=freq)
     return (grid_times[max(len(grid_times) - int(scored), 0)],)
 
 

@@ -39,6 +39,7 @@ from tft_jax.data.tables import (
     parse_frequency,
     plain_value,
     read_announced,
+    time_grid,
     to_regular_grid,
     validate_table,
 )
@@ -63,7 +64,7 @@ class FutureWindows:
 
 def future_steps(last: pd.Timestamp, freq: str, horizon: int) -> pd.DatetimeIndex:
     """The `horizon` grid times of `freq` after `last`."""
-    return pd.date_range(last, periods=horizon + 1, freq=parse_frequency(freq))[1:]
+    return time_grid(last, periods=horizon + 1, freq=freq)[1:]
 
 
 def _indicator_name(columns: list[str]) -> str:

@@ -265,6 +265,10 @@ class Preprocessor:
         codes, series_ids = pd.factorize(grid[spec.id_col], sort=True)
         observed = grid[missing_column(spec)].to_numpy(np.float64) == 0.0
         target = grid[spec.target].to_numpy(np.float64)
+        # Every row, named by series and time (the scaler's own check sees the training
+        # rows, without their times).
+        names = [plain_value(series) for series in series_ids]
+        check_domain(np.where(observed, target, np.nan), codes, target_transform, names, times)
         target_scaler = TargetScaler.fit(
             np.where(observed, target, np.nan)[train_rows],
             codes[train_rows],
@@ -489,7 +493,9 @@ class Preprocessor:
         missing = grid[self.missing_col].to_numpy(np.float64)
         raw_target = np.where(missing > 0, np.nan, grid[spec.target].to_numpy(np.float64))
         vocabulary = self.vocabulary_codes(ids)
-        check_domain(raw_target, codes, self.target_scaler.target_transform, ids)
+        check_domain(
+            raw_target, codes, self.target_scaler.target_transform, ids, times, fitted=True
+        )
         target_scaler = self._panel_target_scaler(
             vocabulary, ids, raw_target, codes, times, new_series_cuts
         )

@@ -33,8 +33,15 @@ def check_domain(
     codes: np.ndarray,
     transform: str,
     series_names: Sequence[object] | None = None,
+    times: Sequence[object] | None = None,
+    fitted: bool = False,
 ) -> None:
-    """Raises naming the series and value when `values` leave the transform's domain."""
+    """Raises naming the series, time and value when `values` leave the transform's domain.
+
+    `times`: the time of each value (named when given). `fitted`: the
+    transform is a fitted model's, which the table must fit (the advice is
+    then to fix the rows, not to change the transform).
+    """
     if transform != "log1p":
         return
     bad = values <= -1.0
@@ -42,9 +49,15 @@ def check_domain(
         row = int(np.flatnonzero(bad)[0])
         code = int(codes[row])
         name = series_names[code] if series_names is not None else code
+        at = "" if times is None else f" at {times[row]}"
+        advice = (
+            "the model was fitted with target_transform='log1p': fix or drop those rows"
+            if fitted
+            else "fix those rows, or use target_transform='none'"
+        )
         raise ValueError(
             f"target_transform='log1p' needs targets > -1, but series {name!r} has "
-            f"{values[row]} ({int(bad.sum())} such values); use target_transform='none'"
+            f"{values[row]}{at} ({int(bad.sum())} such values); {advice}"
         )
 
 

@@ -823,9 +823,41 @@ def _check_duplicates(frame: pd.DataFrame, spec: TableSpec) -> None:
         )
 
 
+def time_grid(
+    start: pd.Timestamp,
+    end: pd.Timestamp | None = None,
+    *,
+    periods: int | None = None,
+    freq: Any,
+) -> pd.DatetimeIndex:
+    """`pd.date_range(start, end, periods, freq)` that keeps the local days a clock change cuts.
+
+    Calendar steps (a day, a week, a month) of an aware `start` run in local
+    wall time, and pandas raises where one lands on a time a clock change
+    skips (midnight on 2024-09-08 in America/Santiago) or repeats (midnight
+    on 2024-11-03 in America/Havana). Such a step is the first valid instant
+    after the skipped time, or the first of the repeated one: what
+    `tz_localize(zone, nonexistent="shift_forward", ambiguous=True)` makes of
+    those local days, and how a table of them holds them.
+    """
+    offset = freq if isinstance(freq, pd.DateOffset) else parse_frequency(freq)
+    try:
+        return pd.date_range(start, end, periods=periods, freq=offset)
+    except ValueError:
+        zone = pd.Timestamp(start).tz
+        if zone is None:
+            raise
+    wall = pd.Timestamp(start).tz_localize(None)
+    wall_end = None if end is None else pd.Timestamp(end).tz_convert(zone).tz_localize(None)
+    local = pd.date_range(wall, wall_end, periods=periods, freq=offset)
+    return local.tz_localize(
+        zone, nonexistent="shift_forward", ambiguous=np.ones(len(local), dtype=bool)
+    )
+
+
 def series_grid(times: pd.Series | pd.DatetimeIndex, freq: str) -> pd.DatetimeIndex:
     """Returns the regular grid of `freq` from the first to the last of sorted `times`."""
-    return pd.date_range(times[0], times[-1], freq=parse_frequency(freq))
+    return time_grid(times[0], times[-1], freq=freq)
 
 
 def _zone_hint(times: pd.DatetimeIndex, spec: TableSpec) -> str:

@@ -9,6 +9,8 @@ on that grid; the results are then given back in the zone the table held.
 from __future__ import annotations
 
 import dataclasses
+import re
+import warnings
 from typing import Any
 
 import pandas as pd
@@ -40,7 +42,54 @@ def in_training_zone(
         aware = bool(len(present)) and bool(
             _is_aware(present.iloc[0], spec.time_format, spec.dayfirst)
         )
+        if aware:
+            _warn_other_offsets(present, zone, spec.time_col)
     return dataclasses.replace(spec, timezone=zone) if aware else spec
+
+
+# A zone read from ISO texts is their offset ('UTC+01:00'): the texts named no zone.
+_FIXED_OFFSET_ZONE = re.compile(r"^UTC[+-]\d{2}:\d{2}$")
+_TEXT_OFFSET = re.compile(r"(Z|[+-]\d{2}:?\d{2})$")
+
+
+def _warn_other_offsets(texts: pd.Series, zone: str, column: str) -> None:
+    """Warns when time texts carry other UTC offsets than a fixed-offset training zone.
+
+    A model fitted on texts of one offset ('2024-01-01T00:00:00+01:00', a
+    winter) keeps that offset as its zone; summer texts of the same local
+    midnights ('+02:00') are the same instants at 23:00 the day before in it,
+    so the forecast times and the calendar inputs move by a day, silently.
+    """
+    if not isinstance(zone, str) or not _FIXED_OFFSET_ZONE.match(zone):
+        return
+    found = texts.astype(str).str.strip().str.extract(_TEXT_OFFSET, expand=False).dropna()
+    expected = pd.Timestamp(0, tz=zone).utcoffset()
+    others = sorted(
+        {
+            text
+            for text in found.unique()
+            if pd.Timestamp(0, tz=_offset_zone(text)).utcoffset() != expected
+        }
+    )
+    if others:
+        warnings.warn(
+            f"{column!r} holds times with UTC offsets {others}, but the model's zone is the "
+            f"fixed offset {zone} (its training table gave texts of that offset, which name no "
+            f"zone): they are read in {zone}, where a midnight at another offset is another "
+            "clock time, so the forecast times and calendar inputs move with it. Give the times "
+            f"at offset {zone[3:]}, or refit on times localized in their zone (e.g. "
+            "pd.to_datetime(df[col], utc=True).dt.tz_convert('Europe/Berlin'))",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
+def _offset_zone(text: str) -> str:
+    """'+02:00', '+0200' or 'Z' as a zone pandas reads ('UTC+02:00', 'UTC')."""
+    if text == "Z":
+        return "UTC"
+    digits = text.replace(":", "")
+    return f"UTC{digits[0]}{digits[1:3]}:{digits[3:5]}"
 
 
 def zone_to_give_back(spec: TableSpec, reading: TableSpec, times: pd.Series) -> Any | None:

@@ -37,7 +37,7 @@ from tft_jax.data import PreparedDataset, WindowSet, prepare_dataset, window_sta
 from tft_jax.data.dataset import SPLITS
 from tft_jax.data.future import future_windows
 from tft_jax.data.preprocessing import Preprocessor
-from tft_jax.data.tables import parse_frequency
+from tft_jax.data.tables import parse_frequency, time_grid
 from tft_jax.distributed import is_primary, local_rows
 from tft_jax.evaluation import (
     Predictions,
@@ -295,7 +295,7 @@ def _common_grid(dataset: PreparedDataset, freq: str, zone: str | None) -> pd.Da
     panel = dataset.panel
     times = pd.DatetimeIndex(panel.times)
     local = times if times.tz is None or zone is None else times.tz_convert(zone)
-    grid = pd.date_range(local.min(), local.max(), freq=parse_frequency(freq))
+    grid = time_grid(local.min(), local.max(), freq=freq)
     if times.tz is not None:
         grid = grid.tz_convert(times.tz)
     off = ~times.isin(grid)
@@ -309,6 +309,31 @@ def _common_grid(dataset: PreparedDataset, freq: str, zone: str | None) -> pd.Da
             "backtest series recorded at other offsets separately"
         )
     return grid
+
+
+def _announce_negative_targets(frame: pd.DataFrame, spec: Any, nonnegative: bool) -> None:
+    """Warns when `DataConfig.nonnegative` will clip the forecasts of a table with negative targets.
+
+    The clip is for quantities that cannot be negative; negative targets say
+    the data are not such a quantity (or hold an error), and the forecasts of
+    their series would come back as 0 without a word.
+    """
+    if not nonnegative:
+        return
+    negative = (frame[spec.target] < 0).to_numpy()
+    if not negative.any():
+        return
+    rows = frame.loc[negative]
+    first = rows.iloc[0]
+    warnings.warn(
+        f"DataConfig.nonnegative=True clips forecasts at 0, but the table holds "
+        f"{int(negative.sum())} negative targets in {rows[spec.id_col].nunique()} series (e.g. "
+        f"series {first[spec.id_col]!r}: {first[spec.target]} at {first[spec.time_col]}): their "
+        "forecasts are clipped, and scored against negative actuals; set nonnegative=False "
+        "for a quantity that can be negative",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 def _check_new_series_scaled_for(dataset: PreparedDataset, scored: str | None) -> None:
@@ -486,12 +511,14 @@ class Forecaster:
             self._check_prepared(table, fitted.preprocessor)
             _check_new_series_scaled_for(table, scored)
             return table
-        return prepare_dataset(
+        dataset = prepare_dataset(
             table,
             **self.config.data.prepare_options(),
             preprocessor=fitted.preprocessor,
             scored=scored,
         )
+        _announce_negative_targets(dataset.frame, dataset.spec, self.config.data.nonnegative)
+        return dataset
 
     def _check_prepared(self, dataset: PreparedDataset, preprocessor: Preprocessor) -> None:
         """Raises unless `dataset` holds the windows the fitted model reads.
@@ -578,6 +605,7 @@ class Forecaster:
         settings = self.config
         check_global_batch(settings.training.batch_size)
         dataset = prepare_dataset(table, **settings.data.prepare_options())
+        _announce_negative_targets(dataset.frame, dataset.spec, settings.data.nonnegative)
         period = self._season_period(dataset)
         tft_config = TFTConfig(
             **dataset.tft_config_kwargs(),
@@ -720,6 +748,9 @@ class Forecaster:
             normalized=data.window_normalization, encoding=data.encoding,
             max_missing_fraction=data.max_missing_fraction,
         )  # fmt: skip
+        _announce_negative_targets(
+            ahead.transformed.frame, fitted.preprocessor.spec, data.nonnegative
+        )
         windows = ahead.windows
         predictions = predict_windows(
             predict, windows, bucketed_batch_size(len(windows), batch_size)
@@ -892,6 +923,7 @@ class Forecaster:
         options.update(validation_start=None, test_start=None)
         scored = data.horizon + (n_windows - 1) * step  # the grid steps from the first cutoff
         dataset = prepare_dataset(table, **options, preprocessor=self.preprocessor, scored=scored)
+        _announce_negative_targets(dataset.frame, dataset.spec, data.nonnegative)
         panel = dataset.panel
         zone = self.preprocessor.time_zone
         grid_times = _common_grid(dataset, data.freq, zone)
