@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 import pathlib
 
 import pytest
@@ -125,7 +126,10 @@ def test_an_empty_path_is_refused_by_the_parser_not_read_as_the_current_folder(c
 @pytest.mark.parametrize(
     ("failed", "expected"),
     [
-        ("/proc/x.tmp", "--output /proc/x: writing it failed: No such file or directory"),
+        (
+            f"/proc/x.{os.getpid()}.tmp",
+            "--output /proc/x: writing it failed: No such file or directory",
+        ),
         ("/proc/x", "--output /proc/x: writing it failed: No such file or directory"),
         ("/elsewhere/y", "/elsewhere/y: No such file or directory"),
     ],

@@ -8,6 +8,7 @@ and the times the same instants, given back in the table's own zone.
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Any
 
 import numpy as np
@@ -193,7 +194,15 @@ def test_texts_at_another_offset_than_a_fixed_offset_training_zone_are_announced
             "y": np.arange(12.0),
         }
     )
-    with pytest.warns(
-        UserWarning, match=r"offsets \['\+02:00'\], but the model's zone is the fixed"
-    ):
+    off = r"'2024-07-01T00:00:00\+02:00', which is 2024-06-30 23:00:00\+01:00 in the model's zone"
+    with pytest.warns(UserWarning, match=off):
         future_windows(fitted, summer, None, HISTORY, HORIZON)
+    # The training days' instants written in UTC ('...T23:00:00Z') land on them: no warning.
+    utc = summer.assign(
+        time=pd.date_range("2024-02-01", periods=12, freq="D", tz="UTC+01:00")
+        .tz_convert("UTC")
+        .map(lambda stamp: stamp.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        future_windows(fitted, utc, None, HISTORY, HORIZON)

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tft_jax.atomic_files import temporary_sibling
 from tft_jax.data import PreparedDataset
 from tft_jax.data.scaling import TargetScaler
 from tft_jax.evaluation import forecast_frame, to_original_units, write_forecasts
@@ -96,6 +97,16 @@ def test_an_affine_inverse_beyond_float64_is_refused_and_nan_passes():
 # ----------------------------------------------------------------- writing forecast tables
 
 
+def test_aware_times_in_an_hour_a_clock_change_repeats_are_written(tmp_path):
+    # The check for fractions of a second floored aware times in local clock time, and
+    # raised on 02:00 of 2024-10-27 in Berlin ("Cannot infer dst time").
+    times = pd.Series(pd.date_range("2024-10-27", periods=6, freq="h", tz="Europe/Berlin"))
+    path = tmp_path / "forecasts.csv"
+    write_forecasts(pd.DataFrame({"shop": "a", "day": times}), path)
+    back = pd.to_datetime(pd.read_csv(path)["day"], utc=True)
+    assert back.equals(times.dt.tz_convert("UTC"))
+
+
 def test_forecast_times_of_a_fraction_of_a_second_are_written_in_full(tmp_path):
     # The format cut times to the second: the 5 steps of a 100 ms series read back as one.
     times = pd.date_range("2024-01-01 00:00:20", periods=5, freq="100ms")
@@ -127,6 +138,6 @@ def test_a_forecast_table_cut_short_leaves_the_earlier_file_and_names_the_output
     monkeypatch.setattr(pd.DataFrame, "to_csv", fail_midway)
     with pytest.raises(OSError, match="File too large") as raised:
         write_forecasts(pd.DataFrame({"shop": ["a"]}), path)
-    assert raised.value.filename == str(tmp_path / "forecasts.csv.tmp")
+    assert raised.value.filename == str(temporary_sibling(path))
     assert path.read_text() == "the earlier forecasts\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["forecasts.csv"]

@@ -16,9 +16,13 @@ __all__ = ["replaced_atomically", "temporary_sibling"]
 
 
 def temporary_sibling(path: str | os.PathLike[str]) -> pathlib.Path:
-    """Where `replaced_atomically(path)` writes first: `path` with `.tmp` appended."""
+    """Where `replaced_atomically(path)` writes first: `path` with `.<pid>.tmp` appended.
+
+    One name per process: two processes writing one output (the hosts of a
+    multi-host run) would otherwise rename each other's file away.
+    """
     path = pathlib.Path(path)
-    return path.with_name(f"{path.name}.tmp")
+    return path.with_name(f"{path.name}.{os.getpid()}.tmp")
 
 
 @contextlib.contextmanager

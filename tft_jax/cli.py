@@ -46,6 +46,7 @@ import pandas as pd
 
 from tft_jax import plots
 from tft_jax.allocator import relaunch_with_tuned_allocator
+from tft_jax.atomic_files import temporary_sibling
 from tft_jax.checkpoint import BEST, LATEST, TrainingCheckpointer
 from tft_jax.cli_experiments import command_experiment
 from tft_jax.cli_parser import (
@@ -148,7 +149,7 @@ def output_error_text(error: OSError, args: argparse.Namespace) -> str:
                 continue
             path = pathlib.Path(path)
             inside = path in failed.parents
-            if failed == path or inside or failed == path.with_name(f"{path.name}.tmp"):
+            if failed == path or inside or failed == temporary_sibling(path):
                 what = f"writing {failed}" if inside else "writing it"
                 return f"{flag} {path}: {what} failed: {error.strerror or error}"
     return os_error_text(error)
@@ -518,7 +519,7 @@ def _ready_out(out: pathlib.Path, overwrite: bool, command: str = "train") -> No
 
 # What `train` and the run-reading commands write into a run folder (and nothing else
 # there): the entries of each folder, and the files at its top.
-RUN_FOLDERS = {**RESULT_FOLDERS, "models": ("*.msgpack", "*.msgpack.tmp")}
+RUN_FOLDERS = {**RESULT_FOLDERS, "models": ("*.msgpack", "*.msgpack*.tmp")}
 RUN_FILE_PATTERNS = (CONFIG_FILE, HISTORY_FILE, *RESULT_FILE_PATTERNS)
 
 

@@ -572,11 +572,17 @@ def write_forecasts(table: pd.DataFrame, path: str | os.PathLike[str]) -> None:
 
 
 def _fraction_timespec(times: pd.Series) -> str | None:
-    """The `isoformat` precision that keeps every time of `times`; None on whole seconds."""
+    """The `isoformat` precision that keeps every time of `times`; None on whole seconds.
+
+    Read from the sub-second fields (the same in every zone): flooring aware
+    times works in local clock time and raised on an hour that a clock change
+    repeats.
+    """
     present = times.dropna()
-    if bool((present == present.dt.floor("s")).all()):
-        return None
-    return "microseconds" if bool((present == present.dt.floor("us")).all()) else "nanoseconds"
+    nanoseconds = bool((present.dt.nanosecond != 0).any())
+    if nanoseconds:
+        return "nanoseconds"
+    return "microseconds" if bool((present.dt.microsecond != 0).any()) else None
 
 
 def _relative(new: float | None, reference: float | None) -> float | None:

@@ -9,14 +9,13 @@ on that grid; the results are then given back in the zone the table held.
 from __future__ import annotations
 
 import dataclasses
-import re
 import warnings
 from typing import Any
 
 import pandas as pd
 
 from tft_jax.data.preprocessing import Preprocessor
-from tft_jax.data.tables import TableSpec, _is_aware
+from tft_jax.data.tables import TableSpec, _is_aware, typical_step
 from tft_jax.data.windows import Panel
 
 
@@ -43,53 +42,47 @@ def in_training_zone(
             _is_aware(present.iloc[0], spec.time_format, spec.dayfirst)
         )
         if aware:
-            _warn_other_offsets(present, zone, spec.time_col)
+            _warn_off_the_days(present, preprocessor, spec)
     return dataclasses.replace(spec, timezone=zone) if aware else spec
 
 
-# A zone read from ISO texts is their offset ('UTC+01:00'): the texts named no zone.
-_FIXED_OFFSET_ZONE = re.compile(r"^UTC[+-]\d{2}:\d{2}$")
-_TEXT_OFFSET = re.compile(r"(Z|[+-]\d{2}:?\d{2})$")
-
-
-def _warn_other_offsets(texts: pd.Series, zone: str, column: str) -> None:
-    """Warns when time texts carry other UTC offsets than a fixed-offset training zone.
+def _warn_off_the_days(texts: pd.Series, preprocessor: Preprocessor, spec: TableSpec) -> None:
+    """Warns when aware time texts, read in the training zone, fall off its time of day.
 
     A model fitted on texts of one offset ('2024-01-01T00:00:00+01:00', a
-    winter) keeps that offset as its zone; summer texts of the same local
-    midnights ('+02:00') are the same instants at 23:00 the day before in it,
-    so the forecast times and the calendar inputs move by a day, silently.
+    winter) keeps that offset as its zone ('UTC+01:00'): the texts named no
+    zone. Summer texts of the same local midnights ('+02:00') are 23:00 the
+    day before in it, so the forecast times and calendar inputs move by a
+    day, silently. Checked for steps of a day or more, against the clock
+    time of the training table's first time; texts that land on it (the same
+    midnights written in UTC, say) pass.
     """
-    if not isinstance(zone, str) or not _FIXED_OFFSET_ZONE.match(zone):
+    zone, origin = preprocessor.time_zone, preprocessor.origin
+    if typical_step(spec.freq) < pd.Timedelta(days=1) or origin is None:
         return
-    found = texts.astype(str).str.strip().str.extract(_TEXT_OFFSET, expand=False).dropna()
-    expected = pd.Timestamp(0, tz=zone).utcoffset()
-    others = sorted(
-        {
-            text
-            for text in found.unique()
-            if pd.Timestamp(0, tz=_offset_zone(text)).utcoffset() != expected
-        }
-    )
-    if others:
+    try:
+        instants = pd.to_datetime(texts, utc=True, format=spec.time_format)
+    except (TypeError, ValueError):  # left to the table's own reading, which names it
+        return
+    local = pd.DatetimeIndex(instants).tz_convert(zone)
+    anchor = pd.Timestamp(origin).tz_convert(zone) if pd.Timestamp(origin).tz else None
+    if anchor is None:
+        return
+    clock = local - local.normalize()
+    off = clock != (anchor - anchor.normalize())
+    if off.any():
+        first = int(off.argmax())
         warnings.warn(
-            f"{column!r} holds times with UTC offsets {others}, but the model's zone is the "
-            f"fixed offset {zone} (its training table gave texts of that offset, which name no "
-            f"zone): they are read in {zone}, where a midnight at another offset is another "
-            "clock time, so the forecast times and calendar inputs move with it. Give the times "
-            f"at offset {zone[3:]}, or refit on times localized in their zone (e.g. "
-            "pd.to_datetime(df[col], utc=True).dt.tz_convert('Europe/Berlin'))",
+            f"{spec.time_col!r} holds {texts.iloc[first]!r}, which is {local[first]} in the "
+            f"model's zone {zone}: off the clock time of its training days "
+            f"({anchor.time()}), so the forecast times and calendar inputs move with it "
+            f"({int(off.sum())} such times). A zone taken from texts of one UTC offset names no "
+            "daylight saving: give the times at the training offset, or refit on times "
+            "localized in their zone (e.g. pd.to_datetime(df[col], utc=True)"
+            ".dt.tz_convert('Europe/Berlin'))",
             UserWarning,
             stacklevel=4,
         )
-
-
-def _offset_zone(text: str) -> str:
-    """'+02:00', '+0200' or 'Z' as a zone pandas reads ('UTC+02:00', 'UTC')."""
-    if text == "Z":
-        return "UTC"
-    digits = text.replace(":", "")
-    return f"UTC{digits[0]}{digits[1:3]}:{digits[3:5]}"
 
 
 def zone_to_give_back(spec: TableSpec, reading: TableSpec, times: pd.Series) -> Any | None:

@@ -37,7 +37,7 @@ from tft_jax.data import PreparedDataset, WindowSet, prepare_dataset, window_sta
 from tft_jax.data.dataset import SPLITS
 from tft_jax.data.future import future_windows
 from tft_jax.data.preprocessing import Preprocessor
-from tft_jax.data.tables import parse_frequency, time_grid
+from tft_jax.data.tables import parse_frequency, plain_value, time_grid
 from tft_jax.distributed import is_primary, local_rows
 from tft_jax.evaluation import (
     Predictions,
@@ -328,7 +328,8 @@ def _announce_negative_targets(frame: pd.DataFrame, spec: Any, nonnegative: bool
     warnings.warn(
         f"DataConfig.nonnegative=True clips forecasts at 0, but the table holds "
         f"{int(negative.sum())} negative targets in {rows[spec.id_col].nunique()} series (e.g. "
-        f"series {first[spec.id_col]!r}: {first[spec.target]} at {first[spec.time_col]}): their "
+        f"series {plain_value(first[spec.id_col])!r}: {first[spec.target]} at "
+        f"{first[spec.time_col]}): their "
         "forecasts are clipped, and scored against negative actuals; set nonnegative=False "
         "for a quantity that can be negative",
         UserWarning,

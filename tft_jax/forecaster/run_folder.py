@@ -57,7 +57,7 @@ RESULT_FOLDERS = {
     "checkpoints": ("fp32", "qat", "batch_stream.json*"),
     "plots": (
         "forecasts_*.png", "future_*.png", "attention.png", "variable_importance.png",
-        "loss_curves.png", "*.png.tmp",
+        "loss_curves.png", "*.png*.tmp",
         # `tft-jax plot`'s folders: plots/<split>/ and plots/<split>_<CSV name>/.
         *(split for split in _SPLITS if split != "test"),
         *(f"{split}_*" for split in _SPLITS),
@@ -72,7 +72,7 @@ _RESULT_FILES = (
     *(f"forecasts_{model}_{split}_*.csv" for model in _MODELS for split in _SPLITS),
     OTHER_TABLES_FILE,
 )
-RESULT_FILE_PATTERNS = (*_RESULT_FILES, *(f"{name}.tmp" for name in _RESULT_FILES))
+RESULT_FILE_PATTERNS = (*_RESULT_FILES, *(f"{name}*.tmp" for name in _RESULT_FILES))
 
 
 class EarlierResultsWarning(UserWarning):
