@@ -160,8 +160,11 @@ def test_run_folder_files_the_readme_lists_are_those_the_cli_writes_and_clears(t
         assert f"{name}.msgpack`" in text
     # The plots the README lists are those `--overwrite` knows as the run's own.
     for pattern in cli.RUN_FOLDERS["plots"]:
+        if not pattern.endswith(".png"):  # plot's folders and partial files
+            continue
         shown = re.sub(r"^(forecasts|future)_\*", r"\1_<model>", pattern)
         assert f"`{shown}`" in text, pattern
+    assert "`plots/<split>/`" in text and "`plots/<split>_<CSV name>/`" in text
     # evaluate's and forecast's default outputs.
     run = tmp_path / "run"
     args = argparse.Namespace(output=None, split="test", csv=None, run=run)

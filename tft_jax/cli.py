@@ -693,8 +693,8 @@ def claim_other_table_name(args: argparse.Namespace, config: dict[str, Any]) -> 
     word. The run's `OTHER_TABLES_FILE` keeps the table each name stands for;
     another table of a name already taken is refused.
     """
-    if not other_table(args, config):
-        return
+    if not other_table(args, config) or not args.csv.is_file():
+        return  # a --csv that is no file is the command's input check's to name
     index_path = args.run / OTHER_TABLES_FILE
     index = read_json(index_path) if index_path.is_file() else {}
     if not isinstance(index, dict):

@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 DATA_AXIS = "data"
 
@@ -58,7 +58,7 @@ def check_mesh(owner: str, mesh: Any) -> None:
       TypeError: `mesh` is not a `Mesh` (a string, a device list).
       ValueError: it has no `data` axis to split the batch over.
     """
-    if not isinstance(mesh, Mesh):
+    if not isinstance(mesh, Mesh | AbstractMesh):
         raise TypeError(
             f"{owner}: mesh must be a jax.sharding.Mesh with a {DATA_AXIS!r} axis "
             f"(tft_jax.distributed.data_mesh()), got {type(mesh).__name__} {mesh!r}"

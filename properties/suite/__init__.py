@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from properties import backends
@@ -155,7 +156,7 @@ def random_cotangent(like: Any, seed: int, *, only_sample: int | None = None) ->
 
     def draw(leaf: Any) -> np.ndarray:
         shape, dtype = np.shape(leaf), _dtype_of(leaf)
-        if not np.issubdtype(dtype, np.inexact):
+        if not jnp.issubdtype(dtype, jnp.inexact):  # NumPy does not count bfloat16
             return np.zeros(shape, jax.dtypes.float0)
         values = rng.uniform(0.5, 1.5, shape) * rng.choice((-1.0, 1.0), shape)
         if only_sample is not None:

@@ -840,7 +840,7 @@ def time_grid(
     `tz_localize(zone, nonexistent="shift_forward", ambiguous=True)` makes of
     those local days, and how a table of them holds them.
     """
-    offset = freq if isinstance(freq, pd.DateOffset) else parse_frequency(freq)
+    offset = freq if isinstance(freq, pd.offsets.BaseOffset) else parse_frequency(freq)
     try:
         return pd.date_range(start, end, periods=periods, freq=offset)
     except ValueError:
