@@ -460,9 +460,7 @@ def test_nonnegative_announces_negative_targets_it_would_clip(fitted, tmp_path):
     # A history of negative targets came back as forecasts of exactly 0, without a word.
     _, table, saved = fitted
     run = shutil.copytree(saved, tmp_path / "run")
-    config = json.loads((run / "config.json").read_text())
-    config["data"]["nonnegative"] = True
-    (run / "config.json").write_text(json.dumps(config))
+    edit_config(run, lambda config: config["data"].update(nonnegative=True))
     forecaster = Forecaster.load(run)
     history, future = cut(table, "2024-03-30")
     with warnings.catch_warnings(record=True) as caught:
@@ -480,9 +478,7 @@ def test_a_new_series_is_scored_without_its_scaler_knowing_the_scored_steps(fitt
     _, table, saved = fitted
     # Without window normalization the series scaler alone sets the model's input scale.
     run = shutil.copytree(saved, tmp_path / "run")
-    config = json.loads((run / "config.json").read_text())
-    config["data"]["window_normalization"] = False
-    (run / "config.json").write_text(json.dumps(config))
+    edit_config(run, lambda config: config["data"].update(window_normalization=False))
     forecaster = Forecaster.load(run)
     new = table[table["store"] == "alpha"].assign(store="delta")
     last_days = new["day"].isin(sorted(new["day"])[-HORIZON:])
