@@ -319,7 +319,7 @@ def check_not_input(
     if not output.is_file():
         return
     for label, path in inputs.items():
-        if path is not None and pathlib.Path(path).is_file() and output.samefile(path):
+        if path is not None and is_same_file(output, pathlib.Path(path)):
             raise UsageError(
                 f"{flag} {output} is {label}, which this command reads: writing it would "
                 f"replace that file; pass another {flag}"
@@ -679,8 +679,7 @@ def other_table(args: argparse.Namespace, config: dict[str, Any]) -> bool:
     if args.csv is None:
         return False
     source = run_source(config, args.run)
-    own = source is not None and pathlib.Path(source).is_file() and args.csv.is_file()
-    return not (own and args.csv.samefile(source))
+    return not (source is not None and is_same_file(args.csv, pathlib.Path(source)))
 
 
 def claim_other_table_name(args: argparse.Namespace, config: dict[str, Any]) -> None:
