@@ -780,6 +780,8 @@ def test_evaluate_on_another_table_leaves_the_runs_metrics_alone(
     assert (copy / "metrics.json").read_bytes() == before  # the run's own figures stand
     written = copy / "metrics_test_doubled.json"
     assert f"metrics: {written}" in out
+    claims = json.loads((copy / "other_tables.json").read_text())
+    assert claims == {"doubled": str(other.resolve())}
     scored = json.loads(written.read_text())
     assert scored["table"] == str(other) and scored["split"] == "test"
     own = json.loads(before)

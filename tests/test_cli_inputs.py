@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import shutil
 from types import SimpleNamespace
 
 import numpy as np
@@ -97,6 +98,20 @@ def test_reading_flags_describe_the_future_csv_of_plot_without_csv(tmp_path):
         ["plot", "--run", str(tmp_path), "--future-csv", "f.csv", "--dayfirst"]
     )
     cli.check_reading_flags(args)
+
+
+@pytest.mark.parametrize("command", ["evaluate", "plot"])  # this run's id column bars forecast
+def test_a_refused_table_claims_no_output_name_in_the_run(capsys, tmp_path, saved, tables, command):
+    # Outputs for another table are named after its file and the name is claimed in
+    # other_tables.json: the claim was written while naming the outputs, before the
+    # table was read, so a table refused for a missing column left its claim behind.
+    run_copy = pathlib.Path(shutil.copytree(saved, tmp_path / "run"))
+    broken = tmp_path / "sales.csv"
+    pd.read_csv(tables["table"]).drop(columns="sales").to_csv(broken, index=False)
+    code, _, err = run(capsys, command, "--run", str(run_copy), "--csv", str(broken))
+    assert code == 2
+    assert "'sales'" in one_error_line(err, command)
+    assert not (run_copy / cli.OTHER_TABLES_FILE).exists()
 
 
 @pytest.mark.parametrize(

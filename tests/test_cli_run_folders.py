@@ -99,6 +99,9 @@ def test_two_tables_of_one_file_name_cannot_share_the_runs_outputs(tmp_path):
     assert cli.metrics_output(_forecast_args(run_folder, first), config).name == (
         "metrics_validation_sales.json"
     )
+    # Naming checks only; the command about to write claims the name.
+    assert not (run_folder / "other_tables.json").exists()
+    cli.record_other_table_name(_forecast_args(run_folder, first), config)
     # The same table again, by another spelling of its path, keeps its names.
     again = _forecast_args(run_folder, tmp_path / "2023" / ".." / "2023" / "sales.csv")
     assert cli.forecast_output(again, config, "fp32").name == "forecasts_fp32_validation_sales.csv"
@@ -107,9 +110,12 @@ def test_two_tables_of_one_file_name_cannot_share_the_runs_outputs(tmp_path):
             output(_forecast_args(run_folder, second), config)
     with pytest.raises(UsageError, match=r"named 'sales'"):
         cli.forecast_output(_forecast_args(run_folder, second), config, "fp32")
+    with pytest.raises(UsageError, match=r"named 'sales'"):
+        cli.record_other_table_name(_forecast_args(run_folder, second), config)
     # An --output of the user's own is no name of the run's.
     args = argparse.Namespace(run=run_folder, csv=second, output=tmp_path / "m.json", split="test")
     assert cli.metrics_output(args, config) == tmp_path / "m.json"
+    cli.record_other_table_name(args, config)
     assert json.loads((run_folder / "other_tables.json").read_text()) == {
         "sales": str(first.resolve())
     }

@@ -682,35 +682,53 @@ def other_table(args: argparse.Namespace, config: dict[str, Any]) -> bool:
     return not (source is not None and is_same_file(args.csv, pathlib.Path(source)))
 
 
-def claim_other_table_name(args: argparse.Namespace, config: dict[str, Any]) -> None:
-    """Records which table the `<CSV name>` of the run's outputs for `--csv` stands for.
+def check_other_table_name(args: argparse.Namespace, config: dict[str, Any]) -> None:
+    """Refuses a `--csv` whose outputs would take the names of another table's.
 
     Outputs for a table other than the run's are named after the file
     (`metrics_<split>_<CSV name>.json`, `forecasts_..._<CSV name>.csv`,
     `plots/<split>_<CSV name>/`): two tables of one name in other folders
     would write the same files, the second replacing the first's without a
-    word. The run's `OTHER_TABLES_FILE` keeps the table each name stands for;
-    another table of a name already taken is refused.
+    word. The run's `OTHER_TABLES_FILE` keeps the table each name stands for
+    (`record_other_table_name` writes it once a command is about to write);
+    another table of a name already taken is refused here, before any work.
     """
     if not other_table(args, config) or not args.csv.is_file():
         return  # a --csv that is no file is the command's input check's to name
     index_path = args.run / OTHER_TABLES_FILE
+    claimed = other_table_names(index_path).get(args.csv.stem)
+    if claimed is not None and claimed != str(args.csv.resolve()):
+        raise UsageError(
+            f"--csv {args.csv}: the run's outputs for another table named {args.csv.stem!r} are "
+            f"those of {claimed} (see {index_path}); writing this table's would replace them: "
+            "pass --output, or a copy of the table under another file name"
+        )
+
+
+def other_table_names(index_path: pathlib.Path) -> dict[str, str]:
+    """The run's `OTHER_TABLES_FILE`: each `<CSV name>` and the table it stands for."""
     index = read_json(index_path) if index_path.is_file() else {}
     if not isinstance(index, dict):
         raise UsageError(
             f"{index_path} holds a JSON {type(index).__name__}, not the object `tft-jax` "
             "writes; remove it to write it anew"
         )
-    name, table = args.csv.stem, str(args.csv.resolve())
-    claimed = index.get(name)
-    if claimed is None:
-        write_json(index_path, {**index, name: table})
-    elif claimed != table:
-        raise UsageError(
-            f"--csv {args.csv}: the run's outputs for another table named {name!r} are those "
-            f"of {claimed} (see {index_path}); writing this table's would replace them: pass "
-            "--output, or a copy of the table under another file name"
-        )
+    return index
+
+
+def record_other_table_name(args: argparse.Namespace, config: dict[str, Any]) -> None:
+    """Records that the run's `<CSV name>` outputs are `--csv`'s, when they are named after it.
+
+    Called by a command once its inputs have been read and checked and it is
+    about to write those outputs, so that a refused command claims no name.
+    """
+    if getattr(args, "output", None) is not None or not other_table(args, config):
+        return
+    check_other_table_name(args, config)
+    index_path = args.run / OTHER_TABLES_FILE
+    index = other_table_names(index_path)
+    if args.csv.stem not in index:
+        write_json(index_path, {**index, args.csv.stem: str(args.csv.resolve())})
 
 
 def metrics_output(args: argparse.Namespace, config: dict[str, Any]) -> pathlib.Path:
@@ -725,7 +743,7 @@ def metrics_output(args: argparse.Namespace, config: dict[str, Any]) -> pathlib.
         return args.output
     name = "metrics.json" if args.split == "test" else f"metrics_{args.split}.json"
     if other_table(args, config):
-        claim_other_table_name(args, config)
+        check_other_table_name(args, config)
         name = f"metrics_{args.split}_{args.csv.stem}.json"
     return args.run / name
 
@@ -742,7 +760,7 @@ def forecast_output(args: argparse.Namespace, config: dict[str, Any], model: str
         return args.output
     name = f"forecasts_{model}_{args.split}"
     if other_table(args, config):
-        claim_other_table_name(args, config)
+        check_other_table_name(args, config)
         name = f"{name}_{args.csv.stem}"
     return args.run / f"{name}.csv"
 
@@ -757,7 +775,7 @@ def plots_output(args: argparse.Namespace, config: dict[str, Any]) -> pathlib.Pa
     """
     root = args.run / "plots"
     if other_table(args, config):
-        claim_other_table_name(args, config)
+        check_other_table_name(args, config)
         return root / f"{args.split}_{args.csv.stem}"
     return root if args.split == "test" else root / args.split
 
@@ -782,6 +800,7 @@ def command_evaluate(args: argparse.Namespace) -> int:
     metrics.pop("table", None)  # an earlier evaluation's table does not describe these
     if args.csv is not None:
         metrics["table"] = str(args.csv)
+    record_other_table_name(args, config)
     target.parent.mkdir(parents=True, exist_ok=True)
     write_json(target, metrics)
     print(metrics_table(metrics))
@@ -803,6 +822,7 @@ def command_forecast(args: argparse.Namespace) -> int:
     dataset = forecaster.prepare(run_table(args, config, forecaster), args.split)
     windows = dataset.split(args.split)
     prediction = forecaster.predictions(dataset, windows, [name])[name]
+    record_other_table_name(args, config)
     write_split_forecasts(forecaster, dataset, args.split, prediction, name, output)
     print(f"{len(windows) * dataset.horizon} forecast rows ({len(windows)} windows): {output}")
     return 0
@@ -849,6 +869,7 @@ def command_plot(args: argparse.Namespace) -> int:
     )
     dataset = forecaster.prepare(table, args.split)
     predictions = forecaster.predictions(dataset, dataset.split(args.split))
+    record_other_table_name(args, config)
     figures = plots.draw_run_plots(
         dataset,
         args.split,
