@@ -6,10 +6,10 @@ Each test runs one check function of `properties.suite.quantization` or
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import given, settings
 
 from properties import backends
-from properties.suite import qat_tft
+from properties.suite import examples, qat_tft
 from properties.suite import quantization as suite
 
 PROPERTIES = {prop.name: prop for prop in (*suite.PROPERTIES, *qat_tft.PROPERTIES)}
@@ -143,3 +143,13 @@ def test_frozen_qat_tft_samples_do_not_interact(platform, case):
 def test_qat_calibration_and_outputs_follow_the_batch_order(platform, case):
     with backends.on_platform(platform):
         qat_tft.check_batch_order_equivariant(case)
+
+
+@backends.parametrize()
+@settings(max_examples=examples(3))
+@given(_strategy("qat-tft: gate dropout is inverted"))
+def test_frozen_qat_tft_gates_apply_inverted_dropout_at_the_configured_rate_in_training(
+    platform, case
+):
+    with backends.on_platform(platform):
+        qat_tft.check_gate_dropout_is_inverted(case)

@@ -10,7 +10,8 @@ calibration step, pullback).
 Properties: finite outputs and gradients; the straight-through gradient
 reaches every parameter and input; causality; batch independence (forward
 and backward); batch-order equivariance of the frozen model and of the
-calibration itself.
+calibration itself; and, on a preset with dropout, that the frozen model's
+gates apply inverted dropout in training as the FP32 model's do.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ __all__ = [
     "check_batch_order_equivariant",
     "check_causal",
     "check_finite",
+    "check_gate_dropout_is_inverted",
     "check_live_gradients",
     "qat_cases",
 ]
@@ -50,9 +52,11 @@ PRESET = st_tft.TFT_PRESETS[0]
 QUANT_STATS = "quant_stats"
 
 
-def qat_cases(kinds: tuple[str, ...] = st_tft.INPUT_KINDS) -> Any:
-    """`tft.ModelCase`s of the smallest preset: only the data varies."""
-    return tft_suite.model_cases((PRESET,), kinds=kinds)
+def qat_cases(
+    kinds: tuple[str, ...] = st_tft.INPUT_KINDS, presets: tuple[TFTConfig, ...] = (PRESET,)
+) -> Any:
+    """`tft.ModelCase`s of the smallest preset (or of `presets`): only the data varies."""
+    return tft_suite.model_cases(presets, kinds=kinds)
 
 
 class _QATFunctions(NamedTuple):
@@ -215,10 +219,59 @@ def check_batch_order_equivariant(case: tft_suite.ModelCase) -> None:
     checks.assert_batch_order_equivariant(_forward_of(case, stats), _all_inputs(case), atol=1e-5)
 
 
+@platform_cache
+def _gate_dropout_recorder(config: TFTConfig, qat_config: QATConfig) -> Any:
+    """`tft.gate_dropout_recorder` of the frozen QAT TFT: `params` are `(params, quant_stats)`."""
+    model = qat_functions(config, qat_config).model
+
+    def run_model(params: Any, floats: Any, integers: Any, key: Any) -> Any:
+        params, stats = params
+        return model.apply(
+            {"params": params, QUANT_STATS: stats},
+            **floats,
+            **integers,
+            deterministic=False,
+            calibrate=False,
+            rngs={"dropout": key},
+        )
+
+    return tft_suite.gate_dropout_recorder(run_model)
+
+
+def check_gate_dropout_is_inverted(case: tft_suite.ModelCase) -> None:
+    """Calibrated and frozen, the QAT model's gates apply inverted dropout in training.
+
+    `tft.check_gate_dropout_is_inverted` on the QAT model: every gate (GLU)
+    it runs as a module zeroes its input at the config's rate or scales it
+    by `1 / (1 - rate)` before the fake-quantized projection. The variable
+    selection's chunked path is compared with the module path by the tests.
+    Needs a config with `dropout_rate > 0`.
+    """
+    rate = case.config.dropout_rate
+    if rate <= 0.0:
+        raise ValueError(
+            f"check_gate_dropout_is_inverted needs a config with dropout_rate > 0, got {rate}"
+        )
+    functions, stats = _frozen(case)
+    floats, integers = tft_suite.split_inputs(case.inputs)
+    recorded = _gate_dropout_recorder(case.config, QAT_CONFIG)(
+        (functions.variables["params"], stats), floats, integers, np.uint32(case.seed)
+    )
+    tft_suite.assert_gate_dropout_inverted(recorded, rate, "the QAT TFT")
+
+
+# The smallest preset with dropout: the QAT model compiles more than the FP32 one.
+WITH_DROPOUT = tft_suite.WITH_DROPOUT[:1]
+
 PROPERTIES = (
     Property("qat-tft: finite", qat_cases(), check_finite),
     Property("qat-tft: live gradients", qat_cases(("normal",)), check_live_gradients),
     Property("qat-tft: causal", qat_cases(), check_causal),
     Property("qat-tft: batch independent", qat_cases(), check_batch_independent),
     Property("qat-tft: batch order", qat_cases(), check_batch_order_equivariant),
+    Property(
+        "qat-tft: gate dropout is inverted",
+        qat_cases(("normal",), WITH_DROPOUT),
+        check_gate_dropout_is_inverted,
+    ),
 )

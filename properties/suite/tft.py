@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import hypothesis.strategies as st
@@ -55,6 +55,7 @@ __all__ = [
     "PROPERTIES",
     "AttentionCase",
     "ModelCase",
+    "assert_gate_dropout_inverted",
     "check_attention_matches_reference",
     "check_batch_independent",
     "check_batch_order_equivariant",
@@ -67,6 +68,7 @@ __all__ = [
     "check_jit_matches_eager",
     "check_live_gradients",
     "check_weights_are_distributions",
+    "gate_dropout_recorder",
     "interpretable_attention_cases",
     "model_cases",
     "model_functions",
@@ -527,16 +529,15 @@ def _glu_path(module: Any) -> str:
     return "/".join(str(part) for part in module.path) or "<root>"
 
 
-@platform_cache
-def _gate_dropout_recorder(config: TFTConfig) -> Any:
+def gate_dropout_recorder(run_model: Callable[[Any, Any, Any, Any], Any]) -> Any:
     """Jitted `(params, floats, integers, seed) -> {GLU path: (inputs, dropped, rate)}`.
 
-    Runs the TFT in training mode under `GATE_DROPOUT_MASKS` dropout keys.
-    A Flax method interceptor reads, at every `GatedLinearUnit` call, the
-    GLU's input and what its `projection` reads: the input after dropout.
+    `run_model(params, floats, integers, key)` runs a TFT in training mode
+    with dropout key `key`; it runs under `GATE_DROPOUT_MASKS` keys. A Flax
+    method interceptor reads, at every `GatedLinearUnit` call, the GLU's
+    input and what its `projection` reads: the input after dropout.
     Shapes: `(masks, *input shape)` each; `rate` is the GLU's own rate.
     """
-    model = tft_model.TemporalFusionTransformer(config)
 
     def gate_inputs(params: Any, floats: Any, integers: Any, key: Any) -> Any:
         inputs: dict[str, Any] = {}
@@ -546,26 +547,23 @@ def _gate_dropout_recorder(config: TFTConfig) -> Any:
         def record(next_fun: Any, args: Any, kwargs: Any, context: Any) -> Any:
             module = context.module
             if context.method_name == "__call__":
-                value = args[0] if args else next(iter(kwargs.values()))
+                # A module's first argument; other modules (a quantizer's step size) may take none.
+                def first() -> Any:
+                    return args[0] if args else next(iter(kwargs.values()))
+
                 if isinstance(module, gating.GatedLinearUnit):
                     path = _glu_path(module)
                     if path in inputs:
                         raise AssertionError(f"GatedLinearUnit {path} ran twice in one forward")
-                    inputs[path], rates[path] = value, module.dropout_rate
+                    inputs[path], rates[path] = first(), module.dropout_rate
                 elif module.name == "projection" and isinstance(
                     module.parent, gating.GatedLinearUnit
                 ):
-                    dropped[_glu_path(module.parent)] = value
+                    dropped[_glu_path(module.parent)] = first()
             return next_fun(*args, **kwargs)
 
         with nn.intercept_methods(record):
-            model.apply(
-                {"params": params},
-                **floats,
-                **integers,
-                deterministic=False,
-                rngs={"dropout": key},
-            )
+            run_model(params, floats, integers, key)
         missing = sorted(set(inputs) - set(dropped))
         if missing:
             raise AssertionError(
@@ -580,6 +578,19 @@ def _gate_dropout_recorder(config: TFTConfig) -> Any:
         return jax.vmap(lambda key: gate_inputs(params, floats, integers, key))(keys)
 
     return recorder
+
+
+@platform_cache
+def _gate_dropout_recorder(config: TFTConfig) -> Any:
+    """`gate_dropout_recorder` of the FP32 TFT: `params` are its parameters."""
+    model = tft_model.TemporalFusionTransformer(config)
+
+    def run_model(params: Any, floats: Any, integers: Any, key: Any) -> Any:
+        return model.apply(
+            {"params": params}, **floats, **integers, deterministic=False, rngs={"dropout": key}
+        )
+
+    return gate_dropout_recorder(run_model)
 
 
 def _binomial_room(rate: float, count: int) -> float:
@@ -612,8 +623,16 @@ def check_gate_dropout_is_inverted(case: ModelCase) -> None:
     recorded = _gate_dropout_recorder(case.config)(
         model_parameters(case.config), floats, integers, np.uint32(case.seed)
     )
+    assert_gate_dropout_inverted(recorded, rate, "the TFT")
+
+
+def assert_gate_dropout_inverted(recorded: Mapping[str, Any], rate: float, model: str) -> None:
+    """`check_gate_dropout_is_inverted`'s assertions on a `gate_dropout_recorder`'s record.
+
+    `model` names the model in the messages.
+    """
     if not recorded:
-        raise AssertionError("the TFT ran no GatedLinearUnit in training mode")
+        raise AssertionError(f"{model} ran no GatedLinearUnit in training mode")
     scale = 1.0 / (1.0 - rate)
     total_seen = total_zeroed = 0
     for path, (inputs, dropped, rates) in sorted(recorded.items()):
@@ -659,7 +678,7 @@ def check_gate_dropout_is_inverted(case: ModelCase) -> None:
         total_seen, total_zeroed = total_seen + seen, total_zeroed + dropped_count
     if total_seen == 0 or abs(total_zeroed / total_seen - rate) > _binomial_room(rate, total_seen):
         raise AssertionError(
-            f"the TFT's gates zero {total_zeroed} of {total_seen} input elements over "
+            f"{model}'s gates zero {total_zeroed} of {total_seen} input elements over "
             f"{GATE_DROPOUT_MASKS} masks; dropout_rate is {rate}"
         )
 
