@@ -22,19 +22,17 @@ def dataset(tmp_path_factory):
     return prepare_dataset(csv, **DATA.prepare_options())
 
 
-def _windows_targets(dataset, count: int, batch_size: int) -> np.ndarray:
-    """`(N, H)` targets of the validation windows, in whole training batches.
+def _window_positions(total: int, count: int, batch_size: int) -> np.ndarray:
+    """Positions of `count` validation windows (the split's `total` if fewer), rounded down to
+    whole training batches, evenly spaced over the whole split."""
+    count = min(count, total) // batch_size * batch_size
+    return np.arange(total) if count == total else np.linspace(0, total - 1, count).round()
 
-    `count` windows evenly spaced over the split (all if fewer): the windows
-    validation took before it used batches of the eval size.
-    """
-    total = len(dataset.validation)
-    positions = (
-        np.arange(total)
-        if count >= total
-        else np.linspace(0, total - 1, count).round().astype(np.int64)
-    )
-    return dataset.validation.take(positions[: len(positions) // batch_size * batch_size])["target"]
+
+def _windows_targets(dataset, count: int, batch_size: int) -> np.ndarray:
+    """`(N, H)` targets of the validation windows `_window_positions` picks."""
+    positions = _window_positions(len(dataset.validation), count, batch_size).astype(np.int64)
+    return dataset.validation.take(positions)["target"]
 
 
 @pytest.mark.parametrize(("validation_windows", "eval_batch_size"), [(16, 32), (40, 16), (24, 8)])
@@ -59,6 +57,29 @@ def test_batches_of_the_eval_size_hold_each_validation_window_once(
     np.testing.assert_array_equal(
         targets[count:], targets[count - 1 : count].repeat(len(targets) - count, 0)
     )
+
+
+@pytest.mark.parametrize("validation_windows", [2048, 40])
+def test_validation_spans_every_series_when_the_split_is_not_a_whole_number_of_batches(
+    dataset, validation_windows
+):
+    # Windows come series by series. With more windows asked than the split holds (the
+    # default 2048 on any small table), the count was rounded to whole batches after
+    # the windows were taken, by keeping the split's first ones: the last series lost
+    # its windows without a word ({a: 23, b: 23, c: 18, d: 0, e: 0} on five series).
+    total, batch_size = len(dataset.validation), TINY_TRAINING.batch_size
+    assert total % batch_size and validation_windows // batch_size * batch_size != total
+    training = dataclasses.replace(TINY_TRAINING, validation_windows=validation_windows)
+    batches = validation_batches(dataset, training)
+    masks = np.concatenate([np.asarray(batch.target_mask)[:, 0] for batch in batches])
+    targets = np.concatenate([np.asarray(batch.target) for batch in batches])[masks == 1.0]
+    # Each validated window, found by its targets among the split's (the stores' are distinct).
+    every = dataset.validation.take(np.arange(total))["target"]
+    found = [int(np.flatnonzero((every == row).all(axis=1))[0]) for row in targets]
+    assert len(found) == min(validation_windows, total) // batch_size * batch_size
+    assert found == sorted(found) and found[-1] == total - 1  # spread to the split's end
+    series = dataset.validation.series_code
+    assert set(series[found]) == set(series)
 
 
 def test_an_eval_size_the_devices_cannot_split_keeps_the_training_batches(dataset, monkeypatch):

@@ -32,7 +32,6 @@ from tft_jax.evaluation import (
     evenly_spaced,
     fixed_batches,
     padded_batches,
-    subset,
 )
 from tft_jax.forecaster.config import QATTrainingConfig, TrainingConfig
 from tft_jax.model import TemporalFusionTransformer
@@ -69,8 +68,10 @@ def sample_batch(dataset: PreparedDataset, batch_size: int, rows: slice = slice(
 def validation_batches(dataset: PreparedDataset, training: TrainingConfig) -> list[Batch]:
     """The batches `fit` validates on, over `training.validation_windows` evenly spaced windows.
 
-    The count is rounded down to whole training batches (at least one; the
-    windows of whole batches when the split holds fewer). In one process the
+    The count (the split's size when it holds fewer) is rounded down to
+    whole training batches, at least one, and the windows are spread over
+    the whole split: windows come series by series, so the split's first
+    windows would leave its last series unvalidated. In one process the
     windows come in batches of `eval_batch_size` when that splits evenly
     over the devices, the last filled up by repeating its final window with
     those targets masked out (`evaluate` counts observed targets only, so the
@@ -90,13 +91,13 @@ def validation_batches(dataset: PreparedDataset, training: TrainingConfig) -> li
             f"the validation split has {len(dataset.validation)} windows, fewer than one "
             f"batch of {batch_size}; lower the batch size or raise the validation fraction"
         )
-    count = max(batch_size, training.validation_windows // batch_size * batch_size)
+    available = min(training.validation_windows, len(dataset.validation))
+    count = max(batch_size, available // batch_size * batch_size)
     windows = evenly_spaced(dataset.validation, count)
     eval_size = training.eval_batch_size
     if jax.process_count() > 1 or eval_size % jax.device_count():
         return fixed_batches(windows, batch_size, local_rows(batch_size))
-    whole = subset(windows, np.arange(len(windows) // batch_size * batch_size))
-    return [_padding_masked(batch, valid) for batch, valid in padded_batches(whole, eval_size)]
+    return [_padding_masked(batch, valid) for batch, valid in padded_batches(windows, eval_size)]
 
 
 def _padding_masked(batch: Batch, valid: int) -> Batch:
