@@ -72,6 +72,20 @@ def test_integer_categories_with_empty_cells_and_fractional_categories():
         prepare_dataset(halves, **SPEC)
 
 
+@pytest.mark.parametrize("dtype", ["int64", "uint64", "Int64", "category"])
+def test_64_bit_integer_codes_keep_their_own_categories(dtype):
+    # Hashed SKU or store codes past 2**53 went through float64 and merged: three
+    # kinds 2**60 + 1, 2, 3 became one category 2**60, a value not in the table.
+    table = shifts()
+    base = 2**60 if dtype != "uint64" else 2**63
+    codes = (table["shift"].to_numpy().astype(np.uint64) + np.uint64(base + 1)).astype(object)
+    fitted = prepare_dataset(table.assign(shift=pd.Series(codes, dtype=dtype)), **SPEC)
+    assert fitted.preprocessor.vocabularies["shift"] == (base + 1, base + 2, base + 3)
+    expected = prepare_dataset(table, **SPEC)  # the codes 0, 1, 2 in the same cells
+    np.testing.assert_array_equal(fitted.panel.known_categorical,
+                                  expected.panel.known_categorical)  # fmt: skip
+
+
 def test_a_pandas_category_column_of_codes_is_a_categorical_input():
     table = daily_pair()
     store_type = pd.Series(np.arange(len(table)) % 3 + 1).astype("category")

@@ -1060,14 +1060,20 @@ def _categorical_values(values: pd.Series, column: str, ids: pd.Series) -> pd.Se
     A pandas `category` column with numeric (or bool) categories is read by
     its values, as integer codes: the same codes in an int64 column (e.g. read
     back from a CSV at predict time) must map to the same vocabulary entries,
-    not to texts '0', '1' that no int matches.
+    not to texts '0', '1' that no int matches. Integer codes are read
+    exactly (a float64 would merge 64-bit codes past 2**53, e.g. hashed SKUs).
     """
+    exact = ptypes.is_integer_dtype(values) or ptypes.is_bool_dtype(values)
     if isinstance(values.dtype, pd.CategoricalDtype):
         categories = values.cat.categories
-        if ptypes.is_numeric_dtype(categories) or ptypes.is_bool_dtype(categories):
+        if ptypes.is_integer_dtype(categories) or ptypes.is_bool_dtype(categories):
+            exact = True
+        elif ptypes.is_numeric_dtype(categories):
             values = values.astype("float64")
     present = values.notna().to_numpy()
-    if ptypes.is_bool_dtype(values) or ptypes.is_numeric_dtype(values):
+    if exact:
+        return _each_distinct(values, present, int)
+    if ptypes.is_numeric_dtype(values):
         numbers = values.astype("float64")
         fractional = present & (numbers.to_numpy() != np.round(numbers.to_numpy()))
         if fractional.any():
