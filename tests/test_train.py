@@ -12,6 +12,7 @@ import io
 import math
 import re
 import sys
+import warnings
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -448,27 +449,46 @@ def test_a_scheduled_rate_gone_bad_after_step_0_skips_steps_and_keeps_the_params
     assert_trees_equal((state.params, state.opt_state), kept)
 
 
-def test_fit_announces_skipped_steps_at_the_evaluation_after_them(capsys) -> None:
+SKIP_WARNING = (
+    "fit (FP32): step {step}: {count} step(s) since the previous evaluation skipped (non-finite "
+    "loss or gradient, or an unusable learning rate); their updates were not applied"
+)
+
+
+def skip_warnings(caught: Any) -> list[str]:
+    return [str(w.message) for w in caught if "skipped" in str(w.message)]
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_fit_announces_skipped_steps_at_the_evaluation_after_them(quiet: bool) -> None:
+    # A repair the user did not ask for is announced even when quiet: quiet=True
+    # silenced the note, and steps went unapplied without a word.
     tx = make_optimizer(rate_turning(math.nan, 3), clip_norm=CLIP, weight_decay=WEIGHT_DECAY)
     state = create_train_state(TINY, tx, jax.random.key(0), make_batch(0))
-    result = fit(
-        state, [make_batch(100 + i) for i in range(4)], epochs=1, eval_every=2, label="FP32"
-    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fit(
+            state,
+            [make_batch(100 + i) for i in range(4)],
+            epochs=1,
+            eval_every=2,
+            label="FP32",
+            quiet=quiet,
+        )
     assert result.history["skipped_steps"] == [0, 1]
-    lines = capsys.readouterr().err.splitlines()
-    notes = [line for line in lines if "skipped" in line]
-    assert notes == [
-        "FP32: step 4: 1 step(s) since the previous evaluation skipped (non-finite loss or "
-        "gradient, or an unusable learning rate); their updates were not applied"
-    ]
+    assert skip_warnings(caught) == [SKIP_WARNING.format(step=4, count=1)]
     # Training the same state on (a new run, counting its own steps): only its skips are announced.
-    again = fit(result.state, [make_batch(200 + i) for i in range(2)], epochs=1, label="FP32")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = fit(
+            result.state,
+            [make_batch(200 + i) for i in range(2)],
+            epochs=1,
+            label="FP32",
+            quiet=quiet,
+        )
     assert again.history["skipped_steps"] == [3]
-    notes = [line for line in capsys.readouterr().err.splitlines() if "skipped" in line]
-    assert notes == [
-        "FP32: step 2: 2 step(s) since the previous evaluation skipped (non-finite loss or "
-        "gradient, or an unusable learning rate); their updates were not applied"
-    ]
+    assert skip_warnings(caught) == [SKIP_WARNING.format(step=2, count=2)]
 
 
 def test_quant_stats_never_enter_params_gradients_or_weight_decay() -> None:
@@ -973,9 +993,7 @@ def test_a_run_ending_at_a_saved_step_resumes_as_finished_with_its_final_evaluat
     assert again.history == result.history
 
 
-def test_a_resumed_run_announces_the_skips_its_checkpoint_had_not_announced(
-    tmp_path, capsys
-) -> None:
+def test_a_resumed_run_announces_the_skips_its_checkpoint_had_not_announced(tmp_path) -> None:
     # Steps 3 and 4 are skipped, the checkpoint at step 5 holds them, the run dies at
     # step 6 before its evaluation at step 8; resumed, it still reports all 5 skips.
     tx = make_optimizer(rate_turning(math.nan, 3), clip_norm=CLIP, weight_decay=WEIGHT_DECAY)
@@ -998,15 +1016,12 @@ def test_a_resumed_run_announces_the_skips_its_checkpoint_had_not_announced(
             checkpoint_every=5,
             **common,
         )
-    capsys.readouterr()
     state = create_train_state(TINY, tx, jax.random.key(0), make_batch(0))
-    result = fit(state, batches, resume=True, **common)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fit(state, batches, resume=True, **common)
     assert result.history["skipped_steps"] == [5]
-    notes = [line for line in capsys.readouterr().err.splitlines() if "skipped" in line]
-    assert notes == [
-        "FP32: step 8: 5 step(s) since the previous evaluation skipped (non-finite loss or "
-        "gradient, or an unusable learning rate); their updates were not applied"
-    ]
+    assert skip_warnings(caught) == [SKIP_WARNING.format(step=8, count=5)]
 
 
 def test_fit_arguments_of_time_are_checked_and_named() -> None:

@@ -494,8 +494,8 @@ def fit(
             loop.history[key].append(value)
         announced_skips = loop.announced_skips or 0
         if skipped > announced_skips:
-            # Skipping is a repair the user did not ask for: announced.
-            progress.note(
+            # Skipping is a repair the user did not ask for: announced, even when quiet.
+            warn(
                 f"step {loop.step}: {skipped - announced_skips} step(s) since the previous "
                 "evaluation skipped (non-finite loss or gradient, or an unusable learning "
                 "rate); their updates were not applied"
