@@ -177,6 +177,32 @@ def test_predict_on_a_saved_folder_writes_the_horizon_after_each_series_end(
     assert f"fp32: {len(expected)} forecast rows (3 series): {out}" in stdout
 
 
+def test_a_future_csv_of_day_first_times_is_named_with_the_flag_that_reads_it(
+    capsys, tmp_path, saved, tables
+):
+    # The future's 03/04/2024 (3 April) read as 4 March: "future has no row for series ...
+    # (7 missing)", naming neither the file nor --dayfirst, as the README says errors do.
+    future = pd.read_csv(tables["future"])
+    future["day"] = pd.to_datetime(future["day"]).dt.strftime("%d/%m/%Y")
+    day_first = tmp_path / "future_day_first.csv"
+    future.to_csv(day_first, index=False)
+    out = tmp_path / "forecast.csv"
+    argv = ["predict", "--run", str(saved), "--csv", str(tables["history"]),
+            "--future-csv", str(day_first), "--out", str(out)]  # fmt: skip
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and not out.exists()
+    line = one_error_line(err, "predict")
+    first = pd.to_datetime(pd.read_csv(tables["future"])["day"]).min()
+    assert f"error: --future-csv {day_first}: future has no row for series" in line
+    assert line.endswith(
+        f"; its times read otherwise with --dayfirst: '{first:%d/%m/%Y}' is "
+        f"{first.replace(month=first.day, day=first.month)} as read, {first} with --dayfirst"
+    ), line
+    code, _, err = run(capsys, *argv, "--dayfirst")
+    assert code == 0, err
+    assert len(pd.read_csv(out)) == len(future)
+
+
 def test_forecast_refuses_a_run_whose_id_column_is_named_model_before_predicting(
     capsys, tmp_path, saved, tables
 ):

@@ -42,6 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 import pandas as pd
 
 from tft_jax import plots
@@ -643,6 +644,57 @@ def command_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def predict_from_files(
+    forecaster: Forecaster,
+    history: pd.DataFrame,
+    future: pd.DataFrame | None,
+    model: str,
+    args: argparse.Namespace,
+) -> pd.DataFrame:
+    """`forecaster.predict`, with an error about the future table named as `--future-csv`'s.
+
+    The data layer names the table `future`; the user gave a file. Its times
+    misread by day and month (01/03 as 3 January) leave every step missing:
+    the message then says how the other order reads them.
+    """
+    try:
+        return forecaster.predict(history, future, model=model)
+    except ValueError as error:
+        if future is None or not str(error).startswith("future"):
+            raise
+        message = flag_message(str(error), vars(args))
+        hint = day_order_hint(future, reading_config(forecaster, args))
+        raise UsageError(f"--future-csv {args.future_csv}: {message}{hint}") from None
+
+
+def day_order_hint(table: pd.DataFrame, data: DataConfig) -> str:
+    """How the other `--dayfirst` reads the table's time texts, when it reads them otherwise."""
+    column = data.time_col
+    if data.time_format is not None or column not in table:
+        return ""
+    if isinstance(table[column].dtype, pd.DatetimeTZDtype) or table[column].dtype.kind == "M":
+        return ""
+    texts = table[column].dropna()
+    ids = table.loc[texts.index, data.id_col] if data.id_col in table else texts
+    readings = []
+    for dayfirst in (data.dayfirst, not data.dayfirst):
+        try:
+            with warnings.catch_warnings():  # a reading tried, not one made
+                warnings.simplefilter("ignore")
+                readings.append(_parse_times(texts, column, ids, None, dayfirst, data.timezone))
+        except ValueError:
+            return ""
+    ours, other = readings
+    differ = np.flatnonzero((ours != other).to_numpy())
+    if not len(differ):
+        return ""
+    at, flag = int(differ[0]), "--no-dayfirst" if data.dayfirst else "--dayfirst"
+    return (
+        f"; its times read otherwise with {flag}: {texts.iloc[at]!r} is {ours.iloc[at]} as "
+        f"read, {other.iloc[at]} with {flag}"
+    )
+
+
 def command_predict(args: argparse.Namespace) -> int:
     check_output_file(args.out, "--out")
     inputs = {"the --csv file": args.csv, "the --future-csv file": args.future_csv}
@@ -662,7 +714,7 @@ def command_predict(args: argparse.Namespace) -> int:
         if args.future_csv is None
         else read_given_csv(args.future_csv, "--future-csv", forecaster, args)
     )
-    forecast = forecaster.predict(history, future, model=model)
+    forecast = predict_from_files(forecaster, history, future, model, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_forecasts(forecast, str(args.out))
     series = forecast.iloc[:, 0].nunique()
@@ -886,7 +938,7 @@ def command_plot(args: argparse.Namespace) -> int:
             "pass --future-csv with their values after the table's end"
         )
     else:
-        forecast = forecaster.predict(table, future, model=model)
+        forecast = predict_from_files(forecaster, table, future, model, args)
         count = forecast[spec.id_col].nunique()
         if series is None and count > plots.MAX_FAN_SERIES:
             print(
