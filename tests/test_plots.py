@@ -480,6 +480,30 @@ def test_fan_chart_bands_and_medians_are_the_given_columns_per_window_in_time_or
     assert str(axis.xaxis.get_major_formatter()._tz) == "Europe/Paris"
 
 
+def test_fan_chart_marks_actuals_between_gaps_which_the_line_cannot_draw(tmp_path, monkeypatch):
+    # [..., 106.5, nan, 108.5, nan]: a line joins finite neighbours only, so 108.5
+    # and a lone first value were in the figure's data yet invisible.
+    times = pd.date_range("2024-01-01", periods=10, freq="h")
+    values = [1.0, np.nan, 3.0, 4.0, np.nan, 6.0, np.nan, np.nan, 9.0, np.nan]
+    context = pd.DataFrame({"id": "a", "time": times[:6], "actual": values[:6]})
+    forecasts = pd.DataFrame(
+        {"id": "a", "forecast_start": times[6], "time": times[6:], "p10": 0.0, "p50": 1.0,
+         "p90": 2.0, "actual": values[6:]}
+    )  # fmt: skip
+    figures = _capture_figures(monkeypatch)
+    plots.plot_forecast_fans(
+        tmp_path / "gaps.png", forecasts, context, id_col="id", time_col="time",
+        lower="p10", median="p50", upper="p90",
+    )  # fmt: skip
+    (axis,) = figures[0].axes
+    (marks,) = [line for line in axis.get_lines() if line.get_label() == "_actual between gaps"]
+    assert marks.get_linestyle() == "None" and marks.get_marker() == "."
+    np.testing.assert_array_equal(marks.get_ydata(orig=False), [1.0, 6.0, 9.0])
+    np.testing.assert_array_equal(plots.isolated(np.array([np.nan, 2.0])), [False, True])
+    np.testing.assert_array_equal(plots.isolated(np.array([2.0])), [True])
+    np.testing.assert_array_equal(plots.isolated(np.array([], dtype=float)), [])
+
+
 def test_plot_is_written_at_exactly_the_path_it_returns_without_a_suffix(tmp_path):
     # Matplotlib appended '.png' to a path without a suffix: the path returned did not exist.
     path = plots.plot_attention(tmp_path / "attention", np.full((2, 5), 0.2), history=3)

@@ -72,6 +72,14 @@ def _save(figure: Figure, path: PathLike) -> pathlib.Path:
     return path
 
 
+def isolated(values: np.ndarray) -> np.ndarray:
+    """(N,) bool: the finite values of `values` (N,) whose neighbours are both missing or absent."""
+    finite = np.isfinite(values)
+    before = np.concatenate([[False], finite[:-1]])
+    after = np.concatenate([finite[1:], [False]])
+    return finite & ~before & ~after
+
+
 def plot_forecast_fans(
     path: PathLike,
     forecasts: pd.DataFrame,
@@ -125,6 +133,11 @@ def plot_forecast_fans(
         actual = pd.concat([past[[time_col, "actual"]], rows[[time_col, "actual"]]])
         actual = actual.drop_duplicates(time_col).sort_values(time_col)
         axis.plot(actual[time_col], actual["actual"], color=_ACTUAL, lw=1.0, label="actual")
+        # A line joins finite neighbours only: an actual between gaps would not be drawn.
+        alone = isolated(actual["actual"].to_numpy(dtype=np.float64))
+        if alone.any():
+            axis.plot(actual[time_col][alone], actual["actual"][alone], ls="none", marker=".",
+                      ms=4, color=_ACTUAL, label="_actual between gaps")  # fmt: skip
         # One band per forecast window, so consecutive windows are not joined.
         for start, window in rows.groupby("forecast_start", sort=True):
             first = start == rows["forecast_start"].min()
