@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 
 from properties import checks
 from qat import fake_quantize
+from tft_jax import TemporalSelfAttention
 
 from .causal_functions import cumsum, reverse_cumsum
 
@@ -190,6 +193,36 @@ def test_nonzero_grads_treats_nan_norm_as_dead_and_rejects_negative_min_norm():
         checks.assert_nonzero_grads({"w": np.array([np.nan, 1.0])})
     with pytest.raises(ValueError, match="min_norm"):
         checks.assert_nonzero_grads({"w": np.ones(2)}, min_norm=-1.0)
+
+
+def test_nonzero_grads_min_relative_catches_a_gradient_that_is_rounding_noise():
+    # The key bias shifts every attention logit of a row alike, which the softmax
+    # ignores: its gradient is zero in exact arithmetic and rounding noise in float32,
+    # which passes min_norm=0 (whether per_element passes depends on the rounding).
+    block = TemporalSelfAttention(hidden_dim=8, num_heads=2)
+    x = jax.random.normal(jax.random.key(0), (3, 5, 8))
+    params = block.init(jax.random.key(1), x, causal=True, deterministic=True)["params"]
+
+    def loss(params):
+        return jnp.sum(jnp.sin(block.apply({"params": params}, x, causal=True, deterministic=True)))
+
+    grads = jax.grad(loss)(params)
+    checks.assert_nonzero_grads(grads)
+    with pytest.raises(AssertionError, match=r"0\.0001 of the largest norm") as error:
+        checks.assert_nonzero_grads(grads, min_relative=1e-4)
+    assert str(error.value).splitlines()[1:] == [
+        f"  ['key']['bias']: norm {float(jnp.linalg.norm(grads['key']['bias'])):.3g}"
+    ]
+    # Elements: the largest |g| of the tree is the bar's scale.
+    tree = {"w": np.array([1.0, -4.0, 3e-5]), "b": np.array([2e-4])}
+    with pytest.raises(
+        AssertionError, match=r"\['w'\] \(shape \(3,\)\): 1 of 3 elements dead at \[2\]"
+    ):
+        checks.assert_nonzero_grads(tree, per_element=True, min_relative=2.5e-5)
+    checks.assert_nonzero_grads(tree, per_element=True, min_relative=1e-6)
+    for bad in (-0.1, 1.0, math.nan):
+        with pytest.raises(ValueError, match="min_relative"):
+            checks.assert_nonzero_grads(tree, min_relative=bad)
 
 
 def test_nonzero_grads_and_finite_skip_the_float0_gradient_of_an_integer_input():

@@ -59,7 +59,12 @@ def assert_finite(tree: PyTree, *, name: str = "tree") -> None:
 
 
 def assert_nonzero_grads(
-    grads: PyTree, min_norm: float = 0.0, *, per_element: bool = False, name: str = "grads"
+    grads: PyTree,
+    min_norm: float = 0.0,
+    *,
+    per_element: bool = False,
+    min_relative: float = 0.0,
+    name: str = "grads",
 ) -> None:
     """Asserts that every float leaf of `grads` (or every element) has a live gradient.
 
@@ -75,10 +80,19 @@ def assert_nonzero_grads(
     off for the whole batch) should be excluded with `hypothesis.assume`
     before calling this.
 
+    A gradient that is zero in exact arithmetic is rarely exactly zero in
+    floating point: a bias added to every logit of a softmax (invariant by
+    symmetry) gets rounding noise at the loss's scale, which passes an
+    absolute `min_norm` of 0. `min_relative` catches it: a leaf (element)
+    is also dead when its norm (magnitude) is `<= min_relative` times the
+    largest leaf norm (element magnitude) of the tree.
+
     Args:
       grads: a pytree of gradients (e.g. `jax.grad(loss)(params)`).
       min_norm: the norm (per leaf) or magnitude (per element) to exceed, >= 0.
       per_element: check every element instead of every leaf's norm.
+      min_relative: the fraction of the tree's largest leaf norm (largest
+        element magnitude with `per_element`) to exceed too, in [0, 1).
       name: how the tree is called in the message.
 
     Raises:
@@ -88,15 +102,28 @@ def assert_nonzero_grads(
     """
     min_norm = _tolerance("min_norm", min_norm)
     per_element = _flag("per_element", per_element)
+    min_relative = _tolerance("min_relative", min_relative)
+    if min_relative >= 1.0:
+        raise ValueError(f"min_relative must be in [0, 1), got {min_relative!r}")
+    leaves = [
+        (path, _as_float64(leaf))
+        for path, leaf in _named_leaves(name, grads)
+        if _is_inexact(leaf) and leaf.size
+    ]
+    sizes = [
+        np.abs(leaf).ravel() if per_element else np.array([np.linalg.norm(leaf.ravel())])
+        for _, leaf in leaves
+    ]
+    finite = [size[np.isfinite(size)] for size in sizes]
+    largest = max((float(size.max()) for size in finite if size.size), default=0.0)
+    threshold = max(min_norm, min_relative * largest)
     checked, dead = 0, []
-    for path, leaf in _named_leaves(name, grads):
-        if not _is_inexact(leaf) or leaf.size == 0:
-            continue
+    for path, leaf in leaves:
         checked += 1
         if per_element:
-            magnitude = np.abs(_as_float64(leaf))
+            magnitude = np.abs(leaf)
             with np.errstate(invalid="ignore"):
-                alive = np.isfinite(magnitude) & (magnitude > min_norm)
+                alive = np.isfinite(magnitude) & (magnitude > threshold)
             if not alive.all():
                 indices = np.argwhere(~alive)
                 shown = ", ".join(_index(index) for index in indices[:_MAX_REPORTED])
@@ -110,16 +137,19 @@ def assert_nonzero_grads(
                     f"at {shown}{more}"
                 )
             continue
-        norm = float(np.linalg.norm(_as_float64(leaf).ravel()))
-        if not (math.isfinite(norm) and norm > min_norm):
+        norm = float(np.linalg.norm(leaf.ravel()))
+        if not (math.isfinite(norm) and norm > threshold):
             dead.append(f"{path}: norm {norm:.3g}")
     if checked == 0:
         raise AssertionError(f"{name} has no non-empty float leaves: nothing has a gradient")
     if dead:
+        bound = f"{threshold:.3g}"
+        if min_relative * largest > min_norm:
+            bound += f" ({min_relative:g} of the largest {'|g|' if per_element else 'norm'})"
         what = (
-            f"elements with |g| <= {min_norm:g} or not finite"
+            f"elements with |g| <= {bound} or not finite"
             if per_element
-            else f"a norm <= {min_norm:g} or not finite"
+            else f"a norm <= {bound} or not finite"
         )
         header = f"{len(dead)} of {checked} leaves of {name} have {what}:"
         raise AssertionError(_summarize(header, dead))
