@@ -206,3 +206,34 @@ def test_texts_at_another_offset_than_a_fixed_offset_training_zone_are_announced
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         future_windows(fitted, utc, None, HISTORY, HORIZON)
+
+
+def test_hourly_texts_of_another_local_offset_than_a_fixed_offset_training_zone_are_announced():
+    # Fitted on winter texts ('+01:00'), an hourly model reads hours on the fixed clock
+    # UTC+01:00; summer texts ('+02:00') are the right instants, but their 09:00 is 08:00
+    # there, so the hour-of-day inputs moved by an hour without a word.
+    iso = pd.Timestamp.isoformat
+    winter = pd.date_range("2024-01-01", periods=60, freq="h", tz="Europe/Berlin")
+    table = pd.DataFrame({"id": "a", "time": winter.map(iso), "y": np.sin(np.arange(60.0))})
+    fitted = prepare_dataset(
+        table, id_col="id", time_col="time", target="y", freq="h", history=HISTORY,
+        horizon=HORIZON,
+    ).preprocessor  # fmt: skip
+    assert fitted.time_zone == "UTC+01:00"
+    summer = pd.date_range("2024-07-01", periods=12, freq="h", tz="Europe/Berlin")
+    history = pd.DataFrame({"id": "a", "time": summer.map(iso), "y": np.arange(12.0)})
+    message = (
+        r"'2024-07-01T00:00:00\+02:00', at UTC offset \+02:00, while the model's zone is the "
+        r"fixed offset UTC\+01:00 of its training texts \(12 such times\)"
+    )
+    with pytest.warns(UserWarning, match=message):
+        future_windows(fitted, history, None, HISTORY, HORIZON)
+    # The same instants in UTC ('Z', '+00:00') or at the training offset name no other clock.
+    for written in (
+        summer.tz_convert("UTC").strftime("%Y-%m-%dT%H:%M:%SZ"),
+        summer.tz_convert("UTC").map(iso),
+        summer.tz_convert("UTC+01:00").map(iso),
+    ):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            future_windows(fitted, history.assign(time=list(written)), None, HISTORY, HORIZON)

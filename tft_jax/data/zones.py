@@ -9,6 +9,7 @@ on that grid; the results are then given back in the zone the table held.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import warnings
 from typing import Any
 
@@ -58,7 +59,10 @@ def _warn_off_the_days(texts: pd.Series, preprocessor: Preprocessor, spec: Table
     midnights written in UTC, say) pass.
     """
     zone, origin = preprocessor.time_zone, preprocessor.origin
-    if typical_step(spec.freq) < pd.Timedelta(days=1) or origin is None:
+    if origin is None:
+        return
+    if typical_step(spec.freq) < pd.Timedelta(days=1):
+        _warn_other_local_offsets(texts, pd.Timestamp(origin), spec)
         return
     try:
         instants = pd.to_datetime(texts, utc=True, format=spec.time_format)
@@ -82,6 +86,42 @@ def _warn_off_the_days(texts: pd.Series, preprocessor: Preprocessor, spec: Table
             ".dt.tz_convert('Europe/Berlin'))",
             UserWarning,
             stacklevel=4,
+        )
+
+
+# A UTC offset at the end of a time text: '+02:00', '-0530', or 'Z' (UTC).
+_TEXT_OFFSET = r"([+-]\d{2}:?\d{2}|Z)\s*$"
+
+
+def _warn_other_local_offsets(texts: pd.Series, origin: pd.Timestamp, spec: TableSpec) -> None:
+    """Warns when sub-daily texts carry a local offset other than a fixed-offset training zone's.
+
+    A model fitted on texts of one offset ('+01:00', a winter) reads hours on
+    that fixed clock ('UTC+01:00'), the clock its hour-of-day inputs were
+    learnt on. Texts of another local offset ('+02:00', a summer of a zone
+    with daylight saving) are the right instants, but their 09:00 is 08:00 on
+    that clock: the calendar inputs move by the offsets' difference, silently.
+    UTC texts ('Z', '+00:00') name no local clock and pass.
+    """
+    zone = origin.tz
+    if not isinstance(zone, datetime.timezone):  # a named zone: its clock follows its own rules
+        return
+    found = texts.astype(str).str.extract(_TEXT_OFFSET, expand=False)
+    offsets = found.str.replace(":", "", regex=False)
+    own = origin.strftime("%z")
+    other = offsets.notna() & ~offsets.isin([own, "Z", "+0000", "-0000"])
+    if other.any():
+        first = int(other.to_numpy().argmax())
+        warnings.warn(
+            f"{spec.time_col!r} holds {texts.iloc[first]!r}, at UTC offset {found.iloc[first]}, "
+            f"while the model's zone is the fixed offset {zone} of its training texts "
+            f"({int(other.sum())} such times): its hour-of-day and other calendar inputs are "
+            "read on that clock, an hour off where the offsets differ by daylight saving. A zone "
+            "taken from texts of one UTC offset names no daylight saving: refit on times "
+            "localized in their zone (e.g. pd.to_datetime(df[col], utc=True)"
+            ".dt.tz_convert('Europe/Berlin'))",
+            UserWarning,
+            stacklevel=5,
         )
 
 
