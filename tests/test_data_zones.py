@@ -237,3 +237,16 @@ def test_hourly_texts_of_another_local_offset_than_a_fixed_offset_training_zone_
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             future_windows(fitted, history.assign(time=list(written)), None, HISTORY, HORIZON)
+    # Fitted on texts across the March change (mixed offsets), the model's zone is UTC:
+    # its own table's '+01:00' and '+02:00' texts are read as in training.
+    spring = pd.date_range("2024-03-29", periods=60, freq="h", tz="Europe/Berlin")
+    mixed = pd.DataFrame({"id": "a", "time": spring.map(iso), "y": np.sin(np.arange(60.0))})
+    with pytest.warns(UserWarning, match="different UTC offsets; they are read in UTC"):
+        utc_model = prepare_dataset(
+            mixed, id_col="id", time_col="time", target="y", freq="h", history=HISTORY,
+            horizon=HORIZON,
+        ).preprocessor  # fmt: skip
+    assert str(utc_model.time_zone) == "UTC"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        future_windows(utc_model, mixed, None, HISTORY, HORIZON)

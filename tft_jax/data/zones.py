@@ -101,10 +101,13 @@ def _warn_other_local_offsets(texts: pd.Series, origin: pd.Timestamp, spec: Tabl
     learnt on. Texts of another local offset ('+02:00', a summer of a zone
     with daylight saving) are the right instants, but their 09:00 is 08:00 on
     that clock: the calendar inputs move by the offsets' difference, silently.
-    UTC texts ('Z', '+00:00') name no local clock and pass.
+    UTC texts ('Z', '+00:00') name no local clock and pass. So does a model
+    in UTC: texts of mixed offsets are read in UTC, so its training texts
+    named no one clock either.
     """
     zone = origin.tz
-    if not isinstance(zone, datetime.timezone):  # a named zone: its clock follows its own rules
+    # A named zone's clock follows its own rules.
+    if not isinstance(zone, datetime.timezone) or not origin.utcoffset():
         return
     found = texts.astype(str).str.extract(_TEXT_OFFSET, expand=False)
     offsets = found.str.replace(":", "", regex=False)
