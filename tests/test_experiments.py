@@ -7,6 +7,7 @@ import json
 import math
 import re
 
+import jax
 import numpy as np
 import pytest
 
@@ -14,8 +15,11 @@ from tft_jax import cli, experiments
 from tft_jax.cli_parser import forecaster_config
 from tft_jax.data import prepare_dataset
 from tft_jax.experiments import ClippingSettings, _summary, diverged
+from tft_jax.train import create_train_state, evaluate, make_optimizer, train_step
 
 from .cli_tables import PNG_SIGNATURE, TINY_MODEL, run, table_args, write_table
+from .linear_quantile_model import MODEL as LINEAR_MODEL
+from .linear_quantile_model import linear_batch
 
 
 @pytest.fixture(scope="module")
@@ -24,30 +28,153 @@ def csv_path(tmp_path_factory):
 
 
 # ---------------------------------------------------------------------------
-# Divergence rule of the clipping experiment
+# Divergence rule of the clipping experiment, on hand-made per-step records
 
 
-def history(train, val, skipped=0):
+def record(step_loss, points, val, initial_val=0.8, observed=None, skipped=None, train=None):
+    """A `train_run` record of these per-step losses, points at the steps `points`.
+
+    Each step has 8 observed targets unless `observed` says otherwise; `train`
+    (the interval means) is computed here unless given.
+    """
+    observed = [8] * len(step_loss) if observed is None else observed
+    skipped = [0] * len(step_loss) if skipped is None else skipped
+    if train is None:
+        train, start = [], 0
+        for end in points:
+            kept = [
+                (loss, count)
+                for loss, count, skip in zip(
+                    step_loss[start:end], observed[start:end], skipped[start:end], strict=True
+                )
+                if count and not skip
+            ]
+            weight = sum(count for _, count in kept)
+            train.append(sum(loss * count for loss, count in kept) / weight if kept else math.nan)
+            start = end
     return {
+        "step": list(points),
         "train_loss": train,
         "val_loss": val,
-        "skipped_steps": [0] * (len(train) - 1) + [skipped],
+        "skipped_steps": [sum(skipped[:end]) for end in points],
+        "initial_val_loss": initial_val,
+        "step_loss": step_loss,
+        "step_grad_norm": [0.1] * len(step_loss),
+        "step_observed": observed,
+        "step_skipped": skipped,
     }
 
 
 @pytest.mark.parametrize(
-    ("record", "expected"),
+    ("history", "expected"),
     [
-        (history([0.5, 0.4, 0.3], [0.5, 0.4, 0.3]), False),
-        (history([0.5, 0.4, 1.6], [0.5, 0.4, 0.3]), True),  # > 3x the first interval
-        (history([0.5, 1.4, 0.3], [0.5, 0.4, 0.3]), False),  # below 3x
-        (history([0.5, math.nan, 0.3], [0.5, 0.4, 0.3]), True),
-        (history([0.5, 0.4, 0.3], [0.5, math.inf, 0.3]), True),
-        (history([0.5, 0.4, 0.3], [0.5, 0.4, 0.3], skipped=2), True),
+        pytest.param(record([0.5, 0.45, 0.4, 0.35], [2, 4], [0.5, 0.4]), False, id="healthy"),
+        # The audit's run: 0.87 at step 0, 1.2e5 at step 1. The first interval's mean
+        # already holds the explosion, so as a baseline it hid it.
+        pytest.param(
+            record([0.87, 1.2e5, 2.8e4, 2.7e4], [2, 4], [2e4, 1.8e4]),
+            True,
+            id="explodes-in-the-first-interval",
+        ),
+        # The same training curve with sane validation losses: the training baseline
+        # (step 0's loss) alone flags it.
+        pytest.param(
+            record([0.87, 1.2e5, 2.8e4, 2.7e4], [2, 4], [0.7, 0.6]),
+            True,
+            id="training-loss-explodes-in-the-first-interval",
+        ),
+        # One interval: nothing came after the old baseline to compare with it.
+        pytest.param(record([0.5, 9.0, 8.0], [3], [0.5]), True, id="explodes-in-the-only-interval"),
+        # Validation 2.5 > 3 x 0.8 at initialization, training loss calm.
+        pytest.param(
+            record([0.5, 0.45, 0.4, 0.35], [2, 4], [0.6, 2.5]),
+            True,
+            id="validation-loss-exceeds-3x-its-initial-value",
+        ),
+        pytest.param(
+            record([0.5, 0.45, 0.4, 0.35], [2, 4], [0.6, 2.3]), False, id="validation-below-3x"
+        ),
+        # Interval means 1.4 and 1.6 against step 0's 0.5: 2.8x and 3.2x.
+        pytest.param(record([0.5, 1.4], [1, 2], [0.5, 0.4]), False, id="training-below-3x"),
+        pytest.param(record([0.5, 1.6], [1, 2], [0.5, 0.4]), True, id="training-above-3x"),
+        # A first interval without an observed target has no training loss (NaN: no
+        # data), and the baseline is the first applied step's loss (0.5), not step 0's 0.
+        pytest.param(
+            record([0.0, 0.0, 0.5, 0.45], [2, 4], [0.6, 0.5], observed=[0, 0, 8, 8]),
+            False,
+            id="an-interval-without-observed-targets-is-no-data",
+        ),
+        # A NaN training loss where steps were applied is not "no data".
+        pytest.param(
+            record([0.5, 0.4], [1, 2], [0.5, 0.4], train=[0.5, math.nan]),
+            True,
+            id="nan-training-loss-with-data",
+        ),
+        pytest.param(record([0.5, 0.4, 0.3], [3], [math.inf]), True, id="infinite-validation-loss"),
+        pytest.param(
+            record([0.5, 0.4, 0.3], [3], [0.5], initial_val=math.nan),
+            True,
+            id="non-finite-initial-validation-loss",
+        ),
+        pytest.param(
+            record([0.5, math.nan, 0.3], [3], [0.5], skipped=[0, 1, 0]), True, id="skipped"
+        ),
     ],
 )
-def test_divergence_rule(record, expected):
-    assert diverged(record, explode_factor=3.0) is expected
+def test_divergence_rule_compares_with_the_losses_before_any_update(history, expected):
+    assert diverged(history, explode_factor=3.0) is expected
+
+
+def test_divergence_rule_reads_the_null_of_strict_json_as_nan():
+    history = record([0.0, 0.5], [1, 2], [0.5, 0.4], observed=[0, 8], train=[None, 0.5])
+    assert diverged(history, explode_factor=3.0) is False
+
+
+@pytest.mark.parametrize(
+    ("norms", "observed", "skipped", "expected"),
+    [
+        # Applied: steps 0, 3 and 5 (norms 0.1, 0.02, 0.07): two of three above 0.05.
+        ([0.1, math.inf, math.nan, 0.02, 0.0, 0.07], [8, 8, 8, 8, 0, 8], [0, 1, 1, 0, 0, 0], 2 / 3),
+        ([math.nan, math.inf], [8, 8], [1, 1], math.nan),  # nothing applied
+    ],
+)
+def test_clipped_fraction_counts_the_applied_steps_only(norms, observed, skipped, expected):
+    history = {"step_grad_norm": norms, "step_observed": observed, "step_skipped": skipped}
+    got = experiments.clipped_fraction(history, clip_norm=0.05)
+    assert got == pytest.approx(expected, nan_ok=True)
+
+
+def test_train_run_catches_an_explosion_inside_the_first_interval(monkeypatch):
+    """A linear quantile model under Adam at learning rate 100: the loss goes from 1.8
+    at step 0 to 23 at step 1, within the first of two intervals; the interval means
+    (12.5, 13.0) stay within 3x of each other, so the old first-interval baseline
+    missed it. Learning rate 0.05 on the same batches stays healthy. (The linear
+    model has no observers: `calibrate` is not passed on.)"""
+    monkeypatch.setattr(
+        experiments,
+        "train_step",
+        lambda state, batch, key, calibrate: train_step(state, batch, key),
+    )
+    monkeypatch.setattr(
+        experiments, "evaluate", lambda state, batches, calibrate: evaluate(state, batches)
+    )
+    batches = [linear_batch(seed) for seed in range(50, 54)]
+    validation = [linear_batch(60), linear_batch(61)]
+    records = {}
+    for lr in (100.0, 0.05):
+        state = create_train_state(
+            LINEAR_MODEL, make_optimizer(lr, clip_norm=None), jax.random.key(0), batches[0]
+        )
+        records[lr] = experiments.train_run(
+            state, lambda epoch: batches, validation, steps=4, eval_every=2, seed=0,
+            calibrate_steps=0,
+        )  # fmt: skip
+    found = {lr: diverged(history, explode_factor=3.0) for lr, history in records.items()}
+    assert found == {100.0: True, 0.05: False}
+    for history in records.values():
+        assert history["step"] == [2, 4]
+        assert history["step_observed"] == [6, 6, 6, 6]
+        assert history["step_skipped"] == [0, 0, 0, 0]
 
 
 # ---------------------------------------------------------------------------
@@ -100,8 +227,7 @@ def test_the_reported_validation_windows_are_the_evaluated_ones(csv_path, monkey
 
     def fake_run(state, batches, val_batches, **kwargs):
         evaluated.append(sum(len(batch.target) for batch in val_batches))
-        one = {"step": [1], "train_loss": [1.0], "val_loss": [1.0], "skipped_steps": [0]}
-        return {**one, "step_loss": [1.0], "step_grad_norm": [1.0]}
+        return record([1.0], [1], [1.0])
 
     monkeypatch.setattr(experiments, "create_train_state", lambda *args, **kwargs: None)
     monkeypatch.setattr(experiments, "train_run", fake_run)
@@ -155,17 +281,58 @@ def test_clipping_experiment_writes_paired_runs_a_summary_and_a_plot(capsys, csv
     result = json.loads((tmp_path / "clipping.json").read_text())
     pairs = sorted((run["clip"], run["seed"]) for run in result["runs"])
     assert pairs == [(False, 0), (False, 1), (True, 0), (True, 1)]
-    for record in result["runs"]:
-        assert record["step"] == [2, 4]
-        assert len(record["train_loss"]) == len(record["val_loss"]) == 2
-        assert len(record["step_loss"]) == len(record["step_grad_norm"]) == 4
-        assert all(math.isfinite(v) for v in record["step_grad_norm"])
+    for saved in result["runs"]:
+        assert saved["step"] == [2, 4]
+        assert len(saved["train_loss"]) == len(saved["val_loss"]) == 2
+        assert len(saved["step_loss"]) == len(saved["step_grad_norm"]) == 4
+        assert all(math.isfinite(v) for v in saved["step_grad_norm"])
         # The interval means are the means of the per-step losses.
-        assert record["train_loss"][1] == pytest.approx(np.mean(record["step_loss"][2:]))
+        assert saved["train_loss"][1] == pytest.approx(np.mean(saved["step_loss"][2:]))
+        assert math.isfinite(saved["initial_val_loss"])  # the divergence baseline
+        assert len(saved["step_observed"]) == len(saved["step_skipped"]) == 4
+        assert saved["diverged"] == diverged(saved, explode_factor=3.0)
     assert result["summary"]["with_clipping"]["runs"] == 2
     assert result["settings"]["clip_norm"] == 0.05
     assert (tmp_path / "clipping.png").read_bytes()[:8] == PNG_SIGNATURE
     assert "with_clipping" in out
+
+
+def test_clipping_experiment_judges_each_run_by_its_per_step_record(csv_path, monkeypatch):
+    """Seed 0 is the audit's run (an explosion at step 1, every norm above the
+    threshold); seed 1 is healthy with a step without an observed target (norm 0,
+    nothing applied), so 2 of its 3 applied steps exceed 0.05."""
+    args = cli.build_parser().parse_args(["train", *table_args(csv_path)])
+    dataset = prepare_dataset(csv_path, **forecaster_config(args, qat=False).data.prepare_options())
+    records = {
+        0: record([0.87, 1.2e5, 2.8e4, 2.7e4], [2, 4], [2e4, 1.8e4]),
+        1: record([0.5, 0.0, 0.4, 0.35], [2, 4], [0.5, 0.4], observed=[8, 0, 8, 8]),
+    }
+    records[0]["step_grad_norm"] = [73.2, 39.3, 26.3, 14.9]
+    records[1]["step_grad_norm"] = [0.1, 0.0, 0.02, 0.07]
+    monkeypatch.setattr(experiments, "create_train_state", lambda *args, **kwargs: None)
+    monkeypatch.setattr(experiments, "train_run", lambda *args, seed, **kwargs: dict(records[seed]))
+    settings = ClippingSettings(seeds=(0, 1), steps=4, eval_every=2, batch_size=8,
+                                validation_windows=8)  # fmt: skip
+    result = experiments.clipping_experiment(None, dataset.train, dataset.validation, settings)
+    judged = {(run["clip"], run["seed"]): (run["diverged"], run["clipped_fraction"])
+              for run in result["runs"]}  # fmt: skip
+    for clip in (True, False):
+        assert judged[clip, 0] == (True, 1.0)
+        assert judged[clip, 1] == (False, pytest.approx(2 / 3))
+    for summary in result["summary"].values():
+        assert summary["diverged"] == 1
+        assert summary["clipped_fraction_mean"] == pytest.approx((1.0 + 2 / 3) / 2)
+
+
+def test_clipping_summary_leaves_runs_without_an_applied_step_out_of_the_clipped_fraction():
+    runs = [
+        {"final_val_loss": 0.5, "diverged": False, "skipped_total": 0, "clipped_fraction": 0.2},
+        {"final_val_loss": math.nan, "diverged": True, "skipped_total": 4,
+         "clipped_fraction": math.nan},
+        {"final_val_loss": 0.3, "diverged": False, "skipped_total": 0, "clipped_fraction": 0.4},
+    ]  # fmt: skip
+    assert _summary(runs)["clipped_fraction_mean"] == pytest.approx(0.3)
+    assert _summary(runs[1:2])["clipped_fraction_mean"] is None
 
 
 def test_clipping_summary_matches_a_hand_computation():

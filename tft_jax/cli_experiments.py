@@ -2,16 +2,22 @@
 
 The experiment itself is `tft_jax.experiments.clipping_experiment`; this
 module reads its flags, runs it on the chosen table and writes
-`clipping.json` and `clipping.png`.
+`clipping.json` and `clipping.png`. `clipping.json` is strict JSON with the
+non-finite floats as the strings `"nan"`, `"inf"` and `"-inf"` (a diverged
+run's loss or gradient norm: null would not tell NaN from inf); null is a
+value that does not exist (a summary over no finite run).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import re
 import warnings
 from typing import Any
+
+import numpy as np
 
 from tft_jax import plots
 from tft_jax.cli_parser import UsageError, check_output_folder, forecaster_config
@@ -71,6 +77,21 @@ def _clipping_settings(args: argparse.Namespace) -> ClippingSettings:
     return settings
 
 
+def _non_finite_as_strings(value: Any) -> Any:
+    """`value` with each NaN, inf and -inf float, nested in dicts and lists, as a string.
+
+    The strings are "nan", "inf" and "-inf": `write_json` would write all
+    three as null, and a NaN (no data, or a NaN loss) is not an overflow.
+    """
+    if isinstance(value, dict):
+        return {key: _non_finite_as_strings(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_non_finite_as_strings(item) for item in value]
+    if isinstance(value, float | np.floating) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
 def command_experiment(args: argparse.Namespace) -> int:
     check_output_folder(args.out, "--out")  # before minutes of training
     experiment = _clipping_settings(args)  # before reading the table
@@ -115,7 +136,7 @@ def command_experiment(args: argparse.Namespace) -> int:
     result["data"] = dataclasses.asdict(settings.data)
     result["model"] = dataclasses.asdict(tft_config)
     result["qat_bits"] = args.qat_bits
-    write_json(args.out / "clipping.json", result)
+    write_json(args.out / "clipping.json", _non_finite_as_strings(result))
     figure = plots.plot_clipping_experiment(args.out / "clipping.png", result)
     for arm, summary in result["summary"].items():
         values = [summary[f"final_val_loss_{k}"] for k in ("median", "min", "max")]

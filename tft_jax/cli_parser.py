@@ -842,7 +842,7 @@ def build_parser() -> argparse.ArgumentParser:
             "--explode-factor",
             positive_float,
             defaults.explode_factor,
-            "divergence: interval loss above this times the first",
+            "divergence: a training or validation loss above this times its value before training",
         ),
         ("--val-windows", positive_int, defaults.validation_windows, "validation windows"),
     ):

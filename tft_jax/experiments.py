@@ -15,10 +15,16 @@ The runs use `tft_jax.train.train_step` in a plain loop rather than `fit`,
 because the experiment records every step's loss and gradient norm (before
 clipping), which `fit` does not report.
 
-A run *diverged* when a training or validation loss is not finite, a step
-was skipped for a non-finite loss or gradient, or the mean training loss of
-an evaluation interval exceeds `explode_factor` times that of the first
-interval.
+A run *diverged* when a step was skipped for a non-finite loss or gradient,
+a validation loss is not finite, or a loss exceeds `explode_factor` times
+its value before training moved: an evaluation interval's mean training loss
+against the loss of the first applied step (computed with the initial
+parameters, before any update), a validation loss against the validation
+loss of the freshly initialised model (`initial_val_loss`). The baselines
+precede every update, so an explosion within the first interval is caught
+too (a baseline taken from the first interval would contain it). An
+interval without an applied step (every batch without an observed target)
+has no training loss (NaN: no data) and is left out of the rule.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -68,8 +74,10 @@ class ClippingSettings:
         last point, validation loss).
       calibrate_steps: steps with the observers updating (an int >= 0); None =
         every step.
-      explode_factor: divergence threshold on the interval training loss,
-        relative to the first interval.
+      explode_factor: divergence threshold: an interval's mean training loss
+        above this times the first applied step's loss, or a validation
+        loss above this times the initial model's, is divergence (both
+        baselines come before any update).
       validation_windows: at most this many validation windows per evaluation
         (evenly spaced, rounded down to a multiple of `batch_size`; at least
         `batch_size`).
@@ -141,17 +149,68 @@ class ClippingSettings:
             raise ValueError(f"ClippingSettings.explode_factor must be > 1, got {factor!r}")
 
 
-def diverged(history: dict[str, list], explode_factor: float) -> bool:
-    """Whether a training history shows divergence (see the module docstring)."""
-    train = np.array(
-        [math.nan if v is None else v for v in history["train_loss"]], dtype=np.float64
+def _floats(values: Iterable[float | None]) -> np.ndarray:
+    """`values` as float64, None (a strict-JSON non-finite value) as NaN."""
+    return np.array([math.nan if v is None else v for v in values], dtype=np.float64)
+
+
+def applied_steps(history: Mapping[str, Sequence[Any]]) -> np.ndarray:
+    """Per step, whether it was applied: neither skipped nor without an observed target.
+
+    The other steps changed nothing: a skipped one had a non-finite loss or
+    gradient, one without an observed target a zero loss and gradient.
+    """
+    observed = np.asarray(history["step_observed"], dtype=np.float64)
+    skipped = np.asarray(history["step_skipped"], dtype=np.int64)
+    return (observed > 0) & (skipped == 0)
+
+
+def diverged(history: Mapping[str, Sequence[Any]], explode_factor: float) -> bool:
+    """Whether a run of `train_run` diverged (the rule is in the module docstring).
+
+    Args:
+      history: a record of `train_run`: per point `step`, `train_loss`,
+        `val_loss` and `skipped_steps`; per step `step_loss`,
+        `step_observed` and `step_skipped`; and `initial_val_loss`. None
+        stands for NaN (as strict JSON writes it).
+      explode_factor: the threshold, a multiple of each baseline.
+    """
+    if any(history["step_skipped"]) or (
+        history["skipped_steps"] and history["skipped_steps"][-1] > 0
+    ):
+        return True
+    val = _floats([history["initial_val_loss"], *history["val_loss"]])
+    if not np.all(np.isfinite(val)) or np.any(val[1:] > explode_factor * val[0]):
+        return True
+    applied = applied_steps(history)
+    if not applied.any():
+        return False  # no training loss at all: nothing to compare
+    # Interval k covers the steps from the previous point up to `step[k]`.
+    ends = np.asarray(history["step"], dtype=np.int64)
+    starts = np.concatenate([[0], ends[:-1]])
+    with_data = np.array(
+        [applied[start:end].any() for start, end in zip(starts, ends, strict=True)], dtype=bool
     )
-    val = np.array([math.nan if v is None else v for v in history["val_loss"]], dtype=np.float64)
-    if history["skipped_steps"] and history["skipped_steps"][-1] > 0:
+    train = _floats(history["train_loss"])[with_data]
+    baseline = _floats(history["step_loss"])[np.argmax(applied)]  # the first applied step
+    if not (np.all(np.isfinite(train)) and math.isfinite(baseline)):
         return True
-    if not (np.all(np.isfinite(train)) and np.all(np.isfinite(val))):
-        return True
-    return bool(train.size > 1 and np.max(train[1:]) > explode_factor * train[0])
+    return bool(np.any(train > explode_factor * baseline))
+
+
+def clipped_fraction(history: Mapping[str, Sequence[Any]], clip_norm: float) -> float:
+    """The share of the applied steps whose gradient norm (before clipping) exceeded `clip_norm`.
+
+    Those steps were clipped, or in the unclipped arm would have been. Only
+    applied steps count (`applied_steps`): a skipped step's norm may be
+    NaN or inf and it changed nothing, a step without an observed target has
+    a zero gradient. NaN when the run applied no step.
+    """
+    applied = applied_steps(history)
+    if not applied.any():
+        return math.nan
+    norms = _floats(history["step_grad_norm"])[applied]
+    return float(np.mean(norms > clip_norm))
 
 
 def train_run(
@@ -177,10 +236,14 @@ def train_run(
       calibrate_steps: steps `< calibrate_steps` run with `calibrate=True`.
 
     Returns:
-      Lists: per step `step_loss` and `step_grad_norm` (before clipping); per
-      point `step`, `train_loss` (mean loss per observed target of the applied
-      steps since the last point, as `fit`'s; NaN if none), `val_loss` and
-      `skipped_steps` (running count).
+      `initial_val_loss`, the validation loss of `state` before the first
+      step (the divergence baseline), and lists: per step `step_loss`,
+      `step_grad_norm` (before clipping), `step_observed` (observed targets;
+      0: nothing applied) and `step_skipped` (1: skipped for a non-finite
+      loss or gradient); per point `step`, `train_loss` (mean loss per
+      observed target of the applied steps since the last point, as
+      `fit`'s; NaN if none: no data), `val_loss` and `skipped_steps`
+      (running count).
     """
     for name, value in (("steps", steps), ("eval_every", eval_every)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -188,10 +251,13 @@ def train_run(
     seed_key = jax.random.key(seed)
     step_metrics: list[dict[str, Any]] = []
     record: dict[str, list] = {"step": [], "train_loss": [], "val_loss": [], "skipped_steps": []}
+    initial_val_loss = math.nan
     epoch, step, since = 0, 0, 0
     while step < steps:
         epoch_started = step
         for batch in batches(epoch):
+            if step == 0:  # here, not before the loop: an empty first epoch raises below
+                initial_val_loss = evaluate(state, val_batches, calibrate=False)
             state, metrics = train_step(
                 state, batch, step_key(seed_key, step), calibrate=step < calibrate_steps
             )
@@ -221,19 +287,24 @@ def train_run(
     host = jax.device_get(step_metrics)
     return {
         **record,
+        "initial_val_loss": initial_val_loss,
         "step_loss": [float(m["loss"]) for m in host],
         "step_grad_norm": [float(m["grad_norm"]) for m in host],
+        "step_observed": [int(m["observed"]) for m in host],
+        "step_skipped": [int(m["skipped"]) for m in host],
     }
 
 
 def _summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     finals = np.array([run["final_val_loss"] for run in runs], dtype=np.float64)
     finite = finals[np.isfinite(finals)]
+    fractions = _floats(run["clipped_fraction"] for run in runs)
+    fractions = fractions[np.isfinite(fractions)]  # NaN: a run that applied no step
     return {
         "runs": len(runs),
         "diverged": int(sum(run["diverged"] for run in runs)),
         "skipped_steps": int(sum(run["skipped_total"] for run in runs)),
-        "clipped_fraction_mean": float(np.mean([run["clipped_fraction"] for run in runs])),
+        "clipped_fraction_mean": float(np.mean(fractions)) if fractions.size else None,
         "final_val_loss_median": float(np.median(finite)) if finite.size else None,
         "final_val_loss_mean": float(np.mean(finite)) if finite.size else None,
         "final_val_loss_min": float(np.min(finite)) if finite.size else None,
@@ -262,15 +333,17 @@ def clipping_experiment(
 
     Returns:
       A JSON-ready dict: `settings`; `runs`, one record per run with `clip`,
-      `seed`, the curves of `train_run` (per step `step_loss`,
-      `step_grad_norm`; per point `step`, `train_loss`, `val_loss`,
-      `skipped_steps`), `skipped_total`, `final_val_loss`, `best_val_loss`,
-      `diverged`, `clipped_fraction` (share of steps whose gradient norm
-      exceeded `clip_norm`, i.e. that were or would have been clipped) and
-      `seconds` (wall time; each arm's first run includes compiling that
-      arm's steps); `summary` per arm (`with_clipping`, `without_clipping`):
-      runs, diverged, skipped steps, mean clipped fraction and the final
-      validation loss median/mean/min/max over finite runs; `seconds` in total.
+      `seed`, the record of `train_run` (`initial_val_loss`; per step
+      `step_loss`, `step_grad_norm`, `step_observed`, `step_skipped`; per
+      point `step`, `train_loss`, `val_loss`, `skipped_steps`),
+      `skipped_total`, `final_val_loss`, `best_val_loss`, `diverged`,
+      `clipped_fraction` (see `clipped_fraction`: the share of the applied
+      steps whose gradient norm exceeded `clip_norm`, i.e. that were or would
+      have been clipped) and `seconds` (wall time; each arm's first run includes
+      compiling that arm's steps); `summary` per arm (`with_clipping`,
+      `without_clipping`): runs, diverged, skipped steps, the clipped
+      fraction's mean over runs that applied a step and the final validation
+      loss median/mean/min/max over finite runs; `seconds` in total.
     """
     if not isinstance(settings, ClippingSettings):
         raise TypeError(f"settings must be a ClippingSettings, got {type(settings).__name__}")
@@ -325,9 +398,7 @@ def clipping_experiment(
                 "final_val_loss": val[-1] if val else math.nan,
                 "best_val_loss": min(finite_val) if finite_val else math.nan,
                 "diverged": diverged(curves, settings.explode_factor),
-                "clipped_fraction": float(
-                    np.mean(np.asarray(curves["step_grad_norm"]) > settings.clip_norm)
-                ),
+                "clipped_fraction": clipped_fraction(curves, settings.clip_norm),
                 "seconds": time.perf_counter() - run_started,
             }
             runs.append(run)
