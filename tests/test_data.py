@@ -26,6 +26,7 @@ from tft_jax.data import (
     to_regular_grid,
     validate_table,
 )
+from tft_jax.data.windows import WINDOW_SCALE_FLOOR
 
 SPEC = dict(
     id_col="id",
@@ -399,9 +400,10 @@ def test_robust_scale_of_an_intermittent_series_is_its_mean_absolute_deviation_w
     assert scaler.scale[0] == pytest.approx(np.mean(np.abs(spikes - median)))
     q25, q75 = np.percentile(ordinary, [25, 75])
     assert scaler.scale[1] == pytest.approx(q75 - q25)
-    # A constant series still gets scale 1, silently (nothing to scale).
-    constant = TargetScaler.fit(np.full(10, 3.0), np.zeros(10, int), 1, "robust")
-    assert (constant.loc[0], constant.scale[0]) == (3.0, 1.0)
+    # A constant series is no intermittent one: scaled by its level, announced as constant.
+    with pytest.warns(UserWarning, match=r"1 series are constant .*: 0;"):
+        constant = TargetScaler.fit(np.full(10, 3.0), np.zeros(10, int), 1, "robust")
+    assert (constant.loc[0], constant.scale[0]) == (3.0, 3.0)
 
 
 @pytest.mark.parametrize("method", ["standard", "robust", "mean_abs"])
@@ -414,9 +416,10 @@ def test_a_series_of_small_magnitude_keeps_its_own_scale(method):
     assert 0.1 < np.abs(scaled).max() < 10.0, (scaler.loc, scaler.scale)
     features = FeatureScaler.fit(values[:, None])
     assert features.scale[0] == pytest.approx(np.std(values))
-    if method != "mean_abs":  # a constant at that magnitude is still centred, not scaled
-        constant = TargetScaler.fit(np.full(10, 3e-9), np.zeros(10, int), 1, method)
-        assert (constant.loc[0], constant.scale[0]) == pytest.approx((3e-9, 1.0), rel=1e-12)
+    if method != "mean_abs":  # a constant at that magnitude is centred, scaled by its level
+        with pytest.warns(UserWarning, match=r"constant"):
+            constant = TargetScaler.fit(np.full(10, 3e-9), np.zeros(10, int), 1, method)
+        assert (constant.loc[0], constant.scale[0]) == pytest.approx((3e-9, 3e-9), rel=1e-12)
 
 
 @pytest.mark.parametrize("method", ["standard", "robust"])
@@ -431,8 +434,56 @@ def test_a_series_varying_little_against_its_level_keeps_its_own_scale(method):
     features = FeatureScaler.fit(values[:, None])
     assert features.scale[0] == pytest.approx(np.std(values), rel=1e-9)
     # Identical values whose float64 statistics round (mean of 0.1 thrice) stay constant.
-    constant = TargetScaler.fit(np.full(3, 0.1), np.zeros(3, int), 1, method)
-    assert constant.scale[0] == 1.0
+    with pytest.warns(UserWarning, match=r"constant"):
+        constant = TargetScaler.fit(np.full(3, 0.1), np.zeros(3, int), 1, method)
+    assert constant.scale[0] == pytest.approx(0.1, rel=1e-12)
+
+
+@pytest.mark.parametrize("method", ["standard", "robust"])
+def test_a_constant_series_is_scaled_by_its_level_and_named_in_a_warning(method):
+    # A scale of 1 in the target's units put the forecast band of a series constant at
+    # 3e-9 some 1e7 times its level wide. Seven constants (levels, then 0) and one varying.
+    levels = [3e-9, -2e6, 0.0, 5.0, 6.0, 7.0, 8.0]
+    varying = np.linspace(1.0, 3.0, 12)
+    values = np.concatenate([np.full(12, level) for level in levels] + [varying])
+    codes = np.repeat(np.arange(8), 12)
+    names = [f"s{k}" for k in range(8)]
+    with pytest.warns(UserWarning) as caught:
+        scaler = TargetScaler.fit(values, codes, 8, method, series_names=names)
+    (message,) = [str(w.message) for w in caught if "constant" in str(w.message)]
+    assert message.startswith("7 series are constant in the training period: 's0', 's1', "
+                              "'s2', 's3', 's4' and 2 more;")  # fmt: skip
+    np.testing.assert_array_equal(scaler.loc[:7], levels)
+    np.testing.assert_allclose(scaler.scale[:7], [3e-9, 2e6, 1.0, 5.0, 6.0, 7.0, 8.0])
+    q25, q75 = np.percentile(varying, [25, 75])
+    spread = np.std(varying) if method == "standard" else q75 - q25
+    assert scaler.scale[7] == pytest.approx(spread, rel=1e-12)
+
+
+def test_a_constant_tiny_series_forecast_band_is_relative_to_its_level():
+    # Window normalization floors a window's scale at WINDOW_SCALE_FLOOR per-series units:
+    # times the series' scale, that is a share of the level, not 0.05 in the target's units.
+    times = pd.date_range("2024-01-01", periods=40, freq="D")
+    table = pd.concat(
+        [
+            pd.DataFrame({"id": "tiny", "time": times, "y": 3e-9}),
+            pd.DataFrame({"id": "other", "time": times, "y": np.sin(np.arange(40.0))}),
+        ],
+        ignore_index=True,
+    )
+    with pytest.warns(UserWarning, match=r"1 series are constant in the training period: 'tiny'"):
+        dataset = prepare_dataset(
+            table, id_col="id", time_col="time", target="y", freq="D", history=4, horizon=2,
+            window_normalization=True,
+        )  # fmt: skip
+    windows = dataset.test
+    rows = np.flatnonzero(
+        windows.panel.series_code[windows.starts] == dataset.series_ids.index("tiny")
+    )
+    codes = windows.panel.series_code[windows.starts[rows]]
+    one_unit = windows.denormalize(np.ones((len(rows), 2)), rows)  # a model output of +1
+    forecast = dataset.target_scaler.inverse_transform(one_unit, codes)
+    np.testing.assert_allclose(forecast, 3e-9 * (1.0 + WINDOW_SCALE_FLOOR), rtol=1e-9)
 
 
 @pytest.mark.parametrize("method", ["standard", "robust", "mean_abs"])
@@ -773,3 +824,26 @@ def test_data_package_imports_neither_the_model_nor_jax():
                 assert name.startswith("tft_jax.data") or not name.startswith(
                     (*forbidden, "tft_jax")
                 ), f"{path.name} imports {name}"
+
+
+def test_a_series_starting_after_the_validation_start_is_left_out_with_a_warning():
+    # A store opened after the cut has no target to fit its scaler on: the whole fit
+    # failed. It is left out as a short series is: the rest prepares as without it.
+    times = pd.date_range("2024-01-01", periods=60, freq="D")
+    rng = np.random.default_rng(0)
+    table = pd.concat(
+        [pd.DataFrame({"id": s, "time": times, "y": rng.normal(10, 1, 60)}) for s in "abn"],
+        ignore_index=True,
+    )
+    table = table[~((table["id"] == "n") & (table["time"] < "2024-02-10"))]
+    options = dict(id_col="id", time_col="time", target="y", freq="D", history=8, horizon=3,
+                   validation_start="2024-02-05", test_start="2024-02-20")  # fmt: skip
+    with pytest.warns(UserWarning, match=r"^left out 1 of 3 series with no observed target "
+                      r"before validation_start 2024-02-05 00:00:00 .*: 'n';"):  # fmt: skip
+        dataset = prepare_dataset(table, **options)
+    without = prepare_dataset(table[table["id"] != "n"], **options)
+    assert dataset.series_ids == without.series_ids == ("a", "b")
+    for name in ("train", "validation", "test"):
+        np.testing.assert_array_equal(getattr(dataset, name).arrays()["historical"],
+                                      getattr(without, name).arrays()["historical"])  # fmt: skip
+    np.testing.assert_array_equal(dataset.target_scaler.scale, without.target_scaler.scale)

@@ -4,6 +4,7 @@ order transforms as the sorted one."""
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import numpy as np
@@ -13,6 +14,8 @@ import pytest
 from tft_jax.data import prepare_dataset
 from tft_jax.data.preprocessing import Preprocessor
 from tft_jax.data.tables import plain_value
+
+from .prepared_tables import HISTORY, HORIZON, forecast_inputs, quiet_prepare
 
 
 def encode_reference(vocabulary, values: pd.Series) -> tuple[np.ndarray, dict]:
@@ -101,3 +104,96 @@ def test_transform_of_a_grid_out_of_series_order_is_that_of_the_sorted_grid():
     for name in ("series_code", "observed", "known", "target", "series_start"):
         np.testing.assert_array_equal(getattr(shuffled.panel, name), getattr(in_order.panel, name))
     assert shuffled.series_ids == ("a", "b", "c")
+
+
+def statics_table(ids=("s0", "s1"), n: int = 30) -> pd.DataFrame:
+    """Daily series with a categorical static 'region' and a real static 'size'."""
+    times = pd.date_range("2024-01-01", periods=n, freq="D")
+    return pd.concat(
+        [pd.DataFrame({"id": series, "time": times, "y": np.arange(n) + 10.0 * k,
+                       "region": ["north", "south"][k % 2], "size": float(k + 1)})
+         for k, series in enumerate(ids)],
+        ignore_index=True,
+    )  # fmt: skip
+
+
+def fitted_on(table: pd.DataFrame, **options) -> Preprocessor:
+    """The preprocessor fitted on `table`, saved to JSON and loaded back as a run folder is."""
+    fitted = quiet_prepare(table, freq="D", history=HISTORY, horizon=HORIZON, **options)
+    return Preprocessor.from_json(json.loads(json.dumps(fitted.preprocessor.to_json())))
+
+
+def test_a_trained_series_given_other_statics_is_announced_with_both_values():
+    # An unseen static category was announced, another known one (a store moved to
+    # another region) or a corrected area changed the forecasts without a word.
+    saved = fitted_on(statics_table(), static_cols=["region", "size"])
+    history = statics_table()
+    assert forecast_inputs(saved, history, None)[1] == []
+    history.loc[history["id"] == "s0", "region"] = "south"
+    history.loc[history["id"] == "s1", "size"] = 2.5
+    _, messages = forecast_inputs(saved, history, None)
+    assert messages == [
+        "2 static values of trained series differ from those they were trained with, and "
+        "their forecasts follow the new ones: series 's0' column 'region': trained 'north', "
+        "given 'south'; series 's1' column 'size': trained 2.0, given 2.5"
+    ]
+    # A run saved before the statics were kept loads, and has nothing to compare.
+    old = saved.to_json()
+    del old["statics"]
+    assert forecast_inputs(Preprocessor.from_json(old), history, None)[1] == []
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda rows: rows.append(["zz", "north", 1.0]), r"lists 'zz', not a series of"),
+        (lambda rows: rows[0].__setitem__(2, "big"), r"'size' of series 's0' must be a finite"),
+        (lambda rows: rows[1].pop(), r"rows must be \[series id, one value per column"),
+    ],
+)
+def test_damaged_statics_of_a_saved_run_are_refused_at_load(edit, message):
+    described = fitted_on(statics_table(), static_cols=["region", "size"]).to_json()
+    edit(described["statics"])
+    with pytest.raises(ValueError, match=r"preprocessor.statics.*" + message):
+        Preprocessor.from_json(described)
+
+
+def test_new_ids_that_lost_their_leading_zeros_to_read_csv_are_told_how_to_keep_them(tmp_path):
+    table = statics_table(ids=("001", "002"))
+    saved = fitted_on(table)
+    path = tmp_path / "history.csv"
+    table.to_csv(path, index=False)
+    read = pd.read_csv(path, parse_dates=["time"])  # as a user reads it: ids 1 and 2
+    _, messages = forecast_inputs(saved, read, None)
+    (named,) = [m for m in messages if "were not in the training data" in m]
+    assert named.endswith(
+        "; 1 is '001' in the training data as a number: did the CSV lose leading zeros? read "
+        "it with pandas.read_csv(path, dtype={'id': str})"
+    )
+    # The advice read by pandas gives the trained ids back: no new series.
+    advised = pd.read_csv(path, parse_dates=["time"], dtype={"id": str})
+    assert not [m for m in forecast_inputs(saved, advised, None)[1] if "not in the training" in m]
+
+
+def test_a_new_id_with_surrounding_spaces_is_named_with_the_trained_id():
+    saved = fitted_on(statics_table())
+    history = statics_table(ids=("s0 ", "s1"))
+    _, messages = forecast_inputs(saved, history, None)
+    (named,) = [m for m in messages if "were not in the training data" in m]
+    assert named.startswith("series ['s0 '] were not in the training data")
+    assert named.endswith(
+        "; 's0 ' is 's0' in the training data but for surrounding spaces: strip them, e.g. "
+        "df['id'] = df['id'].str.strip()"
+    )
+
+
+def test_a_new_constant_series_is_scaled_by_its_level_and_announced():
+    # A series constant at 3e-9 (a sensor in SI units) was scaled by 1 in its units: its
+    # forecast band was ~1e7 times its level wide.
+    saved = fitted_on(statics_table())
+    history = pd.concat([statics_table(), statics_table(ids=("tiny",)).assign(y=3e-9)])
+    result, messages = forecast_inputs(saved, history, None)
+    assert "1 series are constant in the history given here: 'tiny';" in "\n".join(messages)
+    scaler = result.transformed.target_scaler
+    code = result.transformed.series_ids.index("tiny")
+    assert (scaler.loc[code], scaler.scale[code]) == (3e-9, 3e-9)

@@ -490,10 +490,15 @@ def test_future_texts_with_offsets_changing_at_dst_are_read_in_the_history_zone(
 # ----------------------------------------------------------------- values beyond float32
 
 
+def spike(values: pd.Series) -> pd.Series:
+    """`values` with its first value 1e300: far beyond float32 on a robust scale."""
+    return values.mask(np.arange(len(values)) == 0, 1e300)
+
+
 @pytest.mark.parametrize(
     ("column", "options", "where"),
     [
-        ("y", {}, r"series 'a' at 2021-03-01 00:00:00"),
+        ("y", {"scaler": "robust"}, r"series 'a' at 2021-03-01 00:00:00"),
         ("temp", INPUTS, r"series 'a' at 2021-03-01 00:00:00"),
         ("size", {"static_cols": ["size"]}, r"series 'a';"),
     ],
@@ -501,20 +506,25 @@ def test_future_texts_with_offsets_changing_at_dst_are_read_in_the_history_zone(
 def test_values_beyond_float32_as_model_inputs_are_refused_by_column_and_series(
     column, options, where
 ):
-    # Varying by 1e-14 of a 1e200 level counts as constant (scale 1), so the scaled
-    # input is ~1e186: inf in float32, and the model read inf and forecast NaN, or
-    # training skipped every step.
+    # An input varying by 1e-14 of a 1e200 level counts as constant (scale 1), so the
+    # scaled input is ~1e186; a target spike of 1e300 on a robust scale (median and
+    # quartiles) stays ~1e300: inf in float32, and the model read inf and forecast NaN,
+    # or training skipped every step.
     table = hourly().assign(size=lambda t: np.where(t["id"] == "a", 1.0, 2.0))
-    table[column] = 1e200 + 1e186 * table[column]
+    if column == "y":
+        table[column] = spike(table[column])
+    else:
+        table[column] = 1e200 + 1e186 * table[column]
     with pytest.raises(ValueError, match=rf"column '{column}' holds .* as a model input \("
                        rf"{where}.*beyond float32 .*rescale the column"):  # fmt: skip
         prepare_dataset(table, **SPEC, **options)
 
 
-def test_a_new_series_beyond_float32_is_refused_at_predict(preprocessor):
+def test_a_new_series_beyond_float32_is_refused_at_predict():
+    fitted = prepare_dataset(hourly(), **SPEC, **INPUTS, scaler="robust").preprocessor
     history = hourly(30, start="2021-04-01").replace({"id": {"b": "new"}})
     new = history["id"] == "new"
-    history.loc[new, "y"] = 1e200 + 1e186 * history.loc[new, "y"]  # its own scale is 1
+    history.loc[new, "y"] = spike(history.loc[new, "y"])  # robust: its own scale ignores it
     # A new series is announced before its values are checked.
     with (
         pytest.warns(UserWarning, match=r"^series \['new'\] were not in the training data: their "
@@ -522,7 +532,19 @@ def test_a_new_series_beyond_float32_is_refused_at_predict(preprocessor):
         pytest.raises(ValueError, match=r"column 'y' holds .*\(series 'new' at 2021-04-01 "
                       r"00:00:00; \d+ such values\): beyond float32"),
     ):  # fmt: skip
-        forecast_inputs(preprocessor, history)
+        forecast_inputs(fitted, history)
+
+
+def test_a_new_series_constant_at_a_huge_level_is_scaled_by_it():
+    # 1e200 varying by 1e-14 of it counts as constant: scaled by 1 (its old scale) it was
+    # ~1e186 in the model, beyond float32; scaled by its level it is ~1, and announced.
+    fitted = prepare_dataset(hourly(), **SPEC, **INPUTS).preprocessor
+    history = hourly(30, start="2021-04-01").replace({"id": {"b": "new"}})
+    new = history["id"] == "new"
+    history.loc[new, "y"] = 1e200 + 1e186 * history.loc[new, "y"]
+    ahead, messages = user_warnings(lambda: forecast_inputs(fitted, history))
+    assert any(message.startswith("1 series are constant in") for message in messages), messages
+    assert np.all(np.isfinite(ahead.windows.panel.target.astype(np.float32)))
 
 
 # ----------------------------------------------------------------- ids of another type

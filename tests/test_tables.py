@@ -374,3 +374,68 @@ def test_a_one_column_csv_with_the_id_column_or_no_id_column_is_read_as_it_is(tm
     csv.write_text("note;text\nsee;below\n")
     assert list(read_table(csv).columns) == ["note;text"]
     assert list(read_table(csv, id_col="note;text").columns) == ["note;text"]
+
+
+def _written_with(numbers: np.ndarray, option: str) -> list[str]:
+    """`numbers` as a spreadsheet in another locale writes them for the read_csv `option`."""
+    if option == "decimal=','":
+        return [f"{v:.1f}".replace(".", ",") for v in numbers]
+    if option == "thousands=','":
+        return [f"{v:,.2f}" for v in numbers]
+    return [f"{v:,.2f}".replace(",", " ").replace(".", ",").replace(" ", ".") for v in numbers]
+
+
+@pytest.mark.parametrize("option", ["decimal=','", "thousands=','", "decimal=',', thousands='.'"])
+def test_an_input_of_numbers_written_with_separators_is_refused_with_the_read_that_parses_it(
+    tmp_path, option
+):
+    # Texts '12,5' or '1,234.56' are no numbers to pandas: the column was taken for one of
+    # categories, a category per row.
+    table = daily_pair()
+    numbers = np.round(np.random.default_rng(0).uniform(1000, 5000, len(table)), 1)
+    table["o"] = _written_with(numbers, option)
+    table.loc[5, "o"] = "n/a"  # a missing-value text does not hide the numbers
+    path = tmp_path / "table.csv"
+    table.to_csv(path, index=False)
+    with pytest.raises(ValueError, match=r"column 'o' holds numbers written with") as caught:
+        prepare(str(path), observed_cols=("o",))
+    message = str(caught.value)
+    assert f"e.g. {table['o'].iloc[0]!r} in series 'a' at row 0" in message
+    assert "categorical_cols" in message
+    # The reading the message names gives the numbers back (pandas, not this code, parses).
+    named = message.split("pandas.read_csv(path, ")[1].split(")")[0]
+    assert named == option
+    kwargs = dict(item.split("=") for item in named.split(", "))
+    read = pd.read_csv(path, **{key: value.strip("'") for key, value in kwargs.items()})
+    present = np.arange(len(table)) != 5
+    np.testing.assert_allclose(read["o"].to_numpy(dtype=float)[present], numbers[present])
+    # Listed as categorical, the column is the user's: read as categories.
+    dataset = prepare(str(path), observed_cols=("o",), categorical_cols=("o",))
+    assert dataset.spec.categorical_cols == ("o",)
+
+
+def test_a_target_of_decimal_comma_texts_is_refused_with_the_decimal_hint():
+    table = daily_pair().astype({"y": object})
+    table.loc[4, "y"] = " 12,5 "
+    with pytest.raises(
+        ValueError,
+        match=r"'y' has 1 non-numeric values, e.g. ' 12,5 ' in series 'a' at row 4;.*"
+        r"decimal commas: read the CSV with pandas.read_csv\(path, decimal=','\)",
+    ):
+        prepare(table)
+
+
+def test_a_stray_bool_among_target_numbers_is_refused_but_a_column_of_bools_is_read():
+    # True among numbers (an object column) was read as 1.0, a value no one wrote.
+    table = daily_pair().astype({"y": object})
+    table.loc[33, "y"] = True
+    with pytest.raises(ValueError, match=r"'y' has 1 non-numeric values, e.g. True in series 'b'"):
+        prepare(table)
+    # A 0/1 column of bools with empty cells (hence of objects) holds numbers.
+    flags = pd.Series([v % 3 == 0 for v in range(60)], dtype=object)
+    flags[7] = None
+    table = daily_pair().assign(k=flags)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the filled cell is announced
+        dataset = prepare(table, known_cols=("k",))
+    assert "k" not in dataset.spec.categorical_cols

@@ -51,6 +51,7 @@ from tft_jax.data.tables import (
     infer_categorical,
     parse_frequency,
     parse_time_text,
+    plain_value,
     read_announced,
     time_grid,
     to_regular_grid,
@@ -512,6 +513,23 @@ def _new_series_cuts(
     return (grid_times[max(len(grid_times) - int(scored), 0)],)
 
 
+def _series_without_training_target(
+    grid: pd.DataFrame, spec: TableSpec, missing_col: str, cut_validation: pd.Timestamp
+) -> list[Any]:
+    """The series of `grid` with no observed target before `cut_validation`, in id order.
+
+    Empty when every series lacks one: nothing would be left to train on, and
+    the target scaler names the first such series (`TargetScaler.fit`).
+    """
+    observed = (grid[missing_col].to_numpy() == 0.0) & (
+        pd.DatetimeIndex(grid[spec.time_col]) < cut_validation
+    )
+    has_target = pd.Series(observed).groupby(grid[spec.id_col].to_numpy(), sort=True).any()
+    if has_target.all() or not has_target.any():
+        return []
+    return [plain_value(series) for series in has_target.index[~has_target.to_numpy()]]
+
+
 def prepare_dataset(
     table: pd.DataFrame | str | os.PathLike,
     *,
@@ -575,7 +593,11 @@ def prepare_dataset(
       max_missing_fraction: refuse a series whose filled target steps exceed
         this share of its grid.
       min_series_length: leave out series shorter than this many steps (and
-        always those shorter than `history + horizon`), with a warning.
+        always those shorter than `history + horizon`), with a warning. A
+        series with no observed target before the validation start (one that
+        begins after it) is left out too, with a warning, when fitting: its
+        target scaler is fitted on the training period. A fitted model
+        forecasts such a series as a new one, scaled on its own history.
       target_transform: 'none' or 'log1p' (before the per-series scaler; None:
         'none', or with `preprocessor` its own).
       window_normalization: also scale each window's target by its own
@@ -604,8 +626,8 @@ def prepare_dataset(
       The `PreparedDataset`.
 
     Raises:
-      ValueError: for a bad table (see `validate_table`), bad cuts, a series
-        with no training target, a period without any window, a bad `scored`,
+      ValueError: for a bad table (see `validate_table`), bad cuts, no series
+        with a training target, a period without any window, a bad `scored`,
         or, with `preprocessor`, a spec other than its own (column roles,
         `freq`, `timezone`), times naive where the training ones were
         aware or the reverse, or a new series with no observed target before
@@ -704,6 +726,21 @@ def prepare_dataset(
             f"<= test_start {cut_test} <= the end of the data {end} (last time + one step)"
         )
     if preprocessor is None:
+        late = _series_without_training_target(grid, spec, missing_col, cut_validation)
+        if late:
+            keep = ~grid[spec.id_col].isin(late).to_numpy()
+            grid = grid[keep].reset_index(drop=True)
+            clean = clean[~clean[spec.id_col].isin(late)].reset_index(drop=True)
+            empty_inputs = empty_input_cells(clean, spec)
+            warnings.warn(
+                f"left out {len(late)} of {len(late) + clean[spec.id_col].nunique()} series "
+                f"with no observed target before validation_start {cut_validation} (the "
+                f"training period, which a series' target scaler is fitted on): "
+                f"{', '.join(repr(series) for series in late)}; a fitted model forecasts them "
+                "as new series, scaled on their own history",
+                UserWarning,
+                stacklevel=2,
+            )
         preprocessor = Preprocessor.fit(
             grid,
             spec,

@@ -39,10 +39,11 @@ from tft_jax.data.scaling import (
     TARGET_TRANSFORMS,
     FeatureScaler,
     TargetScaler,
-    _location_scale_checked,
+    announce_constant_series,
     announce_spread_fallbacks,
     check_domain,
     forward_transform,
+    target_statistics,
 )
 from tft_jax.data.tables import TableSpec, plain_value
 from tft_jax.data.windows import Panel
@@ -78,12 +79,25 @@ def _codes(vocabulary: Sequence[Any], values: Sequence[Any]) -> np.ndarray:
     return np.array([position.get(plain_value(v), unknown) for v in values], dtype=np.int32)
 
 
+def _near_text(value: Any) -> str:
+    """`value`'s text without surrounding spaces, an integer as its digits: 1, '001', 1.0 -> '1'."""
+    text = str(plain_value(value)).strip()
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return str(int(number)) if np.isfinite(number) and number == np.round(number) else text
+
+
 def type_hint(given: Sequence[Any], known: Sequence[Any], column: str, where: str) -> str:
-    """A hint when values of `given` equal values of `known` (those `where`) as text only.
+    """A hint when values of `given` are values of `known` (those `where`) but for their form.
 
     An id column read as text where the training one held numbers (`'1'` vs
     `1`, or the reverse) makes every series new; the message naming them then
-    says why. Empty when no value is such a twin.
+    says why. So do ids that lost their leading zeros (`pd.read_csv` reads
+    '001' as 1) or gained surrounding spaces ('s0 '): each is named with the
+    training value it stands for and how to read it as such. Empty when no
+    value is such a twin.
     """
     as_text = {str(plain_value(value)): value for value in known}
     for value in given:
@@ -94,6 +108,23 @@ def type_hint(given: Sequence[Any], known: Sequence[Any], column: str, where: st
                 f"; {value!r} ({type(plain_value(value)).__name__}) is {twin!r} ({kind}) {where}: "
                 f"give column {column!r} the same type, e.g. df[{column!r}].astype({kind})"
             )
+    near = {_near_text(value): value for value in known}
+    for value in given:
+        twin = near.get(_near_text(value))
+        if twin is None or twin == value:
+            continue
+        shown = f"; {plain_value(value)!r} is {plain_value(twin)!r} {where}"
+        if str(plain_value(value)).strip() == str(plain_value(twin)).strip():
+            return (
+                f"{shown} but for surrounding spaces: strip them, e.g. "
+                f"df[{column!r}] = df[{column!r}].str.strip()"
+            )
+        if isinstance(plain_value(twin), str) and not isinstance(plain_value(value), str):
+            return (
+                f"{shown} as a number: did the CSV lose leading zeros? read it with "
+                f"pandas.read_csv(path, dtype={{{column!r}: str}})"
+            )
+        return f"{shown} as a number: write column {column!r} as {where} (the same texts)"
     return ""
 
 
@@ -172,6 +203,11 @@ class Preprocessor:
         inputs of aware times are read in it, so a table of the same instants
         in another zone (UTC from a database) gets the inputs the model was
         trained on, not its days shifted; `origin` is read back in it.
+      statics: `{series id: its static values}` of each training series, in
+        the order of `spec.static_cols` (floats for real columns, texts or
+        ints for categorical ones), so that a trained series given other
+        statics later is announced (`transform`); None for a run saved
+        before they were kept (nothing is then compared).
     """
 
     spec: TableSpec
@@ -184,6 +220,7 @@ class Preprocessor:
     missing_flag: bool = True
     time_zone: str | None = None
     static_scaler: FeatureScaler | None = None
+    statics: dict[Any, tuple[Any, ...]] | None = None
 
     @property
     def missing_col(self) -> str:
@@ -298,6 +335,8 @@ class Preprocessor:
         static_scaler = FeatureScaler.fit(
             grid.loc[train_rows, statics].to_numpy(np.float64)[first_train_rows]
         )
+        _, first_rows = np.unique(codes, return_index=True)  # in code order: series_ids'
+        trained_statics = _static_values(grid, spec, first_rows)
         origin = times.min()
         train_steps = float(steps_since(pd.DatetimeIndex([validation_start]), origin, spec.freq)[0])
         # The distinct values first (first occurrences, as a set keeps them), then the set.
@@ -318,7 +357,49 @@ class Preprocessor:
             missing_flag=bool((~observed[train_rows]).any()),
             time_zone=_zone_name(origin),
             static_scaler=static_scaler,
+            statics={
+                plain_value(series): values
+                for series, values in zip(series_ids, trained_statics, strict=True)
+            },
         )
+
+    def announce_changed_statics(
+        self, ids: Sequence[Any], given: Sequence[tuple[Any, ...]], stacklevel: int = 2
+    ) -> None:
+        """Warns naming the trained series among `ids` whose statics `given` are not their own.
+
+        `given`: each series' static values in the order of `spec.static_cols`.
+        A series is embedded by its statics: given others (a store moved to
+        another region, a corrected area), its forecasts change, which an
+        unseen category announces but a known one did not. Real values count
+        as changed beyond a relative 1e-6 (float32 rounding is no change).
+        """
+        if not self.statics or not self.spec.static_cols:
+            return
+        changes = []
+        for series, values in zip(ids, given, strict=True):
+            trained = self.statics.get(plain_value(series))
+            if trained is None:
+                continue
+            for column, before, now in zip(self.spec.static_cols, trained, values, strict=True):
+                if column in self.spec.categorical_cols:
+                    changed = plain_value(now) != before
+                else:
+                    changed = not np.isclose(float(now), before, rtol=1e-6, atol=0.0)
+                if changed:
+                    changes.append(
+                        f"series {plain_value(series)!r} column {column!r}: trained "
+                        f"{before!r}, given {plain_value(now)!r}"
+                    )
+        if changes:
+            more = f" and {len(changes) - 5} more" if len(changes) > 5 else ""
+            warnings.warn(
+                f"{len(changes)} static values of trained series differ from those they were "
+                f"trained with, and their forecasts follow the new ones: "
+                f"{'; '.join(changes[:5])}{more}",
+                UserWarning,
+                stacklevel=stacklevel + 1,
+            )
 
     def check_time_zone(self, times: pd.Series | pd.DatetimeIndex, what: str = "table") -> None:
         """Raises unless `times` are naive exactly when the training times were.
@@ -411,7 +492,7 @@ class Preprocessor:
         scale = self.target_scaler.scale[known].copy()
         if unknown.any():
             names = [ids[code] for code in np.flatnonzero(unknown)]
-            fallbacks, cuts_used = [], []
+            fallbacks, constants, cuts_used = [], [], []
             # `codes` are sorted (`transform`): a series' rows are one slice.
             bounds = np.searchsorted(codes, np.arange(len(ids) + 1))
             present = ~np.isnan(target)
@@ -431,11 +512,13 @@ class Preprocessor:
                         "scale it by"
                     )
                 values = forward_transform(values, self.target_scaler.target_transform)
-                loc[code], scale[code], fallback = _location_scale_checked(
+                loc[code], scale[code], fallback, constant = target_statistics(
                     values, self.target_scaler.method
                 )
                 if fallback:
                     fallbacks.append(ids[code])
+                if constant:
+                    constants.append(ids[code])
             source = (
                 "history before the first split start under which it has observed values ("
                 + ", ".join(cuts_used)
@@ -452,6 +535,7 @@ class Preprocessor:
                 stacklevel=3,
             )
             announce_spread_fallbacks(fallbacks, f"the {source}", stacklevel=4)
+            announce_constant_series(constants, f"the {source}", stacklevel=4)
         return TargetScaler(
             loc=loc,
             scale=scale,
@@ -535,6 +619,7 @@ class Preprocessor:
 
         observed = _float32_inputs(observed, self.observed_feature_names, grid, every_row, at)
         known = _float32_inputs(known, self.known_feature_names, grid, every_row, at)
+        self.announce_changed_statics(ids, _static_values(grid, spec, first_rows), stacklevel=3)
         static = grid[list(self.static_feature_names)].to_numpy(np.float64)[first_rows]
         if self.static_scaler is not None:
             static = self.static_scaler.transform(static)
@@ -596,6 +681,11 @@ class Preprocessor:
                     }
                 }
             ),
+            **(
+                {}
+                if self.statics is None
+                else {"statics": [[series, *values] for series, values in self.statics.items()]}
+            ),
         }
 
     @classmethod
@@ -611,7 +701,7 @@ class Preprocessor:
         are refused, as in the other sections of config.json (a mistyped
         `transform` would otherwise be ignored); `vocabularies`,
         `missing_flag`, `time_zone`, `static_scaler` and the scaler's
-        `transform` may be absent (runs saved before they were kept).
+        `transform` and `statics` may be absent (runs saved before they were kept).
 
         Raises:
           ValueError, TypeError: naming the key (`preprocessor.<key>`), what it
@@ -673,6 +763,7 @@ class Preprocessor:
                     statics["scale"], "preprocessor.static_scaler.scale", count, per, positive=True
                 ),
             )
+        statics = _statics(data["statics"], spec, series_ids) if "statics" in data else None
         return cls(
             spec=spec,
             series_ids=series_ids,
@@ -709,14 +800,67 @@ class Preprocessor:
             missing_flag=missing_flag,
             time_zone=zone,
             static_scaler=static_scaler,
+            statics=statics,
         )
 
 
 _PREPROCESSOR_KEYS = {"spec", "series_ids", "origin", "train_steps", "target_scaler",
                       "feature_scaler"}  # fmt: skip
 # Absent from runs saved before they were kept: `from_json` takes their old meaning.
-_PREPROCESSOR_OPTIONAL = {"vocabularies", "missing_flag", "time_zone", "static_scaler"}
+_PREPROCESSOR_OPTIONAL = {"vocabularies", "missing_flag", "time_zone", "static_scaler",
+                          "statics"}  # fmt: skip
 _TARGET_SCALER_KEYS = {"method", "loc", "scale"}
+
+
+def _static_values(grid: pd.DataFrame, spec: TableSpec, rows: np.ndarray) -> list[tuple[Any, ...]]:
+    """The static values of `grid`'s `rows` (one per series), as `Preprocessor.statics` keeps them.
+
+    Floats for real columns, the ids' kinds (texts, ints) for categorical ones.
+    """
+    columns = []
+    for column in spec.static_cols:
+        values = grid[column].iloc[rows]
+        if column in spec.categorical_cols:
+            columns.append([plain_value(value) for value in values])
+        else:
+            columns.append([float(value) for value in values])
+    return list(zip(*columns, strict=True)) if columns else [() for _ in rows]
+
+
+def _statics(rows: Any, spec: TableSpec, series_ids: Sequence[Any]) -> dict[Any, tuple[Any, ...]]:
+    """`Preprocessor.statics` from its JSON rows `[series id, one value per static column]`.
+
+    Not every series need be listed (one added to a run by hand has no
+    statics: nothing is compared for it), but each listed must be a training
+    series, listed once, with a finite number per real static column and a
+    text or number per categorical one.
+    """
+    where = "preprocessor.statics"
+    columns = list(spec.static_cols)
+    shape = f"[series id, one value per column of preprocessor.spec.static_cols {columns}]"
+    if not isinstance(rows, list):
+        raise TypeError(f"{where} must be a list of {shape}, got {rows!r:.80}")
+    known, statics = set(series_ids), {}
+    for row in rows:
+        if not isinstance(row, list) or len(row) != 1 + len(spec.static_cols):
+            raise ValueError(f"{where} rows must be {shape}, got {row!r:.80}")
+        series, *values = row
+        if not isinstance(series, str | int | float) or series not in known or series in statics:
+            raise ValueError(f"{where} lists {series!r}, not a series of preprocessor.series_ids "
+                             "or listed twice")  # fmt: skip
+        for column, value in zip(spec.static_cols, values, strict=True):
+            real = column not in spec.categorical_cols
+            plain = not isinstance(value, bool) and isinstance(value, str | int | float)
+            if not plain or (real and (isinstance(value, str) or not np.isfinite(value))):
+                kind = "a finite number" if real else "a text or number"
+                raise ValueError(
+                    f"{where}: {column!r} of series {series!r} must be {kind}, got {value!r}"
+                )
+        statics[series] = tuple(
+            value if column in spec.categorical_cols else float(value)
+            for column, value in zip(spec.static_cols, values, strict=True)
+        )
+    return statics
 
 
 def _check_keys(data: Any, where: str, required: set[str], optional: set[str]) -> None:

@@ -2,11 +2,16 @@
 
 Both map `x -> (x - loc) / scale`. A scale that is zero, not finite, or below
 `NEGLIGIBLE_SPREAD · |loc|` (a constant series or column, up to float64
-rounding) is replaced by 1, so a constant is centred but never divided by ~0.
-The test is relative only: a series that varies at a small magnitude (values
-around 1e-9) keeps its own scale, since a scale of 1 would leave it near 0 in
-model units and its forecasts off by orders of magnitude. The robust scale of
-a series that is not constant but mostly one value (intermittent demand: an
+rounding) is replaced, so a constant is centred but never divided by ~0: for
+an input column by 1; for a series' target by its level `|loc|` (1 where the
+level is 0), announced by a warning naming the series. A scale of 1 is in the
+target's units: a series constant at a tiny level would be forecast in a band
+orders of magnitude wider than it, one at a huge level in a band of a few
+units. The test
+is relative only: a series that varies at a small magnitude (values around
+1e-9) keeps its own scale, since a scale of 1 would leave it near 0 in model
+units and its forecasts off by orders of magnitude. The robust scale of a
+series that is not constant but mostly one value (intermittent demand: an
 interquartile range of 0) is its mean absolute deviation from the median
 instead, announced by a warning: a scale of 1 would leave its spikes unscaled.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -86,13 +92,43 @@ def _negligible(scale: float, loc: float) -> bool:
     return not np.isfinite(scale) or scale <= max(NEGLIGIBLE_SPREAD * abs(loc), tiny)
 
 
-def _location_scale_checked(values: np.ndarray, method: str) -> tuple[float, float, bool]:
-    """`_location_scale`, and whether the robust scale fell back to the mean absolute deviation.
+class TargetStatistics(NamedTuple):
+    """One series' fitted target location and scale, and which fallback gave the scale.
 
-    The statistics are computed on `values` divided by a power of two near
-    their largest magnitude, then multiplied back: exact (a power of two only
-    moves exponents), but sums and squares no longer overflow, so values
-    around 1e200 get their own scale instead of an infinite one replaced by 1.
+    Attributes:
+      loc: the location.
+      scale: the scale, positive.
+      spread_fallback: the robust scale is the mean absolute deviation from
+        the median (an interquartile range of 0).
+      constant: the series is constant (its spread is negligible): the scale
+        is its level (`level_scale`).
+    """
+
+    loc: float
+    scale: float
+    spread_fallback: bool
+    constant: bool
+
+
+def level_scale(loc: float) -> float:
+    """The scale of a constant series at location `loc`: `|loc|`, or 1 where that is 0.
+
+    Relative to the level, so a forecast band around a constant is as wide
+    against it at 3e-9 as at 3e9; a level of 0 (or one too small or large
+    to divide by) has no size to go by, and 1 is as good as any.
+    """
+    level = abs(loc)
+    return level if np.isfinite(level) and level > np.finfo(np.float64).tiny else 1.0
+
+
+def _statistics(values: np.ndarray, method: str) -> tuple[float, float, bool]:
+    """`(loc, spread, spread_fallback)` of a 1-D array with no NaN, by `method`.
+
+    The spread may be negligible (`_negligible`): the callers replace it. The
+    statistics are computed on `values` divided by a power of two near their
+    largest magnitude, then multiplied back: exact (a power of two only moves
+    exponents), but sums and squares no longer overflow, so values around
+    1e200 get their own scale instead of an infinite one replaced.
     """
     if values.size == 0:
         raise ValueError("cannot fit a scaler on no values")
@@ -113,10 +149,30 @@ def _location_scale_checked(values: np.ndarray, method: str) -> tuple[float, flo
         loc, scale = 0.0, float(np.mean(np.abs(values)))
     else:
         return 0.0, 1.0, False
-    loc, scale = loc * factor, scale * factor
-    if _negligible(scale, loc):
-        scale = 1.0
+    return loc * factor, scale * factor, fallback
+
+
+def target_statistics(values: np.ndarray, method: str) -> TargetStatistics:
+    """A series' target location and scale from its values (1-D, no NaN), by `method`.
+
+    The scale of a constant series is its level (`level_scale`).
+    """
+    loc, spread, fallback = _statistics(values, method)
+    if _negligible(spread, loc):
+        return TargetStatistics(loc, level_scale(loc), fallback, True)
+    return TargetStatistics(loc, spread, fallback, False)
+
+
+def _location_scale_checked(values: np.ndarray, method: str) -> tuple[float, float, bool]:
+    """`target_statistics` as `(loc, scale, spread_fallback)`."""
+    loc, scale, fallback, _ = target_statistics(values, method)
     return loc, scale, fallback
+
+
+def _shown(names: Sequence[object]) -> str:
+    """The first five of `names` and how many more, for a warning."""
+    shown = ", ".join(repr(name) for name in names[:5])
+    return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
 def announce_spread_fallbacks(names: Sequence[object], period: str, stacklevel: int) -> None:
@@ -127,21 +183,37 @@ def announce_spread_fallbacks(names: Sequence[object], period: str, stacklevel: 
     """
     if not names:
         return
-    shown = ", ".join(repr(name) for name in names[:5])
-    more = f" and {len(names) - 5} more" if len(names) > 5 else ""
     warnings.warn(
         f"scaler='robust': {len(names)} series have an interquartile range of 0 in {period} "
-        f"(mostly one value, e.g. intermittent demand): {shown}{more}; their scale is the mean "
-        "absolute deviation from the median instead",
+        f"(mostly one value, e.g. intermittent demand): {_shown(names)}; their scale is the "
+        "mean absolute deviation from the median instead",
+        UserWarning,
+        stacklevel=stacklevel,
+    )
+
+
+def announce_constant_series(names: Sequence[object], period: str, stacklevel: int) -> None:
+    """Warns that the series `names` are constant in `period`, so scaled by their level.
+
+    A constant has no spread to scale by: its forecasts' spread is then a
+    share of its level, learnt from the other series. Silent when `names`
+    is empty.
+    """
+    if not names:
+        return
+    warnings.warn(
+        f"{len(names)} series are constant in {period}: {_shown(names)}; each is centred "
+        "on its value and scaled by its size |value| (by 1 where the value is 0), so its "
+        "forecast spread is relative to its level",
         UserWarning,
         stacklevel=stacklevel,
     )
 
 
 def _location_scale(values: np.ndarray, method: str) -> tuple[float, float]:
-    """Location and scale of a 1-D array with no NaN, by `method` (see the module docstring)."""
-    loc, scale, _ = _location_scale_checked(values, method)
-    return loc, scale
+    """An input column's location and scale (see the module docstring): 1 if constant."""
+    loc, scale, _ = _statistics(values, method)
+    return loc, 1.0 if _negligible(scale, loc) else scale
 
 
 def _check_codes(codes: np.ndarray, leading: int, num_series: int) -> np.ndarray:
@@ -167,7 +239,8 @@ class TargetScaler:
     Methods: 'standard' (mean, population std), 'robust' (median,
     interquartile range; the mean absolute deviation from the median, with a
     warning, for a series whose interquartile range is 0), 'mean_abs' (0, mean
-    of |y|), 'none' (0, 1). With `target_transform='log1p'` the target is
+    of |y|), 'none' (0, 1). A constant series is scaled by its level, with a
+    warning (`level_scale`). With `target_transform='log1p'` the target is
     `log1p(y)` before scaling (for counts and series whose level grows
     multiplicatively) and `expm1` after the inverse, so forecasts in original
     units stay above -1.
@@ -227,20 +300,24 @@ class TargetScaler:
         bounds = np.searchsorted(codes, np.arange(num_series + 1))
         loc, scale = np.zeros(num_series), np.ones(num_series)
         spread_fallbacks: list[object] = []
+        constants: list[object] = []
         for code in range(num_series):
+            name = series_names[code] if series_names is not None else code
             series_values = values[bounds[code] : bounds[code + 1]]
             series_values = series_values[~np.isnan(series_values)]
             if series_values.size == 0:
-                name = series_names[code] if series_names is not None else code
                 raise ValueError(
                     f"series {name!r} has no observed target in the training period, so its "
                     "scaler cannot be fitted there; move the validation start later or drop "
                     "that series"
                 )
-            loc[code], scale[code], fallback = _location_scale_checked(series_values, method)
+            loc[code], scale[code], fallback, constant = target_statistics(series_values, method)
             if fallback:
-                spread_fallbacks.append(series_names[code] if series_names is not None else code)
+                spread_fallbacks.append(name)
+            if constant:
+                constants.append(name)
         announce_spread_fallbacks(spread_fallbacks, "the training period", stacklevel=3)
+        announce_constant_series(constants, "the training period", stacklevel=3)
         return cls(loc=loc, scale=scale, method=method, target_transform=transform)
 
     @property

@@ -274,6 +274,83 @@ def read_announced(
     return raw, counts
 
 
+# How numbers written with separators read in a CSV (pandas.read_csv's options for them,
+# what to call the separator, a cell's whole text): decimal commas ('12,5', '-,5'),
+# thousands separators ('1,234.56'), or both ('1.234,56'). A text '1.234' is a number
+# to pandas already and '1,234' fits the first two: both options are then named.
+_SEPARATED_NUMBERS: tuple[tuple[str, str, str], ...] = (
+    ("decimal=','", "decimal commas", r"[+-]?\d*,\d+"),
+    ("thousands=','", "thousands separators", r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?"),
+    (
+        "decimal=',', thousands='.'",
+        "decimal commas and thousands separators",
+        r"[+-]?\d{1,3}(?:\.\d{3})+,\d+",
+    ),
+)
+
+# The share of a column's present cells (missing-value texts aside) that must be numbers
+# with separators (or plain numbers) for it to be refused as categorical: a stray typo
+# among numbers with decimal commas does not make the column one of categories.
+_SEPARATED_SHARE = 0.9
+
+
+@dataclasses.dataclass(frozen=True)
+class SeparatedNumbers:
+    """How a column's texts read as numbers written with separators.
+
+    Attributes:
+      options: the `pandas.read_csv` options that read them ("decimal=','");
+        more than one where the texts fit several ('1,234').
+      separators: what the first of them calls the separators, for messages.
+      row: the position of the first cell written with a separator.
+    """
+
+    options: tuple[str, ...]
+    separators: str
+    row: int
+
+    def hint(self) -> str:
+        """How to read such a file: `pandas.read_csv` with the options, or a copy for the CLI."""
+        readings = " or ".join(f"pandas.read_csv(path, {option})" for option in self.options)
+        return (
+            f"read the CSV with {readings} (for the CLI, write a copy so read, e.g. "
+            f"pandas.read_csv(path, {self.options[0]}).to_csv(new_path, index=False))"
+        )
+
+
+def separated_numbers(
+    values: pd.Series, share: float = _SEPARATED_SHARE
+) -> SeparatedNumbers | None:
+    """How `values` read as numbers written with decimal commas or thousands separators.
+
+    None unless at least `share` of the present cells (missing-value texts aside)
+    are such numbers or plain ones, one at least written with a separator:
+    pandas reads '12,5' and '1,234.56' as text, which would otherwise make a
+    column of numbers one of categories (a category per row). Each distinct
+    text is read once.
+    """
+    codes, distinct = pd.factorize(values)
+    present = codes >= 0
+    if not present.any():
+        return None
+    counts = np.bincount(codes[present], minlength=len(distinct))
+    text = pd.Series(distinct, dtype=object).astype(str).str.strip()
+    counted = ~text.str.lower().isin(MISSING_TEXTS).to_numpy()
+    plain = pd.to_numeric(text, errors="coerce").notna().to_numpy()
+    options, separators, written = [], "", np.zeros(len(distinct), dtype=bool)
+    for option, name, pattern in _SEPARATED_NUMBERS:
+        fits = text.str.fullmatch(pattern).to_numpy(dtype=bool) & counted
+        numbers = counts[(fits | plain) & counted].sum()
+        if fits.any() and numbers >= share * counts[counted].sum():
+            options.append(option)
+            separators = separators or name
+            written |= fits
+    if not options:
+        return None
+    row = int(np.flatnonzero(present & written[np.where(present, codes, 0)])[0])
+    return SeparatedNumbers(tuple(options), separators, row)
+
+
 def infer_categorical(frame: pd.DataFrame, spec: TableSpec) -> TableSpec:
     """`spec` with every static, known or observed column that holds categories made categorical.
 
@@ -283,6 +360,12 @@ def infer_categorical(frame: pd.DataFrame, spec: TableSpec) -> TableSpec:
     whatever its categories (store types coded 1, 2, 3 were read as one
     real-valued input, type 3 "three times" type 1), unless they are
     fractional numbers, which name no category code.
+
+    Raises:
+      ValueError: naming the column and a cell, for a column of text not listed
+        in `spec.categorical_cols` whose cells are numbers written with decimal
+        commas or thousands separators ('12,5', '1,234.56'; `separated_numbers`):
+        read as categories, each value would be a category of its own.
     """
     found = []
     for column in (*spec.static_cols, *spec.known_cols, *spec.observed_cols):
@@ -297,6 +380,16 @@ def infer_categorical(frame: pd.DataFrame, spec: TableSpec) -> TableSpec:
         if ptypes.is_numeric_dtype(values) or ptypes.is_bool_dtype(values) or values.empty:
             continue
         if pd.to_numeric(values.drop_duplicates(), errors="coerce").isna().all():
+            separated = separated_numbers(frame[column])
+            if separated is not None:
+                row = separated.row
+                raise ValueError(
+                    f"column {column!r} holds numbers written with {separated.separators} "
+                    f"(e.g. {frame[column].iloc[row]!r} in series "
+                    f"{plain_value(frame[spec.id_col].iloc[row])!r} at row {row}), which would "
+                    f"be read as {values.nunique()} categories; {separated.hint()}, or, if it "
+                    "holds categories, list it in categorical_cols (--categorical-cols)"
+                )
             found.append(column)
     if not found:
         return spec
@@ -728,20 +821,53 @@ def _parse_time_values(
     )
 
 
+def _stray_bools(values: pd.Series) -> np.ndarray:
+    """(R,) bool: the cells of an object column holding a bool (True) among numbers or texts.
+
+    As a float such a cell would silently read 1.0 (or 0.0), a value no one
+    wrote. A column of bools alone (with empty cells, hence of objects) is
+    one of 0/1 values, read as such.
+    """
+    if values.dtype != object or ptypes.infer_dtype(values, skipna=True) not in (
+        "mixed",
+        "mixed-integer",
+    ):
+        return np.zeros(len(values), dtype=bool)
+    bools = np.fromiter(
+        (isinstance(v, bool | np.bool_) for v in values), dtype=bool, count=len(values)
+    )
+    others = values.notna().to_numpy() & ~bools
+    return bools if others.any() else np.zeros(len(values), dtype=bool)
+
+
 def _to_float(values: pd.Series, column: str, ids: pd.Series) -> pd.Series:
-    """Converts a column to float64, naming the first non-numeric value if any."""
+    """Converts a column to float64, naming the first non-numeric value if any.
+
+    A bool among numbers in a column of objects (`_stray_bools`) is one of
+    them. Where the non-numeric texts are numbers written with decimal commas
+    or thousands separators ('12,5'), the message says how to read them.
+    """
     if ptypes.is_bool_dtype(values) or ptypes.is_numeric_dtype(values):
         numbers = values.astype("float64")
     else:
         numbers = pd.to_numeric(values, errors="coerce").astype("float64")
         bad = (numbers.isna() & values.notna()).to_numpy()
+        bad = bad | _stray_bools(values)
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
+            separated = separated_numbers(values[bad], share=0.0)
+            hint = ""
+            if separated is not None:
+                at = int(np.flatnonzero(bad)[separated.row])
+                hint = (
+                    f"; {values.iloc[at]!r} (series {plain_value(ids.iloc[at])!r}, row {at}) "
+                    f"is a number written with {separated.separators}: {separated.hint()}"
+                )
             raise ValueError(
                 f"column {column!r} has {int(bad.sum())} non-numeric values, e.g. "
                 f"{values.iloc[row]!r} in series {plain_value(ids.iloc[row])!r} at row {row}; "
                 "convert them to numbers (leave a cell empty to mark a missing value), or, for "
-                "an input, list it in categorical_cols (--categorical-cols)"
+                f"an input, list it in categorical_cols (--categorical-cols){hint}"
             )
     infinite = np.isinf(numbers.to_numpy())
     if infinite.any():
