@@ -34,7 +34,7 @@ from tft_jax import cli, plots
 from tft_jax.checkpoint import load_state
 from tft_jax.cli_parser import UsageError, check_train_flags, flag_message, forecaster_config
 from tft_jax.data import prepare_dataset
-from tft_jax.distributed import process_rows
+from tft_jax.distributed import JOIN_TIMEOUT_SECONDS, process_rows
 from tft_jax.evaluation import epoch_batches, fixed_batches
 from tft_jax.forecaster import (
     DEMO,
@@ -571,6 +571,54 @@ def test_multihost_flags_are_checked_before_joining_a_run(
     assert code == 2
     assert re.search(message, err), err
     assert not (tmp_path / "r").exists()
+
+
+MULTIHOST = ["--coordinator", "localhost:1234", "--num-processes", "2", "--process-id", "1"]
+
+
+def test_a_processs_flag_errors_end_it_before_it_joins_the_run(
+    capsys, csv_path, tmp_path, monkeypatch
+):
+    # A --qat-* flag without --qat on one host was found after joining: that process
+    # printed its error and then waited in JAX's shutdown, the others waited for it.
+    def join(*settings):
+        raise AssertionError(f"joined {settings}")
+
+    monkeypatch.setattr(cli, "initialize_multihost", join)
+    code, _, err = run(
+        capsys, "train", *table_args(csv_path), *MULTIHOST, "--qat-steps", "3",
+        "--out", str(tmp_path / "r"),
+    )  # fmt: skip
+    assert code == 2
+    assert err.splitlines() == [
+        "tft-jax train: error: --qat-steps given without --qat, which they configure; pass "
+        "--qat to fine-tune with QAT, or drop them"
+    ]
+
+
+def test_an_error_after_joining_ends_the_process_instead_of_returning(
+    capsys, csv_path, tmp_path, monkeypatch
+):
+    # Returning from main would wait in JAX's distributed shutdown for the processes that
+    # carry on: the process is ended with its status once the error is printed.
+    class Ended(Exception):
+        pass
+
+    def end(code):
+        raise Ended(code)
+
+    monkeypatch.setattr(cli, "initialize_multihost", lambda *settings: None)
+    monkeypatch.setattr(cli.os, "_exit", end)
+    with pytest.raises(Ended) as ended:
+        cli.main(["train", *table_args(csv_path), *MULTIHOST, "--target", "revenue",
+                  "--out", str(tmp_path / "r")])  # fmt: skip
+    assert ended.value.args == (2,)
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (
+        "tft-jax train: process 1 of 2 joining the run at localhost:1234 (JAX ends each "
+        f"process if all 2 have not joined within {JOIN_TIMEOUT_SECONDS} s)"
+    )
+    assert err[-1].startswith("tft-jax train: error: --csv ") and "'revenue'" in err[-1]
 
 
 def test_data_layer_keywords_become_the_flags_of_the_running_command(capsys, csv_path, tmp_path):

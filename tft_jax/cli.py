@@ -37,6 +37,7 @@ import pathlib
 import shutil
 import sys
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -68,6 +69,7 @@ from tft_jax.data import load_pedestrian, read_table
 from tft_jax.data.pedestrian import PEDESTRIAN_SPEC
 from tft_jax.data.tables import MissingColumnsError, _parse_times
 from tft_jax.distributed import (
+    JOIN_TIMEOUT_SECONDS,
     barrier,
     initialize_multihost,
     is_primary,
@@ -592,7 +594,10 @@ def run_training(args: argparse.Namespace, command: str = "train") -> dict[str, 
     except UsageError:
         raise
     except ValueError as error:
-        raise UsageError(flag_message(str(error), vars(args))) from None
+        message = flag_message(str(error), vars(args))
+        if isinstance(error, MissingColumnsError) and args.csv is not None:
+            message = f"--csv {args.csv}: {message}"  # the table read, as main names it
+        raise UsageError(message) from None
     if not is_primary():
         barrier("tft-jax train: files written")
         return None
@@ -1058,6 +1063,18 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 INTERRUPTED = 130
 
 
+def check_before_joining(args: argparse.Namespace) -> None:
+    """The flag checks of a multi-host command that need no JAX, run before joining the run.
+
+    One process's typo (a `--qat-*` flag without `--qat`, another `--out`)
+    then ends that process before the others wait for it.
+    """
+    if args.command == "train":
+        check_train_flags(args)
+        check_output_folder(args.out, "--out")
+        forecaster_config(args, qat=args.qat)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `tft-jax` console script; returns the exit status."""
     if argv is None:  # a process of its own: restart it with the tuned allocator
@@ -1067,6 +1084,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"tft-jax: error: {error}", file=sys.stderr)
             return 2
     args = build_parser().parse_args(argv)
+    joined: list[bool] = []
+    try:
+        code = run_parsed(args, joined)
+    except BaseException:
+        if not joined:
+            raise
+        traceback.print_exc()
+        code = 1
+    if joined and code != 0:
+        # Returning would wait in JAX's distributed shutdown for processes that carry on
+        # without this one: end it, so that the run's coordinator reports it to them.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def run_parsed(args: argparse.Namespace, joined: list[bool]) -> int:
+    """`main` after parsing: the command's exit status, its errors as one line each.
+
+    `joined` gets an item once this process has joined a multi-host run.
+    """
 
     def show(message, category, filename, lineno, file=None, line=None) -> None:
         print(f"tft-jax {args.command}: warning: {message}", file=sys.stderr, flush=True)
@@ -1075,7 +1114,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = multihost_arguments(args)
         if settings is not None:  # before any JAX computation
+            # A flag error found after joining would strand the other processes.
+            check_before_joining(args)
+            coordinator, processes, index = settings
+            print(
+                f"tft-jax {args.command}: process {index} of {processes} joining the run at "
+                f"{coordinator} (JAX ends each process if all {processes} have not joined "
+                f"within {JOIN_TIMEOUT_SECONDS} s)",
+                file=sys.stderr,
+                flush=True,
+            )
             initialize_multihost(*settings)
+            joined.append(True)
         enable_compile_cache(args.compile_cache)
         return COMMANDS[args.command](args)
     except (UsageError, RunFolderError) as error:

@@ -371,7 +371,8 @@ EVAL_BATCH = Option(
     "--eval-batch-size",
     "training",
     "eval_batch_size",
-    "windows per batch when predicting and validating",
+    "windows per batch when predicting, and when validating in one process where it divides "
+    "over the devices (else validation uses --batch-size)",
     {"type": positive_int},
 )
 ALL_OPTIONS = (*DATA_OPTIONS, *MODEL_OPTIONS, *TRAINING_OPTIONS, *QAT_OPTIONS, EVAL_BATCH)

@@ -204,17 +204,25 @@ def check_multihost_arguments(coordinator: str, num_processes: int, process_id: 
         )
 
 
+# How long a process waits for every process of a multi-host run to join it; JAX then
+# ends the process (a coordinator that nobody started, a process that never came).
+JOIN_TIMEOUT_SECONDS = 300
+
+
 def initialize_multihost(coordinator: str, num_processes: int, process_id: int) -> None:
     """Joins a multi-host run (`jax.distributed.initialize`) after checking the arguments.
 
     Call it before any other JAX computation, in every process, with the same
-    `coordinator` (process 0's HOST:PORT) and `num_processes`.
+    `coordinator` (process 0's HOST:PORT) and `num_processes`. A process
+    whose peers have not all joined within `JOIN_TIMEOUT_SECONDS` is ended
+    by JAX (it cannot be caught).
     """
     check_multihost_arguments(coordinator, num_processes, process_id)
     jax.distributed.initialize(
         coordinator_address=coordinator,
         num_processes=int(num_processes),
         process_id=int(process_id),
+        initialization_timeout=JOIN_TIMEOUT_SECONDS,
     )
 
 
