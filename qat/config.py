@@ -50,10 +50,17 @@ class QATConfig:
       averaging_constant: the moving-average constant, in (0, 1].
       calibration_batches: how many batches `qat.calibrate` feeds the observers.
       learnable_scale: make the activation step size trainable with the LSQ
-        gradient (Esser et al. 2020), scaled by `1 / sqrt(N * qmax)` with `N`
-        the elements of the activation one call sees: under `jax.vmap` or
-        `nn.vmap` over the batch that is one example's, and the step size
-        learns `sqrt(B)` times faster than applied to the batch at once.
+        gradient (Esser et al. 2020) in PyTorch's variant
+        (`_fake_quantize_learnable_per_tensor_affine`), which decides clipped
+        or not from the rounded position `round(x/s) + zp`, as the
+        straight-through mask of the fake quantizer does, not from `x/s` as
+        eq. 3: within half a step outside the grid the step size gets
+        `round(x/s) - x/s` rather than the clipped value (`qat.lsq`). It is
+        scaled by `1 / sqrt(N * qmax)` with `N` the elements of the
+        activation one call sees (the whole tensor, PyTorch's `numel`):
+        under `jax.vmap` or `nn.vmap` over the batch that is one example's,
+        and the step size learns `sqrt(B)` times faster than applied to the
+        batch at once.
 
     In `QATTemporalFusionTransformer` the layout is fixed to the standard QAT
     recipe: weights per-channel symmetric, activations per-tensor affine with a

@@ -75,6 +75,13 @@ BITS = "bits"
 # channels; the usual `(I, F)`/`(V, I, F)` layers record nothing.
 CONTRACTED_AXES = "contracted_axes"
 DOT_GENERAL_NAME = "dot_general"
+# What a lift around a hooked layer must map (said when one does not).
+_LIFT_ADVICE = (
+    "a lifted transform (nn.scan, nn.vmap) around a hooked layer hides every collection "
+    "it does not map: list 'quant_stats', 'quant_params' and 'int8' in its variable_axes "
+    "along with 'params' (e.g. variable_axes={'params': 0, 'quant_stats': 0, "
+    "'quant_params': 0, 'int8': 0})"
+)
 
 
 # The layers observed so far in one calibrating forward: path -> (the JAX trace
@@ -199,6 +206,12 @@ class _ActivationQParams(nn.Module):
 
     def _observer(self) -> QuantizationObserver:
         """The observer held in `'quant_stats'` (created fresh on init)."""
+        if not (self.has_variable(QUANT_STATS, "min") or self.is_mutable_collection(QUANT_STATS)):
+            raise ValueError(
+                f"{'/'.join(self.scope.path)}: no '{QUANT_STATS}' observer is visible here: "
+                "either the variables lack it (make them with qat.from_fp32, and the int8 "
+                f"ones with qat.convert) or {_LIFT_ADVICE}"
+            )
         fresh = QuantizationObserver.create(activation_config(self.config))
         low = self.variable(QUANT_STATS, "min", lambda: fresh.min_val)
         high = self.variable(QUANT_STATS, "max", lambda: fresh.max_val)
@@ -239,6 +252,34 @@ class _ActivationQParams(nn.Module):
         low, high = self.lhs_bounds
         qmin, qmax = self.activation_grid
         return compute_qparams(low, high, qmin, qmax, symmetric=False)
+
+    def _check_lifted_collections(self) -> None:
+        """Raises `ValueError` when `init` cannot create this layer's quantization variables.
+
+        `init` makes every collection mutable, so a layer finds one of its
+        collections immutable and empty there only inside a lifted transform
+        (`nn.scan`, `nn.vmap`) that does not map it; Flax then failed deep
+        in its scope lookup (`ScopeCollectionNotFound`), or, for a layer with
+        `lhs_bounds`, left out the `bits` marker so that `qat.convert` skipped
+        it. A collection the lift broadcasts holds the variables already
+        (Flax creates them before the loop), which is fine.
+        """
+        if not self.is_initializing():
+            return
+        needed = [(QUANT_STATS, BITS)]
+        if self.config.learnable_scale and self.lhs_bounds is None:
+            needed.append((QUANT_PARAMS, "scale_offset"))
+        hidden = [
+            collection
+            for collection, name in needed
+            if not (self.is_mutable_collection(collection) or self.has_variable(collection, name))
+        ]
+        if hidden:
+            raise ValueError(
+                f"{'/'.join(self.scope.path)}: the quantized layer cannot create its "
+                f"{' and '.join(repr(c) for c in hidden)} variables during init: "
+                f"{_LIFT_ADVICE}"
+            )
 
     def _scale_offset(self) -> Array:
         """The trainable LSQ offset of the observed step size (collection `'quant_params'`)."""
@@ -335,6 +376,7 @@ class QATDotGeneral(_ActivationQParams):
         if not self.config.enabled:
             return rhs, _identity
         _check_bounds(self.lhs_bounds)
+        self._check_lifted_collections()
         contracting = _contracting_dims(dimension_numbers, rhs)
         if self.is_mutable_collection(QUANT_STATS) or self.has_variable(QUANT_STATS, BITS):
             self.variable(QUANT_STATS, BITS, lambda: jnp.asarray(self.config.bits, jnp.int32))
@@ -365,7 +407,7 @@ class QATDotGeneral(_ActivationQParams):
             raise ValueError(
                 f"{path}: the variables hold no '{QUANT_STATS}' observers (FP32 variables?): "
                 "make the QAT model's variables with qat.from_fp32(fp32_variables, qat_model, "
-                "*inputs)"
+                f"*inputs); if they do, {_LIFT_ADVICE}"
             )
         learned = self.has_variable(QUANT_PARAMS, "scale_offset")
         if learned != self.config.learnable_scale:
@@ -476,7 +518,8 @@ class Int8DotGeneral(_ActivationQParams):
                 f"no int8 weight_scale for the layer at '{'/'.join(self.scope.path)}': the "
                 "variables must come from qat.convert, and the layers' contraction must carry "
                 "the QAT one's name (build it with qat.int8_dot_general and the QAT side with "
-                "qat.qat_dot_general, both named 'dot_general', or run qat.int8_apply)"
+                "qat.qat_dot_general, both named 'dot_general', or run qat.int8_apply); if "
+                f"they hold it, {_LIFT_ADVICE}"
             )
         stored = self.variable(INT8, "weight_scale", lambda: jnp.ones(scale_shape, jnp.float32))
         _check_scale_fits(
@@ -519,8 +562,11 @@ class Int8DotGeneral(_ActivationQParams):
     ) -> Array:
         """`s_a * sum_k (q_k - zp) w_k` in float32, the sum computed in int32.
 
-        A contraction longer than `max_int32_contraction(bits)` is summed in
-        pieces of that length (each exact in int32), added in float32.
+        A contraction of more than `max_int32_contraction(bits)` terms (the
+        product of the sizes of all its contracted axes) is summed in pieces
+        of at most that many terms (each exact in int32), added in float32. A
+        contraction over several axes is first merged into one axis, so that
+        every piece counts the terms of all of them.
 
         An output that reads a NaN input is NaN, as in the fake-quantized
         forward (a NaN has no integer code).
@@ -528,24 +574,73 @@ class Int8DotGeneral(_ActivationQParams):
         qmin, qmax = self.activation_grid
         shift = 2 ** (self.config.bits - 1)
         codes = (quantize(lhs, scale, zero_point, qmin, qmax) - shift).astype(jnp.int8)
-        (lhs_contract, rhs_contract), _ = dimension_numbers
-        lhs_axis, rhs_axis = lhs_contract[0] % lhs.ndim, rhs_contract[0] % rhs.ndim
-        length = rhs.shape[rhs_axis]
         chunk = max_int32_contraction(self.config.bits)
-        total = None
-        # A longer contraction could exceed int32 and wrap silently: sum int32 pieces in float32.
-        for start in range(0, max(length, 1), chunk):  # one piece when length is 0
-            stop = min(start + chunk, length)
-            piece = _int32_contraction(
-                _slice(codes, start, stop, lhs_axis, length),
-                _slice(rhs, start, stop, rhs_axis, length),
-                zero_point - shift,
-                dimension_numbers,
-                lhs.ndim,
-            ).astype(jnp.float32)
-            total = piece if total is None else total + piece
+        (_, rhs_contract), _ = dimension_numbers
+        terms = math.prod(rhs.shape[axis % rhs.ndim] for axis in rhs_contract)
+        operands = (codes, rhs, dimension_numbers)
+        if len(rhs_contract) > 1 and terms > chunk:
+            # The pieces run along one axis: merge the contracted axes so each counts all terms.
+            operands = _merge_contracted_axes(*operands)
+        piece_codes, piece_rhs, piece_numbers = operands
+        total = _int32_contraction_in_pieces(
+            piece_codes, piece_rhs, zero_point - shift, piece_numbers, chunk
+        )
         y = total * scale
         return jnp.where(lhs_rows_with_nan(lhs, dimension_numbers, rhs.ndim), jnp.nan, y)
+
+
+def _merge_contracted_axes(
+    lhs: Array, rhs: Array, dimension_numbers: DimensionNumbers
+) -> tuple[Array, Array, DimensionNumbers]:
+    """`(lhs, rhs, dimension_numbers)` of the same contraction over one merged contracted axis.
+
+    `lhs` becomes `(batch..., free..., K)` and `rhs` `(batch..., K, free...)`,
+    `K` the product of the contracted sizes, both flattened in the order of
+    the contraction's pairs. Batch and free axes keep their order, so
+    `lax.dot_general` gives the same output, `(batch..., lhs free..., rhs free...)`.
+    """
+    (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
+    lhs_contract = tuple(axis % lhs.ndim for axis in lhs_contract)
+    rhs_contract = tuple(axis % rhs.ndim for axis in rhs_contract)
+    lhs_batch = tuple(axis % lhs.ndim for axis in lhs_batch)
+    rhs_batch = tuple(axis % rhs.ndim for axis in rhs_batch)
+    lhs_free = [axis for axis in range(lhs.ndim) if axis not in (*lhs_contract, *lhs_batch)]
+    rhs_free = [axis for axis in range(rhs.ndim) if axis not in (*rhs_contract, *rhs_batch)]
+    lhs = jnp.transpose(lhs, (*lhs_batch, *lhs_free, *lhs_contract))
+    lhs = jnp.reshape(lhs, (*lhs.shape[: lhs.ndim - len(lhs_contract)], -1))
+    rhs = jnp.transpose(rhs, (*rhs_batch, *rhs_contract, *rhs_free))
+    batch = len(rhs_batch)
+    rhs = jnp.reshape(rhs, (*rhs.shape[:batch], -1, *rhs.shape[batch + len(rhs_contract) :]))
+    batch_axes = tuple(range(batch))
+    merged = (((lhs.ndim - 1,), (batch,)), (batch_axes, batch_axes))
+    return lhs, rhs, merged
+
+
+def _int32_contraction_in_pieces(
+    codes: Array, rhs: Array, offset: Array, dimension_numbers: DimensionNumbers, chunk: int
+) -> Array:
+    """`sum_k (codes_k - offset) w_k` in float32 from int32 sums of at most `chunk` terms each.
+
+    The pieces run along the first contracted axis, so a contraction over
+    several axes must hold at most `chunk` terms in all (`_merge_contracted_axes`
+    makes it one axis).
+    """
+    (lhs_contract, rhs_contract), _ = dimension_numbers
+    lhs_axis, rhs_axis = lhs_contract[0] % codes.ndim, rhs_contract[0] % rhs.ndim
+    length = rhs.shape[rhs_axis]
+    total = None
+    # A longer contraction could exceed int32 and wrap silently: sum int32 pieces in float32.
+    for start in range(0, max(length, 1), chunk):  # one piece when length is 0
+        stop = min(start + chunk, length)
+        piece = _int32_contraction(
+            _slice(codes, start, stop, lhs_axis, length),
+            _slice(rhs, start, stop, rhs_axis, length),
+            offset,
+            dimension_numbers,
+            codes.ndim,
+        ).astype(jnp.float32)
+        total = piece if total is None else total + piece
+    return total
 
 
 def max_int32_contraction(bits: int) -> int:

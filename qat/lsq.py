@@ -2,18 +2,29 @@
 
 The forward is `fake_quantize` with step size `s = max(|scale|, eps)` (the
 input multiplied by `1/s`, as there and in PyTorch; `x/s` below stands for
-that product). The
-backward passes the clipped straight-through gradient to `x` and gives the
-step size the LSQ gradient (Esser et al. 2020, eq. 3), generalised to an
-affine grid with zero point `zp` as in PyTorch's
-`_fake_quantize_learnable_per_tensor_affine`:
+that product). The backward is PyTorch's variant of LSQ
+(`_fake_quantize_learnable_per_tensor_affine`, matched bit for bit): the
+LSQ gradient of Esser et al. 2020, eq. 3, on an affine grid with zero point
+`zp`, with inside and outside the grid decided from the rounded position
+`round(x/s) + zp`, the same mask as the straight-through gradient of
+`fake_quantize`:
 
   d y / d s = round(x/s) - x/s   where qmin <= round(x/s) + zp <= qmax,
               qmin - zp          below the grid,
-              qmax - zp          above it,
+              qmax - zp          above it;
+  d y / d x = 1 on the grid, 0 off it,
 
 summed over the elements sharing a step size and multiplied by the gradient
-scale `g = 1 / sqrt(N * qmax)`, `N` the number of elements per step size.
+scale `g = 1 / sqrt(N * qmax)`, `N` the number of elements per step size
+(the whole tensor's, PyTorch's `x.numel()`, for one step size per tensor).
+
+Eq. 3 decides from the unrounded `x/s` instead: clipped where
+`x/s + zp <= qmin` or `>= qmax`. The two differ only within half a step
+outside the grid, where `x/s + zp` rounds onto `qmin` or `qmax`: at
+`x/s = 127.3` (`zp = 0`, `qmax = 127`) eq. 3 gives `d y / d s = 127` and
+`d y / d x = 0`, this gives `round(x/s) - x/s = -0.3` and `d y / d x = 1`
+(and at exactly `x/s + zp = qmax`, 0 rather than `qmax - zp`).
+
 The raw parameter receives `sign(scale) * dL/ds` (sign(0) = +1): the exact
 derivative where `|scale| > eps`, and straight through at the eps floor so
 that a step size pushed to 0 can recover.
@@ -146,6 +157,12 @@ def lsq_fake_quantize(
 ) -> Array:
     """Fake-quantizes `x` with a learnable step size (LSQ).
 
+    The gradient is PyTorch's rounded-position variant of LSQ (see the
+    module docstring): an element counts as clipped when `round(x/s) + zp`
+    is off the grid, so `x/s` within half a step outside the grid gets
+    `d y / d s = round(x/s) - x/s` and `d y / d x = 1`, where Esser et al.'s
+    eq. 3 gives the clipped value and 0.
+
     Args:
       x: float array of any shape.
       scale: the raw step-size parameter, broadcastable to `x`; the forward uses
@@ -179,7 +196,9 @@ def lsq_fake_quantize(
         `zero_point` that is not a number or numeric array.
 
     References:
-      Esser et al., "Learned Step Size Quantization", ICLR 2020.
+      Esser et al., "Learned Step Size Quantization", ICLR 2020 (eq. 3).
+      PyTorch, `torch._fake_quantize_learnable_per_tensor_affine` and
+      `torch.ao.quantization._LearnableFakeQuantize`.
     """
     qmin, qmax = check_grid(qmin, qmax)
     x = jnp.asarray(x)

@@ -783,6 +783,11 @@ def _warn_uncalibrated(qat_variables: Variables) -> None:
         )
 
 
+def _module_name(path: tuple[str, ...]) -> str:
+    """A module path for messages: `Dense_0/dot_general`, a one-name path under `<root>`."""
+    return "/".join(path) if len(path) > 1 else "/".join(("<root>", *path))
+
+
 def _compute_dtype(dtype: Any) -> Any:
     """`dtype` as a NumPy float dtype (None stays None); `TypeError` naming `dtype` otherwise."""
     if dtype is None:
@@ -830,9 +835,11 @@ def convert(qat_variables: Variables, bits: int | None = None, dtype: Any = None
     Raises:
       ValueError: no layer was quantized (variables not made by `from_fp32`
         of a QAT model with quantization on), `bits` differs from the QAT
-        config's, a quantized layer has no `kernel` of at least 2 axes, or
-        its kernel is already integer (the variables are `convert`'s output:
-        converting them again would read the codes as weights).
+        config's, a quantized contraction's second operand is not its
+        layer's `kernel` param of at least 2 axes (an activation, say: only
+        weight contractions convert), or a kernel is already integer (the
+        variables are `convert`'s output: converting them again would read
+        the codes as weights).
 
     Warns:
       UserWarning: some activation observers never saw a batch (`calibrate`
@@ -862,15 +869,25 @@ def convert(qat_variables: Variables, bits: int | None = None, dtype: Any = None
     kernel_paths = []
     for path in layers:
         kernel_path = (*path[:-1], "kernel")
-        if kernel_path not in params or jnp.ndim(params[kernel_path]) < 2:
-            got = jnp.shape(params[kernel_path]) if kernel_path in params else "no such leaf"
+        if kernel_path not in params:
             raise ValueError(
-                f"quantized layer {'/'.join(path[:-1])} needs a 'kernel' param with >= 2 axes "
-                f"(I, F) or (V, I, F), got {got}"
+                f"the quantized contraction '{_module_name(path)}' has no 'kernel' param "
+                f"beside it (in '{_module_name(path[:-1])}'): its second operand is not a "
+                "'kernel' parameter (an activation, as in dot_general(h, h, ...), or a "
+                "parameter under another name), and qat.convert converts only weight "
+                "contractions, whose second operand is their layer's 'kernel' of >= 2 axes "
+                "((I, F) or (V, I, F)); contract such operands with lax.dot_general rather "
+                "than the dot_general_cls hook, or name the weight 'kernel'"
+            )
+        if jnp.ndim(params[kernel_path]) < 2:
+            raise ValueError(
+                f"the quantized contraction '{_module_name(path)}' contracts a 'kernel' of "
+                f"shape {jnp.shape(params[kernel_path])}: qat.convert needs a kernel of >= 2 "
+                "axes ((I, F) or (V, I, F))"
             )
         if not jnp.issubdtype(jnp.result_type(params[kernel_path]), jnp.floating):
             raise ValueError(
-                f"the kernel of quantized layer {'/'.join(path[:-1])} is "
+                f"the kernel of quantized layer {_module_name(path[:-1])} is "
                 f"{jnp.result_type(params[kernel_path])}, not float: qat_variables are already "
                 "converted (qat.convert's output); convert the QAT variables instead"
             )
@@ -927,7 +944,7 @@ def _check_int8_variables(qat_model: _QuantizedModel, int8_variables: Variables)
         kernel = params.get((*path[:-1], "kernel"))
         if kernel is not None and jnp.result_type(kernel) != jnp.int8:
             raise ValueError(
-                f"the kernel of quantized layer {'/'.join(path[:-1])} is "
+                f"the kernel of quantized layer {_module_name(path[:-1])} is "
                 f"{jnp.result_type(kernel)}, not int8: convert the variables with qat.convert"
             )
 

@@ -277,3 +277,51 @@ def test_lsq_step_size_gradient_is_the_papers_formula_times_its_gradient_scale(z
     # N: the elements sharing one step size (a column of 4).
     expected = (partial * upstream).sum(axis=0) / np.sqrt(4 * qmax)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "qmin, qmax, zero_point, ratios",
+    [
+        # x/s from qmax to half a step above it, and from half a step below qmin to qmin.
+        (-128, 127, 0.0, [127.0, 127.2, 127.3, 127.45, -128.0, -128.2, -128.45]),
+        # The same band on an affine grid, shifted by the zero point: x/s + zp near 255 and 0.
+        (0, 255, 3.0, [252.0, 252.3, 252.45, -3.0, -3.3, -3.45]),
+    ],
+)
+def test_within_half_a_step_outside_the_grid_the_rounded_position_decides(
+    qmin, qmax, zero_point, ratios
+):
+    # Documented rule (PyTorch's variant): clipped iff round(x/s) + zp is off the grid.
+    # These x/s round onto the grid, so d y/d s = round(x/s) - x/s and d y/d x = 1,
+    # where Esser et al.'s eq. 3 (deciding from x/s itself) gives qmax - zp or qmin - zp and 0.
+    step, grad_scale = 0.25, 0.5  # a power of two: x/s is exact in float32
+    ratios = [*ratios, qmax - zero_point + 0.7, qmin - zero_point - 0.7, 100.2]
+    x = np.asarray(ratios, np.float32) * np.float32(step)
+    # One step size per element, so its gradient is that element's d y/d s.
+    grad_x, grad_step = jax.grad(
+        lambda x, s: jnp.sum(lsq_fake_quantize(x, s, zero_point, qmin, qmax, grad_scale)),
+        argnums=(0, 1),
+    )(jnp.asarray(x), jnp.full(x.shape, step, jnp.float32))
+
+    ratio = x.astype(np.float64) / step
+    position = np.round(ratio) + zero_point
+    inside = (qmin <= position) & (position <= qmax)
+    documented = np.where(
+        inside,
+        np.round(ratio) - ratio,
+        np.where(position < qmin, qmin - zero_point, qmax - zero_point),
+    )
+    np.testing.assert_allclose(np.asarray(grad_step), documented * grad_scale, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(grad_x), inside.astype(np.float32))
+
+    band = slice(0, len(ratios) - 3)
+    shifted = ratio + zero_point
+    eq3 = np.where(
+        shifted <= qmin,
+        qmin - zero_point,
+        np.where(shifted >= qmax, qmax - zero_point, np.round(ratio) - ratio),
+    )
+    assert inside[band].all() and not np.isclose(eq3[band], documented[band]).any()
+    if zero_point == 0.0:
+        # The worked example of the docstring: x/s = 127.3 gives -0.3, not 127.
+        assert np.isclose(float(grad_step[2]), -0.3 * grad_scale, atol=1e-6)

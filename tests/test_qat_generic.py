@@ -17,6 +17,7 @@ import numpy as np
 import optax
 import pytest
 from flax import linen as nn
+from jax import lax
 
 from qat import (
     Int8DotGeneral,
@@ -750,6 +751,90 @@ def test_layers_stacked_by_nn_scan_convert_and_run_in_int8():
     )
     fake, integer = map(np.asarray, _fake_and_int8(qat_model, qat_vars, int8_vars, x))
     np.testing.assert_allclose(integer, fake, atol=1e-5 * np.abs(fake).max())
+
+
+class PartlyMappedStack(nn.Module):
+    """`ScannedLayer` under `nn.scan` mapping only the collections in `mapped`."""
+
+    mapped: tuple[str, ...]
+    dot_general_cls: Any = None
+
+    @nn.compact
+    def __call__(self, x):
+        axes = dict.fromkeys(self.mapped, 0)
+        scan = nn.scan(ScannedLayer, variable_axes=axes, split_rngs={"params": True}, length=3)
+        return scan(dot_general_cls=self.dot_general_cls)(x, None)[0]
+
+
+@pytest.mark.parametrize(
+    "mapped, learnable_scale, hidden",
+    [
+        (("params",), False, "'quant_stats'"),
+        (("params", "quant_stats", "int8"), True, "'quant_params'"),
+    ],
+)
+def test_a_lift_that_does_not_map_the_quantization_collections_is_named(
+    mapped, learnable_scale, hidden
+):
+    # The body of the scan cannot see the collections it does not map: from_fp32 failed
+    # deep in Flax with ScopeCollectionNotFound ('quant_stats' ... is empty).
+    x = RNG.normal(size=(8, 4)).astype(np.float32)
+    model = PartlyMappedStack(mapped)
+    qat_model = QATModel(model, QATConfig(bits=8, learnable_scale=learnable_scale))
+    fp32 = model.init(jax.random.key(0), x)
+    with pytest.raises(
+        ValueError,
+        match=rf"ScanScannedLayer_0/Dense_0/dot_general: .*cannot create its {hidden} "
+        r"variables.*nn\.scan, nn\.vmap.*'quant_stats', 'quant_params' and 'int8' in its "
+        r"variable_axes",
+    ):
+        from_fp32(fp32, qat_model, x)
+
+
+class ActivationProduct(nn.Module):
+    """A hooked dense layer, then the hook at the model's root for `h h^T` (no weight)."""
+
+    dot_general_cls: Any = None
+
+    @nn.compact
+    def __call__(self, x):
+        h = nn.Dense(4, dot_general_cls=self.dot_general_cls)(x)
+        contract = self.dot_general_cls() if self.dot_general_cls else lax.dot_general
+        return contract(h, h, (((1,), (1,)), ((), ())))
+
+
+class VectorWeight(nn.Module):
+    """The hook at the model's root contracting a 1-axis `kernel`."""
+
+    dot_general_cls: Any = None
+
+    @nn.compact
+    def __call__(self, x):
+        kernel = self.param("kernel", nn.initializers.normal(), (x.shape[-1],))
+        contract = self.dot_general_cls() if self.dot_general_cls else lax.dot_general
+        return contract(x, kernel, (((1,), (0,)), ((), ())))
+
+
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        (
+            ActivationProduct(),
+            r"contraction '<root>/dot_general' has no 'kernel' param beside it \(in '<root>'\): "
+            r"its second operand is not a 'kernel' parameter",
+        ),
+        (VectorWeight(), r"contraction '<root>/dot_general' contracts a 'kernel' of shape \(4,\)"),
+    ],
+    ids=["activation_product", "vector_kernel"],
+)
+def test_convert_names_a_contraction_it_cannot_convert(model, message):
+    # The message named the layer by its parent's path, empty at the model's root
+    # ("quantized layer  needs a 'kernel' param"), and did not say why there was none.
+    x = RNG.normal(size=(6, 4)).astype(np.float32)
+    qat_model = QATModel(model, QATConfig(bits=8))
+    qat_vars = from_fp32(model.init(jax.random.key(0), x), qat_model, x)
+    with pytest.raises(ValueError, match=message):
+        convert(qat_vars)
 
 
 class VmappedEnsemble(nn.Module):

@@ -182,10 +182,11 @@ def _lsq_step_gradient(qmin: int, qmax: int) -> Any:
 def _lsq_reference_step_gradient(
     x: np.ndarray, upstream: np.ndarray, case: st_tft.FakeQuantizeCase
 ) -> float:
-    """Esser et al. 2020, eq. 3, in float64: `g · Σ upstream · dy/ds`, `g = 1/sqrt(N·qmax)`.
+    """Esser et al. 2020, eq. 3, in PyTorch's rounded-position form, in float64.
 
-    `dy/ds` is `round(x/s) - x/s` on the grid, `qmin - zp` below it, `qmax - zp`
-    above it (`x` off the rounding ties).
+    `g · Σ upstream · dy/ds`, `g = 1/sqrt(N·qmax)`; `dy/ds` is
+    `round(x/s) - x/s` where `round(x/s) + zp` is on the grid, `qmin - zp`
+    below it, `qmax - zp` above it (`x` off the rounding ties).
     """
     ratio = x.astype(np.float64) / np.float64(case.scale)
     rounded = np.round(ratio)
