@@ -5,7 +5,9 @@ Every benchmark measures the public functions users call, the same way:
 * compile time: wall time of `jitted.lower(...)` (trace and lowering) and of
   `.compile()` (XLA), with the persistent compilation cache switched off;
 * step time: `warmup` untimed calls, then the median (and p10/p90) over
-  `steps >= 20` calls, each ended by `jax.block_until_ready`;
+  `steps` calls (`MIN_TIMED_STEPS` by default; fewer are allowed for a quick
+  look, and each record says how many were timed), each ended by
+  `jax.block_until_ready`;
 * FLOPs: XLA's cost analysis of the compiled executable;
 * the float32 matmul peak of this machine, measured in the same process, so
   achieved GFLOP/s can be read as a fraction of it;
@@ -357,14 +359,18 @@ def environment() -> dict[str, Any]:
 
 
 def make_record(benchmark: str, config: str, **fields: Any) -> dict[str, Any]:
-    """A result: the benchmark's name, its configuration, the fields, the load and the machine."""
+    """A result: the benchmark's name, its configuration, the fields, the load and the machine.
+
+    The date is the record's own (`environment` is read once per process).
+    """
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     return {
         "schema_version": SCHEMA_VERSION,
         "benchmark": benchmark,
         "config": config,
         **fields,
         "load_average_1m": float(os.getloadavg()[0]),
-        "env": environment(),
+        "env": {**environment(), "date_utc": now},
     }
 
 

@@ -536,10 +536,12 @@ def _check_config_buckets(fields: dict[str, tuple[Any, ...]], num_heads: Sequenc
                 ) from None
 
 
-# Three configs that between them cover every edge of `tft_configs`: zero and
+# Three configs that between them cover the edges of `tft_configs`: zero and
 # several statics, categorical statics, categorical known inputs (over the
-# history and the horizon) and observed inputs, known history, one and seven
-# quantiles, a narrow variable GRN, both mask conventions, dropout on and off.
+# history and the horizon, with known history; categorical known inputs over
+# the horizon only are drawn by `tft_configs` alone) and observed inputs,
+# known history, one and seven quantiles, a narrow variable GRN, both mask
+# conventions, dropout on and off.
 TFT_PRESETS = (
     TFTConfig(
         num_static_features=0,

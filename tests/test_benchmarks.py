@@ -10,6 +10,7 @@ way, and find those executables in the session's compilation cache.
 
 from __future__ import annotations
 
+import datetime
 import importlib.util
 import json
 
@@ -181,10 +182,14 @@ def test_inference_records_float_and_int8_with_smaller_int8_weights(train_run, c
 @pytest.mark.skipif(
     importlib.util.find_spec("pytorch_forecasting") is None, reason="needs the 'peers' extra"
 )
-def test_peer_records_both_frameworks_and_their_parameter_counts(train_run, capsys):
+def test_peer_records_both_frameworks_and_their_parameter_counts(train_run, capsys, monkeypatch):
     from benchmarks import peer
 
+    # A machine busier than its cores: torch's threads stall far more than XLA's, so the
+    # ratio says little about the frameworks, and the record says so.
+    monkeypatch.setattr(peer.os, "getloadavg", lambda: (1000.0, 1000.0, 1000.0))
     (record,) = run_json(peer.main, ["--config", "tiny", "--block", "1"], capsys)
+    assert record["contended"] is True
     common.validate_record(record, peer.REQUIRED_FIELDS)
     assert record["ours_params"] == train_run[0][0]["params"]
     assert record["theirs_params"] > 0 and record["selection"] == "compact"
@@ -192,6 +197,25 @@ def test_peer_records_both_frameworks_and_their_parameter_counts(train_run, caps
     assert record["speedup"] == pytest.approx(record["theirs_median_s"] / record["ours_median_s"])
     # No target is set for `tiny`.
     assert record["target_speedup"] is None and record["meets_target"] is None
+
+
+def test_each_record_carries_its_own_date(monkeypatch):
+    # The date lived in the per-process `environment()`: every record of a long suite
+    # carried the suite's start.
+    first = common.make_record("x", "tiny")
+
+    class Later(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime.datetime(2031, 1, 2, 3, 4, 5, tzinfo=tz)
+
+    monkeypatch.setattr(common.datetime, "datetime", Later)
+    second = common.make_record("x", "tiny")
+    assert second["env"]["date_utc"] == "2031-01-02T03:04:05+00:00"
+    assert first["env"]["date_utc"] != second["env"]["date_utc"]
+    assert {k: v for k, v in first["env"].items() if k != "date_utc"} == {
+        k: v for k, v in second["env"].items() if k != "date_utc"
+    }
 
 
 def test_cpu_suite_ends_with_a_summary_of_the_tasks_run(capsys):
