@@ -21,8 +21,8 @@ Usage::
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -78,6 +78,52 @@ def make_step(
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1))), (params, x)
 
 
+class _PreparedPath(NamedTuple):
+    """One length and path, compiled: its timed call and what its record reads."""
+
+    call: Callable[[], Any]
+    compiled: Any
+    fields: dict[str, Any]
+
+
+def _prepare(
+    seq_len: int,
+    path: str,
+    batch_size: int,
+    hidden_dim: int,
+    num_heads: int,
+    dtype: str,
+) -> _PreparedPath:
+    step, args = make_step(seq_len, path, batch_size, hidden_dim, num_heads, dtype)
+    compiled = common.compile_timed(step, *args)
+    fields = dict(
+        seq_len=seq_len, path=path, batch_size=batch_size, hidden_dim=hidden_dim,
+        num_heads=num_heads, dtype=jnp.dtype(dtype).name,
+    )  # fmt: skip
+    return _PreparedPath(lambda: jax.block_until_ready(step(*args)), compiled, fields)
+
+
+def _record(prepared: _PreparedPath, times: common.StepTimes) -> dict[str, Any]:
+    compiled = prepared.compiled.compiled
+    seq_len, path = prepared.fields["seq_len"], prepared.fields["path"]
+    kernel = attention_kernel(compiled.as_text())
+    note = announce_kernel(path, kernel, jax.default_backend(), seq_len)
+    if note:
+        print(note, file=sys.stderr, flush=True)
+    return common.make_record(
+        "attention",
+        f"T{seq_len}-{path}",
+        **prepared.fields,
+        kernel=kernel,
+        compile_s=prepared.compiled.total_s,
+        **times.summary(),
+        tokens_per_s=prepared.fields["batch_size"] * seq_len / times.median,
+        **common.throughput_fields(common.cost_flops(compiled), times.median, None),
+        memory=common.memory_stats(compiled),
+        device_peak_bytes=common.device_peak_bytes(),
+    )
+
+
 def bench(
     seq_len: int,
     path: str,
@@ -89,32 +135,37 @@ def bench(
     dtype: str = "float32",
 ) -> dict[str, Any]:
     """Compiles and times the forward+backward of one length and path; returns the record."""
+    return bench_paths(seq_len, (path,), steps, warmup, batch_size, hidden_dim, num_heads, dtype)[0]
+
+
+def bench_paths(
+    seq_len: int,
+    paths: Sequence[str],
+    steps: int = common.MIN_TIMED_STEPS,
+    warmup: int = common.DEFAULT_WARMUP,
+    batch_size: int = 1,
+    hidden_dim: int = 64,
+    num_heads: int = 4,
+    dtype: str = "float32",
+    steps_per_block: int = 5,
+) -> list[dict[str, Any]]:
+    """One record per path of one length, the paths timed in alternating blocks.
+
+    Alternating spreads a shared machine's load over the paths alike, so the
+    default-vs-flash ratio read from the records is fair.
+    """
     common.check_step_counts(steps, warmup)
-    step, args = make_step(seq_len, path, batch_size, hidden_dim, num_heads, dtype)
-    compiled = common.compile_timed(step, *args)
-    times = common.time_steps(lambda: jax.block_until_ready(step(*args)), steps, warmup)
-    flops = common.cost_flops(compiled.compiled)
-    kernel = attention_kernel(compiled.compiled.as_text())
-    note = announce_kernel(path, kernel, jax.default_backend(), seq_len)
-    if note:
-        print(note, file=sys.stderr, flush=True)
-    return common.make_record(
-        "attention",
-        f"T{seq_len}-{path}",
-        seq_len=seq_len,
-        path=path,
-        kernel=kernel,
-        batch_size=batch_size,
-        hidden_dim=hidden_dim,
-        num_heads=num_heads,
-        dtype=jnp.dtype(dtype).name,
-        compile_s=compiled.total_s,
-        **times.summary(),
-        tokens_per_s=batch_size * seq_len / times.median,
-        **common.throughput_fields(flops, times.median, None),
-        memory=common.memory_stats(compiled.compiled),
-        device_peak_bytes=common.device_peak_bytes(),
+    prepared = {
+        path: _prepare(seq_len, path, batch_size, hidden_dim, num_heads, dtype) for path in paths
+    }
+    times = common.time_alternating(
+        {path: item.call for path, item in prepared.items()},
+        max(1, -(-steps // steps_per_block)),
+        min(steps_per_block, steps),
+        warmup,
+        total_steps=steps,
     )
+    return [_record(prepared[path], times[path]) for path in paths]
 
 
 REQUIRED_FIELDS: dict[str, Any] = {
@@ -175,11 +226,13 @@ def run(
     num_heads: int = 4,
     dtype: str = "float32",
 ) -> list[dict[str, Any]]:
-    """One record per (length, path)."""
+    """One record per (length, path); the paths of a length are timed alternately."""
     return [
-        bench(length, path, steps, warmup, batch_size, hidden_dim, num_heads, dtype)
+        record
         for length in lengths
-        for path in paths
+        for record in bench_paths(
+            length, paths, steps, warmup, batch_size, hidden_dim, num_heads, dtype
+        )
     ]
 
 

@@ -140,8 +140,18 @@ def test_selection_variants_compute_the_same_loss_in_every_layout(capsys, monkey
         assert record["median_ratio"] == pytest.approx(record["median_s"] / default["median_s"])
 
 
-def test_attention_records_one_per_path(capsys):
+def test_attention_records_one_per_path_timed_alternately(capsys, monkeypatch):
+    # The paths were timed one after the other, so their ratio drifted with the load.
+    timed = []
+
+    def alternating(steps, *args, **kwargs):
+        timed.append(list(steps))
+        return time_alternating(steps, *args, **kwargs)
+
+    time_alternating = common.time_alternating
+    monkeypatch.setattr(common, "time_alternating", alternating)
     records = run_json(attention.main, ["--lengths", "8", "--paths", "default,flash"], capsys)
+    assert timed == [["default", "flash"]]
     assert [(r["seq_len"], r["path"]) for r in records] == [(8, "default"), (8, "flash")]
     for record in records:
         common.validate_record(record, attention.REQUIRED_FIELDS)
