@@ -126,20 +126,6 @@ def _record(prepared: _PreparedPath, times: common.StepTimes) -> dict[str, Any]:
 
 def bench(
     seq_len: int,
-    path: str,
-    steps: int = common.MIN_TIMED_STEPS,
-    warmup: int = common.DEFAULT_WARMUP,
-    batch_size: int = 1,
-    hidden_dim: int = 64,
-    num_heads: int = 4,
-    dtype: str = "float32",
-) -> dict[str, Any]:
-    """Compiles and times the forward+backward of one length and path; returns the record."""
-    return bench_paths(seq_len, (path,), steps, warmup, batch_size, hidden_dim, num_heads, dtype)[0]
-
-
-def bench_paths(
-    seq_len: int,
     paths: Sequence[str],
     steps: int = common.MIN_TIMED_STEPS,
     warmup: int = common.DEFAULT_WARMUP,
@@ -230,9 +216,7 @@ def run(
     return [
         record
         for length in lengths
-        for record in bench_paths(
-            length, paths, steps, warmup, batch_size, hidden_dim, num_heads, dtype
-        )
+        for record in bench(length, paths, steps, warmup, batch_size, hidden_dim, num_heads, dtype)
     ]
 
 

@@ -144,3 +144,18 @@ def all_masked(seed: int) -> Batch:
     """A batch of `linear_batch(seed)` with no observed target (every mask zero)."""
     batch = linear_batch(seed)
     return batch.replace(target_mask=np.zeros(np.shape(batch.target), np.float32))
+
+
+def run_experiments_on_the_linear_model(monkeypatch: Any) -> None:
+    """`experiments`' steps without `calibrate`: the linear stand-in has no observers."""
+    from tft_jax import experiments
+    from tft_jax.train import evaluate, train_step
+
+    monkeypatch.setattr(
+        experiments,
+        "train_step",
+        lambda state, batch, key, calibrate: train_step(state, batch, key),
+    )
+    monkeypatch.setattr(
+        experiments, "evaluate", lambda state, batches, calibrate: evaluate(state, batches)
+    )

@@ -15,11 +15,11 @@ from tft_jax import cli, experiments
 from tft_jax.cli_parser import forecaster_config
 from tft_jax.data import prepare_dataset
 from tft_jax.experiments import ClippingSettings, _summary, diverged
-from tft_jax.train import create_train_state, evaluate, make_optimizer, train_step
+from tft_jax.train import create_train_state, make_optimizer
 
 from .cli_tables import PNG_SIGNATURE, TINY_MODEL, run, table_args, write_table
 from .linear_quantile_model import MODEL as LINEAR_MODEL
-from .linear_quantile_model import linear_batch
+from .linear_quantile_model import linear_batch, run_experiments_on_the_linear_model
 
 
 @pytest.fixture(scope="module")
@@ -150,14 +150,7 @@ def test_train_run_catches_an_explosion_inside_the_first_interval(monkeypatch):
     (12.5, 13.0) stay within 3x of each other, so the old first-interval baseline
     missed it. Learning rate 0.05 on the same batches stays healthy. (The linear
     model has no observers: `calibrate` is not passed on.)"""
-    monkeypatch.setattr(
-        experiments,
-        "train_step",
-        lambda state, batch, key, calibrate: train_step(state, batch, key),
-    )
-    monkeypatch.setattr(
-        experiments, "evaluate", lambda state, batches, calibrate: evaluate(state, batches)
-    )
+    run_experiments_on_the_linear_model(monkeypatch)
     batches = [linear_batch(seed) for seed in range(50, 54)]
     validation = [linear_batch(60), linear_batch(61)]
     records = {}

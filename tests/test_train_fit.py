@@ -29,6 +29,7 @@ from tests.linear_quantile_model import (
     all_masked,
     linear_batch,
     numpy_loss_and_grads,
+    run_experiments_on_the_linear_model,
 )
 from tft_jax import experiments
 from tft_jax.train import (
@@ -121,14 +122,7 @@ def test_the_clipping_experiments_train_loss_is_the_mean_per_observed_target_too
     """`experiments.train_run` records its own training loss: the plain mean of the
     batch means before the fix, while `fit`'s is per observed target. (The linear
     stand-in has no observers, so the run's `calibrate=False` is not passed on.)"""
-    monkeypatch.setattr(
-        experiments,
-        "train_step",
-        lambda state, batch, key, calibrate: train_step(state, batch, key),
-    )
-    monkeypatch.setattr(
-        experiments, "evaluate", lambda state, batches, calibrate: evaluate(state, batches)
-    )
+    run_experiments_on_the_linear_model(monkeypatch)
     batches, state = uneven_batches()[:2], fresh_state()
     _, losses, counts = hand_run(state, batches, seed=3)
     record = experiments.train_run(
