@@ -141,7 +141,10 @@ def test_text_columns_are_categorical_with_an_unknown_code_for_new_values():
     regions = [dataset.series_ids[c] for c in dataset.train.series_code]
     np.testing.assert_array_equal(codes[:, 1], [0 if r in ("a", "c") else 1 for r in regions])
     renamed = table.assign(region=table["region"].replace({"south": "east"}))
-    with pytest.warns(UserWarning, match=r"'region' has values not seen in training.*'east'"):
+    with (
+        pytest.warns(UserWarning, match=r"'region' has values not seen in training.*'east'"),
+        pytest.warns(UserWarning, match=r"series 'b' column 'region': trained 'south', given"),
+    ):
         again = prepare_dataset(renamed, **SPEC, static_cols=["region"],
                                 preprocessor=dataset.preprocessor)  # fmt: skip
     codes = again.train.arrays()["static_categorical"]

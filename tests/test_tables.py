@@ -409,8 +409,10 @@ def test_an_input_of_numbers_written_with_separators_is_refused_with_the_read_th
     read = pd.read_csv(path, **{key: value.strip("'") for key, value in kwargs.items()})
     present = np.arange(len(table)) != 5
     np.testing.assert_allclose(read["o"].to_numpy(dtype=float)[present], numbers[present])
-    # Listed as categorical, the column is the user's: read as categories.
-    dataset = prepare(str(path), observed_cols=("o",), categorical_cols=("o",))
+    # Listed as categorical, the column is the user's: read as categories (a category
+    # per row, so the later splits' are unseen).
+    with pytest.warns(UserWarning, match=r"categorical column 'o' has values not seen"):
+        dataset = prepare(str(path), observed_cols=("o",), categorical_cols=("o",))
     assert dataset.spec.categorical_cols == ("o",)
 
 

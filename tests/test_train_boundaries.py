@@ -13,6 +13,7 @@ import dataclasses
 import json
 import pathlib
 import re
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -388,13 +389,21 @@ def test_fit_never_keeps_a_nan_validation_loss_as_its_best(state: TrainState) ->
     # the first NaN became the best loss, and 'completed' came first.
     start = diverged(state)
     # Even quiet, returning the initial state as the best is said.
-    with pytest.warns(UserWarning, match=r"fit: no validation loss was finite in 4 steps; "
-                      r"best_state is the initial state"):  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         result = fit(
             start, [make_batch()] * 4, [make_batch()],
             epochs=1, max_steps=4, eval_every=2, patience=2, quiet=True,
             checkpoint_every_seconds=None,
         )  # fmt: skip
+    said = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    assert [text.split(" since")[0] for text in said if "evaluation skipped" in text] == [
+        "fit: step 2: 2 step(s)", "fit: step 4: 2 step(s)"
+    ]  # fmt: skip
+    assert any(
+        text.startswith("fit: no validation loss was finite in 4 steps; best_state is the "
+                        "initial state") for text in said
+    )  # fmt: skip
     assert result.stop_reason == "early_stopping"
     assert np.isnan(result.history["val_loss"]).all()
 
