@@ -17,6 +17,7 @@ import pytest
 
 from tft_jax.data.tables import (
     MISSING_TEXTS,
+    MissingColumnsError,
     TableSpec,
     _categorical_values,
     _check_on_grid,
@@ -414,6 +415,14 @@ def test_an_input_of_numbers_written_with_separators_is_refused_with_the_read_th
     with pytest.warns(UserWarning, match=r"categorical column 'o' has values not seen"):
         dataset = prepare(str(path), observed_cols=("o",), categorical_cols=("o",))
     assert dataset.spec.categorical_cols == ("o",)
+
+
+def test_numbers_with_separators_in_a_table_without_its_id_column_name_the_missing_column():
+    # The refusal read the id column to name the series: a KeyError 'id' replaced the
+    # missing-columns error.
+    table = daily_pair().drop(columns="id").assign(o=["1,5", "2,5"] * (len(daily_pair()) // 2))
+    with pytest.raises(MissingColumnsError, match=r"lacks columns \['id'\]"):
+        prepare(table, observed_cols=("o",))
 
 
 def test_a_target_of_decimal_comma_texts_is_refused_with_the_decimal_hint():

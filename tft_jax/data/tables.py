@@ -380,7 +380,8 @@ def infer_categorical(frame: pd.DataFrame, spec: TableSpec) -> TableSpec:
         if ptypes.is_numeric_dtype(values) or ptypes.is_bool_dtype(values) or values.empty:
             continue
         if pd.to_numeric(values.drop_duplicates(), errors="coerce").isna().all():
-            separated = separated_numbers(frame[column])
+            # A table without its id column is the table validation's to name first.
+            separated = separated_numbers(frame[column]) if spec.id_col in frame else None
             if separated is not None:
                 row = separated.row
                 raise ValueError(
