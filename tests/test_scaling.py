@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from tft_jax.data import prepare_dataset
-from tft_jax.data.scaling import TargetScaler, _location_scale_checked
+from tft_jax.data.scaling import TargetScaler, target_statistics
 
 
 @pytest.mark.parametrize("method", ["standard", "robust", "mean_abs"])
@@ -26,7 +26,7 @@ def test_target_scaler_of_shuffled_rows_is_each_series_own_statistics(method):
         fitted = TargetScaler.fit(values, codes, 5, method)
     for code in range(5):
         mine = values[(codes == code) & ~np.isnan(values)]  # in row order
-        loc, scale, _ = _location_scale_checked(mine, method)
+        loc, scale, _, _ = target_statistics(mine, method)
         assert fitted.loc[code] == loc and fitted.scale[code] == scale
     if method == "standard":  # and an independent float64 reference
         mine = values[(codes == 2) & ~np.isnan(values)]
@@ -72,7 +72,7 @@ def test_new_series_scalers_are_fitted_on_their_rows_before_the_cut():
             values = table["y"].to_numpy()[rows & (table["time"] < cut).to_numpy()]
             if values.size:
                 break
-        loc, scale, _ = _location_scale_checked(values, "standard")
+        loc, scale, _, _ = target_statistics(values, "standard")
         assert scaler.loc[code] == loc and scaler.scale[code] == scale
     assert scaler.loc[3] == np.mean(table.loc[(table["id"] == "d") & (table["time"] >= times[25])
                                               & (table["time"] < times[30]), "y"])  # fmt: skip

@@ -163,12 +163,6 @@ def target_statistics(values: np.ndarray, method: str) -> TargetStatistics:
     return TargetStatistics(loc, spread, fallback, False)
 
 
-def _location_scale_checked(values: np.ndarray, method: str) -> tuple[float, float, bool]:
-    """`target_statistics` as `(loc, scale, spread_fallback)`."""
-    loc, scale, fallback, _ = target_statistics(values, method)
-    return loc, scale, fallback
-
-
 def _shown(names: Sequence[object]) -> str:
     """The first five of `names` and how many more, for a warning."""
     shown = ", ".join(repr(name) for name in names[:5])
