@@ -62,6 +62,7 @@ from qat.dot_general import (
 )
 from qat.fake_quant import is_concrete
 from tft_jax.config import TFTConfig
+from tft_jax.listing import first_few
 from tft_jax.model import TemporalFusionTransformer, TFTOutput
 from tft_jax.static_arguments import from_static_argument, static_argument
 
@@ -467,9 +468,7 @@ def from_fp32(
     expected_shapes = _tree_shapes(unfreeze(expected["params"]))
     differences = _shape_differences(_tree_shapes(params), expected_shapes)
     if differences:
-        shown = "; ".join(differences[:5]) + (
-            f"; ... ({len(differences) - 5} more)" if len(differences) > 5 else ""
-        )
+        shown = first_few(differences, separator="; ")
         raise ValueError(
             "fp32_variables['params'] does not match the QAT model's parameter tree built on "
             f"the sample inputs: {shown}. The sample inputs must have the shapes the FP32 "

@@ -602,6 +602,9 @@ def prepare_dataset(
         'none', or with `preprocessor` its own).
       window_normalization: also scale each window's target by its own
         history (see `WindowSet.normalized`): for series whose level moves.
+        Off here, so that this function gives the windows as the scalers
+        alone make them; `DataConfig` (the `Forecaster`, the CLI) turns it on
+        by default, and its `prepare_options()` passes its setting.
       scored: with `preprocessor`, the part of the table that will be scored,
         which bounds what the target scaler of a series the preprocessor does
         not know is fitted on (`Preprocessor.transform`), so that it does not

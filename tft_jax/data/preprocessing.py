@@ -47,6 +47,7 @@ from tft_jax.data.scaling import (
 )
 from tft_jax.data.tables import TableSpec, plain_value
 from tft_jax.data.windows import Panel
+from tft_jax.listing import first_few
 
 
 def missing_column(spec: TableSpec) -> str:
@@ -392,11 +393,10 @@ class Preprocessor:
                         f"{before!r}, given {plain_value(now)!r}"
                     )
         if changes:
-            more = f" and {len(changes) - 5} more" if len(changes) > 5 else ""
             warnings.warn(
                 f"{len(changes)} static values of trained series differ from those they were "
                 f"trained with, and their forecasts follow the new ones: "
-                f"{'; '.join(changes[:5])}{more}",
+                f"{first_few(changes, separator='; ')}",
                 UserWarning,
                 stacklevel=stacklevel + 1,
             )
@@ -456,12 +456,10 @@ class Preprocessor:
                 if code == len(vocabulary) and not pd.isna(value):  # empty: announced as filled
                     unseen.setdefault(repr(plain_value(value)), plain_value(value))
         if unseen:
-            shown = sorted(unseen)
-            more = " ..." if len(shown) > 10 else ""
             hint = type_hint(list(unseen.values()), vocabulary, column, "in training")
             warnings.warn(
                 f"categorical column {column!r} has values not seen in training, coded as "
-                f"unknown: [{', '.join(shown[:10])}{more}]{hint}",
+                f"unknown: [{first_few(sorted(unseen), limit=10)}]{hint}",
                 UserWarning,
                 stacklevel=4,
             )

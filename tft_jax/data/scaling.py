@@ -25,6 +25,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tft_jax.listing import first_few
+
 TARGET_SCALERS = ("standard", "robust", "mean_abs", "none")
 # A spread below this fraction of the level is float64 rounding of a constant (the
 # statistics of identical values are off by a few 1e-16 of it), with a wide margin;
@@ -165,8 +167,7 @@ def target_statistics(values: np.ndarray, method: str) -> TargetStatistics:
 
 def _shown(names: Sequence[object]) -> str:
     """The first five of `names` and how many more, for a warning."""
-    shown = ", ".join(repr(name) for name in names[:5])
-    return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return first_few([repr(name) for name in names])
 
 
 def announce_spread_fallbacks(names: Sequence[object], period: str, stacklevel: int) -> None:

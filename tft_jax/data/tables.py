@@ -24,6 +24,7 @@ from pandas.api import types as ptypes
 from pandas.tseries.frequencies import to_offset
 
 from tft_jax.data.zone_candidates import describe, zones_keeping_time_of_day, zones_with_offsets
+from tft_jax.listing import first_few
 
 
 def parse_frequency(freq: Any) -> pd.DateOffset:
@@ -1549,12 +1550,11 @@ def announce_empty_inputs(
         return
 
     def describe(column: str, empty: EmptyCells) -> str:
-        names = ", ".join(repr(series) for series in empty.series[:5])
-        more = " ..." if len(empty.series) > 5 else ""
+        names = first_few([repr(series) for series in empty.series])
         leading = f", {empty.leading} of them leading" if empty.leading else ""
         return (
             f"{column!r} {empty.cells} cells in {len(empty.series)} of {num_series} series "
-            f"({names}{more}){leading}"
+            f"({names}){leading}"
         )
 
     warnings.warn(
