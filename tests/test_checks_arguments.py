@@ -70,6 +70,55 @@ def test_every_check_of_a_function_refuses_one_that_is_not_callable(call):
         call(None)
 
 
+@pytest.mark.parametrize(
+    "check",
+    [
+        checks.assert_ste_gradient,
+        checks.assert_quantization_error_bounded,
+        checks.assert_rounds_to_grid,
+    ],
+)
+def test_quantizer_checks_refuse_a_quantize_fn_that_is_not_callable(check):
+    # Each used to fail inside its first call with "'int' object is not callable".
+    x = np.linspace(-1, 1, 9, dtype=np.float32)
+    with pytest.raises(TypeError, match=r"quantize_fn must be a function called as quantize_fn"):
+        check(3, x, 0.1, 0, -8, 7)
+
+
+def test_checks_that_trace_name_a_conversion_to_numpy_as_the_cause():
+    def leaves_jax(v, scale, *args):
+        return jnp.asarray(np.round(np.asarray(v) / scale) * scale)
+
+    x = np.linspace(-1, 1, 9, dtype=np.float32)
+    with pytest.raises(TypeError, match=r"quantize_fn cannot be differentiated with jax\.vjp"):
+        checks.assert_ste_gradient(leaves_jax, x, 0.1, 0, -8, 7)
+    # It used to blame a traced flag and suggest functools.partial.
+    with pytest.raises(TypeError, match=r"converts a traced array to NumPy"):
+        checks.assert_jit_matches_eager(lambda v: leaves_jax(v, 0.1), x)
+
+
+def test_jit_matches_eager_multiplies_float32_in_full_off_cpu(monkeypatch):
+    # A GPU's TF32 products may differ between the two sides by ~1e-3: the check
+    # asks for full precision there, and leaves a precision the user set alone.
+    seen = []
+
+    def product(v):
+        seen.append(jax.config.jax_default_matmul_precision)
+        return v @ v.T
+
+    square = np.eye(3, dtype=np.float32)
+    checks.assert_jit_matches_eager(product, square)
+    assert set(seen) == {None}  # the CPU computes float32 in full: nothing changed
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    seen.clear()
+    checks.assert_jit_matches_eager(product, square)
+    assert set(seen) == {"highest"}
+    seen.clear()
+    with jax.default_matmul_precision("bfloat16"):
+        checks.assert_jit_matches_eager(product, square)
+    assert set(seen) == {"bfloat16"}
+
+
 def test_a_nested_list_of_numbers_is_refused_with_the_array_it_should_be():
     nested = X.tolist()
     with pytest.raises(TypeError, match=r"x\[0\]\[0\]\[0\] is a Python float: .*np\.asarray"):

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import traverse_util
 
 from benchmarks.attention import attention_kernel
 from tft_jax import TemporalSelfAttention
@@ -117,9 +118,23 @@ def test_gpu_flash_path_runs_cudnn_and_matches_the_explicit_kernel(masked):
     valid = np.ones((batch, steps), bool) if mask is None else np.asarray(mask)
     np.testing.assert_allclose(float(loss), float(ref_loss), rtol=2e-2)
     # bfloat16 keeps 8 bits: gradients agree to a few percent of their scale.
-    for got, want in zip(jax.tree.leaves(grad_params), jax.tree.leaves(ref_params), strict=True):
-        tolerance = 3e-2 * float(jnp.max(jnp.abs(want))) + 1e-6
-        np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=tolerance)
+    # The key bias adds q . b to every score of a query's row, which the softmax
+    # ignores: its gradient is zero in exact arithmetic, so its bfloat16 roundoff
+    # is measured against the scale of the key kernel's gradient.
+    scale = {
+        name: float(jnp.max(jnp.abs(leaf)))
+        for name, leaf in traverse_util.flatten_dict(ref_params, sep="/").items()
+    }
+    assert scale["params/key/bias"] <= 1e-4 * scale["params/key/kernel"]
+    scale["params/key/bias"] = scale["params/key/kernel"]
+    got_flat = traverse_util.flatten_dict(grad_params, sep="/")
+    for name, want in traverse_util.flatten_dict(ref_params, sep="/").items():
+        np.testing.assert_allclose(
+            np.asarray(got_flat[name], np.float32),
+            want,
+            atol=3e-2 * scale[name] + 1e-6,
+            err_msg=name,
+        )
     got_x = np.asarray(grad_x, np.float32)[valid]
     want_x = np.asarray(ref_x)[valid]
     np.testing.assert_allclose(got_x, want_x, atol=3e-2 * float(np.abs(want_x).max()))

@@ -276,10 +276,10 @@ def _compare_trees(
     return problems
 
 
-def _require_function(fn: Any) -> None:
+def _require_function(fn: Any, name: str = "fn", called_as: str = "a function of x") -> None:
     """Raises `TypeError` unless `fn` is callable (checked first: some checks never call it)."""
     if not callable(fn):
-        raise TypeError(f"fn must be a function of x, got {type(fn).__name__} {fn!r}")
+        raise TypeError(f"{name} must be {called_as}, got {type(fn).__name__} {fn!r}")
 
 
 def _is_axis(value: Any) -> bool:

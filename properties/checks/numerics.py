@@ -63,7 +63,11 @@ def assert_jit_matches_eager(
     pass an `atol`, to compare it at its own. An explicit
     `atol` is absolute, in `fn`'s units. If `fn` is already a
     `jax.jit` function it is used as the compiled side as is, so a module-level
-    jitted function is not traced again.
+    jitted function is not traced again. On a GPU or TPU both sides multiply
+    float32 matrices at full precision (`jax.default_matmul_precision
+    ("highest")`) unless a default matmul precision is set: in TF32 the two
+    sides may choose kernels that differ near 1e-3, which is not what this
+    check looks for.
 
     Raises:
       AssertionError: naming each differing leaf, its largest difference and
@@ -74,8 +78,38 @@ def assert_jit_matches_eager(
         if value is not None:
             _tolerance(name, value)
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    with _full_float32_matmuls_off_cpu():
+        compiled, eager = _jitted_and_eager(fn, jitted, args)
+    chex.assert_trees_all_equal_shapes_and_dtypes(compiled, eager)
+    problems = _compare_trees(compiled, eager, atol, rtol, _JIT_TOLERANCE)
+    if problems:
+        raise AssertionError(_summarize("jit(fn) differs from fn run op by op:", problems))
+
+
+def _full_float32_matmuls_off_cpu() -> contextlib.AbstractContextManager[Any]:
+    """Full-precision float32 products on a GPU/TPU, unless the user chose a precision.
+
+    Such backends multiply float32 matrices in TF32 or bfloat16 passes by
+    default (relative errors near 1e-3), and the compiled and op-by-op sides
+    may pick different kernels for one product: a correct `fn` would differ
+    by far more than the float32 tolerance. CPUs compute float32 in full.
+    """
+    if jax.default_backend() == "cpu" or jax.config.jax_default_matmul_precision is not None:
+        return contextlib.nullcontext()
+    return jax.default_matmul_precision("highest")
+
+
+def _jitted_and_eager(
+    fn: Callable[..., PyTree], jitted: Callable[..., PyTree], args: tuple[Any, ...]
+) -> tuple[PyTree, PyTree]:
+    """`jitted(*args)` and `fn(*args)` op by op, with a clear `TypeError` if jit cannot trace fn."""
     try:
         compiled = jitted(*args)
+    except jax.errors.TracerArrayConversionError as error:
+        raise TypeError(
+            "jax.jit(fn) cannot trace fn: it converts a traced array to NumPy (np.asarray or "
+            "another np.* function); compute with jax.numpy and return jax arrays"
+        ) from error
     except _UNTRACEABLE as error:
         raise TypeError(
             f"jax.jit(fn) cannot trace fn ({type(error).__name__}): an argument fn uses as a "
@@ -96,10 +130,7 @@ def assert_jit_matches_eager(
     eager = jax.tree_util.tree_map(
         lambda leaf: jnp.asarray(leaf) if isinstance(leaf, numbers.Number) else leaf, eager
     )
-    chex.assert_trees_all_equal_shapes_and_dtypes(compiled, eager)
-    problems = _compare_trees(compiled, eager, atol, rtol, _JIT_TOLERANCE)
-    if problems:
-        raise AssertionError(_summarize("jit(fn) differs from fn run op by op:", problems))
+    return compiled, eager
 
 
 def _enable_x64() -> contextlib.AbstractContextManager[Any]:

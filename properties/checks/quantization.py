@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from properties.checks._support import (
+    _UNTRACEABLE,
     _as_float64,
     _compare_trees,
     _float_array,
@@ -26,6 +27,8 @@ from properties.checks._support import (
 )
 
 PyTree = Any
+
+_QUANTIZE_CALL = "a function called as quantize_fn(x, scale, zero_point, qmin, qmax)"
 
 
 def _check_broadcast(name: str, value: Any, shape: tuple[int, ...]) -> None:
@@ -156,6 +159,7 @@ def assert_ste_gradient(
       AssertionError: with counts per region (inside, at a bound, outside)
         and examples showing `x`, its code, and the gradient ratio `got / g`.
     """
+    _require_function(quantize_fn, "quantize_fn", _QUANTIZE_CALL)
     seed = _seed(seed)
     x = _float_array("x", x)
     qmin, qmax = _integer_grid(qmin, qmax)
@@ -166,7 +170,14 @@ def assert_ste_gradient(
     ambiguous = np.zeros(x.shape, bool)
     for alternative in alternatives:
         ambiguous |= mask != ((alternative >= qmin) & (alternative <= qmax))
-    output, pullback = jax.vjp(lambda v: quantize_fn(v, scale, zero_point, qmin, qmax), x)
+    try:
+        output, pullback = jax.vjp(lambda v: quantize_fn(v, scale, zero_point, qmin, qmax), x)
+    except _UNTRACEABLE as error:
+        raise TypeError(
+            "quantize_fn cannot be differentiated with jax.vjp for the STE check (it turns a "
+            f"traced array into a concrete value: {type(error).__name__}): return jax arrays "
+            "from quantize_fn, computed with jax.numpy"
+        ) from error
     if output.shape != x.shape:
         raise AssertionError(f"quantize_fn changed the shape: {x.shape} -> {output.shape}")
     rng = np.random.default_rng(seed)
@@ -233,6 +244,7 @@ def assert_quantization_error_bounded(
     Raises:
       AssertionError: with examples of violations and their error in steps.
     """
+    _require_function(quantize_fn, "quantize_fn", _QUANTIZE_CALL)
     x = _float_array("x", x)
     qmin, qmax = _integer_grid(qmin, qmax)
     ulps = _tolerance("ulps", ulps)
@@ -318,6 +330,7 @@ def assert_rounds_to_grid(
     """
     if ties not in _TIES:
         raise ValueError(f"ties must be one of {sorted(_TIES)}, got {ties!r}")
+    _require_function(quantize_fn, "quantize_fn", _QUANTIZE_CALL)
     x = _float_array("x", x)
     qmin, qmax = _integer_grid(qmin, qmax)
     ulps = _tolerance("ulps", ulps)
