@@ -590,6 +590,17 @@ def test_forecast_ids_keep_the_dtype_of_integer_ids(fitted):
     assert forecaster.predict(*cut(table, "2024-03-30"))["store"].dtype == table["store"].dtype
 
 
+def test_save_refuses_a_path_that_is_a_file_or_lies_under_one(fitted, tmp_path):
+    # pathlib's NotADirectoryError named neither the file nor the cause.
+    forecaster, _, _ = fitted
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    for path in (notes, notes / "run"):
+        with pytest.raises(ValueError, match=rf"save: {notes} is a file, not a folder"):
+            forecaster.save(path)
+    assert notes.read_text() == "mine"
+
+
 def test_save_refuses_extra_sections_named_like_the_runs_own(fitted, tmp_path):
     # extra={"models": ...} replaced the run's own section: the folder then loaded with
     # other settings, or was damaged, without a word at save.

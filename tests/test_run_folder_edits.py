@@ -246,6 +246,33 @@ def test_a_vocabulary_grown_past_the_model_or_a_data_section_edit_is_refused_at_
             Forecaster.load(folder)
 
 
+def test_a_scaler_transform_or_window_normalization_edit_of_the_data_section_is_refused(
+    saved, tmp_path
+):
+    # predict scales with the preprocessor's target scaler: an edited `scaler` or
+    # `target_transform` was ignored without a word, and an edited
+    # `window_normalization` fed the model windows on another scale than it learnt.
+    summary = json.loads((saved / "config.json").read_text())["summary"]
+    assert summary["dataset"]["window_normalization"] is True  # DataConfig's default
+    for edit, message in [
+        (lambda c: c["data"].update(scaler="robust"),
+         r"preprocessor.target_scaler.method is 'standard', data.scaler is 'robust'"),
+        (lambda c: c["data"].update(target_transform="log1p"),
+         r"preprocessor.target_scaler.transform is 'none', data.target_transform is 'log1p'"),
+        (lambda c: c["data"].update(window_normalization=False),
+         r"data.window_normalization is False, the model was trained on windows with "
+         r"window_normalization True"),
+        (lambda c: c["summary"]["dataset"].update(window_normalization="yes"),
+         r"summary.dataset.window_normalization must be a bool, got 'yes'"),
+    ]:  # fmt: skip
+        folder = edited(saved, tmp_path, edit)
+        with pytest.raises(RunFolderError, match=r"config.json is damaged: .*" + message):
+            Forecaster.load(folder)
+    # A run saved before the summary kept the setting loads as it did.
+    folder = edited(saved, tmp_path, lambda c: c["summary"]["dataset"].pop("window_normalization"))
+    Forecaster.load(folder)
+
+
 def test_a_model_file_with_a_nan_parameter_is_refused_at_load(saved, tmp_path):
     # `fit` never keeps a non-finite state; such a file forecast NaN without a word.
     folder = edited(saved, tmp_path, lambda config: None)

@@ -219,7 +219,11 @@ class PreparedDataset:
         return self.target_scaler.inverse_transform(values, series_code)
 
     def summary(self) -> dict[str, Any]:
-        """Counts for a report: grid rows, inserted/filled target steps per series, windows."""
+        """Counts for a report: grid rows, inserted/filled target steps per series, windows.
+
+        Also whether the windows are normalized (`WindowSet.normalized`): a
+        saved run records what its model was trained on.
+        """
         missing = self.frame.groupby(self.spec.id_col, sort=True)[self.missing_col].sum()
         return {
             "series": self.num_series,
@@ -228,6 +232,7 @@ class PreparedDataset:
             "validation_start": str(self.validation_start),
             "test_start": str(self.test_start),
             "windows": {name: len(self.split(name)) for name in SPLITS},
+            "window_normalization": self.train.normalized,
             "missing_texts": dict(self.missing_texts),
         }
 

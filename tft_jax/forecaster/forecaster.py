@@ -997,6 +997,13 @@ class Forecaster:
         """
         fitted = self._require_fitted()
         root = pathlib.Path(path).expanduser()  # "~/runs/x" is the user's, as in a shell
+        # Refused before anything is written: pathlib's NotADirectoryError named no cause.
+        existing = next(p for p in (root, *root.parents) if p.exists() or p == p.parent)
+        if existing.exists() and not existing.is_dir():
+            raise ValueError(
+                f"save: {existing} is a file, not a folder; give the path of a run folder "
+                "(made where absent)"
+            )
         config = {
             "format": run_folder.FORMAT,
             "format_version": run_folder.FORMAT_VERSION,
@@ -1089,6 +1096,7 @@ class Forecaster:
                 raise ValueError(f"models {names} must include 'fp32', all in {MODEL_NAMES}")
             run_folder.check_tft_config(tft_config, forecaster.config)
             run_folder.check_preprocessor(preprocessor, tft_config, forecaster.config)
+            run_folder.check_trained_windows(summary, forecaster.config)
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise run_folder.RunFolderError(f"{config_file} is damaged: {error!r}") from None
         variables = {}

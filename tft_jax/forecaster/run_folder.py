@@ -422,6 +422,18 @@ def check_preprocessor(preprocessor: Preprocessor, config: TFTConfig, settings: 
         for field in (f.name for f in dataclasses.fields(spec))
         if field != "categorical_cols" and getattr(spec, field) != getattr(data, field)
     ]
+    # `predict` scales with the preprocessor's target scaler: an edit of these alone was ignored.
+    scaler = preprocessor.target_scaler
+    fitted_target = {
+        "scaler": ("method", scaler.method),
+        "target_transform": ("transform", scaler.target_transform),
+    }
+    differ += [
+        f"preprocessor.target_scaler.{key} is {fitted!r}, data.{name} is "
+        f"{getattr(settings.data, name)!r}"
+        for name, (key, fitted) in fitted_target.items()
+        if fitted != getattr(settings.data, name)
+    ]
     if not set(data.categorical_cols) <= set(spec.categorical_cols):
         differ.append(
             f"data.categorical_cols {list(data.categorical_cols)} are not all in "
@@ -429,6 +441,29 @@ def check_preprocessor(preprocessor: Preprocessor, config: TFTConfig, settings: 
         )
     if differ:
         raise ValueError("; ".join(differ) + "; was config.json edited by hand?")
+
+
+def check_trained_windows(summary: dict[str, Any], settings: Any) -> None:
+    """Raises `ValueError` unless `settings.data` normalizes windows as the model was trained.
+
+    `summary` is config.json's `summary`, whose `dataset.window_normalization`
+    (absent in runs saved before it was kept) records the training windows.
+    The setting changes the scale of every window the model reads: an edit of
+    `data.window_normalization` alone would forecast from windows on another
+    scale than it was trained on, without a word.
+    """
+    dataset = summary.get("dataset")
+    trained = dataset.get("window_normalization") if isinstance(dataset, dict) else None
+    if trained is None:
+        return
+    if not isinstance(trained, bool):
+        raise TypeError(f"summary.dataset.window_normalization must be a bool, got {trained!r}")
+    if trained != settings.data.window_normalization:
+        raise ValueError(
+            f"data.window_normalization is {settings.data.window_normalization}, the model was "
+            f"trained on windows with window_normalization {trained} "
+            "(summary.dataset.window_normalization); was config.json edited by hand?"
+        )
 
 
 def check_format(config: dict[str, Any], root: pathlib.Path) -> None:
