@@ -62,7 +62,7 @@ from qat.dot_general import (
 )
 from qat.fake_quant import is_concrete
 from tft_jax.config import TFTConfig
-from tft_jax.listing import first_few
+from tft_jax.data.listing import first_few
 from tft_jax.model import TemporalFusionTransformer, TFTOutput
 from tft_jax.static_arguments import from_static_argument, static_argument
 

@@ -1,8 +1,8 @@
-"""`tft_jax.listing.first_few`: how messages quote long lists."""
+"""`tft_jax.data.listing.first_few`: how messages quote long lists."""
 
 import pytest
 
-from tft_jax.listing import first_few
+from tft_jax.data.listing import first_few
 
 
 def test_short_lists_are_shown_whole() -> None:

@@ -411,9 +411,13 @@ def test_an_input_of_numbers_written_with_separators_is_refused_with_the_read_th
     present = np.arange(len(table)) != 5
     np.testing.assert_allclose(read["o"].to_numpy(dtype=float)[present], numbers[present])
     # Listed as categorical, the column is the user's: read as categories (a category
-    # per row, so the later splits' are unseen).
-    with pytest.warns(UserWarning, match=r"categorical column 'o' has values not seen"):
+    # per row, so the later splits' are unseen), its 'n/a' one of them, announced.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         dataset = prepare(str(path), observed_cols=("o",), categorical_cols=("o",))
+    messages = [str(warning.message) for warning in caught]
+    assert any("categorical column 'o' has values not seen" in m for m in messages), messages
+    assert any("column 'o' holds 'n/a' in 1 row, read as a category" in m for m in messages)
     assert dataset.spec.categorical_cols == ("o",)
 
 

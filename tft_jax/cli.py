@@ -67,7 +67,7 @@ from tft_jax.cli_parser import (
 )
 from tft_jax.data import load_pedestrian, read_table
 from tft_jax.data.pedestrian import PEDESTRIAN_SPEC
-from tft_jax.data.tables import MissingColumnsError, _parse_times
+from tft_jax.data.tables import _parse_times, file_rows
 from tft_jax.distributed import (
     JOIN_TIMEOUT_SECONDS,
     barrier,
@@ -158,6 +158,39 @@ def output_error_text(error: OSError, args: argparse.Namespace) -> str:
     return os_error_text(error)
 
 
+def raised_by_data_layer(error: BaseException) -> bool:
+    """Whether `error` was raised in `tft_jax.data`, the layer that reads and checks tables.
+
+    Such an error is about a table's contents (read with the run's settings);
+    one raised elsewhere in `tft_jax`, even during `Forecaster.fit`, is about
+    the flags, the run folder or a model (a batch size the devices do not
+    divide, checkpoints of other settings). Decided by the innermost frame of
+    this package: a data-layer error re-raised by the forecaster as its own
+    is the forecaster's.
+    """
+    modules = [
+        frame.f_globals.get("__name__", "") for frame, _ in traceback.walk_tb(error.__traceback__)
+    ]
+    ours = [name for name in modules if name.partition(".")[0] == "tft_jax"]
+    return bool(ours) and ours[-1].startswith("tft_jax.data.")
+
+
+def data_error_text(error: Exception, args: argparse.Namespace) -> str:
+    """A `ValueError` (or data-layer `TypeError`) as one line, its keywords as the command's flags.
+
+    One the data layer raised about the table `--csv` names is led by
+    `--csv PATH: `, unless it names the file already: the user then knows
+    which file to mend (the history, not predict's `--future-csv`, whose
+    errors `predict_from_files` names by that flag; the data layer names a
+    table by no path).
+    """
+    message = flag_message(str(error), vars(args))
+    path = getattr(args, "csv", None)
+    if path is None or str(path) in message or not raised_by_data_layer(error):
+        return message
+    return f"--csv {path}: {message}"
+
+
 def read_csv(
     path: pathlib.Path,
     flag: str,
@@ -238,7 +271,7 @@ def read_given_csv(
     try:
         table[data.time_col] = _parse_times(
             table[data.time_col], data.time_col, table[data.id_col],
-            data.time_format, data.dayfirst, data.timezone,
+            data.time_format, data.dayfirst, data.timezone, rows=file_rows(table),
         )  # fmt: skip
     except ValueError as error:
         raise UsageError(f"{flag} {path}: {flag_message(str(error), vars(args))}") from None
@@ -583,21 +616,14 @@ def run_training(args: argparse.Namespace, command: str = "train") -> dict[str, 
     out = pathlib.Path(args.out)
     _check_out(out, args.resume, args.overwrite, args.qat)
     forecaster = Forecaster.from_config(settings)
-    try:
-        forecaster.fit(
-            table,
-            checkpoint_dir=out / "checkpoints",
-            resume=args.resume,
-            quiet=args.quiet,
-            before_training=lambda: _ready_out(out, args.overwrite, command),
-        )
-    except UsageError:
-        raise
-    except ValueError as error:
-        message = flag_message(str(error), vars(args))
-        if isinstance(error, MissingColumnsError) and args.csv is not None:
-            message = f"--csv {args.csv}: {message}"  # the table read, as main names it
-        raise UsageError(message) from None
+    # Its errors are reported by `run_parsed`, naming the --csv file (`data_error_text`).
+    forecaster.fit(
+        table,
+        checkpoint_dir=out / "checkpoints",
+        resume=args.resume,
+        quiet=args.quiet,
+        before_training=lambda: _ready_out(out, args.overwrite, command),
+    )
     if not is_primary():
         barrier("tft-jax train: files written")
         return None
@@ -1131,11 +1157,10 @@ def run_parsed(args: argparse.Namespace, joined: list[bool]) -> int:
     except (UsageError, RunFolderError) as error:
         print(f"tft-jax {args.command}: error: {error}", file=sys.stderr)
         return 2
-    except ValueError as error:  # from the data layer: its keywords as this command's flags
-        message = flag_message(str(error), vars(args))
-        if isinstance(error, MissingColumnsError) and getattr(args, "csv", None) is not None:
-            message = f"--csv {args.csv}: {message}"  # the table read, not a --future-csv
-        print(f"tft-jax {args.command}: error: {message}", file=sys.stderr)
+    except (ValueError, TypeError) as error:  # a TypeError only from the data layer
+        if not isinstance(error, ValueError) and not raised_by_data_layer(error):
+            raise
+        print(f"tft-jax {args.command}: error: {data_error_text(error, args)}", file=sys.stderr)
         return 2
     except OSError as error:  # an output path that cannot be written, found late
         print(f"tft-jax {args.command}: error: {output_error_text(error, args)}", file=sys.stderr)

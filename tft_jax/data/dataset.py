@@ -697,8 +697,9 @@ def prepare_dataset(
     )
     try:
         clean = validate_table(
-            raw, reading, history, horizon, min_length=minimum, drop_short=True, reason=reason
-        )
+            raw, reading, history, horizon, min_length=minimum, drop_short=True, reason=reason,
+            fitted=preprocessor is not None,
+        )  # fmt: skip
     except MissingColumnsError as error:
         if preprocessor is None:
             raise

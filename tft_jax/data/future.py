@@ -34,11 +34,13 @@ from tft_jax.data.tables import (
     check_missing_fraction_limit,
     check_unique_columns,
     empty_input_cells,
+    file_rows,
     first_duplicate,
     missing_texts,
     parse_frequency,
     plain_value,
     read_announced,
+    row_text,
     time_grid,
     to_regular_grid,
     validate_table,
@@ -124,12 +126,14 @@ def _future_table(
     # 'n/a' in a column of numbers is an empty cell, as in the history, so it is
     # refused below as one, not as a text that is no number; 'none' throughout a
     # categorical column is that category, as in the history.
+    lines = file_rows(future)
     table, _ = missing_texts(future[needed].reset_index(drop=True), known, spec.categorical_cols)
     ids = table[spec.id_col]
     empty_ids = ids.isna().to_numpy()
     if empty_ids.any():  # else named as a series 'nan' that the history lacks
         raise ValueError(
-            f"future column {spec.id_col!r} is empty at row {int(np.flatnonzero(empty_ids)[0])} "
+            f"future column {spec.id_col!r} is empty at "
+            f"{row_text(int(np.flatnonzero(empty_ids)[0]), lines)} "
             f"({int(empty_ids.sum())} empty ids); give every row a series id"
         )
     # Texts with offsets changing at a daylight-saving change are read in the
@@ -137,11 +141,15 @@ def _future_table(
     try:  # the plain column name: its messages' `df[column]` hints must name a real column
         table[spec.time_col] = _parse_times(
             table[spec.time_col], spec.time_col, ids,
-            spec.time_format, spec.dayfirst, spec.timezone or zone,
+            spec.time_format, spec.dayfirst, spec.timezone or zone, rows=lines,
         )  # fmt: skip
         for column in known:
-            convert = _categorical_values if column in spec.categorical_cols else _to_float
-            table[column] = convert(table[column], column, ids)
+            if column in spec.categorical_cols:
+                table[column] = _categorical_values(table[column], column, ids, rows=lines)
+            else:  # the model's categorical columns are fixed: none is offered
+                table[column] = _to_float(
+                    table[column], column, ids, rows=lines, offer_categorical=False
+                )
     except ValueError as error:
         raise ValueError(f"future table: {error}") from None
     times = pd.DatetimeIndex(table[spec.time_col])
@@ -346,7 +354,7 @@ def future_windows(
     raw, _ = read_announced(table, spec, encoding, preprocessor.fitted_values)
     reading = in_training_zone(spec, preprocessor, raw.get(spec.time_col))
     try:
-        clean = validate_table(raw, reading, history, horizon, min_length=history)
+        clean = validate_table(raw, reading, history, horizon, min_length=history, fitted=True)
     except MissingColumnsError as error:
         raise error.for_fitted_model(raw.columns) from None
     preprocessor.check_time_zone(clean[spec.time_col], "history")

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from tft_jax.data.calendar import TIME_INDEX, calendar_feature_names, calendar_features, steps_since
+from tft_jax.data.listing import first_few
 from tft_jax.data.scaling import (
     TARGET_SCALERS,
     TARGET_TRANSFORMS,
@@ -47,7 +48,6 @@ from tft_jax.data.scaling import (
 )
 from tft_jax.data.tables import TableSpec, plain_value
 from tft_jax.data.windows import Panel
-from tft_jax.listing import first_few
 
 
 def missing_column(spec: TableSpec) -> str:

@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tft_jax.listing import first_few
+from tft_jax.data.listing import first_few
 
 TARGET_SCALERS = ("standard", "robust", "mean_abs", "none")
 # A spread below this fraction of the level is float64 rounding of a constant (the

@@ -23,8 +23,8 @@ import pandas as pd
 from pandas.api import types as ptypes
 from pandas.tseries.frequencies import to_offset
 
+from tft_jax.data.listing import first_few
 from tft_jax.data.zone_candidates import describe, zones_keeping_time_of_day, zones_with_offsets
-from tft_jax.listing import first_few
 
 
 def parse_frequency(freq: Any) -> pd.DateOffset:
@@ -190,6 +190,64 @@ MISSING_TEXTS = frozenset({"", "na", "n/a", "nan", "null", "none", "-", "?", "#n
 # numbers, so a file and the same table as a DataFrame would read differently.
 CSV_MISSING: dict[str, Any] = {"keep_default_na": False, "na_values": [""]}
 
+# The missing-value texts a column of text keeps as categories that are announced: 'NA'
+# (North America) and 'None' (no holiday) are everyday categories, not placeholders.
+PLACEHOLDER_TEXTS = MISSING_TEXTS - {"na", "none"}
+
+# The `DataFrame.attrs` key under which `read_table` records the CSV a frame was read from.
+_READ_FROM = "tft_jax.read_from"
+
+
+@dataclasses.dataclass(frozen=True)
+class FileRows:
+    """Where the rows of a table read from a CSV file are in that file, for messages.
+
+    Row 0 is on `first_line` (line 1 is the header), assuming one line per
+    record: a message's "row 20", a position among the data rows, is line 22
+    in an editor.
+
+    Attributes:
+      path: the file, as it was given.
+      first_line: the file line of row 0.
+    """
+
+    path: str
+    first_line: int = 2
+
+    def line(self, row: int) -> int:
+        """The file line of the table's `row` (0-based among the data rows)."""
+        return row + self.first_line
+
+
+def file_rows(frame: pd.DataFrame) -> FileRows | None:
+    """Where `frame`'s rows are in the CSV file `read_table` read it from; None if not so read.
+
+    Only a frame with the rows as read (a 0-based `RangeIndex` of the row count
+    read) qualifies: pandas keeps `attrs` through filtering and sorting, after
+    which a row is no longer on the line its position says. (A frame reordered
+    and then given a new index of the same length is not told apart.)
+    """
+    read = frame.attrs.get(_READ_FROM)
+    if not isinstance(read, tuple) or len(read) != 2 or len(frame) != read[1]:
+        return None
+    index = frame.index
+    if not isinstance(index, pd.RangeIndex) or index.start != 0 or index.step != 1:
+        return None
+    return FileRows(read[0])
+
+
+def row_text(row: int, rows: FileRows | None, nested: bool = False) -> str:
+    """'row 20', with its file line where the table came from a CSV file.
+
+    'row 20 (line 22 of the file)', or, `nested` in a message's own
+    parentheses, 'row 20, line 22 of the file'. The file is not named: the
+    caller names it once (the CLI prefixes '--csv PATH: '), or gave it.
+    """
+    if rows is None:
+        return f"row {row}"
+    line = f"line {rows.line(row)} of the file"
+    return f"row {row}, {line}" if nested else f"row {row} ({line})"
+
 
 def missing_texts(
     frame: pd.DataFrame, columns: Sequence[str], categorical: Sequence[str] = ()
@@ -257,6 +315,10 @@ def read_announced(
     `fitted`: `read_table`'s, the fitted values of a preprocessor
     (`Preprocessor.fitted_values`), so a CSV's columns read as at fit.
 
+    A missing-value text that an input column of text keeps as a category
+    ('n/a' among 'rain', 'sun') is announced too, once for the table
+    (`kept_placeholders`): the user may have meant an empty cell.
+
     Raises:
       ValueError: also for a spec column whose label the table repeats
         (`check_unique_columns`).
@@ -272,7 +334,73 @@ def read_announced(
             UserWarning,
             stacklevel=3,
         )
+    kept = kept_placeholders(raw, spec, fitted)
+    if kept:
+        warnings.warn(_kept_placeholders_text(kept), UserWarning, stacklevel=3)
     return raw, counts
+
+
+def _holds_categories(values: pd.Series, listed: bool) -> bool:
+    """Whether an input column is read as categories: `listed` in categorical_cols, of
+    pandas' `category` dtype, or of texts none of which is a number, unless numbers
+    written with separators, which `infer_categorical` refuses ('12,5')."""
+    if listed or isinstance(values.dtype, pd.CategoricalDtype):
+        return True
+    present = values.dropna()
+    if ptypes.is_numeric_dtype(present) or ptypes.is_bool_dtype(present) or present.empty:
+        return False
+    texts = bool(pd.to_numeric(present.drop_duplicates(), errors="coerce").isna().all())
+    return texts and separated_numbers(values) is None
+
+
+def kept_placeholders(
+    frame: pd.DataFrame, spec: TableSpec, fitted: Mapping[str, Sequence[Any]] | None = None
+) -> dict[str, dict[Any, int]]:
+    """`{column: {text: rows}}` of the placeholders (`PLACEHOLDER_TEXTS`) input columns of
+    text hold, after `missing_texts`.
+
+    Such a column's texts are categories, so 'n/a' among 'rain' and 'sun' is a
+    category of its own, not an empty cell as it is among numbers. Only static,
+    known and observed columns read as categories count (`_holds_categories`;
+    a column mixing numbers and texts is refused by `validate_table`). With
+    `fitted` (a fitted preprocessor's), a text its vocabulary holds was
+    announced at fit, so it is left out.
+    """
+    fitted = fitted or {}
+    kept: dict[str, dict[Any, int]] = {}
+    for column in (*spec.static_cols, *spec.known_cols, *spec.observed_cols):
+        if column not in frame.columns or column in kept:
+            continue
+        values = frame[column]
+        if ptypes.is_numeric_dtype(values) or ptypes.is_bool_dtype(values):
+            continue
+        counts = values.value_counts(sort=False)  # each distinct cell read once
+        counts = counts[counts > 0]  # a `category` column's unused categories
+        text = counts.index.to_series().astype("string").str.strip().str.lower()
+        hits = counts[text.isin(PLACEHOLDER_TEXTS).fillna(False).to_numpy(dtype=bool)]
+        known = set(fitted.get(column, ()))
+        hits = hits[[value not in known for value in hits.index]]
+        if len(hits) and _holds_categories(values, column in spec.categorical_cols):
+            kept[column] = {plain_value(value): int(n) for value, n in hits.items()}
+    return kept
+
+
+def _kept_placeholders_text(kept: Mapping[str, Mapping[Any, int]]) -> str:
+    """The warning naming each column's placeholders (`kept_placeholders`) and their rows."""
+
+    def rows(count: int) -> str:
+        return f"{count} row" if count == 1 else f"{count} rows"
+
+    columns = [
+        f"column {column!r} holds "
+        + first_few([f"{value!r} in {rows(n)}" for value, n in texts.items()])
+        for column, texts in kept.items()
+    ]
+    each = "" if sum(len(texts) for texts in kept.values()) == 1 else "each "
+    return (
+        f"{first_few(columns, separator='; ')}, {each}read as a category of its own (a text "
+        "column's values are categories); leave those cells empty to mark them missing"
+    )
 
 
 # How numbers written with separators read in a CSV (pandas.read_csv's options for them,
@@ -369,6 +497,7 @@ def infer_categorical(frame: pd.DataFrame, spec: TableSpec) -> TableSpec:
         read as categories, each value would be a category of its own.
     """
     found = []
+    rows = file_rows(frame)
     for column in (*spec.static_cols, *spec.known_cols, *spec.observed_cols):
         if column in spec.categorical_cols or column not in frame.columns:
             continue
@@ -388,7 +517,8 @@ def infer_categorical(frame: pd.DataFrame, spec: TableSpec) -> TableSpec:
                 raise ValueError(
                     f"column {column!r} holds numbers written with {separated.separators} "
                     f"(e.g. {frame[column].iloc[row]!r} in series "
-                    f"{plain_value(frame[spec.id_col].iloc[row])!r} at row {row}), which would "
+                    f"{plain_value(frame[spec.id_col].iloc[row])!r} at "
+                    f"{row_text(row, rows, nested=True)}), which would "
                     f"be read as {values.nunique()} categories; {separated.hint()}, or, if it "
                     "holds categories, list it in categorical_cols (--categorical-cols)"
                 )
@@ -457,6 +587,7 @@ def read_table(
         raise ValueError(f"{os.fspath(table)}: no such file")
     try:
         frame = pd.read_csv(table, encoding=encoding, **CSV_MISSING)
+        frame.attrs[_READ_FROM] = (os.fspath(table), len(frame))  # for `file_rows`
         # Only a table without its id column: a one-column file may hold such texts.
         sep = None if id_col in (None, *frame.columns) else _separator(frame.columns, ";\t|")
         if sep is not None:
@@ -658,8 +789,13 @@ def _parse_times(
     time_format: str | None = None,
     dayfirst: bool = False,
     timezone: str | None = None,
+    *,
+    rows: FileRows | None = None,
 ) -> pd.Series:
     """Parses a time column to datetimes, naming the first bad value if any.
+
+    `rows`: where the rows are in the CSV file they were read from
+    (`file_rows`), so that a message names a bad value's file line too.
 
     Texts with mixed UTC offsets are parsed to UTC and then, with `timezone`
     given, converted to it (`_in_zone`). With `timezone` given, all aware times
@@ -668,7 +804,7 @@ def _parse_times(
     grid is that zone's (UTC instants of Berlin midnights are 23:00 in winter
     and 22:00 in summer: off any UTC daily grid).
     """
-    parsed = _parse_time_values(values, column, ids, time_format, dayfirst, timezone)
+    parsed = _parse_time_values(values, column, ids, time_format, dayfirst, timezone, rows)
     if timezone is not None and parsed.dt.tz is not None:
         return parsed.dt.tz_convert(timezone)
     return parsed
@@ -691,7 +827,12 @@ def _is_aware(value: Any, time_format: str | None, dayfirst: bool) -> bool | Non
 
 
 def _check_all_aware(
-    values: pd.Series, column: str, ids: pd.Series, time_format: str | None, dayfirst: bool
+    values: pd.Series,
+    column: str,
+    ids: pd.Series,
+    time_format: str | None,
+    dayfirst: bool,
+    rows: FileRows | None = None,
 ) -> None:
     """Raises when times about to be parsed through UTC include some with no zone or offset.
 
@@ -719,9 +860,9 @@ def _check_all_aware(
     naive, aware = row_of(example[False]), row_of(example[True])
     raise ValueError(
         f"column {column!r} mixes times with no zone or UTC offset, e.g. "
-        f"{values.iloc[naive]!r} in series {plain_value(ids.iloc[naive])!r} at row {naive}, with "
-        f"times that have one, e.g. {values.iloc[aware]!r} in series "
-        f"{plain_value(ids.iloc[aware])!r} at row {aware}; "
+        f"{values.iloc[naive]!r} in series {plain_value(ids.iloc[naive])!r} at "
+        f"{row_text(naive, rows)}, with times that have one, e.g. {values.iloc[aware]!r} in "
+        f"series {plain_value(ids.iloc[aware])!r} at {row_text(aware, rows)}; "
         "reading the naive ones as UTC would guess their zone: give every time its zone "
         "(tz_localize) or offset, or none"
     )
@@ -734,6 +875,7 @@ def _parse_time_values(
     time_format: str | None,
     dayfirst: bool,
     timezone: str | None,
+    rows: FileRows | None = None,
 ) -> pd.Series:
     """`_parse_times` before aware times are converted to `timezone`."""
     empty = values.isna()
@@ -741,7 +883,7 @@ def _parse_time_values(
         row = int(np.flatnonzero(empty.to_numpy())[0])
         raise ValueError(
             f"column {column!r} has {int(empty.sum())} empty timestamps, the first in series "
-            f"{plain_value(ids.iloc[row])!r} at row {row}; drop or fill those rows"
+            f"{plain_value(ids.iloc[row])!r} at {row_text(row, rows)}; drop or fill those rows"
         )
     if ptypes.is_datetime64_any_dtype(values):
         return values
@@ -766,7 +908,7 @@ def _parse_time_values(
         except ValueError as error:
             if not _mixed_offsets(error):
                 raise
-            _check_all_aware(values, column, ids, time_format, dayfirst)
+            _check_all_aware(values, column, ids, time_format, dayfirst, rows)
             parsed = _in_zone(
                 pd.to_datetime(values, format=time_format, errors="coerce", utc=True),
                 timezone,
@@ -779,7 +921,7 @@ def _parse_time_values(
             raise ValueError(
                 f"column {column!r} has {int(bad.sum())} times not in time_format="
                 f"{time_format!r}, e.g. {values.iloc[row]!r} in series "
-                f"{plain_value(ids.iloc[row])!r} at row {row}"
+                f"{plain_value(ids.iloc[row])!r} at {row_text(row, rows)}"
             )
         return parsed
     if dayfirst:  # ISO 8601 texts are year-month-day: pandas read them year-day-month
@@ -787,7 +929,7 @@ def _parse_time_values(
             return pd.to_datetime(values, format="ISO8601")
         except (ValueError, TypeError, OverflowError) as error:
             if _mixed_offsets(error):
-                _check_all_aware(values, column, ids, None, False)
+                _check_all_aware(values, column, ids, None, False, rows)
                 in_utc = pd.to_datetime(values, format="ISO8601", utc=True)
                 return _in_zone(in_utc, timezone, column, values)
     try:
@@ -799,7 +941,7 @@ def _parse_time_values(
     except (ValueError, TypeError, OverflowError):
         pass
     else:
-        _check_all_aware(values, column, ids, None, dayfirst)
+        _check_all_aware(values, column, ids, None, dayfirst, rows)
         return _in_zone(in_utc, timezone, column, values)
     hint = _format_hint(values) if not dayfirst else ""
     parsed = pd.to_datetime(values, errors="coerce", format="mixed", utc=True, dayfirst=dayfirst)
@@ -808,18 +950,19 @@ def _parse_time_values(
         row = int(np.flatnonzero(bad)[0])
         raise ValueError(
             f"column {column!r} has {int(bad.sum())} unparseable timestamps, e.g. "
-            f"{values.iloc[row]!r} in series {plain_value(ids.iloc[row])!r} at row {row}; "
-            f"fix them or write ISO 8601 times such as '2015-01-01T13:00:00Z'{hint}"
+            f"{values.iloc[row]!r} in series {plain_value(ids.iloc[row])!r} at "
+            f"{row_text(row, rows)}; fix them or write ISO 8601 times such as "
+            f"'2015-01-01T13:00:00Z'{hint}"
         )
-    _check_all_aware(values, column, ids, None, dayfirst)
+    _check_all_aware(values, column, ids, None, dayfirst, rows)
     inferred = pd.to_datetime(values, errors="coerce", dayfirst=dayfirst).isna().to_numpy()
     unread = np.flatnonzero(inferred & values.notna().to_numpy())
     row = int(unread[0]) if unread.size else 0
     raise ValueError(
         f"column {column!r} has times that do not read in the format of its first time "
         f"{values.iloc[0]!r}, e.g. {values.iloc[row]!r} in series "
-        f"{plain_value(ids.iloc[row])!r} at row {row}; write all times in one format (ISO "
-        f"8601 such as '2015-01-01T13:00:00Z'){hint}"
+        f"{plain_value(ids.iloc[row])!r} at {row_text(row, rows)}; write all times in one "
+        f"format (ISO 8601 such as '2015-01-01T13:00:00Z'){hint}"
     )
 
 
@@ -842,12 +985,22 @@ def _stray_bools(values: pd.Series) -> np.ndarray:
     return bools if others.any() else np.zeros(len(values), dtype=bool)
 
 
-def _to_float(values: pd.Series, column: str, ids: pd.Series) -> pd.Series:
+def _to_float(
+    values: pd.Series,
+    column: str,
+    ids: pd.Series,
+    *,
+    rows: FileRows | None = None,
+    offer_categorical: bool = True,
+) -> pd.Series:
     """Converts a column to float64, naming the first non-numeric value if any.
 
     A bool among numbers in a column of objects (`_stray_bools`) is one of
     them. Where the non-numeric texts are numbers written with decimal commas
     or thousands separators ('12,5'), the message says how to read them.
+    `rows`: as `_parse_times`'s. `offer_categorical`: whether the message
+    offers categorical_cols (an input's, while a model is not yet fitted; a
+    target is forecast as a number, and a fitted model's inputs are fixed).
     """
     if ptypes.is_bool_dtype(values) or ptypes.is_numeric_dtype(values):
         numbers = values.astype("float64")
@@ -862,35 +1015,43 @@ def _to_float(values: pd.Series, column: str, ids: pd.Series) -> pd.Series:
             if separated is not None:
                 at = int(np.flatnonzero(bad)[separated.row])
                 hint = (
-                    f"; {values.iloc[at]!r} (series {plain_value(ids.iloc[at])!r}, row {at}) "
+                    f"; {values.iloc[at]!r} (series {plain_value(ids.iloc[at])!r}, "
+                    f"{row_text(at, rows, nested=True)}) "
                     f"is a number written with {separated.separators}: {separated.hint()}"
                 )
+            categories = (
+                ", or, for an input, list it in categorical_cols (--categorical-cols)"
+                if offer_categorical
+                else ""
+            )
             raise ValueError(
                 f"column {column!r} has {int(bad.sum())} non-numeric values, e.g. "
-                f"{values.iloc[row]!r} in series {plain_value(ids.iloc[row])!r} at row {row}; "
-                "convert them to numbers (leave a cell empty to mark a missing value), or, for "
-                f"an input, list it in categorical_cols (--categorical-cols){hint}"
+                f"{values.iloc[row]!r} in series {plain_value(ids.iloc[row])!r} at "
+                f"{row_text(row, rows)}; convert them to numbers (leave a cell empty to mark a "
+                f"missing value){categories}{hint}"
             )
     infinite = np.isinf(numbers.to_numpy())
     if infinite.any():
         row = int(np.flatnonzero(infinite)[0])
         raise ValueError(
             f"column {column!r} has {int(infinite.sum())} infinite values, the first in series "
-            f"{plain_value(ids.iloc[row])!r} at row {row}; replace them with numbers or leave "
-            "them empty"
+            f"{plain_value(ids.iloc[row])!r} at {row_text(row, rows)}; replace them with numbers "
+            "or leave them empty"
         )
     return numbers
 
 
-def _check_statics(frame: pd.DataFrame, spec: TableSpec) -> None:
+def _check_statics(frame: pd.DataFrame, spec: TableSpec, rows: FileRows | None = None) -> None:
+    """Raises for a static column empty in a row or varying within a series (`rows`: as
+    `_parse_times`'s)."""
     for column in spec.static_cols:
         empty = frame[column].isna().to_numpy()
         if empty.any():
             row = int(np.flatnonzero(empty)[0])
             raise ValueError(
                 f"static column {column!r} is empty for series "
-                f"{plain_value(frame[spec.id_col].iloc[row])!r} (row {row}); give every series "
-                "a value"
+                f"{plain_value(frame[spec.id_col].iloc[row])!r} "
+                f"({row_text(row, rows, nested=True)}); give every series a value"
             )
         counts = frame.groupby(spec.id_col, sort=False)[column].nunique()
         varying = counts[counts > 1]
@@ -1182,7 +1343,9 @@ def _short_series_text(short: dict[Any, int]) -> str:
     return ", ".join(f"{series!r} ({length} steps)" for series, length in short.items())
 
 
-def _categorical_values(values: pd.Series, column: str, ids: pd.Series) -> pd.Series:
+def _categorical_values(
+    values: pd.Series, column: str, ids: pd.Series, *, rows: FileRows | None = None
+) -> pd.Series:
     """A categorical column as Python ints (integer codes) or strings, NaN kept.
 
     A pandas `category` column with numeric (or bool) categories is read by
@@ -1190,6 +1353,7 @@ def _categorical_values(values: pd.Series, column: str, ids: pd.Series) -> pd.Se
     back from a CSV at predict time) must map to the same vocabulary entries,
     not to texts '0', '1' that no int matches. Integer codes are read
     exactly (a float64 would merge 64-bit codes past 2**53, e.g. hashed SKUs).
+    `rows`: as `_parse_times`'s.
     """
     exact = ptypes.is_integer_dtype(values) or ptypes.is_bool_dtype(values)
     if isinstance(values.dtype, pd.CategoricalDtype):
@@ -1208,8 +1372,8 @@ def _categorical_values(values: pd.Series, column: str, ids: pd.Series) -> pd.Se
             row = int(np.flatnonzero(fractional)[0])
             raise ValueError(
                 f"categorical column {column!r} has non-integer codes, e.g. "
-                f"{float(numbers.iloc[row])!r} in series {plain_value(ids.iloc[row])!r} at row "
-                f"{row}"
+                f"{float(numbers.iloc[row])!r} in series {plain_value(ids.iloc[row])!r} at "
+                f"{row_text(row, rows)}"
             )
         return _each_distinct(numbers, present, int)
     return _each_distinct(values, present, str)
@@ -1303,6 +1467,7 @@ def validate_table(
     min_length: int | None = None,
     drop_short: bool = False,
     reason: str | None = None,
+    fitted: bool = False,
 ) -> pd.DataFrame:
     """Checks a long-format table and returns a clean copy sorted by (id, time).
 
@@ -1314,7 +1479,9 @@ def validate_table(
     a training window needs; forecasting from the end of the data needs
     `history`) are all named in one error, or with `drop_short` left out
     with a `UserWarning` naming them (an error only when none remain);
-    `reason` says in those messages why `min_length` is needed.
+    `reason` says in those messages why `min_length` is needed. `fitted`:
+    the table is read for a fitted model, whose categorical columns are fixed
+    (a message offers no others).
 
     Raises:
       ValueError: naming the column or series and the fix, for: missing
@@ -1325,6 +1492,9 @@ def validate_table(
         in a series, duplicate (id, time) rows, a fixed sub-daily `freq` much
         finer than the table's steps (`check_density`, checked before any
         grid is built), timestamps off the `freq` grid, or short series.
+        A row a message names is its position among the table's rows, with
+        its file line where `read_table` read the table from a CSV file
+        (`file_rows`).
     """
     _require_positive_int("history", history)
     _require_positive_int("horizon", horizon)
@@ -1344,22 +1514,34 @@ def validate_table(
     check_unique_columns(frame, spec.columns)
     if len(frame) == 0:
         raise ValueError("table has no rows")
+    rows = file_rows(frame)  # before the rows are reordered
     clean = frame.loc[:, list(spec.columns)].reset_index(drop=True)
+    clean.attrs.pop(_READ_FROM, None)  # sorted below: its rows are no longer the file's
     ids = clean[spec.id_col]
     if ids.isna().any():
         row = int(np.flatnonzero(ids.isna().to_numpy())[0])
         raise ValueError(
-            f"id column {spec.id_col!r} is empty at row {row}; give every row a series id"
+            f"id column {spec.id_col!r} is empty at {row_text(row, rows)}; give every row a "
+            "series id"
         )
     _check_id_types(ids, spec.id_col)
     clean[spec.id_col] = ids = _id_values(ids, spec.id_col)
     clean[spec.time_col] = _parse_times(
-        clean[spec.time_col], spec.time_col, ids, spec.time_format, spec.dayfirst, spec.timezone
+        clean[spec.time_col],
+        spec.time_col,
+        ids,
+        spec.time_format,
+        spec.dayfirst,
+        spec.timezone,
+        rows=rows,
     )
     for column in spec.numeric_columns:
-        clean[column] = _to_float(clean[column], column, ids)
+        clean[column] = _to_float(
+            clean[column], column, ids, rows=rows,
+            offer_categorical=not fitted and column != spec.target,
+        )  # fmt: skip
     for column in spec.categorical_cols:
-        clean[column] = _categorical_values(clean[column], column, ids)
+        clean[column] = _categorical_values(clean[column], column, ids, rows=rows)
     aware = clean[spec.time_col].dt.tz is not None
     if spec.timezone is not None and not aware:
         raise ValueError(
@@ -1367,7 +1549,7 @@ def validate_table(
             f"{spec.time_col!r} has none; pass timezone=None (calendar read as given) or "
             "times with a UTC offset"
         )
-    _check_statics(clean, spec)
+    _check_statics(clean, spec, rows)
     _check_not_all_empty(clean, spec)
     _check_duplicates(clean, spec)
     clean = clean.sort_values([spec.id_col, spec.time_col], kind="stable").reset_index(drop=True)
