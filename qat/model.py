@@ -961,8 +961,13 @@ def int8_apply(
     it in `jax.jit` (with `qat_model` static) for speed.
 
     With float32 compute the output equals the calibrated fake-quantized
-    forward to float32 rounding (far within one quantization step of the
-    output). With bfloat16 compute it does not reach that. Convert with
+    forward to float32 rounding, but for rare activations at a rounding tie:
+    the fake-quantized forward sums a layer's products in float32, the
+    integer one exactly, so an input to the next quantizer within float32
+    rounding of `(k + 1/2) * scale` may round to neighbouring codes on the two
+    sides (one activation step, times the weights that read it, carried
+    through the later layers). The integer side is the exact one. With
+    bfloat16 compute it does not reach that. Convert with
     `convert(..., dtype=<compute dtype>)` so the kernel codes and scales are
     exactly those of the QAT forward (without it about one code in nine
     differs by one). What remains is bfloat16 itself: the QAT forward rounds

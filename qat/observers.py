@@ -28,6 +28,7 @@ from qat.division import divide
 
 Array = Any
 EPS = float(jnp.finfo(jnp.float32).eps)
+FLOAT32_MAX = float(jnp.finfo(jnp.float32).max)
 
 
 def compute_qparams(
@@ -36,7 +37,11 @@ def compute_qparams(
     """Scale (float32) and zero point (int32) of the grid `[qmin, qmax]` for a range.
 
     `min_val` and `max_val` may be scalars or per-channel arrays; `+inf`/`-inf`
-    (nothing observed) behave as 0. Huge ranges do not overflow.
+    (nothing observed) behave as 0. Huge ranges do not overflow: the scale is
+    capped so that every grid point `(q - zero_point) * scale` is a finite
+    float32 (a range reaching float32's largest values, where the formulas'
+    end points pass it, loses under a step at that end), so a finite input
+    is never fake-quantized to an infinity.
     """
     low = jnp.minimum(jnp.asarray(min_val, jnp.float32), 0.0)
     high = jnp.maximum(jnp.asarray(max_val, jnp.float32), 0.0)
@@ -44,14 +49,32 @@ def compute_qparams(
     if symmetric:
         scale = divide(jnp.maximum(-low, high), levels / 2)
         scale = jnp.maximum(scale, EPS)
-        return scale, jnp.zeros(scale.shape, jnp.int32)
+        zero_point = jnp.zeros(scale.shape, jnp.int32)
+        return _finite_grid(scale, zero_point, qmin, qmax), zero_point
     width = high - low
     # (high - low) overflows past float32 max; the split form does not.
     split = divide(high, levels) - divide(low, levels)
     scale = jnp.where(jnp.isfinite(width), divide(width, levels), split)
     scale = jnp.maximum(scale, EPS)
     zero_point = jnp.clip(qmin - jnp.round(divide(low, scale)), qmin, qmax).astype(jnp.int32)
-    return scale, zero_point
+    return _finite_grid(scale, zero_point, qmin, qmax), zero_point
+
+
+def _finite_grid(scale: Array, zero_point: Array, qmin: int, qmax: int) -> Array:
+    """`scale`, lowered where a grid end `(qmin|qmax - zero_point) * scale` would overflow.
+
+    Only ranges near float32's largest values reach the cap (it is above
+    `FLOAT32_MAX / (qmax - qmin + 1)`): every other scale is returned unchanged,
+    bit for bit on every backend.
+    """
+    offset = zero_point.astype(jnp.float32)
+    extent = jnp.maximum(jnp.abs(qmin - offset), jnp.abs(qmax - offset))
+    # A few ulps below the quotient, however the backend rounds the division (a GPU's
+    # float32 division is approximate): `extent * cap` must not round up past the max.
+    # Not `qat.division`: the cap binds only at float32's largest ranges, and every
+    # correctly rounded division site costs compile time.
+    cap = jnp.float32(FLOAT32_MAX) / extent * jnp.float32(1.0 - 2.0**-20)
+    return jnp.minimum(scale, cap)
 
 
 def batch_range(x: Array, channel_axis: int | None) -> tuple[Array, Array]:

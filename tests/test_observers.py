@@ -16,6 +16,8 @@ from hypothesis.extra import numpy as hnp
 
 from qat import FakeQuantize, QATConfig, QuantizationObserver
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
 EPS = np.finfo(np.float32).eps
 RNG = np.random.default_rng(4)
 
@@ -147,9 +149,21 @@ def test_qparams_follow_the_standard_formulas(x, bits, symmetric):
         np.zeros((5,), np.float32),
         np.array([3.0], np.float32),
         np.array([-3.0e38, 3.0e38], np.float32),
+        # The formulas' grid end -128 * max / 127.5 passed float32's max: fq gave -inf.
+        np.array([-FLOAT32_MAX, FLOAT32_MAX], np.float32),
+        np.array([0.0, FLOAT32_MAX], np.float32),
         np.array([1.0e-30, 2.0e-30], np.float32),
     ],
-    ids=["constant", "negative-constant", "all-zero", "single", "huge", "tiny"],
+    ids=[
+        "constant",
+        "negative-constant",
+        "all-zero",
+        "single",
+        "huge",
+        "float32-max",
+        "float32-max-positive",
+        "tiny",
+    ],
 )
 def test_degenerate_inputs_give_finite_positive_qparams(x, symmetric):
     for kind in ("minmax", "moving_average"):
@@ -159,6 +173,17 @@ def test_degenerate_inputs_give_finite_positive_qparams(x, symmetric):
         assert np.isfinite(float(scale)) and float(scale) >= EPS
         assert cfg.qmin <= int(zero_point) <= cfg.qmax
         assert np.all(np.isfinite(np.asarray(FakeQuantize.from_observer(observer)(x))))
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_a_range_at_float32_max_keeps_every_value_within_a_step(symmetric):
+    x = np.array([-FLOAT32_MAX, -1e38, 0.0, 1e38, FLOAT32_MAX], np.float32)
+    observer = QuantizationObserver.create(QATConfig(symmetric=symmetric)).observe(x)
+    scale, _ = observer.qparams()
+    error = np.abs(np.asarray(FakeQuantize.from_observer(observer)(x), np.float64) - x)
+    # A step, and the margin the capped scale keeps below float32's max (its 2**-20,
+    # times the 128 steps from 0 to the grid's end).
+    assert np.all(error <= float(scale) * (1 + 2**-12)), (error, float(scale))
 
 
 def test_fresh_observer_is_uncalibrated_with_finite_qparams():
