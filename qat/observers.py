@@ -49,8 +49,7 @@ def compute_qparams(
     if symmetric:
         scale = divide(jnp.maximum(-low, high), levels / 2)
         scale = jnp.maximum(scale, EPS)
-        zero_point = jnp.zeros(scale.shape, jnp.int32)
-        return _finite_grid(scale, zero_point, qmin, qmax), zero_point
+        return _finite_grid(scale, None, qmin, qmax), jnp.zeros(scale.shape, jnp.int32)
     width = high - low
     # (high - low) overflows past float32 max; the split form does not.
     split = divide(high, levels) - divide(low, levels)
@@ -60,21 +59,24 @@ def compute_qparams(
     return _finite_grid(scale, zero_point, qmin, qmax), zero_point
 
 
-def _finite_grid(scale: Array, zero_point: Array, qmin: int, qmax: int) -> Array:
+def _finite_grid(scale: Array, zero_point: Array | None, qmin: int, qmax: int) -> Array:
     """`scale`, lowered where a grid end `(qmin|qmax - zero_point) * scale` would overflow.
 
-    Only ranges near float32's largest values reach the cap (it is above
-    `FLOAT32_MAX / (qmax - qmin + 1)`): every other scale is returned unchanged,
-    bit for bit on every backend.
+    `zero_point` None: symmetric (0), whose cap is a constant. Only ranges near
+    float32's largest values reach the cap (it is above `FLOAT32_MAX / (qmax -
+    qmin + 1)`): every other scale is returned unchanged, bit for bit on every
+    backend. The cap stays a few ulps below the quotient, however the backend
+    rounds a division (a GPU's float32 division is approximate), so `extent *
+    cap` cannot round up past the max; it is no `qat.division` site, whose
+    correct rounding costs compile time, as the cap binds at the largest
+    ranges only.
     """
-    offset = zero_point.astype(jnp.float32)
-    extent = jnp.maximum(jnp.abs(qmin - offset), jnp.abs(qmax - offset))
-    # A few ulps below the quotient, however the backend rounds the division (a GPU's
-    # float32 division is approximate): `extent * cap` must not round up past the max.
-    # Not `qat.division`: the cap binds only at float32's largest ranges, and every
-    # correctly rounded division site costs compile time.
-    cap = jnp.float32(FLOAT32_MAX) / extent * jnp.float32(1.0 - 2.0**-20)
-    return jnp.minimum(scale, cap)
+    margin = FLOAT32_MAX * (1.0 - 2.0**-20)
+    if zero_point is None:
+        return jnp.minimum(scale, jnp.float32(margin / max(-qmin, qmax)))
+    offset = zero_point.astype(jnp.float32)  # in [qmin, qmax]
+    extent = jnp.maximum(offset - qmin, qmax - offset)
+    return jnp.minimum(scale, jnp.float32(margin) / extent)
 
 
 def batch_range(x: Array, channel_axis: int | None) -> tuple[Array, Array]:
