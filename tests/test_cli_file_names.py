@@ -214,3 +214,15 @@ def test_a_data_layer_type_error_is_one_line_naming_the_csv(capsys, monkeypatch,
     monkeypatch.setitem(cli.COMMANDS, "evaluate", broken)
     with pytest.raises(TypeError, match="a bug"):
         cli.main(argv)
+
+
+def test_the_runs_own_table_read_without_csv_is_named(capsys, tmp_path, saved, tables):
+    # Read from config.json's source, its errors gave "line N of the file" of no file.
+    csv = with_text_target(tables["table"], tmp_path / "trained_on.csv")
+    run = tmp_path / "run"
+    Forecaster.load(saved).save(run, extra={"source": {"csv": str(csv), "command": "train"}})
+    line = error_line(capsys, "evaluate", "--run", str(run))
+    assert line.startswith(
+        f"tft-jax evaluate: error: the run's table {csv}: column 'sales' has 1 non-numeric "
+        "values, e.g. 'n/a?' in series 'alpha' at row 7 (line 9 of the file)"
+    ), line

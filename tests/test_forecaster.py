@@ -317,6 +317,12 @@ def edit_config(folder, edit) -> None:
     (folder / "config.json").write_text(json.dumps(config))
 
 
+def without_window_normalization(config: dict) -> None:
+    """A run's config.json as if its model were trained without window normalization."""
+    config["data"]["window_normalization"] = False
+    config["summary"]["dataset"]["window_normalization"] = False
+
+
 def test_model_files_of_another_form_dtype_or_bit_width_are_refused_at_load(fitted, tmp_path):
     _, _, saved = fitted
     params = serialization.msgpack_restore((saved / "models" / "fp32.msgpack").read_bytes())
@@ -446,6 +452,7 @@ def test_nonnegative_clips_forecasts_at_zero(fitted, tmp_path):
         # Sink every forecast below zero by moving the series scaler's level
         # (window normalization would take the same shift out of each window).
         config["data"]["window_normalization"] = False
+        config["summary"]["dataset"]["window_normalization"] = False  # as if trained so
         scaler = config["preprocessor"]["target_scaler"]
         scaler["loc"] = [value - 1000.0 for value in scaler["loc"]]
         (runs[name] / "config.json").write_text(json.dumps(config))
@@ -478,7 +485,7 @@ def test_a_new_series_is_scored_without_its_scaler_knowing_the_scored_steps(fitt
     _, table, saved = fitted
     # Without window normalization the series scaler alone sets the model's input scale.
     run = shutil.copytree(saved, tmp_path / "run")
-    edit_config(run, lambda config: config["data"].update(window_normalization=False))
+    edit_config(run, without_window_normalization)
     forecaster = Forecaster.load(run)
     new = table[table["store"] == "alpha"].assign(store="delta")
     last_days = new["day"].isin(sorted(new["day"])[-HORIZON:])

@@ -202,6 +202,20 @@ def test_a_fitted_model_is_offered_no_categorical_cols_and_a_future_csv_names_li
     assert "categorical_cols" not in str(caught.value)
 
 
+def test_a_column_numeric_at_fit_is_not_called_a_category_for_the_fitted_model():
+    # It holds texts now: refused as non-numeric, not first announced as a category.
+    table = daily_pair().assign(o=np.arange(60.0))
+    fitted = prepare(table, observed_cols=("o",)).preprocessor
+    texts = table.astype({"o": object})
+    texts["o"] = np.where(np.arange(60) % 2 == 0, "low", "high")
+    texts.loc[3, "o"] = "-"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ValueError, match=r"'o' has \d+ non-numeric values"):
+            prepare(texts, observed_cols=("o",), preprocessor=fitted)
+    assert not [w for w in caught if KEPT in str(w.message)]
+
+
 def test_a_placeholder_among_numbers_written_with_commas_is_not_called_a_category():
     # The column is refused as numbers to read with decimal=',': it is no text column.
     table = daily_pair().assign(o=[f"{v:.1f}".replace(".", ",") for v in range(60)])

@@ -158,7 +158,7 @@ def output_error_text(error: OSError, args: argparse.Namespace) -> str:
     return os_error_text(error)
 
 
-def raised_by_data_layer(error: BaseException) -> bool:
+def raised_by_data_layer(error: BaseException, itself: bool = False) -> bool:
     """Whether `error` was raised in `tft_jax.data`, the layer that reads and checks tables.
 
     Such an error is about a table's contents (read with the run's settings);
@@ -166,12 +166,14 @@ def raised_by_data_layer(error: BaseException) -> bool:
     the flags, the run folder or a model (a batch size the devices do not
     divide, checkpoints of other settings). Decided by the innermost frame of
     this package: a data-layer error re-raised by the forecaster as its own
-    is the forecaster's.
+    is the forecaster's. `itself`: by the innermost frame of all, so that an
+    error pandas raised under the data layer (a bug, not the table's) is not
+    taken for one of its own.
     """
     modules = [
         frame.f_globals.get("__name__", "") for frame, _ in traceback.walk_tb(error.__traceback__)
     ]
-    ours = [name for name in modules if name.partition(".")[0] == "tft_jax"]
+    ours = modules if itself else [name for name in modules if name.partition(".")[0] == "tft_jax"]
     return bool(ours) and ours[-1].startswith("tft_jax.data.")
 
 
@@ -179,16 +181,22 @@ def data_error_text(error: Exception, args: argparse.Namespace) -> str:
     """A `ValueError` (or data-layer `TypeError`) as one line, its keywords as the command's flags.
 
     One the data layer raised about the table `--csv` names is led by
-    `--csv PATH: `, unless it names the file already: the user then knows
+    `--csv PATH: ` (the run's own table, read without `--csv`: `the run's
+    table PATH: `), unless it names the file already: the user then knows
     which file to mend (the history, not predict's `--future-csv`, whose
     errors `predict_from_files` names by that flag; the data layer names a
     table by no path).
     """
     message = flag_message(str(error), vars(args))
     path = getattr(args, "csv", None)
-    if path is None or str(path) in message or not raised_by_data_layer(error):
+    if path is not None:
+        named, label = str(path), f"--csv {path}"
+    else:
+        named = getattr(args, "run_table", None)
+        label = f"the run's table {named}"
+    if named is None or named in message or not raised_by_data_layer(error):
         return message
-    return f"--csv {path}: {message}"
+    return f"{label}: {message}"
 
 
 def read_csv(
@@ -305,6 +313,7 @@ def run_table(
         )
     id_col = forecaster.config.data.id_col
     fitted = forecaster.preprocessor.fitted_values if forecaster.is_fitted else None
+    args.run_table = source  # named by the errors about it (`data_error_text`)
     return read_csv(pathlib.Path(source), "the run's table", encoding, id_col, fitted)
 
 
@@ -1158,7 +1167,7 @@ def run_parsed(args: argparse.Namespace, joined: list[bool]) -> int:
         print(f"tft-jax {args.command}: error: {error}", file=sys.stderr)
         return 2
     except (ValueError, TypeError) as error:  # a TypeError only from the data layer
-        if not isinstance(error, ValueError) and not raised_by_data_layer(error):
+        if not isinstance(error, ValueError) and not raised_by_data_layer(error, itself=True):
             raise
         print(f"tft-jax {args.command}: error: {data_error_text(error, args)}", file=sys.stderr)
         return 2

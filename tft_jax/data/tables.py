@@ -364,9 +364,10 @@ def kept_placeholders(
     known and observed columns read as categories count (`_holds_categories`;
     a column mixing numbers and texts is refused by `validate_table`). With
     `fitted` (a fitted preprocessor's), a text its vocabulary holds was
-    announced at fit, so it is left out.
+    announced at fit, so it is left out, and only the columns the fitted spec
+    reads as categories count (one numeric at fit is refused if it holds texts).
     """
-    fitted = fitted or {}
+    for_fitted, fitted = fitted is not None, fitted or {}
     kept: dict[str, dict[Any, int]] = {}
     for column in (*spec.static_cols, *spec.known_cols, *spec.observed_cols):
         if column not in frame.columns or column in kept:
@@ -380,7 +381,8 @@ def kept_placeholders(
         hits = counts[text.isin(PLACEHOLDER_TEXTS).fillna(False).to_numpy(dtype=bool)]
         known = set(fitted.get(column, ()))
         hits = hits[[value not in known for value in hits.index]]
-        if len(hits) and _holds_categories(values, column in spec.categorical_cols):
+        listed = column in spec.categorical_cols
+        if len(hits) and (listed if for_fitted else _holds_categories(values, listed)):
             kept[column] = {plain_value(value): int(n) for value, n in hits.items()}
     return kept
 
