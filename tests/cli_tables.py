@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from tft_jax import cli
-from tft_jax.forecaster import TrainingConfig
+from tft_jax.forecaster import DataConfig, Forecaster, ModelConfig, TrainingConfig
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 HISTORY, HORIZON = 14, 7
@@ -37,6 +37,34 @@ def write_table(path: pathlib.Path, seed: int = 0) -> pathlib.Path:
         )
     pd.concat(frames).to_csv(path, index=False)
     return path
+
+
+def stores_files(folder: pathlib.Path, id_col: str = "store") -> dict[str, pathlib.Path]:
+    """`write_table`'s stores (ids in `id_col`), its history, and the future of `promo`.
+
+    The history ends HORIZON days before the table; the future holds those days.
+    """
+    table = pd.read_csv(write_table(folder / "stores.csv")).rename(columns={"store": id_col})
+    table.to_csv(folder / "stores.csv", index=False)
+    days = pd.to_datetime(table["day"])
+    cut = days.max() - pd.Timedelta(days=HORIZON)
+    table[days <= cut].to_csv(folder / "history.csv", index=False)
+    table[days > cut][[id_col, "day", "promo"]].to_csv(folder / "future.csv", index=False)
+    return {"table": folder / "stores.csv", "history": folder / "history.csv",
+            "future": folder / "future.csv", "folder": folder}  # fmt: skip
+
+
+def saved_tiny_run(files: dict[str, pathlib.Path], id_col: str = "store") -> pathlib.Path:
+    """A tiny FP32 run of `stores_files`' table saved by `Forecaster.save`: no `source` table."""
+    data = DataConfig(
+        id_col=id_col, time_col="day", target="sales", freq="D", static_cols=("size",),
+        known_cols=("promo",), observed_cols=("temperature",), history=HISTORY, horizon=HORIZON,
+        validation_fraction=0.15, test_fraction=0.15,
+    )  # fmt: skip
+    forecaster = Forecaster(
+        data, ModelConfig(hidden_dim=8, num_heads=2), TrainingConfig(batch_size=8, max_steps=2)
+    ).fit(pd.read_csv(files["table"]), quiet=True)
+    return forecaster.save(files["folder"] / "run")
 
 
 def table_args(csv: pathlib.Path) -> list[str]:

@@ -18,10 +18,10 @@ import pytest
 
 from tft_jax import cli
 from tft_jax.data.tables import TableSpec
-from tft_jax.forecaster import DataConfig, Forecaster, ModelConfig, TrainingConfig
+from tft_jax.forecaster import Forecaster
 from tft_jax.forecaster.forecaster import check_global_batch
 
-from .cli_tables import HISTORY, HORIZON, table_args, write_table
+from .cli_tables import saved_tiny_run, stores_files, table_args
 
 NO_CACHE = ["--compile-cache", "none", "--quiet"]
 
@@ -40,28 +40,13 @@ def error_line(capsys, command: str, *argv: str) -> str:
 @pytest.fixture(scope="module")
 def tables(tmp_path_factory) -> dict[str, pathlib.Path]:
     """The stores table, its history and the future of its known column `promo`."""
-    folder = tmp_path_factory.mktemp("file_names")
-    table = pd.read_csv(write_table(folder / "stores.csv"))
-    days = pd.to_datetime(table["day"])
-    cut = days.max() - pd.Timedelta(days=HORIZON)
-    table[days <= cut].to_csv(folder / "history.csv", index=False)
-    table[days > cut][["store", "day", "promo"]].to_csv(folder / "future.csv", index=False)
-    return {"table": folder / "stores.csv", "history": folder / "history.csv",
-            "future": folder / "future.csv", "folder": folder}  # fmt: skip
+    return stores_files(tmp_path_factory.mktemp("file_names"))
 
 
 @pytest.fixture(scope="module")
 def saved(tables) -> pathlib.Path:
     """A tiny FP32 run (the settings of test_cli_inputs' saved folder), saved once."""
-    data = DataConfig(
-        id_col="store", time_col="day", target="sales", freq="D", static_cols=("size",),
-        known_cols=("promo",), observed_cols=("temperature",), history=HISTORY, horizon=HORIZON,
-        validation_fraction=0.15, test_fraction=0.15,
-    )  # fmt: skip
-    forecaster = Forecaster(
-        data, ModelConfig(hidden_dim=8, num_heads=2), TrainingConfig(batch_size=8, max_steps=2)
-    ).fit(pd.read_csv(tables["table"]), quiet=True)
-    return forecaster.save(tables["folder"] / "run")
+    return saved_tiny_run(tables)
 
 
 def with_duplicate_row(source: pathlib.Path, target: pathlib.Path) -> pathlib.Path:

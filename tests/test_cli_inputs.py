@@ -19,9 +19,9 @@ import pytest
 
 from tft_jax import cli
 from tft_jax.data import prepare_dataset
-from tft_jax.forecaster import DataConfig, Forecaster, ModelConfig, TrainingConfig
+from tft_jax.forecaster import DataConfig
 
-from .cli_tables import HISTORY, HORIZON, write_table
+from .cli_tables import HISTORY, HORIZON, saved_tiny_run, stores_files, write_table
 
 NO_CACHE = ["--compile-cache", "none", "--quiet"]
 
@@ -44,30 +44,13 @@ def one_error_line(err: str, command: str) -> str:
 @pytest.fixture(scope="module")
 def tables(tmp_path_factory) -> dict[str, pathlib.Path]:
     """The stores table with its id column named `model`, its history and future CSVs."""
-    folder = tmp_path_factory.mktemp("second_review")
-    table = pd.read_csv(write_table(folder / "stores.csv")).rename(columns={"store": "model"})
-    table.to_csv(folder / "stores.csv", index=False)
-    days = pd.to_datetime(table["day"])
-    cut = days.max() - pd.Timedelta(days=HORIZON)
-    table[days <= cut].to_csv(folder / "history.csv", index=False)
-    future = table[days > cut][["model", "day", "promo"]]
-    future.to_csv(folder / "future.csv", index=False)
-    return {"table": folder / "stores.csv", "history": folder / "history.csv",
-            "future": folder / "future.csv", "folder": folder}  # fmt: skip
+    return stores_files(tmp_path_factory.mktemp("second_review"), id_col="model")
 
 
 @pytest.fixture(scope="module")
 def saved(tables) -> pathlib.Path:
     """A folder saved by `Forecaster.save` (not `tft-jax train`): no `source` table."""
-    data = DataConfig(
-        id_col="model", time_col="day", target="sales", freq="D", static_cols=("size",),
-        known_cols=("promo",), observed_cols=("temperature",), history=HISTORY, horizon=HORIZON,
-        validation_fraction=0.15, test_fraction=0.15,
-    )  # fmt: skip
-    forecaster = Forecaster(
-        data, ModelConfig(hidden_dim=8, num_heads=2), TrainingConfig(batch_size=8, max_steps=2)
-    ).fit(pd.read_csv(tables["table"]), quiet=True)
-    return forecaster.save(tables["folder"] / "run")
+    return saved_tiny_run(tables, id_col="model")
 
 
 @pytest.mark.parametrize("command", ["evaluate", "forecast", "plot"])
