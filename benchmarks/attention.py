@@ -144,13 +144,8 @@ def bench(
     prepared = {
         path: _prepare(seq_len, path, batch_size, hidden_dim, num_heads, dtype) for path in paths
     }
-    times = common.time_alternating(
-        {path: item.call for path, item in prepared.items()},
-        max(1, -(-steps // steps_per_block)),
-        min(steps_per_block, steps),
-        warmup,
-        total_steps=steps,
-    )
+    calls = {path: item.call for path, item in prepared.items()}
+    times = common.time_in_blocks(calls, steps, warmup, steps_per_block)
     return [_record(prepared[path], times[path]) for path in paths]
 
 

@@ -170,6 +170,14 @@ def time_alternating(
     return {name: StepTimes(tuple(values)) for name, values in seconds.items()}
 
 
+def time_in_blocks(
+    steps: Mapping[str, Callable[[], Any]], count: int, warmup: int, steps_per_block: int
+) -> dict[str, StepTimes]:
+    """`time_alternating` of exactly `count` calls of each, in blocks of `steps_per_block`."""
+    block = min(steps_per_block, count)
+    return time_alternating(steps, max(1, -(-count // block)), block, warmup, total_steps=count)
+
+
 @dataclasses.dataclass(frozen=True)
 class CompileResult:
     """A compiled executable and how long it took to get it."""

@@ -109,10 +109,7 @@ def bench(
     """Compiles the step with each optimizer (in `kinds` order), then times them alternately."""
     common.check_step_counts(steps, warmup)
     prepared = {kind: OptimizerStep(config, kind) for kind in kinds}
-    block = min(steps_per_block, steps)
-    times = common.time_alternating(
-        prepared, max(1, -(-steps // block)), block, warmup, total_steps=steps
-    )
+    times = common.time_in_blocks(prepared, steps, warmup, steps_per_block)
     records = []
     for kind, step in prepared.items():
         records.append(

@@ -219,18 +219,11 @@ def bench(
     if selection not in SELECTIONS:
         raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
     common.check_step_counts(steps, warmup)
-    blocks = max(1, -(-steps // steps_per_block))
     model = dataclasses.replace(config.model, compact_selection=selection == "compact")
     load_before = float(os.getloadavg()[0])
     mine = ours.PreparedStep(dataclasses.replace(config, model=model), "float")
     theirs = PeerStep(config)
-    times = common.time_alternating(
-        {"ours": mine, "theirs": theirs},
-        blocks,
-        min(steps_per_block, steps),
-        warmup,
-        total_steps=steps,
-    )
+    times = common.time_in_blocks({"ours": mine, "theirs": theirs}, steps, warmup, steps_per_block)
     ours_median, theirs_median = times["ours"].median, times["theirs"].median
     speedup = theirs_median / ours_median
     # Torch's threads stall on busy cores far more than XLA's (a tiny LayerNorm step went

@@ -116,10 +116,7 @@ def bench(
     batch = jax.device_put(train_bench.make_batch(config.model, config.batch_size))
     state, calibrate = train_bench.build_state(mode, config.model, batch)
     prepared = {variant: VariantStep(variant, state, batch, calibrate) for variant in variants}
-    block = min(steps_per_block, steps)
-    times = common.time_alternating(
-        prepared, max(1, -(-steps // block)), block, warmup, total_steps=steps
-    )
+    times = common.time_in_blocks(prepared, steps, warmup, steps_per_block)
     records = [
         common.make_record(
             "selection_variants",

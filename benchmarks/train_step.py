@@ -398,10 +398,7 @@ def bench_modes(
         mode: PreparedStep(config, mode, devices, compiler_options=compiler_options)
         for mode in modes
     }
-    block = min(steps_per_block, steps)
-    times = common.time_alternating(
-        prepared, max(1, -(-steps // block)), block, warmup, total_steps=steps
-    )
+    times = common.time_in_blocks(prepared, steps, warmup, steps_per_block)
     records = [measure(prepared[mode], times[mode], peak) for mode in modes]
     add_float_ratios(records)
     return records
