@@ -340,17 +340,22 @@ def read_announced(
     return raw, counts
 
 
-def _holds_categories(values: pd.Series, listed: bool) -> bool:
-    """Whether an input column is read as categories: `listed` in categorical_cols, of
-    pandas' `category` dtype, or of texts none of which is a number, unless numbers
-    written with separators, which `infer_categorical` refuses ('12,5')."""
-    if listed or isinstance(values.dtype, pd.CategoricalDtype):
-        return True
+def _holds_category_values(values: pd.Series) -> bool:
+    """Whether a column not listed in categorical_cols holds categories (`infer_categorical`).
+
+    Of pandas' `category` dtype, unless its categories are fractional numbers;
+    else non-empty texts none of which is a number (numbers written with
+    separators, '12,5', included: `infer_categorical` refuses those).
+    """
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        categories = values.cat.categories
+        return not ptypes.is_float_dtype(categories) or bool(
+            (categories == np.round(categories)).all()
+        )
     present = values.dropna()
     if ptypes.is_numeric_dtype(present) or ptypes.is_bool_dtype(present) or present.empty:
         return False
-    texts = bool(pd.to_numeric(present.drop_duplicates(), errors="coerce").isna().all())
-    return texts and separated_numbers(values) is None
+    return bool(pd.to_numeric(present.drop_duplicates(), errors="coerce").isna().all())
 
 
 def kept_placeholders(
@@ -361,7 +366,8 @@ def kept_placeholders(
 
     Such a column's texts are categories, so 'n/a' among 'rain' and 'sun' is a
     category of its own, not an empty cell as it is among numbers. Only static,
-    known and observed columns read as categories count (`_holds_categories`;
+    known and observed columns read as categories count (`_holds_category_values`,
+    less the numbers written with separators that `infer_categorical` refuses;
     a column mixing numbers and texts is refused by `validate_table`). With
     `fitted` (a fitted preprocessor's), a text its vocabulary holds was
     announced at fit, so it is left out, and only the columns the fitted spec
@@ -381,8 +387,10 @@ def kept_placeholders(
         hits = counts[text.isin(PLACEHOLDER_TEXTS).fillna(False).to_numpy(dtype=bool)]
         known = set(fitted.get(column, ()))
         hits = hits[[value not in known for value in hits.index]]
-        listed = column in spec.categorical_cols
-        if len(hits) and (listed if for_fitted else _holds_categories(values, listed)):
+        categories = column in spec.categorical_cols or (
+            not for_fitted and _holds_category_values(values) and separated_numbers(values) is None
+        )
+        if len(hits) and categories:
             kept[column] = {plain_value(value): int(n) for value, n in hits.items()}
     return kept
 
@@ -503,28 +511,23 @@ def infer_categorical(frame: pd.DataFrame, spec: TableSpec) -> TableSpec:
     for column in (*spec.static_cols, *spec.known_cols, *spec.observed_cols):
         if column in spec.categorical_cols or column not in frame.columns:
             continue
-        if isinstance(frame[column].dtype, pd.CategoricalDtype):
-            categories = frame[column].cat.categories
-            if not ptypes.is_float_dtype(categories) or (categories == np.round(categories)).all():
-                found.append(column)
+        if not _holds_category_values(frame[column]):
             continue
-        values = frame[column].dropna()
-        if ptypes.is_numeric_dtype(values) or ptypes.is_bool_dtype(values) or values.empty:
-            continue
-        if pd.to_numeric(values.drop_duplicates(), errors="coerce").isna().all():
-            # A table without its id column is the table validation's to name first.
-            separated = separated_numbers(frame[column]) if spec.id_col in frame else None
-            if separated is not None:
-                row = separated.row
-                raise ValueError(
-                    f"column {column!r} holds numbers written with {separated.separators} "
-                    f"(e.g. {frame[column].iloc[row]!r} in series "
-                    f"{plain_value(frame[spec.id_col].iloc[row])!r} at "
-                    f"{row_text(row, rows, nested=True)}), which would "
-                    f"be read as {values.nunique()} categories; {separated.hint()}, or, if it "
-                    "holds categories, list it in categorical_cols (--categorical-cols)"
-                )
-            found.append(column)
+        # A table without its id column is the table validation's to name first.
+        texts = not isinstance(frame[column].dtype, pd.CategoricalDtype)
+        separated = separated_numbers(frame[column]) if texts and spec.id_col in frame else None
+        if separated is not None:
+            row = separated.row
+            raise ValueError(
+                f"column {column!r} holds numbers written with {separated.separators} "
+                f"(e.g. {frame[column].iloc[row]!r} in series "
+                f"{plain_value(frame[spec.id_col].iloc[row])!r} at "
+                f"{row_text(row, rows, nested=True)}), which would "
+                f"be read as {frame[column].dropna().nunique()} categories; "
+                f"{separated.hint()}, or, if it holds categories, list it in categorical_cols "
+                "(--categorical-cols)"
+            )
+        found.append(column)
     if not found:
         return spec
     return dataclasses.replace(spec, categorical_cols=(*spec.categorical_cols, *found))
