@@ -358,6 +358,12 @@ def _holds_category_values(values: pd.Series) -> bool:
     return bool(pd.to_numeric(present.drop_duplicates(), errors="coerce").isna().all())
 
 
+def _refused_texts(values: pd.Series) -> bool:
+    """Whether `infer_categorical` refuses a column of texts: numbers written with separators."""
+    texts = not isinstance(values.dtype, pd.CategoricalDtype)
+    return texts and separated_numbers(values) is not None
+
+
 def kept_placeholders(
     frame: pd.DataFrame, spec: TableSpec, fitted: Mapping[str, Sequence[Any]] | None = None
 ) -> dict[str, dict[Any, int]]:
@@ -387,10 +393,10 @@ def kept_placeholders(
         hits = counts[text.isin(PLACEHOLDER_TEXTS).fillna(False).to_numpy(dtype=bool)]
         known = set(fitted.get(column, ()))
         hits = hits[[value not in known for value in hits.index]]
-        categories = column in spec.categorical_cols or (
-            not for_fitted and _holds_category_values(values) and separated_numbers(values) is None
-        )
-        if len(hits) and categories:
+        if len(hits) and (
+            column in spec.categorical_cols
+            or (not for_fitted and _holds_category_values(values) and not _refused_texts(values))
+        ):
             kept[column] = {plain_value(value): int(n) for value, n in hits.items()}
     return kept
 
