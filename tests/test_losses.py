@@ -47,6 +47,29 @@ def test_quantile_loss_of_no_values_raises_instead_of_returning_nan() -> None:
         quantile_loss(np.zeros((0, 3), np.float32), np.zeros((0,), np.float32), QUANTILES)
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("name", ["pred", "target"])
+def test_a_non_finite_concrete_input_raises_naming_it_and_its_index(bad: float, name: str) -> None:
+    # Before: a NaN (or inf) loss and risk, silently.
+    pred, target = _data()
+    if name == "pred":
+        pred[1, 2, 0] = bad
+        loss_index, risk_index = r"\(1, 2, 0\)", r"\(1, 2\)"
+    else:
+        target[1, 2] = bad
+        loss_index = risk_index = r"\(1, 2\)"
+    with pytest.raises(
+        ValueError, match=rf"quantile_loss: {name} holds 1 non-finite.*{loss_index}"
+    ):
+        quantile_loss(pred, target, QUANTILES)
+    with pytest.raises(ValueError, match=rf"q_risk: {name} holds 1 non-finite.*{risk_index}"):
+        q_risk(pred[..., 0], target, 0.1)
+    # Traced values are not checked (no host round trip inside a compiled step).
+    assert not np.isfinite(
+        float(jax.jit(lambda p, t: quantile_loss(p, t, QUANTILES))(pred, target))
+    )
+
+
 def test_a_traced_level_under_jit_raises_type_error_naming_it() -> None:
     pred, target = _data()
     # Before: a ConcretizationTypeError / TracerArrayConversionError from deep in JAX.

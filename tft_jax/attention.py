@@ -157,7 +157,9 @@ def scaled_dot_product_attention(
         outputs through the weighted sum (pad with zeros, not NaN).
         Any other dtype raises `TypeError`: read as `mask != 0`, an additive
         mask (0 = attend, -inf = blocked) would be inverted silently.
-      temperature: divides the logits (> 1 flattens the distribution).
+      temperature: divides the logits (> 1 flattens the distribution); any
+        positive value that broadcasts. Checked when concrete; a traced one is
+        not (0 then gives NaN, a negative one inverts the attention).
       dropout_rate: dropout on the attention probabilities when not deterministic.
       dropout_rng: PRNG key for that dropout.
       deterministic: disables dropout.
@@ -360,7 +362,9 @@ class TemporalSelfAttention(nn.Module):
       deterministic: required when `dropout_rate > 0` (False: dropout on,
         with the `'dropout'` RNG; True: off); may be left out without dropout.
       return_weights: also return the attention weights `(B, heads, T, T)`.
-      temperature: divides the logits.
+      temperature: a positive scalar dividing the logits. Checked when
+        concrete; a traced one (a `jax.jit` argument) is not: 0 then gives
+        NaN and a negative one inverts the attention, silently.
       mask: optional boolean user mask, combined with `causal` (both must
         allow a pair): `(B, T)` marks the valid steps (a padded step is never
         attended to; its own output row is computed but meaningless), or

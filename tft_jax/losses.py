@@ -67,6 +67,23 @@ def _concrete_levels(function: str, name: str, value: Any) -> np.ndarray:
         raise TypeError(f"{function}: {name} must be numbers in (0, 1), got {value!r}") from error
 
 
+def _check_finite(function: str, name: str, value: Array) -> None:
+    """Raises `ValueError` when a concrete `value` holds NaN or ±inf (the loss would be, silently).
+
+    A traced value (under `jax.jit`, `jax.grad`) is not checked: that would
+    need a host round trip in every compiled step.
+    """
+    if isinstance(value, jax.core.Tracer):
+        return
+    finite = np.isfinite(np.asarray(value))
+    if not finite.all():
+        where = tuple(int(i) for i in np.argwhere(~finite)[0])
+        raise ValueError(
+            f"{function}: {name} holds {int((~finite).sum())} non-finite value(s) (NaN or ±inf), "
+            f"the first at index {where}; the result would be non-finite"
+        )
+
+
 def _error(raw_pred: Any, raw_target: Any, pred: Array, target: Array) -> Array:
     """`target - pred` (`target` with a trailing axis to match `pred` when it has one less).
 
@@ -117,8 +134,9 @@ def quantile_loss(pred: Array, target: Array, quantiles: Sequence[float]) -> Arr
       is traced.
 
     Raises:
-      ValueError: on mismatched shapes, levels outside (0, 1), or no values
-        at all (the mean would be a silent NaN).
+      ValueError: on mismatched shapes, levels outside (0, 1), no values
+        at all (the mean would be a silent NaN), or a NaN or ±inf in a
+        concrete `pred` or `target` (traced values are not checked).
       TypeError: `pred` or `target` not real numbers, or `quantiles` traced.
     """
     raw_pred, raw_target = pred, target
@@ -146,6 +164,8 @@ def quantile_loss(pred: Array, target: Array, quantiles: Sequence[float]) -> Arr
             f"quantile_loss: pred and target hold no values (pred shape {tuple(pred.shape)}), "
             "so the mean loss is undefined"
         )
+    _check_finite("quantile_loss", "pred", pred)
+    _check_finite("quantile_loss", "target", target)
     error = _error(raw_pred, raw_target, pred, target)
     return jnp.mean(_pinball_of_error(error, jnp.asarray(levels, error.dtype)))
 
@@ -166,7 +186,8 @@ def q_risk(pred: Array, target: Array, q: float) -> Array:
       A float32 scalar (float64 when an input is float64 under
       `jax_enable_x64`; `y − ŷ` taken in float64 when an input is a NumPy
       array and neither is traced). Raises `ZeroTargetError` (a `ValueError`) when `Σ|y|` is zero
-      for concrete inputs (the risk is undefined there).
+      for concrete inputs (the risk is undefined there), and `ValueError` for
+      a NaN or ±inf in a concrete `pred` or `target`.
     """
     raw_pred, raw_target = pred, target
     pred = _as_float("q_risk", "pred", pred)
@@ -188,6 +209,8 @@ def q_risk(pred: Array, target: Array, q: float) -> Array:
             f"q_risk: pred and target hold no values (shape {tuple(target.shape)}), so the "
             "risk is undefined"
         )
+    _check_finite("q_risk", "pred", pred)
+    _check_finite("q_risk", "target", target)
     # The validated level in the inputs' precision, not `q`: a NumPy float64 `q`
     # would make the risk of float32 inputs float64 under `jax_enable_x64`.
     error = _error(raw_pred, raw_target, pred, target)
