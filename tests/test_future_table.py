@@ -81,6 +81,11 @@ def test_a_future_time_off_the_grid_is_named_with_the_step_it_misses(preprocesso
         (lambda f: pd.concat([f, f.iloc[[1]]]), r"future repeats series 1 at 2021-04-01 13:00"),
         (lambda f: f.drop(columns=["holiday"]), r"future lacks the columns \['holiday'\]"),
         (lambda f: f.assign(id=f["id"].astype(str)), r"'1' \(str\) is 1 \(int\) in the history"),
+        # Read as counts of the dtype's unit (1.6e15 microseconds) before, silently.
+        (lambda f: f.assign(promo=f["time"].astype("datetime64[us]")),
+         r"future table: column 'promo' holds datetimes \(dtype datetime64\[us\]\), not numbers"),
+        (lambda f: f.assign(promo=pd.to_timedelta(f["promo"], unit="D")),
+         r"column 'promo' holds time spans \(dtype timedelta64\[ns\]\)"),
     ],
 )  # fmt: skip
 def test_a_bad_future_table_is_refused_naming_series_time_and_column(preprocessor, edit, message):

@@ -440,6 +440,20 @@ def test_a_target_of_decimal_comma_texts_is_refused_with_the_decimal_hint():
         prepare(table)
 
 
+@pytest.mark.parametrize("unit", ["us", "ns"])
+def test_an_input_column_of_datetimes_is_refused_not_read_as_counts_of_its_unit(unit):
+    # A known column of dates became a real input of 1.7e15 (us) or 1.7e18 (ns), silently.
+    table = daily_pair()
+    table = table.assign(k=table["time"].astype(f"datetime64[{unit}]"))
+    with pytest.raises(
+        ValueError, match=rf"column 'k' holds datetimes \(dtype datetime64\[{unit}\]\), not numbers"
+    ):
+        prepare(table, known_cols=("k",))
+    tz = table.assign(k=table["time"].dt.tz_localize("UTC"))
+    with pytest.raises(ValueError, match=r"column 'k' holds datetimes \(dtype datetime64\[.*UTC\]"):
+        prepare(tz, static_cols=(), known_cols=("k",))
+
+
 def test_a_stray_bool_among_target_numbers_is_refused_but_a_column_of_bools_is_read():
     # True among numbers (an object column) was read as 1.0, a value no one wrote.
     table = daily_pair().astype({"y": object})

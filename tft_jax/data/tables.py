@@ -1013,6 +1013,15 @@ def _to_float(
     offers categorical_cols (an input's, while a model is not yet fitted; a
     target is forecast as a number, and a fitted model's inputs are fixed).
     """
+    if ptypes.is_datetime64_any_dtype(values) or ptypes.is_timedelta64_dtype(values):
+        # `pd.to_numeric` would read them as counts of the dtype's unit (a date as
+        # 1.7e15 microseconds, or 1.7e18 nanoseconds), silently.
+        kind = "datetimes" if ptypes.is_datetime64_any_dtype(values) else "time spans"
+        raise ValueError(
+            f"column {column!r} holds {kind} (dtype {values.dtype}), not numbers; convert it "
+            "to the numbers the model should read (e.g. a calendar feature such as "
+            f"df[{column!r}].dt.dayofweek, or a count of days)"
+        )
     if ptypes.is_bool_dtype(values) or ptypes.is_numeric_dtype(values):
         numbers = values.astype("float64")
     else:
