@@ -550,6 +550,17 @@ def test_create_train_state_starts_from_given_variables_and_checks_them() -> Non
         )
 
 
+def test_fit_leaves_the_variables_a_state_was_created_from_alive() -> None:
+    # fit donates its state; the state held the caller's own arrays, so an FP32 model's
+    # variables (which qat.from_fp32 shares) were deleted by fine-tuning from them.
+    variables = jax.tree.map(jnp.asarray, host_copy(tiny_state(seed=5).variables))
+    before = host_copy(variables)
+    state = create_train_state(TINY, TINY_TX, jax.random.key(0), make_batch(0), variables=variables)
+    fit(state, [make_batch(1)], epochs=1, quiet=True)
+    assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(variables))
+    assert_trees_equal(host_copy(variables), before)
+
+
 def test_calibrate_true_without_model_state_is_rejected() -> None:
     state = tiny_state()
     with pytest.raises(ValueError, match="calibrate=True"):

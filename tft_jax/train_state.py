@@ -343,6 +343,11 @@ def _check_rng(name: str, rng: Any) -> None:
     )
 
 
+def _own_copy(leaf: Any) -> Any:
+    """A JAX array's copy on the same devices and sharding; anything else as it is."""
+    return leaf.copy() if isinstance(leaf, jax.Array) else leaf
+
+
 def create_train_state(
     model: Any,
     tx: optax.GradientTransformation,
@@ -366,6 +371,8 @@ def create_train_state(
       variables: start from these variables (e.g. a trained FP32 model's, or
         `qat.from_fp32(...)`) instead of a fresh init; they must have the
         collections, structure, shapes and dtypes that `model.init` gives.
+        The state holds copies of their JAX arrays (placed alike), so `fit`,
+        which donates the state, leaves the caller's arrays alive.
       trainable: the collections that are trained (those present); every
         other collection goes to `model_state`.
       clip_norm: the clipping threshold for the reported clipped gradient norm;
@@ -410,6 +417,9 @@ def create_train_state(
         variables = _init_variables(model, init_rngs, args, kwargs)
     else:
         _check_variables(variables, _init_shapes(model, init_rngs, args, kwargs))
+        # The state owns its buffers: `fit` donates them, which would delete the
+        # caller's arrays (an FP32 model's, shared by `qat.from_fp32`'s variables).
+        variables = jax.tree.map(_own_copy, variables)
     variables = {name: unfreeze(value) for name, value in variables.items()}
     if "params" not in variables:
         raise ValueError("create_train_state: the model has no 'params' collection")
