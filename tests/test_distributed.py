@@ -13,6 +13,7 @@ import pytest
 
 from tft_jax.distributed import (
     MultihostArgumentError,
+    check_mesh,
     check_multihost_arguments,
     data_mesh,
     fsdp_spec,
@@ -39,6 +40,29 @@ def test_sharded_training_matches_single_device_on_8_simulated_devices():
 def test_mesh_larger_than_the_devices_is_rejected():
     with pytest.raises(ValueError, match=rf"num_devices={jax.device_count() + 1} .* available"):
         data_mesh(jax.device_count() + 1)
+
+
+def test_data_mesh_refuses_devices_that_are_not_distinct_jax_devices():
+    # Before: 'cpu' made a mesh of the devices 'c', 'p', 'u'; ints were taken; a repeated
+    # device failed later in shard_batch with JAX's "safe_zip() argument 1 has length 2".
+    device = jax.devices()[0]
+    with pytest.raises(TypeError, match=r"data_mesh: devices must be a sequence of JAX devices"):
+        data_mesh(devices="cpu")
+    with pytest.raises(TypeError, match=r"data_mesh: devices\[0\] must be a JAX device .* int 0"):
+        data_mesh(devices=[0])
+    with pytest.raises(ValueError, match=r"data_mesh: devices lists .* more than once"):
+        data_mesh(devices=[device, device])
+    assert data_mesh(devices=[device]).devices.tolist() == [device]
+
+
+def test_a_mesh_with_another_axis_longer_than_1_is_refused_naming_its_shape():
+    # Before: accepted, the batch split over 'data' (2) but its size checked against 8.
+    two_axes = jax.sharding.AbstractMesh((2, 4), ("data", "model"))
+    with pytest.raises(ValueError, match=r"fit: mesh axes other than 'data' must have size 1"):
+        check_mesh("fit", two_axes)
+    check_mesh("fit", jax.sharding.AbstractMesh((8, 1), ("data", "model")))
+    with pytest.raises(TypeError, match=r"shard_batch: mesh must be a jax.sharding.Mesh"):
+        shard_batch({"x": np.zeros((2, 3))}, "data")
 
 
 def test_fsdp_splits_the_largest_divisible_axis_and_replicates_small_leaves():
@@ -91,6 +115,8 @@ def test_process_rows_rejects_batches_that_do_not_split(size, index, count, mess
 
 def test_good_multihost_arguments_pass_and_a_float_id_is_a_type_error():
     check_multihost_arguments("10.0.0.1:1234", 4, 3)
+    check_multihost_arguments("[::1]:1234", 4, 3)
+    check_multihost_arguments("node-7.cluster.local:8476", 2, 0)
     with pytest.raises(TypeError, match="process_id must be an int"):
         check_multihost_arguments("h:1", 2, 1.0)
 
@@ -100,6 +126,11 @@ def test_good_multihost_arguments_pass_and_a_float_id_is_a_type_error():
     [
         ("h", 2, 0, "coordinator", "must be HOST:PORT with a port in 1..65535, got 'h'"),
         ("h:70000", 2, 0, "coordinator", "must be HOST:PORT"),
+        # Passed before, to wait up to JOIN_TIMEOUT_SECONDS in jax.distributed.initialize.
+        ("::1", 2, 0, "coordinator", r"must be HOST:PORT .*got '::1' \(HOST.*\[::1\]:1234"),
+        ("http://h:1234", 2, 0, "coordinator", "must be HOST:PORT"),
+        (" localhost :1234", 2, 0, "coordinator", "must be HOST:PORT"),
+        ("[]:1234", 2, 0, "coordinator", "must be HOST:PORT"),
         ("h:1", 0, 0, "num_processes", "must be >= 1, got 0"),
         ("h:1", 2, 2, "process_id", r"must be in \[0, 2\) for 2 processes, got 2"),
         ("h:1", 2, -1, "process_id", r"must be in \[0, 2\) for 2 processes, got -1"),

@@ -36,9 +36,24 @@ def data_mesh(num_devices: int | None = None, devices: Sequence[Any] | None = No
     if devices is None:
         available = sorted(jax.devices(), key=lambda device: (device.process_index, device.id))
     else:
+        if isinstance(devices, str | bytes):  # read character by character otherwise
+            raise TypeError(
+                f"data_mesh: devices must be a sequence of JAX devices, got {devices!r}"
+            )
         available = list(devices)
         if not available:
             raise ValueError("data_mesh: devices is empty; pass at least one device, or None")
+        for index, device in enumerate(available):
+            if not isinstance(device, jax.Device):
+                raise TypeError(
+                    f"data_mesh: devices[{index}] must be a JAX device (e.g. from "
+                    f"jax.devices()), got {type(device).__name__} {device!r}"
+                )
+        repeated = next((d for i, d in enumerate(available) if d in available[:i]), None)
+        if repeated is not None:
+            raise ValueError(
+                f"data_mesh: devices lists {repeated} more than once; a mesh holds each device once"
+            )
     count = len(available) if num_devices is None else num_devices
     if isinstance(count, bool) or not isinstance(count, int | np.integer) or count < 1:
         raise ValueError(f"num_devices must be a positive int, got {num_devices!r}")
@@ -54,9 +69,14 @@ def data_mesh(num_devices: int | None = None, devices: Sequence[Any] | None = No
 def check_mesh(owner: str, mesh: Any) -> None:
     """Raises unless `mesh` is a `jax.sharding.Mesh` with a `data` axis (as `data_mesh` makes).
 
+    Training is data-parallel only: other axes must have size 1, since the
+    batch is split over `data` alone while its divisibility, and FSDP's
+    split of the parameters, go by the mesh's size.
+
     Raises:
       TypeError: `mesh` is not a `Mesh` (a string, a device list).
-      ValueError: it has no `data` axis to split the batch over.
+      ValueError: it has no `data` axis to split the batch over, or another
+        axis longer than 1.
     """
     if not isinstance(mesh, Mesh | AbstractMesh):
         raise TypeError(
@@ -67,6 +87,13 @@ def check_mesh(owner: str, mesh: Any) -> None:
         raise ValueError(
             f"{owner}: mesh must have a {DATA_AXIS!r} axis to split the batch over, got axes "
             f"{tuple(mesh.axis_names)} (tft_jax.distributed.data_mesh() makes one)"
+        )
+    others = {name: size for name, size in mesh.shape.items() if name != DATA_AXIS and size != 1}
+    if others:
+        raise ValueError(
+            f"{owner}: mesh axes other than {DATA_AXIS!r} must have size 1 (training is "
+            f"data-parallel only), got {dict(mesh.shape)}; use a 1-D mesh "
+            "(tft_jax.distributed.data_mesh())"
         )
 
 
@@ -97,6 +124,7 @@ def shard_batch(batch: PyTree, mesh: Mesh) -> PyTree:
     `process_rows(B, process_index, num_processes)` of the global batch, and
     the result is the global array assembled from them.
     """
+    check_mesh("shard_batch", mesh)
     sharding = batch_sharding(mesh)
     leaves = jax.tree_util.tree_flatten_with_path(batch)[0]
     if not leaves:
@@ -183,6 +211,9 @@ class MultihostArgumentError(ValueError):
 def check_multihost_arguments(coordinator: str, num_processes: int, process_id: int) -> None:
     """Raises unless `coordinator` is HOST:PORT and `0 <= process_id < num_processes`.
 
+    HOST is a name or an IPv4 address, or an IPv6 address in brackets; no
+    scheme (`http://`), spaces or path.
+
     Pure (JAX is not touched), so a command line can check its flags first.
     A wrong type raises `TypeError`; a wrong value `MultihostArgumentError`
     (a `ValueError`), whose `argument` names the parameter at fault.
@@ -191,9 +222,18 @@ def check_multihost_arguments(coordinator: str, num_processes: int, process_id: 
         if isinstance(value, bool) or not isinstance(value, int | np.integer):
             raise TypeError(f"{name} must be an int, got {value!r}")
     host, _, port = str(coordinator).rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 2**16:
+    bracketed = host.startswith("[") and host.endswith("]") and len(host) > 2
+    if (
+        not host
+        or not port.isdigit()
+        or not 0 < int(port) < 2**16
+        or any(c.isspace() or c in "/@" for c in host)
+        or (any(c in host for c in ":[]") and not bracketed)  # IPv6 goes in brackets
+    ):
         raise MultihostArgumentError(
-            "coordinator", f"must be HOST:PORT with a port in 1..65535, got {coordinator!r}"
+            "coordinator",
+            f"must be HOST:PORT with a port in 1..65535, got {coordinator!r} (HOST: a name or "
+            "an IPv4 address, or an IPv6 address in brackets, [::1]:1234; no scheme or spaces)",
         )
     if num_processes < 1:
         raise MultihostArgumentError("num_processes", f"must be >= 1, got {num_processes}")
