@@ -894,6 +894,19 @@ def test_evaluate_keeps_trains_entries_of_metrics_json_however_its_path_is_spell
     }
 
 
+def test_forecast_refuses_an_output_that_is_the_runs_metrics_json(capsys, trained_run):
+    # Before: forecast --output RUN/metrics.json replaced it with a CSV, silently, and
+    # evaluate then failed on it ("metrics.json is damaged (not JSON)").
+    metrics = trained_run / "metrics.json"
+    before = metrics.read_bytes()
+    code, _, err = run(
+        capsys, "forecast", "--run", str(trained_run), "--output", str(metrics),
+        "--compile-cache", "none",
+    )  # fmt: skip
+    assert code == 2 and "is the run's metrics.json, which tft-jax reads" in err, err
+    assert metrics.read_bytes() == before
+
+
 @pytest.mark.slow
 def test_forecast_command_writes_the_chosen_models_csv(capsys, trained_run):
     output = trained_run / "validation.csv"

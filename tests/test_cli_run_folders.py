@@ -241,7 +241,7 @@ def test_predict_refuses_an_out_that_is_its_history_csv_and_leaves_it(capsys, cs
             "--out", str(out), "--compile-cache", "none",
         )  # fmt: skip
         assert code == 2
-        assert f"--out {out} is the --csv file, which this command reads" in err
+        assert f"--out {out} is the --csv file, which tft-jax reads" in err
     assert history.read_bytes() == csv_path.read_bytes()
 
 
@@ -253,8 +253,15 @@ def test_predict_refuses_an_out_that_is_a_file_of_the_run(capsys, csv_path, tmp_
         capsys, "predict", "--run", str(tmp_path / "run"), "--csv", str(csv_path),
         "--out", str(config), "--compile-cache", "none",
     )  # fmt: skip
-    assert code == 2 and "is the run's config.json, which this command reads" in err
+    assert code == 2 and "is the run's config.json, which tft-jax reads" in err
     assert config.read_text() == "{}"
+
+
+def test_only_evaluate_may_write_the_runs_metrics_json(tmp_path):
+    run_folder = tmp_path / "run"
+    assert run_folder / "metrics.json" in cli.run_inputs(run_folder).values()
+    assert run_folder / "metrics.json" not in cli.run_inputs(run_folder, metrics=False).values()
+    assert run_folder / "checkpoints" / "batch_stream.json" in cli.run_inputs(run_folder).values()
 
 
 def test_an_output_that_is_no_input_passes(tmp_path):

@@ -81,6 +81,7 @@ from tft_jax.evaluation import (
     write_forecasts,
 )
 from tft_jax.forecaster import DEMO, DataConfig, Forecaster, ForecasterConfig, RunFolderError
+from tft_jax.forecaster.forecaster import BATCH_STREAM_FILE
 from tft_jax.forecaster.run_folder import (
     CONFIG_FILE,
     HISTORY_FILE,
@@ -358,15 +359,16 @@ def load_run(
 def check_not_input(
     output: pathlib.Path, flag: str, inputs: dict[str, pathlib.Path | str | None]
 ) -> None:
-    """Refuses an output file that is one of the command's inputs (by label), which
-    writing it would replace: `--out HISTORY.csv` for `--csv HISTORY.csv`, say."""
+    """Refuses an output file that is one of the inputs (by label) of the command or of the
+    run's later commands, which writing it would replace: `--out HISTORY.csv` for
+    `--csv HISTORY.csv`, say."""
     output = pathlib.Path(output)
     if not output.is_file():
         return
     for label, path in inputs.items():
         if path is not None and is_same_file(output, pathlib.Path(path)):
             raise UsageError(
-                f"{flag} {output} is {label}, which this command reads: writing it would "
+                f"{flag} {output} is {label}, which tft-jax reads: writing it would "
                 f"replace that file; pass another {flag}"
             )
 
@@ -383,10 +385,19 @@ def is_same_file(path: pathlib.Path, other: pathlib.Path) -> bool:
     return path.is_file() and other.is_file() and path.samefile(other)
 
 
-def run_inputs(run: pathlib.Path) -> dict[str, pathlib.Path]:
-    """The files of the run folder `run` that an output must not replace, by label."""
+def run_inputs(run: pathlib.Path, metrics: bool = True) -> dict[str, pathlib.Path]:
+    """The files of the run folder `run` that an output must not replace, by label.
+
+    Those a command reads back: the config, history and models, the names of
+    other tables (`OTHER_TABLES_FILE`), the batch stream `train --resume`
+    reads and, with `metrics` (all but `evaluate`, which writes it),
+    `metrics.json`, whose entries `evaluate` keeps.
+    """
     run = pathlib.Path(run)
-    files = {f"the run's {name}": run / name for name in (CONFIG_FILE, HISTORY_FILE)}
+    names = (CONFIG_FILE, HISTORY_FILE, OTHER_TABLES_FILE, *(("metrics.json",) if metrics else ()))
+    files = {f"the run's {name}": run / name for name in names}
+    stream = pathlib.Path("checkpoints", BATCH_STREAM_FILE)
+    files[f"the run's {stream.as_posix()}"] = run / stream
     files.update(
         {f"the run's models/{path.name}": path for path in sorted(run.glob("models/*.msgpack"))}
     )
@@ -877,7 +888,8 @@ def command_evaluate(args: argparse.Namespace) -> int:
     forecaster, config = load_run(args.run, args.eval_batch_size)
     target = metrics_output(args, config)
     check_output_file(target, "--output")
-    check_not_input(target, "--output", {**table_inputs(args, config), **run_inputs(args.run)})
+    inputs = {**table_inputs(args, config), **run_inputs(args.run, metrics=False)}
+    check_not_input(target, "--output", inputs)
     previous: dict[str, Any] = {}
     if is_same_file(target, args.run / "metrics.json"):  # train's other entries are kept
         previous = read_json(target)
