@@ -94,6 +94,24 @@ def test_a_bad_future_table_is_refused_naming_series_time_and_column(preprocesso
         forecast_inputs(preprocessor, history, edit(future_of(history)))
 
 
+def test_future_values_of_the_target_or_an_observed_column_are_announced_as_unused(
+    preprocessor,
+):
+    # Before: a future 'y' (or an observed column's values) was dropped without a word,
+    # though a user may have meant the forecast to read it.
+    history = history_table(12, "2021-04-01")
+    future = future_of(history)
+    plain, plain_said = forecast_inputs(preprocessor, history, future)
+    with_target, said = forecast_inputs(preprocessor, history, future.assign(y=99.0, extra=1))
+    assert not [text for text in plain_said if "future holds" in text]
+    assert [text for text in said if "future holds" in text] == [
+        "future holds the columns ['y'], which the model reads from the history only (the "
+        "target and observed columns are not known ahead): their future values are not used"
+    ]
+    for name, values in plain.windows.arrays().items():
+        np.testing.assert_array_equal(values, with_target.windows.arrays()[name], err_msg=name)
+
+
 def test_an_unseen_future_category_is_coded_unknown_and_announced(preprocessor):
     history = history_table(12, "2021-04-01")
     future = future_of(history)

@@ -123,6 +123,17 @@ def _future_table(
             f"future lacks the columns {absent}; it needs {needed} (it has {list(future.columns)})"
         )
     check_unique_columns(future, needed, "future")
+    # Values a user may think the forecast reads: they are read from the history only.
+    unread = [c for c in (spec.target, *spec.observed_cols) if c in future.columns]
+    if unread:
+        warnings.warn(
+            f"future holds the columns {unread}, which the model reads from the history only "
+            "(the target and observed columns are not known ahead): their future values are "
+            "not used"
+            + ("" if known else "; the model uses no known columns, so future adds nothing"),
+            UserWarning,
+            stacklevel=4,  # the caller of Forecaster.predict
+        )
     # 'n/a' in a column of numbers is an empty cell, as in the history, so it is
     # refused below as one, not as a text that is no number; 'none' throughout a
     # categorical column is that category, as in the history.
