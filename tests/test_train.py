@@ -8,6 +8,7 @@ here; the training dynamics run the real `TemporalFusionTransformer`.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import re
@@ -489,6 +490,40 @@ def test_fit_announces_skipped_steps_at_the_evaluation_after_them(quiet: bool) -
         )
     assert again.history["skipped_steps"] == [3]
     assert skip_warnings(caught) == [SKIP_WARNING.format(step=2, count=2)]
+
+
+def _with_nan(batch: Batch, field: str) -> Batch:
+    values = getattr(batch, field).copy()
+    values[0, 1] = np.nan
+    return dataclasses.replace(batch, **{field: values})
+
+
+def test_skipped_steps_name_the_training_batch_that_holds_nan_data() -> None:
+    # Before: "N step(s) ... skipped (non-finite loss ...)" and nothing on the cause, and
+    # a run whose every step was skipped ended 'completed' with the untrained model.
+    state = create_train_state(TINY, TINY_TX, jax.random.key(0), make_batch(0))
+    batches = [make_batch(100), _with_nan(make_batch(101), "target"), make_batch(102)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(state, batches, epochs=1, quiet=True)
+    assert skip_warnings(caught) == [
+        "fit: step 3: 1 step(s) since the previous evaluation skipped (non-finite loss or "
+        "gradient, or an unusable learning rate); their updates were not applied; "
+        "train_batches: batch 1 holds 1 NaN or inf targets (the first at window 0, horizon "
+        "step 1): mark missing targets with batch.target_mask"
+    ]
+    state = create_train_state(TINY, TINY_TX, jax.random.key(0), make_batch(0))
+    batches = [_with_nan(make_batch(100 + i), "historical") for i in range(2)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fit(state, batches, epochs=1, quiet=True)
+    said = skip_warnings(caught)
+    assert len(said) == 2 and said[1].startswith(
+        "fit: every one of the 2 steps was skipped (non-finite loss or gradient, or an "
+        "unusable learning rate): the model never trained; train_batches[0]: "
+        "batch.historical holds 2 NaN or inf values (the first at index (0, 1, 0))"
+    ), said
+    assert int(result.state.skipped_steps) == 2
 
 
 def test_quant_stats_never_enter_params_gradients_or_weight_decay() -> None:

@@ -26,7 +26,14 @@ from tft_jax.checkpoint import BEST, TrainingCheckpointer
 from tft_jax.distributed import check_mesh, data_mesh, is_primary, place_state, shard_batch
 from tft_jax.fit_progress import Progress, duration_text, step_text
 from tft_jax.optimizer import _require_positive_float
-from tft_jax.steps import _check_mesh_divides, _check_validation_targets, evaluate, train_step
+from tft_jax.steps import (
+    _check_finite_inputs,
+    _check_finite_targets,
+    _check_mesh_divides,
+    _check_validation_targets,
+    evaluate,
+    train_step,
+)
 from tft_jax.train_state import (
     Batch,
     TrainState,
@@ -164,6 +171,33 @@ def _skip(iterator: Iterator[Batch], count: int) -> int:
             break
         skipped += 1
     return skipped
+
+
+class _BadTrainingData:
+    """Why `fit`'s steps were skipped, when the training batches say so.
+
+    Read once, on the host, the first time a skip is announced, and only for
+    batches given as a sequence (a stream cannot be read again): the first
+    batch holding an observed NaN or inf target or a non-finite input.
+    """
+
+    def __init__(self, source: Any) -> None:
+        self.source, self.found = source, None  # found: None = not read yet
+
+    def text(self) -> str:
+        """`'; <the first bad batch>'`, or `''` when none is found or they cannot be read."""
+        if self.found is None:
+            self.found = ""
+            if isinstance(self.source, Sequence) and jax.process_count() == 1:
+                for index in range(len(self.source)):
+                    batch = self.source[index]
+                    try:
+                        _check_finite_targets(index, batch, "train_batches")
+                        _check_finite_inputs(f"train_batches[{index}]", batch)
+                    except ValueError as error:
+                        self.found = f"; {error}"
+                        break
+        return self.found
 
 
 def _check_fit_args(
@@ -461,6 +495,7 @@ def fit(
     # (skips after the latest evaluation before the checkpoint still to come).
     if loop.announced_skips is None:
         loop.announced_skips = int(state.skipped_steps)
+    bad_data = _BadTrainingData(train_batches)
 
     def flush() -> None:
         for loss, skipped, observed in jax.device_get(pending):
@@ -498,7 +533,7 @@ def fit(
             warn(
                 f"step {loop.step}: {skipped - announced_skips} step(s) since the previous "
                 "evaluation skipped (non-finite loss or gradient, or an unusable learning "
-                "rate); their updates were not applied"
+                f"rate); their updates were not applied{bad_data.text()}"
             )
             loop.announced_skips = skipped
         if val_loss is not None:
@@ -653,6 +688,12 @@ def fit(
         progress.close()
         if checkpointer is not None:
             checkpointer.close()
+    if loop.step > 0 and int(state.skipped_steps) == int(state.step):
+        # Said once more at the end (the run 'completed' otherwise reads as a success).
+        warn(
+            f"every one of the {int(state.step)} steps was skipped (non-finite loss or "
+            f"gradient, or an unusable learning rate): the model never trained{bad_data.text()}"
+        )
     if val_batches is None:
         best_state = state
     elif loop.best_val_loss is None and loop.step > 0:
