@@ -39,7 +39,14 @@ from tests.checkpoint_states import (
     stand_in_state,
 )
 from tests.stepped_state import _Stepped
-from tft_jax.checkpoint import BEST, CORRUPT, LATEST, TrainingCheckpointer, load_state
+from tft_jax.checkpoint import (
+    BEST,
+    CORRUPT,
+    LATEST,
+    CheckpointWriteError,
+    TrainingCheckpointer,
+    load_state,
+)
 from tft_jax.config import TFTConfig
 from tft_jax.model import TemporalFusionTransformer
 from tft_jax.train import create_train_state, decay_model_params_only, fit
@@ -91,6 +98,46 @@ def test_saving_a_step_older_than_the_newest_raises_instead_of_writing_nothing(
         restored = checkpointer.restore(kind, TEMPLATE)
     assert restored is not None and restored.step == 10
     assert_bitwise_equal(restored.state, newer)
+
+
+# What orbax raised on a full disk: an OSError at first, then tensorstore's status.
+_FULL_DISK_ERRORS = [
+    OSError(28, "No space left on device"),
+    ValueError(
+        'RESOURCE_EXHAUSTED: Error writing local file "/x/4.orbax-checkpoint-tmp/state/_sharding": '
+        "[tensorstore_spec='{...}']"
+    ),
+]
+
+
+@pytest.mark.parametrize("raised", _FULL_DISK_ERRORS, ids=["oserror", "tensorstore"])
+def test_a_failed_write_is_one_oserror_naming_the_step_and_directory(tmp_path, raised) -> None:
+    # Before: the first failure of a full disk raised OSError, later ones orbax's ValueError.
+    state = randomized(TEMPLATE, seed=1, step=4)
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+
+        def full(*args: Any, **kwargs: Any) -> bool:
+            raise raised
+
+        checkpointer._managers[LATEST].save = full
+        with pytest.raises(CheckpointWriteError) as caught:
+            checkpointer.save_latest(state, jax.random.key(0), {})
+    error = caught.value
+    assert isinstance(error, OSError) and error.errno == 28 and error.__cause__ is raised
+    assert "saving the latest checkpoint of step 4 failed:" in str(error)
+    assert str(error).startswith(str(tmp_path)) and "tensorstore_spec" not in str(error)
+
+
+def test_a_value_error_that_is_no_failed_write_is_raised_as_it_is(tmp_path) -> None:
+    state = randomized(TEMPLATE, seed=1, step=4)
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+
+        def wrong(*args: Any, **kwargs: Any) -> bool:
+            raise ValueError("a bug")
+
+        checkpointer._managers[LATEST].save = wrong
+        with pytest.raises(ValueError, match=r"^a bug$"):
+            checkpointer.save_latest(state, jax.random.key(0), {})
 
 
 # A failed write inside orbax leaves an asyncio callback behind; it is harmless.

@@ -103,6 +103,27 @@ class CheckpointReadError(OSError):
         return f"{self.filename}: {self.strerror}"
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint step that could not be written (a full disk, a read-only folder).
+
+    Raised for the `OSError`s of the write and for tensorstore's status errors,
+    which orbax raises as `ValueError`s (`RESOURCE_EXHAUSTED: Error writing
+    local file ...`), so that both read as one `OSError`. `filename` is the
+    checkpoint directory; `errno` is `ENOSPC` for a full disk when the error
+    says so; `__cause__` the error the write raised. Orbax removes the
+    unfinished step's temporary folder the next time the directory is opened.
+    """
+
+    def __init__(self, path: pathlib.Path, detail: str, cause: BaseException) -> None:
+        number = getattr(cause, "errno", None)
+        if number is None and "RESOURCE_EXHAUSTED" in str(cause):
+            number = errno.ENOSPC
+        super().__init__(number, detail, str(path))
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+
 # Why a read failed, when the reason lies outside the checkpoint's files: Python's
 # exceptions, the errno values (also as the text tensorstore quotes them) and the
 # status codes that absl, tensorstore and XLA put in their messages.
@@ -376,8 +397,9 @@ class TrainingCheckpointer:
         Returns False, writing nothing, when that step is saved already (a
         replay after resume). Raises `ValueError` for a step older than the
         newest saved one or an `rng` that is not one key of the default PRNG
-        implementation (`restore` could not give it back), and `TypeError` for
-        a `loop` that JSON cannot hold.
+        implementation (`restore` could not give it back), `TypeError` for
+        a `loop` that JSON cannot hold, and `CheckpointWriteError` (an
+        `OSError`) when the write fails (a full disk).
         """
         return self._save(LATEST, state, rng, loop)
 
@@ -421,12 +443,22 @@ class TrainingCheckpointer:
         settings = _model_settings(state)
         if settings:  # nor are these
             meta["model"] = settings
-        return manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(payload), meta=ocp.args.JsonSave(meta)
-            ),
-        )
+        try:
+            return manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(payload), meta=ocp.args.JsonSave(meta)
+                ),
+            )
+        except (OSError, ValueError) as error:
+            failed = _is_read_failure(error) or "Error writing" in str(error)
+            if not isinstance(error, OSError) and not failed:
+                raise  # not a failed write: a bug, said as it is
+            raise CheckpointWriteError(
+                pathlib.Path(manager.directory),
+                f"saving the {kind} checkpoint of step {step} failed: {_summary(error)}",
+                error,
+            ) from error
 
     # Restoring --------------------------------------------------------------
 
