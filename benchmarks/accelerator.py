@@ -224,9 +224,18 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         "fake_quant) to run",
     )
     args = parser.parse_args(argv)
+    # The flags first (a usage error, exit 2), then the backend: a typo is
+    # named as such on any machine.
+    selected = tasks(args.steps, args.warmup, args.quick)
     with common.usage_errors(parser):
         if not args.budget > 0:  # NaN too
             raise ValueError(f"--budget must be positive, got {args.budget}")
+        if args.only is not None:
+            selected = select_tasks(selected, args.only)
+        if not args.output:
+            raise ValueError("--out is empty: give a file name")
+        if os.path.isdir(args.output):
+            raise ValueError(f"--out must name a file, got the directory {args.output!r}")
     # Checked before anything is created or measured.
     backend = jax.default_backend()
     if backend == "cpu" and not args.allow_cpu:
@@ -234,14 +243,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
             "benchmarks.accelerator found no GPU/TPU (backend 'cpu'); "
             "use `python -m benchmarks.cpu`, or --allow-cpu"
         )
-    selected = tasks(args.steps, args.warmup, args.quick)
     with common.usage_errors(parser):
-        if args.only is not None:
-            selected = select_tasks(selected, args.only)
-        if not args.output:
-            raise ValueError("--out is empty: give a file name")
-        if os.path.isdir(args.output):
-            raise ValueError(f"--out must name a file, got the directory {args.output!r}")
         # The output's directory is made last, so that `setup` can check the path.
         directory = os.path.dirname(os.path.abspath(args.output))
         try:

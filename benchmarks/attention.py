@@ -186,17 +186,6 @@ def table_view(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def parse_lengths(text: str) -> list[int]:
-    """Comma-separated positive sequence lengths."""
-    try:
-        lengths = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError as error:
-        raise ValueError(f"--lengths must be comma-separated ints, got {text!r}") from error
-    if not lengths or min(lengths) < 1:
-        raise ValueError(f"--lengths must be positive ints, got {text!r}")
-    return lengths
-
-
 def run(
     lengths: Sequence[int],
     paths: Sequence[str],
@@ -226,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     args = parser.parse_args(argv)
     with common.usage_errors(parser):
-        lengths = parse_lengths(args.lengths)
+        lengths = common.split_positive_ints(args.lengths, "--lengths")
         paths = common.split_names(args.paths, PATHS, "--paths")
         if args.hidden_dim % args.heads:
             raise ValueError(

@@ -482,7 +482,7 @@ def non_negative_int(text: str) -> int:
 def usage_errors(parser: argparse.ArgumentParser) -> Iterator[None]:
     """Turns a `ValueError` of the checks on parsed flags into `parser.error` (usage, exit 2).
 
-    The checks (`split_names`, the list parsers, `setup`) name the flag in their
+    The checks (`split_names`, `split_positive_ints`, `setup`) name the flag in their
     message; a command line with a bad value should end with that one line, not
     a traceback. Wrap only those checks: errors of the measurement itself keep
     their traceback.
@@ -554,12 +554,34 @@ def split_names(text: str, allowed: Iterable[str], option: str) -> list[str]:
     unknown = [name for name in names if name not in allowed]
     if unknown or not names:
         raise ValueError(f"{option} must be a comma-separated subset of {allowed}, got {text!r}")
-    # A name twice would measure twice, the second time from JAX's in-memory caches
-    # (a compile time near 0 s recorded as the compile).
-    repeated = sorted({name for name in names if names.count(name) > 1})
-    if repeated:
-        raise ValueError(f"{option} names {', '.join(repeated)} more than once, got {text!r}")
+    check_distinct(names, option, text)
     return names
+
+
+def split_positive_ints(text: str, option: str) -> list[int]:
+    """Parses a comma-separated list of distinct ints >= 1 (`ValueError` naming `option`)."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"{option} must be comma-separated ints, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"{option} must be positive ints, got {text!r}")
+    check_distinct(values, option, text)
+    return values
+
+
+def check_distinct(values: Sequence[Any], option: str, text: str) -> None:
+    """Raises `ValueError` naming `option` and each value that `values` holds more than once.
+
+    A value twice would measure twice, the second time from JAX's in-memory
+    caches (a compile time near 0 s recorded as the compile), and records keyed
+    by it (a ratio to the float run of the same batch) would pair the wrong runs.
+    `text` is the command line's spelling of the values, shown in the message.
+    """
+    repeated = sorted({value for value in values if values.count(value) > 1})
+    if repeated:
+        shown = ", ".join(map(str, repeated))
+        raise ValueError(f"{option} names {shown} more than once, got {text!r}")
 
 
 # ---------------------------------------------------------------------------

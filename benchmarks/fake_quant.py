@@ -190,17 +190,6 @@ def table_view(record: dict[str, Any]) -> dict[str, Any]:
     return {**record, "median_ms": median * 1e3, "gelem_per_s": rate / 1e9 if rate else None}
 
 
-def parse_sizes(text: str) -> list[int]:
-    """Comma-separated positive array sizes."""
-    try:
-        sizes = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError as error:
-        raise ValueError(f"--sizes must be comma-separated ints, got {text!r}") from error
-    if not sizes or min(sizes) < 1:
-        raise ValueError(f"--sizes must be positive ints, got {text!r}")
-    return sizes
-
-
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Command line: `python -m benchmarks.fake_quant [--sizes ...] [--ratio-config ...]`."""
     parser = common.base_parser(__doc__.splitlines()[0])
@@ -212,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     )
     args = parser.parse_args(argv)
     with common.usage_errors(parser):
-        sizes = parse_sizes(args.sizes)
+        sizes = common.split_positive_ints(args.sizes, "--sizes")
         configs = (
             []
             if args.ratio_config == "none"

@@ -137,13 +137,14 @@ def run(
     dtype: str = "float32",
 ) -> list[dict[str, Any]]:
     """One record per configuration, batch size and kind."""
-    records = [
-        record
-        for name in configs
-        for batch_size in batch_sizes
-        for record in bench(steps_bench.get_config(name, dtype, batch_size), kinds, steps, warmup)
-    ]
-    add_int8_speedups(records)
+    records = []
+    for name in configs:
+        for batch_size in batch_sizes:
+            config = steps_bench.get_config(name, dtype, batch_size)
+            measured = bench(config, kinds, steps, warmup)
+            # Each int8 run against the float run timed with it, never another's.
+            add_int8_speedups(measured)
+            records.extend(measured)
     return records
 
 
@@ -176,17 +177,6 @@ def table_view(record: dict[str, Any]) -> dict[str, Any]:
     return {**record, "weight_kib": record["weight_bytes"] / 1024}
 
 
-def parse_batch_sizes(text: str) -> list[int]:
-    """Comma-separated positive batch sizes."""
-    try:
-        sizes = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError as error:
-        raise ValueError(f"--batch-sizes must be comma-separated ints, got {text!r}") from error
-    if not sizes or min(sizes) < 1:
-        raise ValueError(f"--batch-sizes must be positive ints, got {text!r}")
-    return sizes
-
-
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Command line: `python -m benchmarks.inference [--config ...] [--batch-sizes ...]`."""
     parser = common.base_parser(__doc__.splitlines()[0])
@@ -200,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     with common.usage_errors(parser):
         configs = common.split_names(args.config, steps_bench.CONFIGS, "--config")
         kinds = common.split_names(args.kinds, KINDS, "--kinds")
-        batch_sizes = parse_batch_sizes(args.batch_sizes)
+        batch_sizes = common.split_positive_ints(args.batch_sizes, "--batch-sizes")
         common.setup(args)
     records = run(configs, batch_sizes, kinds, args.steps, args.warmup, args.dtype)
     common.emit(

@@ -19,6 +19,7 @@ Usage::
 from __future__ import annotations
 
 import collections
+import contextlib
 import glob
 import gzip
 import json
@@ -131,7 +132,9 @@ def profile(
 ) -> list[dict[str, Any]]:
     """Profiles `steps` train steps after `warmup` unprofiled ones.
 
-    Returns one record per `(pass, module)`, largest first.
+    Returns one record per `(pass, module)`, largest first. The trace is kept
+    in `trace_dir` when given (each record names it); otherwise it is written
+    to a temporary folder, removed once read, and `trace_dir` is None.
     """
     import jax
 
@@ -142,12 +145,16 @@ def profile(
     prepared = steps_bench.PreparedStep(steps_bench.get_config(config_name), mode)
     for _ in range(warmup):
         prepared()
-    directory = trace_dir or tempfile.mkdtemp(prefix="tft-profile-")
-    with jax.profiler.trace(directory, create_perfetto_trace=True):
-        for _ in range(steps):
-            prepared()
+    with contextlib.ExitStack() as stack:
+        directory = trace_dir or stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="tft-profile-")
+        )
+        with jax.profiler.trace(directory, create_perfetto_trace=True):
+            for _ in range(steps):
+                prepared()
+        trace = load_trace(directory)
     hlo_text = prepared.compile.compiled.as_text()
-    durations = op_durations(load_trace(directory), container_instructions(hlo_text))
+    durations = op_durations(trace, container_instructions(hlo_text))
     totals = attribute(durations, instruction_op_names(hlo_text), depth)
     overall = sum(totals.values()) or 1.0
     return [
@@ -160,7 +167,7 @@ def profile(
             ms_per_step=micros / steps / 1e3,
             share=micros / overall,
             op_ms_per_step=overall / steps / 1e3,
-            trace_dir=directory,
+            trace_dir=trace_dir,
         )
         for (phase, module), micros in totals.most_common(top)
     ]
@@ -192,9 +199,16 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         "--depth", type=common.positive_int, default=2, help="module scopes to group by"
     )
     parser.add_argument("--top", type=common.positive_int, default=25, help="rows to report")
-    parser.add_argument("--trace-dir", default=None, help="keep the trace here")
+    parser.add_argument(
+        "--trace-dir",
+        default=None,
+        help="keep the trace in this folder (by default it is written to a temporary "
+        "folder and removed once read)",
+    )
     args = parser.parse_args(argv)
     with common.usage_errors(parser):
+        if args.trace_dir == "":
+            raise ValueError("--trace-dir is empty: give a folder")
         common.setup(args)
     records = profile(
         args.config, args.mode, args.steps, args.depth, args.trace_dir, args.top, args.warmup

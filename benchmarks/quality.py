@@ -1,7 +1,7 @@
 """Forecast quality with default settings on public tables: backtests against strong baselines.
 
     python -m benchmarks.quality [--tables pedestrian aus_retail ...] [--variants ...]
-                                 [--set training.time_budget=180] [--json out.jsonl]
+                                 [--set training.time_budget=180] [--output out.jsonl]
 
 For each table (`benchmarks.tables`) and settings variant, a `Forecaster`
 with the default model, training and QAT settings (plus the variant's and
@@ -11,6 +11,11 @@ rolling origins of the table, `H` steps apart (the test numbers: never used
 to choose). Each record holds P50/P90 q-risk of the best baseline (seasonal
 naive and seasonal naive with drift at the frequency's periods), FP32 and
 int8, and the training time.
+
+Each record is printed as one JSON line (the records are nested, so there is
+no table); `--output FILE` also appends the lines to a file, as in the other
+benchmarks. `--json FILE`, the earlier spelling of `--output FILE`, still
+works; a bare `--json` changes nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.common import check_output_path, positive_int, usage_errors
+from benchmarks.common import check_distinct, check_output_path, positive_int, usage_errors
 from benchmarks.tables import TABLES, without_categoricals
 from tft_jax.allocator import relaunch_with_tuned_allocator
 from tft_jax.forecaster import (
@@ -62,6 +67,8 @@ def configured(
     config = ForecasterConfig(data=data, qat=QATTrainingConfig() if qat else None)
     for key, value in {**VARIANTS[variant], **overrides}.items():
         section, field = key.split(".")
+        if getattr(config, section) is None:
+            raise ValueError(f"{key} has no effect with --no-qat")
         config = dataclasses.replace(
             config, **{section: dataclasses.replace(getattr(config, section), **{field: value})}
         )
@@ -145,8 +152,10 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
 
     Raises `ValueError` naming the item unless it has that form and names a
     field of a `ForecasterConfig` section, so that a typo stops the command
-    before any table is fitted (not with a traceback from `configured`).
+    before any table is fitted (not with a traceback from `configured`); a
+    field set twice is refused too (the last value would win unseen).
     """
+    check_distinct([item.partition("=")[0] for item in items], "--set", " ".join(items))
     overrides = {}
     for item in items:
         key, equals, value = item.partition("=")
@@ -170,12 +179,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--cutoffs", type=positive_int, default=3, help="backtest origins (default 3)"
     )
-    parser.add_argument("--json", help="append one JSON line per run to this file")
+    parser.add_argument("--output", help="also append the JSON lines to this file")
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const=True,
+        metavar="FILE",
+        help="the lines printed are JSON already; --json FILE is the earlier spelling of "
+        "--output FILE",
+    )
     parser.add_argument("--no-qat", action="store_true", help="FP32 only (quicker studies)")
     args = parser.parse_args(argv)
     with usage_errors(parser):
+        # A run twice fits the same model twice and prints two records of it.
+        check_distinct(args.tables, "--tables", " ".join(args.tables))
+        check_distinct(args.variants, "--variants", " ".join(args.variants))
         overrides = parse_overrides(args.set)
-        check_output_path(args.json, "--json")  # written after the first fit: checked now
+        output, option = args.output, "--output"
+        if isinstance(args.json, str):
+            if args.output is not None:
+                raise ValueError(
+                    f"--json {args.json} and --output {args.output} both name the output file: "
+                    "give it once, as --output"
+                )
+            output, option = args.json, "--json"
+        check_output_path(output, option)  # written after the first fit: checked now
         for table in args.tables:  # each run's settings, before any table is fitted
             for variant in args.variants:
                 try:
@@ -187,8 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             record = run(table, variant, overrides, args.cutoffs, qat=not args.no_qat)
             line = json.dumps(finite_or_none(record), allow_nan=False)
             print(line, flush=True)
-            if args.json:
-                with open(args.json, "a") as out:
+            if output:
+                with open(output, "a", encoding="utf-8") as out:
                     out.write(line + "\n")
     return 0
 

@@ -8,6 +8,8 @@ swallows the printed records.
 from __future__ import annotations
 
 import json
+import tempfile
+import types
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +22,7 @@ from benchmarks import (
     cpu,
     device_check,
     fake_quant,
+    inference,
     peer,
     profile_step,
     quality,
@@ -186,3 +189,173 @@ def test_profile_leaves_out_the_events_of_instructions_that_run_others():
         ]
     }
     assert profile_step.op_durations(trace, containers) == {"add.3": 11.9}
+
+
+@pytest.mark.parametrize(
+    ("module", "argv", "shown"),
+    [
+        (
+            inference,
+            ["--config", "tiny", "--batch-sizes", "1,256,1"],
+            "--batch-sizes names 1 more than once, got '1,256,1'",
+        ),
+        (attention, ["--lengths", "32,32"], "--lengths names 32 more than once, got '32,32'"),
+        (
+            fake_quant,
+            ["--sizes", "1000,1000", "--ratio-config", "none"],
+            "--sizes names 1000 more than once, got '1000,1000'",
+        ),
+    ],
+    ids=["inference", "attention", "fake_quant"],
+)
+def test_a_number_given_twice_is_a_usage_error(module, argv, shown, capsys, monkeypatch):
+    # `--batch-sizes 1,1` measured twice and paired the first int8 run with the second
+    # float run; `--lengths 32,32` and `--sizes 1000,1000` printed duplicate rows.
+    monkeypatch.setattr(module, "run", _never)
+    monkeypatch.setattr(common, "matmul_peak_gflops", _never)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(argv)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"error: {shown}")
+
+
+def test_positive_int_lists_keep_their_order_and_refuse_what_is_not_one():
+    assert common.split_positive_ints(" 256, 1,", "--batch-sizes") == [256, 1]
+    with pytest.raises(ValueError, match=r"--lengths names 8, 16 more than once"):
+        common.split_positive_ints("16,8,16,8", "--lengths")
+    with pytest.raises(ValueError, match="--sizes must be positive ints"):
+        common.split_positive_ints("4,0", "--sizes")
+    with pytest.raises(ValueError, match="--sizes must be comma-separated ints"):
+        common.split_positive_ints("4,x", "--sizes")
+
+
+def test_each_int8_speedup_is_against_the_float_run_timed_with_it(monkeypatch):
+    # `add_int8_speedups` over all records keyed by (config, batch): with a batch size
+    # twice, the first int8 record was divided by the second float run's median.
+    medians = iter([(4.0, 2.0), (9.0, 3.0)])
+
+    def bench(config, kinds, steps, warmup):
+        float_median, int8_median = next(medians)
+        return [
+            {"model_config": "tiny", "batch_size": 1, "kind": kind, "median_s": median}
+            for kind, median in (("float", float_median), ("int8", int8_median))
+        ]
+
+    monkeypatch.setattr(inference, "bench", bench)
+    records = inference.run(["tiny"], [1, 1], inference.KINDS, 1, 0)
+    assert [r["speedup_vs_float"] for r in records] == [None, 2.0, None, 3.0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "shown"),
+    [
+        (["--tables", "pedestrian", "tourism", "pedestrian"], "--tables names pedestrian "),
+        (["--variants", "default", "default"], "--variants names default "),
+        (
+            ["--set", "training.max_steps=2", "model.hidden_dim=8", "training.max_steps=3"],
+            "--set names training.max_steps ",
+        ),
+    ],
+    ids=["tables", "variants", "set"],
+)
+def test_quality_refuses_a_run_or_setting_given_twice(argv, shown, capsys, monkeypatch):
+    # Repeated tables or variants fitted the same model again; a repeated --set key
+    # silently kept the last value.
+    monkeypatch.setattr(quality, "run", _never)
+    with pytest.raises(SystemExit) as exit_info:
+        quality.main(["--tables", "pedestrian", *argv])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"{shown}more than once" in error
+
+
+def test_quality_qat_settings_with_no_qat_are_a_usage_error(capsys, monkeypatch):
+    # `--set qat.steps=5 --no-qat` failed with "replace() should be called on dataclass
+    # instances"; with QAT on, the same setting reaches the run.
+    monkeypatch.setattr(quality, "run", _never)
+    with pytest.raises(SystemExit) as exit_info:
+        quality.main(["--tables", "pedestrian", "--set", "qat.steps=5", "--no-qat"])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.endswith("--set qat.steps=5: qat.steps has no effect with --no-qat")
+    assert quality.configured("pedestrian", "default", {"qat.steps": 5}).qat.steps == 5
+
+
+def _quality_record(table, variant, overrides, cutoffs, qat=True):
+    return {"table": table, "variant": variant}
+
+
+@pytest.mark.parametrize("flag", ["--output", "--json"])
+def test_quality_appends_to_output_and_keeps_json_file_as_its_alias(
+    flag, tmp_path, capsys, monkeypatch
+):
+    # The other benchmarks spell the file `--output FILE`; quality's `--json FILE` still works.
+    monkeypatch.setattr(quality, "run", _quality_record)
+    out = tmp_path / "q.jsonl"
+    out.write_text('{"earlier": 1}\n')
+    assert quality.main(["--tables", "pedestrian", "tourism", flag, str(out)]) == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["table"] for r in printed] == ["pedestrian", "tourism"]
+    assert [json.loads(line) for line in out.read_text().splitlines()] == [{"earlier": 1}, *printed]
+
+
+def test_quality_bare_json_prints_the_same_lines_and_two_files_are_refused(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(quality, "run", _quality_record)
+    assert quality.main(["--tables", "pedestrian", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"table": "pedestrian", "variant": "default"}
+    argv = ["--json", str(tmp_path / "a.jsonl"), "--output", str(tmp_path / "b.jsonl")]
+    monkeypatch.setattr(quality, "run", _never)
+    with pytest.raises(SystemExit) as exit_info:
+        quality.main(["--tables", "pedestrian", *argv])
+    assert exit_info.value.code == 2
+    assert "both name the output file" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+class _MatmulStep:
+    """A stand-in for `train_step.PreparedStep`: a small jitted matmul, no model to compile."""
+
+    def __init__(self, config, mode):
+        self.x = jnp.ones((64, 64))
+        self.function = jax.jit(lambda x: jnp.tanh(x @ x))
+        self.compile = types.SimpleNamespace(compiled=self.function.lower(self.x).compile())
+
+    def __call__(self):
+        return jax.block_until_ready(self.function(self.x))
+
+
+def test_profile_removes_its_temporary_trace_and_keeps_one_asked_for(tmp_path, capsys, monkeypatch):
+    # Without --trace-dir every run left a /tmp/tft-profile-XXXX folder behind.
+    monkeypatch.setattr(train_step, "PreparedStep", _MatmulStep)
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    argv = ["--config", "tiny", "--json", "--steps", "1", "--warmup", "0", "--compile-cache"]
+    dropped = profile_step.main(argv)
+    assert list(temporary.iterdir()) == []
+    kept = tmp_path / "trace"
+    records = profile_step.main([*argv, "--trace-dir", str(kept)])
+    assert list(kept.rglob("perfetto_trace.json.gz"))
+    assert dropped and records
+    assert {r["trace_dir"] for r in dropped} == {None}
+    assert {r["trace_dir"] for r in records} == {str(kept)}
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["trace_dir"] for r in printed] == [
+        *(None for _ in dropped),
+        *(str(kept) for _ in records),
+    ]
+
+
+def test_accelerator_names_a_bad_only_before_looking_for_a_gpu(tmp_path, capsys, monkeypatch):
+    # On a CPU, `--only nope` said "found no GPU/TPU" (exit 1) and never named the flag.
+    monkeypatch.setattr(accelerator.jax, "default_backend", lambda: "cpu")
+    monkeypatch.setattr(common, "run_suite", _never)
+    out = tmp_path / "results" / "a.jsonl"
+    with pytest.raises(SystemExit) as exit_info:
+        accelerator.main(["--only", "nope", "--out", str(out)])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--only must be a comma-separated subset" in error and "'nope'" in error
+    assert not out.parent.exists()
