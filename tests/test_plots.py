@@ -609,3 +609,230 @@ def test_many_plots_leave_no_figure_open(tmp_path):
     for index in range(5):
         plots.plot_attention(tmp_path / f"a{index}.png", np.full((2, 5), 0.2), history=3)
     assert plt.get_fignums() == before
+
+
+# ----------------------------------------------------------------- non-finite values, bad arguments
+
+
+def _one_window(**columns) -> tuple[pd.DataFrame, pd.DataFrame]:
+    times = pd.date_range("2024-01-01", periods=9, freq="D")
+    forecasts = pd.DataFrame(
+        {"id": "a", "forecast_start": times[5], "time": times[5:], "p10": 1.0, "p50": 2.0,
+         "p90": 3.0, "actual": math.nan, **columns}
+    )  # fmt: skip
+    context = pd.DataFrame({"id": "a", "time": times[:5], "actual": 2.0})
+    return forecasts, context
+
+
+def _notes(figure) -> list[str]:
+    """The texts of every panel: the notes of what was not drawn."""
+    return [text.get_text() for axis in figure.axes for text in axis.texts]
+
+
+def _draw_fans(tmp_path, forecasts, context):
+    return plots.plot_forecast_fans(
+        tmp_path / "f.png", forecasts, context, id_col="id", time_col="time",
+        lower="p10", median="p50", upper="p90",
+    )  # fmt: skip
+
+
+def test_fan_chart_refuses_a_text_quantile_column_naming_it_and_its_first_non_number(tmp_path):
+    # A forecast CSV read back with a placeholder cell: the texts were drawn on a category axis.
+    forecasts, context = _one_window(p50=["12.5", "13", "n/a", "14"])
+    with pytest.raises(TypeError, match=r"forecasts column 'p50' must hold numbers") as caught:
+        _draw_fans(tmp_path, forecasts, context)
+    assert "'12.5' (str) at position 0" in str(caught.value)
+    assert "'n/a' at position 2 does not read as one" in str(caught.value)
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("table", "column", "values", "match"),
+    [
+        ("forecasts", "p90", [True, False, True, True], "got booleans"),
+        ("forecasts", "actual", ["x", 1.0, 2.0, 3.0], r"first that is not a number is 'x'"),
+        ("context", "actual", ["-"] * 5, r"first that is not a number is '-'"),
+    ],
+)
+def test_fan_chart_refuses_columns_that_are_not_numbers_by_name(
+    tmp_path, table, column, values, match
+):
+    forecasts, context = _one_window()
+    tables = {"forecasts": forecasts, "context": context}
+    tables[table] = tables[table].assign(**{column: values})
+    with pytest.raises(TypeError, match=rf"{table} column '{column}' must hold numbers.*{match}"):
+        _draw_fans(tmp_path, tables["forecasts"], tables["context"])
+
+
+def test_fan_chart_draws_an_object_column_of_numbers_as_those_numbers(tmp_path, monkeypatch):
+    forecasts, context = _one_window(p50=pd.Series([2.0, 2.5, None, 3], dtype=object))
+    figures = _capture_figures(monkeypatch)
+    _draw_fans(tmp_path, forecasts, context)
+    (axis,) = figures[0].axes
+    (median,) = [line for line in axis.get_lines() if line.get_label() == "p50"]
+    np.testing.assert_array_equal(median.get_ydata(orig=False), [2.0, 2.5, math.nan, 3.0])
+    assert _notes(figures[0]) == ["non-finite forecast values, not drawn: p50 1 (of 4 steps)"]
+
+
+def test_fan_chart_counts_non_finite_forecast_values_in_a_note(tmp_path, monkeypatch):
+    # A NaN band edge or an inf median left a gap and no word about it.
+    forecasts, context = _one_window(
+        p10=[1.0, 1.0, math.nan, math.nan], p50=[2.0, math.inf, 2.0, 2.0]
+    )
+    figures = _capture_figures(monkeypatch)
+    _draw_fans(tmp_path, forecasts, context)
+    assert _notes(figures[0]) == [
+        "non-finite forecast values, not drawn: p10 2, p50 1 (of 4 steps)"
+    ]
+
+
+def test_fan_chart_without_any_finite_forecast_says_nothing_was_drawn(tmp_path, monkeypatch):
+    forecasts, context = _one_window(p10=math.nan, p50=math.nan, p90=-math.inf)
+    figures = _capture_figures(monkeypatch)
+    _draw_fans(tmp_path, forecasts, context)
+    (axis,) = figures[0].axes
+    assert _notes(figures[0]) == ["no finite forecast value (4 steps): nothing drawn"]
+    (actual,) = [line for line in axis.get_lines() if line.get_label() == "actual"]
+    assert np.isfinite(actual.get_ydata(orig=False)).sum() == 5  # the history is still drawn
+
+
+def test_fan_chart_of_finite_forecasts_has_no_note(tmp_path, monkeypatch):
+    forecasts, context = _one_window()
+    figures = _capture_figures(monkeypatch)
+    _draw_fans(tmp_path, forecasts, context)
+    assert _notes(figures[0]) == []
+
+
+def test_attention_plot_counts_non_finite_history_weights_in_a_note(tmp_path, monkeypatch):
+    attention = np.full((2, 5), 0.2)  # T=3, H=2
+    attention[1, 0] = math.inf
+    attention[0, 4] = math.nan  # a horizon column, not drawn: not counted
+    figures = _capture_figures(monkeypatch)
+    plots.plot_attention(tmp_path / "a.png", attention, history=3)
+    plots.plot_attention(tmp_path / "b.png", np.full((2, 5), 0.2), history=3)
+    assert _notes(figures[0]) == ["1 of 6 weights over the history non-finite, not drawn"]
+    assert _notes(figures[1]) == []
+
+
+def test_attention_plot_of_all_nan_weights_says_nothing_was_drawn(tmp_path, monkeypatch):
+    # A diverged model's attention was written as an empty figure without a word.
+    figures = _capture_figures(monkeypatch)
+    path = plots.plot_attention(tmp_path / "a.png", np.full((3, 13), math.nan), history=10)
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    assert _notes(figures[0]) == ["all 30 weights over the history non-finite: nothing to draw"]
+
+
+def test_attention_plot_refuses_repeated_horizons(tmp_path):
+    # [1, 1] drew two identical curves, both labelled "horizon 1".
+    with pytest.raises(ValueError, match=r"horizons must not repeat a step .* got \[1\] twice"):
+        plots.plot_attention(tmp_path / "a.png", np.full((2, 5), 0.2), history=3, horizons=[1, 1])
+
+
+def test_attention_plot_refuses_weights_that_are_not_numbers(tmp_path):
+    with pytest.raises(TypeError, match=r"attention must be an \(H, T\+H\) array of numbers"):
+        plots.plot_attention(tmp_path / "a.png", [["a", "b"]], history=1)
+
+
+def test_loss_curves_count_non_finite_losses_in_their_labels_but_not_missing_ones(
+    tmp_path, monkeypatch
+):
+    phases = {
+        "fp32": {"step": [1, 2, 3], "train_loss": [0.5, math.nan, math.inf],
+                 "val_loss": [None, 0.4, None]},
+    }  # fmt: skip
+    figures = _capture_figures(monkeypatch)
+    plots.plot_loss_curves(tmp_path / "loss.png", phases)
+    labels = [line.get_label() for line in figures[0].axes[0].get_lines()]
+    assert labels[:2] == ["fp32 train (2 of 3 non-finite)", "fp32 validation"]
+    assert _notes(figures[0]) == []
+
+
+def test_loss_curves_of_only_nan_losses_say_nothing_was_drawn(tmp_path, monkeypatch):
+    # A diverged run's history was written as an empty figure without a word.
+    phases = {"fp32": {"step": [1, 2], "train_loss": [math.nan] * 2, "val_loss": [math.nan] * 2}}
+    figures = _capture_figures(monkeypatch)
+    plots.plot_loss_curves(tmp_path / "loss.png", phases)
+    labels = [line.get_label() for line in figures[0].axes[0].get_lines()]
+    assert labels[:2] == ["fp32 train (2 of 2 non-finite)", "fp32 validation (2 of 2 non-finite)"]
+    assert _notes(figures[0]) == ["no finite loss value: nothing to draw"]
+
+
+def test_loss_curves_name_a_list_that_holds_text(tmp_path):
+    phases = {"qat": {"step": [1, 2], "train_loss": [0.5, "0.4"], "val_loss": [None, None]}}
+    with pytest.raises(TypeError, match=r"phase 'qat' train_loss must hold numbers or None, got "
+                                        r"'0.4' \(str\) at position 1"):  # fmt: skip
+        plots.plot_loss_curves(tmp_path / "loss.png", phases)
+
+
+_DROP = object()
+
+
+def _clipping_run(**changes):
+    """A run of `clipping_experiment`'s result; a key changed to `_DROP` is left out."""
+    run = {"clip": True, "step_loss": [0.5, 0.4], "step_grad_norm": [2.0, 1.0],
+           "final_val_loss": 0.4, "diverged": False, **changes}  # fmt: skip
+    return {key: value for key, value in run.items() if value is not _DROP}
+
+
+@pytest.mark.parametrize(
+    ("result", "match"),
+    [
+        ({}, r"result must be the dict of tft_jax\.experiments\.clipping_experiment.*keys \[\]"),
+        ([_clipping_run()], r"result must be the dict .* got list"),
+        (
+            {"runs": [_clipping_run(), _clipping_run(diverged=_DROP)]},
+            r"run 1 of result\['runs'\] lacks the keys \['diverged'\]",
+        ),
+    ],
+)  # fmt: skip
+def test_clipping_plot_names_what_its_result_lacks(tmp_path, result, match):
+    with pytest.raises(ValueError, match=match):
+        plots.plot_clipping_experiment(tmp_path / "c.png", result)
+
+
+def test_variable_importance_refuses_names_given_as_one_string(tmp_path):
+    # "ab" was read as the two names 'a' and 'b'.
+    with pytest.raises(TypeError, match=r"group 'g': names must be a sequence .* string 'ab'"):
+        plots.plot_variable_importance(tmp_path / "vi.png", [("g", "ab", [0.3, 0.7])])
+
+
+def test_variable_importance_refuses_a_negative_weight_naming_the_variable(tmp_path):
+    # It was drawn left of an x-axis that starts at 0: off the figure, without a word.
+    with pytest.raises(
+        ValueError, match=r"group 'g': selection weights must be >= 0 .* 'b' \(-0\.5\)"
+    ):
+        plots.plot_variable_importance(tmp_path / "vi.png", [("g", ["a", "b"], [0.3, -0.5])])
+
+
+@pytest.mark.parametrize(
+    ("changes", "error", "match"),
+    [
+        ({"quantiles": ()}, ValueError, "quantiles is empty"),
+        ({"quantiles": "0.1"}, TypeError, "quantiles must be a sequence of levels"),
+        ({"quantiles": (0.1, "0.9")}, TypeError, r"must be numbers in \(0, 1\), got '0.9'"),
+        ({"quantiles": (0.1, 1.5)}, ValueError, r"quantiles must lie in \(0, 1\), got 1\.5"),
+        ({"target": "revenue"}, ValueError, r"target='revenue' is not a column of the history"),
+        ({"id_col": "shop"}, ValueError, r"id_col='shop' is not a column of the forecast"),
+        ({"time_col": "day"}, ValueError, r"time_col='day' is not a column of the forecast"),
+        ({"series": "a"}, TypeError, r"series ids, got 'a' \(for one series pass \['a'\]\)"),
+        ({"series": []}, ValueError, "series is empty"),
+        ({"series": ["a", "a"]}, ValueError, r"series must not repeat an id .* got \['a'\]"),
+    ],
+)  # fmt: skip
+def test_future_chart_names_the_argument_it_refuses(tmp_path, changes, error, match):
+    forecast, history = _future_inputs()
+    options = dict(id_col="id", time_col="time", target="y", quantiles=(0.1, 0.5, 0.9), tail=10)
+    with pytest.raises(error, match=match):
+        plots.plot_future(tmp_path / "f.png", forecast, history, **{**options, **changes})
+
+
+def test_future_chart_names_a_history_target_that_holds_text(tmp_path):
+    forecast, history = _future_inputs()
+    history["y"] = history["y"].astype(str).where(history.index != 3, "n/a")
+    with pytest.raises(
+        TypeError, match=r"history column 'y' must hold numbers.*'n/a' at position 3"
+    ):
+        plots.plot_future(
+            tmp_path / "f.png", forecast, history, id_col="id", time_col="time", target="y",
+            quantiles=(0.1, 0.5, 0.9), tail=10,
+        )  # fmt: skip

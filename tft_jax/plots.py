@@ -72,6 +72,63 @@ def _save(figure: Figure, path: PathLike) -> pathlib.Path:
     return path
 
 
+def _note(axis: Any, text: str) -> None:
+    """Writes `text` in the lower left corner of `axis`: what the data held but was not drawn."""
+    axis.annotate(
+        text, (0.01, 0.05), xycoords="axes fraction", fontsize=8, color="#444444",
+        bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8},
+    )  # fmt: skip
+
+
+def _non_finite_note(count: int, total: int, what: str) -> str:
+    """'2 of 9 weights non-finite, not drawn'; 'all 9 ... nothing to draw' when none is finite."""
+    if count == total:
+        return f"all {total} {what} non-finite: nothing to draw"
+    return f"{count} of {total} {what} non-finite, not drawn"
+
+
+def _is_number(value: Any) -> bool:
+    """A real number (not a bool) or a missing value (None, NaN, pd.NA)."""
+    if value is None or value is pd.NA:
+        return True
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def _numeric_column(table_name: str, table: pd.DataFrame, column: str) -> pd.Series:
+    """`table[column]` as float64, or a TypeError naming the column and its first non-number.
+
+    A column of texts (a CSV read back with a placeholder such as 'n/a' in a cell) would
+    be drawn on matplotlib's category axis: one tick per distinct text, in table order.
+    """
+    values = table[column]
+    if isinstance(values, pd.DataFrame):
+        raise ValueError(f"{table_name} has {values.shape[1]} columns named {column!r}; need one")
+    if pd.api.types.is_bool_dtype(values):
+        raise TypeError(f"{table_name} column {column!r} must hold numbers, got booleans")
+    if not pd.api.types.is_numeric_dtype(values):
+        for position, value in enumerate(values):
+            if _is_number(value):
+                continue
+            message = (
+                f"{table_name} column {column!r} must hold numbers, got {values.dtype} values; "
+                f"the first that is not a number is {value!r} ({type(value).__name__}) at "
+                f"position {position}"
+            )
+            for later, text in enumerate(values.iloc[position:], start=position):
+                if _is_number(text):
+                    continue
+                try:
+                    float(text)
+                except (TypeError, ValueError):
+                    if later != position:
+                        message += f", and {text!r} at position {later} does not read as one"
+                    break
+            raise TypeError(
+                message + " (convert the column, e.g. with pd.to_numeric, before plotting)"
+            )
+    return values.astype(np.float64)
+
+
 def isolated(values: np.ndarray) -> np.ndarray:
     """(N,) bool: the finite values of `values` (N,) whose neighbours are both missing or absent."""
     finite = np.isfinite(values)
@@ -107,9 +164,17 @@ def plot_forecast_fans(
       title: figure title.
       units: y-axis label.
 
+    Missing actuals are drawn as gaps (the future has none). A non-finite
+    value of `lower`, `median` or `upper` leaves a gap in the band or the
+    median, and a note in the panel counts them per column; a panel with no
+    finite forecast value at all still shows the actuals, and its note says
+    so.
+
     Raises:
       ValueError: naming the columns `forecasts` or `context` lacks, or when
         `forecasts` is empty.
+      TypeError: naming a quantile or `actual` column that holds something
+        other than numbers (texts, dates, booleans), and its first such value.
     """
     for name, table, needed in (
         (
@@ -122,6 +187,14 @@ def plot_forecast_fans(
         missing = [column for column in dict.fromkeys(needed) if column not in table.columns]
         if missing:
             raise ValueError(f"{name} lacks the columns {missing}; it has {list(table.columns)}")
+    quantile_columns = list(dict.fromkeys((lower, median, upper)))
+    forecasts = forecasts.assign(
+        **{
+            column: _numeric_column("forecasts", forecasts, column)
+            for column in (*quantile_columns, "actual")
+        }
+    )
+    context = context.assign(actual=_numeric_column("context", context, "actual"))
     series = list(pd.unique(forecasts[id_col]))
     if not series:
         raise ValueError("forecasts is empty: nothing to plot")
@@ -167,6 +240,16 @@ def plot_forecast_fans(
                 ms=4,
                 label=median if first else None,
             )
+        bad = {column: int(np.sum(~np.isfinite(rows[column]))) for column in quantile_columns}
+        if any(bad.values()):
+            counts = ", ".join(f"{column} {count}" for column, count in bad.items() if count)
+            every = all(count == len(rows) for count in bad.values())
+            _note(
+                axis,
+                f"no finite forecast value ({len(rows)} steps): nothing drawn"
+                if every
+                else f"non-finite forecast values, not drawn: {counts} (of {len(rows)} steps)",
+            )
         axis.set_title(str(name), fontsize=10, loc="left")
         axis.set_ylabel(units)
         axis.grid(alpha=0.3)
@@ -195,13 +278,22 @@ def plot_attention(
         first, middle and last. The mean over all horizons is drawn bold.
       title: figure title.
 
+    A non-finite weight over the history (a diverged model) leaves a gap in
+    its curve and in the mean at its lag, and a note counts them; with no
+    finite weight at all the figure is still written (the run's other plots
+    go on) with a note saying nothing could be drawn.
+
     Raises:
       ValueError: for a `history` below 1, `attention` not of shape
-        `(H, T+H)` with `H >= 1`, or `horizons` outside `1..H`.
+        `(H, T+H)` with `H >= 1`, or `horizons` outside `1..H` or repeated.
+      TypeError: for `attention` that does not hold numbers.
     """
     if isinstance(history, bool) or not isinstance(history, numbers.Integral) or history < 1:
         raise ValueError(f"history must be an int >= 1 (T), got {history!r}")
-    attention = np.asarray(attention, dtype=np.float64)
+    try:
+        attention = np.asarray(attention, dtype=np.float64)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"attention must be an (H, T+H) array of numbers: {error}") from None
     # Columns T.. are the horizon steps: another width would put the lags on the wrong columns.
     if (
         attention.ndim != 2
@@ -214,16 +306,24 @@ def plot_attention(
     steps = attention.shape[0]
     if horizons is None:
         horizons = sorted({1, (steps + 1) // 2, steps})
+    horizons = list(horizons)
     for step in horizons:
         whole = not isinstance(step, bool) and isinstance(step, numbers.Integral)
         if not whole or not 1 <= step <= steps:
             raise ValueError(f"horizons must lie in 1..{steps} (whole steps), got {step!r}")
+    repeated = sorted({int(step) for step in horizons if horizons.count(step) > 1})
+    if repeated:
+        raise ValueError(f"horizons must not repeat a step (one curve each), got {repeated} twice")
     lags = np.arange(-history, 0)
     figure = Figure(figsize=(10, 3.8), layout="constrained")
     axis = figure.subplots()
     for step in horizons:
         axis.plot(lags, attention[step - 1, :history], lw=0.9, alpha=0.8, label=f"horizon {step}")
     axis.plot(lags, attention[:, :history].mean(axis=0), color="black", lw=1.8, label="mean")
+    drawn = attention[:, :history]
+    bad = int(np.sum(~np.isfinite(drawn)))
+    if bad:
+        _note(axis, _non_finite_note(bad, drawn.size, "weights over the history"))
     axis.set_xlabel("history position (steps before the forecast start)")
     axis.set_ylabel("attention weight")
     axis.set_title(title)
@@ -246,16 +346,41 @@ def plot_variable_importance(
         history and future inputs; `weights` has one entry per name. Empty
         groups are left out.
       title: figure title.
+
+    A non-finite weight (a diverged model) is drawn as an empty bar whose
+    label shows its value; the scale comes from the finite weights.
+
+    Raises:
+      TypeError: for names given as one string (which would be read as one
+        name per character), or weights that are not numbers.
+      ValueError: for names and weights of different lengths, a negative
+        weight (selection weights are softmax outputs, in 0..1), naming the
+        group and the variable, or when every group is empty.
     """
     kept = []
     for name, labels, weights in groups:
-        weights = np.asarray(weights, dtype=np.float64).reshape(-1)
+        if isinstance(labels, (str, bytes)):
+            raise TypeError(
+                f"group {name!r}: names must be a sequence of variable names, got the string "
+                f"{labels!r} (pass [{labels!r}] for one variable)"
+            )
+        labels = list(labels)
+        try:
+            weights = np.asarray(weights, dtype=np.float64).reshape(-1)
+        except (TypeError, ValueError) as error:
+            raise TypeError(f"group {name!r}: weights must be numbers: {error}") from None
         if len(labels) != weights.size:
             raise ValueError(
                 f"group {name!r}: {len(labels)} names for {weights.size} weights; they must match"
             )
+        negative = [f"{labels[i]!r} ({weights[i]:g})" for i in np.flatnonzero(weights < 0)]
+        if negative:
+            raise ValueError(
+                f"group {name!r}: selection weights must be >= 0 (softmax outputs), got "
+                f"{', '.join(negative)}"
+            )
         if weights.size:
-            kept.append((name, list(labels), weights))
+            kept.append((name, labels, weights))
     if not kept:
         raise ValueError("every group is empty: nothing to plot")
     heights = [max(1.2, 0.32 * len(labels) + 0.8) for _, labels, _ in kept]
@@ -279,8 +404,21 @@ def plot_variable_importance(
     return _save(figure, path)
 
 
-def _finite(values: Sequence[Any]) -> np.ndarray:
-    return np.array([math.nan if v is None else float(v) for v in values], dtype=np.float64)
+def _finite(values: Sequence[Any], name: str = "values") -> np.ndarray:
+    """`values` as float64, None (not evaluated) as NaN; a TypeError naming `name` otherwise."""
+    for position, value in enumerate(values):
+        if not _is_number(value):
+            raise TypeError(
+                f"{name} must hold numbers or None, got {value!r} ({type(value).__name__}) "
+                f"at position {position}"
+            )
+    return np.array([math.nan if v is None or v is pd.NA else float(v) for v in values],
+                    dtype=np.float64)  # fmt: skip
+
+
+def _non_finite(values: Sequence[Any]) -> int:
+    """How many of `values` are given (not None) yet not finite: NaN or inf."""
+    return sum(1 for v in values if v is not None and v is not pd.NA and not math.isfinite(v))
 
 
 _CURVES = ("step", "train_loss", "val_loss")
@@ -302,9 +440,15 @@ def plot_loss_curves(
         previous phase ended.
       title: figure title.
 
+    A loss that is NaN or inf (a diverged phase), unlike a None, is not
+    drawn and is counted in its curve's legend label, e.g. 'fp32 train
+    (3 of 10 non-finite)'.
+
     Raises:
       ValueError: naming a phase whose `step`, `train_loss` and `val_loss`
         are missing or of different lengths.
+      TypeError: naming a phase's list that holds something other than
+        numbers and None.
     """
     if not phases:
         raise ValueError("phases is empty: nothing to plot")
@@ -319,30 +463,42 @@ def plot_loss_curves(
     axis = figure.subplots()
     offset = 0.0
     colors = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
+
+    def label(text: str, values: Sequence[Any]) -> str:
+        bad = _non_finite(values)
+        return f"{text} ({bad} of {len(values)} non-finite)" if bad else text
+
+    finite = False
+
     for index, (name, history) in enumerate(phases.items()):
-        steps = _finite(history["step"]) + offset
+        steps = _finite(history["step"], f"phase {name!r} step") + offset
+        train = _finite(history["train_loss"], f"phase {name!r} train_loss")
+        validation = _finite(history["val_loss"], f"phase {name!r} val_loss")
         color = colors[index % len(colors)]
         # One evaluation (a budget spent by the first step) is a point: no line to draw.
         axis.plot(
             steps,
-            _finite(history["train_loss"]),
+            train,
             color=color,
             lw=1.2,
             marker="o" if steps.size == 1 else None,
-            label=f"{name} train",
+            label=label(f"{name} train", history["train_loss"]),
         )
         axis.plot(
             steps,
-            _finite(history["val_loss"]),
+            validation,
             color=color,
             lw=1.2,
             ls="--",
             marker=".",
-            label=f"{name} validation",
+            label=label(f"{name} validation", history["val_loss"]),
         )
         if steps.size:
             offset = float(steps[-1])
             axis.axvline(offset, color="grey", lw=0.6, alpha=0.5)
+        finite |= bool(np.isfinite(train).any() or np.isfinite(validation).any())
+    if not finite:
+        _note(axis, "no finite loss value: nothing to draw")
     axis.set_xlabel("step")
     axis.set_ylabel("mean quantile loss (scaled target)")
     axis.set_title(title)
@@ -372,6 +528,9 @@ def _log_scale_if_positive(axis: Any, values: Sequence[np.ndarray]) -> None:
         axis.set_yscale("log")
 
 
+_RUN_KEYS = ("clip", "step_loss", "step_grad_norm", "final_val_loss", "diverged")
+
+
 def plot_clipping_experiment(
     path: PathLike, result: Mapping[str, Any], *, title: str | None = None
 ) -> pathlib.Path:
@@ -386,11 +545,29 @@ def plot_clipping_experiment(
       title: figure title (default from the settings).
 
     The loss, gradient norm and final loss axes are logarithmic, or linear
-    when they hold no positive finite value (every run diverged).
+    when they hold no positive finite value (every run diverged). Non-finite
+    final losses are counted per arm in a note.
+
+    Raises:
+      ValueError: for a `result` without `runs`, with no runs, or with a run
+        that lacks one of the keys above (naming the run and the keys).
     """
+    what = "the dict of tft_jax.experiments.clipping_experiment"
+    if not isinstance(result, Mapping) or "runs" not in result:
+        given = f"keys {list(result)}" if isinstance(result, Mapping) else type(result).__name__
+        raise ValueError(f"result must be {what}, with 'runs' and 'settings'; got {given}")
     runs = result["runs"]
     if not runs:
         raise ValueError("result has no runs: nothing to plot")
+    for index, run in enumerate(runs):
+        if not isinstance(run, Mapping):
+            raise ValueError(f"run {index} of result['runs'] must be a dict, got {run!r}")
+        missing = [key for key in _RUN_KEYS if key not in run]
+        if missing:
+            raise ValueError(
+                f"run {index} of result['runs'] lacks the keys {missing}; each run of {what} "
+                f"has {list(_RUN_KEYS)}, got {list(run)}"
+            )
     settings = result.get("settings", {})
     figure = Figure(figsize=(15, 4.2), layout="constrained")
     losses, norms, finals = figure.subplots(1, 3, width_ratios=(1.6, 1.6, 1))
@@ -568,8 +745,9 @@ def plot_future(
       id_col, time_col, target: the column names.
       quantiles: the levels; the band spans the lowest to the highest.
       tail: history steps shown per series.
-      series: the series to draw, in that order (default: the first
-        `MAX_FAN_SERIES` of the forecast, in its order).
+      series: a list of the series ids to draw, in that order (default: the
+        first `MAX_FAN_SERIES` of the forecast, in its order). A bare string
+        is refused rather than read as one id per character: pass `['s1']`.
       title: figure title.
       time_format, dayfirst, timezone: how the model read `history`'s time
         column (`TableSpec`); its texts are parsed as the data layer parsed
@@ -577,12 +755,48 @@ def plot_future(
         forecast's zone, so the history ends where the forecast starts.
 
     Raises:
-      ValueError: for a negative `tail`, `series` missing from the forecast,
-        or quantile columns `q<level>` of `quantiles` the forecast lacks.
+      ValueError: for a negative `tail`; empty `quantiles` or a level outside
+        (0, 1); `id_col`, `time_col` or `target` naming a column the forecast
+        or the history lacks; `series` empty, repeated or missing from the
+        forecast; or quantile columns `q<level>` of `quantiles` the forecast
+        lacks.
+      TypeError: for `quantiles` or `series` given as a string or not as a
+        sequence, a level that is not a number, or quantile or target columns
+        that do not hold numbers (see `plot_forecast_fans`).
     """
     if isinstance(tail, bool) or not isinstance(tail, numbers.Integral) or tail < 0:
         # pandas' `tail(-n)` keeps all rows but the first n: the whole history, nearly.
         raise ValueError(f"tail must be an int >= 0 (history steps shown), got {tail!r}")
+    if isinstance(quantiles, (str, bytes)) or not isinstance(quantiles, Sequence | np.ndarray):
+        raise TypeError(f"quantiles must be a sequence of levels in (0, 1), got {quantiles!r}")
+    if not len(quantiles):
+        raise ValueError("quantiles is empty: the band needs its lowest and highest level")
+    for level in quantiles:
+        if not _is_number(level) or level is None or level is pd.NA:
+            raise TypeError(f"quantiles must be numbers in (0, 1), got {level!r}")
+        if not 0 < level < 1:
+            raise ValueError(f"quantiles must lie in (0, 1), got {level!r} in {tuple(quantiles)}")
+    for argument, column, tables in (
+        ("id_col", id_col, (("forecast", forecast), ("history", history))),
+        ("time_col", time_col, (("forecast", forecast), ("history", history))),
+        ("target", target, (("history", history),)),
+    ):
+        for table_name, table in tables:
+            if column not in table.columns:
+                raise ValueError(
+                    f"{argument}={column!r} is not a column of the {table_name}; its columns "
+                    f"are {list(table.columns)}"
+                )
+    if series is not None:
+        if isinstance(series, (str, bytes)) or not isinstance(series, Sequence | np.ndarray):
+            hint = f" (for one series pass [{series!r}])" if isinstance(series, str) else ""
+            raise TypeError(f"series must be a list of series ids, got {series!r}{hint}")
+        series = list(series)
+        if not series:
+            raise ValueError("series is empty: name at least one series to draw")
+        repeated = list(dict.fromkeys(name for name in series if series.count(name) > 1))
+        if repeated:
+            raise ValueError(f"series must not repeat an id (one panel each), got {repeated}")
     low, high = quantile_name(min(quantiles)), quantile_name(max(quantiles))
     missing = [name for name in (low, quantile_name(0.5), high) if name not in forecast.columns]
     if missing:
@@ -611,7 +825,7 @@ def plot_future(
         rows[time_col] = _parse_times(rows[time_col], time_col, rows[id_col], None, False, timezone)
     rows["forecast_start"] = rows.groupby(id_col)[time_col].transform("min")
     rows["actual"] = np.nan
-    context = history[[id_col, time_col, target]].rename(columns={target: "actual"})
+    context = history[[id_col, time_col]].assign(actual=_numeric_column("history", history, target))
     context = context[context[id_col].isin(set(rows[id_col]))].copy()
     with warnings.catch_warnings():  # the data layer warned of mixed offsets when it read them
         warnings.simplefilter("ignore", UserWarning)
