@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -395,6 +396,63 @@ def test_ste_gradient_of_a_quantizer_returning_a_wider_dtype_than_x():
 
     with pytest.raises(AssertionError, match="0 inside the grid, 0 at qmin or qmax, 8 outside"):
         checks.assert_ste_gradient(unmasked, x, np.float32(0.5), 0, -8, 7)
+
+
+def _code_space_ste(x, scale, zero_point, qmin, qmax, inclusive=True):
+    """A correct clipped STE applied to the codes `x / scale`: its gradient is `(g / s) * s`."""
+    codes = x / scale + zero_point
+    rounded = jnp.round(codes)
+    inside = (
+        (rounded >= qmin) & (rounded <= qmax)
+        if inclusive
+        else ((rounded > qmin) & (rounded < qmax))
+    )
+    straight = codes + jax.lax.stop_gradient(rounded - codes)
+    saturated = jax.lax.stop_gradient(jnp.clip(rounded, qmin, qmax))
+    return (jnp.where(inside, straight, saturated) - zero_point) * scale
+
+
+_CODE_SPACE_X = (np.random.default_rng(0).standard_normal(64) * 5).astype(np.float32)
+_CODE_SPACE_SCALE = np.float32(0.1)
+
+
+def test_ste_gradient_accepts_a_code_space_ste_whose_gradient_is_an_ulp_off_g():
+    upstream = np.random.default_rng(1).uniform(0.5, 1.5, 64).astype(np.float32)
+    _, pullback = jax.vjp(
+        lambda v: _code_space_ste(v, _CODE_SPACE_SCALE, 0, -128, 127), _CODE_SPACE_X
+    )
+    (gradient,) = pullback(upstream)
+    difference = np.abs(np.asarray(gradient, np.float64) - upstream)
+    assert np.any(difference > 0)  # (g / s) * s is not g bit for bit
+    assert np.all(difference <= 2 * np.spacing(upstream))  # but within two ulps of it
+    checks.assert_ste_gradient(_code_space_ste, _CODE_SPACE_X, _CODE_SPACE_SCALE, 0, -128, 127)
+    grid = np.concatenate([_CODE_SPACE_X, np.float32([-12.8, 12.7, -13.0, 13.0])])
+    with pytest.raises(AssertionError, match=r"0 inside the grid, 2 at qmin or qmax"):
+        checks.assert_ste_gradient(
+            lambda *a: _code_space_ste(*a, inclusive=False), grid, _CODE_SPACE_SCALE, 0, -128, 127
+        )
+
+
+def test_ste_gradient_fails_a_gradient_beyond_its_ulps_and_prints_the_difference():
+    # 16 ulps off g is no rounding of an STE: caught, and printed with the digits
+    # that show it (".6g" printed "gradient / g = 1, expected 1").
+    @jax.custom_vjp
+    def almost(x, scale, zero_point, qmin, qmax):
+        return _fake_quantize(x, scale, zero_point, qmin, qmax)
+
+    def almost_fwd(x, scale, zero_point, qmin, qmax):
+        codes = jnp.round(x / scale) + zero_point
+        inside = (codes >= qmin) & (codes <= qmax)
+        return _fake_quantize(x, scale, zero_point, qmin, qmax), inside
+
+    def almost_bwd(inside, g):
+        return (jnp.where(inside, g * np.float32(1 + 16 * 2.0**-23), 0.0), None, None, None, None)
+
+    almost.defvjp(almost_fwd, almost_bwd)
+    x = np.float32([1.0, 5.0])
+    with pytest.raises(AssertionError, match=r"beyond 4 ulps of float32") as error:
+        checks.assert_ste_gradient(almost, x, _SCALE, _ZERO_POINT, _QMIN, _QMAX)
+    assert re.search(r"gradient / g = 1\.00000[12]\d*, expected 1", str(error.value))
 
 
 # assert_quantization_error_bounded

@@ -241,3 +241,72 @@ def test_gradient_sample_check_takes_its_samples_as_an_array():
     assert_gradient_stays_in_sample(
         lambda cotangent: 2.0 * cotangent, outputs, samples=np.array([1])
     )
+
+
+def batch_centered(x):
+    return x - x.mean(axis=0, keepdims=True)  # mixes samples
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: checks.assert_batch_independent(batch_centered, X[:0]),
+            r"x must hold at least one sample along axis 0, got leaf shapes \[\(0, 4, 3\)\]",
+        ),
+        (
+            lambda: checks.assert_batch_order_equivariant(batch_centered, X[:0]),
+            r"x must hold at least one sample along axis 0",
+        ),
+        (
+            lambda: checks.assert_batch_independent(batch_centered, (X[:0], X[:0, :, 0]), axis=0),
+            r"x must hold at least one sample along axis 0",
+        ),
+        (
+            lambda: checks.assert_finite(np.zeros((0, 4), np.float32)),
+            r"tree must hold at least one element, got leaf shapes \[\(0, 4\)\]",
+        ),
+        (
+            lambda: checks.assert_finite({"w": np.zeros((0,)), "b": np.zeros((2, 0))}, name="g"),
+            r"g must hold at least one element",
+        ),
+        (
+            lambda: checks.assert_grads_match_finite_differences(
+                jnp.sin, (np.zeros((0,), np.float32),)
+            ),
+            r"args must hold at least one element, got leaf shapes \[\(0,\)\]",
+        ),
+        (
+            lambda: checks.assert_grads_match_finite_differences(lambda: jnp.ones(3), ()),
+            r"args must hold at least one float array to differentiate fn at, got \(\)",
+        ),
+        (
+            lambda: checks.assert_grads_match_finite_differences(lambda a: a[:0], (X,)),
+            r"fn must return at least one non-empty array, got leaf shapes \[\(0, 4, 3\)\]",
+        ),
+    ],
+)
+def test_checks_refuse_inputs_with_no_element_to_check(call, message):
+    # Each passed (or, for args=(), failed deep in check_grads with
+    # "reduce() of empty iterable") without having checked anything.
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_batch_checks_pass_a_batch_of_one_and_finite_takes_a_tree_with_an_empty_leaf():
+    # Documented passes: one sample has no other sample to mix with or to swap.
+    checks.assert_batch_independent(batch_centered, X[:1])
+    checks.assert_batch_order_equivariant(batch_centered, X[:1])
+    checks.assert_finite({"w": np.ones(3), "empty": np.zeros((0,))})
+    with pytest.raises(AssertionError, match=r"\['w'\]: 1 NaN"):
+        checks.assert_finite({"w": np.array([1.0, np.nan]), "empty": np.zeros((0,))})
+
+
+def test_a_tree_passed_as_fn_is_named_by_its_type_and_a_short_repr():
+    params = {"params": {f"layer_{i}": {"kernel": np.ones((64, 64))} for i in range(20)}}
+    with pytest.raises(
+        TypeError, match=r"fn must be a function of x, got dict \{'params'"
+    ) as error:
+        checks.assert_jit_matches_eager(params, X)
+    assert len(str(error.value)) < 150  # the full repr ran to thousands of characters
+    assert len(repr(params)) > 5_000

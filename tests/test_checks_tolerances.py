@@ -126,3 +126,39 @@ def test_perturbations_stay_finite_in_float16() -> None:
 
     x = np.full((2, 4, 3), 3e4, np.float16)
     checks.assert_causal(running_mean, x, check_gradients=False)
+
+
+def _bfloat16_inside_under_jit(x: jax.Array) -> jax.Array:
+    """`x` rounded through bfloat16 when traced, `x` itself op by op: float32 out either way.
+
+    The two sides differ by bfloat16 rounding only, as those of a Flax module
+    with `dtype=jnp.bfloat16, param_dtype=jnp.float32` do.
+    """
+    if isinstance(x, jax.core.Tracer):
+        return x.astype(jnp.bfloat16).astype(jnp.float32)
+    return x
+
+
+def test_jit_matches_eager_takes_the_compute_dtype_of_a_mixed_precision_function() -> None:
+    x = np.random.default_rng(0).standard_normal(33).astype(np.float32)
+    rounded = x.astype(jnp.bfloat16).astype(np.float32)
+    assert np.max(np.abs(rounded - x)) > 1e-3  # far beyond float32's tolerance
+    with pytest.raises(AssertionError, match="differs from fn run op by op") as error:
+        checks.assert_jit_matches_eager(_bfloat16_inside_under_jit, x)
+    message = str(error.value)
+    assert "follow the outputs' dtype, float32" in message
+    assert "pass compute_dtype=jnp.bfloat16 (rtol 0.02, atol 0.02" in message
+    checks.assert_jit_matches_eager(_bfloat16_inside_under_jit, x, compute_dtype=jnp.bfloat16)
+    checks.assert_jit_matches_eager(_bfloat16_inside_under_jit, x, compute_dtype="bfloat16")
+    # The compute dtype loosens the tolerance to bfloat16 rounding, not to any result.
+    with pytest.raises(AssertionError, match="differs from fn run op by op") as error:
+        checks.assert_jit_matches_eager(_doubled_under_jit, x, compute_dtype=jnp.bfloat16)
+    assert "compute_dtype" not in str(error.value)  # it was given: no hint
+
+
+@pytest.mark.parametrize("compute_dtype", [jnp.int32, "float8", 3])
+def test_jit_matches_eager_refuses_a_compute_dtype_without_a_tolerance(compute_dtype) -> None:
+    with pytest.raises(ValueError, match=r"compute_dtype must be one of float64, float32"):
+        checks.assert_jit_matches_eager(
+            jnp.sin, np.ones(3, np.float32), compute_dtype=compute_dtype
+        )

@@ -17,9 +17,11 @@ imports `tft_jax`: the checks work for any function of arrays and pytrees.
 - `assert_batch_independent(fn, x)`: sample `i`'s output and gradient ignore sample `j`.
 - `assert_batch_order_equivariant(fn, x)`: permuting the batch permutes the output (every
   permutation: a random one and the two that generate them all).
-- `assert_jit_matches_eager(fn, *args)`: `jax.jit(fn)` equals op-by-op execution.
+- `assert_jit_matches_eager(fn, *args, compute_dtype=None)`: `jax.jit(fn)` equals op-by-op
+  execution (`compute_dtype=jnp.bfloat16` for a function computing below its outputs' dtype).
 - `assert_grads_match_finite_differences(fn, args)`: `jax.test_util.check_grads` in float64.
-- `assert_ste_gradient(quantize_fn, ...)`: the gradient is exactly the clipped-STE mask.
+- `assert_ste_gradient(quantize_fn, ...)`: the gradient is the clipped-STE mask times `g`
+  (up to 4 ulps of rounding).
 - `assert_quantization_error_bounded(quantize_fn, ...)`: `|fq(x) - x| <= scale/2` in range.
 - `assert_rounds_to_grid(quantize_fn, ...)`: `fq(x)` is the nearest grid point (ties to even).
 - `assert_idempotent(fn, x)`: `fn(fn(x)) == fn(x)`.

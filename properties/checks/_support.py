@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import reprlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -276,10 +277,23 @@ def _compare_trees(
     return problems
 
 
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxlevel, _SHORT_REPR.maxdict, _SHORT_REPR.maxlist, _SHORT_REPR.maxother = 2, 3, 3, 40
+_SHORT_REPR_LENGTH = 80
+
+
+def _short_repr(value: Any) -> str:
+    """`repr(value)` cut to a line: the repr of a parameter tree would fill the screen."""
+    text = _SHORT_REPR.repr(value)
+    if len(text) > _SHORT_REPR_LENGTH:
+        text = text[: _SHORT_REPR_LENGTH - 3] + "..."
+    return text
+
+
 def _require_function(fn: Any, name: str = "fn", called_as: str = "a function of x") -> None:
     """Raises `TypeError` unless `fn` is callable (checked first: some checks never call it)."""
     if not callable(fn):
-        raise TypeError(f"{name} must be {called_as}, got {type(fn).__name__} {fn!r}")
+        raise TypeError(f"{name} must be {called_as}, got {type(fn).__name__} {_short_repr(fn)}")
 
 
 def _is_axis(value: Any) -> bool:

@@ -412,6 +412,7 @@ def _batched_leaves(x: PyTree, axis: int) -> tuple[list[tuple[str, np.ndarray]],
     """Named numpy leaves of `x`, its treedef and the common batch size along `axis`.
 
     Typed PRNG keys are refused: the numpy leaves (key data) go back into `fn`.
+    A batch of zero samples is refused: the check would pass having compared nothing.
     """
     for path, leaf in jax.tree_util.tree_flatten_with_path(x)[0]:
         if isinstance(leaf, numbers.Number) and isinstance(x, list | tuple):
@@ -437,7 +438,14 @@ def _batched_leaves(x: PyTree, axis: int) -> tuple[list[tuple[str, np.ndarray]],
         raise ValueError(
             f"every leaf of x must have the same batch size along axis {axis}, got {sizes}"
         )
-    return named, jax.tree_util.tree_structure(x), next(iter(sizes.values()))
+    batch = next(iter(sizes.values()))
+    if batch == 0:
+        shapes = [leaf.shape for _, leaf in named]
+        raise ValueError(
+            f"x must hold at least one sample along axis {axis}, got leaf shapes {shapes}: "
+            "there would be nothing to check"
+        )
+    return named, jax.tree_util.tree_structure(x), batch
 
 
 def _perturb_other_samples(
@@ -779,9 +787,10 @@ def assert_batch_independent(
     gradient of a random weighting of sample `i`'s outputs w.r.t. the float
     inputs must be zero at every other sample. This catches batch statistics
     (a mean over the batch, BatchNorm, a per-batch quantization range) in
-    either pass. A batch of one passes trivially (there is no other sample).
-    Float inputs must be finite, and the tested samples' outputs must not be
-    NaN (NaN equals NaN here, so a NaN output would hide any mixing).
+    either pass. A batch of one passes trivially (there is no other sample);
+    a batch of zero is refused (`ValueError`). Float inputs must be finite,
+    and the tested samples' outputs must not be NaN (NaN equals NaN here, so
+    a NaN output would hide any mixing).
 
     Args:
       fn: `x -> pytree`, every float output leaf batched along `axis`.
@@ -881,7 +890,8 @@ def assert_batch_order_equivariant(
     magnitude 1e-8 too, and beside a sample of magnitude 1e6; an explicit
     `atol` is absolute. `out_axis` and `select` work as in
     `assert_batch_independent` (the output's batch axes; the parts to check).
-    A batch of one passes trivially; float inputs must be finite and the
+    A batch of one passes trivially (there is nothing to permute); a batch of
+    zero is refused (`ValueError`). Float inputs must be finite and the
     outputs free of NaN (which would match NaN wherever it moved).
 
     Raises:

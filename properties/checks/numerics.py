@@ -24,6 +24,7 @@ from properties.checks._support import (
     _real,
     _require_function,
     _require_outputs,
+    _short_repr,
     _summarize,
     _tolerance,
 )
@@ -45,13 +46,22 @@ _JIT_TOLERANCE = {
 
 
 def assert_jit_matches_eager(
-    fn: Callable[..., PyTree], *args: Any, rtol: float | None = None, atol: float | None = None
+    fn: Callable[..., PyTree],
+    *args: Any,
+    rtol: float | None = None,
+    atol: float | None = None,
+    compute_dtype: Any = None,
 ) -> None:
     """Asserts that `jax.jit(fn)(*args)` equals `fn(*args)` run op by op (`jax.disable_jit`).
 
     Both results must have the same structure, shapes and dtypes. Default
     tolerances follow each leaf's dtype (float32: rtol 1e-5, atol 1e-6;
-    bfloat16: 2e-2) since XLA may fuse and reassociate; the default `atol` is
+    bfloat16: 2e-2) since XLA may fuse and reassociate. A function that
+    computes in a lower precision than it returns (a Flax module with
+    `dtype=jnp.bfloat16, param_dtype=jnp.float32` returns float32 outputs and
+    gradients) differs by that precision's rounding, which the outputs'
+    dtype cannot show: pass `compute_dtype=jnp.bfloat16` (or `jnp.float16`),
+    and every default tolerance is at least that dtype's. The default `atol` is
     relative to the output's magnitude: it is multiplied by the largest finite
     `|value|` of the op-by-op output over all its float leaves (1 if all are
     zero), so outputs of magnitude 1e6 are not failed at their elements near 0
@@ -69,6 +79,15 @@ def assert_jit_matches_eager(
     sides may choose kernels that differ near 1e-3, which is not what this
     check looks for.
 
+    Args:
+      fn: the function to compile; called as `fn(*args)`.
+      *args: its arguments.
+      rtol, atol: tolerances, finite and >= 0 (None: by dtype, as above).
+      compute_dtype: the lowest float dtype `fn` computes in, if lower than
+        its outputs' (float64, float32, float16 or bfloat16; None: the
+        outputs' own). It sets the default tolerances only: an explicit
+        `rtol` or `atol` is used as given.
+
     Raises:
       AssertionError: naming each differing leaf, its largest difference and
         first differing index.
@@ -77,13 +96,60 @@ def assert_jit_matches_eager(
     for name, value in (("rtol", rtol), ("atol", atol)):
         if value is not None:
             _tolerance(name, value)
+    default_tolerance = _jit_tolerance(compute_dtype)
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
     with _full_float32_matmuls_off_cpu():
         compiled, eager = _jitted_and_eager(fn, jitted, args)
     chex.assert_trees_all_equal_shapes_and_dtypes(compiled, eager)
-    problems = _compare_trees(compiled, eager, atol, rtol, _JIT_TOLERANCE)
+    problems = _compare_trees(compiled, eager, atol, rtol, default_tolerance)
     if problems:
-        raise AssertionError(_summarize("jit(fn) differs from fn run op by op:", problems))
+        hint = _compute_dtype_hint(eager) if compute_dtype is None else ""
+        if rtol is not None and atol is not None:
+            hint = ""
+        raise AssertionError(_summarize("jit(fn) differs from fn run op by op:", problems) + hint)
+
+
+def _jit_tolerance(compute_dtype: Any) -> dict[str, tuple[float, float]]:
+    """`_JIT_TOLERANCE` with every entry at least as loose as `compute_dtype`'s."""
+    if compute_dtype is None:
+        return _JIT_TOLERANCE
+    try:
+        name = np.dtype(compute_dtype).name
+    except TypeError:
+        name = None
+    if name not in _JIT_TOLERANCE:
+        raise ValueError(
+            f"compute_dtype must be one of {', '.join(_JIT_TOLERANCE)} (or None), "
+            f"got {compute_dtype!r}"
+        )
+    floor_rtol, floor_atol = _JIT_TOLERANCE[name]
+    return {
+        dtype: (max(rtol, floor_rtol), max(atol, floor_atol))
+        for dtype, (rtol, atol) in _JIT_TOLERANCE.items()
+    }
+
+
+def _compute_dtype_hint(eager: PyTree) -> str:
+    """The "fn may compute in bfloat16 inside" hint, for outputs in float32 or float64."""
+    wide = sorted(
+        {
+            leaf.dtype.name
+            for leaf in jax.tree_util.tree_leaves(eager)
+            if getattr(leaf, "dtype", None) is not None
+            and leaf.dtype.name in ("float32", "float64")
+        }
+    )
+    if not wide:
+        return ""
+    bf16_rtol, bf16_atol = _JIT_TOLERANCE["bfloat16"]
+    f16_rtol, f16_atol = _JIT_TOLERANCE["float16"]
+    return (
+        f"\n(the default tolerances follow the outputs' dtype, {', '.join(wide)}: if fn computes "
+        "in a lower precision than it returns, e.g. a Flax module with dtype=jnp.bfloat16 and "
+        "param_dtype=jnp.float32, pass compute_dtype=jnp.bfloat16 (rtol "
+        f"{bf16_rtol:g}, atol {bf16_atol:g} times the output's scale; float16: {f16_rtol:g}, "
+        f"{f16_atol:g}), or rtol and atol for that precision)"
+    )
 
 
 def _full_float32_matmuls_off_cpu() -> contextlib.AbstractContextManager[Any]:
@@ -193,13 +259,19 @@ def _require_float_outputs(fn: Callable[..., PyTree], point: tuple[Any, ...]) ->
     wrong derivatives of a correct function.
     """
     shapes = jax.eval_shape(fn, *point)
-    for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]:
+    flat = jax.tree_util.tree_flatten_with_path(shapes)[0]
+    for path, leaf in flat:
         if not jnp.issubdtype(leaf.dtype, jnp.inexact):
             raise TypeError(
                 f"fn's output {jax.tree_util.keystr(path) or '<root>'} has dtype {leaf.dtype}, "
                 "which has no derivative: return only the float outputs (e.g. "
                 "lambda *a: fn(*a)[0])"
             )
+    if not any(math.prod(leaf.shape) for _, leaf in flat):
+        raise ValueError(
+            f"fn must return at least one non-empty array, got leaf shapes "
+            f"{[leaf.shape for _, leaf in flat]}: there would be nothing to check"
+        )
 
 
 def assert_grads_match_finite_differences(
@@ -238,8 +310,9 @@ def assert_grads_match_finite_differences(
 
     Args:
       fn: a function of `*args` returning an array or pytree.
-      args: the point at which to differentiate: a sequence of arguments
-        (`(x,)`, not `x`), every leaf a float array.
+      args: the point at which to differentiate: a non-empty sequence of
+        arguments (`(x,)`, not `x`), every leaf a float array, not all of
+        them empty.
       order: derivative order (1 or more).
       modes: any of `"fwd"`, `"rev"`.
       eps: finite-difference step, finite and > 0 (None: 1e-4).
@@ -256,6 +329,7 @@ def assert_grads_match_finite_differences(
 
     Raises:
       AssertionError: with `check_grads`' report of the differing derivative.
+      ValueError: if `args` or `fn`'s output holds no element (nothing to check).
     """
     _require_function(fn)
     if isinstance(order, bool) or not isinstance(order, int) or order < 1:
@@ -270,7 +344,18 @@ def assert_grads_match_finite_differences(
             + (f" of shape {shape} (it would be split along its first axis)" if shape else "")
         )
     args = tuple(args)
-    for path, leaf in _named_leaves("args", args):
+    named = _named_leaves("args", args)
+    if not named:
+        raise ValueError(
+            f"args must hold at least one float array to differentiate fn at, got "
+            f"{_short_repr(args)}: there would be nothing to check"
+        )
+    if not any(leaf.size for _, leaf in named):
+        raise ValueError(
+            f"args must hold at least one element, got leaf shapes "
+            f"{[leaf.shape for _, leaf in named]}: there would be nothing to check"
+        )
+    for path, leaf in named:
         if not _is_inexact(leaf):
             raise TypeError(
                 f"args{path} has dtype {leaf.dtype}: every argument is differentiated, so pass "

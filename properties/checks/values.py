@@ -26,21 +26,28 @@ def assert_finite(tree: PyTree, *, name: str = "tree") -> None:
     """Asserts that no float leaf of `tree` holds NaN or inf, naming every leaf that does.
 
     Integer, boolean and PRNG key leaves are always finite. A tree with no leaf at all
-    (`None`, `{}`: a function that forgot to return) is refused, since
-    nothing in it could fail. Example::
+    (`None`, `{}`: a function that forgot to return), or whose leaves are all
+    empty (`np.zeros((0, 4))`), is refused, since nothing in it could fail.
+    Example::
 
         checks.assert_finite(jax.grad(loss)(params, batch), name="grads")
 
     Raises:
       AssertionError: listing each non-finite leaf's path, NaN and inf counts
         and the first offending index.
-      ValueError: if `tree` has no leaves.
+      ValueError: if `tree` has no leaves, or no elements.
     """
     named = _named_leaves(name, tree)
     if not named:
         raise ValueError(
             f"{name} must hold at least one array, got {jax.tree_util.tree_structure(tree)}: "
             "there would be nothing to check"
+        )
+    if not any(leaf.size for _, leaf in named):
+        shapes = [leaf.shape for _, leaf in named]
+        raise ValueError(
+            f"{name} must hold at least one element, got leaf shapes {shapes}: there would be "
+            "nothing to check"
         )
     problems = []
     for path, leaf in named:

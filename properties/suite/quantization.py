@@ -4,8 +4,9 @@ Cases: `strategies.fake_quantize_cases` (grids of 2 to 8 bits with every grid
 point, every tie and saturating values), observer configs with batch
 sequences (degenerate batches included), and small dense-layer inputs.
 
-Properties: the straight-through gradient is exactly the clipped mask (for
-`fake_quantize` and LSQ, never checked by finite differences); error at most
+Properties: the straight-through gradient is the clipped mask times g, up to
+4 ulps of rounding (for `fake_quantize` and LSQ, never checked by finite
+differences); error at most
 half a step inside the range, saturation outside; the output is the nearest
 grid point with ties to even (LSQ's too); idempotence; jit ==
 eager; the LSQ step-size gradient is Esser et al.'s eq. 3 times `1/sqrt(N·qmax)`
