@@ -343,11 +343,6 @@ def _check_rng(name: str, rng: Any) -> None:
     )
 
 
-def _own_copy(leaf: Any) -> Any:
-    """A JAX array's copy on the same devices and sharding; anything else as it is."""
-    return leaf.copy() if isinstance(leaf, jax.Array) else leaf
-
-
 def create_train_state(
     model: Any,
     tx: optax.GradientTransformation,
@@ -419,7 +414,7 @@ def create_train_state(
         _check_variables(variables, _init_shapes(model, init_rngs, args, kwargs))
         # The state owns its buffers: `fit` donates them, which would delete the
         # caller's arrays (an FP32 model's, shared by `qat.from_fp32`'s variables).
-        variables = jax.tree.map(_own_copy, variables)
+        variables = copy_state(variables)
     variables = {name: unfreeze(value) for name, value in variables.items()}
     if "params" not in variables:
         raise ValueError("create_train_state: the model has no 'params' collection")

@@ -233,6 +233,7 @@ def train_qat(
     state = create_train_state(
         qat_model, tx, jax.random.key(training.seed + 1), sample, variables=variables
     )
+    del variables  # the state holds its own copy: one set of QAT variables while training
     per_epoch = len(dataset.train) // training.batch_size
     result = fit(
         state,
