@@ -100,18 +100,27 @@ def test_saving_a_step_older_than_the_newest_raises_instead_of_writing_nothing(
     assert_bitwise_equal(restored.state, newer)
 
 
-# What orbax raised on a full disk: an OSError at first, then tensorstore's status.
-_FULL_DISK_ERRORS = [
-    OSError(28, "No space left on device"),
-    ValueError(
-        'RESOURCE_EXHAUSTED: Error writing local file "/x/4.orbax-checkpoint-tmp/state/_sharding": '
-        "[tensorstore_spec='{...}']"
+# What orbax raised on a full disk: an OSError at first, then tensorstore's status
+# (whose text quotes the OS error); and a status error saying nothing of the disk.
+_FAILED_WRITES = [
+    (OSError(28, "No space left on device"), 28),
+    (
+        ValueError(
+            'RESOURCE_EXHAUSTED: Error writing local file "/x/4.orbax-checkpoint-tmp/state/'
+            "_sharding\": [OS error: No space left on device] [tensorstore_spec='{...}']"
+        ),
+        28,
     ),
+    (ValueError("RESOURCE_EXHAUSTED: Error writing local file: quota exceeded"), None),
 ]
 
 
-@pytest.mark.parametrize("raised", _FULL_DISK_ERRORS, ids=["oserror", "tensorstore"])
-def test_a_failed_write_is_one_oserror_naming_the_step_and_directory(tmp_path, raised) -> None:
+@pytest.mark.parametrize(
+    ("raised", "number"), _FAILED_WRITES, ids=["oserror", "tensorstore", "quota"]
+)
+def test_a_failed_write_is_one_oserror_naming_the_step_and_directory(
+    tmp_path, raised, number
+) -> None:
     # Before: the first failure of a full disk raised OSError, later ones orbax's ValueError.
     state = randomized(TEMPLATE, seed=1, step=4)
     with TrainingCheckpointer(tmp_path) as checkpointer:
@@ -123,7 +132,7 @@ def test_a_failed_write_is_one_oserror_naming_the_step_and_directory(tmp_path, r
         with pytest.raises(CheckpointWriteError) as caught:
             checkpointer.save_latest(state, jax.random.key(0), {})
     error = caught.value
-    assert isinstance(error, OSError) and error.errno == 28 and error.__cause__ is raised
+    assert isinstance(error, OSError) and error.errno == number and error.__cause__ is raised
     assert "saving the latest checkpoint of step 4 failed:" in str(error)
     assert str(error).startswith(str(tmp_path)) and "tensorstore_spec" not in str(error)
 

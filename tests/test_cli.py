@@ -1045,6 +1045,9 @@ def test_plot_finds_numeric_series_ids_given_to_series(capsys, trained_run, csv_
     code, _, err = run(capsys, *plot, "--series", "202", "404")
     assert code == 2 and "--series 404: not a series of the table; it has 101, 202, 303" in err
     assert fans.stat().st_mtime_ns == drawn  # refused before the plots are redrawn
+    code, _, err = run(capsys, *plot, "--series", "202", "202")
+    assert code == 2 and "--series names 202 more than once" in err
+    assert fans.stat().st_mtime_ns == drawn
     # Another table's plots go to their own folder: the run's own figures, which
     # metrics.json lists, were replaced by this table's.
     future_png = trained_run / "plots" / "test_numeric" / "future_fp32.png"

@@ -103,6 +103,9 @@ def test_future_values_of_the_target_or_an_observed_column_are_announced_as_unus
     future = future_of(history)
     plain, plain_said = forecast_inputs(preprocessor, history, future)
     with_target, said = forecast_inputs(preprocessor, history, future.assign(y=99.0, extra=1))
+    # An empty target column (a table's future rows, not yet observed) has nothing unused.
+    _, empty_said = forecast_inputs(preprocessor, history, future.assign(y=np.nan))
+    assert not [text for text in empty_said if "future holds" in text]
     assert not [text for text in plain_said if "future holds" in text]
     assert [text for text in said if "future holds" in text] == [
         "future holds the columns ['y'], which the model reads from the history only (the "

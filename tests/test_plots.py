@@ -637,21 +637,32 @@ def _draw_fans(tmp_path, forecasts, context):
 
 
 def test_fan_chart_refuses_a_text_quantile_column_naming_it_and_its_first_non_number(tmp_path):
-    # A forecast CSV read back with a placeholder cell: the texts were drawn on a category axis.
-    forecasts, context = _one_window(p50=["12.5", "13", "n/a", "14"])
+    # Texts were drawn on a category axis, one tick per distinct text.
+    forecasts, context = _one_window(p50=["12.5", "13", "high", "14"])
     with pytest.raises(TypeError, match=r"forecasts column 'p50' must hold numbers") as caught:
         _draw_fans(tmp_path, forecasts, context)
-    assert "'12.5' (str) at position 0" in str(caught.value)
-    assert "'n/a' at position 2 does not read as one" in str(caught.value)
+    assert "got 'high' (str) at position 2 (1 such cells)" in str(caught.value)
     assert not any(tmp_path.iterdir())
+
+
+def test_fan_chart_reads_number_texts_and_missing_value_texts_as_the_data_layer_does(
+    tmp_path, monkeypatch
+):
+    # A forecast CSV read back with a placeholder: 'n/a' is a missing value, as in a table.
+    forecasts, context = _one_window(p50=["12.5", "13", " N/A ", "14"])
+    figures = _capture_figures(monkeypatch)
+    _draw_fans(tmp_path, forecasts, context)
+    (axis,) = figures[0].axes
+    (median,) = [line for line in axis.get_lines() if line.get_label() == "p50"]
+    np.testing.assert_array_equal(median.get_ydata(orig=False), [12.5, 13.0, math.nan, 14.0])
 
 
 @pytest.mark.parametrize(
     ("table", "column", "values", "match"),
     [
         ("forecasts", "p90", [True, False, True, True], "got booleans"),
-        ("forecasts", "actual", ["x", 1.0, 2.0, 3.0], r"first that is not a number is 'x'"),
-        ("context", "actual", ["-"] * 5, r"first that is not a number is '-'"),
+        ("forecasts", "actual", ["x", 1.0, 2.0, 3.0], r"got 'x' \(str\) at position 0"),
+        ("context", "actual", [1.0, "-", "low", 2.0, 3.0], r"got 'low' \(str\) at position 2"),
     ],
 )
 def test_fan_chart_refuses_columns_that_are_not_numbers_by_name(
@@ -828,11 +839,17 @@ def test_future_chart_names_the_argument_it_refuses(tmp_path, changes, error, ma
 
 def test_future_chart_names_a_history_target_that_holds_text(tmp_path):
     forecast, history = _future_inputs()
-    history["y"] = history["y"].astype(str).where(history.index != 3, "n/a")
+    history["y"] = history["y"].astype(str).where(history.index != 3, "lots")
     with pytest.raises(
-        TypeError, match=r"history column 'y' must hold numbers.*'n/a' at position 3"
+        TypeError, match=r"history column 'y' must hold numbers, got 'lots' \(str\) at position 3"
     ):
         plots.plot_future(
             tmp_path / "f.png", forecast, history, id_col="id", time_col="time", target="y",
             quantiles=(0.1, 0.5, 0.9), tail=10,
         )  # fmt: skip
+    # 'n/a' is a missing target, as `tft-jax plot --csv` reads the table (it crashed here).
+    history["y"] = history["y"].where(history.index != 3, "n/a")
+    assert plots.plot_future(
+        tmp_path / "f.png", forecast, history, id_col="id", time_col="time", target="y",
+        quantiles=(0.1, 0.5, 0.9), tail=10,
+    ).is_file()  # fmt: skip

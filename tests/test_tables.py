@@ -449,6 +449,9 @@ def test_an_input_column_of_datetimes_is_refused_not_read_as_counts_of_its_unit(
         ValueError, match=rf"column 'k' holds datetimes \(dtype datetime64\[{unit}\]\), not numbers"
     ):
         prepare(table, known_cols=("k",))
+    spans = table.assign(k=table["time"] - table["time"].min())
+    with pytest.raises(ValueError, match=r"holds time spans .*df\['k'\].dt.days"):
+        prepare(spans, known_cols=("k",))
     tz = table.assign(k=table["time"].dt.tz_localize("UTC"))
     with pytest.raises(ValueError, match=r"column 'k' holds datetimes \(dtype datetime64\[.*UTC\]"):
         prepare(tz, static_cols=(), known_cols=("k",))

@@ -109,14 +109,14 @@ class CheckpointWriteError(OSError):
     Raised for the `OSError`s of the write and for tensorstore's status errors,
     which orbax raises as `ValueError`s (`RESOURCE_EXHAUSTED: Error writing
     local file ...`), so that both read as one `OSError`. `filename` is the
-    checkpoint directory; `errno` is `ENOSPC` for a full disk when the error
-    says so; `__cause__` the error the write raised. Orbax removes the
+    checkpoint directory; `errno` is the cause's, or `ENOSPC` when a status
+    error says "No space left on device"; `__cause__` the error the write raised. Orbax removes the
     unfinished step's temporary folder the next time the directory is opened.
     """
 
     def __init__(self, path: pathlib.Path, detail: str, cause: BaseException) -> None:
         number = getattr(cause, "errno", None)
-        if number is None and "RESOURCE_EXHAUSTED" in str(cause):
+        if number is None and os.strerror(errno.ENOSPC) in str(cause):
             number = errno.ENOSPC
         super().__init__(number, detail, str(path))
 

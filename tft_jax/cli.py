@@ -66,6 +66,7 @@ from tft_jax.cli_parser import (
     multihost_arguments,
 )
 from tft_jax.data import load_pedestrian, read_table
+from tft_jax.data.listing import first_few
 from tft_jax.data.pedestrian import PEDESTRIAN_SPEC
 from tft_jax.data.tables import _parse_times, file_rows
 from tft_jax.distributed import (
@@ -81,8 +82,8 @@ from tft_jax.evaluation import (
     write_forecasts,
 )
 from tft_jax.forecaster import DEMO, DataConfig, Forecaster, ForecasterConfig, RunFolderError
-from tft_jax.forecaster.forecaster import BATCH_STREAM_FILE
 from tft_jax.forecaster.run_folder import (
+    BATCH_STREAM_FILE,
     CONFIG_FILE,
     HISTORY_FILE,
     OTHER_TABLES_FILE,
@@ -938,15 +939,18 @@ def chosen_series(names: Sequence[str] | None, ids: pd.Series) -> list[Any] | No
     The names are command-line text while a table's ids are often numbers
     (store 101): each name is matched to the id that prints as it, so that
     `--series 101` finds the integer id 101. An unknown name is refused here,
-    before the plots are redrawn.
+    before the plots are redrawn, as is a name given twice.
     """
     if names is None:
         return None
     by_text = {str(value): value for value in pd.unique(ids)}
     unknown = [name for name in names if name not in by_text]
     if unknown:
-        shown = ", ".join(list(by_text)[:10]) + (", ..." if len(by_text) > 10 else "")
+        shown = first_few(list(by_text), limit=10)
         raise UsageError(f"--series {' '.join(unknown)}: not a series of the table; it has {shown}")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise UsageError(f"--series names {' '.join(repeated)} more than once; name each once")
     return [by_text[name] for name in names]
 
 

@@ -71,9 +71,14 @@ def _check_finite(function: str, name: str, value: Array) -> None:
     """Raises `ValueError` when a concrete `value` holds NaN or ±inf (the loss would be, silently).
 
     A traced value (under `jax.jit`, `jax.grad`) is not checked: that would
-    need a host round trip in every compiled step.
+    need a host round trip in every compiled step. Neither is an array of
+    several processes.
     """
     if isinstance(value, jax.core.Tracer):
+        return
+    if isinstance(value, jax.Array) and not value.is_fully_addressable:
+        return  # other processes' rows: each process checks its own
+    if bool(jnp.all(jnp.isfinite(value))):  # one scalar to the host, not the array
         return
     finite = np.isfinite(np.asarray(value))
     if not finite.all():

@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 
 from tft_jax.atomic_files import replaced_atomically
 from tft_jax.data import PreparedDataset
-from tft_jax.data.tables import _parse_times
+from tft_jax.data.tables import MISSING_TEXTS, _parse_times
 from tft_jax.evaluation import (
     Predictions,
     fan_window_indices,
@@ -87,7 +87,7 @@ def _non_finite_note(count: int, total: int, what: str) -> str:
     return f"{count} of {total} {what} non-finite, not drawn"
 
 
-def _is_number(value: Any) -> bool:
+def _is_number_or_missing(value: Any) -> bool:
     """A real number (not a bool) or a missing value (None, NaN, pd.NA)."""
     if value is None or value is pd.NA:
         return True
@@ -97,36 +97,37 @@ def _is_number(value: Any) -> bool:
 def _numeric_column(table_name: str, table: pd.DataFrame, column: str) -> pd.Series:
     """`table[column]` as float64, or a TypeError naming the column and its first non-number.
 
-    A column of texts (a CSV read back with a placeholder such as 'n/a' in a cell) would
-    be drawn on matplotlib's category axis: one tick per distinct text, in table order.
+    Cells holding a missing-value text (`MISSING_TEXTS`: 'n/a', '-', ...) are
+    missing, as the data layer reads them (which announced them); any other
+    text would be drawn on matplotlib's category axis, one tick per distinct
+    text, so it is refused.
     """
     values = table[column]
     if isinstance(values, pd.DataFrame):
         raise ValueError(f"{table_name} has {values.shape[1]} columns named {column!r}; need one")
     if pd.api.types.is_bool_dtype(values):
         raise TypeError(f"{table_name} column {column!r} must hold numbers, got booleans")
-    if not pd.api.types.is_numeric_dtype(values):
-        for position, value in enumerate(values):
-            if _is_number(value):
-                continue
-            message = (
-                f"{table_name} column {column!r} must hold numbers, got {values.dtype} values; "
-                f"the first that is not a number is {value!r} ({type(value).__name__}) at "
-                f"position {position}"
-            )
-            for later, text in enumerate(values.iloc[position:], start=position):
-                if _is_number(text):
-                    continue
-                try:
-                    float(text)
-                except (TypeError, ValueError):
-                    if later != position:
-                        message += f", and {text!r} at position {later} does not read as one"
-                    break
-            raise TypeError(
-                message + " (convert the column, e.g. with pd.to_numeric, before plotting)"
-            )
-    return values.astype(np.float64)
+    if pd.api.types.is_numeric_dtype(values):
+        return values.astype(np.float64)
+    texts = values.astype("string").str.strip().str.lower()
+    missing = values.isna() | texts.isin(MISSING_TEXTS).fillna(False).astype(bool)
+    readable = values.where(~missing)
+    numbers_read = pd.to_numeric(readable.map(_plain_number), errors="coerce")
+    bad = (numbers_read.isna() & ~missing).to_numpy()
+    if bad.any():
+        position = int(np.flatnonzero(bad)[0])
+        value = values.iloc[position]
+        raise TypeError(
+            f"{table_name} column {column!r} must hold numbers, got {value!r} "
+            f"({type(value).__name__}) at position {position} ({int(bad.sum())} such cells); "
+            "convert the column, e.g. with pd.to_numeric, before plotting"
+        )
+    return numbers_read.astype(np.float64)
+
+
+def _plain_number(value: Any) -> Any:
+    """`value` for `pd.to_numeric`, with a bool as a non-number (True is no forecast of 1)."""
+    return None if isinstance(value, bool | np.bool_) else value
 
 
 def isolated(values: np.ndarray) -> np.ndarray:
@@ -407,7 +408,7 @@ def plot_variable_importance(
 def _finite(values: Sequence[Any], name: str = "values") -> np.ndarray:
     """`values` as float64, None (not evaluated) as NaN; a TypeError naming `name` otherwise."""
     for position, value in enumerate(values):
-        if not _is_number(value):
+        if not _is_number_or_missing(value):
             raise TypeError(
                 f"{name} must hold numbers or None, got {value!r} ({type(value).__name__}) "
                 f"at position {position}"
@@ -772,7 +773,7 @@ def plot_future(
     if not len(quantiles):
         raise ValueError("quantiles is empty: the band needs its lowest and highest level")
     for level in quantiles:
-        if not _is_number(level) or level is None or level is pd.NA:
+        if not _is_number_or_missing(level) or level is None or level is pd.NA:
             raise TypeError(f"quantiles must be numbers in (0, 1), got {level!r}")
         if not 0 < level < 1:
             raise ValueError(f"quantiles must lie in (0, 1), got {level!r} in {tuple(quantiles)}")

@@ -124,7 +124,11 @@ def _future_table(
         )
     check_unique_columns(future, needed, "future")
     # Values a user may think the forecast reads: they are read from the history only.
-    unread = [c for c in (spec.target, *spec.observed_cols) if c in future.columns]
+    unread = [
+        column
+        for column in (spec.target, *spec.observed_cols)
+        if column in future.columns and future[column].notna().any()
+    ]
     if unread:
         warnings.warn(
             f"future holds the columns {unread}, which the model reads from the history only "

@@ -1016,11 +1016,16 @@ def _to_float(
     if ptypes.is_datetime64_any_dtype(values) or ptypes.is_timedelta64_dtype(values):
         # `pd.to_numeric` would read them as counts of the dtype's unit (a date as
         # 1.7e15 microseconds, or 1.7e18 nanoseconds), silently.
-        kind = "datetimes" if ptypes.is_datetime64_any_dtype(values) else "time spans"
+        dates = ptypes.is_datetime64_any_dtype(values)
+        example = (
+            f"a calendar feature such as df[{column!r}].dt.dayofweek, or a count of days"
+            if dates
+            else f"df[{column!r}].dt.days or df[{column!r}].dt.total_seconds()"
+        )
         raise ValueError(
-            f"column {column!r} holds {kind} (dtype {values.dtype}), not numbers; convert it "
-            "to the numbers the model should read (e.g. a calendar feature such as "
-            f"df[{column!r}].dt.dayofweek, or a count of days)"
+            f"column {column!r} holds {'datetimes' if dates else 'time spans'} (dtype "
+            f"{values.dtype}), not numbers; convert it to the numbers the model should read "
+            f"(e.g. {example})"
         )
     if ptypes.is_bool_dtype(values) or ptypes.is_numeric_dtype(values):
         numbers = values.astype("float64")

@@ -103,9 +103,7 @@ class _Fitted:
 # is fixed (weights per-channel symmetric, activations per-tensor affine, moving average).
 QAT_LAYOUT_FIELDS = ("symmetric", "per_channel", "channel_axis", "observer")
 
-# Next to the training checkpoints: what fixes the stream of training batches, and the
-# settings (`ForecasterConfig.to_json`) the checkpoints were trained with.
-BATCH_STREAM_FILE = "batch_stream.json"
+BATCH_STREAM_FILE = run_folder.BATCH_STREAM_FILE
 
 # The settings a resume may change: how long training goes on (a finished or budgeted run
 # extended, as `tft_jax.train.fit` allows; a patience for a run cut short), and what is

@@ -53,6 +53,9 @@ _MODELS = ("fp32", "qat", "int8")
 # Where the `tft-jax` commands record which table each `<CSV name>` in the names of
 # their outputs for another table stands for (two tables of one name would share them).
 OTHER_TABLES_FILE = "other_tables.json"
+# Next to the training checkpoints: what fixes the stream of training batches, and the
+# settings (`ForecasterConfig.to_json`) the checkpoints were trained with.
+BATCH_STREAM_FILE = "batch_stream.json"
 RESULT_FOLDERS = {
     "checkpoints": ("fp32", "qat", "batch_stream.json*"),
     "plots": (
