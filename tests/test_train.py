@@ -596,6 +596,78 @@ def test_fit_leaves_the_variables_a_state_was_created_from_alive() -> None:
     assert_trees_equal(host_copy(variables), before)
 
 
+class MergedDeterministic(nn.Module):
+    """Flax's own style: `deterministic` is None unless given, and required with dropout."""
+
+    @nn.compact
+    def __call__(
+        self, static, historical, future, known_history=None, static_categorical=None,
+        deterministic: bool | None = None,
+    ) -> TinyOutput:  # fmt: skip
+        hidden = nn.Dense(8)(_flat_inputs(static, historical, future))
+        hidden = nn.Dropout(0.25)(hidden, deterministic=deterministic)
+        return TinyOutput(quantiles=nn.Dense(H * 3)(hidden).reshape(-1, H, 3))
+
+
+class WithoutDeterministic(nn.Module):
+    @nn.compact
+    def __call__(self, static, historical, future, known_history=None, static_categorical=None):
+        return TinyOutput(quantiles=nn.Dense(H * 3)(_flat_inputs(static, historical, future)))
+
+
+class ShapedOutput(nn.Module):
+    """Returns `.quantiles` of a given shape and dtype, whatever the batch."""
+
+    shape: tuple[int, ...] = (B, H, 3)
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, static, historical, future, known_history=None,
+                 static_categorical=None, deterministic=True):  # fmt: skip
+        scale = self.param("scale", nn.initializers.ones, ())
+        return TinyOutput(quantiles=(scale * jnp.ones(self.shape)).astype(self.dtype))
+
+
+def test_create_train_state_calls_the_model_with_deterministic_as_the_step_does() -> None:
+    # A Flax-style model (nn.merge_param) failed at init: "Parameter 'deterministic' must be
+    # passed"; one without the keyword passed init and failed at the first step.
+    state = create_train_state(
+        MergedDeterministic(), TINY_TX, jax.random.key(0), make_batch(0), quantiles=QUANTILES
+    )
+    state, metrics = train_step(state, make_batch(1), jax.random.key(1))
+    assert math.isfinite(float(metrics["loss"]))
+    with pytest.raises(TypeError, match=r"create_train_state: the model must take a `determin"):
+        create_train_state(
+            WithoutDeterministic(), TINY_TX, jax.random.key(0), make_batch(0), quantiles=QUANTILES
+        )
+
+
+def test_an_output_that_breaks_the_loss_contract_is_refused_by_predict_and_the_step() -> None:
+    # predict returned any output; integer quantiles trained with zero gradients, silently.
+    for shape, match in (((B, H + 1, 3), r"\(B, H, Q\) = \(4, 2, 3\).*got \(4, 3, 3\)"),
+                         ((B * H * 3,), r"\(B, H, Q\) = \(4, 2, 3\).*got \(24,\)")):  # fmt: skip
+        state = create_train_state(
+            ShapedOutput(shape), TINY_TX, jax.random.key(0), make_batch(0), quantiles=QUANTILES
+        )
+        with pytest.raises(
+            ValueError, match=rf"predict: the model's .quantiles must have shape {match}"
+        ):
+            predict(state, make_batch(1))
+    state = create_train_state(
+        ShapedOutput(dtype=jnp.int32), TINY_TX, jax.random.key(0), make_batch(0),
+        quantiles=QUANTILES,
+    )  # fmt: skip
+    with pytest.raises(TypeError, match=r"predict: the model's .quantiles must be floating"):
+        predict(state, make_batch(1))
+    with pytest.raises(TypeError, match=r"batch_loss: the model's .quantiles must be floating"):
+        train_step(state, make_batch(1), jax.random.key(1))
+    assert predict(
+        create_train_state(ShapedOutput(), TINY_TX, jax.random.key(0), make_batch(0),
+                           quantiles=QUANTILES),
+        make_batch(1),
+    ).quantiles.shape == (B, H, 3)  # fmt: skip
+
+
 def test_calibrate_true_without_model_state_is_rejected() -> None:
     state = tiny_state()
     with pytest.raises(ValueError, match="calibrate=True"):

@@ -78,12 +78,14 @@ def _forward(
     return state.apply_fn(variables, *args, **kwargs), state.model_state
 
 
-def _output_quantiles(output: Any) -> Array:
+def _output_quantiles(output: Any, owner: str = "batch_loss") -> Array:
     """`output.quantiles`, or a TypeError saying what the model returned instead.
 
     Checked while tracing (no cost in the compiled step): a model without the
     field would otherwise fail deep in the loss's trace ("LinearizeTracer has
-    no attribute quantiles").
+    no attribute quantiles"). The field must be floating point: integers
+    would train with zero gradients, silently, and a complex array would
+    lose its imaginary part.
     """
     pred = getattr(output, "quantiles", None)
     if pred is None or not hasattr(pred, "shape"):
@@ -94,10 +96,26 @@ def _output_quantiles(output: Any) -> Array:
         else:
             got = type(output).__name__
         raise TypeError(
-            "batch_loss: the model must return an object with an array field .quantiles "
+            f"{owner}: the model must return an object with an array field .quantiles "
             f"(B, H, Q) (e.g. tft_jax.model.TFTOutput), got {got}"
         )
+    if not jnp.issubdtype(pred.dtype, jnp.floating):
+        raise TypeError(
+            f"{owner}: the model's .quantiles must be floating point (float32, bfloat16, ...), "
+            f"got dtype {pred.dtype}"
+        )
     return pred
+
+
+def _check_output_shape(owner: str, output: Any, batch: Batch, quantiles: Sequence[float]) -> None:
+    """Raises unless `output.quantiles` is floating point of shape `(B, H, Q)` for `batch`."""
+    pred = _output_quantiles(output, owner)
+    expected = (*np.shape(batch.target), len(quantiles))
+    if tuple(pred.shape) != expected:
+        raise ValueError(
+            f"{owner}: the model's .quantiles must have shape (B, H, Q) = {expected} for this "
+            f"batch and {len(quantiles)} quantile levels, got {tuple(pred.shape)}"
+        )
 
 
 def batch_loss(output: Any, batch: Batch, quantiles: Sequence[float]) -> tuple[Array, Array]:
@@ -596,7 +614,9 @@ def evaluate(state: TrainState, batches: Iterable[Batch], calibrate: bool | None
 def predict(state: TrainState, batch: Batch, calibrate: bool | None = None) -> Any:
     """The model output (a `TFTOutput`) for `batch` in deterministic mode (jitted).
 
-    `batch.target` is not used but must be present (any `(B, H)` array).
+    `batch.target` is not used but must be present (any `(B, H)` array); the
+    output's `.quantiles` must be floating point of shape `(B, H, Q)`, as the
+    loss needs (a `TypeError` or `ValueError` otherwise).
     Raises `ValueError` for a NaN or inf among the inputs held in NumPy
     arrays (device arrays are not read back: their NaN gives a NaN output).
     """
@@ -605,4 +625,6 @@ def predict(state: TrainState, batch: Batch, calibrate: bool | None = None) -> A
     _check_frozen("predict", calibrate, state)
     if all(isinstance(getattr(batch, name), np.ndarray | None) for name in _REAL_INPUTS):
         _check_finite_inputs("predict", batch)
-    return deterministic_output(state.apply_fn, calibrate, state.variables, batch)
+    output = deterministic_output(state.apply_fn, calibrate, state.variables, batch)
+    _check_output_shape("predict", output, batch, state.quantiles)  # the loss's contract
+    return output

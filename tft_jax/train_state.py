@@ -285,8 +285,12 @@ INIT_COMPILE_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 0}
 
 @partial(jax.jit, static_argnums=0, compiler_options=INIT_COMPILE_OPTIONS)
 def _jitted_init(model: Any, rngs: dict[str, Array], args: tuple, kwargs: dict) -> PyTree:
-    """`model.init`, compiled once per (equal) model and input shapes in a process."""
-    return model.init(rngs, *args, **kwargs)
+    """`model.init`, compiled once per (equal) model and input shapes in a process.
+
+    Called as the train step calls the model, `deterministic=True` included (a
+    model taking it as Flax's `nn.merge_param` does needs it at init too).
+    """
+    return model.init(rngs, *args, deterministic=True, **kwargs)
 
 
 def _init_variables(model: Any, rngs: dict[str, Array], args: tuple, kwargs: dict) -> PyTree:
@@ -297,14 +301,15 @@ def _init_variables(model: Any, rngs: dict[str, Array], args: tuple, kwargs: dic
     compiles `init` again. A module with an unhashable field is traced per call.
     """
     if not is_hashable(model):
-        return jax.jit(model.init, compiler_options=INIT_COMPILE_OPTIONS)(rngs, *args, **kwargs)
+        init = partial(model.init, deterministic=True)
+        return jax.jit(init, compiler_options=INIT_COMPILE_OPTIONS)(rngs, *args, **kwargs)
     return _jitted_init(model, rngs, args, kwargs)
 
 
 def _init_shapes(model: Any, rngs: dict[str, Array], args: tuple, kwargs: dict) -> PyTree:
     """The shapes and dtypes of the model's initial variables, traced once per equal model."""
     if not is_hashable(model):
-        return jax.eval_shape(model.init, rngs, *args, **kwargs)
+        return jax.eval_shape(partial(model.init, deterministic=True), rngs, *args, **kwargs)
     return _jitted_init.eval_shape(model, rngs, args, kwargs)
 
 
@@ -408,10 +413,20 @@ def create_train_state(
     params_rng, dropout_rng = jax.random.split(rng)
     args, kwargs = model_inputs(sample_batch)
     init_rngs = {"params": params_rng, "dropout": dropout_rng}
-    if variables is None:
-        variables = _init_variables(model, init_rngs, args, kwargs)
-    else:
-        _check_variables(variables, _init_shapes(model, init_rngs, args, kwargs))
+    given = variables is not None
+    try:
+        if not given:
+            variables = _init_variables(model, init_rngs, args, kwargs)
+        else:
+            _check_variables(variables, _init_shapes(model, init_rngs, args, kwargs))
+    except TypeError as error:
+        if "deterministic" not in str(error):
+            raise
+        raise TypeError(
+            "create_train_state: the model must take a `deterministic` keyword (the train "
+            f"step calls it with deterministic=False, predictions with True): {error}"
+        ) from error
+    if given:
         # The state owns its buffers: `fit` donates them, which would delete the
         # caller's arrays (an FP32 model's, shared by `qat.from_fp32`'s variables).
         variables = copy_state(variables)
