@@ -65,6 +65,9 @@ def configured(
     table = TABLES[table_name]
     data = without_categoricals(table) if variant == "no_categoricals" else table.data
     config = ForecasterConfig(data=data, qat=QATTrainingConfig() if qat else None)
+    clash = sorted(set(VARIANTS[variant]) & set(overrides))
+    if clash:  # the override would silently undo what the variant measures
+        raise ValueError(f"{', '.join(clash)} is what the variant {variant!r} sets")
     for key, value in {**VARIANTS[variant], **overrides}.items():
         section, field = key.split(".")
         if getattr(config, section) is None:

@@ -281,6 +281,24 @@ def test_quality_qat_settings_with_no_qat_are_a_usage_error(capsys, monkeypatch)
     assert quality.configured("pedestrian", "default", {"qat.steps": 5}).qat.steps == 5
 
 
+def test_quality_refuses_a_set_of_the_field_a_variant_measures(capsys, monkeypatch):
+    # `--variants window_normalization --set data.window_normalization=false` ran the
+    # default settings under the variant's name.
+    monkeypatch.setattr(quality, "run", _never)
+    with pytest.raises(SystemExit) as exit_info:
+        quality.main(
+            ["--tables", "pedestrian", "--variants", "window_normalization",
+             "--set", "data.window_normalization=false"]
+        )  # fmt: skip
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.endswith(
+        "data.window_normalization is what the variant 'window_normalization' sets"
+    )
+    config = quality.configured("pedestrian", "default", {"data.window_normalization": True})
+    assert config.data.window_normalization is True
+
+
 def _quality_record(table, variant, overrides, cutoffs, qat=True):
     return {"table": table, "variant": variant}
 

@@ -520,7 +520,7 @@ def test_skipped_steps_name_the_training_batch_that_holds_nan_data() -> None:
     said = skip_warnings(caught)
     assert len(said) == 2 and said[1].startswith(
         "fit: every one of the 2 steps was skipped (non-finite loss or gradient, or an "
-        "unusable learning rate): the model never trained; train_batches[0]: "
+        "unusable learning rate): the model never trained; train_batches: batch 0: "
         "batch.historical holds 2 NaN or inf values (the first at index (0, 1, 0))"
     ), said
     assert int(result.state.skipped_steps) == 2

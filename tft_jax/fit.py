@@ -193,7 +193,7 @@ class _BadTrainingData:
                     batch = self.source[index]
                     try:
                         _check_finite_targets(index, batch, "train_batches")
-                        _check_finite_inputs(f"train_batches[{index}]", batch)
+                        _check_finite_inputs(f"train_batches: batch {index}", batch)
                     except ValueError as error:
                         self.found = f"; {error}"
                         break

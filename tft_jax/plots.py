@@ -443,7 +443,8 @@ def plot_loss_curves(
 
     A loss that is NaN or inf (a diverged phase), unlike a None, is not
     drawn and is counted in its curve's legend label, e.g. 'fp32 train
-    (3 of 10 non-finite)'.
+    (3 of 10 non-finite)'. A run folder's `history.json` stores them as
+    null (JSON has no NaN), so a saved run's curves show gaps, not counts.
 
     Raises:
       ValueError: naming a phase whose `step`, `train_loss` and `val_loss`
