@@ -42,6 +42,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tft_jax.data.listing import repeated
+
 SCHEMA_VERSION = 1
 MIN_TIMED_STEPS = 20
 DEFAULT_WARMUP = 3
@@ -578,9 +580,9 @@ def check_distinct(values: Sequence[Any], option: str, text: str) -> None:
     by it (a ratio to the float run of the same batch) would pair the wrong runs.
     `text` is the command line's spelling of the values, shown in the message.
     """
-    repeated = sorted({value for value in values if values.count(value) > 1})
-    if repeated:
-        shown = ", ".join(map(str, repeated))
+    twice = sorted(repeated(values))
+    if twice:
+        shown = ", ".join(map(str, twice))
         raise ValueError(f"{option} names {shown} more than once, got {text!r}")
 
 

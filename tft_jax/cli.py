@@ -66,7 +66,7 @@ from tft_jax.cli_parser import (
     multihost_arguments,
 )
 from tft_jax.data import load_pedestrian, read_table
-from tft_jax.data.listing import first_few
+from tft_jax.data.listing import first_few, repeated
 from tft_jax.data.pedestrian import PEDESTRIAN_SPEC
 from tft_jax.data.tables import _parse_times, file_rows
 from tft_jax.distributed import (
@@ -948,9 +948,9 @@ def chosen_series(names: Sequence[str] | None, ids: pd.Series) -> list[Any] | No
     if unknown:
         shown = first_few(list(by_text), limit=10)
         raise UsageError(f"--series {' '.join(unknown)}: not a series of the table; it has {shown}")
-    repeated = sorted({name for name in names if names.count(name) > 1})
-    if repeated:
-        raise UsageError(f"--series names {' '.join(repeated)} more than once; name each once")
+    twice = sorted(repeated(names))
+    if twice:
+        raise UsageError(f"--series names {' '.join(twice)} more than once; name each once")
     return [by_text[name] for name in names]
 
 

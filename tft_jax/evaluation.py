@@ -39,6 +39,7 @@ import pandas as pd
 from tft_jax.atomic_files import replaced_atomically
 from tft_jax.baselines import seasonal_naive, seasonal_naive_with_drift
 from tft_jax.data import PreparedDataset, WindowSet, batch_indices
+from tft_jax.data.listing import repeated
 from tft_jax.data.scaling import TARGET_TRANSFORMS, forward_transform
 from tft_jax.losses import ZeroTargetError
 from tft_jax.train import Batch
@@ -498,7 +499,7 @@ def check_forecast_frame_columns(id_col: str, time_col: str, quantiles: Sequence
                 f"adds ({', '.join(added)}); rename that column of the table"
             )
     names = [quantile_column(q) for q in quantiles]
-    twins = sorted({name for name in names if names.count(name) > 1})
+    twins = sorted(repeated(names))
     if twins:
         levels = [float(q) for q in quantiles if quantile_column(q) in twins]
         raise ValueError(

@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 
 from tft_jax.atomic_files import replaced_atomically
 from tft_jax.data import PreparedDataset
+from tft_jax.data.listing import repeated
 from tft_jax.data.tables import MISSING_TEXTS, _parse_times
 from tft_jax.evaluation import (
     Predictions,
@@ -312,9 +313,9 @@ def plot_attention(
         whole = not isinstance(step, bool) and isinstance(step, numbers.Integral)
         if not whole or not 1 <= step <= steps:
             raise ValueError(f"horizons must lie in 1..{steps} (whole steps), got {step!r}")
-    repeated = sorted({int(step) for step in horizons if horizons.count(step) > 1})
-    if repeated:
-        raise ValueError(f"horizons must not repeat a step (one curve each), got {repeated} twice")
+    twice = sorted(int(step) for step in repeated(horizons))
+    if twice:
+        raise ValueError(f"horizons must not repeat a step (one curve each), got {twice} twice")
     lags = np.arange(-history, 0)
     figure = Figure(figsize=(10, 3.8), layout="constrained")
     axis = figure.subplots()
@@ -796,9 +797,9 @@ def plot_future(
         series = list(series)
         if not series:
             raise ValueError("series is empty: name at least one series to draw")
-        repeated = list(dict.fromkeys(name for name in series if series.count(name) > 1))
-        if repeated:
-            raise ValueError(f"series must not repeat an id (one panel each), got {repeated}")
+        twice = repeated(series)
+        if twice:
+            raise ValueError(f"series must not repeat an id (one panel each), got {twice}")
     low, high = quantile_name(min(quantiles)), quantile_name(max(quantiles))
     missing = [name for name in (low, quantile_name(0.5), high) if name not in forecast.columns]
     if missing:

@@ -1,4 +1,4 @@
-"""The first few items of a long list, as messages quote them.
+"""The first few items of a long list, and the items it repeats, as messages quote them.
 
 A warning or error about many series, columns or parameters names the first
 few and counts the rest, the same way everywhere: 'a, b, c and 4 more'.
@@ -7,6 +7,7 @@ few and counts the rest, the same way everywhere: 'a, b, c and 4 more'.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 
 def first_few(texts: Sequence[str], limit: int = 5, separator: str = ", ") -> str:
@@ -22,3 +23,16 @@ def first_few(texts: Sequence[str], limit: int = 5, separator: str = ", ") -> st
     shown = separator.join(texts[:limit])
     left = len(texts) - limit
     return shown + (f" and {left} more" if left > 0 else "")
+
+
+def repeated(values: Sequence[Any]) -> list[Any]:
+    """The values that `values` holds more than once, each once, in the order first seen.
+
+    Compared with `==`, so unhashable values and ids of mixed types (1 and '1'
+    differ) work; the lists checked are short (flags, levels, series named).
+    """
+    return [
+        value
+        for index, value in enumerate(values)
+        if values.count(value) > 1 and value not in values[:index]
+    ]

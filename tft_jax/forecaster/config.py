@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from tft_jax.data import TARGET_SCALERS, TableSpec
+from tft_jax.data.listing import repeated
 from tft_jax.data.pedestrian import PEDESTRIAN_SPEC
 from tft_jax.data.scaling import TARGET_TRANSFORMS
 from tft_jax.data.tables import parse_time_text
@@ -348,7 +349,7 @@ class ModelConfig:
         # Levels equal to 6 significant digits share a forecast column (and a metrics key):
         # predict would write the second over the first and return one column fewer.
         names = [quantile_name(level) for level in levels]
-        shared = sorted({name for name in names if names.count(name) > 1})
+        shared = sorted(repeated(names))
         if shared:
             clashing = [level for level, name in zip(levels, names, strict=True) if name in shared]
             raise ValueError(
