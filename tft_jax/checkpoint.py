@@ -90,11 +90,8 @@ class CorruptCheckpointError(RuntimeError):
     """A checkpoint step that cannot be read back intact."""
 
 
-class CheckpointReadError(OSError):
-    """A checkpoint step that could not be read for a reason other than damage; left in place.
-
-    `filename` is the step's directory; `__cause__` the error the read raised.
-    """
+class _CheckpointIOError(OSError):
+    """A checkpoint read or write that failed: `'PATH: detail'`, the cause's `errno`."""
 
     def __init__(self, path: pathlib.Path, detail: str, cause: BaseException) -> None:
         super().__init__(getattr(cause, "errno", None), detail, str(path))
@@ -103,25 +100,29 @@ class CheckpointReadError(OSError):
         return f"{self.filename}: {self.strerror}"
 
 
-class CheckpointWriteError(OSError):
+class CheckpointReadError(_CheckpointIOError):
+    """A checkpoint step that could not be read for a reason other than damage; left in place.
+
+    `filename` is the step's directory; `__cause__` the error the read raised.
+    """
+
+
+class CheckpointWriteError(_CheckpointIOError):
     """A checkpoint step that could not be written (a full disk, a read-only folder).
 
     Raised for the `OSError`s of the write and for tensorstore's status errors,
     which orbax raises as `ValueError`s (`RESOURCE_EXHAUSTED: Error writing
     local file ...`), so that both read as one `OSError`. `filename` is the
     checkpoint directory; `errno` is the cause's, or `ENOSPC` when a status
-    error says "No space left on device"; `__cause__` the error the write raised. Orbax removes the
-    unfinished step's temporary folder the next time the directory is opened.
+    error says "No space left on device"; `__cause__` the error the write
+    raised. Orbax removes the unfinished step's temporary folder the next
+    time the directory is opened.
     """
 
     def __init__(self, path: pathlib.Path, detail: str, cause: BaseException) -> None:
-        number = getattr(cause, "errno", None)
-        if number is None and os.strerror(errno.ENOSPC) in str(cause):
-            number = errno.ENOSPC
-        super().__init__(number, detail, str(path))
-
-    def __str__(self) -> str:
-        return f"{self.filename}: {self.strerror}"
+        super().__init__(path, detail, cause)
+        if self.errno is None and os.strerror(errno.ENOSPC) in str(cause):
+            self.errno = errno.ENOSPC
 
 
 # Why a read failed, when the reason lies outside the checkpoint's files: Python's
@@ -165,8 +166,12 @@ _READ_FAILURE_TEXT = re.compile(
 )
 
 
-def _is_read_failure(error: BaseException) -> bool:
-    """Whether `error`, or an error it was raised from, says the read failed, not the bytes."""
+def _is_io_failure(error: BaseException) -> bool:
+    """Whether `error`, or an error it was raised from, says the I/O itself failed.
+
+    A read or a write refused for a reason outside the checkpoint's bytes
+    (permissions, memory, a full disk, ...), not damaged data.
+    """
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
@@ -451,7 +456,7 @@ class TrainingCheckpointer:
                 ),
             )
         except (OSError, ValueError) as error:
-            failed = _is_read_failure(error) or "Error writing" in str(error)
+            failed = _is_io_failure(error) or "Error writing" in str(error)
             if not isinstance(error, OSError) and not failed:
                 raise  # not a failed write: a bug, said as it is
             raise CheckpointWriteError(
@@ -603,7 +608,7 @@ class TrainingCheckpointer:
     ) -> CorruptCheckpointError | CheckpointReadError:
         """What a failed read of `part` of a step means: damage, or a failure to read."""
         path = pathlib.Path(self._managers[kind].directory) / str(step)
-        if _is_read_failure(error):
+        if _is_io_failure(error):
             return CheckpointReadError(
                 path,
                 f"could not read the {part} of {kind} checkpoint step {step} "

@@ -77,16 +77,15 @@ def _check_finite(function: str, name: str, value: Array) -> None:
     if isinstance(value, jax.core.Tracer):
         return
     if isinstance(value, jax.Array) and not value.is_fully_addressable:
-        return  # other processes' rows: each process checks its own
+        return  # other processes' rows cannot be read here
     if bool(jnp.all(jnp.isfinite(value))):  # one scalar to the host, not the array
         return
-    finite = np.isfinite(np.asarray(value))
-    if not finite.all():
-        where = tuple(int(i) for i in np.argwhere(~finite)[0])
-        raise ValueError(
-            f"{function}: {name} holds {int((~finite).sum())} non-finite value(s) (NaN or ±inf), "
-            f"the first at index {where}; the result would be non-finite"
-        )
+    finite = np.isfinite(np.asarray(value))  # read only to name the first bad element
+    where = tuple(int(i) for i in np.argwhere(~finite)[0])
+    raise ValueError(
+        f"{function}: {name} holds {int((~finite).sum())} non-finite value(s) (NaN or ±inf), "
+        f"the first at index {where}; the result would be non-finite"
+    )
 
 
 def _error(raw_pred: Any, raw_target: Any, pred: Array, target: Array) -> Array:
