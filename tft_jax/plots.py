@@ -88,11 +88,14 @@ def _non_finite_note(count: int, total: int, what: str) -> str:
     return f"{count} of {total} {what} non-finite, not drawn"
 
 
+def _is_real_number(value: Any) -> bool:
+    """A real number, NaN included, and not a bool (True is no forecast of 1)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_)
+
+
 def _is_number_or_missing(value: Any) -> bool:
-    """A real number (not a bool) or a missing value (None, NaN, pd.NA)."""
-    if value is None or value is pd.NA:
-        return True
-    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+    """A real number (`_is_real_number`) or a missing value (None, NaN, pd.NA)."""
+    return value is None or value is pd.NA or _is_real_number(value)
 
 
 def _numeric_column(table_name: str, table: pd.DataFrame, column: str) -> pd.Series:
@@ -720,6 +723,53 @@ def _first_starts(windows: Any) -> list[int]:
     return [int(windows.starts[np.nonzero(codes == code)[0][0]]) for code in np.unique(codes)]
 
 
+def _checked_future_arguments(
+    forecast: pd.DataFrame,
+    history: pd.DataFrame,
+    id_col: str,
+    time_col: str,
+    target: str,
+    quantiles: Sequence[float],
+    series: Sequence[Any] | None,
+) -> list[Any] | None:
+    """`plot_future`'s `series` as a list (None stays None), after checking its arguments.
+
+    Raises the `ValueError`s and `TypeError`s `plot_future` lists for
+    `quantiles`, the column names and `series`.
+    """
+    if isinstance(quantiles, (str, bytes)) or not isinstance(quantiles, Sequence | np.ndarray):
+        raise TypeError(f"quantiles must be a sequence of levels in (0, 1), got {quantiles!r}")
+    if not len(quantiles):
+        raise ValueError("quantiles is empty: the band needs its lowest and highest level")
+    for level in quantiles:
+        if not _is_real_number(level):
+            raise TypeError(f"quantiles must be numbers in (0, 1), got {level!r}")
+        if not 0 < level < 1:
+            raise ValueError(f"quantiles must lie in (0, 1), got {level!r} in {tuple(quantiles)}")
+    for argument, column, tables in (
+        ("id_col", id_col, (("forecast", forecast), ("history", history))),
+        ("time_col", time_col, (("forecast", forecast), ("history", history))),
+        ("target", target, (("history", history),)),
+    ):
+        for table_name, table in tables:
+            if column not in table.columns:
+                raise ValueError(
+                    f"{argument}={column!r} is not a column of the {table_name}; its columns "
+                    f"are {list(table.columns)}"
+                )
+    if series is not None:
+        if isinstance(series, (str, bytes)) or not isinstance(series, Sequence | np.ndarray):
+            hint = f" (for one series pass [{series!r}])" if isinstance(series, str) else ""
+            raise TypeError(f"series must be a list of series ids, got {series!r}{hint}")
+        series = list(series)
+        if not series:
+            raise ValueError("series is empty: name at least one series to draw")
+        twice = repeated(series)
+        if twice:
+            raise ValueError(f"series must not repeat an id (one panel each), got {twice}")
+    return series
+
+
 def plot_future(
     path: PathLike,
     forecast: pd.DataFrame,
@@ -770,36 +820,9 @@ def plot_future(
     if isinstance(tail, bool) or not isinstance(tail, numbers.Integral) or tail < 0:
         # pandas' `tail(-n)` keeps all rows but the first n: the whole history, nearly.
         raise ValueError(f"tail must be an int >= 0 (history steps shown), got {tail!r}")
-    if isinstance(quantiles, (str, bytes)) or not isinstance(quantiles, Sequence | np.ndarray):
-        raise TypeError(f"quantiles must be a sequence of levels in (0, 1), got {quantiles!r}")
-    if not len(quantiles):
-        raise ValueError("quantiles is empty: the band needs its lowest and highest level")
-    for level in quantiles:
-        if not _is_number_or_missing(level) or level is None or level is pd.NA:
-            raise TypeError(f"quantiles must be numbers in (0, 1), got {level!r}")
-        if not 0 < level < 1:
-            raise ValueError(f"quantiles must lie in (0, 1), got {level!r} in {tuple(quantiles)}")
-    for argument, column, tables in (
-        ("id_col", id_col, (("forecast", forecast), ("history", history))),
-        ("time_col", time_col, (("forecast", forecast), ("history", history))),
-        ("target", target, (("history", history),)),
-    ):
-        for table_name, table in tables:
-            if column not in table.columns:
-                raise ValueError(
-                    f"{argument}={column!r} is not a column of the {table_name}; its columns "
-                    f"are {list(table.columns)}"
-                )
-    if series is not None:
-        if isinstance(series, (str, bytes)) or not isinstance(series, Sequence | np.ndarray):
-            hint = f" (for one series pass [{series!r}])" if isinstance(series, str) else ""
-            raise TypeError(f"series must be a list of series ids, got {series!r}{hint}")
-        series = list(series)
-        if not series:
-            raise ValueError("series is empty: name at least one series to draw")
-        twice = repeated(series)
-        if twice:
-            raise ValueError(f"series must not repeat an id (one panel each), got {twice}")
+    series = _checked_future_arguments(
+        forecast, history, id_col, time_col, target, quantiles, series
+    )
     low, high = quantile_name(min(quantiles)), quantile_name(max(quantiles))
     missing = [name for name in (low, quantile_name(0.5), high) if name not in forecast.columns]
     if missing:
