@@ -106,6 +106,16 @@ def _float_array(name: str, x: Any) -> np.ndarray:
     return array
 
 
+def _require_elements(name: str, named: list[tuple[str, np.ndarray]]) -> None:
+    """Raises `ValueError` unless some leaf of `named` (`_named_leaves`) holds an element."""
+    if not any(leaf.size for _, leaf in named):
+        shapes = [leaf.shape for _, leaf in named]
+        raise ValueError(
+            f"{name} must hold at least one element, got leaf shapes {shapes}: there would be "
+            "nothing to check"
+        )
+
+
 def _real(name: str, value: Any) -> float:
     """`value` as a float, refusing bools and non-numbers with a `TypeError` naming `name`."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):

@@ -22,6 +22,7 @@ from properties.checks._support import (
     _is_inexact,
     _named_leaves,
     _real,
+    _require_elements,
     _require_function,
     _require_outputs,
     _short_repr,
@@ -103,9 +104,8 @@ def assert_jit_matches_eager(
     chex.assert_trees_all_equal_shapes_and_dtypes(compiled, eager)
     problems = _compare_trees(compiled, eager, atol, rtol, default_tolerance)
     if problems:
-        hint = _compute_dtype_hint(eager) if compute_dtype is None else ""
-        if rtol is not None and atol is not None:
-            hint = ""
+        defaults = compute_dtype is None and (rtol is None or atol is None)
+        hint = _compute_dtype_hint(eager) if defaults else ""
         raise AssertionError(_summarize("jit(fn) differs from fn run op by op:", problems) + hint)
 
 
@@ -350,11 +350,7 @@ def assert_grads_match_finite_differences(
             f"args must hold at least one float array to differentiate fn at, got "
             f"{_short_repr(args)}: there would be nothing to check"
         )
-    if not any(leaf.size for _, leaf in named):
-        raise ValueError(
-            f"args must hold at least one element, got leaf shapes "
-            f"{[leaf.shape for _, leaf in named]}: there would be nothing to check"
-        )
+    _require_elements("args", named)
     for path, leaf in named:
         if not _is_inexact(leaf):
             raise TypeError(

@@ -15,6 +15,7 @@ from properties.checks._support import (
     _index,
     _is_inexact,
     _named_leaves,
+    _require_elements,
     _summarize,
     _tolerance,
 )
@@ -43,12 +44,7 @@ def assert_finite(tree: PyTree, *, name: str = "tree") -> None:
             f"{name} must hold at least one array, got {jax.tree_util.tree_structure(tree)}: "
             "there would be nothing to check"
         )
-    if not any(leaf.size for _, leaf in named):
-        shapes = [leaf.shape for _, leaf in named]
-        raise ValueError(
-            f"{name} must hold at least one element, got leaf shapes {shapes}: there would be "
-            "nothing to check"
-        )
+    _require_elements(name, named)
     problems = []
     for path, leaf in named:
         if not _is_inexact(leaf):
