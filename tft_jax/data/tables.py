@@ -358,10 +358,12 @@ def _holds_category_values(values: pd.Series) -> bool:
     return bool(pd.to_numeric(present.drop_duplicates(), errors="coerce").isna().all())
 
 
-def _refused_texts(values: pd.Series) -> bool:
-    """Whether `infer_categorical` refuses a column of texts: numbers written with separators."""
-    texts = not isinstance(values.dtype, pd.CategoricalDtype)
-    return texts and separated_numbers(values) is not None
+def _separated_texts(values: pd.Series) -> SeparatedNumbers | None:
+    """`separated_numbers` of a column of texts (None for `category` dtype): the numbers
+    written with separators ('12,5') for which `infer_categorical` refuses the column."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        return None
+    return separated_numbers(values)
 
 
 def kept_placeholders(
@@ -395,7 +397,11 @@ def kept_placeholders(
         hits = hits[[value not in known for value in hits.index]]
         if len(hits) and (
             column in spec.categorical_cols
-            or (not for_fitted and _holds_category_values(values) and not _refused_texts(values))
+            or (
+                not for_fitted
+                and _holds_category_values(values)
+                and _separated_texts(values) is None
+            )
         ):
             kept[column] = {plain_value(value): int(n) for value, n in hits.items()}
     return kept
@@ -520,8 +526,7 @@ def infer_categorical(frame: pd.DataFrame, spec: TableSpec) -> TableSpec:
         if not _holds_category_values(frame[column]):
             continue
         # A table without its id column is the table validation's to name first.
-        texts = not isinstance(frame[column].dtype, pd.CategoricalDtype)
-        separated = separated_numbers(frame[column]) if texts and spec.id_col in frame else None
+        separated = _separated_texts(frame[column]) if spec.id_col in frame else None
         if separated is not None:
             row = separated.row
             raise ValueError(
