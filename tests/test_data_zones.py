@@ -17,6 +17,7 @@ import pytest
 
 from tft_jax.data import prepare_dataset
 from tft_jax.data.future import future_steps, future_windows
+from tft_jax.data.tables import step_after
 
 from .prepared_tables import quiet_prepare
 
@@ -176,6 +177,28 @@ def test_local_days_that_a_clock_change_starts_after_midnight_are_a_daily_grid()
     # A repeated midnight is its first occurrence.
     repeated = future_steps(pd.Timestamp("2024-11-02", tz="America/Havana"), "D", 2)
     assert [str(t) for t in repeated] == ["2024-11-03 00:00:00-04:00", "2024-11-04 00:00:00-05:00"]
+
+
+@pytest.mark.parametrize(
+    ("zone", "last", "localize"),
+    [
+        ("America/Santiago", "2024-09-07", {"nonexistent": "shift_forward"}),
+        ("America/Havana", "2024-11-02", {"ambiguous": True}),
+    ],
+)
+def test_a_table_ending_the_day_before_a_midnight_clock_change_is_prepared(zone, last, localize):
+    # The step after the last day was computed as `last + offset`, which pandas refuses on
+    # a skipped ('... is a nonexistent time') or repeated ('Cannot infer dst time') midnight:
+    # prepare_dataset, PreparedDataset.missing_report and Forecaster.backtest all failed.
+    days = pd.date_range("2024-07-01", last, freq="D").tz_localize(zone, **localize)
+    table = pd.DataFrame({"id": "a", "time": days, "y": np.arange(len(days), dtype=float)})
+    dataset = prepare(table, validation_fraction=0.1, test_fraction=0.1)
+    assert len(dataset.frame) == len(days)
+    report = dataset.missing_report()
+    assert report["filled_target_steps"].sum() == 0 and report["windows"].sum() > 0
+    after = step_after(days[-1], "D")
+    assert after == future_steps(days[-1], "D", 1)[0]
+    assert after.tz_localize(None).normalize() == pd.Timestamp(last) + pd.Timedelta(days=1)
 
 
 def test_texts_at_another_offset_than_a_fixed_offset_training_zone_are_announced():

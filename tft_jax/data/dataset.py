@@ -53,6 +53,7 @@ from tft_jax.data.tables import (
     parse_time_text,
     plain_value,
     read_announced,
+    step_after,
     time_grid,
     to_regular_grid,
     validate_table,
@@ -252,7 +253,7 @@ class PreparedDataset:
         panel = self.panel
         frame = self.frame
         filled = frame.groupby("series_code", sort=True)[self.missing_col].sum()
-        end = panel.times.max() + pd.tseries.frequencies.to_offset(self.spec.freq)
+        end = step_after(panel.times.max(), self.spec.freq)
         bounds = (panel.times.min(), self.validation_start, self.test_start, end)
 
         def every_window(observed_target: bool) -> np.ndarray:
@@ -712,7 +713,7 @@ def prepare_dataset(
     if preprocessor is None:
         check_missing_fraction(grid, spec, missing_col, max_missing_fraction)
     times = pd.DatetimeIndex(grid[spec.time_col])
-    end = times.max() + pd.tseries.frequencies.to_offset(freq)
+    end = step_after(times.max(), freq)
 
     if validation_start is None and test_start is None:
         cut_validation, cut_test = split_times(times, end, validation_fraction, test_fraction)

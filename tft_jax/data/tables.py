@@ -1174,6 +1174,11 @@ def time_grid(
     )
 
 
+def step_after(time: pd.Timestamp, freq: Any) -> pd.Timestamp:
+    """The grid time one step of `freq` after `time`, in `time`'s zone, as `time_grid` steps."""
+    return time_grid(time, periods=2, freq=freq)[-1]
+
+
 def series_grid(times: pd.Series | pd.DatetimeIndex, freq: str) -> pd.DatetimeIndex:
     """Returns the regular grid of `freq` from the first to the last of sorted `times`."""
     return time_grid(times[0], times[-1], freq=freq)

@@ -37,7 +37,7 @@ from tft_jax.data import PreparedDataset, WindowSet, prepare_dataset, window_sta
 from tft_jax.data.dataset import SPLITS
 from tft_jax.data.future import future_windows
 from tft_jax.data.preprocessing import Preprocessor
-from tft_jax.data.tables import parse_frequency, plain_value, time_grid
+from tft_jax.data.tables import parse_frequency, plain_value, step_after, time_grid
 from tft_jax.distributed import is_primary, local_rows
 from tft_jax.evaluation import (
     Predictions,
@@ -943,9 +943,9 @@ class Forecaster:
             cutoff = grid_times[position]
             last = grid_times[position + data.horizon - 1]
             end = (
-                last + offset
+                step_after(last, offset)
                 if last.tz is None or zone is None
-                else ((last.tz_convert(zone) + offset).tz_convert(last.tz))
+                else step_after(last.tz_convert(zone), offset).tz_convert(last.tz)
             )
             starts = window_starts(panel, data.history, data.horizon, cutoff, end)
             starts = starts[panel.times[starts] == cutoff]
