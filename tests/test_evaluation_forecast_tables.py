@@ -105,6 +105,9 @@ def test_aware_times_in_an_hour_a_clock_change_repeats_are_written(tmp_path):
     write_forecasts(pd.DataFrame({"shop": "a", "day": times}), path)
     back = pd.to_datetime(pd.read_csv(path)["day"], utc=True)
     assert back.equals(times.dt.tz_convert("UTC"))
+    # ISO 8601's extended offset, as the times' isoformat writes it (strftime's %z wrote +0200).
+    lines = path.read_text().splitlines()
+    assert lines[3:5] == ["a,2024-10-27T02:00:00+02:00", "a,2024-10-27T02:00:00+01:00"]
 
 
 def test_forecast_times_of_a_fraction_of_a_second_are_written_in_full(tmp_path):

@@ -555,13 +555,16 @@ def write_forecasts(table: pd.DataFrame, path: str | os.PathLike[str]) -> None:
     Times are written to the second; a time column holding a fraction of a
     second (a `freq` of `100ms`, say) is written in full, every row to the
     same precision (`2024-01-01T00:00:20.100000`): cut to the second,
-    distinct steps would read back as one time.
+    distinct steps would read back as one time. Aware times carry their UTC
+    offset in ISO 8601's extended form (`+02:00`), as their `isoformat` does.
     """
     table = table.copy(deep=False)
     for column in table.columns:
         values = table[column]
         if pd.api.types.is_datetime64_any_dtype(values):
             timespec = _fraction_timespec(values)
+            if timespec is None and getattr(values.dt, "tz", None) is not None:
+                timespec = "seconds"  # strftime's %z writes +0200, Python 3.11 has no %:z
             if timespec is not None:
                 table[column] = values.map(
                     lambda stamp, spec=timespec: (
