@@ -520,6 +520,15 @@ def test_plot_refuses_a_path_naming_another_image_format(tmp_path, name):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("path", [123, None, b"attention.png"])
+def test_plot_refuses_a_path_that_is_not_a_str_or_path_naming_its_type(path):
+    # Before: pathlib's own "argument should be a str or an os.PathLike object ..., not 'int'".
+    with pytest.raises(
+        TypeError, match=r"path must be a str or os.PathLike .*, got (int|NoneType|bytes)"
+    ):
+        plots.plot_attention(path, np.full((2, 5), 0.2), history=3)
+
+
 def test_clipping_plot_of_runs_that_all_diverged_is_drawn(tmp_path, monkeypatch):
     # Every final validation loss non-finite: saving the log axis failed in matplotlib's
     # ticker ("Data cannot be log-scaled"), after the whole experiment had run.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 import pathlib
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -61,6 +62,11 @@ def _save(figure: Figure, path: PathLike) -> pathlib.Path:
     to PNG instead, and a suffix naming another image format is refused
     rather than written as a PNG under a misleading name.
     """
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(
+            f"path must be a str or os.PathLike naming the PNG to write, "
+            f"got {type(path).__name__} {path!r}"
+        )
     path = pathlib.Path(path)
     suffix = path.suffix.lower().lstrip(".")
     if suffix != "png" and suffix in figure.canvas.get_supported_filetypes():
