@@ -855,6 +855,26 @@ def test_evaluate_on_another_table_leaves_the_runs_metrics_alone(
 
 
 @pytest.mark.slow
+def test_evaluate_names_the_table_whose_test_targets_are_all_zero(
+    capsys, trained_run, csv_path, tmp_path
+):
+    # Raised by the Forecaster, not the data layer: the message named no file.
+    copy = tmp_path / "run"
+    shutil.copytree(trained_run, copy, ignore=shutil.ignore_patterns("checkpoints"))
+    table = pd.read_csv(csv_path)
+    last_days = sorted(table["day"].unique())[-40:]  # past the test cut
+    zeroed = tmp_path / "zeroed.csv"
+    table.assign(sales=table["sales"].where(~table["day"].isin(last_days), 0.0)).to_csv(
+        zeroed, index=False
+    )
+    code, _, err = run(
+        capsys, "evaluate", "--run", str(copy), "--csv", str(zeroed), "--compile-cache", "none"
+    )
+    assert code == 2 and "Traceback" not in err
+    assert f"--csv {zeroed}: evaluate: every target of the test split (" in err
+
+
+@pytest.mark.slow
 def test_evaluate_refuses_an_output_that_is_its_table(capsys, trained_run, csv_path, tmp_path):
     other = tmp_path / "table.csv"
     shutil.copyfile(csv_path, other)

@@ -68,7 +68,7 @@ from tft_jax.cli_parser import (
 from tft_jax.data import load_pedestrian, read_table
 from tft_jax.data.listing import first_few, repeated
 from tft_jax.data.pedestrian import PEDESTRIAN_SPEC
-from tft_jax.data.tables import _parse_times, file_rows
+from tft_jax.data.tables import TableContentError, _parse_times, file_rows
 from tft_jax.distributed import (
     JOIN_TIMEOUT_SECONDS,
     barrier,
@@ -182,9 +182,10 @@ def raised_by_data_layer(error: BaseException, itself: bool = False) -> bool:
 def data_error_text(error: Exception, args: argparse.Namespace) -> str:
     """A `ValueError` (or data-layer `TypeError`) as one line, its keywords as the command's flags.
 
-    One the data layer raised about the table `--csv` names is led by
-    `--csv PATH: ` (the run's own table, read without `--csv`: `the run's
-    table PATH: `), unless it names the file already: the user then knows
+    One the data layer raised about the table `--csv` names, or a
+    `TableContentError` (nothing to score in it), is led by `--csv PATH: `
+    (the run's own table, read without `--csv`: `the run's table PATH: `),
+    unless it names the file already: the user then knows
     which file to mend (the history, not predict's `--future-csv`, whose
     errors `predict_from_files` names by that flag; the data layer names a
     table by no path).
@@ -196,7 +197,9 @@ def data_error_text(error: Exception, args: argparse.Namespace) -> str:
     else:
         named = getattr(args, "run_table", None)
         label = f"the run's table {named}"
-    if named is None or named in message or not raised_by_data_layer(error):
+    if named is None or named in message:
+        return message
+    if not isinstance(error, TableContentError) and not raised_by_data_layer(error):
         return message
     return f"{label}: {message}"
 

@@ -57,6 +57,15 @@ def typical_step(freq: str) -> pd.Timedelta:
     return grid[2] - grid[1]
 
 
+class TableContentError(ValueError):
+    """What a table holds leaves nothing to do: no complete window to score, every target zero.
+
+    Raised above the data layer too (by `Forecaster.evaluate` and `backtest`),
+    so that a caller naming the table's file (the CLI's `--csv`) knows the
+    error is the table's, not the settings' or a model's.
+    """
+
+
 class MissingColumnsError(ValueError):
     """A table lacks columns its spec names; `missing` and their `roles` ("target='sales'")."""
 

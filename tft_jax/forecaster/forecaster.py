@@ -37,7 +37,13 @@ from tft_jax.data import PreparedDataset, WindowSet, prepare_dataset, window_sta
 from tft_jax.data.dataset import SPLITS
 from tft_jax.data.future import future_windows
 from tft_jax.data.preprocessing import Preprocessor
-from tft_jax.data.tables import parse_frequency, plain_value, step_after, time_grid
+from tft_jax.data.tables import (
+    TableContentError,
+    parse_frequency,
+    plain_value,
+    step_after,
+    time_grid,
+)
 from tft_jax.distributed import is_primary, local_rows
 from tft_jax.evaluation import (
     Predictions,
@@ -833,7 +839,7 @@ class Forecaster:
         windows = dataset.split(split)
         if not len(windows):
             # Said here: the predictions would fail with "no windows to evaluate".
-            raise ValueError(
+            raise TableContentError(
                 f"evaluate: the {split} split of the table holds no complete window "
                 f"({dataset.history} steps of history and {dataset.horizon} steps with an "
                 f"observed target); split={split!r} needs a nonzero DataConfig "
@@ -849,7 +855,7 @@ class Forecaster:
         try:
             models_metrics, baselines = self._metrics(dataset, windows, predictions, seconds)
         except ZeroTargetError:
-            raise ValueError(
+            raise TableContentError(
                 f"evaluate: every target of the {split} split ({len(windows)} windows) is zero, "
                 "so q-risk is undefined there; evaluate another split or table"
             ) from None
@@ -950,7 +956,7 @@ class Forecaster:
             starts = window_starts(panel, data.history, data.horizon, cutoff, end)
             starts = starts[panel.times[starts] == cutoff]
             if starts.size == 0:
-                raise ValueError(
+                raise TableContentError(
                     f"backtest: no series has {data.history} steps of history before the cutoff "
                     f"{cutoff} and an observed target over the {data.horizon} steps after it"
                 )
@@ -962,7 +968,7 @@ class Forecaster:
                     dataset, windows, self.predictions(dataset, windows, models)
                 )
             except ZeroTargetError:
-                raise ValueError(
+                raise TableContentError(
                     f"backtest: every target over the {data.horizon} steps after the cutoff "
                     f"{cutoff} is zero ({starts.size} windows), so q-risk is undefined there; "
                     "choose other cutoffs with n_windows and step"
