@@ -129,12 +129,32 @@ def test_a_resume_with_a_larger_max_steps_trains_on_and_records_it(trained, tmp_
     longer = dataclasses.replace(
         SETTINGS, training=dataclasses.replace(TINY_TRAINING, max_steps=6, eval_batch_size=16)
     )
-    resumed = Forecaster.from_config(longer).fit(
-        table, checkpoint_dir=checkpoints, resume=True, quiet=True
-    )
+    # The 4-step cosine ended at 0; the 6-step one gives 1e-3 * (1 + cos(4/6 pi)) / 2 at step 4.
+    with pytest.warns(UserWarning, match=r"this run's at step 6 \(warmup 0\); the rate goes on "
+                      r"from 0.00025 \(the checkpoint's schedule gives 0 there\)"):  # fmt: skip
+        resumed = Forecaster.from_config(longer).fit(
+            table, checkpoint_dir=checkpoints, resume=True, quiet=True
+        )
     assert resumed.summary["fp32"]["total_steps"] == 6
+    assert resumed.summary["fp32"]["steps_trained"] == 6
     assert sorted(int(step.name) for step in (checkpoints / "fp32" / "latest").iterdir())[-1] == 6
     assert ForecasterConfig.from_json(_record(checkpoints)["settings"]) == longer
+
+
+def test_a_resume_with_a_lower_max_steps_records_the_steps_the_model_was_trained(trained, tmp_path):
+    # The summary said total_steps 2 of a model trained 4 steps (the warning aside).
+    table, _, checkpoints = trained
+    checkpoints = _copy(checkpoints, tmp_path)
+    shorter = dataclasses.replace(
+        SETTINGS, training=dataclasses.replace(TINY_TRAINING, max_steps=2)
+    )
+    with pytest.warns(UserWarning) as warned:
+        resumed = Forecaster.from_config(shorter).fit(
+            table, checkpoint_dir=checkpoints, resume=True, quiet=True
+        )
+    # One warning: nothing is left to train, so no word of the schedule's steps ahead.
+    assert len(warned) == 1 and "is at step 4, past max_steps=2" in str(warned[0].message)
+    assert resumed.summary["fp32"]["steps_trained"] == 4
 
 
 @pytest.mark.parametrize("record", ["without settings", "missing"])
@@ -231,3 +251,27 @@ def test_settings_spelled_otherwise_are_the_same_settings():
         _recorded(dataclasses.replace(SETTINGS, data=cut)),
         dataclasses.replace(SETTINGS, data=moved),
     ) == ["DataConfig.validation_start '2024-03-01' then, '2024-03-02' now"]
+
+
+def test_a_resume_on_another_table_with_as_many_windows_is_refused(trained, tmp_path):
+    # Only the batch size and the count of training windows were compared: a table of other
+    # values (as many windows) resumed without a word, mixing two runs.
+    table, _, checkpoints = trained
+    checkpoints = _copy(checkpoints, tmp_path)
+    noisy = table.assign(sales=table["sales"] + np.random.default_rng(1).normal(size=len(table)))
+    longer = dataclasses.replace(SETTINGS, training=dataclasses.replace(TINY_TRAINING, max_steps=6))
+    with pytest.raises(
+        ValueError, match=r"train_windows_sha256 [0-9a-f]{64} then, [0-9a-f]{64} now"
+    ):
+        Forecaster.from_config(longer).fit(
+            noisy, checkpoint_dir=checkpoints, resume=True, quiet=True
+        )
+    assert sorted(int(step.name) for step in (checkpoints / "fp32" / "latest").iterdir())[-1] == 4
+    # A record written before the digest was kept resumes unchecked, as before.
+    record = _record(checkpoints)
+    del record["train_windows_sha256"]
+    (checkpoints / BATCH_STREAM_FILE).write_text(json.dumps(record))
+    forecaster_module._check_batch_stream(
+        checkpoints, True, TINY_TRAINING.batch_size,
+        forecaster_module.prepare_dataset(noisy, **DATA.prepare_options()), SETTINGS,
+    )  # fmt: skip

@@ -1502,5 +1502,18 @@ def test_a_resumed_run_without_a_refit_takes_the_callers_schedule(tmp_path) -> N
     common = dict(epochs=10, checkpoint_dir=tmp_path, quiet=True)
     first = fit(schedule_state(PEAK, 8, WARMUP), batches, max_steps=8, **common)
     assert first.schedule_steps == 8
-    longer = fit(schedule_state(PEAK, 12, WARMUP), batches, max_steps=12, resume=True, **common)
+    # The learning rate jumps from the 8-step cosine's end (0) to the 12-step one's at step 8:
+    # said, as it was not before. The closed form of the new rate at step 8:
+    new_rate = 0.5 * PEAK * (1 + math.cos(math.pi * (8 - WARMUP) / (12 - WARMUP)))
+    message = (
+        rf"resuming at step 8 on another learning-rate schedule: the checkpoint's ends at step "
+        rf"8 \(warmup {WARMUP}\), this run's at step 12 \(warmup {WARMUP}\); the rate goes on "
+        rf"from {new_rate:.3g} \(the checkpoint's schedule gives 0 there\)"
+    )
+    with pytest.warns(UserWarning, match=message):
+        longer = fit(schedule_state(PEAK, 12, WARMUP), batches, max_steps=12, resume=True, **common)
     assert int(longer.state.step) == 12 and longer.schedule_steps == 12
+    # The same schedule again: nothing to say.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fit(schedule_state(PEAK, 12, WARMUP), batches, max_steps=12, resume=True, **common)

@@ -26,6 +26,7 @@ from tft_jax.checkpoint import BEST, TrainingCheckpointer
 from tft_jax.distributed import check_mesh, data_mesh, is_primary, place_state, shard_batch
 from tft_jax.fit_progress import Progress, duration_text, step_text
 from tft_jax.optimizer import _require_positive_float
+from tft_jax.schedules import WarmupCosine
 from tft_jax.steps import (
     _check_finite_inputs,
     _check_finite_targets,
@@ -462,6 +463,10 @@ def fit(
             if planned_schedule is not None and loop.schedule_steps is None:
                 # Not refitted: the caller's schedule applies (a raised
                 # max_steps, say), as when schedules were compiled into the step.
+                if max_steps is None or loop.step < max_steps:  # steps left to train
+                    _announce_another_schedule(
+                        in_state_schedule(state), planned_schedule, loop.step, warn
+                    )
                 state = _with_schedule(state, planned_schedule)
             checkpointer.discard_best_after(loop.step)
             best = checkpointer.restore_best(state)
@@ -848,3 +853,29 @@ def _check_resume_seed(saved_key: Array, seed_key: Array, seed: int) -> None:
             f"fit: the checkpoint was written by a run with another seed than seed={seed}; "
             "resume with the original seed"
         )
+
+
+def _announce_another_schedule(
+    written: WarmupCosine | None, planned: WarmupCosine, step: int, warn: Callable[[str], None]
+) -> None:
+    """Says when a resume goes on along another warmup or length of schedule than its checkpoint's.
+
+    A raised `max_steps` (or another `warmup_steps`) re-plans the cosine:
+    the steps done followed the checkpoint's, the rest follow the new one
+    from the rate it gives at `step`, a jump in the learning rate the caller
+    should know of.
+    """
+    if written is None:
+        return
+    shape = ("total_steps", "warmup_steps")
+    if all(
+        np.float32(getattr(written, name)) == np.float32(getattr(planned, name)) for name in shape
+    ):
+        return
+    warn(
+        f"resuming at step {step} on another learning-rate schedule: the checkpoint's ends at "
+        f"step {written.total_steps:g} (warmup {written.warmup_steps:g}), this run's at step "
+        f"{planned.total_steps:g} (warmup {planned.warmup_steps:g}); the rate goes on from "
+        f"{float(planned(step)):.3g} (the checkpoint's schedule gives {float(written(step)):.3g} "
+        "there)"
+    )

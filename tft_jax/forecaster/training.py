@@ -171,6 +171,8 @@ def train_fp32(
     settings = {
         "steps_per_epoch": per_epoch,
         "total_steps": total,
+        # The step training ended at: past `total` for a resume over a later checkpoint.
+        "steps_trained": int(to_host(result.state.step)),
         # Where the learning rate's cosine ends: `total` unless the time budget refitted it.
         "schedule_steps": result.schedule_steps,
         "warmup_steps": warmup,
@@ -257,6 +259,7 @@ def train_qat(
             # The batches the observers saw (at most one epoch's).
             "calibration_batches": seen,
             "total_steps": total,
+            "steps_trained": int(to_host(result.state.step)),
             "schedule_steps": result.schedule_steps,
             "warmup_steps": warmup,
             "stop_reason": result.stop_reason,
