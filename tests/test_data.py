@@ -847,3 +847,23 @@ def test_a_series_starting_after_the_validation_start_is_left_out_with_a_warning
         np.testing.assert_array_equal(getattr(dataset, name).arrays()["historical"],
                                       getattr(without, name).arrays()["historical"])  # fmt: skip
     np.testing.assert_array_equal(dataset.target_scaler.scale, without.target_scaler.scale)
+
+
+def test_the_training_windows_digest_follows_the_values_they_read_not_the_panel_rows():
+    cuts = {"validation_start": "2021-03-03 00:00", "test_start": "2021-03-03 12:00"}
+    table = make_table()
+    digest = prepare(table, **cuts).train.digest()
+    assert len(digest) == 64 and prepare(make_table(), **cuts).train.digest() == digest
+    a_rows = table.index[table["id"] == "a"]
+    # A value no training window reads (series a, after the test cut): the same digest.
+    later = table.copy()
+    later.loc[a_rows[-1], "temp"] += 1.0
+    assert prepare(later, **cuts).train.digest() == digest
+    # Series a grown past the test cut: series b's rows move in the panel, its windows do not.
+    extra = table.loc[a_rows[-10:]].assign(time=lambda rows: rows["time"] + 10 * STEP)
+    grown = pd.concat([table.loc[a_rows], extra, table[table["id"] == "b"]], ignore_index=True)
+    assert prepare(grown, **cuts).train.digest() == digest
+    # One input value inside a training window: another digest.
+    changed = table.copy()
+    changed.loc[a_rows[10], "temp"] += 1.0
+    assert prepare(changed, **cuts).train.digest() != digest

@@ -513,7 +513,11 @@ def test_resuming_checkpoints_of_another_batch_stream_is_refused_before_training
     dataset = prepare_dataset(table, **DATA.prepare_options())
     _check_batch_stream(checkpoints, False, TINY_TRAINING.batch_size, dataset)
     written = json.loads((checkpoints / BATCH_STREAM_FILE).read_text())
-    assert written == {"batch_size": TINY_TRAINING.batch_size, "train_windows": len(dataset.train)}
+    assert written == {
+        "batch_size": TINY_TRAINING.batch_size,
+        "train_windows": len(dataset.train),
+        "train_windows_sha256": dataset.train.digest(),
+    }
     # As if a step were saved: a record alone binds nothing (the resume starts over).
     monkeypatch.setattr(forecaster_module, "_holds_checkpoints", lambda checkpoints: True)
     _check_batch_stream(checkpoints, True, TINY_TRAINING.batch_size, dataset)  # the same stream

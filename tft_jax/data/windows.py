@@ -9,6 +9,7 @@ asked for, so an epoch over many long windows never holds them all at once.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -224,6 +225,44 @@ class WindowSet:
         """(H,) times of the forecast steps of window number `window`."""
         start = self.starts[window]
         return self.panel.times[start : start + self.horizon]
+
+    def digest(self) -> str:
+        """A SHA-256 hex digest of which windows these are and of every panel value they read.
+
+        Windows are named by series code and forecast start time (not by panel
+        row: another series growing moves the rows), with the rows they read
+        (inputs, scaled target and its mask, categorical codes) and their
+        series' statics. Equal digests: the same arrays in the same order (up
+        to a hash collision), whatever table they were read from; a resumed
+        run compares its checkpoints' digest with its own.
+        """
+        panel = self.panel
+        bounds = np.bincount(self.starts - self.history, minlength=len(panel) + 1)
+        bounds = bounds - np.bincount(self.starts + self.horizon, minlength=len(panel) + 1)
+        read = np.cumsum(bounds[:-1]) > 0
+        codes = panel.series_code[self.starts]
+        parts = [
+            np.array([self.history, self.horizon, int(self.normalized)], np.int64),
+            codes,
+            panel.times[self.starts].as_unit("ns").asi8,
+            panel.series_code[read],
+            panel.observed[read],
+            panel.known[read],
+            panel.target[read],
+            panel.target_mask[read],
+            panel.static[np.unique(codes)],
+        ]
+        for rows in (panel.known_categorical, panel.observed_categorical):
+            if rows is not None:
+                parts.append(rows[read])
+        if panel.static_categorical is not None:
+            parts.append(panel.static_categorical[np.unique(codes)])
+        digest = hashlib.sha256()
+        for part in parts:
+            part = np.ascontiguousarray(part)
+            digest.update(f"{part.dtype.str}{part.shape}".encode())
+            digest.update(part.tobytes())
+        return digest.hexdigest()
 
     def take(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         """Gathers windows `indices` (B,) into arrays for the model.
