@@ -867,3 +867,26 @@ def test_the_training_windows_digest_follows_the_values_they_read_not_the_panel_
     changed = table.copy()
     changed.loc[a_rows[10], "temp"] += 1.0
     assert prepare(changed, **cuts).train.digest() != digest
+
+
+def test_take_refuses_window_numbers_numpy_would_repair_or_reject_in_its_own_words():
+    # Before: 1.9 was window 1, -1 the last window, and past the end NumPy's IndexError.
+    windows = prepare(make_table()).train
+    count = len(windows)
+    np.testing.assert_array_equal(windows.take(np.array([count - 1]))["index"], [count - 1])
+    with pytest.raises(TypeError, match=r"take: indices must be a 1-D array of integer .* float64"):
+        windows.take(np.array([1.9]))
+    with pytest.raises(TypeError, match=r"take: indices must be a 1-D array .* shape \(\)"):
+        windows.take(np.int64(3))
+    with pytest.raises(ValueError, match=rf"in \[0, {count}\) .* got \[-1\]"):
+        windows.take(np.array([0, -1]))
+    with pytest.raises(ValueError, match=rf"in \[0, {count}\) .* got \[{count}\]"):
+        windows.take(np.array([count]))
+
+
+def test_batch_indices_refuses_a_negative_or_non_integer_count():
+    with pytest.raises(ValueError, match=r"num_items must be >= 0, got -3"):
+        list(batch_indices(-3, 2))
+    with pytest.raises(TypeError, match=r"num_items must be an int, got 2.5"):
+        list(batch_indices(2.5, 2))
+    assert [batch.tolist() for batch in batch_indices(5, 2, shuffle=False)] == [[0, 1], [2, 3], [4]]

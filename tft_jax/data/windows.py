@@ -179,6 +179,10 @@ def batch_indices(
         raise TypeError(f"batch_size must be an int, got {batch_size!r}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if isinstance(num_items, bool) or not isinstance(num_items, int | np.integer):
+        raise TypeError(f"num_items must be an int, got {num_items!r}")
+    if num_items < 0:
+        raise ValueError(f"num_items must be >= 0, got {num_items}")
     order = np.random.default_rng(seed).permutation(num_items) if shuffle else np.arange(num_items)
     stop = num_items - num_items % batch_size if drop_last else num_items
     for first in range(0, stop, batch_size):
@@ -264,6 +268,27 @@ class WindowSet:
             digest.update(part.tobytes())
         return digest.hexdigest()
 
+    def _checked_indices(self, indices: Any) -> np.ndarray:
+        """`indices` as a (B,) int64 array of window numbers in `[0, N)`, or an error naming them.
+
+        NumPy would take 1.9 as window 1 and -1 as the last window, and raise
+        its own IndexError past the end.
+        """
+        array = np.asarray(indices)
+        if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+            raise TypeError(
+                f"take: indices must be a 1-D array of integer window numbers, got "
+                f"{array.dtype} of shape {array.shape}"
+            )
+        array = array.astype(np.int64, copy=False)
+        if array.size and (array.min() < 0 or array.max() >= len(self)):
+            bad = array[(array < 0) | (array >= len(self))]
+            raise ValueError(
+                f"take: indices must be window numbers in [0, {len(self)}) (this set holds "
+                f"{len(self)} windows), got {bad[:5].tolist()}"
+            )
+        return array
+
     def take(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         """Gathers windows `indices` (B,) into arrays for the model.
 
@@ -278,7 +303,7 @@ class WindowSet:
           (B, H, Kc), with categorical observed inputs `observed_categorical`
           (B, T, Uc), all int32.
         """
-        indices = np.asarray(indices, dtype=np.int64)
+        indices = self._checked_indices(indices)
         starts = self.starts[indices]
         past = starts[:, None] + np.arange(-self.history, 0)
         ahead = starts[:, None] + np.arange(self.horizon)
