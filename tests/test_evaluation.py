@@ -409,3 +409,27 @@ def test_filled_history_is_the_tables_values_and_forward_fills_gaps():
     gap = np.argwhere(~observed)
     for window, step in gap:
         assert history[window, step] == pytest.approx(history[window, step - 1], abs=8.0)
+
+
+def test_nonnegative_baselines_are_clipped_at_zero_as_the_models_are():
+    # A drift extrapolates a falling series below 0; the models' forecasts were clipped
+    # and the baselines' not, which tilted the comparison.
+    table = make_table()
+    falling = table["shop"] == "a"
+    table.loc[falling, "sales"] = np.maximum(80.0 - np.arange(falling.sum()), 0.5)  # then flat
+    dataset = prepare(table)
+    windows = dataset.test
+    drift = baseline_metrics(dataset, windows, QUANTILES, (7,))["drift_7"]
+    clipped = baseline_metrics(dataset, windows, QUANTILES, (7,), nonnegative=True)["drift_7"]
+    # The reference: y[T - m + (h mod m)] + (h // m + 1) * d, d the mean seasonal difference.
+    history = filled_history(dataset, windows).astype(np.float64)
+    slope = np.mean(history[:, 7:] - history[:, :-7], axis=1)
+    ahead = np.arange(HORIZON)
+    forecast = history[:, -7 + ahead % 7] + slope[:, None] * (ahead // 7 + 1)
+    assert (forecast < 0).any()
+    actual = actuals(dataset, windows).astype(np.float64)
+    expected = np.abs(np.maximum(forecast, 0.0) - actual).sum() / np.abs(actual).sum()
+    assert clipped["p50_q_risk"] == pytest.approx(expected, rel=1e-5)
+    unclipped = np.abs(forecast - actual).sum() / np.abs(actual).sum()
+    assert drift["p50_q_risk"] == pytest.approx(unclipped, rel=1e-5)
+    assert clipped["p50_q_risk"] < drift["p50_q_risk"]

@@ -265,11 +265,14 @@ def baseline_metrics(
     windows: WindowSet,
     quantiles: Sequence[float],
     periods: Sequence[int],
+    nonnegative: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Metrics of seasonal naive and seasonal naive with drift at each of `periods`.
 
     Keys `seasonal_naive_<m>` and `drift_<m>` (the latter where the history
     holds two whole seasons of `m`); point forecasts score every level.
+    `nonnegative`: forecasts clipped at 0 first, as the models' are (a drift
+    extrapolates a falling series below 0).
     """
     history = filled_history(dataset, windows)
     actual = actuals(dataset, windows)
@@ -282,6 +285,8 @@ def baseline_metrics(
                 history, windows.horizon, period
             )
         for name, forecast in forecasts.items():
+            if nonnegative:
+                forecast = np.maximum(forecast, 0.0)
             results[name] = forecast_metrics(
                 forecast, actual, quantiles, scale, dataset.target_scaler.target_transform
             )

@@ -816,7 +816,9 @@ class Forecaster:
         actual = actuals(dataset, windows)
         scale = window_scales(dataset, windows)
         periods = (*candidate_periods(self.config.data.freq, dataset.history), self.season_period)
-        baselines = baseline_metrics(dataset, windows, quantiles, periods)
+        baselines = baseline_metrics(
+            dataset, windows, quantiles, periods, self.config.data.nonnegative
+        )
         best = best_of(baselines)
         models = {
             "seasonal_naive": baselines[f"seasonal_naive_{self.season_period}"],
