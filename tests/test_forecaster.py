@@ -730,3 +730,33 @@ def test_a_history_lacking_a_column_the_model_uses_says_to_add_it(fitted):
         r"\(observed_cols='temperature'\); it has .*: add them to the table$",
     ):
         forecaster.predict(history.drop(columns="temperature"), future)
+
+
+def test_scored_windows_whose_history_is_mostly_filled_are_left_out_as_predict_refuses(fitted):
+    # evaluate and backtest scored windows from wholly forward-filled histories, which
+    # predict refuses (more than max_missing_fraction of the last `history` steps filled).
+    forecaster, table, _ = fitted
+    days = sorted(table["day"].unique())
+    blank = table["day"].isin(days[70:86]) & (table["store"] == "alpha")
+    blanked = table.assign(sales=table["sales"].where(~blank))
+    full = forecaster.evaluate(table)["windows"]
+    # The reference, from the raw table: alpha's test windows (those evaluate scores on the
+    # full table start at its last `full / 3` forecast starts) with over half their history blank.
+    empty = blanked[blanked["store"] == "alpha"].set_index("day")["sales"].isna()
+    # A window with a blank in its horizon is left out already (as the table's own warning says).
+    starts = range(len(days) - HORIZON - full // 3 + 1, len(days) - HORIZON + 1)
+    kept = [start for start in starts if not empty.iloc[start : start + HORIZON].any()]
+    scored = full - (len(starts) - len(kept))
+    sparse = sum(empty.iloc[start - HISTORY : start].mean() > 0.5 for start in kept)
+    assert 0 < sparse < len(kept)
+    with pytest.warns(
+        UserWarning,
+        match=rf"evaluate: the test split: left out {sparse} of {scored} windows whose {HISTORY} "
+        rf"history steps are more than 50% filled .*: 'alpha' {sparse}$",
+    ):
+        assert forecaster.evaluate(blanked)["windows"] == scored - sparse
+    # A backtest cutoff whose alpha history is 13 of 14 steps blank.
+    blank = table["day"].isin(days[-HORIZON - 13 : -HORIZON]) & (table["store"] == "alpha")
+    with pytest.warns(UserWarning, match=r"backtest: the cutoff .*: left out 1 of 3 windows"):
+        result = forecaster.backtest(table.assign(sales=table["sales"].where(~blank)), n_windows=1)
+    assert set(result["windows"]) == {2}

@@ -158,6 +158,16 @@ def window_starts(
     return candidates[since_first % stride == 0]
 
 
+def filled_history_fraction(panel: Panel, starts: np.ndarray, history: int) -> np.ndarray:
+    """(N,) float64: the share of each window's `history` target steps that were filled.
+
+    The windows start at rows `starts` (their first forecast step); filled
+    steps are those with `target_mask` 0 (missing in the table, forward-filled).
+    """
+    filled = np.concatenate([[0.0], np.cumsum(1.0 - panel.target_mask, dtype=np.float64)])
+    return (filled[starts] - filled[starts - history]) / history
+
+
 def batch_indices(
     num_items: int,
     batch_size: int,

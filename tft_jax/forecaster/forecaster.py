@@ -44,6 +44,7 @@ from tft_jax.data.tables import (
     step_after,
     time_grid,
 )
+from tft_jax.data.windows import filled_history_fraction
 from tft_jax.distributed import is_primary, local_rows
 from tft_jax.evaluation import (
     Predictions,
@@ -836,6 +837,33 @@ class Forecaster:
                 models[name]["seconds"] = seconds[name]
         return models, baselines
 
+    def _sparse_histories(self, dataset: PreparedDataset, starts: np.ndarray) -> np.ndarray:
+        """(N,) bool: windows whose history has more filled target steps than `predict` takes.
+
+        `predict` refuses a series whose last `history` steps are more than
+        `DataConfig.max_missing_fraction` filled; scoring such windows would
+        grade forecasts the model is never asked for.
+        """
+        limit = self.config.data.max_missing_fraction
+        return filled_history_fraction(dataset.panel, starts, dataset.history) > limit
+
+    def _announce_left_out(
+        self, where: str, dataset: PreparedDataset, starts: np.ndarray, left_out: np.ndarray
+    ) -> None:
+        """Warns of the windows `left_out` of `where`, counted by series."""
+        codes, counts = np.unique(dataset.panel.series_code[starts[left_out]], return_counts=True)
+        listed = ", ".join(
+            f"{dataset.series_ids[code]!r} {count}"
+            for code, count in zip(codes, counts, strict=True)
+        )
+        warnings.warn(
+            f"{where}: left out {int(left_out.sum())} of {starts.size} windows whose "
+            f"{dataset.history} history steps are more than "
+            f"{100 * self.config.data.max_missing_fraction:.0f}% filled (missing target steps, "
+            f"as predict refuses): {listed}",
+            stacklevel=3,
+        )
+
     def evaluation(
         self,
         table: Table | PreparedDataset,
@@ -845,6 +873,12 @@ class Forecaster:
         """`(metrics, predictions)` of every model on `split` of `table` (see `evaluate`)."""
         dataset = self.prepare(table, split)
         windows = dataset.split(split)
+        left_out = self._sparse_histories(dataset, windows.starts)
+        if left_out.any():
+            self._announce_left_out(
+                f"evaluate: the {split} split", dataset, windows.starts, left_out
+            )
+            windows = dataclasses.replace(windows, starts=windows.starts[~left_out])
         if not len(windows):
             # Said here: the predictions would fail with "no windows to evaluate".
             raise TableContentError(
@@ -963,6 +997,10 @@ class Forecaster:
             )
             starts = window_starts(panel, data.history, data.horizon, cutoff, end)
             starts = starts[panel.times[starts] == cutoff]
+            left_out = self._sparse_histories(dataset, starts)
+            if left_out.any():
+                self._announce_left_out(f"backtest: the cutoff {cutoff}", dataset, starts, left_out)
+                starts = starts[~left_out]
             if starts.size == 0:
                 raise TableContentError(
                     f"backtest: no series has {data.history} steps of history before the cutoff "
