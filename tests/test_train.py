@@ -1459,7 +1459,7 @@ def test_a_learning_rate_compiled_into_the_step_is_neither_refitted_nor_reported
     assert result.schedule_steps is None
 
 
-def test_a_resumed_run_keeps_the_refitted_schedule(tmp_path) -> None:
+def test_a_resumed_run_keeps_the_refitted_schedule(tmp_path, capsys) -> None:
     class Killed(Exception):
         pass
 
@@ -1490,7 +1490,13 @@ def test_a_resumed_run_keeps_the_refitted_schedule(tmp_path) -> None:
         yield from batches if epoch < 3 else ticking(clock, batches)(epoch)
 
     rates.clear()
-    result = fit(recording_state(rates), resumed, resume=True, **common)
+    capsys.readouterr()
+    result = fit(recording_state(rates), resumed, resume=True, **{**common, "quiet": False})
+    # Said on resume (it was not): the budget's schedule stands, and past it the end rate.
+    assert (
+        "the learning rate follows the schedule the time budget refitted to end at step 21; "
+        "steps past it train at its end rate" in capsys.readouterr().err
+    )
     assert result.stop_reason == "time_budget" and int(result.state.step) == 21
     assert result.schedule_steps == 21
     want = [numpy_schedule(count, PEAK, 21, WARMUP) for count in range(12, 21)]

@@ -483,6 +483,17 @@ def fit(
                 f"resuming from step {loop.step} (epoch {loop.epoch}) of the checkpoint "
                 f"in {checkpoint_dir}"
             )
+            if loop.schedule_steps is not None and (max_steps is None or max_steps > loop.step):
+                # Kept as the budget refitted it (see `fit`): say what the rest trains at.
+                progress.note(
+                    f"the learning rate follows the schedule the time budget refitted to end at "
+                    f"step {loop.schedule_steps}"
+                    + (
+                        "; steps past it train at its end rate"
+                        if max_steps is None or max_steps > loop.schedule_steps
+                        else ""
+                    )
+                )
     if loop.stopped_on_budget and (time_budget is None or loop.seconds < time_budget):
         loop.stopped_on_budget = False  # a larger budget, or none: train on
     if best_state is None:
