@@ -1170,7 +1170,10 @@ def time_grid(
     """
     offset = freq if isinstance(freq, pd.offsets.BaseOffset) else parse_frequency(freq)
     try:
-        return pd.date_range(start, end, periods=periods, freq=offset)
+        grid = pd.date_range(start, end, periods=periods, freq=offset)
+        # Without its `freq`: appending aware ranges that carry one, pandas steps
+        # past the last time of each, and raises where that lands on a skipped midnight.
+        return pd.DatetimeIndex(grid, freq=None)
     except ValueError:
         zone = pd.Timestamp(start).tz
         if zone is None:
