@@ -751,12 +751,19 @@ def test_scored_windows_whose_history_is_mostly_filled_are_left_out_as_predict_r
     assert 0 < sparse < len(kept)
     with pytest.warns(
         UserWarning,
-        match=rf"evaluate: the test split: left out {sparse} of {scored} windows whose {HISTORY} "
-        rf"history steps are more than 50% filled .*: 'alpha' {sparse}$",
+        match=rf"evaluate: the test split: left out of the scores {sparse} of {scored} windows "
+        rf"with more than 50% of its {HISTORY} history steps filled .*: 'alpha' {sparse}$",
     ):
-        assert forecaster.evaluate(blanked)["windows"] == scored - sparse
+        metrics, predictions = forecaster.evaluation(blanked)
+    assert metrics["windows"] == scored - sparse
+    # The forecasts stay those of every window of the split, as the CLI and plots pair them.
+    assert predictions["fp32"].quantiles.shape[0] == scored
     # A backtest cutoff whose alpha history is 13 of 14 steps blank.
     blank = table["day"].isin(days[-HORIZON - 13 : -HORIZON]) & (table["store"] == "alpha")
-    with pytest.warns(UserWarning, match=r"backtest: the cutoff .*: left out 1 of 3 windows"):
+    with pytest.warns(UserWarning, match=r"backtest: the cutoff .*: left out of the scores 1 of 3"):
         result = forecaster.backtest(table.assign(sales=table["sales"].where(~blank)), n_windows=1)
     assert set(result["windows"]) == {2}
+    # Every history that sparse: nothing to score, said as such.
+    blank = table["day"].isin(days[-HORIZON - 13 : -HORIZON])
+    with pytest.raises(ValueError, match=r"every one of the 3 windows at the cutoff .* more than"):
+        forecaster.backtest(table.assign(sales=table["sales"].where(~blank)), n_windows=1)

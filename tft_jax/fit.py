@@ -463,7 +463,7 @@ def fit(
             if planned_schedule is not None and loop.schedule_steps is None:
                 # Not refitted: the caller's schedule applies (a raised
                 # max_steps, say), as when schedules were compiled into the step.
-                if max_steps is None or loop.step < max_steps:  # steps left to train
+                if total is None or loop.step < total:  # steps left to train
                     _announce_another_schedule(
                         in_state_schedule(state), planned_schedule, loop.step, warn
                     )
@@ -483,14 +483,14 @@ def fit(
                 f"resuming from step {loop.step} (epoch {loop.epoch}) of the checkpoint "
                 f"in {checkpoint_dir}"
             )
-            if loop.schedule_steps is not None and (max_steps is None or max_steps > loop.step):
+            if loop.schedule_steps is not None and (total is None or total > loop.step):
                 # Kept as the budget refitted it (see `fit`): say what the rest trains at.
                 progress.note(
                     f"the learning rate follows the schedule the time budget refitted to end at "
                     f"step {loop.schedule_steps}"
                     + (
                         "; steps past it train at its end rate"
-                        if max_steps is None or max_steps > loop.schedule_steps
+                        if total is None or total > loop.schedule_steps
                         else ""
                     )
                 )
@@ -885,8 +885,9 @@ def _announce_another_schedule(
         return
     warn(
         f"resuming at step {step} on another learning-rate schedule: the checkpoint's ends at "
-        f"step {written.total_steps:g} (warmup {written.warmup_steps:g}), this run's at step "
-        f"{planned.total_steps:g} (warmup {planned.warmup_steps:g}); the rate goes on from "
+        f"step {round(written.total_steps)} (warmup {round(written.warmup_steps)}), this run's "
+        f"at step {round(planned.total_steps)} (warmup {round(planned.warmup_steps)}); the rate "
+        "goes on from "
         f"{float(planned(step)):.3g} (the checkpoint's schedule gives {float(written(step)):.3g} "
         "there)"
     )

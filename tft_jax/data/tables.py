@@ -60,9 +60,10 @@ def typical_step(freq: str) -> pd.Timedelta:
 class TableContentError(ValueError):
     """What a table holds leaves nothing to do: no complete window to score, every target zero.
 
-    Raised above the data layer too (by `Forecaster.evaluate` and `backtest`),
-    so that a caller naming the table's file (the CLI's `--csv`) knows the
-    error is the table's, not the settings' or a model's.
+    Raised above the data layer (by `Forecaster.evaluate` and `backtest`) for
+    what the table holds, so that a caller naming the table's file (the
+    CLI's `--csv`) knows the error is the table's, not the settings' or a
+    model's.
     """
 
 

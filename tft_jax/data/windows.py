@@ -158,14 +158,14 @@ def window_starts(
     return candidates[since_first % stride == 0]
 
 
-def filled_history_fraction(panel: Panel, starts: np.ndarray, history: int) -> np.ndarray:
-    """(N,) float64: the share of each window's `history` target steps that were filled.
+def filled_history_steps(panel: Panel, starts: np.ndarray, history: int) -> np.ndarray:
+    """(N,) int64: how many of each window's `history` target steps were filled.
 
     The windows start at rows `starts` (their first forecast step); filled
     steps are those with `target_mask` 0 (missing in the table, forward-filled).
     """
-    filled = np.concatenate([[0.0], np.cumsum(1.0 - panel.target_mask, dtype=np.float64)])
-    return (filled[starts] - filled[starts - history]) / history
+    filled = np.concatenate([[0], np.cumsum(panel.target_mask == 0, dtype=np.int64)])
+    return filled[starts] - filled[starts - history]
 
 
 def batch_indices(
@@ -290,14 +290,13 @@ class WindowSet:
                 f"take: indices must be a 1-D array of integer window numbers, got "
                 f"{array.dtype} of shape {array.shape}"
             )
-        array = array.astype(np.int64, copy=False)
-        if array.size and (array.min() < 0 or array.max() >= len(self)):
+        if array.size and (array.min() < 0 or array.max() >= len(self)):  # before a cast wraps
             bad = array[(array < 0) | (array >= len(self))]
             raise ValueError(
                 f"take: indices must be window numbers in [0, {len(self)}) (this set holds "
                 f"{len(self)} windows), got {bad[:5].tolist()}"
             )
-        return array
+        return array.astype(np.int64, copy=False)
 
     def take(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         """Gathers windows `indices` (B,) into arrays for the model.

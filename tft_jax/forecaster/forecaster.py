@@ -44,7 +44,7 @@ from tft_jax.data.tables import (
     step_after,
     time_grid,
 )
-from tft_jax.data.windows import filled_history_fraction
+from tft_jax.data.windows import filled_history_steps
 from tft_jax.distributed import is_primary, local_rows
 from tft_jax.evaluation import (
     Predictions,
@@ -193,6 +193,10 @@ def _shown(value: Any) -> str:
     return repr(tuple(value)) if isinstance(value, list) else repr(value)
 
 
+# The key of the training windows' digest (`WindowSet.digest`) in the batch-stream record.
+DIGEST_KEY = "train_windows_sha256"
+
+
 def _check_batch_stream(
     checkpoints: pathlib.Path,
     resume: bool,
@@ -204,9 +208,9 @@ def _check_batch_stream(
 
     A checkpoint records how many batches of its epoch were drawn, not how
     they were made: resumed with another `batch_size` (or a table giving
-    other training windows, told by their count and a digest of their
-    values) the run would read other windows than the one it continues,
-    without a word. With `settings` (as `Forecaster.fit` passes
+    another number of training windows) the run would read other windows
+    than the one it continues, without a word. Windows of other values, as
+    many, are announced (their digest, `DIGEST_KEY`). With `settings` (as `Forecaster.fit` passes
     them) the record also holds every setting, and a resume that changes one
     outside `RESUMABLE_FIELDS` (a learning rate, a hidden size, quantiles,
     history, columns, scaler, seed...) is refused naming each
@@ -225,12 +229,11 @@ def _check_batch_stream(
     be checked (and unchecked altogether without a record).
     """
     path = checkpoints / BATCH_STREAM_FILE
-    stream: dict[str, Any] = {
-        "batch_size": int(batch_size),
-        "train_windows": len(dataset.train),
-        # Another table's windows, as many: their values tell (a record without it: unchecked).
-        "train_windows_sha256": dataset.train.digest(),
-    }
+    stream: dict[str, Any] = {"batch_size": int(batch_size), "train_windows": len(dataset.train)}
+    # Another table's windows, as many: their values tell. Announced, not refused: the values
+    # are computed (scaled, calendar features), and another machine's or library version's
+    # last bit would tell the same table apart. A record without it resumes unchecked.
+    digest = dataset.train.digest()
     # A record without a saved step (a run killed before its first checkpoint) binds
     # nothing: the resume starts from step 0, and the record is written anew.
     holds = _holds_checkpoints(checkpoints)  # opens each phase's checkpoints: once
@@ -253,8 +256,16 @@ def _check_batch_stream(
         differ = [
             f"{key} {written.get(key)} then, {value} now"
             for key, value in stream.items()
-            if written.get(key) != value and (key in written or key != "train_windows_sha256")
+            if written.get(key) != value
         ]
+        if not differ and written.get(DIGEST_KEY, digest) != digest:
+            warnings.warn(
+                f"resume: the training windows hold other values than those the checkpoints in "
+                f"{checkpoints} were trained on ({DIGEST_KEY} {written[DIGEST_KEY]} then, "
+                f"{digest} now): another table with as many windows, or the same one read on "
+                "another machine or library version; the run goes on with this table's",
+                stacklevel=3,
+            )
         if differ:
             raise ValueError(
                 f"resume: the checkpoints in {checkpoints} were trained on another stream of "
@@ -274,6 +285,7 @@ def _check_batch_stream(
         )
         return
     if is_primary() and not holds:
+        stream[DIGEST_KEY] = digest
         if settings is not None:
             stream["settings"] = _settings_record(settings)
         run_folder.write_json(path, stream)
@@ -845,7 +857,18 @@ class Forecaster:
         grade forecasts the model is never asked for.
         """
         limit = self.config.data.max_missing_fraction
-        return filled_history_fraction(dataset.panel, starts, dataset.history) > limit
+        # As predict compares: filled steps against the fraction of the history.
+        return (
+            filled_history_steps(dataset.panel, starts, dataset.history) > limit * dataset.history
+        )
+
+    def _sparse_text(self, dataset: PreparedDataset) -> str:
+        """What `_sparse_histories` leaves out, in words."""
+        return (
+            f"more than {100 * self.config.data.max_missing_fraction:g}% of its "
+            f"{dataset.history} history steps filled (missing target steps; "
+            "DataConfig.max_missing_fraction)"
+        )
 
     def _announce_left_out(
         self, where: str, dataset: PreparedDataset, starts: np.ndarray, left_out: np.ndarray
@@ -857,10 +880,8 @@ class Forecaster:
             for code, count in zip(codes, counts, strict=True)
         )
         warnings.warn(
-            f"{where}: left out {int(left_out.sum())} of {starts.size} windows whose "
-            f"{dataset.history} history steps are more than "
-            f"{100 * self.config.data.max_missing_fraction:.0f}% filled (missing target steps, "
-            f"as predict refuses): {listed}",
+            f"{where}: left out of the scores {int(left_out.sum())} of {starts.size} windows "
+            f"with {self._sparse_text(dataset)}, the histories predict refuses: {listed}",
             stacklevel=3,
         )
 
@@ -870,15 +891,14 @@ class Forecaster:
         split: str = "test",
         models: Sequence[str] | None = None,
     ) -> tuple[dict[str, Any], dict[str, Predictions]]:
-        """`(metrics, predictions)` of every model on `split` of `table` (see `evaluate`)."""
+        """`(metrics, predictions)` of every model on `split` of `table` (see `evaluate`).
+
+        The predictions cover every window of the split, in its order; the
+        metrics leave out (and announce) those whose history `predict` would
+        refuse (more than `DataConfig.max_missing_fraction` filled).
+        """
         dataset = self.prepare(table, split)
         windows = dataset.split(split)
-        left_out = self._sparse_histories(dataset, windows.starts)
-        if left_out.any():
-            self._announce_left_out(
-                f"evaluate: the {split} split", dataset, windows.starts, left_out
-            )
-            windows = dataclasses.replace(windows, starts=windows.starts[~left_out])
         if not len(windows):
             # Said here: the predictions would fail with "no windows to evaluate".
             raise TableContentError(
@@ -888,22 +908,37 @@ class Forecaster:
                 "validation_fraction/test_fraction (or validation_start/test_start) leaving "
                 "room for a window"
             )
+        left_out = self._sparse_histories(dataset, windows.starts)
+        if left_out.all():
+            raise TableContentError(
+                f"evaluate: every one of the {len(windows)} windows of the {split} split has "
+                f"{self._sparse_text(dataset)}, the histories predict refuses; nothing is left "
+                "to score"
+            )
+        if left_out.any():
+            where = f"evaluate: the {split} split"
+            self._announce_left_out(where, dataset, windows.starts, left_out)
         names = self._model_names(models)
         predictions, seconds = {}, {}
-        for name in names:
+        for name in names:  # every window: the forecasts are the split's, the metrics the kept's
             started = time.perf_counter()
             predictions.update(self.predictions(dataset, windows, [name]))
             seconds[name] = time.perf_counter() - started
+        scored = dataclasses.replace(windows, starts=windows.starts[~left_out])
+        kept = {
+            name: dataclasses.replace(prediction, quantiles=prediction.quantiles[~left_out])
+            for name, prediction in predictions.items()
+        }
         try:
-            models_metrics, baselines = self._metrics(dataset, windows, predictions, seconds)
+            models_metrics, baselines = self._metrics(dataset, scored, kept, seconds)
         except ZeroTargetError:
             raise TableContentError(
-                f"evaluate: every target of the {split} split ({len(windows)} windows) is zero, "
+                f"evaluate: every target of the {split} split ({len(scored)} windows) is zero, "
                 "so q-risk is undefined there; evaluate another split or table"
             ) from None
         metrics = {
             "split": split,
-            "windows": len(windows),
+            "windows": len(scored),
             "horizon": dataset.horizon,
             "history": dataset.history,
             "units": f"{dataset.spec.target} (original units)",
@@ -931,7 +966,9 @@ class Forecaster:
         steps; a `PreparedDataset` is used as it was prepared
         (`prepare(table, split)` does this), and refused with a `ValueError`
         when prepared with another preprocessor, window length or window
-        normalization than the model reads.
+        normalization than the model reads. Windows whose history is more than
+        `DataConfig.max_missing_fraction` filled, those `predict` refuses, are
+        left out of the metrics with a warning.
         """
         return self.evaluation(table, split, models)[0]
 
@@ -949,7 +986,9 @@ class Forecaster:
         on the grid from the table's first time (a series recorded off it, at
         another offset, is refused naming it). At each cutoff
         every series with `history` steps before it and an observed target
-        over the next `H` steps is forecast once. A series not in the training
+        over the next `H` steps is forecast once, unless more than
+        `DataConfig.max_missing_fraction` of that history is filled (as
+        `predict` refuses it: left out, announced). A series not in the training
         data is scaled by its target before the first cutoff (a ValueError
         names it if it has none), never by the steps it is scored on.
 
@@ -998,6 +1037,12 @@ class Forecaster:
             starts = window_starts(panel, data.history, data.horizon, cutoff, end)
             starts = starts[panel.times[starts] == cutoff]
             left_out = self._sparse_histories(dataset, starts)
+            if left_out.size and left_out.all():
+                raise TableContentError(
+                    f"backtest: every one of the {starts.size} windows at the cutoff {cutoff} "
+                    f"has {self._sparse_text(dataset)}, the histories predict refuses; choose "
+                    "other cutoffs with n_windows and step"
+                )
             if left_out.any():
                 self._announce_left_out(f"backtest: the cutoff {cutoff}", dataset, starts, left_out)
                 starts = starts[~left_out]
