@@ -84,7 +84,7 @@ def test_csv_without_its_column_options_names_the_missing_ones(capsys, csv_path,
 def test_table_options_without_csv_are_rejected(capsys, tmp_path):
     code, _, err = run(capsys, "train", "--id-col", "store", "--out", str(tmp_path / "r"))
     assert code == 2
-    assert "--id-col describe a table but no --csv was given" in err
+    assert "--id-col describes a table but no --csv was given" in err
 
 
 def test_missing_csv_file_is_named(capsys, tmp_path):
@@ -499,7 +499,7 @@ def test_help_states_an_overridden_default_once(capsys, monkeypatch):
 def test_reading_flags_without_csv_are_refused_not_dropped(flags):
     # The bundled table is read with its own settings: these flags would do nothing.
     args = cli.build_parser().parse_args(["train", *flags])
-    with pytest.raises(UsageError, match=rf"^{flags[0]} describe a table but no --csv was given"):
+    with pytest.raises(UsageError, match=rf"^{flags[0]} describes a table but no --csv was given"):
         forecaster_config(args, qat=False)
 
 

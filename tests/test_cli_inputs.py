@@ -71,7 +71,8 @@ def test_reading_flags_with_no_csv_to_read_are_refused_not_ignored(
     code, _, err = run(capsys, command, "--run", str(tmp_path / "no-run"), *flags)
     assert code == 2
     line = one_error_line(err, command)
-    assert f"error: {named} describe the CSV files given, but no --csv" in line
+    verb = "describe" if ", " in named else "describes"
+    assert f"error: {named} {verb} the CSV files given, but no --csv" in line
     assert ("--csv or --future-csv was given" in line) == (command == "plot")
 
 

@@ -61,6 +61,7 @@ from tft_jax.cli_parser import (
     check_output_folder,
     check_train_flags,
     demo_argv,
+    describe_verb,
     flag_message,
     forecaster_config,
     multihost_arguments,
@@ -259,8 +260,8 @@ def check_reading_flags(args: argparse.Namespace) -> None:
     if given:
         names = " or ".join(flag for flag in files if hasattr(args, flag[2:].replace("-", "_")))
         raise UsageError(
-            f"{', '.join(given)} describe the CSV files given, but no {names} was given (the "
-            "run's table is read as the run read it); pass --csv TABLE, or drop them"
+            f"{', '.join(given)} {describe_verb(given)} the CSV files given, but no {names} was "
+            "given (the run's table is read as the run read it); pass --csv TABLE, or drop them"
         )
 
 

@@ -154,6 +154,11 @@ def path_argument(text: str) -> pathlib.Path:
     return pathlib.Path(text)
 
 
+def describe_verb(flags: Sequence[str]) -> str:
+    """'describes' after one flag, 'describe' after several: "--dayfirst describes a table"."""
+    return "describes" if len(flags) == 1 else "describe"
+
+
 def check_output_folder(path: pathlib.Path, label: str) -> None:
     """Raises `UsageError` (naming `label`, e.g. '--out') unless `path` can be a folder to write."""
     path = pathlib.Path(path)
@@ -507,7 +512,8 @@ def forecaster_config(args: argparse.Namespace, qat: bool) -> ForecasterConfig:
         ]  # fmt: skip
         if given:
             raise UsageError(
-                f"{', '.join(given)} describe a table but no --csv was given; pass --csv PATH "
+                f"{', '.join(given)} {describe_verb(given)} a table but no --csv was given; "
+                "pass --csv PATH "
                 "(without --csv the bundled pedestrian data is used)"
             )
         for name in (
