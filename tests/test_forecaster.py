@@ -752,7 +752,7 @@ def test_scored_windows_whose_history_is_mostly_filled_are_left_out_as_predict_r
     with pytest.warns(
         UserWarning,
         match=rf"evaluate: the test split: left out of the scores {sparse} of {scored} windows "
-        rf"with more than 50% of its {HISTORY} history steps filled .*: 'alpha' {sparse}$",
+        rf"with more than 50% of their {HISTORY} history steps filled .*: 'alpha' {sparse}$",
     ):
         metrics, predictions = forecaster.evaluation(blanked)
     assert metrics["windows"] == scored - sparse

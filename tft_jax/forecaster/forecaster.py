@@ -862,10 +862,10 @@ class Forecaster:
             filled_history_steps(dataset.panel, starts, dataset.history) > limit * dataset.history
         )
 
-    def _sparse_text(self, dataset: PreparedDataset) -> str:
-        """What `_sparse_histories` leaves out, in words."""
+    def _sparse_text(self, dataset: PreparedDataset, whose: str = "its") -> str:
+        """What `_sparse_histories` leaves out, in words (`whose`: 'its' or 'their')."""
         return (
-            f"more than {100 * self.config.data.max_missing_fraction:g}% of its "
+            f"more than {100 * self.config.data.max_missing_fraction:g}% of {whose} "
             f"{dataset.history} history steps filled (missing target steps; "
             "DataConfig.max_missing_fraction)"
         )
@@ -881,7 +881,7 @@ class Forecaster:
         )
         warnings.warn(
             f"{where}: left out of the scores {int(left_out.sum())} of {starts.size} windows "
-            f"with {self._sparse_text(dataset)}, the histories predict refuses: {listed}",
+            f"with {self._sparse_text(dataset, 'their')}, the histories predict refuses: {listed}",
             stacklevel=3,
         )
 
