@@ -145,7 +145,7 @@ def window_starts(
     inside = (times[candidates] >= begin) & (times[last] < end)
     candidates = candidates[np.asarray(inside)]
     if require_observed_target:
-        filled = np.concatenate([[0.0], np.cumsum(1.0 - panel.target_mask)])
+        filled = _filled_before(panel)
         candidates = candidates[filled[candidates + horizon] - filled[candidates] == 0]
     if stride == 1 or candidates.size == 0:
         return candidates
@@ -158,13 +158,21 @@ def window_starts(
     return candidates[since_first % stride == 0]
 
 
+def _filled_before(panel: Panel) -> np.ndarray:
+    """(R+1,) int64: the filled target steps (`target_mask` 0) before each row, and in all.
+
+    Rows `a .. b-1` hold `filled[b] - filled[a]` of them.
+    """
+    return np.concatenate([[0], np.cumsum(panel.target_mask == 0, dtype=np.int64)])
+
+
 def filled_history_steps(panel: Panel, starts: np.ndarray, history: int) -> np.ndarray:
     """(N,) int64: how many of each window's `history` target steps were filled.
 
     The windows start at rows `starts` (their first forecast step); filled
     steps are those with `target_mask` 0 (missing in the table, forward-filled).
     """
-    filled = np.concatenate([[0], np.cumsum(panel.target_mask == 0, dtype=np.int64)])
+    filled = _filled_before(panel)
     return filled[starts] - filled[starts - history]
 
 
@@ -255,6 +263,7 @@ class WindowSet:
         bounds = bounds - np.bincount(self.starts + self.horizon, minlength=len(panel) + 1)
         read = np.cumsum(bounds[:-1]) > 0
         codes = panel.series_code[self.starts]
+        series = np.unique(codes)
         parts = [
             np.array([self.history, self.horizon, int(self.normalized)], np.int64),
             codes,
@@ -264,13 +273,13 @@ class WindowSet:
             panel.known[read],
             panel.target[read],
             panel.target_mask[read],
-            panel.static[np.unique(codes)],
+            panel.static[series],
         ]
         for rows in (panel.known_categorical, panel.observed_categorical):
             if rows is not None:
                 parts.append(rows[read])
         if panel.static_categorical is not None:
-            parts.append(panel.static_categorical[np.unique(codes)])
+            parts.append(panel.static_categorical[series])
         digest = hashlib.sha256()
         for part in parts:
             part = np.ascontiguousarray(part)
