@@ -513,8 +513,7 @@ def forecaster_config(args: argparse.Namespace, qat: bool) -> ForecasterConfig:
         if given:
             raise UsageError(
                 f"{', '.join(given)} {describe_verb(given)} a table but no --csv was given; "
-                "pass --csv PATH "
-                "(without --csv the bundled pedestrian data is used)"
+                "pass --csv PATH (without --csv the bundled pedestrian data is used)"
             )
         for name in (
             *table_flags,

@@ -22,6 +22,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
+from tft_jax.data.listing import repeated
+
 DATA_AXIS = "data"
 
 PyTree = Any
@@ -49,10 +51,10 @@ def data_mesh(num_devices: int | None = None, devices: Sequence[Any] | None = No
                     f"data_mesh: devices[{index}] must be a JAX device (e.g. from "
                     f"jax.devices()), got {type(device).__name__} {device!r}"
                 )
-        repeated = next((d for i, d in enumerate(available) if d in available[:i]), None)
-        if repeated is not None:
+        twice = repeated(available)
+        if twice:
             raise ValueError(
-                f"data_mesh: devices lists {repeated} more than once; a mesh holds each device once"
+                f"data_mesh: devices lists {twice[0]} more than once; a mesh holds each device once"
             )
     count = len(available) if num_devices is None else num_devices
     if isinstance(count, bool) or not isinstance(count, int | np.integer) or count < 1:

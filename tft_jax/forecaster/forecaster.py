@@ -210,10 +210,10 @@ def _check_batch_stream(
     they were made: resumed with another `batch_size` (or a table giving
     another number of training windows) the run would read other windows
     than the one it continues, without a word. Windows of other values, as
-    many, are announced (their digest, `DIGEST_KEY`). With `settings` (as `Forecaster.fit` passes
-    them) the record also holds every setting, and a resume that changes one
-    outside `RESUMABLE_FIELDS` (a learning rate, a hidden size, quantiles,
-    history, columns, scaler, seed...) is refused naming each
+    many, are announced (their digest, `DIGEST_KEY`). With `settings` (as
+    `Forecaster.fit` passes them) the record also holds every setting, and a
+    resume that changes one outside `RESUMABLE_FIELDS` (a learning rate, a
+    hidden size, quantiles, history, columns, scaler, seed...) is refused naming each
     `Section.field` with its old and new value: it would mix another run into
     the one it continues, or stop deep in orbax on a shape. Raising `epochs`,
     `max_steps`, a `time_budget` or QAT `steps` extends a run (as `patience`
