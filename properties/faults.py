@@ -1,15 +1,16 @@
 """Proof of power: deliberate faults in the real code, and the properties that catch each.
 
 Run ``python -m properties.faults`` (options: ``--examples N``, ``--only
-TEXT``, ``--list``). Each `Fault` is a context manager that patches the real
-code where it is looked up (a module attribute, a class attribute, or a
-Flax method interceptor), so that the project's own property checks
-(`properties.suite`) run against a broken model, quantizer or optimizer.
-For each fault the runner draws a few cases of every relevant property
-(derandomized, without shrinking), records which properties fail, and
-prints a table. The same properties first run on the real code (the
-baseline), where all must pass. Every fault must be caught by at least one
-property; `tests/test_faults.py` runs the catalogue.
+TEXT``, ``--list``, ``--cache-dir DIR``: a JAX compilation cache, none by
+default, so that nothing is written to the current folder). Each `Fault` is
+a context manager that patches the real code where it is looked up (a
+module attribute, a class attribute, or a Flax method interceptor), so that
+the project's own property checks (`properties.suite`) run against a broken
+model, quantizer or optimizer. For each fault the runner draws a few cases
+of every relevant property (derandomized, without shrinking), records which
+properties fail, and prints a table. The same properties first run on the
+real code (the baseline), where all must pass. Every fault must be caught
+by at least one property; `tests/test_faults.py` runs the catalogue.
 
 Faults change traced code, so compiled functions are dropped on entering
 and leaving a fault (`properties.suite.clear_caches`). Jit-versus-eager
@@ -35,6 +36,7 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import pathlib
 import sys
 import time
 import types
@@ -1014,11 +1016,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--details", action="store_true", help="print each failure's message")
     parser.add_argument(
         "--cache-dir",
-        default=".jax_cache",
-        help="JAX persistent compilation cache ('' to disable); a warm cache saves minutes",
+        default="",
+        help=(
+            "folder of a JAX persistent compilation cache to use (a warm cache saves minutes), "
+            "e.g. ~/.cache/tft-jax/jax; by default none (nothing is written to the current "
+            "folder), unless JAX_COMPILATION_CACHE_DIR names one"
+        ),
     )
     args = parser.parse_args(argv)
     if args.cache_dir:
+        args.cache_dir = str(pathlib.Path(args.cache_dir).expanduser())
         jax.config.update("jax_compilation_cache_dir", args.cache_dir)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)

@@ -224,6 +224,15 @@ def float_arrays(
 ) -> st.SearchStrategy[np.ndarray]:
     """NumPy float arrays of a fixed `shape`, one drawn kind per array (see the module docstring).
 
+    The default kinds include ``"large"`` (±1e4) and ``"elements"`` (up to
+    ±1e4), which saturate tanh, sigmoid and GLU gates: their derivative is
+    then exactly 0 in float32, so a correct tanh MLP has an all-zero kernel
+    gradient and `checks.assert_nonzero_grads` fails on it. For
+    gradient-liveness tests of saturating modules draw from unsaturating
+    kinds, e.g. ``kinds=("normal", "tiny", "positive")``, and keep the
+    defaults for the checks that should see large inputs (finiteness,
+    causality, batch independence).
+
     Args:
       shape: the array shape, ints >= 0; zero-sized axes are allowed.
       kinds: the kinds to draw from; the first is the shrink target. Kinds that
@@ -373,7 +382,12 @@ def attention_configs(
 def attention_inputs(
     config: AttentionConfig, *, kinds: Sequence[str] = INPUT_KINDS, dtype: Any = np.float32
 ) -> st.SearchStrategy[np.ndarray]:
-    """NumPy inputs `(B, T, D)` for an `AttentionConfig`, constant kind along `T`."""
+    """NumPy inputs `(B, T, D)` for an `AttentionConfig`, constant kind along `T`.
+
+    `kinds` as in `float_arrays` (whose note on saturating modules applies:
+    restrict them, e.g. ``kinds=("normal", "tiny")``, for gradient-liveness
+    tests of tanh, sigmoid or GLU blocks).
+    """
     if not isinstance(config, AttentionConfig):
         raise TypeError(f"config must be an AttentionConfig, got {type(config).__name__}")
     return float_arrays(config.input_shape, kinds=kinds, dtype=dtype, constant_axis=1)

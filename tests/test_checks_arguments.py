@@ -310,3 +310,78 @@ def test_a_tree_passed_as_fn_is_named_by_its_type_and_a_short_repr():
         checks.assert_jit_matches_eager(params, X)
     assert len(str(error.value)) < 150  # the full repr ran to thousands of characters
     assert len(repr(params)) > 5_000
+
+
+@pytest.mark.parametrize(
+    ("grads", "error", "message"),
+    [
+        ({}, ValueError, r"grads must hold at least one array, got PyTreeDef\(\{\}\)"),
+        (None, ValueError, r"grads must hold at least one array, got PyTreeDef\(None\)"),
+        ({"ids": np.arange(3)}, TypeError, r"grads must hold at least one float array .* int64"),
+        (
+            {"w": np.zeros((0, 2), np.float32), "ids": np.arange(3)},
+            ValueError,
+            r"the float leaves of grads must hold at least one element",
+        ),
+    ],
+)
+def test_nonzero_grads_refuses_a_tree_with_nothing_to_check(grads, error, message):
+    # Each raised AssertionError ("has no non-empty float leaves"), as if a
+    # gradient were dead, where assert_finite refuses the same trees as arguments.
+    with pytest.raises(error, match=message):
+        checks.assert_nonzero_grads(grads)
+
+
+def test_finite_and_nonzero_grads_name_a_scalar_as_the_scalar():
+    # "first at []" for a scalar leaf.
+    with pytest.raises(AssertionError, match=r"<root>: the scalar is nan$"):
+        checks.assert_finite(np.float32("nan"))
+    with pytest.raises(AssertionError, match=r"\['t'\]: the scalar is -inf$"):
+        checks.assert_finite({"t": jnp.float32(-np.inf), "w": np.ones(2, np.float32)})
+    with pytest.raises(AssertionError, match=r"\['t'\] \(a scalar\): \|g\| 0$"):
+        checks.assert_nonzero_grads({"t": np.float32(0.0)}, per_element=True)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_finite_differences_in_the_float32_fallback_refuse_narrow_float_arguments(dtype):
+    # x + 1e-4 rounds back to x in bfloat16: a correct jnp.sin failed with
+    # derivatives that differed by the dtype's rounding.
+    x = X.astype(dtype)
+    with pytest.raises(
+        ValueError, match=rf"args\[0\] has dtype {np.dtype(dtype).name}: with use_x64=False"
+    ) as error:
+        checks.assert_grads_match_finite_differences(jnp.sin, (x,), use_x64=False)
+    assert "keep use_x64=True" in str(error.value) and "cast them to float32" in str(error.value)
+    checks.assert_grads_match_finite_differences(jnp.sin, (x,))  # cast to float64: passes
+    checks.assert_grads_match_finite_differences(jnp.sin, (x.astype(np.float32),), use_x64=False)
+
+
+def test_finite_differences_of_a_custom_vjp_in_forward_mode_say_to_pass_rev():
+    @jax.custom_vjp
+    def sine(a):
+        return jnp.sin(a)
+
+    sine.defvjp(lambda a: (jnp.sin(a), a), lambda a, g: (g * jnp.cos(a),))
+    # JAX's bare "can't apply forward-mode autodiff (jvp) to a custom_vjp function".
+    with pytest.raises(TypeError, match=r"forward-mode(.|\n)*pass modes=\('rev',\)"):
+        checks.assert_grads_match_finite_differences(sine, (X,))
+    checks.assert_grads_match_finite_differences(sine, (X,), modes=("rev",))
+
+
+def test_jit_matches_eager_fails_on_non_finite_outputs_unless_they_are_allowed():
+    # NaN matched NaN: a function NaN everywhere passed, having compared nothing.
+    def nan_everywhere(a):
+        return jnp.log(-jnp.abs(a) - 1)
+
+    with pytest.raises(AssertionError, match=r"not finite(.|\n)*<root>: 24 NaN, 0 inf of 24"):
+        checks.assert_jit_matches_eager(nan_everywhere, X)
+    checks.assert_jit_matches_eager(nan_everywhere, X, allow_nonfinite=True)
+
+    def masked_logits(a):  # -inf where masked: intended
+        return jnp.where(jnp.tril(jnp.ones((4, 4), bool)), a[0] @ a[0].T, -jnp.inf)
+
+    with pytest.raises(AssertionError, match=r"<root>: 0 NaN, 6 inf of 16 elements"):
+        checks.assert_jit_matches_eager(masked_logits, X)
+    checks.assert_jit_matches_eager(masked_logits, X, allow_nonfinite=True)
+    with pytest.raises(TypeError, match="allow_nonfinite must be a bool"):
+        checks.assert_jit_matches_eager(masked_logits, X, allow_nonfinite="yes")

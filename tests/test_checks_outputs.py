@@ -113,3 +113,42 @@ def test_batch_checks_take_a_batch_axis_per_output():
         checks.assert_batch_independent(fn, SEQUENCE, out_axis=(0, 1))
     with pytest.raises(TypeError, match="out_axis must be an int or a pytree of ints"):
         checks.assert_batch_independent(fn, SEQUENCE, out_axis={"y": 0, "time_major": "1"})
+
+
+def heads_and_steps(x):
+    """`(y (B, T, D), weights (B, heads, T, T))`, causal, 2 heads: heads == T for T = 2."""
+    y, weights = sequence_and_weights(x)
+    return y, weights[:, :2]
+
+
+def test_causal_default_out_axis_refuses_outputs_whose_time_axis_it_would_guess():
+    # With heads == T == 2 the default (axis 1 for every leaf) judged the heads
+    # axis of a correct block's weights and failed it as "not causal".
+    x = SEQUENCE[:, :2]
+    with pytest.raises(
+        ValueError, match=r"out_axis must be given: .* leaf \[1\] has length T = 2 on axes 1, 2, 3"
+    ) as e:
+        checks.assert_causal(heads_and_steps, x)
+    assert "[1] (2, 2, 2, 2)" in str(e.value)
+    with pytest.raises(ValueError, match=r"leaf <root> has length T = 2 on axes 1, 2, 3"):
+        checks.assert_causal(lambda x: heads_and_steps(x)[1], x)
+    valid = np.array([[True, False], [True, True]])
+    with pytest.raises(ValueError, match=r"out_axis must be given: .* on axes 1, 2, 3"):
+        checks.assert_ignores_padding(heads_and_steps, x, valid)
+    checks.assert_causal(heads_and_steps, x, out_axis=(1, 2))
+    checks.assert_ignores_padding(heads_and_steps, x, valid, out_axis=(1, 2))
+    # Shapes that leave no doubt keep the default: x's shape, fewer axes, or T once.
+    checks.assert_causal(lambda x: jnp.cumsum(x, axis=1), SEQUENCE)
+    checks.assert_causal(lambda x: jnp.cumsum(x, axis=1).sum(-1), SEQUENCE)
+    checks.assert_causal(lambda x: jnp.cumsum(x, axis=1)[..., None] * jnp.ones(4), SEQUENCE[..., 0])
+    # Leaves of different ranks with T on one axis each: (y (B, T, F), score (B, T)).
+    checks.assert_causal(lambda x: (jnp.cumsum(x, axis=1), jnp.cumsum(x, axis=1).sum(-1)), SEQUENCE)
+
+
+def test_out_axis_of_the_wrong_structure_is_named_without_the_output_values():
+    # JAX's structure error quoted both (4, 64, 32) outputs in full: 6,000 characters.
+    big = RNG.normal(size=(4, 64, 32)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"Tuple arity mismatch: 2 != 3") as error:
+        checks.assert_causal(lambda a: (a, a), big, out_axis=(1, 2, 3))
+    assert "float32[4, 64, 32]" in str(error.value)
+    assert len(str(error.value)) < 400, str(error.value)

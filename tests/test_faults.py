@@ -127,3 +127,22 @@ def test_command_line_lists_the_catalogue_and_rejects_unknown_names(capsys):
     assert len(listed) == len(faults.CATALOGUE)
     with pytest.raises(SystemExit):
         faults.main(["--only", "no such fault", "--cache-dir", ""])
+
+
+def test_command_line_uses_no_compilation_cache_unless_given_one(monkeypatch, tmp_path, capsys):
+    # The default was the relative ".jax_cache": a run wrote it into the caller's folder.
+    updates = {}
+    monkeypatch.setattr(jax.config, "update", lambda name, value: updates.update({name: value}))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert faults.main(["--list"]) == 0
+    assert "jax_compilation_cache_dir" not in updates
+    assert faults.main(["--list", "--cache-dir", "~/jax"]) == 0
+    assert updates["jax_compilation_cache_dir"] == str(tmp_path / "jax")
+    assert list(tmp_path.iterdir()) == []
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        faults.main(["--help"])
+    assert "by default none (nothing is written to the current folder)" in " ".join(
+        capsys.readouterr().out.split()
+    )

@@ -32,6 +32,7 @@ from properties.suite import qat_tft
 from properties.suite import quantization as quantization_suite
 from properties.suite import tft as tft_suite
 from qat import lsq
+from qat.config import QATConfig
 from tft_jax import attention, embeddings
 from tft_jax.config import TFTConfig
 
@@ -414,6 +415,23 @@ def test_lsq_gradient_scale_fails_when_the_scale_lacks_qmax(monkeypatch, fresh_t
     suite.clear_caches()
     with pytest.raises(AssertionError, match=r"1/sqrt\(N qmax\) = 1/sqrt\(\d+ x 127\)"):
         quantization_suite.check_lsq_gradient_scale(case)
+
+
+def test_observer_representability_names_the_element_in_plain_ints(monkeypatch):
+    # The index printed as "[np.int64(0), np.int64(0)]" under NumPy 2.
+    case = quantization_suite.ObserverCase(
+        QATConfig(bits=8), [np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)]
+    )
+    quantization_suite.check_observed_values_representable(case)
+    real = quantization_suite._quantizers
+
+    def a_step_off() -> tuple[Any, Any]:
+        fq, learned = real()
+        return (lambda x, step, *rest: fq(x, step, *rest) + step), learned
+
+    monkeypatch.setattr(quantization_suite, "_quantizers", a_step_off)
+    with pytest.raises(AssertionError, match=r"batch 0 value -1 at \[0, 0\] quantizes to"):
+        quantization_suite.check_observed_values_representable(case)
 
 
 def test_categorical_reach_fails_on_nan_forecasts_instead_of_reading_nan_as_a_change(

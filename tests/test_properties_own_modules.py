@@ -247,6 +247,48 @@ def test_ignores_padding_catches_a_count_of_real_steps_taken_from_nonzero_inputs
         checks.assert_ignores_padding(centred, _X, _VALID)
 
 
+_ONE_ROW_ALL_PADDED = np.array([[1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], bool)
+
+
+def _masked_self_attention(fill: float) -> Callable[[jax.Array], jax.Array]:
+    """Softmax over the real keys of `_ONE_ROW_ALL_PADDED` (masked logits set to `fill`)."""
+
+    def attend(x: jax.Array) -> jax.Array:
+        logits = jnp.where(_ONE_ROW_ALL_PADDED[:, None, :], jnp.einsum("btd,bsd->bts", x, x), fill)
+        return jnp.einsum("bts,bsd->btd", jax.nn.softmax(logits, axis=-1), x)
+
+    return attend
+
+
+def test_ignores_padding_says_nan_at_padded_outputs_makes_the_gradient_nan_not_a_leak():
+    # The all-padded row's softmax over -inf logits is 0/0: NaN at padded outputs
+    # only. The gradient check read the NaN gradient there as a leak, "is nonzero
+    # (max |g| 0, 2 NaN)"; it now names the cause.
+    x, valid = _X[:, :4, :2], _ONE_ROW_ALL_PADDED
+    with pytest.raises(AssertionError) as error:
+        checks.assert_ignores_padding(_masked_self_attention(-jnp.inf), x, valid)
+    message = str(error.value)
+    assert message.startswith("fn's gradient at the padded inputs is NaN: the outputs at padded")
+    assert "output <root>: 8 NaN, 0 inf of 12 elements at padded steps" in message
+    assert "first at [sample 1, step 0]" in message and "check_gradients=False" in message
+    assert "is nonzero" not in message
+    checks.assert_ignores_padding(_masked_self_attention(-jnp.inf), x, valid, check_gradients=False)
+    checks.assert_ignores_padding(_masked_self_attention(-1e9), x, valid)  # finite: passes
+
+
+def test_ignores_padding_counts_a_nan_gradient_as_a_leak_where_the_outputs_are_finite():
+    """A backward that writes NaN at padded inputs, finite outputs everywhere: still a leak."""
+
+    @jax.custom_vjp
+    def identity(x: jax.Array) -> jax.Array:
+        return x
+
+    padded = jnp.asarray(~_VALID)[..., None]
+    identity.defvjp(lambda x: (x, None), lambda _, g: (jnp.where(padded, jnp.nan, g),))
+    with pytest.raises(AssertionError, match=r"x\[sample 1, step 3\] \(padded\) is NaN at 8 of"):
+        checks.assert_ignores_padding(identity, _X, _VALID)
+
+
 def test_ignores_padding_refuses_bad_arguments():
     identity = lambda x: x  # noqa: E731
     with pytest.raises(TypeError, match="valid must be a boolean array"):

@@ -18,7 +18,8 @@ imports `tft_jax`: the checks work for any function of arrays and pytrees.
 - `assert_batch_order_equivariant(fn, x)`: permuting the batch permutes the output (every
   permutation: a random one and the two that generate them all).
 - `assert_jit_matches_eager(fn, *args, compute_dtype=None)`: `jax.jit(fn)` equals op-by-op
-  execution (`compute_dtype=jnp.bfloat16` for a function computing below its outputs' dtype).
+  execution (`compute_dtype=jnp.bfloat16` for a function computing below its outputs' dtype;
+  NaN/inf outputs fail unless `allow_nonfinite=True`).
 - `assert_grads_match_finite_differences(fn, args)`: `jax.test_util.check_grads` in float64.
 - `assert_ste_gradient(quantize_fn, ...)`: the gradient is the clipped-STE mask times `g`
   (up to 4 ulps of rounding).
@@ -30,7 +31,10 @@ imports `tft_jax`: the checks work for any function of arrays and pytrees.
 
 Functions with several outputs are checked in one call: `out_axis` takes an
 int per part of the output (`out_axis=(1, 2)` for `fn -> (y, weights)`), and
-`select` picks the parts to check (`select=lambda out: out.quantiles`).
+`select` picks the parts to check (`select=lambda out: out.quantiles`). The
+time checks ask for `out_axis` (`ValueError`) where the output's shapes leave
+its time axis in doubt (a leaf of another shape than `x` with length `T` on
+two axes) rather than guess.
 
 Keeping a property suite fast (compile time dominates, not run time):
 

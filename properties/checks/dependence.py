@@ -33,6 +33,7 @@ from properties.checks._support import (
     _require_no_nan,
     _require_outputs,
     _seed,
+    _short_repr,
     _summarize,
     _to_numpy,
     _tolerance,
@@ -161,6 +162,21 @@ def _selected(fn: Callable[[Any], PyTree], select: Callable[[PyTree], PyTree] | 
     return lambda x: select(fn(x))
 
 
+class _LeafShape:
+    """Stands for an output leaf in messages: `float32[4, 64, 32]`, never its values."""
+
+    def __init__(self, leaf: Any) -> None:
+        dtype = getattr(leaf, "dtype", None)
+        self.text = f"{dtype if dtype is not None else type(leaf).__name__}{list(np.shape(leaf))}"
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+# The longest part of JAX's structure error quoted in a message (it reprs the whole output).
+_STRUCTURE_ERROR_LENGTH = 300
+
+
 def _leaf_axes(out_axis: Any, output: PyTree, default: int) -> list[int]:
     """One axis per output leaf (in `tree_leaves` order).
 
@@ -177,19 +193,80 @@ def _leaf_axes(out_axis: Any, output: PyTree, default: int) -> list[int]:
     if bad or not axes_leaves:
         raise TypeError(
             f"out_axis must be an int or a pytree of ints (a prefix of fn's output), got "
-            f"{out_axis!r}"
+            f"{_short_repr(out_axis)}"
         )
     try:
         subtrees = treedef.flatten_up_to(output)
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError):
+        # JAX's error quotes the whole output, arrays and all (6,000 characters for
+        # a (4, 64, 32) pair): say it again on leaves shown by dtype and shape.
+        shapes = jax.tree_util.tree_map(_LeafShape, output)
+        try:
+            treedef.flatten_up_to(shapes)
+            detail = ""
+        except (TypeError, ValueError) as error:
+            detail = str(error).splitlines()[0] if str(error) else type(error).__name__
+            if len(detail) > _STRUCTURE_ERROR_LENGTH:
+                detail = detail[: _STRUCTURE_ERROR_LENGTH - 3] + "..."
+            detail = f" ({detail})"
         raise ValueError(
-            f"out_axis {out_axis!r} must be a prefix of fn's output structure "
-            f"{jax.tree_util.tree_structure(output)}: {error}"
+            f"out_axis {_short_repr(out_axis)} must be a prefix of fn's output structure "
+            f"{jax.tree_util.tree_structure(output)}{detail}"
         ) from None
     axes = []
     for axis, subtree in zip(axes_leaves, subtrees, strict=True):
         axes += [int(axis)] * len(jax.tree_util.tree_leaves(subtree))
     return axes
+
+
+# The output leaves whose shapes a message lists.
+_SHAPES_SHOWN = 8
+
+
+def _require_unambiguous_time_axes(
+    outputs: list[tuple[str, np.ndarray]], x_shape: tuple[int, ...], axis: int
+) -> None:
+    """Refuses the default `out_axis` (x's time `axis` for every output leaf) where the shapes
+    leave the output's time axis in doubt.
+
+    In doubt: a leaf of another shape than `x` has length `T` on more than
+    one axis (`weights (B, heads, T, T)`, whose axis 1 is the heads, `(B, T,
+    T)`, or `(B, T, Q)` with `Q == T`), not counting axis 0 (the batch)
+    unless `axis` is 0. Judged on the wrong axis, a correct function failed
+    (heads == T) or a leak could pass: `out_axis` must then be given. Leaves
+    of other ranks with `T` on one axis only (`(y (B, T, D), score (B, T))`)
+    leave no doubt.
+    One step (`T = 1`) is not refused: a leaf whose default axis has length 1
+    holds that step whichever of its length-1 axes is the time axis, and any
+    other leaf fails the checks' length test.
+    """
+    length = x_shape[axis]
+    if length == 1:
+        return
+    reason = None
+    for path, leaf in outputs:
+        if leaf.shape == tuple(x_shape):
+            continue
+        candidates = [
+            a for a, size in enumerate(leaf.shape) if size == length and (a != 0 or axis == 0)
+        ]
+        if len(candidates) > 1:
+            reason = (
+                f"leaf {path} has length T = {length} on axes {', '.join(map(str, candidates))}"
+            )
+            break
+    if reason is None:
+        return
+    shapes = ", ".join(f"{path} {leaf.shape}" for path, leaf in outputs[:_SHAPES_SHOWN])
+    if len(outputs) > _SHAPES_SHOWN:
+        shapes += f", ... ({len(outputs) - _SHAPES_SHOWN} more)"
+    raise ValueError(
+        f"out_axis must be given: the time axis of fn's outputs cannot be taken to be x's "
+        f"axis {axis} (x has shape {tuple(x_shape)}) without guessing, as {reason} (output "
+        f"leaves: {shapes}); pass out_axis, an int for every leaf or a pytree with one per "
+        "part of the output, e.g. out_axis=(1, 2) for fn -> (y (B, T, D), weights (B, "
+        "heads, T, T))"
+    )
 
 
 def assert_causal(
@@ -234,10 +311,16 @@ def assert_causal(
       fn: `x -> pytree`; every output leaf must have length `T` along `out_axis`.
       x: float array with time axis `axis`, e.g. `(B, T, D)`.
       axis: the time axis of `x`.
-      out_axis: the time axis of the output leaves (default: `axis`): an int
-        for every leaf, or a pytree with an int per part of the output (a
-        prefix of its structure), e.g. `out_axis=(1, 2)` for
-        `fn -> (y (B, T, D), weights (B, heads, T, T))`: one call checks both.
+      out_axis: the time axis of the output leaves: an int for every leaf, or
+        a pytree with an int per part of the output (a prefix of its
+        structure), e.g. `out_axis=(1, 2)` for `fn -> (y (B, T, D), weights
+        (B, heads, T, T))`: one call checks both. Default (None): `axis`,
+        where the output's shapes leave no doubt; a `ValueError` asks for
+        `out_axis` where they do: a leaf of
+        another shape than `x` with length `T` on two axes (attention weights
+        `(B, heads, T, T)`: judged on axis 1, the heads, a correct block
+        failed when heads == T), axis 0 (the batch) not counted unless `axis`
+        is 0.
       select: a function of `fn`'s output picking the parts to check (e.g.
         `lambda out: out.quantiles`); `out_axis` then refers to its result.
       positions: the steps `t` to test, in `[0, T - 1)` (default: every `t < T - 1`).
@@ -249,6 +332,8 @@ def assert_causal(
 
     Raises:
       AssertionError: naming the steps, output leaves and positions that changed.
+      ValueError: for outputs whose time axis needs an explicit `out_axis`
+        (see `out_axis`), or that do not have `T` steps along it.
     """
     _require_function(fn)
     seed = _seed(seed)
@@ -269,6 +354,8 @@ def assert_causal(
                 f"out_axis={axis}, expected the input length {length}"
             )
 
+    if out_axis is None:
+        _require_unambiguous_time_axes(baseline, x.shape, axis)
     leaf_axes = _checked_axes(baseline, _leaf_axes(out_axis, output, axis), has_the_input_length)
     if steps:
         compared = np.arange(max(steps) + 1)
@@ -640,7 +727,12 @@ def assert_ignores_padding(
 
     Backward (`check_gradients`): the gradient of a random weighting of the
     outputs at real steps w.r.t. `x` at padded steps must be zero (within
-    `atol`).
+    `atol`). The outputs at padded steps are free in value but must be
+    finite for it: their cotangent is 0, and `0 * NaN` is NaN, so NaN/inf
+    there (an all-padded row whose masked logits were filled with `-inf`
+    has a softmax of 0/0) makes that gradient NaN, as it does for a model
+    trained with a masked loss. The check then fails saying so, not as a
+    leak; `check_gradients=False` checks the forward values alone.
 
     A mask with no padded step (nothing to change) or no real step (nothing
     to compare) passes trivially, as a sequence of one step does in
@@ -653,17 +745,22 @@ def assert_ignores_padding(
       x: float array, e.g. `(B, T, D)`.
       valid: boolean `(B, T)`, True at real steps.
       axis: the time axis of `x` (not 0, the batch axis).
-      out_axis: the time axis of the output leaves (default `axis`): an int or
-        a pytree with an int per part of the output, e.g. `(1, 2)` for
-        `fn -> (y (B, T, D), weights (B, heads, T, T))`.
+      out_axis: the time axis of the output leaves: an int or a pytree with
+        an int per part of the output, e.g. `(1, 2)` for `fn -> (y (B, T, D),
+        weights (B, heads, T, T))`. Default (None): `axis`, where the
+        output's shapes leave no doubt; otherwise a `ValueError` asks for it,
+        as in `assert_causal`.
       select: a function of `fn`'s output picking the parts to check.
-      check_gradients: also run the backward check (one `jax.vjp`).
+      check_gradients: also run the backward check (one `jax.vjp`); it needs
+        finite outputs at padded steps too (see above).
       atol, rtol: tolerance (finite, >= 0); the backward check uses `atol`.
       seed: seed of the noise and of the cotangents.
 
     Raises:
       AssertionError: naming the output leaves, the samples and steps whose
-        values changed, and the padded steps that the gradient reaches.
+        values changed, and the padded steps that the gradient reaches (or,
+        NaN there, the NaN/inf outputs at padded steps that make it NaN).
+      ValueError: for outputs whose time axis needs an explicit `out_axis`.
     """
     _require_function(fn)
     seed = _seed(seed)
@@ -692,6 +789,8 @@ def assert_ignores_padding(
                 f"out_axis={axis}"
             )
 
+    if out_axis is None:
+        _require_unambiguous_time_axes(baseline, x.shape, axis)
     leaf_axes = _checked_axes(baseline, _leaf_axes(out_axis, output, axis), has_the_mask_shape)
     _require_no_nan(
         "fn(x) is NaN at real steps (NaN == NaN here, so a dependence on padding would not show):",
@@ -718,15 +817,22 @@ def assert_ignores_padding(
                 problem = _mismatch(moved_after[b, t], moved_before[b, t], atol, rtol)
                 if problem is not None:
                     problems.append(f"output {path}[sample {b}, step {t}]{label}: {problem}")
+    nonfinite = None
     if check_gradients:
-        problems += _padding_gradient_leaks(fn, x, axis, mask, baseline, leaf_axes, atol, seed)
+        leaks, nonfinite = _padding_gradient_leaks(
+            fn, x, axis, mask, baseline, leaf_axes, atol, seed
+        )
+        problems += leaks
     if problems:
         header = (
             f"fn's outputs at real steps depend on the padded inputs ({int((~mask).sum())} padded "
             f"of {mask.size} steps along axis {axis}; their values change, or their gradient "
             "reaches those inputs):"
         )
-        raise AssertionError(_summarize(header, problems))
+        also = f"\n(besides, {nonfinite})" if nonfinite else ""
+        raise AssertionError(_summarize(header, problems) + also)
+    if nonfinite:
+        raise AssertionError(f"fn's gradient at the padded inputs is NaN: {nonfinite}")
 
 
 def _padding_gradient_leaks(
@@ -738,11 +844,19 @@ def _padding_gradient_leaks(
     leaf_axes: Sequence[int],
     atol: float,
     seed: int,
-) -> list[str]:
-    """Where the gradient of the outputs at real steps reaches `x` at padded steps."""
+) -> tuple[list[str], str | None]:
+    """Where the gradient of the outputs at real steps reaches `x` at padded steps.
+
+    Returns the leaks, and a note (else None) for NaN gradients that non-finite
+    outputs at padded steps explain: their cotangent is 0, and `0 * NaN` (the
+    softmax of an all-padded row of `-inf` logits) is NaN. That is no leak,
+    but the same NaN reaches a model trained with a masked loss, and it hides
+    whether the padded inputs leak there; without NaN/inf at the padded
+    outputs a NaN gradient counts as a leak.
+    """
     outputs, pullback = _vjp(_float_outputs(fn), x)
     if not outputs:
-        return []
+        return [], None
     float_axes = [a for (_, leaf), a in zip(baseline, leaf_axes, strict=True) if _is_inexact(leaf)]
     rng = np.random.default_rng(seed)
     cotangents = []
@@ -753,15 +867,63 @@ def _padding_gradient_leaks(
         cotangents.append(cotangent)
     (gradient,) = pullback(tuple(cotangents))
     values = np.moveaxis(_as_float64(_to_numpy("gradient", gradient)), axis, 1)
-    problems = []
+    problems, nan_steps = [], []
     for b, t in np.argwhere(~mask):
-        leak = _gradient_leak(values[b, t], atol)
+        with np.errstate(invalid="ignore"):
+            nan = np.isnan(values[b, t])
+        leak = _gradient_leak(np.where(nan, 0.0, values[b, t]), atol)
         if leak is not None:
+            nan_count = f", {int(nan.sum())} NaN" if nan.any() else ""
             problems.append(
                 f"gradient of the outputs at real steps w.r.t. x[sample {b}, step {t}] (padded) "
-                f"is nonzero ({leak})"
+                f"is nonzero ({leak}{nan_count})"
             )
-    return problems
+        elif nan.any():
+            nan_steps.append((int(b), int(t), int(nan.sum())))
+    if not nan_steps:
+        return problems, None
+    nonfinite = _nonfinite_at_padding(baseline, leaf_axes, mask)
+    if not nonfinite:
+        problems += [
+            f"gradient of the outputs at real steps w.r.t. x[sample {b}, step {t}] (padded) "
+            f"is NaN at {count} of {values[b, t].size} elements"
+            for b, t, count in nan_steps
+        ]
+        return problems, None
+    b, t, _ = nan_steps[0]
+    note = (
+        f"the outputs at padded steps contain NaN/inf ({'; '.join(nonfinite)}), so the gradient "
+        "through a loss masked to the real steps is NaN (their cotangent 0 times NaN) at "
+        f"{len(nan_steps)} padded steps of x, first x[sample {b}, step {t}]: a model trained "
+        "with a masked loss gets NaN gradients too, and a leak there cannot be seen. Keep the "
+        "padded outputs finite (fill masked logits with a large finite negative number, not "
+        "-inf, so that the softmax of an all-padded row is not 0/0), or pass "
+        "check_gradients=False to check the forward values only"
+    )
+    return problems, note
+
+
+def _nonfinite_at_padding(
+    baseline: list[tuple[str, np.ndarray]], leaf_axes: Sequence[int], mask: np.ndarray
+) -> list[str]:
+    """`path: n NaN, m inf of k elements at padded steps (first at [sample b, step t])` per float
+    output leaf that is not finite somewhere at a padded step."""
+    positions = np.argwhere(~mask)
+    found = []
+    for (path, leaf), leaf_axis in zip(baseline, leaf_axes, strict=True):
+        if not _is_inexact(leaf):
+            continue
+        padded = _at_positions(leaf, leaf_axis, ~mask)
+        with np.errstate(invalid="ignore"):
+            nan, inf = np.isnan(padded), np.isinf(padded)
+        bad = (nan | inf).reshape(len(positions), -1).any(axis=1)
+        if bad.any():
+            b, t = positions[np.argmax(bad)]
+            found.append(
+                f"output {path}: {int(nan.sum())} NaN, {int(inf.sum())} inf of {padded.size} "
+                f"elements at padded steps, first at [sample {b}, step {t}]"
+            )
+    return found
 
 
 def assert_batch_independent(

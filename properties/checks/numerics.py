@@ -19,6 +19,8 @@ from properties.checks._support import (
     _UNTRACEABLE,
     _as_float64,
     _compare_trees,
+    _flag,
+    _index,
     _is_inexact,
     _named_leaves,
     _real,
@@ -52,6 +54,7 @@ def assert_jit_matches_eager(
     rtol: float | None = None,
     atol: float | None = None,
     compute_dtype: Any = None,
+    allow_nonfinite: bool = False,
 ) -> None:
     """Asserts that `jax.jit(fn)(*args)` equals `fn(*args)` run op by op (`jax.disable_jit`).
 
@@ -80,6 +83,13 @@ def assert_jit_matches_eager(
     sides may choose kernels that differ near 1e-3, which is not what this
     check looks for.
 
+    The op-by-op outputs must be finite: NaN matches NaN and inf matches inf
+    here, so a function that is NaN everywhere (or wherever jit could
+    differ) would pass having compared nothing; as the other checks refuse
+    NaN outputs, this one fails on them. Pass `allow_nonfinite=True` where
+    NaN/inf outputs are intended (`-inf` at masked logits): the compiled
+    side must then be NaN, or the same infinity, at exactly those elements.
+
     Args:
       fn: the function to compile; called as `fn(*args)`.
       *args: its arguments.
@@ -88,12 +98,16 @@ def assert_jit_matches_eager(
         its outputs' (float64, float32, float16 or bfloat16; None: the
         outputs' own). It sets the default tolerances only: an explicit
         `rtol` or `atol` is used as given.
+      allow_nonfinite: accept NaN/inf in the op-by-op outputs (matched
+        element by element) instead of failing on them.
 
     Raises:
       AssertionError: naming each differing leaf, its largest difference and
-        first differing index.
+        first differing index; or each leaf of the op-by-op output holding
+        NaN/inf (unless `allow_nonfinite`).
     """
     _require_function(fn)
+    allow_nonfinite = _flag("allow_nonfinite", allow_nonfinite)
     for name, value in (("rtol", rtol), ("atol", atol)):
         if value is not None:
             _tolerance(name, value)
@@ -102,11 +116,38 @@ def assert_jit_matches_eager(
     with _full_float32_matmuls_off_cpu():
         compiled, eager = _jitted_and_eager(fn, jitted, args)
     chex.assert_trees_all_equal_shapes_and_dtypes(compiled, eager)
+    if not allow_nonfinite:
+        _require_finite_outputs(eager)
     problems = _compare_trees(compiled, eager, atol, rtol, default_tolerance)
     if problems:
         defaults = compute_dtype is None and (rtol is None or atol is None)
         hint = _compute_dtype_hint(eager) if defaults else ""
         raise AssertionError(_summarize("jit(fn) differs from fn run op by op:", problems) + hint)
+
+
+def _require_finite_outputs(eager: PyTree) -> None:
+    """Fails on NaN/inf in the op-by-op outputs: there, any compiled NaN or equal inf matches."""
+    problems = []
+    for path, leaf in _named_leaves("fn(*args)", eager):
+        if not _is_inexact(leaf):
+            continue
+        with np.errstate(invalid="ignore"):
+            nan, inf = np.isnan(leaf), np.isinf(leaf)
+        if nan.any() or inf.any():
+            where = (
+                "the scalar" if leaf.ndim == 0 else f"first at {_index(np.argwhere(nan | inf)[0])}"
+            )
+            problems.append(
+                f"{path}: {int(nan.sum())} NaN, {int(inf.sum())} inf of {leaf.size} elements "
+                f"({where})"
+            )
+    if problems:
+        header = (
+            "fn(*args) run op by op is not finite (NaN matches NaN and inf matches inf here, so "
+            "jit(fn) could differ there unseen; pass allow_nonfinite=True if these are intended, "
+            "e.g. -inf at masked logits):"
+        )
+        raise AssertionError(_summarize(header, problems))
 
 
 def _jit_tolerance(compute_dtype: Any) -> dict[str, tuple[float, float]]:
@@ -300,7 +341,14 @@ def assert_grads_match_finite_differences(
     `FLOAT32_FINITE_DIFFERENCE_EPS` = 1e-4, which passes reliably on small
     functions; 1e-2 (truncation error) and 1e-5 or below (cancellation) fail
     often. On a whole block float32 round-off can still exceed the default
-    float32 tolerance (2e-3): prefer float64, or pass `rtol`/`atol`.
+    float32 tolerance (2e-3): prefer float64, or pass `rtol`/`atol`. The
+    fallback refuses float arguments narrower than float32 (bfloat16,
+    float16) with a `ValueError`: it differentiates in the arguments' own
+    dtypes, where `x + eps` rounds back to `x` (bfloat16 resolves 0.0078
+    near 1), so a correct function would fail on differences of rounding.
+    It does not cast them for you, which would check another function than
+    the one given: keep `use_x64=True` (the arguments become float64), or
+    cast them to float32 yourself.
     64-bit mode is `jax.enable_x64(True)` (JAX >= 0.7; older JAX:
     `jax.experimental.enable_x64()`).
 
@@ -329,7 +377,10 @@ def assert_grads_match_finite_differences(
 
     Raises:
       AssertionError: with `check_grads`' report of the differing derivative.
-      ValueError: if `args` or `fn`'s output holds no element (nothing to check).
+      ValueError: if `args` or `fn`'s output holds no element (nothing to check),
+        or, with `use_x64=False`, a float argument is narrower than float32.
+      TypeError: for arguments that are not float arrays, or a
+        `jax.custom_vjp` function checked in forward mode (pass `modes=("rev",)`).
     """
     _require_function(fn)
     if isinstance(order, bool) or not isinstance(order, int) or order < 1:
@@ -363,6 +414,8 @@ def assert_grads_match_finite_differences(
     step = FLOAT32_FINITE_DIFFERENCE_EPS if eps is None else _real("eps", eps)
     if not (math.isfinite(step) and step > 0):
         raise ValueError(f"eps must be finite and > 0, got {step}")
+    if not use_x64:
+        _require_float32_or_wider(named, step)
     precision = "float64" if use_x64 else "the given dtypes"
     context = _enable_x64() if use_x64 else contextlib.nullcontext()
     try:
@@ -391,6 +444,13 @@ def assert_grads_match_finite_differences(
                 ) from error
     except TypeError as error:
         text = str(error)
+        if "fwd" in modes and "forward-mode autodiff" in text and "custom_vjp" in text:
+            raise TypeError(
+                f"{text}\n(fn is built on jax.custom_vjp, which has no forward mode, and modes "
+                f"is {modes}: pass modes=('rev',). A custom_vjp that defines a surrogate "
+                "gradient, such as a straight-through estimator, is not the derivative: check "
+                "it with assert_ste_gradient instead)"
+            ) from error
         if not (use_x64 and "float32" in text and "float64" in text):
             raise
         raise TypeError(
@@ -399,6 +459,22 @@ def assert_grads_match_finite_differences(
             "param_dtype, a hard-coded dtype; build the module with "
             "param_dtype=jnp.float64, or pass use_x64=False with rtol and atol)"
         ) from error
+
+
+def _require_float32_or_wider(named: list[tuple[str, np.ndarray]], step: float) -> None:
+    """Refuses float arguments narrower than float32 for finite differences in their own dtype."""
+    for path, leaf in named:
+        if not jnp.issubdtype(leaf.dtype, jnp.floating):
+            continue
+        info = jnp.finfo(leaf.dtype)
+        if info.bits < 32:
+            raise ValueError(
+                f"args{path} has dtype {leaf.dtype}: with use_x64=False the finite differences "
+                f"run in the arguments' own dtypes, and {leaf.dtype} cannot resolve a step of "
+                f"eps={step:g} (its resolution near 1 is {float(info.eps):g}: x + eps rounds "
+                "back to x), so a correct function would fail; keep use_x64=True (the "
+                "default: the arguments are cast to float64), or cast them to float32"
+            )
 
 
 # The smallest derivative scale the default tolerance is made relative to (2**-60 ~ 9e-19).

@@ -52,6 +52,9 @@ def assert_finite(tree: PyTree, *, name: str = "tree") -> None:
         with np.errstate(invalid="ignore"):
             nan, inf = np.isnan(leaf), np.isinf(leaf)
         if nan.any() or inf.any():
+            if leaf.ndim == 0:
+                problems.append(f"{path}: the scalar is {leaf.item()}")
+                continue
             first = np.argwhere(nan | inf)[0]
             problems.append(
                 f"{path}: {int(nan.sum())} NaN, {int(inf.sum())} inf of {leaf.size} "
@@ -90,6 +93,11 @@ def assert_nonzero_grads(
     is also dead when its norm (magnitude) is `<= min_relative` times the
     largest leaf norm (element magnitude) of the tree.
 
+    A tree with nothing to check is refused, as `assert_finite` refuses it:
+    no leaf at all (`None`, `{}`) or only empty float leaves (`ValueError`),
+    or no float leaf (`TypeError`: integer or `float0` leaves carry no
+    gradient).
+
     Args:
       grads: a pytree of gradients (e.g. `jax.grad(loss)(params)`).
       min_norm: the norm (per leaf) or magnitude (per element) to exceed, >= 0.
@@ -102,17 +110,17 @@ def assert_nonzero_grads(
       AssertionError: naming every dead leaf and its norm, or with
         `per_element` every leaf with dead elements, how many, and their
         first indices.
+      ValueError: if `grads` has no leaf, or its float leaves are all empty.
+      TypeError: if `grads` has no float leaf.
     """
     min_norm = _tolerance("min_norm", min_norm)
     per_element = _flag("per_element", per_element)
     min_relative = _tolerance("min_relative", min_relative)
     if min_relative >= 1.0:
         raise ValueError(f"min_relative must be in [0, 1), got {min_relative!r}")
-    leaves = [
-        (path, _as_float64(leaf))
-        for path, leaf in _named_leaves(name, grads)
-        if _is_inexact(leaf) and leaf.size
-    ]
+    named = _named_leaves(name, grads)
+    _require_float_leaves(name, grads, named)
+    leaves = [(path, _as_float64(leaf)) for path, leaf in named if _is_inexact(leaf) and leaf.size]
     sizes = [
         np.abs(leaf).ravel() if per_element else np.array([np.linalg.norm(leaf.ravel())])
         for _, leaf in leaves
@@ -127,6 +135,9 @@ def assert_nonzero_grads(
             magnitude = np.abs(leaf)
             with np.errstate(invalid="ignore"):
                 alive = np.isfinite(magnitude) & (magnitude > threshold)
+            if leaf.ndim == 0 and not alive:
+                dead.append(f"{path} (a scalar): |g| {float(magnitude):.3g}")
+                continue
             if not alive.all():
                 indices = np.argwhere(~alive)
                 shown = ", ".join(_index(index) for index in indices[:_MAX_REPORTED])
@@ -143,8 +154,6 @@ def assert_nonzero_grads(
         norm = float(np.linalg.norm(leaf.ravel()))
         if not (math.isfinite(norm) and norm > threshold):
             dead.append(f"{path}: norm {norm:.3g}")
-    if checked == 0:
-        raise AssertionError(f"{name} has no non-empty float leaves: nothing has a gradient")
     if dead:
         bound = f"{threshold:.3g}"
         if min_relative * largest > min_norm:
@@ -156,3 +165,24 @@ def assert_nonzero_grads(
         )
         header = f"{len(dead)} of {checked} leaves of {name} have {what}:"
         raise AssertionError(_summarize(header, dead))
+
+
+def _require_float_leaves(name: str, tree: PyTree, named: list[tuple[str, np.ndarray]]) -> None:
+    """Refuses a gradient tree with nothing to check: no leaf, no float leaf, or only empty ones.
+
+    Bad arguments, not dead gradients: `ValueError` / `TypeError`, as `assert_finite` raises.
+    """
+    if not named:
+        raise ValueError(
+            f"{name} must hold at least one array, got {jax.tree_util.tree_structure(tree)}: "
+            "there would be nothing to check"
+        )
+    floats = [(path, leaf) for path, leaf in named if _is_inexact(leaf)]
+    if not floats:
+        dtypes = sorted({str(leaf.dtype) for _, leaf in named})
+        raise TypeError(
+            f"{name} must hold at least one float array (a gradient), got only leaves of dtype "
+            f"{', '.join(dtypes)} (integer, boolean or float0 leaves carry no gradient): pass "
+            "the gradients, e.g. jax.grad(loss)(params)"
+        )
+    _require_elements(f"the float leaves of {name}", floats)

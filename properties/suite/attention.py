@@ -195,7 +195,8 @@ def check_causal(case: BlockCase) -> None:
     And so does the backward: the input gradient of the outputs up to `t` is
     zero after `t` (through the compiled pullback: the forward here returns NumPy).
     """
-    checks.assert_causal(_forward(case), case.x, check_gradients=False)  # NumPy forward
+    # NumPy forward; time on axis 1 of y (B, T, D) and of the weights (B, T, heads, T).
+    checks.assert_causal(_forward(case), case.x, out_axis=1, check_gradients=False)
     functions = _block(case)
 
     def input_gradient(dy: np.ndarray) -> Any:

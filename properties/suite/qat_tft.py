@@ -180,7 +180,7 @@ def check_causal(case: tft_suite.ModelCase) -> None:
         outputs = forward({**inputs, "future": future})
         return np.asarray(outputs.quantiles), np.swapaxes(np.asarray(outputs.attention), 1, 2)
 
-    checks.assert_causal(by_horizon_step, inputs["future"], check_gradients=False)
+    checks.assert_causal(by_horizon_step, inputs["future"], out_axis=1, check_gradients=False)
 
 
 def check_batch_independent(case: tft_suite.ModelCase) -> None:

@@ -321,7 +321,7 @@ def check_observed_values_representable(case: ObserverCase) -> None:
         slack = 4 * np.finfo(np.float32).eps * (np.abs(batch) + step)
         bad = ~(error <= np.asarray(step, np.float64) / 2 + slack)
         if bad.any():
-            where = tuple(np.argwhere(bad)[0])
+            where = tuple(int(i) for i in np.argwhere(bad)[0])  # plain ints, not np.int64(0)
             raise AssertionError(
                 f"batch {index} value {batch[where]:.7g} at {list(where)} quantizes to "
                 f"{quantized[where]:.7g}, more than half a step "

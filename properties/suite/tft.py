@@ -301,14 +301,17 @@ def check_causal(case: ModelCase) -> None:
         return (np.asarray(forward({**inputs, **changed}).history_weights),)
 
     # The forward returns NumPy (not differentiable by jax.vjp): forward values only.
+    # Time is on axis 1 of every output (of ranks 3 and 4: out_axis must be given).
     checks.assert_causal(
         lambda future: horizon_outputs({"future": future}),
         inputs["future"],
+        out_axis=1,
         check_gradients=False,
     )
     checks.assert_causal(
         lambda historical: history_outputs({"historical": historical}),
         inputs["historical"],
+        out_axis=1,
         check_gradients=False,
     )
     for name, outputs_of in (
