@@ -77,7 +77,12 @@ def test_csv_of_digit_codes_codes_as_the_dataframe(fitted_on_text, tmp_path):
     # 3 is the unknown series code, 2 the unknown grade code.
     expected = [[0, 0], [3, 2], [1, 1], [2, 1]]
     np.testing.assert_array_equal(csv_read.windows.panel.static_categorical, expected)
-    assert csv_warnings == frame_warnings
+    # The same warnings, but for the file named where the history's rows are named.
+    named = f"the history (file {str(path)!r})"
+    assert csv_warnings == [
+        message.replace("of the history,", f"of {named},") for message in frame_warnings
+    ]
+    assert any(named in message for message in csv_warnings)
     assert any("['9']" in message for message in csv_warnings)  # only the unseen grade
     assert not any("astype" in message for message in csv_warnings)
 

@@ -240,3 +240,77 @@ def test_ids_that_a_saved_run_cannot_list_are_refused_naming_the_column(ids, sho
     # Timestamp ids trained, then `save` failed in json and left half a folder.
     with pytest.raises(TypeError, match=rf"id column 'store' holds {shown} .*texts or numbers"):
         prepare_dataset(_ids_table(ids), **_ID_OPTIONS)
+
+
+def test_an_unseen_category_is_named_with_its_series_time_and_table(preprocessor, tmp_path):
+    # The warning named the values only ("... coded as unknown: ['strike']"): a typo in
+    # the forecast period changes the forecast, and could not be found from it.
+    history = history_table(12, "2021-04-01")
+    future = future_of(history)
+    future.loc[(future["id"] == 2) & (future["time"] == "2021-04-01 12:00"), "holiday"] = "strike"
+    _, messages = forecast_inputs(preprocessor, history, future)
+    assert [m for m in messages if "not seen in training" in m] == [
+        "categorical column 'holiday' has values not seen in training, coded as unknown: "
+        "['strike'] ('strike' in 1 row of the future table, for series 2 at 2021-04-01 12:00:00)"
+    ]
+    # In both tables, and two values: each table's rows and first place, and the rows in all.
+    history.loc[(history["id"] == 1) & (history["time"] == "2021-04-01 05:00"), "holiday"] = (
+        "easter"
+    )
+    future.loc[future["id"] == 2, "holiday"] = "easter"
+    future.loc[(future["id"] == 1) & (future["time"] == "2021-04-01 13:00"), "holiday"] = "strike"
+    expected = (
+        "categorical column 'holiday' has values not seen in training, coded as unknown: "
+        "['easter', 'strike'] (4 rows in all: 'easter' in 1 row of {history}, for series 1 at "
+        "2021-04-01 05:00:00 and in 2 rows of the future table, the first for series 2 at "
+        "2021-04-01 12:00:00; 'strike' in 1 row of the future table, for series 1 at "
+        "2021-04-01 13:00:00)"
+    )
+    _, messages = forecast_inputs(preprocessor, history, future)
+    found = [m for m in messages if "not seen in training" in m]
+    assert found == [expected.format(history="the history")]
+    path = tmp_path / "history.csv"  # a history read from a file: the file is named
+    history.to_csv(path, index=False)
+    _, messages = forecast_inputs(preprocessor, str(path), future)
+    found = [m for m in messages if "not seen in training" in m]
+    assert found == [expected.format(history=f"the history (file {str(path)!r})")]
+    # A fitted model's table (evaluation): its rows are the table's.
+    scored = history_table()
+    scored.loc[scored["time"] >= "2021-03-02 12:00", "holiday"] = "strike"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        prepare_dataset(
+            scored, id_col="id", time_col="time", target="y", freq="h", history=HISTORY,
+            horizon=HORIZON, known_cols=["promo", "holiday"], preprocessor=preprocessor,
+        )  # fmt: skip
+    found = [str(w.message) for w in caught if "not seen in training" in str(w.message)]
+    assert found == [
+        "categorical column 'holiday' has values not seen in training, coded as unknown: "
+        "['strike'] ('strike' in 8 rows of the table, the first for series 1 at "
+        "2021-03-02 12:00:00)"
+    ]
+
+
+def test_unseen_observed_and_static_categories_are_named_where_the_user_gave_them():
+    # An observed column's future rows carry the history's last value (never read): the
+    # future table did not give it, so it is not counted there. A static value is coded
+    # once per series: named by series.
+    table = history_table(40).assign(
+        weather=lambda t: np.where(np.arange(len(t)) % 2, "sun", "rain"),
+        region=lambda t: np.where(t["id"] == 1, "north", "south"),
+    )
+    data = quiet_prepare(
+        table, freq="h", history=HISTORY, horizon=HORIZON, known_cols=["promo", "holiday"],
+        observed_cols=["weather"], static_cols=["region"],
+    )  # fmt: skip
+    history = history_table(12, "2021-04-01").assign(weather="sun", region="north")
+    history.loc[11, "weather"] = "hail"  # series 1's last row
+    history.loc[history["id"] == 2, "region"] = "west"
+    _, messages = forecast_inputs(data.preprocessor, history, future_of(history))
+    found = sorted(m for m in messages if "not seen in training" in m)
+    assert found == [
+        "categorical column 'region' has values not seen in training, coded as unknown: "
+        "['west'] ('west' in 1 series of the history, for series 2)",
+        "categorical column 'weather' has values not seen in training, coded as unknown: "
+        "['hail'] ('hail' in 1 row of the history, for series 1 at 2021-04-01 11:00:00)",
+    ]

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from tft_jax.data import prepare_dataset
-from tft_jax.data.preprocessing import Preprocessor
+from tft_jax.data.preprocessing import Preprocessor, RowSources
 from tft_jax.data.tables import plain_value
 
 from .prepared_tables import HISTORY, HORIZON, forecast_inputs, quiet_prepare
@@ -104,6 +104,31 @@ def test_transform_of_a_grid_out_of_series_order_is_that_of_the_sorted_grid():
     for name in ("series_code", "observed", "known", "target", "series_start"):
         np.testing.assert_array_equal(getattr(shuffled.panel, name), getattr(in_order.panel, name))
     assert shuffled.series_ids == ("a", "b", "c")
+
+
+def test_the_rows_sources_follow_a_grid_out_of_series_order_into_the_unseen_warning():
+    # `transform` sorts a grid out of series order: the future rows marked in the grid's
+    # order must be the same rows after it, or the warning names the wrong table.
+    times = pd.date_range("2024-01-01", periods=20, freq="D")
+    table = pd.concat(
+        [pd.DataFrame({"id": s, "time": times, "y": np.arange(20.0) * (k + 1),
+                       "kind": np.where(np.arange(20) % 2, "x", "y")})
+         for k, s in enumerate(["b", "a"])],
+        ignore_index=True,
+    )  # fmt: skip
+    dataset = quiet_prepare(table, freq="D", history=4, horizon=2, known_cols=["kind"])
+    grid = table.assign(y_missing=0.0)  # series 'b' first
+    grid.loc[[19, 23], "kind"] = "z"  # 'b' at 2024-01-20, 'a' at 2024-01-04
+    future = np.zeros(len(grid), dtype=bool)
+    future[[18, 19]] = True  # the last two rows of 'b'
+    with pytest.warns(UserWarning) as caught:
+        dataset.preprocessor.transform(grid, sources=RowSources("the history", future=future))
+    (message,) = [str(w.message) for w in caught if "not seen in training" in str(w.message)]
+    assert message == (
+        "categorical column 'kind' has values not seen in training, coded as unknown: ['z'] "
+        "('z' in 1 row of the history, for series 'a' at 2024-01-04 00:00:00 and in 1 row of "
+        "the future table, for series 'b' at 2024-01-20 00:00:00)"
+    )
 
 
 def statics_table(ids=("s0", "s1"), n: int = 30) -> pd.DataFrame:

@@ -434,7 +434,8 @@ def test_a_target_of_decimal_comma_texts_is_refused_with_the_decimal_hint():
     table.loc[4, "y"] = " 12,5 "
     with pytest.raises(
         ValueError,
-        match=r"'y' has 1 non-numeric values, e.g. ' 12,5 ' in series 'a' at row 4;.*"
+        match=r"'y' has 1 non-numeric values, e.g. ' 12,5 ' in series 'a' at row 4, time "
+        r"2024-01-05 00:00:00;.*"
         r"decimal commas: read the CSV with pandas.read_csv\(path, decimal=','\)",
     ):
         prepare(table)

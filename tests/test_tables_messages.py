@@ -120,10 +120,11 @@ def test_a_csv_error_names_the_file_line_of_the_row(tmp_path):
     table, path = text_target_csv(tmp_path)
     assert path.read_text().splitlines()[21].split(",")[2] == "lots"  # line 22
     with pytest.raises(
-        ValueError, match=r"'lots' in series 'a' at row 20 \(line 22 of the file\);"
+        ValueError,
+        match=r"'lots' in series 'a' at row 20 \(line 22 of the file\), time 2024-01-21 00:00:00;",
     ):
         prepare(str(path))
-    with pytest.raises(ValueError, match=r"'lots' in series 'a' at row 20;"):
+    with pytest.raises(ValueError, match=r"'lots' in series 'a' at row 20, time 2024-01-21 "):
         prepare(table)  # a DataFrame has no lines
 
 
@@ -134,7 +135,7 @@ def test_a_csv_read_then_reordered_or_filtered_names_no_file_line(tmp_path):
     assert file_rows(read.iloc[1:]) is None  # row 0 is line 3 now
     assert file_rows(read.sort_values("id", ascending=False)) is None
     assert file_rows(read.iloc[1:].reset_index(drop=True)) is None
-    with pytest.raises(ValueError, match=r"'lots' in series 'a' at row 19;"):
+    with pytest.raises(ValueError, match=r"'lots' in series 'a' at row 19, time 2024-01-21 "):
         prepare(read.iloc[1:].reset_index(drop=True))
     # The validated table is sorted: it keeps no record of the file.
     spec = TableSpec("id", "time", "y", freq="D")
@@ -160,6 +161,53 @@ def test_csv_time_static_and_category_errors_name_file_lines(tmp_path):
     table.to_csv(path, index=False)
     with pytest.raises(ValueError, match=r"'0,0' in series 'a' at row 0, line 2 of the file\)"):
         prepare(str(path), observed_cols=("o",))
+
+
+def test_an_infinite_or_non_numeric_value_is_named_with_its_time_and_row(tmp_path):
+    # Named by series and row only ("the first in series 'A' at row 395"), unlike the
+    # errors beside them, which name the time: the row of a table sorted or filtered
+    # before it was given is found by its time.
+    table = daily_pair()
+    table.loc[[33, 40], "y"] = [np.inf, -np.inf]
+    with pytest.raises(ValueError) as caught:
+        prepare(table)
+    assert str(caught.value).startswith(
+        "column 'y' has 2 infinite values, the first in series 'b' at row 33, "
+        "time 2024-01-04 00:00:00; replace them"
+    )
+    path = tmp_path / "infinite.csv"
+    table.to_csv(path, index=False)
+    with pytest.raises(ValueError, match=r"at row 33 \(line 35 of the file\), time 2024-01-04 "):
+        prepare(str(path))
+    # Aware times: named as read (the table's zone), as the other messages name them.
+    aware = daily_pair().assign(time=lambda t: t["time"].dt.tz_localize("Europe/Berlin"))
+    aware = aware.astype({"y": object})
+    aware.loc[2, "y"] = "lots"
+    with pytest.raises(ValueError) as caught:
+        prepare(aware)
+    assert "e.g. 'lots' in series 'a' at row 2, time 2024-01-03 00:00:00+01:00;" in str(
+        caught.value
+    )
+
+
+def test_a_bad_future_value_is_named_with_its_time_in_the_historys_zone():
+    # The future table's bad values were named by row only; the time is the history's
+    # zone's, as in the future table's other messages, though the future is in UTC.
+    table = daily_pair(20).assign(time=lambda t: t["time"].dt.tz_localize("Europe/Berlin"), k=1.0)
+    fitted = prepare(table, known_cols=("k",)).preprocessor
+    last = table.groupby("id")["time"].max()
+    future = pd.DataFrame(
+        [(s, last[s] + pd.Timedelta(days=k + 1), 1.0) for s in "ab" for k in range(HORIZON)],
+        columns=["id", "time", "k"],
+    ).astype({"k": object})
+    future["time"] = future["time"].dt.tz_convert("UTC")
+    for value, said in (("high", "1 non-numeric values, e.g. 'high'"), (np.inf, "1 infinite")):
+        future.loc[3, "k"] = value
+        with pytest.raises(ValueError) as caught:
+            future_windows(fitted, table, future, HISTORY, HORIZON)
+        message = str(caught.value)
+        assert message.startswith(f"future table: column 'k' has {said}"), message
+        assert "in series 'b' at row 3, time 2024-01-22 00:00:00+01:00;" in message
 
 
 def test_the_categorical_hint_is_for_inputs_not_the_target():

@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from tft_jax.data.calendar import TIME_INDEX, calendar_feature_names
-from tft_jax.data.preprocessing import Preprocessor, missing_column
+from tft_jax.data.preprocessing import Preprocessor, RowSources, missing_column, table_name
 from tft_jax.data.scaling import FeatureScaler, TargetScaler
 from tft_jax.data.tables import (
     MissingColumnsError,
@@ -763,7 +763,11 @@ def prepare_dataset(
         "validation": (cut_validation, cut_test),
         "test": (cut_test, end),
     }
-    transformed = preprocessor.transform(grid, _new_series_cuts(scored, times, periods, freq))
+    transformed = preprocessor.transform(
+        grid,
+        _new_series_cuts(scored, times, periods, freq),
+        RowSources(table_name("the table", table)),
+    )
     panel = transformed.panel
     strides = {"train": train_stride, "validation": eval_stride, "test": eval_stride}
     windows = _windows(panel, history, horizon, periods, strides, require_observed_target)

@@ -22,7 +22,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tft_jax.data.preprocessing import Preprocessor, Transformed, type_hint
+from tft_jax.data.preprocessing import (
+    Preprocessor,
+    RowSources,
+    Transformed,
+    table_name,
+    type_hint,
+)
 from tft_jax.data.tables import (
     MissingColumnsError,
     TableSpec,
@@ -158,13 +164,6 @@ def _future_table(
             table[spec.time_col], spec.time_col, ids,
             spec.time_format, spec.dayfirst, spec.timezone or zone, rows=lines,
         )  # fmt: skip
-        for column in known:
-            if column in spec.categorical_cols:
-                table[column] = _categorical_values(table[column], column, ids, rows=lines)
-            else:  # the model's categorical columns are fixed: none is offered
-                table[column] = _to_float(
-                    table[column], column, ids, rows=lines, offer_categorical=False
-                )
     except ValueError as error:
         raise ValueError(f"future table: {error}") from None
     times = pd.DatetimeIndex(table[spec.time_col])
@@ -176,6 +175,19 @@ def _future_table(
         )
     if zone is not None:
         table[spec.time_col] = times.tz_convert(zone)
+    # The times are the history's (zone) before the values are read, so that a bad
+    # value is named at the time the other messages of the future table name.
+    try:
+        for column in known:
+            if column in spec.categorical_cols:
+                table[column] = _categorical_values(table[column], column, ids, rows=lines)
+            else:  # the model's categorical columns are fixed: none is offered
+                table[column] = _to_float(
+                    table[column], column, ids, rows=lines, offer_categorical=False,
+                    times=table[spec.time_col],
+                )  # fmt: skip
+    except ValueError as error:
+        raise ValueError(f"future table: {error}") from None
     duplicate = first_duplicate(table, spec)
     if duplicate is not None:
         row, count = duplicate
@@ -396,7 +408,11 @@ def future_windows(
     ahead[missing_col] = 1.0
     combined = pd.concat([grid, ahead[grid.columns]], ignore_index=True)
     combined = combined.sort_values([spec.id_col, spec.time_col], kind="stable")
-    transformed = preprocessor.transform(combined.reset_index(drop=True))
+    # The rows after the history's came from the future table: named so by a warning.
+    sources = RowSources(
+        table_name("the history", table), future=combined.index.to_numpy() >= len(grid)
+    )
+    transformed = preprocessor.transform(combined.reset_index(drop=True), sources=sources)
     panel = transformed.panel
     starts = panel.series_start + panel.series_length - horizon
     windows = WindowSet(

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -88,6 +89,74 @@ def _near_text(value: Any) -> str:
     except ValueError:
         return text
     return str(int(number)) if np.isfinite(number) and number == np.round(number) else text
+
+
+_NAMED = 10  # unseen categories a warning names (and locates), then "and N more"
+
+
+def table_name(name: str, table: Any = None) -> str:
+    """`name` ('the history'), with the file it was read from when `table` is a path."""
+    if isinstance(table, str | os.PathLike):
+        return f"{name} (file {os.fspath(table)!r})"
+    return name
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RowSources:
+    """Which table each row of a grid given to `Preprocessor.transform` came from.
+
+    For the warning naming categories not seen in training, so that it says
+    where each lies, as the other messages of a table do. `name`: the table
+    the rows came from ('the table', 'the history', with its file when read
+    from one, see `table_name`). `future`: (R,) bool over the grid's rows, those
+    appended from the future table (called `future_name`); their observed
+    columns hold the history's last values, carried over and never read, so
+    no table gave them and they are neither counted nor named. None: no row
+    is a future one.
+    """
+
+    name: str = "the table"
+    future: np.ndarray | None = None
+    future_name: str = "the future table"
+
+    def tables(self, rows: int, observed: bool = False) -> np.ndarray:
+        """(rows,) object array: each row's table name, None where no table gave the value."""
+        names = np.full(rows, self.name, dtype=object)
+        if self.future is not None:
+            names[np.asarray(self.future, dtype=bool)] = None if observed else self.future_name
+        return names
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ValuePlaces:
+    """Where the values given to `Preprocessor.encode` lie, for its warning to name them.
+
+    `at(i)`: the place of the `i`-th value ("series 'A' at 2024-11-05 19:00:00+01:00").
+    `tables`: (R,) the table each value came from (`RowSources.tables`); None
+    for a value no table gave, which is neither counted nor named. `unit`:
+    what one value stands for ('row'; 'series' for a static column, coded
+    once per series).
+    """
+
+    at: Callable[[int], str]
+    tables: np.ndarray
+    unit: str = "row"
+
+    def describe(self, value: str, positions: np.ndarray) -> str:
+        """Where `value` (a repr) lies: "'x' in 3 rows of the history, the first for series ..."."""
+        names = self.tables[positions]
+        parts = []
+        for name in pd.unique(names[pd.notna(names)]):
+            mine = positions[names == name]
+            count = len(mine)
+            unit = self.unit if count == 1 or self.unit == "series" else f"{self.unit}s"
+            first = "the first " if count > 1 else ""
+            parts.append(f"{count} {unit} of {name}, {first}for {self.at(int(mine[0]))}")
+        return f"{value} in {' and in '.join(parts)}" if parts else ""
+
+    def counted(self, positions: np.ndarray) -> int:
+        """How many of `positions` a table gave."""
+        return int(pd.notna(self.tables[positions]).sum())
 
 
 def type_hint(given: Sequence[Any], known: Sequence[Any], column: str, where: str) -> str:
@@ -428,38 +497,72 @@ class Preprocessor:
             f"df[{column!r}] = pd.to_datetime(df[{column!r}]).dt.tz_localize({zone!r})"
         )
 
-    def encode(self, column: str, values: pd.Series) -> np.ndarray:
+    def encode(
+        self, column: str, values: pd.Series, places: ValuePlaces | None = None
+    ) -> np.ndarray:
         """(R,) int32 codes of a categorical column; values not in its vocabulary are unknown.
 
         The warning naming the unknown values shows them with their type
         (`'1'` vs `1`) and says when one is a training value as text only
         (`type_hint`): a column read as text where training had numbers
         makes every value unknown, and printed alike the two looked the same.
+        With `places`, it also says where each lies: how many rows of each
+        table hold it and the first one's series and time (a typo in the
+        forecast period's known values changes the forecast, and must be
+        found), and, for more than one value, how many rows hold them in all.
+        A row `places` gives no table (a value carried over, see `RowSources`)
+        is neither counted nor named.
         An empty value (the cells of an observed column before its series'
         first value, which gridding leaves empty) is coded unknown without a
         word: it was announced with the filled cells.
         """
         vocabulary = self.vocabularies[column]
         unseen: dict[str, Any] = {}
+        # Per unseen value (its repr): the groups (distinct values) or positions holding it.
+        holding: dict[str, list[int]] = {}
         if pd.api.types.infer_dtype(values, skipna=True) in ("integer", "string", "empty"):
             # Equal values are alike here (no 1 beside 1.0): each distinct one is looked
             # up once, in the order of first occurrence, and empty cells are unknown.
             group, distinct = pd.factorize(values)
             known = np.append(_codes(vocabulary, distinct), len(vocabulary)).astype(np.int32)
             codes = known[np.where(group >= 0, group, len(distinct))]
-            for value, code in zip(distinct, known[:-1], strict=True):
+            for index, (value, code) in enumerate(zip(distinct, known[:-1], strict=True)):
                 if code == len(vocabulary):
-                    unseen.setdefault(repr(plain_value(value)), plain_value(value))
+                    key = repr(plain_value(value))
+                    unseen.setdefault(key, plain_value(value))
+                    holding.setdefault(key, []).append(index)
+            unknown = (codes == len(vocabulary)) & (group >= 0)
+
+            def positions(key: str) -> np.ndarray:
+                return np.flatnonzero(np.isin(group, holding[key]))
         else:
             codes = _codes(vocabulary, values)
-            for value, code in zip(values, codes, strict=True):
+            for index, (value, code) in enumerate(zip(values, codes, strict=True)):
                 if code == len(vocabulary) and not pd.isna(value):  # empty: announced as filled
-                    unseen.setdefault(repr(plain_value(value)), plain_value(value))
+                    key = repr(plain_value(value))
+                    unseen.setdefault(key, plain_value(value))
+                    holding.setdefault(key, []).append(index)
+            unknown = (codes == len(vocabulary)) & values.notna().to_numpy()
+
+            def positions(key: str) -> np.ndarray:
+                return np.asarray(holding[key], dtype=np.int64)
+
         if unseen:
             hint = type_hint(list(unseen.values()), vocabulary, column, "in training")
+            named = sorted(unseen)
+            located = ""
+            if places is not None:
+                texts = [places.describe(key, positions(key)) for key in named[:_NAMED]]
+                texts = [text for text in texts if text]
+                in_all = ""
+                if texts and len(named) > 1:
+                    count = places.counted(np.flatnonzero(unknown))
+                    unit = places.unit if places.unit == "series" else f"{places.unit}s"
+                    in_all = f"{count} {unit} in all: "
+                located = f" ({in_all}{'; '.join(texts)})" if texts else ""
             warnings.warn(
                 f"categorical column {column!r} has values not seen in training, coded as "
-                f"unknown: [{first_few(sorted(unseen), limit=10)}]{hint}",
+                f"unknown: [{first_few(named, limit=_NAMED)}]{located}{hint}",
                 UserWarning,
                 stacklevel=4,
             )
@@ -542,7 +645,10 @@ class Preprocessor:
         )
 
     def transform(
-        self, grid: pd.DataFrame, new_series_cuts: Sequence[pd.Timestamp] = ()
+        self,
+        grid: pd.DataFrame,
+        new_series_cuts: Sequence[pd.Timestamp] = (),
+        sources: RowSources | None = None,
     ) -> Transformed:
         """Model inputs of a gridded table of this spec (see `Transformed`).
 
@@ -557,6 +663,11 @@ class Preprocessor:
         knows nothing of the steps it is scored on. Empty (the default) fits
         it on all the table's observed target, right for a history.
 
+        `sources`: which table each row of `grid` came from (`RowSources`; in
+        `grid`'s order), named by the warning of categories not seen in
+        training beside each one's series and time; None: all rows are 'the
+        table's.
+
         Raises:
           ValueError: a new series has no observed target (before the last cut), or
             a value is beyond float32 as a model input (`_float32_inputs`).
@@ -564,9 +675,13 @@ class Preprocessor:
         spec = self.spec
         self.check_time_zone(grid[spec.time_col])
         codes, ids = pd.factorize(grid[spec.id_col], sort=True)
+        sources = RowSources() if sources is None else sources
         if (codes[1:] < codes[:-1]).any():
             order = np.argsort(codes, kind="stable")
             grid, codes = grid.iloc[order], codes[order]
+            if sources.future is not None:
+                future = np.asarray(sources.future, dtype=bool)[order]
+                sources = dataclasses.replace(sources, future=future)
         # else already in series order (`to_regular_grid`'s): no copy of the whole grid
         grid = grid.reset_index(drop=True)
         codes = codes.astype(np.int32)
@@ -601,19 +716,33 @@ class Preprocessor:
         num_series = len(ids)
         first_rows = np.searchsorted(codes, np.arange(num_series))
 
-        def categorical(names: Sequence[str], rows: Any = slice(None)) -> np.ndarray:
-            columns = [self.encode(name, grid[name].iloc[rows]) for name in names]
-            length = len(grid) if isinstance(rows, slice) else len(rows)
-            return np.stack(columns, axis=1) if columns else np.zeros((length, 0), np.int32)
-
-        static_categorical = np.concatenate(
-            [vocabulary[:, None], categorical(self.static_categorical_names[1:], first_rows)],
-            axis=1,
-        )
         every_row = np.arange(len(grid))
 
         def at(row: int) -> str:
             return f"series {ids[codes[row]]!r} at {times[row]}"
+
+        def categorical(names: Sequence[str], observed: bool = False) -> np.ndarray:
+            if not names:
+                return np.zeros((len(grid), 0), np.int32)
+            places = ValuePlaces(at=at, tables=sources.tables(len(grid), observed))
+            return np.stack([self.encode(name, grid[name], places) for name in names], axis=1)
+
+        def static_categorical_codes(names: Sequence[str]) -> np.ndarray:
+            # Coded once per series, at its first row (a history row).
+            if not names:
+                return np.zeros((num_series, 0), np.int32)
+            places = ValuePlaces(
+                at=lambda code: f"series {ids[code]!r}",
+                tables=sources.tables(len(grid))[first_rows],
+                unit="series",
+            )
+            columns = [self.encode(name, grid[name].iloc[first_rows], places) for name in names]
+            return np.stack(columns, axis=1)
+
+        static_categorical = np.concatenate(
+            [vocabulary[:, None], static_categorical_codes(self.static_categorical_names[1:])],
+            axis=1,
+        )
 
         observed = _float32_inputs(observed, self.observed_feature_names, grid, every_row, at)
         known = _float32_inputs(known, self.known_feature_names, grid, every_row, at)
@@ -640,7 +769,7 @@ class Preprocessor:
             series_length=np.bincount(codes, minlength=num_series).astype(np.int64),
             static_categorical=static_categorical.astype(np.int32),
             known_categorical=categorical(self.known_categorical_names),
-            observed_categorical=categorical(self.observed_categorical_names),
+            observed_categorical=categorical(self.observed_categorical_names, observed=True),
         )
         frame = grid[[spec.id_col, spec.time_col]].copy()
         frame[spec.target] = raw_target

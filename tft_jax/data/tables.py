@@ -1018,6 +1018,7 @@ def _to_float(
     *,
     rows: FileRows | None = None,
     offer_categorical: bool = True,
+    times: pd.Series | None = None,
 ) -> pd.Series:
     """Converts a column to float64, naming the first non-numeric value if any.
 
@@ -1027,7 +1028,16 @@ def _to_float(
     `rows`: as `_parse_times`'s. `offer_categorical`: whether the message
     offers categorical_cols (an input's, while a model is not yet fitted; a
     target is forecast as a number, and a fitted model's inputs are fixed).
+    `times`: the rows' parsed times (aligned with `values`), so that a bad
+    value is named with its time, as the other messages of a table name it,
+    besides its row; None: the row only.
     """
+
+    def place(row: int) -> str:
+        """'row 20 (line 22 of the file), time 2021-03-21 00:00:00' of the `row`-th value."""
+        where = row_text(row, rows)
+        return where if times is None else f"{where}, time {times.iloc[row]}"
+
     if ptypes.is_datetime64_any_dtype(values) or ptypes.is_timedelta64_dtype(values):
         # `pd.to_numeric` would read them as counts of the dtype's unit (a date as
         # 1.7e15 microseconds, or 1.7e18 nanoseconds), silently.
@@ -1067,7 +1077,7 @@ def _to_float(
             raise ValueError(
                 f"column {column!r} has {int(bad.sum())} non-numeric values, e.g. "
                 f"{values.iloc[row]!r} in series {plain_value(ids.iloc[row])!r} at "
-                f"{row_text(row, rows)}; convert them to numbers (leave a cell empty to mark a "
+                f"{place(row)}; convert them to numbers (leave a cell empty to mark a "
                 f"missing value){categories}{hint}"
             )
     infinite = np.isinf(numbers.to_numpy())
@@ -1075,7 +1085,7 @@ def _to_float(
         row = int(np.flatnonzero(infinite)[0])
         raise ValueError(
             f"column {column!r} has {int(infinite.sum())} infinite values, the first in series "
-            f"{plain_value(ids.iloc[row])!r} at {row_text(row, rows)}; replace them with numbers "
+            f"{plain_value(ids.iloc[row])!r} at {place(row)}; replace them with numbers "
             "or leave them empty"
         )
     return numbers
@@ -1586,7 +1596,7 @@ def validate_table(
     for column in spec.numeric_columns:
         clean[column] = _to_float(
             clean[column], column, ids, rows=rows,
-            offer_categorical=not fitted and column != spec.target,
+            offer_categorical=not fitted and column != spec.target, times=clean[spec.time_col],
         )  # fmt: skip
     for column in spec.categorical_cols:
         clean[column] = _categorical_values(clean[column], column, ids, rows=rows)
