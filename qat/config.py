@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import warnings
 from typing import Any, Literal
 
 ObserverKind = Literal["minmax", "moving_average"]
@@ -126,3 +127,43 @@ class QATConfig:
         if self.bits is None:
             raise ValueError("QATConfig.bits is None (quantization disabled): there is no grid")
         return self.bits
+
+
+# The QATConfig fields that configure stand-alone observers and fake quantizers;
+# the QAT models and the `dot_general_cls` hooks quantize with their own fixed layout.
+FIXED_LAYOUT_FIELDS = ("symmetric", "per_channel", "channel_axis", "observer")
+# The (owner, ignored fields) announced so far: once per process, not at every
+# clone Flax makes of a module or every trace that builds a hook.
+_ANNOUNCED_LAYOUTS: set[tuple[str, tuple[str, ...]]] = set()
+
+
+def check_fixed_layout_config(
+    config: Any, owner: str, argument: str = "qat_config", stacklevel: int = 3
+) -> None:
+    """Raises `TypeError` unless `config` is a `QATConfig`; warns once if it sets a layout field.
+
+    For the quantizers with the fixed QAT layout (`QATModel`,
+    `QATTemporalFusionTransformer`, `qat_dot_general`, `int8_dot_general`):
+    a `FIXED_LAYOUT_FIELDS` value away from its default would otherwise be
+    ignored without a word. `owner` names the quantizer, `argument` the
+    parameter `config` was given as; `stacklevel` is `warnings.warn`'s, seen
+    from this function.
+    """
+    if not isinstance(config, QATConfig):
+        raise TypeError(f"{owner}: {argument} must be a QATConfig, got {type(config).__name__}")
+    default = QATConfig()
+    ignored = tuple(
+        f"{name}={getattr(config, name)!r}"
+        for name in FIXED_LAYOUT_FIELDS
+        if getattr(config, name) != getattr(default, name)
+    )
+    if ignored and (owner, ignored) not in _ANNOUNCED_LAYOUTS:
+        _ANNOUNCED_LAYOUTS.add((owner, ignored))
+        warnings.warn(
+            f"{owner} quantizes with a fixed layout (weights per-channel symmetric, "
+            "activations per-tensor affine with a moving-average observer); the "
+            f"{argument}'s {', '.join(ignored)} configure stand-alone observers and fake "
+            "quantizers only, and change nothing here",
+            UserWarning,
+            stacklevel=stacklevel,
+        )

@@ -55,7 +55,7 @@ from flax import linen as nn
 from flax.core.tracers import current_trace
 from jax import lax
 
-from qat.config import QATConfig, integer_range
+from qat.config import QATConfig, check_fixed_layout_config, integer_range
 from qat.division import divide
 from qat.fake_quant import fake_quantize, is_concrete, quantize
 from qat.lsq import default_grad_scale, lsq_fake_quantize
@@ -199,6 +199,15 @@ class _ActivationQParams(nn.Module):
 
     config: QATConfig
     lhs_bounds: tuple[float, float] | None = None
+
+    def __post_init__(self) -> None:
+        # Else a dict, say, failed deep in the call: "'FrozenDict' has no attribute 'enabled'".
+        if not isinstance(self.config, QATConfig):
+            raise TypeError(
+                f"{type(self).__name__}: config must be a QATConfig, got "
+                f"{type(self.config).__name__}"
+            )
+        super().__post_init__()
 
     @property
     def activation_grid(self) -> tuple[int, int]:
@@ -766,7 +775,32 @@ def qat_dot_general(config: QATConfig, calibrate: bool = False) -> Callable[...,
     With frozen observers (`calibrate=False`) it supports operand quantizers:
     the variable selection networks then contract their activations chunk by
     chunk with the same quantization (`tft_jax.operand_quantizers`).
+
+    The layout is the QAT models' (weights per-channel symmetric, activations
+    per-tensor affine with a moving-average observer): a `config` whose
+    `symmetric`, `per_channel`, `channel_axis` or `observer` differ from
+    their defaults is warned about once per process (they configure
+    stand-alone observers and fake quantizers only).
+
+    Raises:
+      TypeError: `config` is not a `QATConfig`.
     """
+    check_fixed_layout_config(config, "qat_dot_general", "config")
+    return quantizing_factory(config, calibrate)
+
+
+def int8_dot_general(config: QATConfig) -> Callable[..., nn.Module]:
+    """A `dot_general_cls` running the converted layer in integers: an `Int8DotGeneral`.
+
+    `config` is checked as by `qat_dot_general`: `TypeError` unless a
+    `QATConfig`, a warning once for layout fields it does not use.
+    """
+    check_fixed_layout_config(config, "int8_dot_general", "config")
+    return integer_factory(config)
+
+
+def quantizing_factory(config: QATConfig, calibrate: bool = False) -> Callable[..., nn.Module]:
+    """`qat_dot_general` without its checks: for the QAT models, which check their config once."""
     return _NamedFactory(
         QATDotGeneral,
         (("config", config), ("calibrate", calibrate)),
@@ -774,6 +808,6 @@ def qat_dot_general(config: QATConfig, calibrate: bool = False) -> Callable[...,
     )
 
 
-def int8_dot_general(config: QATConfig) -> Callable[..., nn.Module]:
-    """A `dot_general_cls` running the converted layer in integers: an `Int8DotGeneral`."""
+def integer_factory(config: QATConfig) -> Callable[..., nn.Module]:
+    """`int8_dot_general` without its checks: for `qat.int8_apply` (its model checked them)."""
     return _NamedFactory(Int8DotGeneral, (("config", config),))

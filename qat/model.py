@@ -34,6 +34,7 @@ import functools
 import inspect
 import itertools
 import numbers
+import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -46,7 +47,7 @@ from flax import linen as nn
 from flax import traverse_util
 from flax.core import unfreeze
 
-from qat.config import QATConfig
+from qat.config import QATConfig, check_fixed_layout_config
 from qat.dot_general import (
     BITS,
     CONTRACTED_AXES,
@@ -55,10 +56,10 @@ from qat.dot_general import (
     QUANT_STATS,
     EmptyCalibrationInput,
     calibration_pass,
-    int8_dot_general,
     int8_scale_shape,
-    qat_dot_general,
+    integer_factory,
     quantize_weight,
+    quantizing_factory,
 )
 from qat.fake_quant import is_concrete
 from tft_jax.config import TFTConfig
@@ -80,37 +81,13 @@ _INPUT_NAMES = (
 )
 
 
-# The QATConfig fields that configure stand-alone observers and fake quantizers;
-# the QAT models quantize with their own fixed layout instead.
-_STAND_ALONE_LAYOUT = ("symmetric", "per_channel", "channel_axis", "observer")
-# The (model class, ignored fields) announced so far: once per process, not at
-# every clone Flax makes of the module.
-_ANNOUNCED_LAYOUTS: set[tuple[str, tuple[str, ...]]] = set()
-
-
 def _check_qat_config(qat_config: Any, owner: str) -> None:
     """Raises `TypeError` unless `qat_config` is a `QATConfig`; warns if it sets a layout field.
 
     A layout field set away from its default would otherwise be ignored without a word.
     """
-    if not isinstance(qat_config, QATConfig):
-        raise TypeError(f"qat_config must be a QATConfig, got {type(qat_config).__name__}")
-    default = QATConfig()
-    ignored = [
-        f"{name}={getattr(qat_config, name)!r}"
-        for name in _STAND_ALONE_LAYOUT
-        if getattr(qat_config, name) != getattr(default, name)
-    ]
-    if ignored and (owner, tuple(ignored)) not in _ANNOUNCED_LAYOUTS:
-        _ANNOUNCED_LAYOUTS.add((owner, tuple(ignored)))
-        warnings.warn(
-            f"{owner} quantizes with a fixed layout (weights per-channel symmetric, "
-            "activations per-tensor affine with a moving-average observer); the "
-            f"qat_config's {', '.join(ignored)} configure stand-alone observers and fake "
-            "quantizers only, and change nothing here",
-            UserWarning,
-            stacklevel=5,  # the line that builds the model, past Flax's dataclass __init__
-        )
+    # The warning points at the line that builds the model, past Flax's dataclass __init__.
+    check_fixed_layout_config(qat_config, owner, "qat_config", stacklevel=6)
 
 
 def _accepts_deterministic(module: nn.Module, num_args: int = 0) -> bool:
@@ -138,12 +115,26 @@ class _QuantizedModel(nn.Module):
         raise NotImplementedError
 
     def batch_inputs(self, batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """`(args, kwargs)` of the model for one calibration batch."""
+        """`(args, kwargs)` of the model for one calibration batch.
+
+        A `tft_jax.train.Batch` gives the inputs its train step passes
+        (`tft_jax.train_state.model_inputs`), unless only a model taking the
+        `Batch` itself as its one argument fits it.
+        """
+        train_inputs = _train_batch_inputs(batch)
+        if train_inputs is not None:
+            if self.call_mismatch(*train_inputs) is None or self.call_mismatch((batch,), {}):
+                return train_inputs
+            return (batch,), {}
         if isinstance(batch, Mapping):
             return (), dict(batch)
         if isinstance(batch, tuple | list):
             return tuple(batch), {}
         return (batch,), {}
+
+    def call_mismatch(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
+        """Why the wrapped model cannot be called with `(args, kwargs)`; None when it can."""
+        return None
 
     def inference_kwargs(self, kwargs: Mapping[str, Any], num_args: int = 0) -> dict[str, Any]:
         """`kwargs` plus `deterministic=True` when the model takes it and it was not given.
@@ -171,12 +162,65 @@ class _QuantizedModel(nn.Module):
             )
         # Quantization off: the FP32 model itself, so the output is exactly the FP32 one.
         dot_general_cls = (
-            qat_dot_general(self.qat_config, calibrate) if self.qat_config.enabled else None
+            quantizing_factory(self.qat_config, calibrate) if self.qat_config.enabled else None
         )
         model = self.with_dot_general(dot_general_cls, parent=self)
         nn.share_scope(self, model)
         with calibration_pass() if calibrate else contextlib.nullcontext():
-            return model(*args, **kwargs)
+            output = model(*args, **kwargs)
+        # Every init (from_fp32's, create_train_state's, the user's) creates the
+        # `bits` markers of the layers that got the hook: none, and the QAT model
+        # would be the FP32 one, silently (only convert noticed).
+        if (
+            self.is_initializing()
+            and self.qat_config.enabled
+            and not _holds_markers(self.variables.get(QUANT_STATS, {}))
+        ):
+            raise ValueError(_no_quantized_layer(self))
+        return output
+
+
+def _train_batch_inputs(batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    """The model inputs of a `tft_jax.train.Batch` as its train step passes them, else None.
+
+    Looked up only when `tft_jax.train_state` is loaded (a `Batch` exists only then):
+    `qat` does not import the training code.
+    """
+    train_state = sys.modules.get("tft_jax.train_state")
+    if train_state is None or not isinstance(batch, train_state.Batch):
+        return None
+    args, kwargs = train_state.model_inputs(batch)
+    return tuple(args), dict(kwargs)
+
+
+def _holds_markers(stats: Any) -> bool:
+    """Whether `'quant_stats'` holds a `bits` marker: some layer ran through `QATDotGeneral`."""
+    return any(path[-1] == BITS for path in traverse_util.flatten_dict(unfreeze(stats)))
+
+
+def _wrapped_name(qat_model: _QuantizedModel) -> str:
+    """The class name of the FP32 model a QAT wrapper quantizes."""
+    model = getattr(qat_model, "model", None)
+    return type(model).__name__ if model is not None else TemporalFusionTransformer.__name__
+
+
+# How a model hands its hook to a layer, in the messages.
+_HOOK_EXAMPLE = (
+    "nn.Dense(..., dot_general_cls=self.dot_general_cls) or "
+    "tft_jax.Linear(..., dot_general_cls=self.dot_general_cls)"
+)
+
+
+def _no_quantized_layer(qat_model: _QuantizedModel) -> str:
+    """The message for a QAT model with quantization on in which no layer got the hook."""
+    name = _wrapped_name(qat_model)
+    return (
+        f"{type(qat_model).__name__}: no layer of {name} received its dot_general_cls: {name} "
+        "has the field but passes it to no layer (or has no dense layer), so "
+        f"QATConfig(bits={qat_model.qat_config.bits}) would quantize nothing (the QAT forward "
+        "would be the FP32 one, and qat.convert would have nothing to convert). Pass the hook "
+        f"to the layers to quantize, e.g. {_HOOK_EXAMPLE}"
+    )
 
 
 class QATModel(_QuantizedModel):
@@ -201,7 +245,10 @@ class QATModel(_QuantizedModel):
     more than once per call is observed once, with the range of all its
     calls, except across JAX traces (under `nn.remat` or `nn.jit` each call
     is observed on its own; `qat.dot_general.calibration_pass`).
-    `convert`'s variables are refused (`ValueError`): run them with `int8_apply`.
+    `convert`'s variables are refused (`ValueError`): run them with `int8_apply`,
+    and so is, with quantization on, a model none of whose layers receives the
+    hook (`init`, `from_fp32` and `calibrate` raise `ValueError`: it would run
+    as the FP32 model).
     """
 
     model: nn.Module
@@ -225,6 +272,24 @@ class QATModel(_QuantizedModel):
         # A fresh name: the field's own ("model") is taken by the adopted submodule.
         name = None if parent is None else "quantized"
         return self.model.clone(parent=parent, name=name, dot_general_cls=dot_general_cls)
+
+    def call_mismatch(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
+        try:
+            signature = inspect.signature(type(self.model).__call__)
+        except (TypeError, ValueError):  # no signature to read: the call itself will tell
+            return None
+        try:
+            signature.bind(None, *args, **kwargs)  # None for `self`
+        except TypeError as error:
+            # Without `self` and the annotations: the names and defaults.
+            empty = inspect.Parameter.empty
+            parameters = list(signature.parameters.values())[1:]
+            shown = signature.replace(
+                parameters=[p.replace(annotation=empty) for p in parameters],
+                return_annotation=empty,
+            )
+            return f"{type(self.model).__name__}.__call__{shown} does not take it: {error}"
+        return None
 
     @nn.compact
     def __call__(self, *args: Any, calibrate: bool = False, **kwargs: Any) -> Any:
@@ -451,7 +516,10 @@ def from_fp32(
     `learnable_scale`); the model's other collections (e.g. BatchNorm's
     `'batch_stats'`) are carried over from `fp32_variables`. Raises
     `ValueError` if the FP32 params (or a carried collection) do not match
-    the QAT model's tree.
+    the QAT model's tree, or if, with quantization on, no layer of the
+    wrapped model received its `dot_general_cls` (a model that has the field
+    but hands it to no layer would run as the FP32 model; so does any `init`
+    of such a QAT model).
     """
     _check_model(qat_model)
     _check_variables("fp32_variables", fp32_variables)
@@ -539,7 +607,7 @@ def _calibration_step(
     _, updates = from_static_argument(qat_model).apply(
         variables, *args, **kwargs, calibrate=True, mutable=[QUANT_STATS]
     )
-    stats = updates[QUANT_STATS]
+    stats = updates.get(QUANT_STATS, {})  # none when no layer is quantized
     return {**variables, QUANT_STATS: stats}, _observed_ranges_finite(stats)
 
 
@@ -570,6 +638,29 @@ def _check_batches(batches: Any) -> None:
             f"batches must be an iterable of batches (e.g. a list or a generator), got "
             f"{type(batches).__name__}; wrap a single batch in a list: [batch]"
         )
+
+
+# The forms of a `QATModel` calibration batch, in the messages.
+_BATCH_FORMS = (
+    "an array (one argument), a tuple or list (positional arguments), a mapping (keyword "
+    "arguments) or a tft_jax.train.Batch (the inputs its train step passes)"
+)
+
+
+def _batch_mismatch(index: int, mismatch: str, batch: Any, batches: Any) -> str:
+    """The message for a calibration batch the wrapped model cannot be called with."""
+    message = (
+        f"calibrate: batch {index} (counting from 0) does not fit the model: {mismatch}. "
+        f"A QATModel calibration batch is the model's input: {_BATCH_FORMS}"
+    )
+    if isinstance(batches, tuple | list) and hasattr(batch, "shape"):
+        # `(static, historical, future)` given as `batches`: each array read as a batch.
+        message += (
+            f"; batches is a {type(batches).__name__} of {len(batches)} items whose items are "
+            "arrays, each read as one batch of one argument: for one batch of several "
+            "arguments wrap it in a list, [(a, b, ...)]"
+        )
+    return message
 
 
 def _first_few(paths: list[str]) -> str:
@@ -609,20 +700,29 @@ def calibrate(
     `known_history, static_categorical`. For a `QATModel` a batch is the
     model's input: an array (one argument), a tuple or list (positional
     arguments; a bool or string among them stays a static Python value, as
-    by keyword) or a mapping (keyword arguments). `batches` is iterated: one
+    by keyword), a mapping (keyword arguments) or a `tft_jax.train.Batch`
+    (the inputs the train step passes: `static, historical, future`,
+    `known_history=`, `static_categorical=` and the categorical inputs over
+    time it holds). `batches` is iterated: one
     array given as `batches` is a stack of batches along its first axis,
-    not a batch. The forward is deterministic
+    not a batch, and a tuple of arrays is a batch each. The forward is deterministic
     (`deterministic=True` when the model takes it); only `'quant_stats'` changes.
     At most `num_batches` batches are drawn from `batches`: an iterator is
     not advanced past them.
 
     Raises:
       TypeError: `batches` is not an iterable of batches (e.g. one mapping
-        batch: wrap it in a list), or a TFT batch is a plain tuple or list
-        (its inputs have no names).
+        batch: wrap it in a list), a TFT batch is a plain tuple or list
+        (its inputs have no names), or a `QATModel` batch does not fit the
+        wrapped model's call signature (checked before it runs).
       ValueError: `batches` is empty (the observers would stay uncalibrated,
-        the activations unquantized), or a batch made an observed range NaN
-        or inf (NaN or inf in the batch, or an overflowing activation).
+        the activations unquantized), no layer of the wrapped model received
+        its `dot_general_cls` (nothing to calibrate or quantize), or a batch
+        made an observed range NaN or inf (NaN or inf in the batch, or an
+        overflowing activation).
+
+    Warns:
+      UserWarning: `QATConfig.bits` is None: there is nothing to calibrate.
     """
     _check_model(qat_model)
     _check_variables("qat_variables", qat_variables)
@@ -632,17 +732,30 @@ def calibrate(
     limit = int(limit)
     _check_batches(batches)
     _check_marked_bits(qat_model, qat_variables)
+    enabled = qat_model.qat_config.enabled
+    if not enabled:
+        warnings.warn(
+            "calibrate: qat_model's QATConfig.bits is None (quantization off): there are no "
+            "activation observers to calibrate, and the variables come back unchanged",
+            UserWarning,
+            stacklevel=2,
+        )
 
     variables = dict(qat_variables)
     finite = []
     for index, batch in enumerate(itertools.islice(batches, limit)):
         args, kwargs = qat_model.batch_inputs(batch)
+        kwargs = qat_model.inference_kwargs(kwargs, len(args))
+        mismatch = qat_model.call_mismatch(tuple(args), kwargs)
+        if mismatch is not None:
+            raise TypeError(_batch_mismatch(index, mismatch, batch, batches))
         with _inputs_fitting(f"calibrate: the inputs of batch {index}"), _naming_batch(index):
             variables, batch_finite = _calibration_step(
-                static_argument(qat_model),
-                variables,
-                *_split_flags(tuple(args), qat_model.inference_kwargs(kwargs, len(args))),
+                static_argument(qat_model), variables, *_split_flags(tuple(args), kwargs)
             )
+        if index == 0 and enabled and not _holds_markers(variables.get(QUANT_STATS, {})):
+            # The forward ran with 'quant_stats' mutable: every hooked layer marked itself.
+            raise ValueError(f"calibrate: {_no_quantized_layer(qat_model)}")
         finite.append(batch_finite)
     if not finite:
         raise ValueError(
@@ -855,7 +968,10 @@ def convert(qat_variables: Variables, bits: int | None = None, dtype: Any = None
     if not layers:
         raise ValueError(
             "qat_variables has no quantized layer (no 'bits' marker in 'quant_stats'): make "
-            "them with qat.from_fp32 of a QAT model whose QATConfig.bits is not None"
+            "them with qat.from_fp32 of a QAT model whose QATConfig.bits is not None and whose "
+            "wrapped model passes its dot_general_cls to the layers to quantize, e.g. "
+            f"{_HOOK_EXAMPLE} (a model with the field that hands it to no layer quantizes "
+            "nothing)"
         )
     if any(width is None for width in layers.values()):
         raise ValueError("convert reads the bit widths on the host: call it outside jax.jit")
@@ -989,7 +1105,7 @@ def int8_apply(
     if not qat_model.qat_config.enabled:
         raise ValueError("qat_model.qat_config.bits is None: there is no int8 model to run")
     _check_int8_variables(qat_model, int8_variables)
-    model = qat_model.with_dot_general(int8_dot_general(qat_model.qat_config))
+    model = qat_model.with_dot_general(integer_factory(qat_model.qat_config))
     with _inputs_fitting("int8_apply: the inputs"):
         return model.apply(
             int8_variables, *inputs, **qat_model.inference_kwargs(kwargs, len(inputs))

@@ -20,6 +20,7 @@ from flax import linen as nn
 from qat import (
     FakeQuantize,
     QATConfig,
+    QATDotGeneral,
     QATModel,
     QuantizationObserver,
     calibrate,
@@ -30,6 +31,7 @@ from qat import (
     int8_dot_general,
     lsq_fake_quantize,
     model_size,
+    qat_dot_general,
     quantized_layers,
 )
 
@@ -373,3 +375,182 @@ def test_the_qat_forward_refuses_converted_variables():
         jax.jit(qat_model.apply)(int8_vars, sample())
     with pytest.raises(ValueError, match=r"'int8' collection of qat\.convert: run them with"):
         calibrate(qat_model, int8_vars, [sample()])
+
+
+# ---------------------------------------------------------------------------
+# A hook that reaches no layer, the stand-alone hooks' config, calibration batches
+
+
+class HookUnused(nn.Module):
+    """Has the `dot_general_cls` field but hands it to no layer (a forgotten hook)."""
+
+    dot_general_cls: Any = None
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(3)(nn.relu(nn.Dense(4)(x)))
+
+
+class ConvOnly(nn.Module):
+    """Has the field, but no dense layer to hand it to."""
+
+    dot_general_cls: Any = None
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Conv(3, (1,))(x)
+
+
+@pytest.mark.parametrize("model_cls", [HookUnused, ConvOnly])
+def test_a_model_whose_hook_reaches_no_layer_is_refused_not_run_as_fp32(model_cls):
+    # Before: from_fp32, calibrate, apply and training ran without a word, the
+    # "4-bit QAT" output was the FP32 one, and only convert noticed, asking for bits.
+    model, x = model_cls(), sample()
+    fp32 = model.init(jax.random.key(0), x)
+    qat_model = QATModel(model, QATConfig(bits=4))
+    name = model_cls.__name__
+    message = (
+        rf"QATModel: no layer of {name} received its dot_general_cls.*"
+        r"nn\.Dense\(\.\.\., dot_general_cls=self\.dot_general_cls\)"
+    )
+    with pytest.raises(ValueError, match=message):
+        from_fp32(fp32, qat_model, x)
+    with pytest.raises(ValueError, match=message):  # any init: create_train_state's too
+        qat_model.init(jax.random.key(0), x)
+    with pytest.raises(ValueError, match="calibrate: " + message):
+        calibrate(qat_model, fp32, [x])
+    with pytest.raises(ValueError, match=r"no quantized layer .*passes its dot_general_cls"):
+        convert(fp32)
+    # Quantization off is not refused: that model is the FP32 one by design.
+    disabled = QATModel(model, QATConfig(bits=None))
+    np.testing.assert_array_equal(
+        disabled.apply(from_fp32(fp32, disabled, x), x), model.apply(fp32, x)
+    )
+
+
+def test_calibrate_with_quantization_off_warns_that_there_is_nothing_to_calibrate():
+    # Before: it ran every batch through the FP32 forward without a word.
+    _, fp32, _ = tiny()
+    disabled = QATModel(TinyMLP(), QATConfig(bits=None))
+    variables = from_fp32(fp32, disabled, sample())
+    message = r"calibrate: .*QATConfig\.bits is None .*no activation observers to calibrate"
+    with pytest.warns(UserWarning, match=message):
+        calibrate(disabled, variables, [sample(0), sample(1)])
+    qat_model, _, fresh = tiny()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        calibrate(qat_model, fresh, [sample()])
+
+
+@pytest.mark.parametrize("factory", [qat_dot_general, int8_dot_general])
+def test_the_stand_alone_hooks_name_a_config_that_is_not_a_qat_config(factory):
+    # Before: AttributeError "'FrozenDict' object has no attribute 'enabled'" from inside
+    # the layer's call.
+    name = factory.__name__
+    with pytest.raises(TypeError, match=rf"{name}: config must be a QATConfig, got dict"):
+        factory({"bits": 8})
+    with pytest.raises(TypeError, match=r"QATDotGeneral: config must be a QATConfig, got"):
+        QATDotGeneral(config={"bits": 8})
+
+
+@pytest.mark.parametrize("factory", [qat_dot_general, int8_dot_general])
+def test_the_stand_alone_hooks_announce_layout_fields_they_ignore_once(factory, monkeypatch):
+    # Before: nn.Dense(dot_general_cls=qat_dot_general(QATConfig(symmetric=False)))
+    # quantized with the fixed layout, silently (QATModel warned about exactly this).
+    import qat.config as qat_config_module
+
+    monkeypatch.setattr(qat_config_module, "_ANNOUNCED_LAYOUTS", set())
+    config = QATConfig(symmetric=False, observer="moving_average")
+    message = (
+        rf"{factory.__name__} quantizes with a fixed layout .*config's symmetric=False, "
+        r"observer='moving_average' configure stand-alone observers"
+    )
+    with pytest.warns(UserWarning, match=message) as caught:
+        for _ in range(3):  # a hook built in every trace still says it once
+            factory(config)
+    assert len(caught) == 1
+    assert caught[0].filename == __file__  # points at the line that built the hook
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        factory(QATConfig(bits=4, averaging_constant=0.5))  # fields the hook uses
+
+
+class ThreeInputs(nn.Module):
+    """A forecaster-shaped model: `(static, historical, future, ...)` positional inputs."""
+
+    dot_general_cls: Any = None
+
+    @nn.compact
+    def __call__(self, static, historical, future, known_history=None, static_categorical=None,
+                 deterministic=True):  # fmt: skip
+        flat = historical.reshape(historical.shape[0], -1)
+        return nn.Dense(2, dot_general_cls=self.dot_general_cls)(flat)
+
+
+def three_inputs():
+    rng = np.random.default_rng(0)
+    shapes = ((4, 1), (4, 3, 2), (4, 2, 1))
+    return tuple(rng.normal(size=shape).astype(np.float32) for shape in shapes)
+
+
+def test_calibrate_names_a_batch_that_does_not_fit_the_model_and_a_bare_tuple_of_inputs():
+    # Before: the model's raw "__call__() missing 2 required positional arguments",
+    # which named neither calibrate, the batch nor the forms a batch takes.
+    model, (static, historical, future) = ThreeInputs(), three_inputs()
+    fp32 = model.init(jax.random.key(0), static, historical, future)
+    qat_model = QATModel(model, QATConfig())
+    fresh = from_fp32(fp32, qat_model, static, historical, future)
+    with pytest.raises(
+        TypeError,
+        match=r"calibrate: batch 0 \(counting from 0\) does not fit the model: ThreeInputs\."
+        r"__call__\(static, historical, future.*missing a required argument: 'historical'.*"
+        r"an array \(one argument\), a tuple or list .*tft_jax\.train\.Batch.*"
+        r"batches is a tuple of 3 items .*each read as one batch .*wrap it in a list",
+    ):
+        calibrate(qat_model, fresh, (static, historical, future))
+    with pytest.raises(
+        TypeError, match=r"calibrate: batch 1 .*unexpected keyword argument 'future_values'"
+    ):
+        inputs = {"static": static, "historical": historical, "future": future}
+        calibrate(qat_model, fresh, [(static, historical, future), {**inputs, "future_values": 1}])
+
+
+def test_calibrate_takes_the_training_batch_of_a_qat_model():
+    # Before: a tft_jax.train.Batch was passed as the model's one positional argument.
+    from tft_jax.train import Batch
+
+    model, (static, historical, future) = ThreeInputs(), three_inputs()
+    fp32 = model.init(jax.random.key(0), static, historical, future)
+    qat_model = QATModel(model, QATConfig())
+    fresh = from_fp32(fp32, qat_model, static, historical, future)
+    batch = Batch(static=static, historical=historical, future=future, known_history=None,
+                  static_categorical=None, target=np.zeros((4, 2), np.float32))  # fmt: skip
+    jax.tree.map(
+        np.testing.assert_array_equal,
+        calibrate(qat_model, fresh, [batch]),
+        calibrate(qat_model, fresh, [(static, historical, future)]),
+    )
+
+
+class TakesTheBatch(nn.Module):
+    """Takes a `tft_jax.train.Batch` itself as its one argument."""
+
+    dot_general_cls: Any = None
+
+    @nn.compact
+    def __call__(self, batch):
+        flat = batch.historical.reshape(batch.historical.shape[0], -1)
+        return nn.Dense(2, dot_general_cls=self.dot_general_cls)(flat)
+
+
+def test_calibrate_still_passes_the_batch_to_a_model_that_takes_it_whole():
+    from tft_jax.train import Batch
+
+    static, historical, future = three_inputs()
+    batch = Batch(static=static, historical=historical, future=future, known_history=None,
+                  static_categorical=None, target=np.zeros((4, 2), np.float32))  # fmt: skip
+    model = TakesTheBatch()
+    qat_model = QATModel(model, QATConfig())
+    fresh = from_fp32(model.init(jax.random.key(0), batch), qat_model, batch)
+    calibrated = calibrate(qat_model, fresh, [batch])
+    assert int(calibrated["quant_stats"]["Dense_0"]["dot_general"]["num_batches"]) == 1

@@ -204,9 +204,9 @@ def test_qat_model_needs_a_dot_general_cls_field():
 def test_layout_settings_the_qat_model_does_not_use_are_announced_once(monkeypatch):
     # QATModel quantizes with its fixed layout; these QATConfig fields configure
     # stand-alone observers. Set on a model they were ignored without a word.
-    import qat.model as qat_model_module
+    import qat.config as qat_config_module
 
-    monkeypatch.setattr(qat_model_module, "_ANNOUNCED_LAYOUTS", set())
+    monkeypatch.setattr(qat_config_module, "_ANNOUNCED_LAYOUTS", set())
     config = QATConfig(per_channel=True, observer="moving_average")
     message = r"QATModel quantizes with a fixed layout .* per_channel=True, observer='moving_avera"
     with pytest.warns(UserWarning, match=message) as caught:

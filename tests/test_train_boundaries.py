@@ -262,6 +262,61 @@ def test_a_model_output_without_quantiles_is_named_not_a_tracer_attribute_error(
         evaluate(model_state, [make_batch()])
 
 
+class _InputOnly(nn.Module):
+    """Takes one input and `deterministic`: not the forecaster call."""
+
+    @nn.compact
+    def __call__(self, x: Any, deterministic: bool = True) -> Any:
+        return nn.Dense(3)(x)
+
+
+class _WithoutKnownHistory(nn.Module):
+    """Takes the three inputs and `deterministic`, but not `known_history`/`static_categorical`."""
+
+    @nn.compact
+    def __call__(self, static: Any, historical: Any, future: Any, deterministic: bool = True):
+        return nn.Dense(3)(future)
+
+
+class _WithoutDeterministic(nn.Module):
+    @nn.compact
+    def __call__(self, static: Any, historical: Any, future: Any, known_history: Any = None,
+                 static_categorical: Any = None) -> Any:  # fmt: skip
+        return nn.Dense(3)(future)
+
+
+@pytest.mark.parametrize(
+    "model, cause",
+    [
+        (
+            _InputOnly(),
+            r"_InputOnly\.__call__\(x, deterministic=True\) is not: too many positional",
+        ),
+        (
+            _WithoutKnownHistory(),
+            r"_WithoutKnownHistory\.__call__\(static, historical, future, deterministic=True\) "
+            r"is not: got an unexpected keyword argument 'known_history'",
+        ),
+    ],
+    ids=["one_input", "without_known_history"],
+)
+def test_a_model_of_another_call_signature_is_named_before_init(model: Any, cause: str) -> None:
+    # Before: "the model must take a `deterministic` keyword ... got multiple values for
+    # argument 'deterministic'" for the first (it takes the keyword), and Python's raw
+    # "unexpected keyword argument 'known_history'" from inside init for the second.
+    documented = (
+        r"create_train_state: the model must be callable as model\(static, historical, future, "
+        r"known_history=None, static_categorical=None, deterministic=True\) "
+    )
+    with pytest.raises(TypeError, match=documented + r".*" + cause):
+        create_train_state(model, make_optimizer(1e-2), jax.random.key(0), make_batch(),
+                           quantiles=(0.1, 0.5, 0.9))  # fmt: skip
+    # A model lacking only the keyword is still told so.
+    with pytest.raises(TypeError, match=r"must take a `deterministic` keyword .*_WithoutDeterm"):
+        create_train_state(_WithoutDeterministic(), make_optimizer(1e-2), jax.random.key(0),
+                           make_batch(), quantiles=(0.1, 0.5, 0.9))  # fmt: skip
+
+
 def test_a_donated_state_is_named_not_an_xla_buffer_error(state: TrainState) -> None:
     copy = jax.tree.map(jnp.copy, state)
     train_step(copy, make_batch(), jax.random.key(0))

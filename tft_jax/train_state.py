@@ -7,6 +7,7 @@ Also the learning-rate schedule a `flat_adamw` state keeps
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
@@ -313,6 +314,77 @@ def _init_shapes(model: Any, rngs: dict[str, Array], args: tuple, kwargs: dict) 
     return _jitted_init.eval_shape(model, rngs, args, kwargs)
 
 
+# How `create_train_state`, the train step and `predict` call the model (its docstring's words).
+_MODEL_CALL = (
+    "model(static, historical, future, known_history=None, static_categorical=None, "
+    "deterministic=True)"
+)
+_DETERMINISTIC_NEEDED = (
+    "create_train_state: the model must take a `deterministic` keyword (the train "
+    "step calls it with deterministic=False, predictions with True)"
+)
+
+
+def _takes_keyword(signature: inspect.Signature, name: str) -> bool:
+    """Whether a call signature takes `name` by keyword (or any keyword, through `**kwargs`)."""
+    for parameter in signature.parameters.values():
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            return True
+        if parameter.name == name and parameter.kind in (
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            inspect.Parameter.KEYWORD_ONLY,
+        ):
+            return True
+    return False
+
+
+def _plain(signature: inspect.Signature) -> inspect.Signature:
+    """`signature` without its annotations: the names and defaults a message shows."""
+    empty = inspect.Parameter.empty
+    parameters = [p.replace(annotation=empty) for p in signature.parameters.values()]
+    return signature.replace(parameters=parameters, return_annotation=empty)
+
+
+def _binds(signature: inspect.Signature, args: tuple, kwargs: dict) -> bool:
+    """Whether `signature` takes `(*args, **kwargs)`."""
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError:
+        return False
+    return True
+
+
+def _check_model_call(model: Any, args: tuple, kwargs: dict) -> None:
+    """Raises `TypeError` unless the model's `__call__` takes what the train step passes.
+
+    Bound before init, on the signature alone: a model of another signature
+    failed inside `init` with Python's raw message (or, given `deterministic`
+    by position as well, was told it lacked the keyword). A signature with
+    `*args`/`**kwargs` takes what it collects; one that cannot be read is left
+    to `init`.
+    """
+    try:
+        signature = inspect.signature(model.__call__)
+    except (AttributeError, TypeError, ValueError):
+        return
+    try:
+        # Positions first: three inputs where the model takes fewer is said as such,
+        # not as the keywords that then collide with them.
+        signature.bind_partial(*args)
+        signature.bind(*args, **kwargs, deterministic=True)
+    except TypeError as error:
+        shown = f"{type(model).__name__}.__call__{_plain(signature)}"
+        if not _takes_keyword(signature, "deterministic") and _binds(signature, args, kwargs):
+            # The inputs fit: only the keyword is missing.
+            raise TypeError(f"{_DETERMINISTIC_NEEDED}: {shown} does not: {error}") from None
+        extra = [name for name in kwargs if name in CATEGORICAL_INPUTS]
+        also = f", plus the batch's {', '.join(extra)} by keyword" if extra else ""
+        raise TypeError(
+            f"create_train_state: the model must be callable as {_MODEL_CALL}{also} (the "
+            f"train step passes deterministic=False), but {shown} is not: {error}"
+        ) from None
+
+
 def _check_state(name: str, state: Any) -> None:
     if not isinstance(state, TrainState):
         raise TypeError(f"{name}: state must be a TrainState, got {type(state).__name__}")
@@ -382,6 +454,10 @@ def create_train_state(
     Returns:
       A `TrainState` at step 0: `params` holds the `'params'` collection,
       `extra_params` the other `trainable` ones, `model_state` the rest.
+
+    Raises:
+      TypeError: the model's `__call__` does not take the arguments above
+        (checked on its signature before init; `*args`/`**kwargs` take them).
     """
     if not callable(getattr(model, "init", None)) or not callable(getattr(model, "apply", None)):
         raise TypeError(
@@ -412,6 +488,7 @@ def create_train_state(
         clip_norm = getattr(tx, "clip_norm", None)
     params_rng, dropout_rng = jax.random.split(rng)
     args, kwargs = model_inputs(sample_batch)
+    _check_model_call(model, args, kwargs)
     init_rngs = {"params": params_rng, "dropout": dropout_rng}
     given = variables is not None
     try:
@@ -422,10 +499,7 @@ def create_train_state(
     except TypeError as error:
         if "deterministic" not in str(error):
             raise
-        raise TypeError(
-            "create_train_state: the model must take a `deterministic` keyword (the train "
-            f"step calls it with deterministic=False, predictions with True): {error}"
-        ) from error
+        raise TypeError(f"{_DETERMINISTIC_NEEDED}: {error}") from error
     if given:
         # The state owns its buffers: `fit` donates them, which would delete the
         # caller's arrays (an FP32 model's, shared by `qat.from_fp32`'s variables).
