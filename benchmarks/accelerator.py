@@ -200,20 +200,15 @@ def select_tasks(tasks: Sequence[common.Task], only: str) -> list[common.Task]:
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Command line: `python -m benchmarks.accelerator [--out FILE] [--budget 300]`."""
-    parser = common.base_parser(__doc__.splitlines()[0])
-    # --out is this script's name for the shared --output: both set the same file.
-    parser.add_argument(
-        "--out",
-        dest="output",
-        help="JSON lines file to append to, always written (same as --output; default "
-        f"{DEFAULT_OUTPUT} in the working directory)",
+    always = "the JSON lines file every record is appended to: always written, even without "
+    parser = common.base_parser(
+        __doc__.splitlines()[0], output_help=always + "this option (same as --out)"
     )
+    # --out is this script's name for the shared --output: both set the same file.
+    parser.add_argument("--out", dest="output", help=always + "this option (same as --output)")
     parser.set_defaults(output=DEFAULT_OUTPUT)
     parser.add_argument(
-        "--budget",
-        type=float,
-        default=DEFAULT_BUDGET_S,
-        help=f"seconds for all tasks (default {DEFAULT_BUDGET_S:.0f})",
+        "--budget", type=float, default=DEFAULT_BUDGET_S, help="seconds for all tasks"
     )
     parser.add_argument("--quick", action="store_true", help="tiny configurations (tests)")
     parser.add_argument("--allow-cpu", action="store_true", help="run on a CPU backend too")

@@ -207,12 +207,22 @@ def run(
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Command line: `python -m benchmarks.attention [--lengths ...] [--paths ...] [--json]`."""
     parser = common.base_parser(__doc__.splitlines()[0])
-    parser.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)))
-    parser.add_argument("--paths", default=",".join(PATHS), help=f"subset of {list(PATHS)}")
-    parser.add_argument("--batch-size", type=common.positive_int, default=1)
-    parser.add_argument("--hidden-dim", type=common.positive_int, default=64)
-    parser.add_argument("--heads", type=common.positive_int, default=4)
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument(
+        "--lengths",
+        default=",".join(map(str, DEFAULT_LENGTHS)),
+        help="sequence lengths T (comma-separated)",
+    )
+    parser.add_argument(
+        "--paths", default=",".join(PATHS), help=f"comma-separated subset of {list(PATHS)}"
+    )
+    parser.add_argument("--batch-size", type=common.positive_int, default=1, help="batch size")
+    parser.add_argument(
+        "--hidden-dim", type=common.positive_int, default=64, help="model width (heads divide it)"
+    )
+    parser.add_argument("--heads", type=common.positive_int, default=4, help="attention heads")
+    parser.add_argument(
+        "--dtype", default="float32", choices=("float32", "bfloat16"), help="compute dtype"
+    )
     args = parser.parse_args(argv)
     with common.usage_errors(parser):
         lengths = common.split_positive_ints(args.lengths, "--lengths")

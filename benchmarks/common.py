@@ -94,9 +94,16 @@ def check_step_counts(steps: int, warmup: int, minimum: int = 1) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class StepTimes:
-    """Wall-clock seconds of individual timed calls (after warm-up)."""
+    """Wall-clock seconds of individual timed calls (after warm-up).
+
+    `warmup` is the number of untimed calls before them; `steps_per_block`
+    the calls of one function in a row when several were timed in turns
+    (None when it was timed alone).
+    """
 
     seconds: tuple[float, ...]
+    warmup: int | None = None
+    steps_per_block: int | None = None
 
     @property
     def median(self) -> float:
@@ -107,14 +114,20 @@ class StepTimes:
         return float(np.percentile(np.asarray(self.seconds), q))
 
     def summary(self, prefix: str = "") -> dict[str, float | int]:
-        """`{prefix}median_s`, `p10_s`, `p90_s`, `min_s` and the number of timed steps."""
-        return {
+        """`{prefix}median_s`, `p10_s`, `p90_s`, `min_s`, the number of timed steps, and
+        `warmup` and `steps_per_block` where they are known."""
+        summary: dict[str, float | int] = {
             f"{prefix}median_s": self.median,
             f"{prefix}p10_s": self.percentile(10),
             f"{prefix}p90_s": self.percentile(90),
             f"{prefix}min_s": float(min(self.seconds)),
             f"{prefix}steps": len(self.seconds),
         }
+        if self.warmup is not None:
+            summary[f"{prefix}warmup"] = self.warmup
+        if self.steps_per_block is not None:
+            summary[f"{prefix}steps_per_block"] = self.steps_per_block
+        return summary
 
 
 def time_steps(step: Callable[[], Any], steps: int, warmup: int = DEFAULT_WARMUP) -> StepTimes:
@@ -131,7 +144,7 @@ def time_steps(step: Callable[[], Any], steps: int, warmup: int = DEFAULT_WARMUP
         start = time.perf_counter()
         step()
         seconds.append(time.perf_counter() - start)
-    return StepTimes(tuple(seconds))
+    return StepTimes(tuple(seconds), warmup=warmup)
 
 
 def time_alternating(
@@ -169,15 +182,33 @@ def time_alternating(
                 start = time.perf_counter()
                 step()
                 seconds[name].append(time.perf_counter() - start)
-    return {name: StepTimes(tuple(values)) for name, values in seconds.items()}
+    return {
+        name: StepTimes(tuple(values), warmup=warmup, steps_per_block=steps_per_block)
+        for name, values in seconds.items()
+    }
+
+
+def block_size(count: int, steps_per_block: int) -> int:
+    """The calls per block `time_in_blocks` uses for `count` calls of each function.
+
+    At most `steps_per_block`, and at most half of `count`, so that any two
+    or more calls of each alternate at least twice (`count=3` in blocks of 5
+    would otherwise time all of one function, then all of the next).
+    """
+    check_step_counts(count, 0)
+    check_step_counts(steps_per_block, 0)
+    return max(1, min(steps_per_block, count // 2))
 
 
 def time_in_blocks(
     steps: Mapping[str, Callable[[], Any]], count: int, warmup: int, steps_per_block: int
 ) -> dict[str, StepTimes]:
-    """`time_alternating` of exactly `count` calls of each, in blocks of `steps_per_block`."""
-    block = min(steps_per_block, count)
-    return time_alternating(steps, max(1, -(-count // block)), block, warmup, total_steps=count)
+    """`time_alternating` of exactly `count` calls of each, in blocks of `block_size(...)` calls.
+
+    Each result's `steps_per_block` is the block size actually used.
+    """
+    block = block_size(count, steps_per_block)
+    return time_alternating(steps, -(-count // block), block, warmup, total_steps=count)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -495,23 +526,37 @@ def usage_errors(parser: argparse.ArgumentParser) -> Iterator[None]:
         parser.error(str(error))
 
 
-def base_parser(description: str, steps: int = MIN_TIMED_STEPS) -> argparse.ArgumentParser:
-    """The options every benchmark shares: `--json`, `--output`, `--steps`, `--warmup`."""
-    parser = argparse.ArgumentParser(description=description)
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """`--help` with each option's default, e.g. `(default: 20)`.
+
+    Left out where it says nothing: a default of None (the option's help says
+    what not giving it means) and flags (`store_true`, whose default is off).
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.nargs == 0:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def base_parser(
+    description: str,
+    steps: int = MIN_TIMED_STEPS,
+    *,
+    steps_help: str = "timed calls per measurement",
+    warmup_help: str = "untimed calls before timing",
+    output_help: str = "also append the JSON lines to this file",
+) -> argparse.ArgumentParser:
+    """The options every benchmark shares: `--json`, `--output`, `--steps`, `--warmup`.
+
+    `--help` shows the defaults (`HelpFormatter`); a script whose steps are
+    not timed calls says what they are with `steps_help` and `warmup_help`.
+    """
+    parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
     parser.add_argument("--json", action="store_true", help="print one JSON object per line")
-    parser.add_argument("--output", help="also append the JSON lines to this file")
-    parser.add_argument(
-        "--steps",
-        type=positive_int,
-        default=steps,
-        help=f"timed calls per measurement (default {steps})",
-    )
-    parser.add_argument(
-        "--warmup",
-        type=non_negative_int,
-        default=DEFAULT_WARMUP,
-        help="untimed calls before timing (default %(default)s)",
-    )
+    parser.add_argument("--output", help=output_help)
+    parser.add_argument("--steps", type=positive_int, default=steps, help=steps_help)
+    parser.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP, help=warmup_help)
     parser.add_argument(
         "--compile-cache",
         action="store_true",
@@ -525,7 +570,10 @@ def check_output_path(path: str | None, option: str = "--output") -> None:
 
     The JSON lines are written when a benchmark ends, so a path in a missing
     or read-only directory must be refused before minutes of measurements,
-    not after them. Nothing is created.
+    not after them. The check opens the file for appending, as the write will
+    (permission bits alone say nothing for root, nor for a dangling link or a
+    read-only mount), and leaves it as it was: an existing file unchanged, a
+    new one removed again (nothing is created).
     """
     if path is None:
         return
@@ -536,9 +584,20 @@ def check_output_path(path: str | None, option: str = "--output") -> None:
         raise ValueError(f"{option} must name a file, got the directory {path!r}")
     if not os.path.isdir(directory):
         raise ValueError(f"{option}: the directory {directory!r} of {path!r} does not exist")
-    writable = os.access(path, os.W_OK) if os.path.exists(path) else os.access(directory, os.W_OK)
-    if not writable:
-        raise ValueError(f"{option}: {path!r} cannot be written")
+    try:
+        try:
+            with open(path, "x", encoding="utf-8"):
+                created = True
+        except FileExistsError:
+            with open(path, "a", encoding="utf-8"):
+                created = False
+    except OSError as error:
+        raise ValueError(
+            f"{option}: {path!r} cannot be written ({error.strerror or error})"
+        ) from None
+    if created:
+        with contextlib.suppress(OSError):
+            os.remove(path)
 
 
 def setup(args: argparse.Namespace) -> None:

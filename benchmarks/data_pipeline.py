@@ -20,9 +20,18 @@ Stages, in the order `prepare_dataset` runs them:
 * `batches`: `--batches` shuffled training batches of `--batch-size` (`WindowSet.batches`);
 * `prepare_dataset`: the whole call, end to end (time only).
 
-Time is the median over `--steps` runs of the pipeline; peak memory is
-`tracemalloc`'s peak of each stage in one further run (NumPy and pandas
-report their buffers to it), skipped with `--no-memory`.
+Time is the median over `--steps` runs of the pipeline after `--warmup`
+untimed ones; by default one run and no warm-up (a run of the full
+electricity table takes over a minute), so `median_s` is then one cold run:
+each record's `timed_runs`, `warmup_runs` and `timing` say which. Peak
+memory is `tracemalloc`'s peak of each stage in one further run (NumPy and
+pandas report their buffers to it), skipped with `--no-memory`. Each record
+also carries `batch_size`, `batches_requested` and `batches_gathered` (fewer
+when one pass over the training windows holds fewer batches).
+
+`--rows` must leave the 10% validation and 10% test periods a full horizon
+each and the training period a whole window (`minimum_rows`): 60 rows for
+`tiny`, 240 for `electricity`, 140 for `retail`.
 
 Usage::
 
@@ -62,6 +71,10 @@ from tft_jax.data.windows import WindowSet, window_starts
 
 STAGES = ("read", "validate", "grid", "fit", "transform", "windows", "batches")
 TOTAL = "prepare_dataset"
+# The fractions of the time span `prepare_dataset` (and `run_stages`) keep for
+# validation and test: its defaults.
+VALIDATION_FRACTION = 0.1
+TEST_FRACTION = 0.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,13 +95,63 @@ SIZES = {
     "retail": Size("retail", series=4000, rows=500, freq="D", history=56, horizon=14),
 }
 
+
+def split_lengths(size: Size, rows: int) -> dict[str, int]:
+    """Steps of the train, validation and test periods of a series of `rows` steps.
+
+    The cuts are `split_times`' on that grid, as `prepare_dataset` makes them
+    (fractions of the span, snapped to the grid).
+    """
+    times = pd.date_range("2012-01-01", periods=rows, freq=size.freq)
+    end = times[-1] + pd.tseries.frequencies.to_offset(size.freq)
+    cut_validation, cut_test = split_times(times, end, VALIDATION_FRACTION, TEST_FRACTION)
+    validation, test = (int(times.searchsorted(cut)) for cut in (cut_validation, cut_test))
+    return {"train": validation, "validation": test - validation, "test": rows - test}
+
+
+def rows_fit(size: Size, rows: int) -> bool:
+    """Whether each period of a series of `rows` steps holds a complete window.
+
+    A training window lies wholly in the training period (`history +
+    horizon` steps); a validation or test window needs its `horizon` steps
+    inside its period (its history may reach back before it).
+    """
+    if rows < size.history + size.horizon:
+        return False
+    lengths = split_lengths(size, rows)
+    return (
+        lengths["train"] >= size.history + size.horizon
+        and lengths["validation"] >= size.horizon
+        and lengths["test"] >= size.horizon
+    )
+
+
+def minimum_rows(size: Size) -> int:
+    """The fewest steps per series whose three periods each hold a complete window.
+
+    Every longer series fits too (the periods only grow). The synthetic
+    table's few missing targets can still empty a period of a series this
+    short: its windows with a missing target step are left out.
+    """
+    rows = size.history + size.horizon
+    while not rows_fit(size, rows):
+        rows += 1
+    return rows
+
+
 REQUIRED_FIELDS = {
     "stage": str,
     "series": int,
     "rows": int,
     "table_rows": int,
     "median_s": float,
+    "timed_runs": int,
+    "warmup_runs": int,
+    "timing": str,
     "peak_bytes": (int, type(None)),
+    "batch_size": int,
+    "batches_requested": int,
+    "batches_gathered": int,
 }
 
 COLUMNS = (
@@ -150,8 +213,11 @@ def run_stages(
     batches: int,
     batch_size: int,
     measure: Callable[[str, Callable[[], Any]], Any],
-) -> None:
-    """Runs the stages of `prepare_dataset` on `table` in order, each as `measure(name, fn)`."""
+) -> dict[str, int]:
+    """Runs the stages of `prepare_dataset` on `table` in order, each as `measure(name, fn)`.
+
+    Returns `{"batches_gathered": ..., "samples_gathered": ...}` of the `batches` stage.
+    """
     spec = TableSpec(**_spec(size.freq))
     missing_col = missing_column(spec)
 
@@ -175,7 +241,7 @@ def run_stages(
     grid = measure("grid", grid_stage)
     times = pd.DatetimeIndex(grid["time"])
     end = times.max() + pd.tseries.frequencies.to_offset(size.freq)
-    cut_validation, cut_test = split_times(times, end, 0.1, 0.1)
+    cut_validation, cut_test = split_times(times, end, VALIDATION_FRACTION, TEST_FRACTION)
     preprocessor = measure(
         "fit", lambda: Preprocessor.fit(grid, read_spec, cut_validation, "standard")
     )
@@ -194,18 +260,22 @@ def run_stages(
     )
     train = WindowSet(panel, starts["train"], size.history, size.horizon)
 
-    def batch_stage() -> int:
-        gathered = 0
+    def batch_stage() -> dict[str, int]:
+        gathered = {"batches_gathered": 0, "samples_gathered": 0}
         for count, batch in enumerate(train.batches(batch_size, seed=0), start=1):
-            gathered += int(batch["target"].shape[0])
+            gathered["batches_gathered"] = count
+            gathered["samples_gathered"] += int(batch["target"].shape[0])
             if count == batches:
                 break
         return gathered
 
-    measure("batches", batch_stage)
+    return measure("batches", batch_stage)
 
 
-def _timed_pass(run: Callable[[Callable[[str, Callable[[], Any]], Any]], None]) -> dict[str, float]:
+_Run = Callable[[Callable[[str, Callable[[], Any]], Any]], dict[str, int]]
+
+
+def _timed_pass(run: _Run) -> tuple[dict[str, float], dict[str, int]]:
     seconds: dict[str, float] = {}
 
     def measure(name: str, fn: Callable[[], Any]) -> Any:
@@ -214,11 +284,10 @@ def _timed_pass(run: Callable[[Callable[[str, Callable[[], Any]], Any]], None]) 
         seconds[name] = time.perf_counter() - start
         return result
 
-    run(measure)
-    return seconds
+    return seconds, run(measure)
 
 
-def _memory_pass(run: Callable[[Callable[[str, Callable[[], Any]], Any]], None]) -> dict[str, int]:
+def _memory_pass(run: _Run) -> dict[str, int]:
     peaks: dict[str, int] = {}
 
     def measure(name: str, fn: Callable[[], Any]) -> Any:
@@ -248,8 +317,8 @@ def bench(
     """One record per stage of the pipeline on the table of `size`, then one for the whole call."""
     table = make_table(size.series, size.rows, size.freq)
 
-    def run(measure: Callable[[str, Callable[[], Any]], Any]) -> None:
-        run_stages(table, size, stride, batches, batch_size, measure)
+    def run(measure: Callable[[str, Callable[[], Any]], Any]) -> dict[str, int]:
+        return run_stages(table, size, stride, batches, batch_size, measure)
 
     def whole() -> None:
         prepare_dataset(
@@ -261,7 +330,7 @@ def bench(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the filled rows and cells, announced every run
         for index in range(warmup + steps):
-            seconds = _timed_pass(run)
+            seconds, gathered = _timed_pass(run)
             start = time.perf_counter()
             whole()
             seconds[TOTAL] = time.perf_counter() - start
@@ -279,14 +348,28 @@ def bench(
             table_rows=len(table),
             median_s=float(statistics.median(run[stage] for run in runs)),
             steps=len(runs),
+            timed_runs=len(runs),
+            warmup_runs=warmup,
+            timing=timing(len(runs), warmup),
             peak_bytes=peaks.get(stage),
             stride=stride,
+            batch_size=batch_size,
+            batches_requested=batches,
+            **gathered,
             history=size.history,
             horizon=size.horizon,
             peak_rss_bytes=common.peak_rss_bytes(),
         )
         for stage in (*STAGES, TOTAL)
     ]
+
+
+def timing(runs: int, warmup: int) -> str:
+    """What `median_s` is: `"median of 5 runs after 1 warm-up"`, `"one cold run"`, ..."""
+    after = f" after {warmup} warm-up{'s' if warmup > 1 else ''}" if warmup else ""
+    if runs == 1:
+        return f"one run{after}" if warmup else "one cold run, no warm-up"
+    return f"median of {runs} runs{after}"
 
 
 def table_view(record: dict[str, Any]) -> dict[str, Any]:
@@ -297,18 +380,34 @@ def table_view(record: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Command line: `python -m benchmarks.data_pipeline [--size ...] [--series N] [--rows N]`."""
-    parser = common.base_parser(__doc__.splitlines()[0], steps=1)
+    parser = common.base_parser(
+        __doc__.splitlines()[0],
+        steps=1,
+        steps_help="timed runs of the pipeline (median_s is their median)",
+        warmup_help="untimed runs of the pipeline before the timed ones",
+    )
     parser.set_defaults(warmup=0)
-    parser.add_argument("--size", default="tiny", choices=list(SIZES))
-    parser.add_argument("--series", type=common.positive_int, help="override the series count")
-    parser.add_argument("--rows", type=common.positive_int, help="override the steps per series")
+    parser.add_argument(
+        "--size", default="tiny", choices=list(SIZES), help="the synthetic table's shape"
+    )
+    parser.add_argument(
+        "--series", type=common.positive_int, help="override the series count of --size"
+    )
+    parser.add_argument(
+        "--rows",
+        type=common.positive_int,
+        help="override the steps per series of --size (at least what the three periods' "
+        "windows need: 60 for tiny, 240 for electricity, 140 for retail)",
+    )
     parser.add_argument(
         "--stride", type=common.positive_int, default=1, help="train_stride of the windows"
     )
     parser.add_argument(
         "--batches", type=common.positive_int, default=20, help="training batches gathered"
     )
-    parser.add_argument("--batch-size", type=common.positive_int, default=256)
+    parser.add_argument(
+        "--batch-size", type=common.positive_int, default=256, help="windows per batch"
+    )
     parser.add_argument(
         "--no-memory", action="store_true", help="skip the tracemalloc pass (time only)"
     )
@@ -318,10 +417,14 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         size = dataclasses.replace(
             size, series=args.series or size.series, rows=args.rows or size.rows
         )
-        if size.rows < size.history + size.horizon:
+        if not rows_fit(size, size.rows):
+            lengths = split_lengths(size, size.rows)
             raise ValueError(
-                f"--rows must be at least history + horizon = {size.history + size.horizon} "
-                f"for --size {args.size}, got {size.rows}"
+                f"--rows must be at least {minimum_rows(size)} for --size {args.size} "
+                f"(history {size.history}, horizon {size.horizon}): the training period "
+                f"needs a whole window and the {VALIDATION_FRACTION:.0%} validation and "
+                f"{TEST_FRACTION:.0%} test periods a horizon each; {size.rows} rows split "
+                f"{lengths['train']}/{lengths['validation']}/{lengths['test']}"
             )
         common.setup(args)
     records = bench(
@@ -333,7 +436,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         batches=args.batches,
         batch_size=args.batch_size,
     )
-    common.emit(records, COLUMNS, args.json, args.output, title="data_pipeline", view=table_view)
+    title = f"data_pipeline ({records[0]['timing']})"
+    common.emit(records, COLUMNS, args.json, args.output, title=title, view=table_view)
     return records
 
 

@@ -157,15 +157,18 @@ def default_backend() -> str:
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Command line: `python -m benchmarks.device_check --out DIR [--budget 480]`."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=common.HelpFormatter
+    )
     parser.add_argument("--out", required=True, help="folder for the logs and records")
     parser.add_argument(
-        "--budget",
-        type=float,
-        default=DEFAULT_BUDGET_S,
-        help=f"seconds for all stages (default {DEFAULT_BUDGET_S:.0f})",
+        "--budget", type=float, default=DEFAULT_BUDGET_S, help="seconds for all stages"
     )
-    parser.add_argument("--only", default=None, help="comma-separated stages to run (default: all)")
+    parser.add_argument(
+        "--only",
+        default=None,
+        help=f"comma-separated stages to run, of {list(STAGE_NAMES)} (default: all)",
+    )
     parser.add_argument(
         "--allow-cpu",
         action="store_true",

@@ -5,7 +5,8 @@
 `INLINE_MIN_SIZE` values are then straight-line kernels instead of JAX's
 rolled Threefry loop, with the same bits. `builtin` compiles the same step
 with `INLINE_MIN_SIZE` above every draw (every draw is JAX's own); `inline`
-with the library's value. Both executables train copies of the same state in
+with the library's value (each record's `inline_min_size` is the threshold
+its step was traced with). Both executables train copies of the same state in
 one process. Per variant: `while` loops, fused kernels and copies in the
 compiled step, `.compile()` CPU and wall seconds, the first step's loss (equal
 when the masks are), then step times in alternating blocks. The `inline`
@@ -33,6 +34,8 @@ from tft_jax import inline_threefry
 from tft_jax.allocator import relaunch_with_tuned_allocator
 
 VARIANTS = ("builtin", "inline")
+# `builtin`'s threshold: above every draw, so that each is JAX's own rolled loop.
+BUILTIN_MIN_SIZE = 2**32
 _NUM_KEYS = 16
 
 
@@ -45,9 +48,11 @@ class DropoutKeyStep:
     """The FP32 train step of one configuration, compiled for one variant of the dropout draws.
 
     Attributes:
-      variant: `builtin` or `inline`; whiles, fusions, copies: instructions of
-      the compiled step; compile_cpu_s / compile_wall_s: `.compile()`;
-      lower_s: tracing and lowering; first_loss: the loss of the first step.
+      variant: `builtin` or `inline`; inline_min_size: the `INLINE_MIN_SIZE`
+      the step was traced with (2**32 for `builtin`); whiles, fusions, copies:
+      instructions of the compiled step; compile_cpu_s / compile_wall_s:
+      `.compile()`; lower_s: tracing and lowering; first_loss: the loss of the
+      first step.
     """
 
     def __init__(
@@ -60,7 +65,8 @@ class DropoutKeyStep:
         self._keys = list(jax.random.split(jax.random.key(1), _NUM_KEYS))
         self._count = 0
         threshold = inline_threefry.INLINE_MIN_SIZE
-        inline_threefry.INLINE_MIN_SIZE = threshold if variant == "inline" else 2**32
+        self.inline_min_size = threshold if variant == "inline" else BUILTIN_MIN_SIZE
+        inline_threefry.INLINE_MIN_SIZE = self.inline_min_size
         try:
             jax.clear_caches()  # trace again: the threshold is read while tracing
             started = time.perf_counter()
@@ -107,7 +113,7 @@ def bench(
             config.name,
             variant=variant,
             batch_size=config.batch_size,
-            inline_min_size=inline_threefry.INLINE_MIN_SIZE,
+            inline_min_size=step.inline_min_size,
             whiles=step.whiles,
             fusions=step.fusions,
             copies=step.copies,
@@ -137,6 +143,7 @@ def add_ratios(records: Sequence[dict[str, Any]]) -> None:
 
 REQUIRED_FIELDS: dict[str, Any] = {
     "variant": str,
+    "inline_min_size": int,
     "whiles": int,
     "fusions": int,
     "copies": int,
@@ -168,7 +175,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Command line: `python -m benchmarks.dropout_keys [--config ...] [--variant ...] [--json]`."""
     parser = common.base_parser(__doc__.splitlines()[0])
     configs = list(train_bench.CONFIGS)
-    parser.add_argument("--config", default="seed,electricity", help=f"subset of {configs}")
+    parser.add_argument(
+        "--config", default="seed,electricity", help=f"comma-separated subset of {configs}"
+    )
     parser.add_argument(
         "--variant",
         default=",".join(VARIANTS),

@@ -7,7 +7,8 @@ reads `x` and `g` as the straight-through gradient does), with the same memory
 traffic: fake quantization is memory-bound, so the ratio to that baseline is
 its overhead. Step ratio: the median QAT train step over the median FP32 train
 step of the same configuration (`benchmarks.train_step`, modes `qat` and
-`float`, timed in alternating blocks in one process), target <= 1.3.
+`float`, timed in alternating blocks in one process), target <= 1.15
+(`TARGET_RATIO`, issue 16).
 
 Usage::
 
@@ -29,7 +30,7 @@ from tft_jax.allocator import relaunch_with_tuned_allocator
 
 DIRECTIONS = ("forward", "forward+backward")
 DEFAULT_SIZES = (2**16, 2**20, 2**24)
-TARGET_RATIO = 1.3
+TARGET_RATIO = 1.15  # QAT/FP32 step time, issue 16 (BENCHMARKS.md, Targets)
 _QMIN, _QMAX = 0, 255
 
 
@@ -193,7 +194,11 @@ def table_view(record: dict[str, Any]) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Command line: `python -m benchmarks.fake_quant [--sizes ...] [--ratio-config ...]`."""
     parser = common.base_parser(__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)))
+    parser.add_argument(
+        "--sizes",
+        default=",".join(map(str, DEFAULT_SIZES)),
+        help="float32 element counts of the throughput arrays (comma-separated)",
+    )
     parser.add_argument(
         "--ratio-config",
         default="seed",

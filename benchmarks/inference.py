@@ -181,11 +181,17 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Command line: `python -m benchmarks.inference [--config ...] [--batch-sizes ...]`."""
     parser = common.base_parser(__doc__.splitlines()[0])
     parser.add_argument(
-        "--config", default="seed,electricity", help=f"subset of {list(steps_bench.CONFIGS)}"
+        "--config",
+        default="seed,electricity",
+        help=f"comma-separated subset of {list(steps_bench.CONFIGS)}",
     )
-    parser.add_argument("--batch-sizes", default="1,256")
-    parser.add_argument("--kinds", default=",".join(KINDS), help=f"subset of {list(KINDS)}")
-    parser.add_argument("--dtype", default="float32", choices=steps_bench.DTYPES)
+    parser.add_argument("--batch-sizes", default="1,256", help="batch sizes (comma-separated)")
+    parser.add_argument(
+        "--kinds", default=",".join(KINDS), help=f"comma-separated subset of {list(KINDS)}"
+    )
+    parser.add_argument(
+        "--dtype", default="float32", choices=steps_bench.DTYPES, help="the model's compute dtype"
+    )
     args = parser.parse_args(argv)
     with common.usage_errors(parser):
         configs = common.split_names(args.config, steps_bench.CONFIGS, "--config")

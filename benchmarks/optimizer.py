@@ -173,7 +173,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Command line: `python -m benchmarks.optimizer [--config ...] [--optimizer ...] [--json]`."""
     parser = common.base_parser(__doc__.splitlines()[0])
     configs = list(train_bench.CONFIGS)
-    parser.add_argument("--config", default="seed,electricity", help=f"subset of {configs}")
+    parser.add_argument(
+        "--config", default="seed,electricity", help=f"comma-separated subset of {configs}"
+    )
     parser.add_argument(
         "--optimizer",
         default=",".join(OPTIMIZERS),

@@ -251,6 +251,7 @@ def bench(
         speedup=speedup,
         target_speedup=target,
         contended=contended,
+        load_max_1m=load,
         meets_target=None if target is None or contended else speedup >= target,
         torch_threads=theirs.threads,
         rss_peak_bytes=common.peak_rss_bytes(),
@@ -286,16 +287,45 @@ COLUMNS = [
     ("theirs samples/s", "theirs_samples_per_s", ".0f"),
     ("speedup", "speedup", ".1f"),
     ("target", "target_speedup", ".0f"),
+    ("meets", "meets_target_shown", ""),
+    ("contended", "contended_shown", ""),
+    (f"params within {PARAM_TOLERANCE:.0%}", "params_within_shown", ""),
 ]
 
 
+def _yes_no(value: bool | None) -> str | None:
+    return None if value is None else ("yes" if value else "NO")
+
+
 def table_view(record: dict[str, Any]) -> dict[str, Any]:
-    """Milliseconds for the table."""
+    """Milliseconds, and the target, load and size checks as yes/NO, for the table."""
     return {
         **record,
         "ours_ms": record["ours_median_s"] * 1e3,
         "theirs_ms": record["theirs_median_s"] * 1e3,
+        "meets_target_shown": _yes_no(record.get("meets_target")),
+        "contended_shown": "YES" if record.get("contended") else "no",
+        "params_within_shown": _yes_no(record.get("params_within_tolerance")),
     }
+
+
+def warnings_for(records: Sequence[dict[str, Any]]) -> list[str]:
+    """Lines printed under the table for the ratios not to quote: contended or unequal sizes."""
+    lines = []
+    for record in records:
+        name = f"{record['config']} ({record['selection']})"
+        if record.get("contended"):
+            lines.append(
+                f"warning: {name}: load {record['load_max_1m']:.1f} exceeded the "
+                f"{record['env']['logical_cpus']} logical CPUs (contended): the speedup "
+                "overstates a quiet machine's and judges no target"
+            )
+        if not record.get("params_within_tolerance", True):
+            lines.append(
+                f"warning: {name}: ours has {record['param_ratio']:.2f}x the peer's parameters, "
+                f"outside {PARAM_TOLERANCE:.0%}: the models are not the same size"
+            )
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
@@ -304,10 +334,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument(
         "--config",
         default="seed,electricity",
-        help=f"subset of {list(PEER_CONFIGS)} (default seed,electricity)",
+        help=f"comma-separated subset of {list(PEER_CONFIGS)}",
     )
     parser.add_argument(
-        "--block", type=common.positive_int, default=5, help="steps per alternating block"
+        "--block",
+        type=common.positive_int,
+        default=5,
+        help="steps of each per alternating block (at most half of --steps, so they alternate)",
     )
     parser.add_argument(
         "--selection",
@@ -337,6 +370,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         title="train step, ours (FP32, JAX) vs pytorch-forecasting (FP32, torch), one process",
         view=table_view,
     )
+    if not args.json:
+        for line in warnings_for(records):
+            print(line, flush=True)
     return records
 
 

@@ -6,7 +6,11 @@ each executed HLO instruction to the `op_name` metadata of the compiled
 module (`jit(_train_step)/jvp(TemporalFusionTransformer)/history_selection/...`),
 so the time adds up per model module and per pass (forward `fwd`, backward
 `bwd`, the optimizer and the rest `other`). Loop and call instructions are
-left out so that their bodies are not counted twice.
+left out so that their bodies are not counted twice. Instructions without
+`op_name` metadata (copies and fusions XLA adds) are grouped by opcode under
+the pass `?`; every record's `unattributed_share` is their share of the
+step's operation time, also printed under the table (a share of all rows, not
+only of the `--top` shown).
 
 On CPU the per-operation events need `--xla_cpu_enable_xprof_traceme=true`
 in `XLA_FLAGS`; this script adds it when JAX has not started a backend yet.
@@ -44,6 +48,9 @@ _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(\S+) = .*?op_name=\"([^\"]*)\"", re.
 _CONTAINER_INSTRUCTION = re.compile(
     r"^\s*(?:ROOT )?%(\S+) = [^=]*?\s(?:while|call|conditional)\(", re.MULTILINE
 )
+
+# The pass of the instructions without `op_name` metadata (grouped by opcode).
+UNATTRIBUTED = "?"
 
 
 def enable_op_events() -> None:
@@ -101,13 +108,44 @@ def op_durations(
 def attribute(
     durations: Mapping[str, float], op_names: Mapping[str, str], depth: int
 ) -> collections.Counter:
-    """Microseconds per `(pass, module)`; instructions without metadata go to `("?", name)`."""
+    """Microseconds per `(pass, module)`; instructions without metadata go to `("?", opcode)`."""
     totals: collections.Counter = collections.Counter()
     for name, micros in durations.items():
         op_name = op_names.get(name)
-        key = module_of(op_name, depth) if op_name else ("?", re.sub(r"\.\d+$", "", name))
+        opcode = re.sub(r"\.\d+$", "", name)
+        key = module_of(op_name, depth) if op_name else (UNATTRIBUTED, opcode)
         totals[key] += micros
     return totals
+
+
+def unattributed_share(totals: Mapping[tuple[str, str], float]) -> float:
+    """The share of the time (of `attribute`'s totals) in instructions without `op_name`."""
+    overall = sum(totals.values())
+    missing = sum(micros for (phase, _), micros in totals.items() if phase == UNATTRIBUTED)
+    return missing / overall if overall else 0.0
+
+
+def check_trace_dir(trace_dir: str | None) -> None:
+    """Raises `ValueError` naming `--trace-dir` unless the trace can be written there.
+
+    Checked before the step is compiled and profiled (`jax.profiler` fails
+    only after the steps ran): an existing path must be a folder this process
+    can create a file in; a new one is created now, with its parents.
+    """
+    if trace_dir is None:
+        return
+    if not trace_dir:
+        raise ValueError("--trace-dir is empty: give a folder")
+    if os.path.exists(trace_dir) and not os.path.isdir(trace_dir):
+        raise ValueError(f"--trace-dir must name a folder, got the file {trace_dir!r}")
+    try:
+        os.makedirs(trace_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=trace_dir):
+            pass
+    except OSError as error:
+        raise ValueError(
+            f"--trace-dir: cannot write in {trace_dir!r} ({error.strerror or error})"
+        ) from None
 
 
 def load_trace(directory: str) -> dict[str, Any]:
@@ -157,9 +195,10 @@ def profile(
     durations = op_durations(trace, container_instructions(hlo_text))
     totals = attribute(durations, instruction_op_names(hlo_text), depth)
     overall = sum(totals.values()) or 1.0
+    unattributed = unattributed_share(totals)
     return [
         common.make_record(
-            "profile",
+            "profile_step",
             config_name,
             mode=mode,
             phase=phase,
@@ -167,6 +206,9 @@ def profile(
             ms_per_step=micros / steps / 1e3,
             share=micros / overall,
             op_ms_per_step=overall / steps / 1e3,
+            unattributed_share=unattributed,
+            steps=steps,
+            warmup=warmup,
             trace_dir=trace_dir,
         )
         for (phase, module), micros in totals.most_common(top)
@@ -192,9 +234,21 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     from benchmarks import common
     from benchmarks import train_step as steps_bench
 
-    parser = common.base_parser(__doc__.splitlines()[0], steps=2)
-    parser.add_argument("--config", default="electricity", choices=list(steps_bench.CONFIGS))
-    parser.add_argument("--mode", default="float", choices=steps_bench.MODES)
+    parser = common.base_parser(
+        __doc__.splitlines()[0],
+        steps=2,
+        steps_help="profiled train steps (the records' times are per step)",
+        warmup_help="unprofiled warm-up train steps before the profiled ones",
+    )
+    parser.add_argument(
+        "--config",
+        default="electricity",
+        choices=list(steps_bench.CONFIGS),
+        help="the benchmarks.train_step configuration",
+    )
+    parser.add_argument(
+        "--mode", default="float", choices=steps_bench.MODES, help="the train step's mode"
+    )
     parser.add_argument(
         "--depth", type=common.positive_int, default=2, help="module scopes to group by"
     )
@@ -202,24 +256,26 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument(
         "--trace-dir",
         default=None,
-        help="keep the trace in this folder (by default it is written to a temporary "
-        "folder and removed once read)",
+        help="keep the trace in this folder, created if missing (by default it is written to "
+        "a temporary folder and removed once read)",
     )
     args = parser.parse_args(argv)
     with common.usage_errors(parser):
-        if args.trace_dir == "":
-            raise ValueError("--trace-dir is empty: give a folder")
         common.setup(args)
+        check_trace_dir(args.trace_dir)  # last: it creates the folder
     records = profile(
         args.config, args.mode, args.steps, args.depth, args.trace_dir, args.top, args.warmup
     )
     total = records[0]["op_ms_per_step"] if records else 0.0
+    unattributed = records[0]["unattributed_share"] if records else 0.0
     common.emit(
         records,
         COLUMNS,
         args.json,
         args.output,
-        title=f"{args.config} {args.mode} train step: {total:.1f} ms of operations per step",
+        title=f"{args.config} {args.mode} train step: {total:.1f} ms of operations per step, "
+        f"{100 * unattributed:.1f}% of them in instructions without op_name (pass "
+        f"{UNATTRIBUTED!r})",
         view=table_view,
     )
     return records

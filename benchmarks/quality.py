@@ -13,8 +13,10 @@ naive and seasonal naive with drift at the frequency's periods), FP32 and
 int8, and the training time.
 
 Each record is printed as one JSON line (the records are nested, so there is
-no table); `--output FILE` also appends the lines to a file, as in the other
-benchmarks. `--json FILE`, the earlier spelling of `--output FILE`, still
+no table), with the fields every benchmark's record carries
+(`schema_version`, `benchmark` "quality", `config` "TABLE:VARIANT",
+`load_average_1m`, `env`); `--output FILE` also appends the lines to a file,
+as in the other benchmarks. `--json FILE`, the earlier spelling of `--output FILE`, still
 works; a bare `--json` changes nothing.
 """
 
@@ -30,7 +32,14 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.common import check_distinct, check_output_path, positive_int, usage_errors
+from benchmarks.common import (
+    HelpFormatter,
+    check_distinct,
+    check_output_path,
+    make_record,
+    positive_int,
+    usage_errors,
+)
 from benchmarks.tables import TABLES, without_categoricals
 from tft_jax.allocator import relaunch_with_tuned_allocator
 from tft_jax.forecaster import (
@@ -86,7 +95,19 @@ def _scores(metrics: dict[str, Any], model: str) -> dict[str, float]:
 def run(
     table_name: str, variant: str, overrides: dict[str, Any], cutoffs: int, qat: bool = True
 ) -> dict[str, Any]:
-    """Fits, validates and backtests one (table, variant); returns a JSON-ready record."""
+    """Fits, validates and backtests one (table, variant); returns a JSON-ready record.
+
+    The record is `common.make_record`'s (schema version, machine, load) with
+    the fields of `measure`.
+    """
+    fields = measure(table_name, variant, overrides, cutoffs, qat)
+    return make_record("quality", f"{table_name}:{variant}", **fields)
+
+
+def measure(
+    table_name: str, variant: str, overrides: dict[str, Any], cutoffs: int, qat: bool = True
+) -> dict[str, Any]:
+    """The fields of `run`'s record: the fit, the validation scores, the backtest."""
     config = configured(table_name, variant, overrides, qat)
     frame = TABLES[table_name].load()
     started = time.perf_counter()
@@ -175,13 +196,31 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=__doc__)
-    parser.add_argument("--tables", nargs="+", default=list(TABLES), choices=list(TABLES))
-    parser.add_argument("--variants", nargs="+", default=["default"], choices=list(VARIANTS))
-    parser.add_argument("--set", nargs="*", default=[], metavar="SECTION.FIELD=VALUE")
-    parser.add_argument(
-        "--cutoffs", type=positive_int, default=3, help="backtest origins (default 3)"
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.quality", description=__doc__, formatter_class=HelpFormatter
     )
+    parser.add_argument(
+        "--tables",
+        nargs="+",
+        default=list(TABLES),
+        choices=list(TABLES),
+        help="public tables to fit (benchmarks.tables)",
+    )
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=["default"],
+        choices=list(VARIANTS),
+        help="settings variants, each fitted on every table",
+    )
+    parser.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help=f"settings overrides (values read as JSON), SECTION one of {list(SECTIONS)}",
+    )
+    parser.add_argument("--cutoffs", type=positive_int, default=3, help="backtest origins")
     parser.add_argument("--output", help="also append the JSON lines to this file")
     parser.add_argument(
         "--json",

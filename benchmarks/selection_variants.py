@@ -179,8 +179,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Command line: `python -m benchmarks.selection_variants [--config] [--mode] [--variant]`."""
     parser = common.base_parser(__doc__.splitlines()[0])
     configs = list(train_bench.CONFIGS)
-    parser.add_argument("--config", default="electricity", help=f"subset of {configs}")
-    parser.add_argument("--mode", default="qat", choices=MODES)
+    parser.add_argument(
+        "--config", default="electricity", help=f"comma-separated subset of {configs}"
+    )
+    parser.add_argument("--mode", default="qat", choices=MODES, help="the train step's mode")
     parser.add_argument(
         "--variant",
         help=f"subset of {list(VARIANTS)}, in compile order (default: all the mode allows)",

@@ -334,10 +334,15 @@ def measure(
     cfg = prepared.config
     median = times.median
     # XLA reports one device's share of a sharded step: the step's FLOPs are that times the
-    # devices, and its peak fraction compares each device's share with one device's peak.
+    # devices. Its peak fraction compares them with the peak of the devices that ran them:
+    # one device's peak times the devices, except for simulated CPU devices
+    # (--xla_force_host_platform_device_count), which share the cores one device's matmul
+    # already uses, so the machine's peak is the one measured.
     share = common.cost_flops(prepared.compile.compiled)
     flops = share * prepared.devices if share else None
-    peak_gflops = peak["matmul_peak_gflops"] * prepared.devices if peak else None
+    simulated = bool(common.environment().get("simulated_devices"))
+    peak_devices = 1 if simulated else prepared.devices
+    peak_gflops = peak["matmul_peak_gflops"] * peak_devices if peak else None
     return common.make_record(
         "train_step",
         cfg.name,
@@ -355,6 +360,8 @@ def measure(
         samples_per_s=cfg.batch_size / median,
         **common.throughput_fields(flops, median, peak_gflops),
         **(peak or {}),
+        # How many times `matmul_peak_gflops` the yardstick of `peak_fraction` is.
+        peak_devices=peak_devices,
         memory=common.memory_stats(prepared.compile.compiled),
         device_peak_bytes=common.device_peak_bytes(),
         rss_peak_bytes=common.peak_rss_bytes(),
@@ -434,6 +441,7 @@ REQUIRED_FIELDS: dict[str, Any] = {
     "gflops_per_s": (float, type(None)),
     "peak_fraction": (float, type(None)),
     "matmul_peak_gflops": (float, type(None)),
+    "peak_devices": int,
     "memory": (dict, type(None)),
     "rss_peak_bytes": int,
 }
@@ -470,14 +478,24 @@ def table_view(record: dict[str, Any]) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Command line: `python -m benchmarks.train_step [--config ...] [--mode ...] [--json]`."""
     parser = common.base_parser(__doc__.splitlines()[0])
-    parser.add_argument("--config", default="seed,electricity", help=f"subset of {list(CONFIGS)}")
-    parser.add_argument("--mode", default="float,qat", help=f"subset of {list(MODES)}")
-    parser.add_argument("--dtype", default="float32", choices=DTYPES)
+    parser.add_argument(
+        "--config", default="seed,electricity", help=f"comma-separated subset of {list(CONFIGS)}"
+    )
+    parser.add_argument(
+        "--mode", default="float,qat", help=f"comma-separated subset of {list(MODES)}"
+    )
+    parser.add_argument(
+        "--dtype", default="float32", choices=DTYPES, help="the model's compute dtype"
+    )
     parser.add_argument(
         "--batch-size", type=common.positive_int, default=None, help="override the batch size"
     )
     parser.add_argument(
-        "--devices", type=common.positive_int, default=1, help="data-parallel devices"
+        "--devices",
+        type=common.positive_int,
+        default=1,
+        help="data-parallel devices (simulated CPU devices share the cores: their records' "
+        "peak_fraction is of the one machine peak, peak_devices 1)",
     )
     parser.add_argument(
         "--fast-compile",

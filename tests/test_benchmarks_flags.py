@@ -359,6 +359,10 @@ def test_profile_removes_its_temporary_trace_and_keeps_one_asked_for(tmp_path, c
     assert dropped and records
     assert {r["trace_dir"] for r in dropped} == {None}
     assert {r["trace_dir"] for r in records} == {str(kept)}
+    for record in records:
+        assert record["benchmark"] == "profile_step"
+        assert 0.0 <= record["unattributed_share"] <= 1.0
+        assert record["unattributed_share"] == records[0]["unattributed_share"]
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["trace_dir"] for r in printed] == [
         *(None for _ in dropped),
