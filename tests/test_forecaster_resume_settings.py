@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tft_jax.checkpoint import digest as tree_digest
 from tft_jax.cli_parser import flag_message
 from tft_jax.forecaster import (
     DataConfig,
@@ -279,3 +280,127 @@ def test_a_resume_on_another_table_with_as_many_windows_is_announced(trained, tm
             checkpoints, True, TINY_TRAINING.batch_size,
             forecaster_module.prepare_dataset(table, **DATA.prepare_options()), SETTINGS,
         )  # fmt: skip
+
+
+# ------------------------------------------------------------ QAT over a resumed FP32 phase
+
+QAT_SETTINGS = dataclasses.replace(SETTINGS, qat=QATTrainingConfig(steps=3, calibration_batches=2))
+LONGER_QAT = dataclasses.replace(
+    QAT_SETTINGS, training=dataclasses.replace(TINY_TRAINING, max_steps=6)
+)
+REPLACED = "QAT starts again from it; its checkpoints of the earlier FP32 model in"
+
+
+@pytest.fixture(scope="module")
+def qat_trained(tmp_path_factory):
+    """`(table, fitted forecaster, its checkpoint folder)`: 4 FP32 steps, then 3 QAT steps."""
+    folder = tmp_path_factory.mktemp("resume_qat")
+    table = pd.read_csv(write_table(folder / "stores.csv"))
+    checkpoints = folder / "checkpoints"
+    forecaster = Forecaster.from_config(QAT_SETTINGS).fit(
+        table, checkpoint_dir=checkpoints, quiet=True
+    )
+    return table, forecaster, checkpoints
+
+
+def _qat_source(checkpoints):
+    return json.loads((checkpoints / "qat" / forecaster_module.QAT_SOURCE_FILE).read_text())
+
+
+def _assert_same_variables(one, other):
+    jax.tree.map(np.testing.assert_array_equal, one, other)
+
+
+def _resume(settings, table, checkpoints):
+    """`(forecaster, the warnings' texts)` of a resumed fit."""
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        resumed = Forecaster.from_config(settings).fit(
+            table, checkpoint_dir=checkpoints, resume=True, quiet=True
+        )
+    return resumed, [str(warning.message) for warning in warned]
+
+
+def test_qat_checkpoints_record_the_fp32_model_they_were_fine_tuned_from(qat_trained):
+    _, fitted, checkpoints = qat_trained
+    assert _qat_source(checkpoints) == {
+        "fp32_steps_trained": 4,
+        forecaster_module.FP32_DIGEST_KEY: tree_digest(fitted._fitted.variables["fp32"]),
+    }
+
+
+def test_a_resume_whose_fp32_model_trains_on_starts_qat_again_from_it(qat_trained, tmp_path):
+    # `--max-steps 6 --resume` over a finished QAT run trained FP32 on (4 -> 6 steps), then
+    # restored the finished QAT checkpoint, fine-tuned from the step-4 FP32 model, and
+    # returned it unchanged: the QAT and int8 models were stale, without a word.
+    table, fitted, checkpoints = qat_trained
+    checkpoints = _copy(checkpoints, tmp_path)
+    resumed, warned = _resume(LONGER_QAT, table, checkpoints)
+    replaced = [text for text in warned if REPLACED in text]
+    assert replaced == [
+        f"resume: the FP32 model trained on from step 4 to 6: {REPLACED} "
+        f"{checkpoints / 'qat'} are replaced"
+    ]
+    assert resumed.summary["fp32"]["steps_trained"] == 6
+    assert resumed.summary["qat"]["steps_trained"] == 3
+    fp32 = resumed._fitted.variables["fp32"]
+    assert tree_digest(fp32) != tree_digest(fitted._fitted.variables["fp32"])
+    assert _qat_source(checkpoints) == {
+        "fp32_steps_trained": 6,
+        forecaster_module.FP32_DIGEST_KEY: tree_digest(fp32),
+    }
+    for model in ("qat", "int8"):
+        assert tree_digest(resumed._fitted.variables[model]) != tree_digest(
+            fitted._fitted.variables[model]
+        )
+    # The QAT of a run started afresh from that FP32 model: its checkpoints' run without
+    # the QAT ones. FP32 is restored (the best checkpoint's bytes, the digest says), and
+    # QAT runs from step 0 with the same seeds, schedule and compiled steps in this
+    # process: bit for bit the same QAT model, as no computation differs.
+    fresh = shutil.copytree(checkpoints, tmp_path / "fresh_qat")
+    shutil.rmtree(fresh / "qat")
+    again, warned = _resume(LONGER_QAT, table, fresh)
+    assert not [text for text in warned if REPLACED in text]
+    _assert_same_variables(again._fitted.variables["fp32"], fp32)
+    for model in ("qat", "int8"):
+        _assert_same_variables(again._fitted.variables[model], resumed._fitted.variables[model])
+    assert again.history["qat"] == resumed.history["qat"]
+
+
+@pytest.mark.parametrize("run", ["finished", "interrupted in QAT", "unrecorded"])
+def test_a_resume_that_leaves_the_fp32_model_keeps_the_qat_checkpoints(qat_trained, tmp_path, run):
+    # As before the record: a finished run gives its QAT model back, an interrupted QAT
+    # phase goes on from its checkpoint to the same model, and checkpoints written before
+    # QAT recorded its FP32 model are kept when FP32 does not train on.
+    table, fitted, checkpoints = qat_trained
+    checkpoints = _copy(checkpoints, tmp_path)
+    source = _qat_source(checkpoints)
+    if run == "interrupted in QAT":
+        shutil.rmtree(checkpoints / "qat" / "latest" / "3")  # killed before its last save
+    if run == "unrecorded":
+        (checkpoints / "qat" / forecaster_module.QAT_SOURCE_FILE).unlink()
+    resumed, warned = _resume(QAT_SETTINGS, table, checkpoints)
+    assert not [text for text in warned if REPLACED in text]
+    for model in ("fp32", "qat", "int8"):
+        _assert_same_variables(resumed._fitted.variables[model], fitted._fitted.variables[model])
+    if run != "unrecorded":
+        assert _qat_source(checkpoints) == source
+    else:
+        assert not (checkpoints / "qat" / forecaster_module.QAT_SOURCE_FILE).exists()
+
+
+def test_unrecorded_qat_checkpoints_are_replaced_when_fp32_trains_on(qat_trained, tmp_path):
+    table, fitted, checkpoints = qat_trained
+    checkpoints = _copy(checkpoints, tmp_path)
+    (checkpoints / "qat" / forecaster_module.QAT_SOURCE_FILE).unlink()
+    resumed, warned = _resume(LONGER_QAT, table, checkpoints)
+    assert [text for text in warned if REPLACED in text] == [
+        f"resume: the FP32 model trained on from step 4 to 6, and the QAT checkpoints in "
+        f"{checkpoints / 'qat'} do not record which FP32 model they were fine-tuned from "
+        f"(written before runs recorded it, in {forecaster_module.QAT_SOURCE_FILE}): "
+        f"{REPLACED} {checkpoints / 'qat'} are replaced"
+    ]
+    assert _qat_source(checkpoints)["fp32_steps_trained"] == 6
+    assert tree_digest(resumed._fitted.variables["qat"]) != tree_digest(
+        fitted._fitted.variables["qat"]
+    )

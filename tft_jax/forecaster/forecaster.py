@@ -20,6 +20,7 @@ import json
 import numbers
 import os
 import pathlib
+import shutil
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -32,6 +33,7 @@ import pandas as pd
 import qat
 from tft_jax.baselines import candidate_periods, seasonal_period
 from tft_jax.checkpoint import TrainingCheckpointer
+from tft_jax.checkpoint import digest as tree_digest
 from tft_jax.config import TFTConfig
 from tft_jax.data import PreparedDataset, WindowSet, prepare_dataset, window_starts
 from tft_jax.data.dataset import SPLITS
@@ -45,7 +47,7 @@ from tft_jax.data.tables import (
     time_grid,
 )
 from tft_jax.data.windows import filled_history_steps
-from tft_jax.distributed import is_primary, local_rows
+from tft_jax.distributed import barrier, is_primary, local_rows
 from tft_jax.evaluation import (
     Predictions,
     actuals,
@@ -293,12 +295,121 @@ def _check_batch_stream(
 
 def _holds_checkpoints(checkpoints: pathlib.Path) -> bool:
     """Whether a training phase's folder under `checkpoints` holds a saved step."""
-    for phase in ("fp32", "qat"):
-        if (checkpoints / phase).is_dir():
-            with TrainingCheckpointer(checkpoints / phase, create=False) as checkpointer:
-                if checkpointer.steps() or checkpointer.steps("best"):
-                    return True
-    return False
+    return any(_phase_holds_checkpoints(checkpoints / phase) for phase in ("fp32", "qat"))
+
+
+def _phase_holds_checkpoints(folder: pathlib.Path) -> bool:
+    """Whether the checkpoint folder of one training phase holds a saved step."""
+    if not folder.is_dir():
+        return False
+    with TrainingCheckpointer(folder, create=False) as checkpointer:
+        return bool(checkpointer.steps() or checkpointer.steps("best"))
+
+
+def _newest_step(folder: pathlib.Path) -> int:
+    """The newest latest step saved in a phase's checkpoint folder (a resume's start), or 0."""
+    if not folder.is_dir():
+        return 0
+    with TrainingCheckpointer(folder, create=False) as checkpointer:
+        return max(checkpointer.steps(), default=0)
+
+
+# The record, next to the QAT checkpoints, of the FP32 model they were fine-tuned from:
+# its step and the digest of its variables (`tft_jax.checkpoint.digest`, over their
+# layout and bytes). A finished FP32 phase resumed gives back its best checkpoint's bytes,
+# on any machine, so the digest tells whether QAT would start from the same model.
+QAT_SOURCE_FILE = "fp32_source.json"
+FP32_DIGEST_KEY = "fp32_variables_sha256"
+
+
+def _check_qat_source(
+    checkpoints: pathlib.Path,
+    resume: bool,
+    fp32_variables: dict[str, Any],
+    fp32_steps: int,
+    resumed_from: int,
+    quiet: bool,
+) -> None:
+    """Replaces QAT checkpoints fine-tuned from another FP32 model than `fp32_variables`.
+
+    QAT fine-tunes the best FP32 variables; resumed, its checkpoints go on
+    from their own state, whatever FP32 model this run hands it. When the
+    FP32 phase trained on (a raised `max_steps`, `epochs` or time budget) to
+    a new best state, those checkpoints hold a fine-tuning of the earlier FP32
+    model: the QAT and int8 models would come out as before, stale. So the QAT
+    checkpoints record the FP32 model they started from (`QAT_SOURCE_FILE`:
+    its step `fp32_steps` and `FP32_DIGEST_KEY`), and a resume whose FP32
+    model differs deletes them, with a warning, and QAT starts again from
+    step 0 (calibration, schedule and all) from this FP32 model. One that
+    trained on without a lower validation loss keeps its best state, and the
+    QAT checkpoints go on. QAT checkpoints written before the record are
+    replaced when the FP32 phase trained in this call (from `resumed_from`
+    to `fp32_steps`), and kept otherwise.
+
+    The record is written (process 0) whenever QAT starts without a saved
+    step, except without `resume`: `fit` then refuses a folder holding an
+    earlier run's checkpoints, and their record stays.
+    """
+    folder = checkpoints / "qat"
+    path = folder / QAT_SOURCE_FILE
+    source = {"fp32_steps_trained": int(fp32_steps), FP32_DIGEST_KEY: tree_digest(fp32_variables)}
+    held = _phase_holds_checkpoints(folder)
+    written = None
+    if resume and held and path.is_file():
+        try:
+            written = run_folder.read_json(path)
+        except run_folder.RunFolderError:  # damaged: as if unrecorded
+            written = None
+        if not isinstance(written, dict) or FP32_DIGEST_KEY not in written:
+            written = None
+    # Every process has read the record before process 0 replaces it.
+    barrier("tft-jax qat source read")
+    if held and not resume:
+        return  # `fit` refuses to start over an earlier run's checkpoints
+    reason = None
+    if held and written is not None:
+        then = written.get("fp32_steps_trained")
+        if written[FP32_DIGEST_KEY] == source[FP32_DIGEST_KEY]:
+            if then is not None and then != fp32_steps:
+                announce(
+                    quiet,
+                    f"QAT: the FP32 model trained on from step {then} to {fp32_steps} without "
+                    "a lower validation loss: its best state is the one the QAT checkpoints "
+                    "were fine-tuned from, and QAT goes on from them",
+                )
+            return
+        if then is not None and then != fp32_steps:
+            reason = f"the FP32 model trained on from step {then} to {fp32_steps}"
+        else:
+            reason = (
+                f"the FP32 model (step {fp32_steps}) is not the one the QAT checkpoints in "
+                f"{folder} were fine-tuned from ({FP32_DIGEST_KEY} "
+                f"{written[FP32_DIGEST_KEY]} then, {source[FP32_DIGEST_KEY]} now)"
+            )
+    elif held:
+        if fp32_steps <= resumed_from:
+            return  # the FP32 model they were fine-tuned from, as far as can be told
+        reason = (
+            f"the FP32 model trained on from step {resumed_from} to {fp32_steps}, and the QAT "
+            f"checkpoints in {folder} do not record which FP32 model they were fine-tuned "
+            f"from (written before runs recorded it, in {QAT_SOURCE_FILE})"
+        )
+    if is_primary():
+        if reason is not None:
+            # A repair of the user's run: a warning, shown even when quiet.
+            warnings.warn(
+                f"resume: {reason}: QAT starts again from it; its checkpoints of the earlier "
+                f"FP32 model in {folder} are replaced",
+                stacklevel=3,
+            )
+            # Renamed first: a run killed while deleting leaves no half of a folder behind.
+            aside = folder.with_name(run_folder.REPLACED_QAT_FOLDER)
+            if aside.exists():
+                shutil.rmtree(aside)
+            folder.rename(aside)
+            shutil.rmtree(aside)
+        run_folder.write_json(path, source)
+    barrier("tft-jax qat source written")
 
 
 def _common_grid(dataset: PreparedDataset, freq: str, zone: str | None) -> pd.DatetimeIndex:
@@ -610,7 +721,10 @@ class Forecaster:
             `season_period` and `nonnegative` (read after training only): any
             other difference raises `ValueError` naming each `Config.field`
             with its old and new value (`RESUMABLE_FIELDS`). Checkpoints from
-            before settings were recorded resume with a warning.
+            before settings were recorded resume with a warning. When the FP32
+            phase trains on to another best state, the QAT checkpoints (of the
+            earlier FP32 model) are replaced, with a warning, and QAT starts
+            again from the new one (`_check_qat_source`).
           quiet: no progress bars.
           before_training: called once `table` has passed every check (columns,
             splits, windows, the seasonal period) and just before training
@@ -650,6 +764,11 @@ class Forecaster:
             _check_batch_stream(
                 checkpoints, resume, settings.training.batch_size, dataset, settings
             )
+        # Where the FP32 phase goes on from: whether it trained in this call tells whether
+        # QAT checkpoints that do not record their FP32 model may be kept.
+        resumed_from = (
+            _newest_step(checkpoints / "fp32") if checkpoints is not None and resume else 0
+        )
         phase = time.perf_counter()
         fp32 = train_fp32(
             TemporalFusionTransformer(tft_config),
@@ -670,6 +789,15 @@ class Forecaster:
             # The model the predictors build (calibration takes its batch count as an
             # argument): the QAT forward that validated it then serves its forecasts.
             qat_model = qat_model_for(tft_config, settings.qat.bits)
+            if checkpoints is not None:
+                _check_qat_source(
+                    checkpoints,
+                    resume,
+                    fp32.variables,
+                    fp32.settings["steps_trained"],
+                    resumed_from,
+                    quiet,
+                )
             tuned = train_qat(
                 qat_model,
                 fp32.variables,

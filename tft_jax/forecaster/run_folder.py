@@ -56,8 +56,11 @@ OTHER_TABLES_FILE = "other_tables.json"
 # Next to the training checkpoints: what fixes the stream of training batches, and the
 # settings (`ForecasterConfig.to_json`) the checkpoints were trained with.
 BATCH_STREAM_FILE = "batch_stream.json"
+# Where QAT checkpoints of an earlier FP32 model go while they are deleted (a resume whose
+# FP32 phase trained on): left behind only by a run killed during the deletion.
+REPLACED_QAT_FOLDER = "qat.replaced"
 RESULT_FOLDERS = {
-    "checkpoints": ("fp32", "qat", "batch_stream.json*"),
+    "checkpoints": ("fp32", "qat", REPLACED_QAT_FOLDER, "batch_stream.json*"),
     "plots": (
         "forecasts_*.png", "future_*.png", "attention.png", "variable_importance.png",
         "loss_curves.png", "*.png*.tmp",
