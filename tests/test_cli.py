@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import hashlib
 import io
 import json
 import math
@@ -34,7 +35,7 @@ from tft_jax import cli, plots
 from tft_jax.checkpoint import load_state
 from tft_jax.cli_parser import UsageError, check_train_flags, flag_message, forecaster_config
 from tft_jax.data import prepare_dataset
-from tft_jax.distributed import JOIN_TIMEOUT_SECONDS, process_rows
+from tft_jax.distributed import JOIN_TIMEOUT_SECONDS, SETTINGS_SLOTS, process_rows
 from tft_jax.evaluation import epoch_batches, fixed_batches
 from tft_jax.forecaster import (
     DEMO,
@@ -1246,27 +1247,103 @@ def _two_process_env() -> dict[str, str]:
     return env
 
 
-def _train_in_two_processes(argv: list[str], logs: pathlib.Path) -> None:
-    """`tft-jax train argv` as processes 0 and 1 of a 2-process run; raises if either fails."""
+def _two_processes(
+    argvs: list[list[str]], logs: pathlib.Path, timeout: float
+) -> tuple[list[int], list[str]]:
+    """`tft-jax train argvs[i]` as process i of a 2-process run: exit statuses and outputs.
+
+    A process still running after `timeout` seconds is killed (status -9).
+    """
     coordinator = f"localhost:{_free_port()}"
     env = _two_process_env()
     processes = []
-    for index in range(2):
+    for index, argv in enumerate(argvs):
         log = (logs / f"process{index}.log").open("w")
         command = [sys.executable, "-m", "tft_jax.cli", "train", *argv]
-        command += ["--coordinator", coordinator, "--num-processes", "2"]
+        command += ["--coordinator", coordinator, "--num-processes", str(len(argvs))]
         command += ["--process-id", str(index)]
         processes.append((subprocess.Popen(command, stdout=log, stderr=log, env=env), log))
     try:
-        codes = [process.wait(timeout=900) for process, _ in processes]
+        for process, _ in processes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=timeout)
     finally:
         for process, log in processes:
             if process.poll() is None:
                 process.kill()
                 process.wait()
             log.close()
-    output = "".join((logs / f"process{i}.log").read_text()[-3000:] for i in range(2))
-    assert codes == [0, 0], output
+    outputs = [(logs / f"process{i}.log").read_text() for i in range(len(argvs))]
+    return [process.returncode for process, _ in processes], outputs
+
+
+def _train_in_two_processes(argv: list[str], logs: pathlib.Path) -> None:
+    """`tft-jax train argv` as processes 0 and 1 of a 2-process run; raises if either fails."""
+    codes, outputs = _two_processes([argv, argv], logs, timeout=900)
+    assert codes == [0, 0], "".join(output[-3000:] for output in outputs)
+
+
+@pytest.mark.slow
+def test_processes_given_other_flags_or_tables_stop_at_once_naming_each(csv_path, tmp_path):
+    # Before: both joined the run, then waited forever, without a word, in the first
+    # collective whose shapes differed (SIGTERM did not end them either).
+    other = tmp_path / "other.csv"
+    table = pd.read_csv(csv_path)
+    table.loc[0, "sales"] += 1
+    table.to_csv(other, index=False)
+    common = ["--out", str(tmp_path / "run"), *TINY_MODEL, *TINY_RUN]
+    codes, outputs = _two_processes(
+        [
+            [*table_args(csv_path), *common, "--batch-size", "8"],
+            [*table_args(other), *common, "--batch-size", "16"],
+        ],
+        tmp_path,
+        timeout=150,  # the imports, the joining and one tiny gather: about 15 s
+    )
+    assert codes == [2, 2], "".join(outputs)
+    for index, (batch, csv) in enumerate([("8", csv_path), ("16", other)]):
+        errors = [line for line in outputs[index].splitlines() if "error" in line]
+        digest = hashlib.sha256(csv.read_bytes()).hexdigest()[:16]
+        assert errors == [
+            f"tft-jax train: error: --batch-size differs between the processes (this "
+            f"process, {index} of 2: {batch}; process {1 - index}: differs); --csv differs "
+            f"between the processes (this process, {index} of 2: {csv} (sha256 {digest}); "
+            f"process {1 - index}: differs): every process must be given the same flags and "
+            "table"
+        ], outputs[index]
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_compared_settings_are_every_flag_but_the_processs_own_and_the_tables_content(
+    csv_path, tmp_path
+):
+    parser = cli.build_parser()
+    multihost = ["--coordinator", "h:1", "--num-processes", "2"]
+    copy = tmp_path / "copy.csv"
+    copy.write_bytes(csv_path.read_bytes())
+
+    def settings(csv, *flags):
+        argv = ["train", *table_args(csv), *TINY_RUN, *multihost, *flags]
+        return cli.run_settings(parser.parse_args(argv))
+
+    zero = settings(csv_path, "--process-id", "0")
+    # Another index, address or path to the same bytes: the same run.
+    one = settings(copy, "--process-id", "1", "--coordinator", "localhost:1")
+    compared = {label: value for label, (value, _) in zero.items()}
+    assert compared == {label: value for label, (value, _) in one.items()}
+    flags = {
+        "--" + action.dest.replace("_", "-")
+        for action in parser._subparsers._group_actions[0].choices["train"]._actions
+        if action.option_strings and action.dest != "help"
+    }
+    assert set(zero) == flags - {"--process-id", "--coordinator"} | {"the command"}
+    assert zero["--batch-size"] == ("8", "8")
+    assert zero["--csv"][0] == hashlib.sha256(csv_path.read_bytes()).hexdigest()
+    assert zero["--quantiles"][1] == "0.1 0.5 0.9"
+    assert zero["--qat"][1] == "off"
+    assert len(zero) < SETTINGS_SLOTS  # each compared on its own
+    without = cli.run_settings(parser.parse_args(["train", *multihost, "--process-id", "0"]))
+    assert without["--csv"] == ("null", "not given")
 
 
 @pytest.mark.slow

@@ -11,18 +11,24 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.linear_quantile_model import LR, MODEL, linear_batch
+from tft_jax import distributed
 from tft_jax.distributed import (
+    SETTINGS_SLOTS,
     MultihostArgumentError,
     check_mesh,
     check_multihost_arguments,
     data_mesh,
+    differing_settings,
     fsdp_spec,
     initialize_multihost,
     local_rows,
     process_rows,
+    settings_digests,
     shard_batch,
     to_host,
 )
+from tft_jax.train import create_train_state, fit, make_optimizer
 
 SCRIPT = pathlib.Path(__file__).with_name("multidevice_checks.py")
 
@@ -191,3 +197,101 @@ def test_an_empty_device_list_is_named_and_numpy_integers_are_ints():
     # NumPy integers were refused as "not an int" (process_rows accepted them).
     assert data_mesh(np.int64(1)).size == 1
     check_multihost_arguments("h:1", np.int64(2), np.int32(1))
+
+
+@pytest.mark.parametrize(
+    "mesh_size, error, message",
+    [
+        # Before: ZeroDivisionError "integer modulo by zero"; -2 split over 'data'.
+        (0, ValueError, "fsdp_spec: mesh_size must be a positive int, got 0"),
+        (-2, ValueError, "fsdp_spec: mesh_size must be a positive int, got -2"),
+        (2.0, TypeError, "fsdp_spec: mesh_size must be an int .*got float 2.0"),
+        (True, TypeError, "fsdp_spec: mesh_size must be an int .*got bool True"),
+    ],
+)
+def test_fsdp_spec_refuses_a_mesh_size_that_is_not_a_positive_int(mesh_size, error, message):
+    with pytest.raises(error, match=message):
+        fsdp_spec((2**15,), mesh_size)
+    assert fsdp_spec((2**15,), np.int64(2)) == jax.sharding.PartitionSpec("data")
+
+
+@pytest.mark.parametrize("port", ["²", "٣٣", "１２３"])
+def test_a_port_of_non_ascii_digits_is_refused_naming_the_coordinator(port):
+    # Before: '²' raised int()'s "invalid literal", '٣٣' (Arabic-Indic 33) was accepted.
+    with pytest.raises(MultihostArgumentError, match=r"^coordinator must be HOST:PORT"):
+        check_multihost_arguments(f"h:{port}", 2, 0)
+
+
+def test_data_mesh_refuses_one_device_alone_and_a_count_that_is_not_an_int():
+    device = jax.devices()[0]
+    # Before: "'Device' object is not iterable".
+    with pytest.raises(TypeError, match=r"^data_mesh: devices must be a sequence .*one Device"):
+        data_mesh(devices=device)
+    # Before: ValueError, as for a count out of range.
+    for count in ("2", 2.0, True):
+        with pytest.raises(TypeError, match=r"^data_mesh: num_devices must be an int"):
+            data_mesh(count)
+    with pytest.raises(ValueError, match="num_devices must be a positive int, got 0"):
+        data_mesh(0)
+
+
+def test_to_host_returns_a_prng_key_array_as_its_key_data():
+    # Before: JAX's "JAX array with PRNGKey dtype cannot be converted to a NumPy array".
+    keys = jax.random.split(jax.random.key(3), 2)
+    host = to_host({"keys": keys, "x": jnp.ones(2)})
+    np.testing.assert_array_equal(host["keys"], np.asarray(jax.random.key_data(keys)))
+    restored = jax.random.wrap_key_data(host["keys"])
+    np.testing.assert_array_equal(
+        jax.random.uniform(restored[1], (3,)), jax.random.uniform(keys[1], (3,))
+    )
+
+
+@pytest.mark.parametrize("fsdp", ["yes", "no", 1, None])
+def test_fit_refuses_an_fsdp_that_is_not_a_bool(fsdp):
+    # Before: any truthy value (even "no") turned FSDP on without a word.
+    state = create_train_state(MODEL, make_optimizer(LR), jax.random.key(0), linear_batch(0))
+    with pytest.raises(TypeError, match=r"^fit: fsdp must be a bool, got"):
+        fit(state, [linear_batch(1)], epochs=1, quiet=True, fsdp=fsdp)
+
+
+def test_initialize_multihost_refuses_a_preemption_service_that_is_not_a_bool():
+    with pytest.raises(TypeError, match="preemption_service must be a bool"):
+        initialize_multihost("h:1", 1, 0, preemption_service="no")
+    assert jax.config.jax_enable_preemption_service  # left as it was
+
+
+def test_one_process_has_no_differing_settings_and_the_digests_have_one_shape():
+    assert differing_settings({"--batch-size": "8"}) == {}
+    few, groups = settings_digests({"b": "1", "a": "2"})
+    many, _ = settings_digests({f"--flag-{i:03}": str(i) for i in range(SETTINGS_SLOTS + 5)})
+    assert few.shape == many.shape == (SETTINGS_SLOTS,) and few.dtype == np.uint32
+    assert groups == [[], ["a"], ["b"]] and not few[3:].any()
+    with pytest.raises(TypeError, match="settings must map str names to str values"):
+        differing_settings({"--batch-size": 8})
+
+
+def _gathered_as(monkeypatch, this: int, rows: list[dict[str, str]]) -> None:
+    """Makes `differing_settings` see `rows[i]` as process i's settings, this being `this`."""
+    monkeypatch.setattr(jax, "process_count", lambda: len(rows))
+    monkeypatch.setattr(jax, "process_index", lambda: this)
+    gathered = np.stack([settings_digests(row)[0] for row in rows])
+    monkeypatch.setattr(distributed.multihost_utils, "process_allgather", lambda x: gathered)
+
+
+def test_differing_settings_names_each_differing_setting_with_the_processes_holding_another(
+    monkeypatch,
+):
+    mine = {"--batch-size": "16", "--lr": "0.1", "--csv": "ab12"}
+    rows = [dict(mine, **{"--batch-size": "8"}), mine, dict(mine, **{"--batch-size": "8"})]
+    rows[2]["--csv"] = "cd34"
+    _gathered_as(monkeypatch, 1, rows)
+    assert differing_settings(mine) == {"--batch-size": (0, 2), "--csv": (2,)}
+    _gathered_as(monkeypatch, 1, [mine, mine])
+    assert differing_settings(mine) == {}
+    # Other names (another command or version): no value is compared.
+    _gathered_as(monkeypatch, 0, [mine, {**mine, "--new-flag": "1"}])
+    assert differing_settings(mine) == {None: (1,)}
+    # Past the slots, the settings share the last one and a difference names them all.
+    many = {f"--flag-{i:03}": str(i) for i in range(SETTINGS_SLOTS + 5)}
+    _gathered_as(monkeypatch, 0, [many, {**many, "--flag-259": "x"}])
+    assert set(differing_settings(many)) == set(sorted(many)[SETTINGS_SLOTS - 2 :])

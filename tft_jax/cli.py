@@ -25,13 +25,18 @@ experiment command in `cli_experiments`.
 
 Several hosts: start `tft-jax train` once per host with the same arguments
 plus `--coordinator HOST:PORT --num-processes N --process-id I`; process 0
-writes the run's files and `--out` must be a folder every host sees.
+writes the run's files and `--out` must be a folder every host sees. Right
+after joining, the processes compare their flags (all but --process-id and
+--coordinator) and the content of their tables, and stop with an error naming
+each difference.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
+import json
 import os
 import pathlib
 import shutil
@@ -73,6 +78,7 @@ from tft_jax.data.tables import TableContentError, _parse_times, file_rows
 from tft_jax.distributed import (
     JOIN_TIMEOUT_SECONDS,
     barrier,
+    differing_settings,
     initialize_multihost,
     is_primary,
 )
@@ -1130,6 +1136,90 @@ def check_before_joining(args: argparse.Namespace) -> None:
         forecaster_config(args, qat=args.qat)
 
 
+# Flags that differ between the processes of one multi-host run by design: each one's index,
+# and how it reaches process 0 (which may call itself localhost).
+PER_PROCESS_FLAGS = ("process_id", "coordinator")
+# Input tables: compared by content (SHA-256), not path, since hosts may mount them apart.
+TABLE_FLAGS = ("csv", "future_csv")
+# Namespace entries that are not flags: the command is compared on its own; `given_flags`
+# only tells a flag from its default, and the values themselves are compared.
+NOT_FLAGS = ("command", "given_flags", "func")
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes, in hex; why not, for a file that cannot be read."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as file:
+            while chunk := file.read(1 << 20):
+                digest.update(chunk)
+    except OSError as error:  # the command reports it itself, once the processes agree
+        return f"unreadable ({error.strerror or type(error).__name__})"
+    return digest.hexdigest()
+
+
+def run_settings(args: argparse.Namespace) -> dict[str, tuple[str, str]]:
+    """What the processes of a multi-host run must agree on: label -> (compared, shown).
+
+    The command, every flag but `PER_PROCESS_FLAGS`, and the content of the
+    tables (`TABLE_FLAGS`). Read before joining, so that hashing a large
+    table does not keep the other processes waiting in the comparison.
+    """
+
+    def shown(value: Any) -> str:
+        if value is None:
+            return "not given"
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        if isinstance(value, list | tuple):
+            return " ".join(map(str, value)) or "none"
+        return str(value)
+
+    settings = {"the command": (args.command, args.command)}
+    for name, value in sorted(vars(args).items()):
+        if name in NOT_FLAGS or name in PER_PROCESS_FLAGS:
+            continue
+        label = "--" + name.replace("_", "-")
+        if name in TABLE_FLAGS and value is not None:
+            digest = file_digest(value)
+            settings[label] = (digest, f"{value} (sha256 {digest[:16]})")
+        else:
+            settings[label] = (json.dumps(value, default=str), shown(value))
+    return settings
+
+
+def check_processes_agree(args: argparse.Namespace, settings: dict[str, tuple[str, str]]) -> None:
+    """Raises `UsageError`, in every process, unless all were given the same `run_settings`.
+
+    Processes given different flags or tables would otherwise wait forever in
+    the first collective whose shapes differ between them (a `--batch-size`).
+    One fixed-size collective (`differing_settings`), right after joining.
+    """
+    differing = differing_settings({label: compared for label, (compared, _) in settings.items()})
+    if not differing:
+        return
+    this, count = jax.process_index(), jax.process_count()
+
+    def others(indices: tuple[int, ...]) -> str:
+        if len(indices) == 1:
+            return f"process {indices[0]}: differs"
+        return f"processes {', '.join(map(str, indices))}: differ"
+
+    if None in differing:
+        raise UsageError(
+            f"the processes were given different commands or sets of flags (this process, "
+            f"{this} of {count}: tft-jax {args.command} with {len(settings)} settings; "
+            f"{others(differing[None])}): every process must run the same version of "
+            "tft-jax with the same flags and table"
+        )
+    parts = [
+        f"{label} differs between the processes (this process, {this} of {count}: "
+        f"{settings[label][1]}; {others(indices)})"
+        for label, indices in differing.items()
+    ]
+    raise UsageError("; ".join(parts) + ": every process must be given the same flags and table")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `tft-jax` console script; returns the exit status."""
     if argv is None:  # a process of its own: restart it with the tuned allocator
@@ -1171,6 +1261,7 @@ def run_parsed(args: argparse.Namespace, joined: list[bool]) -> int:
         if settings is not None:  # before any JAX computation
             # A flag error found after joining would strand the other processes.
             check_before_joining(args)
+            agreed = run_settings(args)
             coordinator, processes, index = settings
             print(
                 f"tft-jax {args.command}: process {index} of {processes} joining the run at "
@@ -1181,6 +1272,8 @@ def run_parsed(args: argparse.Namespace, joined: list[bool]) -> int:
             )
             initialize_multihost(*settings)
             joined.append(True)
+            # Before anything else: processes given other flags would hang in a collective.
+            check_processes_agree(args, agreed)
         enable_compile_cache(args.compile_cache)
         return COMMANDS[args.command](args)
     except (UsageError, RunFolderError) as error:

@@ -14,7 +14,9 @@ whole batch, so every replica holds the same ranges.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -34,13 +36,31 @@ def data_mesh(num_devices: int | None = None, devices: Sequence[Any] | None = No
 
     Without `devices` they are ordered by process, then id, so that each
     process owns one contiguous block of the batch (`process_rows`).
+
+    Raises:
+      TypeError: `num_devices` is not an int (a string, a float, a bool), or
+        `devices` is not a sequence of JAX devices (one device alone, a string).
+      ValueError: `num_devices` below 1 or above the device count, or
+        `devices` empty or listing a device twice.
     """
+    if num_devices is not None and (
+        isinstance(num_devices, bool) or not isinstance(num_devices, int | np.integer)
+    ):
+        raise TypeError(
+            f"data_mesh: num_devices must be an int (or None for every device), got "
+            f"{type(num_devices).__name__} {num_devices!r}"
+        )
     if devices is None:
         available = sorted(jax.devices(), key=lambda device: (device.process_index, device.id))
     else:
         if isinstance(devices, str | bytes):  # read character by character otherwise
             raise TypeError(
                 f"data_mesh: devices must be a sequence of JAX devices, got {devices!r}"
+            )
+        if isinstance(devices, jax.Device):  # `list(device)`: "'Device' object is not iterable"
+            raise TypeError(
+                f"data_mesh: devices must be a sequence of JAX devices, got one Device "
+                f"{devices!r}: pass [device]"
             )
         available = list(devices)
         if not available:
@@ -56,10 +76,9 @@ def data_mesh(num_devices: int | None = None, devices: Sequence[Any] | None = No
             raise ValueError(
                 f"data_mesh: devices lists {twice[0]} more than once; a mesh holds each device once"
             )
-    count = len(available) if num_devices is None else num_devices
-    if isinstance(count, bool) or not isinstance(count, int | np.integer) or count < 1:
+    count = len(available) if num_devices is None else int(num_devices)
+    if count < 1:
         raise ValueError(f"num_devices must be a positive int, got {num_devices!r}")
-    count = int(count)
     if count > len(available):
         raise ValueError(
             f"num_devices={count} asks for a mesh larger than the {len(available)} "
@@ -176,7 +195,19 @@ def _batch_rows(leaves: list[tuple[Any, Any]]) -> int:
 
 
 def fsdp_spec(shape: tuple[int, ...], mesh_size: int, min_size: int = 2**14) -> PartitionSpec:
-    """Splits the largest axis divisible by the mesh size; small or indivisible leaves replicate."""
+    """Splits the largest axis divisible by the mesh size; small or indivisible leaves replicate.
+
+    Raises:
+      TypeError: `mesh_size` is not an int.
+      ValueError: `mesh_size` is below 1.
+    """
+    if isinstance(mesh_size, bool) or not isinstance(mesh_size, int | np.integer):
+        raise TypeError(
+            f"fsdp_spec: mesh_size must be an int (the mesh's device count), got "
+            f"{type(mesh_size).__name__} {mesh_size!r}"
+        )
+    if mesh_size < 1:
+        raise ValueError(f"fsdp_spec: mesh_size must be a positive int, got {mesh_size}")
     if int(np.prod(shape, dtype=np.int64)) < min_size:
         return PartitionSpec()
     candidates = [axis for axis, size in enumerate(shape) if size % mesh_size == 0]
@@ -227,7 +258,7 @@ def check_multihost_arguments(coordinator: str, num_processes: int, process_id: 
     bracketed = host.startswith("[") and host.endswith("]") and len(host) > 2
     if (
         not host
-        or not port.isdigit()
+        or not (port.isascii() and port.isdigit())  # '²' and '٣' are digits to str.isdigit
         or not 0 < int(port) < 2**16
         or any(c.isspace() or c in "/@" for c in host)
         or (any(c in host for c in ":[]") and not bracketed)  # IPv6 goes in brackets
@@ -251,21 +282,101 @@ def check_multihost_arguments(coordinator: str, num_processes: int, process_id: 
 JOIN_TIMEOUT_SECONDS = 300
 
 
-def initialize_multihost(coordinator: str, num_processes: int, process_id: int) -> None:
+def initialize_multihost(
+    coordinator: str, num_processes: int, process_id: int, *, preemption_service: bool = False
+) -> None:
     """Joins a multi-host run (`jax.distributed.initialize`) after checking the arguments.
 
     Call it before any other JAX computation, in every process, with the same
     `coordinator` (process 0's HOST:PORT) and `num_processes`. A process
     whose peers have not all joined within `JOIN_TIMEOUT_SECONDS` is ended
     by JAX (it cannot be caught).
+
+    JAX's preemption service (`jax_enable_preemption_service`) catches
+    SIGTERM so that a training loop polling
+    `multihost_utils.reached_preemption_sync_point` can checkpoint first;
+    nothing in tft_jax polls it, so a joined process ignored SIGTERM
+    (`timeout`, `kill`) and only SIGKILL ended it. It is left off unless
+    `preemption_service=True`, so SIGTERM ends the process as usual.
     """
     check_multihost_arguments(coordinator, num_processes, process_id)
-    jax.distributed.initialize(
-        coordinator_address=coordinator,
-        num_processes=int(num_processes),
-        process_id=int(process_id),
-        initialization_timeout=JOIN_TIMEOUT_SECONDS,
-    )
+    if not isinstance(preemption_service, bool):
+        raise TypeError(f"preemption_service must be a bool, got {preemption_service!r}")
+    previous = jax.config.jax_enable_preemption_service
+    jax.config.update("jax_enable_preemption_service", preemption_service)
+    try:
+        jax.distributed.initialize(
+            coordinator_address=coordinator,
+            num_processes=int(num_processes),
+            process_id=int(process_id),
+            initialization_timeout=JOIN_TIMEOUT_SECONDS,
+        )
+    finally:  # read once, by initialize
+        jax.config.update("jax_enable_preemption_service", previous)
+
+
+# How many settings `differing_settings` compares one by one; further settings share its
+# last slot. The slots are a fixed number, so that its one collective has the same shape in
+# every process whatever each was given.
+SETTINGS_SLOTS = 256
+
+
+def _digest(text: str) -> int:
+    """32 bits of the SHA-256 of `text`."""
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big")
+
+
+def settings_digests(settings: Mapping[str, str]) -> tuple[np.ndarray, list[list[str]]]:
+    """The `(SETTINGS_SLOTS,)` uint32 digests `differing_settings` gathers, and each slot's names.
+
+    Slot 0 digests the sorted names, slot `1 + i` the `i`-th name with its
+    value; names past the last slot share it. Unused slots hold 0.
+    """
+    if not isinstance(settings, Mapping):
+        raise TypeError(f"settings must be a mapping of names to str, got {settings!r}")
+    for name, value in settings.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise TypeError(f"settings must map str names to str values, got {name!r}: {value!r}")
+    names = sorted(settings)
+    groups = [[name] for name in names[: SETTINGS_SLOTS - 2]]
+    if names[SETTINGS_SLOTS - 2 :]:
+        groups.append(names[SETTINGS_SLOTS - 2 :])
+    digests = np.zeros(SETTINGS_SLOTS, np.uint32)
+    digests[0] = _digest(json.dumps(names))
+    for slot, group in enumerate(groups, start=1):
+        digests[slot] = _digest(json.dumps([[name, settings[name]] for name in group]))
+    return digests, [[], *groups]
+
+
+def differing_settings(settings: Mapping[str, str]) -> dict[str | None, tuple[int, ...]]:
+    """Which of this process's `settings` (name -> value) other processes hold otherwise.
+
+    Returns `{name: indices of the processes whose value differs}` for each
+    differing name; `{None: indices}` alone when some processes have other
+    names (then no value is compared); `{}` when all agree, and always in a
+    single process.
+
+    A collective: every process of a multi-host run must call it (right after
+    joining, before any computation whose shapes depend on the settings). It
+    gathers one fixed-size array of 32-bit digests (`SETTINGS_SLOTS`) with
+    `multihost_utils.process_allgather`, so it cannot hang on settings that
+    differ in number, names or values: each process learns which differ,
+    though not the other processes' values.
+    """
+    digests, groups = settings_digests(settings)
+    if jax.process_count() == 1:
+        return {}
+    gathered = np.asarray(multihost_utils.process_allgather(digests))
+    this = jax.process_index()
+    others = [index for index in range(len(gathered)) if index != this]
+    if names_differ := tuple(i for i in others if gathered[i][0] != digests[0]):
+        return {None: names_differ}
+    differing: dict[str | None, tuple[int, ...]] = {}
+    for slot, group in enumerate(groups[1:], start=1):
+        processes = tuple(i for i in others if gathered[i][slot] != digests[slot])
+        if processes:
+            differing.update((name, processes) for name in group)
+    return differing
 
 
 def process_rows(global_size: int, process_index: int, process_count: int) -> slice:
@@ -318,6 +429,9 @@ def barrier(name: str) -> None:
 def to_host(tree: PyTree) -> PyTree:
     """Every leaf of `tree` as a NumPy array holding its whole (global) value.
 
+    A typed PRNG key array (`jax.random.key`) has no NumPy form: it comes
+    back as its key data (`jax.random.key_data`, uint32 with the key's own
+    trailing axis), which `jax.random.wrap_key_data` turns back into keys.
     A fully addressable leaf is copied from its device; a replicated leaf that
     spans other processes' devices is read from this process's replica (no
     communication); a leaf split across processes (FSDP) is gathered with
@@ -326,6 +440,8 @@ def to_host(tree: PyTree) -> PyTree:
     """
 
     def fetch(leaf: Any) -> np.ndarray:
+        if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            leaf = jax.random.key_data(leaf)
         if not isinstance(leaf, jax.Array) or leaf.is_fully_addressable:
             return np.asarray(jax.device_get(leaf))
         if leaf.is_fully_replicated:

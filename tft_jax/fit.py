@@ -376,6 +376,10 @@ def fit(
     # Checked here: `jax.random.key` would fail on a traced float or a None, naming neither.
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise TypeError(f"fit: seed must be an int, got {type(seed).__name__} {seed!r}")
+    # Any truthy value (fsdp="no") used to turn FSDP on without a word.
+    if not isinstance(fsdp, bool | np.bool_):
+        raise TypeError(f"fit: fsdp must be a bool, got {type(fsdp).__name__} {fsdp!r}")
+    fsdp = bool(fsdp)
     if calibrate_steps is not None and not state.model_state:
         # Else the first step fails: calibrate=True named as `train_step`'s, or the
         # model refusing a `calibrate` argument inside the trace (calibrate_steps=0).
