@@ -584,12 +584,14 @@ def check_output_path(path: str | None, option: str = "--output") -> None:
         raise ValueError(f"{option} must name a file, got the directory {path!r}")
     if not os.path.isdir(directory):
         raise ValueError(f"{option}: the directory {directory!r} of {path!r} does not exist")
+    # A dangling link: appending would create its target, which then stays.
+    target = os.path.realpath(path) if os.path.islink(path) else path
     try:
         try:
-            with open(path, "x", encoding="utf-8"):
+            with open(target, "x", encoding="utf-8"):
                 created = True
         except FileExistsError:
-            with open(path, "a", encoding="utf-8"):
+            with open(target, "a", encoding="utf-8"):
                 created = False
     except OSError as error:
         raise ValueError(
@@ -597,7 +599,7 @@ def check_output_path(path: str | None, option: str = "--output") -> None:
         ) from None
     if created:
         with contextlib.suppress(OSError):
-            os.remove(path)
+            os.remove(target)
 
 
 def setup(args: argparse.Namespace) -> None:

@@ -269,6 +269,12 @@ def test_output_check_opens_the_file_as_the_write_will(tmp_path):
     assert existing.read_text() == '{"a": 1}\n'
     common.check_output_path(str(tmp_path / "new.jsonl"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.jsonl", "old.jsonl"]
+    # A dangling link into an existing folder: its target was created and left there.
+    (tmp_path / "folder").mkdir()
+    writable = tmp_path / "writable.jsonl"
+    writable.symlink_to(tmp_path / "folder" / "target.jsonl")
+    common.check_output_path(str(writable))
+    assert list((tmp_path / "folder").iterdir()) == [] and writable.is_symlink()
 
 
 def test_blocks_alternate_even_when_fewer_steps_than_a_block():

@@ -1327,8 +1327,13 @@ def test_the_compared_settings_are_every_flag_but_the_processs_own_and_the_table
         return cli.run_settings(parser.parse_args(argv))
 
     zero = settings(csv_path, "--process-id", "0")
-    # Another index, address or path to the same bytes: the same run.
-    one = settings(copy, "--process-id", "1", "--coordinator", "localhost:1")
+    # Another index, address, path to the same bytes, mount of the run folder, cache or
+    # progress output: the same run.
+    one = settings(
+        copy,
+        *("--process-id", "1", "--coordinator", "localhost:1", "--out", str(tmp_path / "b")),
+        *("--compile-cache", str(tmp_path / "cache"), "--quiet"),
+    )
     compared = {label: value for label, (value, _) in zero.items()}
     assert compared == {label: value for label, (value, _) in one.items()}
     flags = {
@@ -1336,7 +1341,8 @@ def test_the_compared_settings_are_every_flag_but_the_processs_own_and_the_table
         for action in parser._subparsers._group_actions[0].choices["train"]._actions
         if action.option_strings and action.dest != "help"
     }
-    assert set(zero) == flags - {"--process-id", "--coordinator"} | {"the command"}
+    local = {"--process-id", "--coordinator", "--out", "--compile-cache", "--quiet"}
+    assert set(zero) == flags - local | {"the command"}
     assert zero["--batch-size"] == ("8", "8")
     assert zero["--csv"][0] == hashlib.sha256(csv_path.read_bytes()).hexdigest()
     assert zero["--quantiles"][1] == "0.1 0.5 0.9"

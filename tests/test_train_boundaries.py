@@ -317,6 +317,30 @@ def test_a_model_of_another_call_signature_is_named_before_init(model: Any, caus
                            make_batch(), quantiles=(0.1, 0.5, 0.9))  # fmt: skip
 
 
+class _HookedInputOnly(nn.Module):
+    """Hands its QAT hook to its layer, but takes one input."""
+
+    dot_general_cls: Any = None
+
+    @nn.compact
+    def __call__(self, x: Any, deterministic: bool = True) -> Any:
+        return nn.Dense(3, dot_general_cls=self.dot_general_cls)(x)
+
+
+def test_a_qat_model_wrapping_a_model_of_another_call_signature_is_named_before_init() -> None:
+    # Before: QATModel's `__call__(*args, **kwargs)` took anything, and Python's raw
+    # "takes from 2 to 3 positional arguments" came from inside init.
+    from qat import QATConfig, QATModel
+
+    with pytest.raises(
+        TypeError,
+        match=r"create_train_state: the model must be callable as model\(static, .* but "
+        r"QATModel's _HookedInputOnly\.__call__\(x, deterministic=True\) does not take it",
+    ):
+        create_train_state(QATModel(_HookedInputOnly(), QATConfig(bits=8)), make_optimizer(1e-2),
+                           jax.random.key(0), make_batch(), quantiles=(0.1, 0.5, 0.9))  # fmt: skip
+
+
 def test_a_donated_state_is_named_not_an_xla_buffer_error(state: TrainState) -> None:
     copy = jax.tree.map(jnp.copy, state)
     train_step(copy, make_batch(), jax.random.key(0))

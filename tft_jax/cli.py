@@ -26,8 +26,9 @@ experiment command in `cli_experiments`.
 Several hosts: start `tft-jax train` once per host with the same arguments
 plus `--coordinator HOST:PORT --num-processes N --process-id I`; process 0
 writes the run's files and `--out` must be a folder every host sees. Right
-after joining, the processes compare their flags (all but --process-id and
---coordinator) and the content of their tables, and stop with an error naming
+after joining, the processes compare their flags (all but those a host may
+set its own way: --process-id, --coordinator, --out, --compile-cache and
+--quiet) and the content of their tables, and stop with an error naming
 each difference.
 """
 
@@ -1136,9 +1137,10 @@ def check_before_joining(args: argparse.Namespace) -> None:
         forecaster_config(args, qat=args.qat)
 
 
-# Flags that differ between the processes of one multi-host run by design: each one's index,
-# and how it reaches process 0 (which may call itself localhost).
-PER_PROCESS_FLAGS = ("process_id", "coordinator")
+# Flags that may differ between the processes of one multi-host run: each one's index, how
+# it reaches process 0 (which may call itself localhost), where a host mounts the shared run
+# folder, its own compilation cache (by default under its user's home) and its progress output.
+PER_PROCESS_FLAGS = ("process_id", "coordinator", "out", "compile_cache", "quiet")
 # Input tables: compared by content (SHA-256), not path, since hosts may mount them apart.
 TABLE_FLAGS = ("csv", "future_csv")
 # Namespace entries that are not flags: the command is compared on its own; `given_flags`

@@ -363,6 +363,16 @@ def _check_model_call(model: Any, args: tuple, kwargs: dict) -> None:
     `*args`/`**kwargs` takes what it collects; one that cannot be read is left
     to `init`.
     """
+    wrapped_mismatch = getattr(model, "call_mismatch", None)  # a QATModel: its wrapped model's
+    if callable(wrapped_mismatch):
+        mismatch = wrapped_mismatch(args, {**kwargs, "deterministic": True})
+        if mismatch is not None:
+            if wrapped_mismatch(args, kwargs) is None:
+                raise TypeError(f"{_DETERMINISTIC_NEEDED}: {mismatch}")
+            raise TypeError(
+                f"create_train_state: the model must be callable as {_MODEL_CALL} (the train "
+                f"step passes deterministic=False), but {type(model).__name__}'s {mismatch}"
+            )
     try:
         signature = inspect.signature(model.__call__)
     except (AttributeError, TypeError, ValueError):

@@ -301,7 +301,7 @@ def check_causal(case: ModelCase) -> None:
         return (np.asarray(forward({**inputs, **changed}).history_weights),)
 
     # The forward returns NumPy (not differentiable by jax.vjp): forward values only.
-    # Time is on axis 1 of every output (of ranks 3 and 4: out_axis must be given).
+    # Time is on axis 1 of every output: given, as the shapes can leave it in doubt (Q == T).
     checks.assert_causal(
         lambda future: horizon_outputs({"future": future}),
         inputs["future"],

@@ -370,15 +370,17 @@ def _check_qat_source(
     if held and written is not None:
         then = written.get("fp32_steps_trained")
         if written[FP32_DIGEST_KEY] == source[FP32_DIGEST_KEY]:
-            if then is not None and then != fp32_steps:
+            if then == fp32_steps:
+                return
+            # Recorded at this step below, so that a later resume does not say it again.
+            if then is not None:
                 announce(
                     quiet,
                     f"QAT: the FP32 model trained on from step {then} to {fp32_steps} without "
                     "a lower validation loss: its best state is the one the QAT checkpoints "
                     "were fine-tuned from, and QAT goes on from them",
                 )
-            return
-        if then is not None and then != fp32_steps:
+        elif then is not None and then != fp32_steps:
             reason = f"the FP32 model trained on from step {then} to {fp32_steps}"
         else:
             reason = (
