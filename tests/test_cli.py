@@ -1047,6 +1047,9 @@ def test_plot_says_when_the_future_chart_shows_only_the_first_series(
     )  # fmt: skip
     assert code == 0, err
     assert "future chart: the first 2 of 3 series (choose them with --series)" in stdout
+    # The test fan charts were cut to the first series without a word, and --series
+    # chose only the future chart's.
+    assert "test fan charts: the first 2 of 3 series (choose them with --series)" in stdout
 
 
 @pytest.mark.slow

@@ -862,3 +862,308 @@ def test_future_chart_names_a_history_target_that_holds_text(tmp_path):
         tmp_path / "f.png", forecast, history, id_col="id", time_col="time", target="y",
         quantiles=(0.1, 0.5, 0.9), tail=10,
     ).is_file()  # fmt: skip
+
+
+# ----------------------------------------------------------------- usage audit: gaps, zones, series
+
+
+def _actual_line(axis):
+    (line,) = [line for line in axis.get_lines() if line.get_label() in ("actual", "_actual")]
+    return line
+
+
+def _line_series(line) -> pd.Series:
+    """The drawn `(x, y)` of a line as a Series indexed by the times (UTC where aware)."""
+    return pd.Series(
+        np.asarray(line.get_ydata(orig=False), dtype=float),
+        index=pd.DatetimeIndex(mdates.num2date(line.get_xdata(orig=False))).tz_localize(None),
+    )
+
+
+def _gappy_dataset():
+    """One daily series whose test period misses two targets: the windows over them left out."""
+    import warnings
+
+    from tft_jax.data import prepare_dataset
+
+    times = pd.date_range("2024-01-01", periods=400, freq="D")
+    table = pd.DataFrame({"shop": "a", "day": times, "sales": 10.0 + np.arange(400.0)})
+    options = dict(id_col="shop", time_col="day", target="sales", freq="D", history=14, horizon=7)
+    first = prepare_dataset(table, **options).split("test").forecast_start[0]
+    missing = [first + pd.Timedelta(days=9), first + pd.Timedelta(days=10)]
+    table.loc[table["day"].isin(missing), "sales"] = np.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the filled targets are announced
+        dataset = prepare_dataset(table, **options)
+    return dataset, table, missing
+
+
+def test_run_fan_charts_draw_the_tables_actuals_between_windows_left_out(tmp_path, monkeypatch):
+    # The windows whose horizon held a missing target are left out: the actual line ran
+    # straight from one drawn window to the next, hiding the observations between and
+    # drawing the missing steps as if they had values.
+    dataset, table, missing = _gappy_dataset()
+    count = len(dataset.split("test"))
+    prediction = _run_inputs()[1]
+    prediction = type(prediction)(
+        quantiles=np.broadcast_to(np.array([-1.0, 0.0, 1.0]), (count, 7, 3)).copy(),
+        attention=prediction.attention,
+        static_weights=prediction.static_weights,
+        history_weights=prediction.history_weights,
+        future_weights=prediction.future_weights,
+    )
+    figures = _capture_figures(monkeypatch)
+    plots.draw_run_plots(dataset, "test", {"fp32": prediction}, (0.1, 0.5, 0.9), None, tmp_path)
+    (axis,) = figures[0].axes
+    drawn = _line_series(_actual_line(axis))
+    medians = [line for line in axis.get_lines() if line.get_color() == plots._MEDIAN]
+    starts = sorted(_line_series(line).index[0] for line in medians)
+    assert max(np.diff(starts)) > pd.Timedelta(days=7)  # a window was left out between
+    finite = drawn.dropna()
+    days = pd.date_range(finite.index[0], finite.index[-1], freq="D")
+    # Every day of the span drawn, each with the table's value: NaN where it is missing.
+    assert set(days) <= set(drawn.index)
+    expected = table.set_index("day")["sales"].reindex(days)
+    np.testing.assert_array_equal(drawn[~drawn.index.duplicated()].reindex(days), expected)
+    assert drawn.reindex(missing).isna().all()
+    assert np.isfinite(expected).sum() > len(medians) * 7  # observations between windows too
+
+
+def test_fan_chart_breaks_the_actual_line_across_steps_the_tables_lack(tmp_path, monkeypatch):
+    # Hours 8 and 9 are in neither table: the line joined 7 to 10 as if they held values.
+    times = pd.date_range("2024-01-01", periods=14, freq="h", tz="Europe/Paris")
+    context = pd.DataFrame({"id": "a", "time": times[:4], "actual": np.arange(4.0)})
+    forecasts = pd.concat(
+        [pd.DataFrame({"id": "a", "forecast_start": times[start], "time": times[start:start + 4],
+                       "p10": 0.0, "p50": 1.0, "p90": 2.0,
+                       "actual": np.arange(start, start + 4.0)})
+         for start in (4, 10)]
+    )  # fmt: skip
+    figures = _capture_figures(monkeypatch)
+    _draw_fans(tmp_path, forecasts, context)
+    values = _actual_line(figures[0].axes[0]).get_ydata(orig=False)
+    np.testing.assert_array_equal(values, [*np.arange(8.0), np.nan, *np.arange(10.0, 14.0)])
+
+
+@pytest.mark.parametrize("freq", [None, "MS"])
+def test_fan_chart_breaks_a_monthly_line_only_where_a_month_is_missing(tmp_path, monkeypatch, freq):
+    # Months of 28 to 31 days are one step each; March 2024 is absent.
+    months = pd.date_range("2023-10-01", periods=9, freq="MS")
+    kept = months.delete(5)
+    context = pd.DataFrame({"id": "a", "time": kept[:6], "actual": np.arange(6.0)})
+    forecasts = pd.DataFrame(
+        {"id": "a", "forecast_start": kept[6], "time": kept[6:], "p10": 0.0, "p50": 1.0,
+         "p90": 2.0, "actual": [6.0, 7.0]}
+    )  # fmt: skip
+    figures = _capture_figures(monkeypatch)
+    plots.plot_forecast_fans(
+        tmp_path / "f.png", forecasts, context, id_col="id", time_col="time",
+        lower="p10", median="p50", upper="p90", **({} if freq is None else {"freq": freq}),
+    )  # fmt: skip
+    values = _actual_line(figures[0].axes[0]).get_ydata(orig=False)
+    np.testing.assert_array_equal(values, [0.0, 1, 2, 3, 4, np.nan, 5, 6, 7])
+
+
+def test_fan_chart_refuses_an_unknown_frequency(tmp_path):
+    forecasts, context = _one_window()
+    with pytest.raises(ValueError, match="unknown frequency"):
+        plots.plot_forecast_fans(
+            tmp_path / "f.png", forecasts, context, id_col="id", time_col="time",
+            lower="p10", median="p50", upper="p90", freq="fortnightly",
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("history_rows", ["absent", "empty"])
+def test_future_chart_of_text_times_draws_a_series_without_history(
+    tmp_path, monkeypatch, history_rows
+):
+    # Texts parsed from no rows are naive: converting them to the forecast's zone failed
+    # with pandas' "Cannot convert tz-naive timestamps".
+    local = pd.date_range("2024-03-30", periods=12, freq="h", tz="Europe/Paris")
+    history = pd.DataFrame({"id": "b", "time": [t.isoformat() for t in local], "y": 1.0})
+    if history_rows == "empty":
+        history = history.iloc[:0]
+    forecast = _future_forecast(pd.date_range(local[-1] + pd.Timedelta("1h"), periods=3, freq="h"))
+    figures = _capture_figures(monkeypatch)
+    plots.plot_future(
+        tmp_path / "f.png", forecast, history, id_col="id", time_col="time", target="y",
+        quantiles=(0.1, 0.5, 0.9), tail=5, timezone="Europe/Paris",
+    )  # fmt: skip
+    (axis,) = figures[0].axes
+    assert _notes(figures[0]) == ["no finite actual value: none drawn"]
+    assert "actual" not in axis.get_legend_handles_labels()[1]
+
+
+def test_fan_chart_of_only_missing_actuals_says_so_and_leaves_actual_out_of_the_legend(
+    tmp_path, monkeypatch
+):
+    # The legend listed 'actual' over a panel with no actual line and no word why.
+    forecasts, context = _one_window()
+    context["actual"] = math.nan
+    other = _one_window()
+    both = pd.concat([forecasts, other[0].assign(id="b")])
+    figures = _capture_figures(monkeypatch)
+    _draw_fans(tmp_path, forecasts, context)
+    _draw_fans(tmp_path, both, pd.concat([context, other[1].assign(id="b")]))
+    alone, first_of_two = figures
+    assert _notes(alone) == ["no finite actual value: none drawn"]
+    assert [t.get_text() for t in alone.axes[0].get_legend().get_texts()] == ["p10-p90", "p50"]
+    # The legend is the first panel's, with the actual drawn in the second.
+    legend = first_of_two.axes[0].get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == ["p10-p90", "p50", "actual"]
+
+
+def test_future_chart_labels_its_band_and_median_as_the_run_fan_charts_do(tmp_path, monkeypatch):
+    forecast, history = _future_inputs()
+    figures = _capture_figures(monkeypatch)
+    plots.plot_future(
+        tmp_path / "f.png", forecast, history, id_col="id", time_col="time", target="y",
+        quantiles=(0.1, 0.5, 0.9), tail=5,
+    )  # fmt: skip
+    labels = [t.get_text() for t in figures[0].axes[0].get_legend().get_texts()]
+    assert labels == ["actual", "p10-p90", "p50"]
+
+
+def test_time_axes_name_the_time_columns_zone(tmp_path, monkeypatch):
+    figures = _capture_figures(monkeypatch)
+    forecasts, context = fan_inputs()
+    _draw_fans(tmp_path, forecasts.rename(columns={"sensor": "id"}),
+               context.rename(columns={"sensor": "id"}))  # fmt: skip
+    local = pd.date_range("2024-03-30", periods=24, freq="h", tz="Europe/Paris")
+    history = pd.DataFrame({"id": "a", "time": local, "y": 1.0})
+    forecast = _future_forecast(pd.date_range(local[-1] + pd.Timedelta("1h"), periods=3, freq="h"))
+    plots.plot_future(
+        tmp_path / "g.png", forecast, history, id_col="id", time_col="time", target="y",
+        quantiles=(0.1, 0.5, 0.9), tail=5,
+    )  # fmt: skip
+    naive, aware = figures
+    assert {axis.get_xlabel() for axis in naive.axes} == {"time"}
+    assert aware.axes[0].get_xlabel() == "time (Europe/Paris)"
+    aware.canvas.draw()
+    assert str(aware.axes[0].xaxis.get_major_formatter()._tz) == "Europe/Paris"
+
+
+def _many_series_dataset(count: int):
+    from tft_jax.data import prepare_dataset
+    from tft_jax.evaluation import Predictions
+
+    times = pd.date_range("2024-01-01", periods=120, freq="D")
+    table = pd.DataFrame(
+        [(100 + s, t, 10.0 + s + i % 7) for s in range(count) for i, t in enumerate(times)],
+        columns=["shop", "day", "sales"],
+    )
+    dataset = prepare_dataset(
+        table, id_col="shop", time_col="day", target="sales", freq="D", history=14, horizon=7
+    )
+    windows = len(dataset.split("test"))
+    prediction = Predictions(
+        quantiles=np.broadcast_to(np.array([-1.0, 0.0, 1.0]), (windows, 7, 3)).copy(),
+        attention=np.full((7, 21), 1 / 21),
+        static_weights=np.full(len(dataset.static_weight_names), 1.0),
+        history_weights=np.full(len(dataset.history_weight_names), 1.0),
+        future_weights=np.full(len(dataset.future_weight_names), 1.0),
+    )
+    return dataset, prediction
+
+
+def test_run_fan_charts_announce_the_series_they_leave_out_and_draw_those_named(
+    tmp_path, monkeypatch
+):
+    # The fan charts showed the first 6 series without a word; --series chose the future
+    # chart's only.
+    dataset, prediction = _many_series_dataset(plots.MAX_FAN_SERIES + 2)
+    drawn = []
+
+    def record(path, forecasts, context, **kwargs):
+        drawn.append((forecasts, kwargs["title"]))
+        return path
+
+    monkeypatch.setattr(plots, "plot_forecast_fans", record)
+    told: list[str] = []
+    args = (dataset, "test", {"fp32": prediction}, (0.1, 0.5, 0.9), None, tmp_path)
+    plots.draw_run_plots(*args, announce=told.append)
+    plots.draw_run_plots(*args, series=[107, 101], announce=told.append)
+    (default, title), (named, named_title) = drawn
+    cut = f"the first {plots.MAX_FAN_SERIES} of {plots.MAX_FAN_SERIES + 2} series"
+    assert told == [f"test fan charts: {cut}"]
+    assert cut in title and "first" not in named_title
+    assert list(pd.unique(default["shop"])) == list(range(100, 100 + plots.MAX_FAN_SERIES))
+    assert list(pd.unique(named["shop"])) == [107, 101]
+    assert (
+        named.groupby("shop")["forecast_start"].nunique().tolist()
+        == [default.groupby("shop")["forecast_start"].nunique()[101]] * 2
+    )
+
+
+@pytest.mark.parametrize(
+    ("series", "error", "match"),
+    [
+        (["104"], ValueError, r"series \['104'\] are not in the dataset; it has 100, 101, 102"
+                              r".* \(its ids are not texts: pass 104, not '104'\)"),
+        ([999], ValueError, r"series \[999\] are not in the dataset; it has 100, 101, 102, "
+                            r"103, 104, 105, 106, 107$"),
+        (104, TypeError, "series must be a list of series ids"),
+        ([101, 101], ValueError, r"must not repeat an id .* got \[101\]"),
+    ],
+)  # fmt: skip
+def test_run_fan_charts_refuse_series_the_dataset_lacks_naming_its_ids(
+    tmp_path, series, error, match
+):
+    dataset, prediction = _many_series_dataset(8)
+    with pytest.raises(error, match=match):
+        plots.draw_run_plots(
+            dataset, "test", {"fp32": prediction}, (0.1, 0.5, 0.9), None, tmp_path, series=series
+        )
+
+
+def test_future_chart_names_unknown_series_by_their_plain_ids_with_a_hint_for_texts(tmp_path):
+    # The ids were listed as np.int64(101), and '104' for id 104 got no hint.
+    forecast, history = _future_inputs()
+    forecast["id"], history["id"] = np.int64(104), np.int64(104)
+    options = dict(id_col="id", time_col="time", target="y", quantiles=(0.1, 0.5, 0.9), tail=5)
+    with pytest.raises(ValueError) as caught:
+        plots.plot_future(tmp_path / "f.png", forecast, history, series=["104"], **options)
+    assert str(caught.value) == (
+        "series ['104'] are not in the forecast; it has 104 "
+        "(its ids are not texts: pass 104, not '104')"
+    )
+
+
+def test_plot_refuses_a_directory_path_or_a_parent_that_is_a_file_by_name(tmp_path):
+    # An existing folder failed with IsADirectoryError naming a temporary file; a parent
+    # that is a file with a bare FileExistsError.
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "table.csv").write_text("a\n1\n")
+    with pytest.raises(ValueError, match=r"path '.*folder' is a directory"):
+        plots.plot_attention(tmp_path / "folder", np.full((2, 5), 0.2), history=3)
+    for path in (tmp_path / "table.csv" / "a.png", tmp_path / "table.csv" / "x" / "a.png"):
+        with pytest.raises(ValueError, match=r"its parent '.*table\.csv' is not a folder"):
+            plots.plot_attention(path, np.full((2, 5), 0.2), history=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "table.csv"]
+
+
+def test_run_fan_charts_name_series_without_windows_and_still_draw_the_rest(tmp_path, monkeypatch):
+    import warnings
+
+    from tft_jax.data import prepare_dataset
+
+    times = pd.date_range("2024-01-01", periods=120, freq="D")
+    table = pd.concat(
+        [pd.DataFrame({"shop": "a", "day": times, "sales": 10.0 + np.arange(120) % 7}),
+         pd.DataFrame({"shop": "b", "day": times[:60], "sales": 5.0})]
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        dataset = prepare_dataset(
+            table, id_col="shop", time_col="day", target="sales", freq="D", history=14, horizon=7
+        )
+    prediction = _run_inputs()[1]
+    figures = _capture_figures(monkeypatch)
+    told: list[str] = []
+    args = (dataset, "test", {"fp32": prediction}, (0.1, 0.5, 0.9), None, tmp_path)
+    written = plots.draw_run_plots(*args, series=["b"], announce=told.append)
+    assert told == ["test fan charts: series ['b'] have no test windows, not drawn"]
+    assert [path.name for path in written] == ["attention.png", "variable_importance.png"]
+    with pytest.warns(UserWarning, match=r"series \['b'\] have no test windows"):
+        plots.draw_run_plots(*args, series=["b", "a"])
+    assert [axis.get_title(loc="left") for axis in figures[-3].axes] == ["a"]

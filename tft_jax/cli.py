@@ -687,6 +687,7 @@ def run_training(args: argparse.Namespace, command: str = "train") -> dict[str, 
         forecaster.history,
         out / "plots",
         postprocess=forecaster.postprocess,
+        announce=None if args.quiet else print,
     )
     metrics["seconds"] = {**forecaster.summary["seconds"], "total": time.perf_counter() - started}
     if "qat" in forecaster.summary:
@@ -998,6 +999,10 @@ def command_plot(args: argparse.Namespace) -> int:
         folder,
         interpret=model,
         postprocess=forecaster.postprocess,
+        series=series,
+        announce=lambda line: print(
+            line if series is not None else f"{line} (choose them with --series)"
+        ),
     )
     if spec.known_cols and args.future_csv is None:
         print(
@@ -1030,6 +1035,7 @@ def command_plot(args: argparse.Namespace) -> int:
                 time_format=run_data.time_format,
                 dayfirst=run_data.dayfirst,
                 timezone=run_data.timezone,
+                freq=run_data.freq,
             )
         )
     for path in figures:

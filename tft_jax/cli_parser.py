@@ -800,7 +800,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "--series",
                 nargs="+",
                 metavar="ID",
-                help=f"series of the future chart (default: the first {MAX_FAN_SERIES})",
+                help=f"series of the fan and future charts (default: the first {MAX_FAN_SERIES})",
             )
 
     demo = commands.add_parser(

@@ -22,8 +22,14 @@ from matplotlib.figure import Figure
 
 from tft_jax.atomic_files import replaced_atomically
 from tft_jax.data import PreparedDataset
-from tft_jax.data.listing import repeated
-from tft_jax.data.tables import MISSING_TEXTS, _parse_times
+from tft_jax.data.listing import first_few, repeated
+from tft_jax.data.tables import (
+    MISSING_TEXTS,
+    _parse_times,
+    parse_frequency,
+    plain_value,
+    series_grid,
+)
 from tft_jax.evaluation import (
     Predictions,
     fan_window_indices,
@@ -71,6 +77,15 @@ def _save(figure: Figure, path: PathLike) -> pathlib.Path:
     suffix = path.suffix.lower().lstrip(".")
     if suffix != "png" and suffix in figure.canvas.get_supported_filetypes():
         raise ValueError(f"plots are written as PNG; path {str(path)!r} names a .{suffix} file")
+    # Refused here by name: the write failed with IsADirectoryError naming a temporary
+    # file, or mkdir with a bare FileExistsError.
+    if path.is_dir():
+        raise ValueError(f"path {str(path)!r} is a directory; name the PNG file to write in it")
+    for parent in path.parents:
+        if parent.exists() or parent.is_symlink():
+            if not parent.is_dir():
+                raise ValueError(f"path {str(path)!r}: its parent {str(parent)!r} is not a folder")
+            break
     path.parent.mkdir(parents=True, exist_ok=True)
     # Room between stacked panels for the tick labels of one and the title of the next.
     figure.get_layout_engine().set(h_pad=0.12)
@@ -140,6 +155,99 @@ def _plain_number(value: Any) -> Any:
     return None if isinstance(value, bool | np.bool_) else value
 
 
+def _with_breaks(line: pd.DataFrame, time_col: str, freq: str | None) -> pd.DataFrame:
+    """`line` (`time_col` sorted, `actual`) with a NaN row between times over a step apart.
+
+    A line joins neighbouring points: across times missing from the table
+    (forecast windows left out, rows absent) it was drawn straight, as if the
+    steps between held values. The step is `freq` (a pandas offset alias, as
+    `TableSpec.freq`: a month is one step whatever its length); without it,
+    the frequency pandas infers from the times, else the most common
+    difference between neighbours, a gap being over 1.5 of it.
+    """
+    line = line[line[time_col].notna()]
+    times = line[time_col]
+    if len(line) < 2:
+        return line
+    if pd.api.types.is_datetime64_any_dtype(times):
+        index = pd.DatetimeIndex(times)
+        if freq is None:
+            try:
+                freq = pd.infer_freq(index)
+            except (TypeError, ValueError):
+                freq = None
+        if freq is not None:
+            grid = series_grid(index, freq)
+            # Grid times strictly between neighbours: the steps the table lacks.
+            between = np.searchsorted(grid, index[1:], "left") - np.searchsorted(
+                grid, index[:-1], "right"
+            )
+            gaps = np.flatnonzero(between > 0)
+        else:
+            gaps = _wide_steps(np.diff(index.asi8).astype(np.float64))
+    elif pd.api.types.is_numeric_dtype(times) and not pd.api.types.is_bool_dtype(times):
+        gaps = _wide_steps(np.diff(times.to_numpy(dtype=np.float64)))
+    else:
+        return line  # texts: matplotlib's category axis, one tick per value
+    if not gaps.size:
+        return line
+    before, after = times.iloc[gaps].reset_index(drop=True), times.iloc[gaps + 1]
+    breaks = pd.DataFrame(
+        {time_col: before + (after.reset_index(drop=True) - before) / 2, "actual": np.nan}
+    )
+    return pd.concat([line, breaks], ignore_index=True).sort_values(time_col, kind="stable")
+
+
+def _wide_steps(steps: np.ndarray) -> np.ndarray:
+    """Positions of `steps` over 1.5 times the most common positive step."""
+    positive = steps[steps > 0]
+    if not positive.size:
+        return np.array([], dtype=np.int64)
+    sizes, counts = np.unique(positive, return_counts=True)
+    return np.flatnonzero(steps > 1.5 * sizes[np.argmax(counts)])
+
+
+def _time_label(times: pd.Series) -> str:
+    """'time (Europe/Berlin)' for aware times, 'time' for naive ones (or not times)."""
+    zone = getattr(times.dt, "tz", None) if pd.api.types.is_datetime64_any_dtype(times) else None
+    return "time" if zone is None else f"time ({zone})"
+
+
+def _checked_series_list(series: Any) -> list[Any]:
+    """`series` as a list of ids: a ValueError or TypeError for a string, an empty list, repeats."""
+    if isinstance(series, (str, bytes)) or not isinstance(series, Sequence | np.ndarray):
+        hint = f" (for one series pass [{series!r}])" if isinstance(series, str) else ""
+        raise TypeError(f"series must be a list of series ids, got {series!r}{hint}")
+    series = list(series)
+    if not series:
+        raise ValueError("series is empty: name at least one series to draw")
+    twice = repeated(series)
+    if twice:
+        raise ValueError(
+            f"series must not repeat an id (one panel each), got {[plain_value(v) for v in twice]}"
+        )
+    return series
+
+
+def _unknown_series(unknown: Sequence[Any], known: Sequence[Any], where: str) -> ValueError:
+    """The error for `series` naming ids `where` lacks: the ids it has as written, and a
+    hint where a text names a numeric id ('104' for 104, as the command line gives them)."""
+    known = [plain_value(value) for value in known]
+    message = (
+        f"series {[plain_value(value) for value in unknown]} are not in {where}; it has "
+        f"{first_few([repr(value) for value in known], limit=10)}"
+    )
+    by_text = {str(value): value for value in known if not isinstance(value, str)}
+    hints = [
+        f"{by_text[name]!r}, not {name!r}"
+        for name in unknown
+        if isinstance(name, str) and name in by_text
+    ]
+    if hints:
+        message += f" (its ids are not texts: pass {'; '.join(hints)})"
+    return ValueError(message)
+
+
 def isolated(values: np.ndarray) -> np.ndarray:
     """(N,) bool: the finite values of `values` (N,) whose neighbours are both missing or absent."""
     finite = np.isfinite(values)
@@ -160,6 +268,7 @@ def plot_forecast_fans(
     upper: str,
     title: str = "",
     units: str = "",
+    freq: str | None = None,
 ) -> pathlib.Path:
     """Fan charts, one panel per series: the `lower`-`upper` band, the median, the actuals.
 
@@ -174,16 +283,26 @@ def plot_forecast_fans(
       lower, median, upper: the quantile columns of the band and the median.
       title: figure title.
       units: y-axis label.
+      freq: the time step, a pandas offset alias (`TableSpec.freq`); default
+        the frequency pandas infers from the times, else the most common
+        step between them.
 
-    Missing actuals are drawn as gaps (the future has none). A non-finite
+    The band and median are labelled by their column names. The x axis is
+    labelled with the time column's zone ('time (Europe/Berlin)').
+
+    Missing actuals are drawn as gaps (the future has none): a NaN actual,
+    and a time more than one step (`freq`) after the one before it, whose
+    steps in between the tables lack (the actuals between forecast windows
+    are those of `context`). A panel without any finite actual says so in
+    its note, and the legend lists 'actual' only where one is drawn. A non-finite
     value of `lower`, `median` or `upper` leaves a gap in the band or the
     median, and a note in the panel counts them per column; a panel with no
     finite forecast value at all still shows the actuals, and its note says
     so.
 
     Raises:
-      ValueError: naming the columns `forecasts` or `context` lacks, or when
-        `forecasts` is empty.
+      ValueError: naming the columns `forecasts` or `context` lacks, when
+        `forecasts` is empty, or for an unknown `freq`.
       TypeError: naming a quantile or `actual` column that holds something
         other than numbers (texts, dates, booleans), and its first such value.
     """
@@ -206,6 +325,8 @@ def plot_forecast_fans(
         }
     )
     context = context.assign(actual=_numeric_column("context", context, "actual"))
+    if freq is not None:
+        parse_frequency(freq)
     series = list(pd.unique(forecasts[id_col]))
     if not series:
         raise ValueError("forecasts is empty: nothing to plot")
@@ -216,7 +337,10 @@ def plot_forecast_fans(
         past = context[context[id_col] == name].sort_values(time_col)
         actual = pd.concat([past[[time_col, "actual"]], rows[[time_col, "actual"]]])
         actual = actual.drop_duplicates(time_col).sort_values(time_col)
-        axis.plot(actual[time_col], actual["actual"], color=_ACTUAL, lw=1.0, label="actual")
+        actual = _with_breaks(actual, time_col, freq)
+        seen = bool(np.isfinite(actual["actual"].to_numpy(dtype=np.float64)).any())
+        axis.plot(actual[time_col], actual["actual"], color=_ACTUAL, lw=1.0,
+                  label="actual" if seen else "_actual")  # fmt: skip
         # A line joins finite neighbours only: an actual between gaps would not be drawn.
         alone = isolated(actual["actual"].to_numpy(dtype=np.float64))
         if alone.any():
@@ -251,20 +375,29 @@ def plot_forecast_fans(
                 ms=4,
                 label=median if first else None,
             )
+        notes = [] if seen else ["no finite actual value: none drawn"]
         bad = {column: int(np.sum(~np.isfinite(rows[column]))) for column in quantile_columns}
         if any(bad.values()):
             counts = ", ".join(f"{column} {count}" for column, count in bad.items() if count)
             every = all(count == len(rows) for count in bad.values())
-            _note(
-                axis,
+            notes.append(
                 f"no finite forecast value ({len(rows)} steps): nothing drawn"
                 if every
                 else f"non-finite forecast values, not drawn: {counts} (of {len(rows)} steps)",
             )
+        if notes:
+            _note(axis, "\n".join(notes))
         axis.set_title(str(name), fontsize=10, loc="left")
         axis.set_ylabel(units)
+        axis.set_xlabel(_time_label(rows[time_col]))
         axis.grid(alpha=0.3)
-    axes[0].legend(loc="upper right", fontsize=8, ncol=3)
+    # One legend for all panels: an entry drawn in any (the first may lack actuals).
+    entries: dict[str, Any] = {}
+    for axis in axes:
+        for handle, label in zip(*axis.get_legend_handles_labels(), strict=True):
+            entries.setdefault(label, handle)
+    if entries:
+        axes[0].legend(entries.values(), entries.keys(), loc="upper right", fontsize=8, ncol=3)
     if title:
         figure.suptitle(title)
     return _save(figure, path)
@@ -640,11 +773,25 @@ def draw_run_plots(
     directory: pathlib.Path,
     interpret: str = "fp32",
     postprocess: Callable[[np.ndarray], np.ndarray] | None = None,
+    *,
+    series: Sequence[Any] | None = None,
+    announce: Callable[[str], None] | None = None,
 ) -> list[pathlib.Path]:
     """Fan charts per model, attention, variable importance and loss curves as PNGs.
 
     The attention and variable importance are those of the model `interpret`,
     or of the first of `predictions` when it has no `interpret`.
+
+    The fan charts draw up to 7 back-to-back windows of each series in
+    `series` (a list of ids of `dataset.series_ids`, in that order), by
+    default of the first `MAX_FAN_SERIES` series with windows in `split`.
+    The actuals are the table's over the whole span drawn, so steps between
+    windows left out (a missing target in their horizon) show what was
+    observed, and missing steps are gaps. Where more series have windows than
+    are drawn, the titles say so and `announce` (e.g. `print`) is given a
+    line such as 'test fan charts: the first 6 of 30 series'; a named series
+    without windows in `split` is not drawn, which `announce` is told (a
+    `UserWarning` without `announce`).
 
     The fans show the forecasts as the library returns and scores them:
     `postprocess` (e.g. `Forecaster.postprocess`, which also clips at 0 with
@@ -652,6 +799,11 @@ def draw_run_plots(
     default they are sorted across levels, so the band never shows a crossed
     lowest and highest quantile that `predict`, `forecast` and the metrics
     would have sorted.
+
+    Raises:
+      ValueError: for empty `predictions`, or `series` empty, repeated or
+        naming an id the dataset lacks.
+      TypeError: for `series` given as a string or not as a sequence.
     """
     if not predictions:
         raise ValueError("predictions is empty: nothing to plot")
@@ -659,18 +811,25 @@ def draw_run_plots(
     windows = dataset.split(split)
     spec = dataset.spec
     low, high = quantile_column(min(quantiles)), quantile_column(max(quantiles))
-    chosen = fan_window_indices(windows, per_series=7, max_series=MAX_FAN_SERIES)
+    codes, cut = _fan_series_codes(dataset, windows, split, series, announce)
+    chosen = _fan_windows(windows, codes)
     fan_windows = subset(windows, chosen)
     written = []
     context_steps = min(dataset.history, 2 * dataset.horizon)
     frame = dataset.frame
+    # The table's actuals over the whole span drawn, between windows too: the line
+    # joined the windows' own actuals across those left out (a missing target in
+    # their horizon), hiding the observations between and the missing steps.
     context_rows = np.concatenate(
-        [np.arange(start - context_steps, start) for start in _first_starts(fan_windows)]
-    )
+        [np.array([], dtype=np.int64)]
+        + [np.arange(first - context_steps, last + dataset.horizon)
+           for first, last in _spans(fan_windows)]
+    )  # fmt: skip
     context = frame.iloc[context_rows][[spec.id_col, spec.time_col, spec.target]].rename(
         columns={spec.target: "actual"}
     )
-    for name, prediction in predictions.items():
+    band = f"{low}-{high} band, median" + (f"; {cut}" if cut else "")
+    for name, prediction in ({} if not len(chosen) else predictions).items():
         table = forecast_frame(
             dataset,
             fan_windows,
@@ -687,8 +846,9 @@ def draw_run_plots(
                 lower=low,
                 median="p50",
                 upper=high,
-                title=f"{MODEL_LABELS[name]}: {split} forecasts ({low}-{high} band, median)",
+                title=f"{MODEL_LABELS[name]}: {split} forecasts ({band})",
                 units=spec.target,
+                freq=spec.freq,
             )
         )
     # Without `interpret` among the predictions the first model is drawn: titled as itself.
@@ -723,10 +883,60 @@ def draw_run_plots(
     return written
 
 
-def _first_starts(windows: Any) -> list[int]:
-    """First forecast row of each series among `windows` (in series order)."""
+def _fan_series_codes(
+    dataset: PreparedDataset,
+    windows: Any,
+    split: str,
+    series: Sequence[Any] | None,
+    announce: Callable[[str], None] | None,
+) -> tuple[list[int], str]:
+    """The series codes `draw_run_plots` draws fans of, in order, and the cut ('' if none).
+
+    The named `series` with windows in `split`, else the first `MAX_FAN_SERIES`
+    series with windows; 'first 6 of 30 series' where more have windows.
+    """
+    present = [int(code) for code in np.unique(windows.series_code)]
+    if series is None:
+        if len(present) <= MAX_FAN_SERIES:
+            return present, ""
+        cut = f"the first {MAX_FAN_SERIES} of {len(present)} series"
+        if announce is not None:
+            announce(f"{split} fan charts: {cut}")
+        return present[:MAX_FAN_SERIES], cut
+    series = _checked_series_list(series)
+    ids = [plain_value(value) for value in dataset.series_ids]
+    unknown = [name for name in series if plain_value(name) not in ids]
+    if unknown:
+        raise _unknown_series(unknown, ids, "the dataset")
+    codes = [ids.index(plain_value(name)) for name in series]
+    without = [plain_value(name) for name, code in zip(series, codes, strict=True)
+               if code not in present]  # fmt: skip
+    if without:
+        text = f"{split} fan charts: series {without} have no {split} windows, not drawn"
+        if announce is None:
+            warnings.warn(text, UserWarning, stacklevel=3)
+        else:
+            announce(text)
+    return [code for code in codes if code in present], ""
+
+
+def _fan_windows(windows: Any, codes: Sequence[int]) -> np.ndarray:
+    """Indices of up to 7 back-to-back windows of each series code of `codes`, in that order."""
+    chosen = [np.array([], dtype=np.int64)]
+    for code in codes:
+        (positions,) = np.nonzero(windows.series_code == code)
+        inner = fan_window_indices(subset(windows, positions), per_series=7, max_series=1)
+        chosen.append(positions[inner])
+    return np.concatenate(chosen)
+
+
+def _spans(windows: Any) -> list[tuple[int, int]]:
+    """First and last forecast-start row of each series among `windows` (in their order)."""
     codes = windows.series_code
-    return [int(windows.starts[np.nonzero(codes == code)[0][0]]) for code in np.unique(codes)]
+    return [
+        (int(windows.starts[codes == code].min()), int(windows.starts[codes == code].max()))
+        for code in pd.unique(codes)
+    ]
 
 
 def _checked_future_arguments(
@@ -763,17 +973,7 @@ def _checked_future_arguments(
                     f"{argument}={column!r} is not a column of the {table_name}; its columns "
                     f"are {list(table.columns)}"
                 )
-    if series is not None:
-        if isinstance(series, (str, bytes)) or not isinstance(series, Sequence | np.ndarray):
-            hint = f" (for one series pass [{series!r}])" if isinstance(series, str) else ""
-            raise TypeError(f"series must be a list of series ids, got {series!r}{hint}")
-        series = list(series)
-        if not series:
-            raise ValueError("series is empty: name at least one series to draw")
-        twice = repeated(series)
-        if twice:
-            raise ValueError(f"series must not repeat an id (one panel each), got {twice}")
-    return series
+    return None if series is None else _checked_series_list(series)
 
 
 def plot_future(
@@ -791,6 +991,7 @@ def plot_future(
     time_format: str | None = None,
     dayfirst: bool = False,
     timezone: str | None = None,
+    freq: str | None = None,
 ) -> pathlib.Path:
     """Fan chart of the forecast after the end of the data, one panel per series.
 
@@ -812,13 +1013,20 @@ def plot_future(
         column (`TableSpec`); its texts are parsed as the data layer parsed
         them (day-first dates, mixed UTC offsets) and drawn in the
         forecast's zone, so the history ends where the forecast starts.
+      freq: the time step (`TableSpec.freq`), where the actual line breaks
+        across steps the history lacks; default inferred (`plot_forecast_fans`).
+
+    The band and median are labelled as in the run's fan charts ('p10-p90',
+    'p50'). A series without history rows (or with only missing targets) is
+    drawn without actuals, and its panel says so.
 
     Raises:
       ValueError: for a negative `tail`; empty `quantiles` or a level outside
         (0, 1); `id_col`, `time_col` or `target` naming a column the forecast
         or the history lacks; `series` empty, repeated or missing from the
-        forecast; or quantile columns `q<level>` of `quantiles` the forecast
-        lacks.
+        forecast (naming its ids, with a hint where a text such as '104'
+        names the numeric id 104); an unknown `freq`; or quantile columns
+        `q<level>` of `quantiles` the forecast lacks.
       TypeError: for `quantiles` or `series` given as a string or not as a
         sequence, a level that is not a number, or quantile or target columns
         that do not hold numbers (see `plot_forecast_fans`).
@@ -829,6 +1037,8 @@ def plot_future(
     series = _checked_future_arguments(
         forecast, history, id_col, time_col, target, quantiles, series
     )
+    if freq is not None:
+        parse_frequency(freq)
     low, high = quantile_name(min(quantiles)), quantile_name(max(quantiles))
     missing = [name for name in (low, quantile_name(0.5), high) if name not in forecast.columns]
     if missing:
@@ -839,17 +1049,22 @@ def plot_future(
     if series is not None:
         unknown = [name for name in series if name not in set(forecast[id_col])]
         if unknown:
-            raise ValueError(
-                f"series {unknown} are not in the forecast; it has "
-                f"{list(pd.unique(forecast[id_col]))}"
-            )
+            raise _unknown_series(unknown, list(pd.unique(forecast[id_col])), "the forecast")
     else:
         series = list(pd.unique(forecast[id_col]))[:MAX_FAN_SERIES]
     # The panels follow the first appearance of each id: put the rows in `series` order.
     order = {name: index for index, name in enumerate(series)}
     forecast = forecast[forecast[id_col].isin(list(order))]
     forecast = forecast.iloc[np.argsort(forecast[id_col].map(order).to_numpy(), kind="stable")]
-    rows = forecast.copy()
+    # Labelled as the test fan charts are ('p10-p90', 'p50'): one style in both charts.
+    pairs = ((low, min(quantiles)), (quantile_name(0.5), 0.5), (high, max(quantiles)))
+    levels = {name: quantile_column(level) for name, level in pairs}
+    if {id_col, time_col} & set(levels.values()):
+        levels = {name: name for name in levels}
+    rows = pd.DataFrame(
+        {id_col: forecast[id_col], time_col: forecast[time_col],
+         **{label: forecast[name] for name, label in levels.items()}}
+    )  # fmt: skip
     # A forecast read back from a CSV has texts, across a daylight saving change with two
     # UTC offsets (which `pd.to_datetime` refuses): read as the data layer reads such texts.
     with warnings.catch_warnings():
@@ -865,16 +1080,20 @@ def plot_future(
             context[time_col], time_col, context[id_col], time_format, dayfirst, timezone
         )
     zone = rows[time_col].dt.tz
-    if len(times) and (times.dt.tz is None) != (zone is None):
+    if not len(times):
+        # No history for the series drawn: nothing to convert (parsed from no text, the
+        # empty column is naive, and converting it to the forecast's zone failed).
+        times = pd.Series([], dtype=rows[time_col].dtype, index=context.index)
+    elif (times.dt.tz is None) != (zone is None):
         raise ValueError(
             f"history's {time_col!r} times are {'naive' if times.dt.tz is None else 'tz-aware'} "
             f"but the forecast's are {'naive' if zone is None else f'in zone {zone}'}; "
             "pass the history the forecast was made from"
         )
-    context[time_col] = times if zone is None else times.dt.tz_convert(zone)
+    context[time_col] = times if zone is None or not len(times) else times.dt.tz_convert(zone)
     context = context.sort_values(time_col).groupby(id_col).tail(tail)
     return plot_forecast_fans(
-        path, rows, context, id_col=id_col, time_col=time_col, lower=low,
-        median=quantile_name(0.5),
-        upper=high, title=title, units=target,
+        path, rows, context, id_col=id_col, time_col=time_col, lower=levels[low],
+        median=levels[quantile_name(0.5)], upper=levels[high], title=title, units=target,
+        freq=freq,
     )  # fmt: skip
