@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -189,9 +190,9 @@ def test_run_fan_charts_draw_the_quantiles_sorted_as_the_library_returns_them(
     predictions = Predictions(
         quantiles=np.array(crossed),
         attention=np.full((7, 21), 1 / 21),
-        static_weights=np.full(len(dataset.static_weight_names), 1.0),
-        history_weights=np.full(len(dataset.history_weight_names), 1.0),
-        future_weights=np.full(len(dataset.future_weight_names), 1.0),
+        static_weights=_uniform(dataset.static_weight_names),
+        history_weights=_uniform(dataset.history_weight_names),
+        future_weights=_uniform(dataset.future_weight_names),
     )
     drawn = _capture_fans(monkeypatch)
     plots.draw_run_plots(dataset, "test", {"fp32": predictions}, (0.1, 0.5, 0.9), None, tmp_path)
@@ -384,9 +385,9 @@ def _run_inputs():
     prediction = Predictions(
         quantiles=np.broadcast_to(np.array([-1.0, 0.0, 1.0]), (count, 7, 3)).copy(),
         attention=np.full((7, 21), 1 / 21),
-        static_weights=np.full(len(dataset.static_weight_names), 1.0),
-        history_weights=np.full(len(dataset.history_weight_names), 1.0),
-        future_weights=np.full(len(dataset.future_weight_names), 1.0),
+        static_weights=_uniform(dataset.static_weight_names),
+        history_weights=_uniform(dataset.history_weight_names),
+        future_weights=_uniform(dataset.future_weight_names),
     )
     return dataset, prediction
 
@@ -631,6 +632,11 @@ def _one_window(**columns) -> tuple[pd.DataFrame, pd.DataFrame]:
     )  # fmt: skip
     context = pd.DataFrame({"id": "a", "time": times[:5], "actual": 2.0})
     return forecasts, context
+
+
+def _uniform(names) -> np.ndarray:
+    """Equal selection weights over `names`, summing to 1 as the model's do."""
+    return np.full(len(names), 1 / max(1, len(names)))
 
 
 def _notes(figure) -> list[str]:
@@ -1059,9 +1065,9 @@ def _many_series_dataset(count: int):
     prediction = Predictions(
         quantiles=np.broadcast_to(np.array([-1.0, 0.0, 1.0]), (windows, 7, 3)).copy(),
         attention=np.full((7, 21), 1 / 21),
-        static_weights=np.full(len(dataset.static_weight_names), 1.0),
-        history_weights=np.full(len(dataset.history_weight_names), 1.0),
-        future_weights=np.full(len(dataset.future_weight_names), 1.0),
+        static_weights=_uniform(dataset.static_weight_names),
+        history_weights=_uniform(dataset.history_weight_names),
+        future_weights=_uniform(dataset.future_weight_names),
     )
     return dataset, prediction
 
@@ -1167,3 +1173,38 @@ def test_run_fan_charts_name_series_without_windows_and_still_draw_the_rest(tmp_
     with pytest.warns(UserWarning, match=r"series \['b'\] have no test windows"):
         plots.draw_run_plots(*args, series=["b", "a"])
     assert [axis.get_title(loc="left") for axis in figures[-3].axes] == ["a"]
+
+
+def test_attention_plot_says_what_share_falls_on_the_decoder_positions(tmp_path, monkeypatch):
+    # The history curves of (2, 5) rows of 0.2 sum to 0.6: the other 0.4 was not mentioned.
+    figures = _capture_figures(monkeypatch)
+    attention = np.array([[0.3, 0.3, 0.3, 0.1, 0.0], [0.2, 0.2, 0.2, 0.2, 0.2]])  # T=3, H=2
+    plots.plot_attention(tmp_path / "a.png", attention, history=3)
+    plots.plot_attention(tmp_path / "b.png", np.full((3, 13), math.nan), history=10)
+    title = figures[0].axes[0].get_legend().get_title().get_text()
+    assert title == "25.0% of the weight on forecast steps 0..1 (not drawn)"  # (0.1 + 0.4) / 2
+    nan_title = figures[1].axes[0].get_legend().get_title().get_text()
+    assert nan_title == "weight on forecast steps 0..2: non-finite (not drawn)"
+
+
+@pytest.mark.parametrize("weights", [np.full((1, 1, 2), 0.5), [[0.5, 0.5]], 1.0])
+def test_variable_importance_refuses_weights_that_are_not_one_dimensional(tmp_path, weights):
+    # A raw (B, T, V) array was flattened into one bar per entry.
+    shape = np.shape(weights)
+    with pytest.raises(
+        ValueError, match=rf"group 'g': weights must be 1-D.*got shape {re.escape(str(shape))}"
+    ):
+        names = ["a", "b"] if np.size(weights) == 2 else ["a"]
+        plots.plot_variable_importance(tmp_path / "vi.png", [("g", names, weights)])
+
+
+@pytest.mark.parametrize("weights", [[0.3, 0.3], [0.6, 0.6], [2.0, 0.0]])
+def test_variable_importance_refuses_weights_that_do_not_sum_to_one(tmp_path, weights):
+    with pytest.raises(ValueError, match=r"group 'g': selection weights must sum to 1 .* got"):
+        plots.plot_variable_importance(tmp_path / "vi.png", [("g", ["a", "b"], weights)])
+
+
+def test_variable_importance_takes_float32_sums_within_the_tolerance(tmp_path):
+    weights = np.array([0.3, 0.7004])  # off by 4e-4, within 1e-3
+    path = plots.plot_variable_importance(tmp_path / "vi.png", [("g", ["a", "b"], weights)])
+    assert path.read_bytes()[:4] == b"\x89PNG"

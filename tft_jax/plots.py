@@ -422,6 +422,11 @@ def plot_attention(
         first, middle and last. The mean over all horizons is drawn bold.
       title: figure title.
 
+    Only the history columns are drawn; the rest of each row's weight falls
+    on the forecast (decoder) positions `0..H-1`, so the curves sum to less
+    than 1. The legend's title says that share: the decoder columns' sum,
+    averaged over the horizon steps with a finite sum.
+
     A non-finite weight over the history (a diverged model) leaves a gap in
     its curve and in the mean at its lag, and a note counts them; with no
     finite weight at all the figure is still written (the run's other plots
@@ -472,8 +477,18 @@ def plot_attention(
     axis.set_ylabel("attention weight")
     axis.set_title(title)
     axis.grid(alpha=0.3)
-    axis.legend(fontsize=8)
+    axis.legend(fontsize=8, title=_decoder_share_text(attention[:, history:]), title_fontsize=8)
     return _save(figure, path)
+
+
+def _decoder_share_text(decoder: np.ndarray) -> str:
+    """What the attention plot leaves out: the mean weight on the decoder positions `0..H-1`."""
+    sums = decoder.sum(axis=1)
+    finite = np.isfinite(sums)
+    last = decoder.shape[1] - 1
+    if not finite.any():
+        return f"weight on forecast steps 0..{last}: non-finite (not drawn)"
+    return f"{float(sums[finite].mean()):.1%} of the weight on forecast steps 0..{last} (not drawn)"
 
 
 def plot_variable_importance(
@@ -487,7 +502,8 @@ def plot_variable_importance(
     Args:
       path: the PNG to write.
       groups: `(panel title, variable names, weights)` triples, e.g. static,
-        history and future inputs; `weights` has one entry per name. Empty
+        history and future inputs; `weights` is 1-D with one entry per name
+        and, as averaged softmax outputs, sums to 1 (within 1e-3). Empty
         groups are left out.
       title: figure title.
 
@@ -497,9 +513,11 @@ def plot_variable_importance(
     Raises:
       TypeError: for names given as one string (which would be read as one
         name per character), or weights that are not numbers.
-      ValueError: for names and weights of different lengths, a negative
-        weight (selection weights are softmax outputs, in 0..1), naming the
-        group and the variable, or when every group is empty.
+      ValueError: for weights that are not 1-D (a raw `(B, T, V)` array was
+        flattened into one bar per entry), names and weights of different
+        lengths, a negative weight (selection weights are softmax outputs, in
+        0..1), finite weights of a group not summing to 1 (within 1e-3),
+        naming the group (and the variable), or when every group is empty.
     """
     kept = []
     for name, labels, weights in groups:
@@ -510,9 +528,14 @@ def plot_variable_importance(
             )
         labels = list(labels)
         try:
-            weights = np.asarray(weights, dtype=np.float64).reshape(-1)
+            weights = np.asarray(weights, dtype=np.float64)
         except (TypeError, ValueError) as error:
             raise TypeError(f"group {name!r}: weights must be numbers: {error}") from None
+        if weights.ndim != 1:
+            raise ValueError(
+                f"group {name!r}: weights must be 1-D, one per variable (averaged over windows "
+                f"and steps), got shape {weights.shape}"
+            )
         if len(labels) != weights.size:
             raise ValueError(
                 f"group {name!r}: {len(labels)} names for {weights.size} weights; they must match"
@@ -522,6 +545,13 @@ def plot_variable_importance(
             raise ValueError(
                 f"group {name!r}: selection weights must be >= 0 (softmax outputs), got "
                 f"{', '.join(negative)}"
+            )
+        # Non-finite weights (a diverged model) are drawn and labelled, not summed.
+        total = float(weights.sum())
+        if weights.size and np.isfinite(weights).all() and abs(total - 1.0) > _WEIGHT_SUM_TOLERANCE:
+            raise ValueError(
+                f"group {name!r}: selection weights must sum to 1 (softmax outputs averaged; "
+                f"within {_WEIGHT_SUM_TOLERANCE:g}), got {total:.6g}"
             )
         if weights.size:
             kept.append((name, labels, weights))
@@ -546,6 +576,10 @@ def plot_variable_importance(
     axes[-1].set_xlabel("mean selection weight")
     figure.suptitle(title)
     return _save(figure, path)
+
+
+#: How far a group's selection weights may sum from 1 (float32 softmax sums miss it by ~1e-7).
+_WEIGHT_SUM_TOLERANCE = 1e-3
 
 
 def _finite(values: Sequence[Any], name: str = "values") -> np.ndarray:

@@ -71,6 +71,7 @@ from tft_jax.forecaster.config import (
     TrainingConfig,
     quantile_name,
 )
+from tft_jax.forecaster.interpretation import interpretation_tables
 from tft_jax.forecaster.predictors import MODEL_NAMES, Predictor, make_predictor, qat_model_for
 from tft_jax.forecaster.training import announce, train_fp32, train_qat, validation_batches
 from tft_jax.losses import ZeroTargetError
@@ -629,6 +630,18 @@ class Forecaster:
             )
         return self._predictors[model]
 
+    def _batch_size(self, batch_size: int | None, where: str) -> int:
+        """`batch_size` checked (an int >= 1), or the training eval batch size for None."""
+        if batch_size is None:
+            return self.config.training.eval_batch_size
+        if (
+            isinstance(batch_size, bool)
+            or not isinstance(batch_size, numbers.Integral)
+            or batch_size < 1
+        ):
+            raise ValueError(f"{where}: batch_size must be an int >= 1, got {batch_size!r}")
+        return int(batch_size)  # a NumPy integer too, as the configs take
+
     # ------------------------------------------------------------------ data
 
     def prepare(self, table: Table | PreparedDataset, scored: str | None = None) -> PreparedDataset:
@@ -885,15 +898,7 @@ class Forecaster:
           quantile level (`q0.1`, `q0.5`, ...), in the target's units, rows
           ordered by series then time.
         """
-        if batch_size is None:
-            batch_size = self.config.training.eval_batch_size
-        elif (
-            isinstance(batch_size, bool)
-            or not isinstance(batch_size, numbers.Integral)
-            or batch_size < 1
-        ):
-            raise ValueError(f"predict: batch_size must be an int >= 1, got {batch_size!r}")
-        batch_size = int(batch_size)  # a NumPy integer too, as the configs take
+        batch_size = self._batch_size(batch_size, "predict")
         fitted = self._require_fitted()
         predict = self.predictor(model)
         data = self.config.data
@@ -1101,6 +1106,71 @@ class Forecaster:
         left out of the metrics with a warning.
         """
         return self.evaluation(table, split, models)[0]
+
+    def interpretation(
+        self,
+        table: Table | PreparedDataset,
+        split: str = "test",
+        model: str = "fp32",
+        batch_size: int | None = None,
+    ) -> dict[str, pd.DataFrame]:
+        """The model's variable importances and attention on `split` of `table`, as tables.
+
+        `table` is prepared and split as in `evaluate` (a `PreparedDataset`
+        is used as it was prepared); every window of the split is run
+        through `model` and its interpretability outputs are averaged.
+
+        Args:
+          table: a long-format DataFrame or CSV path, or a `PreparedDataset`.
+          split: 'train', 'validation' or 'test'.
+          model: 'fp32', 'qat' or 'int8' (one this forecaster trained).
+          batch_size: windows per batch (default the training eval batch size).
+
+        Returns:
+          A dict of DataFrames (`tft_jax.forecaster.interpretation.interpretation_tables`):
+
+          - `static`, `history`, `future`: the variable selection weights, one
+            row per variable with columns `variable` and `weight`, in the
+            model's order (not sorted; `.sort_values("weight")` sorts them).
+            Static weights are averaged over windows; history and future
+            weights over windows and steps. Each group sums to 1.
+          - `attention`: the attention of each horizon step (rows, index
+            `horizon` 1..H) over the window's positions (columns, `position`):
+            lags -T..-1, then the forecast steps 0..H-1, averaged over windows
+            and heads. Rows sum to 1; a step puts no weight on later steps.
+
+        Raises:
+          ValueError: for a `split` or `model` not among the names above (or
+            a model not trained), or a `batch_size` below 1.
+          TableContentError: when the split holds no complete window.
+        """
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        model = self._check_model(model)
+        batch_size = self._batch_size(batch_size, "interpretation")
+        dataset = self.prepare(table, split)
+        windows = dataset.split(split)
+        if not len(windows):
+            raise TableContentError(
+                f"interpretation: the {split} split of the table holds no complete window "
+                f"({dataset.history} steps of history and {dataset.horizon} steps with an "
+                "observed target); choose another split, or set DataConfig "
+                "validation_fraction/test_fraction (or validation_start/test_start) leaving "
+                "room for a window"
+            )
+        predictions = predict_windows(self.predictor(model), windows, batch_size)
+        history_names = (
+            dataset.history_weight_names
+            if self.tft_config.use_known_history
+            else dataset.observed_weight_names
+        )
+        return interpretation_tables(
+            predictions,
+            dataset.static_weight_names,
+            history_names,
+            dataset.future_weight_names,
+            dataset.history,
+        )
 
     def backtest(
         self,
