@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from tft_jax import plots
+from tft_jax.data.tables import time_grid
 
 from .figure_capture import _capture_figures
 
@@ -1187,24 +1188,32 @@ def test_attention_plot_says_what_share_falls_on_the_decoder_positions(tmp_path,
     assert nan_title == "weight on forecast steps 0..2: non-finite (not drawn)"
 
 
-@pytest.mark.parametrize("weights", [np.full((1, 1, 2), 0.5), [[0.5, 0.5]], 1.0])
-def test_variable_importance_refuses_weights_that_are_not_one_dimensional(tmp_path, weights):
+@pytest.mark.parametrize("weights", [np.full((2, 1, 2), 0.5), [[0.5, 0.5], [0.5, 0.5]]])
+def test_variable_importance_refuses_weights_that_are_not_one_per_variable(tmp_path, weights):
     # A raw (B, T, V) array was flattened into one bar per entry.
     shape = np.shape(weights)
     with pytest.raises(
         ValueError, match=rf"group 'g': weights must be 1-D.*got shape {re.escape(str(shape))}"
     ):
-        names = ["a", "b"] if np.size(weights) == 2 else ["a"]
+        names = ["a", "b"]
         plots.plot_variable_importance(tmp_path / "vi.png", [("g", names, weights)])
 
 
-@pytest.mark.parametrize("weights", [[0.3, 0.3], [0.6, 0.6], [2.0, 0.0]])
-def test_variable_importance_refuses_weights_that_do_not_sum_to_one(tmp_path, weights):
-    with pytest.raises(ValueError, match=r"group 'g': selection weights must sum to 1 .* got"):
-        plots.plot_variable_importance(tmp_path / "vi.png", [("g", ["a", "b"], weights)])
-
-
-def test_variable_importance_takes_float32_sums_within_the_tolerance(tmp_path):
-    weights = np.array([0.3, 0.7004])  # off by 4e-4, within 1e-3
+@pytest.mark.parametrize("weights", [[0.3, 0.3], [60.0, 40.0], [[0.6], [0.4]], [[0.2, 0.8]]])
+def test_variable_importance_draws_a_top_k_percentages_and_a_column(tmp_path, weights):
+    # A top-k of interpretation()'s table, percentages, or df[["weight"]].to_numpy().
     path = plots.plot_variable_importance(tmp_path / "vi.png", [("g", ["a", "b"], weights)])
     assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_daily_line_starting_on_a_midnight_a_clock_change_moved_has_no_false_breaks():
+    # America/Santiago skipped 2024-09-08 00:00: that day starts at 01:00. A grid anchored
+    # there put every later day at 01:00, so each midnight-to-midnight step read as a gap.
+    days = time_grid(pd.Timestamp("2024-09-01", tz="America/Santiago"), periods=20, freq="D")
+    for start in (0, 7):
+        times = pd.Series(days[start:])
+        line = pd.DataFrame({"time": times, "actual": np.arange(len(times), dtype=float)})
+        assert not plots._with_breaks(line, "time", "D")["actual"].isna().any(), times.iloc[0]
+    gapped = pd.Series(days[7:].delete(3))
+    line = pd.DataFrame({"time": gapped, "actual": np.arange(len(gapped), dtype=float)})
+    assert int(plots._with_breaks(line, "time", "D")["actual"].isna().sum()) == 1
