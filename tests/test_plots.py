@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 
 import matplotlib.dates as mdates
 import numpy as np
@@ -1217,3 +1218,13 @@ def test_a_daily_line_starting_on_a_midnight_a_clock_change_moved_has_no_false_b
     gapped = pd.Series(days[7:].delete(3))
     line = pd.DataFrame({"time": gapped, "actual": np.arange(len(gapped), dtype=float)})
     assert int(plots._with_breaks(line, "time", "D")["actual"].isna().sum()) == 1
+
+
+def test_a_line_without_freq_is_broken_at_its_gap_without_a_pandas_warning():
+    # pd.infer_freq's string result is deprecated in pandas 3: a warning at every chart.
+    days = pd.Series(pd.date_range("2024-01-01", periods=12, freq="D").delete(5))
+    line = pd.DataFrame({"time": days, "actual": np.arange(len(days), dtype=float)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        broken = plots._with_breaks(line, "time", None)
+    assert int(broken["actual"].isna().sum()) == 1

@@ -25,6 +25,7 @@ from tft_jax.data import PreparedDataset
 from tft_jax.data.listing import first_few, repeated
 from tft_jax.data.tables import (
     MISSING_TEXTS,
+    _inferred_alias,
     _parse_times,
     parse_frequency,
     plain_value,
@@ -173,10 +174,7 @@ def _with_breaks(line: pd.DataFrame, time_col: str, freq: str | None) -> pd.Data
     if pd.api.types.is_datetime64_any_dtype(times):
         index = pd.DatetimeIndex(times)
         if freq is None:
-            try:
-                freq = pd.infer_freq(index)
-            except (TypeError, ValueError):
-                freq = None
+            freq = _inferred_alias(index)  # without pandas' warning about its result type
         if freq is not None:
             grid = series_grid(index, freq)
             # Grid times strictly between neighbours: the steps the table lacks.

@@ -415,6 +415,20 @@ def _check_qat_source(
     barrier("tft-jax qat source written")
 
 
+def _split_windows(dataset: PreparedDataset, split: str, where: str) -> WindowSet:
+    """The windows of `split`; `TableContentError` naming `where` when it holds none."""
+    windows = dataset.split(split)
+    if not len(windows):
+        raise TableContentError(
+            f"{where}: the {split} split of the table holds no complete window "
+            f"({dataset.history} steps of history and {dataset.horizon} steps with an "
+            f"observed target); split={split!r} needs a nonzero DataConfig "
+            "validation_fraction/test_fraction (or validation_start/test_start) leaving "
+            "room for a window"
+        )
+    return windows
+
+
 def _common_grid(dataset: PreparedDataset, freq: str, zone: str | None) -> pd.DatetimeIndex:
     """The times of `freq` from the first to the last time of `dataset`: the backtest's steps.
 
@@ -1033,16 +1047,8 @@ class Forecaster:
         refuse (more than `DataConfig.max_missing_fraction` filled).
         """
         dataset = self.prepare(table, split)
-        windows = dataset.split(split)
-        if not len(windows):
-            # Said here: the predictions would fail with "no windows to evaluate".
-            raise TableContentError(
-                f"evaluate: the {split} split of the table holds no complete window "
-                f"({dataset.history} steps of history and {dataset.horizon} steps with an "
-                f"observed target); split={split!r} needs a nonzero DataConfig "
-                "validation_fraction/test_fraction (or validation_start/test_start) leaving "
-                "room for a window"
-            )
+        # Said here: the predictions would fail with "no windows to evaluate".
+        windows = _split_windows(dataset, split, "evaluate")
         left_out = self._sparse_histories(dataset, windows.starts)
         if left_out.all():
             raise TableContentError(
@@ -1149,15 +1155,7 @@ class Forecaster:
         model = self._check_model(model)
         batch_size = self._batch_size(batch_size, "interpretation")
         dataset = self.prepare(table, split)
-        windows = dataset.split(split)
-        if not len(windows):
-            raise TableContentError(
-                f"interpretation: the {split} split of the table holds no complete window "
-                f"({dataset.history} steps of history and {dataset.horizon} steps with an "
-                "observed target); choose another split, or set DataConfig "
-                "validation_fraction/test_fraction (or validation_start/test_start) leaving "
-                "room for a window"
-            )
+        windows = _split_windows(dataset, split, "interpretation")
         predictions = predict_windows(self.predictor(model), windows, batch_size)
         history_names = (
             dataset.history_weight_names
