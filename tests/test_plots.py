@@ -1194,7 +1194,7 @@ def test_variable_importance_refuses_weights_that_are_not_one_per_variable(tmp_p
     # A raw (B, T, V) array was flattened into one bar per entry.
     shape = np.shape(weights)
     with pytest.raises(
-        ValueError, match=rf"group 'g': weights must be 1-D.*got shape {re.escape(str(shape))}"
+        ValueError, match=rf"group 'g': weights must be one per .*got shape {re.escape(str(shape))}"
     ):
         names = ["a", "b"]
         plots.plot_variable_importance(tmp_path / "vi.png", [("g", names, weights)])

@@ -545,8 +545,8 @@ def plot_variable_importance(
             weights = weights.reshape(-1)  # a column or row of one variable per entry
         if weights.ndim != 1:
             raise ValueError(
-                f"group {name!r}: weights must be 1-D, one per variable (averaged over windows "
-                f"and steps), got shape {weights.shape}"
+                f"group {name!r}: weights must be one per variable (averaged over windows and "
+                f"steps; at most one axis longer than 1), got shape {weights.shape}"
             )
         if len(labels) != weights.size:
             raise ValueError(
