@@ -374,12 +374,14 @@ def test_fan_chart_names_the_columns_its_inputs_lack(tmp_path):
         )  # fmt: skip
 
 
-def _run_inputs():
+def _run_inputs(table: pd.DataFrame | None = None):
+    """A prepared daily shop table (one shop by default), uniform predictions of its test split."""
     from tft_jax.data import prepare_dataset
     from tft_jax.evaluation import Predictions
 
-    times = pd.date_range("2024-01-01", periods=120, freq="D")
-    table = pd.DataFrame({"shop": "a", "day": times, "sales": 10.0 + np.arange(120) % 7})
+    if table is None:
+        times = pd.date_range("2024-01-01", periods=120, freq="D")
+        table = pd.DataFrame({"shop": "a", "day": times, "sales": 10.0 + np.arange(120) % 7})
     dataset = prepare_dataset(
         table, id_col="shop", time_col="day", target="sales", freq="D", history=14, horizon=7
     )
@@ -1052,26 +1054,13 @@ def test_time_axes_name_the_time_columns_zone(tmp_path, monkeypatch):
 
 
 def _many_series_dataset(count: int):
-    from tft_jax.data import prepare_dataset
-    from tft_jax.evaluation import Predictions
-
+    """`_run_inputs`' run for `count` shops with the integer ids 100, 101, ..."""
     times = pd.date_range("2024-01-01", periods=120, freq="D")
     table = pd.DataFrame(
         [(100 + s, t, 10.0 + s + i % 7) for s in range(count) for i, t in enumerate(times)],
         columns=["shop", "day", "sales"],
     )
-    dataset = prepare_dataset(
-        table, id_col="shop", time_col="day", target="sales", freq="D", history=14, horizon=7
-    )
-    windows = len(dataset.split("test"))
-    prediction = Predictions(
-        quantiles=np.broadcast_to(np.array([-1.0, 0.0, 1.0]), (windows, 7, 3)).copy(),
-        attention=np.full((7, 21), 1 / 21),
-        static_weights=_uniform(dataset.static_weight_names),
-        history_weights=_uniform(dataset.history_weight_names),
-        future_weights=_uniform(dataset.future_weight_names),
-    )
-    return dataset, prediction
+    return _run_inputs(table)
 
 
 def test_run_fan_charts_announce_the_series_they_leave_out_and_draw_those_named(
