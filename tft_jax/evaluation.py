@@ -122,17 +122,19 @@ def subset(windows: WindowSet, indices: np.ndarray) -> WindowSet:
     return dataclasses.replace(windows, starts=windows.starts[np.asarray(indices, dtype=np.int64)])
 
 
-def fan_window_indices(windows: WindowSet, per_series: int, max_series: int) -> np.ndarray:
-    """Indices of up to `per_series` back-to-back windows for each of the first `max_series` series.
+def fan_window_indices(
+    windows: WindowSet, per_series: int, codes: Sequence[int] | np.ndarray
+) -> np.ndarray:
+    """Indices of up to `per_series` back-to-back windows of each series code in `codes`, in order.
 
     For each series, its first window, then each next window starting at
     least `horizon` rows after the previous one: forecasts that tile a stretch
-    of time without overlapping, as a fan chart shows them.
+    of time without overlapping, as a fan chart shows them. A code without
+    windows gives none.
     """
-    codes = windows.series_code
     chosen: list[int] = []
-    for code in np.unique(codes)[:max_series]:
-        (positions,) = np.nonzero(codes == code)
+    for code in codes:
+        (positions,) = np.nonzero(windows.series_code == code)
         next_start = -1
         taken = 0
         for position in positions:

@@ -847,7 +847,7 @@ def draw_run_plots(
     spec = dataset.spec
     low, high = quantile_column(min(quantiles)), quantile_column(max(quantiles))
     codes, cut = _fan_series_codes(dataset, windows, split, series, announce)
-    chosen = _fan_windows(windows, codes)
+    chosen = fan_window_indices(windows, per_series=7, codes=codes)
     fan_windows = subset(windows, chosen)
     written = []
     context_steps = min(dataset.history, 2 * dataset.horizon)
@@ -953,16 +953,6 @@ def _fan_series_codes(
         else:
             announce(text)
     return [code for code in codes if code in present], ""
-
-
-def _fan_windows(windows: Any, codes: Sequence[int]) -> np.ndarray:
-    """Indices of up to 7 back-to-back windows of each series code of `codes`, in that order."""
-    chosen = [np.array([], dtype=np.int64)]
-    for code in codes:
-        (positions,) = np.nonzero(windows.series_code == code)
-        inner = fan_window_indices(subset(windows, positions), per_series=7, max_series=1)
-        chosen.append(positions[inner])
-    return np.concatenate(chosen)
 
 
 def _spans(windows: Any) -> list[tuple[int, int]]:
