@@ -897,11 +897,7 @@ def draw_run_plots(
             title=f"{MODEL_LABELS[interpret]}: attention over the history ({split} mean)",
         )
     )
-    history_names = (
-        dataset.history_weight_names
-        if len(shown.history_weights) == len(dataset.history_weight_names)
-        else dataset.observed_weight_names
-    )
+    history_names = dataset.history_weight_names_for(len(shown.history_weights))
     written.append(
         plot_variable_importance(
             directory / "variable_importance.png",

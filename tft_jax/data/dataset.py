@@ -183,6 +183,17 @@ class PreparedDataset:
         """
         return self.observed_weight_names + self.future_weight_names
 
+    def history_weight_names_for(self, count: int) -> tuple[str, ...]:
+        """Labels for `count` history weights, with or without the known inputs.
+
+        `history_weight_names` when the known inputs joined the history
+        (`TFTConfig.use_known_history`, as their number tells), else
+        `observed_weight_names`.
+        """
+        if count == len(self.history_weight_names):
+            return self.history_weight_names
+        return self.observed_weight_names
+
     def split(self, name: str) -> WindowSet:
         """The windows of split `name` ('train', 'validation' or 'test')."""
         if name not in SPLITS:

@@ -1157,15 +1157,10 @@ class Forecaster:
         dataset = self.prepare(table, split)
         windows = _split_windows(dataset, split, "interpretation")
         predictions = predict_windows(self.predictor(model), windows, batch_size)
-        history_names = (
-            dataset.history_weight_names
-            if self.tft_config.use_known_history
-            else dataset.observed_weight_names
-        )
         return interpretation_tables(
             predictions,
             dataset.static_weight_names,
-            history_names,
+            dataset.history_weight_names_for(len(predictions.history_weights)),
             dataset.future_weight_names,
             dataset.history,
         )

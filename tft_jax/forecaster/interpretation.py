@@ -14,9 +14,6 @@ import pandas as pd
 
 from tft_jax.evaluation import Predictions
 
-#: The keys of `interpretation_tables`' dict, in order.
-TABLES = ("static", "history", "future", "attention")
-
 
 def _importances(group: str, names: Sequence[str], weights: np.ndarray) -> pd.DataFrame:
     """One row per variable: `variable`, `weight`, in the model's order."""
@@ -42,8 +39,8 @@ def interpretation_tables(
     Args:
       predictions: a model's `Predictions` over the windows interpreted.
       static_names: labels of `static_weights` (`PreparedDataset.static_weight_names`).
-      history_names: labels of `history_weights` (`PreparedDataset.history_weight_names`
-        with `TFTConfig.use_known_history`, else `observed_weight_names`).
+      history_names: labels of `history_weights`
+        (`PreparedDataset.history_weight_names_for`).
       future_names: labels of `future_weights` (`PreparedDataset.future_weight_names`).
       history: `T`, the history length.
 
@@ -72,7 +69,7 @@ def interpretation_tables(
             f"attention must have shape (H, T+H) with T={history}, got {attention.shape}"
         )
     steps = attention.shape[0]
-    tables = {
+    return {
         "static": _importances("static", static_names, predictions.static_weights),
         "history": _importances("history", history_names, predictions.history_weights),
         "future": _importances("future", future_names, predictions.future_weights),
@@ -82,4 +79,3 @@ def interpretation_tables(
             columns=pd.Index(np.arange(-history, steps), name="position"),
         ),
     }
-    return tables
