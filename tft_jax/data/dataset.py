@@ -53,6 +53,7 @@ from tft_jax.data.tables import (
     parse_time_text,
     plain_value,
     read_announced,
+    recorded_frequency_hint,
     step_after,
     time_grid,
     to_regular_grid,
@@ -841,11 +842,12 @@ def prepare_dataset(
             if dataset.preprocessor.missing_flag
             else "the model has no missing flag and reads them as observed"
         )
+        recorded = recorded_frequency_hint(clean, spec, filled[filled > 0].index)
         warnings.warn(
             f"filled {int(filled.sum())} missing target steps (forward fill, those before a "
             f"series' first observed target its scaler's location; {flagged}) in "
             f"{int((filled > 0).sum())} of {len(filled)} series: {report}; {horizons} "
-            "(PreparedDataset.missing_report())",
+            f"(PreparedDataset.missing_report()){recorded}",
             UserWarning,
             stacklevel=2,
         )

@@ -46,6 +46,7 @@ from tft_jax.data.tables import (
     parse_frequency,
     plain_value,
     read_announced,
+    recorded_frequency_hint,
     row_text,
     time_grid,
     to_regular_grid,
@@ -85,6 +86,26 @@ def _indicator_name(columns: list[str]) -> str:
     while name in columns:
         name = f"_{name}"
     return name
+
+
+def _zone_fix(spec: TableSpec, zone: Any) -> str:
+    """How to give the future's times the history's zone `zone` (None: naive), as code.
+
+    Read as the table's times are (its `time_format`, `dayfirst`), then
+    localized in `zone`, or, for a naive history, made naive (their wall times).
+    """
+    column = spec.time_col
+    options = "" if spec.time_format is None else f", format={spec.time_format!r}"
+    options += ", dayfirst=True" if spec.dayfirst else ""
+    read = f"pd.to_datetime(future[{column!r}]{options})"
+    if zone is not None:
+        return (
+            f"; give them that zone, e.g. future[{column!r}] = {read}.dt.tz_localize({str(zone)!r})"
+        )
+    return (
+        f"; give naive times, e.g. future[{column!r}] = {read}.dt.tz_localize(None) (after "
+        "tz_convert to the zone the history's times were recorded in)"
+    )
 
 
 def _future_table(
@@ -171,7 +192,7 @@ def _future_table(
         raise ValueError(
             f"future column {spec.time_col!r} must be timezone-"
             f"{'aware' if zone is not None else 'naive'} like the history's "
-            f"(the history's zone: {zone}; future's: {times.tz})"
+            f"(the history's zone: {zone}; future's: {times.tz}){_zone_fix(spec, zone)}"
         )
     if zone is not None:
         table[spec.time_col] = times.tz_convert(zone)
@@ -300,8 +321,12 @@ def _announce_history(
     history: int,
     flagged: bool,
     freq: str,
+    recorded: str = "",
 ) -> None:
-    """Warns of filled target steps in the history and of histories ending in empty targets."""
+    """Warns of filled target steps in the history and of histories ending in empty targets.
+
+    `recorded`: `recorded_frequency_hint`'s text, ending the warning of filled steps.
+    """
     filled = total[total > 0]
     if len(filled):
         report = ", ".join(
@@ -315,7 +340,7 @@ def _announce_history(
         warnings.warn(
             f"filled {int(filled.sum())} missing target steps of the history (forward fill, "
             "those before a series' first observed target its scaler's location; "
-            f"{reading}) in {len(filled)} of {len(total)} series: {report}",
+            f"{reading}) in {len(filled)} of {len(total)} series: {report}{recorded}",
             UserWarning,
             stacklevel=4,
         )
@@ -393,7 +418,10 @@ def future_windows(
     _check_recent_missing(recent, trailing, history, max_missing_fraction)
     announce_empty_inputs(empty_inputs, len(recent), " in the history", stacklevel=3)
     total = grid.groupby(spec.id_col, sort=True)[missing_col].sum()
-    _announce_history(recent, total, trailing, history, preprocessor.missing_flag, spec.freq)
+    recorded = recorded_frequency_hint(clean, spec, total[total > 0].index)
+    _announce_history(
+        recent, total, trailing, history, preprocessor.missing_flag, spec.freq, recorded
+    )
     last = grid.groupby(spec.id_col, sort=True)[spec.time_col].max()
     expected = {series: future_steps(time, spec.freq, horizon) for series, time in last.items()}
     zone = pd.DatetimeIndex(grid[spec.time_col]).tz

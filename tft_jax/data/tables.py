@@ -79,10 +79,31 @@ class MissingColumnsError(ValueError):
         """The same error for a table read by a fitted model, whose names cannot change."""
         return MissingColumnsError(
             f"table lacks columns {self.missing} that the model was trained with ({self.roles}); "
-            f"it has {list(columns)}: add them to the table",
+            f"it has {list(columns)}{label_type_hint(self.missing, columns)}: add them to the "
+            "table",
             self.missing,
             self.roles,
         )
+
+
+def label_type_hint(missing: Sequence[Any], columns: Sequence[Any]) -> str:
+    """A hint when a missing column name is the text of a label that is no text (the int 0).
+
+    A table whose columns are numbered (`pd.read_csv(header=None)`, a NumPy
+    array made a DataFrame) has the labels 0, 1, 2: the names '0', '1', '2'
+    a config holds (column names are texts) match none of them, and the
+    message listing both read alike.
+    """
+    labels = {str(label): label for label in columns if not isinstance(label, str)}
+    twins = [(name, labels[name]) for name in missing if isinstance(name, str) and name in labels]
+    if not twins:
+        return ""
+    name, label = twins[0]
+    return (
+        f"; its labels are not texts ({name!r} is named, the table has the "
+        f"{type(label).__name__} {label!r}): make them texts, e.g. "
+        "df.columns = df.columns.astype(str)"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -894,6 +915,138 @@ def _check_all_aware(
     )
 
 
+def _holds_numbers(values: pd.Series) -> bool:
+    """Whether a time column holds numbers: of a numeric or bool dtype, or objects all numbers.
+
+    `pd.to_datetime` reads a column of objects that are all ints (1950, 1951)
+    as nanoseconds since 1970, silently, where the same ints as int64 are
+    refused as numbers.
+    """
+    if ptypes.is_numeric_dtype(values) or ptypes.is_bool_dtype(values):
+        return True
+    return values.dtype == object and ptypes.infer_dtype(values, skipna=True) in (
+        "integer",
+        "floating",
+        "mixed-integer-float",
+    )
+
+
+def _holds_integers(values: pd.Series) -> bool:
+    """Whether a time column holds integers only (an integer dtype, or objects all ints)."""
+    if ptypes.is_integer_dtype(values):
+        return True
+    return values.dtype == object and ptypes.infer_dtype(values, skipna=True) == "integer"
+
+
+def _numbers_hint(values: pd.Series, column: str) -> str:
+    """How to read a time column of numbers: as years where every one has four digits
+    (1950, read with unit='s' as 1970-01-01 00:32:30), else as seconds or as digits such
+    as 20240131."""
+    if _holds_integers(values):
+        numbers = pd.to_numeric(values)
+        if bool(((numbers >= 1000) & (numbers <= 9999)).all()):
+            return (
+                f"they look like years (e.g. {plain_value(numbers.iloc[0])}): give "
+                "time_format='%Y' (--time-format), with freq='YS' for one row a year"
+            )
+    return (
+        f"convert it first, e.g. pd.to_datetime(df[{column!r}], unit='s') for seconds since "
+        "1970, or give time_format='%Y%m%d' for dates written as digits such as 20240131"
+    )
+
+
+# pandas' warning when it reads each time text on its own (dateutil), having inferred no format.
+_ONE_BY_ONE = "Could not infer format"
+
+# Formats tried on texts pandas infers none for, to name one that reads them all.
+_TEXT_FORMATS = (
+    "%b %Y", "%B %Y", "%b-%Y", "%b-%y", "%b %y", "%Y %b", "%b %d %Y", "%b %d, %Y",
+    "%B %d, %Y", "%d %b %Y", "%d %B %Y", "%d-%b-%Y", "%d-%b-%y", "%a %b %d %Y",
+)  # fmt: skip
+
+# A quarter written as text: '2020Q1', '2020-Q1', '2020 Q1'.
+_QUARTER_TEXT = r"\s*\d{4}[- ]?[Qq][1-4]\s*"
+
+
+def _to_datetime_inferred(values: pd.Series, **options: Any) -> tuple[pd.Series, bool]:
+    """`pd.to_datetime(values, **options)`, and whether pandas read each text on its own.
+
+    pandas' own warning for that ('Could not infer format ... falling back to
+    dateutil') is held back, for `_announce_one_by_one` to say once what to
+    pass; every other warning is passed on as it came.
+    """
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            parsed = pd.to_datetime(values, **options)
+    finally:  # pandas' other warnings pass on, also where it raises
+        held = [w for w in caught if _is_one_by_one(w)]
+        for warning in caught:
+            if warning not in held:
+                warnings.warn_explicit(
+                    warning.message, warning.category, warning.filename, warning.lineno
+                )
+    return parsed, bool(held)
+
+
+def _is_one_by_one(warning: warnings.WarningMessage) -> bool:
+    """Whether a warning is pandas' for reading each time text on its own (`_ONE_BY_ONE`)."""
+    return issubclass(warning.category, UserWarning) and str(warning.message).startswith(
+        _ONE_BY_ONE
+    )
+
+
+def _matching_format(values: pd.Series, parsed: pd.Series) -> str | None:
+    """One of `_TEXT_FORMATS` that reads each distinct text of `values` as `parsed` has it.
+
+    Each format is tried on the first 20 distinct texts before all of them:
+    on a table of many distinct times, most formats fail at once.
+    """
+    first = ~values.duplicated().to_numpy()
+    texts, wanted = values[first].astype(str), pd.DatetimeIndex(parsed[first])
+    if wanted.tz is not None:
+        return None
+
+    def reads(candidate: str, count: int | None) -> bool:
+        read = pd.to_datetime(texts[:count], format=candidate, errors="coerce")
+        return bool(read.notna().all()) and pd.DatetimeIndex(read).equals(wanted[:count])
+
+    return next((c for c in _TEXT_FORMATS if reads(c, 20) and reads(c, None)), None)
+
+
+def _announce_one_by_one(values: pd.Series, parsed: pd.Series, column: str) -> None:
+    """Warns that pandas read each time text on its own, with a way to read them in one pass.
+
+    pandas infers no format for texts such as 'Jan 2020' or '2020Q1' and
+    reads each with dateutil: slow on a large table, and a text it reads
+    otherwise than the rest (a day-first date among month-first ones) is not
+    told. Said in the words of this library instead of pandas' generic
+    warning: a quarter is converted with `pd.PeriodIndex`, other texts are
+    read with a format (named where one of `_TEXT_FORMATS` reads them all).
+    """
+    example = values.iloc[0]
+    if bool(values.astype(str).str.fullmatch(_QUARTER_TEXT).all()):
+        way = (
+            f"for quarters, convert them once, e.g. df[{column!r}] = "
+            f"pd.PeriodIndex(df[{column!r}], freq='Q').to_timestamp() (quarter starts, "
+            "freq='QS')"
+        )
+    else:
+        found = _matching_format(values, parsed)
+        way = (
+            f"pass time_format={found!r} (--time-format), which reads them all"
+            if found is not None
+            else "pass their format as time_format= (--time-format), e.g. '%b %Y' for 'Jan 2020'"
+        )
+    warnings.warn(
+        f"column {column!r} holds times in no format pandas infers (e.g. {example!r}), so "
+        f"each was read on its own (dateutil), slowly on a large table; {way}",
+        UserWarning,
+        stacklevel=6,
+    )
+
+
 def _parse_time_values(
     values: pd.Series,
     column: str,
@@ -920,13 +1073,12 @@ def _parse_time_values(
             "(monthly: freq='MS'), or .dt.to_timestamp(how='end').dt.normalize() for "
             "period ends (freq='ME')"
         )
-    if time_format is not None and ptypes.is_integer_dtype(values):
+    if time_format is not None and _holds_integers(values):
         values = values.astype(str)  # digits such as 20240131, read by the format given
-    elif ptypes.is_numeric_dtype(values) or ptypes.is_bool_dtype(values):
+    elif _holds_numbers(values):
         raise ValueError(
-            f"column {column!r} holds numbers ({values.dtype}), not timestamps; convert it first, "
-            f"e.g. pd.to_datetime(df[{column!r}], unit='s') for seconds since 1970, or give "
-            "time_format='%Y%m%d' for dates written as digits such as 20240131"
+            f"column {column!r} holds numbers ({values.dtype}), not timestamps; "
+            f"{_numbers_hint(values, column)}"
         )
     if time_format is not None:
         try:
@@ -959,15 +1111,21 @@ def _parse_time_values(
                 in_utc = pd.to_datetime(values, format="ISO8601", utc=True)
                 return _in_zone(in_utc, timezone, column, values)
     try:
-        return pd.to_datetime(values, dayfirst=dayfirst)
+        parsed, one_by_one = _to_datetime_inferred(values, dayfirst=dayfirst)
     except (ValueError, TypeError, OverflowError):
         pass
+    else:
+        if one_by_one:
+            _announce_one_by_one(values, parsed, column)
+        return parsed
     try:  # strings with mixed UTC offsets
-        in_utc = pd.to_datetime(values, utc=True, dayfirst=dayfirst)
+        in_utc, one_by_one = _to_datetime_inferred(values, utc=True, dayfirst=dayfirst)
     except (ValueError, TypeError, OverflowError):
         pass
     else:
         _check_all_aware(values, column, ids, None, dayfirst, rows)
+        if one_by_one:
+            _announce_one_by_one(values, in_utc, column)
         return _in_zone(in_utc, timezone, column, values)
     hint = _format_hint(values) if not dayfirst else ""
     parsed = pd.to_datetime(values, errors="coerce", format="mixed", utc=True, dayfirst=dayfirst)
@@ -981,7 +1139,8 @@ def _parse_time_values(
             f"'2015-01-01T13:00:00Z'{hint}"
         )
     _check_all_aware(values, column, ids, None, dayfirst, rows)
-    inferred = pd.to_datetime(values, errors="coerce", dayfirst=dayfirst).isna().to_numpy()
+    inferred, _ = _to_datetime_inferred(values, errors="coerce", dayfirst=dayfirst)
+    inferred = inferred.isna().to_numpy()
     unread = np.flatnonzero(inferred & values.notna().to_numpy())
     row = int(unread[0]) if unread.size else 0
     raise ValueError(
@@ -1052,10 +1211,17 @@ def _to_float(
             f"{values.dtype}), not numbers; convert it to the numbers the model should read "
             f"(e.g. {example})"
         )
+    if ptypes.is_complex_dtype(values):
+        _refuse_complex(values, column, ids, place(0))
     if ptypes.is_bool_dtype(values) or ptypes.is_numeric_dtype(values):
         numbers = values.astype("float64")
     else:
-        numbers = pd.to_numeric(values, errors="coerce").astype("float64")
+        numbers = pd.to_numeric(values, errors="coerce")
+        if ptypes.is_complex_dtype(numbers):  # objects among which a complex number
+            row = int(np.flatnonzero([isinstance(v, complex | np.complexfloating)
+                                      for v in values])[0])  # fmt: skip
+            _refuse_complex(values, column, ids, place(row), row)
+        numbers = numbers.astype("float64")
         bad = (numbers.isna() & values.notna()).to_numpy()
         bad = bad | _stray_bools(values)
         if bad.any():
@@ -1091,6 +1257,45 @@ def _to_float(
     return numbers
 
 
+def _refuse_complex(
+    values: pd.Series, column: str, ids: pd.Series, where: str, row: int = 0
+) -> None:
+    """Raises `TypeError` for a column of complex numbers, naming its first one.
+
+    Cast to float64, NumPy drops the imaginary part with only a
+    `ComplexWarning`: the model would read numbers no one wrote.
+    """
+    raise TypeError(
+        f"column {column!r} holds complex numbers (dtype {values.dtype}), e.g. "
+        f"{plain_value(values.iloc[row])!r} in series {plain_value(ids.iloc[row])!r} at "
+        f"{where}; the model reads real numbers: convert them to the real numbers it should "
+        f"read, e.g. df[{column!r}] = np.abs(df[{column!r}]) for the magnitude or "
+        f"np.real(df[{column!r}]) for the real part"
+    )
+
+
+def _first_change(
+    frame: pd.DataFrame, spec: TableSpec, column: str, series: Any, rows: FileRows | None
+) -> str:
+    """Where `column` of `series` first changes, in time order: the first value and its time,
+    then the first other value, its time and row ("'big' at 2020-01-01 00:00:00, then
+    'small' from 2020-02-03 00:00:00 (row 33)").
+
+    `frame`: as `_check_statics` is given it, its index the rows' positions in the table.
+    """
+    group = frame.loc[frame[spec.id_col] == series, [spec.time_col, column]]
+    group = group.sort_values(spec.time_col, kind="stable")
+    values = group[column]
+    first = values.iloc[0]
+    changed = int(np.flatnonzero((values != first).to_numpy())[0])
+    row = int(group.index[changed])
+    return (
+        f"{plain_value(first)!r} at {group[spec.time_col].iloc[0]}, then "
+        f"{plain_value(values.iloc[changed])!r} from {group[spec.time_col].iloc[changed]} "
+        f"({row_text(row, rows, nested=True)})"
+    )
+
+
 def _check_statics(frame: pd.DataFrame, spec: TableSpec, rows: FileRows | None = None) -> None:
     """Raises for a static column empty in a row or varying within a series (`rows`: as
     `_parse_times`'s)."""
@@ -1106,10 +1311,14 @@ def _check_statics(frame: pd.DataFrame, spec: TableSpec, rows: FileRows | None =
         counts = frame.groupby(spec.id_col, sort=False)[column].nunique()
         varying = counts[counts > 1]
         if len(varying):
+            series = varying.index[0]
+            change = _first_change(frame, spec, column, series, rows)
             raise ValueError(
                 f"static column {column!r} takes {int(varying.iloc[0])} different values within "
-                f"series {plain_value(varying.index[0])!r}; a static must be constant per series "
-                "(move it to known_cols or observed_cols)"
+                f"series {plain_value(series)!r}; it is {change}; a static must be constant per "
+                f"series: give each series one value (e.g. its first: df[{column!r}] = "
+                f"df.groupby({spec.id_col!r})[{column!r}].transform('first')), or move it to "
+                "known_cols or observed_cols"
             )
 
 
@@ -1290,24 +1499,103 @@ def _pandas_knows(option: str) -> bool:
     return True
 
 
-def _recorded_hint(times: pd.DatetimeIndex, freq: str) -> str:
-    """A hint naming the frequency pandas reads in `times` (sorted), when it is not `freq`.
+def _recorded_alias(times: pd.DatetimeIndex, freq: str) -> str | None:
+    """The frequency pandas reads in `times` (sorted) when it is not `freq`, else None."""
+    if len(times) < 3:
+        return None
+    alias = _inferred_alias(times)
+    if alias is None or to_offset(alias) == parse_frequency(freq):
+        return None
+    return alias
+
+
+def _recorded_hint(alias: str | None) -> str:
+    """A hint naming the frequency pandas reads in a series' times (`_recorded_alias`).
 
     Month-end data given freq='MS' is off that grid at every time; saying
     'ME' spares a guess. Empty when pandas reads none (gaps, irregular times).
     """
-    if len(times) < 3:
-        return ""
-    alias = _inferred_alias(times)
-    if alias is None or to_offset(alias) == parse_frequency(freq):
-        return ""
-    return f"; its times look recorded at freq={alias!r}"
+    return "" if alias is None else f"; its times look recorded at freq={alias!r}"
 
 
-def _anchor_hint(first: pd.Timestamp, freq: str) -> str:
-    """A hint when `freq`'s steps are anchored (e.g. weeks ending Sunday) and `first` is not."""
+def recorded_frequency_hint(clean: pd.DataFrame, spec: TableSpec, series: Sequence[Any]) -> str:
+    """A hint for the warning of filled target steps: the frequency the times of `series`
+    look recorded at, when it is not `freq`; empty otherwise.
+
+    Business-day data (Monday to Friday) given freq='D' is on the daily grid,
+    so nothing refuses it: its weekends are filled and its forecast steps
+    fall on weekends. The fill is announced; this names the frequency that
+    needs none (pandas' `infer_freq` of each of the first 100 of `series`,
+    the most common answer other than `freq`).
+    `clean`: `validate_table`'s, sorted by id and time.
+    """
+    wanted = list(series)[:100]  # enough to name it, in a warning of every fit with gaps
+    found = []
+    some = clean[clean[spec.id_col].isin(wanted)]
+    for _, times in some.groupby(spec.id_col, sort=False)[spec.time_col]:
+        alias = _recorded_alias(pd.DatetimeIndex(times), spec.freq)  # None under 3 times
+        if alias is not None:
+            found.append(alias)
+    if not found:
+        return ""
+    alias = str(pd.Series(found).mode().iloc[0])
+    return (
+        f"; the times of {found.count(alias)} of the series with filled steps look recorded at "
+        f"freq={alias!r} (pandas' infer_freq): if that is their frequency, pass "
+        f"freq={alias!r} (--freq {alias}); with freq={spec.freq!r} the filled steps are times "
+        f"a {alias!r} grid skips, and forecast steps fall on such times too"
+    )
+
+
+def _period_hint(times: pd.DatetimeIndex, spec: TableSpec) -> str:
+    """A hint for times off a grid of month, quarter or year starts (or ends), one a period.
+
+    Monthly data stamped on the 15th is off the freq='MS' grid at every time;
+    if each time stands for its month, it moves to the month's start (or, for
+    'ME', 'QE' and 'YE', its last day). Given only where the times fall in
+    distinct periods (daily data would merge), for the default anchors.
+    """
+    offset = parse_frequency(spec.freq)
+    if offset.n != 1:
+        return ""
+    kind = type(offset)
+    if kind in (pd.offsets.MonthBegin, pd.offsets.MonthEnd):
+        period, end = "M", kind is pd.offsets.MonthEnd
+    elif kind is pd.offsets.QuarterBegin and offset.startingMonth % 3 == 1:
+        period, end = "Q", False
+    elif kind is pd.offsets.QuarterEnd and offset.startingMonth % 3 == 0:
+        period, end = "Q", True
+    elif kind is pd.offsets.YearBegin and offset.month == 1:
+        period, end = "Y", False
+    elif kind is pd.offsets.YearEnd and offset.month == 12:
+        period, end = "Y", True
+    else:
+        return ""
+    naive = times.tz_localize(None) if times.tz is not None else times
+    if naive.to_period(period).has_duplicates:
+        return ""
+    column = spec.time_col
+    local = ".dt.tz_localize(None)" if times.tz is not None else ""
+    zone = f".dt.tz_localize({str(times.tz)!r})" if times.tz is not None else ""
+    stamp = ".dt.to_timestamp(how='end').dt.normalize()" if end else ".dt.to_timestamp()"
+    name = {"M": "month", "Q": "quarter", "Y": "year"}[period]
+    return (
+        f"; if each time stands for its {name}, move it to the {name}'s "
+        f"{'last day' if end else 'start'}: df[{column!r}] = df[{column!r}]{local}"
+        f".dt.to_period({period!r}){stamp}{zone}"
+    )
+
+
+def _anchor_hint(first: pd.Timestamp, freq: str, recorded: str | None = None) -> str:
+    """A hint when `freq`'s steps are anchored (e.g. weeks ending Sunday) and `first` is not.
+
+    None where the times look recorded at a finer frequency `recorded` (daily
+    data given freq='W'): their first day names no anchor to pass.
+    """
     offset = parse_frequency(freq)
     if offset.is_on_offset(first):
+        return ""
+    if recorded is not None and typical_step(recorded) < typical_step(freq):
         return ""
     hint = f"; {freq!r} steps fall on {offset.freqstr} dates and {first} is not one"
     if isinstance(offset, pd.offsets.Week) and offset.weekday is not None:
@@ -1384,14 +1672,15 @@ def _check_on_grid(frame: pd.DataFrame, spec: TableSpec) -> dict[Any, int]:
         off_grid = ~times.isin(grid)
         if off_grid.any():
             start = grid[0] if len(grid) else times[0]
+            recorded = _recorded_alias(times, spec.freq)
             raise ValueError(
                 f"series {plain_value(series)!r} has {int(off_grid.sum())} timestamps off the freq="
                 f"{spec.freq!r} grid that starts at {start}, e.g. {times[off_grid][0]}; "
                 "resample the table to that frequency first (e.g. df.set_index(time)"
                 f".groupby(id).resample({spec.freq!r}).mean()) or pass the frequency the data "
-                f"is recorded at{_recorded_hint(times, spec.freq)}"
-                f"{_anchor_hint(times[0], spec.freq)}{_zone_hint(times, spec)}"
-                f"{_utc_grid_hint(times, spec)}"
+                f"is recorded at{_recorded_hint(recorded)}"
+                f"{_anchor_hint(times[0], spec.freq, recorded)}{_period_hint(times, spec)}"
+                f"{_zone_hint(times, spec)}{_utc_grid_hint(times, spec)}"
             )
         lengths[series] = len(grid)
     return lengths
@@ -1563,6 +1852,7 @@ def validate_table(
         sep = _separator(frame.columns)
         reading = f"pandas.read_csv(path, sep={sep!r}) (and decimal=',' for decimal commas)"
         hint = "" if sep is None else f"; it looks separated by {sep!r}: read it with {reading}"
+        hint += label_type_hint(missing, frame.columns)
         raise MissingColumnsError(
             f"table lacks columns {missing} ({roles}); it has {list(frame.columns)}{hint}. "
             "Rename the columns or pass the right names",

@@ -85,8 +85,27 @@ def _tuple_of_names(owner: str, name: str, value: Any) -> tuple[str, ...]:
     names = tuple(value)
     for item in names:
         if not isinstance(item, str):
-            raise TypeError(f"{owner}.{name} must hold column names, got {item!r}")
+            raise TypeError(
+                f"{owner}.{name} must hold column names, got {item!r}"
+                f"{_numbered_column_hint(name, item, [str(n) for n in names])}"
+            )
     return names
+
+
+def _numbered_column_hint(name: str, value: Any, texts: Any = None) -> str:
+    """A hint for a column given by number (0): column names are texts, as the table's must be.
+
+    A table whose columns are numbered (`pd.read_csv(header=None)`) has
+    labels 0, 1, 2; a config names columns by text (it is saved as JSON and
+    given on the command line), so the table's labels are made texts.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return ""
+    given = repr(str(value)) if texts is None else repr(texts)
+    return (
+        f"; column names are texts: if the table's columns are numbered, make its labels "
+        f"texts (df.columns = df.columns.astype(str)) and pass {name}={given}"
+    )
 
 
 def _read_time_text(name: str, text: str, time_format: str | None, dayfirst: bool) -> pd.Timestamp:
@@ -179,7 +198,8 @@ class DataConfig:
         for name in ("id_col", "time_col", "target", "freq"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
-                raise TypeError(f"{owner}.{name} must be a non-empty string, got {value!r}")
+                hint = _numbered_column_hint(name, value) if name != "freq" else ""
+                raise TypeError(f"{owner}.{name} must be a non-empty string, got {value!r}{hint}")
         # pandas reads a number as a fixed offset in seconds (3 is UTC+00:00:03, not UTC+3),
         # and a tzinfo object cannot be written into config.json at `save`.
         if self.timezone is not None and not isinstance(self.timezone, str):
