@@ -3,6 +3,7 @@ experiment on a tiny table."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -131,6 +132,71 @@ def test_divergence_rule_reads_the_null_of_strict_json_as_nan():
 
 
 @pytest.mark.parametrize(
+    ("history", "expected"),
+    [
+        # As `clipping.json` writes non-finite values: "nan", "inf", "-inf".
+        (record([0.5, 0.4], [1, 2], [0.5, "inf"]), True),
+        (record([0.5, 0.4], [1, 2], [0.5, 0.4], initial_val="nan"), True),
+        (record([0.5, 0.4], [1, 2], [0.5, 0.4], train=[0.5, "nan"]), True),
+        (record([0.5, 0.4], [1, 2], [0.5, 0.4], train=[0.5, "-inf"]), True),
+        # The first interval has no applied step: its "nan" is no data, not divergence.
+        (record([0.0, 0.5], [1, 2], [0.5, 0.4], observed=[0, 8], train=["nan", 0.5]), False),
+    ],
+)
+def test_divergence_rule_reads_the_non_finite_strings_of_clipping_json(history, expected):
+    assert diverged(history, explode_factor=3.0) is expected
+
+
+@pytest.mark.parametrize("text", ["NaN", "0.4", "", "infinity"])
+def test_divergence_rule_refuses_other_strings_naming_the_list(text):
+    # NumPy read "0.4" and " NaN" as numbers: only the strings `clipping.json` writes are read.
+    history = record([0.5, 0.4], [1, 2], [0.5, 0.4], train=[0.5, text])
+    with pytest.raises(
+        TypeError, match=rf"train_loss must hold numbers, None or one of \['nan', 'inf', "
+        rf"'-inf'\], got {re.escape(repr(text))} at position 1",
+    ):  # fmt: skip
+        diverged(history, explode_factor=3.0)
+
+
+def test_clipped_fraction_reads_the_non_finite_strings_of_clipping_json():
+    # Step 1 was applied with an infinite norm (it exceeds any threshold); step 2 skipped.
+    history = {"step_grad_norm": [0.01, "inf", "nan"], "step_observed": [8, 8, 8],
+               "step_skipped": [0, 0, 1]}  # fmt: skip
+    assert experiments.clipped_fraction(history, clip_norm=0.05) == 0.5
+
+
+@pytest.mark.parametrize("factor", [math.nan, math.inf, 1.0, 0.5, -1.0, True, "3"])
+def test_divergence_rule_refuses_a_threshold_that_decides_nothing(factor):
+    # NaN compared False with every loss (no run diverged); 1 or less flags healthy runs.
+    history = record([0.5, 0.45, 0.4, 0.35], [2, 4], [0.5, 0.4])
+    with pytest.raises(
+        ValueError,
+        match=rf"diverged: explode_factor must be a finite number > 1, got "
+        rf"{re.escape(repr(factor))}",
+    ):
+        diverged(history, explode_factor=factor)
+
+
+@pytest.mark.parametrize("clip_norm", [math.nan, math.inf, 0.0, -1.0, False, None])
+def test_clipped_fraction_refuses_a_threshold_that_decides_nothing(clip_norm):
+    # NaN gave 0.0 (no norm exceeds it), 0 and -1 gave 1.0 (every norm does).
+    history = {"step_grad_norm": [0.1, 0.02], "step_observed": [8, 8], "step_skipped": [0, 0]}
+    with pytest.raises(
+        ValueError,
+        match=rf"clipped_fraction: clip_norm must be a finite number > 0, got "
+        rf"{re.escape(repr(clip_norm))}",
+    ):
+        experiments.clipped_fraction(history, clip_norm=clip_norm)
+
+
+def test_thresholds_accept_numpy_numbers():
+    history = record([0.5, 1.6], [1, 2], [0.5, 0.4])  # 3.2 x step 0's loss
+    assert diverged(history, explode_factor=np.float32(3.0)) is True
+    assert diverged(history, explode_factor=np.int64(4)) is False
+    assert experiments.clipped_fraction(history, clip_norm=np.float64(0.05)) == 1.0
+
+
+@pytest.mark.parametrize(
     ("norms", "observed", "skipped", "expected"),
     [
         # Applied: steps 0, 3 and 5 (norms 0.1, 0.02, 0.07): two of three above 0.05.
@@ -193,6 +259,15 @@ def test_train_run_catches_an_explosion_inside_the_first_interval(monkeypatch):
         ("clip_norm", 0.0),
         ("explode_factor", "3"),
         ("explode_factor", 1.0),
+        ("explode_factor", math.inf),  # switched the loss rule off; the CLI refuses it
+        ("explode_factor", math.nan),
+        ("steps", np.int64(0)),
+        ("steps", np.bool_(True)),
+        ("batch_size", 8.0),
+        ("seeds", [0, 0]),
+        ("seeds", (np.int64(-1),)),
+        ("seeds", np.array([[0, 1]])),
+        ("seeds", "01"),
         ("validation_windows", 16),  # < batch_size 64: would evaluate 64, not "at most 16"
     ],
 )
@@ -201,6 +276,34 @@ def test_settings_reject_bad_values_naming_the_field(field, value):
         ValueError, match=rf"ClippingSettings\.{field} .*got {re.escape(repr(value))}"
     ):
         ClippingSettings(**{field: value})
+
+
+def test_settings_take_numpy_numbers_as_python_numbers():
+    # NumPy integers were refused as "must be an int >= 1, got np.int64(10)"; an
+    # np.float32 threshold as "must be a finite number > 0".
+    settings = ClippingSettings(
+        steps=np.int64(10), batch_size=np.int32(8), eval_every=np.uint8(5),
+        validation_windows=np.int64(16), calibrate_steps=np.int64(3), seeds=tuple(np.arange(3)),
+        learning_rate=np.float64(0.1), clip_norm=np.float32(0.5), weight_decay=np.float32(0),
+        explode_factor=np.int64(4),
+    )  # fmt: skip
+    assert dataclasses.astuple(settings) == (0.1, 0.5, (0, 1, 2), 10, 8, 5, 3, 4.0, 16, 0.0)
+    for name, kind in (("steps", int), ("batch_size", int), ("eval_every", int),
+                       ("validation_windows", int), ("calibrate_steps", int),
+                       ("learning_rate", float), ("clip_norm", float), ("weight_decay", float),
+                       ("explode_factor", float)):  # fmt: skip
+        assert type(getattr(settings, name)) is kind, name
+    assert all(type(seed) is int for seed in settings.seeds)
+    json.dumps(dataclasses.asdict(settings))  # as `clipping.json` records them
+
+
+@pytest.mark.parametrize("seeds", [[3, 0], np.array([3, 0]), (np.int64(3), np.int64(0))])
+def test_settings_keep_seeds_as_a_tuple_of_ints(seeds):
+    # A list was kept, so that `hash(settings)` failed: "unhashable type: 'list'".
+    settings = ClippingSettings(seeds=seeds)
+    assert settings.seeds == (3, 0) and type(settings.seeds) is tuple
+    assert hash(settings) == hash(ClippingSettings(seeds=(3, 0)))
+    assert settings == ClippingSettings(seeds=(3, 0))
 
 
 def test_settings_accept_their_documented_range():
@@ -231,6 +334,34 @@ def test_the_reported_validation_windows_are_the_evaluated_ones(csv_path, monkey
     assert result["settings"]["validation_windows"] == expected
 
 
+@pytest.mark.parametrize(
+    ("train", "validation", "match"),
+    [
+        # No batch size mends a split without windows: it was "fewer than one batch of 8;
+        # lower the batch size".
+        (16, 0, r"validation split has no windows, .*validation_fraction > 0 or validation_start"),
+        (16, 5, r"validation split has 5 windows, fewer than one batch of 8; lower "
+                r"ClippingSettings\.batch_size$"),
+        (0, 16, r"training split has no windows"),
+        (7, 16, r"training split has 7 windows, fewer than one batch of 8; lower "
+                r"ClippingSettings\.batch_size$"),
+    ],
+)  # fmt: skip
+def test_splits_smaller_than_a_batch_are_refused_saying_what_helps(train, validation, match):
+    settings = ClippingSettings(seeds=(0,), steps=1, batch_size=8, validation_windows=8)
+    with pytest.raises(ValueError, match=match):
+        experiments.check_splits([None] * train, [None] * validation, settings)
+    with pytest.raises(ValueError, match=match):  # before any model is built
+        experiments.clipping_experiment(None, [None] * train, [None] * validation, settings)
+
+
+def test_splits_of_a_batch_each_are_accepted():
+    settings = ClippingSettings(seeds=(0,), steps=1, batch_size=8, validation_windows=8)
+    experiments.check_splits([None] * 8, [None] * 8, settings)
+    with pytest.raises(TypeError, match="settings must be a ClippingSettings, got dict"):
+        experiments.check_splits([None] * 8, [None] * 8, {})
+
+
 def test_train_run_rejects_an_epoch_without_batches_instead_of_looping():
     epochs = []
 
@@ -252,7 +383,7 @@ def test_cli_settings_errors_name_the_flag(capsys, csv_path, tmp_path):
         "--out", str(tmp_path / "out"),
     )  # fmt: skip
     assert code == 2
-    assert "--explode-factor must be > 1, got 0.5" in err
+    assert "--explode-factor must be a finite number > 1, got 0.5" in err
     assert "ClippingSettings" not in err
     code, _, err = run(
         capsys, "experiment", "clipping", *table_args(csv_path), "--batch-size", "32",

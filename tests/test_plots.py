@@ -4,6 +4,7 @@ degenerate ones are still drawn."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -16,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tft_jax import plots
+from tft_jax import cli_experiments, plots
 from tft_jax.data.tables import time_grid
 
 from .figure_capture import _capture_figures
@@ -818,6 +819,53 @@ def _clipping_run(**changes):
 def test_clipping_plot_names_what_its_result_lacks(tmp_path, result, match):
     with pytest.raises(ValueError, match=match):
         plots.plot_clipping_experiment(tmp_path / "c.png", result)
+
+
+def test_clipping_plot_reads_back_the_non_finite_strings_of_clipping_json(tmp_path, monkeypatch):
+    # The CLI writes NaN, inf and -inf as "nan", "inf" and "-inf" (null would not tell
+    # them apart), and the plot refused its own file: "values must hold numbers or None,
+    # got 'nan' (str)".
+    result = {
+        "settings": {"learning_rate": 1.0, "clip_norm": 0.5},
+        "runs": [
+            _clipping_run(step_loss=[0.5, 0.4, 0.3], step_grad_norm=[2.0, 1.0, 0.5]),
+            _clipping_run(clip=False, step_loss=[0.5, math.inf, math.nan],
+                          step_grad_norm=[2.0, -math.inf, math.nan], final_val_loss=math.nan,
+                          diverged=True),
+        ],
+    }  # fmt: skip
+    saved = json.loads(json.dumps(cli_experiments._non_finite_as_strings(result)))
+    assert saved["runs"][1]["step_loss"] == [0.5, "inf", "nan"]  # the case under test
+    assert saved["runs"][1]["final_val_loss"] == "nan"
+    figures = _capture_figures(monkeypatch)
+    plots.plot_clipping_experiment(tmp_path / "floats.png", result)
+    assert_png(plots.plot_clipping_experiment(tmp_path / "read_back.png", saved))
+    floats, read_back = figures
+    for expected, got in zip(floats.axes, read_back.axes, strict=True):
+        for line, drawn in zip(expected.get_lines(), got.get_lines(), strict=True):
+            np.testing.assert_array_equal(drawn.get_ydata(), line.get_ydata())
+        assert got.get_yscale() == expected.get_yscale()
+    finals = read_back.axes[2]
+    offsets = [collection.get_offsets()[:, 1] for collection in finals.collections]
+    np.testing.assert_array_equal(offsets[0], [math.nan])  # the unclipped arm's "nan"
+    assert [text.get_text() for text in finals.texts] == ["1 non-finite"]
+
+
+@pytest.mark.parametrize("text", ["NaN", "1.5", "", "infinity"])
+def test_clipping_plot_refuses_other_strings_naming_the_run(tmp_path, text):
+    result = {"runs": [_clipping_run(), _clipping_run(step_grad_norm=[2.0, text])]}
+    with pytest.raises(
+        TypeError, match=rf"run 1 step_grad_norm must hold numbers or None or one of "
+        rf"\['nan', 'inf', '-inf'\], got {re.escape(repr(text))} \(str\) at position 1",
+    ):  # fmt: skip
+        plots.plot_clipping_experiment(tmp_path / "c.png", result)
+
+
+def test_loss_curves_still_refuse_the_strings_of_clipping_json(tmp_path):
+    # Only the clipping experiment's JSON writes them; a training history never does.
+    phases = {"fp32": {"step": [1, 2], "train_loss": [0.5, "nan"], "val_loss": [None, None]}}
+    with pytest.raises(TypeError, match=r"train_loss must hold numbers or None, got 'nan'"):
+        plots.plot_loss_curves(tmp_path / "loss.png", phases)
 
 
 def test_variable_importance_refuses_names_given_as_one_string(tmp_path):

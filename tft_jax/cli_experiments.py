@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import pathlib
 import re
 import warnings
 from typing import Any
@@ -20,10 +21,16 @@ from typing import Any
 import numpy as np
 
 from tft_jax import plots
-from tft_jax.cli_parser import UsageError, check_output_folder, forecaster_config
+from tft_jax.cli_parser import (
+    UsageError,
+    check_output_folder,
+    flag_message,
+    forecaster_config,
+    given_flags,
+)
 from tft_jax.config import TFTConfig
 from tft_jax.data import load_pedestrian, prepare_dataset, read_table
-from tft_jax.experiments import ClippingSettings, clipping_experiment
+from tft_jax.experiments import ClippingSettings, check_splits, clipping_experiment
 from tft_jax.forecaster.predictors import qat_model_for
 from tft_jax.forecaster.run_folder import write_json
 
@@ -40,14 +47,37 @@ _SETTING_FLAGS = {
     "validation_windows": "--val-windows",
 }
 
+# The most runs per arm `--seeds` asks for: each trains a model from scratch (minutes), and
+# the seeds are listed before the experiment starts (3e9 of them filled the memory).
+MAX_SEEDS = 10_000
+
+# What the experiment writes in `--out`.
+OUTPUT_FILES = ("clipping.json", "clipping.png")
+
+
+def _setting_flags(message: str) -> str:
+    """`message` with each `ClippingSettings.field` replaced by the flag that sets it."""
+    return re.sub(
+        r"ClippingSettings\.(\w+)",
+        lambda match: _SETTING_FLAGS.get(match.group(1), match.group(0)),
+        message,
+    )
+
 
 def _clipping_settings(args: argparse.Namespace) -> ClippingSettings:
     """The experiment's settings from the flags; a `UsageError` naming the flag if invalid.
 
     An `--eval-every` above `--steps` records one point per run, after its
     last step: it is recorded as `--steps`, the interval that took effect,
-    with a warning (a repair is said, as `train` says its own).
+    with a warning (a repair is said, as `train` says its own), which says
+    whether the interval was the user's or the default.
     """
+    # Before listing the seeds: `tuple(range(3_000_000_000))` fills the memory.
+    if args.seeds > MAX_SEEDS:
+        raise UsageError(
+            f"--seeds must be at most {MAX_SEEDS} (runs per arm, each training a model from "
+            f"scratch), got {args.seeds}"
+        )
     try:
         settings = ClippingSettings(
             learning_rate=args.lr,
@@ -61,20 +91,34 @@ def _clipping_settings(args: argparse.Namespace) -> ClippingSettings:
             validation_windows=args.val_windows,
         )
     except ValueError as error:
-        message = re.sub(
-            r"ClippingSettings\.(\w+)",
-            lambda match: _SETTING_FLAGS.get(match.group(1), match.group(0)),
-            str(error),
-        )
-        raise UsageError(message) from None
+        raise UsageError(_setting_flags(str(error))) from None
     if args.eval_every > args.steps:
+        given = (
+            f"--eval-every {args.eval_every} is"
+            if "--eval-every" in given_flags(args)
+            else f"the default --eval-every {args.eval_every} is"
+        )
         warnings.warn(
-            f"--eval-every {args.eval_every} is more than --steps {args.steps}: each run "
-            f"records one point, after its last step (--eval-every {args.steps})",
+            f"{given} more than --steps {args.steps}: each run records one point, after its "
+            f"last step (--eval-every {args.steps})",
             UserWarning,
             stacklevel=2,
         )
     return settings
+
+
+def _check_outputs(out: pathlib.Path) -> None:
+    """Raises `UsageError` if a file the experiment writes in `out` is a folder.
+
+    Found after training, the write failed naming its temporary file.
+    """
+    for name in OUTPUT_FILES:
+        path = pathlib.Path(out) / name
+        if path.is_dir():
+            raise UsageError(
+                f"--out {out}: {path} is a folder, not a file; the experiment writes "
+                f"{' and '.join(OUTPUT_FILES)} there: remove it or choose another --out"
+            )
 
 
 def _non_finite_as_strings(value: Any) -> Any:
@@ -82,6 +126,7 @@ def _non_finite_as_strings(value: Any) -> Any:
 
     The strings are "nan", "inf" and "-inf": `write_json` would write all
     three as null, and a NaN (no data, or a NaN loss) is not an overflow.
+    `tft_jax.experiments` (`NON_FINITE_STRINGS`) and `plots` read them back.
     """
     if isinstance(value, dict):
         return {key: _non_finite_as_strings(item) for key, item in value.items()}
@@ -94,6 +139,7 @@ def _non_finite_as_strings(value: Any) -> Any:
 
 def command_experiment(args: argparse.Namespace) -> int:
     check_output_folder(args.out, "--out")  # before minutes of training
+    _check_outputs(args.out)
     experiment = _clipping_settings(args)  # before reading the table
     settings = forecaster_config(args, qat=False)
     encoding = settings.data.encoding
@@ -105,6 +151,10 @@ def command_experiment(args: argparse.Namespace) -> int:
         )
     )
     dataset = prepare_dataset(table, **settings.data.prepare_options())
+    try:  # before building the model: an empty split is a flag's doing
+        check_splits(dataset.train, dataset.validation, experiment)
+    except ValueError as error:
+        raise UsageError(flag_message(_setting_flags(str(error)), vars(args))) from None
     model = settings.model
     tft_config = TFTConfig(
         **dataset.tft_config_kwargs(),

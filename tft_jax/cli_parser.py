@@ -853,7 +853,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("--val-windows", positive_int, defaults.validation_windows, "validation windows"),
     ):
         shown = "" if value is None else f" (default {value})"
-        clipping.add_argument(flag, type=kind, default=value, help=text + shown)
+        clipping.add_argument(flag, type=kind, default=value, help=text + shown, action=_Store)
     clipping.add_argument(
         "--out",
         type=path_argument,

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -67,21 +68,26 @@ class ClippingSettings:
     Attributes:
       learning_rate: the constant (aggressive) AdamW learning rate of both arms.
       clip_norm: the global-norm threshold of the clipped arm.
-      seeds: one run per seed and arm (distinct ints >= 0).
+      seeds: one run per seed and arm (distinct ints in 0..2**32 - 1; a list
+        or a 1-D array is kept as a tuple).
       steps: training steps per run.
       batch_size: windows per step.
       eval_every: steps between recorded points (mean training loss since the
         last point, validation loss).
       calibrate_steps: steps with the observers updating (an int >= 0); None =
         every step.
-      explode_factor: divergence threshold: an interval's mean training loss
-        above this times the first applied step's loss, or a validation
-        loss above this times the initial model's, is divergence (both
-        baselines come before any update).
+      explode_factor: divergence threshold (finite, > 1): an interval's mean
+        training loss above this times the first applied step's loss, or a
+        validation loss above this times the initial model's, is divergence
+        (both baselines come before any update).
       validation_windows: at most this many validation windows per evaluation
         (evenly spaced, rounded down to a multiple of `batch_size`; at least
         `batch_size`).
       weight_decay: AdamW weight decay of both arms.
+
+    NumPy numbers are taken and kept as Python ints and floats (the settings
+    are hashed and written to JSON); bools are refused. A bad value is a
+    `ValueError` naming the field.
     """
 
     learning_rate: float = 0.2
@@ -96,10 +102,13 @@ class ClippingSettings:
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
+        # NumPy numbers (np.int64 steps, np.float32 norms) are taken as the Python numbers
+        # they hold: the settings are written to JSON and hashed.
         for name in ("steps", "batch_size", "eval_every", "validation_windows"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not _is_integer(value) or value < 1:
                 raise ValueError(f"ClippingSettings.{name} must be an int >= 1, got {value!r}")
+            object.__setattr__(self, name, int(value))
         # Validation runs in whole batches: fewer windows than one batch would mean more.
         if self.validation_windows < self.batch_size:
             raise ValueError(
@@ -108,25 +117,28 @@ class ClippingSettings:
                 f"{self.validation_windows}"
             )
         calibrate = self.calibrate_steps
-        if calibrate is not None and (
-            isinstance(calibrate, bool) or not isinstance(calibrate, int) or calibrate < 0
-        ):
-            raise ValueError(
-                f"ClippingSettings.calibrate_steps must be None or an int >= 0, got {calibrate!r}"
-            )
+        if calibrate is not None:
+            if not _is_integer(calibrate) or calibrate < 0:
+                raise ValueError(
+                    "ClippingSettings.calibrate_steps must be None or an int >= 0, got "
+                    f"{calibrate!r}"
+                )
+            object.__setattr__(self, "calibrate_steps", int(calibrate))
         # Seeds key the initialization and the batch order (NumPy wants them >= 0; a JAX
         # key keeps a seed's low 32 bits, so seeds 2**32 apart would be one run twice).
-        if not isinstance(self.seeds, tuple | list) or not all(
-            isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**32
-            for seed in self.seeds
-        ):
+        # A list or an array is kept as a tuple: the settings are hashable.
+        seeds = self.seeds
+        listed = isinstance(seeds, tuple | list) or (
+            isinstance(seeds, np.ndarray) and seeds.ndim == 1
+        )
+        if not listed or not all(_is_integer(seed) and 0 <= seed < 2**32 for seed in seeds):
             raise ValueError(
-                "ClippingSettings.seeds must be a tuple of ints in 0..2**32 - 1, got "
-                f"{self.seeds!r}"
+                f"ClippingSettings.seeds must be a tuple of ints in 0..2**32 - 1, got {seeds!r}"
             )
+        object.__setattr__(self, "seeds", tuple(int(seed) for seed in seeds))
         if len(self.seeds) < 1 or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(
-                f"ClippingSettings.seeds must be at least one distinct seed, got {self.seeds!r}"
+                f"ClippingSettings.seeds must be at least one distinct seed, got {seeds!r}"
             )
         for name, allow_zero in (
             ("learning_rate", False),
@@ -134,24 +146,65 @@ class ClippingSettings:
             ("weight_decay", True),
         ):
             value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not math.isfinite(value)
-                or not (value >= 0 if allow_zero else value > 0)
-            ):
+            if not _is_real(value) or not (value >= 0 if allow_zero else value > 0):
                 bound = ">= 0" if allow_zero else "> 0"
                 raise ValueError(
                     f"ClippingSettings.{name} must be a finite number {bound}, got {value!r}"
                 )
+            object.__setattr__(self, name, float(value))
+        # An infinite factor would switch the loss rule off: only non-finite losses and
+        # skipped steps would count as divergence.
         factor = self.explode_factor
-        if isinstance(factor, bool) or not isinstance(factor, int | float) or not factor > 1.0:
-            raise ValueError(f"ClippingSettings.explode_factor must be > 1, got {factor!r}")
+        if not _is_real(factor) or not factor > 1.0:
+            raise ValueError(
+                f"ClippingSettings.explode_factor must be a finite number > 1, got {factor!r}"
+            )
+        object.__setattr__(self, "explode_factor", float(factor))
 
 
-def _floats(values: Iterable[float | None]) -> np.ndarray:
-    """`values` as float64, None (a strict-JSON non-finite value) as NaN."""
-    return np.array([math.nan if v is None else v for v in values], dtype=np.float64)
+def _is_integer(value: Any) -> bool:
+    """An int or a NumPy integer, not a bool (True is no count of 1)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_)
+
+
+def _is_real(value: Any) -> bool:
+    """A finite real number (NumPy's included), not a bool."""
+    return (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool | np.bool_)
+        and math.isfinite(value)
+    )
+
+
+def _check_threshold(function: str, name: str, value: Any, bound: float) -> None:
+    """Raises `ValueError` unless `value` is a finite number above `bound`."""
+    if not _is_real(value) or not value > bound:
+        raise ValueError(f"{function}: {name} must be a finite number > {bound:g}, got {value!r}")
+
+
+# How `tft-jax experiment clipping` writes a non-finite float in strict JSON
+# (`clipping.json`): null would not tell NaN (no data, a NaN loss) from an overflow.
+NON_FINITE_STRINGS: dict[str, float] = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def _floats(values: Iterable[Any], name: str = "values") -> np.ndarray:
+    """`values` as float64, with None and the strings of `NON_FINITE_STRINGS` as floats.
+
+    None is strict JSON's null (NaN); "nan", "inf" and "-inf" are how
+    `clipping.json` writes non-finite values. Any other string is a
+    `TypeError` naming `name`.
+    """
+    floats = []
+    for position, value in enumerate(values):
+        if isinstance(value, str):
+            if value not in NON_FINITE_STRINGS:
+                raise TypeError(
+                    f"{name} must hold numbers, None or one of {list(NON_FINITE_STRINGS)}, got "
+                    f"{value!r} at position {position}"
+                )
+            value = NON_FINITE_STRINGS[value]
+        floats.append(math.nan if value is None else value)
+    return np.array(floats, dtype=np.float64)
 
 
 def applied_steps(history: Mapping[str, Sequence[Any]]) -> np.ndarray:
@@ -171,15 +224,20 @@ def diverged(history: Mapping[str, Sequence[Any]], explode_factor: float) -> boo
     Args:
       history: a record of `train_run`: per point `step`, `train_loss`,
         `val_loss` and `skipped_steps`; per step `step_loss`,
-        `step_observed` and `step_skipped`; and `initial_val_loss`. None
-        stands for NaN (as strict JSON writes it).
-      explode_factor: the threshold, a multiple of each baseline.
+        `step_observed` and `step_skipped`; and `initial_val_loss`. A loss
+        may be a float, None (NaN) or one of the strings "nan", "inf" and
+        "-inf" (`NON_FINITE_STRINGS`), as a run read back from
+        `clipping.json` holds them.
+      explode_factor: the threshold, a multiple of each baseline: a finite
+        number > 1 (`ValueError` otherwise; at 1 or below a healthy run would
+        diverge, at infinity no loss could).
     """
+    _check_threshold("diverged", "explode_factor", explode_factor, 1.0)
     if any(history["step_skipped"]) or (
         history["skipped_steps"] and history["skipped_steps"][-1] > 0
     ):
         return True
-    val = _floats([history["initial_val_loss"], *history["val_loss"]])
+    val = _floats([history["initial_val_loss"], *history["val_loss"]], "initial_val_loss, val_loss")
     if not np.all(np.isfinite(val)) or np.any(val[1:] > explode_factor * val[0]):
         return True
     applied = applied_steps(history)
@@ -191,8 +249,9 @@ def diverged(history: Mapping[str, Sequence[Any]], explode_factor: float) -> boo
     with_data = np.array(
         [applied[start:end].any() for start, end in zip(starts, ends, strict=True)], dtype=bool
     )
-    train = _floats(history["train_loss"])[with_data]
-    baseline = _floats(history["step_loss"])[np.argmax(applied)]  # the first applied step
+    train = _floats(history["train_loss"], "train_loss")[with_data]
+    first = np.argmax(applied)  # the first applied step
+    baseline = _floats(history["step_loss"], "step_loss")[first]
     if not (np.all(np.isfinite(train)) and math.isfinite(baseline)):
         return True
     return bool(np.any(train > explode_factor * baseline))
@@ -204,12 +263,16 @@ def clipped_fraction(history: Mapping[str, Sequence[Any]], clip_norm: float) -> 
     Those steps were clipped, or in the unclipped arm would have been. Only
     applied steps count (`applied_steps`): a skipped step's norm may be
     NaN or inf and it changed nothing, a step without an observed target has
-    a zero gradient. NaN when the run applied no step.
+    a zero gradient. NaN when the run applied no step. A norm may be a float,
+    None (NaN) or one of `NON_FINITE_STRINGS`, as in `clipping.json`.
+    `clip_norm` must be a finite number > 0 (`ValueError` otherwise: every
+    norm exceeds 0 or less, none exceeds NaN).
     """
+    _check_threshold("clipped_fraction", "clip_norm", clip_norm, 0.0)
     applied = applied_steps(history)
     if not applied.any():
         return math.nan
-    norms = _floats(history["step_grad_norm"])[applied]
+    norms = _floats(history["step_grad_norm"], "step_grad_norm")[applied]
     return float(np.mean(norms > clip_norm))
 
 
@@ -313,6 +376,42 @@ def _summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def check_splits(
+    train_windows: WindowSet, validation_windows: WindowSet, settings: ClippingSettings
+) -> None:
+    """Raises unless each split holds at least one batch of `settings.batch_size` windows.
+
+    `clipping_experiment` checks this first; a caller can check it before
+    building the model. An empty validation split is a matter of how the
+    table was split (`prepare_dataset`'s `validation_fraction` or
+    `validation_start`), which no batch size mends.
+
+    Raises:
+      TypeError: for `settings` that are not a `ClippingSettings`.
+      ValueError: naming the split, its windows and what to change.
+    """
+    if not isinstance(settings, ClippingSettings):
+        raise TypeError(f"settings must be a ClippingSettings, got {type(settings).__name__}")
+    batch_size = settings.batch_size
+    if len(validation_windows) == 0:
+        raise ValueError(
+            "the validation split has no windows, so the runs cannot be evaluated; give it "
+            "some with validation_fraction > 0 or validation_start"
+        )
+    if len(validation_windows) < batch_size:
+        raise ValueError(
+            f"the validation split has {len(validation_windows)} windows, fewer than one batch "
+            f"of {batch_size}; lower ClippingSettings.batch_size"
+        )
+    if len(train_windows) == 0:
+        raise ValueError("the training split has no windows: nothing to train on")
+    if len(train_windows) < batch_size:
+        raise ValueError(
+            f"the training split has {len(train_windows)} windows, fewer than one batch of "
+            f"{batch_size}; lower ClippingSettings.batch_size"
+        )
+
+
 def clipping_experiment(
     model: Any,
     train_windows: WindowSet,
@@ -331,6 +430,10 @@ def clipping_experiment(
       settings: the experiment's settings.
       on_run: called with each finished run's record (for progress output).
 
+    Raises:
+      ValueError: for a split with fewer windows than one batch (see
+        `check_splits`), before any model is built.
+
     Returns:
       A JSON-ready dict: `settings`; `runs`, one record per run with `clip`,
       `seed`, the record of `train_run` (`initial_val_loss`; per step
@@ -345,24 +448,13 @@ def clipping_experiment(
       fraction's mean over runs that applied a step and the final validation
       loss median/mean/min/max over finite runs; `seconds` in total.
     """
-    if not isinstance(settings, ClippingSettings):
-        raise TypeError(f"settings must be a ClippingSettings, got {type(settings).__name__}")
+    check_splits(train_windows, validation_windows, settings)
     # Whole batches, chosen evenly over the split before batching: rounding the split's
     # own size down afterwards would drop its last windows and misreport the count.
     count = min(settings.validation_windows, len(validation_windows))
     count = count // settings.batch_size * settings.batch_size
-    if count == 0:
-        raise ValueError(
-            f"the validation split has {len(validation_windows)} windows, fewer than one batch "
-            f"of {settings.batch_size}; lower the batch size"
-        )
     validation = evenly_spaced(validation_windows, count)
     val_batches = fixed_batches(validation, settings.batch_size)
-    if len(train_windows) < settings.batch_size:
-        raise ValueError(
-            f"the training split has {len(train_windows)} windows, fewer than one batch of "
-            f"{settings.batch_size}; lower the batch size"
-        )
     calibrate_steps = (
         settings.steps if settings.calibrate_steps is None else settings.calibrate_steps
     )

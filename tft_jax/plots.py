@@ -41,6 +41,7 @@ from tft_jax.evaluation import (
     subset,
     to_original_units,
 )
+from tft_jax.experiments import NON_FINITE_STRINGS
 from tft_jax.forecaster.config import quantile_name
 
 PathLike = str | pathlib.Path
@@ -583,16 +584,28 @@ def plot_variable_importance(
     return _save(figure, path)
 
 
-def _finite(values: Sequence[Any], name: str = "values") -> np.ndarray:
-    """`values` as float64, None (not evaluated) as NaN; a TypeError naming `name` otherwise."""
+def _finite(
+    values: Sequence[Any], name: str = "values", *, non_finite_strings: bool = False
+) -> np.ndarray:
+    """`values` as float64, None (not evaluated) as NaN; a TypeError naming `name` otherwise.
+
+    `non_finite_strings`: the strings "nan", "inf" and "-inf" are read as those
+    floats (`tft_jax.experiments.NON_FINITE_STRINGS`: how `clipping.json`
+    writes a diverged run's values); any other string is still refused.
+    """
+    texts = NON_FINITE_STRINGS if non_finite_strings else {}
     for position, value in enumerate(values):
-        if not _is_number_or_missing(value):
+        if not (_is_number_or_missing(value) or (isinstance(value, str) and value in texts)):
+            allowed = f"None or one of {list(texts)}" if texts else "None"
             raise TypeError(
-                f"{name} must hold numbers or None, got {value!r} ({type(value).__name__}) "
-                f"at position {position}"
+                f"{name} must hold numbers or {allowed}, got {value!r} "
+                f"({type(value).__name__}) at position {position}"
             )
-    return np.array([math.nan if v is None or v is pd.NA else float(v) for v in values],
-                    dtype=np.float64)  # fmt: skip
+    return np.array(
+        [texts[v] if isinstance(v, str) else math.nan if v is None or v is pd.NA else float(v)
+         for v in values],
+        dtype=np.float64,
+    )  # fmt: skip
 
 
 def _non_finite(values: Sequence[Any]) -> int:
@@ -721,7 +734,9 @@ def plot_clipping_experiment(
       result: the dict of `tft_jax.experiments.clipping_experiment`: `runs`,
         each with `clip` (bool), `step_loss` and `step_grad_norm` (per step),
         `final_val_loss` and `diverged`; and `settings` with `learning_rate`
-        and `clip_norm`.
+        and `clip_norm`. Or that dict read back from `clipping.json`: a loss
+        or norm may be None or one of the strings "nan", "inf" and "-inf"
+        (the CLI's strict JSON for non-finite values).
       title: figure title (default from the settings).
 
     The loss, gradient norm and final loss axes are logarithmic, or linear
@@ -749,21 +764,28 @@ def plot_clipping_experiment(
                 f"has {list(_RUN_KEYS)}, got {list(run)}"
             )
     settings = result.get("settings", {})
+    final_losses = _finite(
+        [run["final_val_loss"] for run in runs], "final_val_loss of the runs",
+        non_finite_strings=True,
+    )  # fmt: skip
     figure = Figure(figsize=(15, 4.2), layout="constrained")
     losses, norms, finals = figure.subplots(1, 3, width_ratios=(1.6, 1.6, 1))
     labelled: set[bool] = set()
     drawn: dict[Any, list[np.ndarray]] = {losses: [], norms: []}
-    for run in runs:
+    for index, run in enumerate(runs):
         clip = bool(run["clip"])
         label = None if clip in labelled else ("with clipping" if clip else "without clipping")
         labelled.add(clip)
         style = dict(color=_ARMS[clip], lw=0.9, alpha=0.75, ls=":" if run["diverged"] else "-")
-        step_loss = _finite(run["step_loss"])
+        step_loss = _finite(run["step_loss"], f"run {index} step_loss", non_finite_strings=True)
+        grad_norm = _finite(
+            run["step_grad_norm"], f"run {index} step_grad_norm", non_finite_strings=True
+        )
         steps = np.arange(1, step_loss.size + 1)
         losses.plot(steps, _smooth(step_loss, 5), label=label, **style)
-        norms.plot(steps, _smooth(_finite(run["step_grad_norm"]), 5), **style)
+        norms.plot(steps, _smooth(grad_norm, 5), **style)
         drawn[losses].append(step_loss)
-        drawn[norms].append(_finite(run["step_grad_norm"]))
+        drawn[norms].append(grad_norm)
     if settings.get("clip_norm") is not None:
         norms.axhline(settings["clip_norm"], color="black", lw=0.8, ls="--", label="clip_norm")
         norms.legend(fontsize=8)
@@ -775,7 +797,7 @@ def plot_clipping_experiment(
         axis.grid(alpha=0.3, which="both")
     losses.legend(fontsize=8)
     for position, clip in enumerate((False, True)):
-        values = _finite([run["final_val_loss"] for run in runs if bool(run["clip"]) == clip])
+        values = final_losses[[bool(run["clip"]) == clip for run in runs]]
         jitter = np.linspace(-0.12, 0.12, max(values.size, 1))[: values.size]
         finals.scatter(position + jitter, values, color=_ARMS[clip], zorder=3)
         failed = int(np.sum(~np.isfinite(values)))
@@ -786,7 +808,7 @@ def plot_clipping_experiment(
     finals.set_xticks([0, 1], ["without clipping", "with clipping"])
     finals.set_xlim(-0.6, 1.6)
     finals.set_ylabel("final validation loss")
-    _log_scale_if_positive(finals, [_finite([run["final_val_loss"] for run in runs])])
+    _log_scale_if_positive(finals, [final_losses])
     finals.grid(alpha=0.3, which="both")
     finals.set_title("final validation loss per seed", fontsize=10)
     figure.suptitle(
