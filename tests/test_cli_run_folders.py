@@ -1,5 +1,6 @@
 """What `tft-jax` does with the files in and around a run folder: `--overwrite`, `--resume`,
-outputs that are inputs, config.json's `source`, output names and the demo's marker.
+a file given as `--run`, outputs that are inputs, config.json's `source`, output names and
+the demo's marker.
 
 Each test builds the smallest folder that shows its case; none trains.
 """
@@ -17,7 +18,7 @@ import pytest
 from tft_jax import cli
 from tft_jax.checkpoint import TrainingCheckpointer
 from tft_jax.cli_parser import UsageError, forecaster_config
-from tft_jax.forecaster import Forecaster
+from tft_jax.forecaster import Forecaster, RunFolderError
 
 from .cli_tables import run, table_args, write_table
 from .one_store_sales import _table
@@ -226,6 +227,30 @@ def test_resume_with_the_runs_qat_setting_goes_on_to_training(
         capsys, monkeypatch, csv_path, tmp_path, "--quiet", *flags, stop=cli.UsageError
     )
     assert (code, err.strip()) == (2, "tft-jax train: error: training started")
+
+
+# ---------------------------------------------------------------------------
+# --run given a file of the run
+
+
+@pytest.mark.parametrize("command", ["predict", "evaluate"])
+def test_a_run_file_given_for_the_run_folder_is_named_so(capsys, csv_path, tmp_path, command):
+    # --run run/config.json said "run/config.json/config.json does not exist; is
+    # run/config.json a folder written by Forecaster.save ...?".
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    given = folder / "config.json"
+    outputs = ["--csv", str(csv_path), "--out", str(tmp_path / "f.csv")]
+    argv = [command, "--run", str(given), *(outputs if command == "predict" else [])]
+    code, _, err = run(capsys, *argv, "--compile-cache", "none")
+    assert code == 2
+    assert err.strip() == (
+        f"tft-jax {command}: error: --run {given} is a file, not a run folder; give the folder "
+        f"that holds it, {folder}"
+    )
+    with pytest.raises(RunFolderError, match=r"^Forecaster.load: .*config.json is a file, not"):
+        Forecaster.load(given)
 
 
 # ---------------------------------------------------------------------------

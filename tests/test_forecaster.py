@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import json
+import pathlib
 import shutil
 import warnings
 
@@ -29,12 +31,14 @@ from tft_jax.forecaster import (
     Forecaster,
     ForecasterConfig,
     ModelConfig,
+    QATTrainingConfig,
     RunFolderError,
 )
 from tft_jax.forecaster import forecaster as forecaster_module
 from tft_jax.forecaster.forecaster import BATCH_STREAM_FILE, _check_batch_stream, monotone
 from tft_jax.forecaster.run_folder import (
     EarlierResultsWarning,
+    RunFolderWriteError,
     check_params,
     earlier_results,
     load_variables,
@@ -343,11 +347,17 @@ def test_model_files_of_another_form_dtype_or_bit_width_are_refused_at_load(fitt
             Forecaster.load(folder)
     edited = tmp_path / "bits"  # a QAT form observed at 8 bits, config.json edited to 4
     shutil.copytree(saved, edited)
-    qat_variables = {"params": params, "quant_stats": stats}
-    (edited / "models" / "qat.msgpack").write_bytes(serialization.msgpack_serialize(qat_variables))
-    edit_config(edited, lambda c: c.update(models=["fp32", "qat"], qat={"bits": 8}))
+    qat_bytes = serialization.msgpack_serialize({"params": params, "quant_stats": stats})
+    (edited / "models" / "qat.msgpack").write_bytes(qat_bytes)
+    qat_section = dataclasses.asdict(QATTrainingConfig(bits=8))
+
+    def with_qat_form(config):
+        config["models_sha256"]["qat"] = hashlib.sha256(qat_bytes).hexdigest()
+        config.update(models=["fp32", "qat"], qat=qat_section)
+
+    edit_config(edited, with_qat_form)
     assert Forecaster.load(edited).models == ("fp32", "qat")
-    edit_config(edited, lambda c: c.update(qat={"bits": 4}))
+    edit_config(edited, lambda c: c["qat"].update(bits=4))
     with pytest.raises(
         RunFolderError,
         match=r"qat.msgpack was quantized with \[8\] bits, config.json says qat.bits=4",
@@ -384,7 +394,7 @@ def test_a_config_json_whose_sections_disagree_or_a_bad_history_json_is_refused(
         Forecaster.load(folder)
 
 
-def test_saving_over_an_earlier_run_leaves_none_of_its_models_or_config(
+def test_saving_over_an_earlier_run_leaves_none_of_its_models_and_a_failed_save_keeps_it(
     fitted, tmp_path, monkeypatch
 ):
     forecaster, _, saved = fitted
@@ -399,11 +409,13 @@ def test_saving_over_an_earlier_run_leaves_none_of_its_models_or_config(
     def crash(*args):
         raise OSError("disk full")
 
-    monkeypatch.setattr("tft_jax.forecaster.run_folder.save_variables", crash)
-    with pytest.raises(OSError, match="disk full"):
-        forecaster.save(earlier)  # cut short: the earlier config.json must not remain
-    with pytest.raises(RunFolderError, match=r"config.json does not exist"):
-        Forecaster.load(earlier)
+    monkeypatch.setattr(pathlib.Path, "write_bytes", crash)
+    with pytest.raises(
+        RunFolderWriteError, match=r"fp32.msgpack \(disk full\); the earlier run in .* is left"
+    ):
+        forecaster.save(earlier)  # cut short: the earlier run stays as it was
+    monkeypatch.undo()
+    assert Forecaster.load(earlier).models == ("fp32",)
 
 
 def test_evaluate_on_the_training_table_reports_every_model_and_the_baseline(fitted):

@@ -1,6 +1,7 @@
-"""`Forecaster` names what is wrong with what it is given: a config.json edited by hand, a
-series off the freq grid, a backtest longer than the table, future rows of integer or empty
-ids; and backtest cutoffs stay freq steps apart across a stretch no series covers.
+"""`Forecaster` names what is wrong with what it is given: a config.json edited by hand (a
+field deleted), a non-finite number in `save`'s extra, a series off the freq grid, a
+backtest longer than the table, future rows of integer or empty ids; and backtest cutoffs
+stay freq steps apart across a stretch no series covers.
 
 One tiny FP32 model is fitted once on the synthetic stores table (the
 settings of `tests/test_forecaster.py`, so that its compiled steps are
@@ -9,6 +10,7 @@ shared); every test reads it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -16,7 +18,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tft_jax.forecaster import Forecaster, RunFolderError
+from tft_jax.config import TFTConfig
+from tft_jax.forecaster import Forecaster, RunFolderError, run_folder
+from tft_jax.forecaster.config import SECTIONS
 
 from .cli_tables import HISTORY, HORIZON
 from .forecaster_stores import cut, fitted_stores
@@ -65,6 +69,52 @@ def test_models_or_summary_of_another_type_in_config_json_are_named(fitted, tmp_
     folder = edited(saved, tmp_path / "summary", lambda c: c.update(summary=[1]))
     with pytest.raises(RunFolderError, match=r"summary must be an object, got list"):
         Forecaster.load(folder)
+
+
+def test_every_field_of_every_section_is_in_a_saved_config_json(fitted):
+    # What makes a missing field a hand edit: `save` writes each of them.
+    _, _, saved = fitted
+    config = json.loads((saved / "config.json").read_text())
+    for section, kind in {**SECTIONS, "tft_config": TFTConfig}.items():
+        if config[section] is not None:  # qat: null for an FP32 run
+            assert sorted(config[section]) == sorted(f.name for f in dataclasses.fields(kind))
+
+
+@pytest.mark.parametrize(
+    "section, field",
+    [("training", "seed"), ("data", "nonnegative"), ("tft_config", "dtype"),
+     ("model", "dropout_rate")],
+)  # fmt: skip
+def test_a_field_deleted_from_a_section_of_config_json_is_refused_by_name(
+    fitted, tmp_path, monkeypatch, section, field
+):
+    # The dataclasses took their defaults without a word: another seed for a resume,
+    # forecasts no longer clipped at 0, another dtype.
+    _, _, saved = fitted
+    folder = edited(saved, tmp_path / "run", lambda c: c[section].pop(field))
+    with pytest.raises(
+        RunFolderError,
+        match=rf"config.json is damaged: ValueError\('{section}\.{field} is missing: "
+        "Forecaster.save writes every field",
+    ):
+        Forecaster.load(folder)
+    # A field that runs saved before it existed lack is accepted only when listed so.
+    allowed = {f"{section}.{field}": "added after runs were saved without it"}
+    monkeypatch.setattr(run_folder, "FIELDS_ABSENT_FROM_EARLIER_RUNS", allowed)
+    assert Forecaster.load(folder).models == ("fp32",)
+
+
+@pytest.mark.parametrize(
+    "extra, where",
+    [({"x": float("nan")}, r"extra\['x'\] is nan"),
+     ({"cli": {"rates": [0.1, np.float64("-inf")]}}, r"extra\['cli'\]\['rates'\]\[1\] is -inf")],
+)  # fmt: skip
+def test_save_refuses_a_non_finite_number_in_extra_naming_its_key(fitted, tmp_path, extra, where):
+    # It was written as null and read back as None, without a word.
+    forecaster, _, _ = fitted
+    with pytest.raises(ValueError, match=rf"^save: {where}; JSON has no NaN or infinity"):
+        forecaster.save(tmp_path / "run", extra=extra)
+    assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
 def test_backtest_cutoffs_are_step_grid_steps_apart_across_a_stretch_without_series(fitted):

@@ -1,12 +1,17 @@
-"""A run folder's model files checked at load: a non-finite observer range or scale is refused.
+"""A run folder's model files checked at load and written safely at save.
 
 A QAT or int8 file whose observer range or weight scale is NaN or infinite is
 refused naming the leaf; an observer that saw no batch keeps its fresh infinite
-range. One tiny run with all three forms is fitted once; each test edits copies.
+range. A file whose bytes differ from the SHA-256 config.json records is
+refused; a `models` list or `qat` section edited by hand is refused by name. A
+save cut short leaves the earlier run loadable. One tiny run with all three
+forms is fitted once; each test edits copies.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import pathlib
 import re
 import shutil
@@ -26,7 +31,7 @@ from tft_jax.forecaster import (
     RunFolderError,
     TrainingConfig,
 )
-from tft_jax.forecaster.run_folder import check_form
+from tft_jax.forecaster.run_folder import RunFolderWriteError, check_form
 
 from .cli_tables import HISTORY, HORIZON, write_table
 
@@ -112,3 +117,174 @@ def test_an_observer_that_saw_no_batch_keeps_its_fresh_infinite_range():
         damaged = {"params": params, "quant_stats": stats(low, high, batches)}
         with pytest.raises(RunFolderError, match=r"quant_stats\['dense'\]\['dot_general'\]"):
             check_form(damaged, "qat", TFTConfig(), 8, path)
+
+
+def _folder_bytes(folder: pathlib.Path) -> dict[str, bytes]:
+    """Every file under `folder`, by relative path: what a save cut short must leave as it was."""
+    return {
+        str(path.relative_to(folder)): path.read_bytes()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
+def _forecasts(folder: pathlib.Path, table: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The test-split forecasts of every form of the run in `folder`."""
+    loaded = Forecaster.load(folder)
+    dataset = loaded.prepare(table)
+    predictions = loaded.predictions(dataset, dataset.test, list(loaded.models))
+    return {name: np.asarray(predictions[name].quantiles) for name in loaded.models}
+
+
+def _another_model(folder: pathlib.Path) -> Forecaster:
+    """The run in `folder` with its FP32 weights moved: another model, of the same forms."""
+    other = Forecaster.load(folder)
+    variables = other._fitted.variables
+    variables["fp32"] = jax.tree.map(lambda leaf: leaf + 0.25, variables["fp32"])
+    return other
+
+
+def test_a_save_cut_short_leaves_the_earlier_run_loadable_with_its_forecasts(
+    quantized, tmp_path, monkeypatch
+):
+    # config.json was deleted before anything was written: a write that failed (a full
+    # disk, a read-only models/) left the earlier run unloadable, even for the same model.
+    folder, table = quantized
+    earlier = tmp_path / "earlier"
+    shutil.copytree(folder, earlier)
+    before, forecasts = _folder_bytes(earlier), _forecasts(earlier, table)
+    writes = []
+    write_bytes = pathlib.Path.write_bytes
+
+    def second_write_fails(path, data):
+        writes.append(path)
+        if len(writes) == 2:
+            raise OSError("No space left on device")
+        return write_bytes(path, data)
+
+    monkeypatch.setattr(pathlib.Path, "write_bytes", second_write_fails)
+    for forecaster in (Forecaster.load(earlier), _another_model(earlier)):
+        writes.clear()
+        with pytest.raises(
+            RunFolderWriteError,
+            match=rf"save: could not write {re.escape(str(earlier / 'models' / 'qat.msgpack'))} "
+            rf"\(No space left on device\); the earlier run in {re.escape(str(earlier))} is "
+            "left intact",
+        ) as caught:
+            forecaster.save(earlier)
+        assert isinstance(caught.value, OSError)  # what the CLI's output errors catch
+        assert caught.value.filename == str(earlier / "models" / "qat.msgpack")
+        assert _folder_bytes(earlier) == before  # nothing replaced, no temporary file left
+    monkeypatch.undo()
+    after = _forecasts(earlier, table)
+    for name, values in forecasts.items():
+        np.testing.assert_array_equal(after[name], values)
+
+
+def test_a_replace_that_fails_after_the_config_json_leaves_a_run_that_is_refused(
+    quantized, tmp_path, monkeypatch
+):
+    # The new config.json replaces the earlier one first: model files not replaced
+    # after it are refused by its digests, never loaded under the new settings.
+    folder, _ = quantized
+    earlier = tmp_path / "earlier"
+    shutil.copytree(folder, earlier)
+    replaces = []
+    replace = pathlib.Path.replace
+
+    def second_replace_fails(path, target):
+        replaces.append(pathlib.Path(target))
+        if len(replaces) == 2:
+            raise OSError(5, "Input/output error", str(path), None, str(target))
+        return replace(path, target)
+
+    monkeypatch.setattr(pathlib.Path, "replace", second_replace_fails)
+    with pytest.raises(RunFolderWriteError, match=r"the run in .* is incomplete") as caught:
+        _another_model(earlier).save(earlier)
+    monkeypatch.undo()
+    assert replaces[0] == earlier / "config.json"
+    assert caught.value.filename == str(replaces[1])
+    with pytest.raises(RunFolderError, match=r"fp32.msgpack is damaged or was replaced"):
+        Forecaster.load(earlier)
+
+
+def _with_one_ulp_moved(path: pathlib.Path) -> None:
+    """Rewrites the model file `path` with one parameter moved by one ULP (a flipped bit)."""
+    variables = serialization.msgpack_restore(path.read_bytes())
+    assert serialization.msgpack_serialize(variables) == path.read_bytes()  # bytes reproduce
+    kernel = np.array(variables["params"]["quantile_head"]["kernel"])
+    kernel[0, 0] = np.nextafter(kernel[0, 0], np.float32(np.inf))
+    variables["params"]["quantile_head"]["kernel"] = kernel
+    path.write_bytes(serialization.msgpack_serialize(variables))
+
+
+def _edit_config(folder: pathlib.Path, edit) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def test_a_model_file_whose_bytes_differ_from_the_recorded_digest_is_refused(quantized, tmp_path):
+    # A flipped bit in a weight loaded without a word and moved every forecast.
+    folder, _ = quantized
+    recorded = json.loads((folder / "config.json").read_text())["models_sha256"]
+    assert sorted(recorded) == ["fp32", "int8", "qat"]
+    for name in recorded:
+        data = (folder / "models" / f"{name}.msgpack").read_bytes()
+        assert recorded[name] == hashlib.sha256(data).hexdigest()
+    Forecaster.load(folder)  # untouched: loads
+    damaged = tmp_path / "damaged"
+    shutil.copytree(folder, damaged)
+    path = damaged / "models" / "fp32.msgpack"
+    _with_one_ulp_moved(path)
+    actual = hashlib.sha256(path.read_bytes()).hexdigest()
+    with pytest.raises(
+        RunFolderError,
+        match=rf"{re.escape(str(path))} is damaged or was replaced after the run was saved: its "
+        rf"SHA-256 is {actual}, config.json's models_sha256.fp32 is {recorded['fp32']}",
+    ):
+        Forecaster.load(damaged)
+    # A run saved before the digests were recorded loads as it did.
+    legacy = tmp_path / "legacy"
+    shutil.copytree(folder, legacy)
+    _edit_config(legacy, lambda config: config.pop("models_sha256"))
+    assert Forecaster.load(legacy).models == ("fp32", "qat", "int8")
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda c: c["models_sha256"].pop("int8"),
+         r"models_sha256 records no digest of 'int8', which models lists"),
+        (lambda c: c["models_sha256"].update(qat="abc"),
+         r"models_sha256.qat must be a SHA-256 digest \(64 hex digits\), got 'abc'"),
+        (lambda c: c.update(models_sha256=["x"]),
+         r"models_sha256 must be an object of SHA-256 digests by model name"),
+        # The dropped duplicate was silent; qat null (or missing) loaded with 8 bits.
+        (lambda c: c.update(models=["fp32", "fp32", "qat", "int8"]),
+         r"models \['fp32', 'fp32', 'qat', 'int8'\] lists \['fp32'\] more than once"),
+        (lambda c: c.update(qat=None),
+         r"qat is null, but models lists the quantized forms \['qat', 'int8'\]"),
+        (lambda c: c.pop("qat"),
+         r"qat is missing, but models lists the quantized forms \['qat', 'int8'\]"),
+    ],
+)  # fmt: skip
+def test_a_models_list_or_record_or_qat_section_edited_by_hand_is_refused(
+    quantized, tmp_path, edit, message
+):
+    folder, _ = quantized
+    edited = tmp_path / "edited"
+    shutil.copytree(folder, edited)
+    _edit_config(edited, edit)
+    with pytest.raises(RunFolderError, match=rf"config.json is damaged: .*{message}"):
+        Forecaster.load(edited)
+
+
+def test_the_fp32_form_of_a_qat_run_loads_without_its_qat_section(quantized, tmp_path):
+    # What config.json holds for an FP32 run: refused only with a quantized form listed.
+    folder, _ = quantized
+    edited = tmp_path / "fp32_only"
+    shutil.copytree(folder, edited)
+    _edit_config(edited, lambda c: c.update(models=["fp32"], qat=None))
+    loaded = Forecaster.load(edited)
+    assert loaded.models == ("fp32",) and loaded.config.qat is None

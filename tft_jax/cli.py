@@ -98,6 +98,7 @@ from tft_jax.forecaster.run_folder import (
     RESULT_FILE_PATTERNS,
     RESULT_FOLDERS,
     EarlierResultsWarning,
+    check_not_a_file,
     json_ready,
     read_json,
     write_json,
@@ -357,6 +358,8 @@ def load_run(
     `eval_batch_size` (`--eval-batch-size`) replaces the run's
     `TrainingConfig.eval_batch_size`, the batch its predictions use; None keeps it.
     """
+    # A run's config.json given for its folder: not ".../config.json/config.json does not exist".
+    check_not_a_file(pathlib.Path(run), "--run")
     config = read_json(pathlib.Path(run) / CONFIG_FILE)
     forecaster = Forecaster.load(run)
     if eval_batch_size is not None:

@@ -1276,12 +1276,17 @@ class Forecaster:
         """Writes a self-contained run folder (`run_folder`); loading needs no training data.
 
         `extra` adds sections to config.json (the CLI records its arguments there): JSON
-        values, under names other than the run's own sections. A
-        folder holding an earlier run is written over: its config.json and the model files
-        of forms this forecaster lacks are deleted first. The results `tft-jax` wrote there
-        for the earlier model (metrics, forecasts, plots, checkpoints) are left as they are,
-        with a `run_folder.EarlierResultsWarning` naming them when this is another model
-        (not the one loaded from there, or saved there before): they describe that one.
+        values (finite numbers), under names other than the run's own sections. config.json
+        records the SHA-256 of each model file (`models_sha256`), which `load` checks. A
+        folder holding an earlier run is written over: every file is written to a
+        temporary sibling first and replaces the earlier one only once all are written
+        (`run_folder.write_run_files`), so a write that fails raises
+        `run_folder.RunFolderWriteError` (an `OSError`) naming the file and leaves the
+        earlier run loadable; the model files of forms this forecaster lacks are deleted
+        last. The results `tft-jax` wrote there for the earlier model (metrics, forecasts,
+        plots, checkpoints) are left as they are, with a `run_folder.EarlierResultsWarning`
+        naming them when this is another model (not the one loaded from there, or saved
+        there before): they describe that one.
         """
         fitted = self._require_fitted()
         root = pathlib.Path(path).expanduser()  # "~/runs/x" is the user's, as in a shell
@@ -1292,6 +1297,10 @@ class Forecaster:
                 f"save: {existing} is a file, not a folder; give the path of a run folder "
                 "(made where absent)"
             )
+        model_files = {
+            name: run_folder.variables_bytes(variables)
+            for name, variables in fitted.variables.items()
+        }
         config = {
             "format": run_folder.FORMAT,
             "format_version": run_folder.FORMAT_VERSION,
@@ -1300,6 +1309,9 @@ class Forecaster:
             "preprocessor": fitted.preprocessor.to_json(),
             "season_period": fitted.season_period,
             "models": list(fitted.variables),
+            run_folder.DIGESTS_KEY: {
+                name: run_folder.sha256_hex(data) for name, data in model_files.items()
+            },
             "summary": fitted.summary,
             "versions": run_folder.versions(),
         }
@@ -1313,28 +1325,30 @@ class Forecaster:
                 f"save: extra sections {clash} are sections of the run's own config.json "
                 f"({list(config)}); give them other names"
             )
-        try:  # refused here, not once the earlier run's config.json is gone
+        try:  # refused before anything is written
             json.dumps(run_folder.json_ready(extra), allow_nan=False)
         except (TypeError, ValueError) as error:
             raise TypeError(f"save: extra must hold JSON values: {error}") from None
+        run_folder.check_finite_extra(extra)  # null in config.json: another value
         # Results beside a model saved there before describe it: named below, unless this
         # is that very model (loaded from the folder, or saved twice).
         earlier = (
             run_folder.earlier_results(root)
             if (root / run_folder.CONFIG_FILE).is_file()
-            and not run_folder.holds_models(root, fitted.variables)
+            and not run_folder.holds_models(root, model_files)
             else []
         )
-        # Over an earlier run: its config.json goes first (written again last), so that a
-        # save cut short never loads as new weights under the old settings, and model
-        # files of forms this forecaster lacks go (they are another run's).
-        (root / run_folder.CONFIG_FILE).unlink(missing_ok=True)
-        for name in set(MODEL_NAMES) - set(fitted.variables):
-            run_folder.model_path(root, name).unlink(missing_ok=True)
-        for name, variables in fitted.variables.items():
-            run_folder.save_variables(run_folder.model_path(root, name), variables)
-        run_folder.write_json(root / run_folder.HISTORY_FILE, fitted.history)
-        run_folder.write_json(root / run_folder.CONFIG_FILE, {**config, **(extra or {})})
+        # The config.json last: `write_run_files` replaces it first. Model files of forms
+        # this forecaster lacks are another run's: deleted once the config.json is new.
+        files = {run_folder.model_path(root, name): data for name, data in model_files.items()}
+        files[root / run_folder.HISTORY_FILE] = run_folder.json_text(fitted.history).encode()
+        files[root / run_folder.CONFIG_FILE] = run_folder.json_text(
+            {**config, **(extra or {})}
+        ).encode()
+        stale = [
+            run_folder.model_path(root, name) for name in MODEL_NAMES if name not in model_files
+        ]
+        run_folder.write_run_files(root, files, stale)
         if earlier:
             warnings.warn(
                 f"save: {root} also holds {', '.join(earlier)} of the model saved there "
@@ -1349,6 +1363,7 @@ class Forecaster:
     def load(cls, path: str | os.PathLike) -> Forecaster:
         """The forecaster `save` wrote into `path` (a leading `~` is the home folder)."""
         root = pathlib.Path(path).expanduser()
+        run_folder.check_not_a_file(root, "Forecaster.load:")
         if not root.is_dir():
             raise run_folder.RunFolderError(f"{root} is not a folder (Forecaster.load)")
         config_file = root / run_folder.CONFIG_FILE
@@ -1359,6 +1374,8 @@ class Forecaster:
             )
         run_folder.check_format(config, root)
         try:
+            # A field deleted from a section would take its default without a word.
+            run_folder.check_sections(config, {**SECTIONS, "tft_config": TFTConfig})
             forecaster = cls.from_config(ForecasterConfig.from_json(config))
             tft_config = TFTConfig(
                 **{
@@ -1373,15 +1390,11 @@ class Forecaster:
                 raise ValueError(f"season_period must be an int >= 1, got {season_period!r}")
             if season_period < 1:
                 raise ValueError(f"season_period must be an int >= 1, got {season_period!r}")
-            names = config["models"]
-            if not isinstance(names, list):  # list("fp32") would name the forms 'f', 'p', ...
-                raise TypeError(f"models must be a list of model names, got {names!r}")
+            names = run_folder.check_models(config, ("qat", "int8"), MODEL_NAMES)
+            digests = run_folder.recorded_digests(config, names)  # None: saved before them
             summary = config.get("summary", {})
             if not isinstance(summary, dict):
                 raise TypeError(f"summary must be an object, got {type(summary).__name__}")
-            unknown = [name for name in names if name not in MODEL_NAMES]
-            if unknown or "fp32" not in names:
-                raise ValueError(f"models {names} must include 'fp32', all in {MODEL_NAMES}")
             run_folder.check_tft_config(tft_config, forecaster.config)
             run_folder.check_preprocessor(preprocessor, tft_config, forecaster.config)
             run_folder.check_trained_windows(summary, forecaster.config)
@@ -1392,9 +1405,13 @@ class Forecaster:
         bits = forecaster.config.qat.bits if forecaster.config.qat is not None else 8
         for name in names:
             path = run_folder.model_path(root, name)
-            variables[name] = run_folder.load_variables(path)
+            data = run_folder.read_model_bytes(path)
+            variables[name] = run_folder.restore_variables(path, data)
             run_folder.check_params(variables[name], expected, path)
             run_folder.check_form(variables[name], name, tft_config, bits, path)
+            # After the checks above, which say more of a file edited on purpose.
+            if digests is not None:
+                run_folder.check_model_digest(path, data, name, digests[name])
         history_file = root / run_folder.HISTORY_FILE
         history = run_folder.read_json(history_file)
         if not isinstance(history, dict):

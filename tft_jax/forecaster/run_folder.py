@@ -4,7 +4,8 @@ Layout::
 
     config.json          settings (data, model, training, qat), the TFT config, the
                          fitted preprocessing (series vocabulary, scalers, time
-                         index), baseline period, package versions, format version
+                         index), baseline period, package versions, format version,
+                         and the SHA-256 of each model file (`models_sha256`)
     models/fp32.msgpack  variables of each trained form (flax msgpack); qat and int8
     models/qat.msgpack   with QAT
     models/int8.msgpack
@@ -12,15 +13,26 @@ Layout::
 
 A folder of another format version, or with a file missing or damaged, is
 refused with an error that names the folder and the file.
+
+`Forecaster.save` writes every file to a temporary sibling first and replaces
+the earlier run's files only once all are written (`write_run_files`): a
+write that fails (a full disk, a read-only folder) leaves the earlier run
+loadable. A model file whose bytes differ from the digest config.json records
+for it is refused at load (`check_model_digest`); runs saved before the
+digests were recorded load as before.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import hashlib
 import json
 import math
+import os
 import pathlib
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -28,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
-from tft_jax.atomic_files import replaced_atomically
+from tft_jax.atomic_files import replaced_atomically, temporary_sibling
 from tft_jax.config import TFTConfig
 from tft_jax.model import TemporalFusionTransformer
 
@@ -39,10 +51,24 @@ FORMAT = "tft-jax-forecaster"
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
 HISTORY_FILE = "history.json"
+# config.json's record of the SHA-256 of each model file's bytes, by model name.
+DIGESTS_KEY = "models_sha256"
 
 
 class RunFolderError(ValueError):
     """A run folder that cannot be loaded: missing, incomplete or of another format."""
+
+
+class RunFolderWriteError(OSError):
+    """A file of a run folder that `Forecaster.save` could not write (a full disk, a
+    read-only folder): `'save: ...'` saying which file and what became of the earlier
+    run; `filename` is the file, `errno` and `__cause__` the failed write's."""
+
+    def __init__(self, path: pathlib.Path, detail: str, cause: OSError) -> None:
+        super().__init__(cause.errno, detail, str(path))
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 # What the `tft-jax` commands write beside a saved forecaster: results of the model
@@ -117,13 +143,129 @@ def json_ready(value: Any) -> Any:
     return value
 
 
+def json_text(data: Any) -> str:
+    """`data` as the indented JSON text `write_json` writes (strict: NaN becomes null)."""
+    return json.dumps(json_ready(data), indent=2, allow_nan=False) + "\n"
+
+
 def write_json(path: pathlib.Path, data: Any) -> None:
     """Writes `data` as indented JSON (strict: NaN becomes null), atomically."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(json_ready(data), indent=2, allow_nan=False) + "\n"
+    text = json_text(data)
     with replaced_atomically(path) as temporary:
         temporary.write_text(text)
+
+
+def _non_finite_at(value: Any, where: str) -> str | None:
+    """Where in `value` (`where` and its keys: "extra['x'][0]") a NaN or infinite float is,
+    or None: `json_ready` writes those as null, which reads back as another value."""
+    if isinstance(value, dict):
+        found = (_non_finite_at(item, f"{where}[{key!r}]") for key, item in value.items())
+        return next((place for place in found if place is not None), None)
+    if isinstance(value, list | tuple):
+        found = (_non_finite_at(item, f"{where}[{index}]") for index, item in enumerate(value))
+        return next((place for place in found if place is not None), None)
+    if isinstance(value, float | np.floating) and not math.isfinite(value):
+        return f"{where} is {float(value)}"
+    return None
+
+
+def check_finite_extra(extra: dict[str, Any] | None) -> None:
+    """Raises `ValueError` naming the key if `save`'s `extra` holds a NaN or infinite float:
+    written as null (JSON has neither), it would read back as None without a word."""
+    place = _non_finite_at(extra or {}, "extra")
+    if place is not None:
+        raise ValueError(
+            f"save: {place}; JSON has no NaN or infinity (it would be written as null): give "
+            "a finite number, a string or None"
+        )
+
+
+def sha256_hex(data: bytes) -> str:
+    """The SHA-256 of `data` as hex: what `DIGESTS_KEY` records of each model file."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_run_files(
+    root: pathlib.Path, files: dict[pathlib.Path, bytes], stale: Iterable[pathlib.Path] = ()
+) -> None:
+    """Writes `files` (path: bytes) into the run folder `root`, then deletes `stale`.
+
+    Every file is written to its temporary sibling (`replaced_atomically`)
+    first, and the earlier files are replaced only once all are written: a
+    write that fails (a full disk, a read-only models/) removes the temporary
+    files and leaves the earlier run as it was, loadable. They replace the
+    earlier files in the reverse order of `files`, so the last entry (the
+    config.json) first: should a later replace fail, its `models_sha256`
+    refuses the model files not replaced yet, instead of loading them under
+    the new settings. `stale` (model files of forms the new run lacks) go
+    once the new config.json no longer lists them. Raises
+    `RunFolderWriteError` naming the file and what became of the earlier run.
+    """
+    root = pathlib.Path(root)
+    earlier = (root / CONFIG_FILE).is_file()
+    for folder in sorted({path.parent for path in files}):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise _write_error(
+                root, folder, f"could not create {folder}", error, earlier
+            ) from error
+    targets = {temporary_sibling(path): path for path in files}
+    written = False
+    try:
+        with contextlib.ExitStack() as stack:
+            for path, data in files.items():
+                stack.enter_context(replaced_atomically(path)).write_bytes(data)
+            written = True
+    except OSError as error:
+        failed = targets.get(pathlib.Path(os.fsdecode(error.filename or "")), root)
+        if not written:
+            raise _write_error(root, failed, f"could not write {failed}", error, earlier) from error
+        # The config.json is replaced first: if it failed, no earlier file was replaced.
+        intact = failed == list(files)[-1]
+        what = f"could not replace {failed} with its new version"
+        raise _write_error(root, failed, what, error, earlier and intact, not intact) from error
+    for path in stale:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as error:
+            raise RunFolderWriteError(
+                path,
+                f"save: the run is saved in {root}, but {path} (a model form it lacks, not "
+                f"listed in its config.json) could not be deleted: {_cause_text(error)}",
+                error,
+            ) from error
+
+
+def _write_error(
+    root: pathlib.Path,
+    path: pathlib.Path,
+    what: str,
+    error: OSError,
+    earlier: bool,
+    incomplete: bool = False,
+) -> RunFolderWriteError:
+    """`what` failed at `path`: the error, saying what became of the run in `root`."""
+    if incomplete:
+        fate = (
+            f"the run in {root} is incomplete (its config.json is the new one, and refuses the "
+            "model files not replaced): save again"
+        )
+    elif earlier:
+        fate = f"the earlier run in {root} is left intact"
+    else:
+        fate = f"nothing was saved in {root}"
+    return RunFolderWriteError(path, f"save: {what} ({_cause_text(error)}); {fate}", error)
+
+
+def _cause_text(error: OSError) -> str:
+    """What went wrong, without the file (named apart): the OS's text, or the message of an
+    `OSError` raised with one only (to which `replaced_atomically` gave a file name)."""
+    if error.strerror:
+        return error.strerror
+    return str(error.args[0]) if len(error.args) == 1 else str(error)
 
 
 def read_json(path: pathlib.Path) -> Any:
@@ -154,26 +296,34 @@ def save_variables(path: pathlib.Path, variables: Any) -> None:
         temporary.write_bytes(data)
 
 
-def holds_models(root: pathlib.Path, models: dict[str, Any]) -> bool:
-    """Whether `root` holds exactly these models' files, byte for byte (a model saved again)."""
+def holds_models(root: pathlib.Path, models: dict[str, bytes]) -> bool:
+    """Whether `root` holds exactly these model files (`variables_bytes` by name), byte for
+    byte (a model saved again)."""
     saved = {path.stem for path in (root / "models").glob("*.msgpack")}
     if saved != set(models):
         return False
-    return all(
-        model_path(root, name).read_bytes() == variables_bytes(variables)
-        for name, variables in models.items()
-    )
+    return all(model_path(root, name).read_bytes() == data for name, data in models.items())
 
 
-def load_variables(path: pathlib.Path) -> dict[str, Any]:
-    """Reads a variable dict written by `save_variables`."""
+def read_model_bytes(path: pathlib.Path) -> bytes:
+    """The bytes of a model file, with a clear error when it is missing."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise RunFolderError(
             f"{path} does not exist; the run folder {path.parent.parent} is incomplete"
         )
+    return path.read_bytes()
+
+
+def load_variables(path: pathlib.Path) -> dict[str, Any]:
+    """Reads a variable dict written by `save_variables`."""
+    return restore_variables(path, read_model_bytes(path))
+
+
+def restore_variables(path: pathlib.Path, data: bytes) -> dict[str, Any]:
+    """The variable dict of the bytes `data` of the model file `path` (named by its errors)."""
     try:
-        variables = serialization.msgpack_restore(path.read_bytes())
+        variables = serialization.msgpack_restore(data)
     except Exception as error:  # msgpack raises several types for damaged bytes
         raise RunFolderError(
             f"{path} is damaged (not flax msgpack: {type(error).__name__}: {error}); "
@@ -487,10 +637,130 @@ def check_format(config: dict[str, Any], root: pathlib.Path) -> None:
         )
 
 
+def check_not_a_file(root: pathlib.Path, label: str) -> None:
+    """Raises `RunFolderError` if the run folder `root`, given as `label` ('--run',
+    'Forecaster.load:'), is a file: a run's config.json given for its folder was read
+    as `config.json/config.json`, said to "not exist"."""
+    root = pathlib.Path(root)
+    if not root.exists() or root.is_dir():
+        return
+    hint = (
+        f"; give the folder that holds it, {root.parent}"
+        if (root.parent / CONFIG_FILE).is_file()
+        else ""
+    )
+    raise RunFolderError(f"{label} {root} is a file, not a run folder{hint}")
+
+
+# Fields of config.json's sections that runs saved before the field existed lack, with
+# the reason their absence is accepted (the dataclass default then means what those runs
+# were trained with). Every other field must be there: `Forecaster.save` writes all of
+# them (`dataclasses.asdict`), so a missing one was deleted by hand, and its default may
+# be another setting than the run's (another seed, clipping of negative forecasts). None
+# so far: every run of this format version records every field. Add an entry
+# ("section.field": why) with the change that adds a field.
+FIELDS_ABSENT_FROM_EARLIER_RUNS: dict[str, str] = {}
+
+
+def check_sections(config: dict[str, Any], sections: dict[str, type]) -> None:
+    """Raises `ValueError` naming `section.field` for each field of `sections` (config.json's
+    section name: its dataclass) that config.json's section lacks.
+
+    The dataclasses would take their defaults for them without a word (a
+    missing `data.nonnegative` loaded as False, `tft_config.dtype` as
+    float32). A section that is absent or null is left to the reader that
+    needs it (`qat` may be null). Unknown keys are refused by the dataclasses.
+    """
+    missing = [
+        f"{name}.{field.name}"
+        for name, kind in sections.items()
+        if isinstance(config.get(name), dict)
+        for field in dataclasses.fields(kind)
+        if field.init
+        and field.name not in config[name]
+        and f"{name}.{field.name}" not in FIELDS_ABSENT_FROM_EARLIER_RUNS
+    ]
+    if missing:
+        raise ValueError(
+            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing: "
+            "Forecaster.save writes every field, and the default would load the run with "
+            "another setting than it was trained with; was config.json edited by hand?"
+        )
+
+
+def check_models(
+    config: dict[str, Any], qat_forms: Iterable[str], known: Iterable[str]
+) -> list[str]:
+    """config.json's `models`, checked to be a list of model names `known`, with 'fp32',
+    each once, and, if it lists a form of `qat_forms`, with the QAT settings (`qat`) there.
+
+    Raises `TypeError` or `ValueError` naming the field: a repeated name was
+    dropped without a word, and a quantized form without its QAT section
+    loaded with 8 bits whatever it was trained with.
+    """
+    names = config["models"]
+    if not isinstance(names, list):  # list("fp32") would name the forms 'f', 'p', ...
+        raise TypeError(f"models must be a list of model names, got {names!r}")
+    known = tuple(known)
+    unknown = [name for name in names if name not in known]
+    if unknown or "fp32" not in names:
+        raise ValueError(f"models {names} must include 'fp32', all in {known}")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"models {names} lists {repeated} more than once; list each form once")
+    quantized = [name for name in names if name in tuple(qat_forms)]
+    if quantized and not isinstance(config.get("qat"), dict):
+        found = f"qat is {json.dumps(config['qat'])}" if "qat" in config else "qat is missing"
+        raise ValueError(
+            f"{found}, but models lists the quantized forms {quantized}: their QAT settings "
+            "(qat.bits, ...) are lost; was config.json edited by hand?"
+        )
+    return names
+
+
+def recorded_digests(config: dict[str, Any], names: list[str]) -> dict[str, str] | None:
+    """config.json's `models_sha256`, checked to hold a SHA-256 hex digest for each model of
+    `names`; None for a run saved before the digests were recorded (not checked)."""
+    if DIGESTS_KEY not in config:
+        return None
+    digests = config[DIGESTS_KEY]
+    if not isinstance(digests, dict):
+        raise TypeError(
+            f"{DIGESTS_KEY} must be an object of SHA-256 digests by model name, got {digests!r}"
+        )
+    for name in names:
+        digest = digests.get(name)
+        if digest is None:
+            raise ValueError(
+                f"{DIGESTS_KEY} records no digest of {name!r}, which models lists; was "
+                "config.json edited by hand?"
+            )
+        if not (isinstance(digest, str) and len(digest) == 64 and _is_hex(digest)):
+            raise ValueError(
+                f"{DIGESTS_KEY}.{name} must be a SHA-256 digest (64 hex digits), got {digest!r}"
+            )
+    return digests
+
+
+def _is_hex(text: str) -> bool:
+    return all(character in "0123456789abcdef" for character in text)
+
+
+def check_model_digest(path: pathlib.Path, data: bytes, name: str, expected: str) -> None:
+    """Raises `RunFolderError` naming `path` and both digests unless `data` (its bytes) have
+    the SHA-256 `expected` that config.json records: a flipped byte in a weight loads and
+    forecasts otherwise, without a word."""
+    actual = sha256_hex(data)
+    if actual != expected:
+        raise RunFolderError(
+            f"{path} is damaged or was replaced after the run was saved: its SHA-256 is "
+            f"{actual}, config.json's {DIGESTS_KEY}.{name} is {expected}; save the forecaster "
+            "or train the run again"
+        )
+
+
 def versions() -> dict[str, Any]:
     """Package versions and devices, recorded in config.json."""
-    import os
-
     import flax
     import optax
 
