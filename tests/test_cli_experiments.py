@@ -158,3 +158,16 @@ def test_clipping_split_without_a_batch_names_the_flag_that_helps(
     )  # fmt: skip
     assert code == 2
     assert re.search(rf"error: {message}$", err.strip()), err
+
+
+def test_clipping_errors_after_parsing_have_the_prefix_of_argparse(capsys, tmp_path):
+    # argparse said "tft-jax experiment clipping: error:", the checks after parsing
+    # "tft-jax experiment: error:".
+    with pytest.raises(SystemExit):
+        run(capsys, "experiment", "clipping", "--steps", "x")
+    assert "tft-jax experiment clipping: error: argument --steps" in capsys.readouterr().err
+    code, _, err = run(
+        capsys, "experiment", "clipping", "--seeds", "3000000000", "--out", str(tmp_path / "o")
+    )
+    assert code == 2
+    assert err.startswith("tft-jax experiment clipping: error: --seeds must be at most")

@@ -33,7 +33,8 @@ def error_line(capsys, command: str, *argv: str) -> str:
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2, err
     assert len(lines) == 1, err
-    assert lines[0].startswith(f"tft-jax {command}: error: "), err
+    subcommand = f" {argv[0]}" if command == "experiment" else ""  # as argparse names it
+    assert lines[0].startswith(f"tft-jax {command}{subcommand}: error: "), err
     return lines[0]
 
 
@@ -112,7 +113,7 @@ def test_experiment_names_the_csv_with_repeated_rows(capsys, tmp_path, tables):
         capsys, "experiment", "clipping", *table_args(csv), "--out", str(tmp_path / "exp")
     )
     assert line.startswith(
-        f"tft-jax experiment: error: --csv {csv}: 2 rows repeat a ('store', 'day')"
+        f"tft-jax experiment clipping: error: --csv {csv}: 2 rows repeat a ('store', 'day')"
     )
 
 

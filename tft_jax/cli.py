@@ -1263,8 +1263,13 @@ def run_parsed(args: argparse.Namespace, joined: list[bool]) -> int:
     `joined` gets an item once this process has joined a multi-host run.
     """
 
+    # As argparse names the parser of a subcommand's own errors: "tft-jax experiment clipping".
+    prog = f"tft-jax {args.command}"
+    if args.command == "experiment":
+        prog += f" {args.experiment}"
+
     def show(message, category, filename, lineno, file=None, line=None) -> None:
-        print(f"tft-jax {args.command}: warning: {message}", file=sys.stderr, flush=True)
+        print(f"{prog}: warning: {message}", file=sys.stderr, flush=True)
 
     previous, warnings.showwarning = warnings.showwarning, show
     try:
@@ -1275,7 +1280,7 @@ def run_parsed(args: argparse.Namespace, joined: list[bool]) -> int:
             agreed = run_settings(args)
             coordinator, processes, index = settings
             print(
-                f"tft-jax {args.command}: process {index} of {processes} joining the run at "
+                f"{prog}: process {index} of {processes} joining the run at "
                 f"{coordinator} (JAX ends each process if all {processes} have not joined "
                 f"within {JOIN_TIMEOUT_SECONDS} s)",
                 file=sys.stderr,
@@ -1288,15 +1293,15 @@ def run_parsed(args: argparse.Namespace, joined: list[bool]) -> int:
         enable_compile_cache(args.compile_cache)
         return COMMANDS[args.command](args)
     except (UsageError, RunFolderError) as error:
-        print(f"tft-jax {args.command}: error: {error}", file=sys.stderr)
+        print(f"{prog}: error: {error}", file=sys.stderr)
         return 2
     except (ValueError, TypeError) as error:  # a TypeError only from the data layer
         if not isinstance(error, ValueError) and not raised_by_data_layer(error, itself=True):
             raise
-        print(f"tft-jax {args.command}: error: {data_error_text(error, args)}", file=sys.stderr)
+        print(f"{prog}: error: {data_error_text(error, args)}", file=sys.stderr)
         return 2
     except OSError as error:  # an output path that cannot be written, found late
-        print(f"tft-jax {args.command}: error: {output_error_text(error, args)}", file=sys.stderr)
+        print(f"{prog}: error: {output_error_text(error, args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback from wherever it landed
         resume = ""
@@ -1307,7 +1312,7 @@ def run_parsed(args: argparse.Namespace, joined: list[bool]) -> int:
                 else " before the first checkpoint; train again with --resume to start over "
                 "in the same folder"
             )
-        print(f"tft-jax {args.command}: interrupted{resume}", file=sys.stderr)
+        print(f"{prog}: interrupted{resume}", file=sys.stderr)
         return INTERRUPTED
     finally:
         warnings.showwarning = previous
