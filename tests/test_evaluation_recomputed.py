@@ -195,7 +195,8 @@ def test_backtest_cutoffs_end_at_the_data_and_score_forecasts_made_before_them(f
         warnings.simplefilter("ignore", UserWarning)
         result = forecaster.backtest(table, n_windows=3, step=4)
     assert list(result.columns) == [
-        "cutoff", "model", "windows", "p50_q_risk", "p90_q_risk", "mean_quantile_loss"
+        "cutoff", "model", "baseline", "windows", "p50_q_risk", "p90_q_risk",
+        "mean_quantile_loss",
     ]  # fmt: skip
     last_cutoff = table["day"].max() - pd.Timedelta(days=HORIZON - 1)  # the final H days
     cutoffs = [last_cutoff - pd.Timedelta(days=4 * k) for k in (2, 1, 0)]
@@ -216,6 +217,15 @@ def test_backtest_cutoffs_end_at_the_data_and_score_forecasts_made_before_them(f
         np.testing.assert_allclose(
             rows.loc["seasonal_naive", "p50_q_risk"], naive["q_risk"][1], rtol=1e-12
         )
+        # The baseline chosen at this cutoff (the table named none) and its score.
+        p50 = {
+            name: scores([hand_baselines(w["history"])[name] for w in found], actual)["q_risk"][1]
+            for name in hand_baselines(found[0]["history"])
+        }
+        best = min(p50, key=p50.__getitem__)
+        assert rows.loc["best_baseline", "baseline"] == best
+        np.testing.assert_allclose(rows.loc["best_baseline", "p50_q_risk"], p50[best], rtol=1e-12)
+        assert rows.loc[["seasonal_naive", "fp32"], "baseline"].isna().all()
     # alpha's missing days lie in the horizons of the last two cutoffs only
     assert result.groupby("cutoff")["windows"].first().tolist() == [3, 2, 2]
 

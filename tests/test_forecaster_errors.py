@@ -1,7 +1,8 @@
 """`Forecaster` names what is wrong with what it is given: a config.json edited by hand (a
 field deleted), a non-finite number in `save`'s extra, a series off the freq grid, a
-backtest longer than the table, future rows of integer or empty ids; and backtest cutoffs
-stay freq steps apart across a stretch no series covers.
+backtest longer than the table or with a new series unscaled before its first cutoff,
+future rows of integer or empty ids; and backtest cutoffs stay freq steps apart across a
+stretch no series covers.
 
 One tiny FP32 model is fitted once on the synthetic stores table (the
 settings of `tests/test_forecaster.py`, so that its compiled steps are
@@ -129,6 +130,28 @@ def test_backtest_cutoffs_are_step_grid_steps_apart_across_a_stretch_without_ser
     last = pd.Timestamp("2024-04-29") - pd.Timedelta(days=HORIZON - 1)
     assert cutoffs == [last - pd.Timedelta(days=60), last]
     assert (result["windows"] == 1).all()
+
+
+def test_backtest_names_a_new_series_without_targets_before_its_first_cutoff(fitted):
+    # The data layer's "series 'delta' is new and has no observed target before ..." did
+    # not say that the time was the backtest's first cutoff, nor what to change.
+    forecaster, table, _ = fitted
+    last = pd.Timestamp(table["day"].max())
+    first_cutoff = last - pd.Timedelta(days=3 * HORIZON - 1)  # n_windows=3, step=HORIZON
+    alpha = table[table["store"] == "alpha"]
+    late = alpha[pd.to_datetime(alpha["day"]) >= first_cutoff].assign(store="delta")
+    with pytest.raises(
+        ValueError,
+        match=rf"^backtest: series 'delta' is not in the training data and has no observed "
+        rf"target before the first cutoff {first_cutoff} to scale it by .*; lower n_windows or "
+        "step",
+    ):
+        forecaster.backtest(pd.concat([table, late]), n_windows=3)
+    # One step of its target before the first cutoff scales it: the backtest runs.
+    earlier = alpha[pd.to_datetime(alpha["day"]) >= first_cutoff - pd.Timedelta(days=1)]
+    with pytest.warns(UserWarning, match="delta"):
+        result = forecaster.backtest(pd.concat([table, earlier.assign(store="delta")]), 3)
+    assert len(result["cutoff"].unique()) == 3
 
 
 def test_backtest_refuses_a_series_recorded_at_another_offset_naming_it(fitted):

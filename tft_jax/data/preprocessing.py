@@ -101,6 +101,20 @@ def table_name(name: str, table: Any = None) -> str:
     return name
 
 
+class NewSeriesWithoutTargetError(ValueError):
+    """A series not in the training data has no observed target to fit its scaler on.
+
+    `series` is its id and `cut` the time before which its target was looked
+    for (None: anywhere in the table), so that a caller that placed the cut (a
+    backtest's first cutoff) can say what to change.
+    """
+
+    def __init__(self, message: str, series: Any, cut: pd.Timestamp | None) -> None:
+        super().__init__(message)
+        self.series = series
+        self.cut = cut
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class RowSources:
     """Which table each row of a grid given to `Preprocessor.transform` came from.
@@ -608,9 +622,11 @@ class Preprocessor:
                         break
                 if values.size == 0:
                     last = f" before {new_series_cuts[-1]}" if len(new_series_cuts) else ""
-                    raise ValueError(
+                    raise NewSeriesWithoutTargetError(
                         f"series {ids[code]!r} is new and has no observed target{last} to "
-                        "scale it by"
+                        "scale it by",
+                        ids[code],
+                        new_series_cuts[-1] if len(new_series_cuts) else None,
                     )
                 values = forward_transform(values, self.target_scaler.target_transform)
                 loc[code], scale[code], fallback, constant = target_statistics(

@@ -38,7 +38,7 @@ from tft_jax.config import TFTConfig
 from tft_jax.data import PreparedDataset, WindowSet, prepare_dataset, window_starts
 from tft_jax.data.dataset import SPLITS
 from tft_jax.data.future import future_windows
-from tft_jax.data.preprocessing import Preprocessor
+from tft_jax.data.preprocessing import NewSeriesWithoutTargetError, Preprocessor
 from tft_jax.data.tables import (
     TableContentError,
     parse_frequency,
@@ -1187,8 +1187,10 @@ class Forecaster:
 
         Returns:
           A DataFrame, one row per (cutoff, model), the seasonal naive baseline
-          included: `cutoff` (the first forecast step), `model`, `windows`,
-          `p50_q_risk`, `p90_q_risk`, `mean_quantile_loss`.
+          included: `cutoff` (the first forecast step), `model`, `baseline`
+          (for the `best_baseline` rows, the baseline chosen at that cutoff,
+          e.g. 'drift_7'; None for the others), `windows`, `p50_q_risk`,
+          `p90_q_risk`, `mean_quantile_loss`.
         """
         for name, value in (("n_windows", n_windows), ("step", step)):
             if value is not None and (
@@ -1201,7 +1203,18 @@ class Forecaster:
         options = {**data.prepare_options(), "validation_fraction": 0.0, "test_fraction": 0.0}
         options.update(validation_start=None, test_start=None)
         scored = data.horizon + (n_windows - 1) * step  # the grid steps from the first cutoff
-        dataset = prepare_dataset(table, **options, preprocessor=self.preprocessor, scored=scored)
+        try:
+            dataset = prepare_dataset(
+                table, **options, preprocessor=self.preprocessor, scored=scored
+            )
+        except NewSeriesWithoutTargetError as error:
+            raise ValueError(
+                f"backtest: series {error.series!r} is not in the training data and has no "
+                f"observed target before the first cutoff {error.cut} to scale it by (a new "
+                "series is scaled by its history before the first cutoff, never by the steps "
+                "it is scored on); lower n_windows or step so that the first cutoff comes "
+                "after some of its targets, or leave it out of the table"
+            ) from None
         _announce_negative_targets(dataset.frame, dataset.spec, data.nonnegative)
         panel = dataset.panel
         zone = self.preprocessor.time_zone
@@ -1262,6 +1275,7 @@ class Forecaster:
                     {
                         "cutoff": cutoff,
                         "model": name,
+                        "baseline": row.get("name"),
                         "windows": int(starts.size),
                         "p50_q_risk": row["p50_q_risk"],
                         "p90_q_risk": row["p90_q_risk"],
