@@ -261,8 +261,8 @@ def _shifted_mask(shift: int | None) -> Callable[..., np.ndarray]:
 
 
 def _positional_encoding_removed() -> contextlib.AbstractContextManager[Any]:
-    def zeros(length: int, dim: int) -> np.ndarray:
-        return np.zeros((length, dim), np.float32)
+    def zeros(length: int, dim: int, dtype: Any = np.float32) -> np.ndarray:
+        return np.zeros((length, dim), dtype)
 
     return _replaced(attention, "sinusoidal_encoding", zeros)
 

@@ -120,6 +120,34 @@ def test_positional_encoding_is_the_interleaved_sinusoid():
             assert pe[t, 2 * i + 1] == pytest.approx(np.cos(angle), abs=1e-6)
 
 
+def numpy_sinusoid(steps: int, dim: int) -> np.ndarray:
+    """The interleaved encoding in float64, written here from Vaswani et al. (2017)."""
+    angles = np.arange(steps, dtype=np.float64)[:, None] / 10000.0 ** (np.arange(0, dim, 2) / dim)
+    encoding = np.empty((steps, dim))
+    encoding[:, 0::2], encoding[:, 1::2] = np.sin(angles), np.cos(angles[:, : dim // 2])
+    return encoding
+
+
+def test_float64_inputs_get_the_encoding_in_float64_and_float32_ones_keep_theirs():
+    # The encoding was always float32: a float64 input got it rounded (errors ~3e-8).
+    steps, dim = 50, 16
+    reference = numpy_sinusoid(steps, dim)
+    with jax.enable_x64(True):
+        out = PositionalEncoding(dim).apply({}, jnp.zeros((1, steps, dim), jnp.float64))
+        assert out.dtype == jnp.float64
+        np.testing.assert_allclose(np.asarray(out)[0], reference, rtol=0, atol=1e-15)
+        assert sinusoidal_encoding(steps, dim, np.float64).dtype == np.float64
+    # float32 (x64 or not): the table rounded once from float64, as before.
+    for x64 in (True, False):
+        with jax.enable_x64(x64):
+            out = PositionalEncoding(dim).apply({}, jnp.zeros((1, steps, dim), jnp.float32))
+        assert out.dtype == jnp.float32
+        np.testing.assert_array_equal(np.asarray(out)[0], reference.astype(np.float32))
+    assert sinusoidal_encoding(steps, dim).dtype == np.float32
+    with pytest.raises(TypeError, match="sinusoidal_encoding: dtype must be a float dtype"):
+        sinusoidal_encoding(steps, dim, np.int32)
+
+
 def test_causal_output_ignores_future_inputs():
     x = random_input(2, 9)
     params = params_for(9)

@@ -324,6 +324,115 @@ def test_numpy_and_jax_scalars_are_accepted_as_settings() -> None:
         assert np.all(np.isfinite(np.asarray(updates["w"])))
 
 
+def _inject_optax_chain(
+    learning_rate: Any,
+    weight_decay: Any,
+    clip_norm: Any,
+    b1: Any = 0.9,
+    b2: Any = 0.999,
+    eps: Any = 1e-8,
+) -> optax.GradientTransformation:
+    """optax's clip + AdamW with `flat_adamw`'s numeric settings, all of them injectable.
+
+    `optax.inject_hyperparams` injects every numeric default too, as float32
+    (`b2` of 0.999 becomes 0.99900001): the reference must see the same numbers.
+    """
+    adamw = optax.adamw(learning_rate, b1, b2, eps, weight_decay=weight_decay)
+    return optax.chain(optax.clip_by_global_norm(clip_norm), adamw)
+
+
+def test_inject_hyperparams_traces_the_settings_under_jit_as_optax_does() -> None:
+    # The docstring says usable anywhere optax expects one: under jit the injected
+    # settings are tracers, and flat_adamw raised "learning_rate must be a finite
+    # float >= 0 or a schedule, got JitTracer(float32[])".
+    rng = np.random.default_rng(4)
+    params = _tree(rng)
+    settings = {"learning_rate": LR, "weight_decay": 0.1, "clip_norm": 1.0}
+    flat = optax.inject_hyperparams(flat_adamw)(**settings)
+    tree = optax.inject_hyperparams(_inject_optax_chain)(**settings)
+
+    step = jax.jit(
+        lambda tx, state, grads, params: tx.update(grads, state, params), static_argnums=0
+    )
+    states, current = [flat.init(params), tree.init(params)], params
+    # Changed between steps: a new rate, clipping switched off, decay switched off.
+    changes = [{}, {"learning_rate": 0.5 * LR}, {"clip_norm": 1e6}, {"weight_decay": 0.0}]
+    for index, (scale, change) in enumerate(zip(ACTIVE_THEN_INACTIVE, changes, strict=True)):
+        grads, updates = _tree(rng, scale), []
+        for which, tx in enumerate((flat, tree)):
+            for name, value in change.items():
+                states[which].hyperparams[name] = jnp.asarray(value, jnp.float32)
+            update, states[which] = step(tx, states[which], grads, current)
+            updates.append(update)
+        for got, want in zip(*(jax.tree.leaves(update) for update in updates), strict=True):
+            np.testing.assert_allclose(
+                np.asarray(got), np.asarray(want), rtol=2e-6, atol=1e-7 * LR, err_msg=f"{index}"
+            )
+        current = optax.apply_updates(current, updates[1])
+    adam = _adam_state(states[1])
+    np.testing.assert_allclose(states[0].inner_state.mu, flatten(adam.mu), rtol=2e-6, atol=1e-12)
+
+
+def test_a_traced_setting_must_be_a_real_scalar() -> None:
+    params = {"w": jnp.ones(3)}
+    with pytest.raises(ValueError, match=r"flat_adamw: eps must be .*traced array of shape \(2,\)"):
+        jax.jit(lambda eps: flat_adamw(0.1, eps=eps).update(params, flat_adamw(0.1).init(params)))(
+            jnp.ones(2)
+        )
+
+
+@pytest.mark.parametrize(
+    ("other", "named"),
+    [
+        # Renamed: same sizes, but the leaves flatten in another order.
+        (
+            {"z_dense": {"kernel": np.ones((4, 2)), "bias": np.zeros(2)}, "head": np.ones((2, 1))},
+            r"\['dense'\]\['bias'\]: shape \(2,\) in the state, not in the gradients",
+        ),
+        # Transposed: the same paths and total size, one leaf of another shape.
+        (
+            {"dense": {"kernel": np.ones((2, 4)), "bias": np.zeros(2)}, "head": np.ones((2, 1))},
+            r"\['dense'\]\['kernel'\]: shape \(4, 2\) in the state, \(2, 4\) in the gradients",
+        ),
+    ],
+    ids=["renamed", "transposed"],
+)
+def test_a_state_reused_for_parameters_laid_out_otherwise_is_refused(
+    other: dict[str, Any], named: str
+) -> None:
+    # The moments are matched to the parameters by position: a state of the same
+    # size but for other parameters paired each moment with another parameter,
+    # silently (optax refuses the same reuse).
+    params = {"dense": {"kernel": np.ones((4, 2)), "bias": np.zeros(2)}, "head": np.ones((2, 1))}
+    params, other = (jax.tree.map(jnp.float32, tree) for tree in (params, other))
+    reference = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(0.1))
+    with pytest.raises((ValueError, TypeError)):
+        reference.update(other, reference.init(params), other)
+    tx = flat_adamw(0.1, clip_norm=1.0, weight_decay=0.1)
+    state = tx.init(params)
+    _, state = tx.update(params, state, params)  # the layout survives an update
+    message = (
+        f"flat_adamw: the optimizer state was initialized for parameters of another layout.*{named}"
+    )
+    with pytest.raises(ValueError, match=message):
+        tx.update(other, state, other)
+    with pytest.raises(ValueError, match=message):  # at trace time, under jit too
+        jax.jit(tx.update)(other, state, other)
+    tx.update(params, state, params)  # its own layout still works
+
+
+def test_the_recorded_layout_is_static_and_leaves_the_compiled_update_alone() -> None:
+    params = {"w": jnp.ones((2, 3)), "b": jnp.zeros(3)}
+    tx = flat_adamw(0.1)
+    state = tx.init(params)
+    assert state.layout.leaves == (("['b']", (3,)), ("['w']", (2, 3)))
+    bare = state._replace(layout=None)  # a state without one (built by hand) is not checked
+    assert len(jax.tree.leaves(state)) == len(jax.tree.leaves(bare)) == 3
+    with_layout = jax.jit(tx.update).lower(params, state, params).as_text(debug_info=False)
+    without = jax.jit(tx.update).lower(params, bare, params).as_text(debug_info=False)
+    assert with_layout == without
+
+
 def test_scheduled_learning_rate_is_the_next_updates_rate_and_none_when_constant() -> None:
     params = {"w": jnp.ones(3)}
     schedule = WarmupCosine(peak_lr=0.1, total_steps=10, warmup_steps=4, end_lr=0.0)

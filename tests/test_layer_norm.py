@@ -107,3 +107,15 @@ def test_integer_input_gives_float_output_not_truncated_integers():
     np.testing.assert_allclose(
         out, numpy_layer_norm(x, scale, bias, DEFAULT_EPSILON), rtol=1e-5, atol=1e-5
     )
+
+
+def test_a_traced_epsilon_is_refused_naming_it_and_a_static_one_works_under_jit():
+    # float(epsilon) on a tracer raised a raw ConcretizationTypeError.
+    x, scale, bias, _ = draw("features", seed=4)
+    x, scale, bias = jnp.float32(x), jnp.float32(scale), jnp.float32(bias)
+    with pytest.raises(TypeError, match="layer_norm: epsilon must be a static Python float"):
+        jax.jit(lambda epsilon: layer_norm(x, scale, bias, epsilon))(EPSILON)
+    static = jax.jit(lambda x, epsilon: layer_norm(x, scale, bias, epsilon), static_argnums=1)
+    np.testing.assert_allclose(
+        static(x, EPSILON), numpy_layer_norm(x, scale, bias), rtol=2e-5, atol=2e-5
+    )

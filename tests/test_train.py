@@ -973,6 +973,79 @@ def test_copy_state_survives_the_donation_of_the_original() -> None:
     assert_trees_equal(copy, before)
 
 
+def stacked(batches: list[Batch]) -> Batch:
+    """The batches stacked along a new leading axis (what `lax.scan` iterates over)."""
+    return jax.tree.map(lambda *leaves: jnp.stack([jnp.asarray(x) for x in leaves]), *batches)
+
+
+@pytest.mark.parametrize("options", [None, "fast"])
+def test_train_steps_scanned_under_jit_equal_the_same_steps_run_eagerly(options) -> None:
+    # `train_step` read `state.step.is_deleted()`, which a tracer cannot answer:
+    # the step could not run inside the caller's jit, scan or eval_shape.
+    from tft_jax.train import FAST_COMPILE_OPTIONS, copy_state
+
+    # Options are for a top-level jit only: traced, the step leaves them to the caller's.
+    compiler_options = FAST_COMPILE_OPTIONS if options else None
+    batches = [make_batch(1 + step) for step in range(3)]
+    keys = jax.random.split(jax.random.key(7), 3)
+    state = tiny_state()
+    eager, losses = copy_state(state), []
+    for batch, key in zip(batches, keys, strict=True):
+        eager, metrics = train_step(eager, batch, key)
+        losses.append(float(metrics["loss"]))
+
+    def body(carry: TrainState, inputs: tuple[Batch, jax.Array]) -> tuple[TrainState, jax.Array]:
+        carry, metrics = train_step(carry, *inputs, compiler_options=compiler_options)
+        return carry, metrics["loss"]
+
+    scanned, scanned_losses = jax.jit(lambda s, xs: jax.lax.scan(body, s, xs))(
+        copy_state(state), (stacked(batches), keys)
+    )
+    assert len(set(losses)) == 3  # three different steps
+    np.testing.assert_allclose(np.asarray(scanned_losses), losses, rtol=1e-6)
+    assert int(scanned.step) == 3 and int(scanned.opt_state.count) == 3
+    for got, want in zip(
+        jax.tree.leaves(scanned.params), jax.tree.leaves(eager.params), strict=True
+    ):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-7)
+    shapes = jax.eval_shape(lambda s: train_step(s, batches[0], keys[0])[1], state)
+    assert shapes["loss"].shape == () and shapes["loss"].dtype == jnp.float32
+
+
+def test_eval_step_and_predict_run_under_jit_as_they_do_eagerly() -> None:
+    state, batch = tiny_state(), make_batch(2)
+    want = float(eval_step(state, batch))
+    assert float(jax.jit(eval_step)(state, batch)) == pytest.approx(want, rel=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(jax.jit(predict)(state, batch).quantiles),
+        np.asarray(predict(state, batch).quantiles),
+        rtol=1e-6,
+    )
+    np.testing.assert_allclose(
+        float(reference_loss(predict(state, batch).quantiles, jnp.asarray(batch.target))),
+        want,
+        rtol=1e-6,
+    )
+
+
+def test_create_train_state_traced_gives_the_shapes_and_values_of_the_eager_state() -> None:
+    # The nested init jit took INIT_COMPILE_OPTIONS, which only a top-level jit may:
+    # jax.eval_shape (an abstract target for a checkpoint restore) and jax.jit failed.
+    def build(key: jax.Array) -> TrainState:
+        return create_train_state(OBSERVED, OBSERVED_TX, key, make_batch(0))
+
+    eager = build(jax.random.key(3))
+    abstract = jax.eval_shape(build, jax.random.key(3))
+    assert jax.tree.structure(abstract) == jax.tree.structure(eager)
+    assert [(a.shape, a.dtype) for a in jax.tree.leaves(abstract)] == [
+        (b.shape, b.dtype) for b in jax.tree.leaves(eager)
+    ]
+    jitted = jax.jit(build)(jax.random.key(3))
+    assert jax.tree.structure(jitted) == jax.tree.structure(eager)
+    for got, want in zip(jax.tree.leaves(jitted), jax.tree.leaves(eager), strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+
+
 def test_lower_train_step_compiles_the_step_that_train_step_runs(caplog) -> None:
     import jax.stages
 

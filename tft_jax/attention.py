@@ -226,26 +226,35 @@ def scaled_dot_product_attention(
     return output, weights
 
 
-def sinusoidal_encoding(length: int, dim: int) -> np.ndarray:
+def sinusoidal_encoding(length: int, dim: int, dtype: Dtype = np.float32) -> np.ndarray:
     """Interleaved sinusoidal positions `(length, dim)` of Vaswani et al. (2017).
 
-    `PE[t, 2i] = sin(t / 10000^(2i/dim))`, `PE[t, 2i+1] = cos(t / 10000^(2i/dim))`.
-    Raises `ValueError` unless `length >= 0` and `dim >= 1` are ints.
+    `PE[t, 2i] = sin(t / 10000^(2i/dim))`, `PE[t, 2i+1] = cos(t / 10000^(2i/dim))`,
+    computed in float64 and rounded once to `dtype` (float32 by default;
+    float64 keeps every digit, for float64 inputs under `jax_enable_x64`).
+    Raises `ValueError` unless `length >= 0` and `dim >= 1` are ints, and
+    `TypeError` unless `dtype` is a floating-point dtype.
     """
     if isinstance(length, bool) or not isinstance(length, numbers.Integral) or length < 0:
         raise ValueError(f"sinusoidal_encoding: length must be an int >= 0, got {length!r}")
     check_positive_int("sinusoidal_encoding", "dim", dim)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(f"sinusoidal_encoding: dtype must be a float dtype, got {dtype!r}")
     positions = np.arange(length, dtype=np.float64)[:, None]
     even = np.arange(0, dim, 2, dtype=np.float64)
     angles = positions / np.power(10000.0, even / dim)
     encoding = np.zeros((length, dim), dtype=np.float64)
     encoding[:, 0::2] = np.sin(angles)
     encoding[:, 1::2] = np.cos(angles[:, : dim // 2])
-    return encoding.astype(np.float32)
+    return encoding.astype(dtype)
 
 
 class PositionalEncoding(nn.Module):
-    """Adds the interleaved sinusoidal encoding: `(B, T, dim) -> (B, T, dim)`; no parameters."""
+    """Adds the interleaved sinusoidal encoding: `(B, T, dim) -> (B, T, dim)`; no parameters.
+
+    The encoding is rounded to float32 and then to `x`'s dtype, except for a
+    float64 `x` (under `jax_enable_x64`), which gets it in float64.
+    """
 
     dim: int
 
@@ -261,7 +270,11 @@ class PositionalEncoding(nn.Module):
             )
         # An integer x would truncate the encoding to integers.
         _check_floating("PositionalEncoding: x", x)
-        return x + jnp.asarray(sinusoidal_encoding(x.shape[-2], self.dim), x.dtype)
+        if x.dtype == jnp.float64:
+            encoding = sinusoidal_encoding(x.shape[-2], self.dim, np.float64)
+        else:  # as it always was: a float32 table, cast to x's dtype
+            encoding = sinusoidal_encoding(x.shape[-2], self.dim)
+        return x + jnp.asarray(encoding, x.dtype)
 
 
 def _check_flag(owner: str, name: str, value: Any) -> None:

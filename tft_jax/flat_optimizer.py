@@ -11,7 +11,9 @@ norm), and compile time grows with the number of kernels. On one vector the
 whole update is a few kernels, whatever the number of leaves.
 
 The transformation is a plain `optax.GradientTransformationExtraArgs` (a pair
-of pure functions), usable anywhere optax expects one. Its `update` compares
+of pure functions), usable anywhere optax expects one (under
+`optax.inject_hyperparams` too, whose hyperparameters are traced under
+`jax.jit`). Its `update` compares
 equal whenever the hyperparameters do, so train states built by two
 `flat_adamw` calls with the same settings can share one compiled train step; a
 `tft_jax.schedules.WarmupCosine` learning rate is kept in the state, so its
@@ -39,6 +41,7 @@ Array = jax.Array
 
 __all__ = [
     "FlatAdamWState",
+    "FlatLayout",
     "flat_adamw",
     "flat_updates",
     "flatten",
@@ -50,6 +53,66 @@ __all__ = [
 
 # Leaf dtypes the flat float32 vector represents exactly.
 _SUPPORTED_DTYPES = tuple(np.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.float16))
+
+
+@jax.tree_util.register_static
+class FlatLayout:
+    """Which parameter each scalar of a flat vector belongs to: every leaf's path and shape.
+
+    A pytree without leaves (static: part of the tree's structure, never
+    traced, so the compiled update does not see it). The moments of a
+    `FlatAdamWState` are matched to the parameters by position alone: a
+    state reused for a tree of the same size but another layout (a renamed
+    layer reorders the leaves, a transposed kernel reshapes one) would pair
+    every moment with another parameter, silently. Dtypes are not part of
+    it: the vectors are float32 whatever the leaves' dtypes.
+
+    Attributes:
+      leaves: `(path, shape)` of every leaf, in `flatten`'s order; the path as
+        `jax.tree_util.keystr` writes it.
+    """
+
+    __slots__ = ("_hash", "leaves")
+
+    def __init__(self, leaves: tuple[tuple[str, tuple[int, ...]], ...]) -> None:
+        self.leaves = tuple(leaves)
+        # Hashed once: the jitted step hashes its arguments' structure on every call.
+        self._hash = hash(self.leaves)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, FlatLayout):
+            return NotImplemented
+        return self is other or (self._hash == other._hash and self.leaves == other.leaves)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        return f"FlatLayout(<{len(self.leaves)} leaves>)"
+
+    def differences(self, other: FlatLayout, limit: int = 4) -> list[str]:
+        """The first `limit` leaves whose place differs: `'path: ...'`, this layout's side first."""
+        mine, theirs = dict(self.leaves), dict(other.leaves)
+        found = []
+        for path, shape in self.leaves:
+            if path not in theirs:
+                found.append(f"{path}: shape {shape} in the state, not in the gradients")
+            elif theirs[path] != shape:
+                found.append(f"{path}: shape {shape} in the state, {theirs[path]} in the gradients")
+        found += [
+            f"{path}: shape {shape} in the gradients, not in the state"
+            for path, shape in other.leaves
+            if path not in mine
+        ]
+        if not found:  # the same leaves in another order
+            found = [
+                f"leaf {index}: {path} in the state, {got} in the gradients"
+                for index, ((path, _), (got, _)) in enumerate(
+                    zip(self.leaves, other.leaves, strict=True)
+                )
+                if path != got
+            ]
+        return found[:limit]
 
 
 class FlatAdamWState(NamedTuple):
@@ -64,18 +127,23 @@ class FlatAdamWState(NamedTuple):
       schedule: the learning-rate schedule as data, a `WarmupCosine` of four
         float32 scalars, when `flat_adamw` was given one; None when the
         learning rate is a float or another callable (compiled into the step).
+      layout: the `FlatLayout` of the parameters `init` was given (static,
+        no leaves); `update` refuses gradients of another layout. None (a
+        state built by hand): not checked, only the size is.
     """
 
     count: Array
     mu: Array
     nu: Array
     schedule: WarmupCosine | None = None
+    layout: FlatLayout | None = None
 
 
 class _Layout(NamedTuple):
-    """How a pytree maps onto the flat vector: structure, and per leaf shape, dtype, size."""
+    """How a pytree maps onto the flat vector: structure, and per leaf path, shape, dtype, size."""
 
     treedef: Any
+    paths: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[Any, ...]
     sizes: tuple[int, ...]
@@ -84,22 +152,27 @@ class _Layout(NamedTuple):
     def size(self) -> int:
         return sum(self.sizes)
 
+    def static(self) -> FlatLayout:
+        """The paths and shapes, as a `FlatAdamWState` records them."""
+        return FlatLayout(tuple(zip(self.paths, self.shapes, strict=True)))
+
 
 def _layout(tree: PyTree, name: str) -> _Layout:
     """The `_Layout` of `tree`; `TypeError` for a leaf that is not float32/bfloat16/float16."""
     leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(tree)
-    shapes, dtypes = [], []
+    paths, shapes, dtypes = [], [], []
     for path, leaf in leaves_with_paths:
         dtype = np.dtype(jnp.result_type(leaf))
+        paths.append(jax.tree_util.keystr(path))
         if dtype not in _SUPPORTED_DTYPES:
             raise TypeError(
-                f"flat_adamw: {name}{jax.tree_util.keystr(path)} has dtype {dtype}; the flat "
+                f"flat_adamw: {name}{paths[-1]} has dtype {dtype}; the flat "
                 "optimizer works in float32 and takes float32, bfloat16 or float16 leaves only"
             )
         shapes.append(tuple(np.shape(leaf)))
         dtypes.append(dtype)
     sizes = tuple(math.prod(shape) for shape in shapes)
-    return _Layout(treedef, tuple(shapes), tuple(dtypes), sizes)
+    return _Layout(treedef, tuple(paths), tuple(shapes), tuple(dtypes), sizes)
 
 
 def flatten(tree: PyTree) -> Array:
@@ -223,6 +296,9 @@ def flat_adamw(
         it), or a callable returning one from the gradient tree. None: all.
       b1, b2, eps: Adam's constants (optax's defaults).
 
+    The numbers may also be traced scalars (`optax.inject_hyperparams(flat_adamw)`
+    under `jax.jit`): their ranges are then not checked.
+
     Returns:
       An `optax.GradientTransformationExtraArgs` whose state is a
       `FlatAdamWState` of two `(N,)` float32 vectors, a count and the
@@ -254,13 +330,10 @@ def flat_adamw(
     """
 
     _check_hyperparameters(learning_rate, clip_norm, weight_decay, b1, b2, eps)
-    # Python floats (weakly typed in the math): a NumPy or JAX float64 scalar
-    # would otherwise, under `jax.enable_x64`, promote the float32 moments and
-    # update vectors to float64, and a JAX array would make `update` unhashable.
     if not callable(learning_rate):
-        learning_rate = float(learning_rate)
-    clip_norm = None if clip_norm is None else float(clip_norm)
-    weight_decay, b1, b2, eps = (float(value) for value in (weight_decay, b1, b2, eps))
+        learning_rate = _hyperparameter(learning_rate)
+    clip_norm = None if clip_norm is None else _hyperparameter(clip_norm)
+    weight_decay, b1, b2, eps = (_hyperparameter(value) for value in (weight_decay, b1, b2, eps))
     hyper = _Hyper(
         learning_rate=_IN_STATE if isinstance(learning_rate, WarmupCosine) else learning_rate,
         clip_norm=clip_norm,
@@ -277,6 +350,20 @@ def flat_adamw(
     return optax.GradientTransformationExtraArgs(_Init(hyper, schedule), _Update(hyper))
 
 
+def _hyperparameter(value: Any) -> Any:
+    """A checked setting as the update uses it: a Python float, or a traced float32 scalar.
+
+    Python floats (weakly typed in the math): a NumPy or JAX float64 scalar
+    would otherwise, under `jax.enable_x64`, promote the float32 moments and
+    update vectors to float64, and a JAX array would make `update` unhashable.
+    A traced one (`optax.inject_hyperparams` under `jax.jit`) has no value
+    yet: float32, for the same reason.
+    """
+    if isinstance(value, jax.core.Tracer):
+        return value.astype(jnp.float32)
+    return float(value)
+
+
 def _check_hyperparameters(
     learning_rate: Any, clip_norm: Any, weight_decay: Any, b1: Any, b2: Any, eps: Any
 ) -> None:
@@ -285,6 +372,8 @@ def _check_hyperparameters(
     Each would make the update non-finite or wrong without an error: a NaN
     or negative rate, `eps = 0` (a parameter whose gradients have all been
     0 gets `0 / 0`), `b1` or `b2` of 1 (the bias correction divides by 0).
+    A traced setting (`optax.inject_hyperparams` under `jax.jit`) has no
+    value to check: only that it is a real scalar.
     """
 
     def as_float(value: Any) -> float | None:
@@ -297,6 +386,15 @@ def _check_hyperparameters(
             return None
 
     def require(name: str, value: Any, ok: Callable[[float], bool], expected: str) -> None:
+        if isinstance(value, jax.core.Tracer):
+            dtype = value.dtype
+            real = jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)
+            if value.ndim == 0 and real:
+                return
+            raise ValueError(
+                f"flat_adamw: {name} must be {expected}: a real scalar, got a traced array of "
+                f"shape {value.shape} and dtype {dtype}"
+            )
         number = as_float(value)
         if number is None or not ok(number):
             raise ValueError(f"flat_adamw: {name} must be {expected}, got {value!r}")
@@ -322,8 +420,8 @@ def _check_hyperparameters(
 def _check_warmup_cosine(schedule: WarmupCosine) -> None:
     """Raises `ValueError` unless `schedule`'s numbers make a finite rate >= 0 at every step.
 
-    A `WarmupCosine` built directly (not by `tft_jax.train.warmup_cosine_schedule`)
-    is not checked on construction; with `total_steps <= warmup_steps` its
+    A `WarmupCosine` of Python or NumPy numbers checks itself on construction;
+    one of JAX arrays does not. With `total_steps <= warmup_steps` its
     cosine divides by a span <= 0 and the rate after the warmup is NaN (optax's
     `warmup_cosine_decay_schedule` refuses such a schedule), which in the
     state would silently turn every update after the warmup into NaN.
@@ -338,6 +436,29 @@ def _check_warmup_cosine(schedule: WarmupCosine) -> None:
             "flat_adamw: learning_rate must be a WarmupCosine of finite numbers >= 0 with "
             f"warmup_steps < total_steps, got {schedule!r}"
         )
+
+
+def _check_state_layout(state: FlatAdamWState, layout: _Layout) -> None:
+    """Raises `ValueError` unless `state` was initialized for gradients laid out as `layout`.
+
+    At trace time only (the layouts are static): the compiled update is unchanged.
+    """
+    recorded = getattr(state, "layout", None)
+    if recorded is None:
+        return
+    given = layout.static()
+    if recorded != given:
+        raise ValueError(
+            "flat_adamw: the optimizer state was initialized for parameters of another layout "
+            "(its moments are matched to the leaves by position in one flat vector): "
+            f"{'; '.join(recorded.differences(given))}; initialize the state with tx.init for "
+            "these parameters"
+        )
+
+
+def _may_be_nonzero(value: Any) -> bool:
+    """Whether a hyperparameter may be nonzero: a traced one may, a concrete one if it is."""
+    return isinstance(value, jax.core.Tracer) or value != 0
 
 
 def is_flat_adamw(tx: Any) -> bool:
@@ -406,7 +527,9 @@ class _Hyper:
 
     `learning_rate` is a float or a schedule compiled into the step, or
     `_IN_STATE` for a `WarmupCosine` read from `FlatAdamWState.schedule`;
-    `mask` as given, or wrapped by `static_argument`.
+    `mask` as given, or wrapped by `static_argument`. Under
+    `optax.inject_hyperparams` and `jax.jit` the numbers may be traced
+    float32 scalars (such settings are neither hashed nor compared).
     """
 
     learning_rate: Any
@@ -436,13 +559,14 @@ class _Init:
     def __call__(self, params: PyTree) -> FlatAdamWState:
         layout = _layout(params, "params")
         size = layout.size
-        if self.hyper.weight_decay and self.hyper.decay_mask is not None:
+        if _may_be_nonzero(self.hyper.weight_decay) and self.hyper.decay_mask is not None:
             _mask_vector(self.hyper.decay_mask, params, layout)  # a wrong mask fails here, named
         return FlatAdamWState(
             count=jnp.zeros((), jnp.int32),
             mu=jnp.zeros((size,), jnp.float32),
             nu=jnp.zeros((size,), jnp.float32),
             schedule=None if self.schedule is None else self.schedule.as_arrays(),
+            layout=layout.static(),
         )
 
 
@@ -479,6 +603,7 @@ class _Update:
                 f"flat_adamw: the gradients hold {layout.size} scalars but the optimizer "
                 f"state was initialized for {np.shape(state.mu)}"
             )
+        _check_state_layout(state, layout)
         if flat_grads is None:
             g = flatten(grads)
         elif np.shape(flat_grads) != (layout.size,):
@@ -505,10 +630,10 @@ class _Update:
         mu_hat = mu / (1 - hyper.b1**count).astype(jnp.float32)
         nu_hat = nu / (1 - hyper.b2**count).astype(jnp.float32)
         direction = mu_hat / (jnp.sqrt(nu_hat) + hyper.eps)
-        if hyper.weight_decay:
+        if _may_be_nonzero(hyper.weight_decay):
             direction = self._add_decay(direction, grads, params, layout)
         direction = -self._learning_rate(state) * direction
-        return direction, FlatAdamWState(count=count, mu=mu, nu=nu, schedule=state.schedule)
+        return direction, state._replace(count=count, mu=mu, nu=nu)
 
     def _learning_rate(self, state: FlatAdamWState) -> Any:
         """The learning rate of this update: a float, or a float32 scalar from the count."""

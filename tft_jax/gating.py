@@ -20,7 +20,13 @@ from flax import linen as nn
 
 from tft_jax._dropout import resolve_deterministic
 from tft_jax.layer_norm import DEFAULT_EPSILON, layer_norm
-from tft_jax.linear import Linear, VariableLinear, check_positive_int, variable_major_broadcast
+from tft_jax.linear import (
+    Linear,
+    VariableLinear,
+    check_input_width,
+    check_positive_int,
+    variable_major_broadcast,
+)
 
 Array = Any
 Dtype = Any
@@ -98,6 +104,8 @@ class FeatureLayerNorm(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
+        params = self.variables.get("params", {})
+        check_input_width("FeatureLayerNorm", x, params, ("scale",), what="layer norm", axis=-1)
         shape = (x.shape[-1],) if self.num_variables is None else (self.num_variables, x.shape[-1])
         scale = self.param("scale", nn.initializers.ones_init(), shape, self.param_dtype)
         bias = self.param("bias", nn.initializers.zeros_init(), shape, self.param_dtype)
@@ -134,6 +142,8 @@ class GatedLinearUnit(nn.Module):
             "GatedLinearUnit", deterministic, self.dropout_rate, self.is_initializing()
         )
         x = jnp.asarray(x)
+        params = self.variables.get("params", {})
+        check_input_width("GatedLinearUnit", x, params, ("projection", "kernel"), what="unit")
         x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
         projected = make_dense(
             2 * self.features,
@@ -169,6 +179,8 @@ class GateAddNorm(nn.Module):
             "GateAddNorm", deterministic, self.dropout_rate, self.is_initializing()
         )
         x, skip = jnp.asarray(x), jnp.asarray(skip)
+        params = self.variables.get("params", {})
+        check_input_width("GateAddNorm", x, params, ("glu", "projection", "kernel"), what="block")
         # The output has x's shape with `features` last; a skip of another shape would
         # broadcast silently in the sum (a (B, 1, F) skip over every step, say).
         expected = (*jnp.shape(x)[:-1], self.features)
@@ -260,16 +272,7 @@ def _check_input_width(x: Array, params: Any) -> None:
     Flax named only a scope ("Could not find parameter named kernel in scope
     /skip", or an initializer's shape at "/input").
     """
-    layer = params.get("input", {}) if hasattr(params, "get") else {}
-    kernel = layer.get("kernel") if hasattr(layer, "get") else None
-    if kernel is None:
-        return
-    width = int(np.shape(kernel)[-2])
-    if x.shape[-1] != width:
-        raise ValueError(
-            f"GatedResidualNetwork: x has width {x.shape[-1]} (its last axis), but the network "
-            f"was initialized with inputs of width {width}"
-        )
+    check_input_width("GatedResidualNetwork", x, params, ("input", "kernel"), what="network")
 
 
 class GatedResidualNetwork(nn.Module):

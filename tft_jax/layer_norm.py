@@ -48,8 +48,16 @@ def layer_norm(
       `(..., F)` in `dtype`.
 
     Raises:
+      TypeError: `epsilon` is traced (an argument of the caller's `jax.jit`):
+        it is a constant of the closed-form derivative, so it must be static.
       ValueError: `epsilon` is not a positive finite number.
     """
+    if isinstance(epsilon, jax.core.Tracer):
+        raise TypeError(
+            "layer_norm: epsilon must be a static Python float, got a traced value of shape "
+            f"{epsilon.shape} and dtype {epsilon.dtype}; under jax.jit pass it as a static "
+            "argument (static_argnames=...)"
+        )
     epsilon = float(epsilon)
     if not 0.0 < epsilon < math.inf:
         raise ValueError(f"layer_norm: epsilon must be positive and finite, got {epsilon}")

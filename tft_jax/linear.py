@@ -19,10 +19,11 @@ known from the math (an LSTM hidden state lies in ``[-1, 1]``), else None.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 from jax import lax
 
@@ -45,6 +46,39 @@ def check_positive_int(owner: str, name: str, value: Any, optional: bool = False
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         expected = "a positive int or None" if optional else "a positive int"
         raise ValueError(f"{owner}: {name} must be {expected}, got {value!r}")
+
+
+def check_input_width(
+    owner: str,
+    x: Array,
+    params: Any,
+    path: Sequence[str],
+    *,
+    name: str = "x",
+    what: str = "layer",
+    axis: int = -2,
+) -> None:
+    """Raises `ValueError` unless `x`'s last axis has the width the parameters were made for.
+
+    Flax raised `ScopeParamShapeError` instead ("the given initializer is
+    expected to generate shape ..."), naming a scope and an initializer but
+    not the argument. `path` leads through `params` (the module's `'params'`
+    collection) to the array whose `axis` is the input width (a kernel's
+    `-2`, a LayerNorm scale's `-1`). Nothing is checked before that array
+    exists (during `init`) or when it is absent. Shapes only: no cost in a
+    compiled program.
+    """
+    node = params
+    for key in path:
+        node = node.get(key) if hasattr(node, "get") else None
+        if node is None:
+            return
+    width = int(np.shape(node)[axis])
+    if np.shape(x)[-1] != width:
+        raise ValueError(
+            f"{owner}: {name} has width {np.shape(x)[-1]} (its last axis), but the {what} was "
+            f"initialized with inputs of width {width}"
+        )
 
 
 def _cast_operands(
@@ -88,6 +122,7 @@ class Linear(nn.Module):
         x = jnp.asarray(x)  # a nested list or a scalar: no `.shape` to read otherwise
         if x.ndim < 1:
             raise ValueError(f"Linear expects x of shape (..., I), got a scalar of shape {x.shape}")
+        check_input_width("Linear", x, self.variables.get("params", {}), ("kernel",))
         kernel = self.param(
             "kernel", self.kernel_init, (x.shape[-1], self.features), self.param_dtype
         )
@@ -151,6 +186,7 @@ class VariableLinear(nn.Module):
                 else f"(..., {self.num_variables}, I)"
             )
             raise ValueError(f"VariableLinear expects x of shape {expected}, got {tuple(x.shape)}")
+        check_input_width("VariableLinear", x, self.variables.get("params", {}), ("kernel",))
         kernel = self.param(
             "kernel",
             self.kernel_init,

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 from jax import lax
 
-from tft_jax.linear import Linear, check_positive_int
+from tft_jax.linear import Linear, check_input_width, check_positive_int
 
 Array = Any
 Dtype = Any
@@ -116,6 +116,8 @@ class LSTM(nn.Module):
         if isinstance(initial_state, tuple | list) and len(initial_state) == 2:
             initial_state = (jnp.asarray(initial_state[0]), jnp.asarray(initial_state[1]))
         self._check_inputs(inputs, initial_state)
+        params = self.variables.get("params", {})
+        check_input_width("LSTM", inputs, params, ("input", "kernel"), name="inputs")
         dtype = self.dtype or inputs.dtype
         input_gates = Linear(
             4 * self.features,

@@ -15,11 +15,13 @@ every schedule, and a schedule can be changed between steps
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 Scalar = Any  # a Python number or a scalar array
@@ -29,6 +31,19 @@ __all__ = ["WarmupCosine", "warmup_cosine"]
 
 def _is_python_number(value: Any) -> bool:
     return isinstance(value, numbers.Number)
+
+
+def _concrete_real(value: Any) -> float | None:
+    """`value` as a float when it is a Python or NumPy real scalar, else None.
+
+    JAX arrays are left out: a schedule in an optimizer state holds float32
+    arrays (tracers inside the step), and reading them back would sync.
+    """
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    if isinstance(value, numbers.Real | np.integer | np.floating):
+        return float(value)
+    return None
 
 
 def warmup_cosine(
@@ -109,6 +124,31 @@ class WarmupCosine:
     total_steps: Scalar
     warmup_steps: Scalar
     end_lr: Scalar = 0.0
+
+    def __post_init__(self) -> None:
+        """Raises `ValueError` for numbers that give a NaN rate; arrays are not checked.
+
+        With `total_steps <= warmup_steps` the cosine divides by a span <= 0
+        and every rate after the warmup is NaN (optax's
+        `warmup_cosine_decay_schedule` refuses such a schedule when built).
+        Only Python and NumPy numbers are checked: the dataclass is also
+        rebuilt from arrays and tracers whenever JAX unflattens it.
+        """
+        values = [_concrete_real(getattr(self, f.name)) for f in dataclasses.fields(self)]
+        if any(value is None for value in values):
+            return
+        for field, value in zip(dataclasses.fields(self), values, strict=True):
+            if not math.isfinite(value):
+                raise ValueError(f"WarmupCosine: {field.name} must be finite, got {value}")
+        _, total, warmup, _ = values
+        if warmup < 0:
+            raise ValueError(f"WarmupCosine: warmup_steps must be >= 0, got {self.warmup_steps}")
+        if total <= warmup:
+            raise ValueError(
+                "WarmupCosine: total_steps must be above warmup_steps (the cosine spans "
+                "total_steps - warmup_steps steps; with none, every rate after the warmup is "
+                f"NaN), got total_steps={self.total_steps}, warmup_steps={self.warmup_steps}"
+            )
 
     def __call__(self, count: Scalar) -> Array:
         """The learning rate after `count` updates (a float32 scalar)."""

@@ -38,6 +38,7 @@ from tft_jax.train_state import (
     _check_batch,
     _check_rng,
     _check_state,
+    _is_traced,
     model_inputs,
 )
 
@@ -356,12 +357,20 @@ def _check_calibrate(name: str, calibrate: Any, state: TrainState) -> None:
 def _checked_train_step(
     name: str, state: Any, batch: Any, rng: Any, calibrate: Any, compiler_options: Any
 ) -> Any:
-    """The jitted step for these compiler options, once the arguments of `name` pass the checks."""
+    """The jitted step for these compiler options, once the arguments of `name` pass the checks.
+
+    Traced (the step inside a `jax.jit`, `lax.scan` or `jax.eval_shape` of
+    the caller's), the enclosing jit compiles the step, and a nested
+    `jax.jit` may not take compiler options: they are checked, then left out.
+    """
     _check_state(name, state)
     _check_batch(name, batch, state)
     _check_rng(name, rng)
     _check_calibrate(name, calibrate, state)
-    return _jitted_train_step(_check_compiler_options(name, compiler_options))
+    options = _check_compiler_options(name, compiler_options)
+    if options and _is_traced(state.step, batch, rng):
+        options = ()
+    return _jitted_train_step(options)
 
 
 def train_step(
@@ -399,7 +408,9 @@ def train_step(
         collection mutable (observers update); False to pass `calibrate=False`.
       compiler_options: XLA options for compiling the step, e.g.
         `FAST_COMPILE_OPTIONS`; None (default): XLA's defaults (and
-        `XLA_FLAGS`). Each distinct value is its own compiled step.
+        `XLA_FLAGS`). Each distinct value is its own compiled step. Unused
+        when the step is traced (called inside the caller's `jax.jit` or
+        `lax.scan`): the enclosing jit compiles it, with its own options.
 
     Returns:
       `(new_state, metrics)` with float32 scalars `loss`, `grad_norm` (before

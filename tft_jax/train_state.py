@@ -294,13 +294,28 @@ def _jitted_init(model: Any, rngs: dict[str, Array], args: tuple, kwargs: dict) 
     return model.init(rngs, *args, deterministic=True, **kwargs)
 
 
+def _is_traced(*values: Any) -> bool:
+    """Whether any leaf of `values` is a tracer: the call is traced (`jax.jit`, `lax.scan`, ...).
+
+    Traced, a function runs inside an enclosing trace: a nested `jax.jit`
+    may not take `compiler_options` (only the outermost one compiles), and
+    arrays have no buffers to inspect.
+    """
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(values))
+
+
 def _init_variables(model: Any, rngs: dict[str, Array], args: tuple, kwargs: dict) -> PyTree:
     """The model's initial variables; equal models share one compiled `init`.
 
     Flax modules compare and hash by their fields, so another seed, another
     run of an experiment or a refit of the same model neither traces nor
     compiles `init` again. A module with an unhashable field is traced per call.
+    Traced (`create_train_state` under `jax.eval_shape` or `jax.jit`, where
+    the keys are tracers), `init` runs inside the enclosing trace: a nested
+    `jax.jit` may not take `INIT_COMPILE_OPTIONS`, and the outer one compiles.
     """
+    if _is_traced(rngs):
+        return model.init(rngs, *args, deterministic=True, **kwargs)
     if not is_hashable(model):
         init = partial(model.init, deterministic=True)
         return jax.jit(init, compiler_options=INIT_COMPILE_OPTIONS)(rngs, *args, **kwargs)
@@ -396,10 +411,16 @@ def _check_model_call(model: Any, args: tuple, kwargs: dict) -> None:
 
 
 def _check_state(name: str, state: Any) -> None:
+    """Raises unless `state` is a `TrainState` whose buffers were not donated away.
+
+    A traced state (the step under `jax.jit`, `lax.scan` or `jax.eval_shape`)
+    has no buffers: only its type is checked.
+    """
     if not isinstance(state, TrainState):
         raise TypeError(f"{name}: state must be a TrainState, got {type(state).__name__}")
     # Donation deletes every buffer of the state at once: one leaf tells.
-    if isinstance(state.step, jax.Array) and state.step.is_deleted():
+    step = state.step
+    if isinstance(step, jax.Array) and not _is_traced(step) and step.is_deleted():
         raise ValueError(
             f"{name}: state was donated to an earlier train_step or fit, which deleted its "
             "buffers: pass the state that call returned"
