@@ -399,14 +399,15 @@ class TrainingCheckpointer:
     def save_latest(self, state: PyTree, rng: Array, loop: Any) -> bool:
         """Saves `state` (with `.step`), the PRNG key and the loop dict as the latest step.
 
-        Returns False, writing nothing, when that step is saved already with
-        the same state and key (same digest: a replay after resume). Raises
-        `ValueError` for that step saved already with another state (another
-        run's, or this one gone another way), a step older than the
-        newest saved one or an `rng` that is not one key of the default PRNG
-        implementation (`restore` could not give it back), `TypeError` for
-        a `loop` that JSON cannot hold, and `CheckpointWriteError` (an
-        `OSError`) when the write fails (a full disk).
+        Returns False, writing nothing, when that step is saved already (a
+        replay after resume; the state may differ from the saved one there: a
+        resumed `fit` given another learning-rate schedule saves the restored
+        step with it, and the next step saved holds the new schedule). Raises
+        `ValueError` for a step older than the newest saved one or an `rng`
+        that is not one key of the default PRNG implementation (`restore`
+        could not give it back), `TypeError` for a `loop` that JSON cannot
+        hold, and `CheckpointWriteError` (an `OSError`) when the write fails
+        (a full disk).
         """
         return self._save(LATEST, state, rng, loop)
 
@@ -426,8 +427,7 @@ class TrainingCheckpointer:
         _check_rng(rng, f"save_{kind}")
         saved = manager.all_steps()
         if step in saved:
-            # A replay after resume writes exactly the same bytes: keep the existing step.
-            self._check_replay(kind, step, _payload(state, rng))
+            # A replay after resume: keep the existing step (see `save_latest`).
             return False
         if saved and step < max(saved):
             # orbax would skip it without a word (it saves only steps past its newest),
@@ -467,28 +467,6 @@ class TrainingCheckpointer:
                 f"saving the {kind} checkpoint of step {step} failed: {_summary(error)}",
                 error,
             ) from error
-
-    def _check_replay(self, kind: str, step: int, payload: PyTree) -> None:
-        """Raises `ValueError` naming the step and folder unless `payload` has the digest of
-        the saved step `step` of `kind`: skipping the save of another state would leave
-        the saved one, which a resume or `load_state` then reads, without a word."""
-        manager = self._managers[kind]
-        try:
-            meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-            saved_digest = meta["meta"]["digest"]
-        except Exception as error:  # orbax, tensorstore and json raise many types
-            raise ValueError(
-                f"save_{kind}: step {step} is saved already in {manager.directory}, and its "
-                f"metadata cannot be read ({_summary(error)}) to tell whether it holds this "
-                "state; move that step out of the folder, or save into another directory"
-            ) from error
-        if digest(payload) != saved_digest:
-            raise ValueError(
-                f"save_{kind}: step {step} is saved already in {manager.directory} with another "
-                "state (another digest of its arrays and key); a replay after resume saves the "
-                "same state: that directory holds another run, or this one went another way "
-                "since; resume from it, or save into another directory"
-            )
 
     # Restoring --------------------------------------------------------------
 
