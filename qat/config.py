@@ -9,6 +9,10 @@ from typing import Any, Literal
 
 ObserverKind = Literal["minmax", "moving_average"]
 _OBSERVERS = ("minmax", "moving_average")
+# Where the LSQ gradient decides clipped or not: the rounded position
+# `round(x/s) + zp` (PyTorch's variant) or the unrounded `x/s + zp` (eq. 3).
+ClipFrom = Literal["rounded", "unrounded"]
+CLIP_FROM = ("rounded", "unrounded")
 MIN_BITS = 2
 MAX_BITS = 8
 
@@ -21,6 +25,14 @@ def _require_bool(name: str, value: Any) -> None:
 def _require_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"QATConfig.{name} must be an int, got {type(value).__name__} {value!r}")
+
+
+def check_clip_from(value: Any, name: str = "clip_from") -> None:
+    """Raises unless `value` is one of `CLIP_FROM` (`TypeError` for a non-string)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {CLIP_FROM}, got {type(value).__name__} {value!r}")
+    if value not in CLIP_FROM:
+        raise ValueError(f"{name} must be one of {CLIP_FROM}, got {value!r}")
 
 
 def integer_range(bits: int, symmetric: bool) -> tuple[int, int]:
@@ -51,17 +63,25 @@ class QATConfig:
       averaging_constant: the moving-average constant, in (0, 1].
       calibration_batches: how many batches `qat.calibrate` feeds the observers.
       learnable_scale: make the activation step size trainable with the LSQ
-        gradient (Esser et al. 2020) in PyTorch's variant
+        gradient (Esser et al. 2020), by default in PyTorch's variant
         (`_fake_quantize_learnable_per_tensor_affine`), which decides clipped
         or not from the rounded position `round(x/s) + zp`, as the
         straight-through mask of the fake quantizer does, not from `x/s` as
         eq. 3: within half a step outside the grid the step size gets
-        `round(x/s) - x/s` rather than the clipped value (`qat.lsq`). It is
+        `round(x/s) - x/s` rather than the clipped value (`qat.lsq`;
+        `lsq_clip_from='unrounded'` follows eq. 3). It is
         scaled by `1 / sqrt(N * qmax)` with `N` the elements of the
         activation one call sees (the whole tensor, PyTorch's `numel`):
         under `jax.vmap` or `nn.vmap` over the batch that is one example's,
         and the step size learns `sqrt(B)` times faster than applied to the
         batch at once.
+      lsq_clip_from: with `learnable_scale`, where the LSQ gradient decides
+        that an activation is clipped: `'rounded'` (the default, PyTorch's
+        variant above) or `'unrounded'`, Esser et al.'s eq. 3, which decides
+        from `x/s + zp` (clipped where `<= qmin` or `>= qmax`). The forward
+        is the same; only the gradients within half a step outside the grid
+        (and at its exact ends) differ (`qat.lsq`). Without
+        `learnable_scale` there is no LSQ gradient, and `'unrounded'` is refused.
 
     In `QATTemporalFusionTransformer` the layout is fixed to the standard QAT
     recipe: weights per-channel symmetric, activations per-tensor affine with a
@@ -77,6 +97,7 @@ class QATConfig:
     averaging_constant: float = 0.01
     calibration_batches: int = 100
     learnable_scale: bool = False
+    lsq_clip_from: ClipFrom = "rounded"
 
     def __post_init__(self) -> None:
         if self.bits is not None:
@@ -107,6 +128,13 @@ class QATConfig:
             )
         object.__setattr__(self, "calibration_batches", int(self.calibration_batches))
         _require_bool("learnable_scale", self.learnable_scale)
+        check_clip_from(self.lsq_clip_from, "QATConfig.lsq_clip_from")
+        if self.lsq_clip_from != "rounded" and not self.learnable_scale:
+            raise ValueError(
+                f"QATConfig.lsq_clip_from={self.lsq_clip_from!r} chooses the LSQ gradient of a "
+                "learned step size, but learnable_scale=False learns none: set "
+                "learnable_scale=True, or leave lsq_clip_from at 'rounded'"
+            )
 
     @property
     def enabled(self) -> bool:

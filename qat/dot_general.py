@@ -190,6 +190,32 @@ def _contracting_dims(dimension_numbers: DimensionNumbers, rhs: Array) -> tuple[
     return tuple(axis % rhs.ndim for axis in rhs_contract)
 
 
+def observed_range_finite(min_val: Array, max_val: Array, num_batches: Array) -> bool:
+    """Whether a concrete observer's range is finite wherever it has seen a batch.
+
+    Read on the host (NumPy), for concrete values only. An observer of a
+    layer under `nn.scan`/`nn.vmap` holds one range per copy (`(L,)`
+    leaves), each checked; one that has seen nothing holds `+inf`/`-inf`, its
+    legitimate empty range.
+    """
+    seen = np.asarray(num_batches) > 0
+    finite = np.isfinite(np.asarray(min_val)) & np.isfinite(np.asarray(max_val))
+    return bool(np.all(~seen | finite))
+
+
+def non_finite_range_message(where: str) -> str:
+    """Why an observer holding a NaN or inf range is refused, and what to do; `where` leads."""
+    return (
+        f"{where} a NaN or inf activation range ('{QUANT_STATS}' min/max) after seeing "
+        "batches: a calibration batch held a non-finite value (NaN or inf, or an activation "
+        "that overflowed), which an observer updated under jax.jit cannot refuse and whose "
+        "moving average then keeps for good. Every scale computed from that range is NaN or "
+        "inf, and the layer's outputs would be zeros or NaN. Recalibrate fresh observers from "
+        "clean batches: qat.from_fp32 with these variables' 'params', then qat.calibrate, "
+        "which checks each batch"
+    )
+
+
 class EmptyCalibrationInput(ValueError):
     """A layer met an empty activation while calibrating (its range would be of nothing)."""
 
@@ -225,7 +251,21 @@ class _ActivationQParams(nn.Module):
         low = self.variable(QUANT_STATS, "min", lambda: fresh.min_val)
         high = self.variable(QUANT_STATS, "max", lambda: fresh.max_val)
         count = self.variable(QUANT_STATS, "num_batches", lambda: fresh.num_batches)
+        self._check_range_finite(low.value, high.value, count.value)
         return fresh.replace(min_val=low.value, max_val=high.value, num_batches=count.value)
+
+    def _check_range_finite(self, low: Array, high: Array, count: Array) -> None:
+        """Raises `ValueError` for a concrete observed range holding NaN or inf.
+
+        Checked on the host in an eager call only: traced values (under
+        `jax.jit`) add nothing to the program; `qat.calibrate`, `qat.convert`
+        and `qat.int8_apply` check the variables themselves.
+        """
+        if not all(is_concrete(value) for value in (low, high, count)):
+            return
+        if not observed_range_finite(low, high, count):
+            where = f"the activation observer of layer '{'/'.join(self.scope.path)}' holds"
+            raise ValueError(non_finite_range_message(where))
 
     def _store(self, observer: QuantizationObserver) -> None:
         self.put_variable(QUANT_STATS, "min", observer.min_val)
@@ -333,7 +373,8 @@ class QATDotGeneral(_ActivationQParams):
 
     With `config.learnable_scale`, an observed activation uses the step size
     `s_observer + scale_offset`, `scale_offset` a trainable scalar in the
-    `'quant_params'` collection (initialised to 0) with the LSQ gradient. It
+    `'quant_params'` collection (initialised to 0) with the LSQ gradient
+    (its clipping rule chosen by `config.lsq_clip_from`). It
     lives outside `'params'` so that the parameter tree stays the FP32 one.
     Until the observer has seen a batch, activations pass through unquantized.
 
@@ -463,7 +504,9 @@ class QATDotGeneral(_ActivationQParams):
             grad_scale = default_grad_scale(math.prod(lhs_shape), 1, qmax)
 
             def quantize(lhs: Array) -> Array:
-                quantized = lsq_fake_quantize(lhs, step, zero_point, qmin, qmax, grad_scale)
+                quantized = lsq_fake_quantize(
+                    lhs, step, zero_point, qmin, qmax, grad_scale, self.config.lsq_clip_from
+                )
                 return jnp.where(calibrated, quantized, lhs)
 
         else:

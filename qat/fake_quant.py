@@ -62,11 +62,29 @@ def sum_to_shape(values: Array, shape: tuple[int, ...]) -> Array:
     return jnp.sum(values, axis=axes, keepdims=True) if axes else values
 
 
+# The widest grid ends: the codes are computed in float32 at least, which holds
+# every integer of `[-2^24, 2^24]` exactly and skips odd ones past it.
+GRID_LIMIT = 2**24
+
+
 def check_grid(qmin: Any, qmax: Any) -> tuple[int, int]:
-    """Validates an integer grid `[qmin, qmax]` given as Python ints."""
+    """Validates an integer grid `[qmin, qmax]` given as Python ints, `qmin < qmax`.
+
+    Both ends must lie in `[-2^24, 2^24]`: the codes `round(x/s) + zp` are
+    float32 (at least), exact for every integer only up to `2^24`, so a wider
+    grid would silently skip codes (and past int32, JAX refuses the bound
+    with an `OverflowError` deep in the clip).
+    """
     for name, value in (("qmin", qmin), ("qmax", qmax)):
         if isinstance(value, bool) or not isinstance(value, int | np.integer):
             raise TypeError(f"{name} must be a Python int, got {type(value).__name__} {value!r}")
+    for name, value in (("qmin", qmin), ("qmax", qmax)):
+        if not -GRID_LIMIT <= value <= GRID_LIMIT:
+            raise ValueError(
+                f"{name} must be in [-2**24, 2**24] = [{-GRID_LIMIT}, {GRID_LIMIT}] (the codes "
+                f"are float32, exact for every integer only up to 2**24), got qmin={qmin}, "
+                f"qmax={qmax}"
+            )
     if not qmin < qmax:
         raise ValueError(f"qmin must be < qmax, got qmin={qmin}, qmax={qmax}")
     return int(qmin), int(qmax)
@@ -235,8 +253,8 @@ def fake_quantize(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: in
       scale: positive finite step size, broadcastable to `x` (a scalar per tensor,
         or e.g. shape `(1, C)` for per-channel along the last axis of `(N, C)`).
       zero_point: integer-valued zero point in `[qmin, qmax]`, broadcastable to `x`.
-      qmin: lowest integer of the grid (a Python int).
-      qmax: highest integer of the grid (a Python int).
+      qmin: lowest integer of the grid (a Python int, at least `-2**24`).
+      qmax: highest integer of the grid (a Python int, at most `2**24`).
 
     Returns:
       An array of `x`'s shape and dtype. The arithmetic runs in at least float32.
@@ -248,7 +266,8 @@ def fake_quantize(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: in
         positive as a normal number of the compute dtype (float32 overflows
         1e300 to inf, XLA flushes subnormals to 0), or a concrete `zero_point`
         that is not an integer in `[qmin, qmax]` (either would give NaN or a
-        shifted grid).
+        shifted grid), or a grid with `qmin >= qmax` or an end outside
+        `[-2**24, 2**24]` (float32 codes are exact only there).
       TypeError: a `scale` or `zero_point` that is not a number or numeric array.
 
     References:

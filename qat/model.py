@@ -58,12 +58,15 @@ from qat.dot_general import (
     calibration_pass,
     int8_scale_shape,
     integer_factory,
+    non_finite_range_message,
+    observed_range_finite,
     quantize_weight,
     quantizing_factory,
 )
 from qat.fake_quant import is_concrete
 from tft_jax.config import TFTConfig
 from tft_jax.data.listing import first_few
+from tft_jax.linear import InputWidthError
 from tft_jax.model import TemporalFusionTransformer, TFTOutput
 from tft_jax.static_arguments import from_static_argument, static_argument
 
@@ -421,10 +424,11 @@ def _shape_differences(got: Mapping[str, Any], expected: Mapping[str, Any]) -> l
 
 @contextlib.contextmanager
 def _inputs_fitting(name: str) -> Iterator[None]:
-    """Flax's error for inputs that do not fit the parameters, as a `ValueError` naming `name`."""
+    """The error for inputs that do not fit the parameters (Flax's, or a layer's own
+    `InputWidthError`), as a `ValueError` naming `name`."""
     try:
         yield
-    except flax_errors.ScopeParamShapeError as error:
+    except (flax_errors.ScopeParamShapeError, InputWidthError) as error:
         raise ValueError(
             f"{name} do not fit the variables (inputs of another shape than the model's, or "
             f"variables of another model): {error}"
@@ -584,6 +588,23 @@ def _observer_finite(observer: Mapping[str, Array]) -> Array:
     )
 
 
+def _check_ranges_finite(variables: Variables, name: str) -> None:
+    """Raises `ValueError` naming the layers whose concrete observed range holds NaN or inf.
+
+    Traced observers (inside `jax.jit`) are not checked.
+    """
+    layers = [
+        "/".join(path)
+        for path, observer in _observers(variables.get(QUANT_STATS, {})).items()
+        if all(is_concrete(value) for value in observer.values())
+        and not observed_range_finite(observer["min"], observer["max"], observer["num_batches"])
+    ]
+    if layers:
+        shown = _first_few(layers)
+        where = f"{name}: the activation observers of {len(layers)} layer(s) ({shown}) hold"
+        raise ValueError(non_finite_range_message(where))
+
+
 def _observed_ranges_finite(stats: Any) -> Array:
     """Whether every observer that has seen a batch holds a finite range (a bool scalar)."""
     finite = [_observer_finite(observer) for observer in _observers(stats).values()]
@@ -732,6 +753,8 @@ def calibrate(
     limit = int(limit)
     _check_batches(batches)
     _check_marked_bits(qat_model, qat_variables)
+    # A poisoned moving average stays NaN or inf: blaming the first batch would mislead.
+    _check_ranges_finite(qat_variables, "qat_variables")
     enabled = qat_model.qat_config.enabled
     if not enabled:
         warnings.warn(
@@ -1007,6 +1030,7 @@ def convert(qat_variables: Variables, bits: int | None = None, dtype: Any = None
                 "converted (qat.convert's output); convert the QAT variables instead"
             )
         kernel_paths.append(kernel_path)
+    _check_ranges_finite(qat_variables, "qat_variables")
     _warn_uncalibrated(qat_variables)
     stats = traverse_util.flatten_dict(unfreeze(qat_variables.get(QUANT_STATS, {})))
     contracted = tuple(
@@ -1062,6 +1086,7 @@ def _check_int8_variables(qat_model: _QuantizedModel, int8_variables: Variables)
                 f"the kernel of quantized layer {_module_name(path[:-1])} is "
                 f"{jnp.result_type(kernel)}, not int8: convert the variables with qat.convert"
             )
+    _check_ranges_finite(int8_variables, "int8_variables")
 
 
 def int8_apply(

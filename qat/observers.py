@@ -89,6 +89,25 @@ def batch_range(x: Array, channel_axis: int | None) -> tuple[Array, Array]:
     return jnp.min(x, axis=axes), jnp.max(x, axis=axes)
 
 
+def masked_batch_range(
+    x: Array, mask: Array, channel_axis: int | None
+) -> tuple[Array, Array, Array]:
+    """`(min, max, seen)` of the elements of `x` where `mask` holds, as `batch_range`.
+
+    `mask` has `x`'s shape. Where no element is selected (the whole tensor,
+    or a channel) the range is the empty one, `(+inf, -inf)`, and `seen` is
+    False; a masked-out element (padding, NaN included) never enters it.
+    """
+    x = jax.lax.stop_gradient(jnp.asarray(x)).astype(jnp.float32)
+    low = jnp.where(mask, x, jnp.inf)
+    high = jnp.where(mask, x, -jnp.inf)
+    if channel_axis is None:
+        return jnp.min(low), jnp.max(high), jnp.any(mask)
+    axis = channel_axis % x.ndim
+    axes = tuple(i for i in range(x.ndim) if i != axis)
+    return jnp.min(low, axis=axes), jnp.max(high, axis=axes), jnp.any(mask, axis=axes)
+
+
 def moving_average_update(
     old: Array, new: Array, num_batches: Array, averaging_constant: float
 ) -> Array:
@@ -177,18 +196,23 @@ class QuantizationObserver:
         """Whether at least one batch has been observed (a boolean array)."""
         return self.num_batches > 0
 
-    def _check_input(self, x: Array) -> None:
+    def _check_input(self, x: Array, mask: Array | None = None) -> None:
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise TypeError(f"x must be a floating array, got dtype {x.dtype}")
         if x.size == 0:
             raise ValueError(f"x must hold at least one element, got shape {tuple(x.shape)}")
-        if not isinstance(x, jax.core.Tracer):
+        if not isinstance(x, jax.core.Tracer) and not isinstance(mask, jax.core.Tracer):
             # Reduced where x lives: one scalar, not the whole array, comes to the host.
-            non_finite = int(jnp.sum(~jnp.isfinite(x.astype(jnp.float32))))
-            if non_finite:
+            non_finite = ~jnp.isfinite(x.astype(jnp.float32))
+            selected = "" if mask is None else " where mask is True"
+            if mask is not None:
+                non_finite = non_finite & mask
+            count = int(jnp.sum(non_finite))
+            if count:
                 raise ValueError(
-                    f"x must be finite: it holds {non_finite} NaN or inf value(s) of {x.size}, "
-                    "which would make the observed range and so the scale NaN or inf"
+                    f"x must be finite{selected}: it holds {count} NaN or inf value(s) of "
+                    f"{x.size} there, which would make the observed range and so the scale "
+                    "NaN or inf"
                 )
         if not self.per_channel:
             return
@@ -203,15 +227,26 @@ class QuantizationObserver:
                 f"{self.min_val.shape[0]}"
             )
 
-    def observe(self, x: Array) -> QuantizationObserver:
+    def observe(self, x: Array, mask: Array | None = None) -> QuantizationObserver:
         """The observer after seeing `x` (any finite float array; no gradient flows).
 
         A concrete `x` holding NaN or inf raises `ValueError` (the range, and
         every later scale, would be NaN or inf); a traced one (inside
         `jax.jit`) is not checked: `qat.calibrate` checks the observers after
         its jitted steps instead.
+
+        `mask`, a boolean array broadcastable to `x`, selects the elements
+        observed (True), so that padding never enters the range; only the
+        selected elements must be finite. A batch (or, per channel, a
+        channel) with no element selected leaves the range as it was, and a
+        batch with none at all is not counted in `num_batches`; with a moving
+        average, a channel's first selected elements set its range. A channel
+        never selected keeps the empty range, whose scale is the eps floor.
+        None (the default) observes every element.
         """
         x = jnp.asarray(x)
+        if mask is not None:
+            return self._observe_masked(x, mask)
         self._check_input(x)
         low, high = batch_range(x, self.channel_axis if self.per_channel else None)
         if self.kind == "moving_average":
@@ -226,6 +261,58 @@ class QuantizationObserver:
             high = jnp.maximum(self.max_val, high)
         return self.replace(min_val=low, max_val=high, num_batches=self.num_batches + 1)
 
+    def _observe_masked(self, x: Array, mask: Array) -> QuantizationObserver:
+        """`observe(x, mask)`: the range of the selected elements only."""
+        mask = _broadcast_mask(mask, x.shape)
+        self._check_input(x, mask)
+        low, high, seen = masked_batch_range(
+            x, mask, self.channel_axis if self.per_channel else None
+        )
+        if self.kind == "moving_average":
+            constant = self.averaging_constant
+            low = _masked_average(self.min_val, low, seen, self.num_batches, constant, jnp.inf)
+            high = _masked_average(self.max_val, high, seen, self.num_batches, constant, -jnp.inf)
+        else:
+            low = jnp.minimum(self.min_val, low)
+            high = jnp.maximum(self.max_val, high)
+        counted = jnp.any(seen).astype(self.num_batches.dtype)
+        return self.replace(min_val=low, max_val=high, num_batches=self.num_batches + counted)
+
     def qparams(self) -> tuple[Array, Array]:
         """`(scale, zero_point)` for the range seen so far (see the module docstring)."""
         return compute_qparams(self.min_val, self.max_val, self.qmin, self.qmax, self.symmetric)
+
+
+def _broadcast_mask(mask: Array, shape: tuple[int, ...]) -> Array:
+    """`mask` broadcast to `shape`; `TypeError` unless boolean, `ValueError` unless it fits."""
+    mask = jnp.asarray(mask)
+    if mask.dtype != jnp.bool_:
+        raise TypeError(f"mask must be a boolean array, got dtype {mask.dtype}")
+    try:
+        fits = jnp.broadcast_shapes(mask.shape, shape) == tuple(shape)
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} must broadcast to x's shape {tuple(shape)}"
+        )
+    return jnp.broadcast_to(mask, shape)
+
+
+def _masked_average(
+    old: Array,
+    new: Array,
+    seen: Array,
+    num_batches: Array,
+    averaging_constant: float,
+    empty: float,
+) -> Array:
+    """The moving average where `seen`, `old` elsewhere; a first sighting takes `new`.
+
+    `empty` is the range's value before anything was observed (`+inf` for a
+    min, `-inf` for a max): a channel still at it (no batch has selected it
+    yet) is set by its first selected elements, as the first batch sets the
+    range. A NaN or the other infinity is no empty range and stays as it is.
+    """
+    averaged = moving_average_update(old, new, num_batches, averaging_constant)
+    return jnp.where(seen, jnp.where(old == empty, new, averaged), old)

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from qat import FakeQuantize, QATConfig, QuantizationObserver, fake_quantize
+from qat import FakeQuantize, QATConfig, QuantizationObserver, fake_quantize, lsq_fake_quantize
 from qat.config import integer_range
 from qat.fake_quant import quantize
 
@@ -442,3 +442,30 @@ def test_second_derivative_of_fake_quantize_is_zero_not_the_estimator_applied_tw
         np.asarray(jax.grad(loss)(x)),
         2 * np.asarray(fake_quantize(x, 0.1, 0, -8, 7)) * np.array([1, 1, 0, 0, 1]),
     )
+
+
+@pytest.mark.parametrize(
+    ("qmin", "qmax", "named"),
+    [
+        (0, 2**40, "qmax"),  # was JAX's OverflowError, deep in the clip
+        (-(2**31), 2**31 - 1, "qmin"),  # fits int32, but float32 codes skip odd integers there
+        (0, 2**24 + 1, "qmax"),
+        (-(2**24) - 1, 0, "qmin"),
+    ],
+)
+def test_a_grid_float32_codes_cannot_hold_is_refused_naming_its_ends(qmin, qmax, named):
+    x = np.float32([0.0, 1.0])
+    match = rf"{named} must be in \[-2\*\*24, 2\*\*24\].*got qmin={qmin}, qmax={qmax}"
+    with pytest.raises(ValueError, match=match):
+        fake_quantize(x, 1.0, 0, qmin, qmax)
+    with pytest.raises(ValueError, match=match):
+        lsq_fake_quantize(x, 1.0, 0, qmin, qmax)
+
+
+def test_the_widest_grid_keeps_every_code_exact():
+    # At +-2^24 every integer is a float32: codes round-trip as a float64 reference says.
+    limit = 2**24
+    ratios = np.array([-limit, -limit + 1, -3.0, 0.0, 5.0, limit - 1, limit], np.float64)
+    x = ratios.astype(np.float32)  # scale 1: x/s is the code itself
+    expected = np.clip(np.round(ratios), -limit, limit)
+    np.testing.assert_array_equal(np.asarray(fake_quantize(x, 1.0, 0, -limit, limit)), expected)

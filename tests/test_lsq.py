@@ -15,7 +15,7 @@ from hypothesis.extra import numpy as hnp
 
 from qat import fake_quantize, lsq_fake_quantize
 from qat.config import integer_range
-from qat.lsq import default_grad_scale
+from qat.lsq import default_grad_scale, initial_step_size
 
 from .quantization_references import reference_gradients
 
@@ -325,3 +325,163 @@ def test_within_half_a_step_outside_the_grid_the_rounded_position_decides(
     if zero_point == 0.0:
         # The worked example of the docstring: x/s = 127.3 gives -0.3, not 127.
         assert np.isclose(float(grad_step[2]), -0.3 * grad_scale, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# clip_from: PyTorch's rounded-position rule (the default) or eq. 3's unrounded one
+
+
+def eq3_partials(x, step, zero_point, qmin, qmax):
+    """Esser et al. 2020, eq. 3, on an affine grid, in float64: `(d y/d x, d y/d s)` per element.
+
+    Clipped where `x/s + zp <= qmin` or `>= qmax` (d y/d s = qmin - zp, qmax - zp;
+    d y/d x = 0); inside, d y/d s = round(x/s) - x/s and d y/d x = 1.
+    """
+    ratio = np.asarray(x, np.float64) / step
+    unrounded = ratio + zero_point
+    below, above = unrounded <= qmin, unrounded >= qmax
+    d_step = np.where(below, qmin - zero_point, np.where(above, qmax - zero_point, 0.0))
+    inside = ~(below | above)
+    return inside.astype(np.float64), np.where(inside, np.round(ratio) - ratio, d_step)
+
+
+def rounded_partials(x, step, zero_point, qmin, qmax):
+    """PyTorch's variant in float64: clipped where `round(x/s) + zp` is off the grid."""
+    ratio = np.asarray(x, np.float64) / step
+    position = np.round(ratio) + zero_point
+    below, above = position < qmin, position > qmax
+    d_step = np.where(below, qmin - zero_point, np.where(above, qmax - zero_point, 0.0))
+    inside = ~(below | above)
+    return inside.astype(np.float64), np.where(inside, np.round(ratio) - ratio, d_step)
+
+
+REFERENCES = {"rounded": rounded_partials, "unrounded": eq3_partials}
+
+
+def boundary_positions(qmin: int, qmax: int) -> np.ndarray:
+    """Unrounded positions `x/s + zp`: both ends exactly, within half a step outside, near them."""
+    offsets = [0.0, 0.2, 0.45, 0.5, -0.3, -0.5, 0.7, 3.7]
+    return np.array(
+        [qmax + o for o in offsets] + [qmin - o for o in offsets] + [(qmin + qmax) / 2 + 0.3]
+    )
+
+
+@pytest.mark.parametrize("clip_from", ["rounded", "unrounded"])
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_each_clip_rule_matches_its_float64_formula_at_the_grid_ends(clip_from, bits, symmetric):
+    qmin, qmax = integer_range(bits, symmetric)
+    zero_point = 0 if symmetric else (qmax + 1) // 4
+    step, grad_scale = 0.25, 0.5  # a power of two: x/s is exact in float32 and float64
+    rng = np.random.default_rng(bits + 10 * symmetric)
+    positions = np.concatenate(
+        [boundary_positions(qmin, qmax), rng.uniform(qmin - 3, qmax + 3, 40)]
+    )
+    x = ((positions - zero_point) * step).astype(np.float32)
+    cotangent = rng.uniform(0.5, 1.5, x.size).astype(np.float32)
+
+    def loss(x, s, z):
+        y = lsq_fake_quantize(x, s, z, qmin, qmax, grad_scale, clip_from=clip_from)
+        return jnp.sum(cotangent * y)
+
+    # One step size and zero point per element: their gradients are per element too.
+    scale = jnp.full(x.shape, step, jnp.float32)
+    grad_x, grad_step, grad_zp = jax.grad(loss, argnums=(0, 1, 2))(
+        jnp.asarray(x), scale, jnp.full(x.shape, zero_point, jnp.float32)
+    )
+    d_x, d_step = REFERENCES[clip_from](x, step, zero_point, qmin, qmax)
+    np.testing.assert_array_equal(np.asarray(grad_x), cotangent * d_x)
+    np.testing.assert_allclose(np.asarray(grad_step), cotangent * d_step * grad_scale, atol=1e-6)
+    clipped_zp = np.where(d_x == 1.0, 0.0, -step) * cotangent * grad_scale
+    np.testing.assert_allclose(np.asarray(grad_zp), clipped_zp, atol=1e-7)
+    # The forward is fake_quantize's whichever rule decides the gradient.
+    np.testing.assert_array_equal(
+        np.asarray(lsq_fake_quantize(x, step, zero_point, qmin, qmax, clip_from=clip_from)),
+        np.asarray(fake_quantize(x, step, zero_point, qmin, qmax)),
+    )
+    # The two rules disagree on these inputs, so each assertion above tells them apart.
+    other = REFERENCES["unrounded" if clip_from == "rounded" else "rounded"]
+    assert np.any(other(x, step, zero_point, qmin, qmax)[1] != d_step)
+
+
+def test_the_eq3_rule_at_the_documented_worked_example():
+    # x/s = 127.3 (zp 0, 8 bits): eq. 3 gives d y/d s = 127 and d y/d x = 0;
+    # exactly at x/s = 127 too (rounded: 0 and 1).
+    x = jnp.asarray(np.float32([127.3 * 0.25, 127 * 0.25]))
+    grad_x, grad_step = jax.grad(
+        lambda x, s: jnp.sum(lsq_fake_quantize(x, s, 0, -128, 127, 1.0, "unrounded")),
+        argnums=(0, 1),
+    )(x, jnp.full((2,), 0.25, jnp.float32))
+    np.testing.assert_array_equal(np.asarray(grad_x), [0.0, 0.0])
+    np.testing.assert_array_equal(np.asarray(grad_step), [127.0, 127.0])
+
+
+def test_the_default_clip_rule_is_the_rounded_one_bit_for_bit():
+    x = np.random.default_rng(4).normal(size=64).astype(np.float32) * 3
+    cotangent = np.linspace(-1.0, 1.0, 64, dtype=np.float32)
+
+    def gradients(*clip_from):
+        def loss(x, s, z):
+            return jnp.sum(cotangent * lsq_fake_quantize(x, s, z, 0, 15, None, *clip_from))
+
+        return jax.grad(loss, argnums=(0, 1, 2))(x, np.float32(0.2), np.float32(3.0))
+
+    for default, rounded in zip(gradients(), gradients("rounded"), strict=True):
+        np.testing.assert_array_equal(np.asarray(default), np.asarray(rounded))
+
+
+@pytest.mark.parametrize(
+    ("clip_from", "error", "match"),
+    [
+        ("paper", ValueError, r"clip_from must be one of \('rounded', 'unrounded'\), got 'paper'"),
+        (True, TypeError, r"clip_from must be one of .*, got bool True"),
+    ],
+)
+def test_a_bad_clip_rule_is_named(clip_from, error, match):
+    with pytest.raises(error, match=match):
+        lsq_fake_quantize(np.ones(3, np.float32), 0.1, 0, -8, 7, clip_from=clip_from)
+
+
+# ---------------------------------------------------------------------------
+# initial_step_size: the paper's 2 * mean(|x|) / sqrt(Q_P)
+
+
+@pytest.mark.parametrize("qmax", [1, 7, 127, 255])
+def test_initial_step_size_per_tensor_is_twice_the_mean_magnitude_over_sqrt_qmax(qmax):
+    x = RNG.normal(loc=0.3, scale=2.0, size=(6, 5, 4)).astype(np.float32)
+    expected = 2 * np.mean(np.abs(x.astype(np.float64))) / np.sqrt(qmax)
+    got = initial_step_size(x, qmax)
+    assert got.shape == () and got.dtype == jnp.float32
+    np.testing.assert_allclose(float(got), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("channel_axis", [0, 1, -1])
+def test_initial_step_size_per_channel_reduces_every_other_axis(channel_axis):
+    x = RNG.normal(size=(6, 5, 4)) * np.array([0.1, 1.0, 3.0, 10.0])
+    x = x.astype(np.float32)
+    magnitude = np.abs(x.astype(np.float64))
+    axes = tuple(a for a in range(3) if a != channel_axis % 3)
+    expected = 2 * magnitude.mean(axis=axes) / np.sqrt(7)
+    got = initial_step_size(x, 7, channel_axis=channel_axis)
+    assert got.shape == (x.shape[channel_axis],)
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-6)
+    # Under jax.jit too (no host check of the traced values).
+    jitted = jax.jit(lambda v: initial_step_size(v, 7, channel_axis))(x)
+    np.testing.assert_allclose(np.asarray(jitted), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "match"),
+    [
+        ((np.ones(3, np.float32), 0), {}, ValueError, r"qmax must be a positive int .*got 0"),
+        ((np.ones(3, np.float32), 7.0), {}, TypeError, r"qmax must be a positive Python int"),
+        ((np.ones(3, np.int32), 7), {}, TypeError, r"x must be a floating array, got dtype int32"),
+        ((np.ones(0, np.float32), 7), {}, ValueError, r"at least one element, got shape \(0,\)"),
+        ((np.float32([1.0, np.nan]), 7), {}, ValueError, r"x must be finite: it holds 1 NaN"),
+        ((np.ones((2, 3), np.float32), 7), {"channel_axis": 2}, ValueError, "out of range"),
+        ((np.ones((2, 3), np.float32), 7), {"channel_axis": 1.0}, TypeError, "channel_axis must"),
+    ],
+)
+def test_initial_step_size_names_bad_arguments(args, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        initial_step_size(*args, **kwargs)

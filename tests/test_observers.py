@@ -45,6 +45,14 @@ def reference_qparams(low, high, qmin, qmax, symmetric):
         (dict(observer="histogram"), ValueError, "observer must be one of"),
         (dict(symmetric=1), TypeError, "symmetric must be a bool"),
         (dict(channel_axis=0.5), TypeError, "channel_axis must be an int"),
+        (
+            dict(learnable_scale=True, lsq_clip_from="paper"),
+            ValueError,
+            r"QATConfig\.lsq_clip_from must be one of \('rounded', 'unrounded'\), got 'paper'",
+        ),
+        (dict(learnable_scale=True, lsq_clip_from=None), TypeError, "lsq_clip_from must be one"),
+        # It chooses the gradient of a learned step size: without one it would do nothing.
+        (dict(lsq_clip_from="unrounded"), ValueError, r"learnable_scale=False learns none"),
     ],
 )
 def test_config_rejects_invalid_fields_naming_them(kwargs, error, match):
@@ -315,3 +323,131 @@ def test_observer_refuses_a_non_finite_batch_by_name(bad):
     observer = QuantizationObserver.create(QATConfig(observer="moving_average"))
     with pytest.raises(ValueError, match="finite"):
         observer.observe(jnp.array([0.0, bad]))
+
+
+# ---------------------------------------------------------------------------
+# observe(x, mask): padding never enters the range
+
+
+def masked_reference(batches, masks, kind, constant, channel_axis):
+    """Float64 `(min, max, num_batches)` of the selected elements, from the observer rules.
+
+    Per slice (the tensor, or each channel): min-max keeps the extremes of
+    every selected element; the moving average takes the first batch that
+    selects anything in the slice, then `m += c * (batch_m - m)` for each
+    later batch that does. Batches selecting nothing at all are not counted.
+    """
+    low = high = None
+    count = 0
+    for x, mask in zip(batches, masks, strict=True):
+        x = np.asarray(x, np.float64)
+        mask = np.broadcast_to(mask, x.shape)
+        if channel_axis is None:
+            slices = [(x[mask], None)]
+        else:
+            moved_x = np.moveaxis(x, channel_axis, 0)
+            moved_mask = np.moveaxis(mask, channel_axis, 0)
+            slices = [(moved_x[c][moved_mask[c]], c) for c in range(moved_x.shape[0])]
+        if low is None:
+            low = np.full(len(slices), np.inf)
+            high = np.full(len(slices), -np.inf)
+        count += int(mask.any())
+        for index, (values, _) in enumerate(slices):
+            if values.size == 0:
+                continue
+            if kind == "minmax" or not np.isfinite(low[index]):
+                low[index] = min(low[index], values.min()) if kind == "minmax" else values.min()
+                high[index] = max(high[index], values.max()) if kind == "minmax" else values.max()
+            else:
+                low[index] += constant * (values.min() - low[index])
+                high[index] += constant * (values.max() - high[index])
+    if channel_axis is None:
+        return low[0], high[0], count
+    return low, high, count
+
+
+@pytest.mark.parametrize("kind", ["minmax", "moving_average"])
+@pytest.mark.parametrize("channel_axis", [None, 1, -1])
+def test_masked_observe_matches_numpy_over_several_batches(kind, channel_axis):
+    rng = np.random.default_rng(11)
+    shape = (5, 3, 4)
+    batches, masks = [], []
+    for index, mask_shape in enumerate([shape, (5, 1, 4), (5, 3, 1), shape, shape]):
+        x = rng.normal(scale=1.0 + index, size=shape).astype(np.float32)
+        mask = rng.uniform(size=mask_shape) < 0.6
+        if index == 1:
+            mask[:, :, 2] = False  # one channel of the last axis unselected in a batch
+        if index == 3:
+            mask[:] = False  # a batch of padding only: not counted
+        x[~np.broadcast_to(mask, shape)] = np.where(index % 2, np.nan, 1e6)  # padding values
+        batches.append(x)
+        masks.append(mask)
+    cfg = QATConfig(
+        per_channel=channel_axis is not None,
+        channel_axis=-1 if channel_axis is None else channel_axis,
+        observer=kind,
+        averaging_constant=0.3,
+    )
+    observer = QuantizationObserver.create(cfg)
+    for x, mask in zip(batches, masks, strict=True):
+        observer = observer.observe(x, mask=mask)
+    low, high, count = masked_reference(batches, masks, kind, 0.3, channel_axis)
+    np.testing.assert_allclose(np.asarray(observer.min_val), low, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(observer.max_val), high, rtol=1e-6)
+    assert int(observer.num_batches) == count == 4
+    # Under jax.jit too, where nothing is checked on the host.
+    step = jax.jit(lambda obs, x, mask: obs.observe(x, mask=mask))
+    jitted = QuantizationObserver.create(cfg)
+    for x, mask in zip(batches, masks, strict=True):
+        jitted = step(jitted, x, np.broadcast_to(mask, x.shape))
+    # (XLA may fuse the average's multiply-add: the same to float32 rounding.)
+    np.testing.assert_allclose(np.asarray(jitted.min_val), low, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(jitted.max_val), high, rtol=1e-6)
+    assert int(jitted.num_batches) == count
+
+
+def test_a_channel_first_selected_late_starts_its_moving_average_there():
+    # Channel 1 is padding in the first batch: its range is set by the second, not
+    # averaged from the empty (+inf, -inf) range.
+    cfg = QATConfig(per_channel=True, channel_axis=1, observer="moving_average")
+    first = np.float32([[-1.0, 99.0], [2.0, 99.0]])
+    second = np.float32([[-3.0, -5.0], [4.0, 6.0]])
+    observer = QuantizationObserver.create(cfg).observe(first, mask=np.array([True, False]))
+    np.testing.assert_array_equal(np.asarray(observer.min_val), [-1.0, np.inf])
+    observer = observer.observe(second, mask=np.array([True, True]))
+    np.testing.assert_allclose(np.asarray(observer.min_val), [-1.0 + 0.01 * (-3.0 + 1.0), -5.0])
+    np.testing.assert_allclose(np.asarray(observer.max_val), [2.0 + 0.01 * (4.0 - 2.0), 6.0])
+
+
+def test_a_mask_of_all_true_observes_exactly_as_no_mask():
+    x = np.random.default_rng(12).normal(size=(4, 3)).astype(np.float32)
+    for kind in ("minmax", "moving_average"):
+        cfg = QATConfig(observer=kind)
+        plain = QuantizationObserver.create(cfg).observe(x).observe(x * 2)
+        masked = QuantizationObserver.create(cfg).observe(x, mask=np.ones_like(x, bool))
+        masked = masked.observe(x * 2, mask=np.ones_like(x, bool))
+        for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(masked), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize(
+    ("x", "mask", "error", "match"),
+    [
+        (np.ones((2, 3), np.float32), np.ones(3, np.int32), TypeError, "mask must be a boolean"),
+        (
+            np.ones((2, 3), np.float32),
+            np.ones(2, bool),
+            ValueError,
+            r"mask of shape \(2,\) must broadcast to x's shape \(2, 3\)",
+        ),
+        (
+            np.float32([np.nan, 1.0, np.inf]),
+            np.array([True, True, False]),
+            ValueError,
+            r"x must be finite where mask is True: it holds 1 NaN or inf",
+        ),
+    ],
+)
+def test_masked_observe_names_a_bad_mask_and_selected_non_finite_values(x, mask, error, match):
+    with pytest.raises(error, match=match):
+        QuantizationObserver.create(QATConfig()).observe(x, mask=mask)

@@ -48,6 +48,10 @@ def check_positive_int(owner: str, name: str, value: Any, optional: bool = False
         raise ValueError(f"{owner}: {name} must be {expected}, got {value!r}")
 
 
+class InputWidthError(ValueError):
+    """An input whose last axis is not the width the layer's parameters were made for."""
+
+
 def check_input_width(
     owner: str,
     x: Array,
@@ -58,7 +62,8 @@ def check_input_width(
     what: str = "layer",
     axis: int = -2,
 ) -> None:
-    """Raises `ValueError` unless `x`'s last axis has the width the parameters were made for.
+    """Raises `InputWidthError` (a `ValueError`) unless `x`'s last axis has the width the
+    parameters were made for.
 
     Flax raised `ScopeParamShapeError` instead ("the given initializer is
     expected to generate shape ..."), naming a scope and an initializer but
@@ -75,7 +80,7 @@ def check_input_width(
             return
     width = int(np.shape(node)[axis])
     if np.shape(x)[-1] != width:
-        raise ValueError(
+        raise InputWidthError(
             f"{owner}: {name} has width {np.shape(x)[-1]} (its last axis), but the {what} was "
             f"initialized with inputs of width {width}"
         )
