@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from tft_jax.data.calendar import TIME_INDEX, calendar_feature_names
+from tft_jax.data.listing import first_few
 from tft_jax.data.preprocessing import Preprocessor, RowSources, missing_column, table_name
 from tft_jax.data.scaling import FeatureScaler, TargetScaler
 from tft_jax.data.tables import (
@@ -758,7 +759,7 @@ def prepare_dataset(
                 f"left out {len(late)} of {len(late) + clean[spec.id_col].nunique()} series "
                 f"with no observed target before validation_start {cut_validation} (the "
                 f"training period, which a series' target scaler is fitted on): "
-                f"{', '.join(repr(series) for series in late)}; a fitted model forecasts them "
+                f"{first_few([repr(series) for series in late])}; a fitted model forecasts them "
                 "as new series, scaled on their own history",
                 UserWarning,
                 stacklevel=2,
@@ -831,7 +832,7 @@ def prepare_dataset(
     announce_empty_inputs(empty_inputs, clean[spec.id_col].nunique(), stacklevel=3)
     filled = grid.groupby(spec.id_col, sort=True)[missing_col].sum()
     if filled.sum():
-        report = ", ".join(f"{series!r} {int(n)}" for series, n in filled[filled > 0].items())
+        report = first_few([f"{series!r} {int(n)}" for series, n in filled[filled > 0].items()])
         horizons = (
             "windows whose horizon holds one are left out"
             if require_observed_target

@@ -638,14 +638,15 @@ class Preprocessor:
                     constants.append(ids[code])
             source = (
                 "history before the first split start under which it has observed values ("
-                + ", ".join(cuts_used)
+                + first_few(cuts_used)
                 + ")"
                 if len(new_series_cuts)
                 else "history given here"
             )
             hint = type_hint(names, self.series_ids, self.spec.id_col, "in the training data")
+            listed = first_few([repr(name) for name in names])
             warnings.warn(
-                f"series {names} were not in the training data: their id embedding is the "
+                f"series [{listed}] were not in the training data: their id embedding is the "
                 "untrained 'unknown' entry and their target scaler is fitted on the "
                 f"{source}{hint}",
                 UserWarning,

@@ -633,7 +633,11 @@ def read_table(
     if not os.path.isfile(table):
         raise ValueError(f"{os.fspath(table)}: no such file")
     try:
-        frame = pd.read_csv(table, encoding=encoding, **CSV_MISSING)
+        with warnings.catch_warnings():
+            # pandas' "Columns (2: y) have mixed types" of a large file with a malformed
+            # value: `validate_table` names that value, its series and its row.
+            warnings.simplefilter("ignore", pd.errors.DtypeWarning)
+            frame = pd.read_csv(table, encoding=encoding, **CSV_MISSING)
         frame.attrs[_READ_FROM] = (os.fspath(table), len(frame))  # for `file_rows`
         # Only a table without its id column: a one-column file may hold such texts.
         sep = None if id_col in (None, *frame.columns) else _separator(frame.columns, ";\t|")
@@ -1624,40 +1628,173 @@ class _SteppedSeries:
     on_grid: bool
 
 
-def _stepped_series(frame: pd.DataFrame, spec: TableSpec) -> _SteppedSeries | None:
-    """The grids of `frame` (sorted by id, time) as whole-number steps, or None where unsure.
+def _fixed_step(spec: TableSpec, zone: Any) -> pd.Timedelta | None:
+    """The absolute duration of one `freq` step where every grid is `first + k * step`, else None.
 
-    For naive times and a fixed step ('h', '15min', 'D': no daylight saving,
-    no calendar) that is a whole number of units of the time column, the grid
-    `series_grid` builds is `first + k * step`: it is counted for all series
-    at once instead of one `date_range` and `isin` per series. Else None,
-    and the callers build each series' grid.
+    A `Tick` ('h', '15min') steps in absolute time, naive or aware (pandas
+    steps aware times in UTC); a day ('D', a calendar offset in pandas 3)
+    does so for naive times and zones of one UTC offset, not across a clock change.
     """
-    times = frame[spec.time_col]
-    if times.dt.tz is not None or len(frame) == 0:
-        return None
     offset = parse_frequency(spec.freq)
     if isinstance(offset, pd.offsets.Tick):
-        step = pd.Timedelta(offset)
-    elif isinstance(offset, pd.offsets.Day):  # pandas 3: a calendar offset, 24 h when naive
-        step = pd.Timedelta(days=offset.n)
-    else:
-        return None
-    values = times.to_numpy()
-    unit = np.datetime_data(values.dtype)[0]
-    units, remainder = divmod(step.value, pd.Timedelta(1, unit).value)
-    if remainder or units < 1:
-        return None
+        return pd.Timedelta(offset)
+    if isinstance(offset, pd.offsets.Day) and (zone is None or _fixed_offset_zone(zone)):
+        return pd.Timedelta(days=offset.n)
+    return None
+
+
+def _fixed_offset_zone(zone: Any) -> bool:
+    """Whether `zone` is UTC or a fixed UTC offset (no daylight saving, no history)."""
+    return isinstance(zone, datetime.timezone) or str(zone) in ("UTC", "Etc/UTC")
+
+
+def _sorted_series(frame: pd.DataFrame, spec: TableSpec) -> tuple[pd.Index, np.ndarray] | None:
+    """`(ids, start)` of `frame` sorted by (id, time): the ids in table order (an Index: its
+    items are Python scalars, as groupby's keys are) and (S + 1,) the first row of each
+    series and the row count; None when the rows are not so sorted."""
+    times = pd.DatetimeIndex(frame[spec.time_col])
     codes, ids = pd.factorize(frame[spec.id_col])
-    ticks = values.view(np.int64)
+    ticks = times.asi8
     same = codes[1:] == codes[:-1]
     if (codes[1:] < codes[:-1]).any() or (ticks[1:][same] <= ticks[:-1][same]).any():
         return None  # not sorted by (id, time): the per-series path handles it as it did
-    start = np.searchsorted(codes, np.arange(len(ids) + 1))
+    return ids, np.searchsorted(codes, np.arange(len(ids) + 1))
+
+
+def _stepped_series(frame: pd.DataFrame, spec: TableSpec) -> _SteppedSeries | None:
+    """The grids of `frame` (sorted by id, time) as whole-number steps, or None where unsure.
+
+    For a fixed step (`_fixed_step`: 'h', '15min', 'D' of naive or UTC
+    times) that is a whole number of units of the time column, the grid
+    `series_grid` builds is `first + k * step` (in UTC for aware times): it is
+    counted for all series at once instead of one `date_range` and `isin` per
+    series. Else None, and the callers build the grids another way.
+    """
+    times = frame[spec.time_col]
+    if len(frame) == 0:
+        return None
+    step = _fixed_step(spec, times.dt.tz)
+    if step is None:
+        return None
+    unit = times.dt.unit
+    units, remainder = divmod(step.value, pd.Timedelta(1, unit).value)
+    if remainder or units < 1:
+        return None
+    found = _sorted_series(frame, spec)
+    if found is None:
+        return None
+    ids, start = found
+    ticks = pd.DatetimeIndex(times).asi8
     first = ticks[start[:-1]]
     on_grid = not ((ticks - np.repeat(first, np.diff(start))) % units).any()
     length = (ticks[start[1:] - 1] - first) // units + 1
     return _SteppedSeries(ids, first, length, int(units), bool(on_grid))
+
+
+@dataclasses.dataclass(frozen=True)
+class _UnionGrid:
+    """The grids of the series of a table sorted by (id, time), as slices of one grid.
+
+    Attributes:
+      ids: (S,) the series ids, in table order.
+      grid: the grid of `freq` from the earliest first time to the latest last one.
+      first: (S,) int the position in `grid` of each series' first time (-1: unknown).
+      length: (S,) int each series' grid length (valid where `known`).
+      known: (S,) bool the series whose grid is `grid[first : first + length]` for
+        sure, with every row of it on that grid.
+    """
+
+    ids: pd.Index
+    grid: pd.DatetimeIndex
+    first: np.ndarray
+    length: np.ndarray
+    known: np.ndarray
+
+
+def _union_grid(frame: pd.DataFrame, spec: TableSpec) -> _UnionGrid | None:
+    """The grids of `frame` (sorted by id, time) as slices of one grid, or None where unsure.
+
+    For calendar frequencies ('MS', 'W-SUN', 'B') and days of a zone with
+    daylight saving, one `time_grid` over the span of the table replaces one
+    per series. `date_range` builds each grid by stepping from its first time,
+    so a series whose first time is a time of the union grid has the union
+    grid's times from there to its last time as its own. Where `time_grid`
+    shifted local times a clock change skips or repeats, the union grid is
+    trusted only from times it did not shift, ending at one it holds. Series
+    it does not settle (`known` False: off the union grid, a step of several
+    periods started elsewhere) are left to the per-series path.
+    """
+    if len(frame) == 0:
+        return None
+    found = _sorted_series(frame, spec)
+    if found is None:
+        return None
+    ids, start = found
+    times = pd.DatetimeIndex(frame[spec.time_col])
+    firsts, lasts = times[start[:-1]], times[start[1:] - 1]
+    earliest, latest = firsts.min(), lasts.max()
+    try:
+        # A grid far longer than the table (a tiny step over a long span) is left to the
+        # per-series path (and to `_fixed_step_grid_rows`'s refusal of it).
+        if (latest - earliest) / typical_step(spec.freq) > 4 * len(frame) + 10_000:
+            return None
+        offset = parse_frequency(spec.freq)
+        try:
+            grid = pd.DatetimeIndex(pd.date_range(earliest, latest, freq=offset), freq=None)
+            trusted = np.ones(len(grid), dtype=bool)
+        except ValueError:  # `time_grid`'s fallback, each local time it shifted untrusted
+            zone = earliest.tz
+            if zone is None:
+                return None
+            wall = pd.date_range(
+                earliest.tz_localize(None), latest.tz_convert(zone).tz_localize(None), freq=offset
+            )
+            grid = time_grid(earliest, latest, freq=offset)
+            trusted = np.asarray(grid.tz_convert(zone).tz_localize(None) == wall)
+    except (ValueError, OverflowError, pd.errors.OutOfBoundsDatetime):
+        return None
+    if len(grid) == 0 or not grid.is_monotonic_increasing or grid.has_duplicates:
+        return None
+    unit = times.unit
+    try:
+        stamps = grid.as_unit(unit)
+    except (ValueError, pd.errors.OutOfBoundsDatetime):
+        return None
+    if not (stamps.as_unit(grid.unit).asi8 == grid.asi8).all():
+        return None
+    ticks, grid_ticks = times.asi8, stamps.asi8
+    position = np.searchsorted(grid_ticks, ticks)
+    inside = position < len(grid_ticks)
+    hit = np.zeros(len(ticks), dtype=bool)
+    hit[inside] = grid_ticks[position[inside]] == ticks[inside]
+    counts = np.diff(start)
+    on_grid = np.add.reduceat(hit, start[:-1]) == counts if len(counts) else hit[:0]
+    first, last = position[start[:-1]], position[start[1:] - 1]
+    ends_held = hit[start[:-1]] & hit[start[1:] - 1]
+    safe = np.zeros(len(first), dtype=bool)
+    safe[ends_held] = trusted[first[ends_held]] & trusted[last[ends_held]]
+    known = on_grid & safe
+    length = np.where(known, last - first + 1, 0)
+    return _UnionGrid(ids, grid, np.where(known, first, -1), length, known)
+
+
+def _check_series_on_grid(series: Any, times: pd.DatetimeIndex, spec: TableSpec) -> int:
+    """Raises for timestamps of one series off its `freq` grid; returns its grid length."""
+    grid = series_grid(times, spec.freq)
+    off_grid = ~times.isin(grid)
+    if off_grid.any():
+        start = grid[0] if len(grid) else times[0]
+        recorded = _recorded_alias(times, spec.freq)
+        raise ValueError(
+            f"series {plain_value(series)!r} has {int(off_grid.sum())} timestamps off the freq="
+            f"{spec.freq!r} grid that starts at {start}, e.g. {times[off_grid][0]}; "
+            "resample the table to that frequency first (e.g. df.set_index(time)"
+            f".groupby(id).resample({spec.freq!r}).mean()) or pass the frequency the data "
+            f"is recorded at{_recorded_hint(recorded)}"
+            f"{_anchor_hint(times[0], spec.freq, recorded)}{_period_hint(times, spec)}"
+            f"{_zone_hint(times, spec)}{_utc_grid_hint(times, spec)}"
+        )
+    return len(grid)
 
 
 def _check_on_grid(frame: pd.DataFrame, spec: TableSpec) -> dict[Any, int]:
@@ -1665,29 +1802,27 @@ def _check_on_grid(frame: pd.DataFrame, spec: TableSpec) -> dict[Any, int]:
     stepped = _stepped_series(frame, spec)
     if stepped is not None and stepped.on_grid:  # else the loop names the first series off it
         return dict(zip(stepped.ids, stepped.length.tolist(), strict=True))
+    union = _union_grid(frame, spec) if stepped is None else None
+    if union is not None:
+        # The series the union grid settles are on their grids; the others, checked one by
+        # one in table order, raise for the first series off its grid as the loop does.
+        lengths = dict(zip(union.ids, union.length.tolist(), strict=True))
+        if not union.known.all():
+            unknown = set(union.ids[~union.known])
+            for series, group in frame.groupby(spec.id_col, sort=False):
+                if series in unknown:
+                    times = pd.DatetimeIndex(group[spec.time_col])
+                    lengths[series] = _check_series_on_grid(series, times, spec)
+        return lengths
     lengths = {}
     for series, group in frame.groupby(spec.id_col, sort=False):
         times = pd.DatetimeIndex(group[spec.time_col])
-        grid = series_grid(times, spec.freq)
-        off_grid = ~times.isin(grid)
-        if off_grid.any():
-            start = grid[0] if len(grid) else times[0]
-            recorded = _recorded_alias(times, spec.freq)
-            raise ValueError(
-                f"series {plain_value(series)!r} has {int(off_grid.sum())} timestamps off the freq="
-                f"{spec.freq!r} grid that starts at {start}, e.g. {times[off_grid][0]}; "
-                "resample the table to that frequency first (e.g. df.set_index(time)"
-                f".groupby(id).resample({spec.freq!r}).mean()) or pass the frequency the data "
-                f"is recorded at{_recorded_hint(recorded)}"
-                f"{_anchor_hint(times[0], spec.freq, recorded)}{_period_hint(times, spec)}"
-                f"{_zone_hint(times, spec)}{_utc_grid_hint(times, spec)}"
-            )
-        lengths[series] = len(grid)
+        lengths[series] = _check_series_on_grid(series, times, spec)
     return lengths
 
 
 def _short_series_text(short: dict[Any, int]) -> str:
-    return ", ".join(f"{series!r} ({length} steps)" for series, length in short.items())
+    return first_few([f"{series!r} ({length} steps)" for series, length in short.items()])
 
 
 def _categorical_values(
@@ -2019,11 +2154,12 @@ def check_missing_fraction_limit(value: Any) -> None:
 def check_missing_fraction(
     grid: pd.DataFrame, spec: TableSpec, missing_col: str, limit: float
 ) -> None:
-    """Raises naming every series whose filled target steps exceed the fraction `limit`."""
+    """Raises naming the series (the first few, and how many) whose filled target steps
+    exceed the fraction `limit`."""
     fractions = grid.groupby(spec.id_col, sort=True)[missing_col].mean()
     sparse = fractions[fractions > limit]
     if len(sparse):
-        listed = ", ".join(f"{series!r} ({100 * value:.0f}%)" for series, value in sparse.items())
+        listed = first_few([f"{series!r} ({100 * value:.0f}%)" for series, value in sparse.items()])
         raise ValueError(
             f"{len(sparse)} series have more than {100 * limit:.0f}% of their target missing "
             f"on the freq={spec.freq!r} grid: {listed}; drop them, fill them, or raise "
@@ -2126,6 +2262,7 @@ def to_regular_grid(clean: pd.DataFrame, spec: TableSpec, missing_col: str) -> p
       ValueError: a series of `clean` not sorted by time (its grid would be empty).
     """
     stepped = _stepped_series(clean, spec)
+    union = _union_grid(clean, spec) if stepped is None else None
     if stepped is not None and stepped.on_grid:
         # All grids at once (`first + k * step`), not one `date_range` per series; the
         # ids in table order are those `_stepped_series` factorized.
@@ -2134,8 +2271,19 @@ def to_regular_grid(clean: pd.DataFrame, spec: TableSpec, missing_col: str) -> p
         ticks = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         ticks *= stepped.units
         ticks += np.repeat(stepped.first, lengths)
-        times = pd.DatetimeIndex(ticks.view(clean[spec.time_col].dtype))
+        column = clean[spec.time_col]
+        zone = column.dt.tz
+        times = pd.DatetimeIndex(ticks.view(f"M8[{column.dt.unit}]"))
+        if zone is not None:
+            times = times.tz_localize("UTC").tz_convert(zone)
         del ticks
+    elif union is not None and union.known.all():
+        # Each series' grid a slice of the one union grid (see `_union_grid`).
+        series = union.ids.to_numpy()
+        lengths = union.length
+        starts = np.cumsum(lengths) - lengths
+        positions = np.arange(int(lengths.sum())) - np.repeat(starts - union.first, lengths)
+        times = union.grid.take(positions)
     else:
         series = clean[spec.id_col].drop_duplicates().to_numpy()
         grids = []
