@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tft_jax.data.listing import first_few
 from tft_jax.data.preprocessing import (
     Preprocessor,
     RowSources,
@@ -76,6 +77,56 @@ def future_steps(last: pd.Timestamp, freq: str, horizon: int) -> pd.DatetimeInde
     return time_grid(last, periods=horizon + 1, freq=freq)[1:]
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Steps:
+    """The forecast steps of every series: `future_steps` of each one's last time.
+
+    Attributes:
+      series: (N,) the series, sorted (the index of the history's last times).
+      times: (N * horizon,) the steps of the first series, then of the second, ...
+      horizon: steps per series.
+    """
+
+    series: pd.Index
+    times: pd.DatetimeIndex
+    horizon: int
+
+    def rows(self, id_col: str, time_col: str) -> pd.DataFrame:
+        """One row `(id, time)` per step, series by series."""
+        return pd.DataFrame({id_col: self.series.repeat(self.horizon), time_col: self.times})
+
+    def span(self, series: Any) -> tuple[pd.Timestamp, pd.Timestamp]:
+        """The first and last step of `series`."""
+        start = self.series.get_loc(series) * self.horizon
+        return self.times[start], self.times[start + self.horizon - 1]
+
+
+def forecast_steps(last: pd.Series, freq: str, horizon: int) -> _Steps:
+    """`future_steps` of every series of `last` (`{id: last time}`), for all at once.
+
+    A fixed step ('h', '15min', and 'D' for naive times) is the same duration
+    after every time: the steps after the first distinct last time, moved to
+    each other one. Calendar steps ('MS', 'W-SUN', 'B', and days of aware
+    times, 23 or 25 hours at a daylight-saving change) are built once per
+    distinct last time, which is few in practice (series end together).
+    """
+    ends = pd.DatetimeIndex(last.array)
+    codes, distinct = pd.factorize(ends)
+    first = future_steps(distinct[0], freq, horizon)
+    offset = parse_frequency(freq)
+    fixed = isinstance(offset, pd.offsets.Tick) or (
+        isinstance(offset, pd.offsets.Day) and ends.tz is None
+    )
+    if fixed:
+        times = ends.repeat(horizon) + np.tile(first - distinct[0], len(ends))
+        times = pd.DatetimeIndex(times, freq=None).as_unit(first.unit)
+    else:
+        grids = first.append([future_steps(end, freq, horizon) for end in distinct[1:]])
+        positions = codes[:, None] * horizon + np.arange(horizon)
+        times = pd.DatetimeIndex(grids.take(positions.ravel()), freq=None)
+    return _Steps(series=last.index, times=times, horizon=horizon)
+
+
 def _indicator_name(columns: list[str]) -> str:
     """A name for `DataFrame.merge`'s indicator column that none of `columns` has.
 
@@ -111,7 +162,7 @@ def _zone_fix(spec: TableSpec, zone: Any) -> str:
 def _future_table(
     future: pd.DataFrame | None,
     preprocessor: Preprocessor,
-    expected: dict[object, pd.DatetimeIndex],
+    expected: _Steps,
     zone: Any,
 ) -> pd.DataFrame:
     """The known columns of every expected (series, time), checked; `(id, time, known...)`.
@@ -126,19 +177,12 @@ def _future_table(
     """
     spec = preprocessor.spec
     known = list(spec.known_cols)
-    rows = pd.concat(
-        [
-            pd.DataFrame({spec.id_col: series, spec.time_col: times})
-            for series, times in expected.items()
-        ],
-        ignore_index=True,
-    )
+    rows = expected.rows(spec.id_col, spec.time_col)
     if future is None:
         if known:
             raise ValueError(
                 f"future is required: the model uses the known columns {known}, so give their "
-                f"values for the {len(next(iter(expected.values())))} steps after each series' "
-                "last time"
+                f"values for the {expected.horizon} steps after each series' last time"
             )
         return rows
     if not isinstance(future, pd.DataFrame):
@@ -218,11 +262,12 @@ def _future_table(
             f"({count} duplicated rows); give each (series, time) once"
         )
     # Plain values: an int64 id reads `7` in the messages, not `np.int64(7)`.
-    unknown = sorted({plain_value(value) for value in set(ids) - set(expected)}, key=str)
+    unknown = sorted({plain_value(value) for value in set(ids) - set(expected.series)}, key=str)
     if unknown:
+        hint = type_hint(unknown, list(expected.series), spec.id_col, "in the history")
         raise ValueError(
-            f"future has series {unknown} that the history does not; every series in future "
-            f"needs its history{type_hint(unknown, list(expected), spec.id_col, 'in the history')}"
+            f"future has series [{first_few([repr(value) for value in unknown])}] that the "
+            f"history does not; every series in future needs its history{hint}"
         )
     flag = _indicator_name(needed)
     merged = rows.merge(table, on=[spec.id_col, spec.time_col], how="left", indicator=flag)
@@ -233,10 +278,11 @@ def _future_table(
     if extra_rows.any():
         row = int(np.flatnonzero(extra_rows)[0])
         series = extra[spec.id_col].iloc[row]
+        first, last = expected.span(series)
         outside = (
             f"{int(extra_rows.sum())} rows outside the forecast steps, e.g. series "
             f"{plain_value(series)!r} at {extra[spec.time_col].iloc[row]}; its steps are "
-            f"{expected[series][0]} .. {expected[series][-1]}"
+            f"{first} .. {last}"
         )
     if absent_rows.any():
         # A time off the grid or shifted (a typo, another zone) is both a missing step
@@ -264,6 +310,20 @@ def _future_table(
     return merged
 
 
+def _series_blocks(grid: pd.DataFrame, id_col: str) -> tuple[pd.Index, np.ndarray, np.ndarray]:
+    """The series of `grid` (sorted) and its rows series by series: `(ids, order, ends)`.
+
+    `grid.iloc[order]` holds the rows of `ids[0]` (in their order in `grid`),
+    then of `ids[1]`, ...; those of `ids[k]` end before row `ends[k]` of it.
+    """
+    grouped = grid.groupby(id_col, sort=True)
+    codes = grouped.ngroup().to_numpy()
+    ids = grouped.size().index
+    order = np.argsort(codes, kind="stable")
+    ends = np.cumsum(np.bincount(codes, minlength=len(ids)))
+    return ids, order, ends
+
+
 def trailing_empty_targets(
     grid: pd.DataFrame, spec: TableSpec, missing_col: str
 ) -> dict[Any, tuple[int, pd.Timestamp]]:
@@ -272,20 +332,31 @@ def trailing_empty_targets(
     Such a history (typically future rows appended with an empty target) is
     forecast from after its last row, not after its last observed target.
     """
-    found = {}
-    for series, group in grid.groupby(spec.id_col, sort=True):
-        observed = np.flatnonzero(group[missing_col].to_numpy() == 0.0)
-        steps = len(group) - 1 - int(observed[-1])  # validate_table: every series has a target
-        if steps:
-            found[series] = (steps, group[spec.time_col].iloc[int(observed[-1])])
-    return found
+    ids, order, ends = _series_blocks(grid, spec.id_col)
+    observed = grid[missing_col].to_numpy()[order] == 0.0
+    # The last observed row of each series (validate_table: every series has a target).
+    positions = np.where(observed, np.arange(len(order)), -1)
+    starts = np.concatenate([[0], ends[:-1]])
+    last_observed = np.maximum.reduceat(positions, starts)
+    steps = ends - 1 - last_observed
+    trailing = np.flatnonzero(steps)
+    times = grid[spec.time_col].iloc[order[last_observed[trailing]]]
+    return {
+        series: (int(count), time)
+        for series, count, time in zip(ids[trailing].tolist(), steps[trailing], times, strict=True)
+    }
 
 
 def recent_filled(grid: pd.DataFrame, spec: TableSpec, missing_col: str, history: int) -> pd.Series:
     """Per series (sorted), the filled target steps among its last `history` grid steps."""
-    return grid.groupby(spec.id_col, sort=True)[missing_col].apply(
-        lambda flags: int(flags.iloc[-history:].sum())
-    )
+    ids, order, ends = _series_blocks(grid, spec.id_col)
+    flags = grid[missing_col].to_numpy()[order]
+    counts = np.concatenate([[0.0], np.cumsum(flags)])
+    starts = np.concatenate([[0], ends[:-1]])
+    if history > 0:  # `iloc[-history:]`; `iloc[-0:]` is every row
+        starts = np.maximum(starts, ends - history)
+    filled = (counts[ends] - counts[starts]).astype(np.int64)
+    return pd.Series(filled, index=ids, name=missing_col)
 
 
 def _check_recent_missing(
@@ -294,14 +365,14 @@ def _check_recent_missing(
     history: int,
     limit: float,
 ) -> None:
-    """Raises naming every series whose last `history` steps are more than `limit` filled."""
+    """Raises naming the first few series whose last `history` steps are over `limit` filled."""
     sparse = recent[recent > limit * history]
     if not len(sparse):
         return
-    listed = ", ".join(f"{series!r} ({int(n)} of {history})" for series, n in sparse.items())
+    listed = first_few([f"{series!r} ({int(n)} of {history})" for series, n in sparse.items()])
     ends = [series for series in sparse.index if series in trailing]
     hint = (
-        f"; {', '.join(repr(s) for s in ends)} end in rows with an empty target: drop those "
+        f"; {first_few([repr(s) for s in ends])} end in rows with an empty target: drop those "
         "rows (the forecast starts after a table's last row)"
         if ends
         else ""
@@ -329,9 +400,13 @@ def _announce_history(
     """
     filled = total[total > 0]
     if len(filled):
-        report = ", ".join(
-            f"{series!r} {int(n)} ({int(recent[series])} in the last {history} steps)"
-            for series, n in filled.items()
+        report = first_few(
+            [
+                f"{series!r} {int(n)} ({int(last)} in the last {history} steps)"
+                for series, n, last in zip(
+                    filled.index, filled, recent.reindex(filled.index), strict=True
+                )
+            ]
         )
         reading = (
             "flagged as missing to the model" if flagged
@@ -346,10 +421,12 @@ def _announce_history(
         )
     if trailing:
         offset = parse_frequency(freq)
-        report = ", ".join(
-            f"{series!r} {steps} rows after its last observed target at {last} (forecast "
-            f"from {last + (steps + 1) * offset})"
-            for series, (steps, last) in trailing.items()
+        report = first_few(
+            [
+                f"{series!r} {steps} rows after its last observed target at {last} (forecast "
+                f"from {last + (steps + 1) * offset})"
+                for series, (steps, last) in trailing.items()
+            ]
         )
         warnings.warn(
             f"the history of {len(trailing)} series ends in rows with an empty target: "
@@ -417,20 +494,21 @@ def future_windows(
     recent = recent_filled(grid, spec, missing_col, history)
     _check_recent_missing(recent, trailing, history, max_missing_fraction)
     announce_empty_inputs(empty_inputs, len(recent), " in the history", stacklevel=3)
-    total = grid.groupby(spec.id_col, sort=True)[missing_col].sum()
+    by_series = grid.groupby(spec.id_col, sort=True)  # its codes are counted once
+    total = by_series[missing_col].sum()
     recorded = recorded_frequency_hint(clean, spec, total[total > 0].index)
     _announce_history(
         recent, total, trailing, history, preprocessor.missing_flag, spec.freq, recorded
     )
-    last = grid.groupby(spec.id_col, sort=True)[spec.time_col].max()
-    expected = {series: future_steps(time, spec.freq, horizon) for series, time in last.items()}
+    last = by_series[spec.time_col].max()
+    expected = forecast_steps(last, spec.freq, horizon)
     zone = pd.DatetimeIndex(grid[spec.time_col]).tz
     ahead = _future_table(future, preprocessor, expected, zone)
-    statics = grid.groupby(spec.id_col, sort=True)[list(spec.static_cols)].first()
+    statics = by_series[list(spec.static_cols)].first()
     for column in spec.static_cols:
         ahead[column] = ahead[spec.id_col].map(statics[column])
     ahead[spec.target] = np.nan
-    latest = grid.groupby(spec.id_col, sort=True)[list(spec.observed_cols)].last()
+    latest = by_series[list(spec.observed_cols)].last()
     for column in spec.observed_cols:  # never read: observed inputs enter only over the history
         ahead[column] = ahead[spec.id_col].map(latest[column])
     ahead[missing_col] = 1.0
@@ -446,7 +524,7 @@ def future_windows(
     windows = WindowSet(
         panel=panel, starts=starts, history=history, horizon=horizon, normalized=normalized
     )
-    last_times = pd.DatetimeIndex([last[series] for series in transformed.series_ids])
+    last_times = pd.DatetimeIndex(last.loc[list(transformed.series_ids)].array, freq=None)
     result = FutureWindows(windows=windows, transformed=transformed, last_times=last_times)
     zone_back = zone_to_give_back(spec, reading, raw[spec.time_col])
     return result if zone_back is None else _times_in_zone(result, zone_back, spec.time_col)
