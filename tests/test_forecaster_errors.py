@@ -83,15 +83,16 @@ def test_every_field_of_every_section_is_in_a_saved_config_json(fitted):
 
 @pytest.mark.parametrize(
     "section, field",
-    [("training", "seed"), ("data", "nonnegative"), ("tft_config", "dtype"),
+    [("training", "seed"), ("data", "scaler"), ("tft_config", "dtype"),
      ("model", "dropout_rate")],
 )  # fmt: skip
 def test_a_field_deleted_from_a_section_of_config_json_is_refused_by_name(
     fitted, tmp_path, monkeypatch, section, field
 ):
     # The dataclasses took their defaults without a word: another seed for a resume,
-    # forecasts no longer clipped at 0, another dtype.
+    # another scaler, another dtype.
     _, _, saved = fitted
+    kept = json.loads((saved / "config.json").read_text())[section][field]
     folder = edited(saved, tmp_path / "run", lambda c: c[section].pop(field))
     with pytest.raises(
         RunFolderError,
@@ -99,10 +100,30 @@ def test_a_field_deleted_from_a_section_of_config_json_is_refused_by_name(
         "Forecaster.save writes every field",
     ):
         Forecaster.load(folder)
-    # A field that runs saved before it existed lack is accepted only when listed so.
-    allowed = {f"{section}.{field}": "added after runs were saved without it"}
+    # A field that runs saved before it existed lack takes the value listed for them.
+    allowed = {f"{section}.{field}": kept}
     monkeypatch.setattr(run_folder, "FIELDS_ABSENT_FROM_EARLIER_RUNS", allowed)
     assert Forecaster.load(folder).models == ("fp32",)
+
+
+def test_fields_added_since_the_first_runs_take_the_values_those_runs_were_trained_with(
+    fitted,
+):
+    # Runs of format version 1 saved before these fields existed lack them: they were
+    # refused as "edited by hand", and took today's defaults before that check (window
+    # normalization on, a 3-minute time budget), which those runs never had.
+    _, _, saved = fitted
+    config = json.loads((saved / "config.json").read_text())
+    for key in run_folder.FIELDS_ABSENT_FROM_EARLIER_RUNS:
+        section, field = key.split(".")
+        if config[section] is not None:  # qat: null for an FP32 run
+            config[section].pop(field)
+    completed = run_folder.complete_sections(config, {**SECTIONS, "tft_config": TFTConfig})
+    assert completed["data"]["window_normalization"] is False
+    assert completed["data"]["nonnegative"] is False
+    assert completed["training"]["time_budget"] is None
+    assert completed["tft_config"]["known_categorical_cardinalities"] == []
+    assert "window_normalization" not in config["data"]  # the config read is left as it was
 
 
 @pytest.mark.parametrize(

@@ -41,7 +41,6 @@ Array = jax.Array
 
 __all__ = [
     "FlatAdamWState",
-    "FlatLayout",
     "flat_adamw",
     "flat_updates",
     "flatten",
@@ -53,66 +52,6 @@ __all__ = [
 
 # Leaf dtypes the flat float32 vector represents exactly.
 _SUPPORTED_DTYPES = tuple(np.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.float16))
-
-
-@jax.tree_util.register_static
-class FlatLayout:
-    """Which parameter each scalar of a flat vector belongs to: every leaf's path and shape.
-
-    A pytree without leaves (static: part of the tree's structure, never
-    traced, so the compiled update does not see it). The moments of a
-    `FlatAdamWState` are matched to the parameters by position alone: a
-    state reused for a tree of the same size but another layout (a renamed
-    layer reorders the leaves, a transposed kernel reshapes one) would pair
-    every moment with another parameter, silently. Dtypes are not part of
-    it: the vectors are float32 whatever the leaves' dtypes.
-
-    Attributes:
-      leaves: `(path, shape)` of every leaf, in `flatten`'s order; the path as
-        `jax.tree_util.keystr` writes it.
-    """
-
-    __slots__ = ("_hash", "leaves")
-
-    def __init__(self, leaves: tuple[tuple[str, tuple[int, ...]], ...]) -> None:
-        self.leaves = tuple(leaves)
-        # Hashed once: the jitted step hashes its arguments' structure on every call.
-        self._hash = hash(self.leaves)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, FlatLayout):
-            return NotImplemented
-        return self is other or (self._hash == other._hash and self.leaves == other.leaves)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __repr__(self) -> str:
-        return f"FlatLayout(<{len(self.leaves)} leaves>)"
-
-    def differences(self, other: FlatLayout, limit: int = 4) -> list[str]:
-        """The first `limit` leaves whose place differs: `'path: ...'`, this layout's side first."""
-        mine, theirs = dict(self.leaves), dict(other.leaves)
-        found = []
-        for path, shape in self.leaves:
-            if path not in theirs:
-                found.append(f"{path}: shape {shape} in the state, not in the gradients")
-            elif theirs[path] != shape:
-                found.append(f"{path}: shape {shape} in the state, {theirs[path]} in the gradients")
-        found += [
-            f"{path}: shape {shape} in the gradients, not in the state"
-            for path, shape in other.leaves
-            if path not in mine
-        ]
-        if not found:  # the same leaves in another order
-            found = [
-                f"leaf {index}: {path} in the state, {got} in the gradients"
-                for index, ((path, _), (got, _)) in enumerate(
-                    zip(self.leaves, other.leaves, strict=True)
-                )
-                if path != got
-            ]
-        return found[:limit]
 
 
 class FlatAdamWState(NamedTuple):
@@ -127,23 +66,23 @@ class FlatAdamWState(NamedTuple):
       schedule: the learning-rate schedule as data, a `WarmupCosine` of four
         float32 scalars, when `flat_adamw` was given one; None when the
         learning rate is a float or another callable (compiled into the step).
-      layout: the `FlatLayout` of the parameters `init` was given (static,
-        no leaves); `update` refuses gradients of another layout. None (a
-        state built by hand): not checked, only the size is.
+
+    The moments are matched to the parameters by position in `flatten`'s
+    order: a state must be updated with gradients of the tree `init` was
+    given (`update` checks their size only; a renamed layer reorders the
+    leaves).
     """
 
     count: Array
     mu: Array
     nu: Array
     schedule: WarmupCosine | None = None
-    layout: FlatLayout | None = None
 
 
 class _Layout(NamedTuple):
-    """How a pytree maps onto the flat vector: structure, and per leaf path, shape, dtype, size."""
+    """How a pytree maps onto the flat vector: structure, and per leaf shape, dtype, size."""
 
     treedef: Any
-    paths: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[Any, ...]
     sizes: tuple[int, ...]
@@ -152,27 +91,22 @@ class _Layout(NamedTuple):
     def size(self) -> int:
         return sum(self.sizes)
 
-    def static(self) -> FlatLayout:
-        """The paths and shapes, as a `FlatAdamWState` records them."""
-        return FlatLayout(tuple(zip(self.paths, self.shapes, strict=True)))
-
 
 def _layout(tree: PyTree, name: str) -> _Layout:
     """The `_Layout` of `tree`; `TypeError` for a leaf that is not float32/bfloat16/float16."""
     leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(tree)
-    paths, shapes, dtypes = [], [], []
+    shapes, dtypes = [], []
     for path, leaf in leaves_with_paths:
         dtype = np.dtype(jnp.result_type(leaf))
-        paths.append(jax.tree_util.keystr(path))
         if dtype not in _SUPPORTED_DTYPES:
             raise TypeError(
-                f"flat_adamw: {name}{paths[-1]} has dtype {dtype}; the flat "
+                f"flat_adamw: {name}{jax.tree_util.keystr(path)} has dtype {dtype}; the flat "
                 "optimizer works in float32 and takes float32, bfloat16 or float16 leaves only"
             )
         shapes.append(tuple(np.shape(leaf)))
         dtypes.append(dtype)
     sizes = tuple(math.prod(shape) for shape in shapes)
-    return _Layout(treedef, tuple(paths), tuple(shapes), tuple(dtypes), sizes)
+    return _Layout(treedef, tuple(shapes), tuple(dtypes), sizes)
 
 
 def flatten(tree: PyTree) -> Array:
@@ -420,8 +354,8 @@ def _check_hyperparameters(
 def _check_warmup_cosine(schedule: WarmupCosine) -> None:
     """Raises `ValueError` unless `schedule`'s numbers make a finite rate >= 0 at every step.
 
-    A `WarmupCosine` of Python or NumPy numbers checks itself on construction;
-    one of JAX arrays does not. With `total_steps <= warmup_steps` its
+    A `WarmupCosine` built directly (not by `tft_jax.train.warmup_cosine_schedule`)
+    is not checked on construction; with `total_steps <= warmup_steps` its
     cosine divides by a span <= 0 and the rate after the warmup is NaN (optax's
     `warmup_cosine_decay_schedule` refuses such a schedule), which in the
     state would silently turn every update after the warmup into NaN.
@@ -435,24 +369,6 @@ def _check_warmup_cosine(schedule: WarmupCosine) -> None:
         raise ValueError(
             "flat_adamw: learning_rate must be a WarmupCosine of finite numbers >= 0 with "
             f"warmup_steps < total_steps, got {schedule!r}"
-        )
-
-
-def _check_state_layout(state: FlatAdamWState, layout: _Layout) -> None:
-    """Raises `ValueError` unless `state` was initialized for gradients laid out as `layout`.
-
-    At trace time only (the layouts are static): the compiled update is unchanged.
-    """
-    recorded = getattr(state, "layout", None)
-    if recorded is None:
-        return
-    given = layout.static()
-    if recorded != given:
-        raise ValueError(
-            "flat_adamw: the optimizer state was initialized for parameters of another layout "
-            "(its moments are matched to the leaves by position in one flat vector): "
-            f"{'; '.join(recorded.differences(given))}; initialize the state with tx.init for "
-            "these parameters"
         )
 
 
@@ -566,7 +482,6 @@ class _Init:
             mu=jnp.zeros((size,), jnp.float32),
             nu=jnp.zeros((size,), jnp.float32),
             schedule=None if self.schedule is None else self.schedule.as_arrays(),
-            layout=layout.static(),
         )
 
 
@@ -603,7 +518,6 @@ class _Update:
                 f"flat_adamw: the gradients hold {layout.size} scalars but the optimizer "
                 f"state was initialized for {np.shape(state.mu)}"
             )
-        _check_state_layout(state, layout)
         if flat_grads is None:
             g = flatten(grads)
         elif np.shape(flat_grads) != (layout.size,):

@@ -15,13 +15,12 @@ every schedule, and a schedule can be changed between steps
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+from flax import serialization
 
 Array = jax.Array
 Scalar = Any  # a Python number or a scalar array
@@ -31,19 +30,6 @@ __all__ = ["WarmupCosine", "warmup_cosine"]
 
 def _is_python_number(value: Any) -> bool:
     return isinstance(value, numbers.Number)
-
-
-def _concrete_real(value: Any) -> float | None:
-    """`value` as a float when it is a Python or NumPy real scalar, else None.
-
-    JAX arrays are left out: a schedule in an optimizer state holds float32
-    arrays (tracers inside the step), and reading them back would sync.
-    """
-    if isinstance(value, np.ndarray) and value.ndim == 0:
-        value = value[()]
-    if isinstance(value, numbers.Real | np.integer | np.floating):
-        return float(value)
-    return None
 
 
 def warmup_cosine(
@@ -106,7 +92,10 @@ class WarmupCosine:
     An optax schedule (`count -> lr`, see `warmup_cosine`) that is also a
     pytree of its four numbers. Build it with
     `tft_jax.train.warmup_cosine_schedule`, which checks them; the fields are
-    Python numbers there, float32 scalars in an optimizer state.
+    Python numbers there, float32 scalars in an optimizer state. Built
+    directly it is not checked (JAX rebuilds it on every unflatten, from
+    arrays, tracers, or whatever a `jax.tree.map` over a state returns);
+    `flat_adamw` refuses one whose rate would be NaN or negative.
 
     Attributes:
       peak_lr: the learning rate at the end of the warmup.
@@ -125,31 +114,6 @@ class WarmupCosine:
     warmup_steps: Scalar
     end_lr: Scalar = 0.0
 
-    def __post_init__(self) -> None:
-        """Raises `ValueError` for numbers that give a NaN rate; arrays are not checked.
-
-        With `total_steps <= warmup_steps` the cosine divides by a span <= 0
-        and every rate after the warmup is NaN (optax's
-        `warmup_cosine_decay_schedule` refuses such a schedule when built).
-        Only Python and NumPy numbers are checked: the dataclass is also
-        rebuilt from arrays and tracers whenever JAX unflattens it.
-        """
-        values = [_concrete_real(getattr(self, f.name)) for f in dataclasses.fields(self)]
-        if any(value is None for value in values):
-            return
-        for field, value in zip(dataclasses.fields(self), values, strict=True):
-            if not math.isfinite(value):
-                raise ValueError(f"WarmupCosine: {field.name} must be finite, got {value}")
-        _, total, warmup, _ = values
-        if warmup < 0:
-            raise ValueError(f"WarmupCosine: warmup_steps must be >= 0, got {self.warmup_steps}")
-        if total <= warmup:
-            raise ValueError(
-                "WarmupCosine: total_steps must be above warmup_steps (the cosine spans "
-                "total_steps - warmup_steps steps; with none, every rate after the warmup is "
-                f"NaN), got total_steps={self.total_steps}, warmup_steps={self.warmup_steps}"
-            )
-
     def __call__(self, count: Scalar) -> Array:
         """The learning rate after `count` updates (a float32 scalar)."""
         return warmup_cosine(count, self.peak_lr, self.total_steps, self.warmup_steps, self.end_lr)
@@ -166,3 +130,35 @@ class WarmupCosine:
             warmup_steps=round(float(self.warmup_steps)),
             end_lr=float(self.end_lr),
         )
+
+
+def _schedule_state_dict(schedule: WarmupCosine) -> dict[str, Any]:
+    """`flax.serialization`'s state dict of a `WarmupCosine`: its four numbers by name."""
+    return {
+        field.name: serialization.to_state_dict(getattr(schedule, field.name))
+        for field in dataclasses.fields(schedule)
+    }
+
+
+def _schedule_from_state_dict(target: WarmupCosine, state: dict[str, Any]) -> WarmupCosine:
+    """`target` with the numbers of `state` (a train state restored by `flax.serialization`)."""
+    names = [field.name for field in dataclasses.fields(target)]
+    if sorted(state) != sorted(names):
+        raise ValueError(
+            f"WarmupCosine: the state dict holds {sorted(state)}, expected {sorted(names)} at "
+            f"path {serialization.current_path()}"
+        )
+    return dataclasses.replace(
+        target,
+        **{
+            name: serialization.from_state_dict(getattr(target, name), state[name], name=name)
+            for name in names
+        },
+    )
+
+
+# A train state holding a schedule (the default optimizer's) serializes with flax as
+# its other leaves do: flax knows flax.struct dataclasses, not JAX-registered ones.
+serialization.register_serialization_state(
+    WarmupCosine, _schedule_state_dict, _schedule_from_state_dict
+)

@@ -1388,8 +1388,9 @@ class Forecaster:
             )
         run_folder.check_format(config, root)
         try:
-            # A field deleted from a section would take its default without a word.
-            run_folder.check_sections(config, {**SECTIONS, "tft_config": TFTConfig})
+            # A field deleted from a section would take its default without a word; one
+            # that runs saved before it existed lack takes the value they were trained with.
+            config = run_folder.complete_sections(config, {**SECTIONS, "tft_config": TFTConfig})
             forecaster = cls.from_config(ForecasterConfig.from_json(config))
             tft_config = TFTConfig(
                 **{

@@ -652,18 +652,33 @@ def check_not_a_file(root: pathlib.Path, label: str) -> None:
     raise RunFolderError(f"{label} {root} is a file, not a run folder{hint}")
 
 
-# Fields of config.json's sections that runs saved before the field existed lack, with
-# the reason their absence is accepted (the dataclass default then means what those runs
-# were trained with). Every other field must be there: `Forecaster.save` writes all of
-# them (`dataclasses.asdict`), so a missing one was deleted by hand, and its default may
-# be another setting than the run's (another seed, clipping of negative forecasts). None
-# so far: every run of this format version records every field. Add an entry
-# ("section.field": why) with the change that adds a field.
-FIELDS_ABSENT_FROM_EARLIER_RUNS: dict[str, str] = {}
+# Fields of config.json's sections added after format version 1's first runs (which lack
+# them), with the value that means what those runs did: not always today's default (a run
+# saved before window normalization existed scaled by its series' scaler alone, and one
+# saved before time budgets trained without one). Every other field must be there:
+# `Forecaster.save` writes all of them (`dataclasses.asdict`), so a missing one was
+# deleted by hand, and its default may be another setting than the run's (another seed,
+# clipping of negative forecasts). Add an entry with the change that adds a field.
+FIELDS_ABSENT_FROM_EARLIER_RUNS: dict[str, Any] = {
+    "data.categorical_cols": [],
+    "data.time_format": None,
+    "data.dayfirst": False,
+    "data.encoding": "utf-8",
+    "data.max_missing_fraction": 0.5,
+    "data.min_series_length": None,
+    "data.target_transform": "none",
+    "data.window_normalization": False,
+    "data.nonnegative": False,
+    "training.time_budget": None,
+    "qat.time_budget": None,
+    "tft_config.known_categorical_cardinalities": [],
+    "tft_config.observed_categorical_cardinalities": [],
+}
 
 
-def check_sections(config: dict[str, Any], sections: dict[str, type]) -> None:
-    """Raises `ValueError` naming `section.field` for each field of `sections` (config.json's
+def complete_sections(config: dict[str, Any], sections: dict[str, type]) -> dict[str, Any]:
+    """`config` with the fields earlier runs lack filled in (`FIELDS_ABSENT_FROM_EARLIER_RUNS`);
+    `ValueError` naming `section.field` for any other field of `sections` (config.json's
     section name: its dataclass) that config.json's section lacks.
 
     The dataclasses would take their defaults for them without a word (a
@@ -671,21 +686,29 @@ def check_sections(config: dict[str, Any], sections: dict[str, type]) -> None:
     float32). A section that is absent or null is left to the reader that
     needs it (`qat` may be null). Unknown keys are refused by the dataclasses.
     """
-    missing = [
-        f"{name}.{field.name}"
-        for name, kind in sections.items()
-        if isinstance(config.get(name), dict)
-        for field in dataclasses.fields(kind)
-        if field.init
-        and field.name not in config[name]
-        and f"{name}.{field.name}" not in FIELDS_ABSENT_FROM_EARLIER_RUNS
-    ]
+    missing, completed = [], dict(config)
+    for name, kind in sections.items():
+        section = config.get(name)
+        if not isinstance(section, dict):
+            continue
+        for field in dataclasses.fields(kind):
+            key = f"{name}.{field.name}"
+            if not field.init or field.name in section:
+                continue
+            if key in FIELDS_ABSENT_FROM_EARLIER_RUNS:
+                completed[name] = {
+                    **completed[name],
+                    field.name: FIELDS_ABSENT_FROM_EARLIER_RUNS[key],
+                }
+            else:
+                missing.append(key)
     if missing:
         raise ValueError(
             f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing: "
             "Forecaster.save writes every field, and the default would load the run with "
             "another setting than it was trained with; was config.json edited by hand?"
         )
+    return completed
 
 
 def check_models(
