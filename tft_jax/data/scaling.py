@@ -213,7 +213,7 @@ _SETTLED_SPREAD = 1e3 * NEGLIGIBLE_SPREAD
 def _vector_statistics(
     values: np.ndarray, bounds: np.ndarray, method: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`(loc, scale, settled)` of every series at once, as `target_statistics` gives them.
+    """`(loc, scale, settled)` of every series at once: `target_statistics`' to float64 rounding.
 
     `values`: the values (no NaN) of the series in order, series `s` being
     `values[bounds[s] : bounds[s + 1]]`. `settled` (S,) bool: the series
