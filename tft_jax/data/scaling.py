@@ -205,71 +205,6 @@ def announce_constant_series(names: Sequence[object], period: str, stacklevel: i
     )
 
 
-# A spread this far above `NEGLIGIBLE_SPREAD` of the level is kept as computed for all series
-# at once; closer to it, summation order could decide, and `target_statistics` does.
-_SETTLED_SPREAD = 1e3 * NEGLIGIBLE_SPREAD
-
-
-def _vector_statistics(
-    values: np.ndarray, bounds: np.ndarray, method: str
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`(loc, scale, settled)` of every series at once: `target_statistics`' to float64 rounding.
-
-    `values`: the values (no NaN) of the series in order, series `s` being
-    `values[bounds[s] : bounds[s + 1]]`. `settled` (S,) bool: the series
-    whose statistics are these (equal to float64 rounding): those with
-    values, all finite, and a spread well above negligible (robust: an
-    interquartile range well above it). The others are left to
-    `target_statistics`, one by one.
-    """
-    num_series = len(bounds) - 1
-    counts = np.diff(bounds)
-    loc, scale = np.zeros(num_series), np.ones(num_series)
-    settled = counts > 0
-    if method == "none" or not settled.any():
-        return loc, scale, settled
-    starts = bounds[:-1][settled]
-    held = np.flatnonzero(settled)
-    sizes = counts[settled]
-    peak = np.maximum.reduceat(np.abs(values), starts)
-    finite = np.isfinite(peak)
-    exponent = np.frexp(np.where(finite & (peak > 0), peak, 1.0))[1]
-    factor = np.where(finite & (peak > 0), np.ldexp(1.0, exponent - 1), 1.0)
-    code = np.repeat(np.arange(len(held)), sizes)
-    scaled = values / factor[code]
-    if method == "standard":
-        mean = np.add.reduceat(scaled, starts) / sizes
-        spread = np.sqrt(np.add.reduceat((scaled - mean[code]) ** 2, starts) / sizes)
-        centre = mean
-    elif method == "robust":
-        order = np.lexsort((scaled, code))
-        ordered = scaled[order]
-        q25, q50, q75 = (_sorted_quantile(ordered, starts, sizes, q) for q in (0.25, 0.5, 0.75))
-        centre, spread = q50, q75 - q25
-    else:  # mean_abs
-        centre = np.zeros(len(held))
-        spread = np.add.reduceat(np.abs(scaled), starts) / sizes
-    with np.errstate(invalid="ignore"):
-        clear = finite & np.isfinite(spread) & (spread > _SETTLED_SPREAD * np.abs(centre))
-    loc[held], scale[held] = centre * factor, spread * factor
-    settled[held] = clear
-    return loc, scale, settled
-
-
-def _sorted_quantile(
-    ordered: np.ndarray, starts: np.ndarray, sizes: np.ndarray, q: float
-) -> np.ndarray:
-    """The `q` quantile of each sorted slice `ordered[start : start + size]`, as `np.quantile`
-    (its default 'linear' method, with its interpolation) gives it."""
-    index = q * (sizes - 1)
-    below = np.floor(index).astype(np.int64)
-    above = np.minimum(below + 1, sizes - 1)
-    weight = index - below
-    low, high = ordered[starts + below], ordered[starts + above]
-    step = high - low
-    return np.where(weight >= 0.5, high - step * (1 - weight), low + step * weight)
-
-
 def _location_scale(values: np.ndarray, method: str) -> tuple[float, float]:
     """An input column's location and scale (see the module docstring): 1 if constant."""
     loc, scale, _ = _statistics(values, method)
@@ -357,17 +292,14 @@ class TargetScaler:
         if (codes[1:] < codes[:-1]).any():
             order = np.argsort(codes, kind="stable")
             values, codes = values[order], codes[order]
-        present = ~np.isnan(values)
-        if not present.all():
-            values, codes = values[present], codes[present]
         bounds = np.searchsorted(codes, np.arange(num_series + 1))
-        loc, scale, settled = _vector_statistics(values, bounds, method)
+        loc, scale = np.zeros(num_series), np.ones(num_series)
         spread_fallbacks: list[object] = []
         constants: list[object] = []
-        # The rest (no values, constant or nearly so, a robust fallback, not finite) one by one.
-        for code in np.flatnonzero(~settled).tolist():
+        for code in range(num_series):
             name = series_names[code] if series_names is not None else code
             series_values = values[bounds[code] : bounds[code + 1]]
+            series_values = series_values[~np.isnan(series_values)]
             if series_values.size == 0:
                 raise ValueError(
                     f"series {name!r} has no observed target in the training period, so its "
