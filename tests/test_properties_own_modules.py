@@ -247,6 +247,26 @@ def test_ignores_padding_catches_a_count_of_real_steps_taken_from_nonzero_inputs
         checks.assert_ignores_padding(centred, _X, _VALID)
 
 
+def test_ignores_padding_with_nan_padding_catches_a_mask_applied_by_multiplication():
+    """`x * valid` ignores finite padding but not NaN padding (`NaN * 0` is NaN); `where` does."""
+
+    def multiplied(x: jax.Array) -> jax.Array:
+        return x + jnp.sum(x * _VALID[..., None], axis=1, keepdims=True)
+
+    def selected(x: jax.Array) -> jax.Array:
+        return x + jnp.sum(jnp.where(_VALID[..., None], x, 0.0), axis=1, keepdims=True)
+
+    checks.assert_ignores_padding(multiplied, _X, _VALID)  # finite padding: no dependence
+    with pytest.raises(AssertionError) as error:
+        checks.assert_ignores_padding(multiplied, _X, _VALID, nan_padding=True)
+    message = str(error.value)
+    assert "output <root>[sample 1, step 0] (padded inputs set to NaN): 8 of 8" in message
+    assert "sample 0" not in message  # no padded step: unchanged
+    checks.assert_ignores_padding(selected, _X, _VALID, nan_padding=True)
+    with pytest.raises(TypeError, match="nan_padding must be a bool"):
+        checks.assert_ignores_padding(selected, _X, _VALID, nan_padding=1)
+
+
 _ONE_ROW_ALL_PADDED = np.array([[1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], bool)
 
 

@@ -707,6 +707,7 @@ def assert_ignores_padding(
     out_axis: int | PyTree | None = None,
     select: Callable[[PyTree], PyTree] | None = None,
     check_gradients: bool = True,
+    nan_padding: bool = False,
     atol: float = 0.0,
     rtol: float = 0.0,
     seed: int = 0,
@@ -753,6 +754,12 @@ def assert_ignores_padding(
       select: a function of `fn`'s output picking the parts to check.
       check_gradients: also run the backward check (one `jax.vjp`); it needs
         finite outputs at padded steps too (see above).
+      nan_padding: also set the padded inputs to NaN, for a module fed data
+        whose padding is NaN: the outputs at real steps must stay as they
+        are, so a mask applied by multiplication (`x * valid`, where
+        `NaN * 0` is NaN) or a sum over the time axis before masking fails.
+        Off by default: a module whose inputs are always finite may mask by
+        multiplication.
       atol, rtol: tolerance (finite, >= 0); the backward check uses `atol`.
       seed: seed of the noise and of the cotangents.
 
@@ -765,6 +772,7 @@ def assert_ignores_padding(
     _require_function(fn)
     seed = _seed(seed)
     check_gradients = _flag("check_gradients", check_gradients)
+    nan_padding = _flag("nan_padding", nan_padding)
     x = _float_array("x", x)
     _require_finite("x", x)
     atol, rtol = _tolerance("atol", atol), _tolerance("rtol", rtol)
@@ -807,6 +815,10 @@ def assert_ignores_padding(
     changes = [("", noisy)]
     if not np.array_equal(zeroed, padded):
         changes.append((" (padded inputs set to 0)", zeroed))
+    if nan_padding:
+        not_a_number = padded.copy()
+        not_a_number[~mask] = np.nan
+        changes.append((" (padded inputs set to NaN)", not_a_number))
     problems = []
     for label, changed in changes:
         outputs = _named_leaves("fn(x)", fn(np.moveaxis(changed, 1, axis)))
