@@ -11,7 +11,7 @@ and the conversion to int8 (`from_fp32`, `calibrate`, `convert`, `int8_apply`,
 
 The straight-through estimators are `jax.custom_jvp` rules that only reverse
 mode accepts: differentiate with `jax.grad` or `jax.vjp`. Forward mode
-(`jax.jvp`, `jax.jacfwd`, `jax.linearize`) raises `ForwardModeError` (a
+(`jax.jvp`, `jax.jacfwd`, the function `jax.linearize` returns) raises `ForwardModeError` (a
 `TypeError`) naming `fake_quantize` or `lsq_fake_quantize`. A second
 derivative (`jax.hessian`, `grad` of `grad`) does not apply the estimator
 twice: it differentiates the rule's formulas, where `round` has derivative

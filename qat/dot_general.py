@@ -527,7 +527,7 @@ class Int8DotGeneral(_ActivationQParams):
 
     `rhs` is the int8 kernel made by `qat.convert`; its per-channel scales
     are read from the `'int8'` collection (`weight_scale`, the kernel's shape
-    without the contracted axes). The activation is quantized with the same
+    with the contracted axes kept as 1s). The activation is quantized with the same
     qparams as `QATDotGeneral` (its bounds, or the calibrated observer in
     `'quant_stats'`), shifted to int8 by `2^(b-1)`, contracted in int32 with
     the zero-point correction `sum_k (q_k - zp) w_k = sum_k q_k w_k - zp sum_k w_k`,

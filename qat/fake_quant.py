@@ -246,7 +246,7 @@ def fake_quantize(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: in
     <= qmax]` (inclusive at both ends); `scale` and `zero_point` receive zero
     gradient. The backward is a surrogate for training: use reverse mode
     (`jax.grad`, `jax.vjp`); forward mode (`jax.jvp`, `jax.jacfwd`,
-    `jax.linearize`) raises `ForwardModeError`.
+    the function `jax.linearize` returns) raises `ForwardModeError`.
 
     Args:
       x: float array of any shape.

@@ -40,7 +40,7 @@ derivative where `|scale| > eps`, and straight through at the eps floor so
 that a step size pushed to 0 can recover.
 
 The gradient is a surrogate for training: use reverse mode (`jax.grad`,
-`jax.vjp`); forward mode (`jax.jvp`, `jax.jacfwd`, `jax.linearize`) raises
+`jax.vjp`); forward mode (`jax.jvp`, `jax.jacfwd`, the function `jax.linearize` returns) raises
 `ForwardModeError` naming `lsq_fake_quantize`.
 
 `initial_step_size` is the paper's initialisation of a step size from data,

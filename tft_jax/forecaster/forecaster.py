@@ -1189,7 +1189,7 @@ class Forecaster:
           A DataFrame, one row per (cutoff, model), the seasonal naive baseline
           included: `cutoff` (the first forecast step), `model`, `baseline`
           (for the `best_baseline` rows, the baseline chosen at that cutoff,
-          e.g. 'drift_7'; None for the others), `windows`, `p50_q_risk`,
+          e.g. 'drift_7'; NaN for the others), `windows`, `p50_q_risk`,
           `p90_q_risk`, `mean_quantile_loss`.
         """
         for name, value in (("n_windows", n_windows), ("step", step)):
