@@ -10,11 +10,14 @@ and flags them.
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import datetime
 import numbers
 import os
+import re
 import warnings
+import zipfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -115,9 +118,10 @@ class TableSpec:
       time_col: timestamps (datetimes or strings pandas parses, ISO 8601 with
         offsets included).
       target: the column to forecast.
-      static_cols: real-valued columns constant within each series.
-      known_cols: real-valued columns known in advance (also over the horizon).
-      observed_cols: real-valued columns known only up to the forecast start.
+      static_cols: columns constant within each series (real-valued unless
+        categorical: see `categorical_cols`).
+      known_cols: columns known in advance (also over the horizon).
+      observed_cols: columns known only up to the forecast start.
       freq: pandas offset alias of the sampling frequency, e.g. 'h'.
       timezone: IANA zone (e.g. 'Australia/Melbourne') in which calendar
         features are read, for timezone-aware time columns; None reads them in
@@ -228,6 +232,10 @@ PLACEHOLDER_TEXTS = MISSING_TEXTS - {"na", "none"}
 # The `DataFrame.attrs` key under which `read_table` records the CSV a frame was read from.
 _READ_FROM = "tft_jax.read_from"
 
+# The `DataFrame.attrs` key under which `read_table` records the header of a CSV that
+# repeats a column name: `(path, names as written, labels pandas gave)`.
+_HEADER = "tft_jax.header"
+
 
 @dataclasses.dataclass(frozen=True)
 class FileRows:
@@ -322,17 +330,56 @@ def check_unique_columns(frame: pd.DataFrame, columns: Sequence[str], what: str 
     `frame[name]` of a repeated label is a DataFrame, not a column, which
     breaks every later step with a library error far from the cause (e.g.
     `pd.concat([t, t[["promo"]]], axis=1)`), so it is refused here, by name.
+    A CSV file's header is read as written (`_file_header`): pandas renames a
+    repeated 'sales' to 'sales.1', and the first of the two was silently used.
+    Columns the spec does not need may repeat, as in a DataFrame.
     """
-    labels = pd.Series(list(frame.columns), dtype=object)
+    header = _file_header(frame)
+    labels = pd.Series(list(frame.columns) if header is None else header[1], dtype=object)
     counts = labels[labels.isin(list(columns))].value_counts(sort=False)
     repeated = counts[counts > 1]
-    if len(repeated):
+    if not len(repeated):
+        return
+    if header is None:
         listed = ", ".join(f"{label!r} ({int(n)} columns)" for label, n in repeated.items())
         raise ValueError(
             f"{what} has repeated column labels among the columns it needs: {listed}; "
             "give each column one label (e.g. df.loc[:, ~df.columns.duplicated()] keeps the "
             "first of each)"
         )
+    path, names, read = header
+    positions = {
+        label: [i for i, name in enumerate(names) if name == label] for label in repeated.index
+    }
+    listed = ", ".join(
+        f"{label!r} ({len(at)} columns: fields "
+        f"{', '.join(str(i + 1) for i in at)} of the header, line 1)"
+        for label, at in positions.items()
+    )
+    label, at = next(iter(positions.items()))
+    raise ValueError(
+        f"{what} {path} has repeated column labels among the columns it needs: {listed}; "
+        "give each column one name in the file's header (pandas.read_csv renames the "
+        f"repeats, reading the second {label!r} as {read[at[1]]!r}, so the first would be "
+        "used without a word)"
+    )
+
+
+def _file_header(frame: pd.DataFrame) -> tuple[str, list[Any], list[Any]] | None:
+    """`(path, names, labels)` of a CSV whose header repeats a name, where `frame` is as read.
+
+    `read_table` records the names as the header writes them and the labels
+    pandas gave them ('sales', 'sales' read as 'sales', 'sales.1'); only a
+    frame whose columns are still those labels qualifies (a renamed or
+    selected one is the caller's table).
+    """
+    header = frame.attrs.get(_HEADER)
+    if not isinstance(header, tuple) or len(header) != 3:
+        return None
+    path, names, read = header
+    if tuple(frame.columns) != read:
+        return None
+    return path, list(names), list(read)
 
 
 def read_announced(
@@ -376,7 +423,8 @@ def _holds_category_values(values: pd.Series) -> bool:
 
     Of pandas' `category` dtype, unless its categories are fractional numbers;
     else non-empty texts none of which is a number (numbers written with
-    separators, '12,5', included: `infer_categorical` refuses those).
+    separators, '12,5', and percentages, '12%', included: `infer_categorical`
+    refuses those).
     """
     if isinstance(values.dtype, pd.CategoricalDtype):
         categories = values.cat.categories
@@ -432,6 +480,7 @@ def kept_placeholders(
                 not for_fitted
                 and _holds_category_values(values)
                 and _separated_texts(values) is None
+                and _percent_texts(values) is None
             )
         ):
             kept[column] = {plain_value(value): int(n) for value, n in hits.items()}
@@ -533,6 +582,62 @@ def separated_numbers(
     return SeparatedNumbers(tuple(options), separators, row)
 
 
+# A number written as a percentage: '12%', '-0.5 %', '12,5%' (a decimal comma).
+_PERCENT = r"[+-]?(?:\d+(?:[.,]\d*)?|[.,]\d+)\s*%"
+
+
+@dataclasses.dataclass(frozen=True)
+class Percentages:
+    """How a column's texts read as percentages ('12%', '0.5 %').
+
+    Attributes:
+      row: the position of the first cell written as a percentage.
+      comma: whether some are written with a decimal comma ('12,5%').
+    """
+
+    row: int
+    comma: bool
+
+    def hint(self, column: str) -> str:
+        """How to convert them to numbers (fractions), in pandas, and a copy for the CLI."""
+        comma = ".str.replace(',', '.')" if self.comma else ""
+        return (
+            f"convert them to numbers, e.g. df[{column!r}] = df[{column!r}].str.strip()"
+            f".str.rstrip('%'){comma}.astype(float) / 100 (for the CLI, write a copy so "
+            "converted, e.g. df.to_csv(new_path, index=False))"
+        )
+
+
+def percentages(values: pd.Series, share: float = _SEPARATED_SHARE) -> Percentages | None:
+    """How `values` read as percentages, as `separated_numbers` reads numbers with separators.
+
+    None unless at least `share` of the present cells (missing-value texts
+    aside) are percentages or plain numbers, one at least a percentage:
+    pandas reads '12%' as text, which would make a column of numbers one of
+    categories (a category per value). Each distinct text is read once.
+    """
+    codes, distinct = pd.factorize(values)
+    present = codes >= 0
+    if not present.any():
+        return None
+    counts = np.bincount(codes[present], minlength=len(distinct))
+    text = pd.Series(distinct, dtype=object).astype(str).str.strip()
+    counted = ~text.str.lower().isin(MISSING_TEXTS).to_numpy()
+    plain = pd.to_numeric(text, errors="coerce").notna().to_numpy()
+    fits = text.str.fullmatch(_PERCENT).to_numpy(dtype=bool) & counted
+    if not fits.any() or counts[(fits | plain) & counted].sum() < share * counts[counted].sum():
+        return None
+    row = int(np.flatnonzero(present & fits[np.where(present, codes, 0)])[0])
+    return Percentages(row, bool(text[fits].str.contains(",", regex=False).any()))
+
+
+def _percent_texts(values: pd.Series) -> Percentages | None:
+    """`percentages` of a column of texts (None for `category` dtype), as `_separated_texts`."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        return None
+    return percentages(values)
+
+
 def infer_categorical(frame: pd.DataFrame, spec: TableSpec) -> TableSpec:
     """`spec` with every static, known or observed column that holds categories made categorical.
 
@@ -546,8 +651,9 @@ def infer_categorical(frame: pd.DataFrame, spec: TableSpec) -> TableSpec:
     Raises:
       ValueError: naming the column and a cell, for a column of text not listed
         in `spec.categorical_cols` whose cells are numbers written with decimal
-        commas or thousands separators ('12,5', '1,234.56'; `separated_numbers`):
-        read as categories, each value would be a category of its own.
+        commas or thousands separators ('12,5', '1,234.56'; `separated_numbers`)
+        or percentages ('12%'; `percentages`): read as categories, each value
+        would be a category of its own.
     """
     found = []
     rows = file_rows(frame)
@@ -568,6 +674,16 @@ def infer_categorical(frame: pd.DataFrame, spec: TableSpec) -> TableSpec:
                 f"be read as {frame[column].dropna().nunique()} categories; "
                 f"{separated.hint()}, or, if it holds categories, list it in categorical_cols "
                 "(--categorical-cols)"
+            )
+        percent = _percent_texts(frame[column]) if spec.id_col in frame else None
+        if percent is not None:
+            row = percent.row
+            raise ValueError(
+                f"column {column!r} holds percentages (e.g. {frame[column].iloc[row]!r} in "
+                f"series {plain_value(frame[spec.id_col].iloc[row])!r} at "
+                f"{row_text(row, rows, nested=True)}), which would be read as "
+                f"{frame[column].dropna().nunique()} categories; {percent.hint(column)}, or, "
+                "if it holds categories, list it in categorical_cols (--categorical-cols)"
             )
         found.append(column)
     if not found:
@@ -618,11 +734,21 @@ def read_table(
     unknown-value warning names the type mismatch. A DataFrame is never
     changed: its dtypes are the caller's.
 
+    Rows that end with an extra empty field (a delimiter after the last
+    field; pandas would make the first field the index and shift every
+    column) are read without it, announced by a warning. A header that
+    repeats a name is recorded for `check_unique_columns` (pandas renames
+    the second 'sales' to 'sales.1').
+
     Raises:
       ValueError: naming the file, when it is missing, is not valid `encoding`
         text (with the byte and a hint), is not CSV, or lacks `id_col` and looks
         separated by ';', a tab or '|' instead of commas (one column named
-        'store;date;sales'; the separator is named, not guessed).
+        'store;date;sales'; the separator is named, not guessed); when its
+        first bytes say it is compressed under a name pandas infers no such
+        compression from, an Excel workbook, Parquet, or UTF-16 text read in
+        another encoding (`_check_file_kind`); when a row has a non-empty
+        field more than the header names (naming its line).
     """
     if isinstance(table, pd.DataFrame):
         return table
@@ -632,13 +758,31 @@ def read_table(
         )
     if not os.path.isfile(table):
         raise ValueError(f"{os.fspath(table)}: no such file")
+    _check_file_kind(os.fspath(table), encoding)
+    options: dict[str, Any] = dict(CSV_MISSING)
     try:
         with warnings.catch_warnings():
             # pandas' "Columns (2: y) have mixed types" of a large file with a malformed
             # value: `validate_table` names that value, its series and its row.
             warnings.simplefilter("ignore", pd.errors.DtypeWarning)
-            frame = pd.read_csv(table, encoding=encoding, **CSV_MISSING)
+            frame = pd.read_csv(table, encoding=encoding, **options)
+            if not frame.index.equals(pd.RangeIndex(len(frame))):
+                # Rows one field longer than the header: pandas made the first field
+                # the index, shifting every column under the next one's name.
+                _check_extra_fields(os.fspath(table), frame)
+                options["index_col"] = False
+                # pandas' "Length of header ... loss of data": only empty fields are lost.
+                warnings.simplefilter("ignore", pd.errors.ParserWarning)
+                frame = pd.read_csv(table, encoding=encoding, **options)
+                warnings.warn(
+                    f"{os.fspath(table)}: its rows end with an extra empty field (a delimiter "
+                    f"after the last of the header's {len(frame.columns)} names, e.g. line 2); "
+                    "read without it",
+                    UserWarning,
+                    stacklevel=2,
+                )
         frame.attrs[_READ_FROM] = (os.fspath(table), len(frame))  # for `file_rows`
+        _record_header(table, encoding, frame, options)
         # Only a table without its id column: a one-column file may hold such texts.
         sep = None if id_col in (None, *frame.columns) else _separator(frame.columns, ";\t|")
         if sep is not None:
@@ -657,9 +801,11 @@ def read_table(
         read = list(dict.fromkeys([*wanted, *ruled]))
         if not read:
             return frame
-        as_text = pd.read_csv(
-            table, encoding=encoding, usecols=read, dtype=str, **CSV_MISSING
-        )  # read once
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", pd.errors.ParserWarning)  # as above
+            as_text = pd.read_csv(
+                table, encoding=encoding, usecols=read, dtype=str, **options
+            )  # read once
         texts = _fitted_texts(frame, as_text, fitted, wanted)
         for column in ruled:
             if column not in texts and _numbers_change(frame[column], as_text[column]):
@@ -677,6 +823,134 @@ def read_table(
         raise ValueError(f"unknown encoding {encoding!r} for {os.fspath(table)}") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError) as error:
         raise ValueError(f"{os.fspath(table)} cannot be read as CSV: {error}") from None
+
+
+def _check_extra_fields(path: str, frame: pd.DataFrame) -> None:
+    """Raises where a CSV's rows have a field more than its header and it is not empty.
+
+    `frame`: the file as pandas reads such rows, the first field the index
+    and the last one the last column. A delimiter ending each row (an export
+    writing 'A,2024-01-01,0,99.1,') leaves that column empty: the file is then
+    read without it (`index_col=False`). A value there is refused, not
+    dropped: the header lacks a name (or the rows start with row labels, as
+    R's write.table writes them).
+    """
+    last = frame.iloc[:, -1] if len(frame.columns) else pd.Series(dtype=object)
+    given = last.notna().to_numpy()
+    if not given.any():
+        return
+    row = int(np.flatnonzero(given)[0])
+    raise ValueError(
+        f"{path}: line {row + 2} has {len(frame.columns) + 1} fields, one more than the "
+        f"header (line 1) names ({len(frame.columns)}: {first_few(list(map(repr, frame.columns)))}"
+        f"), and its last one is not empty ({plain_value(last.iloc[row])!r}): give that field "
+        "a name in the header, or remove it from the rows (a file whose rows start with row "
+        "labels reads with pandas.read_csv(path, index_col=0); write a copy with "
+        ".to_csv(new_path, index=False))"
+    )
+
+
+def _record_header(
+    table: str | os.PathLike, encoding: str, frame: pd.DataFrame, options: Mapping[str, Any]
+) -> None:
+    """Records in `frame.attrs` the header of a CSV that repeats a name (`_file_header`).
+
+    pandas renames a repeated 'sales' to 'sales.1': the header is read again
+    as plain text (its first line alone) where a label looks so renamed.
+    """
+    if not any(isinstance(c, str) and re.search(r"\.\d+$", c) for c in frame.columns):
+        return
+    first = pd.read_csv(
+        table, encoding=encoding, header=None, nrows=1, dtype=str,
+        **{**options, "index_col": False},
+    )  # fmt: skip
+    if len(first) != 1 or len(first.columns) != len(frame.columns):
+        return
+    read = list(frame.columns)
+    names = [
+        name if isinstance(name, str) else label
+        for name, label in zip(first.iloc[0], read, strict=True)
+    ]
+    if names != read:
+        frame.attrs[_HEADER] = (os.fspath(table), tuple(names), tuple(read))
+
+
+# What a file's first bytes say it is, when pandas would read it as text: the kind, and the
+# file name endings from which pandas infers that compression (and so decompresses it).
+_MAGIC: tuple[tuple[bytes, str, tuple[str, ...]], ...] = (
+    (b"\x1f\x8b", "gzip", (".gz", ".tgz")),
+    (b"PK\x03\x04", "zip", (".zip",)),
+    (b"BZh", "bzip2", (".bz2", ".tbz", ".tbz2")),
+    (b"\xfd7zXZ\x00", "xz", (".xz", ".txz")),
+    (b"\x28\xb5\x2f\xfd", "zstandard", (".zst", ".tzst")),
+    (b"PAR1", "parquet", ()),
+)
+
+
+def _check_file_kind(path: str, encoding: str) -> None:
+    """Raises for a file whose first bytes say pandas would read it as other text than it is.
+
+    A compressed file whose name lacks the ending from which pandas infers
+    its compression ('sales.csv' holding gzip), a plain file named '.gz', an
+    Excel workbook or Parquet file, and UTF-16 text (its byte-order mark) read
+    in another encoding: each read as garbled text, or failed with "pass
+    encoding='latin-1'", which fixes none of them.
+    """
+    try:
+        with open(path, "rb") as file:
+            head = file.read(8)
+    except OSError:
+        return  # pandas' own error says why
+    name = path.lower()
+    for magic, kind, endings in _MAGIC:
+        if not head.startswith(magic):
+            continue
+        if name.endswith(endings):
+            return
+        if kind == "parquet":
+            raise ValueError(
+                f"{path} is a Parquet file, not CSV text: pass it as a DataFrame "
+                "(pandas.read_parquet(path)), or write a CSV copy, e.g. "
+                "pandas.read_parquet(path).to_csv(new_path, index=False)"
+            )
+        if kind == "zip" and (name.endswith((".xlsx", ".xlsm")) or _is_workbook(path)):
+            raise ValueError(
+                f"{path} is an Excel workbook, not CSV text: save it as CSV (in Excel: Save "
+                "As, 'CSV UTF-8'), or write a copy, e.g. pandas.read_excel(path).to_csv("
+                "new_path, index=False)"
+            )
+        raise ValueError(
+            f"{path} is {kind}-compressed (its first bytes are {kind}'s), but its name does "
+            f"not end in {endings[0]!r}, from which pandas infers that: rename it to end in "
+            f"{endings[0]!r} (e.g. sales.csv{endings[0]}), or decompress it"
+        )
+    for _, kind, endings in _MAGIC:
+        ending = next((e for e in endings if name.endswith(e)), None)
+        if ending is not None and head:  # not of that kind: its magic is not at its start
+            raise ValueError(
+                f"{path} is named {ending!r} but is not {kind}-compressed (it begins with "
+                f"{head[:4]!r}): if it is plain CSV text, rename it without {ending!r}"
+            )
+    utf16 = head.startswith((b"\xff\xfe", b"\xfe\xff"))
+    try:
+        codec = codecs.lookup(encoding).name
+    except LookupError:
+        return  # `read_table` names the unknown encoding
+    if utf16 and not codec.startswith(("utf-16", "utf-32")):
+        raise ValueError(
+            f"{path} is UTF-16 text (it begins with the byte-order mark "
+            f"{head[:2].hex(' ').upper()}), not {encoding}: pass encoding='utf-16' "
+            "(--encoding utf-16)"
+        )
+
+
+def _is_workbook(path: str) -> bool:
+    """Whether a zip file is an Excel workbook (.xlsx: it holds 'xl/workbook.xml')."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return "xl/workbook.xml" in archive.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return False
 
 
 def _fitted_text_columns(frame: pd.DataFrame, fitted: Mapping[str, Sequence[Any]]) -> list[str]:
@@ -758,14 +1032,102 @@ def _format_hint(values: pd.Series) -> str:
     matches = text.str.match(_DAY_MONTH).fillna(False)
     if matches.mean() <= 0.5:
         return ""
-    first = str(text[matches.to_numpy()].iloc[0]).strip()
-    separator = next(character for character in first if character in "/.-")
-    year = "%Y" if len(first.split(separator)[2].split()[0]) == 4 else "%y"
-    pattern = separator.join(("%d", "%m", year))
+    pattern = _day_first_format(str(text[matches.to_numpy()].iloc[0]).strip())
     return (
         "; the times look like day/month/year: pass dayfirst=True (--dayfirst) or "
         f"time_format={pattern!r} (--time-format)"
     )
+
+
+def _day_first_format(text: str) -> str:
+    """The day-first format of a date text such as '02/01/2024' ('%d/%m/%Y') or '2.1.24'."""
+    separator = next(character for character in text if character in "/.-")
+    year = "%Y" if len(text.split(separator)[2].split()[0]) == 4 else "%y"
+    return separator.join(("%d", "%m", year))
+
+
+# A date written with day and month before the year, in either order: '02/01/2024'.
+_TWO_BEFORE_YEAR = r"^\s*(\d{1,2})[/.-](\d{1,2})[/.-]\d{2,4}"
+
+
+@dataclasses.dataclass(frozen=True)
+class _DayMonthTexts:
+    """Time texts pandas reads month first that read day first as well ('02/01/2024').
+
+    Attributes:
+      example: one whose two readings differ.
+      time_format: their day-first format ('%d/%m/%Y').
+    """
+
+    example: str
+    time_format: str
+
+    def readings(self) -> str:
+        """How `example` reads: "'02/01/2024' is 2024-02-01 as read (month first), ..."."""
+        with warnings.catch_warnings():  # a reading shown, not one made
+            warnings.simplefilter("ignore")
+            month_first = pd.to_datetime(self.example, dayfirst=False)
+            day_first = pd.to_datetime(self.example, dayfirst=True)
+        return (
+            f"{self.example!r} is {month_first:%Y-%m-%d} as read (month first), "
+            f"{day_first:%Y-%m-%d} day first"
+        )
+
+    def hint(self) -> str:
+        """A hint for a refusal the times may cause: they may be day/month/year."""
+        return (
+            f"; if the times are day/month/year ({self.readings()}), pass dayfirst=True "
+            f"(--dayfirst) or time_format={self.time_format!r} (--time-format)"
+        )
+
+
+def _ambiguous_day_month(values: pd.Series, spec: TableSpec) -> _DayMonthTexts | None:
+    """Whether a time column's texts read day first as well as month first, as pandas read them.
+
+    That is when every distinct text is written with two numbers before the
+    year, each at most 12, not all alike ('02/01/2024'), and neither
+    `time_format` nor `dayfirst` says how to read them: pandas read them
+    month first, a guess that holds no time off the grid. Only the first text
+    is looked at unless it is so written; then each distinct text once.
+    """
+    if spec.time_format is not None or spec.dayfirst or len(values) == 0:
+        return None
+    if not ptypes.is_string_dtype(values.dtype) or isinstance(values.dtype, pd.CategoricalDtype):
+        return None
+    first = values.iloc[0]
+    if not isinstance(first, str) or re.match(_TWO_BEFORE_YEAR, first) is None:
+        return None
+    distinct = values.dropna().drop_duplicates().astype(str)
+    parts = distinct.str.extract(_TWO_BEFORE_YEAR)
+    if parts.isna().any(axis=None):
+        return None
+    numbers = parts.astype(int).to_numpy()
+    differ = numbers[:, 0] != numbers[:, 1]
+    if (numbers > 12).any() or not differ.any():
+        return None
+    example = distinct.iloc[int(np.flatnonzero(differ)[0])].strip()
+    return _DayMonthTexts(example, _day_first_format(example))
+
+
+def _day_first_times(times: pd.Series) -> pd.Series | None:
+    """Naive times read from texts month first, as read day first (day and month swapped).
+
+    None for aware times, or where a swap is no date (a day above 12).
+    """
+    if times.dt.tz is not None:
+        return None
+    parts = {
+        "year": times.dt.year,
+        "month": times.dt.day,
+        "day": times.dt.month,
+        "hour": times.dt.hour,
+        "minute": times.dt.minute,
+        "second": times.dt.second,
+    }
+    try:
+        return pd.to_datetime(pd.DataFrame(parts))
+    except (ValueError, OverflowError):
+        return None
 
 
 def parse_time_text(value: Any, time_format: str | None, dayfirst: bool) -> pd.Timestamp:
@@ -1231,6 +1593,7 @@ def _to_float(
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
             separated = separated_numbers(values[bad], share=0.0)
+            percent = percentages(values[bad], share=0.0) if separated is None else None
             hint = ""
             if separated is not None:
                 at = int(np.flatnonzero(bad)[separated.row])
@@ -1238,6 +1601,12 @@ def _to_float(
                     f"; {values.iloc[at]!r} (series {plain_value(ids.iloc[at])!r}, "
                     f"{row_text(at, rows, nested=True)}) "
                     f"is a number written with {separated.separators}: {separated.hint()}"
+                )
+            elif percent is not None:
+                at = int(np.flatnonzero(bad)[percent.row])
+                hint = (
+                    f"; {values.iloc[at]!r} (series {plain_value(ids.iloc[at])!r}, "
+                    f"{row_text(at, rows, nested=True)}) is a percentage: {percent.hint(column)}"
                 )
             categories = (
                 ", or, for an input, list it in categorical_cols (--categorical-cols)"
@@ -1909,6 +2278,58 @@ def _check_id_types(ids: pd.Series, column: str) -> None:
             )
 
 
+def _warn_id_twins(ids: pd.Series, column: str) -> None:
+    """Warns when text ids differ only by surrounding spaces or letter case ('A', 'A ', 'a').
+
+    Each is a series of its own, each with part of the rows: an export that
+    pads a CHAR column ('A ' for 20 of store A's rows) or a system that
+    changed case made two series of one. It may be deliberate (case-sensitive
+    codes), so it is announced, not refused, naming the first few groups of
+    twins with their rows and the fix. Only the distinct ids are read.
+    """
+    if not (ptypes.is_string_dtype(ids.dtype) or isinstance(ids.dtype, pd.CategoricalDtype)):
+        return
+    codes, distinct = pd.factorize(ids)
+    distinct = pd.Series(np.asarray(distinct, dtype=object), dtype=object)
+    texts = distinct[[isinstance(value, str) for value in distinct]]
+    stripped = texts.str.strip()
+    key = stripped.str.casefold()
+    twins = key.duplicated(keep=False).to_numpy()
+    if not twins.any():
+        return
+    rows = np.bincount(codes[codes >= 0], minlength=len(distinct))
+    texts, stripped, key = texts[twins], stripped[twins], key[twins]
+    spaces = bool((texts != stripped).any())
+    cases = bool((stripped.groupby(key.to_numpy(), sort=False).nunique() > 1).any())
+
+    def rows_of(position: int) -> str:
+        count = int(rows[position])
+        return f"{count} row" if count == 1 else f"{count} rows"
+
+    groups = [
+        " and ".join(f"{value!r} ({rows_of(position)})" for position, value in group.items())
+        for _, group in texts.groupby(key.to_numpy(), sort=False)
+    ]
+    kind = " or ".join(
+        name for name, found in (("surrounding spaces", spaces), ("letter case", cases)) if found
+    )
+    fix = [
+        f"strip the spaces (df[{column!r}] = df[{column!r}].str.strip())" if spaces else "",
+        f"write them in one case (e.g. df[{column!r}] = df[{column!r}].str.upper())"
+        if cases
+        else "",
+    ]
+    warnings.warn(
+        f"id column {column!r} holds {'a group' if len(groups) == 1 else f'{len(groups)} groups'}"
+        f" of ids that differ only by {kind}, "
+        f"each id read as a series of its own: {first_few(groups, separator='; ')}; if each "
+        f"group is one series, {' and '.join(f for f in fix if f)} before fitting (for the "
+        "CLI, write a copy so cleaned)",
+        UserWarning,
+        stacklevel=4,
+    )
+
+
 def _id_values(ids: pd.Series, column: str) -> pd.Series:
     """The ids as texts or numbers, the kinds a saved run can list; unsigned ints as int64.
 
@@ -1963,7 +2384,11 @@ def validate_table(
     with a `UserWarning` naming them (an error only when none remain);
     `reason` says in those messages why `min_length` is needed. `fitted`:
     the table is read for a fitted model, whose categorical columns are fixed
-    (a message offers no others).
+    (a message offers no others). Unless `fitted`, text ids that differ only
+    by surrounding spaces or letter case ('A', 'A ') are announced by a
+    warning (`_warn_id_twins`). Times read month first from texts that read
+    day first as well ('02/01/2024') make a density or grid refusal say so
+    (`_ambiguous_day_month`).
 
     Raises:
       ValueError: naming the column or series and the fix, for: missing
@@ -2000,6 +2425,7 @@ def validate_table(
     rows = file_rows(frame)  # before the rows are reordered
     clean = frame.loc[:, list(spec.columns)].reset_index(drop=True)
     clean.attrs.pop(_READ_FROM, None)  # sorted below: its rows are no longer the file's
+    clean.attrs.pop(_HEADER, None)
     ids = clean[spec.id_col]
     if ids.isna().any():
         row = int(np.flatnonzero(ids.isna().to_numpy())[0])
@@ -2009,6 +2435,9 @@ def validate_table(
         )
     _check_id_types(ids, spec.id_col)
     clean[spec.id_col] = ids = _id_values(ids, spec.id_col)
+    if not fitted:  # a fitted model's ids were announced at fit
+        _warn_id_twins(ids, spec.id_col)
+    day_month = _ambiguous_day_month(clean[spec.time_col], spec)
     clean[spec.time_col] = _parse_times(
         clean[spec.time_col],
         spec.time_col,
@@ -2037,9 +2466,16 @@ def validate_table(
     _check_duplicates(clean, spec)
     clean = clean.sort_values([spec.id_col, spec.time_col], kind="stable").reset_index(drop=True)
     grid_rows = _fixed_step_grid_rows(clean, spec)
+    if grid_rows is None and day_month is not None:  # `check_density` knows no texts
+        grid_rows = _spanned_grid_rows(clean, spec)
     if grid_rows is not None:  # before the grids are built (a too fine freq: billions of rows)
-        _check_density_rows(clean, grid_rows, spec)
-    lengths = _check_on_grid(clean, spec)
+        _check_density_rows(clean, grid_rows, spec, day_month)
+    try:
+        lengths = _check_on_grid(clean, spec)
+    except ValueError as error:
+        if day_month is None:
+            raise
+        raise ValueError(f"{error}{day_month.hint()}") from None
     need = reason or (
         "a window needs history + horizon" if min_length is None else "forecasting needs history"
     )
@@ -2112,19 +2548,74 @@ def check_density(clean: pd.DataFrame, grid: pd.DataFrame, spec: TableSpec) -> N
     _check_density_rows(clean, len(grid), spec)
 
 
-def _check_density_rows(clean: pd.DataFrame, grid_rows: int, spec: TableSpec) -> None:
-    """`check_density` for a grid of `grid_rows` rows."""
-    inserted = 1.0 - len(clean) / max(grid_rows, 1)
-    steps = clean.groupby(spec.id_col, sort=False)[spec.time_col].diff().dropna()
-    if steps.empty:
+def _check_density_rows(
+    clean: pd.DataFrame, grid_rows: int, spec: TableSpec, day_month: _DayMonthTexts | None = None
+) -> None:
+    """`check_density` for a grid of `grid_rows` rows.
+
+    `day_month`: the time texts read day first as well (`_ambiguous_day_month`).
+    Daily dates written day first ('02/01/2024') and read month first look
+    recorded every month: the message then says to read them day first, not
+    to pass that frequency, where so read they fill the grid.
+    """
+    inserted = _empty_share(clean, grid_rows, spec)
+    if inserted is None:
         return
+    advice = "pass that frequency"
+    if day_month is not None:
+        advice = _day_first_advice(clean, spec, day_month)
+    raise ValueError(
+        f"freq={spec.freq!r} leaves {100 * inserted:.0f}% of the time grid without a row "
+        f"of the table: it looks recorded every {inferred_step(clean, spec)} (pandas' "
+        f"infer_freq of its series, else the most common step between its times); {advice}"
+    )
+
+
+def _empty_share(frame: pd.DataFrame, grid_rows: int, spec: TableSpec) -> float | None:
+    """The share of a grid of `grid_rows` rows that `frame` (sorted by id, time) leaves
+    empty, where its most common step is two or more steps of `freq` and that share is a
+    third or more; else None."""
+    inserted = 1.0 - len(frame) / max(grid_rows, 1)
+    steps = frame.groupby(spec.id_col, sort=False)[spec.time_col].diff().dropna()
+    if steps.empty:
+        return None
     if steps.mode().iloc[0] >= 2 * typical_step(spec.freq) and inserted >= 1 / 3:
-        raise ValueError(
-            f"freq={spec.freq!r} leaves {100 * inserted:.0f}% of the time grid without a row "
-            f"of the table: it looks recorded every {inferred_step(clean, spec)} (pandas' "
-            "infer_freq of its series, else the most common step between its times); pass "
-            "that frequency"
+        return inserted
+    return None
+
+
+def _spanned_grid_rows(frame: pd.DataFrame, spec: TableSpec) -> int:
+    """About the rows the grids of `frame`'s series will have: each span over the usual step.
+
+    Exact for fixed steps; for calendar ones (months of 28 to 31 days) close
+    enough to tell a grid the table fills from one it leaves mostly empty.
+    """
+    times = frame.groupby(spec.id_col, sort=False)[spec.time_col]
+    spans = (times.max() - times.min()) / typical_step(spec.freq)
+    return int(np.round(spans.to_numpy(dtype=float)).sum()) + len(spans)
+
+
+def _day_first_advice(clean: pd.DataFrame, spec: TableSpec, day_month: _DayMonthTexts) -> str:
+    """What a density refusal advises for times read from texts that read day first too.
+
+    Where the times read day first fill the `freq` grid (more than two thirds
+    of it, which `check_density` does not refuse), that reading is named as
+    the fix (another frequency would build a model on wrong dates); else
+    passing that frequency, or day first if the dates are so written.
+    """
+    swapped = _day_first_times(clean[spec.time_col])
+    if swapped is not None:
+        frame = pd.DataFrame(
+            {spec.id_col: clean[spec.id_col].to_numpy(), spec.time_col: swapped.to_numpy()}
         )
+        if len(frame) / max(_spanned_grid_rows(frame, spec), 1) > 2 / 3:
+            return (
+                f"but its times are texts with day and month both 12 or less, which read day "
+                f"first fill the grid ({day_month.readings()}): if they are day/month/year, "
+                f"pass dayfirst=True (--dayfirst) or time_format={day_month.time_format!r} "
+                "(--time-format), not that frequency"
+            )
+    return f"pass that frequency{day_month.hint()}"
 
 
 def _fixed_step_grid_rows(frame: pd.DataFrame, spec: TableSpec) -> int | None:
