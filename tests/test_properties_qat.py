@@ -6,6 +6,7 @@ Each test runs one check function of `properties.suite.quantization` or
 
 from __future__ import annotations
 
+import numpy as np
 from hypothesis import given, settings
 
 from properties import backends
@@ -108,6 +109,17 @@ def test_observer_update_and_qparams_equal_op_by_op_execution(platform, case):
 def test_qat_dense_layer_gradients_are_straight_through_the_fake_quantized_operands(platform, case):
     with backends.on_platform(platform):
         suite.check_qat_layer_gradients(case)
+
+
+def test_qat_dense_layer_reference_rounds_a_near_tie_as_the_quantizer_documents():
+    # A `thorough` draw: x[1, 1] * (1/s) is exactly 11.5 in float32 (code 125, as in PyTorch)
+    # where float64 x / s is 11.4999995; the reference divided and missed by a step.
+    x = np.array(
+        [[0.44562247, -0.98160326, -0.23565668, -0.17298059, 0.3231563],
+         [2.2218354, 0.18208675, -0.85945952, -1.7863457, 1.4056245],
+         [0.25666809, 0.40342781, -0.70975935, 6.7793729e-4, 2.2512302]], np.float32
+    )  # fmt: skip
+    suite.check_qat_layer_gradients(suite.LayerCase(bits=8, x=x, seed=0))
 
 
 @backends.parametrize()

@@ -287,8 +287,10 @@ def _float32_hint(report: str, fn: Callable[..., PyTree], args: tuple[Any, ...])
     errors = [float(value) for value in _RELATIVE_ERROR.findall(report)]
     if errors and all(1e-5 <= error <= 1e-2 for error in errors):
         return (
-            f"\n(a relative error of {max(errors):.3g} in float64 usually means fn casts to "
-            "float32 inside, e.g. a hard-coded dtype: float32 round-off divided by eps)"
+            f"\n(a relative error of {max(errors):.3g} in float64 means fn casts to float32 "
+            "inside, e.g. a hard-coded dtype: float32 round-off divided by eps; or fn is "
+            "sharply curved at this point, e.g. a LayerNorm of a vector near 0: the error of "
+            "central differences shrinks 100x for each 10x smaller eps)"
         )
     return ""
 

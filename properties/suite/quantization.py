@@ -444,7 +444,16 @@ def _layer_functions(bits: int) -> _LayerFunctions:
 
 
 def _numpy_fake_quantize(x: np.ndarray, scale: Any, zero_point: Any, qmin: int, qmax: int):
-    codes = np.round(x / scale) + zero_point
+    """`(fq(x), inside)` in float64, the codes computed as documented: `x * (1/s)` in float32.
+
+    `qat.fake_quantize` and PyTorch multiply by the float32 reciprocal of the
+    scale; float64 `x / s` rounds a near-tie the other way (11.4999995 against
+    exactly 11.5 for one drawn input: a code, and the output, one step apart).
+    """
+    reciprocal = np.float32(1) / np.asarray(scale, np.float32)
+    quotient = np.asarray(x, np.float32) * reciprocal
+    codes = np.round(quotient.astype(np.float64)) + np.asarray(zero_point, np.float64)
+    scale = np.asarray(scale, np.float32).astype(np.float64)
     return (np.clip(codes, qmin, qmax) - zero_point) * scale, (codes >= qmin) & (codes <= qmax)
 
 
