@@ -4,8 +4,8 @@ For each length `T` and each path (`default`: the explicit kernel
 `scaled_dot_product_attention`; `flash`: `use_flash_attention=True`, i.e.
 `jax.nn.dot_product_attention`), one jitted call computes the causal
 self-attention block, a scalar loss and the gradients with respect to the
-parameters and the input. Reported: compile time, median time, tokens/s, XLA
-FLOPs, the executable's memory (the `T x T` probabilities dominate the
+parameters and the input. Reported: compile time, median time, tokens/s, FLOPs
+(`common.count_flops`), the executable's memory (the `T x T` probabilities dominate the
 default path's temp bytes) and `kernel`, the attention kernel the compiled
 executable really runs: `cudnn` when it calls cuDNN's fused attention
 (`__cudnn$fmha*` custom calls), `xla` otherwise. The `flash` path asks for
@@ -84,6 +84,7 @@ class _PreparedPath(NamedTuple):
     call: Callable[[], Any]
     compiled: Any
     fields: dict[str, Any]
+    flops: common.FlopCount
 
 
 def _prepare(
@@ -100,7 +101,8 @@ def _prepare(
         seq_len=seq_len, path=path, batch_size=batch_size, hidden_dim=hidden_dim,
         num_heads=num_heads, dtype=jnp.dtype(dtype).name,
     )  # fmt: skip
-    return _PreparedPath(lambda: jax.block_until_ready(step(*args)), compiled, fields)
+    flops = common.count_flops(step, *args)
+    return _PreparedPath(lambda: jax.block_until_ready(step(*args)), compiled, fields, flops)
 
 
 def _record(prepared: _PreparedPath, times: common.StepTimes) -> dict[str, Any]:
@@ -118,7 +120,9 @@ def _record(prepared: _PreparedPath, times: common.StepTimes) -> dict[str, Any]:
         compile_s=prepared.compiled.total_s,
         **times.summary(),
         tokens_per_s=prepared.fields["batch_size"] * seq_len / times.median,
-        **common.throughput_fields(common.cost_flops(compiled), times.median, None),
+        **common.throughput_fields(prepared.flops.flops, times.median, None),
+        flops_method=common.FLOPS_METHOD,
+        flops_loops_counted_once=prepared.flops.loops_counted_once,
         memory=common.memory_stats(compiled),
         device_peak_bytes=common.device_peak_bytes(),
     )
@@ -160,6 +164,8 @@ REQUIRED_FIELDS: dict[str, Any] = {
     "steps": int,
     "tokens_per_s": float,
     "flops": (float, type(None)),
+    "flops_method": str,
+    "flops_loops_counted_once": int,
     "memory": (dict, type(None)),
 }
 

@@ -8,7 +8,8 @@ Every benchmark measures the public functions users call, the same way:
   `steps` calls (`MIN_TIMED_STEPS` by default; fewer are allowed for a quick
   look, and each record says how many were timed), each ended by
   `jax.block_until_ready`;
-* FLOPs: XLA's cost analysis of the compiled executable;
+* FLOPs: XLA's cost analysis of the lowered program with every loop iteration
+  counted and the variable selection in one chunk (`count_flops`);
 * the float32 matmul peak of this machine, measured in the same process, so
   achieved GFLOP/s can be read as a fraction of it;
 * memory: XLA's memory analysis of the executable (argument + output - alias +
@@ -26,10 +27,12 @@ import contextlib
 import dataclasses
 import datetime
 import functools
+import hashlib
 import importlib.metadata
 import json
 import os
 import platform
+import re
 import resource
 import statistics
 import sys
@@ -259,10 +262,12 @@ def _first_analysis(analysis: Any) -> Mapping[str, Any] | None:
 
 
 def cost_flops(compiled: Any) -> float | None:
-    """The FLOPs of one call of a compiled executable, from XLA's cost analysis (None if absent).
+    """XLA's FLOP count of one call of a compiled (or lowered) program (None if absent).
 
     XLA counts each loop body once: a `lax.scan` over `T` steps contributes
-    the FLOPs of a single step. A sharded executable reports one device's share.
+    the FLOPs of a single step. A sharded executable reports one device's
+    share. The benchmarks report `count_flops` instead, which counts every
+    iteration; this is XLA's raw figure.
     """
     try:
         analysis = _first_analysis(compiled.cost_analysis())
@@ -272,6 +277,185 @@ def cost_flops(compiled: Any) -> float | None:
         return None
     flops = float(analysis["flops"])
     return flops if flops > 0 else None
+
+
+# How `count_flops` counts, recorded with every FLOP figure (`flops_method`).
+FLOPS_METHOD = "lowered; selection in one chunk; scan bodies x trip count"
+
+
+@dataclasses.dataclass(frozen=True)
+class FlopCount:
+    """The FLOPs of one call of a function, every loop iteration counted (`count_flops`).
+
+    `flops`: XLA's cost analysis of the lowered (unoptimized) program, each
+    `lax.scan` body counted once per iteration (XLA alone counts it once);
+    `xla_flops`: XLA's own count of that lowering (loop bodies once);
+    `loops_counted_once`: loops whose trip count is not known from the
+    program (`lax.while_loop`, a loop inside one branch of a `lax.cond`),
+    whose bodies `flops` still counts once: while it is not 0, `flops` is a
+    lower bound.
+    """
+
+    flops: float | None
+    xla_flops: float | None
+    loops_counted_once: int = 0
+
+    def fields(self) -> dict[str, Any]:
+        """The record fields: `flops`, `flops_method` and `flops_loops_counted_once`."""
+        return {
+            "flops": self.flops,
+            "flops_method": FLOPS_METHOD,
+            "flops_loops_counted_once": self.loops_counted_once,
+        }
+
+
+@contextlib.contextmanager
+def one_selection_chunk() -> Iterator[None]:
+    """Traces inside run the variable selection networks over all rows at once.
+
+    On CPU `tft_jax.chunked_selection` runs them over chunks of rows under
+    `lax.scan` + `jax.checkpoint` (`default_chunk_rows`); rows are
+    independent, so one chunk computes the same function without the
+    rematerialized forward and the padding rows of the chunked loop: the
+    model's own FLOPs, whatever the chunking. Only for the FLOP-counting
+    trace: never trace a timed function inside, and never a `jax.jit`
+    function (its trace cache would keep the one-chunk program for later
+    calls; `count_flops` traces a fresh wrapper).
+    """
+    from tft_jax import chunked_selection
+
+    chunked = chunked_selection.chunked_rows
+
+    def whole(
+        body: Callable[..., Any],
+        row_inputs: tuple[Any, ...],
+        row_axes: tuple[int, ...],
+        num_rows: int,
+        chunk_rows: int,
+    ) -> tuple[Any, ...]:
+        return chunked(body, row_inputs, row_axes, num_rows, max(num_rows, 1))
+
+    chunked_selection.chunked_rows = whole
+    try:
+        yield
+    finally:
+        chunked_selection.chunked_rows = chunked
+
+
+def _sub_jaxprs(params: Mapping[str, Any]) -> Iterator[Any]:
+    """The jaxprs among an equation's parameters (open `Jaxpr`s)."""
+    from jax.extend import core as jex
+
+    for value in params.values():
+        for item in value if isinstance(value, tuple | list) else (value,):
+            if isinstance(item, jex.ClosedJaxpr):
+                yield item.jaxpr
+            elif isinstance(item, jex.Jaxpr):
+                yield item
+
+
+def _outer_loops(jaxpr: Any, in_branch: bool = False) -> Iterator[tuple[Any, bool]]:
+    """The `scan` and `while` equations of `jaxpr` that no other loop contains.
+
+    Calls (`pjit`, `checkpoint`, custom derivatives) run their jaxpr once and
+    are looked into; `in_branch` says whether a loop lies in a `cond` branch.
+    """
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name in ("scan", "while"):
+            yield eqn, in_branch
+            continue
+        for sub in _sub_jaxprs(eqn.params):
+            yield from _outer_loops(sub, in_branch or name == "cond")
+
+
+def _copies_counted(length: int, unroll: int) -> int:
+    """How many copies of a scan body its lowering holds, as XLA counts them.
+
+    JAX lowers a scan of `length` unrolled `unroll` times as a while loop
+    of `length // unroll` trips over `unroll` copies plus the remainder's
+    copies outside it; one trip (or `unroll=0`) is fully unrolled
+    (`jax._src.lax.control_flow.loops._scan_impl`).
+    """
+    if unroll == 0:
+        return length
+    trips, remainder = divmod(length, unroll)
+    if unroll != 1 and trips == 1 and remainder == 0:
+        return length
+    return (unroll if trips else 0) + remainder
+
+
+def _lowered_flops(closed: Any) -> float:
+    from jax.extend import core as jex
+
+    shapes = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars]
+    lowered = jax.jit(jex.jaxpr_as_fun(closed)).lower(*shapes)
+    analysis = _first_analysis(lowered.cost_analysis()) or {}
+    return max(float(analysis.get("flops", 0.0)), 0.0)
+
+
+def _jaxpr_flops(closed: Any) -> tuple[float, float, int]:
+    """`(XLA's count, every iteration counted, loops counted once)` of a closed jaxpr.
+
+    XLA's count holds each scan body `_copies_counted` times; the body runs
+    `length` times, each time costing its own corrected count.
+    """
+    from jax.extend import core as jex
+
+    xla = _lowered_flops(closed)
+    total, once = xla, 0
+    for eqn, in_branch in _outer_loops(closed.jaxpr):
+        if eqn.primitive.name != "scan" or in_branch:
+            once += 1
+            continue
+        body = eqn.params["jaxpr"]
+        body = body if isinstance(body, jex.ClosedJaxpr) else jex.ClosedJaxpr(body, ())
+        body_xla, body_total, body_once = _jaxpr_flops(body)
+        length = int(eqn.params["length"])
+        total += length * body_total - _copies_counted(length, int(eqn.params["unroll"])) * body_xla
+        once += body_once
+    return xla, total, once
+
+
+def count_flops(function: Callable[..., Any], *args: Any) -> FlopCount:
+    """The FLOPs of one call `function(*args)`, every loop iteration counted.
+
+    `function` is traced afresh (a `jax.jit` function is unwrapped: its
+    trace cache is left alone, so the timed executable stays the program
+    it was) with the variable selection networks in one chunk
+    (`one_selection_chunk`), so the count does not depend on the chunking;
+    the jaxpr is lowered and XLA's cost analysis of it is corrected for
+    every `lax.scan` (the LSTM's recurrence, its transpose in the backward
+    pass): each body counted `length` times, not once. The count is of the
+    whole computation (all devices' shares of a sharded one). Static
+    arguments go into `function` (a `functools.partial`), not `args`.
+    """
+    from jax.extend import core as jex
+
+    if hasattr(function, "lower"):  # a `jax.jit` function: trace what it wraps
+        function = getattr(function, "__wrapped__", function)
+    with one_selection_chunk():
+        closed = jax.make_jaxpr(lambda *a: function(*a))(*args)
+    if not isinstance(closed, jex.ClosedJaxpr):  # pragma: no cover - make_jaxpr always closes
+        raise TypeError(f"make_jaxpr gave {type(closed).__name__}")
+    try:
+        xla, total, once = _jaxpr_flops(closed)
+    except Exception:  # some backends do not implement cost analysis
+        return FlopCount(None, None, 0)
+    return FlopCount(total if total > 0 else None, xla if xla > 0 else None, once)
+
+
+def program_digest(lowered: Any) -> str:
+    """The SHA-256 of a `jax.stages.Lowered`'s StableHLO text, debug info left out.
+
+    Debug info: source locations, and the module's name (the traced
+    function's). Equal digests: the very same program, whatever the Python
+    that traced it. A benchmark comparing variants that lower to one program
+    times noise, not a difference: it reports no ratio for them (`same_program`).
+    """
+    text = re.sub(r"^module @\S+", "module", lowered.as_text(debug_info=False), count=1)
+    lines = [line for line in text.splitlines() if not line.startswith("#loc")]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
 def memory_stats(compiled: Any) -> dict[str, int] | None:

@@ -10,7 +10,9 @@ its step was traced with). Both executables train copies of the same state in
 one process. Per variant: `while` loops, fused kernels and copies in the
 compiled step, `.compile()` CPU and wall seconds, the first step's loss (equal
 when the masks are), then step times in alternating blocks. The `inline`
-record carries its ratios to `builtin`.
+record carries its ratios to `builtin`, unless both lower to the very same
+program (no dropout: the `tiny` configuration, `dropout_rate` 0): then it says
+`same_program: true`, its ratios are null and a note on stderr says why.
 
 Usage::
 
@@ -21,6 +23,7 @@ Usage::
 from __future__ import annotations
 
 import re
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -52,7 +55,7 @@ class DropoutKeyStep:
       the step was traced with (2**32 for `builtin`); whiles, fusions, copies:
       instructions of the compiled step; compile_cpu_s / compile_wall_s:
       `.compile()`; lower_s: tracing and lowering; first_loss: the loss of the
-      first step.
+      first step; program_sha256: `common.program_digest` of the lowered step.
     """
 
     def __init__(
@@ -74,6 +77,7 @@ class DropoutKeyStep:
             self.lower_s = time.perf_counter() - started
         finally:
             inline_threefry.INLINE_MIN_SIZE = threshold
+        self.program_sha256 = common.program_digest(lowered)
         cpu, wall = time.process_time(), time.perf_counter()
         self.compiled = lowered.compile()
         self.compile_cpu_s = time.process_time() - cpu
@@ -122,21 +126,51 @@ def bench(
             lower_s=step.lower_s,
             first_loss=step.first_loss,
             compile_order=list(variants).index(variant),
+            program_sha256=step.program_sha256,
             **times[variant].summary(),
         )
         for variant, step in prepared.items()
     ]
     add_ratios(records)
+    for record in records:
+        if record["same_program"] and record["variant"] != "builtin":
+            print(
+                f"benchmarks.dropout_keys: {record['config']}: variant {record['variant']!r} "
+                "lowers to the same program as 'builtin' (the step draws no dropout mask: "
+                "dropout_rate 0, or no draw reaches INLINE_MIN_SIZE); its ratios are left "
+                "out (null): they would time noise",
+                file=sys.stderr,
+                flush=True,
+            )
     return records
 
 
 def add_ratios(records: Sequence[dict[str, Any]]) -> None:
-    """Adds `*_ratio` fields (this variant / `builtin`, same configuration) in place."""
+    """Adds `same_program` and `*_ratio` fields (this variant / `builtin`) in place.
+
+    `same_program`: a variant's lowered step is the very program of
+    `builtin` (same `program_sha256`); `builtin`'s own record says whether
+    the other variant's is; None without a `builtin` record. A variant with
+    the same program as `builtin` gets no ratios (None): timing one program
+    twice measures noise, not the variant.
+    """
     builtin = {r["config"]: r for r in records if r["variant"] == "builtin"}
     for record in records:
         base = builtin.get(record["config"])
+        if base is None:
+            record["same_program"] = None
+        elif record is base:
+            record["same_program"] = any(
+                r is not base
+                and r["config"] == base["config"]
+                and r["program_sha256"] == base["program_sha256"]
+                for r in records
+            )
+        else:
+            record["same_program"] = record["program_sha256"] == base["program_sha256"]
+        duplicate = record["same_program"] and record is not base
         for field in ("fusions", "compile_cpu_s", "compile_wall_s", "median_s"):
-            ratio = record[field] / base[field] if base and base[field] else None
+            ratio = record[field] / base[field] if base and base[field] and not duplicate else None
             record[f"{field.removesuffix('_s')}_ratio"] = ratio
         record["loss_difference"] = abs(record["first_loss"] - base["first_loss"]) if base else None
 
@@ -150,6 +184,8 @@ REQUIRED_FIELDS: dict[str, Any] = {
     "compile_cpu_s": float,
     "compile_wall_s": float,
     "first_loss": float,
+    "program_sha256": str,
+    "same_program": (bool, type(None)),
     "median_s": float,
     "steps": int,
 }

@@ -99,6 +99,9 @@ def _record(
     times: common.StepTimes,
 ) -> dict[str, Any]:
     """The record of one timed kind."""
+    # Counted on a fresh trace (the selection in one chunk, every LSTM step): not the
+    # executable's cost analysis, which counts a loop body once.
+    flop_count = common.count_flops(prepared.forward, *prepared.args)
     return common.make_record(
         "inference",
         f"{config.name}-B{config.batch_size}-{kind}",
@@ -111,7 +114,9 @@ def _record(
         latency_ms=times.median * 1e3,
         samples_per_s=config.batch_size / times.median,
         weight_bytes=prepared.weight_bytes,
-        **common.throughput_fields(common.cost_flops(compiled.compiled), times.median, None),
+        **common.throughput_fields(flop_count.flops, times.median, None),
+        flops_method=common.FLOPS_METHOD,
+        flops_loops_counted_once=flop_count.loops_counted_once,
         memory=common.memory_stats(compiled.compiled),
     )
 
@@ -158,6 +163,9 @@ REQUIRED_FIELDS: dict[str, Any] = {
     "latency_ms": float,
     "samples_per_s": float,
     "weight_bytes": int,
+    "flops": (float, type(None)),
+    "flops_method": str,
+    "flops_loops_counted_once": int,
 }
 
 COLUMNS = [

@@ -16,7 +16,11 @@ from copies of the same state:
 The same function in every variant: equal first losses. Per variant: fused
 kernels of the compiled step, `.compile()` CPU and wall seconds, XLA's
 temporary bytes, the first loss, then step times in alternating blocks and
-the ratios to `default`.
+the ratios to `default`. A variant whose lowered step is the very program of
+`default` (`recompute` whenever the selection runs in one chunk: off CPU, and
+small configurations such as `seed` or `tiny` on CPU; or without a selection
+GRN, as in `tiny`) says `same_program: true`
+and gets no ratios (null), with a note on stderr: its timing is noise.
 
 Usage::
 
@@ -28,6 +32,7 @@ Usage::
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -69,7 +74,8 @@ class VariantStep:
     Attributes:
       fusions: fused kernels of the compiled step; temp_mib: XLA's temporary
       bytes; compile_cpu_s / compile_wall_s: `.compile()`; first_loss: the
-      loss of the first step.
+      loss of the first step; program_sha256: `common.program_digest` of the
+      lowered step.
     """
 
     def __init__(self, variant: str, state: Any, batch: Any, calibrate: bool | None) -> None:
@@ -80,6 +86,7 @@ class VariantStep:
         with variant_patch(variant):
             jax.clear_caches()  # trace again: the constants are read while tracing
             lowered = train.lower_train_step(self.state, batch, self._keys[0], calibrate)
+        self.program_sha256 = common.program_digest(lowered)
         cpu, wall = time.process_time(), time.perf_counter()
         self.compiled = lowered.compile()
         self.compile_cpu_s = time.process_time() - cpu
@@ -130,21 +137,60 @@ def bench(
             compile_wall_s=step.compile_wall_s,
             first_loss=step.first_loss,
             compile_order=list(variants).index(variant),
+            program_sha256=step.program_sha256,
             **times[variant].summary(),
         )
         for variant, step in prepared.items()
     ]
     add_ratios(records)
+    for record in records:
+        if record["same_program"] and record["variant"] != "default":
+            print(same_program_note(record), file=sys.stderr, flush=True)
     return records
 
 
+def same_program_note(record: dict[str, Any]) -> str:
+    """The stderr line for a variant that lowers to the very program of `default`."""
+    why = {
+        "recompute": (
+            "CHUNK_REMAT_POLICY changes the program only with more than one chunk of rows "
+            "and a selection GRN to keep the layers of: this step runs the selection in one "
+            "chunk (every step off CPU, small configurations on CPU) or has no selection GRN"
+        ),
+    }.get(record["variant"], "the variant changes nothing this step traces")
+    return (
+        f"benchmarks.selection_variants: {record['config']} {record['mode']}: variant "
+        f"{record['variant']!r} lowers to the same program as 'default' ({why}); "
+        "its ratios are left out (null): they would time noise"
+    )
+
+
 def add_ratios(records: Sequence[dict[str, Any]]) -> None:
-    """Adds `*_ratio` fields (this variant / `default`, same configuration and mode) in place."""
+    """Adds `same_program` and `*_ratio` fields (this variant / `default`) in place.
+
+    `same_program`: a variant's lowered step is the very program of `default`
+    (same `program_sha256`); `default`'s own record says whether any other
+    variant's is; None without a `default` record. A variant with the same
+    program as `default` gets no ratios (None): timing one program twice
+    measures noise, not the variant.
+    """
     default = {(r["config"], r["mode"]): r for r in records if r["variant"] == "default"}
     for record in records:
         base = default.get((record["config"], record["mode"]))
+        if base is None:
+            record["same_program"] = None
+        elif record is base:
+            record["same_program"] = any(
+                r is not base
+                and (r["config"], r["mode"]) == (base["config"], base["mode"])
+                and r["program_sha256"] == base["program_sha256"]
+                for r in records
+            )
+        else:
+            record["same_program"] = record["program_sha256"] == base["program_sha256"]
+        duplicate = record["same_program"] and record is not base
         for field in ("compile_cpu_s", "median_s"):
-            ratio = record[field] / base[field] if base and base[field] else None
+            ratio = record[field] / base[field] if base and base[field] and not duplicate else None
             record[f"{field.removesuffix('_s')}_ratio"] = ratio
         record["loss_difference"] = abs(record["first_loss"] - base["first_loss"]) if base else None
 
@@ -156,6 +202,8 @@ REQUIRED_FIELDS: dict[str, Any] = {
     "compile_cpu_s": float,
     "compile_wall_s": float,
     "first_loss": float,
+    "program_sha256": str,
+    "same_program": (bool, type(None)),
     "median_s": float,
     "steps": int,
 }

@@ -31,6 +31,7 @@ Usage::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Sequence
@@ -45,6 +46,7 @@ import qat
 import tft_jax.train as train
 from benchmarks import common
 from tft_jax import TemporalFusionTransformer, TFTConfig
+from tft_jax import steps as step_functions
 from tft_jax.allocator import relaunch_with_tuned_allocator
 from tft_jax.distributed import data_mesh, place_state, shard_batch
 
@@ -295,6 +297,7 @@ class PreparedStep:
         self.state, self.batch = _distribute(state, batch, devices)
         self._keys = list(jax.random.split(jax.random.key(seed + 1), _NUM_KEYS))
         self._count = 0
+        self._flops: common.FlopCount | None = None
         # The very executable that the public `train_step` then runs (JAX reuses
         # it: `first_call_s` shows that no second compile happens).
         self.compile = common.compile_lowering_timed(
@@ -315,6 +318,18 @@ class PreparedStep:
                 "timing skipped steps would leave out the update"
             )
 
+    def flop_count(self) -> common.FlopCount:
+        """The FLOPs of one step, all devices' shares (`common.count_flops`, computed once).
+
+        Counted on a fresh trace of the step's body with the selection in one
+        chunk and every scan iteration counted, so the figure does not depend
+        on the CPU's chunking; the timed executable is not touched.
+        """
+        if self._flops is None:
+            body = functools.partial(step_functions._train_step, calibrate=self.calibrate)
+            self._flops = common.count_flops(body, self.state, self.batch, self._keys[0])
+        return self._flops
+
     def __call__(self) -> dict[str, Any]:
         key = self._keys[self._count % _NUM_KEYS]
         self._count += 1
@@ -333,13 +348,13 @@ def measure(
     """The record of a timed train step."""
     cfg = prepared.config
     median = times.median
-    # XLA reports one device's share of a sharded step: the step's FLOPs are that times the
-    # devices. Its peak fraction compares them with the peak of the devices that ran them:
-    # one device's peak times the devices, except for simulated CPU devices
-    # (--xla_force_host_platform_device_count), which share the cores one device's matmul
-    # already uses, so the machine's peak is the one measured.
-    share = common.cost_flops(prepared.compile.compiled)
-    flops = share * prepared.devices if share else None
+    # The step's FLOPs are those of all devices (`count_flops` counts the whole step, every
+    # LSTM time step, the selection in one chunk). Its peak fraction compares them with the
+    # peak of the devices that ran them: one device's peak times the devices, except for
+    # simulated CPU devices (--xla_force_host_platform_device_count), which share the cores
+    # one device's matmul already uses, so the machine's peak is the one measured.
+    flop_count = prepared.flop_count()
+    flops = flop_count.flops
     simulated = bool(common.environment().get("simulated_devices"))
     peak_devices = 1 if simulated else prepared.devices
     peak_gflops = peak["matmul_peak_gflops"] * peak_devices if peak else None
@@ -359,6 +374,8 @@ def measure(
         **times.summary(),
         samples_per_s=cfg.batch_size / median,
         **common.throughput_fields(flops, median, peak_gflops),
+        flops_method=common.FLOPS_METHOD,
+        flops_loops_counted_once=flop_count.loops_counted_once,
         **(peak or {}),
         # How many times `matmul_peak_gflops` the yardstick of `peak_fraction` is.
         peak_devices=peak_devices,
@@ -438,6 +455,8 @@ REQUIRED_FIELDS: dict[str, Any] = {
     "steps": int,
     "samples_per_s": float,
     "flops": (float, type(None)),
+    "flops_method": str,
+    "flops_loops_counted_once": int,
     "gflops_per_s": (float, type(None)),
     "peak_fraction": (float, type(None)),
     "matmul_peak_gflops": (float, type(None)),

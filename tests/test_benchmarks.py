@@ -137,7 +137,11 @@ def test_selection_variants_compute_the_same_loss_in_every_layout(capsys, monkey
     for record in records:
         common.validate_record(record, selection_variants.REQUIRED_FIELDS)
         assert record["loss_difference"] <= 1e-5 * abs(default["first_loss"])
-        assert record["median_ratio"] == pytest.approx(record["median_s"] / default["median_s"])
+        if record["variant"] != "default" and record["same_program"]:
+            # `tiny` has no selection GRN, whose layers are all `recompute` stops keeping.
+            assert record["median_ratio"] is None
+        else:
+            assert record["median_ratio"] == pytest.approx(record["median_s"] / default["median_s"])
 
 
 def test_attention_records_one_per_path_timed_alternately(capsys, monkeypatch):

@@ -72,7 +72,8 @@ def test_dropout_keys_records_the_threshold_each_step_was_traced_with(monkeypatc
 
     def lower(state, batch, key):
         traced.append(inline_threefry.INLINE_MIN_SIZE)
-        return types.SimpleNamespace(compile=Compiled)
+        text = f"module {{}} // {inline_threefry.INLINE_MIN_SIZE}"
+        return types.SimpleNamespace(compile=Compiled, as_text=lambda debug_info=False: text)
 
     monkeypatch.setattr(train, "lower_train_step", lower)
     monkeypatch.setattr(train, "copy_state", lambda state: state)
@@ -317,7 +318,10 @@ def test_simulated_devices_share_one_machine_peak(simulated, peak_devices, monke
     env = common.environment()
     monkeypatch.setattr(common, "environment", lambda: {**env, "simulated_devices": simulated})
     compiled = _Compiled().compiled
+    # `count_flops` counts the whole step, every device's share: not multiplied again.
+    count = common.FlopCount(flops=4096.0, xla_flops=4096.0)
     prepared = types.SimpleNamespace(
+        flop_count=lambda: count,
         config=train_step.get_config("tiny"),
         mode="float",
         devices=2,
@@ -330,5 +334,7 @@ def test_simulated_devices_share_one_machine_peak(simulated, peak_devices, monke
     record = train_step.measure(prepared, common.StepTimes((1e-3,), warmup=0), peak)
     common.validate_record(record, train_step.REQUIRED_FIELDS)
     assert record["peak_devices"] == peak_devices
-    assert record["flops"] == 2 * common.cost_flops(compiled)
+    assert record["flops"] == count.flops
+    assert record["flops_method"] == common.FLOPS_METHOD
+    assert record["flops_loops_counted_once"] == 0
     assert record["peak_fraction"] == pytest.approx(record["gflops_per_s"] / (10.0 * peak_devices))
