@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tft_jax.data.dataset import prepare_dataset
 from tft_jax.data.tables import (
     TableSpec,
     file_rows,
@@ -147,15 +148,47 @@ def test_a_row_with_a_value_past_the_header_is_refused_naming_its_line(tmp_path)
     assert "'oops'" in message and "give that field a name in the header" in message
 
 
-def test_rows_starting_with_labels_the_header_does_not_name_are_refused_not_shifted(tmp_path):
-    # R's write.table(sep=","): a row label before each row, none in the header.
+def test_rows_starting_with_row_labels_the_header_does_not_name_read_as_before(tmp_path):
+    # R's write.table(sep=","): a distinct label before each row, none in the header. pandas
+    # reads the labels as the index and the columns line up: no trailing field to drop.
     table = base_table()
     lines = ["store,date,promo,sales"] + [
         f"{i + 1},{r.store},{r.date},{r.promo},{r.sales}" for i, r in enumerate(table.itertuples())
     ]
     path = write(tmp_path / "labels.csv", lines)
-    with pytest.raises(ValueError, match=r"line 2 has 5 fields.*index_col=0"):
+    read, messages = user_warnings(lambda: read_table(path))
+    assert messages == []
+    assert list(read.columns) == ["store", "date", "promo", "sales"]
+    assert read["store"].tolist() == table["store"].tolist()
+    assert read["sales"].tolist() == table["sales"].tolist()
+    assert validate_table(read, SPEC, 3, 2)["sales"].tolist() == table["sales"].tolist()
+
+
+def test_a_repeated_first_field_with_a_value_past_the_header_is_refused_not_shifted(tmp_path):
+    # The header lacks the last column's name: pandas would make the ids the index.
+    table = base_table()
+    lines = ["store,date,promo"] + [
+        f"{r.store},{r.date},{r.promo},{r.sales}" for r in table.itertuples()
+    ]
+    path = write(tmp_path / "unnamed.csv", lines)
+    with pytest.raises(ValueError) as error:
         read_table(path)
+    message = str(error.value)
+    assert message.startswith(f"{path}: line 2 has 4 fields, one more than the header")
+    assert "its first field repeats, 'A' on more than one line: not a row label" in message
+
+
+def test_the_extra_field_warning_points_at_the_caller_of_prepare_dataset(tmp_path):
+    plain = base_table(days=60).to_csv(index=False).splitlines()
+    path = write(tmp_path / "trailing.csv", [plain[0]] + [line + "," for line in plain[1:]])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        prepare_dataset(
+            path, id_col="store", time_col="date", target="sales", freq="D", history=3,
+            horizon=2, known_cols=("promo",),
+        )  # fmt: skip
+    (warning,) = [w for w in caught if "extra empty field" in str(w.message)]
+    assert warning.filename == __file__  # as the sibling warnings of `read_announced`
 
 
 # ------------------------------------------------- compressed and UTF-16 files, by content
@@ -206,6 +239,22 @@ def test_compressed_files_without_their_ending_are_told_to_be_renamed(tmp_path):
     plain.write_bytes(text)
     with pytest.raises(ValueError, match=r"named '\.gz' but is not gzip-compressed"):
         read_table(plain)
+
+
+def test_text_beginning_like_a_magic_number_or_named_tgz_reads_as_text(tmp_path):
+    # bzip2's 'BZh' and Parquet's 'PAR1' are ASCII; pandas infers no compression from '.tgz'.
+    table = base_table().rename(columns={"promo": "BZh9"})
+    bz = tmp_path / "bz.csv"
+    table[["BZh9", "store", "date", "sales"]].to_csv(bz, index=False)
+    assert read_table(bz)["sales"].tolist() == table["sales"].tolist()
+    par = tmp_path / "par.csv"
+    table.rename(columns={"BZh9": "PAR1"})[["PAR1", "store", "date", "sales"]].to_csv(
+        par, index=False
+    )
+    assert read_table(par)["sales"].tolist() == table["sales"].tolist()
+    tgz = tmp_path / "sales.tgz"
+    base_table().to_csv(tgz, index=False, compression=None)
+    assert read_table(tgz)["sales"].tolist() == base_table()["sales"].tolist()
 
 
 def test_an_excel_workbook_is_told_to_be_saved_as_csv(tmp_path):
@@ -367,6 +416,17 @@ def test_day_first_dates_read_as_months_are_told_to_read_day_first_not_monthly()
         fixed = TableSpec("store", "date", "sales", freq="D", **fix)
         clean = validate_table(table, fixed, 3, 2)
         assert list(clean["date"].iloc[:12]) == list(days)
+
+
+def test_times_with_two_separators_are_no_day_first_candidates():
+    # '01/02-2024' took the day-first path and failed with an IndexError; pandas reads them.
+    table = base_table(days=3)
+    table["date"] = table["date"].map(lambda t: f"{t[8:10]}/{t[5:7]}-{t[:4]}")
+    clean = validate_table(table, SPEC, 1, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # pandas' "could not infer format"
+        as_pandas_reads = pd.to_datetime(table["date"].iloc[:3])
+    assert list(clean["date"].iloc[:3]) == list(as_pandas_reads)
 
 
 def test_dotted_day_first_dates_name_their_format():

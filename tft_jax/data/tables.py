@@ -401,7 +401,7 @@ def read_announced(
       ValueError: also for a spec column whose label the table repeats
         (`check_unique_columns`).
     """
-    raw = read_table(table, encoding, spec.id_col, fitted, spec.categorical_cols)
+    raw = read_table(table, encoding, spec.id_col, fitted, spec.categorical_cols, stacklevel=4)
     check_unique_columns(raw, spec.columns)
     columns = [c for c in spec.columns if c != spec.time_col and c in raw.columns]
     raw, counts = missing_texts(raw, columns, spec.categorical_cols)
@@ -712,6 +712,8 @@ def read_table(
     id_col: str | None = None,
     fitted: Mapping[str, Sequence[Any]] | None = None,
     categorical: Sequence[str] = (),
+    *,
+    stacklevel: int = 2,
 ) -> pd.DataFrame:
     """Returns `table` itself if it is a DataFrame, else reads it as a CSV file.
 
@@ -736,9 +738,11 @@ def read_table(
 
     Rows that end with an extra empty field (a delimiter after the last
     field; pandas would make the first field the index and shift every
-    column) are read without it, announced by a warning. A header that
-    repeats a name is recorded for `check_unique_columns` (pandas renames
-    the second 'sales' to 'sales.1').
+    column) are read without it, announced by a warning (`stacklevel` as
+    `warnings.warn`'s, from `read_table`'s frame). Rows whose distinct first
+    fields the header does not name are row labels (R's `write.table`): the
+    index, as pandas reads them. A header that repeats a name is recorded for
+    `check_unique_columns` (pandas renames the second 'sales' to 'sales.1').
 
     Raises:
       ValueError: naming the file, when it is missing, is not valid `encoding`
@@ -748,7 +752,8 @@ def read_table(
         first bytes say it is compressed under a name pandas infers no such
         compression from, an Excel workbook, Parquet, or UTF-16 text read in
         another encoding (`_check_file_kind`); when a row has a non-empty
-        field more than the header names (naming its line).
+        field more than the header names and the first fields repeat (an
+        id, not a row label; naming its line).
     """
     if isinstance(table, pd.DataFrame):
         return table
@@ -766,10 +771,9 @@ def read_table(
             # value: `validate_table` names that value, its series and its row.
             warnings.simplefilter("ignore", pd.errors.DtypeWarning)
             frame = pd.read_csv(table, encoding=encoding, **options)
-            if not frame.index.equals(pd.RangeIndex(len(frame))):
-                # Rows one field longer than the header: pandas made the first field
-                # the index, shifting every column under the next one's name.
-                _check_extra_fields(os.fspath(table), frame)
+            if not frame.index.equals(pd.RangeIndex(len(frame))) and _ends_in_extra_field(
+                os.fspath(table), frame
+            ):
                 options["index_col"] = False
                 # pandas' "Length of header ... loss of data": only empty fields are lost.
                 warnings.simplefilter("ignore", pd.errors.ParserWarning)
@@ -779,7 +783,7 @@ def read_table(
                     f"after the last of the header's {len(frame.columns)} names, e.g. line 2); "
                     "read without it",
                     UserWarning,
-                    stacklevel=2,
+                    stacklevel=stacklevel,
                 )
         frame.attrs[_READ_FROM] = (os.fspath(table), len(frame))  # for `file_rows`
         _record_header(table, encoding, frame, options)
@@ -825,28 +829,31 @@ def read_table(
         raise ValueError(f"{os.fspath(table)} cannot be read as CSV: {error}") from None
 
 
-def _check_extra_fields(path: str, frame: pd.DataFrame) -> None:
-    """Raises where a CSV's rows have a field more than its header and it is not empty.
+def _ends_in_extra_field(path: str, frame: pd.DataFrame) -> bool:
+    """Whether a CSV's rows end in an empty field its header does not name; raises for data.
 
-    `frame`: the file as pandas reads such rows, the first field the index
-    and the last one the last column. A delimiter ending each row (an export
-    writing 'A,2024-01-01,0,99.1,') leaves that column empty: the file is then
-    read without it (`index_col=False`). A value there is refused, not
-    dropped: the header lacks a name (or the rows start with row labels, as
-    R's write.table writes them).
+    `frame`: the file as pandas reads rows one field longer than the header,
+    the first field the index and the last one the last column. A delimiter
+    ending each row (an export writing 'A,2024-01-01,0,99.1,') leaves that
+    column empty: True, the file is to be read without it (`index_col=False`).
+    Otherwise distinct first fields are row labels (R's `write.table` writes
+    a label before each row and none in the header): False, pandas' reading
+    stands. A repeated first field (an id, a time) with a value past the
+    header is refused, not shifted: the header lacks a name.
     """
     last = frame.iloc[:, -1] if len(frame.columns) else pd.Series(dtype=object)
     given = last.notna().to_numpy()
     if not given.any():
-        return
+        return True
+    if frame.index.is_unique:
+        return False
     row = int(np.flatnonzero(given)[0])
     raise ValueError(
         f"{path}: line {row + 2} has {len(frame.columns) + 1} fields, one more than the "
         f"header (line 1) names ({len(frame.columns)}: {first_few(list(map(repr, frame.columns)))}"
         f"), and its last one is not empty ({plain_value(last.iloc[row])!r}): give that field "
-        "a name in the header, or remove it from the rows (a file whose rows start with row "
-        "labels reads with pandas.read_csv(path, index_col=0); write a copy with "
-        ".to_csv(new_path, index=False))"
+        f"a name in the header, or remove it from the rows (its first field repeats, "
+        f"{plain_value(frame.index[row])!r} on more than one line: not a row label)"
     )
 
 
@@ -878,12 +885,12 @@ def _record_header(
 # What a file's first bytes say it is, when pandas would read it as text: the kind, and the
 # file name endings from which pandas infers that compression (and so decompresses it).
 _MAGIC: tuple[tuple[bytes, str, tuple[str, ...]], ...] = (
-    (b"\x1f\x8b", "gzip", (".gz", ".tgz")),
+    (b"\x1f\x8b", "gzip", (".gz",)),
     (b"PK\x03\x04", "zip", (".zip",)),
-    (b"BZh", "bzip2", (".bz2", ".tbz", ".tbz2")),
-    (b"\xfd7zXZ\x00", "xz", (".xz", ".txz")),
-    (b"\x28\xb5\x2f\xfd", "zstandard", (".zst", ".tzst")),
-    (b"PAR1", "parquet", ()),
+    (b"BZh", "bzip2", (".bz2",)),  # then a digit 1-9 and the block magic: `_is_kind`
+    (b"\xfd7zXZ\x00", "xz", (".xz",)),
+    (b"\x28\xb5\x2f\xfd", "zstandard", (".zst",)),
+    (b"PAR1", "parquet", ()),  # and at the file's end: `_is_kind`
 )
 
 
@@ -898,12 +905,14 @@ def _check_file_kind(path: str, encoding: str) -> None:
     """
     try:
         with open(path, "rb") as file:
-            head = file.read(8)
+            head = file.read(10)
+            file.seek(max(os.fstat(file.fileno()).st_size - 4, 0))
+            tail = file.read(4)
     except OSError:
         return  # pandas' own error says why
     name = path.lower()
     for magic, kind, endings in _MAGIC:
-        if not head.startswith(magic):
+        if not _is_kind(head, tail, magic, kind):
             continue
         if name.endswith(endings):
             return
@@ -942,6 +951,22 @@ def _check_file_kind(path: str, encoding: str) -> None:
             f"{head[:2].hex(' ').upper()}), not {encoding}: pass encoding='utf-16' "
             "(--encoding utf-16)"
         )
+
+
+def _is_kind(head: bytes, tail: bytes, magic: bytes, kind: str) -> bool:
+    """Whether a file beginning with `head` (10 bytes) and ending with `tail` is of `kind`.
+
+    bzip2's and Parquet's magic are ASCII ('BZh', 'PAR1'), which a CSV header
+    may begin with: bzip2 also needs its block size digit and block magic,
+    Parquet its magic at the end too.
+    """
+    if not head.startswith(magic):
+        return False
+    if kind == "bzip2":
+        return head[3:4] in b"123456789" and head[3:4] != b"" and head[4:10] == b"1AY&SY"
+    if kind == "parquet":
+        return tail == magic
+    return True
 
 
 def _is_workbook(path: str) -> bool:
@@ -1023,7 +1048,7 @@ def _require_positive_int(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be >= 1, got {value}")
 
 
-_DAY_MONTH = r"^\s*\d{1,2}[/.-]\d{1,2}[/.-]\d{2,4}"
+_DAY_MONTH = r"^\s*\d{1,2}([/.-])\d{1,2}\1\d{2,4}"  # one separator, twice
 
 
 def _format_hint(values: pd.Series) -> str:
@@ -1042,12 +1067,12 @@ def _format_hint(values: pd.Series) -> str:
 def _day_first_format(text: str) -> str:
     """The day-first format of a date text such as '02/01/2024' ('%d/%m/%Y') or '2.1.24'."""
     separator = next(character for character in text if character in "/.-")
-    year = "%Y" if len(text.split(separator)[2].split()[0]) == 4 else "%y"
+    year = "%Y" if len(re.split(r"[/.-]", text)[2].split()[0]) == 4 else "%y"
     return separator.join(("%d", "%m", year))
 
 
 # A date written with day and month before the year, in either order: '02/01/2024'.
-_TWO_BEFORE_YEAR = r"^\s*(\d{1,2})[/.-](\d{1,2})[/.-]\d{2,4}"
+_TWO_BEFORE_YEAR = r"^\s*(?P<first>\d{1,2})(?P<sep>[/.-])(?P<second>\d{1,2})(?P=sep)\d{2,4}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1098,7 +1123,7 @@ def _ambiguous_day_month(values: pd.Series, spec: TableSpec) -> _DayMonthTexts |
     if not isinstance(first, str) or re.match(_TWO_BEFORE_YEAR, first) is None:
         return None
     distinct = values.dropna().drop_duplicates().astype(str)
-    parts = distinct.str.extract(_TWO_BEFORE_YEAR)
+    parts = distinct.str.extract(_TWO_BEFORE_YEAR)[["first", "second"]]
     if parts.isna().any(axis=None):
         return None
     numbers = parts.astype(int).to_numpy()
