@@ -175,7 +175,7 @@ def test_a_repeated_first_field_with_a_value_past_the_header_is_refused_not_shif
         read_table(path)
     message = str(error.value)
     assert message.startswith(f"{path}: line 2 has 4 fields, one more than the header")
-    assert "its first field repeats, 'A' on more than one line: not a row label" in message
+    assert "its first fields repeat, 'A' on more than one line: not row labels" in message
 
 
 def test_the_extra_field_warning_points_at_the_caller_of_prepare_dataset(tmp_path):

@@ -560,26 +560,65 @@ def separated_numbers(
     column of numbers one of categories (a category per row). Each distinct
     text is read once.
     """
-    codes, distinct = pd.factorize(values)
-    present = codes >= 0
-    if not present.any():
+    texts = _DistinctTexts.of(values)
+    if texts is None:
         return None
-    counts = np.bincount(codes[present], minlength=len(distinct))
-    text = pd.Series(distinct, dtype=object).astype(str).str.strip()
-    counted = ~text.str.lower().isin(MISSING_TEXTS).to_numpy()
-    plain = pd.to_numeric(text, errors="coerce").notna().to_numpy()
-    options, separators, written = [], "", np.zeros(len(distinct), dtype=bool)
+    options, separators, written = [], "", np.zeros(len(texts.text), dtype=bool)
     for option, name, pattern in _SEPARATED_NUMBERS:
-        fits = text.str.fullmatch(pattern).to_numpy(dtype=bool) & counted
-        numbers = counts[(fits | plain) & counted].sum()
-        if fits.any() and numbers >= share * counts[counted].sum():
+        fits = texts.fitting(pattern)
+        if texts.enough(fits, share):
             options.append(option)
             separators = separators or name
             written |= fits
     if not options:
         return None
-    row = int(np.flatnonzero(present & written[np.where(present, codes, 0)])[0])
-    return SeparatedNumbers(tuple(options), separators, row)
+    return SeparatedNumbers(tuple(options), separators, texts.first_row(written))
+
+
+@dataclasses.dataclass(frozen=True)
+class _DistinctTexts:
+    """A column's distinct cells as stripped texts, each read once (`separated_numbers`).
+
+    Attributes:
+      codes: each cell's distinct text (-1 where missing).
+      counts: the cells of each distinct text.
+      text: the distinct texts, stripped.
+      counted: the distinct texts that are not missing-value texts ('n/a').
+      plain: the distinct texts that are plain numbers.
+    """
+
+    codes: np.ndarray
+    counts: np.ndarray
+    text: pd.Series
+    counted: np.ndarray
+    plain: np.ndarray
+
+    @classmethod
+    def of(cls, values: pd.Series) -> _DistinctTexts | None:
+        """The distinct texts of `values`, or None where no cell is present."""
+        codes, distinct = pd.factorize(values)
+        present = codes >= 0
+        if not present.any():
+            return None
+        counts = np.bincount(codes[present], minlength=len(distinct))
+        text = pd.Series(distinct, dtype=object).astype(str).str.strip()
+        counted = ~text.str.lower().isin(MISSING_TEXTS).to_numpy()
+        plain = pd.to_numeric(text, errors="coerce").notna().to_numpy()
+        return cls(codes, counts, text, counted, plain)
+
+    def fitting(self, pattern: str) -> np.ndarray:
+        """The counted distinct texts `pattern` matches in full."""
+        return self.text.str.fullmatch(pattern).to_numpy(dtype=bool) & self.counted
+
+    def enough(self, fits: np.ndarray, share: float) -> bool:
+        """Whether some cell `fits` and `share` of the counted cells fit or are plain numbers."""
+        numbers = self.counts[(fits | self.plain) & self.counted].sum()
+        return bool(fits.any()) and numbers >= share * self.counts[self.counted].sum()
+
+    def first_row(self, fits: np.ndarray) -> int:
+        """The position of the first cell whose text `fits`."""
+        present = self.codes >= 0
+        return int(np.flatnonzero(present & fits[np.where(present, self.codes, 0)])[0])
 
 
 # A number written as a percentage: '12%', '-0.5 %', '12,5%' (a decimal comma).
@@ -616,19 +655,14 @@ def percentages(values: pd.Series, share: float = _SEPARATED_SHARE) -> Percentag
     pandas reads '12%' as text, which would make a column of numbers one of
     categories (a category per value). Each distinct text is read once.
     """
-    codes, distinct = pd.factorize(values)
-    present = codes >= 0
-    if not present.any():
+    texts = _DistinctTexts.of(values)
+    if texts is None:
         return None
-    counts = np.bincount(codes[present], minlength=len(distinct))
-    text = pd.Series(distinct, dtype=object).astype(str).str.strip()
-    counted = ~text.str.lower().isin(MISSING_TEXTS).to_numpy()
-    plain = pd.to_numeric(text, errors="coerce").notna().to_numpy()
-    fits = text.str.fullmatch(_PERCENT).to_numpy(dtype=bool) & counted
-    if not fits.any() or counts[(fits | plain) & counted].sum() < share * counts[counted].sum():
+    fits = texts.fitting(_PERCENT)
+    if not texts.enough(fits, share):
         return None
-    row = int(np.flatnonzero(present & fits[np.where(present, codes, 0)])[0])
-    return Percentages(row, bool(text[fits].str.contains(",", regex=False).any()))
+    comma = bool(texts.text[fits].str.contains(",", regex=False).any())
+    return Percentages(texts.first_row(fits), comma)
 
 
 def _percent_texts(values: pd.Series) -> Percentages | None:
@@ -663,28 +697,22 @@ def infer_categorical(frame: pd.DataFrame, spec: TableSpec) -> TableSpec:
         if not _holds_category_values(frame[column]):
             continue
         # A table without its id column is the table validation's to name first.
-        separated = _separated_texts(frame[column]) if spec.id_col in frame else None
-        if separated is not None:
-            row = separated.row
-            raise ValueError(
-                f"column {column!r} holds numbers written with {separated.separators} "
-                f"(e.g. {frame[column].iloc[row]!r} in series "
-                f"{plain_value(frame[spec.id_col].iloc[row])!r} at "
-                f"{row_text(row, rows, nested=True)}), which would "
-                f"be read as {frame[column].dropna().nunique()} categories; "
-                f"{separated.hint()}, or, if it holds categories, list it in categorical_cols "
-                "(--categorical-cols)"
-            )
-        percent = _percent_texts(frame[column]) if spec.id_col in frame else None
-        if percent is not None:
-            row = percent.row
-            raise ValueError(
-                f"column {column!r} holds percentages (e.g. {frame[column].iloc[row]!r} in "
-                f"series {plain_value(frame[spec.id_col].iloc[row])!r} at "
-                f"{row_text(row, rows, nested=True)}), which would be read as "
-                f"{frame[column].dropna().nunique()} categories; {percent.hint(column)}, or, "
-                "if it holds categories, list it in categorical_cols (--categorical-cols)"
-            )
+        if spec.id_col in frame:
+            separated = _separated_texts(frame[column])
+            percent = None if separated is not None else _percent_texts(frame[column])
+            if separated is not None:
+                row, written = separated.row, f"numbers written with {separated.separators}"
+                hint = separated.hint()
+            elif percent is not None:
+                row, written, hint = percent.row, "percentages", percent.hint(column)
+            if separated is not None or percent is not None:
+                raise ValueError(
+                    f"column {column!r} holds {written} (e.g. {frame[column].iloc[row]!r} in "
+                    f"series {plain_value(frame[spec.id_col].iloc[row])!r} at "
+                    f"{row_text(row, rows, nested=True)}), which would be read as "
+                    f"{frame[column].dropna().nunique()} categories; {hint}, or, if it holds "
+                    "categories, list it in categorical_cols (--categorical-cols)"
+                )
         found.append(column)
     if not found:
         return spec
@@ -852,8 +880,9 @@ def _ends_in_extra_field(path: str, frame: pd.DataFrame) -> bool:
         f"{path}: line {row + 2} has {len(frame.columns) + 1} fields, one more than the "
         f"header (line 1) names ({len(frame.columns)}: {first_few(list(map(repr, frame.columns)))}"
         f"), and its last one is not empty ({plain_value(last.iloc[row])!r}): give that field "
-        f"a name in the header, or remove it from the rows (its first field repeats, "
-        f"{plain_value(frame.index[row])!r} on more than one line: not a row label)"
+        f"a name in the header, or remove it from the rows (its first fields repeat, "
+        f"{plain_value(frame.index[frame.index.duplicated()][0])!r} on more than one line: "
+        "not row labels)"
     )
 
 
