@@ -120,9 +120,7 @@ def _record(prepared: _PreparedPath, times: common.StepTimes) -> dict[str, Any]:
         compile_s=prepared.compiled.total_s,
         **times.summary(),
         tokens_per_s=prepared.fields["batch_size"] * seq_len / times.median,
-        **common.throughput_fields(prepared.flops.flops, times.median, None),
-        flops_method=common.FLOPS_METHOD,
-        flops_loops_counted_once=prepared.flops.loops_counted_once,
+        **prepared.flops.fields(times.median, None),
         memory=common.memory_stats(compiled),
         device_peak_bytes=common.device_peak_bytes(),
     )

@@ -300,10 +300,11 @@ class FlopCount:
     xla_flops: float | None
     loops_counted_once: int = 0
 
-    def fields(self) -> dict[str, Any]:
-        """The record fields: `flops`, `flops_method` and `flops_loops_counted_once`."""
+    def fields(self, median_s: float, peak_gflops: float | None) -> dict[str, Any]:
+        """A record's FLOP fields for a step of `median_s`: `throughput_fields`' (`flops`,
+        `gflops_per_s`, `peak_fraction`), `flops_method` and `flops_loops_counted_once`."""
         return {
-            "flops": self.flops,
+            **throughput_fields(self.flops, median_s, peak_gflops),
             "flops_method": FLOPS_METHOD,
             "flops_loops_counted_once": self.loops_counted_once,
         }
@@ -456,6 +457,33 @@ def program_digest(lowered: Any) -> str:
     text = re.sub(r"^module @\S+", "module", lowered.as_text(debug_info=False), count=1)
     lines = [line for line in text.splitlines() if not line.startswith("#loc")]
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def mark_same_programs(
+    records: Sequence[dict[str, Any]], baseline: str, key: Callable[[Mapping[str, Any]], Any]
+) -> None:
+    """Sets each record's `same_program` against the `baseline` variant's, in place.
+
+    Records are compared within `key` (e.g. the configuration). A variant's
+    `same_program`: its `program_sha256` is the baseline's; the baseline's
+    own: some other variant's is; None without a baseline record. A variant
+    with the same program as its baseline gets no ratios: timing one program
+    twice measures noise, not the variant.
+    """
+    bases = {key(r): r for r in records if r["variant"] == baseline}
+    for record in records:
+        base = bases.get(key(record))
+        if base is None:
+            record["same_program"] = None
+        elif record is base:
+            record["same_program"] = any(
+                r is not base
+                and key(r) == key(base)
+                and r["program_sha256"] == base["program_sha256"]
+                for r in records
+            )
+        else:
+            record["same_program"] = record["program_sha256"] == base["program_sha256"]
 
 
 def memory_stats(compiled: Any) -> dict[str, int] | None:

@@ -148,26 +148,14 @@ def bench(
 def add_ratios(records: Sequence[dict[str, Any]]) -> None:
     """Adds `same_program` and `*_ratio` fields (this variant / `builtin`) in place.
 
-    `same_program`: a variant's lowered step is the very program of
-    `builtin` (same `program_sha256`); `builtin`'s own record says whether
-    the other variant's is; None without a `builtin` record. A variant with
-    the same program as `builtin` gets no ratios (None): timing one program
-    twice measures noise, not the variant.
+    `same_program`: `common.mark_same_programs` against `builtin`, per
+    configuration; a variant with the same program as `builtin` gets no
+    ratios (None).
     """
+    common.mark_same_programs(records, "builtin", lambda r: r["config"])
     builtin = {r["config"]: r for r in records if r["variant"] == "builtin"}
     for record in records:
         base = builtin.get(record["config"])
-        if base is None:
-            record["same_program"] = None
-        elif record is base:
-            record["same_program"] = any(
-                r is not base
-                and r["config"] == base["config"]
-                and r["program_sha256"] == base["program_sha256"]
-                for r in records
-            )
-        else:
-            record["same_program"] = record["program_sha256"] == base["program_sha256"]
         duplicate = record["same_program"] and record is not base
         for field in ("fusions", "compile_cpu_s", "compile_wall_s", "median_s"):
             ratio = record[field] / base[field] if base and base[field] and not duplicate else None

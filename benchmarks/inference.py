@@ -114,9 +114,7 @@ def _record(
         latency_ms=times.median * 1e3,
         samples_per_s=config.batch_size / times.median,
         weight_bytes=prepared.weight_bytes,
-        **common.throughput_fields(flop_count.flops, times.median, None),
-        flops_method=common.FLOPS_METHOD,
-        flops_loops_counted_once=flop_count.loops_counted_once,
+        **flop_count.fields(times.median, None),
         memory=common.memory_stats(compiled.compiled),
     )
 

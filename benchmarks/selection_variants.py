@@ -168,26 +168,14 @@ def same_program_note(record: dict[str, Any]) -> str:
 def add_ratios(records: Sequence[dict[str, Any]]) -> None:
     """Adds `same_program` and `*_ratio` fields (this variant / `default`) in place.
 
-    `same_program`: a variant's lowered step is the very program of `default`
-    (same `program_sha256`); `default`'s own record says whether any other
-    variant's is; None without a `default` record. A variant with the same
-    program as `default` gets no ratios (None): timing one program twice
-    measures noise, not the variant.
+    `same_program`: `common.mark_same_programs` against `default`, per
+    configuration and mode; a variant with the same program as `default` gets
+    no ratios (None).
     """
+    common.mark_same_programs(records, "default", lambda r: (r["config"], r["mode"]))
     default = {(r["config"], r["mode"]): r for r in records if r["variant"] == "default"}
     for record in records:
         base = default.get((record["config"], record["mode"]))
-        if base is None:
-            record["same_program"] = None
-        elif record is base:
-            record["same_program"] = any(
-                r is not base
-                and (r["config"], r["mode"]) == (base["config"], base["mode"])
-                and r["program_sha256"] == base["program_sha256"]
-                for r in records
-            )
-        else:
-            record["same_program"] = record["program_sha256"] == base["program_sha256"]
         duplicate = record["same_program"] and record is not base
         for field in ("compile_cpu_s", "median_s"):
             ratio = record[field] / base[field] if base and base[field] and not duplicate else None

@@ -353,8 +353,6 @@ def measure(
     # peak of the devices that ran them: one device's peak times the devices, except for
     # simulated CPU devices (--xla_force_host_platform_device_count), which share the cores
     # one device's matmul already uses, so the machine's peak is the one measured.
-    flop_count = prepared.flop_count()
-    flops = flop_count.flops
     simulated = bool(common.environment().get("simulated_devices"))
     peak_devices = 1 if simulated else prepared.devices
     peak_gflops = peak["matmul_peak_gflops"] * peak_devices if peak else None
@@ -373,9 +371,7 @@ def measure(
         first_call_s=prepared.first_call_s,
         **times.summary(),
         samples_per_s=cfg.batch_size / median,
-        **common.throughput_fields(flops, median, peak_gflops),
-        flops_method=common.FLOPS_METHOD,
-        flops_loops_counted_once=flop_count.loops_counted_once,
+        **prepared.flop_count().fields(median, peak_gflops),
         **(peak or {}),
         # How many times `matmul_peak_gflops` the yardstick of `peak_fraction` is.
         peak_devices=peak_devices,

@@ -81,7 +81,7 @@ def test_count_flops_says_when_a_loop_has_no_known_trip_count():
 
     count = common.count_flops(until_large, x, w)
     assert count.loops_counted_once == 1  # a lower bound, and the record says so
-    assert count.fields()["flops_loops_counted_once"] == 1
+    assert count.fields(1.0, None)["flops_loops_counted_once"] == 1
 
 
 def test_count_flops_leaves_a_jitted_functions_trace_cache_alone():
