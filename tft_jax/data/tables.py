@@ -1077,20 +1077,24 @@ def _require_positive_int(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be >= 1, got {value}")
 
 
-_DAY_MONTH = r"^\s*\d{1,2}([/.-])\d{1,2}\1\d{2,4}"  # one separator, twice
+# A date written with day and month before the year, in either order, one separator
+# twice: '02/01/2024', '2.1.24'.
+_TWO_BEFORE_YEAR = r"^\s*(?P<first>\d{1,2})(?P<sep>[/.-])(?P<second>\d{1,2})(?P=sep)\d{2,4}"
 
 
 def _format_hint(values: pd.Series) -> str:
     """A hint for day-first dates when the texts look like dd/mm/yyyy (or dd.mm.yy, dd-mm-yyyy)."""
     text = values.astype("string")
-    matches = text.str.match(_DAY_MONTH).fillna(False)
+    matches = text.str.match(_TWO_BEFORE_YEAR).fillna(False)
     if matches.mean() <= 0.5:
         return ""
     pattern = _day_first_format(str(text[matches.to_numpy()].iloc[0]).strip())
-    return (
-        "; the times look like day/month/year: pass dayfirst=True (--dayfirst) or "
-        f"time_format={pattern!r} (--time-format)"
-    )
+    return f"; the times look like day/month/year: {_day_first_fix(pattern)}"
+
+
+def _day_first_fix(time_format: str) -> str:
+    """How to read times day first: the option, and the format of a text such as '02/01/2024'."""
+    return f"pass dayfirst=True (--dayfirst) or time_format={time_format!r} (--time-format)"
 
 
 def _day_first_format(text: str) -> str:
@@ -1098,10 +1102,6 @@ def _day_first_format(text: str) -> str:
     separator = next(character for character in text if character in "/.-")
     year = "%Y" if len(re.split(r"[/.-]", text)[2].split()[0]) == 4 else "%y"
     return separator.join(("%d", "%m", year))
-
-
-# A date written with day and month before the year, in either order: '02/01/2024'.
-_TWO_BEFORE_YEAR = r"^\s*(?P<first>\d{1,2})(?P<sep>[/.-])(?P<second>\d{1,2})(?P=sep)\d{2,4}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1130,8 +1130,8 @@ class _DayMonthTexts:
     def hint(self) -> str:
         """A hint for a refusal the times may cause: they may be day/month/year."""
         return (
-            f"; if the times are day/month/year ({self.readings()}), pass dayfirst=True "
-            f"(--dayfirst) or time_format={self.time_format!r} (--time-format)"
+            f"; if the times are day/month/year ({self.readings()}), "
+            f"{_day_first_fix(self.time_format)}"
         )
 
 
@@ -2666,8 +2666,7 @@ def _day_first_advice(clean: pd.DataFrame, spec: TableSpec, day_month: _DayMonth
             return (
                 f"but its times are texts with day and month both 12 or less, which read day "
                 f"first fill the grid ({day_month.readings()}): if they are day/month/year, "
-                f"pass dayfirst=True (--dayfirst) or time_format={day_month.time_format!r} "
-                "(--time-format), not that frequency"
+                f"{_day_first_fix(day_month.time_format)}, not that frequency"
             )
     return f"pass that frequency{day_month.hint()}"
 
