@@ -42,6 +42,7 @@ from flax import serialization
 
 from tft_jax.atomic_files import replaced_atomically, temporary_sibling
 from tft_jax.config import TFTConfig
+from tft_jax.data.listing import repeated
 from tft_jax.model import TemporalFusionTransformer
 
 if TYPE_CHECKING:
@@ -728,9 +729,9 @@ def check_models(
     unknown = [name for name in names if name not in known]
     if unknown or "fp32" not in names:
         raise ValueError(f"models {names} must include 'fp32', all in {known}")
-    repeated = sorted({name for name in names if names.count(name) > 1})
-    if repeated:
-        raise ValueError(f"models {names} lists {repeated} more than once; list each form once")
+    twice = sorted(repeated(names))
+    if twice:
+        raise ValueError(f"models {names} lists {twice} more than once; list each form once")
     quantized = [name for name in names if name in tuple(qat_forms)]
     if quantized and not isinstance(config.get("qat"), dict):
         found = f"qat is {json.dumps(config['qat'])}" if "qat" in config else "qat is missing"
