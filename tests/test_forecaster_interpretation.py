@@ -4,6 +4,10 @@ documented axes."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+
+import jax
 import numpy as np
 import pandas as pd
 import pytest
@@ -114,3 +118,25 @@ def test_interpretation_tables_refuses_labels_that_do_not_match_the_weights():
         interpretation_tables(predictions, ["size"], ["y"], ["promo"], 3)
     with pytest.raises(ValueError, match=r"attention must have shape \(H, T\+H\) with T=4"):
         interpretation_tables(predictions, ["size"], ["y", "promo"], ["promo"], 4)
+
+
+@pytest.mark.parametrize("poisoned", ["history_selection", "attention"])
+def test_interpretation_of_a_diverged_model_is_refused_naming_the_table(stores, poisoned):
+    """NaN parameters gave tables of NaN weights silently (evaluate refuses the forecasts)."""
+    forecaster, table = stores
+    diverged = copy.copy(forecaster)
+    variables = forecaster.variables["fp32"]
+    nan = lambda layer: jax.tree.map(lambda leaf: leaf * np.nan, layer)  # noqa: E731
+    params = {
+        name: nan(layer) if name.startswith(poisoned) else layer
+        for name, layer in variables["params"].items()
+    }
+    assert any(name.startswith(poisoned) for name in params)
+    diverged._fitted = dataclasses.replace(
+        forecaster._fitted, variables={"fp32": {**variables, "params": params}}
+    )
+    diverged._predictors = {}
+    group = "history selection weights" if poisoned == "history_selection" else "attention"
+    with pytest.raises(ValueError, match=rf"interpretation: the fp32 model's {group} on the test"):
+        diverged.interpretation(table)
+    assert np.isfinite(forecaster.interpretation(table)["history"]["weight"]).all()

@@ -462,6 +462,35 @@ def _common_grid(dataset: PreparedDataset, freq: str, zone: str | None) -> pd.Da
     return grid
 
 
+def _check_finite_interpretation(tables: dict[str, pd.DataFrame], model: str, split: str) -> None:
+    """Raises when a weight in `tables` is NaN or inf, naming the table and the variable.
+
+    A diverged model (NaN parameters) gave tables of NaN weights without a
+    word, where `evaluate` and `predict` refuse its non-finite forecasts.
+    """
+    for group in ("static", "history", "future"):
+        weights = tables[group]["weight"].to_numpy()
+        bad = ~np.isfinite(weights)
+        if bad.any():
+            first = tables[group]["variable"].iloc[int(np.flatnonzero(bad)[0])]
+            raise ValueError(
+                f"interpretation: the {model} model's {group} selection weights on the {split} "
+                f"split are not finite ({int(bad.sum())} of {bad.size}, the first {first!r}: "
+                f"{weights[bad][0]}); its parameters or inputs are not finite (a diverged "
+                "training run?)"
+            )
+    attention = tables["attention"].to_numpy()
+    bad = ~np.isfinite(attention)
+    if bad.any():
+        step, position = (int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(
+            f"interpretation: the {model} model's attention on the {split} split is not "
+            f"finite ({int(bad.sum())} of {bad.size} weights, the first at horizon {step + 1}, "
+            f"position {int(tables['attention'].columns[position])}); its parameters or "
+            "inputs are not finite (a diverged training run?)"
+        )
+
+
 def _announce_negative_targets(frame: pd.DataFrame, spec: Any, nonnegative: bool) -> None:
     """Warns when `DataConfig.nonnegative` will clip the forecasts of a table with negative targets.
 
@@ -1147,7 +1176,8 @@ class Forecaster:
 
         Raises:
           ValueError: for a `split` or `model` not among the names above (or
-            a model not trained), or a `batch_size` below 1.
+            a model not trained), a `batch_size` below 1, or weights that are
+            not finite (a diverged model: its forecasts are not finite either).
           TableContentError: when the split holds no complete window.
         """
         if split not in SPLITS:
@@ -1157,13 +1187,15 @@ class Forecaster:
         dataset = self.prepare(table, split)
         windows = _split_windows(dataset, split, "interpretation")
         predictions = predict_windows(self.predictor(model), windows, batch_size)
-        return interpretation_tables(
+        tables = interpretation_tables(
             predictions,
             dataset.static_weight_names,
             dataset.history_weight_names_for(len(predictions.history_weights)),
             dataset.future_weight_names,
             dataset.history,
         )
+        _check_finite_interpretation(tables, model, split)
+        return tables
 
     def backtest(
         self,
