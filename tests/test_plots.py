@@ -123,6 +123,13 @@ def test_variable_importance_rejects_names_that_do_not_match_weights(tmp_path):
         plots.plot_variable_importance(
             tmp_path / "importance.png", [("history", ["a", "b"], [0.2, 0.3, 0.5])]
         )
+    # A (H, 1) array is read as one weight per entry: the message says so.
+    with pytest.raises(
+        ValueError, match=r"1 names for 3 weights, one per entry of the \(3, 1\) array"
+    ):
+        plots.plot_variable_importance(
+            tmp_path / "importance.png", [("history", ["a"], np.full((3, 1), 1 / 3))]
+        )
 
 
 def test_loss_curves_accept_missing_validation_losses(tmp_path):

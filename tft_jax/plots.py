@@ -542,6 +542,7 @@ def plot_variable_importance(
             weights = np.asarray(weights, dtype=np.float64)
         except (TypeError, ValueError) as error:
             raise TypeError(f"group {name!r}: weights must be numbers: {error}") from None
+        given = weights.shape
         if weights.ndim != 1 and sum(size > 1 for size in weights.shape) <= 1:
             weights = weights.reshape(-1)  # a column or row of one variable per entry
         if weights.ndim != 1:
@@ -550,8 +551,10 @@ def plot_variable_importance(
                 f"steps; at most one axis longer than 1), got shape {weights.shape}"
             )
         if len(labels) != weights.size:
+            read = "" if given == weights.shape else f", one per entry of the {given} array"
             raise ValueError(
-                f"group {name!r}: {len(labels)} names for {weights.size} weights; they must match"
+                f"group {name!r}: {len(labels)} names for {weights.size} weights{read}; "
+                "they must match"
             )
         negative = [f"{labels[i]!r} ({weights[i]:g})" for i in np.flatnonzero(weights < 0)]
         if negative:
