@@ -1052,6 +1052,22 @@ def test_plot_says_when_the_future_chart_shows_only_the_first_series(
     assert "test fan charts: the first 2 of 3 series (choose them with --series)" in stdout
 
 
+def test_plot_refuses_a_bad_future_csv_before_it_redraws_the_runs_plots(
+    capsys, trained_run, csv_path, tmp_path
+):
+    # The run's plots were redrawn (replaced) first, then the future table was refused.
+    future = known_future(pd.read_csv(csv_path), ("alpha", "beta", "gamma"))
+    future.drop(index=future.index[1]).to_csv(tmp_path / "future_gap.csv", index=False)
+    fans = trained_run / "plots" / "forecasts_fp32.png"
+    drawn = fans.stat().st_mtime_ns
+    code, _, err = run(
+        capsys, "plot", "--run", str(trained_run), "--future-csv", str(tmp_path / "future_gap.csv"),
+        "--compile-cache", "none", "--quiet",
+    )  # fmt: skip
+    assert code == 2 and f"--future-csv {tmp_path / 'future_gap.csv'}: " in err
+    assert fans.stat().st_mtime_ns == drawn
+
+
 @pytest.mark.slow
 def test_plot_finds_numeric_series_ids_given_to_series(capsys, trained_run, csv_path, tmp_path):
     # Series ids that are numbers in the CSV: `--series 202` is the text '202'.

@@ -990,6 +990,13 @@ def command_plot(args: argparse.Namespace) -> int:
         if args.future_csv is None
         else read_given_csv(args.future_csv, "--future-csv", forecaster, args)
     )
+    # The forecast after the data first: a --future-csv it refuses stops the command
+    # before any plot is written (it redrew the run's plots, then failed).
+    forecast = (
+        None
+        if spec.known_cols and args.future_csv is None
+        else predict_from_files(forecaster, table, future, model, args)
+    )
     dataset = forecaster.prepare(table, args.split)
     predictions = forecaster.predictions(dataset, dataset.split(args.split))
     record_other_table_name(args, config)
@@ -1007,13 +1014,12 @@ def command_plot(args: argparse.Namespace) -> int:
             line if series is not None else f"{line} (choose them with --series)"
         ),
     )
-    if spec.known_cols and args.future_csv is None:
+    if forecast is None:
         print(
             f"future chart skipped: the model uses known columns {list(spec.known_cols)}; "
             "pass --future-csv with their values after the table's end"
         )
     else:
-        forecast = predict_from_files(forecaster, table, future, model, args)
         count = forecast[spec.id_col].nunique()
         if series is None and count > plots.MAX_FAN_SERIES:
             print(
