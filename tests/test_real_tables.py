@@ -36,6 +36,13 @@ def test_a_file_in_another_encoding_is_named_with_the_option_to_read_it(tmp_path
     table.to_csv(path, index=False, encoding="latin-1")
     with pytest.raises(ValueError, match=r"latin.csv is not utf-8 text .*encoding='latin-1'"):
         prepare_dataset(path, **SPEC)
+    # The byte's place in the file (pandas' own offset counted from its chunk's start).
+    data = path.read_bytes()
+    offset = data.index("ü".encode("latin-1"))
+    line = data[:offset].count(b"\n") + 1
+    assert line > 1
+    with pytest.raises(ValueError, match=rf"\(byte 0xfc at offset {offset}, line {line}\)"):
+        prepare_dataset(path, **SPEC)
     dataset = prepare_dataset(path, **SPEC, encoding="latin-1")
     assert dataset.series_ids == ("Zürich",)
 

@@ -846,15 +846,36 @@ def read_table(
             frame[column] = values
         return frame
     except UnicodeDecodeError as error:
+        where = _undecodable(os.fspath(table), encoding) or (error.object[error.start], None)
+        at = "" if where[1] is None else f" at offset {where[1][0]}, line {where[1][1]}"
         raise ValueError(
-            f"{os.fspath(table)} is not {encoding} text (byte {error.object[error.start]:#x} at "
-            f"offset {error.start}); pass its encoding, e.g. encoding='latin-1' "
-            "(--encoding latin-1)"
+            f"{os.fspath(table)} is not {encoding} text (byte {where[0]:#x}{at}); pass its "
+            "encoding, e.g. encoding='latin-1' (--encoding latin-1)"
         ) from None
     except LookupError:
         raise ValueError(f"unknown encoding {encoding!r} for {os.fspath(table)}") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError) as error:
         raise ValueError(f"{os.fspath(table)} cannot be read as CSV: {error}") from None
+
+
+def _undecodable(path: str, encoding: str) -> tuple[int, tuple[int, int]] | None:
+    """`(byte, (offset, line))` of the first byte of a plain file that is not `encoding` text.
+
+    pandas decodes a file in chunks, and its error's offset counts from the
+    chunk's start (a bad byte on line 2 was reported at offset 0). None for a
+    compressed file (its offsets are not the file's) or one that decodes.
+    """
+    if path.lower().endswith(tuple(e for _, _, endings in _MAGIC for e in endings)):
+        return None
+    try:
+        with open(path, "rb") as file:
+            data = file.read()
+        data.decode(encoding)
+    except UnicodeDecodeError as error:
+        return data[error.start], (error.start, data.count(b"\n", 0, error.start) + 1)
+    except (OSError, LookupError):
+        pass
+    return None
 
 
 def _ends_in_extra_field(path: str, frame: pd.DataFrame) -> bool:
