@@ -4,6 +4,7 @@ degenerate ones are still drawn."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -16,6 +17,7 @@ import matplotlib.dates as mdates
 import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from tft_jax import cli_experiments, plots
 from tft_jax.data.tables import time_grid
@@ -1272,3 +1274,28 @@ def test_a_line_without_freq_is_broken_at_its_gap_without_a_pandas_warning():
         warnings.simplefilter("error")
         broken = plots._with_breaks(line, "time", None)
     assert int(broken["actual"].isna().sum()) == 1
+
+
+def test_fan_chart_date_labels_do_not_overlap_across_a_month_end(tmp_path, monkeypatch):
+    # Matplotlib's default full dates ran into each other ('2024-05-312024-06-01').
+    times = pd.date_range("2024-05-18", periods=19, freq="D")
+    context = pd.DataFrame({"id": "a", "time": times[:14], "actual": np.arange(14.0)})
+    forecasts = pd.DataFrame(
+        {"id": "a", "forecast_start": times[14], "time": times[14:], "p10": 13.0, "p50": 14.0,
+         "p90": 15.0, "actual": np.nan}
+    )  # fmt: skip
+    figures = _capture_figures(monkeypatch)
+    plots.plot_forecast_fans(
+        tmp_path / "month_end.png", forecasts, context, id_col="id", time_col="time",
+        lower="p10", median="p50", upper="p90",
+    )  # fmt: skip
+    figure = figures[0]
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    (axis,) = figure.axes
+    labels = [label for label in axis.get_xticklabels() if label.get_text()]
+    assert len(labels) >= 3
+    boxes = sorted((label.get_window_extent(renderer) for label in labels), key=lambda b: b.x0)
+    for left, right in itertools.pairwise(boxes):
+        assert left.x1 <= right.x0, [label.get_text() for label in labels]

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from matplotlib import dates as mdates
 from matplotlib.figure import Figure
 
 from tft_jax.atomic_files import replaced_atomically
@@ -216,6 +217,17 @@ def _wide_steps(steps: np.ndarray) -> np.ndarray:
     return np.flatnonzero(steps > 1.5 * sizes[np.argmax(counts)])
 
 
+def _concise_dates(axis: Any) -> None:
+    """Date ticks labelled without repeating what the neighbours say, on a time axis.
+
+    Matplotlib's default labels are full dates ('2024-05-31'), which overlapped
+    on a panel of a few weeks. The locator keeps the times' zone.
+    """
+    locator = axis.xaxis.get_major_locator()
+    if isinstance(locator, mdates.AutoDateLocator):
+        axis.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, tz=locator.tz))
+
+
 def _time_label(times: pd.Series) -> str:
     """'time (Europe/Berlin)' for aware times, 'time' for naive ones (or not times)."""
     zone = getattr(times.dt, "tz", None) if pd.api.types.is_datetime64_any_dtype(times) else None
@@ -400,6 +412,7 @@ def plot_forecast_fans(
         axis.set_title(str(name), fontsize=10, loc="left")
         axis.set_ylabel(units)
         axis.set_xlabel(_time_label(rows[time_col]))
+        _concise_dates(axis)
         axis.grid(alpha=0.3)
     # One legend for all panels: an entry drawn in any (the first may lack actuals).
     entries: dict[str, Any] = {}
