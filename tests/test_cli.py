@@ -970,6 +970,30 @@ def test_predict_command_writes_what_the_python_predict_returns(capsys, trained_
     )
 
 
+def test_predict_says_how_to_raise_the_runs_limit_of_filled_history_steps(
+    capsys, trained_run, csv_path, tmp_path
+):
+    # It said to raise max_missing_fraction, which `predict` has no flag for.
+    table = pd.read_csv(csv_path)
+    history = table[table["day"] < "2024-03-30"].copy()
+    alpha = history.index[history["store"] == "alpha"]
+    history.loc[alpha[-HISTORY:-1], "sales"] = np.nan  # the last one observed: not trailing
+    history.to_csv(tmp_path / "sparse.csv", index=False)
+    days = pd.date_range("2024-03-30", periods=HORIZON, freq="D").strftime("%Y-%m-%d")
+    table[table["day"].isin(days)][["store", "day", "promo"]].to_csv(
+        tmp_path / "future.csv", index=False
+    )
+    code, _, err = run(
+        capsys, "predict", "--run", str(trained_run), "--csv", str(tmp_path / "sparse.csv"),
+        "--future-csv", str(tmp_path / "future.csv"), "--out", str(tmp_path / "out.csv"),
+        "--compile-cache", "none", "--quiet",
+    )  # fmt: skip
+    assert code == 2 and "'alpha' (13 of 14)" in err
+    assert "raise the limit (a run keeps the one it trained with: train again with " in err
+    assert "--max-missing-fraction)" in err and "DataConfig" not in err
+    assert not (tmp_path / "out.csv").exists()
+
+
 @pytest.mark.parametrize("command", ["predict", "evaluate"])
 def test_a_table_lacking_a_column_the_run_uses_is_named_with_its_flag(
     capsys, trained_run, csv_path, command

@@ -73,6 +73,7 @@ from tft_jax.cli_parser import (
     multihost_arguments,
 )
 from tft_jax.data import load_pedestrian, read_table
+from tft_jax.data.future import RAISE_MISSING_LIMIT
 from tft_jax.data.listing import first_few, repeated
 from tft_jax.data.pedestrian import PEDESTRIAN_SPEC
 from tft_jax.data.tables import TableContentError, _parse_times, file_rows
@@ -711,6 +712,12 @@ def command_train(args: argparse.Namespace) -> int:
     return 0
 
 
+# The limit of filled history steps is the run's (set when it trained): retraining raises it.
+_RETRAIN_MISSING_LIMIT = (
+    "a run keeps the one it trained with: train again with --max-missing-fraction"
+)
+
+
 def predict_from_files(
     forecaster: Forecaster,
     history: pd.DataFrame,
@@ -727,6 +734,10 @@ def predict_from_files(
     try:
         return forecaster.predict(history, future, model=model)
     except ValueError as error:
+        if RAISE_MISSING_LIMIT in str(error):  # a training setting: this command cannot
+            raise ValueError(
+                str(error).replace(RAISE_MISSING_LIMIT, _RETRAIN_MISSING_LIMIT)
+            ) from None
         if future is None or not str(error).startswith("future"):
             raise
         message = flag_message(str(error), vars(args))

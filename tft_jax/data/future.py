@@ -380,9 +380,14 @@ def _check_recent_missing(
     raise ValueError(
         f"{len(sparse)} series have more than {100 * limit:.0f}% of the last {history} target "
         f"steps the forecast reads missing (filled): {listed}{hint}; give more recent "
-        "observed values, or raise the limit (max_missing_fraction, which a Forecaster "
-        "takes from its DataConfig when it is made)"
+        f"observed values, or raise the limit ({RAISE_MISSING_LIMIT})"
     )
+
+
+# How a Python user raises the limit of filled history steps; the command line says its own way.
+RAISE_MISSING_LIMIT = (
+    "max_missing_fraction, which a Forecaster takes from its DataConfig when it is made"
+)
 
 
 def _announce_history(
