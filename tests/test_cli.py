@@ -989,6 +989,7 @@ def test_predict_says_how_to_raise_the_runs_limit_of_filled_history_steps(
         "--compile-cache", "none", "--quiet",
     )  # fmt: skip
     assert code == 2 and "'alpha' (13 of 14)" in err
+    assert f"--csv {tmp_path / 'sparse.csv'}: 1 series have more than 50%" in err
     assert "raise the limit (a run keeps the one it trained with: train again with " in err
     assert "--max-missing-fraction)" in err and "DataConfig" not in err
     assert not (tmp_path / "out.csv").exists()

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tft_jax.data import prepare_dataset
+from tft_jax.data import prepare_dataset, tables
 
 SPEC = dict(id_col="id", time_col="time", target="y", freq="h", history=6, horizon=3)
 
@@ -45,6 +45,21 @@ def test_a_file_in_another_encoding_is_named_with_the_option_to_read_it(tmp_path
         prepare_dataset(path, **SPEC)
     dataset = prepare_dataset(path, **SPEC, encoding="latin-1")
     assert dataset.series_ids == ("Zürich",)
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig"])
+def test_an_undecodable_byte_is_placed_in_the_file_across_decoding_chunks(
+    tmp_path, monkeypatch, encoding
+):
+    # A byte-order mark made utf-8-sig's offset 3 short (and named another byte).
+    monkeypatch.setattr(tables, "_DECODE_CHUNK", 5)  # chunks that end inside characters
+    mark = b"\xef\xbb\xbf" if encoding == "utf-8-sig" else b""
+    head = mark + "series,time,y\nZürich,2024-01-01 00:00,1\n".encode()
+    path = tmp_path / "bad.csv"
+    path.write_bytes(head + b"Z\xfcrich,2024-01-01 01:00,2\n")
+    offset = len(head) + 1  # independent: the bytes written before it
+    with pytest.raises(ValueError, match=rf"\(byte 0xfc at offset {offset}, line 3\)"):
+        prepare_dataset(path, **SPEC, encoding=encoding)
 
 
 def test_day_first_dates_get_a_hint_and_parse_with_dayfirst():

@@ -735,9 +735,9 @@ def predict_from_files(
         return forecaster.predict(history, future, model=model)
     except ValueError as error:
         if RAISE_MISSING_LIMIT in str(error):  # a training setting: this command cannot
-            raise ValueError(
-                str(error).replace(RAISE_MISSING_LIMIT, _RETRAIN_MISSING_LIMIT)
-            ) from None
+            # Reworded in place: raised from the data layer, it is named as --csv's.
+            error.args = (str(error).replace(RAISE_MISSING_LIMIT, _RETRAIN_MISSING_LIMIT),)
+            raise
         if future is None or not str(error).startswith("future"):
             raise
         message = flag_message(str(error), vars(args))
@@ -1001,11 +1001,11 @@ def command_plot(args: argparse.Namespace) -> int:
         if args.future_csv is None
         else read_given_csv(args.future_csv, "--future-csv", forecaster, args)
     )
-    # The forecast after the data first: a --future-csv it refuses stops the command
-    # before any plot is written (it redrew the run's plots, then failed).
+    # Given a --future-csv, the forecast after the data comes first: a file it refuses
+    # stops the command before any plot is written (it redrew the run's plots, then failed).
     forecast = (
         None
-        if spec.known_cols and args.future_csv is None
+        if args.future_csv is None
         else predict_from_files(forecaster, table, future, model, args)
     )
     dataset = forecaster.prepare(table, args.split)
@@ -1025,12 +1025,14 @@ def command_plot(args: argparse.Namespace) -> int:
             line if series is not None else f"{line} (choose them with --series)"
         ),
     )
-    if forecast is None:
+    if spec.known_cols and forecast is None:
         print(
             f"future chart skipped: the model uses known columns {list(spec.known_cols)}; "
             "pass --future-csv with their values after the table's end"
         )
     else:
+        if forecast is None:
+            forecast = predict_from_files(forecaster, table, future, model, args)
         count = forecast[spec.id_col].nunique()
         if series is None and count > plots.MAX_FAN_SERIES:
             print(

@@ -564,7 +564,8 @@ def plot_variable_importance(
                 f"steps; at most one axis longer than 1), got shape {weights.shape}"
             )
         if len(labels) != weights.size:
-            read = "" if given == weights.shape else f", one per entry of the {given} array"
+            reshaped = given not in (weights.shape, ())
+            read = f", one per entry of the {given} array" if reshaped else ""
             raise ValueError(
                 f"group {name!r}: {len(labels)} names for {weights.size} weights{read}; "
                 "they must match"

@@ -862,20 +862,39 @@ def _undecodable(path: str, encoding: str) -> tuple[int, tuple[int, int]] | None
     """`(byte, (offset, line))` of the first byte of a plain file that is not `encoding` text.
 
     pandas decodes a file in chunks, and its error's offset counts from the
-    chunk's start (a bad byte on line 2 was reported at offset 0). None for a
-    compressed file (its offsets are not the file's) or one that decodes.
+    chunk's start (a bad byte on line 2 was reported at offset 0). The file is
+    decoded here in chunks too (a large file is never held whole), the offset
+    counted from the file's start (a byte-order mark included) and the line
+    from the text decoded before the byte. None for a compressed file (its
+    offsets are not the file's) or one that decodes.
     """
     if path.lower().endswith(tuple(e for _, _, endings in _MAGIC for e in endings)):
         return None
     try:
+        decoder = codecs.getincrementaldecoder(encoding)()
+        lines, read = 0, 0
         with open(path, "rb") as file:
-            data = file.read()
-        data.decode(encoding)
-    except UnicodeDecodeError as error:
-        return data[error.start], (error.start, data.count(b"\n", 0, error.start) + 1)
+            while True:
+                chunk = file.read(_DECODE_CHUNK)
+                state = decoder.getstate()
+                try:
+                    lines += decoder.decode(chunk, final=not chunk).count("\n")
+                except UnicodeDecodeError as error:
+                    # The decoder's input ends with `chunk` (a byte-order mark dropped, bytes
+                    # of an unfinished character kept from the chunk before).
+                    offset = read + len(chunk) - len(error.object) + error.start
+                    decoder.setstate(state)
+                    before = decoder.decode(chunk[: max(offset - read, 0)])
+                    return error.object[error.start], (offset, lines + before.count("\n") + 1)
+                read += len(chunk)
+                if not chunk:
+                    return None
     except (OSError, LookupError):
-        pass
-    return None
+        return None
+
+
+# Bytes `_undecodable` decodes at a time.
+_DECODE_CHUNK = 1 << 20
 
 
 def _ends_in_extra_field(path: str, frame: pd.DataFrame) -> bool:
