@@ -437,14 +437,6 @@ def _holds_category_values(values: pd.Series) -> bool:
     return bool(pd.to_numeric(present.drop_duplicates(), errors="coerce").isna().all())
 
 
-def _separated_texts(values: pd.Series) -> SeparatedNumbers | None:
-    """`separated_numbers` of a column of texts (None for `category` dtype): the numbers
-    written with separators ('12,5') for which `infer_categorical` refuses the column."""
-    if isinstance(values.dtype, pd.CategoricalDtype):
-        return None
-    return separated_numbers(values)
-
-
 def kept_placeholders(
     frame: pd.DataFrame, spec: TableSpec, fitted: Mapping[str, Sequence[Any]] | None = None
 ) -> dict[str, dict[Any, int]]:
@@ -477,10 +469,7 @@ def kept_placeholders(
         if len(hits) and (
             column in spec.categorical_cols
             or (
-                not for_fitted
-                and _holds_category_values(values)
-                and _separated_texts(values) is None
-                and _percent_texts(values) is None
+                not for_fitted and _holds_category_values(values) and _written_texts(values) is None
             )
         ):
             kept[column] = {plain_value(value): int(n) for value, n in hits.items()}
@@ -549,20 +538,15 @@ class SeparatedNumbers:
         )
 
 
-def separated_numbers(
-    values: pd.Series, share: float = _SEPARATED_SHARE
-) -> SeparatedNumbers | None:
-    """How `values` read as numbers written with decimal commas or thousands separators.
+def _separated_in(texts: _DistinctTexts, share: float) -> SeparatedNumbers | None:
+    """How a column's distinct `texts` read as numbers written with decimal commas or
+    thousands separators.
 
     None unless at least `share` of the present cells (missing-value texts aside)
     are such numbers or plain ones, one at least written with a separator:
     pandas reads '12,5' and '1,234.56' as text, which would otherwise make a
-    column of numbers one of categories (a category per row). Each distinct
-    text is read once.
+    column of numbers one of categories (a category per row).
     """
-    texts = _DistinctTexts.of(values)
-    if texts is None:
-        return None
     options, separators, written = [], "", np.zeros(len(texts.text), dtype=bool)
     for option, name, pattern in _SEPARATED_NUMBERS:
         fits = texts.fitting(pattern)
@@ -577,7 +561,7 @@ def separated_numbers(
 
 @dataclasses.dataclass(frozen=True)
 class _DistinctTexts:
-    """A column's distinct cells as stripped texts, each read once (`separated_numbers`).
+    """A column's distinct cells as stripped texts, each read once (`_written_numbers`).
 
     Attributes:
       codes: each cell's distinct text (-1 where missing).
@@ -647,17 +631,15 @@ class Percentages:
         )
 
 
-def percentages(values: pd.Series, share: float = _SEPARATED_SHARE) -> Percentages | None:
-    """How `values` read as percentages, as `separated_numbers` reads numbers with separators.
+def _percent_in(texts: _DistinctTexts, share: float) -> Percentages | None:
+    """How a column's distinct `texts` read as percentages, as `_separated_in` reads
+    numbers with separators.
 
     None unless at least `share` of the present cells (missing-value texts
     aside) are percentages or plain numbers, one at least a percentage:
     pandas reads '12%' as text, which would make a column of numbers one of
-    categories (a category per value). Each distinct text is read once.
+    categories (a category per value).
     """
-    texts = _DistinctTexts.of(values)
-    if texts is None:
-        return None
     fits = texts.fitting(_PERCENT)
     if not texts.enough(fits, share):
         return None
@@ -665,11 +647,27 @@ def percentages(values: pd.Series, share: float = _SEPARATED_SHARE) -> Percentag
     return Percentages(texts.first_row(fits), comma)
 
 
-def _percent_texts(values: pd.Series) -> Percentages | None:
-    """`percentages` of a column of texts (None for `category` dtype), as `_separated_texts`."""
+def _written_numbers(
+    values: pd.Series, share: float = _SEPARATED_SHARE
+) -> SeparatedNumbers | Percentages | None:
+    """Numbers `values` write as texts pandas reads as no number: with separators
+    ('12,5'; `_separated_in`), else as percentages ('12%'; `_percent_in`).
+
+    Each distinct text is read once, for both readings.
+    """
+    texts = _DistinctTexts.of(values)
+    if texts is None:
+        return None
+    separated = _separated_in(texts, share)
+    return separated if separated is not None else _percent_in(texts, share)
+
+
+def _written_texts(values: pd.Series) -> SeparatedNumbers | Percentages | None:
+    """`_written_numbers` of a column of texts (None for `category` dtype): the numbers
+    written with separators or as percentages for which `infer_categorical` refuses it."""
     if isinstance(values.dtype, pd.CategoricalDtype):
         return None
-    return percentages(values)
+    return _written_numbers(values)
 
 
 def infer_categorical(frame: pd.DataFrame, spec: TableSpec) -> TableSpec:
@@ -685,8 +683,8 @@ def infer_categorical(frame: pd.DataFrame, spec: TableSpec) -> TableSpec:
     Raises:
       ValueError: naming the column and a cell, for a column of text not listed
         in `spec.categorical_cols` whose cells are numbers written with decimal
-        commas or thousands separators ('12,5', '1,234.56'; `separated_numbers`)
-        or percentages ('12%'; `percentages`): read as categories, each value
+        commas or thousands separators ('12,5', '1,234.56'; `_separated_in`)
+        or percentages ('12%'; `_percent_in`): read as categories, each value
         would be a category of its own.
     """
     found = []
@@ -697,22 +695,20 @@ def infer_categorical(frame: pd.DataFrame, spec: TableSpec) -> TableSpec:
         if not _holds_category_values(frame[column]):
             continue
         # A table without its id column is the table validation's to name first.
-        if spec.id_col in frame:
-            separated = _separated_texts(frame[column])
-            percent = None if separated is not None else _percent_texts(frame[column])
-            if separated is not None:
-                row, written = separated.row, f"numbers written with {separated.separators}"
-                hint = separated.hint()
-            elif percent is not None:
-                row, written, hint = percent.row, "percentages", percent.hint(column)
-            if separated is not None or percent is not None:
-                raise ValueError(
-                    f"column {column!r} holds {written} (e.g. {frame[column].iloc[row]!r} in "
-                    f"series {plain_value(frame[spec.id_col].iloc[row])!r} at "
-                    f"{row_text(row, rows, nested=True)}), which would be read as "
-                    f"{frame[column].dropna().nunique()} categories; {hint}, or, if it holds "
-                    "categories, list it in categorical_cols (--categorical-cols)"
-                )
+        written = _written_texts(frame[column]) if spec.id_col in frame else None
+        if written is not None:
+            row = written.row
+            if isinstance(written, SeparatedNumbers):
+                kind, hint = f"numbers written with {written.separators}", written.hint()
+            else:
+                kind, hint = "percentages", written.hint(column)
+            raise ValueError(
+                f"column {column!r} holds {kind} (e.g. {frame[column].iloc[row]!r} in "
+                f"series {plain_value(frame[spec.id_col].iloc[row])!r} at "
+                f"{row_text(row, rows, nested=True)}), which would be read as "
+                f"{frame[column].dropna().nunique()} categories; {hint}, or, if it holds "
+                "categories, list it in categorical_cols (--categorical-cols)"
+            )
         found.append(column)
     if not found:
         return spec
@@ -1686,21 +1682,17 @@ def _to_float(
         bad = bad | _stray_bools(values)
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
-            separated = separated_numbers(values[bad], share=0.0)
-            percent = percentages(values[bad], share=0.0) if separated is None else None
+            written = _written_numbers(values[bad], share=0.0)
             hint = ""
-            if separated is not None:
-                at = int(np.flatnonzero(bad)[separated.row])
+            if written is not None:
+                at = int(np.flatnonzero(bad)[written.row])
+                if isinstance(written, SeparatedNumbers):
+                    kind = f"a number written with {written.separators}: {written.hint()}"
+                else:
+                    kind = f"a percentage: {written.hint(column)}"
                 hint = (
                     f"; {values.iloc[at]!r} (series {plain_value(ids.iloc[at])!r}, "
-                    f"{row_text(at, rows, nested=True)}) "
-                    f"is a number written with {separated.separators}: {separated.hint()}"
-                )
-            elif percent is not None:
-                at = int(np.flatnonzero(bad)[percent.row])
-                hint = (
-                    f"; {values.iloc[at]!r} (series {plain_value(ids.iloc[at])!r}, "
-                    f"{row_text(at, rows, nested=True)}) is a percentage: {percent.hint(column)}"
+                    f"{row_text(at, rows, nested=True)}) is {kind}"
                 )
             categories = (
                 ", or, for an input, list it in categorical_cols (--categorical-cols)"
