@@ -1501,6 +1501,118 @@ def test_time_budget_counts_the_evaluations_in_the_refitted_total() -> None:
     assert result.schedule_steps == 18
 
 
+def test_the_first_evaluations_compilation_is_not_counted_as_every_evaluations_cost() -> None:
+    # Steps take 1 s; the first evaluation (at step 2) 10 s, as compiling it
+    # does, the later ones nothing. Refitted at step 6 (16 s), after the
+    # evaluations of steps 2 and 4: the 30 s budget leaves 14 steps of 1 s, so
+    # the cosine ends at step 20, where the budget is spent. Counting the 10 s
+    # in every evaluation's cost (3.5 s a step) ended it at step 10.
+    clock = FakeClock()
+
+    class CompilingValidation(list):
+        evaluations = 0
+
+        def __iter__(self) -> Any:
+            clock.now += 10.0 if self.evaluations == 0 else 0.0
+            self.evaluations += 1
+            return super().__iter__()
+
+    result = fit(
+        recording_state([]),
+        ticking(clock, [far_batch(90 + i) for i in range(4)]),
+        CompilingValidation([far_batch(95)]),
+        epochs=10,
+        max_steps=PLANNED,
+        eval_every=2,
+        time_budget=30.0,
+        clock=clock,
+        quiet=True,
+    )
+    assert result.stop_reason == "time_budget"
+    assert int(result.state.step) == 20 and result.schedule_steps == 20
+
+
+def compiling_then_ticking(clock: FakeClock, batches: list[Batch], compile_seconds: float) -> Any:
+    """`ticking` at 0.125 s a step, the first step also taking `compile_seconds`."""
+
+    def source(epoch: int) -> Any:
+        for index, batch in enumerate(batches):
+            clock.now += 0.125 + (compile_seconds if epoch == 0 and index == 0 else 0.0)
+            yield batch
+
+    return source
+
+
+def test_a_short_budget_mostly_spent_compiling_still_ends_the_cosine_where_it_stops() -> None:
+    # 3.5 s of compilation, then 0.125 s a step: 5 steps measured (0.625 s,
+    # more than 5% of the 5 s budget) leave 0.75 s at step 6, 6 more steps.
+    clock = FakeClock()
+    result = fit(
+        recording_state([]),
+        compiling_then_ticking(clock, [far_batch(90 + i) for i in range(4)], 3.5),
+        epochs=20,
+        max_steps=PLANNED,
+        time_budget=5.0,
+        clock=clock,
+        quiet=True,
+    )
+    assert result.stop_reason == "time_budget"
+    assert int(result.state.step) == 12 and result.schedule_steps == 12
+
+
+def test_the_refit_waits_for_an_evaluation_after_the_first_which_compiles() -> None:
+    # 0.125 s a step, the first evaluation (step 4) 1 s, the later ones nothing.
+    # At step 6 only the first is measured: the refit waits for the one of
+    # step 8, then at step 9 (2.125 s) the 5 s budget leaves 23 steps: step 32.
+    clock = FakeClock()
+
+    class CompilingValidation(list):
+        evaluations = 0
+
+        def __iter__(self) -> Any:
+            clock.now += 1.0 if self.evaluations == 0 else 0.0
+            self.evaluations += 1
+            return super().__iter__()
+
+    result = fit(
+        recording_state([]),
+        compiling_then_ticking(clock, [far_batch(90 + i) for i in range(4)], 0.0),
+        CompilingValidation([far_batch(95)]),
+        epochs=20,
+        max_steps=PLANNED,
+        eval_every=4,
+        time_budget=5.0,
+        clock=clock,
+        quiet=True,
+    )
+    assert result.stop_reason == "time_budget"
+    assert int(result.state.step) == 32 and result.schedule_steps == 32
+
+
+def test_a_budget_spent_before_the_step_time_is_measured_says_the_cosine_did_not_end(
+    capsys,
+) -> None:
+    clock = FakeClock()
+    result = fit(
+        recording_state([]),
+        compiling_then_ticking(clock, [far_batch(90 + i) for i in range(4)], 3.5),
+        epochs=20,
+        max_steps=PLANNED,
+        time_budget=3.8,
+        clock=clock,
+        label="FP32",
+        log_seconds=1e9,
+    )
+    assert result.stop_reason == "time_budget" and int(result.state.step) == 3
+    assert result.schedule_steps == PLANNED
+    err = capsys.readouterr().err
+    assert (
+        "FP32: stopped on the time budget of 3.8s at step 3/40 after 3.9s; the budget ran out "
+        "before the step time was measured, so the learning rate did not decay to its end (a "
+        f"schedule of {PLANNED} steps): give a larger time budget, or fewer steps"
+    ) in err, err
+
+
 def test_no_refit_when_the_planned_steps_fit_in_the_budget(capsys) -> None:
     clock, rates = FakeClock(), []
     result = fit(

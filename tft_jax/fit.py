@@ -317,13 +317,15 @@ def fit(
         saves timed checkpoints) at the same step. When the learning-rate
         schedule lives in the optimizer state (`make_optimizer(
         warmup_cosine_schedule(...))`), the budget also refits it once: after
-        a few steps past the compilation, the measured step time (and that of
-        the evaluations so far) tells how many steps the rest of the budget
-        allows; when that is fewer than planned, the cosine is made to end
-        there (`with_schedule_steps`, announced unless `quiet`), so that the
-        last steps train at the low learning rate. `max_steps` stays the cap;
-        the refitted total is in the checkpoints (a resumed run keeps it)
-        and in `FitResult.schedule_steps`.
+        a few steps past the compilation (and a few seconds, or 5% of a
+        short budget), the measured step time and that of the evaluations
+        (their mean past the first, which compiles) tell how many steps the
+        rest of the budget allows; when that is fewer than planned, the
+        cosine is made to end there (`with_schedule_steps`, announced unless
+        `quiet`), so that the last steps train at the low learning rate. A
+        budget spent before the step time is measured says so at the stop.
+        `max_steps` stays the cap; the refitted total is in the checkpoints
+        (a resumed run keeps it) and in `FitResult.schedule_steps`.
       checkpoint_dir: where the latest and best checkpoints go (see
         `tft_jax.checkpoint`); None keeps no checkpoints. A fresh start
         (`resume=False`) refuses a folder holding another run's checkpoints.
@@ -725,9 +727,17 @@ def fit(
         )
     if loop.stopped_on_budget:
         reason = "time_budget"
+        unfitted = ""
+        if refit is not None and loop.step < refit.planned:
+            # The budget ran out before the step time was measured: the cosine did not end.
+            unfitted = (
+                f"; the budget ran out before the step time was measured, so the learning "
+                f"rate did not decay to its end (a schedule of {refit.planned} steps): "
+                "give a larger time budget, or fewer steps"
+            )
         progress.note(
             f"stopped on the time budget of {duration_text(time_budget)} at step "
-            f"{step_text(loop.step, total)} after {duration_text(elapsed())}"
+            f"{step_text(loop.step, total)} after {duration_text(elapsed())}{unfitted}"
         )
     elif loop.stopped_early:
         reason = "early_stopping"
@@ -751,9 +761,12 @@ def fit(
 
 
 # Before the time budget refits the schedule: steps and seconds measured since
-# the latest compilation, so that the step time is the running step's.
+# the latest compilation, so that the step time is the running step's. The
+# seconds are at most this fraction of the budget, so that a short budget, most
+# of it spent compiling, is still measured in time to end the cosine.
 _REFIT_MIN_STEPS = 5
 _REFIT_MIN_SECONDS = 2.0
+_REFIT_MAX_BUDGET_FRACTION = 0.05
 
 
 class _ScheduleRefit:
@@ -761,8 +774,12 @@ class _ScheduleRefit:
 
     The step time is measured from the end of the latest compiling step,
     leaving the evaluations in between out; the evaluations' cost is added
-    per step as their mean over `eval_interval` steps. The estimate is the
-    step at whose end the budget is spent, where `fit` stops.
+    per step as their mean over `eval_interval` steps. The run's first
+    evaluation compiles the evaluation program: the mean is that of the
+    later ones (the compilation is paid once, not every `eval_interval`
+    steps), and the estimate waits for one unless `_REFIT_MIN_SECONDS` of
+    steps pass first. The estimate is the step at whose end the budget is
+    spent, where `fit` stops.
     """
 
     def __init__(
@@ -778,7 +795,9 @@ class _ScheduleRefit:
         self.eval_interval, self.settled_after = eval_interval, settled_after
         self.start: tuple[int, float] | None = None  # (step, time) after the latest compile
         self.window_evaluations = 0.0  # evaluation seconds since then
-        self.evaluations, self.evaluation_seconds = 0, 0.0
+        self.first_evaluation: float | None = None  # seconds, its compilation included
+        self.evaluations, self.evaluation_seconds = 0, 0.0  # the later ones
+        self.min_seconds = min(_REFIT_MIN_SECONDS, _REFIT_MAX_BUDGET_FRACTION * time_budget)
 
     def compiled(self, step: int, now: float) -> None:
         """A newly compiled step has run up to `step` at `now`: measure from here."""
@@ -786,9 +805,18 @@ class _ScheduleRefit:
 
     def evaluated(self, seconds: float) -> None:
         """An evaluation took `seconds`."""
-        self.evaluations += 1
-        self.evaluation_seconds += seconds
+        if self.first_evaluation is None:
+            self.first_evaluation = seconds
+        else:
+            self.evaluations += 1
+            self.evaluation_seconds += seconds
         self.window_evaluations += seconds
+
+    def evaluation_seconds_each(self) -> float:
+        """The seconds an evaluation takes: the later ones' mean, else the first's, else 0."""
+        if self.evaluations:
+            return self.evaluation_seconds / self.evaluations
+        return self.first_evaluation or 0.0
 
     def estimate(self, step: int, now: float, elapsed: float) -> int | None:
         """The step at which the budget runs out (not before `step`, above the warmup).
@@ -800,11 +828,15 @@ class _ScheduleRefit:
             return None
         start_step, start_time = self.start
         steps, seconds = step - start_step, now - start_time
-        if steps < _REFIT_MIN_STEPS or seconds < _REFIT_MIN_SECONDS:
+        stepping = max(0.0, seconds - self.window_evaluations)  # the steps' own seconds
+        if steps < _REFIT_MIN_STEPS or stepping < self.min_seconds:
             return None
-        per_step = max(0.0, seconds - self.window_evaluations) / steps
-        if self.evaluations and self.eval_interval:
-            per_step += self.evaluation_seconds / self.evaluations / self.eval_interval
+        if self.first_evaluation is not None and not self.evaluations:
+            if stepping < _REFIT_MIN_SECONDS:
+                return None  # the first evaluation compiled: a later one says what one costs
+        per_step = stepping / steps
+        if self.eval_interval:
+            per_step += self.evaluation_seconds_each() / self.eval_interval
         if per_step <= 0.0:
             return None
         remaining = max(0.0, self.time_budget - elapsed)
