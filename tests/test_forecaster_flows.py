@@ -15,6 +15,7 @@ import pytest
 
 from tft_jax import Forecaster
 from tft_jax.data import prepare_dataset
+from tft_jax.data.tables import read_table
 from tft_jax.forecaster import (
     DataConfig,
     ForecasterConfig,
@@ -94,6 +95,15 @@ def test_warmup_not_below_max_steps_is_refused_at_construction():
 def test_data_text_settings_of_another_type_are_named(name):
     with pytest.raises(TypeError, match=rf"DataConfig.{name} must be a string or None, got 5"):
         DataConfig(**{**DATA.__dict__, name: 5})
+
+
+def test_an_encoding_of_none_reads_a_csv_as_utf_8(tmp_path):
+    # None named no codec: reading a CSV file raised a TypeError from `codecs.lookup`.
+    config = DataConfig(**{**DATA.__dict__, "encoding": None})
+    assert config.encoding == "utf-8"
+    path = tmp_path / "caf\u00e9.csv"
+    path.write_text("store,day\ncaf\u00e9,2024-01-01\n", encoding="utf-8")
+    assert read_table(path, config.encoding)["store"].tolist() == ["caf\u00e9"]
 
 
 @pytest.mark.parametrize(

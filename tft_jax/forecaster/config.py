@@ -147,7 +147,7 @@ class DataConfig:
         holding text are categorical without being listed).
       time_format: strftime format of the time column; None infers it.
       dayfirst: read ambiguous dates such as 01/02/2024 as day first.
-      encoding: text encoding of CSV files.
+      encoding: text encoding of CSV files (None: UTF-8, pandas' default).
       max_missing_fraction: refuse a series whose missing target steps exceed
         this share of its time grid.
       min_series_length: leave out (with a warning) series shorter than this;
@@ -224,7 +224,9 @@ class DataConfig:
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"{owner}.{name} must be a string or None, got {value!r}")
-        if self.encoding is not None:
+        if self.encoding is None:  # pandas' default, named: the readers and run folders take a name
+            object.__setattr__(self, "encoding", "utf-8")
+        else:
             try:  # refused here, not once the table is read
                 codecs.lookup(self.encoding)
             except LookupError:
