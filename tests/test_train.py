@@ -790,6 +790,34 @@ def test_fit_stops_after_patience_evaluations_without_improvement() -> None:
     assert int(result.state.step) == 6
 
 
+def test_a_run_stopped_early_resumed_with_a_larger_patience_trains_on(tmp_path, capsys) -> None:
+    # A zero learning rate never improves on the first evaluation: patience 2
+    # stops at step 6. Resumed with the same patience it returns at once; with
+    # patience 4 it trains on to 1 + 4 evaluations (step 10), saying 4, not 2.
+    frozen = make_optimizer(optax.constant_schedule(0.0), clip_norm=1.0)
+
+    def run(patience: int | None) -> FitResult:
+        state = create_train_state(TINY, frozen, jax.random.key(0), make_batch(0))
+        batches = [make_batch(30 + i) for i in range(2)]
+        return fit(
+            state, batches, [make_batch(40)], epochs=8, patience=patience, resume=True,
+            checkpoint_dir=tmp_path, label="FP32", log_seconds=1e9,
+        )  # fmt: skip
+
+    assert int(run(2).state.step) == 6
+    again = run(2)
+    assert again.stop_reason == "early_stopping" and int(again.state.step) == 6
+    capsys.readouterr()
+    longer = run(4)
+    assert longer.stop_reason == "early_stopping"
+    assert longer.history["step"] == [2, 4, 6, 8, 10]
+    assert "FP32: stopped early at step 10/16: no lower validation loss in 4 evaluations" in (
+        capsys.readouterr().err
+    )
+    unlimited = run(None)  # no patience: no early stop, every epoch
+    assert unlimited.stop_reason == "completed" and int(unlimited.state.step) == 16
+
+
 def test_fit_evaluates_every_n_steps_and_once_more_after_the_last() -> None:
     batches = [make_batch(60 + i) for i in range(3)]
     result = fit(

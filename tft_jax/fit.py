@@ -342,7 +342,8 @@ def fit(
         refitted the checkpoint's. With the same
         arguments the result equals that of the uninterrupted run; a finished
         run returns at once, unless `epochs`, `max_steps` or `time_budget`
-        were raised, when it trains on.
+        were raised, or `patience` (a run stopped early trains on while its
+        evaluations since the best are fewer than the new `patience`).
       calibrate_steps: None for models without calibration; N for the QAT
         model: steps `< N` run with `calibrate=True`, later ones `calibrate=False`.
       quiet: print nothing (no progress bar, no lines).
@@ -502,6 +503,8 @@ def fit(
                 )
     if loop.stopped_on_budget and (time_budget is None or loop.seconds < time_budget):
         loop.stopped_on_budget = False  # a larger budget, or none: train on
+    if loop.stopped_early and (patience is None or loop.evals_since_best < patience):
+        loop.stopped_early = False  # a larger patience, or none: train on
     if best_state is None:
         best_state = copy_state(state)
     if val_batches is not None:
@@ -743,7 +746,7 @@ def fit(
         reason = "early_stopping"
         progress.note(
             f"stopped early at step {step_text(loop.step, total)}: no lower validation loss in "
-            f"{patience} evaluations"
+            f"{loop.evals_since_best} evaluations"
         )
     else:
         reason = "completed"
@@ -831,9 +834,9 @@ class _ScheduleRefit:
         stepping = max(0.0, seconds - self.window_evaluations)  # the steps' own seconds
         if steps < _REFIT_MIN_STEPS or stepping < self.min_seconds:
             return None
-        if self.first_evaluation is not None and not self.evaluations:
-            if stepping < _REFIT_MIN_SECONDS:
-                return None  # the first evaluation compiled: a later one says what one costs
+        first_only = self.first_evaluation is not None and not self.evaluations
+        if first_only and stepping < _REFIT_MIN_SECONDS:
+            return None  # the first evaluation compiled: a later one says what one costs
         per_step = stepping / steps
         if self.eval_interval:
             per_step += self.evaluation_seconds_each() / self.eval_interval
