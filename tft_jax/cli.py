@@ -40,6 +40,7 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import shutil
 import sys
 import time
@@ -65,6 +66,7 @@ from tft_jax.cli_parser import (
     check_input_file,
     check_output_file,
     check_output_folder,
+    check_time_flags,
     check_train_flags,
     demo_argv,
     describe_verb,
@@ -167,6 +169,8 @@ def output_error_text(error: OSError, args: argparse.Namespace) -> str:
             if failed == path or inside or failed == temporary_sibling(path):
                 what = f"writing {failed}" if inside else "writing it"
                 return f"{flag} {path}: {what} failed: {error.strerror or error}"
+            if failed in path.parents:  # the folder it goes in, created on the way
+                return f"{flag} {path}: creating {failed} failed: {error.strerror or error}"
     return os_error_text(error)
 
 
@@ -189,6 +193,35 @@ def raised_by_data_layer(error: BaseException, itself: bool = False) -> bool:
     return bool(ours) and ours[-1].startswith("tft_jax.data.")
 
 
+# A limit of the run's, set when it trained (`--max-missing-fraction`), in a command that
+# reads a run: only training again changes it.
+_RUN_MISSING_LIMIT = "the run's limit, set when it trained: train again with --max-missing-fraction"
+
+
+def cli_text(message: str, args: argparse.Namespace) -> str:
+    """A library's error or warning as the command's user reads it: in its flags.
+
+    `flag_message` with the command's flags; a `max_missing_fraction` of a
+    command without `--max-missing-fraction` is the run's, and a pointer to
+    `PreparedDataset.missing_report()`, a Python call, is left out.
+    """
+    if "max_missing_fraction" not in vars(args):
+        message = message.replace("DataConfig.max_missing_fraction", _RUN_MISSING_LIMIT)
+    message = message.replace(" (PreparedDataset.missing_report())", "")
+    return flag_message(message, vars(args))
+
+
+def warning_text(message: str, args: argparse.Namespace) -> str:
+    """A warning as `tft-jax` shows it: `cli_text`, the future table as `--future-csv FILE`.
+
+    The data layer names the table predict is given `future`; the user gave a file.
+    """
+    future = getattr(args, "future_csv", None)
+    if future is not None and re.match(r"future (holds|has|lacks|column)\b", message):
+        message = f"--future-csv {future}" + message[len("future") :]
+    return cli_text(message, args)
+
+
 def data_error_text(error: Exception, args: argparse.Namespace) -> str:
     """A `ValueError` (or data-layer `TypeError`) as one line, its keywords as the command's flags.
 
@@ -200,7 +233,7 @@ def data_error_text(error: Exception, args: argparse.Namespace) -> str:
     errors `predict_from_files` names by that flag; the data layer names a
     table by no path).
     """
-    message = flag_message(str(error), vars(args))
+    message = cli_text(str(error), args)
     path = getattr(args, "csv", None)
     if path is not None:
         named, label = str(path), f"--csv {path}"
@@ -256,6 +289,7 @@ def check_reading_flags(args: argparse.Namespace) -> None:
     without such a file they would do nothing (as `train` refuses them
     without `--csv`: `forecaster_config`).
     """
+    check_time_flags(args)
     files = {"--csv": args.csv, "--future-csv": getattr(args, "future_csv", None)}
     if any(path is not None for path in files.values()):
         return
@@ -361,6 +395,16 @@ def load_run(
     """
     # A run's config.json given for its folder: not ".../config.json/config.json does not exist".
     check_not_a_file(pathlib.Path(run), "--run")
+    if not pathlib.Path(run).exists():
+        raise UsageError(
+            f"--run {run}: no such folder; give a run folder (written by `tft-jax train` or "
+            "Forecaster.save)"
+        )
+    if not (pathlib.Path(run) / CONFIG_FILE).exists():
+        raise UsageError(
+            f"--run {run}: {pathlib.Path(run) / CONFIG_FILE} does not exist, so it is not a "
+            "run folder (one written by `tft-jax train` or Forecaster.save)"
+        )
     config = read_json(pathlib.Path(run) / CONFIG_FILE)
     forecaster = Forecaster.load(run)
     if eval_batch_size is not None:
@@ -557,6 +601,39 @@ def _check_out(out: pathlib.Path, resume: bool, overwrite: bool, qat: bool) -> N
         )
 
 
+# What `train` writes into `--out`: files, and folders (those of QAT with `--qat` only).
+RUN_OUTPUT_FILES = (
+    CONFIG_FILE, HISTORY_FILE, "metrics.json", "forecasts.csv",
+    f"checkpoints/{BATCH_STREAM_FILE}", "plots/attention.png",
+    "plots/variable_importance.png", "plots/loss_curves.png",
+)  # fmt: skip
+RUN_OUTPUT_FOLDERS = ("checkpoints", "checkpoints/fp32", "models", "plots")
+QAT_OUTPUT_FOLDERS = ("checkpoints/qat",)
+
+
+def check_run_outputs(out: pathlib.Path, qat: bool) -> None:
+    """Raises `UsageError` if `out` holds a folder where `train` writes a file, or a file
+    where it makes a folder.
+
+    Before training: found after it, the write failed minutes later naming a
+    temporary file.
+    """
+    folders = (*RUN_OUTPUT_FOLDERS, *(QAT_OUTPUT_FOLDERS if qat else ()))
+    for name in RUN_OUTPUT_FILES:
+        if (out / name).is_dir():
+            raise UsageError(
+                f"--out {out}: {out / name} is a folder, not a file; train writes its "
+                f"{name} there: remove it or choose another --out"
+            )
+    for name in folders:
+        path = out / name
+        if path.exists() and not path.is_dir():
+            raise UsageError(
+                f"--out {out}: {path} is a file, not a folder; train writes its {name}/ "
+                "there: remove it or choose another --out"
+            )
+
+
 def _saved_with_qat(out: pathlib.Path) -> bool:
     """Whether `out/config.json` is a saved run with a QAT section (an unreadable one: no)."""
     try:
@@ -633,6 +710,7 @@ def run_training(args: argparse.Namespace, command: str = "train") -> dict[str, 
     started = time.perf_counter()
     check_train_flags(args)
     check_output_folder(args.out, "--out")
+    check_run_outputs(pathlib.Path(args.out), args.qat)
     settings = forecaster_config(args, qat=args.qat)
     check_forecast_columns(
         settings.data, settings.model.quantiles, ("--id-col", "--time-col"), model_column=True
@@ -774,6 +852,7 @@ def day_order_hint(table: pd.DataFrame, data: DataConfig) -> str:
 
 
 def command_predict(args: argparse.Namespace) -> int:
+    check_time_flags(args)
     check_output_file(args.out, "--out")
     inputs = {"the --csv file": args.csv, "the --future-csv file": args.future_csv}
     check_not_input(args.out, "--out", {**inputs, **run_inputs(args.run)})
@@ -1288,7 +1367,7 @@ def run_parsed(args: argparse.Namespace, joined: list[bool]) -> int:
         prog += f" {args.experiment}"
 
     def show(message, category, filename, lineno, file=None, line=None) -> None:
-        print(f"{prog}: warning: {message}", file=sys.stderr, flush=True)
+        print(f"{prog}: warning: {warning_text(str(message), args)}", file=sys.stderr, flush=True)
 
     previous, warnings.showwarning = warnings.showwarning, show
     try:

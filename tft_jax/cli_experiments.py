@@ -23,6 +23,7 @@ import numpy as np
 from tft_jax import plots
 from tft_jax.cli_parser import (
     UsageError,
+    check_batch_flags,
     check_output_folder,
     flag_message,
     forecaster_config,
@@ -72,6 +73,7 @@ def _clipping_settings(args: argparse.Namespace) -> ClippingSettings:
     with a warning (a repair is said, as `train` says its own), which says
     whether the interval was the user's or the default.
     """
+    check_batch_flags(args)  # a default --val-windows is not the user's doing
     # Before listing the seeds: `tuple(range(3_000_000_000))` fills the memory.
     if args.seeds > MAX_SEEDS:
         raise UsageError(
@@ -121,6 +123,21 @@ def _check_outputs(out: pathlib.Path) -> None:
             )
 
 
+def _make_out(out: pathlib.Path) -> None:
+    """Creates `out` before the runs (minutes), so that one it cannot be fails at once.
+
+    A path the checks cannot foresee (one in /proc, say) was found only when
+    writing the results, with an error naming no flag.
+    """
+    try:
+        pathlib.Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        failed = "it" if error.filename is None else error.filename
+        raise UsageError(
+            f"--out {out}: creating {failed} failed: {error.strerror or error}"
+        ) from None
+
+
 def _non_finite_as_strings(value: Any) -> Any:
     """`value` with each NaN, inf and -inf float, nested in dicts and lists, as a string.
 
@@ -155,6 +172,7 @@ def command_experiment(args: argparse.Namespace) -> int:
         check_splits(dataset.train, dataset.validation, experiment)
     except ValueError as error:
         raise UsageError(flag_message(_setting_flags(str(error)), vars(args))) from None
+    _make_out(args.out)
     model = settings.model
     tft_config = TFTConfig(
         **dataset.tft_config_kwargs(),

@@ -5,6 +5,10 @@ dataclass field it sets (`tft_jax.forecaster.config`), so argparse, the
 `Forecaster`, `config.json` and the README cannot disagree. Errors that a
 config raises name its field (`ModelConfig.hidden_dim`); `flag_message`
 rewrites them with the flag (`--hidden-dim`).
+
+A size or count flag (`--hidden-dim`, `--batch-size`, `--train-stride`, ...)
+takes at most `MAX_COUNT` (2**31 - 1, the largest int32): larger values
+only ever failed later, as an `OverflowError` deep inside NumPy or JAX.
 """
 
 from __future__ import annotations
@@ -44,9 +48,17 @@ class UsageError(ValueError):
 
 
 def _bounded(
-    kind: Callable[[str], Any], low: float, inclusive: bool, what: str, high: float | None = None
+    kind: Callable[[str], Any],
+    low: float,
+    inclusive: bool,
+    what: str,
+    high: float | None = None,
+    too_high: str | None = None,
 ) -> Callable[[str], Any]:
-    """An argparse type: `kind(text)`, finite, >= `low` (> without `inclusive`), <= `high`."""
+    """An argparse type: `kind(text)`, finite, >= `low` (> without `inclusive`), <= `high`.
+
+    `too_high`: how a value above `high` is refused ('at most ...'), else as `what`.
+    """
 
     def parse(text: str) -> Any:
         try:
@@ -56,6 +68,8 @@ def _bounded(
         # NaN compares False with every bound: refused by name, as is inf.
         if isinstance(value, float) and not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"expected {what}, got {text}")
+        if high is not None and value > high and too_high is not None:
+            raise argparse.ArgumentTypeError(f"expected {too_high}, got {text}")
         if value < low or (not inclusive and value == low) or (high is not None and value > high):
             raise argparse.ArgumentTypeError(f"expected {what}, got {text}")
         return value
@@ -63,8 +77,12 @@ def _bounded(
     return parse
 
 
-positive_int = _bounded(int, 1, True, "an integer >= 1")
-non_negative_int = _bounded(int, 0, True, "an integer >= 0")
+# The largest size or count a flag takes: an int32, as JAX shapes and NumPy indices need.
+MAX_COUNT = 2**31 - 1
+_AT_MOST_COUNT = f"an integer at most {MAX_COUNT} (2**31 - 1)"
+positive_int = _bounded(int, 1, True, "an integer >= 1", MAX_COUNT, _AT_MOST_COUNT)
+non_negative_int = _bounded(int, 0, True, "an integer >= 0", MAX_COUNT, _AT_MOST_COUNT)
+any_positive_int = _bounded(int, 1, True, "an integer >= 1")  # a flag bounded after parsing
 positive_float = _bounded(float, 0.0, False, "a finite number > 0")
 non_negative_float = _bounded(float, 0.0, True, "a finite number >= 0")
 seed_value = _bounded(int, 0, True, f"an integer in 0..{MAX_SEED} (2**32 - 3)", MAX_SEED)
@@ -471,6 +489,43 @@ def _flag_of_pair(match: re.Match[str], available: Container[str] | None) -> str
     return match.group(0)
 
 
+# A switch setting with its value: `DataConfig.nonnegative=True`, `set nonnegative=False`.
+_SWITCH = re.compile(
+    r"\b(set )?(?:(?:DataConfig|ModelConfig|TrainingConfig|QATTrainingConfig)\.)?"
+    r"([a-z]+(?:_[a-z]+)*)=(True|False)\b"
+)
+
+
+def _flag_of_switch(match: re.Match[str], available: Container[str] | None) -> str:
+    """A switch setting as the command line says it.
+
+    `field=True` is the flag; `field=False` is `--no-FLAG` for a flag that has one,
+    and 'set field=False' of a plain switch is 'leave out FLAG'. Any other stays.
+    """
+    setting, name, value = match.groups()
+    for option in ALL_OPTIONS:
+        action = option.kwargs.get("action")
+        if option.field != name or action not in ("store_true", argparse.BooleanOptionalAction):
+            continue
+        if available is not None and option.dest not in available:
+            break
+        if value == "True":
+            return (setting or "") + option.flag
+        if action is argparse.BooleanOptionalAction:
+            return (setting or "") + "--no-" + option.flag[2:]
+        if setting:
+            return f"leave out {option.flag}"
+        break
+    return match.group(0)
+
+
+# Library advice in words, and the flag that follows it: 'lower the batch size'.
+_ADVICE = (
+    ("lower the batch size", "batch_size", "lower --batch-size"),
+    ("raise the validation fraction", "validation_fraction", "raise --validation-fraction"),
+)
+
+
 def flag_message(message: str, available: Container[str] | None = None) -> str:
     """A config or data error with each `Config.field`, and each data-layer keyword
     (`validation_start`, `freq=`), replaced by the flag that sets it; a
@@ -490,12 +545,18 @@ def flag_message(message: str, available: Container[str] | None = None) -> str:
     # 'DataConfig: give both ...' names a class a command-line user never wrote.
     message = _OWNER_PREFIX.sub("", message).replace("ForecasterConfig.qat", "--qat")
     message = _PAIR.sub(lambda m: _flag_of_pair(m, available), message)
+    message = _SWITCH.sub(lambda m: _flag_of_switch(m, available), message)
+    for words, dest, flagged in _ADVICE:
+        if available is None or dest in available:
+            message = message.replace(words, flagged)
     flagged = _KEYWORD.sub(lambda m: _data_keyword(m, available), _FIELD.sub(flag, message))
     return re.sub(r"(--[\w-]+)\s+\(\1\)", r"\1", flagged)  # 'timezone= (--timezone)'
 
 
 def forecaster_config(args: argparse.Namespace, qat: bool) -> ForecasterConfig:
     """The settings the parsed arguments describe; the bundled data without `--csv`."""
+    check_batch_flags(args)  # flags that contradict each other: before any file is looked at
+    check_time_flags(args)
     data_values = section_values(args, "data")
     table_flags = ("id_col", "time_col", "target", "freq")
     if getattr(args, "csv", None) is None:
@@ -553,6 +614,37 @@ def forecaster_config(args: argparse.Namespace, qat: bool) -> ForecasterConfig:
         raise UsageError(flag_message(str(error), vars(args))) from None
     check_split_flags(config.data, given_flags(args))
     return config
+
+
+def check_batch_flags(args: argparse.Namespace) -> None:
+    """Raises `UsageError` naming `--batch-size` when it exceeds a default `--val-windows`.
+
+    Validation runs in whole batches, so the validation windows must fill one;
+    the config's error names both settings, and blamed the `--val-windows`
+    the user never gave for the `--batch-size` they did.
+    """
+    batch, windows = getattr(args, "batch_size", None), getattr(args, "val_windows", None)
+    if batch is None or windows is None or "--val-windows" in given_flags(args):
+        return
+    if batch > windows:
+        raise UsageError(
+            f"--batch-size {batch} is more than the --val-windows {windows} (the default): "
+            f"validation runs in whole batches; lower --batch-size to at most {windows}, "
+            f"or raise --val-windows to at least {batch}"
+        )
+
+
+def check_time_flags(args: argparse.Namespace) -> None:
+    """Raises `UsageError` for `--dayfirst` given with `--time-format`.
+
+    A format reads each date as it says, so `--dayfirst` would be ignored
+    without a word (as `check_split_flags` refuses fractions the cut times replace).
+    """
+    if getattr(args, "time_format", None) is not None and getattr(args, "dayfirst", None):
+        raise UsageError(
+            f"--dayfirst and --time-format {args.time_format!r} contradict each other: the "
+            "format says where the day is, and --dayfirst would be ignored; pass one or the other"
+        )
 
 
 def check_split_flags(data: DataConfig, given: Container[str]) -> None:
@@ -838,7 +930,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_options(clipping, [option for option in QAT_OPTIONS if option.flag == "--qat-bits"])
     defaults = ClippingSettings()
     for flag, kind, value, text in (
-        ("--seeds", positive_int, len(defaults.seeds), "runs per arm, seeds 0..N-1"),
+        # Bounded by `cli_experiments.MAX_SEEDS`, which its refusal names.
+        ("--seeds", any_positive_int, len(defaults.seeds), "runs per arm, seeds 0..N-1"),
         ("--steps", positive_int, defaults.steps, "training steps per run"),
         ("--lr", positive_float, defaults.learning_rate, "constant learning rate"),
         ("--clip-norm", positive_float, defaults.clip_norm, "threshold of the clipped arm"),
