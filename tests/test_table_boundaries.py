@@ -491,32 +491,36 @@ def test_future_texts_with_offsets_changing_at_dst_are_read_in_the_history_zone(
 
 
 def spike(values: pd.Series) -> pd.Series:
-    """`values` with its first value 1e300: far beyond float32 on a robust scale."""
-    return values.mask(np.arange(len(values)) == 0, 1e300)
+    """`values` squeezed to 1% of their spread about 10, the first one 3e38 (in float32).
+
+    On a robust scale (median and quartiles) the spike stays ~3e40: beyond float32.
+    """
+    squeezed = 10 + 0.01 * (values - 10)
+    return squeezed.mask(np.arange(len(values)) == 0, 3e38)
+
+
+def test_a_target_scaled_beyond_float32_is_refused_by_column_and_series():
+    # Within float32 as given, the spike is ~2e40 on its series' robust scale: the model
+    # read inf and forecast NaN, or training skipped every step.
+    table = hourly().assign(size=lambda t: np.where(t["id"] == "a", 1.0, 2.0))
+    table["y"] = spike(table["y"])
+    with pytest.raises(ValueError, match=r"column 'y' holds .* as a model input \(series 'a' "
+                       r"at 2021-03-01 00:00:00.*beyond float32 .*rescale the column"):  # fmt: skip
+        prepare_dataset(table, **SPEC, scaler="robust")
 
 
 @pytest.mark.parametrize(
     ("column", "options", "where"),
-    [
-        ("y", {"scaler": "robust"}, r"series 'a' at 2021-03-01 00:00:00"),
-        ("temp", INPUTS, r"series 'a' at 2021-03-01 00:00:00"),
-        ("size", {"static_cols": ["size"]}, r"series 'a';"),
-    ],
-)
-def test_values_beyond_float32_as_model_inputs_are_refused_by_column_and_series(
-    column, options, where
-):
-    # An input varying by 1e-14 of a 1e200 level counts as constant (scale 1), so the
-    # scaled input is ~1e186; a target spike of 1e300 on a robust scale (median and
-    # quartiles) stays ~1e300: inf in float32, and the model read inf and forecast NaN,
-    # or training skipped every step.
+    [("temp", INPUTS, "series 'a' at row 0, time 2021-03-01 00:00:00"),
+     ("size", {"static_cols": ["size"]}, "series 'a' at row 0, time 2021-03-01 00:00:00")],
+)  # fmt: skip
+def test_inputs_beyond_float32_as_given_are_refused_by_column_and_series(column, options, where):
+    # An input varying by 1e-14 of a 1e200 level counted as constant (scale 1): ~1e186 in
+    # the model. Beyond float32 as given, it is refused before any scaling.
     table = hourly().assign(size=lambda t: np.where(t["id"] == "a", 1.0, 2.0))
-    if column == "y":
-        table[column] = spike(table[column])
-    else:
-        table[column] = 1e200 + 1e186 * table[column]
-    with pytest.raises(ValueError, match=rf"column '{column}' holds .* as a model input \("
-                       rf"{where}.*beyond float32 .*rescale the column"):  # fmt: skip
+    table[column] = 1e200 + 1e186 * table[column]
+    with pytest.raises(ValueError, match=rf"column '{column}' has \d+ values beyond float32 "
+                       rf".*the first 1e\+200 in {where}"):  # fmt: skip
         prepare_dataset(table, **SPEC, **options)
 
 
@@ -536,15 +540,16 @@ def test_a_new_series_beyond_float32_is_refused_at_predict():
 
 
 def test_a_new_series_constant_at_a_huge_level_is_scaled_by_it():
-    # 1e200 varying by 1e-14 of it counts as constant: scaled by 1 (its old scale) it was
-    # ~1e186 in the model, beyond float32; scaled by its level it is ~1, and announced.
+    # 1e37 varying by 1e-14 of it counts as constant: scaled by its level it is ~1 in the
+    # model, and announced.
     fitted = prepare_dataset(hourly(), **SPEC, **INPUTS).preprocessor
     history = hourly(30, start="2021-04-01").replace({"id": {"b": "new"}})
     new = history["id"] == "new"
-    history.loc[new, "y"] = 1e200 + 1e186 * history.loc[new, "y"]
+    history.loc[new, "y"] = 1e37 + 1e23 * history.loc[new, "y"]
     ahead, messages = user_warnings(lambda: forecast_inputs(fitted, history))
     assert any(message.startswith("1 series are constant in") for message in messages), messages
-    assert np.all(np.isfinite(ahead.windows.panel.target.astype(np.float32)))
+    target = ahead.windows.panel.target[ahead.windows.panel.series_code == 1]
+    assert np.all(np.abs(target) < 10), target
 
 
 # ----------------------------------------------------------------- ids of another type

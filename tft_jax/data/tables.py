@@ -10,14 +10,19 @@ and flags them.
 
 from __future__ import annotations
 
+import bz2
 import codecs
 import dataclasses
 import datetime
+import gzip
+import lzma
 import numbers
 import os
 import re
+import tarfile
 import warnings
 import zipfile
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -773,9 +778,11 @@ def read_table(
         text (with the byte and a hint), is not CSV, or lacks `id_col` and looks
         separated by ';', a tab or '|' instead of commas (one column named
         'store;date;sales'; the separator is named, not guessed); when its
-        first bytes say it is compressed under a name pandas infers no such
-        compression from, an Excel workbook, Parquet, or UTF-16 text read in
-        another encoding (`_check_file_kind`); when a row has a non-empty
+        first bytes say it is compressed or a tar archive under a name pandas
+        infers no such compression from, an Excel workbook, Parquet, or UTF-16
+        text read in another encoding (`_check_file_kind`); when a file whose
+        name says it is compressed is damaged or truncated, or an archive holds
+        other than one file (`_archive_error`); when a row has a non-empty
         field more than the header names and the first fields repeat (an
         id, not a row label; naming its line).
     """
@@ -852,6 +859,92 @@ def read_table(
         raise ValueError(f"unknown encoding {encoding!r} for {os.fspath(table)}") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError) as error:
         raise ValueError(f"{os.fspath(table)} cannot be read as CSV: {error}") from None
+    except (EOFError, OSError, ValueError, zlib.error, lzma.LZMAError, zipfile.BadZipFile,
+            tarfile.TarError) as error:  # fmt: skip
+        message = _archive_error(os.fspath(table), error)
+        if message is None:
+            raise
+        raise ValueError(message) from None
+
+
+# The compression pandas infers from a file name's ending (`read_csv`'s
+# compression='infer'), in its order: a '.tar.gz' is a tar archive, which `tarfile`
+# opens compressed with gzip, bzip2 or xz, or not, whatever its ending.
+_INFERRED: tuple[tuple[str, str], ...] = (
+    (".tar", "tar"),
+    (".tar.gz", "tar"),
+    (".tar.bz2", "tar"),
+    (".tar.xz", "tar"),
+    (".gz", "gzip"),
+    (".bz2", "bzip2"),
+    (".zip", "zip"),
+    (".xz", "xz"),
+    (".zst", "zstandard"),
+)
+_TAR_ENDINGS = tuple(ending for ending, kind in _INFERRED if kind == "tar")
+# What pandas says of an archive that holds other than one file.
+_ARCHIVE_FILES = re.compile(r"^(Multiple|Zero) files found in (ZIP file|TAR archive)")
+
+
+def _inferred_compression(path: str) -> str | None:
+    """The compression pandas infers from `path`'s name ('gzip', 'tar'), or None."""
+    name = path.lower()
+    return next((kind for ending, kind in _INFERRED if name.endswith(ending)), None)
+
+
+def _archive_error(path: str, error: Exception) -> str | None:
+    """The one-line message for `error`, raised reading the compressed file `path`, or None.
+
+    Decompressing a damaged or truncated file raises what the compression's
+    module raises (`EOFError` for a truncated gzip, bzip2 or xz file,
+    `gzip.BadGzipFile` for a failed CRC, `zlib.error`, `zipfile.BadZipFile`,
+    `tarfile.ReadError`), naming no file; an archive of several files gets
+    pandas' "Multiple files found in ZIP file", without the path. Each is said
+    with the path and what to do. None for an error of another kind (an
+    `OSError` with an errno, such as a permission denied, says it itself),
+    or of a file whose name infers no compression, which is then raised as
+    it is.
+    """
+    kind = _inferred_compression(path)
+    if kind is None:
+        return None
+    text = str(error).strip()
+    if isinstance(error, ValueError):
+        if _ARCHIVE_FILES.match(text) is None:
+            return None
+        names = _archive_names(path, kind)
+        held = "no file" if not names else f"{len(names)} files ({first_few(names)})"
+        return (
+            f"{path} is a {kind} archive holding {held}; pandas reads an archive holding one "
+            "CSV file: extract the CSV to read and pass it (or an archive holding it alone)"
+        )
+    if isinstance(error, OSError) and error.errno is not None:
+        return None
+    # tarfile's ReadError lists each compression it tried, a line each: the last is tar's.
+    detail = text.splitlines()[-1].strip(" -") if text else type(error).__name__
+    if kind == "tar":
+        ending = max((e for e in _TAR_ENDINGS if path.lower().endswith(e)), key=len)
+        return (
+            f"{path} is not a tar archive, or a damaged or truncated one ({detail}): "
+            f"download or create it again, or pass the CSV it holds (if it is plain CSV "
+            f"text, rename it without {ending!r})"
+        )
+    return (
+        f"{path} is a damaged or truncated {kind} file ({detail}): download or compress it "
+        "again, or pass the CSV uncompressed"
+    )
+
+
+def _archive_names(path: str, kind: str) -> list[str]:
+    """The names of the files a zip or tar archive holds, as pandas lists them."""
+    try:
+        if kind == "zip":
+            with zipfile.ZipFile(path) as archive:
+                return archive.namelist()
+        with tarfile.open(path) as archive:
+            return archive.getnames()
+    except (OSError, EOFError, zlib.error, lzma.LZMAError, zipfile.BadZipFile, tarfile.TarError):
+        return []
 
 
 def _undecodable(path: str, encoding: str) -> tuple[int, tuple[int, int]] | None:
@@ -864,7 +957,7 @@ def _undecodable(path: str, encoding: str) -> tuple[int, tuple[int, int]] | None
     from the text decoded before the byte. None for a compressed file (its
     offsets are not the file's) or one that decodes.
     """
-    if path.lower().endswith(tuple(e for _, _, endings in _MAGIC for e in endings)):
+    if _inferred_compression(path) is not None:
         return None
     try:
         decoder = codecs.getincrementaldecoder(encoding)()
@@ -949,9 +1042,11 @@ def _record_header(
 
 # What a file's first bytes say it is, when pandas would read it as text: the kind, and the
 # file name endings from which pandas infers that compression (and so decompresses it).
+# A tar archive's magic is not at its start: `_is_tar`.
 _MAGIC: tuple[tuple[bytes, str, tuple[str, ...]], ...] = (
     (b"\x1f\x8b", "gzip", (".gz",)),
     (b"PK\x03\x04", "zip", (".zip",)),
+    (b"PK\x05\x06", "zip", (".zip",)),  # an archive of no file: its end record alone
     (b"BZh", "bzip2", (".bz2",)),  # then a digit 1-9 and the block magic: `_is_kind`
     (b"\xfd7zXZ\x00", "xz", (".xz",)),
     (b"\x28\xb5\x2f\xfd", "zstandard", (".zst",)),
@@ -962,23 +1057,44 @@ _MAGIC: tuple[tuple[bytes, str, tuple[str, ...]], ...] = (
 def _check_file_kind(path: str, encoding: str) -> None:
     """Raises for a file whose first bytes say pandas would read it as other text than it is.
 
-    A compressed file whose name lacks the ending from which pandas infers
-    its compression ('sales.csv' holding gzip), a plain file named '.gz', an
-    Excel workbook or Parquet file, and UTF-16 text (its byte-order mark) read
-    in another encoding: each read as garbled text, or failed with "pass
-    encoding='latin-1'", which fixes none of them.
+    A compressed file or tar archive whose name lacks the ending from which
+    pandas infers it ('sales.csv' holding gzip or tar, 'sales.csv.gz' holding
+    a compressed tar archive), a plain file named '.gz', an Excel workbook or
+    Parquet file, and UTF-16 text (its byte-order mark) read in another
+    encoding: each read as garbled text, or failed with "pass
+    encoding='latin-1'", which fixes none of them. A file named '.tar' (or
+    '.tar.gz' ...) is left to `tarfile`, which opens one compressed or not
+    whatever the ending (and knows old archives without the 'ustar' magic):
+    `read_table` names the file when it cannot.
     """
     try:
         with open(path, "rb") as file:
-            head = file.read(10)
+            head = file.read(_TAR_BLOCK)
             file.seek(max(os.fstat(file.fileno()).st_size - 4, 0))
             tail = file.read(4)
     except OSError:
         return  # pandas' own error says why
     name = path.lower()
+    if name.endswith(_TAR_ENDINGS):
+        return
+    if _is_tar(head):
+        raise ValueError(
+            f"{path} is a tar archive (its header says so), but its name does not end in "
+            "'.tar', from which pandas infers that: it would read the archive's bytes as CSV "
+            "text; rename it to end in '.tar' (e.g. sales.tar), or extract the CSV from it"
+        )
     for magic, kind, endings in _MAGIC:
         if not _is_kind(head, tail, magic, kind):
             continue
+        if _is_tar(_decompressed_head(path, kind)):
+            ending = next((e for e in _TAR_ENDINGS if e.endswith(endings)), ".tar")
+            article = "an" if kind == "xz" else "a"
+            raise ValueError(
+                f"{path} is {article} {kind}-compressed tar archive, but its name does not end "
+                f"in {ending!r}, from which pandas infers that: it would read the archive's "
+                f"bytes as CSV text; rename it to end in {ending!r} (e.g. sales{ending}), or "
+                "extract the CSV from it"
+            )
         if name.endswith(endings):
             return
         if kind == "parquet":
@@ -1032,6 +1148,30 @@ def _is_kind(head: bytes, tail: bytes, magic: bytes, kind: str) -> bool:
     if kind == "parquet":
         return tail == magic
     return True
+
+
+# A tar archive's header block: its size, and where in it the POSIX and GNU magic lies.
+_TAR_BLOCK = 512
+_TAR_MAGIC_AT = 257
+
+
+def _is_tar(block: bytes) -> bool:
+    """Whether `block`, the first bytes of a file, is a tar header ('ustar' at offset 257)."""
+    return block[_TAR_MAGIC_AT : _TAR_MAGIC_AT + 5] == b"ustar"
+
+
+def _decompressed_head(path: str, kind: str) -> bytes:
+    """The first `_TAR_BLOCK` bytes `path` decompresses to, for a compression `tarfile`
+    opens (gzip, bzip2, xz); empty for another kind, or where they do not decompress
+    (`read_table` names a damaged file when pandas fails to read it)."""
+    opener = {"gzip": gzip.open, "bzip2": bz2.open, "xz": lzma.open}.get(kind)
+    if opener is None:
+        return b""
+    try:
+        with opener(path, "rb") as file:
+            return file.read(_TAR_BLOCK)
+    except (OSError, EOFError, zlib.error, lzma.LZMAError):
+        return b""
 
 
 def _is_workbook(path: str) -> bool:
@@ -1634,6 +1774,7 @@ def _to_float(
     rows: FileRows | None = None,
     offer_categorical: bool = True,
     times: pd.Series | None = None,
+    announce_booleans: bool = False,
 ) -> pd.Series:
     """Converts a column to float64, naming the first non-numeric value if any.
 
@@ -1646,6 +1787,15 @@ def _to_float(
     `times`: the rows' parsed times (aligned with `values`), so that a bad
     value is named with its time, as the other messages of a table name it,
     besides its row; None: the row only.
+
+    A value whose magnitude is beyond float32's range (about 3.4e38) is
+    refused, as an infinite one is: the model reads float32, and a fit would
+    scale its series by that value (forecasting ~1e298 for a stray 1e300)
+    where a forecast from a fitted model refuses it. Booleans (a bool dtype,
+    or bools alone among empty cells) are read as 0/1; with
+    `announce_booleans` (the target of a fit) that is announced by a warning:
+    the quantiles of a yes/no target are forecast as numbers, which may lie
+    outside [0, 1]. A boolean input is an ordinary 0/1 input, read silently.
     """
 
     def place(row: int) -> str:
@@ -1669,6 +1819,16 @@ def _to_float(
         )
     if ptypes.is_complex_dtype(values):
         _refuse_complex(values, column, ids, place(0))
+    booleans = ptypes.is_bool_dtype(values) or (
+        values.dtype == object and ptypes.infer_dtype(values, skipna=True) == "boolean"
+    )
+    if booleans and announce_booleans:
+        warnings.warn(
+            f"the target {column!r} holds booleans: read as 0/1 numbers; quantile forecasts "
+            "of a yes/no target may lie outside [0, 1]",
+            UserWarning,
+            stacklevel=3,
+        )
     if ptypes.is_bool_dtype(values) or ptypes.is_numeric_dtype(values):
         numbers = values.astype("float64")
     else:
@@ -1713,7 +1873,24 @@ def _to_float(
             f"{plain_value(ids.iloc[row])!r} at {place(row)}; replace them with numbers "
             "or leave them empty"
         )
+    with np.errstate(invalid="ignore"):  # NaN, a missing value, is within range
+        beyond = np.abs(numbers.to_numpy()) > _FLOAT32_MAX
+    if beyond.any():
+        row = int(np.flatnonzero(beyond)[0])
+        # A power of ten that brings the largest magnitude within float32 (to 1-10).
+        power = int(np.floor(np.log10(np.nanmax(np.abs(numbers.to_numpy())))))
+        raise ValueError(
+            f"column {column!r} has {int(beyond.sum())} values beyond float32 (largest "
+            f"{_FLOAT32_MAX:.3g}), the first {numbers.iloc[row]:.6g} in series "
+            f"{plain_value(ids.iloc[row])!r} at {place(row)}; model inputs must be finite in "
+            "float32: correct them or leave them empty (a placeholder for a missing value?), "
+            f"or rescale the column (e.g. divide it by 1e{power})"
+        )
     return numbers
+
+
+# The largest magnitude the model reads (its inputs are float32).
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _refuse_complex(
@@ -2480,7 +2657,8 @@ def validate_table(
       ValueError: naming the column or series and the fix, for: missing
         columns, an empty table, empty ids, ids equal as text but of two types
         (7 and '7'), unparseable or empty times, times with a zone or UTC
-        offset mixed with naive ones, non-numeric or infinite values, statics
+        offset mixed with naive ones, non-numeric or infinite values or ones
+        beyond float32 (`_to_float`; a boolean target is announced), statics
         that vary within a series or are empty, a column with no value at all
         in a series, duplicate (id, time) rows, a fixed sub-daily `freq` much
         finer than the table's steps (`check_density`, checked before any
@@ -2537,6 +2715,7 @@ def validate_table(
         clean[column] = _to_float(
             clean[column], column, ids, rows=rows,
             offer_categorical=not fitted and column != spec.target, times=clean[spec.time_col],
+            announce_booleans=not fitted and column == spec.target,
         )  # fmt: skip
     for column in spec.categorical_cols:
         clean[column] = _categorical_values(clean[column], column, ids, rows=rows)
