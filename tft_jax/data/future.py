@@ -8,6 +8,12 @@ time. `future` must hold exactly those steps: a series or time missing, an
 extra or repeated time, a missing known column or an empty cell is an error
 naming the series, the time and the column.
 
+A known value far from what the model was trained on (beyond a column's
+training range by more than its width, or any other value of a column that
+was constant in training) is used as given and announced, one warning per
+column naming the first few series, times and values
+(`announce_unseen_known_values`).
+
 The history goes through the checks of training data (`prepare_dataset`):
 what gridding fills is announced, and a series whose window would be mostly
 filled target steps is refused (`future_windows`).
@@ -310,6 +316,64 @@ def _future_table(
     return merged
 
 
+def announce_unseen_known_values(
+    ahead: pd.DataFrame, preprocessor: Preprocessor, stacklevel: int
+) -> None:
+    """Warns of the real known values of `ahead` far from the column's training values.
+
+    `ahead`: the forecast steps, `(id, time, known...)` (`_future_table`).
+    Far is `FeatureScaler.far_outside`: any other value of a column that was
+    constant in training (centred and left unscaled, so the model learnt no
+    effect of it), or one beyond the training range by more than its width
+    (the model extrapolates). One warning per column, naming the first few
+    series, times and values, the training range, and what to do. Silent for
+    a preprocessor saved without training ranges (nothing to compare).
+    """
+    spec = preprocessor.spec
+    scaler = preprocessor.feature_scaler
+    known = list(spec.real(spec.known_cols))
+    constant = scaler.constant
+    if not known or constant is None or scaler.low is None or scaler.high is None:
+        return
+    offset = len(spec.real(spec.observed_cols))  # the scaler's observed columns come first
+    columns = np.arange(offset, offset + len(known))
+    far = scaler.far_outside(ahead[known].to_numpy(np.float64), columns)
+    if far is None:
+        return
+    for index, (column, position) in enumerate(zip(known, columns, strict=True)):
+        rows = np.flatnonzero(far[:, index])
+        if not rows.size:
+            continue
+        low, high = float(scaler.low[position]), float(scaler.high[position])
+        found = ahead.iloc[rows]
+        listed = first_few(
+            [
+                f"series {plain_value(series)!r} at {time}: {value:.6g}"
+                for series, time, value in zip(
+                    found[spec.id_col], found[spec.time_col], found[column], strict=True
+                )
+            ],
+            separator="; ",
+        )
+        count = f"{rows.size} values in {found[spec.id_col].nunique()} series"
+        if constant[position]:
+            message = (
+                f"future known column {column!r} was constant at {low:.6g} in the training "
+                f"period, but future gives it other values ({count}): {listed}; a constant "
+                "input is centred and left unscaled, so the model learnt no effect of it and "
+                f"forecasts reading another value rest on nothing it was trained on. Give "
+                f"{low:.6g} there, or retrain on a period in which {column!r} varies"
+            )
+        else:
+            message = (
+                f"future known column {column!r} holds {count} far outside its training range "
+                f"[{low:.6g}, {high:.6g}] (beyond it by more than its width {high - low:.6g}): "
+                f"{listed}; the model extrapolates there and its forecasts can be anything. "
+                "Check those values (units, a typo), or retrain on data that covers them"
+            )
+        warnings.warn(message, UserWarning, stacklevel=stacklevel)
+
+
 def _series_blocks(grid: pd.DataFrame, id_col: str) -> tuple[pd.Index, np.ndarray, np.ndarray]:
     """The series of `grid` (sorted) and its rows series by series: `(ids, order, ends)`.
 
@@ -509,6 +573,7 @@ def future_windows(
     expected = forecast_steps(last, spec.freq, horizon)
     zone = pd.DatetimeIndex(grid[spec.time_col]).tz
     ahead = _future_table(future, preprocessor, expected, zone)
+    announce_unseen_known_values(ahead, preprocessor, stacklevel=4)  # the caller of predict
     statics = by_series[list(spec.static_cols)].first()
     for column in spec.static_cols:
         ahead[column] = ahead[spec.id_col].map(statics[column])

@@ -221,10 +221,13 @@ def _float32_inputs(
 ) -> np.ndarray:
     """`values` (R, F), model inputs named `names`, as float32; refused where not finite there.
 
-    A value beyond float32's range (about 3.4e38 after scaling, or a column
-    whose scaler could not be fitted because its squares overflow float64)
-    would enter the model as inf: NaN forecasts, or a training run whose every
-    step is skipped. It is refused here, naming the column, where it is
+    A value beyond float32's range (about 3.4e38) after scaling would enter
+    the model as inf: NaN forecasts, or a training run whose every step is
+    skipped. A table's own values beyond it are refused when it is validated
+    (`tables.validate_table`); one within it may still be scaled beyond it (a
+    spike on a robust scale, which its median and quartiles ignore, or a
+    series scaled by a fitted model's scale far below its own). It is refused
+    here, naming the column, where it is
     (`where(r)`, e.g. series and time, for row `r`) and the value the table
     gave (`grid`'s row `rows[r]`).
     """
@@ -397,6 +400,7 @@ class Preprocessor:
             scaler,
             series_names=list(series_ids),
             transform=target_transform,
+            times=times[train_rows],
         )
         user = [*spec.real(spec.observed_cols), *spec.real(spec.known_cols)]
         user_values = grid.loc[train_rows, user].to_numpy(np.float64)
@@ -811,6 +815,15 @@ class Preprocessor:
             "feature_scaler": {
                 "loc": self.feature_scaler.loc.tolist(),
                 "scale": self.feature_scaler.scale.tolist(),
+                # The training range `predict` compares future known values with.
+                **(
+                    {}
+                    if self.feature_scaler.low is None or self.feature_scaler.high is None
+                    else {
+                        "low": self.feature_scaler.low.tolist(),
+                        "high": self.feature_scaler.high.tolist(),
+                    }
+                ),
             },
             "vocabularies": {name: list(values) for name, values in self.vocabularies.items()},
             "missing_flag": self.missing_flag,
@@ -854,7 +867,7 @@ class Preprocessor:
         _check_keys(data, "preprocessor", _PREPROCESSOR_KEYS, _PREPROCESSOR_OPTIONAL)
         target, features = data["target_scaler"], data["feature_scaler"]
         _check_keys(target, "preprocessor.target_scaler", _TARGET_SCALER_KEYS, {"transform"})
-        _check_keys(features, "preprocessor.feature_scaler", {"loc", "scale"}, set())
+        _check_keys(features, "preprocessor.feature_scaler", {"loc", "scale"}, {"low", "high"})
         if not isinstance(data["spec"], dict):
             raise TypeError(f"preprocessor.spec must be an object, got {data['spec']!r}")
         spec = TableSpec(**data["spec"])
@@ -936,6 +949,14 @@ class Preprocessor:
                     columns,
                     positive=True,
                 ),
+                # Runs saved before the ranges were recorded: their future values go unchecked.
+                **{
+                    bound: _numbers(
+                        features[bound], f"preprocessor.feature_scaler.{bound}", user, columns
+                    )
+                    for bound in ("low", "high")
+                    if bound in features
+                },
             ),
             vocabularies={
                 name: _json_values(values, f"preprocessor.vocabularies.{name}")

@@ -14,6 +14,21 @@ units and its forecasts off by orders of magnitude. The robust scale of a
 series that is not constant but mostly one value (intermittent demand: an
 interquartile range of 0) is its mean absolute deviation from the median
 instead, announced by a warning: a scale of 1 would leave its spikes unscaled.
+
+A few values far from all the others of a series (a 1e30 typed among
+hundreds) set its 'standard' or 'mean_abs' scale: every other value then
+scales to about 0 and the forecasts come back off by orders of magnitude.
+Such values are named in a warning that suggests `scaler='robust'`
+(`extreme_values`): a series is flagged when its largest deviations from its
+median exceed `OUTLIER_GAP` times its `OUTLIER_SHARE`-quantile-from-the-top
+deviation (a gap that trends, seasons, intermittent spikes and ordinary
+heavy tails do not open), and its scale without them is under `1 / OUTLIER_INFLATION` of its
+scale with them.
+
+`FeatureScaler` also keeps each input column's training minimum and maximum,
+so that a value far outside them (`FeatureScaler.far_outside`), or any other
+value of a column that was constant in training, can be announced where it
+enters a forecast.
 """
 
 from __future__ import annotations
@@ -32,6 +47,13 @@ TARGET_SCALERS = ("standard", "robust", "mean_abs", "none")
 # statistics of identical values are off by a few 1e-16 of it), with a wide margin;
 # real variation above it is scaled: a meter at 4.2e9 varying by 31 is no constant.
 NEGLIGIBLE_SPREAD = 1e-12
+# A series' few extreme values (at most this share of them, at least one) are those more
+# than OUTLIER_GAP times farther from its median than all but that share of its values, and
+# flagged when they make its scale over OUTLIER_INFLATION times what it is without them.
+# A trend, a season, intermittent spikes or a log-normal tail open no such gap.
+OUTLIER_SHARE = 0.05
+OUTLIER_GAP = 1e3
+OUTLIER_INFLATION = 10.0
 # Monotone maps applied to the target before scaling and inverted after: quantiles commute.
 TARGET_TRANSFORMS = ("none", "log1p")
 
@@ -123,6 +145,12 @@ def level_scale(loc: float) -> float:
     return level if np.isfinite(level) and level > np.finfo(np.float64).tiny else 1.0
 
 
+def _peak_power_of_two(values: np.ndarray) -> float:
+    """A power of two near the largest magnitude of `values` (1 where it is 0 or not finite)."""
+    peak = float(np.max(np.abs(values)))
+    return float(np.ldexp(1.0, int(np.frexp(peak)[1]) - 1)) if 0.0 < peak < np.inf else 1.0
+
+
 def _statistics(values: np.ndarray, method: str) -> tuple[float, float, bool]:
     """`(loc, spread, spread_fallback)` of a 1-D array with no NaN, by `method`.
 
@@ -134,8 +162,7 @@ def _statistics(values: np.ndarray, method: str) -> tuple[float, float, bool]:
     """
     if values.size == 0:
         raise ValueError("cannot fit a scaler on no values")
-    peak = float(np.max(np.abs(values)))
-    factor = float(np.ldexp(1.0, int(np.frexp(peak)[1]) - 1)) if 0.0 < peak < np.inf else 1.0
+    factor = _peak_power_of_two(values)
     values = values / factor
     fallback = False
     if method == "standard":
@@ -163,6 +190,93 @@ def target_statistics(values: np.ndarray, method: str) -> TargetStatistics:
     if _negligible(spread, loc):
         return TargetStatistics(loc, level_scale(loc), fallback, True)
     return TargetStatistics(loc, spread, fallback, False)
+
+
+def extreme_values(values: np.ndarray, method: str) -> np.ndarray:
+    """The positions of the few values of a series (1-D, no NaN) that set its `method` scale.
+
+    Only 'standard' and 'mean_abs' scales are moved by a single value; the
+    median and interquartile range of 'robust' are not. With `few` =
+    `max(1, floor(OUTLIER_SHARE * n))` and `bulk` the `(few + 1)`-th largest
+    absolute deviation from the median, the extreme values are those whose
+    deviation is above `OUTLIER_GAP * bulk`; they are returned when the
+    scale of the other values is below `1 / OUTLIER_INFLATION` of the
+    scale of all. A series whose values but a few are all one value (`bulk`
+    0: intermittent demand with a sale or two) has no spread to compare
+    against and returns none.
+
+    Returns:
+      (E,) int positions in `values`, ascending; empty when there are none.
+    """
+    none = np.zeros(0, dtype=np.int64)
+    count = values.size
+    few = max(1, int(OUTLIER_SHARE * count))
+    if method not in ("standard", "mean_abs") or count <= few:
+        return none
+    scaled = values / _peak_power_of_two(values)  # deviations of +-1e308 do not overflow
+    deviation = np.abs(scaled - np.median(scaled))
+    bulk = float(np.partition(deviation, count - few - 1)[count - few - 1])
+    if not 0.0 < bulk < np.inf:
+        return none
+    extreme = np.flatnonzero(deviation > OUTLIER_GAP * bulk)
+    if extreme.size == 0:
+        return none
+    _, spread, _ = _statistics(scaled, method)
+    _, rest, _ = _statistics(np.delete(scaled, extreme), method)
+    return extreme if spread > OUTLIER_INFLATION * rest else none
+
+
+class ExtremeSeries(NamedTuple):
+    """A series whose scale a few extreme values set, as `announce_extreme_values` names it.
+
+    Attributes:
+      name: the series.
+      place: where the first extreme value is (its time, or its position).
+      value: that value, in the target's units.
+      count: how many extreme values the series has.
+      scale: the series' fitted scale, with them.
+      rest: its scale without them.
+    """
+
+    name: object
+    place: str
+    value: float
+    count: int
+    scale: float
+    rest: float
+
+
+def announce_extreme_values(
+    extremes: Sequence[ExtremeSeries], method: str, period: str, stacklevel: int
+) -> None:
+    """Warns that a few values set the `method` scale of the series `extremes`.
+
+    One warning for all of them, naming the first few with the first such
+    value, its time and the scale with and without those values; silent when
+    `extremes` is empty.
+    """
+    if not extremes:
+        return
+    shown = first_few(
+        [
+            f"{e.name!r} {e.value:.6g} {e.place}"
+            + (f" (and {e.count - 1} more such value{'s' * (e.count > 2)})" if e.count > 1 else "")
+            + f": scale {e.scale:.4g}, {e.rest:.4g} without {'them' if e.count > 1 else 'it'}"
+            for e in extremes
+        ],
+        separator="; ",
+    )
+    warnings.warn(
+        f"scaler={method!r}: {len(extremes)} series have a few values in {period} more than "
+        f"{OUTLIER_GAP:g} times farther from their median than all but their "
+        f"{100 * OUTLIER_SHARE:g}% most distant values, which set their scale: {shown}; every "
+        "other value of those series scales to about 0, "
+        "so their forecasts can be off by orders of magnitude. Fix or drop those values if they "
+        "are errors, or fit with scaler='robust' (DataConfig(scaler='robust'), --scaler robust), "
+        "whose median and interquartile range they do not move",
+        UserWarning,
+        stacklevel=stacklevel,
+    )
 
 
 def _shown(names: Sequence[object]) -> str:
@@ -261,8 +375,13 @@ class TargetScaler:
         method: str = "standard",
         series_names: Sequence[object] | None = None,
         transform: str = "none",
+        times: Sequence[object] | None = None,
     ) -> TargetScaler:
         """Fits one location and scale per series from `values`, ignoring NaN.
+
+        A series whose 'standard' or 'mean_abs' scale is set by a few extreme
+        values (`extreme_values`) is named in a warning with the first of
+        them, suggesting `scaler='robust'`.
 
         Args:
           values: (R,) target values; only the rows to fit on (the training
@@ -272,6 +391,9 @@ class TargetScaler:
           method: one of `TARGET_SCALERS`.
           series_names: names for error messages, indexed by code.
           transform: one of `TARGET_TRANSFORMS`, applied before fitting.
+          times: (R,) the time of each value, named by the warning of extreme
+            values; None: they are named by their position among the
+            series' values.
 
         Raises:
           ValueError: for an unknown method or transform, a series without any
@@ -286,20 +408,26 @@ class TargetScaler:
         values = np.asarray(values, dtype=np.float64)
         codes = _check_codes(codes, values.shape[0], num_series)
         check_domain(values, codes, transform, series_names)
+        if times is not None and len(times) != values.shape[0]:
+            raise ValueError(f"times must have one entry per value ({values.shape[0]}), got "
+                             f"{len(times)}")  # fmt: skip
         values = forward_transform(values, transform)
+        rows = np.arange(values.shape[0])
         # Each series' values as one slice, in their given order (a stable sort by code):
         # one pass over the rows, where masking the rows of every series was series x rows.
         if (codes[1:] < codes[:-1]).any():
             order = np.argsort(codes, kind="stable")
-            values, codes = values[order], codes[order]
+            values, codes, rows = values[order], codes[order], rows[order]
         bounds = np.searchsorted(codes, np.arange(num_series + 1))
         loc, scale = np.zeros(num_series), np.ones(num_series)
         spread_fallbacks: list[object] = []
         constants: list[object] = []
+        extremes: list[ExtremeSeries] = []
         for code in range(num_series):
             name = series_names[code] if series_names is not None else code
             series_values = values[bounds[code] : bounds[code + 1]]
-            series_values = series_values[~np.isnan(series_values)]
+            present = ~np.isnan(series_values)
+            series_values = series_values[present]
             if series_values.size == 0:
                 raise ValueError(
                     f"series {name!r} has no observed target in the training period, so its "
@@ -311,8 +439,24 @@ class TargetScaler:
                 spread_fallbacks.append(name)
             if constant:
                 constants.append(name)
+                continue
+            extreme = extreme_values(series_values, method)
+            if extreme.size:
+                first = int(extreme[0])
+                position = int(np.flatnonzero(present)[first])  # among the series' rows
+                row = int(rows[bounds[code] + position])
+                place = (
+                    f"at {times[row]}" if times is not None
+                    else f"at position {position} of its values"
+                )  # fmt: skip
+                rest = target_statistics(np.delete(series_values, extreme), method).scale
+                value = float(inverse_transform_values(series_values[first], transform))
+                extremes.append(
+                    ExtremeSeries(name, place, value, extreme.size, float(scale[code]), rest)
+                )
         announce_spread_fallbacks(spread_fallbacks, "the training period", stacklevel=3)
         announce_constant_series(constants, "the training period", stacklevel=3)
+        announce_extreme_values(extremes, method, "the training period", stacklevel=3)
         return cls(loc=loc, scale=scale, method=method, target_transform=transform)
 
     @property
@@ -394,10 +538,16 @@ class FeatureScaler:
     Attributes:
       loc: (F,) column means.
       scale: (F,) column standard deviations (1 for constant columns).
+      low: (F,) each column's smallest training value; None for a scaler
+        made without it (one saved before it was kept): nothing is then
+        compared (`far_outside`).
+      high: (F,) each column's largest training value; None likewise.
     """
 
     loc: np.ndarray
     scale: np.ndarray
+    low: np.ndarray | None = None
+    high: np.ndarray | None = None
 
     @classmethod
     def fit(cls, values: np.ndarray) -> FeatureScaler:
@@ -405,10 +555,52 @@ class FeatureScaler:
         values = np.asarray(values, dtype=np.float64)
         if values.ndim != 2:
             raise ValueError(f"values must be (R, F), got shape {values.shape}")
-        stats = [_location_scale(column[~np.isnan(column)], "standard") for column in values.T]
-        loc = np.array([s[0] for s in stats], dtype=np.float64)
-        scale = np.array([s[1] for s in stats], dtype=np.float64)
-        return cls(loc=loc, scale=scale)
+        columns = [column[~np.isnan(column)] for column in values.T]
+        stats = [_location_scale(column, "standard") for column in columns]
+        return cls(
+            loc=np.array([s[0] for s in stats], dtype=np.float64),
+            scale=np.array([s[1] for s in stats], dtype=np.float64),
+            low=np.array([column.min() if column.size else np.nan for column in columns]),
+            high=np.array([column.max() if column.size else np.nan for column in columns]),
+        )
+
+    @property
+    def constant(self) -> np.ndarray | None:
+        """(F,) whether each column was constant in training (up to float64 rounding).
+
+        The spread test of the module docstring, on the training range: such
+        a column is centred and left unscaled, so the model learnt no effect
+        of it. None without a recorded range.
+        """
+        if self.low is None or self.high is None:
+            return None
+        return np.array(
+            [_negligible(float(hi - lo), float(c)) for lo, hi, c in
+             zip(self.low, self.high, self.loc, strict=True)],
+            dtype=bool,
+        )  # fmt: skip
+
+    def far_outside(self, values: np.ndarray, columns: np.ndarray) -> np.ndarray | None:
+        """(R, C) whether each of `values` (R, C) lies far from its column's training values.
+
+        Far: beyond the column's training range `[low, high]` by more than
+        the range's width `high - low` (e.g. below -1 or above 2 for a 0/1
+        column), or, for a column constant in training (`constant`), any
+        other value than its training one (beyond float64 rounding of it).
+        NaN is never far. None without a recorded range (`low`, `high`).
+
+        Args:
+          values: (R, C) values in the columns' own units.
+          columns: (C,) int index of each column of `values` among the scaler's.
+        """
+        if self.low is None or self.high is None:
+            return None
+        values = np.asarray(values, dtype=np.float64)
+        low, high = self.low[columns], self.high[columns]
+        magnitude = np.maximum(np.abs(low), np.abs(high))
+        margin = np.maximum(high - low, NEGLIGIBLE_SPREAD * magnitude)
+        with np.errstate(invalid="ignore"):
+            return (values < low - margin) | (values > high + margin)
 
     def transform(self, values: np.ndarray) -> np.ndarray:
         """Standardises `values` (R, F); returns float64."""
