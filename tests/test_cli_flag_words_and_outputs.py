@@ -90,6 +90,32 @@ EVALUATE = ["evaluate", "--run", "run"]
             "--future-csv f.csv holds the columns ['sales'], which the model reads from the "
             "history only",
         ),
+        (
+            ["predict", "--run", "run", "--csv", "h.csv", "--out", "p"],
+            "DataConfig.nonnegative=True clips forecasts at 0, but the table holds 1 negative "
+            "targets; set nonnegative=False for a quantity that can be negative",
+            "the run's --nonnegative (set when it trained) clips forecasts at 0, but the table "
+            "holds 1 negative targets; train again without --nonnegative for a quantity that "
+            "can be negative",
+        ),
+        (
+            TRAIN,
+            "scaler='standard': 1 series have a few values in the training period ...: 'a' "
+            "1e+30 at 2024-01-11 00:00:00: scale 1e+29, 3.2 without it; ... Fix or drop those "
+            "values if they are errors, or fit with scaler='robust' (--scaler robust), whose "
+            "median and interquartile range they do not move",
+            "--scaler 'standard': 1 series have a few values in the training period ...: 'a' "
+            "1e+30 at 2024-01-11 00:00:00: scale 1e+29, 3.2 without it; ... Fix or drop those "
+            "values if they are errors, or fit with --scaler robust, whose median and "
+            "interquartile range they do not move",
+        ),
+        (
+            ["predict", "--run", "run", "--csv", "h.csv", "--future-csv", "f.csv", "--out", "p"],
+            "future known column 'promo' holds 1 value in 1 series far outside its training "
+            "range [0, 1]",
+            "--future-csv f.csv known column 'promo' holds 1 value in 1 series far outside its "
+            "training range [0, 1]",
+        ),
     ],
 )
 def test_a_warning_names_the_commands_flags_not_python_settings(
@@ -104,6 +130,19 @@ def test_a_library_error_asking_for_a_smaller_batch_names_the_batch_size_flag(ca
                        "batch size")  # fmt: skip
     err = _shown(capsys, monkeypatch, TRAIN, error)
     assert err.strip().endswith("fewer than one batch of 8; lower --batch-size")
+
+
+def test_advice_to_raise_the_validation_fraction_follows_cut_times_when_they_are_given(
+    capsys, monkeypatch
+):
+    # --validation-fraction with --validation-start is refused: the advice names the cut.
+    error = ValueError("the validation split has 3 windows, fewer than one batch of 8; lower "
+                       "the batch size or raise the validation fraction")  # fmt: skip
+    argv = [*TRAIN, "--validation-start", "2024-03-01", "--test-start", "2024-03-20"]
+    err = _shown(capsys, monkeypatch, argv, error)
+    assert err.strip().endswith("lower --batch-size or move --validation-start earlier"), err
+    err = _shown(capsys, monkeypatch, TRAIN, error)
+    assert err.strip().endswith("lower --batch-size or raise --validation-fraction"), err
 
 
 def test_a_switch_setting_is_said_as_its_flag_or_its_negation():

@@ -237,6 +237,8 @@ def test_settings_spelled_otherwise_are_the_same_settings():
     written = _recorded(SETTINGS)
     written["data"].update(freq="1D", encoding="UTF8", validation_start=None)
     assert _changed_settings(written, SETTINGS) == []
+    written["data"].update(encoding=None)  # a record of DataConfig(encoding=None) before
+    assert _changed_settings(written, SETTINGS) == []
     cut = dataclasses.replace(DATA, validation_start="2024-03-01", test_start="2024-03-15")
     spelled = dataclasses.replace(
         DATA, validation_start="2024-03-01 00:00:00", test_start="2024-03-15T00:00"

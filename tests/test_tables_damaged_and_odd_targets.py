@@ -301,3 +301,16 @@ def test_a_boolean_target_is_not_told_again_at_predict():
     history = boolean_target("bool")
     messages = user_warnings(lambda: future_windows(fitted, history, None, HISTORY, HORIZON))
     assert not any("booleans" in message for message in messages), messages
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_text_holding_ustar_where_a_tar_header_has_its_magic_is_read_as_csv(tmp_path, compress):
+    # 'custard' with its 'ustar' at offset 257 was refused as a tar archive.
+    head = "product,y\n"
+    filler = "x" * (257 - len(head) - 1)
+    text = head + filler + "c" + "ustard,1\n" + "".join(f"custard,{i}\n" for i in range(30))
+    assert text.encode()[257:262] == b"ustar"
+    path = tmp_path / ("sales.csv.gz" if compress else "sales.csv")
+    path.write_bytes(gzip.compress(text.encode()) if compress else text.encode())
+    table = read_table(path)
+    assert len(table) == 31 and table["product"].iloc[1] == "custard"

@@ -1617,6 +1617,26 @@ def test_the_refit_waits_for_an_evaluation_after_the_first_which_compiles() -> N
     assert int(result.state.step) == 32 and result.schedule_steps == 32
 
 
+def test_observers_updated_over_the_whole_run_leave_no_compile_for_the_refit_to_wait_for() -> None:
+    # calibrate_steps >= max_steps: the step with frozen observers never compiles, so the
+    # refit measures from the first step, as without calibration (stopping at step 21).
+    clock = FakeClock()
+    tx = make_optimizer(warmup_cosine_schedule(PEAK, PLANNED, WARMUP), clip_norm=None)
+    state = create_train_state(OBSERVED, tx, jax.random.key(0), far_batch(0))
+    result = fit(
+        state,
+        ticking(clock, [far_batch(90 + i) for i in range(4)]),
+        epochs=20,
+        max_steps=PLANNED,
+        time_budget=20.5,
+        clock=clock,
+        calibrate_steps=PLANNED,
+        quiet=True,
+    )
+    assert result.stop_reason == "time_budget" and int(result.state.step) == 21
+    assert result.schedule_steps == 21
+
+
 def test_a_budget_spent_before_the_step_time_is_measured_says_the_cosine_did_not_end(
     capsys,
 ) -> None:

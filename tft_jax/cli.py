@@ -207,7 +207,15 @@ def cli_text(message: str, args: argparse.Namespace) -> str:
     """
     if "max_missing_fraction" not in vars(args):
         message = message.replace("DataConfig.max_missing_fraction", _RUN_MISSING_LIMIT)
+    if "nonnegative" not in vars(args):  # the run's setting, in a command that reads a run
+        message = message.replace(
+            "DataConfig.nonnegative=True", "the run's --nonnegative (set when it trained)"
+        ).replace("set nonnegative=False", "train again without --nonnegative")
     message = message.replace(" (PreparedDataset.missing_report())", "")
+    if getattr(args, "validation_start", None) is not None:  # the split is cut by times
+        message = message.replace(
+            "raise the validation fraction", "move --validation-start earlier"
+        )
     return flag_message(message, vars(args))
 
 
@@ -217,7 +225,7 @@ def warning_text(message: str, args: argparse.Namespace) -> str:
     The data layer names the table predict is given `future`; the user gave a file.
     """
     future = getattr(args, "future_csv", None)
-    if future is not None and re.match(r"future (holds|has|lacks|column)\b", message):
+    if future is not None and re.match(r"future (holds|has|lacks|column|known column)\b", message):
         message = f"--future-csv {future}" + message[len("future") :]
     return cli_text(message, args)
 

@@ -588,12 +588,14 @@ def fit(
     single_process = jax.process_count() == 1
     refit: _ScheduleRefit | None = None
     if time_budget is not None and planned_schedule is not None and loop.schedule_steps is None:
+        planned = min(planned_schedule.total_steps, math.inf if total is None else total)
         refit = _ScheduleRefit(
             time_budget=time_budget,
-            planned=min(planned_schedule.total_steps, math.inf if total is None else total),
+            planned=planned,
             warmup_steps=planned_schedule.warmup_steps,
             eval_interval=per_epoch if eval_every is None else eval_every,
-            settled_after=calibrate_steps or 0,
+            # Observers updated over the whole run: no step with frozen ones to compile.
+            settled_after=calibrate_steps if calibrate_steps and calibrate_steps < planned else 0,
         )
 
     def refit_schedule() -> None:

@@ -355,7 +355,7 @@ def announce_unseen_known_values(
             ],
             separator="; ",
         )
-        count = f"{rows.size} values in {found[spec.id_col].nunique()} series"
+        count = f"{rows.size} value{'s' * (rows.size > 1)} in {found[spec.id_col].nunique()} series"
         if constant[position]:
             message = (
                 f"future known column {column!r} was constant at {low:.6g} in the training "

@@ -21,9 +21,9 @@ scales to about 0 and the forecasts come back off by orders of magnitude.
 Such values are named in a warning that suggests `scaler='robust'`
 (`extreme_values`): a series is flagged when its largest deviations from its
 median exceed `OUTLIER_GAP` times its `OUTLIER_SHARE`-quantile-from-the-top
-deviation (a gap that trends, seasons, intermittent spikes and ordinary
-heavy tails do not open), and its scale without them is under `1 / OUTLIER_INFLATION` of its
-scale with them.
+deviation (a gap that trends, seasons and intermittent spikes do not open,
+and ordinary heavy tails rarely do), and its scale without them is under
+`1 / OUTLIER_INFLATION` of its scale with them.
 
 `FeatureScaler` also keeps each input column's training minimum and maximum,
 so that a value far outside them (`FeatureScaler.far_outside`), or any other
@@ -50,7 +50,8 @@ NEGLIGIBLE_SPREAD = 1e-12
 # A series' few extreme values (at most this share of them, at least one) are those more
 # than OUTLIER_GAP times farther from its median than all but that share of its values, and
 # flagged when they make its scale over OUTLIER_INFLATION times what it is without them.
-# A trend, a season, intermittent spikes or a log-normal tail open no such gap.
+# A trend, a season or intermittent spikes open no such gap; a very heavy tail (Cauchy,
+# Pareto with alpha <= 1) now and then does, and then one value does set the scale.
 OUTLIER_SHARE = 0.05
 OUTLIER_GAP = 1e3
 OUTLIER_INFLATION = 10.0
@@ -272,7 +273,7 @@ def announce_extreme_values(
         f"{100 * OUTLIER_SHARE:g}% most distant values, which set their scale: {shown}; every "
         "other value of those series scales to about 0, "
         "so their forecasts can be off by orders of magnitude. Fix or drop those values if they "
-        "are errors, or fit with scaler='robust' (DataConfig(scaler='robust'), --scaler robust), "
+        "are errors, or fit with scaler='robust' (--scaler robust), "
         "whose median and interquartile range they do not move",
         UserWarning,
         stacklevel=stacklevel,

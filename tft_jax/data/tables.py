@@ -1156,8 +1156,20 @@ _TAR_MAGIC_AT = 257
 
 
 def _is_tar(block: bytes) -> bool:
-    """Whether `block`, the first bytes of a file, is a tar header ('ustar' at offset 257)."""
-    return block[_TAR_MAGIC_AT : _TAR_MAGIC_AT + 5] == b"ustar"
+    """Whether `block`, the first bytes of a file, is a tar header.
+
+    Its magic at offset 257 ('ustar' then NUL and version '00', POSIX, or two
+    spaces and NUL, GNU) and its checksum both: text can hold 'ustar' there
+    ('custard').
+    """
+    magic = block[_TAR_MAGIC_AT : _TAR_MAGIC_AT + 8]
+    if magic not in (b"ustar\x0000", b"ustar  \x00"):
+        return False
+    try:
+        tarfile.TarInfo.frombuf(block[:512], "utf-8", "surrogateescape")
+    except tarfile.TarError:
+        return False
+    return True
 
 
 def _decompressed_head(path: str, kind: str) -> bytes:

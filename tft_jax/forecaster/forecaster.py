@@ -164,6 +164,8 @@ def _same_setting(name: str, then: Any, now: Any) -> bool:
     '2024-03-01' and '2024-03-01 00:00:00', 'utf-8' and 'UTF8', 'UTC' and 'utc')."""
     if then == now:
         return True
+    if name == "encoding":  # None: UTF-8, as `DataConfig` reads it (records written before)
+        then, now = then or "utf-8", now or "utf-8"
     if not isinstance(then, str) or not isinstance(now, str):
         return False
     spelled: dict[str, Callable[[str], Any]] = {
