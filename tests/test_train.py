@@ -1529,6 +1529,32 @@ def test_time_budget_counts_the_evaluations_in_the_refitted_total() -> None:
     assert result.schedule_steps == 18
 
 
+def compiling_validation(clock: FakeClock, first_seconds: float) -> list[Batch]:
+    """One validation batch whose first evaluation takes `first_seconds` on `clock` (as
+    compiling the evaluation does), the later ones nothing."""
+
+    class CompilingValidation(list):
+        evaluations = 0
+
+        def __iter__(self) -> Any:
+            clock.now += first_seconds if self.evaluations == 0 else 0.0
+            self.evaluations += 1
+            return super().__iter__()
+
+    return CompilingValidation([far_batch(95)])
+
+
+def budget_run(
+    clock: FakeClock, source: Any, budget: float, validation: Any = None, **options: Any
+) -> FitResult:
+    """`fit` of the recording state on `source` under `budget` seconds of `clock`, quietly."""
+    options.setdefault("quiet", True)
+    return fit(
+        recording_state([]), source, validation, epochs=20, max_steps=PLANNED,
+        time_budget=budget, clock=clock, **options,
+    )  # fmt: skip
+
+
 def test_the_first_evaluations_compilation_is_not_counted_as_every_evaluations_cost() -> None:
     # Steps take 1 s; the first evaluation (at step 2) 10 s, as compiling it
     # does, the later ones nothing. Refitted at step 6 (16 s), after the
@@ -1536,26 +1562,8 @@ def test_the_first_evaluations_compilation_is_not_counted_as_every_evaluations_c
     # the cosine ends at step 20, where the budget is spent. Counting the 10 s
     # in every evaluation's cost (3.5 s a step) ended it at step 10.
     clock = FakeClock()
-
-    class CompilingValidation(list):
-        evaluations = 0
-
-        def __iter__(self) -> Any:
-            clock.now += 10.0 if self.evaluations == 0 else 0.0
-            self.evaluations += 1
-            return super().__iter__()
-
-    result = fit(
-        recording_state([]),
-        ticking(clock, [far_batch(90 + i) for i in range(4)]),
-        CompilingValidation([far_batch(95)]),
-        epochs=10,
-        max_steps=PLANNED,
-        eval_every=2,
-        time_budget=30.0,
-        clock=clock,
-        quiet=True,
-    )
+    batches = ticking(clock, [far_batch(90 + i) for i in range(4)])
+    result = budget_run(clock, batches, 30.0, compiling_validation(clock, 10.0), eval_every=2)
     assert result.stop_reason == "time_budget"
     assert int(result.state.step) == 20 and result.schedule_steps == 20
 
@@ -1575,15 +1583,8 @@ def test_a_short_budget_mostly_spent_compiling_still_ends_the_cosine_where_it_st
     # 3.5 s of compilation, then 0.125 s a step: 5 steps measured (0.625 s,
     # more than 5% of the 5 s budget) leave 0.75 s at step 6, 6 more steps.
     clock = FakeClock()
-    result = fit(
-        recording_state([]),
-        compiling_then_ticking(clock, [far_batch(90 + i) for i in range(4)], 3.5),
-        epochs=20,
-        max_steps=PLANNED,
-        time_budget=5.0,
-        clock=clock,
-        quiet=True,
-    )
+    batches = compiling_then_ticking(clock, [far_batch(90 + i) for i in range(4)], 3.5)
+    result = budget_run(clock, batches, 5.0)
     assert result.stop_reason == "time_budget"
     assert int(result.state.step) == 12 and result.schedule_steps == 12
 
@@ -1593,26 +1594,8 @@ def test_the_refit_waits_for_an_evaluation_after_the_first_which_compiles() -> N
     # At step 6 only the first is measured: the refit waits for the one of
     # step 8, then at step 9 (2.125 s) the 5 s budget leaves 23 steps: step 32.
     clock = FakeClock()
-
-    class CompilingValidation(list):
-        evaluations = 0
-
-        def __iter__(self) -> Any:
-            clock.now += 1.0 if self.evaluations == 0 else 0.0
-            self.evaluations += 1
-            return super().__iter__()
-
-    result = fit(
-        recording_state([]),
-        compiling_then_ticking(clock, [far_batch(90 + i) for i in range(4)], 0.0),
-        CompilingValidation([far_batch(95)]),
-        epochs=20,
-        max_steps=PLANNED,
-        eval_every=4,
-        time_budget=5.0,
-        clock=clock,
-        quiet=True,
-    )
+    batches = compiling_then_ticking(clock, [far_batch(90 + i) for i in range(4)], 0.0)
+    result = budget_run(clock, batches, 5.0, compiling_validation(clock, 1.0), eval_every=4)
     assert result.stop_reason == "time_budget"
     assert int(result.state.step) == 32 and result.schedule_steps == 32
 
@@ -1641,16 +1624,8 @@ def test_a_budget_spent_before_the_step_time_is_measured_says_the_cosine_did_not
     capsys,
 ) -> None:
     clock = FakeClock()
-    result = fit(
-        recording_state([]),
-        compiling_then_ticking(clock, [far_batch(90 + i) for i in range(4)], 3.5),
-        epochs=20,
-        max_steps=PLANNED,
-        time_budget=3.8,
-        clock=clock,
-        label="FP32",
-        log_seconds=1e9,
-    )
+    batches = compiling_then_ticking(clock, [far_batch(90 + i) for i in range(4)], 3.5)
+    result = budget_run(clock, batches, 3.8, quiet=False, label="FP32", log_seconds=1e9)
     assert result.stop_reason == "time_budget" and int(result.state.step) == 3
     assert result.schedule_steps == PLANNED
     err = capsys.readouterr().err
