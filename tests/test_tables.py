@@ -21,6 +21,7 @@ from tft_jax.data.tables import (
     TableSpec,
     _categorical_values,
     _check_on_grid,
+    ids_as_categories,
     missing_texts,
     plain_value,
     read_table,
@@ -472,3 +473,16 @@ def test_a_stray_bool_among_target_numbers_is_refused_but_a_column_of_bools_is_r
         warnings.simplefilter("ignore", UserWarning)  # the filled cell is announced
         dataset = prepare(table, known_cols=("k",))
     assert "k" not in dataset.spec.categorical_cols
+
+
+def test_text_ids_become_categories_for_the_groupings_and_other_ids_stay_as_given():
+    table = pd.DataFrame({"id": ["b", "a", "b"], "y": [1.0, 2.0, 3.0]})
+    coded = ids_as_categories(table, "id")
+    assert isinstance(coded["id"].dtype, pd.CategoricalDtype)
+    assert coded["id"].tolist() == ["b", "a", "b"]
+    assert table["id"].dtype != coded["id"].dtype  # the caller's table is not changed
+    mixed = pd.DataFrame({"id": pd.Series(["7", 7], dtype=object), "y": [1.0, 2.0]})
+    numbers = pd.DataFrame({"id": [7, 8], "y": [1.0, 2.0]})
+    for kept in (mixed, numbers):  # mixed types are validate_table's to refuse
+        assert ids_as_categories(kept, "id") is kept
+    assert ids_as_categories(table, "store") is table  # no such column: the check names it

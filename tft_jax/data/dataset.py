@@ -49,6 +49,7 @@ from tft_jax.data.tables import (
     check_missing_fraction,
     check_missing_fraction_limit,
     empty_input_cells,
+    ids_as_categories,
     infer_categorical,
     parse_frequency,
     parse_time_text,
@@ -697,6 +698,7 @@ def prepare_dataset(
     read_spec = preprocessor.spec if preprocessor is not None else spec
     fitted = preprocessor.fitted_values if preprocessor is not None else None
     raw, texts = read_announced(table, read_spec, encoding, fitted)
+    raw = ids_as_categories(raw, read_spec.id_col)
     spec = preprocessor.spec if preprocessor is not None else infer_categorical(raw, spec)
     if min_series_length is not None and min_series_length > history + horizon:
         minimum, reason = min_series_length, f"min_series_length={min_series_length}"

@@ -49,6 +49,7 @@ from tft_jax.data.tables import (
     empty_input_cells,
     file_rows,
     first_duplicate,
+    ids_as_categories,
     missing_texts,
     parse_frequency,
     plain_value,
@@ -550,6 +551,7 @@ def future_windows(
     spec = preprocessor.spec
     missing_col = preprocessor.missing_col
     raw, _ = read_announced(table, spec, encoding, preprocessor.fitted_values)
+    raw = ids_as_categories(raw, spec.id_col)
     reading = in_training_zone(spec, preprocessor, raw.get(spec.time_col))
     try:
         clean = validate_table(raw, reading, history, horizon, min_length=history, fitted=True)

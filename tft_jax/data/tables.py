@@ -3083,3 +3083,21 @@ def to_regular_grid(clean: pd.DataFrame, spec: TableSpec, missing_col: str) -> p
     for column in spec.static_cols:
         grid[column] = by_series[column].transform("first")
     return grid
+
+
+def ids_as_categories(table: pd.DataFrame, id_col: str) -> pd.DataFrame:
+    """`table` (a copy where changed) with its text ids as a categorical column.
+
+    A long history is grouped by series many times over (validated, gridded,
+    checked, transformed): categories are hashed once, where text ids were
+    hashed by every grouping. The values, and every message naming them, are
+    the same; the caller's table is not changed.
+    """
+    ids = table.get(id_col)
+    if ids is None or isinstance(ids.dtype, pd.CategoricalDtype):
+        return table
+    # Texts only (an object column is looked into): ids of mixed types ('7' and 7) are
+    # refused by `validate_table`, which reads each id's type.
+    if not pd.api.types.is_string_dtype(ids):
+        return table
+    return table.assign(**{id_col: ids.astype("category")})
