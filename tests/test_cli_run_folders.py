@@ -48,8 +48,12 @@ def test_overwrite_keeps_the_users_files_inside_models_plots_and_checkpoints(tmp
         "checkpoints/fp32/latest/3/x", "checkpoints/qat/best/2/x",
         "checkpoints/batch_stream.json",
     ]  # fmt: skip
+    run_files += ["plots/train/forecasts_fp32.png", "plots/test_week/attention.png"]
+    # Files named like the run's folders (`plot`'s plots/<split>/ and plots/<split>_<CSV
+    # name>/) are the user's: they were deleted.
     mine = ["models/__init__.py", "models/resnet.py", "plots/figure1.png",
-            "checkpoints/resnet50.pt", "notes.txt"]  # fmt: skip
+            "checkpoints/resnet50.pt", "notes.txt", "plots/train_notes.txt",
+            "plots/validation"]  # fmt: skip
     for name in run_files + mine:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("x")

@@ -680,6 +680,12 @@ RUN_FOLDERS = {**RESULT_FOLDERS, "models": ("*.msgpack", "*.msgpack*.tmp")}
 RUN_FILE_PATTERNS = (CONFIG_FILE, HISTORY_FILE, *RESULT_FILE_PATTERNS)
 
 
+def _is_file_pattern(pattern: str) -> bool:
+    """Whether the entry pattern `pattern` of a run folder names files (else folders:
+    `fp32`, `train_*`, whose names a user's own file may have)."""
+    return any(ending in pattern for ending in (".png", ".json", ".msgpack", ".tmp"))
+
+
 def remove_run_files(out: pathlib.Path) -> list[str]:
     """Deletes the files a run wrote in `out` (other files stay); returns their names, sorted.
 
@@ -695,7 +701,14 @@ def remove_run_files(out: pathlib.Path) -> list[str]:
         folder = out / name
         if not folder.is_dir():
             continue
-        entries = sorted({path for pattern in patterns for path in folder.glob(pattern)})
+        entries = sorted(
+            {
+                path
+                for pattern in patterns
+                for path in folder.glob(pattern)
+                if path.is_dir() or _is_file_pattern(pattern)  # plots/train_notes.txt stays
+            }
+        )
         for path in entries:
             shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
         if not any(folder.iterdir()):
