@@ -506,10 +506,7 @@ def test_fan_chart_marks_actuals_between_gaps_which_the_line_cannot_draw(tmp_pat
          "p90": 2.0, "actual": values[6:]}
     )  # fmt: skip
     figures = _capture_figures(monkeypatch)
-    plots.plot_forecast_fans(
-        tmp_path / "gaps.png", forecasts, context, id_col="id", time_col="time",
-        lower="p10", median="p50", upper="p90",
-    )  # fmt: skip
+    _draw_fans(tmp_path, forecasts, context)
     (axis,) = figures[0].axes
     (marks,) = [line for line in axis.get_lines() if line.get_label() == "_actual between gaps"]
     assert marks.get_linestyle() == "None" and marks.get_marker() == "."
@@ -1285,10 +1282,7 @@ def test_fan_chart_date_labels_do_not_overlap_across_a_month_end(tmp_path, monke
          "p90": 15.0, "actual": np.nan}
     )  # fmt: skip
     figures = _capture_figures(monkeypatch)
-    plots.plot_forecast_fans(
-        tmp_path / "month_end.png", forecasts, context, id_col="id", time_col="time",
-        lower="p10", median="p50", upper="p90",
-    )  # fmt: skip
+    _draw_fans(tmp_path, forecasts, context)
     figure = figures[0]
     canvas = FigureCanvasAgg(figure)
     canvas.draw()
