@@ -94,14 +94,18 @@ from tft_jax.evaluation import (
 )
 from tft_jax.forecaster import DEMO, DataConfig, Forecaster, ForecasterConfig, RunFolderError
 from tft_jax.forecaster.run_folder import (
+    ATTENTION_PLOT,
     BATCH_STREAM_FILE,
     CONFIG_FILE,
     HISTORY_FILE,
+    LOSS_CURVES_PLOT,
     OTHER_TABLES_FILE,
     RESULT_FILE_PATTERNS,
     RESULT_FOLDERS,
+    VARIABLE_IMPORTANCE_PLOT,
     EarlierResultsWarning,
     check_not_a_file,
+    future_plot,
     json_ready,
     read_json,
     write_json,
@@ -612,8 +616,8 @@ def _check_out(out: pathlib.Path, resume: bool, overwrite: bool, qat: bool) -> N
 # What `train` writes into `--out`: files, and folders (those of QAT with `--qat` only).
 RUN_OUTPUT_FILES = (
     CONFIG_FILE, HISTORY_FILE, "metrics.json", "forecasts.csv",
-    f"checkpoints/{BATCH_STREAM_FILE}", "plots/attention.png",
-    "plots/variable_importance.png", "plots/loss_curves.png",
+    f"checkpoints/{BATCH_STREAM_FILE}", f"plots/{ATTENTION_PLOT}",
+    f"plots/{VARIABLE_IMPORTANCE_PLOT}", f"plots/{LOSS_CURVES_PLOT}",
 )  # fmt: skip
 RUN_OUTPUT_FOLDERS = ("checkpoints", "checkpoints/fp32", "models", "plots")
 QAT_OUTPUT_FOLDERS = ("checkpoints/qat",)
@@ -1144,7 +1148,7 @@ def command_plot(args: argparse.Namespace) -> int:
         run_data = forecaster.config.data
         figures.append(
             plots.plot_future(
-                folder / f"future_{model}.png",
+                folder / future_plot(model),
                 forecast,
                 table,
                 id_col=spec.id_col,

@@ -44,6 +44,12 @@ from tft_jax.evaluation import (
 )
 from tft_jax.experiments import NON_FINITE_STRINGS
 from tft_jax.forecaster.config import quantile_name
+from tft_jax.forecaster.run_folder import (
+    ATTENTION_PLOT,
+    LOSS_CURVES_PLOT,
+    VARIABLE_IMPORTANCE_PLOT,
+    forecast_plot,
+)
 
 PathLike = str | pathlib.Path
 
@@ -912,7 +918,7 @@ def draw_run_plots(
         )
         written.append(
             plot_forecast_fans(
-                directory / f"forecasts_{name}.png",
+                directory / forecast_plot(name),
                 table,
                 context,
                 id_col=spec.id_col,
@@ -930,7 +936,7 @@ def draw_run_plots(
     shown = predictions[interpret]
     written.append(
         plot_attention(
-            directory / "attention.png",
+            directory / ATTENTION_PLOT,
             shown.attention,
             dataset.history,
             title=f"{MODEL_LABELS[interpret]}: attention over the history ({split} mean)",
@@ -939,7 +945,7 @@ def draw_run_plots(
     history_names = dataset.history_weight_names_for(len(shown.history_weights))
     written.append(
         plot_variable_importance(
-            directory / "variable_importance.png",
+            directory / VARIABLE_IMPORTANCE_PLOT,
             [
                 ("static inputs", dataset.static_weight_names, shown.static_weights),
                 ("history inputs", history_names, shown.history_weights),
@@ -949,7 +955,7 @@ def draw_run_plots(
         )
     )
     if history:
-        written.append(plot_loss_curves(directory / "loss_curves.png", history))
+        written.append(plot_loss_curves(directory / LOSS_CURVES_PLOT, history))
     return written
 
 

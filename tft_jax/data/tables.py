@@ -881,7 +881,14 @@ _INFERRED: tuple[tuple[str, str], ...] = (
     (".xz", "xz"),
     (".zst", "zstandard"),
 )
-_TAR_ENDINGS = tuple(ending for ending, kind in _INFERRED if kind == "tar")
+
+
+def _endings(kind: str) -> tuple[str, ...]:
+    """The name endings from which pandas infers compression `kind` ('gzip': ('.gz',))."""
+    return tuple(ending for ending, inferred in _INFERRED if inferred == kind)
+
+
+_TAR_ENDINGS = _endings("tar")
 # What pandas says of an archive that holds other than one file.
 _ARCHIVE_FILES = re.compile(r"^(Multiple|Zero) files found in (ZIP file|TAR archive)")
 
@@ -1043,14 +1050,14 @@ def _record_header(
 # What a file's first bytes say it is, when pandas would read it as text: the kind, and the
 # file name endings from which pandas infers that compression (and so decompresses it).
 # A tar archive's magic is not at its start: `_is_tar`.
-_MAGIC: tuple[tuple[bytes, str, tuple[str, ...]], ...] = (
-    (b"\x1f\x8b", "gzip", (".gz",)),
-    (b"PK\x03\x04", "zip", (".zip",)),
-    (b"PK\x05\x06", "zip", (".zip",)),  # an archive of no file: its end record alone
-    (b"BZh", "bzip2", (".bz2",)),  # then a digit 1-9 and the block magic: `_is_kind`
-    (b"\xfd7zXZ\x00", "xz", (".xz",)),
-    (b"\x28\xb5\x2f\xfd", "zstandard", (".zst",)),
-    (b"PAR1", "parquet", ()),  # and at the file's end: `_is_kind`
+_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"\x1f\x8b", "gzip"),
+    (b"PK\x03\x04", "zip"),
+    (b"PK\x05\x06", "zip"),  # an archive of no file: its end record alone
+    (b"BZh", "bzip2"),  # then a digit 1-9 and the block magic: `_is_kind`
+    (b"\xfd7zXZ\x00", "xz"),
+    (b"\x28\xb5\x2f\xfd", "zstandard"),
+    (b"PAR1", "parquet"),  # and at the file's end: `_is_kind`; no ending pandas infers
 )
 
 
@@ -1083,9 +1090,10 @@ def _check_file_kind(path: str, encoding: str) -> None:
             "'.tar', from which pandas infers that: it would read the archive's bytes as CSV "
             "text; rename it to end in '.tar' (e.g. sales.tar), or extract the CSV from it"
         )
-    for magic, kind, endings in _MAGIC:
+    for magic, kind in _MAGIC:
         if not _is_kind(head, tail, magic, kind):
             continue
+        endings = _endings(kind)
         if _is_tar(_decompressed_head(path, kind)):
             ending = next((e for e in _TAR_ENDINGS if e.endswith(endings)), ".tar")
             article = "an" if kind == "xz" else "a"
@@ -1114,8 +1122,8 @@ def _check_file_kind(path: str, encoding: str) -> None:
             f"not end in {endings[0]!r}, from which pandas infers that: rename it to end in "
             f"{endings[0]!r} (e.g. sales.csv{endings[0]}), or decompress it"
         )
-    for _, kind, endings in _MAGIC:
-        ending = next((e for e in endings if name.endswith(e)), None)
+    for _, kind in _MAGIC:
+        ending = next((e for e in _endings(kind) if name.endswith(e)), None)
         if ending is not None and head:  # not of that kind: its magic is not at its start
             raise ValueError(
                 f"{path} is named {ending!r} but is not {kind}-compressed (it begins with "

@@ -86,11 +86,27 @@ BATCH_STREAM_FILE = "batch_stream.json"
 # Where QAT checkpoints of an earlier FP32 model go while they are deleted (a resume whose
 # FP32 phase trained on): left behind only by a run killed during the deletion.
 REPLACED_QAT_FOLDER = "qat.replaced"
+# The plots of a split (`plots.write_plots`) and of a forecast (`tft-jax predict --plot`).
+ATTENTION_PLOT = "attention.png"
+VARIABLE_IMPORTANCE_PLOT = "variable_importance.png"
+LOSS_CURVES_PLOT = "loss_curves.png"
+
+
+def forecast_plot(model: str) -> str:
+    """The name of the fan chart of model `model`'s forecasts over a split."""
+    return f"forecasts_{model}.png"
+
+
+def future_plot(model: str) -> str:
+    """The name of the fan chart of model `model`'s forecast of the future."""
+    return f"future_{model}.png"
+
+
 RESULT_FOLDERS = {
-    "checkpoints": ("fp32", "qat", REPLACED_QAT_FOLDER, "batch_stream.json*"),
+    "checkpoints": ("fp32", "qat", REPLACED_QAT_FOLDER, f"{BATCH_STREAM_FILE}*"),
     "plots": (
-        "forecasts_*.png", "future_*.png", "attention.png", "variable_importance.png",
-        "loss_curves.png", "*.png*.tmp",
+        forecast_plot("*"), future_plot("*"), ATTENTION_PLOT, VARIABLE_IMPORTANCE_PLOT,
+        LOSS_CURVES_PLOT, "*.png*.tmp",
         # `tft-jax plot`'s folders: plots/<split>/ and plots/<split>_<CSV name>/.
         *(split for split in _SPLITS if split != "test"),
         *(f"{split}_*" for split in _SPLITS),
