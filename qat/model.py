@@ -29,6 +29,7 @@ and the variable-selection weighting are not weight matmuls and stay in float.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import inspect
@@ -169,7 +170,10 @@ class _QuantizedModel(nn.Module):
         )
         model = self.with_dot_general(dot_general_cls, parent=self)
         nn.share_scope(self, model)
-        with calibration_pass() if calibrate else contextlib.nullcontext():
+        with (
+            calibration_pass() if calibrate else contextlib.nullcontext(),
+            _inputs_fitting("the QAT model's inputs"),
+        ):
             output = model(*args, **kwargs)
         # Every init (from_fp32's, create_train_state's, the user's) creates the
         # `bits` markers of the layers that got the hook: none, and the QAT model
@@ -422,10 +426,21 @@ def _shape_differences(got: Mapping[str, Any], expected: Mapping[str, Any]) -> l
     return differences
 
 
+# Whether an `_inputs_fitting` is already naming the inputs (`calibrate`'s, around the
+# QAT model's own): the outermost names them, with the batch.
+_NAMING_INPUTS: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "_NAMING_INPUTS", default=False
+)
+
+
 @contextlib.contextmanager
 def _inputs_fitting(name: str) -> Iterator[None]:
     """The error for inputs that do not fit the parameters (Flax's, or a layer's own
     `InputWidthError`), as a `ValueError` naming `name`."""
+    if _NAMING_INPUTS.get():
+        yield
+        return
+    token = _NAMING_INPUTS.set(True)
     try:
         yield
     except (flax_errors.ScopeParamShapeError, InputWidthError) as error:
@@ -433,6 +448,8 @@ def _inputs_fitting(name: str) -> Iterator[None]:
             f"{name} do not fit the variables (inputs of another shape than the model's, or "
             f"variables of another model): {error}"
         ) from error
+    finally:
+        _NAMING_INPUTS.reset(token)
 
 
 @contextlib.contextmanager
@@ -984,8 +1001,9 @@ def convert(qat_variables: Variables, bits: int | None = None, dtype: Any = None
     _check_variables("qat_variables", qat_variables)
     if "params" not in qat_variables:
         raise ValueError(f"qat_variables must hold 'params', got keys {sorted(qat_variables)}")
-    if bits is not None and (isinstance(bits, bool) or not isinstance(bits, int)):
+    if bits is not None and (isinstance(bits, bool) or not isinstance(bits, numbers.Integral)):
         raise TypeError(f"bits must be an int or None, got {type(bits).__name__} {bits!r}")
+    bits = None if bits is None else int(bits)  # a NumPy integer too, as QATConfig takes
     dtype = _compute_dtype(dtype)
     layers = quantized_layers(qat_variables)
     if not layers:

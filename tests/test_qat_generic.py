@@ -180,6 +180,7 @@ def test_a_bit_width_other_than_the_qat_config_is_an_error():
         ValueError, match=r"bits=8 does not match the QAT model's QATConfig.bits \[4\]"
     ):
         convert(qat_vars, bits=8)
+    assert convert(qat_vars, bits=np.int64(4)).keys() == convert(qat_vars).keys()  # as QATConfig
     eight_bit = QATModel(MixedModel(), QATConfig(bits=8))
     with pytest.raises(ValueError, match=r"\[4\]-bit QAT model, qat_model has QATConfig.bits=8"):
         int8_apply(eight_bit, convert(qat_vars), batches()[0])
@@ -235,6 +236,9 @@ def test_inputs_of_another_shape_are_named_in_from_fp32_calibrate_and_int8_apply
         calibrate(qat_model, qat_vars, [batches()[0], narrow])
     with pytest.raises(ValueError, match=r"int8_apply: the inputs do not fit the variables"):
         int8_apply(qat_model, convert(qat_vars), narrow)
+    # Applying the QAT model itself raised Flax's ScopeParamShapeError.
+    with pytest.raises(ValueError, match=r"the QAT model's inputs do not fit the variables"):
+        qat_model.apply(qat_vars, narrow)
 
 
 def test_disabled_quantization_is_the_fp32_model_exactly():
