@@ -365,6 +365,25 @@ def test_attention_kernel_rejects_a_dropout_rate_or_temperature_that_gives_garba
         )
 
 
+def test_attention_kernel_needs_deterministic_with_a_dropout_rate():
+    # Left out, deterministic defaulted to True: dropout_rate=0.5 with a dropout_rng
+    # gave exactly the output without dropout, silently (the rule of tft_jax._dropout).
+    q, k, v = (jnp.asarray(random_input(2, 5, seed)[..., :4]) for seed in range(3))
+    rng = jax.random.key(0)
+    with pytest.raises(ValueError, match=r"scaled_dot_product_attention: .*deterministic must"):
+        scaled_dot_product_attention(q, k, v, dropout_rate=0.5, dropout_rng=rng)
+    plain, weights = scaled_dot_product_attention(q, k, v)
+    off, _ = scaled_dot_product_attention(q, k, v, dropout_rate=0.5, deterministic=True)
+    on, on_weights = scaled_dot_product_attention(
+        q, k, v, dropout_rate=0.5, dropout_rng=rng, deterministic=False
+    )
+    np.testing.assert_array_equal(np.asarray(off), np.asarray(plain))
+    assert not np.allclose(np.asarray(on), np.asarray(plain))
+    np.testing.assert_array_equal(np.asarray(on_weights), np.asarray(weights))  # before dropout
+    with pytest.raises(TypeError, match=r"deterministic must be a bool, got str"):
+        scaled_dot_product_attention(q, k, v, dropout_rate=0.5, deterministic="False")
+
+
 def test_bfloat16_inputs_compute_in_bfloat16_with_float32_params():
     x = random_input(2, 7).astype(jnp.bfloat16)
     params = params_for(7)

@@ -1,5 +1,7 @@
 """The public building blocks take nested Python lists like arrays, as Flax's own layers do,
-and name an input of another width than the one they were initialized with.
+name an input of another width than the one they were initialized with, and refuse, as
+the attention blocks do, integer inputs (the GRN and the variable selection network cast
+them silently) and attention over zero steps.
 
 Each block (Linear, VariableLinear, the gating blocks, the positional encoding,
 the attention head and blocks) applied to nested lists must equal the same
@@ -15,10 +17,12 @@ import numpy as np
 import pytest
 
 from tft_jax.attention import AttentionHead, PositionalEncoding, TemporalSelfAttention
+from tft_jax.embeddings import AffineEmbedding
 from tft_jax.gating import FeatureLayerNorm, GateAddNorm, GatedLinearUnit, GatedResidualNetwork
 from tft_jax.interpretable_attention import InterpretableMultiHeadAttention
 from tft_jax.linear import Linear, VariableLinear
 from tft_jax.lstm import LSTM
+from tft_jax.variable_selection import VariableSelectionNetwork
 
 
 def _nested(shape: tuple[int, ...]) -> list:
@@ -99,3 +103,75 @@ def test_an_input_of_another_width_than_at_init_is_named(name):
         module.apply(variables, *wider)
     with pytest.raises(ValueError, match=message):  # the same check while tracing
         jax.jit(module.apply)(variables, *wider)
+
+
+def _zero_variables(module, *inputs):
+    """Zero variables of the shapes `module.init` gives: traced, not run (the checks come
+    first in the call, so the values never matter)."""
+    shapes = jax.eval_shape(module.init, jax.random.key(0), *inputs)
+    return jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), shapes)
+
+
+# (module, float inputs at init as shapes, the input made integer, the argument's name).
+INTEGER_INPUT_CASES = {
+    "GatedResidualNetwork x": (lambda: GatedResidualNetwork(3), [(2, 4)], 0, "x"),
+    "GatedResidualNetwork context": (
+        lambda: GatedResidualNetwork(3),
+        [(2, 4), (2, 5)],
+        1,
+        "context",
+    ),
+    "VariableSelectionNetwork embedded": (
+        lambda: VariableSelectionNetwork(2, 3),
+        [(2, 2, 4)],
+        0,
+        "embedded",
+    ),
+    "VariableSelectionNetwork context": (
+        lambda: VariableSelectionNetwork(2, 3),
+        [(2, 2, 4), (2, 5)],
+        1,
+        "context",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INTEGER_INPUT_CASES))
+def test_an_integer_input_is_named_not_cast(name):
+    # The first layer cast integer codes to the compute dtype and read them as magnitudes,
+    # silently; the attention blocks already refused them with this TypeError.
+    build, shapes, made_integer, argument = INTEGER_INPUT_CASES[name]
+    module = build()
+    arrays = [jnp.ones(shape, jnp.float32) for shape in shapes]
+    variables = _zero_variables(module, *arrays)
+    arrays[made_integer] = arrays[made_integer].astype(jnp.int32)
+    owner = name.split()[0]
+    message = rf"^{owner}: {argument} must be floating point .*got int32"
+    with pytest.raises(TypeError, match=message):
+        module.apply(variables, *arrays)
+    with pytest.raises(TypeError, match=message):  # at init too
+        module.init(jax.random.key(0), *arrays)
+
+
+def test_variable_selection_names_integer_values_of_an_affine_embedding():
+    module = VariableSelectionNetwork(2, 3)
+    values = jnp.ones((2, 2), jnp.int32)
+    embedded = AffineEmbedding(values, jnp.ones((2, 4)), jnp.zeros((2, 4)))
+    with pytest.raises(TypeError, match=r"embedded\.values must be floating point .*got int32"):
+        module.init(jax.random.key(0), embedded)
+
+
+@pytest.mark.parametrize("empty", ["queries", "keys_values"])
+def test_interpretable_attention_refuses_zero_steps(empty):
+    # Tq = 0 returned an empty output, Tk = 0 zeros with weights (B, heads, Tq, 0), both
+    # silently; TemporalSelfAttention refuses T = 0 as well.
+    module = InterpretableMultiHeadAttention(2, 4)
+    inputs = {"queries": jnp.ones((2, 1, 4)), "keys_values": jnp.ones((2, 3, 4))}
+    variables = _zero_variables(module, *inputs.values())
+    inputs[empty] = inputs[empty][:, :0]
+    steps = "Tq" if empty == "queries" else "Tk"
+    message = rf"{empty} must have at least one step, {steps} > 0 .*got shape \(2, 0, 4\)"
+    with pytest.raises(ValueError, match=message):
+        module.apply(variables, *inputs.values())
+    with pytest.raises(ValueError, match=message):
+        module.init(jax.random.key(0), *inputs.values())

@@ -1,8 +1,12 @@
 """The default tolerances of `properties.checks` follow the output's magnitude: a wrong
 result at 1e-8 is caught, float32 rounding of an output at 1e6 is allowed, and an explicit
-`atol` stays absolute."""
+`atol` stays absolute. The default finite-difference step follows the dtype: float64's
+passes a sharply curved function and still catches a derivative 0.1% off."""
 
 from __future__ import annotations
+
+import re
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -162,3 +166,50 @@ def test_jit_matches_eager_refuses_a_compute_dtype_without_a_tolerance(compute_d
         checks.assert_jit_matches_eager(
             jnp.sin, np.ones(3, np.float32), compute_dtype=compute_dtype
         )
+
+
+def _sine_of(frequency: float, derivative_factor: float = 1.0) -> Any:
+    """`sin(frequency * x)` whose derivative is `derivative_factor` times the right one."""
+
+    @jax.custom_jvp
+    def sine(x: jax.Array) -> jax.Array:
+        return jnp.sin(frequency * x)
+
+    @sine.defjvp
+    def sine_jvp(primals: Any, tangents: Any) -> Any:
+        (x,), (dx,) = primals, tangents
+        slope = derivative_factor * frequency * jnp.cos(frequency * x)
+        return jnp.sin(frequency * x), slope * dx
+
+    return sine
+
+
+def test_finite_differences_default_step_in_float64_passes_a_sharply_curved_function() -> None:
+    # sin(100 x): its third derivative is 1e4 times its first, so central differences at
+    # the float32 step 1e-4 err by eps**2 / 6 * 1e4 of the derivative, above float64's
+    # tolerance of 1e-5: the old default failed this correct derivative (as it failed a
+    # correct float64 TFT); the float64 default of 1e-6 leaves that term 1e4 times smaller.
+    assert checks.FLOAT32_FINITE_DIFFERENCE_EPS == 1e-4  # the old default for every dtype
+    x = np.linspace(-1.0, 1.0, 5)
+    sharp = _sine_of(100.0)
+    checks.assert_grads_match_finite_differences(sharp, (x,))
+    # An explicit eps is used as given: the float32 step fails it, as it did by default.
+    with pytest.raises(AssertionError, match=r"eps 0\.0001, in float64"):
+        checks.assert_grads_match_finite_differences(sharp, (x,), eps=1e-4)
+
+
+def test_finite_differences_default_step_in_float64_still_catches_a_derivative_off_by_0_1pc():
+    x = np.linspace(-1.0, 1.0, 5)
+    with pytest.raises(AssertionError, match=r"eps 1e-06, in float64") as error:
+        checks.assert_grads_match_finite_differences(_sine_of(1.0, 1.001), (x,))
+    found = re.search(r"Max relative difference among violations: ([0-9.e+-]+)", str(error.value))
+    assert found is not None and float(found.group(1)) == pytest.approx(1e-3, rel=1e-2)
+
+
+def test_finite_differences_keep_the_float32_step_for_a_function_returning_float32() -> None:
+    # Float64 arguments, float32 result: the function computes at float32 precision,
+    # where a step of 1e-6 would measure its round-off (1e-7 over 1e-6).
+    def in_float32(x: jax.Array) -> jax.Array:
+        return jnp.tanh(x.astype(jnp.float32))
+
+    checks.assert_grads_match_finite_differences(in_float32, (np.linspace(-1.0, 1.0, 5),))

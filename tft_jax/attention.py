@@ -140,7 +140,7 @@ def scaled_dot_product_attention(
     temperature: float | Array = 1.0,
     dropout_rate: float = 0.0,
     dropout_rng: Array | None = None,
-    deterministic: bool = True,
+    deterministic: bool | None = None,
 ) -> tuple[Array, Array]:
     """`softmax(Q Kᵀ / (sqrt(d) · temperature) + mask) V` with a NaN-free masked softmax.
 
@@ -161,8 +161,11 @@ def scaled_dot_product_attention(
         positive value that broadcasts. Checked when concrete; a traced one is
         not (0 then gives NaN, a negative one inverts the attention).
       dropout_rate: dropout on the attention probabilities when not deterministic.
-      dropout_rng: PRNG key for that dropout.
-      deterministic: disables dropout.
+      dropout_rng: PRNG key for that dropout (needed with `deterministic=False`).
+      deterministic: required when `dropout_rate > 0` (False: dropout on,
+        with `dropout_rng`; True: off), as in every module with dropout
+        (`tft_jax._dropout`): a default would switch dropout off, or on,
+        silently; may be left out without dropout.
 
     Returns:
       `(output (..., Tq, dv), weights (..., Tq, Tk))` in `query`'s dtype; the
@@ -171,10 +174,13 @@ def scaled_dot_product_attention(
       to `query`'s dtype only at the end.
 
     Raises:
-      TypeError: `mask` is not boolean, or `query` is not floating point (the
-        weights take its dtype: cast to integers, all zero).
+      TypeError: `mask` is not boolean, `query` is not floating point (the
+        weights take its dtype: cast to integers, all zero), or
+        `deterministic` is not a bool (or is traced while `dropout_rate > 0`).
       ValueError: `dropout_rate` is outside [0, 1) (1 zeroes the output, a
-        negative rate switches dropout off), a concrete `temperature` is
+        negative rate switches dropout off), `dropout_rate > 0` without
+        `deterministic`, `deterministic=False` with a rate but no
+        `dropout_rng`, a concrete `temperature` is
         not positive (0 gives NaN, a negative one inverts the attention), or
         the shapes do not fit (depths, step counts, leading axes, a mask that
         would enlarge the logits).
@@ -182,6 +188,9 @@ def scaled_dot_product_attention(
     query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
     _check_floating("scaled_dot_product_attention: query", query)
     check_dropout_rate("scaled_dot_product_attention", dropout_rate)
+    deterministic = resolve_deterministic(
+        "scaled_dot_product_attention", deterministic, dropout_rate
+    )
     _check_concrete_positive("scaled_dot_product_attention: temperature", temperature, False)
     # A mask known on the host (NumPy) with an allowed key in every row needs no
     # zeroing of empty rows: left in, XLA constant-folds that reduction over the

@@ -170,8 +170,11 @@ class CategoricalEmbedding(nn.Module):
 
     One table per variable (entity embeddings); statics are `(B, C)`, inputs
     over time `(B, T, C)`. Codes outside `[0, cardinality)` raise
-    `ValueError` for concrete inputs; under `jit` they are clipped into range
-    (a gather cannot raise there).
+    `ValueError` for concrete inputs; under `jit` they cannot be inspected (a
+    gather cannot raise there) and are clipped to the nearest row of their
+    table (a negative code embeds as row 0, one past the end as the last
+    row), silently: check them before jitting the call (apply the module once
+    without `jax.jit`, or check `0 <= codes < cardinality` in NumPy).
     """
 
     cardinalities: Sequence[int]

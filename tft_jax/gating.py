@@ -266,6 +266,20 @@ def check_context_width(owner: str, context: Array, params: Any, where: str) -> 
         )
 
 
+def check_floating(owner: str, name: str, x: Array) -> None:
+    """Raises `TypeError` unless `x` is a floating-point array.
+
+    The first layer would cast an integer (or boolean) input to the compute
+    dtype silently, so codes meant for an embedding would be read as
+    magnitudes; the attention blocks refuse them the same way.
+    """
+    dtype = jnp.result_type(x)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(
+            f"{owner}: {name} must be floating point (float32, bfloat16, ...), got {dtype}"
+        )
+
+
 def _check_input_width(x: Array, params: Any) -> None:
     """Raises `ValueError` unless `x` has the input width the network was initialized with.
 
@@ -291,7 +305,14 @@ class GatedResidualNetwork(nn.Module):
       deterministic: required when `dropout_rate > 0` (False: dropout on, with
         the `'dropout'` RNG; True: off); may be left out without dropout.
 
+    Returns `(..., features)` in the compute dtype: `dtype`, else the
+    promotion of the inputs and the parameters, so bfloat16 inputs with the
+    default float32 `param_dtype` and no `dtype` compute and return float32
+    (pass `dtype=jnp.bfloat16` to compute in bfloat16).
+
     Raises:
+      TypeError: `x` or `context` is not floating point (an integer array
+        would be cast to the compute dtype silently).
       ValueError: `context` is not `(B, C)` with `x`'s batch size, `context`
         is left out of a call whose parameters hold a context layer (Flax
         would skip that layer silently: the network initialized with a
@@ -328,10 +349,12 @@ class GatedResidualNetwork(nn.Module):
             raise ValueError(
                 f"GatedResidualNetwork: x must have a feature axis (..., I), got shape {x.shape}"
             )
+        check_floating("GatedResidualNetwork", "x", x)
         if not self.is_initializing():
             _check_input_width(x, self.variables.get("params", {}))
         if context is not None:
             context = jnp.asarray(context)
+            check_floating("GatedResidualNetwork", "context", context)
             _check_context(context, x, self.variable_major, self.num_variables is not None)
             if not self.is_initializing():
                 check_context_width(

@@ -35,7 +35,7 @@ class InterpretableMultiHeadAttention(nn.Module):
 
     Args (call):
       queries: `(B, Tq, D)` floating point, `D = features`; keys_values:
-      `(B, Tk, D)` floating point; mask: boolean `(Tq, Tk)` (or
+      `(B, Tk, D)` floating point, `Tq, Tk >= 1`; mask: boolean `(Tq, Tk)` (or
       `(B, 1|heads, Tq, Tk)` per example), True = may attend, a query with
       no allowed key getting zero weights; deterministic: required when
       `dropout_rate > 0` (False: dropout on, with the `'dropout'` RNG).
@@ -43,15 +43,18 @@ class InterpretableMultiHeadAttention(nn.Module):
     Returns:
       `(output (B, Tq, D), weights (B, heads, Tq, Tk))`: the output in the
       compute dtype (`dtype`, else the inputs' and parameters' promoted
-      dtype), the weights in at least float32 (the softmax's own precision,
-      not rounded to a bfloat16 compute dtype), so each row with an allowed
-      key sums to 1 to float32 precision.
+      dtype: bfloat16 inputs with the default float32 parameters and no
+      `dtype` compute and return float32; pass `dtype=jnp.bfloat16` to
+      compute in bfloat16), the weights in at least float32 (the softmax's
+      own precision, not rounded to a bfloat16 compute dtype), so each row
+      with an allowed key sums to 1 to float32 precision.
 
     Raises:
       TypeError: `queries` or `keys_values` is not floating point (an integer
         array would be cast silently), or `mask` is not boolean.
-      ValueError: an input is not 3-D, its last axis is not `features`, the
-        batch sizes differ, or `mask` has another shape.
+      ValueError: an input is not 3-D, has no step (`Tq` or `Tk` is 0: there
+        would be nothing to attend from or to), its last axis is not
+        `features`, the batch sizes differ, or `mask` has another shape.
     """
 
     num_heads: int
@@ -105,6 +108,14 @@ class InterpretableMultiHeadAttention(nn.Module):
                 raise TypeError(
                     f"InterpretableMultiHeadAttention: {name} must be floating point (float32, "
                     f"bfloat16, ...), got {x.dtype}"
+                )
+            # Else zero steps gave an empty output (Tq = 0) or zeros with weights
+            # (B, heads, Tq, 0) (Tk = 0), silently; TemporalSelfAttention refuses T = 0 too.
+            if x.shape[1] == 0:
+                steps = "Tq" if name == "queries" else "Tk"
+                raise ValueError(
+                    f"InterpretableMultiHeadAttention: {name} must have at least one step, "
+                    f"{steps} > 0 in (B, {steps}, D), got shape {tuple(x.shape)}"
                 )
         if queries.shape[0] != keys_values.shape[0]:
             raise ValueError(

@@ -188,7 +188,9 @@ def _check_codes(
 ) -> None:
     """Checks categorical `codes (*leading, len(cardinalities))`: shape, integer dtype, range.
 
-    The range is checked for concrete inputs only (a traced value has none).
+    The range is checked for concrete inputs only: a traced value (inside
+    `jax.jit`) cannot be inspected, and the embedding then clips an
+    out-of-range code to the nearest row of its table.
     Without `cardinalities`, `codes` must be None (or have a last axis of 0).
     """
     if not cardinalities:
@@ -225,6 +227,17 @@ class TemporalFusionTransformer(nn.Module):
     categorical known inputs), `observed_categorical (B, T, Uc)`; they join
     the variable selection after the real inputs of their kind (see
     `TFTOutput` for the order). Returns a `TFTOutput`.
+
+    Categorical codes outside `[0, cardinality)` raise `ValueError` naming
+    the argument only where they are concrete: an `apply` outside `jax.jit`,
+    and `tft_jax.train`'s steps, which check NumPy batches before their
+    jitted step (the `Forecaster` and the CLI make codes from their
+    vocabularies, in range by construction). Inside `jax.jit` the codes are
+    traced and cannot be inspected: an out-of-range code is clipped to the
+    nearest row of its embedding table (a negative code embeds as category
+    0, one past the end as the last category), silently. Check codes before
+    jitting the call: apply the model once without `jax.jit` on the batch, or
+    check `0 <= codes < cardinality` in NumPy.
 
     Data flow: variable selection networks (statics unconditioned; history and
     future conditioned on the static selection context) -> LSTM encoder over

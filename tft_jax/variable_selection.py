@@ -17,6 +17,7 @@ from tft_jax.gating import (
     GatedResidualNetwork,
     check_context_width,
     check_dropout_rate,
+    check_floating,
     check_positive_int,
 )
 from tft_jax.operand_quantizers import supports_operand_quantizers
@@ -69,7 +70,15 @@ class VariableSelectionNetwork(nn.Module):
         its `(B, D)` selection context). Given at `init`, it must be given at
         every `apply`.
 
+    Returns `(selected (..., D), weights (..., V))`: `selected` in the compute
+    dtype, `dtype`, else the promotion of the inputs and the parameters, so
+    bfloat16 embeddings with the default float32 `param_dtype` and no
+    `dtype` compute and return float32 (pass `dtype=jnp.bfloat16` to compute
+    in bfloat16); the weights in at least float32.
+
     Raises:
+      TypeError: `embedded` (an `AffineEmbedding`'s values) or `context` is
+        not floating point (an integer array would be cast silently).
       ValueError: `embedded` or `context` of the wrong shape (naming the
         argument), or `context` left out of a call whose parameters were
         initialized with one (its GRN layer would silently be skipped).
@@ -107,6 +116,7 @@ class VariableSelectionNetwork(nn.Module):
             embedded = jnp.asarray(embedded)
         if context is not None:
             context = jnp.asarray(context)
+        self._check_dtypes(embedded, context)
         self._check_inputs(embedded, context)
         self._check_context_matches_parameters(context)
         self._check_width_matches_parameters(embedded.shape[-1])
@@ -146,6 +156,22 @@ class VariableSelectionNetwork(nn.Module):
                 logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), axis=-1
             )
         return combine_variables(weights, processed), weights
+
+    @staticmethod
+    def _check_dtypes(embedded: Array | AffineEmbedding, context: Array | None) -> None:
+        """Raises `TypeError` naming the argument unless the inputs are floating point.
+
+        The GRNs would cast integer embeddings or an integer context to the
+        compute dtype silently (categorical codes belong in a
+        `CategoricalEmbedding` first).
+        """
+        owner = "VariableSelectionNetwork"
+        if isinstance(embedded, AffineEmbedding):
+            check_floating(owner, "embedded.values", embedded.values)
+        else:
+            check_floating(owner, "embedded", embedded)
+        if context is not None:
+            check_floating(owner, "context", context)
 
     def _check_inputs(self, embedded: Array | AffineEmbedding, context: Array | None) -> None:
         """Raises `ValueError` naming the argument unless the shapes fit `(B, [T,] V, width)`.

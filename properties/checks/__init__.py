@@ -70,6 +70,7 @@ from properties.checks.dependence import (
 )
 from properties.checks.numerics import (
     FLOAT32_FINITE_DIFFERENCE_EPS,
+    FLOAT64_FINITE_DIFFERENCE_EPS,
     assert_grads_match_finite_differences,
     assert_jit_matches_eager,
 )
@@ -84,6 +85,7 @@ from properties.checks.values import assert_finite, assert_nonzero_grads
 
 __all__ = [
     "FLOAT32_FINITE_DIFFERENCE_EPS",
+    "FLOAT64_FINITE_DIFFERENCE_EPS",
     "CompileLog",
     "assert_batch_independent",
     "assert_batch_order_equivariant",

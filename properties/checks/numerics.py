@@ -37,6 +37,9 @@ PyTree = Any
 
 # Finite-difference step that passes reliably in float32 (1e-2 and <= 1e-5 fail often).
 FLOAT32_FINITE_DIFFERENCE_EPS = 1e-4
+# The default step in float64: truncation error (eps**2 / 6 times the third derivative)
+# 1e4 times below float32's step, round-off over it still far below float64's tolerance.
+FLOAT64_FINITE_DIFFERENCE_EPS = 1e-6
 
 
 # Default (rtol, atol) for comparing a jitted result with the op-by-op one, by dtype.
@@ -261,13 +264,16 @@ def _to_float64(leaf: Any) -> Any:
 _RELATIVE_ERROR = re.compile(r"Max relative difference[^:]*:\s*([-+0-9.eE]+|inf|nan)")
 
 
-def _float32_hint(report: str, fn: Callable[..., PyTree], args: tuple[Any, ...]) -> str:
+def _float32_hint(
+    report: str, fn: Callable[..., PyTree], args: tuple[Any, ...], step: float
+) -> str:
     """The "fn computes in float32" hint, where the evidence points to it, else "".
 
     It applies when `fn` returns a lower precision than float64 for float64
     inputs, or when the reported relative error is the size that float32
-    round-off divided by the finite-difference step gives (1e-5 to 1e-2),
-    not when the derivative is plainly wrong (a relative error near 1).
+    round-off divided by the finite-difference step gives (1e-5 to 1e-2 at
+    a step of 1e-4, 100 times more at 1e-6), not when the derivative is
+    plainly wrong (a relative error above 0.5).
     """
     try:
         outputs = jax.tree_util.tree_leaves(jax.eval_shape(fn, *args))
@@ -285,7 +291,10 @@ def _float32_hint(report: str, fn: Callable[..., PyTree], args: tuple[Any, ...])
             "its round-off)"
         )
     errors = [float(value) for value in _RELATIVE_ERROR.findall(report)]
-    if errors and all(1e-5 <= error <= 1e-2 for error in errors):
+    # Round-off over the step grows as the step shrinks: the range is 1e-5 to 1e-2 at 1e-4.
+    ratio = FLOAT32_FINITE_DIFFERENCE_EPS / step
+    low, high = 1e-5 * ratio, min(1e-2 * ratio, 0.5)
+    if errors and all(low <= error <= high for error in errors):
         return (
             f"\n(a relative error of {max(errors):.3g} in float64 means fn casts to float32 "
             "inside, e.g. a hard-coded dtype: float32 round-off divided by eps; or fn is "
@@ -295,11 +304,12 @@ def _float32_hint(report: str, fn: Callable[..., PyTree], args: tuple[Any, ...])
     return ""
 
 
-def _require_float_outputs(fn: Callable[..., PyTree], point: tuple[Any, ...]) -> None:
+def _require_float_outputs(fn: Callable[..., PyTree], point: tuple[Any, ...]) -> list[Any]:
     """Raises `TypeError` naming an output leaf that is not a float (it has no derivative).
 
     `check_grads` failed on one with a bare `AssertionError`, which read as
-    wrong derivatives of a correct function.
+    wrong derivatives of a correct function. Returns the output leaves'
+    `ShapeDtypeStruct`s.
     """
     shapes = jax.eval_shape(fn, *point)
     flat = jax.tree_util.tree_flatten_with_path(shapes)[0]
@@ -315,6 +325,23 @@ def _require_float_outputs(fn: Callable[..., PyTree], point: tuple[Any, ...]) ->
             f"fn must return at least one non-empty array, got leaf shapes "
             f"{[leaf.shape for _, leaf in flat]}: there would be nothing to check"
         )
+    return [leaf for _, leaf in flat]
+
+
+def _default_step(point: tuple[Any, ...], outputs: Sequence[Any]) -> float:
+    """`FLOAT64_FINITE_DIFFERENCE_EPS` if `fn` takes and returns only 64-bit floats, else float32's.
+
+    The step suits the precision the differences are taken in: float64's
+    (1e-6) would measure float32 round-off (1e-7 over 1e-6) of a function
+    that takes or returns float32, and float32's (1e-4) leaves a truncation
+    error above float64's tolerance on a sharply curved function.
+    """
+    dtypes = [jnp.result_type(leaf) for leaf in jax.tree_util.tree_leaves(point)]
+    dtypes += [leaf.dtype for leaf in outputs]
+    wide = all(
+        jnp.finfo(dtype).bits >= 64 for dtype in dtypes if jnp.issubdtype(dtype, jnp.inexact)
+    )
+    return FLOAT64_FINITE_DIFFERENCE_EPS if wide else FLOAT32_FINITE_DIFFERENCE_EPS
 
 
 def assert_grads_match_finite_differences(
@@ -335,15 +362,27 @@ def assert_grads_match_finite_differences(
     forward- and reverse-mode derivatives with finite differences along a
     random direction. With `use_x64` (default) it runs under 64-bit mode and
     every float leaf of `args` is cast to float64, where the default step
-    (1e-4) and tolerance (1e-5) are sound. Pass parameters through `args`:
+    (`FLOAT64_FINITE_DIFFERENCE_EPS` = 1e-6) and tolerance (1e-5) are sound:
+    central differences err by `eps**2 / 6` times the third derivative
+    (relative to the first), which at a step of 1e-4 failed correct, sharply
+    curved functions (a third derivative 1e4 times the first: `sin(100 x)`,
+    a LayerNorm of a vector near 0), and by float64 round-off over the step,
+    which stays far below the tolerance at 1e-6. Pass parameters through `args`:
     closed-over float32 arrays stay float32 and the check then works at
     float32 precision (`check_grads` picks its tolerance from the output dtype).
 
+    The default step follows the dtypes the differences are taken in: 1e-6
+    when every float argument (after the cast) and every output of `fn` is
+    a 64-bit float, else `FLOAT32_FINITE_DIFFERENCE_EPS` = 1e-4 (a function
+    that returns float32 for float64 inputs computes at float32 precision,
+    where a step of 1e-6 would measure its round-off).
+
     Float32 fallback (`use_x64=False`): `eps` defaults to
-    `FLOAT32_FINITE_DIFFERENCE_EPS` = 1e-4, which passes reliably on small
-    functions; 1e-2 (truncation error) and 1e-5 or below (cancellation) fail
-    often. On a whole block float32 round-off can still exceed the default
-    float32 tolerance (2e-3): prefer float64, or pass `rtol`/`atol`. The
+    `FLOAT32_FINITE_DIFFERENCE_EPS` = 1e-4 for float32 arguments, which
+    passes reliably on small functions; 1e-2 (truncation error) and 1e-5 or
+    below (cancellation) fail often. On a whole block float32 round-off can
+    still exceed the default float32 tolerance (2e-3): prefer float64, or
+    pass `rtol`/`atol`. The
     fallback refuses float arguments narrower than float32 (bfloat16,
     float16) with a `ValueError`: it differentiates in the arguments' own
     dtypes, where `x + eps` rounds back to `x` (bfloat16 resolves 0.0078
@@ -365,7 +404,8 @@ def assert_grads_match_finite_differences(
         them empty.
       order: derivative order (1 or more).
       modes: any of `"fwd"`, `"rev"`.
-      eps: finite-difference step, finite and > 0 (None: 1e-4).
+      eps: finite-difference step, finite and > 0 (None: 1e-6 in float64,
+        else 1e-4, as above).
       atol, rtol: tolerances, finite and >= 0 (None: by dtype, `check_grads`' defaults).
         With `atol=None` each output leaf whose derivatives are below 1 is
         first divided by a power of two near their size, so that the
@@ -413,18 +453,20 @@ def assert_grads_match_finite_differences(
     for name, value in (("atol", atol), ("rtol", rtol)):
         if value is not None:
             _tolerance(name, value)
-    step = FLOAT32_FINITE_DIFFERENCE_EPS if eps is None else _real("eps", eps)
-    if not (math.isfinite(step) and step > 0):
-        raise ValueError(f"eps must be finite and > 0, got {step}")
+    explicit = None if eps is None else _real("eps", eps)
+    if explicit is not None and not (math.isfinite(explicit) and explicit > 0):
+        raise ValueError(f"eps must be finite and > 0, got {explicit}")
     if not use_x64:
-        _require_float32_or_wider(named, step)
+        # Narrower than float32 never gets the float64 step: the message shows float32's.
+        _require_float32_or_wider(named, explicit or FLOAT32_FINITE_DIFFERENCE_EPS)
     precision = "float64" if use_x64 else "the given dtypes"
     context = _enable_x64() if use_x64 else contextlib.nullcontext()
     try:
         with context:
             point = jax.tree_util.tree_map(_to_float64, args) if use_x64 else args
             checked = jax.jit(fn) if jit and not hasattr(fn, "lower") else fn
-            _require_float_outputs(checked, point)
+            outputs = _require_float_outputs(checked, point)
+            step = explicit if explicit is not None else _default_step(point, outputs)
             compared, scaled = checked, ""
             if atol is None:
                 divisors = _derivative_divisors(checked, point, step)
@@ -438,7 +480,7 @@ def assert_grads_match_finite_differences(
             try:
                 check_grads(compared, point, order, modes=modes, eps=step, atol=atol, rtol=rtol)
             except AssertionError as error:
-                hint = _float32_hint(str(error), checked, point) if use_x64 else ""
+                hint = _float32_hint(str(error), checked, point, step) if use_x64 else ""
                 raise AssertionError(
                     f"derivatives of fn differ from central finite differences "
                     f"(order {order}, modes {modes}, eps {step:g}, in {precision}):\n{error}{hint}"
