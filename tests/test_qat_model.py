@@ -170,6 +170,26 @@ def test_disabled_quantization_reproduces_fp32_outputs_exactly():
     jax.tree.map(np.testing.assert_array_equal, got, expected)
 
 
+def test_disabled_quantization_variables_make_a_train_state_of_the_fp32_params():
+    # from_fp32 gives an empty 'quant_stats', which the model's init does not make:
+    # create_train_state refused the variables for holding it.
+    from tft_jax.train import Batch, create_train_state, make_optimizer
+
+    model = QATTemporalFusionTransformer(CONFIG, QATConfig(bits=None))
+    args, kwargs = shape_args(INPUTS[1])
+    variables = from_fp32(fp32_variables(), model, *args, **kwargs)
+    batch = Batch(*args, **kwargs, target=TARGET)
+    state = create_train_state(
+        model, make_optimizer(1e-3), jax.random.key(0), batch, variables=variables
+    )
+    jax.tree.map(np.testing.assert_array_equal, state.params, fp32_variables()["params"])
+    with pytest.raises(ValueError, match=r"must hold the collections \['params'\], got \['par"):
+        create_train_state(  # a collection that holds something is still refused
+            model, make_optimizer(1e-3), jax.random.key(0), batch,
+            variables={**variables, "quant_stats": {"x": np.zeros(1)}},
+        )  # fmt: skip
+
+
 def test_calibrate_true_without_mutable_quant_stats_raises_naming_it():
     model, fresh, _ = qat_setup()
     with pytest.raises(ValueError, match="mutable=\\['quant_stats'\\]"):

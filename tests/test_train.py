@@ -579,10 +579,14 @@ def test_create_train_state_starts_from_given_variables_and_checks_them() -> Non
     wrong = {"params": {**variables["params"], "head": {"kernel": np.zeros((8, 1), np.float32)}}}
     with pytest.raises(ValueError, match="head"):
         create_train_state(TINY, TINY_TX, jax.random.key(0), make_batch(0), variables=wrong)
+    extra = {**variables, "extra": {"x": np.zeros(1, np.float32)}}
     with pytest.raises(ValueError, match="collections"):
-        create_train_state(
-            TINY, TINY_TX, jax.random.key(0), make_batch(0), variables={**variables, "extra": {}}
-        )
+        create_train_state(TINY, TINY_TX, jax.random.key(0), make_batch(0), variables=extra)
+    # An empty one holds nothing to keep (qat.from_fp32's 'quant_stats' with bits=None).
+    empty = create_train_state(
+        TINY, TINY_TX, jax.random.key(0), make_batch(0), variables={**variables, "extra": {}}
+    )
+    assert "extra" not in empty.variables
 
 
 def test_fit_leaves_the_variables_a_state_was_created_from_alive() -> None:

@@ -238,13 +238,24 @@ def _check_batch(name: str, batch: Any, state: Any = None) -> None:
             raise error from None
 
 
-def _check_variables(variables: Any, expected: Mapping[str, PyTree]) -> None:
-    """Raises `ValueError` unless `variables` has `expected`'s collections and leaf shapes."""
+def _check_variables(variables: Any, expected: Mapping[str, PyTree]) -> dict[str, PyTree]:
+    """`variables` without empty collections the model does not make; raises `ValueError`
+    unless it then has `expected`'s collections and leaf shapes.
+
+    An empty collection holds nothing to train or keep: `qat.from_fp32` of a QAT
+    model with quantization off (`QATConfig(bits=None)`) gives an empty
+    `'quant_stats'`, which that model's own `init` does not make.
+    """
     if not isinstance(variables, Mapping):
         raise TypeError(
             f"create_train_state: variables must be a mapping of collections, got "
             f"{type(variables).__name__}"
         )
+    variables = {
+        name: tree
+        for name, tree in variables.items()
+        if name in expected or jax.tree_util.tree_leaves(tree)
+    }
     if set(variables) != set(expected):
         raise ValueError(
             f"create_train_state: variables must hold the collections {sorted(expected)}, "
@@ -261,6 +272,7 @@ def _check_variables(variables: Any, expected: Mapping[str, PyTree]) -> None:
                 f"create_train_state: variables[{name!r}] does not match the model: "
                 f"got {got}, expected {want}"
             )
+    return variables
 
 
 def model_inputs(batch: Batch) -> tuple[tuple[Array, ...], dict[str, Array | None]]:
@@ -526,7 +538,7 @@ def create_train_state(
         if not given:
             variables = _init_variables(model, init_rngs, args, kwargs)
         else:
-            _check_variables(variables, _init_shapes(model, init_rngs, args, kwargs))
+            variables = _check_variables(variables, _init_shapes(model, init_rngs, args, kwargs))
     except TypeError as error:
         if "deterministic" not in str(error):
             raise
