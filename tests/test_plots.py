@@ -309,6 +309,36 @@ def test_future_chart_draws_the_first_few_series_by_default_and_named_ones_in_or
     assert list(pd.unique(named["id"])) == ["s07", "s01"]
 
 
+def _unsaved_figures(monkeypatch) -> list:
+    """Records each figure `plots` would save, without writing it (no PNG is drawn)."""
+    figures: list = []
+    monkeypatch.setattr(plots, "_save", lambda figure, path: figures.append(figure) or path)
+    return figures
+
+
+def test_future_chart_says_in_its_title_that_it_draws_only_the_first_series(monkeypatch):
+    # The first 6 of 42 series were drawn without a word to a Python caller, while the
+    # run's fan charts say so in their titles.
+    times = pd.date_range("2024-01-01", periods=2, freq="D")
+    names = [f"s{index:02d}" for index in range(plots.MAX_FAN_SERIES + 2)]
+    history = pd.DataFrame([(n, t, 1.0) for n in names for t in times], columns=["id", "time", "y"])
+    forecast = pd.concat([_future_forecast(times + pd.Timedelta("2D")).assign(id=name)
+                          for name in names])  # fmt: skip
+    figures = _unsaved_figures(monkeypatch)
+    options = dict(id_col="id", time_col="time", target="y", quantiles=(0.1, 0.5, 0.9), tail=2)
+    cut = f"the first {plots.MAX_FAN_SERIES} of {plots.MAX_FAN_SERIES + 2} series"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # told in the title only: the CLI prints its own line
+        plots.plot_future("titled.png", forecast, history, title="TFT: after the data", **options)
+        plots.plot_future("untitled.png", forecast, history, **options)
+        plots.plot_future("named.png", forecast, history, series=names[:2], title="T", **options)
+        few = forecast[forecast["id"].isin(names[: plots.MAX_FAN_SERIES])]
+        plots.plot_future("few.png", few, history, title="T", **options)
+    titles = [figure.get_suptitle() for figure in figures]
+    assert titles == [f"TFT: after the data ({cut})", cut, "T", "T"]
+    assert len(figures[0].axes) == plots.MAX_FAN_SERIES
+
+
 # ----------------------------------------------------------------- refused and degenerate inputs
 
 
@@ -514,6 +544,39 @@ def test_fan_chart_marks_actuals_between_gaps_which_the_line_cannot_draw(tmp_pat
     np.testing.assert_array_equal(plots.isolated(np.array([np.nan, 2.0])), [False, True])
     np.testing.assert_array_equal(plots.isolated(np.array([2.0])), [True])
     np.testing.assert_array_equal(plots.isolated(np.array([], dtype=float)), [])
+
+
+def test_fan_chart_marks_forecast_values_that_the_band_and_median_cannot_draw(
+    tmp_path, monkeypatch
+):
+    # A median between NaNs has no neighbour to join, a band step between gaps no width
+    # to fill, and a bound whose pair is NaN no band at all: they were invisible, while
+    # the note said only the NaNs were not drawn.
+    forecasts, context = _one_window(
+        p10=[1.0, 1.5, math.nan, 1.0], p50=[2.0, math.nan, 2.5, math.nan],
+        p90=[3.0, math.nan, 3.5, 3.0],
+    )  # fmt: skip
+    figures = _unsaved_figures(monkeypatch)
+    _draw_fans(tmp_path, forecasts, context)
+    _draw_fans(tmp_path, *_one_window())
+    (axis,), (finite,) = (figure.axes for figure in figures)
+    lines = {line.get_label(): line for line in axis.get_lines()}
+    medians = lines["_median between gaps"]
+    assert medians.get_linestyle() == "None" and medians.get_marker() == "o"
+    np.testing.assert_array_equal(medians.get_ydata(orig=False), [2.0, 2.5])
+    ticks = lines["_band bound without its pair"]
+    assert ticks.get_linestyle() == "None"
+    np.testing.assert_array_equal(ticks.get_ydata(orig=False), [1.5, 3.5])
+    (bars,) = [item for item in axis.collections if item.get_label() == "_band between gaps"]
+    x = mdates.date2num(forecasts["time"])
+    segments = [segment.tolist() for segment in bars.get_segments()]
+    assert segments == [[[x[0], 1.0], [x[0], 3.0]], [[x[3], 1.0], [x[3], 3.0]]]
+    assert _notes(figures[0]) == [
+        "non-finite forecast values, not drawn: p10 1, p50 2, p90 1 (of 4 steps)"
+    ]
+    # Finite forecasts are drawn by the band and the median alone.
+    assert {line.get_label() for line in finite.get_lines()} == {"actual", "p50"}
+    assert len(finite.collections) == 1
 
 
 def test_plot_is_written_at_exactly_the_path_it_returns_without_a_suffix(tmp_path):
@@ -1086,6 +1149,23 @@ def test_future_chart_labels_its_band_and_median_as_the_run_fan_charts_do(tmp_pa
     )  # fmt: skip
     labels = [t.get_text() for t in figures[0].axes[0].get_legend().get_texts()]
     assert labels == ["actual", "p10-p90", "p50"]
+
+
+def test_future_chart_legend_does_not_cover_the_forecast(monkeypatch):
+    # Fixed at the upper right, the legend sat on the forecast, which ends every panel.
+    days = pd.date_range("2024-01-01", periods=6, freq="D")
+    history = pd.DataFrame({"id": "a", "time": days, "y": 1.0})
+    forecast = _future_forecast(days[-1] + pd.to_timedelta([1, 2], unit="D"))
+    figures = _unsaved_figures(monkeypatch)
+    plots.plot_future(
+        "f.png", forecast, history, id_col="id", time_col="time", target="y",
+        quantiles=(0.1, 0.5, 0.9), tail=6,
+    )  # fmt: skip
+    (axis,) = figures[0].axes
+    FigureCanvasAgg(figures[0]).draw()
+    legend = axis.get_legend().get_window_extent()
+    (band,) = axis.collections
+    assert not legend.overlaps(band.get_window_extent())
 
 
 def test_time_axes_name_the_time_columns_zone(tmp_path, monkeypatch):

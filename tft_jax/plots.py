@@ -83,7 +83,7 @@ def _save(figure: Figure, path: PathLike) -> pathlib.Path:
             f"path must be a str or os.PathLike naming the PNG to write, "
             f"got {type(path).__name__} {path!r}"
         )
-    path = pathlib.Path(path)
+    path = pathlib.Path(path).expanduser()  # as the CLI's flags and pandas do
     suffix = path.suffix.lower().lstrip(".")
     if suffix != "png" and suffix in figure.canvas.get_supported_filetypes():
         raise ValueError(f"plots are written as PNG; path {str(path)!r} names a .{suffix} file")
@@ -283,6 +283,39 @@ def isolated(values: np.ndarray) -> np.ndarray:
     return finite & ~before & ~after
 
 
+def _mark_lone_forecast_values(
+    axis: Any, window: pd.DataFrame, time_col: str, lower: str, median: str, upper: str
+) -> None:
+    """Marks the finite forecast values of one window that its band and median leave out.
+
+    A fill spans steps whose two bounds are finite and a line joins finite
+    neighbours, so a finite value between gaps (or a bound whose pair is not
+    finite) was in the figure's data but invisible, while the panel's note
+    counted only the non-finite values as not drawn. Such a band step is drawn
+    as a bar (as a one-step window's is), such a median as a dot, and a bound
+    without its pair as a tick at its value.
+    """
+    times = window[time_col]
+    low = window[lower].to_numpy(dtype=np.float64)
+    high = window[upper].to_numpy(dtype=np.float64)
+    centre = window[median].to_numpy(dtype=np.float64)
+    if len(window) > 1:
+        # A one-step window is drawn as a bar and a dot already.
+        spanned = isolated(np.where(np.isfinite(low) & np.isfinite(high), 0.0, np.nan))
+        if spanned.any():
+            axis.vlines(times[spanned], low[spanned], high[spanned], color=_BAND, lw=6,
+                        label="_band between gaps")  # fmt: skip
+        alone = isolated(centre)
+        if alone.any():
+            axis.plot(times[alone], centre[alone], ls="none", marker="o", ms=4, color=_MEDIAN,
+                      label="_median between gaps")  # fmt: skip
+    unpaired = np.isfinite(low) != np.isfinite(high)
+    if unpaired.any():
+        bounds = np.where(np.isfinite(low), low, high)
+        axis.plot(times[unpaired], bounds[unpaired], ls="none", marker="_", ms=10, mew=2,
+                  color=_BAND, label="_band bound without its pair")  # fmt: skip
+
+
 def plot_forecast_fans(
     path: PathLike,
     forecasts: pd.DataFrame,
@@ -296,6 +329,7 @@ def plot_forecast_fans(
     title: str = "",
     units: str = "",
     freq: str | None = None,
+    legend_loc: str = "upper right",
 ) -> pathlib.Path:
     """Fan charts, one panel per series: the `lower`-`upper` band, the median, the actuals.
 
@@ -314,6 +348,8 @@ def plot_forecast_fans(
         the frequency pandas infers from the times, else the most common
         step between them (a business-day line with a gap then breaks at
         every weekend too: give `freq='B'`).
+      legend_loc: where the first panel's legend goes (matplotlib's `loc`,
+        e.g. 'best'), so that it can be kept off the forecasts.
 
     The band and median are labelled by their column names. The x axis is
     labelled with the time column's zone ('time (Europe/Berlin)').
@@ -324,7 +360,10 @@ def plot_forecast_fans(
     are those of `context`). A panel without any finite actual says so in
     its note, and the legend lists 'actual' only where one is drawn. A non-finite
     value of `lower`, `median` or `upper` leaves a gap in the band or the
-    median, and a note in the panel counts them per column; a panel with no
+    median, and a note in the panel counts them per column; a finite value
+    that the gaps leave without a neighbour to fill or join is still marked
+    (a bar, a dot, or a tick for a bound whose pair is not finite), so that
+    only what the note counts is left out. A panel with no
     finite forecast value at all still shows the actuals, and its note says
     so.
 
@@ -403,6 +442,7 @@ def plot_forecast_fans(
                 ms=4,
                 label=median if first else None,
             )
+            _mark_lone_forecast_values(axis, window, time_col, lower, median, upper)
         notes = [] if seen else ["no finite actual value: none drawn"]
         bad = {column: int(np.sum(~np.isfinite(rows[column]))) for column in quantile_columns}
         if any(bad.values()):
@@ -426,7 +466,7 @@ def plot_forecast_fans(
         for handle, label in zip(*axis.get_legend_handles_labels(), strict=True):
             entries.setdefault(label, handle)
     if entries:
-        axes[0].legend(entries.values(), entries.keys(), loc="upper right", fontsize=8, ncol=3)
+        axes[0].legend(entries.values(), entries.keys(), loc=legend_loc, fontsize=8, ncol=3)
     if title:
         figure.suptitle(title)
     return _save(figure, path)
@@ -1072,8 +1112,10 @@ def plot_future(
       quantiles: the levels; the band spans the lowest to the highest.
       tail: history steps shown per series.
       series: a list of the series ids to draw, in that order (default: the
-        first `MAX_FAN_SERIES` of the forecast, in its order). A bare string
-        is refused rather than read as one id per character: pass `['s1']`.
+        first `MAX_FAN_SERIES` of the forecast, in its order, the title then
+        saying so where the forecast has more: 'the first 6 of 42 series').
+        A bare string is refused rather than read as one id per character:
+        pass `['s1']`.
       title: figure title.
       time_format, dayfirst, timezone: how the model read `history`'s time
         column (`TableSpec`); its texts are parsed as the data layer parsed
@@ -1083,8 +1125,10 @@ def plot_future(
         across steps the history lacks; default inferred (`plot_forecast_fans`).
 
     The band and median are labelled as in the run's fan charts ('p10-p90',
-    'p50'). A series without history rows (or with only missing targets) is
-    drawn without actuals, and its panel says so.
+    'p50'); the legend goes where it covers the least of what is drawn, not
+    at the upper right, where the forecast ends every panel. A series without
+    history rows (or with only missing targets) is drawn without actuals, and
+    its panel says so.
 
     Raises:
       ValueError: for a negative `tail`; empty `quantiles` or a level outside
@@ -1117,7 +1161,13 @@ def plot_future(
         if unknown:
             raise _unknown_series(unknown, list(pd.unique(forecast[id_col])), "the forecast")
     else:
-        series = list(pd.unique(forecast[id_col]))[:MAX_FAN_SERIES]
+        present = list(pd.unique(forecast[id_col]))
+        series = present[:MAX_FAN_SERIES]
+        # Said in the title, as the run's fan charts say it: a caller passing no `series`
+        # learns of the ones left out (the command line prints its own line with its hint).
+        if len(present) > MAX_FAN_SERIES:
+            cut = f"the first {MAX_FAN_SERIES} of {len(present)} series"
+            title = f"{title} ({cut})" if title else cut
     # The panels follow the first appearance of each id: put the rows in `series` order.
     order = {name: index for index, name in enumerate(series)}
     forecast = forecast[forecast[id_col].isin(list(order))]
@@ -1161,5 +1211,5 @@ def plot_future(
     return plot_forecast_fans(
         path, rows, context, id_col=id_col, time_col=time_col, lower=levels[low],
         median=levels[quantile_name(0.5)], upper=levels[high], title=title, units=target,
-        freq=freq,
+        freq=freq, legend_loc="best",
     )  # fmt: skip
