@@ -15,13 +15,28 @@ from collections.abc import Iterator
 __all__ = ["replaced_atomically", "temporary_sibling"]
 
 
+def _target(path: str | os.PathLike[str]) -> pathlib.Path:
+    """`path` with a leading `~` expanded to the home folder.
+
+    Writers given the temporary file expand it or not as they please (pandas
+    does, `pathlib` does not): kept as given, pandas wrote `~/x.csv.<pid>.tmp`
+    in the home folder and the rename looked for it in a folder named `~`.
+    """
+    return pathlib.Path(path).expanduser()
+
+
 def temporary_sibling(path: str | os.PathLike[str]) -> pathlib.Path:
-    """Where `replaced_atomically(path)` writes first: `path` with `.<pid>.tmp` appended.
+    """Where `replaced_atomically(path)` writes first: `path` (its `~` expanded) with
+    `.<pid>.tmp` appended.
 
     One name per process: two processes writing one output (the hosts of a
     multi-host run) would otherwise rename each other's file away.
     """
-    path = pathlib.Path(path)
+    return _sibling(_target(path))
+
+
+def _sibling(path: pathlib.Path) -> pathlib.Path:
+    """`temporary_sibling` of a path expanded already."""
     return path.with_name(f"{path.name}.{os.getpid()}.tmp")
 
 
@@ -32,10 +47,12 @@ def replaced_atomically(path: str | os.PathLike[str]) -> Iterator[pathlib.Path]:
     On an error the temporary file is removed and `path` is untouched. An
     `OSError` that names no file (pandas' and Matplotlib's writes raise
     "File too large" without one) is given the temporary file's name, so that
-    the message can say which output failed.
+    the message can say which output failed. A leading `~` in `path` is the
+    home folder: expanded once, before the temporary name is made, so that the
+    write and the rename name the same folder.
     """
-    path = pathlib.Path(path)
-    temporary = temporary_sibling(path)
+    path = _target(path)
+    temporary = _sibling(path)
     try:
         yield temporary
         temporary.replace(path)

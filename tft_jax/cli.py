@@ -125,11 +125,12 @@ def enable_compile_cache(directory: str) -> None:
     """Turns on JAX's persistent compilation cache in `directory` ('none' leaves it off).
 
     A cache folder configured already (`JAX_COMPILATION_CACHE_DIR`, or by the
-    process embedding the CLI) is kept.
+    process embedding the CLI) is kept. `directory` is `--compile-cache` as
+    parsed, its `~` expanded already (`cli_parser.compile_cache_value`).
     """
     if directory.strip().lower() == "none":
         return
-    path = pathlib.Path(directory).expanduser()
+    path = pathlib.Path(directory)
     if jax.config.jax_compilation_cache_dir:
         if directory != str(DEFAULT_COMPILE_CACHE):  # a folder given is still checked
             check_output_folder(path, "--compile-cache")

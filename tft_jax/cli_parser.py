@@ -148,10 +148,15 @@ def encoding_name(text: str) -> str:
 
 
 def compile_cache_value(text: str) -> str:
-    """A `--compile-cache` folder or 'none'; an empty path (the current folder) is refused."""
+    """A `--compile-cache` folder (a leading `~` expanded, as `path_argument`) or 'none'.
+
+    An empty path (the current folder) is refused.
+    """
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a folder or 'none', got an empty path")
-    return text
+    if text.strip().lower() == "none":
+        return text
+    return str(path_argument(text))
 
 
 def _check_parents(path: pathlib.Path, label: str) -> None:
@@ -166,10 +171,24 @@ def _check_parents(path: pathlib.Path, label: str) -> None:
 
 
 def path_argument(text: str) -> pathlib.Path:
-    """An argparse `type` for paths: an empty text (which `pathlib` reads as '.') is refused."""
+    """The argparse `type` of every path flag: a leading `~` is the home folder, expanded here.
+
+    The shell leaves a `~` unexpanded after `=` (`--out=~/run`) or in quotes;
+    kept as typed, some components read it as the home folder (pandas, orbax)
+    and others as a folder named `~` in the current one, so one run was split
+    between the two. Expanded once, here, every component sees one path. An
+    empty text (which `pathlib` reads as '.') is refused, and so is a `~user`
+    with no home folder here (pathlib raised a bare RuntimeError).
+    """
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a path, got an empty one")
-    return pathlib.Path(text)
+    try:
+        return pathlib.Path(text).expanduser()
+    except RuntimeError:
+        home = text.split("/", 1)[0]
+        raise argparse.ArgumentTypeError(
+            f"{text}: {home} names no home folder here (no such user, or HOME unset)"
+        ) from None
 
 
 def describe_verb(flags: Sequence[str]) -> str:

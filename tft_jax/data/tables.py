@@ -792,6 +792,9 @@ def read_table(
         raise TypeError(
             f"table must be a pandas DataFrame or a CSV path, got {type(table).__name__}"
         )
+    # pandas reads "~/x.csv" in the home folder: so do the checks and messages before it
+    # ("~/x.csv: no such file" was said of a file pandas would have read).
+    table = os.path.expanduser(table)
     if not os.path.isfile(table):
         raise ValueError(f"{os.fspath(table)}: no such file")
     _check_file_kind(os.fspath(table), encoding)

@@ -774,6 +774,7 @@ class Forecaster:
         Args:
           table: a long-format DataFrame or CSV path with the columns of `data`.
           checkpoint_dir: where training checkpoints go (`fp32/`, `qat/`); None keeps none.
+            A leading `~` is the home folder, as for `save` and `load`.
           resume: continue from the newest checkpoint in `checkpoint_dir`. The
             settings must be those the checkpoints recorded when their run
             started, except `epochs`, `max_steps`, the time budgets,
@@ -816,7 +817,10 @@ class Forecaster:
         )
         rows = local_rows(settings.training.batch_size)
         val_batches = validation_batches(dataset, settings.training)
-        checkpoints = None if checkpoint_dir is None else pathlib.Path(checkpoint_dir)
+        # Expanded once, here: orbax expands a leading "~" itself, and the batch-stream and
+        # QAT-source records, the resume checks and the deletion of stale QAT checkpoints
+        # went to a folder literally named "~" instead, so a resume was checked against none.
+        checkpoints = None if checkpoint_dir is None else pathlib.Path(checkpoint_dir).expanduser()
         timing = {"data": time.perf_counter() - started}
         if before_training is not None:
             before_training()

@@ -167,7 +167,7 @@ def json_text(data: Any) -> str:
 
 def write_json(path: pathlib.Path, data: Any) -> None:
     """Writes `data` as indented JSON (strict: NaN becomes null), atomically."""
-    path = pathlib.Path(path)
+    path = pathlib.Path(path).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json_text(data)
     with replaced_atomically(path) as temporary:
