@@ -176,6 +176,38 @@ def test_restore_without_checkpoints_returns_none(tmp_path: pathlib.Path) -> Non
         assert checkpointer.restore_best(TEMPLATE) is None
 
 
+def test_load_state_finds_a_folder_under_home_where_fit_wrote_it(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # fit(checkpoint_dir="~/ck") wrote under the home folder; load_state("~/ck") said
+    # "no checkpoint directory ~/ck".
+    monkeypatch.setenv("HOME", str(tmp_path))
+    state = randomized(TEMPLATE, 1, step=7)
+    with TrainingCheckpointer("~/ck") as checkpointer:  # what fit opens
+        checkpointer.save_best(state, jax.random.key(0), {})
+    assert (tmp_path / "ck" / BEST / "7").is_dir()
+    assert_bitwise_equal(load_state("~/ck", TEMPLATE), state)
+    assert_bitwise_equal(load_state(pathlib.Path("~/ck"), TEMPLATE), state)
+    with pytest.raises(TypeError, match=r"load_state: directory must be a path .*NoneType"):
+        load_state(None, TEMPLATE)
+
+
+@pytest.mark.parametrize("entry", [LATEST, BEST, CORRUPT])
+def test_a_file_where_a_checkpoint_folder_belongs_is_refused_naming_it(
+    tmp_path: pathlib.Path, entry: str
+) -> None:
+    # orbax failed on latest/ or best/ from a background thread, then found no checkpoint;
+    # moving a damaged step aside into a corrupt/ that is a file raised FileExistsError.
+    (tmp_path / entry).write_text("x")
+    path = re.escape(str(tmp_path / entry))
+    expected = rf"^TrainingCheckpointer: {path} is a file, expected a directory holding "
+    with pytest.raises(ValueError, match=expected):
+        TrainingCheckpointer(tmp_path)
+    with pytest.raises(ValueError, match=expected):
+        load_state(tmp_path, TEMPLATE)
+    assert (tmp_path / entry).read_text() == "x"
+
+
 # ---------------------------------------------------------------------------
 # The PRNG key: a key restore could not give back is refused at save
 

@@ -18,6 +18,14 @@ warning), and returns the newest intact one. A best step found corrupt is
 replaced by the latest step of the same number when one is intact (`fit` saves
 both from the same state), and saved as best again.
 
+A checkpointer opened for reading only (`create=False`: `load_state`, the
+CLI's and the forecaster's look at a run's folder) writes and deletes
+nothing, as a `fit` may be writing the same folder: it leaves the writer's
+temporary step directories alone, skips a damaged step with a warning that
+says it was left in place (the next writer moves it aside), and skips a step
+that vanishes while it is read (the writer's removal of old steps) for the
+next one found.
+
 A read that fails for a reason that says nothing about the files (permission
 denied, out of host or device memory, too many open files, an unavailable or
 timed-out file system, an I/O error) raises `CheckpointReadError`, an
@@ -33,8 +41,9 @@ restore returned. So the first restore installs, for the rest of the
 process, an `asyncio` log filter that drops only the "... exception was
 never retrieved" records of reads inside a step that failed to read, and a
 `sys.unraisablehook` wrapper that drops only the `RuntimeError: Event loop
-is closed` reports raised by asyncio's `_check_closed` (every other record
-and report goes where it went before).
+is closed` reports raised by asyncio's `_check_closed` and the errors that
+abandoned reads inside such a step raise when they are closed (every other
+record and report goes where it went before).
 """
 
 from __future__ import annotations
@@ -52,8 +61,8 @@ import shutil
 import sys
 import traceback
 import warnings
-from collections.abc import Iterator, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -64,6 +73,7 @@ from tft_jax.distributed import barrier, is_primary, to_host
 
 PyTree = Any
 Array = Any
+_T = TypeVar("_T")
 
 LATEST = "latest"
 BEST = "best"
@@ -88,6 +98,13 @@ class Restored(NamedTuple):
 
 class CorruptCheckpointError(RuntimeError):
     """A checkpoint step that cannot be read back intact."""
+
+
+class _StepVanished(Exception):
+    """A step whose read failed because its directory is gone (removed after it was listed)."""
+
+    def __init__(self, kind: str, step: int) -> None:
+        super().__init__(f"{kind} checkpoint step {step} vanished while it was read")
 
 
 class _CheckpointIOError(OSError):
@@ -362,12 +379,16 @@ class TrainingCheckpointer:
         """Opens the checkpoints under `directory`.
 
         Args:
-          directory: the run's checkpoint directory; it, or its nearest
-            existing ancestor, must be a directory (`ValueError` for a file).
+          directory: the run's checkpoint directory (`~` is expanded); it, or
+            its nearest existing ancestor, must be a directory, and so must
+            its `latest`, `best` and `corrupt` entries where present
+            (`ValueError` for a file).
           max_to_keep: latest steps kept (an int >= 2).
-          create: create `directory/latest` and `directory/best` now; False
-            for reading only (`load_state`), which then writes nothing where
-            there is no checkpoint.
+          create: create `directory/latest` and `directory/best` now, remove
+            temporary step directories left by an interrupted save, and move
+            damaged steps aside; False for reading only (`load_state`), which
+            writes and deletes nothing (a `fit` may be writing the folder):
+            saving through it raises `ValueError`.
         """
         if (
             isinstance(max_to_keep, bool)
@@ -377,7 +398,7 @@ class TrainingCheckpointer:
             raise ValueError(
                 f"TrainingCheckpointer: max_to_keep must be an int >= 2, got {max_to_keep!r}"
             )
-        self.directory = pathlib.Path(directory).expanduser().resolve()
+        self.directory = _expanded(directory, "TrainingCheckpointer").resolve()
         _check_directory(self.directory)
         self._create = bool(create)
         self._managers = {
@@ -386,13 +407,27 @@ class TrainingCheckpointer:
         }
 
     def _manager(self, kind: str, max_to_keep: int) -> ocp.CheckpointManager:
+        """The orbax manager of `directory/kind`; one opened for reading only deletes nothing.
+
+        Removing temporary step directories is the writer's: in a reader it
+        would delete the step a running `fit` is writing, and fail its save.
+        """
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep,
             enable_async_checkpointing=False,
-            cleanup_tmp_directories=True,
+            cleanup_tmp_directories=self._create,
             create=self._create,
         )
-        return ocp.CheckpointManager(self.directory / kind, options=options)
+        return _listed(lambda: ocp.CheckpointManager(self.directory / kind, options=options))
+
+    def _check_writable(self, caller: str) -> None:
+        """Raises `ValueError` when this checkpointer was opened for reading only."""
+        if not self._create:
+            raise ValueError(
+                f"{caller}: the checkpointer of {self.directory} was opened for reading only "
+                "(create=False), which writes and deletes nothing; open it with create=True "
+                "to write"
+            )
 
     # Saving -----------------------------------------------------------------
 
@@ -416,6 +451,7 @@ class TrainingCheckpointer:
         return self._save(BEST, state, rng, loop)
 
     def _save(self, kind: str, state: PyTree, rng: Array, loop: Any) -> bool:
+        self._check_writable(f"save_{kind}")
         manager = self._managers[kind]
         if not hasattr(state, "step"):
             raise TypeError(
@@ -490,6 +526,7 @@ class TrainingCheckpointer:
 
     def discard_best_after(self, step: int) -> None:
         """Deletes best steps newer than `step` (written after the checkpoint resumed from)."""
+        self._check_writable("discard_best_after")
         manager = self._managers[BEST]
         for saved in manager.all_steps():
             if saved > step:
@@ -498,10 +535,14 @@ class TrainingCheckpointer:
     def restore(self, kind: str, template: PyTree) -> Restored | None:
         """The newest intact step of `kind` (`'latest'` or `'best'`), or None.
 
-        Corrupt steps are moved to `corrupt/` with a warning. A corrupt best
+        Corrupt steps are moved to `corrupt/` with a warning (opened for
+        reading only, they are left in place, with a warning). A corrupt best
         step is replaced by the intact latest step of the same number, which
-        is saved as best again (announced); when there is none, a warning says
-        that the best state is lost.
+        is saved as best again (announced; not saved when reading only); when
+        there is none, a warning says that the best state is lost. A step that
+        vanishes while it is read (a running `fit` removed it: an old latest
+        step, or a best step it replaced) is skipped: the steps are listed
+        again and the newest one not yet tried is read.
 
         Raises:
           CheckpointReadError: a step could not be read for a reason other
@@ -511,11 +552,17 @@ class TrainingCheckpointer:
         manager = self._kind(kind)
         template_payload = _payload(template, jax.random.key(0))
         lost: list[int] = []
-        for step in sorted(manager.all_steps(), reverse=True):
+        tried: set[int] = set()
+        while untried := sorted(set(manager.all_steps()) - tried, reverse=True):
+            step = untried[0]
+            tried.add(step)
             try:
-                return self._restore_step(kind, step, template, template_payload)
-            except CorruptCheckpointError as error:
-                self._quarantine(kind, step, error)
+                restored = self._read_step(kind, step, template, template_payload)
+            except _StepVanished:
+                _listed(manager.reload)
+                continue
+            if restored is not None:
+                return restored
             if kind == BEST:
                 stand_in = self._best_from_latest(step, template, template_payload)
                 if stand_in is not None:
@@ -540,23 +587,48 @@ class TrainingCheckpointer:
 
         `fit` saves the best and the latest checkpoint of one step from the
         same state, so the latest step of the corrupt best's number holds it.
+        Opened for reading only, it is returned without being saved.
         """
         if step not in self._managers[LATEST].all_steps():
             return None
         try:
-            restored = self._restore_step(LATEST, step, template, template_payload)
-        except CorruptCheckpointError as error:
-            self._quarantine(LATEST, step, error)
+            restored = self._read_step(LATEST, step, template, template_payload)
+        except _StepVanished:
             return None
-        self._save(BEST, restored.state, restored.rng, restored.loop)
+        if restored is None:
+            return None
+        if self._create:
+            self._save(BEST, restored.state, restored.rng, restored.loop)
+            saved = f", and saved in {self.directory / BEST} again"
+        else:
+            saved = " (not saved as best: the folder is opened for reading only)"
         if is_primary():
             warnings.warn(
                 f"best checkpoint step {step} restored from the latest checkpoint of the "
-                f"same step, and saved in {self.directory / BEST} again",
+                f"same step{saved}",
                 UserWarning,
                 stacklevel=4,
             )
         return restored
+
+    def _read_step(
+        self, kind: str, step: int, template: PyTree, template_payload: PyTree
+    ) -> Restored | None:
+        """Step `step` of `kind` restored, or None when it is damaged (set aside, announced).
+
+        Raises `_StepVanished` when the read failed because the step's
+        directory is gone (removed by a running `fit` after it was listed),
+        and `CheckpointReadError` (see `_restore_step`).
+        """
+        try:
+            return self._restore_step(kind, step, template, template_payload)
+        except (CorruptCheckpointError, CheckpointReadError) as error:
+            if _gone(pathlib.Path(self._managers[kind].directory) / str(step)):
+                raise _StepVanished(kind, step) from error
+            if isinstance(error, CheckpointReadError):
+                raise
+            self._set_aside(kind, step, error)
+        return None
 
     def _restore_step(
         self,
@@ -622,12 +694,38 @@ class TrainingCheckpointer:
             )
         return CorruptCheckpointError(f"unreadable {part}: {_summary(error)}")
 
-    def _quarantine(self, kind: str, step: int, error: Exception) -> None:
+    def _set_aside(self, kind: str, step: int, error: Exception) -> None:
+        """Moves damaged step `step` of `kind` into `corrupt/`, announced (a warning).
+
+        Opened for reading only, the step is left in place (a reader writes
+        and deletes nothing; the next writer to restore it moves it aside),
+        and the warning says so. Either way the restore goes on with the next
+        older step (a best step: with the latest step of its number).
+        """
+        where = f"checkpoint {kind} step {step} in {self.directory} is corrupt ({error})"
+        if not self._create:
+            if is_primary():
+                warnings.warn(
+                    f"{where}; left in place, as the folder is opened for reading only "
+                    "(a fit that resumes from it moves it aside)",
+                    UserWarning,
+                    stacklevel=5,
+                )
+            return
+        target = self._quarantine(kind, step)
+        if target is not None:
+            # A repair of the user's run: announced (a warning, shown even when quiet).
+            warnings.warn(f"{where}; moved to {target}", UserWarning, stacklevel=5)
+
+    def _quarantine(self, kind: str, step: int) -> pathlib.Path | None:
+        """Moves step `step` of `kind` into `corrupt/`; where to (None outside process 0)."""
         manager = self._managers[kind]
+        target = None
         # Every process finds the same step corrupt (same bytes); process 0 moves it.
         if is_primary():
             source = pathlib.Path(manager.directory) / str(step)
             target_root = self.directory / CORRUPT
+            _check_entry(target_root)  # a file there: say so, not a bare FileExistsError
             target_root.mkdir(parents=True, exist_ok=True)
             target = target_root / f"{kind}-{step}"
             suffix = 0
@@ -635,15 +733,9 @@ class TrainingCheckpointer:
                 suffix += 1
                 target = target_root / f"{kind}-{step}-{suffix}"
             shutil.move(str(source), str(target))
-            # A repair of the user's run: announced (a warning, shown even when quiet).
-            warnings.warn(
-                f"checkpoint {kind} step {step} in {self.directory} is corrupt ({error}); "
-                f"moved to {target}",
-                UserWarning,
-                stacklevel=4,
-            )
         barrier(f"tft-jax quarantine {kind} {step}")
-        manager.reload()
+        _listed(manager.reload)
+        return target
 
     def close(self) -> None:
         """Waits for pending writes and releases the managers."""
@@ -677,20 +769,38 @@ def _is_late_loop_callback(unraisable: Any) -> bool:
     )
 
 
-def _drop_late_loop_callbacks() -> None:
-    """Makes `sys.unraisablehook` drop `_is_late_loop_callback` reports (installed once).
+def _is_abandoned_read(unraisable: Any) -> bool:
+    """Whether a `sys.unraisablehook` report is the error of a read inside a step that failed.
 
-    Every other report goes to the hook that was in place. Called before a
+    When a step vanishes while it is read (a running `fit` removed it), orbax
+    ends the restore at the first array that fails and abandons the others;
+    each abandoned read is closed when it is garbage-collected, turns the
+    close into its own error (`Encountered error while reading array index`,
+    naming the step's files) and Python prints it with its tensorstore spec,
+    a hundred lines for each array.
+    """
+    error = getattr(unraisable, "exc_value", None)
+    if error is None:
+        return False
+    text = str(error)
+    return any(f"{directory}/" in text for directory in tuple(_FAILED_READS))
+
+
+def _drop_late_loop_callbacks() -> None:
+    """Makes `sys.unraisablehook` drop late-callback and abandoned-read reports (installed once).
+
+    Drops `_is_late_loop_callback` and `_is_abandoned_read` reports; every
+    other report goes to the hook that was in place. Called before a
     checkpoint's arrays are read, so that restoring past a damaged step
-    prints its one warning instead of a wall of tracebacks about a loop
-    that orbax has already closed.
+    prints its one warning, and past a step that vanished nothing, instead
+    of a wall of tracebacks about reads that orbax has already given up.
     """
     previous = sys.unraisablehook
     if getattr(previous, "drops_late_loop_callbacks", False):
         return
 
     def hook(unraisable: Any) -> None:
-        if not _is_late_loop_callback(unraisable):
+        if not (_is_late_loop_callback(unraisable) or _is_abandoned_read(unraisable)):
             previous(unraisable)
 
     hook.drops_late_loop_callbacks = True  # type: ignore[attr-defined]
@@ -744,11 +854,76 @@ def _abandoned_reads_unlogged(step_directory: pathlib.Path) -> Iterator[None]:
         _FAILED_READS.discard(directory)
 
 
+def _expanded(directory: Any, caller: str) -> pathlib.Path:
+    """`directory` as a path with `~` expanded: the one place the public entries expand it.
+
+    `fit(checkpoint_dir="~/ck")` writes under the home folder, so every
+    entry (`TrainingCheckpointer`, `load_state`) must read `"~/ck"` there
+    too. Raises `TypeError` for what is no path.
+    """
+    if not isinstance(directory, str | os.PathLike):
+        raise TypeError(
+            f"{caller}: directory must be a path (str or os.PathLike), got "
+            f"{type(directory).__name__} {directory!r}"
+        )
+    return pathlib.Path(directory).expanduser()
+
+
+def _gone(path: pathlib.Path) -> bool:
+    """Whether `path` no longer exists (False when that cannot be told)."""
+    try:
+        return not os.path.lexists(path)
+    except OSError:
+        return False
+
+
+_LISTING_TRIES = 5
+
+
+def _listed(list_steps: Callable[[], _T]) -> _T:
+    """`list_steps()` (an orbax manager's listing of its steps), retried while steps vanish.
+
+    Orbax finds the step directories, then reads each one's metadata (and
+    the directory's time when it has none): a step removed in between (a
+    running `fit` removing its old steps, while another process reads the
+    folder) fails the listing with `FileNotFoundError`; listed again, the
+    step is not found any more. Raised after `_LISTING_TRIES` tries.
+    """
+    for attempt in range(_LISTING_TRIES):
+        try:
+            return list_steps()
+        except FileNotFoundError:
+            if attempt == _LISTING_TRIES - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+# What a checkpoint directory's own entries hold: each must be a directory.
+_ENTRIES = {
+    LATEST: "the latest steps",
+    BEST: "the best step",
+    CORRUPT: "the damaged steps moved aside",
+}
+
+
+def _check_entry(path: pathlib.Path) -> None:
+    """Raises `ValueError` when `path`, an entry of `_ENTRIES`, exists but is no directory."""
+    if os.path.lexists(path) and not path.is_dir():
+        actual = "a broken symbolic link" if path.is_symlink() else "a file"
+        raise ValueError(
+            f"TrainingCheckpointer: {path} is {actual}, expected a directory holding "
+            f"{_ENTRIES[path.name]}: move it out of the way, or use another checkpoint "
+            "directory"
+        )
+
+
 def _check_directory(directory: pathlib.Path) -> None:
-    """Raises `ValueError` when `directory`, or its nearest existing ancestor, is not a directory.
+    """Raises `ValueError` when `directory`, its nearest existing ancestor, or an entry is a file.
 
     Checked up front: orbax would fail deep inside with `NotADirectoryError`
-    on `directory/latest`, a path the caller never gave.
+    on `directory/latest` (from a background thread, and then find no
+    checkpoint), a path the caller never gave, and moving a damaged step
+    aside with `FileExistsError` on `directory/corrupt`.
     """
     existing = directory
     while not existing.exists() and existing != existing.parent:
@@ -758,6 +933,8 @@ def _check_directory(directory: pathlib.Path) -> None:
         raise ValueError(
             f"TrainingCheckpointer: directory {directory} {where} a file, expected a directory"
         )
+    for name in _ENTRIES:
+        _check_entry(directory / name)
 
 
 def _layout_difference(saved: list[list[Any]], expected: list[list[Any]]) -> str:
@@ -820,8 +997,11 @@ def _optimizer_layout_note(
 def load_state(directory: str | pathlib.Path, template: PyTree, prefer: str = BEST) -> PyTree:
     """The trained state saved under `directory`: the best step, else the latest.
 
+    Reads only: it writes and deletes nothing (see `TrainingCheckpointer`'s
+    `create=False`), so it may read the folder of a running `fit`.
+
     Args:
-      directory: a run's checkpoint directory (as given to `fit`).
+      directory: a run's checkpoint directory (as given to `fit`; `~` is expanded).
       template: a state of the same model and optimizer (e.g. a fresh
         `create_train_state`), giving structure, shapes and static fields.
       prefer: `'best'` (fall back to the latest when there is no best) or `'latest'`.
@@ -831,7 +1011,8 @@ def load_state(directory: str | pathlib.Path, template: PyTree, prefer: str = BE
     """
     if prefer not in (BEST, LATEST):
         raise ValueError(f"load_state: prefer must be 'best' or 'latest', got {prefer!r}")
-    if not pathlib.Path(directory).is_dir():
+    directory = _expanded(directory, "load_state")
+    if not directory.is_dir():
         raise FileNotFoundError(f"load_state: no checkpoint directory {directory}")
     order = (BEST, LATEST) if prefer == BEST else (LATEST,)
     with TrainingCheckpointer(directory, create=False) as checkpointer:
