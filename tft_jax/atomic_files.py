@@ -12,31 +12,18 @@ import os
 import pathlib
 from collections.abc import Iterator
 
+from tft_jax.paths import expanded
+
 __all__ = ["replaced_atomically", "temporary_sibling"]
 
 
-def _target(path: str | os.PathLike[str]) -> pathlib.Path:
-    """`path` with a leading `~` expanded to the home folder.
-
-    Writers given the temporary file expand it or not as they please (pandas
-    does, `pathlib` does not): kept as given, pandas wrote `~/x.csv.<pid>.tmp`
-    in the home folder and the rename looked for it in a folder named `~`.
-    """
-    return pathlib.Path(path).expanduser()
-
-
 def temporary_sibling(path: str | os.PathLike[str]) -> pathlib.Path:
-    """Where `replaced_atomically(path)` writes first: `path` (its `~` expanded) with
-    `.<pid>.tmp` appended.
+    """Where `replaced_atomically(path)` writes first: `path`, `~` expanded, plus `.<pid>.tmp`.
 
     One name per process: two processes writing one output (the hosts of a
     multi-host run) would otherwise rename each other's file away.
     """
-    return _sibling(_target(path))
-
-
-def _sibling(path: pathlib.Path) -> pathlib.Path:
-    """`temporary_sibling` of a path expanded already."""
+    path = expanded(path)
     return path.with_name(f"{path.name}.{os.getpid()}.tmp")
 
 
@@ -51,8 +38,8 @@ def replaced_atomically(path: str | os.PathLike[str]) -> Iterator[pathlib.Path]:
     home folder: expanded once, before the temporary name is made, so that the
     write and the rename name the same folder.
     """
-    path = _target(path)
-    temporary = _sibling(path)
+    path = expanded(path)
+    temporary = temporary_sibling(path)
     try:
         yield temporary
         temporary.replace(path)

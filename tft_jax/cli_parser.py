@@ -40,6 +40,7 @@ from tft_jax.forecaster.config import (
     field_default,
 )
 from tft_jax.forecaster.predictors import MODEL_NAMES
+from tft_jax.paths import expanded
 from tft_jax.plots import MAX_FAN_SERIES
 
 
@@ -171,24 +172,17 @@ def _check_parents(path: pathlib.Path, label: str) -> None:
 
 
 def path_argument(text: str) -> pathlib.Path:
-    """The argparse `type` of every path flag: a leading `~` is the home folder, expanded here.
+    """The argparse `type` of every path flag: a leading `~` is the home folder (`expanded`).
 
     The shell leaves a `~` unexpanded after `=` (`--out=~/run`) or in quotes;
     kept as typed, some components read it as the home folder (pandas, orbax)
     and others as a folder named `~` in the current one, so one run was split
     between the two. Expanded once, here, every component sees one path. An
-    empty text (which `pathlib` reads as '.') is refused, and so is a `~user`
-    with no home folder here (pathlib raised a bare RuntimeError).
+    empty text (which `pathlib` reads as '.') is refused.
     """
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a path, got an empty one")
-    try:
-        return pathlib.Path(text).expanduser()
-    except RuntimeError:
-        home = text.split("/", 1)[0]
-        raise argparse.ArgumentTypeError(
-            f"{text}: {home} names no home folder here (no such user, or HOME unset)"
-        ) from None
+    return expanded(text)
 
 
 def describe_verb(flags: Sequence[str]) -> str:

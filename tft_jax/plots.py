@@ -50,6 +50,7 @@ from tft_jax.forecaster.run_folder import (
     VARIABLE_IMPORTANCE_PLOT,
     forecast_plot,
 )
+from tft_jax.paths import expanded
 
 PathLike = str | pathlib.Path
 
@@ -83,7 +84,7 @@ def _save(figure: Figure, path: PathLike) -> pathlib.Path:
             f"path must be a str or os.PathLike naming the PNG to write, "
             f"got {type(path).__name__} {path!r}"
         )
-    path = pathlib.Path(path).expanduser()  # as the CLI's flags and pandas do
+    path = expanded(path)  # as the CLI's flags and pandas do
     suffix = path.suffix.lower().lstrip(".")
     if suffix != "png" and suffix in figure.canvas.get_supported_filetypes():
         raise ValueError(f"plots are written as PNG; path {str(path)!r} names a .{suffix} file")

@@ -76,6 +76,7 @@ from tft_jax.forecaster.predictors import MODEL_NAMES, Predictor, make_predictor
 from tft_jax.forecaster.training import announce, train_fp32, train_qat, validation_batches
 from tft_jax.losses import ZeroTargetError
 from tft_jax.model import TemporalFusionTransformer
+from tft_jax.paths import expanded
 
 Table = pd.DataFrame | str | os.PathLike
 
@@ -820,7 +821,7 @@ class Forecaster:
         # Expanded once, here: orbax expands a leading "~" itself, and the batch-stream and
         # QAT-source records, the resume checks and the deletion of stale QAT checkpoints
         # went to a folder literally named "~" instead, so a resume was checked against none.
-        checkpoints = None if checkpoint_dir is None else pathlib.Path(checkpoint_dir).expanduser()
+        checkpoints = None if checkpoint_dir is None else expanded(checkpoint_dir)
         timing = {"data": time.perf_counter() - started}
         if before_training is not None:
             before_training()
@@ -1341,7 +1342,7 @@ class Forecaster:
         there before): they describe that one.
         """
         fitted = self._require_fitted()
-        root = pathlib.Path(path).expanduser()  # "~/runs/x" is the user's, as in a shell
+        root = expanded(path)  # "~/runs/x" is the user's, as in a shell
         # Refused before anything is written: pathlib's NotADirectoryError named no cause.
         existing = next(p for p in (root, *root.parents) if p.exists() or p == p.parent)
         if existing.exists() and not existing.is_dir():
@@ -1414,7 +1415,7 @@ class Forecaster:
     @classmethod
     def load(cls, path: str | os.PathLike) -> Forecaster:
         """The forecaster `save` wrote into `path` (a leading `~` is the home folder)."""
-        root = pathlib.Path(path).expanduser()
+        root = expanded(path)
         run_folder.check_not_a_file(root, "Forecaster.load:")
         if not root.is_dir():
             raise run_folder.RunFolderError(f"{root} is not a folder (Forecaster.load)")

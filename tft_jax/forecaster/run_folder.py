@@ -44,6 +44,7 @@ from tft_jax.atomic_files import replaced_atomically, temporary_sibling
 from tft_jax.config import TFTConfig
 from tft_jax.data.listing import repeated
 from tft_jax.model import TemporalFusionTransformer
+from tft_jax.paths import expanded
 
 if TYPE_CHECKING:
     from tft_jax.data.preprocessing import Preprocessor
@@ -86,7 +87,7 @@ BATCH_STREAM_FILE = "batch_stream.json"
 # Where QAT checkpoints of an earlier FP32 model go while they are deleted (a resume whose
 # FP32 phase trained on): left behind only by a run killed during the deletion.
 REPLACED_QAT_FOLDER = "qat.replaced"
-# The plots of a split (`plots.write_plots`) and of a forecast (`tft-jax predict --plot`).
+# The plots of a split (`plots.draw_run_plots`) and of a forecast (`tft-jax plot --future-csv`).
 ATTENTION_PLOT = "attention.png"
 VARIABLE_IMPORTANCE_PLOT = "variable_importance.png"
 LOSS_CURVES_PLOT = "loss_curves.png"
@@ -167,7 +168,7 @@ def json_text(data: Any) -> str:
 
 def write_json(path: pathlib.Path, data: Any) -> None:
     """Writes `data` as indented JSON (strict: NaN becomes null), atomically."""
-    path = pathlib.Path(path).expanduser()
+    path = expanded(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json_text(data)
     with replaced_atomically(path) as temporary:
@@ -287,7 +288,7 @@ def _cause_text(error: OSError) -> str:
 
 def read_json(path: pathlib.Path) -> Any:
     """Reads a JSON file of a run folder, with a clear error when it is missing."""
-    path = pathlib.Path(path)
+    path = expanded(path)
     if not path.is_file():
         raise RunFolderError(
             f"{path} does not exist; is {path.parent} a folder written by Forecaster.save "
