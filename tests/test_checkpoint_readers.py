@@ -9,6 +9,7 @@ step that the writer removed while it was read.
 from __future__ import annotations
 
 import errno
+import os
 import pathlib
 import re
 import shutil
@@ -21,7 +22,14 @@ import orbax.checkpoint as ocp
 import pytest
 
 from tests.checkpoint_states import TEMPLATE, _truncate, assert_bitwise_equal, randomized
-from tft_jax.checkpoint import BEST, CORRUPT, LATEST, TrainingCheckpointer, load_state
+from tft_jax.checkpoint import (
+    BEST,
+    CORRUPT,
+    LATEST,
+    CheckpointReadError,
+    TrainingCheckpointer,
+    load_state,
+)
 
 RNG = jax.random.key(0)
 
@@ -217,3 +225,28 @@ def test_saving_through_a_checkpointer_opened_for_reading_is_refused(
     ):
         checkpointer.save_latest(randomized(TEMPLATE, 2, step=5), RNG, {})
     assert not tmp_path.joinpath(LATEST).exists()
+
+
+def test_a_step_that_cannot_be_read_for_permissions_is_an_error_not_a_vanished_step(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `os.path.lexists` says False for a path it cannot stat: the unreadable step 10 was
+    # taken for one the writer removed, and step 5 returned without a word.
+    _save_two_steps(tmp_path)
+    step10 = tmp_path / LATEST / "10"
+    restore, lstat = ocp.CheckpointManager.restore, os.lstat
+
+    def denied_restore(manager: Any, step: int, *args: Any, **kwargs: Any) -> Any:
+        if step == 10:
+            raise PermissionError(errno.EACCES, "Permission denied", str(step10))
+        return restore(manager, step, *args, **kwargs)
+
+    def denied_lstat(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(path) == str(step10):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return lstat(path, *args, **kwargs)
+
+    monkeypatch.setattr(ocp.CheckpointManager, "restore", denied_restore)
+    monkeypatch.setattr(os, "lstat", denied_lstat)
+    with pytest.raises(CheckpointReadError, match=r"latest checkpoint step 10 \(PermissionErr"):
+        load_state(tmp_path, TEMPLATE, prefer=LATEST)

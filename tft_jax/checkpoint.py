@@ -70,6 +70,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from tft_jax.distributed import barrier, is_primary, to_host
+from tft_jax.paths import expanded
 
 PyTree = Any
 Array = Any
@@ -571,7 +572,7 @@ class TrainingCheckpointer:
         if lost and is_primary():
             warnings.warn(
                 f"no intact best checkpoint remains in {self.directory / BEST} (best step "
-                f"{lost[0]} was corrupt and the latest checkpoints do not hold that step): "
+                f"{lost[0]} was corrupt and the latest checkpoints hold no intact copy of it): "
                 "the best state is lost; a resumed fit takes the state it resumes from as "
                 "its best until a validation loss beats the lost best's, and load_state "
                 "falls back to the latest step",
@@ -866,15 +867,23 @@ def _expanded(directory: Any, caller: str) -> pathlib.Path:
             f"{caller}: directory must be a path (str or os.PathLike), got "
             f"{type(directory).__name__} {directory!r}"
         )
-    return pathlib.Path(directory).expanduser()
+    return expanded(directory)
 
 
 def _gone(path: pathlib.Path) -> bool:
-    """Whether `path` no longer exists (False when that cannot be told)."""
+    """Whether `path` no longer exists (False when that cannot be told).
+
+    `os.path.lexists` says False for a path it cannot stat (permission denied,
+    an I/O error): a step unreadable for those reasons was skipped as removed,
+    silently, instead of raising `CheckpointReadError`.
+    """
     try:
-        return not os.path.lexists(path)
+        os.lstat(path)
+    except FileNotFoundError:
+        return True
     except OSError:
         return False
+    return False
 
 
 _LISTING_TRIES = 5
