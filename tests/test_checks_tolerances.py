@@ -204,6 +204,10 @@ def test_finite_differences_default_step_in_float64_still_catches_a_derivative_o
         checks.assert_grads_match_finite_differences(_sine_of(1.0, 1.001), (x,))
     found = re.search(r"Max relative difference among violations: ([0-9.e+-]+)", str(error.value))
     assert found is not None and float(found.group(1)) == pytest.approx(1e-3, rel=1e-2)
+    # A derivative 20% off is plainly wrong, not float32 round-off over the step: no hint.
+    with pytest.raises(AssertionError) as error:
+        checks.assert_grads_match_finite_differences(_sine_of(1.0, 1.2), (x,))
+    assert "casts to float32" not in str(error.value)
 
 
 def test_finite_differences_keep_the_float32_step_for_a_function_returning_float32() -> None:
