@@ -36,7 +36,7 @@ import argparse
 import contextlib
 import dataclasses
 import functools
-import pathlib
+import os
 import sys
 import time
 import types
@@ -1025,7 +1025,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.cache_dir:
-        args.cache_dir = str(pathlib.Path(args.cache_dir).expanduser())
+        args.cache_dir = os.path.expanduser(args.cache_dir)
         jax.config.update("jax_compilation_cache_dir", args.cache_dir)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)

@@ -25,6 +25,7 @@ from tft_jax.data.tables import read_table
 from tft_jax.forecaster import DataConfig, Forecaster, ModelConfig
 from tft_jax.forecaster import forecaster as forecaster_module
 from tft_jax.forecaster.forecaster import BATCH_STREAM_FILE
+from tft_jax.paths import expanded
 
 from .cli_tables import (
     HISTORY,
@@ -81,7 +82,7 @@ def test_compile_cache_none_and_an_unknown_users_home():
     assert compile_cache_value("none") == "none"
     # pathlib raised a bare RuntimeError (a traceback); the shell leaves it as typed.
     args = build_parser().parse_args(["demo", "--out=~no_such_user_tft_jax/x"])
-    assert args.out == pathlib.Path("~no_such_user_tft_jax/x")
+    assert args.out == pathlib.Path.cwd() / "~no_such_user_tft_jax/x"
 
 
 def test_replaced_atomically_writes_and_renames_in_the_home_folder(tmp_path, monkeypatch):
@@ -162,3 +163,23 @@ def test_predict_with_every_path_under_a_tilde(capsys, tmp_path, monkeypatch):
     assert len(pd.read_csv(home / "p.csv")) == 3 * HORIZON
     assert not [name for name in os.listdir(home) if name.endswith(".tmp")]
     assert not os.listdir(cwd)
+
+
+def test_a_tilde_left_as_typed_is_anchored_so_a_second_expansion_keeps_it(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `pathlib` drops the './' of './~/x': the path left as typed read as the home
+    # folder's when expanded again (replaced_atomically wrote in one, renamed into the other).
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    for typed in ("./~/x", "~no_such_user_tft_jax/x"):
+        once = expanded(typed)
+        assert once == cwd / typed.removeprefix("./") and expanded(once) == once
+    assert expanded("~/x") == home / "x" == expanded(expanded("~/x"))
+    with replaced_atomically("./~/p.csv") as temporary:
+        (cwd / "~").mkdir()
+        temporary.write_text("a\n1\n")
+    assert (cwd / "~" / "p.csv").read_text() == "a\n1\n" and not list(home.iterdir())

@@ -694,7 +694,7 @@ def check_train_flags(args: argparse.Namespace) -> None:
             )
 
 
-DEFAULT_CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser()
+DEFAULT_CACHE = expanded(os.environ.get("XDG_CACHE_HOME", "~/.cache"))
 DEFAULT_COMPILE_CACHE = DEFAULT_CACHE / "tft-jax" / "jax"
 CLIPPING_DEFAULTS = {
     "--history": 48,

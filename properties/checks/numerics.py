@@ -272,8 +272,9 @@ def _float32_hint(
     It applies when `fn` returns a lower precision than float64 for float64
     inputs, or when the reported relative error is the size that float32
     round-off divided by the finite-difference step gives (1e-5 to 1e-2 at
-    a step of 1e-4, 100 times more at 1e-6), not when the derivative is
-    plainly wrong (a relative error above 0.1).
+    a step of 1e-4, 100 times more at 1e-6, but never above 0.1), not when
+    the derivative is plainly wrong: past 0.1 the two cannot be told apart,
+    and a wrong derivative is the likelier.
     """
     try:
         outputs = jax.tree_util.tree_leaves(jax.eval_shape(fn, *args))
