@@ -147,6 +147,7 @@ def bench(
         path: _prepare(seq_len, path, batch_size, hidden_dim, num_heads, dtype) for path in paths
     }
     calls = {path: item.call for path, item in prepared.items()}
+    common.first_calls(calls)
     times = common.time_in_blocks(calls, steps, warmup, steps_per_block)
     return [_record(prepared[path], times[path]) for path in paths]
 

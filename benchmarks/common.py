@@ -30,6 +30,7 @@ import functools
 import hashlib
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import re
@@ -131,6 +132,18 @@ class StepTimes:
         if self.steps_per_block is not None:
             summary[f"{prefix}steps_per_block"] = self.steps_per_block
         return summary
+
+
+def first_calls(steps: Mapping[str, Callable[[], Any]]) -> None:
+    """Calls each step once, untimed, whatever `warmup` the timing is given.
+
+    The first call of an executable compiled ahead of time pays one-off costs
+    (loading it, the first dispatch, allocations) that later calls do not;
+    with `--warmup 0` it would otherwise be one of the timed calls. The train
+    steps make this call when they are built (`train_step.PreparedStep`).
+    """
+    for step in steps.values():
+        step()
 
 
 def time_steps(step: Callable[[], Any], steps: int, warmup: int = DEFAULT_WARMUP) -> StepTimes:
@@ -723,6 +736,22 @@ def non_negative_int(text: str) -> int:
     return _int_at_least(text, 0)
 
 
+def positive_seconds(text: str) -> float:
+    """An argparse `type`: a finite number of seconds > 0, else a usage error naming the flag.
+
+    `inf` (and `nan`) would end up in a record, which strict JSON
+    (`allow_nan=False`) cannot hold: the run would fail writing its summary,
+    after the measurements, instead of being refused before them.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return value
+
+
 @contextlib.contextmanager
 def usage_errors(parser: argparse.ArgumentParser) -> Iterator[None]:
     """Turns a `ValueError` of the checks on parsed flags into `parser.error` (usage, exit 2).
@@ -756,13 +785,18 @@ def base_parser(
     steps: int = MIN_TIMED_STEPS,
     *,
     steps_help: str = "timed calls per measurement",
-    warmup_help: str = "untimed calls before timing",
+    warmup_help: str = "untimed calls before timing, after the one untimed first call that "
+    "always precedes them",
     output_help: str = "also append the JSON lines to this file",
+    compile_cache_help: str = "keep JAX's persistent compilation cache on (compile times then "
+    "measure cache loads)",
 ) -> argparse.ArgumentParser:
     """The options every benchmark shares: `--json`, `--output`, `--steps`, `--warmup`.
 
     `--help` shows the defaults (`HelpFormatter`); a script whose steps are
-    not timed calls says what they are with `steps_help` and `warmup_help`.
+    not timed calls says what they are with `steps_help` and `warmup_help`,
+    and one that reports no compile time what `--compile-cache` does for it
+    with `compile_cache_help`.
     """
     parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
     parser.add_argument("--json", action="store_true", help="print one JSON object per line")
@@ -772,9 +806,19 @@ def base_parser(
     parser.add_argument(
         "--compile-cache",
         action="store_true",
-        help="keep JAX's persistent compilation cache on (compile times then measure cache loads)",
+        help=compile_cache_help,
     )
     return parser
+
+
+def check_path_given(path: str, option: str, kind: str = "file") -> None:
+    """Raises `ValueError` naming `option` when `path` is empty.
+
+    `Path("")` and `open` relative to `""` mean the current directory: an
+    empty value would write there instead of being refused.
+    """
+    if not path:
+        raise ValueError(f"{option} is empty: give a {kind} name")
 
 
 def check_output_path(path: str | None, option: str = "--output") -> None:
@@ -789,8 +833,7 @@ def check_output_path(path: str | None, option: str = "--output") -> None:
     """
     if path is None:
         return
-    if not path:
-        raise ValueError(f"{option} is empty: give a file name")
+    check_path_given(path, option)
     directory = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise ValueError(f"{option} must name a file, got the directory {path!r}")

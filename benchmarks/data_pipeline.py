@@ -385,6 +385,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         steps=1,
         steps_help="timed runs of the pipeline (median_s is their median)",
         warmup_help="untimed runs of the pipeline before the timed ones",
+        compile_cache_help="no effect here: the pipeline runs no JAX program and no compile "
+        "time is reported (accepted as by the other benchmark scripts)",
     )
     parser.set_defaults(warmup=0)
     parser.add_argument(

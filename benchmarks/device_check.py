@@ -13,19 +13,22 @@ meaning is on an accelerator at full optimization (cuDNN's attention, the
 correctly rounded division); the property suite's device cases (`pytest -n 8
 -k "gpu or tpu"`, fewer workers on a host with fewer cores); `python -m
 benchmarks.accelerator` in what remains of the budget. A stage past its time
-box is stopped (its record says `timed_out`) and the next one runs. Exits 1
-when a stage failed or timed out. The boxes of the stages chosen must fit in
-`--budget`, and on a machine where JAX finds no GPU or TPU every stage but
-the environment is refused unless `--allow-cpu` is given.
+box is stopped with the processes it started (its record says `timed_out`)
+and the next one runs. Exits 1 when a stage failed or timed out. The boxes
+of the stages chosen must fit in `--budget`, and on a machine where JAX
+finds no GPU or TPU every stage but the environment is refused unless
+`--allow-cpu` is given.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -71,20 +74,47 @@ def pytest_summary(log: str) -> str | None:
     return None
 
 
+def _stop(process: subprocess.Popen) -> None:
+    """Kills a stage and, on POSIX, every process of its group, then waits for it.
+
+    Killing only the stage's own process would leave what it started (pytest-xdist's
+    workers) running on past the time box, holding the cores and the chip.
+    """
+    if os.name == "posix":
+        with contextlib.suppress(ProcessLookupError):  # the group is gone already
+            os.killpg(process.pid, signal.SIGKILL)
+    else:
+        process.kill()
+    process.wait()
+
+
 def run_stage(
     name: str, command: Sequence[str], limit_s: float, out: pathlib.Path
 ) -> dict[str, Any]:
-    """Runs `command` for at most `limit_s` seconds, its output in `out/NAME.log`; its record."""
+    """Runs `command` for at most `limit_s` seconds, its output in `out/NAME.log`; its record.
+
+    On POSIX the stage leads a session of its own, so that a stage past its
+    time box (or interrupted) is stopped with all the processes it started.
+    """
     log_path = out / f"{name}.log"
     start = time.perf_counter()
     with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            list(command),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            start_new_session=os.name == "posix",
+        )
         try:
-            returncode: int | None = subprocess.run(
-                list(command), stdout=log, stderr=subprocess.STDOUT, timeout=limit_s, cwd=ROOT
-            ).returncode
+            returncode: int | None = process.wait(timeout=limit_s)
             timed_out = False
         except subprocess.TimeoutExpired:
+            _stop(process)
             returncode, timed_out = None, True
+        except BaseException:  # Ctrl-C: in a session of its own, the stage never sees it
+            _stop(process)
+            raise
     text = log_path.read_text(errors="replace")
     return {
         "stage": name,
@@ -162,7 +192,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     )
     parser.add_argument("--out", required=True, help="folder for the logs and records")
     parser.add_argument(
-        "--budget", type=float, default=DEFAULT_BUDGET_S, help="seconds for all stages"
+        "--budget",
+        type=common.positive_seconds,
+        default=DEFAULT_BUDGET_S,
+        help="seconds for all stages",
     )
     parser.add_argument(
         "--only",
@@ -178,8 +211,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     out = pathlib.Path(args.out)
     # Checked before anything is created or run.
     with common.usage_errors(parser):
-        if not args.budget > 0:  # NaN too
-            raise ValueError(f"--budget must be positive, got {args.budget}")
+        common.check_path_given(args.out, "--out", "folder")
         names = STAGE_NAMES
         if args.only is not None:
             names = tuple(common.split_names(args.only, STAGE_NAMES, "--only"))
@@ -201,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     for name, command, limit_s in planned:
         record = run_stage(name, command, limit_s, out)
         records.append(record)
-        line = json.dumps(record)
+        line = json.dumps(record, allow_nan=False)  # strict JSON, as every benchmark writes
         print(line, flush=True)
         with open(out / "device_check.jsonl", "a") as jsonl:
             jsonl.write(line + "\n")

@@ -92,11 +92,13 @@ def bench_throughput(
     quantized, baseline = _functions(direction)
     compiled = common.compile_timed(quantized, x, g)
     common.compile_timed(baseline, x, g)
+    calls = {
+        "fake_quant": lambda: jax.block_until_ready(quantized(x, g)),
+        "baseline": lambda: jax.block_until_ready(baseline(x, g)),
+    }
+    common.first_calls(calls)
     times = common.time_alternating(
-        {
-            "fake_quant": lambda: jax.block_until_ready(quantized(x, g)),
-            "baseline": lambda: jax.block_until_ready(baseline(x, g)),
-        },
+        calls,
         blocks=steps,
         steps_per_block=1,
         warmup=warmup,

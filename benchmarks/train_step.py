@@ -372,7 +372,8 @@ def measure(
         **times.summary(),
         samples_per_s=cfg.batch_size / median,
         **prepared.flop_count().fields(median, peak_gflops),
-        **(peak or {}),
+        # None where no peak was measured (a suite run without its peak task).
+        **{"matmul_peak_gflops": None, **(peak or {})},
         # How many times `matmul_peak_gflops` the yardstick of `peak_fraction` is.
         peak_devices=peak_devices,
         memory=common.memory_stats(prepared.compile.compiled),

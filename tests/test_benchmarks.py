@@ -429,7 +429,7 @@ def test_accelerator_bfloat16_steps_are_measured_against_the_bfloat16_peak(tmp_p
     records = run_json(accelerator.main, [*argv, "--out", str(tmp_path / "a.jsonl")], capsys)
     peaks = {r["config"]: r for r in records if r["benchmark"] == "matmul_peak"}
     steps = [r for r in records if r["benchmark"] == "train_step"]
-    assert steps  # in --quick, the headline task and the `traffic` stand-in share this name
+    assert steps
     for step in steps:
         assert step["dtype"] == step["matmul_peak_dtype"] == "bfloat16"
         assert step["matmul_peak_gflops"] == peaks["bfloat16"]["matmul_peak_gflops"]

@@ -8,6 +8,7 @@ swallows the printed records.
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 import types
 
@@ -20,6 +21,7 @@ from benchmarks import (
     attention,
     common,
     cpu,
+    data_pipeline,
     device_check,
     fake_quant,
     inference,
@@ -383,3 +385,128 @@ def test_accelerator_names_a_bad_only_before_looking_for_a_gpu(tmp_path, capsys,
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--only must be a comma-separated subset" in error and "'nope'" in error
     assert not out.parent.exists()
+
+
+@pytest.mark.parametrize("module", [accelerator, device_check], ids=["accelerator", "device_check"])
+@pytest.mark.parametrize("budget", ["inf", "nan", "-inf", "1e400", "0"])
+def test_a_budget_that_is_not_finite_and_positive_is_refused_naming_it(
+    module, budget, tmp_path, capsys, monkeypatch
+):
+    # `--budget inf` passed the `> 0` check, ran every task, then lost the summary
+    # record to `json.dumps(allow_nan=False)` (device_check wrote `Infinity`).
+    monkeypatch.setattr(common, "run_suite", _never)
+    monkeypatch.setattr(device_check, "run_stage", _never)
+    argv = ["--allow-cpu", f"--budget={budget}", "--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as exit_info:
+        module.main([*argv, "--only", "peak" if module is accelerator else "environment"])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"argument --budget: must be a finite number of seconds > 0, got {budget!r}" in error
+    assert not (tmp_path / "out").exists()
+
+
+def test_device_check_refuses_an_empty_out_instead_of_writing_here(tmp_path, capsys, monkeypatch):
+    # `Path("")` is ".": the logs and device_check.jsonl landed in the current directory.
+    monkeypatch.setattr(device_check, "run_stage", _never)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        device_check.main(["--out", "", "--only", "environment"])
+    assert exit_info.value.code == 2
+    assert "--out is empty: give a folder name" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_device_check_writes_strict_json_or_nothing(tmp_path, monkeypatch):
+    # Plain `json.dumps` wrote `"limit_s": Infinity`, which strict JSON parsers refuse.
+    def stage(name, command, limit_s, out):
+        return {"stage": name, "returncode": 0, "timed_out": False, "limit_s": math.inf}
+
+    monkeypatch.setattr(device_check, "run_stage", stage)
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        device_check.main(["--out", str(tmp_path), "--only", "environment"])
+    assert not (tmp_path / "device_check.jsonl").exists()
+
+
+def _first_call_setups(monkeypatch, calls):
+    """`{module: (bench call, step functions)}` with the compile, records and functions stubbed."""
+
+    def step(*args, **kwargs):
+        calls.append(None)
+        return 0
+
+    compiled = common.CompileResult(None, 0.0, 0.0)
+    monkeypatch.setattr(common, "compile_timed", lambda *args, **kwargs: compiled)
+    monkeypatch.setattr(inference, "prepare", lambda *args: inference.Prepared(step, (), 0))
+    monkeypatch.setattr(inference, "_record", lambda *args: {})
+    monkeypatch.setattr(attention, "_prepare", lambda *a: attention._PreparedPath(step, 0, {}, 0))
+    monkeypatch.setattr(attention, "_record", lambda *args: {})
+    monkeypatch.setattr(fake_quant, "_functions", lambda direction: (step, step))
+    monkeypatch.setattr(common, "make_record", lambda benchmark, config, **fields: fields)
+    return {
+        "inference": (lambda: inference.bench(train_step.get_config("tiny"), ["float"], 1, 0), 1),
+        "attention": (lambda: attention.bench(8, ["default"], 1, 0), 1),
+        "fake_quant": (lambda: fake_quant.bench_throughput(8, "forward", 1, 0), 2),
+    }
+
+
+@pytest.mark.parametrize("name", ["inference", "attention", "fake_quant"])
+def test_the_first_call_after_compiling_is_never_timed(name, monkeypatch):
+    # With `--warmup 0` the first call after the ahead-of-time compile was a timed one
+    # (27-60 ms against 0.5 ms), as it never is in the train-step benchmarks.
+    calls: list[None] = []
+    before_timing = []
+
+    def timed(steps, *args, **kwargs):
+        before_timing.append(len(calls))
+        return {key: common.StepTimes((1.0,), warmup=0) for key in steps}
+
+    monkeypatch.setattr(common, "time_alternating", timed)
+    monkeypatch.setattr(common, "time_in_blocks", timed)
+    run, functions = _first_call_setups(monkeypatch, calls)[name]
+    run()
+    assert before_timing == [functions]
+
+
+@pytest.mark.parametrize("module", [inference, attention, fake_quant, train_step])
+def test_the_warmup_help_says_one_untimed_call_always_comes_first(module, capsys):
+    with pytest.raises(SystemExit):
+        module.main(["--help"])
+    assert "one untimed first call that always precedes them" in " ".join(
+        capsys.readouterr().out.split()
+    )
+
+
+def test_compile_cache_help_claims_no_compile_times_where_none_are_reported(capsys, monkeypatch):
+    # Both said "compile times then measure cache loads"; neither reports a compile time.
+    monkeypatch.setattr(profile_step, "enable_op_events", lambda: None)
+    for module in (data_pipeline, profile_step):
+        with pytest.raises(SystemExit):
+            module.main(["--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "--compile-cache" in text and "no compile time is reported" in text
+        assert "measure cache loads" not in text
+
+
+def test_a_train_step_record_without_a_measured_peak_holds_the_peak_as_null():
+    # A suite run without its peak task left `matmul_peak_gflops` out, a required field.
+    prepared = types.SimpleNamespace(
+        config=train_step.get_config("tiny"),
+        mode="float",
+        devices=1,
+        compiler_options=None,
+        params=10,
+        compile=common.CompileResult(None, 0.1, 0.2),
+        first_call_s=0.01,
+        flop_count=lambda: common.FlopCount(1e6, 1e6),
+    )
+    for peak in ({}, None):
+        record = train_step.measure(prepared, common.StepTimes((0.5,), warmup=0), peak)
+        assert record["matmul_peak_gflops"] is None and record["peak_fraction"] is None
+        common.validate_record(record, train_step.REQUIRED_FIELDS)
+
+
+def test_the_quick_accelerator_set_names_each_task_once():
+    # Its last task (the `traffic` stand-in) was the headline task again: a second
+    # record of the same program, with a compile of ~0 s from JAX's in-memory cache.
+    names = [task.name for task in accelerator.tasks(1, 0, quick=True)]
+    assert len(names) == len(set(names))

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import time
 
 import pytest
 
@@ -49,3 +52,33 @@ def test_only_names_known_stages_and_runs_just_those(tmp_path, capsys):
     assert records[0]["returncode"] == 0
     assert "devices" in (tmp_path / "environment.log").read_text()
     assert (tmp_path / "device_check.jsonl").read_text().count("\n") == 1
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (an orphan's may linger unreaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_a_stage_past_its_time_box_is_stopped_with_the_processes_it_started(tmp_path):
+    # Only the stage's own process was killed: pytest-xdist's workers ran on.
+    script = (
+        "import subprocess, sys, time; "
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); "
+        "print(child.pid, flush=True); time.sleep(30)"
+    )
+    record = device_check.run_stage("slow", [sys.executable, "-c", script], 1.0, tmp_path)
+    assert record["timed_out"]
+    child = int((tmp_path / "slow.log").read_text().split()[0])
+    try:
+        deadline = time.monotonic() + 1.0
+        while _running(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(child)
+    finally:
+        if _running(child):
+            os.kill(child, signal.SIGKILL)
