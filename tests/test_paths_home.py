@@ -63,6 +63,18 @@ def _typed_path_flags(parser: argparse.ArgumentParser, command: str = "") -> set
     return found
 
 
+def home_and_cwd(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[pathlib.Path, pathlib.Path]:
+    """`(home, cwd)`: two folders under `tmp_path`, made the home folder and the current one."""
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    return home, cwd
+
+
 def test_every_path_flag_expands_a_leading_tilde(tmp_path, monkeypatch):
     # `--out=~/x`: the shell leaves the `~`; pandas wrote ~/x/forecasts.csv.PID.tmp in the
     # home folder, and the rename looked for it in ./~/x.
@@ -87,11 +99,7 @@ def test_compile_cache_none_and_an_unknown_users_home():
 
 def test_replaced_atomically_writes_and_renames_in_the_home_folder(tmp_path, monkeypatch):
     # pandas expanded the temporary file's `~`, the rename did not: FileNotFoundError.
-    home, cwd = tmp_path / "home", tmp_path / "cwd"
-    home.mkdir()
-    cwd.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.chdir(cwd)
+    home, cwd = home_and_cwd(tmp_path, monkeypatch)
     assert temporary_sibling("~/p.csv") == home / f"p.csv.{os.getpid()}.tmp"
     with replaced_atomically("~/p.csv") as temporary:
         pd.DataFrame({"a": [1]}).to_csv(temporary, index=False)
@@ -115,11 +123,7 @@ class _Stopped(Exception):
 def test_fit_keeps_its_checkpoint_records_where_orbax_keeps_the_checkpoints(tmp_path, monkeypatch):
     # The batch-stream record went to ./~/ck, orbax's checkpoints to $HOME/ck: a resume with
     # another learning rate found no checkpoints beside the record, and was accepted.
-    home, cwd = tmp_path / "home", tmp_path / "cwd"
-    home.mkdir()
-    cwd.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.chdir(cwd)
+    home, cwd = home_and_cwd(tmp_path, monkeypatch)
     given = []
 
     def stop(model, dataset, training, val_batches, checkpoints, *rest):
@@ -170,11 +174,7 @@ def test_a_tilde_left_as_typed_is_anchored_so_a_second_expansion_keeps_it(
 ) -> None:
     # `pathlib` drops the './' of './~/x': the path left as typed read as the home
     # folder's when expanded again (replaced_atomically wrote in one, renamed into the other).
-    home, cwd = tmp_path / "home", tmp_path / "cwd"
-    home.mkdir()
-    cwd.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.chdir(cwd)
+    home, cwd = home_and_cwd(tmp_path, monkeypatch)
     for typed in ("./~/x", "~no_such_user_tft_jax/x"):
         once = expanded(typed)
         assert once == cwd / typed.removeprefix("./") and expanded(once) == once
