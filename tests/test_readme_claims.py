@@ -54,6 +54,7 @@ OTHER_PROGRAMS = {
     "--variants",
     "--config",
     "--devices",
+    "--budget",
 }
 
 
