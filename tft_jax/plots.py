@@ -1000,6 +1000,13 @@ def draw_run_plots(
     return written
 
 
+def _first_fan_series(present: list[Any]) -> tuple[list[Any], str]:
+    """The first `MAX_FAN_SERIES` of `present`, and the cut ('the first 6 of 30 series', or '')."""
+    if len(present) <= MAX_FAN_SERIES:
+        return present, ""
+    return present[:MAX_FAN_SERIES], f"the first {MAX_FAN_SERIES} of {len(present)} series"
+
+
 def _fan_series_codes(
     dataset: PreparedDataset,
     windows: Any,
@@ -1014,12 +1021,10 @@ def _fan_series_codes(
     """
     present = [int(code) for code in np.unique(windows.series_code)]
     if series is None:
-        if len(present) <= MAX_FAN_SERIES:
-            return present, ""
-        cut = f"the first {MAX_FAN_SERIES} of {len(present)} series"
-        if announce is not None:
+        first, cut = _first_fan_series(present)
+        if cut and announce is not None:
             announce(f"{split} fan charts: {cut}")
-        return present[:MAX_FAN_SERIES], cut
+        return first, cut
     series = _checked_series_list(series)
     ids = [plain_value(value) for value in dataset.series_ids]
     unknown = [name for name in series if plain_value(name) not in ids]
@@ -1162,12 +1167,10 @@ def plot_future(
         if unknown:
             raise _unknown_series(unknown, list(pd.unique(forecast[id_col])), "the forecast")
     else:
-        present = list(pd.unique(forecast[id_col]))
-        series = present[:MAX_FAN_SERIES]
+        series, cut = _first_fan_series(list(pd.unique(forecast[id_col])))
         # Said in the title, as the run's fan charts say it: a caller passing no `series`
         # learns of the ones left out (the command line prints its own line with its hint).
-        if len(present) > MAX_FAN_SERIES:
-            cut = f"the first {MAX_FAN_SERIES} of {len(present)} series"
+        if cut:
             title = f"{title} ({cut})" if title else cut
     # The panels follow the first appearance of each id: put the rows in `series` order.
     order = {name: index for index, name in enumerate(series)}
