@@ -898,13 +898,12 @@ def _listed(list_steps: Callable[[], _T]) -> _T:
     folder) fails the listing with `FileNotFoundError`; listed again, the
     step is not found any more. Raised after `_LISTING_TRIES` tries.
     """
-    for attempt in range(_LISTING_TRIES):
+    for _ in range(_LISTING_TRIES - 1):
         try:
             return list_steps()
         except FileNotFoundError:
-            if attempt == _LISTING_TRIES - 1:
-                raise
-    raise AssertionError("unreachable")
+            continue
+    return list_steps()
 
 
 # What a checkpoint directory's own entries hold: each must be a directory.
