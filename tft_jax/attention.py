@@ -18,7 +18,7 @@ from flax import linen as nn
 
 from tft_jax import fused_attention
 from tft_jax._dropout import resolve_deterministic
-from tft_jax.gating import check_dropout_rate, check_positive_int
+from tft_jax.gating import check_dropout_rate, check_floating, check_positive_int
 
 Array = Any
 Dtype = Any
@@ -63,13 +63,6 @@ def _check_concrete_positive(name: str, value: Any, scalar: bool = True) -> None
         return
     if not np.all(np.asarray(value) > 0):
         raise ValueError(f"{name} must be positive, got {value}")
-
-
-def _check_floating(name: str, x: Array) -> None:
-    """Raises `TypeError` unless `x` is a floating-point array (an integer input would be cast)."""
-    dtype = jnp.result_type(x)
-    if not jnp.issubdtype(dtype, jnp.floating):
-        raise TypeError(f"{name} must be floating point (float32, bfloat16, ...), got {dtype}")
 
 
 def _check_attention_shapes(query: Array, key: Array, value: Array, mask: Array | None) -> None:
@@ -186,7 +179,7 @@ def scaled_dot_product_attention(
         would enlarge the logits).
     """
     query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
-    _check_floating("scaled_dot_product_attention: query", query)
+    check_floating("scaled_dot_product_attention", "query", query)
     check_dropout_rate("scaled_dot_product_attention", dropout_rate)
     deterministic = resolve_deterministic(
         "scaled_dot_product_attention", deterministic, dropout_rate
@@ -278,7 +271,7 @@ class PositionalEncoding(nn.Module):
                 f"PositionalEncoding: x must have shape (..., T, {self.dim}), got {tuple(x.shape)}"
             )
         # An integer x would truncate the encoding to integers.
-        _check_floating("PositionalEncoding: x", x)
+        check_floating("PositionalEncoding", "x", x)
         if x.dtype == jnp.float64:
             encoding = sinusoidal_encoding(x.shape[-2], self.dim, np.float64)
         else:  # as it always was: a float32 table, cast to x's dtype
@@ -312,7 +305,7 @@ def _check_sequence(name: str, x: Array, hidden_dim: int) -> None:
         )
     if x.shape[1] == 0:
         raise ValueError(f"{name}: sequence length T must be > 0, got shape {tuple(x.shape)}")
-    _check_floating(f"{name}: x", x)
+    check_floating(name, "x", x)
 
 
 class AttentionHead(nn.Module):

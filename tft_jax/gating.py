@@ -271,7 +271,7 @@ def check_floating(owner: str, name: str, x: Array) -> None:
 
     The first layer would cast an integer (or boolean) input to the compute
     dtype silently, so codes meant for an embedding would be read as
-    magnitudes; the attention blocks refuse them the same way.
+    magnitudes; the attention blocks refuse them through it too.
     """
     dtype = jnp.result_type(x)
     if not jnp.issubdtype(dtype, jnp.floating):

@@ -11,7 +11,7 @@ from flax import linen as nn
 
 from tft_jax._dropout import resolve_deterministic
 from tft_jax.attention import scaled_dot_product_attention
-from tft_jax.gating import check_dropout_rate, check_positive_int
+from tft_jax.gating import check_dropout_rate, check_floating, check_positive_int
 from tft_jax.linear import Linear
 
 Array = Any
@@ -104,11 +104,7 @@ class InterpretableMultiHeadAttention(nn.Module):
                     f"InterpretableMultiHeadAttention: {name}.shape[-1] must equal "
                     f"features={self.features}, got {x.shape[-1]} (shape {tuple(x.shape)})"
                 )
-            if not jnp.issubdtype(x.dtype, jnp.floating):
-                raise TypeError(
-                    f"InterpretableMultiHeadAttention: {name} must be floating point (float32, "
-                    f"bfloat16, ...), got {x.dtype}"
-                )
+            check_floating("InterpretableMultiHeadAttention", name, x)
             # Else zero steps gave an empty output (Tq = 0) or zeros with weights
             # (B, heads, Tq, 0) (Tk = 0), silently; TemporalSelfAttention refuses T = 0 too.
             if x.shape[1] == 0:
