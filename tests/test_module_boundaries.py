@@ -306,6 +306,13 @@ def test_lstm_checks_inputs_and_initial_state_before_the_scan(inputs, state, mes
         init(LSTM(4), inputs, state)
 
 
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.bool_])
+def test_lstm_refuses_integer_or_boolean_inputs_with_the_building_blocks_message(dtype):
+    # Its projection would cast them to float silently, reading codes as magnitudes.
+    with pytest.raises(TypeError, match=r"^LSTM: inputs must be floating point \(float32, .*got "):
+        init(LSTM(4), jnp.ones((2, 5, 3), dtype))
+
+
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_lstm_half_precision_params_are_flax_s_orthogonal_kernel_rounded(dtype):
     # Before: the orthogonal initializer's QR raised NotImplementedError in half precision.

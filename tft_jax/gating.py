@@ -23,6 +23,7 @@ from tft_jax.layer_norm import DEFAULT_EPSILON, layer_norm
 from tft_jax.linear import (
     Linear,
     VariableLinear,
+    check_floating,
     check_input_width,
     check_positive_int,
     variable_major_broadcast,
@@ -263,20 +264,6 @@ def check_context_width(owner: str, context: Array, params: Any, where: str) -> 
         raise ValueError(
             f"{owner}: context has width {context.shape[-1]} (its last axis), but the network "
             f"was initialized with a context of width {width}"
-        )
-
-
-def check_floating(owner: str, name: str, x: Array) -> None:
-    """Raises `TypeError` unless `x` is a floating-point array.
-
-    The first layer would cast an integer (or boolean) input to the compute
-    dtype silently, so codes meant for an embedding would be read as
-    magnitudes; the attention blocks refuse them through it too.
-    """
-    dtype = jnp.result_type(x)
-    if not jnp.issubdtype(dtype, jnp.floating):
-        raise TypeError(
-            f"{owner}: {name} must be floating point (float32, bfloat16, ...), got {dtype}"
         )
 
 

@@ -48,6 +48,20 @@ def check_positive_int(owner: str, name: str, value: Any, optional: bool = False
         raise ValueError(f"{owner}: {name} must be {expected}, got {value!r}")
 
 
+def check_floating(owner: str, name: str, x: Array) -> None:
+    """Raises `TypeError` unless `x` is a floating-point array.
+
+    The first layer would cast an integer (or boolean) input to the compute
+    dtype silently, so codes meant for an embedding would be read as
+    magnitudes; the attention blocks refuse them through it too.
+    """
+    dtype = jnp.result_type(x)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(
+            f"{owner}: {name} must be floating point (float32, bfloat16, ...), got {dtype}"
+        )
+
+
 class InputWidthError(ValueError):
     """An input whose last axis is not the width the layer's parameters were made for."""
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 from jax import lax
 
-from tft_jax.linear import Linear, check_input_width, check_positive_int
+from tft_jax.linear import Linear, check_floating, check_input_width, check_positive_int
 
 Array = Any
 Dtype = Any
@@ -163,8 +163,7 @@ class LSTM(nn.Module):
         shape = tuple(jnp.shape(inputs))
         if len(shape) != 3:
             raise ValueError(f"LSTM: inputs must be 3-D (B, T, I), got shape {shape}")
-        if not jnp.issubdtype(jnp.result_type(inputs), jnp.floating):
-            raise TypeError(f"LSTM: inputs must be floating point, got {jnp.result_type(inputs)}")
+        check_floating("LSTM", "inputs", inputs)
         if initial_state is None:
             return
         expected = (shape[0], self.features)
