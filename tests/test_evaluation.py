@@ -339,6 +339,17 @@ def test_a_scale_of_the_wrong_shape_or_not_positive_is_refused(scale, message):
         forecast_metrics(actual, actual, QUANTILES, scale)
 
 
+def test_best_of_breaks_p50_ties_by_p90_then_by_name_not_by_listing_order():
+    tied = {"b": {"p50_q_risk": 0.2, "p90_q_risk": 0.1}, "a": {"p50_q_risk": 0.2}}
+    assert best_of(tied) == "b"  # a has no P90 q-risk
+    tied["a"]["p90_q_risk"] = float("nan")
+    assert best_of(tied) == "b"
+    tied["a"]["p90_q_risk"] = 0.1
+    assert best_of(tied) == best_of(dict(reversed(tied.items()))) == "a"
+    tied["a"]["p90_q_risk"] = 0.3
+    assert best_of(dict(reversed(tied.items()))) == "b"
+
+
 def test_best_of_ranks_only_models_with_a_p50_q_risk():
     # A None (levels without 0.5) raised a TypeError in min; a NaN won when listed first.
     assert best_of({"a": {"p50_q_risk": None}, "b": {"p50_q_risk": 0.3}}) == "b"

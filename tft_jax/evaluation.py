@@ -300,7 +300,9 @@ def best_of(models: dict[str, dict[str, Any]]) -> str:
 
     A None (levels without 0.5) failed inside `min` with a TypeError, and a
     NaN won or lost by its place in the dict (every comparison with it is
-    False).
+    False). Equal P50 q-risks (two seasonal periods of a strictly periodic
+    series) go to the lower P90 q-risk, then to the name first in sorted
+    order, so the choice does not depend on the order the models were listed.
 
     Raises:
       ValueError: no model has a P50 q-risk.
@@ -315,7 +317,13 @@ def best_of(models: dict[str, dict[str, Any]]) -> str:
             f"best_of: none of {list(models)} has a P50 q-risk (quantile levels without 0.5, "
             "or NaN forecasts)"
         )
-    return min(scored, key=scored.__getitem__)
+    return min(scored, key=lambda name: (scored[name], _number_or_inf(models[name]), name))
+
+
+def _number_or_inf(metrics: dict[str, Any]) -> float:
+    """The P90 q-risk as a float, infinity when missing or NaN (the tie-break's last place)."""
+    value = metrics.get("p90_q_risk")
+    return float("inf") if value is None or np.isnan(value) else float(value)
 
 
 def monotone(quantiles: np.ndarray) -> np.ndarray:
