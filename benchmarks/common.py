@@ -767,6 +767,56 @@ def usage_errors(parser: argparse.ArgumentParser) -> Iterator[None]:
         parser.error(str(error))
 
 
+# The flags that set how much a benchmark allocates, named when it runs out of memory.
+SIZE_FLAGS = (
+    "--config", "--batch-size", "--batch-sizes", "--size", "--sizes", "--lengths", "--rows",
+    "--series", "--hidden-dim", "--heads", "--devices", "--batches",
+)  # fmt: skip
+
+
+def _is_out_of_memory(error: BaseException) -> bool:
+    """NumPy's `MemoryError`, or XLA's RESOURCE_EXHAUSTED (any backend's allocator)."""
+    if isinstance(error, MemoryError):
+        return True
+    return isinstance(error, jax.errors.JaxRuntimeError) and "RESOURCE_EXHAUSTED" in str(error)
+
+
+def sizes_given(argv: Sequence[str]) -> list[str]:
+    """The size flags in `argv` with their values, as typed ('--batch-size 4096')."""
+    given = []
+    for index, token in enumerate(argv):
+        flag = token.split("=", 1)[0]
+        if flag not in SIZE_FLAGS:
+            continue
+        if "=" in token or index + 1 == len(argv):
+            given.append(token)
+        else:
+            given.append(f"{token} {argv[index + 1]}")
+    return given
+
+
+def run_command(main: Callable[[], Any]) -> Any:
+    """Runs a benchmark's `main` as a command: running out of memory ends in one line.
+
+    A size too large for the machine otherwise ends in a traceback from deep
+    inside the measurement (XLA's RESOURCE_EXHAUSTED, NumPy's MemoryError);
+    the line names the benchmark, the allocator's words and the size flags
+    given, and the exit status is 1. Other errors keep their traceback.
+    Returns what `main` returns.
+    """
+    try:
+        return main()
+    except (MemoryError, jax.errors.JaxRuntimeError) as error:
+        if not _is_out_of_memory(error):
+            raise
+        program = f"benchmarks.{os.path.splitext(os.path.basename(sys.argv[0]))[0]}"
+        detail = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        sizes = ", ".join(sizes_given(sys.argv[1:])) or "the defaults"
+        sys.exit(
+            f"{program}: out of memory ({detail}) with {sizes}; measure a smaller configuration"
+        )
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """`--help` with each option's default, e.g. `(default: 20)`.
 

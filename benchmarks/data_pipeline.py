@@ -445,4 +445,4 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
 
 if __name__ == "__main__":
     relaunch_with_tuned_allocator()  # as every benchmark script: the same process setup
-    main()
+    common.run_command(main)

@@ -248,4 +248,4 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
 
 if __name__ == "__main__":
     relaunch_with_tuned_allocator()  # its stages inherit the tunable
-    main()
+    common.run_command(main)

@@ -378,4 +378,4 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
 
 if __name__ == "__main__":
     relaunch_with_tuned_allocator()
-    main()
+    common.run_command(main)

@@ -285,4 +285,6 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
 
 if __name__ == "__main__":
     relaunch_with_tuned_allocator()
-    main()
+    from benchmarks import common  # imports JAX; XLA reads the flags when a backend starts
+
+    common.run_command(main)

@@ -38,6 +38,7 @@ from benchmarks.common import (
     check_output_path,
     make_record,
     positive_int,
+    run_command,
     usage_errors,
 )
 from benchmarks.tables import TABLES, without_categoricals
@@ -265,4 +266,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     relaunch_with_tuned_allocator()
-    sys.exit(main())
+    sys.exit(run_command(main))

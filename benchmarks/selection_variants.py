@@ -255,4 +255,4 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
 
 if __name__ == "__main__":
     relaunch_with_tuned_allocator()
-    main()
+    common.run_command(main)

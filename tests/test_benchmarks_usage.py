@@ -338,3 +338,61 @@ def test_simulated_devices_share_one_machine_peak(simulated, peak_devices, monke
     assert record["flops_method"] == common.FLOPS_METHOD
     assert record["flops_loops_counted_once"] == 0
     assert record["peak_fraction"] == pytest.approx(record["gflops_per_s"] / (10.0 * peak_devices))
+
+
+@pytest.mark.parametrize(
+    "error, detail",
+    [
+        (
+            jax.errors.JaxRuntimeError(
+                "RESOURCE_EXHAUSTED: Out of memory allocating 5 bytes.\nmore"
+            ),
+            "RESOURCE_EXHAUSTED: Out of memory allocating 5 bytes.",
+        ),
+        (MemoryError("Unable to allocate 7.5 TiB for an array"), "Unable to allocate 7.5 TiB"),
+        (MemoryError(), "MemoryError"),
+    ],
+    ids=["xla", "numpy", "bare"],
+)
+def test_a_command_out_of_memory_ends_in_one_line_naming_the_sizes_given(
+    error, detail, monkeypatch
+):
+    # Before: a traceback from deep inside the measurement.
+    argv = ["/x/benchmarks/train_step.py", "--config", "tiny", "--batch-size=4096", "--json"]
+    monkeypatch.setattr("sys.argv", argv)
+
+    def main():
+        raise error
+
+    with pytest.raises(SystemExit) as exit_info:
+        common.run_command(main)
+    message = str(exit_info.value.code)
+    assert message.startswith(f"benchmarks.train_step: out of memory ({detail}")
+    assert message.endswith(
+        "with --config tiny, --batch-size=4096; measure a smaller configuration"
+    )
+
+
+def test_a_command_keeps_the_traceback_of_other_runtime_errors_and_returns_mains_value(
+    monkeypatch,
+):
+    monkeypatch.setattr("sys.argv", ["/x/benchmarks/quality.py"])
+    assert common.run_command(lambda: 3) == 3
+
+    def main():
+        raise jax.errors.JaxRuntimeError("INTERNAL: something else")
+
+    with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):
+        common.run_command(main)
+
+
+def test_sizes_given_keeps_each_size_flag_with_its_value_as_typed():
+    argv = ["--steps", "3", "--sizes", "64,128", "--lengths=8", "--json", "--batch-size"]
+    assert common.sizes_given(argv) == ["--sizes 64,128", "--lengths=8", "--batch-size"]
+
+
+def test_every_benchmark_command_runs_its_main_through_run_command():
+    for path in sorted(pathlib.Path(benchmarks.__file__).parent.glob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if '__name__ == "__main__"' in text:
+            assert "run_command(main)" in text.split('__name__ == "__main__"', 1)[1], path.name
