@@ -138,6 +138,27 @@ def test_prepare_dataset_names_the_series_and_value_of_a_huge_training_target():
     assert not [m for m in robust if EXTREME in m]
 
 
+def test_a_new_series_whose_history_holds_a_huge_value_is_announced_at_predict_as_at_fit():
+    # Its scaler is fitted on its own history at predict: a 1e30 typo set that scale
+    # silently (forecasts of ~1e28 for values near 100), where fit announced the same.
+    table = feature_table()
+    fitted = preprocessor_of(table)
+    new = table[table["id"] == "a"].assign(id="n")
+    new.loc[new.index[30], "y"] = 1e30
+    history = pd.concat([table, new], ignore_index=True)
+    future = future_of(history)
+    _, messages = caught_messages(lambda: future_windows(fitted, history, future, HISTORY, HORIZON))
+    (message,) = [m for m in messages if EXTREME in m]
+    assert message.startswith("scaler='standard': 1 series have a few values in the history given")
+    assert f"'n' 1e+30 at {new['time'].iloc[30]}" in message
+    values = new["y"].to_numpy()
+    assert f"scale {np.std(values):.4g}, {np.std(np.delete(values, 30)):.4g} without it" in message
+    # A trained series with the same value is scaled by its training fit: nothing to tell.
+    plain = future_of(table)
+    _, trained = caught_messages(lambda: future_windows(fitted, table, plain, HISTORY, HORIZON))
+    assert not [m for m in trained if EXTREME in m]
+
+
 def feature_table(series: str = "ab", length: int = 40) -> pd.DataFrame:
     """Daily series with an observed 'temp' in [100, 200], a known 0/1 'promo' and a known
     'flat' constant at 1 over the whole table."""

@@ -42,8 +42,10 @@ from tft_jax.data.scaling import (
     FeatureScaler,
     TargetScaler,
     announce_constant_series,
+    announce_extreme_values,
     announce_spread_fallbacks,
     check_domain,
+    extreme_series,
     forward_transform,
     target_statistics,
 )
@@ -611,19 +613,20 @@ class Preprocessor:
         scale = self.target_scaler.scale[known].copy()
         if unknown.any():
             names = [ids[code] for code in np.flatnonzero(unknown)]
-            fallbacks, constants, cuts_used = [], [], []
+            fallbacks, constants, cuts_used, extremes = [], [], [], []
             # `codes` are sorted (`transform`): a series' rows are one slice.
             bounds = np.searchsorted(codes, np.arange(len(ids) + 1))
             present = ~np.isnan(target)
             before = [np.asarray(times < cut) for cut in new_series_cuts]
             for code in np.flatnonzero(unknown):
                 rows = slice(bounds[code], bounds[code + 1])
-                values = target[rows][present[rows]]
+                used = present[rows]
                 for cut, earlier in zip(new_series_cuts, before, strict=True):
-                    values = target[rows][present[rows] & earlier[rows]]
-                    if values.size:
+                    used = present[rows] & earlier[rows]
+                    if used.any():
                         cuts_used.append(f"{ids[code]!r} before {cut}")
                         break
+                values = target[rows][used]
                 if values.size == 0:
                     last = f" before {new_series_cuts[-1]}" if len(new_series_cuts) else ""
                     raise NewSeriesWithoutTargetError(
@@ -632,14 +635,19 @@ class Preprocessor:
                         ids[code],
                         new_series_cuts[-1] if len(new_series_cuts) else None,
                     )
-                values = forward_transform(values, self.target_scaler.target_transform)
-                loc[code], scale[code], fallback, constant = target_statistics(
-                    values, self.target_scaler.method
-                )
+                transform, method = self.target_scaler.target_transform, self.target_scaler.method
+                values = forward_transform(values, transform)
+                loc[code], scale[code], fallback, constant = target_statistics(values, method)
                 if fallback:
                     fallbacks.append(ids[code])
                 if constant:
                     constants.append(ids[code])
+                    continue
+                found = extreme_series(ids[code], values, float(scale[code]), method, transform)
+                if found is not None:
+                    first, extreme = found
+                    place = f"at {times[rows][used][first]}"
+                    extremes.append(extreme._replace(place=place))
             source = (
                 "history before the first split start under which it has observed values ("
                 + first_few(cuts_used)
@@ -658,6 +666,9 @@ class Preprocessor:
             )
             announce_spread_fallbacks(fallbacks, f"the {source}", stacklevel=4)
             announce_constant_series(constants, f"the {source}", stacklevel=4)
+            announce_extreme_values(
+                extremes, self.target_scaler.method, f"the {source}", stacklevel=4
+            )
         return TargetScaler(
             loc=loc,
             scale=scale,

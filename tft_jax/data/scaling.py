@@ -247,6 +247,25 @@ class ExtremeSeries(NamedTuple):
     rest: float
 
 
+def extreme_series(
+    name: object, values: np.ndarray, scale: float, method: str, transform: str
+) -> tuple[int, ExtremeSeries] | None:
+    """`(first, extreme)` when a few of one series' values set its `method` scale, else None.
+
+    `values` are the series' observed values after `transform` (1-D, no NaN),
+    fitted to `scale`; `first` is the position among them of the first
+    extreme value, and `extreme.place` is left empty for the caller, who
+    knows where that value is (its time, or its row).
+    """
+    extreme = extreme_values(values, method)
+    if not extreme.size:
+        return None
+    first = int(extreme[0])
+    rest = target_statistics(np.delete(values, extreme), method).scale
+    value = float(inverse_transform_values(values[first], transform))
+    return first, ExtremeSeries(name, "", value, int(extreme.size), scale, rest)
+
+
 def announce_extreme_values(
     extremes: Sequence[ExtremeSeries], method: str, period: str, stacklevel: int
 ) -> None:
@@ -441,20 +460,16 @@ class TargetScaler:
             if constant:
                 constants.append(name)
                 continue
-            extreme = extreme_values(series_values, method)
-            if extreme.size:
-                first = int(extreme[0])
+            found = extreme_series(name, series_values, float(scale[code]), method, transform)
+            if found is not None:
+                first, extreme = found
                 position = int(np.flatnonzero(present)[first])  # among the series' rows
                 row = int(rows[bounds[code] + position])
                 place = (
                     f"at {times[row]}" if times is not None
                     else f"at position {position} of its values"
                 )  # fmt: skip
-                rest = target_statistics(np.delete(series_values, extreme), method).scale
-                value = float(inverse_transform_values(series_values[first], transform))
-                extremes.append(
-                    ExtremeSeries(name, place, value, extreme.size, float(scale[code]), rest)
-                )
+                extremes.append(extreme._replace(place=place))
         announce_spread_fallbacks(spread_fallbacks, "the training period", stacklevel=3)
         announce_constant_series(constants, "the training period", stacklevel=3)
         announce_extreme_values(extremes, method, "the training period", stacklevel=3)
