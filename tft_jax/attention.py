@@ -90,8 +90,8 @@ def _check_attention_shapes(query: Array, key: Array, value: Array, mask: Array 
             f"the same number of steps Tk, got shapes {key.shape} and {value.shape}"
         )
     try:
-        leading = np.broadcast_shapes(query.shape[:-2], key.shape[:-2])
-        np.broadcast_shapes(leading, value.shape[:-2])
+        leading = jnp.broadcast_shapes(query.shape[:-2], key.shape[:-2])
+        jnp.broadcast_shapes(leading, value.shape[:-2])
     except ValueError:
         raise ValueError(
             "scaled_dot_product_attention: the leading axes of query, key and value must "
@@ -101,7 +101,7 @@ def _check_attention_shapes(query: Array, key: Array, value: Array, mask: Array 
         return
     logits_shape = (*leading, query.shape[-2], key.shape[-2])
     try:
-        fits = np.broadcast_shapes(mask.shape, logits_shape) == logits_shape
+        fits = jnp.broadcast_shapes(mask.shape, logits_shape) == logits_shape
     except ValueError:
         fits = False
     if not fits:
@@ -115,7 +115,7 @@ def _check_temperature_shape(temperature: Any, logits_shape: tuple[int, ...]) ->
     """Raises `ValueError` unless `temperature` broadcasts to the logits without enlarging them."""
     shape = tuple(jnp.shape(temperature))
     try:
-        fits = np.broadcast_shapes(shape, logits_shape) == logits_shape
+        fits = jnp.broadcast_shapes(shape, logits_shape) == logits_shape
     except ValueError:
         fits = False
     if not fits:
@@ -197,7 +197,7 @@ def scaled_dot_product_attention(
                 f"dtype {mask.dtype} (read as mask != 0, an additive mask would be inverted)"
             )
     _check_attention_shapes(query, key, value, mask)
-    leading = np.broadcast_shapes(query.shape[:-2], key.shape[:-2])
+    leading = jnp.broadcast_shapes(query.shape[:-2], key.shape[:-2])
     _check_temperature_shape(temperature, (*leading, query.shape[-2], key.shape[-2]))
     dtype = query.dtype
     # The logits and the softmax in at least float32 (float64 stays float64 for finite

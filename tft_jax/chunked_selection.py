@@ -397,8 +397,11 @@ def chunked_rows(
     through); every output of `body` has its rows on axis 0. Rows are
     independent, so the result equals one call on all rows. The checkpoint
     keeps what `CHUNK_REMAT_POLICY` saves; with a single chunk, `body` runs
-    once, without rematerialization.
+    once, without rematerialization, as it does for a symbolic `num_rows`
+    (`jax.export` with a polymorphic batch), which no chunk count divides.
     """
+    if jax.export.is_symbolic_dim(num_rows):
+        return body(*row_inputs)
     chunks = max(1, math.ceil(num_rows / chunk_rows))
     if chunks == 1:
         return body(*row_inputs)
