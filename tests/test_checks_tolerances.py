@@ -217,3 +217,49 @@ def test_finite_differences_keep_the_float32_step_for_a_function_returning_float
         return jnp.tanh(x.astype(jnp.float32))
 
     checks.assert_grads_match_finite_differences(in_float32, (np.linspace(-1.0, 1.0, 5),))
+
+
+_NEARLY_CONSTANT_RNG = np.random.default_rng(0)
+_NEARLY_CONSTANT_X = _NEARLY_CONSTANT_RNG.normal(size=(3, 4))
+_NEARLY_CONSTANT_W = _NEARLY_CONSTANT_RNG.normal(size=(4, 6))
+
+
+def _squared_layer_norm(x: jax.Array) -> jax.Array:
+    """`sum(LayerNorm(tanh(x @ W))**2)`: 18 up to 1e-4 (the LayerNorm's 1e-6 in the variance),
+    a nearly constant function of `x`, as a block ending in a LayerNorm squared is."""
+    h = jnp.tanh(x @ _NEARLY_CONSTANT_W)
+    centred = h - h.mean(-1, keepdims=True)
+    normed = centred / jnp.sqrt((centred**2).mean(-1, keepdims=True) + 1e-6)
+    return (normed**2).sum()
+
+
+def test_finite_differences_pass_a_nearly_constant_function_at_order_2() -> None:
+    # f ~ 18 with a gradient of ~2e-4: float64 round-off of the values (and of the gradient,
+    # computed by cancellation through the LayerNorm) over the step of 1e-6 made a few small
+    # entries of the JVP of the VJP differ by 1.5e-4 (relative) from the correct derivative.
+    # At 10 times the step the round-off is 10x smaller and the check passes.
+    x = _NEARLY_CONSTANT_X
+    with pytest.raises(AssertionError, match="JVP of VJP tangent"):
+        checks.assert_grads_match_finite_differences(
+            _squared_layer_norm, (x,), order=2, eps=checks.FLOAT64_FINITE_DIFFERENCE_EPS
+        )
+    checks.assert_grads_match_finite_differences(_squared_layer_norm, (x,), order=2)
+
+
+def test_finite_differences_at_order_2_catch_a_wrong_second_derivative_at_both_steps() -> None:
+    # The first derivative is exactly cos (the added term is 0 in value), its derivative is
+    # -sin + 1e-3: wrong by 1e-3 in the second derivative only, whatever the step.
+    @jax.custom_jvp
+    def sine(x: jax.Array) -> jax.Array:
+        return jnp.sin(x)
+
+    @sine.defjvp
+    def sine_jvp(primals: Any, tangents: Any) -> Any:
+        (x,), (dx,) = primals, tangents
+        return jnp.sin(x), (jnp.cos(x) + 1e-3 * (x - jax.lax.stop_gradient(x))) * dx
+
+    x = np.linspace(-1.0, 1.0, 5)
+    checks.assert_grads_match_finite_differences(sine, (x,))
+    with pytest.raises(AssertionError, match=r"eps 1e-06, in float64") as error:
+        checks.assert_grads_match_finite_differences(sine, (x,), order=2)
+    assert "and at 10 times the step, eps 1e-05" in str(error.value)

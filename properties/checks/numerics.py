@@ -40,6 +40,11 @@ FLOAT32_FINITE_DIFFERENCE_EPS = 1e-4
 # The default step in float64: truncation error (eps**2 / 6 times the third derivative)
 # 1e4 times below float32's step, round-off over it still far below float64's tolerance.
 FLOAT64_FINITE_DIFFERENCE_EPS = 1e-6
+# With the default step, a mismatch is confirmed at this many times the step before it is
+# reported: round-off over the step shrinks 10x there (truncation grows 100x), so a correct
+# function whose differences are round-off-bound at the first step (a nearly constant one)
+# passes at the second, while a wrong derivative differs at both.
+_CONFIRMING_STEP_FACTOR = 10.0
 
 
 # Default (rtol, atol) for comparing a jitted result with the op-by-op one, by dtype.
@@ -379,6 +384,21 @@ def assert_grads_match_finite_differences(
     that returns float32 for float64 inputs computes at float32 precision,
     where a step of 1e-6 would measure its round-off).
 
+    With the default step, a mismatch is reported only if it persists at 10
+    times the step (1e-5 in float64), and the report gives both. Round-off
+    over the step is relative to the function's value, not to its change: a
+    nearly constant function (a block ending in a LayerNorm, squared and
+    summed: ~36 with a gradient of ~4e-4) differs from its correct
+    derivatives at 1e-6 by about the tolerance, and more at order 2, where
+    the differenced function is its gradient computed by cancellation (a
+    relative difference of 3e-4 in small entries of the JVP of the VJP).
+    At 10 times the step round-off is 10x smaller and truncation 100x larger
+    (1.7e-7 of the derivative of `sin(100 x)`), while a wrong derivative
+    differs at both steps. A float32 cast inside (round-off 5e8 times
+    float64's) is still caught at both. A yet flatter function (its value
+    1e6 times its gradient) can fail at both: pass a larger `eps`. An
+    explicit `eps` is used alone, as given.
+
     Float32 fallback (`use_x64=False`): `eps` defaults to
     `FLOAT32_FINITE_DIFFERENCE_EPS` = 1e-4 for float32 arguments, which
     passes reliably on small functions; 1e-2 (truncation error) and 1e-5 or
@@ -407,7 +427,7 @@ def assert_grads_match_finite_differences(
       order: derivative order (1 or more).
       modes: any of `"fwd"`, `"rev"`.
       eps: finite-difference step, finite and > 0 (None: 1e-6 in float64,
-        else 1e-4, as above).
+        else 1e-4, confirmed at 10 times it, as above).
       atol, rtol: tolerances, finite and >= 0 (None: by dtype, `check_grads`' defaults).
         With `atol=None` each output leaf whose derivatives are below 1 is
         first divided by a power of two near their size, so that the
@@ -482,11 +502,28 @@ def assert_grads_match_finite_differences(
             try:
                 check_grads(compared, point, order, modes=modes, eps=step, atol=atol, rtol=rtol)
             except AssertionError as error:
+                confirmed = ""
+                if explicit is None:  # an explicit eps is used as given, alone
+                    wider = step * _CONFIRMING_STEP_FACTOR
+                    try:
+                        check_grads(
+                            compared, point, order, modes=modes, eps=wider, atol=atol, rtol=rtol
+                        )
+                    except AssertionError as again:
+                        confirmed = (
+                            f"\n(and at {_CONFIRMING_STEP_FACTOR:g} times the step, eps "
+                            f"{wider:g}, where round-off over the step is "
+                            f"{_CONFIRMING_STEP_FACTOR:g}x smaller: a wrong derivative differs "
+                            f"at both steps, the error of finite differences changes with the "
+                            f"step):\n{again}"
+                        )
+                    else:
+                        return  # round-off over the first step, not a wrong derivative
                 hint = _float32_hint(str(error), checked, point, step) if use_x64 else ""
                 raise AssertionError(
                     f"derivatives of fn differ from central finite differences "
-                    f"(order {order}, modes {modes}, eps {step:g}, in {precision}):\n{error}{hint}"
-                    f"{scaled}"
+                    f"(order {order}, modes {modes}, eps {step:g}, in {precision}):\n{error}"
+                    f"{confirmed}{hint}{scaled}"
                 ) from error
     except TypeError as error:
         text = str(error)
