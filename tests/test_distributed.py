@@ -5,6 +5,7 @@ from __future__ import annotations
 import pathlib
 import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -274,6 +275,8 @@ def _gathered_as(monkeypatch, this: int, rows: list[dict[str, str]]) -> None:
     """Makes `differing_settings` see `rows[i]` as process i's settings, this being `this`."""
     monkeypatch.setattr(jax, "process_count", lambda: len(rows))
     monkeypatch.setattr(jax, "process_index", lambda: this)
+    devices = [types.SimpleNamespace(process_index=index, id=index) for index in range(len(rows))]
+    monkeypatch.setattr(jax, "devices", lambda *args: devices)  # one device per process
     gathered = np.stack([settings_digests(row)[0] for row in rows])
     monkeypatch.setattr(distributed.multihost_utils, "process_allgather", lambda x: gathered)
 
@@ -295,3 +298,13 @@ def test_differing_settings_names_each_differing_setting_with_the_processes_hold
     many = {f"--flag-{i:03}": str(i) for i in range(SETTINGS_SLOTS + 5)}
     _gathered_as(monkeypatch, 0, [many, {**many, "--flag-259": "x"}])
     assert set(differing_settings(many)) == set(sorted(many)[SETTINGS_SLOTS - 2 :])
+
+
+def test_differing_settings_names_the_device_counts_before_gathering(monkeypatch):
+    # Before: process_allgather failed with "cannot reshape array of size 4 into shape
+    # (2,1)" in processes holding 1 and 3 devices (the CLI's first check after joining).
+    _gathered_as(monkeypatch, 0, [{"--lr": "1"}, {"--lr": "1"}])
+    devices = [types.SimpleNamespace(process_index=i, id=i) for i in (0, 1, 1, 1)]
+    monkeypatch.setattr(jax, "devices", lambda *args: devices)
+    with pytest.raises(ValueError, match=r"same number of local devices: this process \(0 of 2\) "):
+        differing_settings({"--lr": "1"})

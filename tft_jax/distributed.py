@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -361,11 +362,15 @@ def differing_settings(settings: Mapping[str, str]) -> dict[str | None, tuple[in
     gathers one fixed-size array of 32-bit digests (`SETTINGS_SLOTS`) with
     `multihost_utils.process_allgather`, so it cannot hang on settings that
     differ in number, names or values: each process learns which differ,
-    though not the other processes' values.
+    though not the other processes' values. Processes with different numbers
+    of local devices, which `process_allgather` cannot serve ("cannot reshape
+    array of size 4 into shape (2,1)"), raise `LocalDevicesDisagreeError`
+    first (`check_local_devices_agree`, no communication).
     """
     digests, groups = settings_digests(settings)
     if jax.process_count() == 1:
         return {}
+    check_local_devices_agree()
     gathered = np.asarray(multihost_utils.process_allgather(digests))
     this = jax.process_index()
     others = [index for index in range(len(gathered)) if index != this]
@@ -377,6 +382,120 @@ def differing_settings(settings: Mapping[str, str]) -> dict[str | None, tuple[in
         if processes:
             differing.update((name, processes) for name in group)
     return differing
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes, in hex; why not, for a file that cannot be read.
+
+    What processes compare of a table given by path (`check_settings_agree`):
+    hosts may mount one file at different paths. A file that cannot be read
+    is reported by whoever reads it, once the processes agree.
+    """
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as file:
+            while chunk := file.read(1 << 20):
+                digest.update(chunk)
+    except OSError as error:
+        return f"unreadable ({error.strerror or type(error).__name__})"
+    return digest.hexdigest()
+
+
+class ProcessesDisagreeError(ValueError):
+    """The processes of a multi-process run were given other settings (`check_settings_agree`).
+
+    `differing` maps each differing setting to the indices of the processes
+    holding another value (`{None: indices}`: other sets of names), as
+    `differing_settings` returns it.
+    """
+
+    def __init__(self, message: str, differing: Mapping[str | None, tuple[int, ...]]) -> None:
+        super().__init__(message)
+        self.differing = dict(differing)
+
+
+def _other_processes(indices: tuple[int, ...]) -> str:
+    if len(indices) == 1:
+        return f"process {indices[0]}: differs"
+    return f"processes {', '.join(map(str, indices))}: differ"
+
+
+def check_settings_agree(settings: Mapping[str, tuple[str, str]], owner: str, advice: str) -> None:
+    """Raises `ProcessesDisagreeError`, in every process, unless all hold the same `settings`.
+
+    `settings` maps a name to `(compared, shown)`: the text compared between
+    the processes (a digest for a table) and the value the message shows. The
+    error names each differing setting with this process's shown value and the
+    processes that hold another, led by `owner` (`"fit"`) and followed by
+    `advice`. One fixed-size collective (`differing_settings`), so every process
+    must call it, before any collective whose shapes depend on the settings;
+    nothing is gathered in a single process.
+    """
+    differing = differing_settings({name: compared for name, (compared, _) in settings.items()})
+    if not differing:
+        return
+    this, count = jax.process_index(), jax.process_count()
+    if None in differing:
+        message = (
+            f"{owner}: the processes hold different sets of settings (this process, {this} of "
+            f"{count}: {len(settings)} settings; {_other_processes(differing[None])}): {advice}"
+        )
+        raise ProcessesDisagreeError(message, differing)
+    parts = [
+        f"{name} differs between the processes (this process, {this} of {count}: "
+        f"{settings[name][1]}; {_other_processes(indices)})"
+        for name, indices in differing.items()
+    ]
+    raise ProcessesDisagreeError(f"{owner}: " + "; ".join(parts) + f": {advice}", differing)
+
+
+def local_device_counts() -> dict[int, int]:
+    """The number of devices of each process, by process index, from `jax.devices()`.
+
+    No communication: after joining, every process lists every process's
+    devices (each with its `process_index`), so all read the same counts.
+    """
+    counts = dict.fromkeys(range(jax.process_count()), 0)
+    for device in jax.devices():
+        counts[device.process_index] = counts.get(device.process_index, 0) + 1
+    return counts
+
+
+class LocalDevicesDisagreeError(ValueError):
+    """The processes of a multi-process run have different numbers of local devices."""
+
+    def __init__(self, message: str, counts: Mapping[int, int]) -> None:
+        super().__init__(message)
+        self.counts = dict(counts)
+
+
+def check_local_devices_agree(owner: str | None = None) -> None:
+    """Raises `LocalDevicesDisagreeError` unless every process has as many devices as this one.
+
+    `data_mesh` and `process_rows` give each process an equal block of every
+    global batch, one row block per device: processes with 1 and 3 devices
+    failed deep inside JAX ("cannot reshape array of size 4 into shape (2,1)").
+    Call it after joining (`initialize_multihost`), before any mesh is made;
+    it needs no communication (`local_device_counts`), so every process raises
+    the same error at once, each naming its own count. Nothing to check in a
+    single process. `owner` ("fit") leads the message.
+    """
+    if jax.process_count() == 1:
+        return
+    counts = local_device_counts()
+    this = jax.process_index()
+    mine = counts.get(this, 0)
+    others = [f"process {index} has {count}" for index, count in counts.items() if count != mine]
+    if not others:
+        return
+    lead = f"{owner}: " if owner else ""
+    raise LocalDevicesDisagreeError(
+        f"{lead}every process of a multi-process run needs the same number of local devices: "
+        f"this process ({this} of {len(counts)}) has {mine}, {', '.join(others)} (devices per "
+        f"process: {', '.join(str(counts[i]) for i in sorted(counts))}); give each process as "
+        "many (CUDA_VISIBLE_DEVICES; on CPU XLA_FLAGS=--xla_force_host_platform_device_count)",
+        counts,
+    )
 
 
 def process_rows(global_size: int, process_index: int, process_count: int) -> slice:

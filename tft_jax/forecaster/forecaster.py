@@ -47,7 +47,13 @@ from tft_jax.data.tables import (
     time_grid,
 )
 from tft_jax.data.windows import filled_history_steps
-from tft_jax.distributed import barrier, is_primary, local_rows
+from tft_jax.distributed import (
+    barrier,
+    check_local_devices_agree,
+    check_settings_agree,
+    is_primary,
+    local_rows,
+)
 from tft_jax.evaluation import (
     Predictions,
     actuals,
@@ -73,6 +79,7 @@ from tft_jax.forecaster.config import (
 )
 from tft_jax.forecaster.interpretation import interpretation_tables
 from tft_jax.forecaster.predictors import MODEL_NAMES, Predictor, make_predictor, qat_model_for
+from tft_jax.forecaster.process_agreement import fit_settings
 from tft_jax.forecaster.training import announce, train_fp32, train_qat, validation_batches
 from tft_jax.losses import ZeroTargetError
 from tft_jax.model import TemporalFusionTransformer
@@ -796,13 +803,29 @@ class Forecaster:
 
         In a multi-process run (`tft_jax.distributed.initialize_multihost`)
         every process calls `fit` with the same table; each reads its own rows
-        of every global batch.
+        of every global batch. `fit` first checks, in every process, that all
+        have the same number of local devices (`check_local_devices_agree`)
+        and were given the same `fit_settings` (every config field, the
+        table's content, `resume`, whether `checkpoint_dir` is given, the
+        versions): a difference raises `ValueError` naming each differing
+        setting, this process's value and the processes that differ, where
+        it used to train silently on a mix of two tables or end in JAX or
+        gloo errors. A single process gathers nothing.
 
         Returns:
           self, fitted.
         """
         started = time.perf_counter()
         settings = self.config
+        if jax.process_count() > 1:  # before anything whose shapes depend on the settings
+            check_local_devices_agree("fit")
+            check_settings_agree(
+                fit_settings(settings, table, checkpoint_dir, resume),
+                "fit",
+                "every process must call Forecaster.fit with the same settings, table, "
+                "resume and checkpoint_dir (given or not), with the same versions of tft_jax "
+                "and JAX",
+            )
         check_global_batch(settings.training.batch_size)
         dataset = prepare_dataset(table, **settings.data.prepare_options())
         _announce_negative_targets(dataset.frame, dataset.spec, settings.data.nonnegative)
