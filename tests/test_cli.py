@@ -970,6 +970,47 @@ def test_predict_command_writes_what_the_python_predict_returns(capsys, trained_
     )
 
 
+def test_predict_names_the_future_columns_the_model_does_not_read(
+    capsys, trained_run, csv_path, tmp_path
+):
+    # A future column the model does not read ('discount'; 'size', a static column read
+    # from the history) was dropped without a word.
+    table = pd.read_csv(csv_path)
+    history = table[table["day"] < "2024-03-30"]
+    days = pd.date_range("2024-03-30", periods=HORIZON, freq="D").strftime("%Y-%m-%d")
+    future = table[table["day"].isin(days)][["store", "day", "promo", "size"]]
+    history.to_csv(tmp_path / "history.csv", index=False)
+    future.assign(discount=0.1).to_csv(tmp_path / "future.csv", index=False)
+    code, _, err = run(
+        capsys, "predict", "--run", str(trained_run), "--csv", str(tmp_path / "history.csv"),
+        "--future-csv", str(tmp_path / "future.csv"), "--out", str(tmp_path / "out.csv"),
+        "--model", "fp32", "--compile-cache", "none", "--quiet",
+    )  # fmt: skip
+    assert code == 0, err
+    said = [line for line in err.splitlines() if "not read" in line]
+    assert said == [
+        f"tft-jax predict: warning: --future-csv {tmp_path / 'future.csv'} holds the columns "
+        "['size', 'discount'], which the model does not read (it reads only ['store', 'day', "
+        "'promo'] of this table; the static columns ['size'] come from the history): they "
+        "are not used"
+    ]
+
+
+def test_evaluate_refuses_another_split_over_the_runs_test_metrics(capsys, trained_run):
+    # The run's test-split `plots`, `seconds` and `size` were kept in a file then marked
+    # `split: validation`.
+    metrics = trained_run / "metrics.json"
+    before = metrics.read_bytes()
+    code, _, err = run(
+        capsys, "evaluate", "--run", str(trained_run), "--split", "validation",
+        "--output", str(metrics), "--compile-cache", "none", "--quiet",
+    )  # fmt: skip
+    assert code == 2
+    assert f"error: --output {metrics} holds the run's test metrics" in err
+    assert f"leave out --output (evaluate writes {trained_run / 'metrics_validation.json'})" in err
+    assert metrics.read_bytes() == before
+
+
 def test_predict_says_how_to_raise_the_runs_limit_of_filled_history_steps(
     capsys, trained_run, csv_path, tmp_path
 ):

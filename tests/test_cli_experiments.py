@@ -171,3 +171,45 @@ def test_clipping_errors_after_parsing_have_the_prefix_of_argparse(capsys, tmp_p
     )
     assert code == 2
     assert err.startswith("tft-jax experiment clipping: error: --seeds must be at most")
+
+
+def _finished_experiment(model, train, validation, settings, *, on_run=None):
+    """A stand-in `clipping_experiment`: one healthy run per arm, in no time."""
+    runs = [
+        {"clip": clip, "seed": 0, "step_loss": [0.5, 0.4], "step_grad_norm": [1.0, 0.5],
+         "final_val_loss": 0.4, "diverged": False}
+        for clip in (True, False)
+    ]  # fmt: skip
+    summary = {
+        "runs": 1, "diverged": 0, "final_val_loss_median": 0.4, "final_val_loss_min": 0.4,
+        "final_val_loss_max": 0.4,
+    }  # fmt: skip
+    return {
+        "settings": {"learning_rate": 0.2, "clip_norm": 0.05},
+        "runs": runs,
+        "summary": {"with_clipping": summary, "without_clipping": summary},
+    }
+
+
+def test_clipping_says_it_replaces_an_earlier_experiments_results(capsys, tmp_path, monkeypatch):
+    # A second experiment in one --out replaced clipping.json and clipping.png without a
+    # word; as `tft-jax demo` says it replaces an earlier demo, it says so (and its --help).
+    monkeypatch.setattr(cli_experiments, "clipping_experiment", _finished_experiment)
+    csv = write_table(tmp_path / "stores.csv")
+    out = tmp_path / "out"
+    argv = [
+        "experiment", "clipping", *table_args(csv), *TINY_MODEL, "--batch-size", "8",
+        "--val-windows", "16", "--out", str(out),
+    ]  # fmt: skip
+    code, first, _ = run(capsys, *argv)
+    assert code == 0 and "replacing" not in first
+    code, second, _ = run(capsys, *argv)
+    assert code == 0
+    assert (
+        f"tft-jax experiment clipping: replacing the earlier results in {out} "
+        "(clipping.json, clipping.png)"
+    ) in second.splitlines()
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["experiment", "clipping", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "of an earlier experiment there are replaced, as the experiment says" in shown

@@ -109,10 +109,51 @@ def test_future_values_of_the_target_or_an_observed_column_are_announced_as_unus
     assert not [text for text in plain_said if "future holds" in text]
     assert [text for text in said if "future holds" in text] == [
         "future holds the columns ['y'], which the model reads from the history only (the "
-        "target and observed columns are not known ahead): their future values are not used"
+        "target and observed columns are not known ahead): their future values are not used; "
+        "and the columns ['extra'], which the model does not read (it reads only ['id', "
+        "'time', 'promo', 'holiday'] of this table): they are not used"
     ]
     for name, values in plain.windows.arrays().items():
         np.testing.assert_array_equal(values, with_target.windows.arrays()[name], err_msg=name)
+
+
+def test_future_columns_the_model_does_not_read_are_named_as_unused(preprocessor):
+    # Before: a future column that is no column of the model ('discount', meant as a known
+    # input the run was not trained with) was dropped without a word.
+    history = history_table(12, "2021-04-01")
+    future = future_of(history)
+    plain, _ = forecast_inputs(preprocessor, history, future)
+    given, said = forecast_inputs(preprocessor, history, future.assign(discount=0.2, note=np.nan))
+    assert [text for text in said if "future holds" in text] == [
+        "future holds the columns ['discount'], which the model does not read (it reads "
+        "only ['id', 'time', 'promo', 'holiday'] of this table): they are not used"
+    ]
+    for name, values in plain.windows.arrays().items():
+        np.testing.assert_array_equal(values, given.windows.arrays()[name], err_msg=name)
+
+
+@pytest.mark.parametrize(
+    ("columns", "message"),
+    [
+        (["id", "time"],
+         "future adds nothing: the model uses no known columns, so the forecast reads the "
+         "history only; leave it out"),
+        (["id", "time", "promo"],
+         "future holds the columns ['promo'], which the model does not read: they are not "
+         "used; the model uses no known columns, so the forecast reads the history only: "
+         "the table adds nothing, leave it out"),
+    ],
+)  # fmt: skip
+def test_a_future_for_a_model_with_no_known_columns_is_announced_as_adding_nothing(
+    columns, message
+):
+    # Before: the whole future table was ignored silently (its 'promo' included).
+    history = history_table(12, "2021-04-01")
+    fitted = quiet_prepare(
+        history_table()[["id", "time", "y"]], freq="h", history=HISTORY, horizon=HORIZON
+    ).preprocessor
+    _, said = forecast_inputs(fitted, history[["id", "time", "y"]], future_of(history)[columns])
+    assert [text for text in said if text.startswith("future")] == [message]
 
 
 def test_an_unseen_future_category_is_coded_unknown_and_announced(preprocessor):

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import os
 import pathlib
@@ -66,6 +65,7 @@ from tft_jax.cli_parser import (
     check_input_file,
     check_output_file,
     check_output_folder,
+    check_output_suffix,
     check_time_flags,
     check_train_flags,
     demo_argv,
@@ -83,6 +83,7 @@ from tft_jax.distributed import (
     JOIN_TIMEOUT_SECONDS,
     barrier,
     differing_settings,
+    file_digest,
     initialize_multihost,
     is_primary,
 )
@@ -217,6 +218,14 @@ def cli_text(message: str, args: argparse.Namespace) -> str:
             "DataConfig.nonnegative=True", "the run's --nonnegative (set when it trained)"
         ).replace("set nonnegative=False", "train again without --nonnegative")
     message = message.replace(" (PreparedDataset.missing_report())", "")
+    if "run" in vars(args) and getattr(args, "time_format", None) is None:
+        # The run's format, in a command given none: it is no flag of the user's.
+        message = re.sub(
+            r"times not in time_format=('[^']*'|\"[^\"]*\")",
+            r"times not in the run's time format \1 (set when it trained; pass --time-format "
+            r"to read this file's times otherwise)",
+            message,
+        )
     if getattr(args, "validation_start", None) is not None:  # the split is cut by times
         message = message.replace(
             "raise the validation fraction", "move --validation-start earlier"
@@ -230,7 +239,9 @@ def warning_text(message: str, args: argparse.Namespace) -> str:
     The data layer names the table predict is given `future`; the user gave a file.
     """
     future = getattr(args, "future_csv", None)
-    if future is not None and re.match(r"future (holds|has|lacks|column|known column)\b", message):
+    if future is not None and re.match(
+        r"future (holds|has|lacks|adds|column|known column)\b", message
+    ):
         message = f"--future-csv {future}" + message[len("future") :]
     return cli_text(message, args)
 
@@ -844,7 +855,7 @@ def predict_from_files(
             raise
         if future is None or not str(error).startswith("future"):
             raise
-        message = flag_message(str(error), vars(args))
+        message = cli_text(str(error), args)
         hint = day_order_hint(future, reading_config(forecaster, args))
         raise UsageError(f"--future-csv {args.future_csv}: {message}{hint}") from None
 
@@ -882,6 +893,7 @@ def command_predict(args: argparse.Namespace) -> int:
     check_output_file(args.out, "--out")
     inputs = {"the --csv file": args.csv, "the --future-csv file": args.future_csv}
     check_not_input(args.out, "--out", {**inputs, **run_inputs(args.run)})
+    check_output_suffix(args.out, "--out", ".csv")
     forecaster, _ = load_run(args.run, args.eval_batch_size)
     model = default_model(forecaster, args.model)
     known = list(forecaster.preprocessor.spec.known_cols)
@@ -1015,6 +1027,29 @@ def plots_output(args: argparse.Namespace, config: dict[str, Any]) -> pathlib.Pa
     return root if args.split == "test" else root / args.split
 
 
+def check_same_split(
+    previous: dict[str, Any], target: pathlib.Path, args: argparse.Namespace
+) -> None:
+    """Refuses to write the metrics of one split over the run's `metrics.json` of another.
+
+    `train` writes the test split's metrics there, with entries no later
+    command recomputes (its training `seconds`, the models' `size`, the
+    `plots` of that split): kept, they would be marked as another split's;
+    dropped, they would be lost. `evaluate` writes another split beside it
+    (`metrics_<split>.json`). The test split is written there whatever the
+    file says, restoring one another split was written over (as it could be).
+    """
+    split = previous.get("split")
+    if split is None or args.split in (split, "test"):
+        return
+    raise UsageError(
+        f"--output {target} holds the run's {split} metrics (with its training seconds, "
+        f"model sizes and plots, which only train writes); writing the {args.split} split's "
+        f"over them would lose those: leave out --output (evaluate writes "
+        f"{args.run / f'metrics_{args.split}.json'}) or choose another file"
+    )
+
+
 def command_evaluate(args: argparse.Namespace) -> int:
     check_reading_flags(args)
     forecaster, config = load_run(args.run, args.eval_batch_size)
@@ -1022,6 +1057,7 @@ def command_evaluate(args: argparse.Namespace) -> int:
     check_output_file(target, "--output")
     inputs = {**table_inputs(args, config), **run_inputs(args.run, metrics=False)}
     check_not_input(target, "--output", inputs)
+    check_output_suffix(target, "--output", ".json")
     previous: dict[str, Any] = {}
     if is_same_file(target, args.run / "metrics.json"):  # train's other entries are kept
         previous = read_json(target)
@@ -1030,6 +1066,7 @@ def command_evaluate(args: argparse.Namespace) -> int:
                 f"{target} holds a JSON {type(previous).__name__}, not the object `tft-jax "
                 "train` writes; remove it to write it anew"
             )
+        check_same_split(previous, target, args)
     table = run_table(args, config, forecaster)
     metrics, _ = evaluate_announced(forecaster, table, args.split, args.quiet)
     metrics = {**previous, **metrics}
@@ -1055,6 +1092,7 @@ def command_forecast(args: argparse.Namespace) -> int:
     output = forecast_output(args, config, name)
     check_output_file(output, "--output")
     check_not_input(output, "--output", {**table_inputs(args, config), **run_inputs(args.run)})
+    check_output_suffix(output, "--output", ".csv")
     dataset = forecaster.prepare(run_table(args, config, forecaster), args.split)
     windows = dataset.split(args.split)
     prediction = forecaster.predictions(dataset, windows, [name])[name]
@@ -1279,18 +1317,6 @@ TABLE_FLAGS = ("csv", "future_csv")
 # Namespace entries that are not flags: the command is compared on its own; `given_flags`
 # only tells a flag from its default, and the values themselves are compared.
 NOT_FLAGS = ("command", "given_flags", "func")
-
-
-def file_digest(path: str | os.PathLike) -> str:
-    """The SHA-256 of a file's bytes, in hex; why not, for a file that cannot be read."""
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as file:
-            while chunk := file.read(1 << 20):
-                digest.update(chunk)
-    except OSError as error:  # the command reports it itself, once the processes agree
-        return f"unreadable ({error.strerror or type(error).__name__})"
-    return digest.hexdigest()
 
 
 def run_settings(args: argparse.Namespace) -> dict[str, tuple[str, str]]:

@@ -2,7 +2,8 @@
 
 The experiment itself is `tft_jax.experiments.clipping_experiment`; this
 module reads its flags, runs it on the chosen table and writes
-`clipping.json` and `clipping.png`. `clipping.json` is strict JSON with the
+`clipping.json` and `clipping.png`, replacing (and saying so) those of an
+earlier experiment in the same `--out`. `clipping.json` is strict JSON with the
 non-finite floats as the strings `"nan"`, `"inf"` and `"-inf"` (a diverged
 run's loss or gradient norm: null would not tell NaN from inf); null is a
 value that does not exist (a summary over no finite run).
@@ -123,6 +124,22 @@ def _check_outputs(out: pathlib.Path) -> None:
             )
 
 
+def _announce_replaced(out: pathlib.Path) -> None:
+    """Says which results of an earlier experiment in `out` this one replaces.
+
+    As `tft-jax demo` says it replaces an earlier demo run: the folder is
+    the experiment's own (its default, runs/clipping, is reused by every
+    run of it), so the results are replaced rather than refused.
+    """
+    earlier = [name for name in OUTPUT_FILES if (pathlib.Path(out) / name).is_file()]
+    if earlier:
+        print(
+            f"tft-jax experiment clipping: replacing the earlier results in {out} "
+            f"({', '.join(earlier)})",
+            flush=True,
+        )
+
+
 def _make_out(out: pathlib.Path) -> None:
     """Creates `out` before the runs (minutes), so that one it cannot be fails at once.
 
@@ -173,6 +190,7 @@ def command_experiment(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise UsageError(flag_message(_setting_flags(str(error)), vars(args))) from None
     _make_out(args.out)
+    _announce_replaced(args.out)  # the flags and table are good: the runs start now
     model = settings.model
     tft_config = TFTConfig(
         **dataset.tft_config_kwargs(),

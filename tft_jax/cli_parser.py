@@ -20,6 +20,7 @@ import math
 import os
 import pathlib
 import re
+import warnings
 from collections.abc import Callable, Container, Sequence
 from typing import Any
 
@@ -183,6 +184,68 @@ def path_argument(text: str) -> pathlib.Path:
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a path, got an empty one")
     return expanded(text)
+
+
+def file_path_argument(example: str) -> Callable[[str], pathlib.Path]:
+    """The argparse `type` of a flag naming one file to write: `path_argument`, no folder.
+
+    A trailing separator (`--out results/`) names a folder; `pathlib` dropped
+    it, and the command wrote a file named `results`. The refusal gives a
+    file name in that folder (`example`, e.g. 'forecasts.csv').
+    """
+
+    def file_path(text: str) -> pathlib.Path:
+        path = path_argument(text)
+        if text.endswith(tuple(sep for sep in (os.sep, os.altsep) if sep)):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} ends with {text[-1]!r}, so it names a folder, but this is the "
+                f"file to write: give the file's name, e.g. {text}{example}"
+            )
+        return path
+
+    return file_path
+
+
+# Name endings that say a format other than the plain text written: read by
+# them (pandas infers compression, and parquet readers), a file misleads.
+_OTHER_FORMATS = {
+    ".gz": "gzip-compressed", ".bz2": "bzip2-compressed", ".zip": "zip-compressed",
+    ".xz": "xz-compressed", ".zst": "zstd-compressed", ".tar": "a tar archive",
+    ".parquet": "Parquet", ".pq": "Parquet", ".feather": "Feather", ".arrow": "Arrow",
+    ".xlsx": "an Excel workbook", ".xls": "an Excel workbook", ".pkl": "a pickle",
+    ".pickle": "a pickle", ".h5": "HDF5", ".hdf5": "HDF5", ".npy": "NumPy",
+    ".npz": "NumPy", ".csv": "CSV", ".tsv": "tab-separated", ".json": "JSON",
+    ".jsonl": "JSON lines", ".png": "a PNG image",
+}  # fmt: skip
+
+
+def check_output_suffix(path: pathlib.Path, label: str, written: str) -> None:
+    """Refuses or announces a file name `label` gives whose ending is not `written`'s.
+
+    `written`: the ending of what is written, '.csv' (CSV text) or '.json'.
+    An ending of another format (`.parquet`, `.csv.gz`: the text is written
+    uncompressed) is refused, as a reader would take the file for that
+    format; any other ending (`.txt`) is announced; no ending is fine.
+    """
+    path = pathlib.Path(path)
+    suffix = path.suffix.lower()
+    if not suffix or suffix == written:
+        return
+    what = _OTHER_FORMATS[written]
+    plain = path.name[: len(path.name) - len(suffix)]
+    if suffix in _OTHER_FORMATS:
+        fix = plain if plain.lower().endswith(written) else f"{plain}{written}"
+        raise UsageError(
+            f"{label} {path}: a {suffix} name says {_OTHER_FORMATS[suffix]}, but the "
+            f"command writes plain {what} text; give it a {written} name, e.g. "
+            f"{path.with_name(fix)}"
+        )
+    warnings.warn(
+        f"{label} {path}: written as {what} text, which its {suffix} name does not say "
+        f"(a {written} name does)",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 def describe_verb(flags: Sequence[str]) -> str:
@@ -536,6 +599,7 @@ def _flag_of_switch(match: re.Match[str], available: Container[str] | None) -> s
 _ADVICE = (
     ("lower the batch size", "batch_size", "lower --batch-size"),
     ("raise the validation fraction", "validation_fraction", "raise --validation-fraction"),
+    ("shorten history/horizon", "history", "shorten --history/--horizon"),
 )
 
 
@@ -859,7 +923,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=path_argument,
         help="known columns for the H steps after each series' end",
     )
-    predict.add_argument("--out", type=path_argument, required=True, help="forecasts CSV to write")
+    predict.add_argument(
+        "--out",
+        type=file_path_argument("forecasts.csv"),
+        required=True,
+        help="forecasts CSV to write",
+    )
     _model_choice(predict, "default: int8 when the run has it, else fp32")
     _reading(predict)
     _runtime(predict, reads_run=True)
@@ -881,7 +950,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "evaluate":
             sub.add_argument(
                 "--output",
-                type=path_argument,
+                type=file_path_argument("metrics.json"),
                 help="metrics JSON (default RUN/metrics.json for the test split, "
                 "RUN/metrics_<split>.json for another; RUN/metrics_<split>_<CSV name>.json "
                 "for a --csv table the run was not trained on)",
@@ -890,7 +959,7 @@ def build_parser() -> argparse.ArgumentParser:
             _model_choice(sub, "default: int8 when the run has it, else fp32")
             sub.add_argument(
                 "--output",
-                type=path_argument,
+                type=file_path_argument("forecasts.csv"),
                 help="CSV path (default RUN/forecasts_<model>_<split>.csv; "
                 "RUN/forecasts_<model>_<split>_<CSV name>.csv for a --csv table the run was "
                 "not trained on)",
@@ -965,7 +1034,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--out",
         type=path_argument,
         default=pathlib.Path("runs/clipping"),
-        help="output folder (default runs/clipping)",
+        help="output folder (default runs/clipping); the clipping.json and clipping.png of an "
+        "earlier experiment there are replaced, as the experiment says when it starts",
     )
     # Its validation batches are its --batch-size: an --eval-batch-size would do nothing.
     _runtime(clipping, predicts=False)

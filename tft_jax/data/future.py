@@ -6,7 +6,11 @@ those steps (`future`), runs the fitted `Preprocessor` over both, and returns
 one window per series whose forecast starts one step after the series' last
 time. `future` must hold exactly those steps: a series or time missing, an
 extra or repeated time, a missing known column or an empty cell is an error
-naming the series, the time and the column.
+naming the series, the time and the column. Columns holding values that
+the model does not read from it (the target, observed and static columns,
+read from the history, and any other) are announced, and so is a future
+given to a model with no known columns, which reads nothing of it
+(`announce_unused_columns`).
 
 A known value far from what the model was trained on (beyond a column's
 training range by more than its width, or any other value of a column that
@@ -166,6 +170,57 @@ def _zone_fix(spec: TableSpec, zone: Any) -> str:
     )
 
 
+def announce_unused_columns(future: pd.DataFrame, spec: TableSpec, stacklevel: int) -> None:
+    """Warns of the columns of `future` holding values that the forecast does not read.
+
+    The model reads the id, time and known columns of `future`; the target
+    and observed columns are read from the history only (they are not known
+    ahead), static columns from the history, and any other column not at
+    all. Columns that are empty throughout (a table's future rows whose
+    target is not observed yet) are left unsaid. A model with no known
+    columns reads nothing of `future`: that is said, whatever it holds.
+    One warning, naming the columns (`stacklevel`: `warnings.warn`'s, from here).
+    """
+    known = list(spec.known_cols)
+    read = {spec.id_col, spec.time_col, *known}
+    filled = [
+        column
+        for column in dict.fromkeys(future.columns)
+        if column not in read and future[column].notna().to_numpy().any()
+    ]
+    ahead = {spec.target, *spec.observed_cols}
+    unread = [column for column in filled if column in ahead]
+    unused = [column for column in filled if column not in ahead]
+    parts = []
+    if unread:
+        parts.append(
+            f"the columns {unread}, which the model reads from the history only (the target "
+            "and observed columns are not known ahead): their future values are not used"
+        )
+    if unused:
+        static = [column for column in unused if column in spec.static_cols]
+        reads = []
+        if known:
+            reads.append(f"it reads only {[spec.id_col, spec.time_col, *known]} of this table")
+        if static:
+            reads.append(f"the static columns {static} come from the history")
+        parts.append(
+            f"the columns {unused}, which the model does not read"
+            + (f" ({'; '.join(reads)})" if reads else "")
+            + ": they are not used"
+        )
+    nothing = "the model uses no known columns, so the forecast reads the history only"
+    if parts:
+        message = "future holds " + "; and ".join(parts)
+        if not known:
+            message += f"; {nothing}: the table adds nothing, leave it out"
+    elif not known:
+        message = f"future adds nothing: {nothing}; leave it out"
+    else:
+        return
+    warnings.warn(message, UserWarning, stacklevel=stacklevel)
+
+
 def _future_table(
     future: pd.DataFrame | None,
     preprocessor: Preprocessor,
@@ -201,21 +256,7 @@ def _future_table(
             f"future lacks the columns {absent}; it needs {needed} (it has {list(future.columns)})"
         )
     check_unique_columns(future, needed, "future")
-    # Values a user may think the forecast reads: they are read from the history only.
-    unread = [
-        column
-        for column in (spec.target, *spec.observed_cols)
-        if column in future.columns and future[column].notna().any()
-    ]
-    if unread:
-        warnings.warn(
-            f"future holds the columns {unread}, which the model reads from the history only "
-            "(the target and observed columns are not known ahead): their future values are "
-            "not used"
-            + ("" if known else "; the model uses no known columns, so future adds nothing"),
-            UserWarning,
-            stacklevel=4,  # the caller of Forecaster.predict
-        )
+    announce_unused_columns(future, spec, stacklevel=5)  # the caller of Forecaster.predict
     # 'n/a' in a column of numbers is an empty cell, as in the history, so it is
     # refused below as one, not as a text that is no number; 'none' throughout a
     # categorical column is that category, as in the history.
