@@ -769,8 +769,9 @@ def usage_errors(parser: argparse.ArgumentParser) -> Iterator[None]:
 
 # The flags that set how much a benchmark allocates, named when it runs out of memory.
 SIZE_FLAGS = (
-    "--config", "--batch-size", "--batch-sizes", "--size", "--sizes", "--lengths", "--rows",
-    "--series", "--hidden-dim", "--heads", "--devices", "--batches",
+    "--config", "--ratio-config", "--batch-size", "--batch-sizes", "--size", "--sizes",
+    "--lengths", "--rows", "--series", "--hidden-dim", "--heads", "--devices", "--batches",
+    "--set", "--tables",
 )  # fmt: skip
 
 
@@ -782,16 +783,18 @@ def _is_out_of_memory(error: BaseException) -> bool:
 
 
 def sizes_given(argv: Sequence[str]) -> list[str]:
-    """The size flags in `argv` with their values, as typed ('--batch-size 4096')."""
+    """The size flags in `argv` with their values, as typed ('--tables a b', '--set=x=1')."""
     given = []
     for index, token in enumerate(argv):
-        flag = token.split("=", 1)[0]
-        if flag not in SIZE_FLAGS:
+        if token.split("=", 1)[0] not in SIZE_FLAGS:
             continue
-        if "=" in token or index + 1 == len(argv):
-            given.append(token)
-        else:
-            given.append(f"{token} {argv[index + 1]}")
+        values = []
+        if "=" not in token:
+            for value in argv[index + 1 :]:
+                if value.startswith("--"):
+                    break
+                values.append(value)
+        given.append(" ".join([token, *values]))
     return given
 
 

@@ -389,6 +389,10 @@ def test_a_command_keeps_the_traceback_of_other_runtime_errors_and_returns_mains
 def test_sizes_given_keeps_each_size_flag_with_its_value_as_typed():
     argv = ["--steps", "3", "--sizes", "64,128", "--lengths=8", "--json", "--batch-size"]
     assert common.sizes_given(argv) == ["--sizes 64,128", "--lengths=8", "--batch-size"]
+    argv = ["--tables", "a", "b", "--set", "model.hidden_dim=4096", "--ratio-config=seed"]
+    assert common.sizes_given(argv) == [
+        "--tables a b", "--set model.hidden_dim=4096", "--ratio-config=seed"
+    ]  # fmt: skip
 
 
 def test_every_benchmark_command_runs_its_main_through_run_command():
