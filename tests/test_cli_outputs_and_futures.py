@@ -106,17 +106,20 @@ def test_another_split_is_not_written_over_the_runs_test_metrics():
     # marked `split: validation`.
     target = pathlib.Path("RUN/metrics.json")
     args = _args("evaluate", *RUN, "--split", "validation", "--output", str(target))
+    # The file evaluate writes without --output is metrics_output's (another --csv's
+    # name included), not one spelled again here.
+    default = pathlib.Path("RUN/metrics_validation_other.json")
     with pytest.raises(UsageError) as caught:
-        cli.check_same_split({"split": "test", "plots": []}, target, args)
+        cli.check_same_split({"split": "test", "plots": []}, target, args, default)
     assert str(caught.value) == (
         "--output RUN/metrics.json holds the run's test metrics (with its training seconds, "
         "model sizes and plots, which only train writes); writing the validation split's "
         "over them would lose those: leave out --output (evaluate writes "
-        "RUN/metrics_validation.json) or choose another file"
+        "RUN/metrics_validation_other.json) or choose another file"
     )
-    cli.check_same_split({"split": "validation"}, target, args)  # the same split: merged
+    cli.check_same_split({"split": "validation"}, target, args, default)  # the same split
     test = _args("evaluate", *RUN, "--output", str(target))
-    cli.check_same_split({"split": "validation"}, target, test)  # restoring the test split
+    cli.check_same_split({"split": "validation"}, target, test, default)  # restoring the test
 
 
 def test_a_future_that_adds_nothing_is_named_as_the_future_csv():

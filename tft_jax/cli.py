@@ -81,11 +81,12 @@ from tft_jax.data.pedestrian import PEDESTRIAN_SPEC
 from tft_jax.data.tables import TableContentError, _parse_times, file_rows
 from tft_jax.distributed import (
     JOIN_TIMEOUT_SECONDS,
+    ProcessesDisagreeError,
     barrier,
-    differing_settings,
-    file_digest,
+    check_settings_agree,
     initialize_multihost,
     is_primary,
+    other_processes,
 )
 from tft_jax.evaluation import (
     forecast_frame,
@@ -94,6 +95,7 @@ from tft_jax.evaluation import (
     write_forecasts,
 )
 from tft_jax.forecaster import DEMO, DataConfig, Forecaster, ForecasterConfig, RunFolderError
+from tft_jax.forecaster.process_agreement import table_digest
 from tft_jax.forecaster.run_folder import (
     ATTENTION_PLOT,
     BATCH_STREAM_FILE,
@@ -1028,7 +1030,7 @@ def plots_output(args: argparse.Namespace, config: dict[str, Any]) -> pathlib.Pa
 
 
 def check_same_split(
-    previous: dict[str, Any], target: pathlib.Path, args: argparse.Namespace
+    previous: dict[str, Any], target: pathlib.Path, args: argparse.Namespace, default: pathlib.Path
 ) -> None:
     """Refuses to write the metrics of one split over the run's `metrics.json` of another.
 
@@ -1036,8 +1038,9 @@ def check_same_split(
     command recomputes (its training `seconds`, the models' `size`, the
     `plots` of that split): kept, they would be marked as another split's;
     dropped, they would be lost. `evaluate` writes another split beside it
-    (`metrics_<split>.json`). The test split is written there whatever the
-    file says, restoring one another split was written over (as it could be).
+    (`metrics_<split>.json`, `default`: what `metrics_output` names without
+    `--output`). The test split is written there whatever the file says,
+    restoring one another split was written over (as it could be).
     """
     split = previous.get("split")
     if split is None or args.split in (split, "test"):
@@ -1045,8 +1048,8 @@ def check_same_split(
     raise UsageError(
         f"--output {target} holds the run's {split} metrics (with its training seconds, "
         f"model sizes and plots, which only train writes); writing the {args.split} split's "
-        f"over them would lose those: leave out --output (evaluate writes "
-        f"{args.run / f'metrics_{args.split}.json'}) or choose another file"
+        f"over them would lose those: leave out --output (evaluate writes {default}) or "
+        "choose another file"
     )
 
 
@@ -1066,7 +1069,8 @@ def command_evaluate(args: argparse.Namespace) -> int:
                 f"{target} holds a JSON {type(previous).__name__}, not the object `tft-jax "
                 "train` writes; remove it to write it anew"
             )
-        check_same_split(previous, target, args)
+        default = metrics_output(argparse.Namespace(**{**vars(args), "output": None}), config)
+        check_same_split(previous, target, args, default)
     table = run_table(args, config, forecaster)
     metrics, _ = evaluate_announced(forecaster, table, args.split, args.quiet)
     metrics = {**previous, **metrics}
@@ -1342,8 +1346,7 @@ def run_settings(args: argparse.Namespace) -> dict[str, tuple[str, str]]:
             continue
         label = "--" + name.replace("_", "-")
         if name in TABLE_FLAGS and value is not None:
-            digest = file_digest(value)
-            settings[label] = (digest, f"{value} (sha256 {digest[:16]})")
+            settings[label] = table_digest(value)  # its content: hosts may mount it elsewhere
         else:
             settings[label] = (json.dumps(value, default=str), shown(value))
     return settings
@@ -1354,31 +1357,19 @@ def check_processes_agree(args: argparse.Namespace, settings: dict[str, tuple[st
 
     Processes given different flags or tables would otherwise wait forever in
     the first collective whose shapes differ between them (a `--batch-size`).
-    One fixed-size collective (`differing_settings`), right after joining.
+    One fixed-size collective (`check_settings_agree`), right after joining.
     """
-    differing = differing_settings({label: compared for label, (compared, _) in settings.items()})
-    if not differing:
-        return
-    this, count = jax.process_index(), jax.process_count()
-
-    def others(indices: tuple[int, ...]) -> str:
-        if len(indices) == 1:
-            return f"process {indices[0]}: differs"
-        return f"processes {', '.join(map(str, indices))}: differ"
-
-    if None in differing:
+    try:
+        check_settings_agree(settings, "", "every process must be given the same flags and table")
+    except ProcessesDisagreeError as error:
+        if None not in error.differing:
+            raise UsageError(str(error)) from None
         raise UsageError(
             f"the processes were given different commands or sets of flags (this process, "
-            f"{this} of {count}: tft-jax {args.command} with {len(settings)} settings; "
-            f"{others(differing[None])}): every process must run the same version of "
-            "tft-jax with the same flags and table"
-        )
-    parts = [
-        f"{label} differs between the processes (this process, {this} of {count}: "
-        f"{settings[label][1]}; {others(indices)})"
-        for label, indices in differing.items()
-    ]
-    raise UsageError("; ".join(parts) + ": every process must be given the same flags and table")
+            f"{jax.process_index()} of {jax.process_count()}: tft-jax {args.command} with "
+            f"{len(settings)} settings; {other_processes(error.differing[None])}): every "
+            "process must run the same version of tft-jax with the same flags and table"
+        ) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -414,7 +414,8 @@ class ProcessesDisagreeError(ValueError):
         self.differing = dict(differing)
 
 
-def _other_processes(indices: tuple[int, ...]) -> str:
+def other_processes(indices: tuple[int, ...]) -> str:
+    """'process 2: differs' or 'processes 1, 3: differ', for the messages of disagreement."""
     if len(indices) == 1:
         return f"process {indices[0]}: differs"
     return f"processes {', '.join(map(str, indices))}: differ"
@@ -426,27 +427,27 @@ def check_settings_agree(settings: Mapping[str, tuple[str, str]], owner: str, ad
     `settings` maps a name to `(compared, shown)`: the text compared between
     the processes (a digest for a table) and the value the message shows. The
     error names each differing setting with this process's shown value and the
-    processes that hold another, led by `owner` (`"fit"`) and followed by
-    `advice`. One fixed-size collective (`differing_settings`), so every process
+    processes that hold another, led by `owner` (`"fit"`; none when empty)
+    and followed by `advice`. One fixed-size collective (`differing_settings`), so every process
     must call it, before any collective whose shapes depend on the settings;
     nothing is gathered in a single process.
     """
     differing = differing_settings({name: compared for name, (compared, _) in settings.items()})
     if not differing:
         return
-    this, count = jax.process_index(), jax.process_count()
+    this, count, lead = jax.process_index(), jax.process_count(), f"{owner}: " if owner else ""
     if None in differing:
         message = (
-            f"{owner}: the processes hold different sets of settings (this process, {this} of "
-            f"{count}: {len(settings)} settings; {_other_processes(differing[None])}): {advice}"
+            f"{lead}the processes hold different sets of settings (this process, {this} of "
+            f"{count}: {len(settings)} settings; {other_processes(differing[None])}): {advice}"
         )
         raise ProcessesDisagreeError(message, differing)
     parts = [
         f"{name} differs between the processes (this process, {this} of {count}: "
-        f"{settings[name][1]}; {_other_processes(indices)})"
+        f"{settings[name][1]}; {other_processes(indices)})"
         for name, indices in differing.items()
     ]
-    raise ProcessesDisagreeError(f"{owner}: " + "; ".join(parts) + f": {advice}", differing)
+    raise ProcessesDisagreeError(lead + "; ".join(parts) + f": {advice}", differing)
 
 
 def local_device_counts() -> dict[int, int]:
