@@ -160,6 +160,15 @@ def test_a_table_is_compared_by_its_content(tmp_path):
     assert "120 rows x 3 columns" in table_digest(table)[1]
     listed = table.assign(tags=[["x"]] * len(table))  # unhashable cells: digested as text
     assert table_digest(listed)[0] != table_digest(table)[0]
+    # pandas hashes object cells as text, and names were compared as text: 1 was '1'.
+    texts = table.assign(code=["1"] * len(table))
+    numbers = table.assign(code=pd.Series([1] * len(table), dtype=object))
+    assert table_digest(texts)[0] != table_digest(numbers)[0]
+    assert table_digest(texts)[0] == table_digest(texts.copy())[0]
+    named = pd.DataFrame({1: [1.0]}), pd.DataFrame({"1": [1.0]})
+    assert table_digest(named[0])[0] != table_digest(named[1])[0]
+    listed_numbers = listed.assign(code=numbers["code"])
+    assert table_digest(listed.assign(code=texts["code"]))[0] != table_digest(listed_numbers)[0]
     one, two, other = tmp_path / "one.csv", tmp_path / "two.csv", tmp_path / "other.csv"
     table.to_csv(one, index=False)
     table.to_csv(two, index=False)

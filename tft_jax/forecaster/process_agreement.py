@@ -28,9 +28,11 @@ def table_digest(table: Any) -> tuple[str, str]:
     """`(compared, shown)` of a table for `check_settings_agree`: its content, not its name.
 
     A path: the SHA-256 of the file (`file_digest`; hosts may mount it at
-    other paths). A DataFrame: the SHA-256 of its column names, dtypes and
-    row hashes (`pd.util.hash_pandas_object`, the index left out, as
-    `prepare_dataset` reads the columns only). Anything else by its type
+    other paths). A DataFrame: the SHA-256 of its column names (by `repr`:
+    `1` is not `'1'`), dtypes and row hashes (`pd.util.hash_pandas_object`,
+    the index left out, as `prepare_dataset` reads the columns only), and of
+    the type of each cell of an object column (whose values it hashes as
+    text: the number `1` and the text `'1'` alike). Anything else by its type
     (`fit` refuses it once the processes agree).
     """
     if isinstance(table, str | os.PathLike):
@@ -38,13 +40,17 @@ def table_digest(table: Any) -> tuple[str, str]:
         return digest, f"{os.fspath(table)} (sha256 {digest[:16]})"
     if isinstance(table, pd.DataFrame):
         digest = hashlib.sha256()
-        columns = [[str(name), str(dtype)] for name, dtype in table.dtypes.items()]
+        columns = [[repr(name), str(dtype)] for name, dtype in table.dtypes.items()]
         digest.update(json.dumps(columns).encode())
+        objects = table.loc[:, [dtype == np.dtype(object) for dtype in table.dtypes]]  # not str
+        kinds = objects.map(lambda cell: type(cell).__name__)
         try:
-            rows = pd.util.hash_pandas_object(table, index=False).to_numpy()
-            digest.update(np.ascontiguousarray(rows).tobytes())
+            for part in (table, kinds):
+                rows = pd.util.hash_pandas_object(part, index=False).to_numpy()
+                digest.update(np.ascontiguousarray(rows).tobytes())
         except (TypeError, ValueError):  # unhashable cells (lists, dicts): their text
             digest.update(table.to_csv(index=False).encode())
+            digest.update(kinds.to_csv(index=False).encode())
         hexdigest = digest.hexdigest()
         shape = f"{len(table)} rows x {table.shape[1]} columns"
         return hexdigest, f"a DataFrame of {shape} (content digest {hexdigest[:16]})"
