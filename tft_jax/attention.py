@@ -18,7 +18,8 @@ from flax import linen as nn
 
 from tft_jax import fused_attention
 from tft_jax._dropout import resolve_deterministic
-from tft_jax.gating import check_dropout_rate, check_floating, check_positive_int
+from tft_jax.gating import check_dropout_rate, check_positive_int
+from tft_jax.linear import check_floating
 
 Array = Any
 Dtype = Any

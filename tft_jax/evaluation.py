@@ -308,21 +308,21 @@ def best_of(models: dict[str, dict[str, Any]]) -> str:
       ValueError: no model has a P50 q-risk.
     """
     scored = {
-        name: float(metrics["p50_q_risk"])
+        name: _number(metrics, "p50_q_risk")
         for name, metrics in models.items()
-        if metrics.get("p50_q_risk") is not None and not np.isnan(metrics["p50_q_risk"])
+        if _number(metrics, "p50_q_risk") < np.inf
     }
     if not scored:
         raise ValueError(
             f"best_of: none of {list(models)} has a P50 q-risk (quantile levels without 0.5, "
             "or NaN forecasts)"
         )
-    return min(scored, key=lambda name: (scored[name], _number_or_inf(models[name]), name))
+    return min(scored, key=lambda name: (scored[name], _number(models[name], "p90_q_risk"), name))
 
 
-def _number_or_inf(metrics: dict[str, Any]) -> float:
-    """The P90 q-risk as a float, infinity when missing or NaN (the tie-break's last place)."""
-    value = metrics.get("p90_q_risk")
+def _number(metrics: dict[str, Any], key: str) -> float:
+    """`metrics[key]` as a float; infinity when missing, None or NaN (never the best)."""
+    value = metrics.get(key)
     return float("inf") if value is None or np.isnan(value) else float(value)
 
 

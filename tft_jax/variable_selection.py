@@ -17,9 +17,9 @@ from tft_jax.gating import (
     GatedResidualNetwork,
     check_context_width,
     check_dropout_rate,
-    check_floating,
     check_positive_int,
 )
+from tft_jax.linear import check_floating
 from tft_jax.operand_quantizers import supports_operand_quantizers
 from tft_jax.quantized_selection import quantized_selection
 

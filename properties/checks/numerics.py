@@ -388,16 +388,13 @@ def assert_grads_match_finite_differences(
     times the step (1e-5 in float64), and the report gives both. Round-off
     over the step is relative to the function's value, not to its change: a
     nearly constant function (a block ending in a LayerNorm, squared and
-    summed: ~36 with a gradient of ~4e-4) differs from its correct
-    derivatives at 1e-6 by about the tolerance, and more at order 2, where
-    the differenced function is its gradient computed by cancellation (a
-    relative difference of 3e-4 in small entries of the JVP of the VJP).
-    At 10 times the step round-off is 10x smaller and truncation 100x larger
-    (1.7e-7 of the derivative of `sin(100 x)`), while a wrong derivative
-    differs at both steps. A float32 cast inside (round-off 5e8 times
-    float64's) is still caught at both. A yet flatter function (its value
-    1e6 times its gradient) can fail at both: pass a larger `eps`. An
-    explicit `eps` is used alone, as given.
+    summed) can differ from its correct derivatives at the first step by
+    about the tolerance, and more at order 2, where the differenced function
+    is its gradient computed by cancellation. At 10 times the step round-off
+    is 10x smaller and truncation 100x larger, while a wrong derivative
+    differs at both steps; a float32 cast inside, whose round-off is far
+    larger, is still caught at both. A yet flatter function can fail at
+    both: pass a larger `eps`. An explicit `eps` is used alone, as given.
 
     Float32 fallback (`use_x64=False`): `eps` defaults to
     `FLOAT32_FINITE_DIFFERENCE_EPS` = 1e-4 for float32 arguments, which
