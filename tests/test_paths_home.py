@@ -58,7 +58,10 @@ def _typed_path_flags(parser: argparse.ArgumentParser, command: str = "") -> set
         if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():
                 found |= _typed_path_flags(sub, f"{command} {name}".strip())
-        elif action.type in (path_argument, compile_cache_value):
+        elif getattr(action.type, "__wrapped__", action.type) in (
+            path_argument,
+            compile_cache_value,
+        ):
             found.add((command, action.option_strings[0]))
     return found
 

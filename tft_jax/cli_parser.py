@@ -203,6 +203,7 @@ def file_path_argument(example: str) -> Callable[[str], pathlib.Path]:
             )
         return path
 
+    file_path.__wrapped__ = path_argument  # type: ignore[attr-defined]  # a path_argument too
     return file_path
 
 
