@@ -1,8 +1,9 @@
 """Train states, a stand-in model and checkpoint damage shared by the checkpoint tests.
 
-`TEMPLATE` is a tiny TFT's train state and `randomized` fills one with noise;
-`STAND_IN` is the source of a small model and its batches that `fit` trains in
-process and in the subprocesses of the tests; `_truncate` damages a saved step.
+`TEMPLATE` is a tiny TFT's train state, `randomized` fills one with noise and
+`save_two_latest_steps` saves two of them; `STAND_IN` is the source of a small
+model and its batches that `fit` trains in process and in the subprocesses of
+the tests; `_truncate` damages a saved step.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tft_jax.checkpoint import CORRUPT
+from tft_jax.checkpoint import CORRUPT, TrainingCheckpointer
 from tft_jax.config import TFTConfig
 from tft_jax.model import TemporalFusionTransformer
 from tft_jax.train import Batch, TrainState, create_train_state, make_optimizer
@@ -61,6 +62,15 @@ def randomized(state: TrainState, seed: int, step: int) -> TrainState:
 
     noisy = jax.tree.map(noise, state)
     return noisy.replace(step=jnp.asarray(step, jnp.int32), skipped_steps=jnp.asarray(1, jnp.int32))
+
+
+def save_two_latest_steps(directory: pathlib.Path) -> tuple[TrainState, TrainState]:
+    """Latest steps 5 and 10 of `randomized` states under `directory`; returns them, in order."""
+    older, newer = randomized(TEMPLATE, 2, step=5), randomized(TEMPLATE, 3, step=10)
+    with TrainingCheckpointer(directory) as checkpointer:
+        checkpointer.save_latest(older, jax.random.key(0), {})
+        checkpointer.save_latest(newer, jax.random.key(0), {})
+    return older, newer
 
 
 def _data(tree: Any) -> Any:

@@ -21,7 +21,13 @@ import jax
 import orbax.checkpoint as ocp
 import pytest
 
-from tests.checkpoint_states import TEMPLATE, _truncate, assert_bitwise_equal, randomized
+from tests.checkpoint_states import (
+    TEMPLATE,
+    _truncate,
+    assert_bitwise_equal,
+    randomized,
+    save_two_latest_steps,
+)
 from tft_jax.checkpoint import (
     BEST,
     CORRUPT,
@@ -32,15 +38,6 @@ from tft_jax.checkpoint import (
 )
 
 RNG = jax.random.key(0)
-
-
-def _save_two_steps(directory: pathlib.Path) -> tuple[Any, Any]:
-    """Latest steps 5 and 10 under `directory`; returns their states."""
-    older, newer = randomized(TEMPLATE, 2, step=5), randomized(TEMPLATE, 3, step=10)
-    with TrainingCheckpointer(directory) as checkpointer:
-        checkpointer.save_latest(older, RNG, {})
-        checkpointer.save_latest(newer, RNG, {})
-    return older, newer
 
 
 def _tree(directory: pathlib.Path) -> list[str]:
@@ -78,7 +75,7 @@ def test_a_reader_leaves_the_temporary_directory_of_a_running_save_alone(
 
 
 def test_a_reader_skips_a_damaged_step_and_leaves_it_in_place(tmp_path: pathlib.Path) -> None:
-    older, _ = _save_two_steps(tmp_path)
+    older, _ = save_two_latest_steps(tmp_path)
     _truncate(tmp_path / LATEST / "10")
     before = _tree(tmp_path)
     with pytest.warns(UserWarning, match=left_in_place(tmp_path, LATEST, 10)):
@@ -131,7 +128,7 @@ def _vanishing(directory: pathlib.Path, step: int, read: int, replace: Any = Non
 def test_a_step_removed_while_a_reader_reads_it_is_skipped_for_the_older_one(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, read: int
 ) -> None:
-    older, _ = _save_two_steps(tmp_path)
+    older, _ = save_two_latest_steps(tmp_path)
     monkeypatch.setattr(ocp.CheckpointManager, "restore", _vanishing(tmp_path / LATEST, 10, read))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -202,7 +199,7 @@ def test_a_step_removed_while_a_reader_lists_the_steps_is_not_listed(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # orbax lists the step directories, then stats each: one removed in between fails it.
-    older, _ = _save_two_steps(tmp_path)
+    older, _ = save_two_latest_steps(tmp_path)
     original = ocp.CheckpointManager._load_checkpoint_infos
     removed = tmp_path / LATEST / "10"
 
@@ -232,7 +229,7 @@ def test_a_step_that_cannot_be_read_for_permissions_is_an_error_not_a_vanished_s
 ) -> None:
     # `os.path.lexists` says False for a path it cannot stat: the unreadable step 10 was
     # taken for one the writer removed, and step 5 returned without a word.
-    _save_two_steps(tmp_path)
+    save_two_latest_steps(tmp_path)
     step10 = tmp_path / LATEST / "10"
     restore, lstat = ocp.CheckpointManager.restore, os.lstat
 

@@ -25,6 +25,7 @@ from tests.checkpoint_states import (
     corrupt_warning,
     epoch_batches,
     randomized,
+    save_two_latest_steps,
     stand_in_state,
 )
 from tft_jax.checkpoint import (
@@ -38,15 +39,6 @@ from tft_jax.checkpoint import (
 from tft_jax.train import fit
 
 RNG = jax.random.key(0)
-
-
-def _save_two_steps(directory: pathlib.Path) -> Any:
-    """Latest steps 5 and 10 under `directory`; returns the state of step 10."""
-    newer = randomized(TEMPLATE, 3, step=10)
-    with TrainingCheckpointer(directory) as checkpointer:
-        checkpointer.save_latest(randomized(TEMPLATE, 2, step=5), RNG, {})
-        checkpointer.save_latest(newer, RNG, {})
-    return newer
 
 
 # What a read of intact files raises when the cause lies elsewhere: Python's open,
@@ -64,7 +56,7 @@ READ_FAILURES = [
 def test_a_read_failure_that_is_no_damage_raises_naming_the_step_and_moves_nothing(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, failure: BaseException
 ) -> None:
-    newer = _save_two_steps(tmp_path)
+    _, newer = save_two_latest_steps(tmp_path)
     original = ocp.CheckpointManager.restore
 
     def failing(manager: Any, step: int, *args: Any, **kwargs: Any) -> Any:
@@ -93,7 +85,7 @@ def test_a_read_failure_that_is_no_damage_raises_naming_the_step_and_moves_nothi
 def test_a_damaged_step_is_moved_aside_with_a_warning_naming_where(
     tmp_path: pathlib.Path,
 ) -> None:
-    _save_two_steps(tmp_path)
+    save_two_latest_steps(tmp_path)
     _truncate(tmp_path / LATEST / "10")
     with (
         TrainingCheckpointer(tmp_path) as checkpointer,
