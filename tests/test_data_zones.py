@@ -198,7 +198,8 @@ def test_a_table_ending_the_day_before_a_midnight_clock_change_is_prepared(zone,
     assert report["filled_target_steps"].sum() == 0 and report["windows"].sum() > 0
     # Two series ending that day: appending their grids, pandas stepped past the last day.
     later = days[days >= pd.Timestamp("2024-07-20", tz=zone)]
-    table = pd.concat([table, pd.DataFrame({"id": "b", "time": later, "y": 1.0})])
+    b = pd.DataFrame({"id": "b", "time": later, "y": np.arange(len(later), dtype=float)})
+    table = pd.concat([table, b])
     assert len(prepare(table, validation_fraction=0.1, test_fraction=0.1).frame) == len(table)
     after = step_after(days[-1], "D")
     assert after == future_steps(days[-1], "D", 1)[0]

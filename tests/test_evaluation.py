@@ -428,7 +428,8 @@ def test_nonnegative_baselines_are_clipped_at_zero_as_the_models_are():
     table = make_table()
     falling = table["shop"] == "a"
     table.loc[falling, "sales"] = np.maximum(80.0 - np.arange(falling.sum()), 0.5)  # then flat
-    dataset = prepare(table)
+    with pytest.warns(UserWarning, match="filled 2 missing target steps"):  # b's gap
+        dataset = prepare(table)
     windows = dataset.test
     drift = baseline_metrics(dataset, windows, QUANTILES, (7,))["drift_7"]
     clipped = baseline_metrics(dataset, windows, QUANTILES, (7,), nonnegative=True)["drift_7"]

@@ -761,10 +761,14 @@ def test_scored_windows_whose_history_is_mostly_filled_are_left_out_as_predict_r
     scored = full - (len(starts) - len(kept))
     sparse = sum(empty.iloc[start - HISTORY : start].mean() > 0.5 for start in kept)
     assert 0 < sparse < len(kept)
-    with pytest.warns(
-        UserWarning,
-        match=rf"evaluate: the test split: left out of the scores {sparse} of {scored} windows "
-        rf"with more than 50% of their {HISTORY} history steps filled .*: 'alpha' {sparse}$",
+    filled = r"filled {0} missing target steps .* in {1} of 3 series: {2};"
+    with (
+        pytest.warns(UserWarning, match=filled.format(16, 1, "'alpha' 16")),
+        pytest.warns(
+            UserWarning,
+            match=rf"evaluate: the test split: left out of the scores {sparse} of {scored} windows "
+            rf"with more than 50% of their {HISTORY} history steps filled .*: 'alpha' {sparse}$",
+        ),
     ):
         metrics, predictions = forecaster.evaluation(blanked)
     assert metrics["windows"] == scored - sparse
@@ -772,10 +776,17 @@ def test_scored_windows_whose_history_is_mostly_filled_are_left_out_as_predict_r
     assert predictions["fp32"].quantiles.shape[0] == scored
     # A backtest cutoff whose alpha history is 13 of 14 steps blank.
     blank = table["day"].isin(days[-HORIZON - 13 : -HORIZON]) & (table["store"] == "alpha")
-    with pytest.warns(UserWarning, match=r"backtest: the cutoff .*: left out of the scores 1 of 3"):
+    with (
+        pytest.warns(UserWarning, match=filled.format(13, 1, "'alpha' 13")),
+        pytest.warns(UserWarning, match=r"backtest: the cutoff .*: left out of the scores 1 of 3"),
+    ):
         result = forecaster.backtest(table.assign(sales=table["sales"].where(~blank)), n_windows=1)
     assert set(result["windows"]) == {2}
     # Every history that sparse: nothing to score, said as such.
     blank = table["day"].isin(days[-HORIZON - 13 : -HORIZON])
-    with pytest.raises(ValueError, match=r"every one of the 3 windows at the cutoff .* more than"):
+    every = "'alpha' 13, 'beta' 13, 'gamma' 13"
+    with (
+        pytest.warns(UserWarning, match=filled.format(39, 3, every)),
+        pytest.raises(ValueError, match=r"every one of the 3 windows at the cutoff .* more than"),
+    ):
         forecaster.backtest(table.assign(sales=table["sales"].where(~blank)), n_windows=1)

@@ -265,10 +265,13 @@ def test_a_resume_on_another_table_with_as_many_windows_is_announced(trained, tm
     noisy = table.assign(sales=table["sales"] + np.random.default_rng(1).normal(size=len(table)))
     longer = dataclasses.replace(SETTINGS, training=dataclasses.replace(TINY_TRAINING, max_steps=6))
     record = _record(checkpoints)
-    with pytest.warns(
-        UserWarning,
-        match=rf"training windows hold other values .* \(train_windows_sha256 "
-        rf"{record['train_windows_sha256']} then, [0-9a-f]{{64}} now\): another table",
+    with (
+        pytest.warns(UserWarning, match=r"resuming at step 4 on another learning-rate schedule"),
+        pytest.warns(
+            UserWarning,
+            match=rf"training windows hold other values .* \(train_windows_sha256 "
+            rf"{record['train_windows_sha256']} then, [0-9a-f]{{64}} now\): another table",
+        ),
     ):
         Forecaster.from_config(longer).fit(
             noisy, checkpoint_dir=checkpoints, resume=True, quiet=True
