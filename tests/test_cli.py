@@ -1541,6 +1541,50 @@ def test_ctrl_c_after_a_checkpoint_says_resume_goes_on_from_it(capsys, monkeypat
     assert "interrupted; train again with --resume to go on from the last checkpoint" in err
 
 
+# What JAX 0.10 raised in the survivor when process 1 of a 2-process `train` was killed mid-run.
+GLOO_LOST = (
+    "UNKNOWN: Gloo all-reduce failed: [external/gloo/gloo/transport/tcp/pair.cc:538] Read "
+    "error [127.0.0.1]:3469: Connection reset by peer"
+)
+
+
+@pytest.mark.parametrize(
+    ("raised", "line"),
+    [
+        (
+            jax.errors.JaxRuntimeError(GLOO_LOST),
+            "tft-jax train: error: another process of the run stopped or was cut off, so this "
+            f"one cannot go on (JAX: {GLOO_LOST}); train again with --resume in every process "
+            "to go on from the last checkpoint",
+        ),
+        (jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: out of memory"), None),
+        (RuntimeError("Connection reset by peer"), None),
+    ],
+)
+def test_a_process_that_loses_another_mid_run_ends_with_one_line(
+    capsys, monkeypatch, tmp_path, raised, line
+):
+    # The survivors of a killed process printed JAX's traceback from the step they waited in.
+    def joined_then_failed(args, joined):
+        joined.append(True)
+        raise raised
+
+    def exit_now(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(cli, "run_parsed", joined_then_failed)
+    monkeypatch.setattr(cli, "holds_checkpoints", lambda out: True)
+    monkeypatch.setattr(cli.os, "_exit", exit_now)
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["train", "--out", str(tmp_path / "r")])
+    assert exited.value.code == 1
+    err = capsys.readouterr().err
+    if line is None:  # any other error keeps its traceback: it is a bug or the host's
+        assert "Traceback" in err and str(raised) in err
+    else:
+        assert err == line + "\n"
+
+
 @pytest.mark.parametrize(
     ("split", "folder"), [("test", "plots"), ("validation", "plots/validation")]
 )

@@ -1372,6 +1372,45 @@ def check_processes_agree(args: argparse.Namespace, settings: dict[str, tuple[st
         ) from None
 
 
+def command_name(args: argparse.Namespace) -> str:
+    """As argparse names a subcommand's parser in its errors: "tft-jax experiment clipping"."""
+    name = f"tft-jax {args.command}"
+    return f"{name} {args.experiment}" if args.command == "experiment" else name
+
+
+def resume_hint(args: argparse.Namespace, every_process: bool = False) -> str:
+    """How to go on after a `train` that stopped early ('' for other commands)."""
+    if args.command != "train":
+        return ""
+    again = "train again with --resume" + (" in every process" if every_process else "")
+    if holds_checkpoints(args.out):
+        return f"; {again} to go on from the last checkpoint"
+    return f" before the first checkpoint; {again} to start over in the same folder"
+
+
+# Words of JAX's errors when a collective or the coordination service loses a process.
+_LOST_PROCESS_WORDS = ("Gloo", "Connection reset by peer", "coordination service", "heartbeat")
+
+
+def lost_process_text(error: BaseException, args: argparse.Namespace) -> str | None:
+    """One line for a multi-host run whose collective failed as another process stopped.
+
+    None for any other error (its traceback is shown): JAX's own message
+    is a traceback from wherever the step was waiting, e.g. a Gloo
+    all-reduce's 'Connection reset by peer'.
+    """
+    if not isinstance(error, jax.errors.JaxRuntimeError):
+        return None
+    text = str(error).strip()
+    if not any(word in text for word in _LOST_PROCESS_WORDS):
+        return None
+    first = text.splitlines()[0] if text else type(error).__name__
+    return (
+        f"another process of the run stopped or was cut off, so this one cannot go on (JAX: "
+        f"{first}){resume_hint(args, every_process=True)}"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `tft-jax` console script; returns the exit status."""
     if argv is None:  # a process of its own: restart it with the tuned allocator
@@ -1384,10 +1423,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     joined: list[bool] = []
     try:
         code = run_parsed(args, joined)
-    except BaseException:
+    except BaseException as error:
         if not joined:
             raise
-        traceback.print_exc()
+        lost = lost_process_text(error, args)
+        if lost is None:
+            traceback.print_exc()
+        else:
+            print(f"{command_name(args)}: error: {lost}", file=sys.stderr)
         code = 1
     if joined and code != 0:
         # Returning would wait in JAX's distributed shutdown for processes that carry on
@@ -1404,10 +1447,7 @@ def run_parsed(args: argparse.Namespace, joined: list[bool]) -> int:
     `joined` gets an item once this process has joined a multi-host run.
     """
 
-    # As argparse names the parser of a subcommand's own errors: "tft-jax experiment clipping".
-    prog = f"tft-jax {args.command}"
-    if args.command == "experiment":
-        prog += f" {args.experiment}"
+    prog = command_name(args)
 
     def show(message, category, filename, lineno, file=None, line=None) -> None:
         print(f"{prog}: warning: {warning_text(str(message), args)}", file=sys.stderr, flush=True)
@@ -1445,15 +1485,7 @@ def run_parsed(args: argparse.Namespace, joined: list[bool]) -> int:
         print(f"{prog}: error: {output_error_text(error, args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback from wherever it landed
-        resume = ""
-        if args.command == "train":
-            resume = (
-                "; train again with --resume to go on from the last checkpoint"
-                if holds_checkpoints(args.out)
-                else " before the first checkpoint; train again with --resume to start over "
-                "in the same folder"
-            )
-        print(f"{prog}: interrupted{resume}", file=sys.stderr)
+        print(f"{prog}: interrupted{resume_hint(args)}", file=sys.stderr)
         return INTERRUPTED
     finally:
         warnings.showwarning = previous
