@@ -494,15 +494,43 @@ def test_fit_never_keeps_a_nan_validation_loss_as_its_best(state: TrainState) ->
 def test_equal_models_share_one_compiled_init(state: TrainState) -> None:
     # The module fixture initialized CONFIG's model once; another instance of it,
     # with another seed, reuses that executable (before: traced and compiled again).
-    compiled = train_state._jitted_init._cache_size()
+    compiled = train_state._jitted_init()._cache_size()
     other = create_train_state(
         TemporalFusionTransformer(CONFIG), make_optimizer(1e-2), jax.random.key(1), make_batch()
     )
-    assert train_state._jitted_init._cache_size() == compiled >= 1
+    assert train_state._jitted_init()._cache_size() == compiled >= 1
     assert not np.array_equal(
         np.asarray(other.params["static_selection"]["selection_grn"]["hidden"]["kernel"]),
         np.asarray(state.params["static_selection"]["selection_grn"]["hidden"]["kernel"]),
     )
+
+
+def test_init_compiles_with_its_options_to_the_values_of_plain_o0() -> None:
+    # LLVM's cheap passes and XLA:CPU's loop emitters only make init compile faster: the
+    # initial variables are bit for bit those of -O0 alone with XLA's default emitters.
+    model = TemporalFusionTransformer(CONFIG)
+    args, kwargs = train_state.model_inputs(make_batch())
+    rngs = {"params": jax.random.key(5)}
+    got = train_state._jitted_init()(model, rngs, args, kwargs)
+    defaults = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": True}
+    reference = jax.jit(train_state._init, static_argnums=0, compiler_options=defaults)
+    want = reference(model, rngs, args, kwargs)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_init_compiles_with_plain_o0_where_jaxlib_lacks_an_init_option(monkeypatch) -> None:
+    # A jaxlib that drops an option (XLA:CPU's loop emitters are being retired) refuses
+    # it at compile: init then compiles at -O0 alone instead of failing every model.
+    assert train_state.init_compile_options() == train_state.INIT_COMPILE_OPTIONS
+    unknown = {**train_state.INIT_COMPILE_OPTIONS, "xla_no_such_option_of_the_tests": True}
+    monkeypatch.setattr(train_state, "INIT_COMPILE_OPTIONS", unknown)
+    train_state.init_compile_options.cache_clear()
+    try:
+        assert train_state.init_compile_options() == train_state.BASIC_INIT_COMPILE_OPTIONS
+    finally:
+        train_state.init_compile_options.cache_clear()
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import dataclasses
 import inspect
 import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 import jax
@@ -291,19 +291,50 @@ def model_inputs(batch: Batch) -> tuple[tuple[Array, ...], dict[str, Array | Non
 
 
 # `model.init` runs once per train state but compiles to several kernels per
-# parameter (its random initializers): LLVM at -O0 compiles it about twice as
-# fast, and running the slower code once costs less than the time saved.
-INIT_COMPILE_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 0}
+# parameter (its random initializers). With LLVM at -O0 and its cheap pass
+# pipeline, and XLA:CPU's classic loop emitters (other backends ignore that
+# option), it compiles about twice as fast as at XLA's defaults, to the same
+# values bit for bit; running the slower code once costs less than the time saved.
+INIT_COMPILE_OPTIONS: dict[str, Any] = {
+    "xla_backend_optimization_level": 0,
+    "xla_llvm_disable_expensive_passes": True,
+    "xla_cpu_use_fusion_emitters": False,
+}
+# What `init` compiles with where this jaxlib does not know an option above.
+BASIC_INIT_COMPILE_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 0}
 
 
-@partial(jax.jit, static_argnums=0, compiler_options=INIT_COMPILE_OPTIONS)
-def _jitted_init(model: Any, rngs: dict[str, Array], args: tuple, kwargs: dict) -> PyTree:
-    """`model.init`, compiled once per (equal) model and input shapes in a process.
+def _known_options(options: Mapping[str, Any]) -> bool:
+    """Whether this jaxlib compiles with `options` (an unknown one is an error at compile)."""
+    try:
+        jax.jit(lambda x: x, compiler_options=dict(options)).lower(np.float32(0)).compile()
+    except jax.errors.JaxRuntimeError as error:
+        if "No such compile option" not in str(error):
+            raise
+        return False
+    return True
 
-    Called as the train step calls the model, `deterministic=True` included (a
-    model taking it as Flax's `nn.merge_param` does needs it at init too).
+
+@cache
+def init_compile_options() -> dict[str, Any]:
+    """`INIT_COMPILE_OPTIONS`, or `BASIC_INIT_COMPILE_OPTIONS` if this jaxlib lacks one."""
+    known = _known_options(INIT_COMPILE_OPTIONS)
+    return dict(INIT_COMPILE_OPTIONS if known else BASIC_INIT_COMPILE_OPTIONS)
+
+
+def _init(model: Any, rngs: dict[str, Array], args: tuple, kwargs: dict) -> PyTree:
+    """`model.init` as the train step calls the model, `deterministic=True` included.
+
+    (A model taking `deterministic` as Flax's `nn.merge_param` does needs it at init too.)
     """
     return model.init(rngs, *args, deterministic=True, **kwargs)
+
+
+@cache
+def _jitted_init() -> Any:
+    """`_init` jitted with `init_compile_options()`: compiled once per (equal) model and
+    input shapes in a process."""
+    return jax.jit(_init, static_argnums=0, compiler_options=init_compile_options())
 
 
 def _is_traced(*values: Any) -> bool:
@@ -330,15 +361,15 @@ def _init_variables(model: Any, rngs: dict[str, Array], args: tuple, kwargs: dic
         return model.init(rngs, *args, deterministic=True, **kwargs)
     if not is_hashable(model):
         init = partial(model.init, deterministic=True)
-        return jax.jit(init, compiler_options=INIT_COMPILE_OPTIONS)(rngs, *args, **kwargs)
-    return _jitted_init(model, rngs, args, kwargs)
+        return jax.jit(init, compiler_options=init_compile_options())(rngs, *args, **kwargs)
+    return _jitted_init()(model, rngs, args, kwargs)
 
 
 def _init_shapes(model: Any, rngs: dict[str, Array], args: tuple, kwargs: dict) -> PyTree:
     """The shapes and dtypes of the model's initial variables, traced once per equal model."""
     if not is_hashable(model):
         return jax.eval_shape(partial(model.init, deterministic=True), rngs, *args, **kwargs)
-    return _jitted_init.eval_shape(model, rngs, args, kwargs)
+    return _jitted_init().eval_shape(model, rngs, args, kwargs)
 
 
 # How `create_train_state`, the train step and `predict` call the model (its docstring's words).
@@ -619,26 +650,43 @@ def _with_schedule(state: TrainState, schedule: WarmupCosine) -> TrainState:
     return state.replace(opt_state=opt_state)
 
 
+def schedule_update_count(state: TrainState) -> int | None:
+    """The update count that `state`'s in-state schedule reads, or None without one.
+
+    The schedule gives the rate of an update from the optimizer's count of
+    applied updates (`FlatAdamWState.count`), not from `state.step`: a
+    skipped step (non-finite loss or gradient) or a batch without an observed
+    target advances the step but not the count. Reads the count from the device.
+    """
+    _check_state("schedule_update_count", state)
+    nodes = jax.tree.leaves(state.opt_state, is_leaf=_is_flat_state)
+    counts = [node.count for node in nodes if _is_flat_state(node) and node.schedule is not None]
+    return int(counts[0]) if len(counts) == 1 else None
+
+
 def with_schedule_steps(state: TrainState, total_steps: int) -> TrainState:
     """`state` with its in-state schedule ending at `total_steps`, without compiling again.
 
-    The warmup, peak and end learning rates stay; the cosine now spans steps
-    `warmup_steps .. total_steps`. Because the schedule's numbers are data of
-    the optimizer state, the next `train_step` runs the step already compiled
-    for `state`. The other arrays are shared with `state` (nothing is copied).
+    The warmup, peak and end learning rates stay; the cosine now spans
+    updates `warmup_steps .. total_steps`. The schedule is indexed by the
+    optimizer's update count (`schedule_update_count`), which skipped steps
+    leave behind `state.step`, so `total_steps` counts applied updates.
+    Because the schedule's numbers are data of the optimizer state, the next
+    `train_step` runs the step already compiled for `state`. The other arrays
+    are shared with `state` (nothing is copied).
 
     Args:
       state: a train state whose optimizer was built with a `WarmupCosine`
         (`make_optimizer(warmup_cosine_schedule(...))`).
-      total_steps: the new end of the cosine: above the warmup steps, and not
-        before the state's step.
+      total_steps: the new end of the cosine, in updates: above the warmup
+        steps, and not below the state's update count.
 
     Returns:
       The new `TrainState`.
 
     Raises:
       ValueError: when `state`'s optimizer keeps no schedule in its state, or
-        `total_steps` is not above the warmup or is below `state.step`.
+        `total_steps` is not above the warmup or is below the update count.
     """
     _check_state("with_schedule_steps", state)
     schedule = in_state_schedule(state)
@@ -655,11 +703,12 @@ def with_schedule_steps(state: TrainState, total_steps: int) -> TrainState:
             f"with_schedule_steps: total_steps must be above the schedule's warmup steps "
             f"({schedule.warmup_steps}), got {total_steps}"
         )
-    step = int(state.step)
-    if total_steps < step:
+    count = schedule_update_count(state)
+    if count is not None and total_steps < count:
         raise ValueError(
-            f"with_schedule_steps: total_steps must not be below the state's step ({step}), "
-            f"got {total_steps}"
+            f"with_schedule_steps: total_steps must not be below the state's update count "
+            f"({count}, what the schedule reads: step {int(state.step)} less the steps that "
+            f"applied no update), got {total_steps}"
         )
     return _with_schedule(state, dataclasses.replace(schedule, total_steps=int(total_steps)))
 
