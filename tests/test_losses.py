@@ -209,3 +209,62 @@ def test_q_risk_is_float32_under_x64_with_a_numpy_float64_level() -> None:
     assert risk.dtype == jnp.float32
     want = 2.0 * _pinball64(pred[:, None], target, np.array([0.9])).sum() / np.abs(target).sum()
     np.testing.assert_allclose(float(risk), want, rtol=1e-6)
+
+
+def test_numpy_inputs_near_float32_max_are_summed_in_float64() -> None:
+    # The float32 sums of 1000 values of 3e37 overflowed: q_risk was NaN (inf / inf)
+    # and quantile_loss inf. Closed form: e = y, QL_0.5 = y / 2, risk = 2 Σ(y/2) / Σ y = 1.
+    target = np.full(1000, 3e37)
+    pred = np.zeros(1000)
+    risk = q_risk(pred, target, 0.5)
+    loss = quantile_loss(pred[:, None], target, [0.5])
+    assert risk.dtype == jnp.float32 and loss.dtype == jnp.float32
+    np.testing.assert_allclose(float(risk), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(float(loss), 1.5e37, rtol=1e-6)
+    # float32 NumPy inputs take the same host path.
+    np.testing.assert_allclose(
+        float(q_risk(pred.astype(np.float32), target.astype(np.float32), 0.5)), 1.0, rtol=1e-6
+    )
+
+
+@pytest.mark.parametrize("name", ["pred", "target"])
+def test_finite_inputs_beyond_float32_are_refused_as_out_of_range_not_non_finite(
+    name: str,
+) -> None:
+    pred, target = np.array([1.0, 2.0]), np.array([3.0, 4.0])
+    if name == "pred":
+        pred[1] = 1e39
+    else:
+        target[1] = -1e39
+    for call, function in (
+        (lambda: q_risk(pred, target, 0.5), "q_risk"),
+        (lambda: quantile_loss(pred[:, None], target, [0.5]), "quantile_loss"),
+    ):
+        with pytest.raises(ValueError, match=rf"{function}: {name} holds 1 finite") as caught:
+            call()
+        message = str(caught.value)
+        assert "beyond float32's range" in message and "index (1," in message
+        assert "non-finite" not in message
+
+
+def test_a_result_beyond_float32_is_refused_instead_of_inf() -> None:
+    # Each input fits float32, but the loss 0.9 * 6e38 does not.
+    with pytest.raises(
+        ValueError, match=r"quantile_loss: the result 5.40*\d*e\+38 .* float32's range"
+    ):
+        quantile_loss(np.array([[-3e38]]), np.array([3e38]), [0.9])
+    # A risk over a tiny denominator, likewise.
+    with pytest.raises(ValueError, match=r"q_risk: the result .* float32's range"):
+        q_risk(np.array([3e38]), np.array([1e-30]), 0.5)
+
+
+def test_a_concrete_jax_float32_sum_that_overflows_raises() -> None:
+    # On the device the float32 sum overflows; a concrete result says so instead of NaN.
+    target = jnp.full(1000, 3e37, jnp.float32)
+    pred = jnp.zeros(1000, jnp.float32)
+    with pytest.raises(ValueError, match=r"q_risk: the float32 sum overflowed"):
+        q_risk(pred, target, 0.5)
+    with pytest.raises(ValueError, match=r"quantile_loss: the float32 sum overflowed"):
+        quantile_loss(jnp.full((1000, 1), -3e38, jnp.float32), target, [0.5])
+    # Under jit the documented float32 semantics hold (not checked, no host round trip).
+    assert not np.isfinite(float(jax.jit(lambda p, t: q_risk(p, t, 0.5))(pred, target)))

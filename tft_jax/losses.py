@@ -39,7 +39,8 @@ def _as_float(function: str, name: str, value: Any) -> Array:
         or jnp.issubdtype(dtype, jnp.bool_)
     ):
         raise TypeError(f"{function}: {name} must be a real-valued array, got dtype {dtype}")
-    array = jnp.asarray(array)
+    with np.errstate(over="ignore"):  # beyond float32's range: `_check_finite` names it
+        array = jnp.asarray(array)
     if not jnp.issubdtype(array.dtype, jnp.floating):
         array = array.astype(jnp.float32)
     return array
@@ -67,12 +68,15 @@ def _concrete_levels(function: str, name: str, value: Any) -> np.ndarray:
         raise TypeError(f"{function}: {name} must be numbers in (0, 1), got {value!r}") from error
 
 
-def _check_finite(function: str, name: str, value: Array) -> None:
+def _check_finite(function: str, name: str, value: Array, raw: Any = None) -> None:
     """Raises `ValueError` when a concrete `value` holds NaN or ±inf (the loss would be, silently).
 
-    A traced value (under `jax.jit`, `jax.grad`) is not checked: that would
-    need a host round trip in every compiled step. Neither is an array of
-    several processes.
+    `raw` is the argument as passed: a finite float64 NumPy value beyond
+    float32's range became ±inf only when cast to float32, so it is reported
+    as out of float32's range rather than as non-finite input. A traced value
+    (under `jax.jit`, `jax.grad`) is not checked: that would need a host
+    round trip in every compiled step. Neither is an array of several
+    processes.
     """
     if isinstance(value, jax.core.Tracer):
         return
@@ -82,34 +86,96 @@ def _check_finite(function: str, name: str, value: Array) -> None:
         return
     finite = np.isfinite(np.asarray(value))  # read only to name the first bad element
     where = tuple(int(i) for i in np.argwhere(~finite)[0])
+    if raw is not None and not isinstance(raw, jax.Array):
+        given = np.asarray(raw, dtype=np.float64).reshape(finite.shape)
+        too_large = ~finite & np.isfinite(given)
+        if too_large.any():
+            first = tuple(int(i) for i in np.argwhere(too_large)[0])
+            limit = float(jnp.finfo(value.dtype).max)
+            raise ValueError(
+                f"{function}: {name} holds {int(too_large.sum())} finite value(s) beyond "
+                f"{value.dtype}'s range (|x| > {limit:.7g}), the first {float(given[first])!r} at "
+                f"index {first}; rescale them, or enable jax_enable_x64 for float64"
+            )
     raise ValueError(
         f"{function}: {name} holds {int((~finite).sum())} non-finite value(s) (NaN or ±inf), "
         f"the first at index {where}; the result would be non-finite"
     )
 
 
-def _error(raw_pred: Any, raw_target: Any, pred: Array, target: Array) -> Array:
-    """`target - pred` (`target` with a trailing axis to match `pred` when it has one less).
+def _result_dtype(pred: Array, target: Array) -> Any:
+    """float32, or float64 when an input is float64 under `jax_enable_x64`."""
+    return jnp.promote_types(jnp.result_type(pred, target), jnp.float32)
 
-    float32, or float64 when an input is float64 under `jax_enable_x64`. When
-    an input is a NumPy array (or Python numbers) and neither is traced, the
-    difference is taken in float64 on the host first: NumPy targets near 1e8
+
+def _host_error(
+    raw_pred: Any, raw_target: Any, target_shape: tuple[int, ...], dtype: Any
+) -> np.ndarray | None:
+    """float64 NumPy `target - pred` when the loss is computed on the host, else None.
+
+    The host path is taken when an input is a NumPy array (or Python numbers),
+    neither is traced and the result is float32: NumPy targets near 1e8
     rounded to float32 (a spacing of 8) before subtracting lose an error of a
-    few units entirely, while their float64 difference keeps float32's
-    relative precision.
+    few units entirely, and float32 sums of values near 1e37 overflow to inf.
+    `target` gets a trailing axis to match `pred` when it has one less.
     """
-    dtype = jnp.promote_types(jnp.result_type(pred, target), jnp.float32)
-    if target.ndim < pred.ndim:
-        target = target[..., None]
     raw = (raw_pred, raw_target)
     traced = any(isinstance(value, jax.core.Tracer) for value in raw)
     on_host = any(not isinstance(value, jax.Array) for value in raw)
-    if dtype != jnp.float64 and on_host and not traced:
-        difference = np.asarray(raw_target, np.float64).reshape(target.shape) - np.asarray(
-            raw_pred, np.float64
-        )
-        return jnp.asarray(difference, dtype)
+    if dtype == jnp.float64 or not on_host or traced:
+        return None
+    target = np.asarray(raw_target, np.float64).reshape(target_shape)
+    pred = np.asarray(raw_pred, np.float64)
+    if target.ndim < pred.ndim:
+        target = target[..., None]
+    return target - pred
+
+
+def _device_error(pred: Array, target: Array, dtype: Any) -> Array:
+    """`target - pred` in `dtype` (`target` with a trailing axis when it has one less)."""
+    if target.ndim < pred.ndim:
+        target = target[..., None]
     return target.astype(dtype) - pred.astype(dtype)
+
+
+def _host_result(function: str, value: float, dtype: Any) -> Array:
+    """A float64 host result as a `dtype` scalar; `ValueError` when it exceeds `dtype`'s range.
+
+    The sums are exact enough in float64; only a result that float32 cannot
+    hold (it would become ±inf) is refused, rather than returned as inf.
+    """
+    limit = float(jnp.finfo(dtype).max)
+    if not abs(value) <= limit:
+        raise ValueError(
+            f"{function}: the result {value!r} (computed in float64) exceeds {jnp.dtype(dtype)}'s "
+            f"range (|x| <= {limit:.7g}); rescale the inputs, or enable jax_enable_x64"
+        )
+    return jnp.asarray(value, dtype)
+
+
+def _pinball64(error: np.ndarray, quantile: np.ndarray) -> np.ndarray:
+    """`max(q e, (q - 1) e)` in float64 NumPy (the host path of the losses)."""
+    return np.maximum(quantile * error, (quantile - 1.0) * error)
+
+
+def _check_device_result(function: str, value: Array) -> Array:
+    """`value`, or `ValueError` when a concrete result from finite inputs is not finite.
+
+    The inputs were checked finite, so a non-finite result is a float32 sum
+    that overflowed. Traced results are not checked (no host round trip in a
+    compiled step).
+    """
+    if isinstance(value, jax.core.Tracer):
+        return value
+    if isinstance(value, jax.Array) and not value.is_fully_addressable:
+        return value
+    if not bool(jnp.isfinite(value)):
+        raise ValueError(
+            f"{function}: the {value.dtype} sum overflowed to {float(value)} from finite "
+            f"inputs; pass NumPy arrays (summed in float64 on the host), rescale the inputs, "
+            "or enable jax_enable_x64"
+        )
+    return value
 
 
 def pinball(pred: Array, target: Array, quantile: Array) -> Array:
@@ -133,14 +199,17 @@ def quantile_loss(pred: Array, target: Array, quantiles: Sequence[float]) -> Arr
 
     Returns:
       A float32 scalar (float64 when an input is float64 under
-      `jax_enable_x64`): the mean of `max(q·(y−ŷ_q), (q−1)·(y−ŷ_q))`, with
-      `y − ŷ` taken in float64 when an input is a NumPy array and neither
-      is traced.
+      `jax_enable_x64`): the mean of `max(q·(y−ŷ_q), (q−1)·(y−ŷ_q))`. When
+      an input is a NumPy array and neither is traced, `y − ŷ` and the mean
+      are computed in float64 on the host and only the result is cast; under
+      `jax.jit` / `jax.grad` everything is computed in the result's dtype.
 
     Raises:
       ValueError: on mismatched shapes, levels outside (0, 1), no values
-        at all (the mean would be a silent NaN), or a NaN or ±inf in a
-        concrete `pred` or `target` (traced values are not checked).
+        at all (the mean would be a silent NaN), a NaN or ±inf in a
+        concrete `pred` or `target` (traced values are not checked), a
+        finite float64 input beyond float32's range (it would become ±inf),
+        or a concrete result beyond the result dtype's range.
       TypeError: `pred` or `target` not real numbers, or `quantiles` traced.
     """
     raw_pred, raw_target = pred, target
@@ -168,14 +237,23 @@ def quantile_loss(pred: Array, target: Array, quantiles: Sequence[float]) -> Arr
             f"quantile_loss: pred and target hold no values (pred shape {tuple(pred.shape)}), "
             "so the mean loss is undefined"
         )
-    _check_finite("quantile_loss", "pred", pred)
-    _check_finite("quantile_loss", "target", target)
-    error = _error(raw_pred, raw_target, pred, target)
-    return jnp.mean(_pinball_of_error(error, jnp.asarray(levels, error.dtype)))
+    _check_finite("quantile_loss", "pred", pred, raw_pred)
+    _check_finite("quantile_loss", "target", target, raw_target)
+    dtype = _result_dtype(pred, target)
+    host = _host_error(raw_pred, raw_target, target.shape, dtype)
+    if host is not None:
+        mean = float(np.mean(_pinball64(host, levels)))
+        return _host_result("quantile_loss", mean, dtype)
+    error = _device_error(pred, target, dtype)
+    loss = jnp.mean(_pinball_of_error(error, jnp.asarray(levels, dtype)))
+    return _check_device_result("quantile_loss", loss)
 
 
 class ZeroTargetError(ValueError):
     """`q_risk` of targets whose absolute values sum to zero: the normalized risk is undefined."""
+
+
+_ZERO_TARGET = "q_risk: sum(|target|) is zero, so the normalized risk is undefined"
 
 
 def q_risk(pred: Array, target: Array, q: float) -> Array:
@@ -188,10 +266,18 @@ def q_risk(pred: Array, target: Array, q: float) -> Array:
 
     Returns:
       A float32 scalar (float64 when an input is float64 under
-      `jax_enable_x64`; `y − ŷ` taken in float64 when an input is a NumPy
-      array and neither is traced). Raises `ZeroTargetError` (a `ValueError`) when `Σ|y|` is zero
-      for concrete inputs (the risk is undefined there), and `ValueError` for
-      a NaN or ±inf in a concrete `pred` or `target`.
+      `jax_enable_x64`). When an input is a NumPy array and neither is
+      traced, `y − ŷ` and both sums are computed in float64 on the host and
+      only the ratio is cast (float32 sums of values near 1e37 overflow);
+      under `jax.jit` / `jax.grad` everything is computed in the result's
+      dtype.
+
+    Raises:
+      ZeroTargetError: (a `ValueError`) `Σ|y|` is zero for concrete inputs
+        (the risk is undefined there).
+      ValueError: a NaN or ±inf in a concrete `pred` or `target`, a finite
+        float64 input beyond float32's range (it would become ±inf), or a
+        concrete result beyond the result dtype's range.
     """
     raw_pred, raw_target = pred, target
     pred = _as_float("q_risk", "pred", pred)
@@ -213,13 +299,21 @@ def q_risk(pred: Array, target: Array, q: float) -> Array:
             f"q_risk: pred and target hold no values (shape {tuple(target.shape)}), so the "
             "risk is undefined"
         )
-    _check_finite("q_risk", "pred", pred)
-    _check_finite("q_risk", "target", target)
-    # The validated level in the inputs' precision, not `q`: a NumPy float64 `q`
-    # would make the risk of float32 inputs float64 under `jax_enable_x64`.
-    error = _error(raw_pred, raw_target, pred, target)
-    numerator = 2.0 * jnp.sum(_pinball_of_error(error, jnp.asarray(level, error.dtype)))
-    denominator = jnp.sum(jnp.abs(target.astype(error.dtype)))
+    _check_finite("q_risk", "pred", pred, raw_pred)
+    _check_finite("q_risk", "target", target, raw_target)
+    # The result in the inputs' precision, not `q`'s: a NumPy float64 `q` would
+    # make the risk of float32 inputs float64 under `jax_enable_x64`.
+    dtype = _result_dtype(pred, target)
+    host = _host_error(raw_pred, raw_target, target.shape, dtype)
+    if host is not None:
+        numerator = 2.0 * float(np.sum(_pinball64(host, level)))
+        denominator = float(np.sum(np.abs(np.asarray(raw_target, np.float64))))
+        if denominator == 0.0:
+            raise ZeroTargetError(_ZERO_TARGET)
+        return _host_result("q_risk", numerator / denominator, dtype)
+    error = _device_error(pred, target, dtype)
+    numerator = 2.0 * jnp.sum(_pinball_of_error(error, jnp.asarray(level, dtype)))
+    denominator = jnp.sum(jnp.abs(target.astype(dtype)))
     if not isinstance(denominator, jax.core.Tracer) and float(denominator) == 0.0:
-        raise ZeroTargetError("q_risk: sum(|target|) is zero, so the normalized risk is undefined")
-    return numerator / denominator
+        raise ZeroTargetError(_ZERO_TARGET)
+    return _check_device_result("q_risk", numerator / denominator)
