@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from tft_jax.baselines import (
+    _business_hour_seasons,
     candidate_periods,
     seasonal_naive,
     seasonal_naive_with_drift,
@@ -224,3 +225,42 @@ def test_baselines_refuse_a_history_that_is_not_real_numbers(history, baseline) 
     # failed deep in NumPy.
     with pytest.raises(TypeError, match="history must hold real numbers"):
         baseline(history, 2, 1)
+
+
+@pytest.mark.parametrize(
+    ("freq", "day", "week"),
+    [("bh", 8, 40), ("cbh", 8, 40), ("2bh", 4, 20), ("3bh", 8, 40), ("8bh", 1, 5)],
+)
+def test_business_hours_count_the_opening_hours_of_a_day_and_week(freq, day, week):
+    # 'bh' was taken as hourly: a period of 24 (three business days) and a week of 168.
+    # Closed form on 09:00-17:00, Monday to Friday: a day of 8 hours, a week of 40;
+    # n-hour steps take lcm(8, n) / n and lcm(40, n) / n steps.
+    assert seasonal_period(freq) == (day if day > 1 else week)
+    assert candidate_periods(freq, 1000) == tuple(sorted({1, day, week}))
+    assert candidate_periods(freq, 10) == tuple(sorted(p for p in {1, day, week} if p <= 10))
+
+
+@pytest.mark.parametrize(
+    "offset",
+    [
+        pd.offsets.BusinessHour(),
+        pd.offsets.BusinessHour(n=3),
+        pd.offsets.BusinessHour(start="09:30"),  # 7.5 hours a day
+        pd.offsets.BusinessHour(start=["08:00", "13:00"], end=["12:00", "17:30"]),
+        pd.offsets.BusinessHour(start="22:00", end="06:00"),  # overnight
+        pd.offsets.CustomBusinessHour(weekmask="Mon Tue Wed Thu Fri Sat"),
+        pd.offsets.CustomBusinessHour(n=2, start="10:00", end="15:00", weekmask="1111000"),
+    ],
+    ids=["default", "3h", "half_hour", "split", "overnight", "six_days", "custom"],
+)
+def test_business_hour_seasons_span_whole_days_and_weeks_on_pandas_calendar(offset):
+    # Independent of the arithmetic: step through pandas' own business-hour grid.
+    day, week = _business_hour_seasons(offset)
+    start = offset.rollforward(pd.Timestamp("2024-01-01 00:00"))  # a Monday's opening
+    grid = pd.date_range(start, periods=week + 1, freq=offset)
+    time_of_day = grid - grid.normalize()
+    # The first later step at the start's time of the day (and weekday) is the season.
+    same_time = np.flatnonzero(time_of_day[1:] == time_of_day[0]) + 1
+    assert same_time[0] == day
+    same_week = [i for i in same_time if grid[i].day_of_week == grid[0].day_of_week]
+    assert same_week[0] == week

@@ -13,6 +13,8 @@ The season comes from the sampling frequency (`seasonal_period`):
 step                                 period
 ==================================  ================================
 shorter than a day ('h', '15min')    steps per day (24 for hourly)
+business hour ('bh', 'cbh')          steps per business day (8 on the
+                                     default 09:00-17:00 hours)
 business day ('B')                   5 (a working week)
 day ('D')                            7 (a week)
 week ('W')                           52 (a year)
@@ -26,6 +28,14 @@ that make whole seasons ('2MS': 6, '2QS': 2, '2D': 7 steps, i.e. two whole
 weeks, '2B': 5). Steps of a week or longer that are not calendar months make
 a year of about 365.25 days ('2W': 26, '14D': 26, '10D': 37); half months
 ('SMS') make a year of 24.
+
+Business hours ('bh', 'cbh') count only the opening hours (the offset's
+`start`/`end`, 09:00-17:00 by default) on its working days (Monday to
+Friday, or a `CustomBusinessHour`'s `weekmask`): the day is 8 steps and the
+week 40 by default, and a multiple takes the fewest steps that make whole
+business days ('2bh': 4, '3bh': 8, three days). A step of a business day or
+more ('8bh') takes the business week as its season. Holidays are not
+counted: around one the grid shifts by a day.
 """
 
 from __future__ import annotations
@@ -78,6 +88,26 @@ def _business_days_per_year(count: int) -> int:
     return max(1, round(260 / count))
 
 
+def _business_hour_seasons(offset: pd.offsets.BusinessHour) -> tuple[int, int]:
+    """`(day, week)`: the fewest steps of `offset` that make whole business days and weeks.
+
+    A business day is the sum of the offset's opening intervals (an interval
+    whose end is not after its start runs past midnight), a business week
+    that times the working days of its week mask (Monday to Friday unless a
+    `CustomBusinessHour` says otherwise). Counted in seconds, so that opening
+    hours such as 09:30-17:00 (7.5 hours) are exact.
+    """
+    day = 0
+    for start, end in zip(offset.start, offset.end, strict=True):
+        opens = pd.Timedelta(hours=start.hour, minutes=start.minute, seconds=start.second)
+        closes = pd.Timedelta(hours=end.hour, minutes=end.minute, seconds=end.second)
+        day += int(((closes - opens) % _DAY).total_seconds()) or int(_DAY.total_seconds())
+    weekmask = getattr(offset, "weekmask", None) or "Mon Tue Wed Thu Fri"
+    days = int(np.busdaycalendar(weekmask=weekmask).weekmask.sum())
+    step = _unit_count(offset) * 3600
+    return _whole_seasons(day, step), _whole_seasons(day * days, step)
+
+
 def seasonal_period(freq: str) -> int:
     """The season length in steps for the pandas frequency alias `freq` (module table).
 
@@ -87,6 +117,9 @@ def seasonal_period(freq: str) -> int:
     """
     offset = parse_frequency(freq)
     count = _unit_count(offset)
+    if isinstance(offset, pd.offsets.BusinessHour):  # CustomBusinessHour is one too
+        day, week = _business_hour_seasons(offset)
+        return day if day > 1 else week
     if isinstance(offset, pd.offsets.BusinessDay):
         return _whole_seasons(5, count) if count < 5 else _business_days_per_year(count)
     if isinstance(offset, pd.offsets.SemiMonthBegin | pd.offsets.SemiMonthEnd):
@@ -221,13 +254,18 @@ def candidate_periods(freq: str, history: int) -> tuple[int, ...]:
     """Seasonal periods worth trying as baselines for `freq`, those that fit in `history`.
 
     The frequency's own season (`seasonal_period`), the one above it where a
-    longer cycle is common (hourly: the day and the week; daily: the week and
-    the year), and 1 (the last value). A sub-daily step that does not divide
+    longer cycle is common (hourly: the day and the week; business hours:
+    the business day and week; daily: the week and the year), and 1 (the
+    last value). A sub-daily step that does not divide
     a day has no season of its own (`seasonal_period` raises), so only 1 is
     offered: the caller scores its explicitly configured period next to it
     rather than failing the evaluation.
     """
     step = typical_step(freq)  # raises ValueError for an unknown alias
+    offset = parse_frequency(freq)
+    if isinstance(offset, pd.offsets.BusinessHour):  # the business day and week
+        periods = {1, *_business_hour_seasons(offset)}
+        return tuple(sorted(p for p in periods if p <= history))
     if step < _DAY and _DAY % step != pd.Timedelta(0):
         return (1,)
     base = seasonal_period(freq)
@@ -235,7 +273,6 @@ def candidate_periods(freq: str, history: int) -> tuple[int, ...]:
     if step < _DAY and base * 7 > base:
         longer.append(base * 7)  # the week
     elif _DAY <= step < _WEEK:  # the year
-        offset = parse_frequency(freq)
         if isinstance(offset, pd.offsets.BusinessDay):
             longer.append(_business_days_per_year(_unit_count(offset)))
         else:
