@@ -554,3 +554,36 @@ def test_checkpoint_refuses_a_flat_state_of_parameters_laid_out_otherwise_with_e
         restored = checkpointer.restore_latest(saved)
     assert restored is not None
     np.testing.assert_array_equal(restored.state.opt_state.mu, saved.opt_state.mu)
+
+
+@pytest.mark.parametrize(
+    ("mask", "where"),
+    [
+        ({"params": {"w": True, "b": "no"}, "extra": False}, r"\['params'\]\['b'\]"),
+        ({"params": {"w": 1, "b": False}, "extra": False}, r"\['params'\]\['w'\]"),
+        ({"params": {"w": jnp.array(False), "b": False}, "extra": False}, r"\['params'\]\['w'\]"),
+        ({"params": np.array([True, False]), "extra": False}, r"\['params'\]"),
+        (lambda tree: 5, r"\(the whole mask\) returned by the mask callable"),
+        (lambda tree: {"params": "yes", "extra": True}, r"\['params'\] returned by the mask"),
+    ],
+    ids=["string", "int", "jax_array", "numpy_array", "callable_int", "callable_string"],
+)
+def test_mask_leaves_that_are_not_booleans_raise_type_error_naming_their_path(
+    mask: Any, where: str
+) -> None:
+    # bool(flag) took any truthy leaf as "decay": a leaf "no" decayed its parameters,
+    # a callable returning 5 decayed everything, without a word.
+    params = {"params": {"w": jnp.ones(3), "b": jnp.ones(2)}, "extra": jnp.ones(1)}
+    tx = flat_adamw(0.1, weight_decay=0.1, mask=mask)
+    with pytest.raises(TypeError, match=rf"mask leaves must be concrete booleans.* at {where}"):
+        tx.init(params)
+
+
+def test_numpy_booleans_are_accepted_as_mask_leaves_and_select_the_decay() -> None:
+    params = {"w": jnp.ones(3), "b": jnp.ones(2)}
+    grads = jax.tree.map(jnp.zeros_like, params)
+    tx = flat_adamw(1.0, weight_decay=0.5, mask={"w": np.bool_(True), "b": np.False_})
+    updates, _ = tx.update(grads, tx.init(params), params)
+    # Zero gradients: the update is -lr · wd · p where decayed, 0 elsewhere.
+    np.testing.assert_allclose(np.asarray(updates["w"]), -0.5 * np.ones(3))
+    np.testing.assert_allclose(np.asarray(updates["b"]), np.zeros(2))

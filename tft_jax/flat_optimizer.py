@@ -161,10 +161,11 @@ def _mask_vector(mask: Any, tree: PyTree, layout: _Layout) -> np.ndarray:
 
     `mask` is a pytree of booleans with `tree`'s structure, or a prefix of it
     (one flag for a whole subtree), or a callable returning one from `tree`,
-    as `optax.adamw(mask=...)` takes it. Its flags must be concrete (Python
-    or NumPy booleans): they select parameters, not values.
+    as `optax.adamw(mask=...)` takes it. Its flags must be concrete Python or
+    NumPy booleans (`_check_mask_flags`): they select parameters, not values.
     """
     flags = mask(tree) if callable(mask) else mask
+    _check_mask_flags(flags, callable(mask))
     try:
         per_leaf = jax.tree.leaves(
             jax.tree.map(lambda flag, subtree: jax.tree.map(lambda _: flag, subtree), flags, tree)
@@ -181,15 +182,30 @@ def _mask_vector(mask: Any, tree: PyTree, layout: _Layout) -> np.ndarray:
             f"flat_adamw: the weight-decay mask must have the structure of the parameters"
             f"{top} (or a prefix of it){hint}: {error}"
         ) from error
-    values = []
-    for flag in per_leaf:
-        if isinstance(flag, jax.core.Tracer) or np.ndim(flag) != 0:
-            raise TypeError(
-                "flat_adamw: weight-decay mask leaves must be concrete booleans (one per "
-                f"parameter leaf), got {flag!r}"
-            )
-        values.append(bool(flag))
+    values = [bool(flag) for flag in per_leaf]  # each a bool or np.bool_, checked above
     return np.repeat(np.asarray(values, bool), np.asarray(layout.sizes, np.int64))
+
+
+def _check_mask_flags(flags: Any, from_callable: bool) -> None:
+    """Raises `TypeError` naming the path of a mask leaf that is not a Python or NumPy bool.
+
+    `bool(flag)` took any truthy value as "decay": a leaf "no" decayed its
+    parameters, and a callable returning 5 decayed everything, both without
+    a word. A traced flag (a mask computed under `jax.jit`) or a JAX array
+    selects nothing concrete, and an array of flags is not one per leaf.
+    """
+    leaves, _ = jax.tree_util.tree_flatten_with_path(flags)
+    for path, flag in leaves:
+        if isinstance(flag, bool | np.bool_):
+            continue
+        where = jax.tree_util.keystr(path) or "(the whole mask)"
+        source = " returned by the mask callable" if from_callable else ""
+        kind = "a traced value" if isinstance(flag, jax.core.Tracer) else type(flag).__name__
+        raise TypeError(
+            f"flat_adamw: weight-decay mask leaves must be concrete booleans (Python bool or "
+            f"np.bool_, one per parameter leaf or subtree), got {kind} {flag!r} at "
+            f"{where}{source}"
+        )
 
 
 def flat_adamw(
