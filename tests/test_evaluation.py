@@ -269,6 +269,28 @@ def test_scaled_loss_with_log1p_is_none_for_a_forecast_outside_the_domain():
         forecast_metrics(actual, actual, QUANTILES, np.ones(1), "log")
 
 
+def test_scaled_loss_with_log1p_refuses_an_actual_outside_the_domain_naming_it():
+    # log1p(-2) is NaN: the scaled loss was NaN without a word (only forecasts were checked).
+    actual = np.array([[1.0, -2.0, 3.0], [0.5, -1.0, 2.0]])
+    with pytest.raises(
+        ValueError, match=r"actual holds 2 values <= -1 \(the first -2.0 at index \(0, 1\)\).*log1p"
+    ):
+        forecast_metrics(np.zeros_like(actual), actual, QUANTILES, np.ones(2), "log1p")
+    # Without log1p (or without a scale, so no scaled loss) the same actuals are scored.
+    metrics = forecast_metrics(np.zeros_like(actual), actual, QUANTILES, np.ones(2))
+    assert np.isfinite(metrics["mean_quantile_loss_scaled"])
+    assert "mean_quantile_loss_scaled" not in forecast_metrics(
+        np.zeros_like(actual), actual, QUANTILES, None, "log1p"
+    )
+
+
+@pytest.mark.parametrize("quantiles", [["a"], None, "0.5", [0.5, object()]])
+def test_quantiles_that_are_not_numbers_raise_naming_quantiles(quantiles):
+    # ['a'] raised a bare "could not convert string to float: 'a'".
+    with pytest.raises(TypeError, match=r"quantiles must be a sequence of numbers"):
+        forecast_metrics(np.zeros((1, 3)), np.ones((1, 3)), quantiles)
+
+
 # ----------------------------------------------------------------- float64 metrics
 
 

@@ -569,12 +569,62 @@ def test_a_backtest_cutoff_or_a_split_whose_targets_are_all_zero_is_named(fitted
     forecaster, table, _ = fitted
     last_days = sorted(table["day"].unique())[-HORIZON:]
     zeroed = table.assign(sales=table["sales"].where(~table["day"].isin(last_days), 0.0))
-    with pytest.raises(ValueError, match=rf"after the cutoff {last_days[0]}( 00:00:00)? is zero"):
-        forecaster.backtest(zeroed, n_windows=2)
+    # Raised only when no cutoff can be scored.
+    with pytest.raises(ValueError, match=rf"each cutoff \({last_days[0]}( 00:00:00)?\) is zero"):
+        forecaster.backtest(zeroed, n_windows=1)
     test_days = sorted(table["day"].unique())[-(HORIZON + 20) :]  # past the test cut
     zeroed = table.assign(sales=table["sales"].where(~table["day"].isin(test_days), 0.0))
     with pytest.raises(ValueError, match=r"every target of the test split \(\d+ windows\) is zero"):
         forecaster.evaluate(zeroed)
+
+
+def test_a_backtest_cutoff_whose_targets_are_all_zero_is_nan_and_the_others_are_scored(fitted):
+    # One zero cutoff made the whole backtest raise, so the others were not scored.
+    forecaster, table, _ = fitted
+    days = sorted(table["day"].unique())
+    last_days = days[-HORIZON:]
+    zeroed = table.assign(sales=table["sales"].where(~table["day"].isin(last_days), 0.0))
+    with pytest.warns(UserWarning, match=rf"cutoff\(s\) {last_days[0]}( 00:00:00)? is zero"):
+        result = forecaster.backtest(zeroed, n_windows=2)
+    zero_cutoff = pd.Timestamp(last_days[0])
+    first, zero = result[result["cutoff"] != zero_cutoff], result[result["cutoff"] == zero_cutoff]
+    assert set(zero["model"]) == set(first["model"]) == {"seasonal_naive", "best_baseline", "fp32"}
+    assert zero[["p50_q_risk", "p90_q_risk"]].isna().all().all()
+    # The other cutoff scores as in the untouched table (its windows end before the zeros).
+    reference = forecaster.backtest(table, n_windows=2)
+    reference = reference[reference["cutoff"] != zero_cutoff]
+    pd.testing.assert_frame_equal(first.reset_index(drop=True), reference.reset_index(drop=True))
+    # Against zero actuals the pinball loss of a forecast f >= 0 is (1 - q) f: the seasonal
+    # naive forecast repeats the H = 7 = period days before the cutoff.
+    levels = np.asarray(forecaster.tft_config.quantiles)
+    assert forecaster.season_period == HORIZON
+    before = table[table["day"].isin(days[-2 * HORIZON : -HORIZON])]["sales"].to_numpy()
+    assert (before >= 0).all()
+    by_model = zero.set_index("model")
+    expected = (1.0 - levels.mean()) * before.mean()
+    assert by_model.loc["seasonal_naive", "mean_quantile_loss"] == pytest.approx(expected, rel=1e-9)
+    assert np.isnan(by_model.loc["best_baseline", "mean_quantile_loss"])
+    assert pd.isna(by_model.loc["best_baseline", "baseline"])
+    assert np.isfinite(by_model.loc["fp32", "mean_quantile_loss"])
+
+
+def test_a_scored_period_without_observed_targets_names_no_option_the_caller_lacks(fitted):
+    # The error ended "pass require_observed_target=False to keep them", an option
+    # neither Forecaster.evaluate nor `tft-jax evaluate` has (and unscoreable windows).
+    forecaster, table, _ = fitted
+    days = sorted(table["day"].unique())
+    blank = table.assign(sales=table["sales"].where(~table["day"].isin(days[-10:])))
+    with pytest.raises(ValueError, match=r"all have a filled target step") as caught:
+        forecaster.evaluate(blank)
+    assert "require_observed_target" not in str(caught.value)
+    assert "no observed target to score a forecast against" in str(caught.value)
+    # Preparing a table to fit on still offers the option, which prepare_dataset takes.
+    with (
+        pytest.raises(ValueError, match=r"require_observed_target=False to keep them"),
+        warnings.catch_warnings(),
+    ):
+        warnings.simplefilter("ignore")
+        prepare_dataset(blank, **DATA.prepare_options())
 
 
 def test_backtest_and_predict_take_numpy_integers(fitted):

@@ -16,7 +16,9 @@ Metrics per model (`forecast_metrics`):
   window further (comparable across series): forecasts and
   targets go through the target transform (`log1p`) before the division by
   the series' scale; None for a forecast outside the transform's domain (a
-  drifting baseline at or below -1 with `log1p`), where it is undefined.
+  drifting baseline at or below -1 with `log1p`), where it is undefined; an
+  actual there is refused with a `ValueError` (data the transform cannot
+  have been fitted on, as the data layer refuses it).
 
 The metrics are computed in float64 NumPy, not with the float32 JAX losses:
 a float32 copy of a target at a level of 1e8 is rounded to a multiple of 8,
@@ -367,6 +369,39 @@ def _pinball64(forecast: np.ndarray, actual: np.ndarray, levels: Sequence[float]
     return np.maximum(q * error, (q - 1.0) * error)
 
 
+def mean_quantile_loss(
+    forecast: np.ndarray, actual: np.ndarray, quantiles: Sequence[float]
+) -> float:
+    """The float64 mean pinball loss of `forecast` against `actual`, as `forecast_metrics` gives.
+
+    Defined where q-risk is not (targets all zero), so `Forecaster.backtest`
+    still reports it at such a cutoff. `forecast`: `(N, H, Q)` quantile
+    forecasts, or `(N, H)` a point forecast used for every level.
+
+    Raises:
+      ValueError: mismatched shapes, no level or one outside (0, 1), no
+        value, or a value that is not finite.
+      TypeError: `quantiles` not numbers.
+    """
+    levels = _levels(quantiles)
+    forecast = np.asarray(forecast, dtype=np.float64)
+    actual = np.asarray(actual, dtype=np.float64)
+    if forecast.shape == actual.shape:
+        forecast = np.repeat(forecast[..., None], len(levels), axis=-1)
+    if not all(0.0 < q < 1.0 for q in levels):
+        raise ValueError(f"quantiles must be levels in (0, 1), got {list(levels)}")
+    if not levels or actual.size == 0 or forecast.shape != (*actual.shape, len(levels)):
+        raise ValueError(
+            f"forecast must have shape {actual.shape} or {(*actual.shape, len(levels))} for "
+            f"actual {actual.shape} and {len(levels)} quantiles (at least one of each), got "
+            f"{forecast.shape}"
+        )
+    for name, values in (("actual", actual), ("forecast", forecast)):
+        if not np.all(np.isfinite(values)):
+            raise ValueError(f"{name} holds values that are not finite: the loss would be too")
+    return float(np.mean(_pinball64(forecast, actual, levels)))
+
+
 def forecast_metrics(
     forecast: np.ndarray,
     actual: np.ndarray,
@@ -394,11 +429,14 @@ def forecast_metrics(
     Raises:
       ValueError: mismatched shapes, no level or one outside (0, 1), no value,
         a NaN or infinite value in `forecast` or `actual`, a `scale` not
-        `(N,)` positive and finite, or an unknown `target_transform`;
+        `(N,)` positive and finite, an unknown `target_transform`, or with
+        a `scale` and `target_transform='log1p'` an `actual` at or below -1
+        (outside log1p's domain; a forecast there gives a None scaled loss);
         `tft_jax.losses.ZeroTargetError` (a `ValueError`) when `Σ|actual|` is
         zero (q-risk is undefined).
+      TypeError: `quantiles` not numbers.
     """
-    levels = tuple(float(q) for q in quantiles)
+    levels = _levels(quantiles)
     forecast = np.asarray(forecast, dtype=np.float64)
     actual = np.asarray(actual, dtype=np.float64)
     if forecast.shape == actual.shape:
@@ -447,6 +485,7 @@ def forecast_metrics(
         )
     if scale is not None:
         divisor = _window_divisor(scale, actual.shape)
+        _check_actual_domain(actual, target_transform)
         if target_transform == "log1p" and not np.all(forecast > -1.0):
             # log1p of a forecast at or below -1 is -inf or NaN: undefined, said as None.
             metrics["mean_quantile_loss_scaled"] = None
@@ -461,6 +500,43 @@ def forecast_metrics(
                 )
             )
     return metrics
+
+
+def _levels(quantiles: Any) -> tuple[float, ...]:
+    """`quantiles` as a tuple of floats; `TypeError` naming `quantiles` when they are not numbers.
+
+    `float('a')` failed with a bare "could not convert string to float"
+    naming no argument, and a string of one level was read character by
+    character.
+    """
+    message = f"quantiles must be a sequence of numbers in (0, 1), got {quantiles!r}"
+    if quantiles is None or isinstance(quantiles, str | bytes):
+        raise TypeError(message)
+    try:
+        return tuple(float(q) for q in np.asarray(quantiles, dtype=np.float64).reshape(-1))
+    except (TypeError, ValueError) as error:
+        raise TypeError(message) from error
+
+
+def _check_actual_domain(actual: np.ndarray, target_transform: str) -> None:
+    """Raises `ValueError` naming `actual`'s first value outside the target transform's domain.
+
+    `log1p` of an actual at or below -1 is -inf or NaN, which made the scaled
+    loss NaN without a word. Unlike a forecast there (a drifting baseline,
+    whose scaled loss is reported as None), such an actual is data the
+    transform can never have been fitted on: the data layer refuses it too
+    (`tft_jax.data.scaling.check_domain`).
+    """
+    if target_transform != "log1p":
+        return
+    bad = actual <= -1.0
+    if bad.any():
+        index = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(
+            f"actual holds {int(bad.sum())} values <= -1 (the first {actual[index]} at index "
+            f"{index}), outside the domain of target_transform='log1p' (values > -1), so the "
+            "scaled loss is undefined; fix those values or use target_transform='none'"
+        )
 
 
 def _window_divisor(scale: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:

@@ -409,7 +409,7 @@ def _check_windows(
     step in their horizon, the message says so: the warning counting the
     filled steps comes only after a successful preparation, and "widen the
     period" alone hides the cause (e.g. business-day data given freq='D',
-    whose weekends are filled rows).
+    whose weekends are filled rows). See `_filled_windows_hint`.
     """
     for name, window_set in windows.items():
         begin, end = periods[name]
@@ -418,14 +418,7 @@ def _check_windows(
                 window_set.panel, window_set.history, horizon, begin, end,
                 require_observed_target=False,
             )  # fmt: skip
-            filled = (
-                f"; its {len(every)} windows all have a filled target step (a row missing "
-                "from the table on the freq grid, or an empty target) in their horizon and "
-                "were left out: check that freq is the frequency the data is recorded at, or "
-                "pass require_observed_target=False to keep them"
-                if len(every)
-                else ""
-            )
+            filled = _filled_windows_hint(len(every), scoring=split_by is not None)
             if split_by is not None:
                 times = window_set.panel.times
                 steps = len(times[(times >= begin) & (times < end)].unique())
@@ -442,6 +435,34 @@ def _check_windows(
                 "target); widen that period (validation_fraction/test_fraction, or "
                 f"validation_start/test_start) or shorten history/horizon{filled}"
             )
+
+
+def _filled_windows_hint(count: int, scoring: bool) -> str:
+    """The end of `_check_windows`' message when `count` windows were left out for a filled target.
+
+    Empty when there were none. `scoring`: a fitted model reads the table to
+    score it (`Forecaster.evaluate`, `backtest`, `tft-jax evaluate`), where a
+    filled target step has no actual to score against, so keeping those
+    windows is no way out, and those callers have no
+    `require_observed_target` option to pass: the hint names it only when
+    a table is prepared for fitting (`prepare_dataset` takes it).
+    """
+    if count == 0:
+        return ""
+    filled = (
+        f"; its {count} windows all have a filled target step (a row missing from the table "
+        "on the freq grid, or an empty target) in their horizon"
+    )
+    if scoring:
+        return (
+            f"{filled}, which has no observed target to score a forecast against: check that "
+            "freq is the frequency the data is recorded at and that the table holds the "
+            "period's targets"
+        )
+    return (
+        f"{filled} and were left out: check that freq is the frequency the data is recorded "
+        "at, or pass prepare_dataset's require_observed_target=False to keep them"
+    )
 
 
 # The spec fields a fitted preprocessor fixes (the model's inputs and their grid).

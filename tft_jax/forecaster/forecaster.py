@@ -62,8 +62,10 @@ from tft_jax.evaluation import (
     bucketed_batch_size,
     comparisons,
     forecast_metrics,
+    mean_quantile_loss,
     monotone,
     predict_windows,
+    seasonal_naive_forecast,
     to_original_units,
     window_scales,
 )
@@ -86,6 +88,31 @@ from tft_jax.model import TemporalFusionTransformer
 from tft_jax.paths import expanded
 
 Table = pd.DataFrame | str | os.PathLike
+
+
+def _check_zero_target_cutoffs(cutoffs: list[pd.Timestamp], count: int, horizon: int) -> None:
+    """Warns of `backtest` cutoffs whose targets are all zero; raises when all `count` are.
+
+    q-risk divides by the sum of the targets' absolute values, so it is
+    undefined at such a cutoff: its rows say NaN rather than the whole
+    backtest failing for one cutoff, unless no cutoff can be scored.
+    """
+    if not cutoffs:
+        return
+    listed = ", ".join(str(cutoff) for cutoff in cutoffs)
+    if len(cutoffs) == count:
+        raise TableContentError(
+            f"backtest: every target over the {horizon} steps after each cutoff ({listed}) is "
+            "zero, so q-risk is undefined at all of them; choose other cutoffs with n_windows "
+            "and step"
+        )
+    warnings.warn(
+        f"backtest: every target over the {horizon} steps after the cutoff(s) {listed} is "
+        "zero, so q-risk is undefined there: their p50_q_risk and p90_q_risk are NaN (the "
+        "mean_quantile_loss is scored; best_baseline, chosen by q-risk, is NaN)",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 def check_global_batch(
@@ -1253,6 +1280,20 @@ class Forecaster:
           (for the `best_baseline` rows, the baseline chosen at that cutoff,
           e.g. 'drift_7'; NaN for the others), `windows`, `p50_q_risk`,
           `p90_q_risk`, `mean_quantile_loss`.
+
+          A cutoff whose targets over the next `H` steps are all zero has no
+          q-risk (it divides by their absolute sum): its rows are kept with
+          `p50_q_risk` and `p90_q_risk` NaN, the mean quantile loss still
+          scored (NaN for `best_baseline`, whose choice needs a q-risk), and a
+          `UserWarning` names the cutoff, so that the other cutoffs are still
+          scored. Aggregate with `skipna` (pandas' default) or drop them.
+
+        Raises:
+          TableContentError: every cutoff's targets are all zero, a cutoff
+            has no window to score, or every window there has a history
+            `predict` refuses.
+          ValueError: bad `n_windows`/`step`, too short a table, a new
+            series without a target before the first cutoff.
         """
         for name, value in (("n_windows", n_windows), ("step", step)):
             if value is not None and (
@@ -1294,6 +1335,7 @@ class Forecaster:
         positions = [last_start - k * step for k in range(n_windows)][::-1]
         offset = parse_frequency(data.freq)
         records = []
+        zero_cutoffs: list[pd.Timestamp] = []
         for position in positions:
             cutoff = grid_times[position]
             last = grid_times[position + data.horizon - 1]
@@ -1322,16 +1364,12 @@ class Forecaster:
             windows = WindowSet(
                 panel, starts, data.history, data.horizon, normalized=data.window_normalization
             )
+            predictions = self.predictions(dataset, windows, models)
             try:
-                metrics, _ = self._metrics(
-                    dataset, windows, self.predictions(dataset, windows, models)
-                )
+                metrics, _ = self._metrics(dataset, windows, predictions)
             except ZeroTargetError:
-                raise TableContentError(
-                    f"backtest: every target over the {data.horizon} steps after the cutoff "
-                    f"{cutoff} is zero ({starts.size} windows), so q-risk is undefined there; "
-                    "choose other cutoffs with n_windows and step"
-                ) from None
+                zero_cutoffs.append(cutoff)
+                metrics = self._zero_target_metrics(dataset, windows, predictions)
             for name, row in metrics.items():
                 records.append(
                     {
@@ -1344,7 +1382,41 @@ class Forecaster:
                         "mean_quantile_loss": row["mean_quantile_loss"],
                     }
                 )
+        _check_zero_target_cutoffs(zero_cutoffs, len(positions), data.horizon)
         return pd.DataFrame.from_records(records)
+
+    def _zero_target_metrics(
+        self, dataset: PreparedDataset, windows: WindowSet, predictions: dict[str, Predictions]
+    ) -> dict[str, dict[str, Any]]:
+        """`backtest`'s metrics at a cutoff whose targets are all zero, where q-risk is undefined.
+
+        The same models as `_metrics` gives (`seasonal_naive`, `best_baseline`
+        and the trained ones), their q-risks NaN; the mean quantile loss (which
+        divides by no target) is still scored, except for `best_baseline`,
+        whose choice by P50 q-risk is undefined (NaN, no `name`).
+        """
+        quantiles = self.tft_config.quantiles
+        actual = actuals(dataset, windows)
+        naive = seasonal_naive_forecast(dataset, windows, self.season_period)
+        if self.config.data.nonnegative:
+            naive = np.maximum(naive, 0.0)  # as `baseline_metrics` clips the baselines
+        forecasts = {"seasonal_naive": naive, "best_baseline": None}
+        for name, prediction in predictions.items():
+            forecasts[name] = self.postprocess(
+                to_original_units(dataset, windows, prediction.quantiles)
+            )
+        return {
+            name: {
+                "p50_q_risk": float("nan"),
+                "p90_q_risk": float("nan"),
+                "mean_quantile_loss": (
+                    float("nan")
+                    if forecast is None
+                    else mean_quantile_loss(forecast, actual, quantiles)
+                ),
+            }
+            for name, forecast in forecasts.items()
+        }
 
     # ------------------------------------------------------------------ save / load
 
