@@ -1429,9 +1429,16 @@ def test_with_schedule_steps_rejects_what_it_cannot_do_naming_the_argument() -> 
         with_schedule_steps(state, 10.0)  # type: ignore[arg-type]
     for _ in range(3):
         state, _ = train_step(state, make_batch(1), jax.random.key(1))
-    with pytest.raises(ValueError, match=r"total_steps must not be below the state's step \(8\)"):
-        with_schedule_steps(state.replace(step=jnp.asarray(8, jnp.int32)), 7)
     assert in_state_schedule(with_schedule_steps(state, 5)).total_steps == 5
+    # The schedule reads the optimizer's update count (3 here), not the step, which
+    # skipped steps advance too: a total below the count is refused, the step does not matter.
+    short = schedule_state(1e-2, 40, 1)
+    for _ in range(3):
+        short, _ = train_step(short, make_batch(1), jax.random.key(1))
+    short = short.replace(step=jnp.asarray(8, jnp.int32))
+    with pytest.raises(ValueError, match=r"below the state's update count \(3"):
+        with_schedule_steps(short, 2)
+    assert in_state_schedule(with_schedule_steps(short, 3)).total_steps == 3
     assert in_state_schedule(tiny_state()) is None
 
 

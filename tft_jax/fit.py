@@ -42,6 +42,7 @@ from tft_jax.train_state import (
     _with_schedule,
     copy_state,
     in_state_schedule,
+    schedule_update_count,
     with_schedule_steps,
 )
 
@@ -87,6 +88,9 @@ class LoopState:
       schedule_steps: the total steps that the time budget refitted the
         in-state learning-rate schedule to, or None when it was not refitted
         (the refitted schedule itself is in the checkpointed optimizer state).
+      schedule_budget: the time budget, in seconds, that refitted it; None
+        when it was not refitted (and in checkpoints written before it was
+        kept), so that a resume under another budget refits anew.
       announced_skips: the `TrainState.skipped_steps` count already announced
         (at the latest evaluation, or the state's count when the run started),
         so that a resumed run announces the skips the checkpoint holds but
@@ -106,6 +110,7 @@ class LoopState:
     stopped_on_budget: bool = False
     seconds: float = 0.0
     schedule_steps: int | None = None
+    schedule_budget: float | None = None
     announced_skips: int | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -144,6 +149,8 @@ class FitResult(NamedTuple):
       schedule_steps: where the in-state learning-rate schedule ends at the
         end of training: the total the time budget refitted it to, else the
         planned one; None when the learning rate is compiled into the step.
+        Counted in applied updates, which the schedule reads: steps skipped
+        before the refit leave it that many below the step it ends at.
     """
 
     state: TrainState
@@ -322,10 +329,15 @@ def fit(
         (their mean past the first, which compiles) tell how many steps the
         rest of the budget allows; when that is fewer than planned, the
         cosine is made to end there (`with_schedule_steps`, announced unless
-        `quiet`), so that the last steps train at the low learning rate. A
-        budget spent before the step time is measured says so at the stop.
-        `max_steps` stays the cap; the refitted total is in the checkpoints
-        (a resumed run keeps it) and in `FitResult.schedule_steps`.
+        `quiet`), so that the last steps train at the low learning rate. The
+        schedule counts applied updates: steps that apply none (skipped for
+        a non-finite loss, or without an observed target) move its end
+        earlier, at the refit and at each later evaluation, so that it still
+        ends at the stop. A budget spent before the step time is measured
+        says so at the stop. `max_steps` stays the cap; the refitted total is
+        in the checkpoints and in `FitResult.schedule_steps`. A resumed run
+        keeps it while it trains under the budget it was fitted to (see
+        `resume`).
       checkpoint_dir: where the latest and best checkpoints go (see
         `tft_jax.checkpoint`); None keeps no checkpoints. A fresh start
         (`resume=False`) refuses a folder holding another run's checkpoints.
@@ -338,12 +350,23 @@ def fit(
       resume: continue from the newest intact checkpoint in `checkpoint_dir` if
         there is one (a fresh start otherwise; either is announced unless
         `quiet`); `state` then only gives the structure, and its
-        schedule (when in the optimizer state) unless the time budget
-        refitted the checkpoint's. With the same
-        arguments the result equals that of the uninterrupted run; a finished
-        run returns at once, unless `epochs`, `max_steps` or `time_budget`
-        were raised, or `patience` (a run stopped early trains on while its
-        evaluations since the best are fewer than the new `patience`).
+        schedule (when in the optimizer state: another one than the
+        checkpoint's, in any of its four numbers, is announced with a
+        `UserWarning` naming the rate it goes on from). A schedule the time
+        budget refitted is kept instead while the run goes on under the same
+        budget: it ends where that budget stops the run. When the run goes on
+        past that stop (a run stopped on its budget resumed with a larger one
+        or none, another `time_budget`, or a refitted cosine at its end with
+        steps left), its steps would train at the end rate, 0 for the usual
+        schedule, and change nothing: `state`'s schedule takes over from the
+        rate it gives at the update count, announced with a `UserWarning`,
+        and a `time_budget` refits it anew to the time left. A run going on
+        past the end of a schedule whose end rate is 0 is warned of. With
+        the same arguments the result equals that of the uninterrupted run;
+        a finished run returns at once, unless `epochs`, `max_steps` or
+        `time_budget` were raised, or `patience` (a run stopped early trains
+        on while its evaluations since the best are fewer than the new
+        `patience`).
       calibrate_steps: None for models without calibration; N for the QAT
         model: steps `< N` run with `calibrate=True`, later ones `calibrate=False`.
       quiet: print nothing (no progress bar, no lines).
@@ -444,6 +467,8 @@ def fit(
     # (whatever device count wrote it), in every process of a multi-host run.
     state = place_state(state, mesh, fsdp)
     planned_schedule = in_state_schedule(state)
+    refit_gives_way: str | None = None  # why a checkpoint's refitted schedule is not kept
+    resumed = False
     if checkpointer is not None and resume:
         restored = checkpointer.restore_latest(state)
         if restored is None and checkpointer.steps(BEST):
@@ -458,6 +483,7 @@ def fit(
         else:
             _check_resume_seed(restored.rng, seed_key, seed)
             state, loop = restored.state, LoopState.from_json(restored.loop)
+            resumed = True
             earlier_seconds = loop.seconds
             if max_steps is not None and loop.step > max_steps:
                 # Nothing is undone: the result is the checkpoint's, past the cap asked for.
@@ -472,9 +498,18 @@ def fit(
                 # max_steps, say), as when schedules were compiled into the step.
                 if total is None or loop.step < total:  # steps left to train
                     _announce_another_schedule(
-                        in_state_schedule(state), planned_schedule, loop.step, warn
+                        in_state_schedule(state),
+                        planned_schedule,
+                        loop.step,
+                        schedule_update_count(state) or 0,
+                        warn,
                     )
                 state = _with_schedule(state, planned_schedule)
+            elif planned_schedule is not None:
+                # Refitted: decided once the stops below are cleared (see `fit`).
+                refit_gives_way = _refit_gives_way(
+                    loop, time_budget, in_state_schedule(state), schedule_update_count(state)
+                )
             checkpointer.discard_best_after(loop.step)
             best = checkpointer.restore_best(state)
             best_state = None if best is None else best.state
@@ -490,21 +525,44 @@ def fit(
                 f"resuming from step {loop.step} (epoch {loop.epoch}) of the checkpoint "
                 f"in {checkpoint_dir}"
             )
-            if loop.schedule_steps is not None and (total is None or total > loop.step):
-                # Kept as the budget refitted it (see `fit`): say what the rest trains at.
-                progress.note(
-                    f"the learning rate follows the schedule the time budget refitted to end at "
-                    f"step {loop.schedule_steps}"
-                    + (
-                        "; steps past it train at its end rate"
-                        if total is None or total > loop.schedule_steps
-                        else ""
-                    )
-                )
     if loop.stopped_on_budget and (time_budget is None or loop.seconds < time_budget):
         loop.stopped_on_budget = False  # a larger budget, or none: train on
     if loop.stopped_early and (patience is None or loop.evals_since_best < patience):
         loop.stopped_early = False  # a larger patience, or none: train on
+    trains_on = not _finished(loop, epochs, max_steps)
+    if refit_gives_way is not None and trains_on:
+        assert planned_schedule is not None
+        # The refitted cosine ended, or ends, where the budget it was fitted to
+        # stopped the run: the steps past it would train at its end rate (0 for
+        # the usual schedule). The caller's schedule takes over, and the budget
+        # refits it anew (below) to the time left.
+        warn(
+            _refit_gives_way_message(
+                loop.step,
+                refit_gives_way,
+                in_state_schedule(state),
+                planned_schedule,
+                schedule_update_count(state) or 0,
+                time_budget,
+            )
+        )
+        state = _with_schedule(state, planned_schedule)
+        loop.schedule_steps = loop.schedule_budget = None
+    elif loop.schedule_steps is not None and planned_schedule is not None and trains_on:
+        # Kept as the budget refitted it (see `fit`): say what the rest trains at.
+        progress.note(
+            f"the learning rate follows the schedule the time budget refitted to end at "
+            f"step {loop.schedule_steps}"
+            + (
+                "; steps past it train at its end rate"
+                if total is None or total > loop.schedule_steps
+                else ""
+            )
+        )
+    if resumed and trains_on and planned_schedule is not None:
+        _warn_if_the_schedule_has_ended(
+            in_state_schedule(state), schedule_update_count(state) or 0, loop.step, warn
+        )
     if best_state is None:
         best_state = copy_state(state)
     if val_batches is not None:
@@ -532,10 +590,28 @@ def fit(
                 loop.loss_count += int(observed)
         pending.clear()
 
+    def align_schedule() -> None:
+        """Keeps a refitted cosine ending at the update of the step it was fitted to.
+
+        Steps that applied no update since the refit (skipped, or without an
+        observed target) put the update count, which the schedule reads,
+        further behind the step. Read at evaluations, which wait on the device.
+        """
+        nonlocal state
+        if loop.schedule_steps is None or planned_schedule is None:
+            return
+        schedule, count = in_state_schedule(state), schedule_update_count(state)
+        if schedule is None or count is None:
+            return
+        updates = _updates_until(loop.schedule_steps, loop.step, count, schedule.warmup_steps)
+        if updates != schedule.total_steps:
+            state = with_schedule_steps(state, updates)
+
     def record() -> bool:
         """Evaluates, appends to the history and saves the best state; True = stop early."""
         nonlocal best_state
         flush()
+        align_schedule()
         count = loop.loss_count
         train_loss = loop.loss_sum / count if count else math.nan
         loop.loss_sum, loop.loss_count = 0.0, 0
@@ -610,8 +686,13 @@ def fit(
         if fitted is None:
             return
         if fitted < refit.planned:
-            state = with_schedule_steps(state, fitted)
-            loop.schedule_steps = fitted
+            # The schedule reads the count of applied updates, which the steps
+            # skipped so far left behind the step: the cosine ends at the update
+            # of step `fitted` (kept so by `align_schedule` as more are skipped).
+            count = schedule_update_count(state) or 0
+            updates = _updates_until(fitted, loop.step, count, refit.warmup_steps)
+            state = with_schedule_steps(state, updates)
+            loop.schedule_steps, loop.schedule_budget = fitted, time_budget
             progress.note(
                 f"the time budget fits about {fitted} steps: the learning rate now decays "
                 f"to step {fitted}"
@@ -635,12 +716,7 @@ def fit(
         return (save, spent) if single_process else _from_process_0(save, spent)
 
     def done() -> bool:
-        return (
-            loop.stopped_early
-            or loop.stopped_on_budget
-            or loop.epoch >= epochs
-            or (max_steps is not None and loop.step >= max_steps)
-        )
+        return _finished(loop, epochs, max_steps)
 
     compiled: set[bool | None] = set()  # the `calibrate` values whose step has run
     previous_loss: Array | None = None
@@ -907,21 +983,126 @@ def _check_resume_seed(saved_key: Array, seed_key: Array, seed: int) -> None:
         )
 
 
-def _announce_another_schedule(
-    written: WarmupCosine | None, planned: WarmupCosine, step: int, warn: Callable[[str], None]
-) -> None:
-    """Says when a resume goes on along another warmup or length of schedule than its checkpoint's.
+def _finished(loop: LoopState, epochs: int, max_steps: int | None) -> bool:
+    """Whether `loop` has nothing left to train: stopped, or every epoch or step done."""
+    return (
+        loop.stopped_early
+        or loop.stopped_on_budget
+        or loop.epoch >= epochs
+        or (max_steps is not None and loop.step >= max_steps)
+    )
 
-    A raised `max_steps` (or another `warmup_steps`) re-plans the cosine:
-    the steps done followed the checkpoint's, the rest follow the new one
-    from the rate it gives at `step`, a jump in the learning rate the caller
-    should know of.
+
+def _updates_until(stop: int, step: int, count: int, warmup_steps: int) -> int:
+    """The update count at step `stop`, were every step from `step` on to apply its update.
+
+    The steps so far that applied none (`step - count` of them) are not
+    counted. Above `warmup_steps` and not below `count`, as
+    `with_schedule_steps` needs.
+    """
+    return max(stop - (step - count), warmup_steps + 1, count)
+
+
+def _refit_gives_way(
+    loop: LoopState,
+    time_budget: float | None,
+    refitted: WarmupCosine | None,
+    count: int | None,
+) -> str | None:
+    """Why a resumed checkpoint's budget-refitted schedule no longer fits the run, or None.
+
+    Read before `fit` clears a budget stop. The refit ended the cosine where
+    the budget it was fitted to would stop the run: a run that goes on past
+    that stop (a larger budget, none, or another one) would train its extra
+    steps at the end rate, 0 for the usual schedule, and so not at all.
+    Checkpoints written before `schedule_budget` was kept name no budget:
+    for them only the stop and the cosine's end tell.
+    """
+    if refitted is None or count is None:
+        return None
+    if loop.stopped_on_budget and (time_budget is None or loop.seconds < time_budget):
+        return "the run stopped on its time budget there and now trains on under " + (
+            "no time budget" if time_budget is None else f"one of {duration_text(time_budget)}"
+        )
+    if loop.schedule_budget is not None and time_budget != loop.schedule_budget:
+        return f"that fitted a time budget of {duration_text(loop.schedule_budget)}, not " + (
+            "no time budget" if time_budget is None else duration_text(time_budget)
+        )
+    if count >= refitted.total_steps:
+        return "its cosine has ended with steps left to train"
+    return None
+
+
+def _schedule_text(schedule: WarmupCosine) -> str:
+    """`schedule`'s four numbers, as the resume warnings name them."""
+    return (
+        f"warmup {round(schedule.warmup_steps)}, peak {schedule.peak_lr:.3g}, end "
+        f"{schedule.end_lr:.3g} at step {round(schedule.total_steps)}"
+    )
+
+
+def _refit_gives_way_message(
+    step: int,
+    reason: str,
+    refitted: WarmupCosine | None,
+    planned: WarmupCosine,
+    count: int,
+    time_budget: float | None,
+) -> str:
+    """The warning of a resume that leaves the checkpoint's refitted schedule for the caller's."""
+    assert refitted is not None
+    refit_again = (
+        ""
+        if time_budget is None
+        else f"; the time budget of {duration_text(time_budget)} refits it anew to the time "
+        "left once the step time is measured"
+    )
+    return (
+        f"resuming at step {step}: the time budget had refitted the learning-rate schedule to "
+        f"end at step {round(refitted.total_steps)}, and {reason}, where it would train at its "
+        f"end rate {refitted.end_lr:.3g}: the rest follows this run's schedule "
+        f"({_schedule_text(planned)}) from the rate {float(planned(count)):.3g} (the refitted "
+        f"one gives {float(refitted(count)):.3g} there){refit_again}"
+    )
+
+
+def _warn_if_the_schedule_has_ended(
+    schedule: WarmupCosine | None, count: int, step: int, warn: Callable[[str], None]
+) -> None:
+    """Warns when a resumed run goes on past the end of a schedule that ends at rate 0.
+
+    Its steps then apply updates of size 0 (the weight decay scales with the
+    rate too): the parameters do not change, the time is wasted.
+    """
+    if schedule is None or schedule.end_lr != 0.0 or count < schedule.total_steps:
+        return
+    warn(
+        f"resuming at step {step} past the end of the learning-rate schedule "
+        f"({_schedule_text(schedule)}): the steps left train at its end rate 0 and change "
+        "nothing; plan a schedule with more total_steps (or end_lr > 0)"
+    )
+
+
+def _announce_another_schedule(
+    written: WarmupCosine | None,
+    planned: WarmupCosine,
+    step: int,
+    count: int,
+    warn: Callable[[str], None],
+) -> None:
+    """Says when a resume goes on along another schedule than its checkpoint's.
+
+    A raised `max_steps` (or another warmup, peak or end rate) re-plans the
+    schedule: the steps done followed the checkpoint's, the rest follow the
+    new one from the rate it gives at the update count `count` (what the
+    schedule reads), a jump in the learning rate the caller should know of.
+    All four numbers are compared as the optimizer state keeps them (float32).
     """
     if written is None:
         return
-    shape = ("total_steps", "warmup_steps")
     if all(
-        np.float32(getattr(written, name)) == np.float32(getattr(planned, name)) for name in shape
+        np.float32(getattr(written, field.name)) == np.float32(getattr(planned, field.name))
+        for field in dataclasses.fields(WarmupCosine)
     ):
         return
     warn(
@@ -929,6 +1110,7 @@ def _announce_another_schedule(
         f"step {round(written.total_steps)} (warmup {round(written.warmup_steps)}), this run's "
         f"at step {round(planned.total_steps)} (warmup {round(planned.warmup_steps)}); the rate "
         "goes on from "
-        f"{float(planned(step)):.3g} (the checkpoint's schedule gives {float(written(step)):.3g} "
-        "there)"
+        f"{float(planned(count)):.3g} (the checkpoint's schedule gives {float(written(count)):.3g} "
+        f"there); peak rate {planned.peak_lr:.3g} (the checkpoint's {written.peak_lr:.3g}), end "
+        f"rate {planned.end_lr:.3g} (the checkpoint's {written.end_lr:.3g})"
     )
