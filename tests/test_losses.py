@@ -266,5 +266,8 @@ def test_a_concrete_jax_float32_sum_that_overflows_raises() -> None:
         q_risk(pred, target, 0.5)
     with pytest.raises(ValueError, match=r"quantile_loss: the float32 sum overflowed"):
         quantile_loss(jnp.full((1000, 1), -3e38, jnp.float32), target, [0.5])
+    # A finite numerator over an overflowed denominator: a ratio of 0 (0.001 in float64).
+    with pytest.raises(ValueError, match=r"q_risk: the float32 sum overflowed"):
+        q_risk(0.999 * target, target, 0.5)
     # Under jit the documented float32 semantics hold (not checked, no host round trip).
     assert not np.isfinite(float(jax.jit(lambda p, t: q_risk(p, t, 0.5))(pred, target)))

@@ -316,4 +316,7 @@ def q_risk(pred: Array, target: Array, q: float) -> Array:
     denominator = jnp.sum(jnp.abs(target.astype(dtype)))
     if not isinstance(denominator, jax.core.Tracer) and float(denominator) == 0.0:
         raise ZeroTargetError(_ZERO_TARGET)
-    return _check_device_result("q_risk", numerator / denominator)
+    # Each sum on its own: an overflowed denominator alone gives a ratio of 0, not inf.
+    _check_device_result("q_risk", numerator)
+    _check_device_result("q_risk", denominator)
+    return numerator / denominator
