@@ -284,9 +284,13 @@ def test_scaled_loss_with_log1p_refuses_an_actual_outside_the_domain_naming_it()
     )
 
 
-@pytest.mark.parametrize("quantiles", [["a"], None, "0.5", [0.5, object()]])
+@pytest.mark.parametrize(
+    "quantiles",
+    [["a"], None, "0.5", [0.5, object()], ["0.1", "0.5"], 0.5, [[0.1, 0.5]], [True, False]],
+)
 def test_quantiles_that_are_not_numbers_raise_naming_quantiles(quantiles):
-    # ['a'] raised a bare "could not convert string to float: 'a'".
+    # ['a'] raised a bare "could not convert string to float: 'a'"; texts that convert,
+    # a bare level and a nested list were taken as levels.
     with pytest.raises(TypeError, match=r"quantiles must be a sequence of numbers"):
         forecast_metrics(np.zeros((1, 3)), np.ones((1, 3)), quantiles)
 

@@ -513,9 +513,14 @@ def _levels(quantiles: Any) -> tuple[float, ...]:
     if quantiles is None or isinstance(quantiles, str | bytes):
         raise TypeError(message)
     try:
-        return tuple(float(q) for q in np.asarray(quantiles, dtype=np.float64).reshape(-1))
-    except (TypeError, ValueError) as error:
+        levels = np.asarray(quantiles)
+    except (TypeError, ValueError) as error:  # ragged nesting
         raise TypeError(message) from error
+    # Texts ('0.5') would convert: numbers only, one level per element, one axis.
+    numeric = np.issubdtype(levels.dtype, np.number) and not np.issubdtype(levels.dtype, np.bool_)
+    if levels.ndim != 1 or not numeric:
+        raise TypeError(message)
+    return tuple(float(q) for q in levels.astype(np.float64))
 
 
 def _check_actual_domain(actual: np.ndarray, target_transform: str) -> None:
