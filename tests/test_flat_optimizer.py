@@ -561,12 +561,12 @@ def test_checkpoint_refuses_a_flat_state_of_parameters_laid_out_otherwise_with_e
     [
         ({"params": {"w": True, "b": "no"}, "extra": False}, r"\['params'\]\['b'\]"),
         ({"params": {"w": 1, "b": False}, "extra": False}, r"\['params'\]\['w'\]"),
-        ({"params": {"w": jnp.array(False), "b": False}, "extra": False}, r"\['params'\]\['w'\]"),
+        ({"params": {"w": jnp.array(1.0), "b": False}, "extra": False}, r"\['params'\]\['w'\]"),
         ({"params": np.array([True, False]), "extra": False}, r"\['params'\]"),
         (lambda tree: 5, r"\(the whole mask\) returned by the mask callable"),
         (lambda tree: {"params": "yes", "extra": True}, r"\['params'\] returned by the mask"),
     ],
-    ids=["string", "int", "jax_array", "numpy_array", "callable_int", "callable_string"],
+    ids=["string", "int", "jax_float", "numpy_array", "callable_int", "callable_string"],
 )
 def test_mask_leaves_that_are_not_booleans_raise_type_error_naming_their_path(
     mask: Any, where: str
@@ -579,10 +579,18 @@ def test_mask_leaves_that_are_not_booleans_raise_type_error_naming_their_path(
         tx.init(params)
 
 
-def test_numpy_booleans_are_accepted_as_mask_leaves_and_select_the_decay() -> None:
+@pytest.mark.parametrize(
+    ("decay", "keep"),
+    [(np.bool_(True), np.False_), (jnp.array(True), jnp.array(False)), (np.array(True), False)],
+    ids=["numpy_bool", "jax_0d", "numpy_0d"],
+)
+def test_concrete_booleans_are_accepted_as_mask_leaves_and_select_the_decay(
+    decay: Any, keep: Any
+) -> None:
+    # As optax.adamw(mask=...) takes them: one flag each, NumPy or JAX.
     params = {"w": jnp.ones(3), "b": jnp.ones(2)}
     grads = jax.tree.map(jnp.zeros_like, params)
-    tx = flat_adamw(1.0, weight_decay=0.5, mask={"w": np.bool_(True), "b": np.False_})
+    tx = flat_adamw(1.0, weight_decay=0.5, mask={"w": decay, "b": keep})
     updates, _ = tx.update(grads, tx.init(params), params)
     # Zero gradients: the update is -lr · wd · p where decayed, 0 elsewhere.
     np.testing.assert_allclose(np.asarray(updates["w"]), -0.5 * np.ones(3))

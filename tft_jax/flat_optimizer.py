@@ -187,16 +187,23 @@ def _mask_vector(mask: Any, tree: PyTree, layout: _Layout) -> np.ndarray:
 
 
 def _check_mask_flags(flags: Any, from_callable: bool) -> None:
-    """Raises `TypeError` naming the path of a mask leaf that is not a Python or NumPy bool.
+    """Raises `TypeError` naming the path of a mask leaf that is not one concrete boolean.
 
     `bool(flag)` took any truthy value as "decay": a leaf "no" decayed its
     parameters, and a callable returning 5 decayed everything, both without
-    a word. A traced flag (a mask computed under `jax.jit`) or a JAX array
-    selects nothing concrete, and an array of flags is not one per leaf.
+    a word. A Python bool or a concrete 0-d boolean array (NumPy or JAX, as
+    `optax.adamw(mask=...)` takes) is one flag; a traced flag (a mask
+    computed under `jax.jit`) selects nothing concrete, and an array of
+    several flags is not one per leaf.
     """
     leaves, _ = jax.tree_util.tree_flatten_with_path(flags)
     for path, flag in leaves:
         if isinstance(flag, bool | np.bool_):
+            continue
+        concrete = isinstance(flag, np.ndarray | jax.Array) and not isinstance(
+            flag, jax.core.Tracer
+        )
+        if concrete and flag.dtype == np.bool_ and flag.ndim == 0:
             continue
         where = jax.tree_util.keystr(path) or "(the whole mask)"
         source = " returned by the mask callable" if from_callable else ""
