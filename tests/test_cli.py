@@ -1558,6 +1558,7 @@ GLOO_LOST = (
             "to go on from the last checkpoint",
         ),
         (jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: out of memory"), None),
+        (jax.errors.JaxRuntimeError("INTERNAL: Gloo context initialization: bad option"), None),
         (RuntimeError("Connection reset by peer"), None),
     ],
 )

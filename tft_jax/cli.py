@@ -1388,8 +1388,13 @@ def resume_hint(args: argparse.Namespace, every_process: bool = False) -> str:
     return f" before the first checkpoint; {again} to start over in the same folder"
 
 
-# Words of JAX's errors when a collective or the coordination service loses a process.
-_LOST_PROCESS_WORDS = ("Gloo", "Connection reset by peer", "coordination service", "heartbeat")
+# JAX's words when a collective or the coordination service loses a process: a Gloo
+# collective's failure ('Gloo all-reduce failed: ... Connection reset by peer'), a
+# closed connection, or a missed heartbeat.
+_LOST_PROCESS = re.compile(
+    r"gloo [\w-]+ failed|connection (reset|closed) by peer|coordination service|heartbeat",
+    re.IGNORECASE,
+)
 
 
 def lost_process_text(error: BaseException, args: argparse.Namespace) -> str | None:
@@ -1402,9 +1407,9 @@ def lost_process_text(error: BaseException, args: argparse.Namespace) -> str | N
     if not isinstance(error, jax.errors.JaxRuntimeError):
         return None
     text = str(error).strip()
-    if not any(word in text for word in _LOST_PROCESS_WORDS):
+    if not _LOST_PROCESS.search(text):
         return None
-    first = text.splitlines()[0] if text else type(error).__name__
+    first = text.splitlines()[0]
     return (
         f"another process of the run stopped or was cut off, so this one cannot go on (JAX: "
         f"{first}){resume_hint(args, every_process=True)}"
