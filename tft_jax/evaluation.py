@@ -369,6 +369,50 @@ def _pinball64(forecast: np.ndarray, actual: np.ndarray, levels: Sequence[float]
     return np.maximum(q * error, (q - 1.0) * error)
 
 
+def _scored_arrays(
+    forecast: Any, actual: Any, quantiles: Any
+) -> tuple[np.ndarray, np.ndarray, tuple[float, ...]]:
+    """`(forecast (N, H, Q), actual (N, H), levels)` in float64, checked as the metrics need.
+
+    A point forecast `(N, H)` is used for every level. Raises `ValueError`
+    for mismatched shapes, no level or one outside (0, 1), levels sharing a
+    q-risk key, no value, or a value that is not finite (naming the first);
+    `TypeError` for `quantiles` that are not numbers.
+    """
+    levels = _levels(quantiles)
+    forecast = np.asarray(forecast, dtype=np.float64)
+    actual = np.asarray(actual, dtype=np.float64)
+    if forecast.shape == actual.shape:
+        forecast = np.repeat(forecast[..., None], len(levels), axis=-1)
+    if forecast.shape != (*actual.shape, len(levels)):
+        raise ValueError(
+            f"forecast must have shape {actual.shape} or {(*actual.shape, len(levels))} for "
+            f"actual {actual.shape} and {len(levels)} quantiles, got {forecast.shape}"
+        )
+    if not levels or not all(0.0 < q < 1.0 for q in levels):
+        # Written so that a NaN level fails too (every comparison with NaN is False).
+        raise ValueError(f"quantiles must be at least one level in (0, 1), got {list(levels)}")
+    keys = [quantile_key(q) for q in levels]
+    if len(set(keys)) != len(keys):
+        # The q-risk of one of them was dropped from the dict without a word.
+        raise ValueError(
+            f"quantiles {list(levels)} share the q-risk keys {keys}; use distinct levels"
+        )
+    if actual.size == 0:
+        raise ValueError(f"actual holds no values (shape {actual.shape}): nothing to score")
+    for name, values in (("actual", actual), ("forecast", forecast)):
+        # A NaN or inf made every metric NaN or inf (null in metrics.json) without a word.
+        bad = ~np.isfinite(values)
+        if bad.any():
+            raise ValueError(
+                f"{name} holds {int(bad.sum())} values that are not finite (the first "
+                f"{values[bad][0]} at index {tuple(int(i) for i in np.argwhere(bad)[0])}); "
+                "metrics need finite values: leave out steps without an observed target "
+                "(`actuals`), and check the model of a NaN forecast"
+            )
+    return forecast, actual, levels
+
+
 def mean_quantile_loss(
     forecast: np.ndarray, actual: np.ndarray, quantiles: Sequence[float]
 ) -> float:
@@ -383,22 +427,7 @@ def mean_quantile_loss(
         value, or a value that is not finite.
       TypeError: `quantiles` not numbers.
     """
-    levels = _levels(quantiles)
-    forecast = np.asarray(forecast, dtype=np.float64)
-    actual = np.asarray(actual, dtype=np.float64)
-    if forecast.shape == actual.shape:
-        forecast = np.repeat(forecast[..., None], len(levels), axis=-1)
-    if not all(0.0 < q < 1.0 for q in levels):
-        raise ValueError(f"quantiles must be levels in (0, 1), got {list(levels)}")
-    if not levels or actual.size == 0 or forecast.shape != (*actual.shape, len(levels)):
-        raise ValueError(
-            f"forecast must have shape {actual.shape} or {(*actual.shape, len(levels))} for "
-            f"actual {actual.shape} and {len(levels)} quantiles (at least one of each), got "
-            f"{forecast.shape}"
-        )
-    for name, values in (("actual", actual), ("forecast", forecast)):
-        if not np.all(np.isfinite(values)):
-            raise ValueError(f"{name} holds values that are not finite: the loss would be too")
+    forecast, actual, levels = _scored_arrays(forecast, actual, quantiles)
     return float(np.mean(_pinball64(forecast, actual, levels)))
 
 
@@ -436,37 +465,7 @@ def forecast_metrics(
         zero (q-risk is undefined).
       TypeError: `quantiles` not numbers.
     """
-    levels = _levels(quantiles)
-    forecast = np.asarray(forecast, dtype=np.float64)
-    actual = np.asarray(actual, dtype=np.float64)
-    if forecast.shape == actual.shape:
-        forecast = np.repeat(forecast[..., None], len(levels), axis=-1)
-    if forecast.shape != (*actual.shape, len(levels)):
-        raise ValueError(
-            f"forecast must have shape {actual.shape} or {(*actual.shape, len(levels))} for "
-            f"actual {actual.shape} and {len(levels)} quantiles, got {forecast.shape}"
-        )
-    if not levels or not all(0.0 < q < 1.0 for q in levels):
-        # Written so that a NaN level fails too (every comparison with NaN is False).
-        raise ValueError(f"quantiles must be at least one level in (0, 1), got {list(levels)}")
-    keys = [quantile_key(q) for q in levels]
-    if len(set(keys)) != len(keys):
-        # The q-risk of one of them was dropped from the dict without a word.
-        raise ValueError(
-            f"quantiles {list(levels)} share the q-risk keys {keys}; use distinct levels"
-        )
-    if actual.size == 0:
-        raise ValueError(f"actual holds no values (shape {actual.shape}): nothing to score")
-    for name, values in (("actual", actual), ("forecast", forecast)):
-        # A NaN or inf made every metric NaN or inf (null in metrics.json) without a word.
-        bad = ~np.isfinite(values)
-        if bad.any():
-            raise ValueError(
-                f"{name} holds {int(bad.sum())} values that are not finite (the first "
-                f"{values[bad][0]} at index {tuple(int(i) for i in np.argwhere(bad)[0])}); "
-                "metrics need finite values: leave out steps without an observed target "
-                "(`actuals`), and check the model of a NaN forecast"
-            )
+    forecast, actual, levels = _scored_arrays(forecast, actual, quantiles)
     losses = _pinball64(forecast, actual, levels)  # (N, H, Q), float64
     total = float(np.sum(np.abs(actual)))
     if total == 0.0:
