@@ -356,12 +356,16 @@ def fit(
         budget refitted is kept instead while the run goes on under the same
         budget: it ends where that budget stops the run. When the run goes on
         past that stop (a run stopped on its budget resumed with a larger one
-        or none, another `time_budget`, or a refitted cosine at its end with
-        steps left), its steps would train at the end rate, 0 for the usual
-        schedule, and change nothing: `state`'s schedule takes over from the
-        rate it gives at the update count, announced with a `UserWarning`,
-        and a `time_budget` refits it anew to the time left. A run going on
-        past the end of a schedule whose end rate is 0 is warned of. With
+        or none, or another `time_budget`), its steps would train at the end
+        rate, 0 for the usual schedule, and change nothing: `state`'s
+        schedule takes over, announced with a `UserWarning` naming the rate
+        it goes on from at the update count; a `time_budget` refits it at
+        once to the steps the time left allows at the checkpoint's pace
+        (its seconds per step so far), then anew once the step time is
+        measured. A run under the same budget keeps the refitted schedule
+        even past its end, as the uninterrupted run does. A run going on
+        past the end of a (not refitted) schedule whose end rate is 0 is
+        warned of. With
         the same arguments the result equals that of the uninterrupted run;
         a finished run returns at once, unless `epochs`, `max_steps` or
         `time_budget` were raised, or `patience` (a run stopped early trains
@@ -534,19 +538,31 @@ def fit(
         assert planned_schedule is not None
         # The refitted cosine ended, or ends, where the budget it was fitted to
         # stopped the run: the steps past it would train at its end rate (0 for
-        # the usual schedule). The caller's schedule takes over, and the budget
-        # refits it anew (below) to the time left.
+        # the usual schedule). The caller's schedule takes over, refitted at once
+        # to the steps the time left allows at the checkpoint's pace (so that
+        # the first steps already decay), then anew (below) once measured.
+        refitted, count = in_state_schedule(state), schedule_update_count(state) or 0
+        assert refitted is not None
+        state = _with_schedule(state, planned_schedule)
+        fitted = _steps_left_at_the_checkpoints_pace(loop, time_budget)
+        if fitted is not None:
+            updates = _updates_until(fitted, loop.step, count, planned_schedule.warmup_steps)
+            if updates < planned_schedule.total_steps:
+                state = with_schedule_steps(state, updates)
+            else:
+                fitted = None
         warn(
             _refit_gives_way_message(
                 loop.step,
                 refit_gives_way,
-                in_state_schedule(state),
+                refitted,
                 planned_schedule,
-                schedule_update_count(state) or 0,
+                in_state_schedule(state) or planned_schedule,
+                fitted,
+                count,
                 time_budget,
             )
         )
-        state = _with_schedule(state, planned_schedule)
         loop.schedule_steps = loop.schedule_budget = None
     elif loop.schedule_steps is not None and planned_schedule is not None and trains_on:
         # Kept as the budget refitted it (see `fit`): say what the rest trains at.
@@ -559,7 +575,8 @@ def fit(
                 else ""
             )
         )
-    if resumed and trains_on and planned_schedule is not None:
+    if resumed and trains_on and planned_schedule is not None and loop.schedule_steps is None:
+        # (A kept refitted schedule's end is said above.)
         _warn_if_the_schedule_has_ended(
             in_state_schedule(state), schedule_update_count(state) or 0, loop.step, warn
         )
@@ -601,8 +618,8 @@ def fit(
         if loop.schedule_steps is None or planned_schedule is None:
             return
         schedule, count = in_state_schedule(state), schedule_update_count(state)
-        if schedule is None or count is None:
-            return
+        if schedule is None or count is None or count >= schedule.total_steps:
+            return  # an ended cosine stays where it ended
         updates = _updates_until(loop.schedule_steps, loop.step, count, schedule.warmup_steps)
         if updates != schedule.total_steps:
             state = with_schedule_steps(state, updates)
@@ -685,18 +702,24 @@ def fit(
             fitted = _int_from_process_0(fitted)
         if fitted is None:
             return
-        if fitted < refit.planned:
-            # The schedule reads the count of applied updates, which the steps
-            # skipped so far left behind the step: the cosine ends at the update
-            # of step `fitted` (kept so by `align_schedule` as more are skipped).
-            count = schedule_update_count(state) or 0
-            updates = _updates_until(fitted, loop.step, count, refit.warmup_steps)
+        # The schedule reads the count of applied updates, which the steps
+        # skipped so far left behind the step: the cosine ends at the update
+        # of step `fitted` (kept so by `align_schedule` as more are skipped).
+        count = schedule_update_count(state) or 0
+        updates = _updates_until(fitted, loop.step, count, refit.warmup_steps)
+        assert planned_schedule is not None
+        if fitted < refit.planned and updates < planned_schedule.total_steps:
             state = with_schedule_steps(state, updates)
             loop.schedule_steps, loop.schedule_budget = fitted, time_budget
             progress.note(
                 f"the time budget fits about {fitted} steps: the learning rate now decays "
                 f"to step {fitted}"
             )
+        elif np.float32(in_state_schedule(state).total_steps) != np.float32(
+            planned_schedule.total_steps
+        ):
+            # A resume's first guess (see above) was short: the whole schedule fits.
+            state = with_schedule_steps(state, planned_schedule.total_steps)
         refit = None
 
     def clock_says() -> tuple[bool, bool]:
@@ -1028,8 +1051,6 @@ def _refit_gives_way(
         return f"that fitted a time budget of {duration_text(loop.schedule_budget)}, not " + (
             "no time budget" if time_budget is None else duration_text(time_budget)
         )
-    if count >= refitted.total_steps:
-        return "its cosine has ended with steps left to train"
     return None
 
 
@@ -1041,16 +1062,38 @@ def _schedule_text(schedule: WarmupCosine) -> str:
     )
 
 
+def _steps_left_at_the_checkpoints_pace(loop: LoopState, time_budget: float | None) -> int | None:
+    """The step where `time_budget` stops a resumed run at its checkpoint's pace, or None.
+
+    The pace, `loop.seconds / loop.step`, includes the compilation and the
+    evaluations: it errs on the short side, which the live refit corrects.
+    """
+    if time_budget is None or loop.step == 0 or loop.seconds <= 0:
+        return None
+    return loop.step + max(0, math.floor((time_budget - loop.seconds) * loop.step / loop.seconds))
+
+
 def _refit_gives_way_message(
     step: int,
     reason: str,
-    refitted: WarmupCosine | None,
+    refitted: WarmupCosine,
     planned: WarmupCosine,
+    resumed: WarmupCosine,
+    fitted: int | None,
     count: int,
     time_budget: float | None,
 ) -> str:
-    """The warning of a resume that leaves the checkpoint's refitted schedule for the caller's."""
-    assert refitted is not None
+    """The warning of a resume that leaves the checkpoint's refitted schedule for the caller's.
+
+    `resumed` is the caller's schedule as the rest starts on it: refitted to
+    end at step `fitted` when the time left at the checkpoint's pace is short of it.
+    """
+    refit_now = (
+        ""
+        if fitted is None
+        else f", refitted to end at step {fitted} (what the time left allows at the "
+        "checkpoint's pace),"
+    )
     refit_again = (
         ""
         if time_budget is None
@@ -1061,8 +1104,8 @@ def _refit_gives_way_message(
         f"resuming at step {step}: the time budget had refitted the learning-rate schedule to "
         f"end at step {round(refitted.total_steps)}, and {reason}, where it would train at its "
         f"end rate {refitted.end_lr:.3g}: the rest follows this run's schedule "
-        f"({_schedule_text(planned)}) from the rate {float(planned(count)):.3g} (the refitted "
-        f"one gives {float(refitted(count)):.3g} there){refit_again}"
+        f"({_schedule_text(planned)}){refit_now} from the rate {float(resumed(count)):.3g} "
+        f"(the refitted one gives {float(refitted(count)):.3g} there){refit_again}"
     )
 
 
@@ -1100,17 +1143,26 @@ def _announce_another_schedule(
     """
     if written is None:
         return
-    if all(
-        np.float32(getattr(written, field.name)) == np.float32(getattr(planned, field.name))
+    same = {
+        field.name: np.float32(getattr(written, field.name))
+        == np.float32(getattr(planned, field.name))
         for field in dataclasses.fields(WarmupCosine)
-    ):
+    }
+    if all(same.values()):
         return
-    warn(
-        f"resuming at step {step} on another learning-rate schedule: the checkpoint's ends at "
-        f"step {round(written.total_steps)} (warmup {round(written.warmup_steps)}), this run's "
-        f"at step {round(planned.total_steps)} (warmup {round(planned.warmup_steps)}); the rate "
-        "goes on from "
-        f"{float(planned(count)):.3g} (the checkpoint's schedule gives {float(written(count)):.3g} "
-        f"there); peak rate {planned.peak_lr:.3g} (the checkpoint's {written.peak_lr:.3g}), end "
-        f"rate {planned.end_lr:.3g} (the checkpoint's {written.end_lr:.3g})"
+    changes = []
+    if not (same["total_steps"] and same["warmup_steps"]):
+        changes.append(
+            f"the checkpoint's ends at step {round(written.total_steps)} (warmup "
+            f"{round(written.warmup_steps)}), this run's at step {round(planned.total_steps)} "
+            f"(warmup {round(planned.warmup_steps)})"
+        )
+    changes.append(
+        f"the rate goes on from {float(planned(count)):.3g} (the checkpoint's schedule gives "
+        f"{float(written(count)):.3g} there)"
     )
+    if not same["peak_lr"]:
+        changes.append(f"peak rate {planned.peak_lr:.3g} (the checkpoint's {written.peak_lr:.3g})")
+    if not same["end_lr"]:
+        changes.append(f"end rate {planned.end_lr:.3g} (the checkpoint's {written.end_lr:.3g})")
+    warn(f"resuming at step {step} on another learning-rate schedule: " + "; ".join(changes))
