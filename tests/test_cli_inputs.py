@@ -142,6 +142,22 @@ def test_predict_without_future_csv_names_the_flag_when_the_model_has_known_colu
     assert not out.exists()
 
 
+def test_predict_on_another_runs_table_names_its_missing_columns_before_the_future(
+    capsys, tmp_path, saved, tables
+):
+    # It asked for --future-csv first; given one, it then said the table was another's.
+    other = tmp_path / "other.csv"
+    pd.read_csv(tables["history"]).rename(columns={"promo": "discount"}).to_csv(other, index=False)
+    out = tmp_path / "forecast.csv"
+    code, _, err = run(
+        capsys, "predict", "--run", str(saved), "--csv", str(other), "--out", str(out)
+    )
+    assert code == 2
+    line = one_error_line(err, "predict")
+    assert f"--csv {other}: table lacks columns ['promo'] that the model was trained with" in line
+    assert "--future-csv" not in line and not out.exists()
+
+
 def test_predict_on_a_saved_folder_writes_the_horizon_after_each_series_end(
     capsys, tmp_path, saved, tables
 ):

@@ -898,14 +898,16 @@ def command_predict(args: argparse.Namespace) -> int:
     check_output_suffix(args.out, "--out", ".csv")
     forecaster, _ = load_run(args.run, args.eval_batch_size)
     model = default_model(forecaster, args.model)
-    known = list(forecaster.preprocessor.spec.known_cols)
-    if args.future_csv is None and known:
+    history = read_given_csv(args.csv, "--csv", forecaster, args)
+    spec = forecaster.preprocessor.spec
+    known = list(spec.known_cols)
+    # A table of another run (without the model's columns) is told as such by predict.
+    if args.future_csv is None and known and set(spec.columns) <= set(history.columns):
         raise UsageError(
             f"--future-csv is missing: the model uses the known columns {known}, so their "
             f"future is required (their values for the {forecaster.config.data.horizon} steps "
             "after each series' last time in --csv)"
         )
-    history = read_given_csv(args.csv, "--csv", forecaster, args)
     future = (
         None
         if args.future_csv is None
