@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +20,7 @@ from tft_jax import cli
 from tft_jax.checkpoint import TrainingCheckpointer
 from tft_jax.cli_parser import UsageError, forecaster_config
 from tft_jax.forecaster import Forecaster, RunFolderError
+from tft_jax.forecaster.run_folder import EarlierResultsWarning
 
 from .cli_tables import run, table_args, write_table
 from .one_store_sales import _table
@@ -90,6 +92,50 @@ def test_overwrite_removes_plot_folders_and_partial_files_but_not_lookalike_user
     removed = cli.remove_run_files(tmp_path)
     assert removed == sorted([*(name for name in run_files if "/" not in name), "plots/"])
     assert _files(tmp_path) == sorted(mine)
+
+
+class _SavingStub:
+    """A forecaster whose `save` warns as `Forecaster.save` does over another saved model."""
+
+    def __init__(self, replaced: bool) -> None:
+        self.replaced = replaced
+
+    def save(self, out: pathlib.Path, extra: dict) -> pathlib.Path:
+        warnings.warn("another warning of the save", UserWarning, stacklevel=2)
+        if self.replaced:
+            warnings.warn("save: earlier results", EarlierResultsWarning, stacklevel=2)
+        return out
+
+
+@pytest.mark.parametrize("replaced", [True, False])
+def test_a_train_over_another_model_names_the_results_other_commands_left(tmp_path, replaced):
+    # A --resume that trained on rewrote metrics.json and the run's plots, and left
+    # evaluate's, forecast's and plot's outputs of the replaced models without a word.
+    train_writes = ["metrics.json", "forecasts.csv", "plots/attention.png", "plots/loss_curves.png"]
+    others = [
+        "metrics_validation.json", "metrics_test_other.json", "forecasts_int8_test.csv",
+        "forecasts_fp32_validation_other.csv", "other_tables.json", "plots/future_fp32.png",
+        "plots/validation/attention.png", "plots/test_other/forecasts_fp32.png",
+    ]  # fmt: skip
+    mine = ["forecasts_sales_team.csv", "metrics_dashboard.json", "plots/figure1.png"]
+    for name in train_writes + others + mine + ["metrics.json.tmp"]:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    left = [*others[:6], "plots/test_other/", "plots/validation/"]
+    assert cli.outputs_train_leaves(tmp_path) == sorted(left)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cli.save_run(_SavingStub(replaced), tmp_path, {})
+    messages = [str(warning.message) for warning in caught]
+    assert messages[0] == "another warning of the save"  # passed through
+    if replaced:
+        assert messages[1:] == [
+            f"--out {tmp_path} still holds {', '.join(sorted(left))}, written by evaluate, "
+            "forecast or plot from the models this run replaced: they describe those, not "
+            "the new ones; run those commands again, or delete them"
+        ]
+    else:  # the same models (a finished run resumed): their results still hold
+        assert messages[1:] == []
 
 
 def test_two_tables_of_one_file_name_cannot_share_the_runs_outputs(tmp_path):

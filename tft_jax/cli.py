@@ -108,6 +108,7 @@ from tft_jax.forecaster.run_folder import (
     VARIABLE_IMPORTANCE_PLOT,
     EarlierResultsWarning,
     check_not_a_file,
+    forecast_plot,
     future_plot,
     json_ready,
     read_json,
@@ -741,6 +742,57 @@ def remove_run_files(out: pathlib.Path) -> list[str]:
     return sorted(removed)
 
 
+# The plots `train` draws (`plots.draw_run_plots`); `plot` adds the others in RESULT_FOLDERS.
+_TRAIN_PLOTS = (forecast_plot("*"), ATTENTION_PLOT, VARIABLE_IMPORTANCE_PLOT, LOSS_CURVES_PLOT)
+
+
+def outputs_train_leaves(out: pathlib.Path) -> list[str]:
+    """What `evaluate`, `forecast` and `plot` wrote into the run folder `out`, sorted:
+    the results `train` does not write again (`metrics_validation.json`, `plots/future_*`)."""
+    found = {
+        path.name
+        for pattern in RESULT_FILE_PATTERNS
+        for path in out.glob(pattern)
+        if path.is_file() and path.name not in RUN_OUTPUT_FILES and not path.name.endswith(".tmp")
+    }
+    plots = out / "plots"
+    for pattern in RESULT_FOLDERS["plots"]:
+        if pattern not in _TRAIN_PLOTS and not pattern.endswith(".tmp"):
+            found.update(
+                f"plots/{path.name}" + ("/" if path.is_dir() else "")
+                for path in plots.glob(pattern)
+            )
+    return sorted(found)
+
+
+def save_run(forecaster: Forecaster, out: pathlib.Path, extra: dict[str, Any]) -> None:
+    """Saves the trained `forecaster` into `out`, over a model saved there before.
+
+    `train` writes its own results next (metrics, forecasts, plots); the
+    results other commands wrote from the models this run replaces (a
+    resume that trained on) would describe those models: they are named in
+    a warning. Other warnings of the save pass through.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        forecaster.save(out, extra=extra)
+    replaced = False
+    for caught_warning in caught:
+        if issubclass(caught_warning.category, EarlierResultsWarning):
+            replaced = True
+        else:
+            warnings.warn(caught_warning.message, stacklevel=2)
+    left = outputs_train_leaves(out) if replaced else []
+    if left:
+        warnings.warn(
+            f"--out {out} still holds {', '.join(left)}, written by evaluate, forecast or "
+            "plot from the models this run replaced: they describe those, not the new "
+            "ones; run those commands again, or delete them",
+            UserWarning,
+            stacklevel=2,
+        )
+
+
 def run_training(args: argparse.Namespace, command: str = "train") -> dict[str, Any] | None:
     """`tft-jax train`: fit, save, evaluate and plot into `--out`; the metrics (process 0).
 
@@ -791,9 +843,7 @@ def run_training(args: argparse.Namespace, command: str = "train") -> dict[str, 
         "csv": None if args.csv is None else str(pathlib.Path(args.csv).resolve()),
         "command": command,
     }
-    with warnings.catch_warnings():  # this run's results are written next, over the earlier
-        warnings.simplefilter("ignore", EarlierResultsWarning)
-        forecaster.save(out, extra={"source": source, "arguments": arguments})
+    save_run(forecaster, out, {"source": source, "arguments": arguments})
     dataset = forecaster.dataset
     metrics, predictions = evaluate_announced(forecaster, dataset, "test", args.quiet)
     final = "int8" if "int8" in predictions else "fp32"
