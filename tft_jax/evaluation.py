@@ -43,7 +43,7 @@ from tft_jax.baselines import seasonal_naive, seasonal_naive_with_drift
 from tft_jax.data import PreparedDataset, WindowSet, batch_indices
 from tft_jax.data.listing import repeated
 from tft_jax.data.scaling import TARGET_TRANSFORMS, forward_transform
-from tft_jax.losses import ZeroTargetError
+from tft_jax.losses import ZeroTargetError, pinball_of_error64
 from tft_jax.train import Batch
 
 Predictor = Callable[[Batch], Any]
@@ -364,9 +364,7 @@ def quantile_key(level: float) -> str:
 
 def _pinball64(forecast: np.ndarray, actual: np.ndarray, levels: Sequence[float]) -> np.ndarray:
     """`(..., Q)` float64 pinball losses of `forecast` `(..., Q)` against `actual` `(...)`."""
-    error = actual[..., None] - forecast
-    q = np.asarray(levels, dtype=np.float64)
-    return np.maximum(q * error, (q - 1.0) * error)
+    return pinball_of_error64(actual[..., None] - forecast, np.asarray(levels, np.float64))
 
 
 def _scored_arrays(

@@ -153,8 +153,8 @@ def _host_result(function: str, value: float, dtype: Any) -> Array:
     return jnp.asarray(value, dtype)
 
 
-def _pinball64(error: np.ndarray, quantile: np.ndarray) -> np.ndarray:
-    """`max(q e, (q - 1) e)` in float64 NumPy (the host path of the losses)."""
+def pinball_of_error64(error: np.ndarray, quantile: Any) -> np.ndarray:
+    """`max(q e, (q - 1) e)` in float64 NumPy (the host path of the losses, and the metrics)."""
     return np.maximum(quantile * error, (quantile - 1.0) * error)
 
 
@@ -242,7 +242,7 @@ def quantile_loss(pred: Array, target: Array, quantiles: Sequence[float]) -> Arr
     dtype = _result_dtype(pred, target)
     host = _host_error(raw_pred, raw_target, target.shape, dtype)
     if host is not None:
-        mean = float(np.mean(_pinball64(host, levels)))
+        mean = float(np.mean(pinball_of_error64(host, levels)))
         return _host_result("quantile_loss", mean, dtype)
     error = _device_error(pred, target, dtype)
     loss = jnp.mean(_pinball_of_error(error, jnp.asarray(levels, dtype)))
@@ -306,7 +306,7 @@ def q_risk(pred: Array, target: Array, q: float) -> Array:
     dtype = _result_dtype(pred, target)
     host = _host_error(raw_pred, raw_target, target.shape, dtype)
     if host is not None:
-        numerator = 2.0 * float(np.sum(_pinball64(host, level)))
+        numerator = 2.0 * float(np.sum(pinball_of_error64(host, level)))
         denominator = float(np.sum(np.abs(np.asarray(raw_target, np.float64))))
         if denominator == 0.0:
             raise ZeroTargetError(_ZERO_TARGET)
