@@ -710,6 +710,20 @@ def test_every_flag_default_is_the_config_default(csv_path):
     assert config.qat == QATTrainingConfig()
 
 
+def test_metrics_table_names_the_integer_models_width():
+    # A --qat-bits 4 run's integer model (named 'int8': int8 arrays) was shown as "TFT int8".
+    row = {"p50_q_risk": 0.2, "p90_q_risk": 0.1, "mean_quantile_loss": 1.0}
+    metrics = {
+        "models": {"fp32": row, "int8": row},
+        "comparison": {"int8_vs_fp32_p50_q_risk_relative": 0.0125},
+    }
+    eight = cli.metrics_table(metrics).splitlines()
+    assert eight[2].startswith("TFT int8 ") and eight[-1] == "int8 vs fp32 (P50): +1.25%"
+    four = cli.metrics_table({**metrics, "qat_bits": 4}).splitlines()
+    assert four[2].startswith("TFT int4 (codes in int8) ") and four[2][26:] == eight[2][26:]
+    assert four[-1] == "int4 vs fp32 (P50): +1.25%"
+
+
 def test_json_ready_turns_non_finite_floats_into_null():
     data = {"a": math.nan, "b": [1.0, math.inf], "c": np.float32(0.5), "d": (1, 2)}
     assert cli.json_ready(data) == {"a": None, "b": [1.0, None], "c": 0.5, "d": [1, 2]}
@@ -754,6 +768,7 @@ def test_train_writes_metrics_of_all_four_models_with_finite_values(trained_run)
         for key in ("p50_q_risk", "p90_q_risk", "mean_quantile_loss", "mean_quantile_loss_scaled"):
             assert math.isfinite(row[key]) and row[key] >= 0, (name, key)
     assert metrics["split"] == "test" and metrics["seasonal_naive_period"] == 7
+    assert metrics["qat_bits"] == 8
     # int8 runs the fake-quant model's arithmetic in integers: near-identical risk.
     assert metrics["models"]["int8"]["p50_q_risk"] == pytest.approx(
         metrics["models"]["qat"]["p50_q_risk"], rel=0.05

@@ -448,6 +448,12 @@ def test_run_plots_title_the_model_whose_attention_they_draw(tmp_path, monkeypat
     monkeypatch.setattr(plots, "plot_attention", record)
     plots.draw_run_plots(dataset, "test", {"int8": prediction}, (0.1, 0.5, 0.9), None, tmp_path)
     assert titles == [f"{plots.MODEL_LABELS['int8']}: attention over the history (test mean)"]
+    # The integer model of a 4-bit QAT run is named 'int8' (int8 arrays): titled by its width.
+    plots.draw_run_plots(
+        dataset, "test", {"int8": prediction}, (0.1, 0.5, 0.9), None, tmp_path, bits=4
+    )
+    assert titles[1] == "TFT int4 (codes in int8): attention over the history (test mean)"
+    assert plots.model_label("fp32", 4) == "TFT fp32" and plots.model_label("int8") == "TFT int8"
 
 
 def test_run_plots_of_no_predictions_is_an_error(tmp_path):

@@ -498,13 +498,24 @@ def default_model(forecaster: Forecaster, requested: str | None) -> str:
     return name
 
 
+def qat_bits(forecaster: Forecaster) -> int:
+    """The width of the integer model's codes: its QAT `bits` (8 without QAT)."""
+    return forecaster.config.qat.bits if forecaster.config.qat is not None else 8
+
+
 def metrics_table(metrics: dict[str, Any]) -> str:
-    """A short text table of each model's P50/P90 q-risk and mean quantile loss."""
+    """A short text table of each model's P50/P90 q-risk and mean quantile loss.
+
+    The integer model is labelled with its width, `metrics['qat_bits']` (8 if absent).
+    """
+    bits = metrics.get("qat_bits", 8)
     lines = [f"{'model':<26}{'P50 q-risk':>12}{'P90 q-risk':>12}{'mean QL':>12}"]
     for name in MODELS:
         row = metrics["models"].get(name)
         if row is not None:
-            label = f"best: {row['name']}" if name == "best_baseline" else plots.MODEL_LABELS[name]
+            label = (
+                f"best: {row['name']}" if name == "best_baseline" else plots.model_label(name, bits)
+            )
             lines.append(
                 f"{label:<26}{row['p50_q_risk']:>12.4f}"
                 f"{row['p90_q_risk']:>12.4f}{row['mean_quantile_loss']:>12.3f}"
@@ -516,7 +527,8 @@ def metrics_table(metrics: dict[str, Any]) -> str:
     if (value := comparison.get("fp32_vs_best_baseline_p50_q_risk_relative")) is not None:
         notes.append(f"fp32 vs best baseline (P50): {100 * value:+.1f}%")
     if (value := comparison.get("int8_vs_fp32_p50_q_risk_relative")) is not None:
-        notes.append(f"int8 vs fp32 (P50): {100 * value:+.2f}%")
+        integer = "int8" if bits == 8 else f"int{bits}"
+        notes.append(f"{integer} vs fp32 (P50): {100 * value:+.2f}%")
     return "\n".join([*lines, "; ".join(notes)] if notes else lines)
 
 
@@ -859,7 +871,10 @@ def run_training(args: argparse.Namespace, command: str = "train") -> dict[str, 
         out / "plots",
         postprocess=forecaster.postprocess,
         announce=None if args.quiet else print,
+        bits=qat_bits(forecaster),
     )
+    if "qat" in forecaster.summary:
+        metrics["qat_bits"] = qat_bits(forecaster)
     metrics["seconds"] = {**forecaster.summary["seconds"], "total": time.perf_counter() - started}
     if "qat" in forecaster.summary:
         metrics["size"] = forecaster.summary["qat"]["size"]
@@ -1126,6 +1141,8 @@ def command_evaluate(args: argparse.Namespace) -> int:
     table = run_table(args, config, forecaster)
     metrics, _ = evaluate_announced(forecaster, table, args.split, args.quiet)
     metrics = {**previous, **metrics}
+    if "int8" in forecaster.models:  # a run folder written before metrics held it
+        metrics["qat_bits"] = qat_bits(forecaster)
     metrics.pop("table", None)  # an earlier evaluation's table does not describe these
     if args.csv is not None:
         metrics["table"] = str(args.csv)
@@ -1220,6 +1237,7 @@ def command_plot(args: argparse.Namespace) -> int:
         interpret=model,
         postprocess=forecaster.postprocess,
         series=series,
+        bits=qat_bits(forecaster),
         announce=lambda line: print(
             line if series is not None else f"{line} (choose them with --series)"
         ),
@@ -1252,7 +1270,7 @@ def command_plot(args: argparse.Namespace) -> int:
                 quantiles=forecaster.tft_config.quantiles,
                 tail=min(run_data.history, 3 * run_data.horizon),
                 series=series,
-                title=f"{plots.MODEL_LABELS[model]}: forecast after the data",
+                title=f"{plots.model_label(model, qat_bits(forecaster))}: forecast after the data",
                 time_format=run_data.time_format,
                 dayfirst=run_data.dayfirst,
                 timezone=run_data.timezone,

@@ -71,6 +71,18 @@ MODEL_LABELS = {
 }
 
 
+def model_label(name: str, bits: int = 8) -> str:
+    """The label figures and tables give model `name` ('fp32', 'qat', 'int8', ...).
+
+    The integer model keeps its name 'int8' (its codes are int8 arrays) whatever
+    its bit width; trained at `bits` other than 8 its label says the width
+    ('TFT int4 (codes in int8)'), so a 4-bit model is never shown as an 8-bit one.
+    """
+    if name == "int8" and bits != 8:
+        return f"TFT int{bits} (codes in int8)"
+    return MODEL_LABELS[name]
+
+
 def _save(figure: Figure, path: PathLike) -> pathlib.Path:
     """Writes `figure` as a PNG at exactly `path` and returns it.
 
@@ -897,6 +909,7 @@ def draw_run_plots(
     *,
     series: Sequence[Any] | None = None,
     announce: Callable[[str], None] | None = None,
+    bits: int = 8,
 ) -> list[pathlib.Path]:
     """Fan charts per model, attention, variable importance and loss curves as PNGs.
 
@@ -912,7 +925,8 @@ def draw_run_plots(
     are drawn, the titles say so and `announce` (e.g. `print`) is given a
     line such as 'test fan charts: the first 6 of 30 series'; a named series
     without windows in `split` is not drawn, which `announce` is told (a
-    `UserWarning` without `announce`).
+    `UserWarning` without `announce`). `bits`: the width of the 'int8' model's
+    codes (its QAT `bits`), which its titles name (`model_label`).
 
     The fans show the forecasts as the library returns and scores them:
     `postprocess` (e.g. `Forecaster.postprocess`, which also clips at 0 with
@@ -967,7 +981,7 @@ def draw_run_plots(
                 lower=low,
                 median="p50",
                 upper=high,
-                title=f"{MODEL_LABELS[name]}: {split} forecasts ({band})",
+                title=f"{model_label(name, bits)}: {split} forecasts ({band})",
                 units=spec.target,
                 freq=spec.freq,
             )
@@ -980,7 +994,7 @@ def draw_run_plots(
             directory / ATTENTION_PLOT,
             shown.attention,
             dataset.history,
-            title=f"{MODEL_LABELS[interpret]}: attention over the history ({split} mean)",
+            title=f"{model_label(interpret, bits)}: attention over the history ({split} mean)",
         )
     )
     history_names = dataset.history_weight_names_for(len(shown.history_weights))
@@ -992,7 +1006,7 @@ def draw_run_plots(
                 ("history inputs", history_names, shown.history_weights),
                 ("future inputs", dataset.future_weight_names, shown.future_weights),
             ],
-            title=f"{MODEL_LABELS[interpret]}: variable selection weights ({split} mean)",
+            title=f"{model_label(interpret, bits)}: variable selection weights ({split} mean)",
         )
     )
     if history:
