@@ -7,10 +7,15 @@ For each table (`benchmarks.tables`) and settings variant, a `Forecaster`
 with the default model, training and QAT settings (plus the variant's and
 `--set` overrides) is fitted, scored on the validation split (the numbers a
 default may be chosen by), and backtested over the last `--cutoffs`
-rolling origins of the table, `H` steps apart (the test numbers: never used
-to choose). Each record holds P50/P90 q-risk of the best baseline (seasonal
-naive and seasonal naive with drift at the frequency's periods), FP32 and
-int8, and the training time.
+rolling origins of the table, `H` steps apart, without retraining (the test
+numbers: never used to choose). Only cutoffs whose forecast steps all lie in
+the test split are scored: an earlier one would score targets the model was
+trained or selected on, so fewer are used where the test split is shorter
+than `--cutoffs` horizons (tourism's 11 quarters hold 2 cutoffs of 4), and
+the record says how many (`backtest.cutoffs`, of `cutoffs_requested`). Each
+record holds P50/P90 q-risk of the best baseline (seasonal naive and
+seasonal naive with drift at the frequency's periods), FP32 and int8, and
+the training time.
 
 Each record is printed as one JSON line (the records are nested, so there is
 no table), with the fields every benchmark's record carries
@@ -43,6 +48,8 @@ from benchmarks.common import (
 )
 from benchmarks.tables import TABLES, without_categoricals
 from tft_jax.allocator import relaunch_with_tuned_allocator
+from tft_jax.data import PreparedDataset
+from tft_jax.data.tables import time_grid
 from tft_jax.forecaster import (
     DataConfig,
     Forecaster,
@@ -88,6 +95,25 @@ def configured(
     return config
 
 
+def cutoffs_in_test_split(dataset: PreparedDataset, freq: str, requested: int) -> int:
+    """How many of the last `requested` backtest cutoffs, `H` steps apart, lie in the test split.
+
+    `Forecaster.backtest` counts its cutoffs back from the table's last time
+    on the `freq` grid (the last forecasts the final `H` steps) and never
+    retrains: a cutoff before `dataset.test_start` forecasts targets of the
+    training or validation period, which the model was fitted or selected
+    on. `dataset` is the one the model was fitted on, from the table
+    backtested.
+    """
+    times = dataset.panel.times
+    grid = time_grid(times.min(), times.max(), freq=freq)
+    last = len(grid) - dataset.horizon
+    positions = (last - k * dataset.horizon for k in range(requested))
+    return sum(
+        1 for position in positions if position >= 0 and grid[position] >= dataset.test_start
+    )
+
+
 def _scores(metrics: dict[str, Any], model: str) -> dict[str, float]:
     row = metrics["models"][model]
     return {"p50": row["p50_q_risk"], "p90": row["p90_q_risk"]}
@@ -117,7 +143,21 @@ def measure(
         forecaster = Forecaster.from_config(config).fit(frame, quiet=True)
         fitted = time.perf_counter() - started
         validation = forecaster.evaluate(forecaster.dataset, "validation")
-        backtest = forecaster.backtest(frame, n_windows=cutoffs)
+        dataset = forecaster.dataset
+        used = cutoffs_in_test_split(dataset, config.data.freq, cutoffs)
+        if not used:
+            raise ValueError(
+                f"{table_name}: no backtest cutoff lies in the test split (from "
+                f"{dataset.test_start}): it holds fewer than the {dataset.horizon} steps of a "
+                "horizon; raise data.test_fraction with --set"
+            )
+        backtest = forecaster.backtest(frame, n_windows=used)
+    scored_before = backtest["cutoff"] < dataset.test_start
+    if scored_before.any():  # counted otherwise than backtest takes them: not test numbers
+        raise RuntimeError(
+            f"{table_name}: the backtest cutoff {backtest['cutoff'][scored_before].iloc[0]} "
+            f"lies before the test start {dataset.test_start}"
+        )
     by_model = backtest.groupby("model")[["p50_q_risk", "p90_q_risk"]].mean()
     best = validation["models"]["best_baseline"]["name"]
     return {
@@ -140,7 +180,8 @@ def measure(
             **{name: _scores(validation, name) for name in forecaster.models},
         },
         "backtest": {
-            "cutoffs": cutoffs,
+            "cutoffs": used,
+            "cutoffs_requested": cutoffs,
             "series_windows": int(backtest["windows"].iloc[0]),
             **{
                 name: {"p50": float(row["p50_q_risk"]), "p90": float(row["p90_q_risk"])}
@@ -221,7 +262,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="SECTION.FIELD=VALUE",
         help=f"settings overrides (values read as JSON), SECTION one of {list(SECTIONS)}",
     )
-    parser.add_argument("--cutoffs", type=positive_int, default=3, help="backtest origins")
+    parser.add_argument(
+        "--cutoffs",
+        type=positive_int,
+        default=3,
+        help="backtest origins, at most: those whose steps lie in the test split",
+    )
     parser.add_argument("--output", help="also append the JSON lines to this file")
     parser.add_argument(
         "--json",

@@ -777,7 +777,11 @@ def test_a_table_too_short_to_train_on_is_evaluated_on_its_test_period(fitted):
     dataset = prepare_dataset(short, **options, preprocessor=forecaster.preprocessor, scored="test")
     assert len(dataset.train) == 0
     assert len(dataset.test) == 3 * (15 - HORIZON + 1)
-    metrics = forecaster.evaluate(dataset)
+    test = len(dataset.test)
+    with pytest.warns(  # that test split lies in the model's training period: announced
+        UserWarning, match=rf"{test} of the {test} windows scored there .* in-sample"
+    ):
+        metrics = forecaster.evaluate(dataset)
     assert metrics["windows"] == len(dataset.test)
     assert np.isfinite(metrics["models"]["fp32"]["p50_q_risk"])
 

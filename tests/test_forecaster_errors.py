@@ -146,7 +146,9 @@ def test_backtest_cutoffs_are_step_grid_steps_apart_across_a_stretch_without_ser
     alpha = table[(table["store"] == "alpha") & (table["day"] <= "2024-02-29")]
     beta = table[table["store"] == "beta"].iloc[:50]
     beta = beta.assign(day=pd.date_range("2024-03-11", periods=50, freq="D").strftime("%Y-%m-%d"))
-    result = forecaster.backtest(pd.concat([alpha, beta]), n_windows=2, step=60)
+    # alpha's cutoff lies in the model's training period: announced.
+    with pytest.warns(UserWarning, match=r"backtest: 1 of the 2 cutoffs \(2024-02-23 00:00:00\)"):
+        result = forecaster.backtest(pd.concat([alpha, beta]), n_windows=2, step=60)
     cutoffs = sorted(result["cutoff"].unique())
     last = pd.Timestamp("2024-04-29") - pd.Timedelta(days=HORIZON - 1)
     assert cutoffs == [last - pd.Timedelta(days=60), last]
@@ -170,7 +172,8 @@ def test_backtest_names_a_new_series_without_targets_before_its_first_cutoff(fit
         forecaster.backtest(pd.concat([table, late]), n_windows=3)
     # One step of its target before the first cutoff scales it: the backtest runs.
     earlier = alpha[pd.to_datetime(alpha["day"]) >= first_cutoff - pd.Timedelta(days=1)]
-    with pytest.warns(UserWarning, match="delta"):
+    in_sample = rf"backtest: 1 of the 3 cutoffs \({first_cutoff}\)"  # before the test start
+    with pytest.warns(UserWarning, match=in_sample), pytest.warns(UserWarning, match="delta"):
         result = forecaster.backtest(pd.concat([table, earlier.assign(store="delta")]), 3)
     assert len(result["cutoff"].unique()) == 3
 
@@ -200,7 +203,9 @@ def test_backtest_says_the_steps_its_cutoffs_need_history_included(fitted):
         rf"\({HISTORY} of history before the first cutoff, 91 from it\), the table spans 100",
     ):
         forecaster.backtest(table, n_windows=13, step=7)
-    assert len(forecaster.backtest(table, n_windows=12, step=7)["cutoff"].unique()) == 12
+    with pytest.warns(UserWarning, match=r"backtest: 10 of the 12 cutoffs .* in-sample"):
+        result = forecaster.backtest(table, n_windows=12, step=7)
+    assert len(result["cutoff"].unique()) == 12
 
 
 @pytest.mark.parametrize(

@@ -36,8 +36,12 @@ def test_a_utc_table_is_backtested_on_the_training_zones_days(berlin):
     # The grid was built in 24-hour UTC days: every series after the change was
     # refused as "recorded at another offset".
     forecaster, table = berlin
-    local = forecaster.backtest(table, n_windows=4, step=7)
-    utc = forecaster.backtest(table.assign(day=table["day"].dt.tz_convert("UTC")), 4, 7)
+    # The first cutoff, the same instant in either zone, precedes the test start: announced.
+    in_sample = r"backtest: 1 of the 4 cutoffs \({}\) .* test start 2024-03-20 00:00:00\+01:00"
+    with pytest.warns(UserWarning, match=in_sample.format(r"2024-03-13 00:00:00\+01:00")):
+        local = forecaster.backtest(table, n_windows=4, step=7)
+    with pytest.warns(UserWarning, match=in_sample.format(r"2024-03-12 23:00:00\+00:00")):
+        utc = forecaster.backtest(table.assign(day=table["day"].dt.tz_convert("UTC")), 4, 7)
     assert str(utc["cutoff"].dt.tz) == "UTC"
     pd.testing.assert_series_equal(
         utc["cutoff"].dt.tz_convert("Europe/Berlin"), local["cutoff"], check_names=False

@@ -38,6 +38,7 @@ from tft_jax.config import TFTConfig
 from tft_jax.data import PreparedDataset, WindowSet, prepare_dataset, window_starts
 from tft_jax.data.dataset import SPLITS
 from tft_jax.data.future import future_windows
+from tft_jax.data.listing import first_few
 from tft_jax.data.preprocessing import NewSeriesWithoutTargetError, Preprocessor
 from tft_jax.data.tables import (
     TableContentError,
@@ -571,6 +572,97 @@ def _check_new_series_scaled_for(dataset: PreparedDataset, scored: str | None) -
         f"split is scored: the scalers of its {len(new)} new series ({shown}) may know that "
         f"split's targets; pass the table, or prepare it with Forecaster.prepare(table, "
         f"{scored!r})"
+    )
+
+
+def _model_test_start(summary: dict[str, Any]) -> pd.Timestamp | None:
+    """The first time of the model's test period as `fit` recorded it; None where unrecorded.
+
+    `PreparedDataset.summary` records it as text under `summary['dataset']`,
+    which survives save and load. A run folder written before it was
+    recorded has none (nor has a summary edited without it): then nothing
+    is checked against it.
+    """
+    recorded = summary.get("dataset")
+    text = recorded.get("test_start") if isinstance(recorded, dict) else None
+    if not isinstance(text, str):
+        return None
+    try:
+        stamp = pd.Timestamp(text)
+    except (ValueError, TypeError, OverflowError):
+        return None
+    return None if pd.isna(stamp) else stamp
+
+
+def _in_sample_windows(
+    dataset: PreparedDataset, starts: np.ndarray, trained: Iterable[Any], test_start: pd.Timestamp
+) -> np.ndarray:
+    """(N,) bool: the windows at `starts` of a `trained` series that forecast a time before
+    `test_start`, the model's test start: their targets lie in its training or validation period.
+
+    `starts` index each window's first forecast step, its earliest. A new
+    series (not in `trained`) is out of sample at any time. Naive times and
+    an aware `test_start` (or the other way round) have no instant in common
+    to compare: nothing is flagged then (`Preprocessor.check_time_zone`
+    refuses such tables before).
+    """
+    times = dataset.panel.times[starts]
+    if (times.tz is None) != (test_start.tz is None):
+        return np.zeros(len(starts), dtype=bool)
+    known = set(trained)
+    is_trained = np.array([series in known for series in dataset.series_ids], dtype=bool)
+    return is_trained[dataset.panel.series_code[starts]] & np.asarray(times < test_start)
+
+
+def _announce_in_sample(
+    where: str, scope: str, in_sample: int, scored: int, test_start: pd.Timestamp, remedy: str
+) -> None:
+    """Warns that `in_sample` of the `scored` windows of `scope` are scored on targets the
+    model was fitted or selected on (before its test start `test_start`); `remedy` says how not.
+
+    Such scores are in-sample, optimistic about forecasts of data the model
+    has not seen. Not refused: an in-sample score can be what is wanted, and
+    the numbers are not changed.
+    """
+    warnings.warn(
+        f"{where}: {scope} forecast steps before the model's test start {test_start} for "
+        f"series it was trained on: {in_sample} of the {scored} windows scored there forecast "
+        "targets of its training or validation period, which it was fitted or selected on, so "
+        f"their scores are in-sample (optimistic); {remedy}",
+        UserWarning,
+        stacklevel=4,  # the caller of `backtest` or `evaluation`
+    )
+
+
+def _announce_in_sample_cutoffs(
+    in_sample: dict[pd.Timestamp, int],
+    scored_at: dict[pd.Timestamp, int],
+    count: int,
+    fitting: int,
+    step: int,
+    test_start: pd.Timestamp,
+) -> None:
+    """Warns once of the `backtest` cutoffs with windows scored in-sample.
+
+    `in_sample` counts them by cutoff, out of the windows `scored_at` it;
+    `fitting` of the `count` cutoffs, `step` steps apart, lie at or after
+    the model's test start `test_start`: the n_windows that keeps a backtest
+    of this table out of sample.
+    """
+    keep = (
+        f"with step={step}, n_windows={fitting} keeps every cutoff at or after it"
+        if fitting
+        else f"with step={step}, no cutoff of this table lies at or after it"
+    )
+    _announce_in_sample(
+        "backtest",
+        f"{len(in_sample)} of the {count} cutoffs "
+        f"({first_few([str(cutoff) for cutoff in in_sample], limit=3)})",
+        sum(in_sample.values()),
+        sum(scored_at.values()),
+        test_start,
+        "for out-of-sample scores backtest a table that extends past the training data, or "
+        f"use fewer or later cutoffs ({keep})",
     )
 
 
@@ -1120,6 +1212,32 @@ class Forecaster:
             stacklevel=3,
         )
 
+    def _announce_in_sample_test(self, dataset: PreparedDataset, starts: np.ndarray) -> None:
+        """Warns when test windows scored at `starts` lie before the model's own test start.
+
+        The test split of another table is cut by the fractions applied to
+        that table: one ending earlier than the training table puts it in the
+        model's training or validation period, whose targets it was fitted or
+        selected on.
+        """
+        test_start = _model_test_start(self.summary)
+        if test_start is None:
+            return
+        in_sample = _in_sample_windows(dataset, starts, self.preprocessor.series_ids, test_start)
+        if not in_sample.any():
+            return
+        _announce_in_sample(
+            "evaluate",
+            f"the test split of this table (from {dataset.test_start}, its fractions applied "
+            "to this table) has windows that",
+            int(in_sample.sum()),
+            starts.size,
+            test_start,
+            "for out-of-sample scores evaluate a table that extends past the training data "
+            "by at least a test split, or backtest it with cutoffs at or after the model's "
+            "test start",
+        )
+
     def evaluation(
         self,
         table: Table | PreparedDataset,
@@ -1145,6 +1263,8 @@ class Forecaster:
         if left_out.any():
             where = f"evaluate: the {split} split"
             self._announce_left_out(where, dataset, windows.starts, left_out)
+        if split == "test":  # 'train' and 'validation' are the model's own by name
+            self._announce_in_sample_test(dataset, windows.starts[~left_out])
         names = self._model_names(models)
         predictions, seconds = {}, {}
         for name in names:  # every window: the forecasts are the split's, the metrics the kept's
@@ -1196,6 +1316,13 @@ class Forecaster:
         normalization than the model reads. Windows whose history is more than
         `DataConfig.max_missing_fraction` filled, those `predict` refuses, are
         left out of the metrics with a warning.
+
+        The test split of another table is that table's: where it holds
+        windows of series the model was trained on that forecast steps before
+        the model's own test start (a table ending earlier than the training
+        table), a `UserWarning` says how many: they are scored on targets the
+        model was fitted or selected on, in-sample. 'train' and 'validation'
+        are in-sample by name, and not announced.
         """
         return self.evaluation(table, split, models)[0]
 
@@ -1274,6 +1401,13 @@ class Forecaster:
         data is scaled by its target before the first cutoff (a ValueError
         names it if it has none), never by the steps it is scored on.
 
+        The model is not retrained, so a cutoff before the model's test start
+        (recorded by `fit` in `summary['dataset']`) scores the series it was
+        trained on over its training or validation period, in-sample: one
+        `UserWarning` names such cutoffs, counts their windows and says which
+        `n_windows` keeps the cutoffs at or after the test start. The scores
+        are left as they are; a new series is out of sample at any cutoff.
+
         Returns:
           A DataFrame, one row per (cutoff, model), the seasonal naive baseline
           included: `cutoff` (the first forecast step), `model`, `baseline`
@@ -1336,6 +1470,9 @@ class Forecaster:
         offset = parse_frequency(data.freq)
         records = []
         zero_cutoffs: list[pd.Timestamp] = []
+        test_start = _model_test_start(self.summary)
+        in_sample: dict[pd.Timestamp, int] = {}  # cutoff -> its windows scored in-sample
+        scored_at: dict[pd.Timestamp, int] = {}
         for position in positions:
             cutoff = grid_times[position]
             last = grid_times[position + data.horizon - 1]
@@ -1361,6 +1498,12 @@ class Forecaster:
                     f"backtest: no series has {data.history} steps of history before the cutoff "
                     f"{cutoff} and an observed target over the {data.horizon} steps after it"
                 )
+            if test_start is not None:
+                flagged = _in_sample_windows(
+                    dataset, starts, self.preprocessor.series_ids, test_start
+                )
+                if flagged.any():
+                    in_sample[cutoff], scored_at[cutoff] = int(flagged.sum()), int(starts.size)
             windows = WindowSet(
                 panel, starts, data.history, data.horizon, normalized=data.window_normalization
             )
@@ -1382,6 +1525,11 @@ class Forecaster:
                         "mean_quantile_loss": row["mean_quantile_loss"],
                     }
                 )
+        if in_sample and test_start is not None:
+            fitting = sum(1 for position in positions if grid_times[position] >= test_start)
+            _announce_in_sample_cutoffs(
+                in_sample, scored_at, len(positions), fitting, step, test_start
+            )
         _check_zero_target_cutoffs(zero_cutoffs, len(positions), data.horizon)
         return pd.DataFrame.from_records(records)
 
