@@ -1641,9 +1641,10 @@ def test_a_budget_spent_before_the_step_time_is_measured_says_the_cosine_did_not
     assert result.schedule_steps == PLANNED
     err = capsys.readouterr().err
     assert (
-        "FP32: stopped on the time budget of 3.8s at step 3/40 after 3.9s; the budget ran out "
-        "before the step time was measured, so the learning rate did not decay to its end (a "
-        f"schedule of {PLANNED} steps): give a larger time budget, or fewer steps"
+        "FP32: stopped on the time budget of 3.8s at step 3/40 after 3.9s; the learning rate "
+        f"did not decay to its end: stopped at step 3 of a schedule of {PLANNED} (warmup "
+        f"{WARMUP}), still in the warmup: the budget ran out before the step time was measured; "
+        "give a larger time budget, or fewer steps"
     ) in err, err
 
 

@@ -96,6 +96,12 @@ class LoopState:
         so that a resumed run announces the skips the checkpoint holds but
         no evaluation has reported yet; None until `fit` sets it (and in
         checkpoints written before it was kept).
+      resumed: one record per resume that went on along another learning-rate
+        schedule than its checkpoint's (a raised `max_steps` or epoch count,
+        another time budget): the steps before it trained on another
+        schedule, so the model differs from an uninterrupted run's (see
+        `_resume_record`). Empty for a run never so resumed (and in
+        checkpoints written before it was kept).
     """
 
     epoch: int = 0
@@ -112,6 +118,7 @@ class LoopState:
     schedule_steps: int | None = None
     schedule_budget: float | None = None
     announced_skips: int | None = None
+    resumed: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict of the fields."""
@@ -151,6 +158,9 @@ class FitResult(NamedTuple):
         planned one; None when the learning rate is compiled into the step.
         Counted in applied updates, which the schedule reads: steps skipped
         before the refit leave it that many below the step it ends at.
+      resumed: `LoopState.resumed` at the end of training: the resumes that
+        went on along another schedule, each with the step it resumed at and
+        the schedule the steps before it trained on; empty when none did.
     """
 
     state: TrainState
@@ -158,6 +168,7 @@ class FitResult(NamedTuple):
     history: History
     stop_reason: str = "completed"
     schedule_steps: int | None = None
+    resumed: tuple[dict[str, Any], ...] = ()
 
 
 def _batches_for_epoch(source: BatchSource, epoch: int) -> Iterable[Batch]:
@@ -390,7 +401,7 @@ def fit(
       fsdp: shard parameters and optimizer state over the mesh (large models).
 
     Returns:
-      A `FitResult(state, best_state, history, stop_reason, schedule_steps)`.
+      A `FitResult(state, best_state, history, stop_reason, schedule_steps, resumed)`.
     """
     _check_fit_timing(checkpoint_every_seconds, time_budget, log_seconds, label, clock)
     started = clock()
@@ -473,6 +484,8 @@ def fit(
     planned_schedule = in_state_schedule(state)
     refit_gives_way: str | None = None  # why a checkpoint's refitted schedule is not kept
     resumed = False
+    checkpoint_schedule: WarmupCosine | None = None
+    checkpoint_budget: float | None = None
     if checkpointer is not None and resume:
         restored = checkpointer.restore_latest(state)
         if restored is None and checkpointer.steps(BEST):
@@ -489,6 +502,9 @@ def fit(
             state, loop = restored.state, LoopState.from_json(restored.loop)
             resumed = True
             earlier_seconds = loop.seconds
+            # What the steps so far trained on, before this run's schedule replaces it.
+            checkpoint_schedule = in_state_schedule(state)
+            checkpoint_budget = loop.schedule_budget
             if max_steps is not None and loop.step > max_steps:
                 # Nothing is undone: the result is the checkpoint's, past the cap asked for.
                 warn(
@@ -575,6 +591,12 @@ def fit(
                 else ""
             )
         )
+    if resumed and trains_on and checkpoint_schedule is not None:
+        now_schedule = in_state_schedule(state)
+        if now_schedule is not None and not _same_schedule(checkpoint_schedule, now_schedule):
+            # Recorded (the run folder's summary shows it): the model is not the
+            # uninterrupted run's, whose steps all followed one schedule.
+            loop.resumed.append(_resume_record(loop.step, checkpoint_schedule, checkpoint_budget))
     if resumed and trains_on and planned_schedule is not None and loop.schedule_steps is None:
         # (A kept refitted schedule's end is said above.)
         _warn_if_the_schedule_has_ended(
@@ -711,10 +733,7 @@ def fit(
         if fitted < refit.planned and updates < planned_schedule.total_steps:
             state = with_schedule_steps(state, updates)
             loop.schedule_steps, loop.schedule_budget = fitted, time_budget
-            progress.note(
-                f"the time budget fits about {fitted} steps: the learning rate now decays "
-                f"to step {fitted}"
-            )
+            progress.note(_refit_note(refit.fits, fitted, refit.warmup_steps))
         elif np.float32(in_state_schedule(state).total_steps) != np.float32(
             planned_schedule.total_steps
         ):
@@ -832,12 +851,12 @@ def fit(
     if loop.stopped_on_budget:
         reason = "time_budget"
         unfitted = ""
-        if refit is not None and loop.step < refit.planned:
-            # The budget ran out before the step time was measured: the cosine did not end.
-            unfitted = (
-                f"; the budget ran out before the step time was measured, so the learning "
-                f"rate did not decay to its end (a schedule of {refit.planned} steps): "
-                "give a larger time budget, or fewer steps"
+        ended = in_state_schedule(state)
+        if planned_schedule is not None and ended is not None:
+            # The step the cosine ends at: the refitted one, else the schedule's own.
+            end = round(ended.total_steps) if loop.schedule_steps is None else loop.schedule_steps
+            unfitted = _undecayed_note(
+                loop.step, end, round(ended.warmup_steps), measured=refit is None
             )
         progress.note(
             f"stopped on the time budget of {duration_text(time_budget)} at step "
@@ -861,6 +880,49 @@ def fit(
         history=loop.history,
         stop_reason=reason,
         schedule_steps=None if schedule is None else schedule.total_steps,
+        resumed=tuple(loop.resumed),
+    )
+
+
+def _refit_note(fits: int | None, fitted: int, warmup_steps: int) -> str:
+    """The line of a time budget's refit: the budget ends at step `fits`, the cosine at `fitted`.
+
+    `fitted` is `fits` raised above the warmup (a schedule must end past
+    it): when the budget ends within the warmup, the rate never decays, and
+    the line says so rather than promise a decay to `fitted`.
+    """
+    if fits is not None and fits <= warmup_steps:
+        return (
+            f"the time budget fits about {fits} steps, within the warmup of {warmup_steps} "
+            f"steps: the learning rate will not decay (the schedule now ends at step {fitted})"
+        )
+    return (
+        f"the time budget fits about {fitted} steps: the learning rate now decays to step {fitted}"
+    )
+
+
+def _undecayed_note(step: int, end: int, warmup_steps: int, *, measured: bool) -> str:
+    """What the stop note of a run stopped by its time budget at `step` adds, or "".
+
+    Said when the budget stopped the run before its schedule's end `end`
+    (the step the refit ended the cosine at, or the schedule's own): the
+    model then did not train along a full warmup + cosine, at worst never
+    left the warmup. `measured` says whether the step time was measured
+    (the schedule refitted, or found to fit) before the budget ran out.
+    """
+    if step >= end:
+        return ""
+    if not measured:
+        why = "the budget ran out before the step time was measured"
+    elif step <= warmup_steps:
+        why = "the budget ends within it"
+    else:
+        why = "sooner than the measured step time foretold"
+    if step <= warmup_steps:
+        why = f"still in the warmup: {why}"
+    return (
+        f"; the learning rate did not decay to its end: stopped at step {step} of a schedule "
+        f"of {end} (warmup {warmup_steps}), {why}; give a larger time budget, or fewer steps"
     )
 
 
@@ -902,6 +964,8 @@ class _ScheduleRefit:
         self.first_evaluation: float | None = None  # seconds, its compilation included
         self.evaluations, self.evaluation_seconds = 0, 0.0  # the later ones
         self.min_seconds = min(_REFIT_MIN_SECONDS, _REFIT_MAX_BUDGET_FRACTION * time_budget)
+        # The step the budget ends at, before `estimate` raises it above the warmup.
+        self.fits: int | None = None
 
     def compiled(self, step: int, now: float) -> None:
         """A newly compiled step has run up to `step` at `now`: measure from here."""
@@ -946,7 +1010,8 @@ class _ScheduleRefit:
         remaining = max(0.0, self.time_budget - elapsed)
         # Rounded first: a budget that is a whole number of steps ends at that step.
         steps_left = math.ceil(round(remaining / per_step, 9))
-        return max(step + steps_left, self.warmup_steps + 1, step)
+        self.fits = step + steps_left
+        return max(self.fits, self.warmup_steps + 1, step)
 
 
 def _int_from_process_0(value: int | None) -> int | None:
@@ -1052,6 +1117,32 @@ def _refit_gives_way(
             "no time budget" if time_budget is None else duration_text(time_budget)
         )
     return None
+
+
+def _same_schedule(first: WarmupCosine, second: WarmupCosine) -> bool:
+    """Whether two schedules agree in all four numbers as the optimizer state keeps them."""
+    return all(
+        np.float32(getattr(first, field.name)) == np.float32(getattr(second, field.name))
+        for field in dataclasses.fields(WarmupCosine)
+    )
+
+
+def _resume_record(step: int, before: WarmupCosine, time_budget: float | None) -> dict[str, Any]:
+    """What `LoopState.resumed` keeps of a resume at `step` that changed the schedule.
+
+    `before` is the schedule the steps up to `step` trained on (the
+    checkpoint's, refitted by `time_budget` when that is not None): enough
+    to tell the run from an uninterrupted one and to repeat its parts. No
+    times: two runs of the same parts record the same.
+    """
+    return {
+        "at_step": int(step),
+        "schedule_steps": round(float(before.total_steps)),
+        "warmup_steps": round(float(before.warmup_steps)),
+        "peak_lr": float(before.peak_lr),
+        "end_lr": float(before.end_lr),
+        "refitted_by_time_budget": time_budget,
+    }
 
 
 def _schedule_text(schedule: WarmupCosine) -> str:

@@ -68,9 +68,13 @@ def _plain_numbers(instance: Any) -> None:
             object.__setattr__(instance, field.name, float(value))
 
 
-# Training draws from `jax.random.key(seed)`, `key(seed + 1)` (QAT) and batch orders
-# seeded by `seed + 2`. Without 64-bit mode `jax.random.key` keeps a seed's low 32 bits,
-# so seeds 2**32 apart would train alike: every seed the runs use stays below 2**32.
+# FP32 training uses `seed` for its initial parameters, dropout keys and batch order;
+# QAT uses `seed + 1` for all three, and the calibration batches' order `seed + 2`
+# (tft_jax/forecaster/training.py). The streams overlap across seeds: a run of seed
+# s + 1 trains FP32 on the batch order and dropout keys of seed s's QAT phase (a
+# derivation kept, since changing it would change every seed's results). Without 64-bit
+# mode `jax.random.key` keeps a seed's low 32 bits, so seeds 2**32 apart would train
+# alike: every seed the runs use stays below 2**32.
 MAX_SEED = 2**32 - 3
 
 
@@ -404,7 +408,11 @@ class TrainingConfig:
       validation_windows: validation windows per evaluation, evenly spaced;
         at least `batch_size`, rounded down to whole batches of `batch_size`.
       seed: random seed, 0..`MAX_SEED` (2**32 - 3: QAT and calibration use
-        seed + 1 and seed + 2, and JAX keys keep a seed's low 32 bits).
+        seed + 1 and seed + 2, and JAX keys keep a seed's low 32 bits). FP32
+        training draws its initial parameters, dropout and batch order from
+        `seed`, QAT from `seed + 1`, the calibration batches' order from
+        `seed + 2`: seed s + 1's FP32 phase shares the streams of seed s's QAT
+        phase, so runs of neighbouring seeds are not independent there.
       eval_batch_size: windows per batch when predicting, and when validating
         if it divides over the devices (one compiled forward serves both).
     """

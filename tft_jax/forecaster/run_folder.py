@@ -32,6 +32,7 @@ import json
 import math
 import os
 import pathlib
+import platform
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -801,19 +802,47 @@ def check_model_digest(path: pathlib.Path, data: bytes, name: str, expected: str
 
 
 def versions() -> dict[str, Any]:
-    """Package versions and devices, recorded in config.json."""
+    """Package versions, devices and the compiler's settings, recorded in config.json.
+
+    What a run's numbers depend on beyond its settings: the packages that
+    compute them (jaxlib compiles the program, numpy and pandas prepare the
+    data), the `XLA_FLAGS` the compiler read (None when unset; they change
+    the float results), and the machine (architecture, CPU model), whose
+    instruction set changes them too. Records only: a run folder written
+    elsewhere loads all the same (only the tft_jax version is read back).
+    """
     import flax
+    import jaxlib
     import optax
+    import pandas
 
     import tft_jax
 
     return {
         "tft_jax": tft_jax.__version__,
         "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
         "flax": flax.__version__,
         "optax": optax.__version__,
+        "numpy": np.__version__,
+        "pandas": pandas.__version__,
         "backend": jax.default_backend(),
         "devices": [str(device) for device in jax.devices()],
         "processes": jax.process_count(),
         "cpu_count": os.cpu_count(),
+        "xla_flags": os.environ.get("XLA_FLAGS"),
+        "machine": platform.machine(),
+        "cpu": cpu_model(),
+        "python": platform.python_version(),
     }
+
+
+def cpu_model(cpuinfo: pathlib.Path = pathlib.Path("/proc/cpuinfo")) -> str | None:
+    """The CPU's model name: the first `model name` of `cpuinfo` (Linux), else
+    `platform.processor()`; None when neither names one."""
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    return platform.processor() or None

@@ -127,6 +127,17 @@ def schedule_of(peak: float, total: int, warmup: int | None) -> tuple[WarmupCosi
     return warmup_cosine_schedule(peak, total, warmup), warmup
 
 
+def _resumed_record(resumed: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+    """The settings' `resumed` entry: the resumes that changed the schedule, if any.
+
+    Each names the step it resumed at and the schedule the steps before it
+    trained on (`tft_jax.fit.LoopState.resumed`): such a model differs from an
+    uninterrupted run's with the same settings. Left out for a run without one,
+    whose summary stays as it was.
+    """
+    return {"resumed": [dict(part) for part in resumed]} if resumed else {}
+
+
 def train_fp32(
     model: TemporalFusionTransformer,
     dataset: PreparedDataset,
@@ -142,7 +153,8 @@ def train_fp32(
     The schedule's numbers live in the optimizer state (one compiled step
     for any learning rate, warmup and total), and with a time budget `fit`
     shortens the cosine to the steps the budget allows: the settings hold
-    the planned `total_steps` and the `schedule_steps` it ended at.
+    the planned `total_steps` and the `schedule_steps` it ended at, and
+    `resumed` the resumes that went on along another schedule (if any).
     """
     per_epoch, total = steps_of(dataset, training)
     schedule, warmup = schedule_of(training.learning_rate, total, training.warmup_steps)
@@ -177,6 +189,7 @@ def train_fp32(
         "schedule_steps": result.schedule_steps,
         "warmup_steps": warmup,
         "stop_reason": result.stop_reason,
+        **_resumed_record(result.resumed),
     }
     return PhaseResult(to_host(result.best_state.variables), result.history, settings)
 
@@ -263,5 +276,6 @@ def train_qat(
             "schedule_steps": result.schedule_steps,
             "warmup_steps": warmup,
             "stop_reason": result.stop_reason,
+            **_resumed_record(result.resumed),
         },
     )
