@@ -11,7 +11,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-# float64 is for gradient checks under `jax.enable_x64` only.
+# float64 is for gradient checks under `jax.enable_x64` only (the model refuses it otherwise).
 _FLOAT_DTYPES = {
     "float32": jnp.float32,
     "bfloat16": jnp.bfloat16,
@@ -119,9 +119,15 @@ class TFTConfig:
       use_known_history: whether the model takes the known inputs over the
         history too (`known_history (B, T, K)`, as in the paper); they then
         join the observed inputs in the history's variable selection.
-      dtype: compute dtype (`float32` or `bfloat16`; `float64` for finite-difference
-        checks under `jax.enable_x64`); parameters stay `param_dtype`.
-      param_dtype: parameter dtype.
+      dtype: compute dtype: `float32`; `bfloat16` or `float16` for half
+        precision (float16 keeps more digits than bfloat16 but holds only
+        |x| <= 65504: inputs of that size, or activations that grow to it,
+        become inf and the forecasts NaN, so scale the inputs); `float64`
+        for finite-difference checks, which needs `jax_enable_x64` (the model
+        raises `ValueError` when it runs without it: JAX would compute in
+        float32). Parameters stay `param_dtype`.
+      param_dtype: parameter dtype, from the same four; `float64` needs
+        `jax_enable_x64` as well.
     """
 
     num_static_features: int = 5

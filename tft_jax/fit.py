@@ -42,6 +42,7 @@ from tft_jax.train_state import (
     _with_schedule,
     copy_state,
     in_state_schedule,
+    prepare_batch,
     schedule_update_count,
     with_schedule_steps,
 )
@@ -781,8 +782,11 @@ def fit(
                     progress.note(f"compiling {what}...")
                     compile_started = clock()
                 try:
+                    # Converted on the host first: placed on the mesh, an int64 array
+                    # would wrap to int32 before `train_step` could (`prepare_batch`).
+                    placed = shard_batch(prepare_batch("fit", batch, state), mesh)
                     state, metrics = train_step(
-                        state, shard_batch(batch, mesh), step_key(seed_key, loop.step), calibrate
+                        state, placed, step_key(seed_key, loop.step), calibrate
                     )
                 except (TypeError, ValueError) as error:  # a bad batch, found as it came
                     error.args = (f"fit: train batch {seen - 1} of epoch {loop.epoch}: {error}",)
@@ -1034,7 +1038,10 @@ class _ShardedBatches:
         self.batches, self.mesh = batches, mesh
 
     def __iter__(self) -> Iterator[Batch]:
-        return (shard_batch(batch, self.mesh) for batch in self.batches)
+        return (
+            shard_batch(prepare_batch("fit: val_batches", batch), self.mesh)
+            for batch in self.batches
+        )
 
 
 def _evaluated_at(loop: LoopState) -> bool:

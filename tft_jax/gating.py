@@ -122,7 +122,9 @@ class GatedLinearUnit(nn.Module):
     """GLU with input dropout: `Dropout(x) -> (W4 x + b4) ⊙ σ(W5 x + b5)`, `(..., I) -> (..., F)`.
 
     Both halves come from one fused projection to `2F`. With `dropout_rate > 0`
-    the call needs `deterministic` (True: inference, False: training).
+    the call needs `deterministic` (True: inference, False: training). A
+    non-floating `x` (integers, booleans) raises `TypeError`, as in the
+    other blocks: the projection would cast it to the compute dtype silently.
     """
 
     features: int
@@ -143,6 +145,7 @@ class GatedLinearUnit(nn.Module):
             "GatedLinearUnit", deterministic, self.dropout_rate, self.is_initializing()
         )
         x = jnp.asarray(x)
+        check_floating("GatedLinearUnit", "x", x)
         params = self.variables.get("params", {})
         check_input_width("GatedLinearUnit", x, params, ("projection", "kernel"), what="unit")
         x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
@@ -160,7 +163,10 @@ class GatedLinearUnit(nn.Module):
 
 
 class GateAddNorm(nn.Module):
-    """`LayerNorm(skip + GLU(x))`: the gated skip connection of the TFT, `(..., F)`."""
+    """`LayerNorm(skip + GLU(x))`: the gated skip connection of the TFT, `(..., F)`.
+
+    A non-floating `x` or `skip` raises `TypeError` (it would be cast silently).
+    """
 
     features: int
     dropout_rate: float = 0.0
@@ -180,6 +186,8 @@ class GateAddNorm(nn.Module):
             "GateAddNorm", deterministic, self.dropout_rate, self.is_initializing()
         )
         x, skip = jnp.asarray(x), jnp.asarray(skip)
+        check_floating("GateAddNorm", "x", x)
+        check_floating("GateAddNorm", "skip", skip)
         params = self.variables.get("params", {})
         check_input_width("GateAddNorm", x, params, ("glu", "projection", "kernel"), what="block")
         # The output has x's shape with `features` last; a skip of another shape would

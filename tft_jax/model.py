@@ -61,6 +61,57 @@ def _shape(value: Any) -> tuple[int, ...]:
     return tuple(np.shape(value))
 
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def check_float32_range(owner: str, name: str, value: Any, observed: Any = None) -> None:
+    """Raises `ValueError` when a NumPy `value` holds finite values beyond float32's range.
+
+    Cast to float32 (by `jax.jit` without `jax_enable_x64`, or by a model
+    computing in float32) such a value becomes ±inf, and the output or the
+    loss NaN or inf with no error; the wording is `tft_jax.losses`'. Only
+    float dtypes wider than float32 are read (no other can hold such a
+    value), and only NumPy arrays and scalars: a JAX array would be read back
+    from the device, and a traced one cannot be read. With `observed` (a
+    mask of `value`'s shape), only where it is nonzero.
+    """
+    if not isinstance(value, np.ndarray | np.generic):
+        return
+    if value.dtype.kind != "f" or value.dtype.itemsize <= 4:
+        return
+    values = np.asarray(value)
+    too_large = np.isfinite(values) & (np.abs(values) > _FLOAT32_MAX)
+    if observed is not None:
+        too_large &= np.asarray(observed) != 0
+    if too_large.any():
+        first = tuple(int(i) for i in np.argwhere(too_large)[0])
+        raise ValueError(
+            f"{owner}: {name} holds {int(too_large.sum())} finite value(s) beyond float32's "
+            f"range (|x| > {_FLOAT32_MAX:.7g}), the first {float(values[first])!r} at index "
+            f"{first}; rescale them, or compute in float64 (jax_enable_x64, and "
+            "TFTConfig(dtype='float64') for the TFT)"
+        )
+
+
+def check_x64_dtypes(config: TFTConfig) -> None:
+    """Raises `ValueError` for a float64 `config.dtype` or `param_dtype` without `jax_enable_x64`.
+
+    JAX then makes every float64 array float32, with one truncation warning
+    per parameter and cast: the model would run in float32 while its config
+    says float64. Checked when the model runs, not when the config is built:
+    a config may be built before x64 is enabled.
+    """
+    if jax.config.jax_enable_x64:
+        return
+    for field in ("dtype", "param_dtype"):
+        if getattr(config, field) == "float64":
+            raise ValueError(
+                f"TemporalFusionTransformer: TFTConfig.{field} is 'float64', which needs "
+                "jax_enable_x64 (without it JAX computes in float32): call "
+                "jax.config.update('jax_enable_x64', True) at startup, or use 'float32'"
+            )
+
+
 class IntegerCodesError(TypeError, ValueError):
     """Categorical codes of a non-integer dtype (a `TypeError` and a `ValueError`)."""
 
@@ -69,10 +120,21 @@ def _check_array(name: str, value: Any, expected: tuple[Any, ...], integer: bool
     """Raises `ValueError` naming `name` unless `value` has the `expected` shape.
 
     `expected` holds ints or None (any size); the message shows both shapes.
+    A list or tuple, or an array of other than real numbers (integers with
+    `integer`), raises `TypeError` (`IntegerCodesError` with `integer`).
     """
     if value is None:
         raise ValueError(
             f"TemporalFusionTransformer: {name} is required, expected shape {expected}"
+        )
+    kind = "integer codes in a" if integer else "a real-valued"
+    error = IntegerCodesError if integer else TypeError
+    # Before `np.shape`: under `jax.jit` a list is a pytree of tracers, which
+    # `np.shape` cannot read (a TracerArrayConversionError naming no argument).
+    if isinstance(value, list | tuple):
+        raise error(
+            f"TemporalFusionTransformer: {name} must be {kind} NumPy or JAX array, got "
+            f"{type(value).__name__}"
         )
     shape = _shape(value)
     if len(shape) != len(expected) or any(
@@ -83,10 +145,8 @@ def _check_array(name: str, value: Any, expected: tuple[Any, ...], integer: bool
     try:
         dtype = jnp.result_type(value)
     except TypeError:
-        # A nested list, or an array of strings or objects: JAX's message names no argument.
-        kind = "integer codes in a" if integer else "a real-valued"
+        # An array of strings or objects: JAX's message names no argument.
         got = type(value).__name__ + (f" of dtype {value.dtype}" if hasattr(value, "dtype") else "")
-        error = IntegerCodesError if integer else TypeError
         raise error(
             f"TemporalFusionTransformer: {name} must be {kind} NumPy or JAX array, got {got}"
         ) from None
@@ -114,9 +174,12 @@ def validate_inputs(
     """Checks every input against `config` and returns the batch size `B`.
 
     Raises `ValueError` naming the argument (shape, range of categorical
-    codes, an input the config does not take or lacks); a float array given
-    as categorical codes raises `IntegerCodesError` (a `ValueError` and a
-    `TypeError`).
+    codes, an input the config does not take or lacks, a NumPy float64 real
+    input holding finite values beyond float32's range when the model does
+    not compute in float64: its first cast would make them ±inf); a float
+    array given as categorical codes raises `IntegerCodesError` (a
+    `ValueError` and a `TypeError`), a list or another non-array `TypeError`.
+    NaN inputs are left to the caller: they show as NaN in the output.
     """
     cfg = config
     _check_array("historical", historical, (None, cfg.sequence_length, cfg.num_observed_features))
@@ -138,6 +201,10 @@ def validate_inputs(
             "TFTConfig.use_known_history is False; set it to True to use known inputs "
             f"over the history (got shape {_shape(known_history)})"
         )
+    if cfg.dtype != "float64":
+        reals = {"static": static, "historical": historical, "future": future}
+        for name, value in {**reals, "known_history": known_history}.items():
+            check_float32_range("TemporalFusionTransformer", name, value)
     steps, horizon = cfg.sequence_length, cfg.prediction_horizon
     known_cardinalities = cfg.known_categorical_cardinalities
     _check_codes(
@@ -248,6 +315,15 @@ class TemporalFusionTransformer(nn.Module):
     whole attention block (without dropout, as in the paper's code and
     pytorch-forecasting) -> linear quantile head.
 
+    A float64 `TFTConfig.dtype` or `param_dtype` needs `jax_enable_x64`: the
+    model raises `ValueError` when it runs (init or apply) without it, rather
+    than compute in float32 with a truncation warning per array. Without
+    `jax_enable_x64`, a `jax.jit` of the caller's own makes an int64 input
+    int32 as it enters, wrapping values beyond int32's range before the model
+    sees them: pass such inputs as float32 (`tft_jax.train`'s steps convert
+    NumPy integers themselves). A NumPy float64 input beyond float32's range
+    raises `ValueError` outside `jax.jit` (the float32 model would see ±inf).
+
     `dot_general_cls` replaces every weight matmul (see `tft_jax.linear`); it
     is how `qat` quantizes this very model. Dropout uses the `'dropout'` RNG;
     with `dropout_rate > 0` every `apply` must say `deterministic=True`
@@ -280,6 +356,7 @@ class TemporalFusionTransformer(nn.Module):
         observed_categorical: Array | None = None,
     ) -> TFTOutput:
         cfg = self.config
+        check_x64_dtypes(cfg)
         batch = validate_inputs(
             cfg,
             static,

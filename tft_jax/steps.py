@@ -5,6 +5,11 @@ targets, its gradient, and the clipped AdamW update (skipping a step whose
 loss or gradient is not finite), for the FP32 TFT and for models with extra
 non-trainable collections (the QAT model's `quant_stats`). `evaluate` and
 `predict` run the deterministic forward.
+
+Every step takes its batch through `prepare_batch` first: NumPy integers in
+the real-valued fields become float32 on the host (`jax.jit` would wrap
+int64 values beyond int32's range), and finite float64 values beyond
+float32's range raise `ValueError` naming the field (they would become inf).
 """
 
 from __future__ import annotations
@@ -31,15 +36,19 @@ from tft_jax.flat_optimizer import (
     unflatten,
 )
 from tft_jax.inline_threefry import inline_threefry_key
-from tft_jax.losses import pinball, quantile_loss
+from tft_jax.losses import _as_float, pinball, quantile_loss
+from tft_jax.model import check_float32_range
 from tft_jax.train_state import (
+    REAL_INPUTS,
     Batch,
     TrainState,
     _check_batch,
     _check_rng,
     _check_state,
     _is_traced,
+    computes_in_float32,
     model_inputs,
+    prepare_batch,
 )
 
 Array = Any
@@ -125,13 +134,18 @@ def batch_loss(output: Any, batch: Batch, quantiles: Sequence[float]) -> tuple[A
     Without `batch.target_mask` this is `quantile_loss(output.quantiles,
     batch.target, quantiles)` over all `B·H` targets; with it, the mean runs
     over the targets where the mask is nonzero only (0 when there are none).
+    NumPy integer targets and masks are made float32 on the host, as
+    `quantile_loss` does (`jnp.asarray` would wrap int64 values beyond int32).
 
     Returns:
-      `(loss, count)`: float32 scalars.
+      `(loss, count)`: float32 scalars, float32 also for float64 inputs under
+      `jax_enable_x64` (the loss is computed in float64 there, then cast).
     """
-    pred, target = _output_quantiles(output), jnp.asarray(batch.target)
+    pred = _output_quantiles(output)
     if batch.target_mask is None:
-        return quantile_loss(pred, target, quantiles), jnp.asarray(target.size, jnp.float32)
+        loss = quantile_loss(pred, batch.target, quantiles).astype(jnp.float32)
+        return loss, jnp.asarray(np.size(batch.target), jnp.float32)
+    target = _as_float("batch_loss", "batch.target", batch.target)
     if pred.shape[:-1] != target.shape:
         raise ValueError(
             f"batch_loss: target must have shape {tuple(pred.shape[:-1])}, got {target.shape}"
@@ -146,7 +160,7 @@ def batch_loss(output: Any, batch: Batch, quantiles: Sequence[float]) -> tuple[A
         )
     if not np.all((level_values > 0.0) & (level_values < 1.0)):
         raise ValueError(f"batch_loss: quantiles must lie in (0, 1), got {level_values.tolist()}")
-    observed = jnp.asarray(batch.target_mask) != 0
+    observed = _as_float("batch_loss", "batch.target_mask", batch.target_mask) != 0
     levels = jnp.asarray(level_values, jnp.float32)
     losses = pinball(pred.astype(jnp.float32), target[..., None].astype(jnp.float32), levels)
     # `where`, not a product: a filled gap may hold NaN, and NaN * 0 is NaN.
@@ -287,7 +301,7 @@ def _train_step(
         skipped_steps=state.skipped_steps + skipped,
     )
     metrics = {
-        "loss": loss.astype(jnp.float32),  # float64 inputs under jax_enable_x64 promote it
+        "loss": loss,
         "grad_norm": grad_norm,
         "clipped_grad_norm": _clipped_norm(grad_norm, state.clip_norm),
         "skipped": skipped,
@@ -356,8 +370,9 @@ def _check_calibrate(name: str, calibrate: Any, state: TrainState) -> None:
 
 def _checked_train_step(
     name: str, state: Any, batch: Any, rng: Any, calibrate: Any, compiler_options: Any
-) -> Any:
-    """The jitted step for these compiler options, once the arguments of `name` pass the checks.
+) -> tuple[Any, Batch]:
+    """The jitted step for these compiler options and the batch it takes (`prepare_batch`),
+    once the arguments of `name` pass the checks.
 
     Traced (the step inside a `jax.jit`, `lax.scan` or `jax.eval_shape` of
     the caller's), the enclosing jit compiles the step, and a nested
@@ -370,7 +385,7 @@ def _checked_train_step(
     options = _check_compiler_options(name, compiler_options)
     if options and _is_traced(state.step, batch, rng):
         options = ()
-    return _jitted_train_step(options)
+    return _jitted_train_step(options), prepare_batch(name, batch, state)
 
 
 def train_step(
@@ -422,7 +437,7 @@ def train_step(
       `observed` (the number of observed targets; 0: nothing was applied),
       and the int32 `skipped` (1 when the step was skipped).
     """
-    step = _checked_train_step("train_step", state, batch, rng, calibrate, compiler_options)
+    step, batch = _checked_train_step("train_step", state, batch, rng, calibrate, compiler_options)
     return step(state, batch, rng, calibrate)
 
 
@@ -454,7 +469,9 @@ def lower_train_step(
       >>> compiled = lower_train_step(state, batch, rng).compile()  # doctest: +SKIP
       >>> flops = compiled.cost_analysis()["flops"]  # doctest: +SKIP
     """
-    step = _checked_train_step("lower_train_step", state, batch, rng, calibrate, compiler_options)
+    step, batch = _checked_train_step(
+        "lower_train_step", state, batch, rng, calibrate, compiler_options
+    )
     return step.lower(state, batch, rng, calibrate)
 
 
@@ -505,19 +522,26 @@ def eval_step(state: TrainState, batch: Batch, calibrate: bool | None = None) ->
     _check_state("eval_step", state)
     _check_batch("eval_step", batch, state)
     _check_frozen("eval_step", calibrate, state)
-    return _eval_loss(state, batch, calibrate)[0]
+    return _eval_loss(state, prepare_batch("eval_step", batch, state), calibrate)[0]
 
 
-def _check_finite_targets(index: int, batch: Batch, caller: str = "evaluate") -> None:
+def _check_finite_targets(
+    index: int, batch: Batch, caller: str = "evaluate", state: Any = None
+) -> None:
     """Raises `ValueError` when batch `index` holds a NaN or inf target where it is observed.
 
     `evaluate` reads it only once a batch's loss is not finite, to tell bad
     data (an error) from a diverged model (a NaN or inf loss, returned as it is).
+    A finite NumPy float64 target beyond float32's range, which the step
+    (`computes_in_float32(state)`) would make inf, is refused as well.
     """
+    observed = None if batch.target_mask is None else np.asarray(batch.target_mask) != 0
+    if computes_in_float32(state):
+        check_float32_range(f"{caller}: batch {index}", "batch.target", batch.target, observed)
     target = np.asarray(batch.target, np.float64)
     bad = ~np.isfinite(target)
-    if batch.target_mask is not None:
-        bad &= np.asarray(batch.target_mask) != 0  # observed, as `batch_loss` reads the mask
+    if observed is not None:
+        bad &= observed  # as `batch_loss` reads the mask
     if bad.any():
         row, step = (int(i[0]) for i in np.nonzero(bad))
         raise ValueError(
@@ -526,19 +550,21 @@ def _check_finite_targets(index: int, batch: Batch, caller: str = "evaluate") ->
         )
 
 
-_REAL_INPUTS = ("static", "historical", "future", "known_history")
-
-
-def _check_finite_inputs(caller: str, batch: Batch) -> None:
+def _check_finite_inputs(caller: str, batch: Batch, state: Any = None) -> None:
     """Raises `ValueError` naming the first NaN or inf among `batch`'s real-valued inputs.
 
     A non-finite input makes the model's output NaN without an error; reads
-    the inputs on the host.
+    the inputs on the host. So does a finite NumPy float64 input beyond
+    float32's range where the step computes in float32
+    (`computes_in_float32(state)`): it is refused too.
     """
-    for name in _REAL_INPUTS:
+    bounded = computes_in_float32(state)
+    for name in REAL_INPUTS:
         value = getattr(batch, name)
         if value is None:
             continue
+        if bounded:
+            check_float32_range(caller, f"batch.{name}", value)
         values = np.asarray(value)
         bad = ~np.isfinite(values) if jnp.issubdtype(values.dtype, jnp.inexact) else None
         if bad is not None and bad.any():
@@ -602,7 +628,8 @@ def evaluate(state: TrainState, batches: Iterable[Batch], calibrate: bool | None
     result does not depend on how the data is split into batches. Raises
     `ValueError` when `batches` holds no observed target, or an observed
     target or an input that is NaN or infinite (naming the batch; read only
-    when a batch's loss is not finite); a model whose output is not finite
+    when a batch's loss is not finite) or a finite float64 one beyond
+    float32's range (`prepare_batch`); a model whose output is not finite
     (a diverged run) gives a NaN or infinite result.
     """
     _check_state("evaluate", state)
@@ -610,11 +637,12 @@ def evaluate(state: TrainState, batches: Iterable[Batch], calibrate: bool | None
     total, count = 0.0, 0.0
     for index, batch in enumerate(batches):
         _check_batch("evaluate", batch, state)
+        batch = prepare_batch(f"evaluate: batch {index}", batch, state)
         loss, observed = _eval_loss(state, batch, calibrate)
         loss, observed = float(loss), float(observed)
         if observed and not math.isfinite(loss):
-            _check_finite_targets(index, batch)
-            _check_finite_inputs(f"evaluate: batch {index}", batch)
+            _check_finite_targets(index, batch, state=state)
+            _check_finite_inputs(f"evaluate: batch {index}", batch, state)
         total += loss * observed
         count += observed
     if count == 0:
@@ -629,13 +657,15 @@ def predict(state: TrainState, batch: Batch, calibrate: bool | None = None) -> A
     output's `.quantiles` must be floating point of shape `(B, H, Q)`, as the
     loss needs (a `TypeError` or `ValueError` otherwise).
     Raises `ValueError` for a NaN or inf among the inputs held in NumPy
-    arrays (device arrays are not read back: their NaN gives a NaN output).
+    arrays, or a finite float64 one beyond float32's range (device arrays
+    are not read back: their NaN gives a NaN output).
     """
     _check_state("predict", state)
     _check_batch("predict", batch, state)
     _check_frozen("predict", calibrate, state)
-    if all(isinstance(getattr(batch, name), np.ndarray | None) for name in _REAL_INPUTS):
-        _check_finite_inputs("predict", batch)
+    batch = prepare_batch("predict", batch, state, reads_target=False)
+    if all(isinstance(getattr(batch, name), np.ndarray | None) for name in REAL_INPUTS):
+        _check_finite_inputs("predict", batch, state)
     output = deterministic_output(state.apply_fn, calibrate, state.variables, batch)
     _check_output_shape("predict", output, batch, state.quantiles)  # the loss's contract
     return output

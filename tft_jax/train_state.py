@@ -24,7 +24,7 @@ from tft_jax.config import TFTConfig
 from tft_jax.flat_optimizer import (
     FlatAdamWState,
 )
-from tft_jax.model import validate_inputs
+from tft_jax.model import check_float32_range, validate_inputs
 from tft_jax.schedules import WarmupCosine
 from tft_jax.static_arguments import is_hashable
 
@@ -37,6 +37,8 @@ PyTree = Any
 
 # The `Batch` fields holding categorical inputs over time (model keyword arguments).
 CATEGORICAL_INPUTS = ("known_categorical_history", "future_categorical", "observed_categorical")
+# The `Batch` fields holding the model's real-valued inputs.
+REAL_INPUTS = ("static", "historical", "future", "known_history")
 
 
 @struct.dataclass
@@ -174,6 +176,74 @@ def _model_quantiles(model: Any) -> tuple[float, ...]:
     )
 
 
+def _tft_config(state: Any) -> TFTConfig | None:
+    """The `TFTConfig` of `state`'s model (the FP32 or the QAT TFT), None for another model."""
+    config = getattr(getattr(getattr(state, "apply_fn", None), "model", None), "config", None)
+    return config if isinstance(config, TFTConfig) else None
+
+
+def computes_in_float32(state: Any = None) -> bool:
+    """Whether the steps compute a batch's real values in float32 (or narrower) for `state`.
+
+    Without `jax_enable_x64`, `jax.jit` makes every float64 array float32 as
+    it enters. With it, float64 arrays enter as they are, and the TFT casts
+    its inputs to its compute dtype and forecasts in it: float32 or narrower
+    unless its config says float64. Another model's dtype is not known: False.
+    """
+    if not jax.config.jax_enable_x64:
+        return True
+    config = _tft_config(state)
+    return config is not None and config.dtype != "float64"
+
+
+def prepare_batch(
+    name: str, batch: Batch, state: Any = None, *, reads_target: bool = True
+) -> Batch:
+    """`batch` as the jitted steps take it: NumPy integers in its real-valued fields as float32.
+
+    Without `jax_enable_x64`, `jax.jit` makes an int64 NumPy array int32 as
+    it enters, wrapping values beyond int32's range (byte counts, cents,
+    nanosecond times) around silently, and a float64 one float32, turning
+    finite values beyond float32's range into ±inf. So, on the host: where
+    the step computes in float32 (`computes_in_float32`), a finite float64
+    value beyond float32's range in an input or an observed target raises
+    `ValueError` naming the field (the target only when `reads_target`:
+    `predict` does not read it); and, without `jax_enable_x64`, the NumPy
+    integer, boolean and float64 arrays (and scalars) in `static`,
+    `historical`, `future`, `known_history`, `target` and `target_mask`
+    become float32, as the model and the loss cast them inside the step
+    (the same values, without the wrap, and the compiled step of a float32
+    batch). Categorical codes stay integers (`_check_batch` checked their
+    range).
+
+    JAX arrays pass unchanged: a traced one (the step inside the caller's
+    `jax.jit`) cannot be read, and reading a device array back would cost a
+    host sync per step. An int64 JAX array exists only under
+    `jax_enable_x64`, where it enters the step unchanged (without it, JAX
+    made it int32 when it was created). Under `jax_enable_x64` NumPy
+    integers enter unchanged too: nothing wraps, and the model casts them
+    to its compute dtype.
+    """
+    convert = not jax.config.jax_enable_x64
+    bounded = computes_in_float32(state)
+    checked = (*REAL_INPUTS, "target") if reads_target else REAL_INPUTS  # a mask is read as != 0
+    mask = batch.target_mask if isinstance(batch.target_mask, np.ndarray) else None
+    converted = {}
+    for field in (*REAL_INPUTS, "target", "target_mask"):
+        value = getattr(batch, field)
+        if not isinstance(value, np.ndarray | np.generic):
+            continue
+        if bounded and field in checked:
+            observed = mask if field == "target" else None
+            check_float32_range(name, f"batch.{field}", value, observed)
+        kind, size = value.dtype.kind, value.dtype.itemsize
+        if convert and (kind in "iub" or (kind == "f" and size > 4)):
+            # What remains beyond float32's range is unread: a masked target, a mask.
+            with np.errstate(over="ignore"):
+                converted[field] = np.asarray(value, np.float32)
+    return batch.replace(**converted) if converted else batch
+
+
 def _check_batch(name: str, batch: Any, state: Any = None) -> None:
     """Raises for a batch the jitted steps would fail on or misread.
 
@@ -222,14 +292,14 @@ def _check_batch(name: str, batch: Any, state: Any = None) -> None:
             f"{name}: batch.target_mask must be finite (nonzero where observed), got NaN or inf "
             f"at window {row}, horizon step {step}"
         )
-    config = getattr(getattr(getattr(state, "apply_fn", None), "model", None), "config", None)
-    if isinstance(config, TFTConfig) and target_shape[1] != config.prediction_horizon:
+    config = _tft_config(state)
+    if config is not None and target_shape[1] != config.prediction_horizon:
         raise ValueError(
             f"{name}: batch.target must have shape (B, {config.prediction_horizon}) (the "
             f"model's prediction_horizon), got {target_shape}"
         )
     codes = [getattr(batch, field) for field in ("static_categorical", *CATEGORICAL_INPUTS)]
-    if isinstance(config, TFTConfig) and any(isinstance(c, np.ndarray) for c in codes):
+    if config is not None and any(isinstance(c, np.ndarray) for c in codes):
         args, kwargs = model_inputs(batch)
         try:
             validate_inputs(config, *args, **kwargs)
