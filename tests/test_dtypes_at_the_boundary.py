@@ -186,13 +186,16 @@ def test_predict_refuses_inputs_beyond_float32_but_not_the_target_it_does_not_re
     assert np.isfinite(np.asarray(output.quantiles)).all()
 
 
+@pytest.mark.parametrize("on_device", [False, True], ids=["numpy_mask", "jax_mask"])
 def test_a_target_beyond_float32_where_the_mask_says_missing_is_no_error(
-    linear_state: TrainState,
+    linear_state: TrainState, on_device: bool
 ) -> None:
+    # A JAX mask is not read on the host: its target was refused where unobserved.
     batch = with_beyond_float32(linear_batch(0), "target")
     mask = np.ones(np.shape(batch.target), np.float32)
     mask.reshape(-1)[-1] = 0.0
-    loss = float(eval_step(linear_state, batch.replace(target_mask=mask)))
+    given = jnp.asarray(mask) if on_device else mask
+    loss = float(eval_step(linear_state, batch.replace(target_mask=given)))
     observed = np.ones(np.shape(mask), bool)
     observed.reshape(-1)[-1] = False
     params = _host(linear_state)

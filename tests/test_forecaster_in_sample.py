@@ -39,11 +39,16 @@ def fitted(tmp_path_factory):
 def in_sample_messages(
     call: Callable[..., Any], *args: Any, **kwargs: Any
 ) -> tuple[Any, list[str]]:
-    """`call(*args, **kwargs)`'s result and the texts of the in-sample warnings it gave."""
+    """`call(*args, **kwargs)`'s result and the texts of the in-sample warnings it gave.
+
+    Each names this file, the caller's, as where it was raised.
+    """
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = call(*args, **kwargs)
-    return result, [str(w.message) for w in caught if IN_SAMPLE in str(w.message)]
+    ours = [w for w in caught if IN_SAMPLE in str(w.message)]
+    assert [w.filename for w in ours] == [__file__] * len(ours)
+    return result, [str(w.message) for w in ours]
 
 
 def cutoffs(n_windows: int, step: int) -> list[pd.Timestamp]:
@@ -143,8 +148,8 @@ def test_the_test_split_of_a_table_ending_earlier_is_announced_once(fitted):
     assert metrics["windows"] == len(windows)
     assert len(messages) == 1
     assert messages[0].startswith(
-        f"evaluate: the test split of this table (from {first_steps.min()}, its fractions "
-        "applied to this table) has windows that forecast steps before the model's test start "
+        f"evaluate: the test split of this table (from {first_steps.min()}, cut from this "
+        "table) has windows that forecast steps before the model's test start "
         f"{TEST_START} for series it was trained on: {early} of the {len(windows)} windows "
         "scored there forecast targets of its training or validation period"
     )

@@ -22,11 +22,14 @@ import pandas as pd
 import pytest
 
 from tft_jax.fit import LoopState, _refit_note, _undecayed_note
-from tft_jax.forecaster import Forecaster
+from tft_jax.forecaster import Forecaster, ForecasterConfig
+from tft_jax.forecaster import run_folder as run_folder_module
 from tft_jax.forecaster.run_folder import cpu_model, versions
 
 from .cli_tables import TINY_TRAINING, write_table
-from .test_forecaster_resume_settings import SETTINGS
+from .forecaster_stores import DATA, MODEL
+
+SETTINGS = ForecasterConfig(DATA, MODEL, TINY_TRAINING)
 
 
 def _resumed(max_steps: int):
@@ -116,23 +119,27 @@ def test_a_budget_within_the_warmup_says_the_rate_will_not_decay():
 
 
 UNMEASURED = "the budget ran out before the step time was measured"
+SOONER = "sooner than the measured step time foretold"
 
 
 @pytest.mark.parametrize(
-    ("step", "end", "warmup", "measured", "why"),
+    ("step", "end", "warmup", "measured", "fits", "why"),
     [
-        (111, 201, 200, True, "still in the warmup: the budget ends within it"),
-        (3, 40, 4, False, f"still in the warmup: {UNMEASURED}"),
-        (250, 300, 200, True, "sooner than the measured step time foretold"),
-        (30, 40, 4, False, UNMEASURED),
+        (111, 201, 200, True, 111, "still in the warmup: the budget ends within it"),
+        # Measured to end past the warmup, stopped in it: no "ends within it".
+        (111, 301, 200, True, 300, f"still in the warmup: {SOONER}"),
+        (3, 40, 4, False, None, f"still in the warmup: {UNMEASURED}"),
+        (250, 300, 200, True, 300, SOONER),
+        (250, 300, 200, True, None, SOONER),
+        (30, 40, 4, False, None, UNMEASURED),
     ],
 )  # fmt: skip
 def test_a_budget_stop_before_the_schedules_end_says_the_rate_did_not_decay(
-    step, end, warmup, measured, why
+    step, end, warmup, measured, fits, why
 ):
-    assert _undecayed_note(step, end, warmup, measured=measured) == (
-        f"; the learning rate did not decay to its end: stopped at step {step} of a schedule "
-        f"of {end} (warmup {warmup}), {why}; give a larger time budget, or fewer steps"
+    assert _undecayed_note(step, end, warmup, measured=measured, fits=fits) == (
+        f"; the learning rate did not decay to its end: stopped after {step} of the schedule's "
+        f"{end} updates (warmup {warmup}), {why}; give a larger time budget, or fewer steps"
     )
 
 
@@ -170,3 +177,15 @@ def test_cpu_model_reads_the_first_model_name_else_the_platforms(tmp_path, monke
     assert cpu_model(tmp_path / "missing") is None
     monkeypatch.setattr(platform, "processor", lambda: "arm")
     assert cpu_model(tmp_path / "missing") == "arm"
+
+
+def test_a_saved_model_records_the_versions_it_was_trained_with_not_those_it_is_saved_with(
+    plain, tmp_path, monkeypatch
+):
+    # Loaded and saved elsewhere, a run recorded the saving machine's packages and flags.
+    _, forecaster, _ = plain
+    first = json.loads((forecaster.save(tmp_path / "first") / "config.json").read_text())
+    assert first["versions"] == versions()
+    monkeypatch.setattr(run_folder_module, "versions", lambda: {"tft_jax": "elsewhere"})
+    again = Forecaster.load(tmp_path / "first").save(tmp_path / "again")
+    assert json.loads((again / "config.json").read_text())["versions"] == first["versions"]

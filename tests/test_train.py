@@ -1642,7 +1642,7 @@ def test_a_budget_spent_before_the_step_time_is_measured_says_the_cosine_did_not
     err = capsys.readouterr().err
     assert (
         "FP32: stopped on the time budget of 3.8s at step 3/40 after 3.9s; the learning rate "
-        f"did not decay to its end: stopped at step 3 of a schedule of {PLANNED} (warmup "
+        f"did not decay to its end: stopped after 3 of the schedule's {PLANNED} updates (warmup "
         f"{WARMUP}), still in the warmup: the budget ran out before the step time was measured; "
         "give a larger time budget, or fewer steps"
     ) in err, err

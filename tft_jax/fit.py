@@ -15,6 +15,7 @@ import pathlib
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import jax
@@ -606,7 +607,7 @@ def fit(
     if best_state is None:
         best_state = copy_state(state)
     if val_batches is not None:
-        val_batches = _ShardedBatches(val_batches, mesh)
+        val_batches = _ShardedBatches(val_batches, mesh, state)
 
     # Step metrics wait on the device until an evaluation or a checkpoint needs
     # them (no host sync per step); they are then added in step order, so a
@@ -703,6 +704,7 @@ def fit(
 
     single_process = jax.process_count() == 1
     refit: _ScheduleRefit | None = None
+    budget_fits: int | None = None  # the step the refit found the budget ends at
     if time_budget is not None and planned_schedule is not None and loop.schedule_steps is None:
         planned = min(planned_schedule.total_steps, math.inf if total is None else total)
         refit = _ScheduleRefit(
@@ -716,7 +718,7 @@ def fit(
 
     def refit_schedule() -> None:
         """Ends the schedule where the budget will, once the step time is known (see `fit`)."""
-        nonlocal state, refit
+        nonlocal state, refit, budget_fits
         assert refit is not None
         if not single_process and loop.step % _SHARED_CLOCK_STEPS:
             return
@@ -740,7 +742,7 @@ def fit(
         ):
             # A resume's first guess (see above) was short: the whole schedule fits.
             state = with_schedule_steps(state, planned_schedule.total_steps)
-        refit = None
+        budget_fits, refit = refit.fits, None
 
     def clock_says() -> tuple[bool, bool]:
         """`(a timed checkpoint is due, the time budget is spent)` by process 0's clock.
@@ -784,7 +786,7 @@ def fit(
                 try:
                     # Converted on the host first: placed on the mesh, an int64 array
                     # would wrap to int32 before `train_step` could (`prepare_batch`).
-                    placed = shard_batch(prepare_batch("fit", batch, state), mesh)
+                    placed = shard_batch(prepare_batch("train_step", batch, state), mesh)
                     state, metrics = train_step(
                         state, placed, step_key(seed_key, loop.step), calibrate
                     )
@@ -857,10 +859,13 @@ def fit(
         unfitted = ""
         ended = in_state_schedule(state)
         if planned_schedule is not None and ended is not None:
-            # The step the cosine ends at: the refitted one, else the schedule's own.
-            end = round(ended.total_steps) if loop.schedule_steps is None else loop.schedule_steps
+            # In updates, as the schedule (refitted or not) counts them.
             unfitted = _undecayed_note(
-                loop.step, end, round(ended.warmup_steps), measured=refit is None
+                schedule_update_count(state) or 0,
+                round(ended.total_steps),
+                round(ended.warmup_steps),
+                measured=refit is None,
+                fits=budget_fits,
             )
         progress.note(
             f"stopped on the time budget of {duration_text(time_budget)} at step "
@@ -905,28 +910,34 @@ def _refit_note(fits: int | None, fitted: int, warmup_steps: int) -> str:
     )
 
 
-def _undecayed_note(step: int, end: int, warmup_steps: int, *, measured: bool) -> str:
-    """What the stop note of a run stopped by its time budget at `step` adds, or "".
+def _undecayed_note(
+    updates: int, end: int, warmup_steps: int, *, measured: bool, fits: int | None = None
+) -> str:
+    """What the stop note of a run stopped by its time budget after `updates` adds, or "".
 
-    Said when the budget stopped the run before its schedule's end `end`
-    (the step the refit ended the cosine at, or the schedule's own): the
-    model then did not train along a full warmup + cosine, at worst never
-    left the warmup. `measured` says whether the step time was measured
-    (the schedule refitted, or found to fit) before the budget ran out.
+    Counted in applied updates, as the schedule reads them (a skipped step
+    applies none). Said when the budget stopped the run before its
+    schedule's end `end` (where the refit ended the cosine, or the
+    schedule's own): the model then did not train along a full warmup +
+    cosine, at worst never left the warmup. `measured` says whether the
+    step time was measured (the schedule refitted, or found to fit) before
+    the budget ran out; `fits` is the step the measured time put the
+    budget's end at, when it did.
     """
-    if step >= end:
+    if updates >= end:
         return ""
     if not measured:
         why = "the budget ran out before the step time was measured"
-    elif step <= warmup_steps:
+    elif fits is not None and fits <= warmup_steps:
         why = "the budget ends within it"
     else:
         why = "sooner than the measured step time foretold"
-    if step <= warmup_steps:
+    if updates <= warmup_steps:
         why = f"still in the warmup: {why}"
     return (
-        f"; the learning rate did not decay to its end: stopped at step {step} of a schedule "
-        f"of {end} (warmup {warmup_steps}), {why}; give a larger time budget, or fewer steps"
+        f"; the learning rate did not decay to its end: stopped after {updates} of the "
+        f"schedule's {end} updates (warmup {warmup_steps}), {why}; give a larger time budget, "
+        "or fewer steps"
     )
 
 
@@ -1034,12 +1045,15 @@ def _from_process_0(*flags: bool) -> tuple[bool, ...]:
 class _ShardedBatches:
     """Re-iterable view of validation batches, each placed on the mesh when reached."""
 
-    def __init__(self, batches: Sequence[Batch], mesh: Mesh) -> None:
+    def __init__(self, batches: Sequence[Batch], mesh: Mesh, state: TrainState) -> None:
+        # The model (`apply_fn`) tells `prepare_batch` its compute dtype, for the range
+        # check; the state's arrays are not kept (the train step donates them).
         self.batches, self.mesh = batches, mesh
+        self.model = SimpleNamespace(apply_fn=state.apply_fn)
 
     def __iter__(self) -> Iterator[Batch]:
         return (
-            shard_batch(prepare_batch("fit: val_batches", batch), self.mesh)
+            shard_batch(prepare_batch("evaluate", batch, self.model), self.mesh)
             for batch in self.batches
         )
 
@@ -1144,6 +1158,7 @@ def _resume_record(step: int, before: WarmupCosine, time_budget: float | None) -
     """
     return {
         "at_step": int(step),
+        # In applied updates, as the schedule counts them (skipped steps apply none).
         "schedule_steps": round(float(before.total_steps)),
         "warmup_steps": round(float(before.warmup_steps)),
         "peak_lr": float(before.peak_lr),

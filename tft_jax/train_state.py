@@ -228,6 +228,10 @@ def prepare_batch(
     bounded = computes_in_float32(state)
     checked = (*REAL_INPUTS, "target") if reads_target else REAL_INPUTS  # a mask is read as != 0
     mask = batch.target_mask if isinstance(batch.target_mask, np.ndarray) else None
+    if batch.target_mask is not None and mask is None:
+        # A JAX mask stays on the device (reading it would cost a sync): the target
+        # it masks is not checked on the host, rather than refused where unobserved.
+        checked = REAL_INPUTS
     converted = {}
     for field in (*REAL_INPUTS, "target", "target_mask"):
         value = getattr(batch, field)

@@ -143,6 +143,9 @@ class _Fitted:
     variables: dict[str, Any]
     history: dict[str, Any]
     summary: dict[str, Any]
+    # `run_folder.versions()` where the model was trained (kept through save and load);
+    # None for a folder whose config.json holds none.
+    versions: dict[str, Any] | None = None
 
 
 # `qat.QATConfig` fields that configure stand-alone observers only: the QAT TFT's layout
@@ -615,7 +618,13 @@ def _in_sample_windows(
 
 
 def _announce_in_sample(
-    where: str, scope: str, in_sample: int, scored: int, test_start: pd.Timestamp, remedy: str
+    where: str,
+    scope: str,
+    in_sample: int,
+    scored: int,
+    test_start: pd.Timestamp,
+    remedy: str,
+    stacklevel: int,
 ) -> None:
     """Warns that `in_sample` of the `scored` windows of `scope` are scored on targets the
     model was fitted or selected on (before its test start `test_start`); `remedy` says how not.
@@ -630,7 +639,7 @@ def _announce_in_sample(
         "targets of its training or validation period, which it was fitted or selected on, so "
         f"their scores are in-sample (optimistic); {remedy}",
         UserWarning,
-        stacklevel=4,  # the caller of `backtest` or `evaluation`
+        stacklevel=stacklevel,  # the user's call of `backtest`, `evaluate` or `evaluation`
     )
 
 
@@ -663,6 +672,7 @@ def _announce_in_sample_cutoffs(
         test_start,
         "for out-of-sample scores backtest a table that extends past the training data, or "
         f"use fewer or later cutoffs ({keep})",
+        stacklevel=4,  # backtest -> this -> _announce_in_sample -> warn
     )
 
 
@@ -1053,6 +1063,7 @@ class Forecaster:
             variables=variables,
             history=history,
             summary=summary,
+            versions=run_folder.versions(),
         )
         self._predictors = {}
         return self
@@ -1228,14 +1239,15 @@ class Forecaster:
             return
         _announce_in_sample(
             "evaluate",
-            f"the test split of this table (from {dataset.test_start}, its fractions applied "
-            "to this table) has windows that",
+            f"the test split of this table (from {dataset.test_start}, cut from this table) "
+            "has windows that",
             int(in_sample.sum()),
             starts.size,
             test_start,
             "for out-of-sample scores evaluate a table that extends past the training data "
             "by at least a test split, or backtest it with cutoffs at or after the model's "
             "test start",
+            stacklevel=5,  # evaluate or evaluation -> _evaluation -> this -> ... -> warn
         )
 
     def evaluation(
@@ -1250,6 +1262,13 @@ class Forecaster:
         metrics leave out (and announce) those whose history `predict` would
         refuse (more than `DataConfig.max_missing_fraction` filled).
         """
+        return self._evaluation(table, split, models)
+
+    def _evaluation(
+        self, table: Table | PreparedDataset, split: str, models: Sequence[str] | None
+    ) -> tuple[dict[str, Any], dict[str, Predictions]]:
+        """`evaluation`, called by it and by `evaluate` alike (their warnings name the caller's
+        line one frame up)."""
         dataset = self.prepare(table, split)
         # Said here: the predictions would fail with "no windows to evaluate".
         windows = _split_windows(dataset, split, "evaluate")
@@ -1324,7 +1343,7 @@ class Forecaster:
         model was fitted or selected on, in-sample. 'train' and 'validation'
         are in-sample by name, and not announced.
         """
-        return self.evaluation(table, split, models)[0]
+        return self._evaluation(table, split, models)[0]
 
     def interpretation(
         self,
@@ -1609,7 +1628,8 @@ class Forecaster:
                 name: run_folder.sha256_hex(data) for name, data in model_files.items()
             },
             "summary": fitted.summary,
-            "versions": run_folder.versions(),
+            # Where the model was trained: its numbers depend on it, not on where it is saved.
+            "versions": fitted.versions or run_folder.versions(),
         }
         if extra is not None and not isinstance(extra, dict):
             raise TypeError(f"save: extra must be a dict of sections, got {type(extra).__name__}")
@@ -1723,5 +1743,6 @@ class Forecaster:
             variables=variables,
             history=history,
             summary=summary,
+            versions=versions if isinstance(versions := config.get("versions"), dict) else None,
         )
         return forecaster

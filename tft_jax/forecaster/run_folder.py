@@ -810,6 +810,9 @@ def versions() -> dict[str, Any]:
     the float results), and the machine (architecture, CPU model), whose
     instruction set changes them too. Records only: a run folder written
     elsewhere loads all the same (only the tft_jax version is read back).
+    `Forecaster.fit` takes them, and `save` writes those of the training
+    process (a model loaded and saved again keeps them). `XLA_FLAGS` is
+    recorded verbatim, paths it names included.
     """
     import flax
     import jaxlib
