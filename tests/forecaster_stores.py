@@ -7,7 +7,7 @@ import pathlib
 
 import pandas as pd
 
-from tft_jax.forecaster import DataConfig, Forecaster, ModelConfig
+from tft_jax.forecaster import DataConfig, Forecaster, ForecasterConfig, ModelConfig
 
 from .cli_tables import HISTORY, HORIZON, TINY_TRAINING, write_table
 
@@ -18,6 +18,7 @@ DATA = DataConfig(
 )  # fmt: skip
 QUANTILES = ["q0.1", "q0.5", "q0.9"]
 MODEL = ModelConfig(hidden_dim=8, num_heads=2)
+SETTINGS = ForecasterConfig(DATA, MODEL, TINY_TRAINING)
 
 
 def fitted_stores(folder: pathlib.Path) -> tuple[Forecaster, pd.DataFrame, pathlib.Path]:
@@ -25,6 +26,16 @@ def fitted_stores(folder: pathlib.Path) -> tuple[Forecaster, pd.DataFrame, pathl
     csv = write_table(folder / "stores.csv")
     forecaster = Forecaster(DATA, MODEL, TINY_TRAINING).fit(csv, quiet=True)
     return forecaster, pd.read_csv(csv), forecaster.save(folder / "run")
+
+
+def checkpointed_stores_run(
+    folder: pathlib.Path,
+) -> tuple[pd.DataFrame, Forecaster, pathlib.Path]:
+    """`(table, fitted forecaster, its checkpoint folder)`: a finished 4-step run of `SETTINGS`."""
+    table = pd.read_csv(write_table(folder / "stores.csv"))
+    checkpoints = folder / "checkpoints"
+    forecaster = Forecaster.from_config(SETTINGS).fit(table, checkpoint_dir=checkpoints, quiet=True)
+    return table, forecaster, checkpoints
 
 
 def cut(table: pd.DataFrame, day: str) -> tuple[pd.DataFrame, pd.DataFrame]:

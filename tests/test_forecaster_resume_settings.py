@@ -19,34 +19,21 @@ import pytest
 from tft_jax.checkpoint import digest as tree_digest
 from tft_jax.cli_parser import flag_message
 from tft_jax.forecaster import (
-    DataConfig,
     Forecaster,
     ForecasterConfig,
-    ModelConfig,
     QATTrainingConfig,
 )
 from tft_jax.forecaster import forecaster as forecaster_module
 from tft_jax.forecaster.forecaster import BATCH_STREAM_FILE, _changed_settings
 
-from .cli_tables import HISTORY, HORIZON, TINY_TRAINING, write_table
-
-DATA = DataConfig(
-    id_col="store", time_col="day", target="sales", freq="D", static_cols=("size",),
-    known_cols=("promo",), observed_cols=("temperature",), history=HISTORY, horizon=HORIZON,
-    validation_fraction=0.15, test_fraction=0.15,
-)  # fmt: skip
-MODEL = ModelConfig(hidden_dim=8, num_heads=2)
-SETTINGS = ForecasterConfig(DATA, MODEL, TINY_TRAINING)
+from .cli_tables import TINY_TRAINING, write_table
+from .forecaster_stores import DATA, MODEL, SETTINGS, checkpointed_stores_run
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """`(table, fitted forecaster, its checkpoint folder)` of a finished 4-step run."""
-    folder = tmp_path_factory.mktemp("resume_settings")
-    table = pd.read_csv(write_table(folder / "stores.csv"))
-    checkpoints = folder / "checkpoints"
-    forecaster = Forecaster.from_config(SETTINGS).fit(table, checkpoint_dir=checkpoints, quiet=True)
-    return table, forecaster, checkpoints
+    return checkpointed_stores_run(tmp_path_factory.mktemp("resume_settings"))
 
 
 def _copy(checkpoints, tmp_path):

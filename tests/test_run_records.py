@@ -22,14 +22,12 @@ import pandas as pd
 import pytest
 
 from tft_jax.fit import LoopState, _refit_note, _undecayed_note
-from tft_jax.forecaster import Forecaster, ForecasterConfig
+from tft_jax.forecaster import Forecaster
 from tft_jax.forecaster import run_folder as run_folder_module
 from tft_jax.forecaster.run_folder import cpu_model, versions
 
-from .cli_tables import TINY_TRAINING, write_table
-from .forecaster_stores import DATA, MODEL
-
-SETTINGS = ForecasterConfig(DATA, MODEL, TINY_TRAINING)
+from .cli_tables import TINY_TRAINING
+from .forecaster_stores import SETTINGS, checkpointed_stores_run
 
 
 def _resumed(max_steps: int):
@@ -42,11 +40,7 @@ def _resumed(max_steps: int):
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory):
     """`(table, fitted forecaster, its checkpoint folder)` of an uninterrupted 4-step run."""
-    folder = tmp_path_factory.mktemp("run_records")
-    table = pd.read_csv(write_table(folder / "stores.csv"))
-    checkpoints = folder / "checkpoints"
-    forecaster = Forecaster.from_config(SETTINGS).fit(table, checkpoint_dir=checkpoints, quiet=True)
-    return table, forecaster, checkpoints
+    return checkpointed_stores_run(tmp_path_factory.mktemp("run_records"))
 
 
 def _part(at_step: int, schedule_steps: int) -> dict:
