@@ -498,11 +498,6 @@ def default_model(forecaster: Forecaster, requested: str | None) -> str:
     return name
 
 
-def qat_bits(forecaster: Forecaster) -> int:
-    """The width of the integer model's codes: its QAT `bits` (8 without QAT)."""
-    return forecaster.config.qat.bits if forecaster.config.qat is not None else 8
-
-
 def metrics_table(metrics: dict[str, Any]) -> str:
     """A short text table of each model's P50/P90 q-risk and mean quantile loss.
 
@@ -871,10 +866,10 @@ def run_training(args: argparse.Namespace, command: str = "train") -> dict[str, 
         out / "plots",
         postprocess=forecaster.postprocess,
         announce=None if args.quiet else print,
-        bits=qat_bits(forecaster),
+        bits=forecaster.config.integer_bits,
     )
     if "qat" in forecaster.summary:
-        metrics["qat_bits"] = qat_bits(forecaster)
+        metrics["qat_bits"] = forecaster.config.integer_bits
     metrics["seconds"] = {**forecaster.summary["seconds"], "total": time.perf_counter() - started}
     if "qat" in forecaster.summary:
         metrics["size"] = forecaster.summary["qat"]["size"]
@@ -1142,7 +1137,7 @@ def command_evaluate(args: argparse.Namespace) -> int:
     metrics, _ = evaluate_announced(forecaster, table, args.split, args.quiet)
     metrics = {**previous, **metrics}
     if "int8" in forecaster.models:  # a run folder written before metrics held it
-        metrics["qat_bits"] = qat_bits(forecaster)
+        metrics["qat_bits"] = forecaster.config.integer_bits
     metrics.pop("table", None)  # an earlier evaluation's table does not describe these
     if args.csv is not None:
         metrics["table"] = str(args.csv)
@@ -1237,7 +1232,7 @@ def command_plot(args: argparse.Namespace) -> int:
         interpret=model,
         postprocess=forecaster.postprocess,
         series=series,
-        bits=qat_bits(forecaster),
+        bits=forecaster.config.integer_bits,
         announce=lambda line: print(
             line if series is not None else f"{line} (choose them with --series)"
         ),
@@ -1259,6 +1254,7 @@ def command_plot(args: argparse.Namespace) -> int:
         # Times left as texts in `table` are in the run's format (`read_given_csv` parsed
         # a --csv read with other flags): those flags may describe a --future-csv only.
         run_data = forecaster.config.data
+        label = plots.model_label(model, forecaster.config.integer_bits)
         figures.append(
             plots.plot_future(
                 folder / future_plot(model),
@@ -1270,7 +1266,7 @@ def command_plot(args: argparse.Namespace) -> int:
                 quantiles=forecaster.tft_config.quantiles,
                 tail=min(run_data.history, 3 * run_data.horizon),
                 series=series,
-                title=f"{plots.model_label(model, qat_bits(forecaster))}: forecast after the data",
+                title=f"{label}: forecast after the data",
                 time_format=run_data.time_format,
                 dayfirst=run_data.dayfirst,
                 timezone=run_data.timezone,

@@ -1140,12 +1140,19 @@ def _refit_gives_way(
     return None
 
 
-def _same_schedule(first: WarmupCosine, second: WarmupCosine) -> bool:
-    """Whether two schedules agree in all four numbers as the optimizer state keeps them."""
-    return all(
-        np.float32(getattr(first, field.name)) == np.float32(getattr(second, field.name))
+def _agreeing_fields(first: WarmupCosine, second: WarmupCosine) -> dict[str, bool]:
+    """Which of the four numbers two schedules share, as the optimizer state keeps them
+    (float32)."""
+    return {
+        field.name: np.float32(getattr(first, field.name))
+        == np.float32(getattr(second, field.name))
         for field in dataclasses.fields(WarmupCosine)
-    )
+    }
+
+
+def _same_schedule(first: WarmupCosine, second: WarmupCosine) -> bool:
+    """Whether two schedules agree in all four numbers (`_agreeing_fields`)."""
+    return all(_agreeing_fields(first, second).values())
 
 
 def _resume_record(step: int, before: WarmupCosine, time_budget: float | None) -> dict[str, Any]:
@@ -1256,11 +1263,7 @@ def _announce_another_schedule(
     """
     if written is None:
         return
-    same = {
-        field.name: np.float32(getattr(written, field.name))
-        == np.float32(getattr(planned, field.name))
-        for field in dataclasses.fields(WarmupCosine)
-    }
+    same = _agreeing_fields(written, planned)
     if all(same.values()):
         return
     changes = []

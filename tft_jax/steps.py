@@ -550,21 +550,17 @@ def _check_finite_targets(
         )
 
 
-def _check_finite_inputs(caller: str, batch: Batch, state: Any = None) -> None:
+def _check_finite_inputs(caller: str, batch: Batch) -> None:
     """Raises `ValueError` naming the first NaN or inf among `batch`'s real-valued inputs.
 
     A non-finite input makes the model's output NaN without an error; reads
-    the inputs on the host. So does a finite NumPy float64 input beyond
-    float32's range where the step computes in float32
-    (`computes_in_float32(state)`): it is refused too.
+    the inputs on the host. (Finite inputs beyond float32's range were
+    refused before, by `prepare_batch`, as the batch entered the step.)
     """
-    bounded = computes_in_float32(state)
     for name in REAL_INPUTS:
         value = getattr(batch, name)
         if value is None:
             continue
-        if bounded:
-            check_float32_range(caller, f"batch.{name}", value)
         values = np.asarray(value)
         bad = ~np.isfinite(values) if jnp.issubdtype(values.dtype, jnp.inexact) else None
         if bad is not None and bad.any():
@@ -642,7 +638,7 @@ def evaluate(state: TrainState, batches: Iterable[Batch], calibrate: bool | None
         loss, observed = float(loss), float(observed)
         if observed and not math.isfinite(loss):
             _check_finite_targets(index, batch, state=state)
-            _check_finite_inputs(f"evaluate: batch {index}", batch, state)
+            _check_finite_inputs(f"evaluate: batch {index}", batch)
         total += loss * observed
         count += observed
     if count == 0:
@@ -665,7 +661,7 @@ def predict(state: TrainState, batch: Batch, calibrate: bool | None = None) -> A
     _check_frozen("predict", calibrate, state)
     batch = prepare_batch("predict", batch, state, reads_target=False)
     if all(isinstance(getattr(batch, name), np.ndarray | None) for name in REAL_INPUTS):
-        _check_finite_inputs("predict", batch, state)
+        _check_finite_inputs("predict", batch)
     output = deterministic_output(state.apply_fn, calibrate, state.variables, batch)
     _check_output_shape("predict", output, batch, state.quantiles)  # the loss's contract
     return output

@@ -546,6 +546,11 @@ class ForecasterConfig:
                     f"predict's output ({sorted(outputs)}); rename the column"
                 )
 
+    @property
+    def integer_bits(self) -> int:
+        """The width of the integer ('int8') model's codes: `qat.bits`, 8 without QAT."""
+        return self.qat.bits if self.qat is not None else 8
+
     def to_json(self) -> dict[str, Any]:
         """`dataclasses.asdict` of every section (tuples as lists once serialised)."""
         return dataclasses.asdict(self)

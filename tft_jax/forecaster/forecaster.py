@@ -598,13 +598,14 @@ def _model_test_start(summary: dict[str, Any]) -> pd.Timestamp | None:
 
 
 def _in_sample_windows(
-    dataset: PreparedDataset, starts: np.ndarray, trained: Iterable[Any], test_start: pd.Timestamp
+    dataset: PreparedDataset, starts: np.ndarray, test_start: pd.Timestamp
 ) -> np.ndarray:
-    """(N,) bool: the windows at `starts` of a `trained` series that forecast a time before
-    `test_start`, the model's test start: their targets lie in its training or validation period.
+    """(N,) bool: the windows at `starts` of a series the model was trained on that forecast a
+    time before `test_start`, the model's test start: their targets lie in its training or
+    validation period.
 
     `starts` index each window's first forecast step, its earliest. A new
-    series (not in `trained`) is out of sample at any time. Naive times and
+    series (`dataset.new_series`) is out of sample at any time. Naive times and
     an aware `test_start` (or the other way round) have no instant in common
     to compare: nothing is flagged then (`Preprocessor.check_time_zone`
     refuses such tables before).
@@ -612,8 +613,8 @@ def _in_sample_windows(
     times = dataset.panel.times[starts]
     if (times.tz is None) != (test_start.tz is None):
         return np.zeros(len(starts), dtype=bool)
-    known = set(trained)
-    is_trained = np.array([series in known for series in dataset.series_ids], dtype=bool)
+    new = set(dataset.new_series)
+    is_trained = np.array([series not in new for series in dataset.series_ids], dtype=bool)
     return is_trained[dataset.panel.series_code[starts]] & np.asarray(times < test_start)
 
 
@@ -806,9 +807,8 @@ class Forecaster:
         model = self._check_model(model)
         if model not in self._predictors:
             fitted = self._require_fitted()
-            bits = self.config.qat.bits if self.config.qat is not None else 8
             self._predictors[model] = make_predictor(
-                model, fitted.tft_config, fitted.variables[model], bits
+                model, fitted.tft_config, fitted.variables[model], self.config.integer_bits
             )
         return self._predictors[model]
 
@@ -1234,7 +1234,7 @@ class Forecaster:
         test_start = _model_test_start(self.summary)
         if test_start is None:
             return
-        in_sample = _in_sample_windows(dataset, starts, self.preprocessor.series_ids, test_start)
+        in_sample = _in_sample_windows(dataset, starts, test_start)
         if not in_sample.any():
             return
         _announce_in_sample(
@@ -1518,9 +1518,7 @@ class Forecaster:
                     f"{cutoff} and an observed target over the {data.horizon} steps after it"
                 )
             if test_start is not None:
-                flagged = _in_sample_windows(
-                    dataset, starts, self.preprocessor.series_ids, test_start
-                )
+                flagged = _in_sample_windows(dataset, starts, test_start)
                 if flagged.any():
                     in_sample[cutoff], scored_at[cutoff] = int(flagged.sum()), int(starts.size)
             windows = WindowSet(
@@ -1719,7 +1717,7 @@ class Forecaster:
             raise run_folder.RunFolderError(f"{config_file} is damaged: {error!r}") from None
         variables = {}
         expected = run_folder.model_param_shapes(tft_config)  # every form shares them
-        bits = forecaster.config.qat.bits if forecaster.config.qat is not None else 8
+        bits = forecaster.config.integer_bits
         for name in names:
             path = run_folder.model_path(root, name)
             data = run_folder.read_model_bytes(path)
