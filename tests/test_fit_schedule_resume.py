@@ -1,7 +1,8 @@
 """`fit`'s in-state learning-rate schedule across resumes and skipped steps.
 
-A schedule the time budget refitted ends where that budget stops the run: a
-resume under the same budget keeps it, as the uninterrupted run does; one that
+A schedule the time budget refitted ends where that budget stops the run (its
+end following the measured pace): a resume under the same budget keeps it, as
+the uninterrupted run does; one that
 goes on past that stop gets the caller's schedule back, refitted at once to the
 time left at the checkpoint's pace (and anew once measured), announced; any
 other change of the schedule on resume is announced with the rate it goes on
@@ -223,7 +224,8 @@ def test_with_schedule_steps_is_bounded_by_the_update_count_not_the_step() -> No
 
 
 def slowing_source(clock: Clock, kill_at_epoch: int | None = None, skip_epochs: int = 0):
-    """2 s batches until 12 s, 1 s after (a refit too short); epochs below `skip_epochs` free."""
+    """2 s batches until 12 s, 1 s after (the refit's end followed on); epochs below
+    `skip_epochs` free."""
 
     def batches_of(epoch: int) -> Iterator[Batch]:
         if epoch == kill_at_epoch:
@@ -236,17 +238,20 @@ def slowing_source(clock: Clock, kill_at_epoch: int | None = None, skip_epochs: 
     return batches_of
 
 
-def test_a_run_killed_past_its_refitted_cosine_resumes_to_the_same_result(tmp_path) -> None:
+def test_a_run_killed_after_its_cosine_followed_the_pace_resumes_to_the_same_result(
+    tmp_path,
+) -> None:
     clock = Clock()
     whole = budget_fit(clock, None, 40.0, source=slowing_source(clock))
-    # The cosine ended at update 20, where the refit expected the stop: the run
-    # trained on at its end rate, and the schedule still says where it ended.
-    assert int(whole.state.step) == 34 and whole.schedule_steps == 20
+    # The refit at 2 s a step ended the cosine at update 20; measured anew at 1 s a
+    # step it was moved on to the stop at step 34 (it used to end at 20, and the
+    # run trained its last 14 steps at rate 0).
+    assert int(whole.state.step) == 34 and whole.schedule_steps == 34
     clock = Clock()
-    with pytest.raises(Killed):  # checkpointed at step 28, past the cosine's end
+    with pytest.raises(Killed):  # checkpointed at step 28, the moved cosine kept
         budget_fit(clock, tmp_path, 40.0, source=slowing_source(clock, 7), checkpoint_every=4)
     resumed = budget_fit(clock, tmp_path, 40.0, resume=True, source=slowing_source(clock, None, 7))
-    assert int(resumed.state.step) == 34 and resumed.schedule_steps == 20
+    assert int(resumed.state.step) == 34 and resumed.schedule_steps == 34
     want, got = _host(whole.state), _host(resumed.state)
     for name in want:
         np.testing.assert_array_equal(got[name], want[name])

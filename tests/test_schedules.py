@@ -10,6 +10,7 @@ compiled in (the in-state schedule must give its updates).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from typing import Any
 
@@ -21,7 +22,7 @@ import pytest
 
 from tests.schedule_reference import warmup_cosine
 from tft_jax.flat_optimizer import FlatAdamWState, flat_adamw
-from tft_jax.schedules import WarmupCosine
+from tft_jax.schedules import WarmupCosine, continued_to
 from tft_jax.train import warmup_cosine_schedule
 
 # (peak_lr, total_steps, warmup_steps, end_lr): with and without warmup and end
@@ -227,3 +228,56 @@ def test_schedule_at_step_zero_warmup_end_total_and_beyond_is_the_closed_form(nu
             np.testing.assert_allclose(
                 float(got), want, rtol=2e-6, atol=1e-9, err_msg=f"{label} count {count}"
             )
+
+
+# ---------------------------------------------------------------------------
+# A cosine whose end moves mid-decay (`continued_to`, the time budget's pace)
+
+
+@pytest.mark.parametrize(
+    ("numbers", "count", "new_total"),
+    [
+        ((1e-3, 100, 10, 0.0), 40, 160),  # moved later
+        ((1e-3, 100, 10, 0.0), 40, 55),  # moved earlier
+        ((3e-3, 600, 30, 1e-5), 500, 900),  # with an end rate, late in the decay
+        ((0.1, 7, 0, 0.01), 3, 4),  # no warmup, one update left
+    ],
+)
+def test_a_moved_cosine_goes_on_from_the_rate_it_had_to_its_end_rate(
+    numbers, count, new_total
+) -> None:
+    peak, total, warmup, end = numbers
+    moved = continued_to(WarmupCosine(*numbers), count, new_total)
+    assert (moved.total_steps, moved.warmup_steps, moved.end_lr) == (new_total, warmup, end)
+    # The rate where it moves is the old one's (the float64 closed form), then it
+    # decays monotonically along a cosine to the end rate at the new end.
+    np.testing.assert_allclose(
+        float(moved(count)), warmup_cosine(count, peak, total, warmup, end), rtol=2e-6
+    )
+    rates = [
+        warmup_cosine(c, moved.peak_lr, new_total, warmup, end) for c in range(count, new_total + 1)
+    ]
+    assert all(later <= earlier for earlier, later in itertools.pairwise(rates))
+    assert rates[-1] == pytest.approx(end, abs=1e-12)
+    # Moved back, the original schedule's rates from `count` on come back.
+    back = continued_to(moved, count, total)
+    for c in range(count, total + 1):
+        want = warmup_cosine(c, peak, total, warmup, end)
+        got = warmup_cosine(c, back.peak_lr, total, warmup, end)
+        assert got == pytest.approx(want, rel=1e-9, abs=1e-15), c
+
+
+def test_a_cosine_moved_within_its_warmup_only_ends_elsewhere() -> None:
+    schedule = WarmupCosine(1e-3, 100, 10, 0.0)
+    assert continued_to(schedule, 4, 30) == dataclasses.replace(schedule, total_steps=30)
+
+
+@pytest.mark.parametrize(
+    ("count", "new_total", "match"),
+    [(100, 150, r"ended at update 100, before count 100"), (40, 40, r"got 40"), (5, 10, r"got 10")],
+)
+def test_a_cosine_cannot_move_past_its_end_or_onto_the_count_or_warmup(
+    count, new_total, match
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        continued_to(WarmupCosine(1e-3, 100, 10, 0.0), count, new_total)

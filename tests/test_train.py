@@ -1600,6 +1600,65 @@ def test_a_short_budget_mostly_spent_compiling_still_ends_the_cosine_where_it_st
     assert int(result.state.step) == 12 and result.schedule_steps == 12
 
 
+def changing_pace(clock: FakeClock, batches: list[Batch], until: float, then: float) -> Any:
+    """A batch source whose batches take `until[1]` s each while `clock` is below
+    `until[0]`, `then` s after (the machine's load changed mid-run)."""
+    limit, before = until
+
+    def source(epoch: int) -> Any:
+        for batch in batches:
+            clock.now += before if clock.now < limit else then
+            yield batch
+
+    return source
+
+
+def assert_decays_without_jumps(rates: list[float], largest_drop: float) -> None:
+    """Past the warmup the rates never rise, drop at most `largest_drop` an update, and
+    reach the cosine's low end only at the last update (none trains at rate ~0)."""
+    decaying = np.asarray(rates[WARMUP:])
+    steps = np.diff(decaying)
+    assert np.all(steps <= 1e-6 * PEAK), decaying  # never rises (a later end would jump up)
+    assert -steps.min() <= largest_drop, decaying  # nor drops (an earlier end would)
+    assert decaying[-1] < 3e-2 * PEAK, decaying  # decayed by the stop
+    assert np.all(decaying[:-1] > 1e-3 * PEAK), decaying  # and not before it
+
+
+def test_the_refitted_cosine_follows_steps_that_got_faster_without_a_jump(capsys) -> None:
+    # 1 s a step until 12 s, 0.5 s after: the refit at step 6 ends the cosine at
+    # step 25, where 1 s steps would spend the 25 s budget; at 0.5 s the run goes
+    # on to step 38. Without following the pace, updates 25-37 trained at rate 0.
+    clock, rates = FakeClock(), []
+    batches = changing_pace(clock, [far_batch(90 + i) for i in range(4)], (12.0, 1.0), 0.5)
+    result = fit(
+        recording_state(rates), batches, epochs=20, max_steps=PLANNED, time_budget=25.0,
+        clock=clock, label="FP32", log_seconds=1e9,
+    )  # fmt: skip
+    assert result.stop_reason == "time_budget" and int(result.state.step) == 38
+    assert 36 <= result.schedule_steps <= 38  # within the pace's noise threshold of the stop
+    assert len(rates) == 38
+    # A cosine over the shortest decay here (21 updates) drops at most PEAK * pi / 42.
+    assert_decays_without_jumps(rates, largest_drop=PEAK * math.pi / 42)
+    err = capsys.readouterr().err
+    assert "FP32: the step time changed: the time budget now fits about" in err, err
+
+
+def test_the_cosine_follows_steps_that_got_slower_and_decays_by_the_stop() -> None:
+    # 0.25 s a step until 5 s, 1 s after: at step 6 the whole 40-step cosine fits
+    # the 15 s budget; from step 20 on it does not, and the stop is at step 30.
+    # Without following the pace the run stopped at 19% of the peak rate.
+    clock, rates = FakeClock(), []
+    batches = changing_pace(clock, [far_batch(90 + i) for i in range(4)], (5.0, 0.25), 1.0)
+    result = fit(
+        recording_state(rates), batches, epochs=20, max_steps=PLANNED, time_budget=15.0,
+        clock=clock, quiet=True,
+    )  # fmt: skip
+    assert result.stop_reason == "time_budget" and int(result.state.step) == 30
+    assert 28 <= result.schedule_steps <= 30
+    # The shrunk cosine decays faster: from the rate at the follow over what is left.
+    assert_decays_without_jumps(rates, largest_drop=0.2 * PEAK)
+
+
 def test_the_refit_waits_for_an_evaluation_after_the_first_which_compiles() -> None:
     # 0.125 s a step, the first evaluation (step 4) 1 s, the later ones nothing.
     # At step 6 only the first is measured: the refit waits for the one of

@@ -27,7 +27,7 @@ from tft_jax.checkpoint import BEST, TrainingCheckpointer
 from tft_jax.distributed import check_mesh, data_mesh, is_primary, place_state, shard_batch
 from tft_jax.fit_progress import Progress, duration_text, step_text
 from tft_jax.optimizer import _require_positive_float
-from tft_jax.schedules import WarmupCosine
+from tft_jax.schedules import WarmupCosine, continued_to
 from tft_jax.steps import (
     _check_finite_inputs,
     _check_finite_targets,
@@ -336,14 +336,19 @@ def fit(
         clock decides, read every 10 steps, so that every process stops (and
         saves timed checkpoints) at the same step. When the learning-rate
         schedule lives in the optimizer state (`make_optimizer(
-        warmup_cosine_schedule(...))`), the budget also refits it once: after
+        warmup_cosine_schedule(...))`), the budget also refits it: after
         a few steps past the compilation (and a few seconds, or 5% of a
         short budget), the measured step time and that of the evaluations
         (their mean past the first, which compiles) tell how many steps the
         rest of the budget allows; when that is fewer than planned, the
         cosine is made to end there (`with_schedule_steps`, announced unless
-        `quiet`), so that the last steps train at the low learning rate. The
-        schedule counts applied updates: steps that apply none (skipped for
+        `quiet`), so that the last steps train at the low learning rate.
+        The step time is then measured anew over each tenth of the budget
+        (the load may change): when the stop it foretells moves by more
+        than a tenth of the steps left, the cosine's end follows it, the
+        rate going on from where it is (`schedules.continued_to`: no jump;
+        announced), within the planned schedule; an ended cosine stays
+        ended. The schedule counts applied updates: steps that apply none (skipped for
         a non-finite loss, or without an observed target) move its end
         earlier, at the refit and at each later evaluation, so that it still
         ends at the stop. A budget spent before the step time is measured
@@ -705,7 +710,14 @@ def fit(
     single_process = jax.process_count() == 1
     refit: _ScheduleRefit | None = None
     budget_fits: int | None = None  # the step the refit found the budget ends at
-    if time_budget is not None and planned_schedule is not None and loop.schedule_steps is None:
+    # A schedule refitted to this budget (a resume keeping the checkpoint's) follows
+    # the pace from its first estimate on; any other is refitted first.
+    follows = loop.schedule_steps is not None and loop.schedule_budget == time_budget
+    if (
+        time_budget is not None
+        and planned_schedule is not None
+        and (loop.schedule_steps is None or follows)
+    ):
         planned = min(planned_schedule.total_steps, math.inf if total is None else total)
         refit = _ScheduleRefit(
             time_budget=time_budget,
@@ -714,6 +726,7 @@ def fit(
             eval_interval=per_epoch if eval_every is None else eval_every,
             # Observers updated over the whole run: no step with frozen ones to compile.
             settled_after=calibrate_steps if calibrate_steps and calibrate_steps < planned else 0,
+            follows=follows,
         )
 
     def refit_schedule() -> None:
@@ -726,6 +739,11 @@ def fit(
         if not single_process:
             fitted = _int_from_process_0(fitted)
         if fitted is None:
+            return
+        budget_fits = refit.fits
+        if refit.follows:
+            follow_the_pace(fitted)
+            refit.again(loop.step, clock())
             return
         # The schedule reads the count of applied updates, which the steps
         # skipped so far left behind the step: the cosine ends at the update
@@ -742,7 +760,41 @@ def fit(
         ):
             # A resume's first guess (see above) was short: the whole schedule fits.
             state = with_schedule_steps(state, planned_schedule.total_steps)
-        budget_fits, refit = refit.fits, None
+        refit.follows = True
+        refit.again(loop.step, clock())
+
+    def follow_the_pace(fitted: int) -> None:
+        """Moves the cosine's end to `fitted`, the rate going on from where it is.
+
+        The step time measured at the refit may change (another load, a
+        shorter evaluation): a cosine ended too early would train the last
+        steps at its end rate (0: uselessly), one ended too late would stop
+        undecayed. Re-estimated over each later tenth of the budget; moved
+        when the end moves by more than a tenth of the steps left, along a
+        cosine starting at the current rate (`continued_to`), so the rate
+        never jumps. An ended cosine stays ended.
+        """
+        nonlocal state
+        assert refit is not None and planned_schedule is not None
+        schedule, count = in_state_schedule(state), schedule_update_count(state) or 0
+        assert schedule is not None
+        if count >= schedule.total_steps:
+            return
+        fitted = min(fitted, refit.planned)
+        updates = _updates_until(fitted, loop.step, count, schedule.warmup_steps)
+        updates = max(min(updates, planned_schedule.total_steps), count + 1)
+        noise = max(_FOLLOW_MIN_STEPS, _FOLLOW_MIN_FRACTION * (schedule.total_steps - count))
+        if abs(updates - schedule.total_steps) <= noise:
+            return
+        state = _with_schedule(state, continued_to(schedule, count, updates))
+        ends = updates + loop.step - count  # the step of its last update, none skipped
+        old_end = loop.schedule_steps
+        loop.schedule_steps, loop.schedule_budget = ends, time_budget
+        progress.note(
+            f"the step time changed: the time budget now fits about {ends} steps; the learning "
+            f"rate goes on from {float(schedule(count)):.3g} and decays to step {ends}"
+            + ("" if old_end is None else f" (was {old_end})")
+        )
 
     def clock_says() -> tuple[bool, bool]:
         """`(a timed checkpoint is due, the time budget is spent)` by process 0's clock.
@@ -864,7 +916,7 @@ def fit(
                 schedule_update_count(state) or 0,
                 round(ended.total_steps),
                 round(ended.warmup_steps),
-                measured=refit is None,
+                measured=refit is None or refit.fits is not None,
                 fits=budget_fits,
             )
         progress.note(
@@ -948,6 +1000,12 @@ def _undecayed_note(
 _REFIT_MIN_STEPS = 5
 _REFIT_MIN_SECONDS = 2.0
 _REFIT_MAX_BUDGET_FRACTION = 0.05
+# After it, the step time is measured anew over each tenth of the budget; the
+# cosine's end follows when it moves by more than a tenth of the steps left
+# (and more than 2 steps): noise in the step time leaves it alone.
+_FOLLOW_BUDGET_FRACTION = 0.1
+_FOLLOW_MIN_FRACTION = 0.1
+_FOLLOW_MIN_STEPS = 2
 
 
 class _ScheduleRefit:
@@ -971,16 +1029,27 @@ class _ScheduleRefit:
         warmup_steps: int,
         eval_interval: int | None,
         settled_after: int,
+        follows: bool = False,
     ) -> None:
         self.time_budget, self.planned, self.warmup_steps = time_budget, planned, warmup_steps
+        # Whether the next estimate follows the pace (`fit`'s `follow_the_pace`)
+        # rather than refits: true after the first estimate.
+        self.follows = follows
         self.eval_interval, self.settled_after = eval_interval, settled_after
         self.start: tuple[int, float] | None = None  # (step, time) after the latest compile
         self.window_evaluations = 0.0  # evaluation seconds since then
         self.first_evaluation: float | None = None  # seconds, its compilation included
         self.evaluations, self.evaluation_seconds = 0, 0.0  # the later ones
         self.min_seconds = min(_REFIT_MIN_SECONDS, _REFIT_MAX_BUDGET_FRACTION * time_budget)
+        if follows:
+            self.min_seconds = _FOLLOW_BUDGET_FRACTION * time_budget
         # The step the budget ends at, before `estimate` raises it above the warmup.
         self.fits: int | None = None
+
+    def again(self, step: int, now: float) -> None:
+        """Estimated at `step`: the next estimate measures from here, over a tenth of the budget."""
+        self.start, self.window_evaluations = (step, now), 0.0
+        self.min_seconds = max(self.min_seconds, _FOLLOW_BUDGET_FRACTION * self.time_budget)
 
     def compiled(self, step: int, now: float) -> None:
         """A newly compiled step has run up to `step` at `now`: measure from here."""

@@ -15,6 +15,7 @@ every schedule, and a schedule can be changed between steps
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from typing import Any
 
@@ -25,7 +26,7 @@ from flax import serialization
 Array = jax.Array
 Scalar = Any  # a Python number or a scalar array
 
-__all__ = ["WarmupCosine", "warmup_cosine"]
+__all__ = ["WarmupCosine", "continued_to", "warmup_cosine"]
 
 
 def _is_python_number(value: Any) -> bool:
@@ -155,6 +156,49 @@ def _schedule_from_state_dict(target: WarmupCosine, state: dict[str, Any]) -> Wa
             for name in names
         },
     )
+
+
+def continued_to(schedule: WarmupCosine, count: int, total_steps: int) -> WarmupCosine:
+    """`schedule` ending at `total_steps` instead, its rate going on from update `count`.
+
+    Moving a cosine's end mid-decay changes the rate at once (a later end
+    raises it, an earlier one drops it). The schedule returned keeps the
+    rate of update `count` and decays from it to `end_lr` at `total_steps`:
+    past the warmup its `peak_lr` is rescaled (the rate the stretched or
+    shrunk cosine would have had at the warmup's end, which lies behind);
+    within the warmup only the end moves (the warmup's rates do not depend
+    on it). Computed in float64 from `schedule`'s numbers.
+
+    Args:
+      schedule: the schedule the updates so far followed.
+      count: the update count (the next update's index), below `schedule`'s end.
+      total_steps: the new end, above `count` and the warmup.
+
+    Returns:
+      A `WarmupCosine` of Python numbers.
+    """
+    numbers_ = schedule.as_numbers()
+    warmup, total = numbers_.warmup_steps, numbers_.total_steps
+    if not warmup < total_steps or not count < total_steps:
+        raise ValueError(
+            f"continued_to: total_steps must be above the warmup ({warmup}) and the update "
+            f"count ({count}), got {total_steps}"
+        )
+    if count >= total:
+        raise ValueError(
+            f"continued_to: the schedule ended at update {total}, before count {count}: its "
+            "rate cannot go on along a cosine"
+        )
+    moved = dataclasses.replace(numbers_, total_steps=int(total_steps))
+    if count < warmup or numbers_.peak_lr == 0.0:
+        return moved
+
+    def cosine(end: int) -> float:
+        return 0.5 * (1.0 + math.cos(math.pi * (count - warmup) / (end - warmup)))
+
+    end_lr = numbers_.end_lr
+    rate = (numbers_.peak_lr - end_lr) * cosine(total) + end_lr
+    return dataclasses.replace(moved, peak_lr=end_lr + (rate - end_lr) / cosine(total_steps))
 
 
 # A train state holding a schedule (the default optimizer's) serializes with flax as
