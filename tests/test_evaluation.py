@@ -125,6 +125,19 @@ def test_perfect_forecast_has_zero_risk():
     assert metrics["mean_quantile_loss"] == 0.0
 
 
+def test_q_risk_of_mixed_sign_actuals_divides_by_the_sum_of_their_magnitudes():
+    # Reference: the paper's 2·Σ pinball / Σ|y| in float64 NumPy. Σ|y| = 21 here while
+    # |Σy| = 3: a denominator of |Σy| makes every level 7x too large.
+    actual = np.array([[3.0, -5.0, 2.0], [-1.0, 4.0, -6.0]])
+    errors = np.array([[0.5, -1.0, 0.0], [2.0, 0.0, -0.5]])
+    forecast = (actual + errors)[..., None] + np.array([-1.5, 0.25, 2.0])  # (2, 3, Q)
+    metrics = forecast_metrics(forecast, actual, QUANTILES)
+    for i, q in enumerate(QUANTILES):
+        expected = 2.0 * pinball(forecast[..., i], actual, q).sum() / np.abs(actual).sum()
+        assert metrics["q_risk"][f"{q:g}"] == pytest.approx(expected, rel=1e-12)
+    assert metrics["p50_q_risk"] == metrics["q_risk"]["0.5"]
+
+
 def test_forecast_metrics_rejects_mismatched_shapes():
     with pytest.raises(ValueError, match=r"forecast must have shape \(2, 3\) or \(2, 3, 3\)"):
         forecast_metrics(np.zeros((2, 3, 2)), np.zeros((2, 3)), QUANTILES)

@@ -271,3 +271,16 @@ def test_a_concrete_jax_float32_sum_that_overflows_raises() -> None:
         q_risk(0.999 * target, target, 0.5)
     # Under jit the documented float32 semantics hold (not checked, no host round trip).
     assert not np.isfinite(float(jax.jit(lambda p, t: q_risk(p, t, 0.5))(pred, target)))
+
+
+def test_device_q_risk_of_mixed_sign_targets_divides_by_the_sum_of_their_magnitudes() -> None:
+    # Reference: 2·Σ QL / Σ|y| in float64 NumPy; on JAX arrays (the device path, eager and
+    # under jit). The targets sum to 0.6 while their magnitudes sum to 23.4.
+    target = np.array([[3.0, -5.0, 2.0, 0.5], [-1.0, 4.0, -6.0, 1.9]], np.float32)
+    pred = target + np.array([[0.5, -1.0, 2.5, 0.0], [1.0, -0.75, 0.25, -2.0]], np.float32)
+    jitted = jax.jit(q_risk, static_argnums=2)
+    for q in QUANTILES:
+        reference = 2.0 * numpy_ql(pred, target, q).sum() / np.abs(target.astype(np.float64)).sum()
+        eager = q_risk(jnp.asarray(pred), jnp.asarray(target), q)
+        traced = jitted(jnp.asarray(pred), jnp.asarray(target), q)
+        np.testing.assert_allclose([float(eager), float(traced)], reference, rtol=1e-6)

@@ -61,6 +61,21 @@ def test_encode_codes_and_warning_are_each_cell_looked_up_alone(values):
         assert messages == []
 
 
+def test_an_unseen_id_or_category_gets_the_reserved_code_one_past_the_vocabulary():
+    # Documented: unknown values are coded len(vocabulary), a code no known value has
+    # (0 is the first id's / category's own code).
+    preprocessor = Preprocessor(
+        spec=None, series_ids=("s0", "s1", "s2"), origin=pd.Timestamp("2024-01-01"),
+        train_steps=1.0, target_scaler=None, feature_scaler=None,
+        vocabularies={"c": ("off", "on")},
+    )  # fmt: skip
+    codes = preprocessor.vocabulary_codes(["s1", "new", "s0", "s2"])
+    np.testing.assert_array_equal(codes, [1, 3, 0, 2])
+    with pytest.warns(UserWarning, match=r"'c' has values not seen in training.*'xmas'"):
+        encoded = preprocessor.encode("c", pd.Series(["on", "xmas", "off"], dtype=object))
+    np.testing.assert_array_equal(encoded, [1, 2, 0])
+
+
 def test_vocabularies_are_the_sorted_distinct_training_values():
     times = pd.date_range("2024-01-01", periods=30, freq="D")
     table = pd.concat(

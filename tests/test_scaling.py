@@ -76,3 +76,27 @@ def test_new_series_scalers_are_fitted_on_their_rows_before_the_cut():
         assert scaler.loc[code] == loc and scaler.scale[code] == scale
     assert scaler.loc[3] == np.mean(table.loc[(table["id"] == "d") & (table["time"] >= times[25])
                                               & (table["time"] < times[30]), "y"])  # fmt: skip
+
+
+def test_mean_abs_scale_is_the_mean_magnitude_and_robust_the_median_and_iqr():
+    # References in float64 NumPy: 'mean_abs' is (0, mean |y|); 'robust' is (median,
+    # interquartile range) with np.quantile's default (linear) interpolation, and for a
+    # series whose interquartile range is 0 the mean absolute deviation from the median.
+    signed = np.array([-3.0, 1.0, -2.0, 4.0])  # mean |y| 2.5, |mean y| 0
+    skewed = np.array([7.0, -1.0, 2.5, 10.0, 0.0, 3.0, -4.0])
+    spiky = np.array([2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 9.0, -5.0])  # interquartile range 0
+    values = np.concatenate([signed, skewed, spiky])
+    codes = np.repeat([0, 1, 2], [signed.size, skewed.size, spiky.size])
+    mean_abs = TargetScaler.fit(values, codes, 3, "mean_abs")
+    np.testing.assert_allclose(mean_abs.loc, 0.0)
+    want = [np.mean(np.abs(v)) for v in (signed, skewed, spiky)]
+    np.testing.assert_allclose(mean_abs.scale, want, rtol=1e-12)
+    assert mean_abs.scale[0] == 2.5
+    with pytest.warns(UserWarning):  # the spread fallback of 'spiky' is announced
+        robust = TargetScaler.fit(values, codes, 3, "robust")
+    q25, q50, q75 = np.quantile(skewed, [0.25, 0.5, 0.75])
+    np.testing.assert_allclose([robust.loc[1], robust.scale[1]], [q50, q75 - q25], rtol=1e-12)
+    assert (robust.loc[1], robust.scale[1]) == (2.5, 5.5)  # quartiles -0.5 and 5 of 7
+    np.testing.assert_allclose(robust.loc[2], np.median(spiky), rtol=1e-12)
+    np.testing.assert_allclose(robust.scale[2], np.mean(np.abs(spiky - 2.0)), rtol=1e-12)
+    assert robust.scale[2] == 1.75  # (7 + 7) / 8

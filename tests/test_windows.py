@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from tft_jax.data import window_starts
-from tft_jax.data.windows import Panel
+from tft_jax.data.windows import Panel, filled_history_steps
 
 from .prepared_tables import HISTORY, HORIZON, quiet_prepare
 
@@ -143,3 +143,59 @@ def test_window_starts_names_a_bound_naive_where_the_times_are_aware():
     as_text = window_starts(panel, HISTORY, HORIZON, "2020-01-06 05:00", end)
     as_stamp = window_starts(panel, HISTORY, HORIZON, pd.Timestamp("2020-01-06 05:00Z"), end)
     np.testing.assert_array_equal(as_text, as_stamp)
+
+
+@pytest.mark.parametrize("history", [1, 2, 4, 6])
+def test_filled_history_steps_counts_the_filled_targets_of_each_windows_history(history):
+    # Reference: a brute-force count of target_mask == 0 over rows start - history .. start - 1.
+    panel = small_panel()
+    begin, end = panel.times.min(), panel.times.max() + pd.Timedelta("1h")
+    starts = window_starts(panel, history, 1, begin, end, require_observed_target=False)
+    want = [int((panel.target_mask[start - history : start] == 0).sum()) for start in starts]
+    got = filled_history_steps(panel, starts, history)
+    np.testing.assert_array_equal(got, want)
+    assert got.dtype == np.int64 and got.max() >= 1
+
+
+def test_window_stats_are_the_mean_and_floored_std_of_the_observed_history_only():
+    # Reference, in float64 from the raw table: the target scaled by the series' mean and
+    # population std over its observed training values; per window the mean and
+    # sqrt(var + 0.05**2) of its observed history steps, and where every history step is
+    # filled the (forward-filled) last observed value with a scale of 0.05.
+    rng = np.random.default_rng(7)
+    times = pd.date_range("2024-01-01", periods=40, freq="D")
+    table = pd.concat(
+        [pd.DataFrame({"id": s, "time": times, "y": rng.normal(10.0 * (k + 1), 3.0, 40)})
+         for k, s in enumerate(["a", "b"])],
+        ignore_index=True,
+    )  # fmt: skip
+    blank = np.zeros(len(table), bool)
+    blank[[9, 12, 13, 40 + 5, 40 + 30]] = True  # partly filled histories
+    blank[18:24] = True  # 6 steps in a row: some histories of 4 are all filled
+    table.loc[blank, "y"] = np.nan
+    cut_validation, cut_test = times[26], times[33]
+    data = quiet_prepare(
+        table, freq="D", history=HISTORY, horizon=HORIZON, validation_start=cut_validation,
+        test_start=cut_test, require_observed_target=False, max_missing_fraction=1.0,
+        window_normalization=True, scaler="standard",
+    )  # fmt: skip
+    seen_all_filled = seen_partly_filled = False
+    for name in ("train", "validation", "test"):
+        windows = data.split(name)
+        loc, scale = windows.window_stats()
+        for i, (code, start) in enumerate(
+            zip(windows.series_code, windows.forecast_start, strict=True)
+        ):
+            rows = table[table["id"] == data.series_ids[code]].set_index("time")["y"]
+            train = rows[rows.index < cut_validation].dropna().to_numpy(np.float64)
+            scaled = (rows - train.mean()) / train.std()
+            past = scaled[(scaled.index < start) & (scaled.index >= start - HISTORY * times.freq)]
+            observed = past.dropna().to_numpy()
+            if observed.size:
+                want = observed.mean(), np.sqrt(observed.var() + 0.05**2)
+                seen_partly_filled |= 0 < observed.size < HISTORY
+            else:
+                want = scaled[scaled.index < start].dropna().iloc[-1], 0.05
+                seen_all_filled = True
+            np.testing.assert_allclose([loc[i], scale[i]], want, rtol=1e-5, atol=1e-6)
+    assert seen_all_filled and seen_partly_filled
