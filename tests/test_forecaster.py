@@ -9,10 +9,12 @@ CLI's trained run in `tests/test_cli.py`.
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import hashlib
 import json
 import pathlib
+import pickle
 import shutil
 import warnings
 
@@ -84,6 +86,18 @@ def test_forecasts_start_one_step_after_each_series_end_and_survive_save_and_loa
     assert (np.diff(values, axis=1) >= 0).all()
     loaded = Forecaster.load(saved)  # the training CSV is gone
     pd.testing.assert_frame_equal(loaded.predict(history, future), forecast)
+
+
+def test_a_forecaster_that_has_predicted_pickles_and_copies_and_forecasts_the_same(fitted):
+    # Its compiled predictors (closures over jitted programs) made pickle fail after
+    # the first forecast, while a fresh forecaster pickled.
+    forecaster, table, _ = fitted
+    history, future = cut(table, "2024-03-30")
+    forecast = forecaster.predict(history, future)
+    assert forecaster._predictors  # predicted: compiled predictors are cached
+    for copied in (pickle.loads(pickle.dumps(forecaster)), copy.deepcopy(forecaster)):
+        pd.testing.assert_frame_equal(copied.predict(history, future), forecast)
+    assert forecaster._predictors  # the original keeps its own
 
 
 def test_loading_and_predicting_again_trace_nothing(fitted):

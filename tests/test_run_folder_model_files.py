@@ -15,6 +15,7 @@ import json
 import pathlib
 import re
 import shutil
+import signal
 
 import jax
 import numpy as np
@@ -206,6 +207,40 @@ def test_a_replace_that_fails_after_the_config_json_leaves_a_run_that_is_refused
     assert caught.value.filename == str(replaces[1])
     with pytest.raises(RunFolderError, match=r"fp32.msgpack is damaged or was replaced"):
         Forecaster.load(earlier)
+
+
+def test_a_ctrl_c_between_the_renames_waits_for_them_and_leaves_the_new_run_whole(
+    quantized, tmp_path, monkeypatch
+):
+    # A SIGINT after the config.json's rename, before the model files': the remaining
+    # temporary files were deleted, and the folder held the new config.json over the
+    # earlier model files (refused at load: both runs were lost).
+    folder, table = quantized
+    earlier = tmp_path / "earlier"
+    shutil.copytree(folder, earlier)
+    replaces = []
+    replace = pathlib.Path.replace
+
+    def interrupted_after_the_first(path, target):
+        result = replace(path, target)
+        replaces.append(pathlib.Path(target))
+        if len(replaces) == 1:
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C, delivered by the system
+        return result
+
+    other = _another_model(earlier)
+    monkeypatch.setattr(pathlib.Path, "replace", interrupted_after_the_first)
+    with pytest.raises(KeyboardInterrupt):
+        other.save(earlier)
+    monkeypatch.undo()
+    assert replaces[0] == earlier / "config.json"
+    saved = tmp_path / "saved"
+    other.save(saved)  # the same model, saved without an interrupt
+    files = _folder_bytes(saved)
+    assert {str(path.relative_to(earlier)) for path in replaces} == set(files)  # all renamed
+    assert _folder_bytes(earlier) == files  # and no temporary file left
+    forecasts = _forecasts(earlier, table)
+    assert not np.array_equal(forecasts["fp32"], _forecasts(folder, table)["fp32"])
 
 
 def _with_one_ulp_moved(path: pathlib.Path) -> None:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import signal
+import threading
 from collections.abc import Iterator
 
 from tft_jax.paths import expanded
 
-__all__ = ["replaced_atomically", "temporary_sibling"]
+__all__ = ["interrupts_held", "replaced_atomically", "temporary_sibling"]
 
 
 def temporary_sibling(path: str | os.PathLike[str]) -> pathlib.Path:
@@ -48,3 +50,28 @@ def replaced_atomically(path: str | os.PathLike[str]) -> Iterator[pathlib.Path]:
         if isinstance(error, OSError) and error.filename is None:
             error.filename = str(temporary)
         raise
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Holds a Ctrl-C (SIGINT) that arrives within the block, and raises it once the block ends.
+
+    For a few renames that must all happen or none (a run folder's files,
+    whose config.json lists the others' hashes): an interrupt between two
+    of them would leave a folder of two runs, which loads as neither.
+    Python runs signal handlers in the main thread only, and only Python
+    handlers raise there: in another thread, or with SIGINT ignored or left
+    to the system, the block runs as it is.
+    """
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        yield
+        return
+    held: list[tuple[int, object]] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append((signum, frame)))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held:
+            previous(*held[0])

@@ -720,6 +720,15 @@ class Forecaster:
         """A forecaster with the settings of `config`."""
         return cls(config.data, config.model, config.training, config.qat)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What `pickle` and `copy` keep: everything but the compiled predictors.
+
+        They are closures over jitted programs, which pickle cannot store (a
+        forecaster that had predicted once could not be pickled); the copy
+        builds its own on its first forecast.
+        """
+        return {**self.__dict__, "_predictors": {}}
+
     # ------------------------------------------------------------------ state
 
     @property

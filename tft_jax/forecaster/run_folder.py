@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
-from tft_jax.atomic_files import replaced_atomically, temporary_sibling
+from tft_jax.atomic_files import interrupts_held, replaced_atomically, temporary_sibling
 from tft_jax.config import TFTConfig
 from tft_jax.data.listing import repeated
 from tft_jax.model import TemporalFusionTransformer
@@ -218,8 +218,10 @@ def write_run_files(
     earlier files in the reverse order of `files`, so the last entry (the
     config.json) first: should a later replace fail, its `models_sha256`
     refuses the model files not replaced yet, instead of loading them under
-    the new settings. `stale` (model files of forms the new run lacks) go
-    once the new config.json no longer lists them. Raises
+    the new settings. A Ctrl-C during the renames is held until they are
+    done (`interrupts_held`), then raised: the folder holds the new run
+    whole. `stale` (model files of forms the new run lacks) go once the new
+    config.json no longer lists them. Raises
     `RunFolderWriteError` naming the file and what became of the earlier run.
     """
     root = pathlib.Path(root)
@@ -233,29 +235,35 @@ def write_run_files(
             ) from error
     targets = {temporary_sibling(path): path for path in files}
     written = False
-    try:
-        with contextlib.ExitStack() as stack:
-            for path, data in files.items():
-                stack.enter_context(replaced_atomically(path)).write_bytes(data)
-            written = True
-    except OSError as error:
-        failed = targets.get(pathlib.Path(os.fsdecode(error.filename or "")), root)
-        if not written:
-            raise _write_error(root, failed, f"could not write {failed}", error, earlier) from error
-        # The config.json is replaced first: if it failed, no earlier file was replaced.
-        intact = failed == list(files)[-1]
-        what = f"could not replace {failed} with its new version"
-        raise _write_error(root, failed, what, error, earlier and intact, not intact) from error
-    for path in stale:
+    # A Ctrl-C during the writes removes the temporary files (the earlier run stays);
+    # one during the renames waits for them (the new run is whole), then is raised.
+    with contextlib.ExitStack() as renaming:
         try:
-            path.unlink(missing_ok=True)
+            with contextlib.ExitStack() as stack:
+                for path, data in files.items():
+                    stack.enter_context(replaced_atomically(path)).write_bytes(data)
+                written = True
+                renaming.enter_context(interrupts_held())  # the renames, as `stack` closes
         except OSError as error:
-            raise RunFolderWriteError(
-                path,
-                f"save: the run is saved in {root}, but {path} (a model form it lacks, not "
-                f"listed in its config.json) could not be deleted: {_cause_text(error)}",
-                error,
-            ) from error
+            failed = targets.get(pathlib.Path(os.fsdecode(error.filename or "")), root)
+            if not written:
+                raise _write_error(
+                    root, failed, f"could not write {failed}", error, earlier
+                ) from error
+            # The config.json is replaced first: if it failed, no earlier file was replaced.
+            intact = failed == list(files)[-1]
+            what = f"could not replace {failed} with its new version"
+            raise _write_error(root, failed, what, error, earlier and intact, not intact) from error
+        for path in stale:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as error:
+                raise RunFolderWriteError(
+                    path,
+                    f"save: the run is saved in {root}, but {path} (a model form it lacks, not "
+                    f"listed in its config.json) could not be deleted: {_cause_text(error)}",
+                    error,
+                ) from error
 
 
 def _write_error(
