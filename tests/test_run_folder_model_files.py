@@ -23,6 +23,7 @@ import pandas as pd
 import pytest
 from flax import serialization
 
+import tft_jax
 from tft_jax.config import TFTConfig
 from tft_jax.forecaster import (
     DataConfig,
@@ -323,3 +324,19 @@ def test_the_fp32_form_of_a_qat_run_loads_without_its_qat_section(quantized, tmp
     _edit_config(edited, lambda c: c.update(models=["fp32"], qat=None))
     loaded = Forecaster.load(edited)
     assert loaded.models == ("fp32",) and loaded.config.qat is None
+
+
+def test_a_folder_of_a_later_format_version_is_refused_naming_both_versions(quantized, tmp_path):
+    # The message named the writer's version only; every revision then said 0.1.0.
+    folder, _ = quantized
+    later = tmp_path / "later"
+    shutil.copytree(folder, later)
+    _edit_config(later, lambda config: config.update(format_version=2))
+    _edit_config(later, lambda config: config["versions"].update(tft_jax="9.0"))
+    with pytest.raises(
+        RunFolderError,
+        match=rf"config.json is format 'tft-jax-forecaster' version 2, written by tft-jax 9.0; "
+        rf"this tft-jax \({re.escape(tft_jax.__version__)}\) reads 'tft-jax-forecaster' "
+        "version 1. Load it with the tft-jax that wrote it, or train again",
+    ):
+        Forecaster.load(later)

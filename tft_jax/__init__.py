@@ -76,4 +76,4 @@ __all__ = [
     "sinusoidal_encoding",
 ]
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"

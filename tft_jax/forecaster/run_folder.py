@@ -657,10 +657,12 @@ def check_format(config: dict[str, Any], root: pathlib.Path) -> None:
         written = "an unknown version"
         if isinstance(versions, dict):  # a hand-edited file may hold anything here
             written = versions.get("tft_jax", written)
+        import tft_jax
+
         raise RunFolderError(
             f"{root / CONFIG_FILE} is format {found[0]!r} version {found[1]!r}, written by "
-            f"tft-jax {written}; this tft-jax reads {FORMAT!r} version {FORMAT_VERSION}. "
-            "Load it with the tft-jax that wrote it, or train again"
+            f"tft-jax {written}; this tft-jax ({tft_jax.__version__}) reads {FORMAT!r} version "
+            f"{FORMAT_VERSION}. Load it with the tft-jax that wrote it, or train again"
         )
 
 
