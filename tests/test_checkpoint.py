@@ -392,6 +392,20 @@ def test_best_checkpoints_newer_than_the_resumed_step_are_discarded(
         assert checkpointer.steps("best") == []
 
 
+def test_the_best_checkpoint_of_the_resumed_step_itself_is_kept(tmp_path: pathlib.Path) -> None:
+    # Resuming from step 4 whose evaluation was the best: that best step was written
+    # before the checkpoint resumed from, so it stays; only a later one (6) goes.
+    rng = jax.random.key(0)
+    with TrainingCheckpointer(tmp_path) as checkpointer:
+        checkpointer.save_best(randomized(TEMPLATE, 6, 4), rng, {})
+        checkpointer.discard_best_after(4)
+        assert checkpointer.steps("best") == [4]
+        checkpointer.save_best(randomized(TEMPLATE, 7, 6), rng, {})
+        assert checkpointer.steps("best") == [6]
+        checkpointer.discard_best_after(4)
+        assert checkpointer.steps("best") == []
+
+
 # ---------------------------------------------------------------------------
 # Resume through fit, in process, on a stand-in forecaster
 

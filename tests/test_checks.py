@@ -256,6 +256,16 @@ def test_causal_catches_mask_shifted_by_one_step():
         checks.assert_causal(_leaky_attention, _X, max_positions=2)
 
 
+def test_causal_catches_a_leak_from_exactly_one_step_ahead_in_the_forward_pass():
+    # y[t] reads x[t + 1]: perturbing from t + 1 on shows it; from t + 2 on it would not.
+    def one_step_ahead(x):
+        return jnp.cumsum(x, axis=1) + 0.5 * jnp.roll(x, -1, axis=1)
+
+    with pytest.raises(AssertionError, match="not causal along axis 1") as error:
+        checks.assert_causal(one_step_ahead, _X, check_gradients=False)
+    assert "t=0" in str(error.value)
+
+
 def test_causal_rejects_output_of_other_length():
     with pytest.raises(ValueError, match="expected the input length 5"):
         checks.assert_causal(lambda x: x[:, :2], _X)

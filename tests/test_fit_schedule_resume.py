@@ -188,10 +188,15 @@ def test_a_resume_on_another_peak_or_end_rate_is_announced_with_the_rate_it_goes
     assert (schedule.peak_lr, schedule.end_lr) == pytest.approx((peak, end))
 
 
+def with_a_nan_second_batch() -> list[Batch]:
+    """`BATCHES` with NaN targets in the second: its step applies no update."""
+    bad = BATCHES[1].replace(target=np.full(np.shape(BATCHES[1].target), np.nan, np.float32))
+    return [BATCHES[0], bad, *BATCHES[2:]]
+
+
 def skipping_source(clock: Clock) -> Callable:
     """1 s batches, the second of each epoch with NaN targets: its step applies no update."""
-    bad = BATCHES[1].replace(target=np.full(np.shape(BATCHES[1].target), np.nan, np.float32))
-    return clock.source([BATCHES[0], bad, *BATCHES[2:]])
+    return clock.source(with_a_nan_second_batch())
 
 
 def test_the_budget_refit_ends_the_cosine_at_the_stop_in_applied_updates(tmp_path) -> None:
@@ -223,14 +228,19 @@ def test_with_schedule_steps_is_bounded_by_the_update_count_not_the_step() -> No
         with_schedule_steps(state, 3)
 
 
-def slowing_source(clock: Clock, kill_at_epoch: int | None = None, skip_epochs: int = 0):
-    """2 s batches until 12 s, 1 s after (the refit's end followed on); epochs below
+def slowing_source(
+    clock: Clock,
+    kill_at_epoch: int | None = None,
+    skip_epochs: int = 0,
+    batches: list[Batch] = BATCHES,
+):
+    """2 s `batches` until 12 s, 1 s after (the refit's end followed on); epochs below
     `skip_epochs` free."""
 
     def batches_of(epoch: int) -> Iterator[Batch]:
         if epoch == kill_at_epoch:
             raise Killed
-        for batch in BATCHES:
+        for batch in batches:
             if epoch >= skip_epochs:
                 clock.now += 2.0 if clock.now < 12 else 1.0
             yield batch
@@ -255,6 +265,30 @@ def test_a_run_killed_after_its_cosine_followed_the_pace_resumes_to_the_same_res
     want, got = _host(whole.state), _host(resumed.state)
     for name in want:
         np.testing.assert_array_equal(got[name], want[name])
+
+
+def test_a_followed_cosine_ends_at_the_stop_in_applied_updates_after_skipped_steps() -> None:
+    clock = Clock()
+    source = slowing_source(clock, batches=with_a_nan_second_batch())
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=re.escape("fit: step"))  # the skips, said
+        result = budget_fit(clock, None, 40.0, source=source, eval_every=4)
+    state = result.state
+    # 6 steps of 2 s to 12 s, 28 of 1 s to 40 s; steps 1, 5, ..., 33 skipped.
+    assert result.stop_reason == "time_budget" and int(state.step) == 34
+    count = schedule_update_count(state)
+    assert int(state.skipped_steps) == 9 and count == 34 - 9
+    # Moved on from the refit's end at 2 s a step, the cosine ends at the stop counted
+    # in updates (25), not at the update whose step the stop is (21: the last 4 at 0).
+    schedule = in_state_schedule(state)
+    assert result.schedule_steps == count and schedule.total_steps == count
+    # A cosine continued from the rate of its move: a rescaled peak, the same shape.
+    assert schedule.peak_lr != pytest.approx(PEAK)
+    last_rate = float(schedule(count - 1))
+    assert last_rate == pytest.approx(
+        closed_form_rate(count - 1, schedule.peak_lr, count, WARMUP), rel=1e-5
+    )
+    assert 0 < last_rate < 1e-2 * PEAK
 
 
 def test_a_slightly_larger_budget_resumes_on_a_decaying_rate(tmp_path) -> None:

@@ -66,3 +66,38 @@ def test_interpretable_attention_drops_out_heads_and_output_never_the_weights():
     )(variables)
     np.testing.assert_array_equal(np.asarray(noisy_weights), np.asarray(quiet_weights))
     assert not np.allclose(np.asarray(noisy), np.asarray(quiet))
+
+
+def test_interpretable_attention_drops_out_each_head_before_the_average():
+    # The docstring and the paper's code drop each head's output, then average: with H
+    # equal heads and the kept ones rescaled by 1/(1-p), an averaged element is
+    # k/(H(1-p)) times the clean one, k the heads kept. Dropout on the average instead
+    # gives only 0 or 1/(1-p). The output dropout after the projection multiplies by
+    # 0 or 1/(1-p) once more.
+    heads, features, rate = 4, 8, 0.5
+    head_dim = features // heads
+    layer = InterpretableMultiHeadAttention(num_heads=heads, features=features, dropout_rate=rate)
+    x = jnp.asarray(np.random.default_rng(3).normal(size=(4, 6, features)), jnp.float32)
+    params = dict(jax.jit(lambda: layer.init(jax.random.key(0), x, x))()["params"])
+    # Zero query and key kernels: every head has the same uniform weights, so the same
+    # output (the heads share the value projection).
+    for name in ("query", "key"):
+        params[name] = {"kernel": jnp.zeros_like(params[name]["kernel"])}
+    # Output feature j copies averaged feature j mod head_dim: the projection mixes nothing.
+    params["out"] = {"kernel": jnp.asarray(np.tile(np.eye(head_dim, dtype=np.float32), heads))}
+    variables = {"params": params}
+    clean, noisy = jax.jit(
+        lambda v: (
+            layer.apply(v, x, x, deterministic=True)[0],
+            layer.apply(v, x, x, deterministic=False, rngs={"dropout": jax.random.key(1)})[0],
+        )
+    )(variables)
+    clean, noisy = np.asarray(clean, np.float64), np.asarray(noisy, np.float64)
+    assert np.all(np.abs(clean) > 1e-3)
+    ratio = noisy / clean
+    # k/(H(1-p)) per head dropout, times 0 or 1/(1-p) for the output dropout.
+    allowed = np.arange(heads + 1) / (heads * (1 - rate) ** 2)
+    nearest = allowed[np.argmin(np.abs(ratio[..., None] - allowed), axis=-1)]
+    np.testing.assert_allclose(ratio, nearest, rtol=1e-5, atol=1e-5)
+    levels = set(np.unique(nearest[nearest > 0]).tolist())
+    assert len(levels) >= 3, f"kept elements only at ratios {sorted(levels)}: not per head"

@@ -206,6 +206,21 @@ def test_fit_keeps_the_state_of_the_lowest_validation_loss_and_stops_after_patie
     assert int(result.best_state.step) == best_index + 1
 
 
+def test_fit_without_validation_returns_the_trained_state_as_best_state() -> None:
+    """With no validation batches there is nothing to choose by: `best_state` is the
+    final state, the researcher's own loop over the batches, not the initial one."""
+    batches, state = uneven_batches(), fresh_state()
+    initial = _host(state)  # before fit donates it
+    by_hand, _, _ = hand_run(state, batches, seed=0)
+    result = fit(state, batches, epochs=1, seed=0, quiet=True)
+    final, best = _host(result.state), _host(result.best_state)
+    assert int(result.best_state.step) == int(result.state.step) == len(batches)
+    for name, value in _host(by_hand).items():
+        np.testing.assert_array_equal(final[name], value, err_msg=name)
+        np.testing.assert_array_equal(best[name], value, err_msg=name)
+    assert all(not np.array_equal(best[name], initial[name]) for name in initial)
+
+
 # ---------------------------------------------------------------------------
 # Arguments and batches refused before training
 
