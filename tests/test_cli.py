@@ -1556,6 +1556,60 @@ def test_ctrl_c_after_a_checkpoint_says_resume_goes_on_from_it(capsys, monkeypat
     assert "interrupted; train again with --resume to go on from the last checkpoint" in err
 
 
+# `tft-jax train`'s process (as the console script runs it) with Ctrl-C sent once the XLA
+# compilation of the train step has run for `delay` seconds (its first line says when).
+# JAX raises KeyboardInterrupt from its wait on the compilation, which goes on in a jaxlib
+# thread; the compilation of a validation step mid-training is interrupted the same way.
+_INTERRUPTED_COMPILE = """
+import os, signal, sys, threading
+from jax._src import compiler
+compile_and_load = compiler.backend_compile_and_load
+delay = float(sys.argv.pop(1))
+sent = []
+def interrupting(backend, module, *args, **kwargs):
+    name = str(module.operation.attributes["sym_name"]).strip('"')
+    compiling = [True]
+    def interrupt():
+        if compiling[0] and not sent:
+            sent.append(name)
+            print(f"SIGINT while compiling {name}", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGINT)
+    if "train_step" in name:
+        timer = threading.Timer(delay, interrupt)
+        timer.daemon = True
+        timer.start()
+    try:
+        return compile_and_load(backend, module, *args, **kwargs)
+    finally:
+        compiling[0] = False
+compiler.backend_compile_and_load = interrupting
+from tft_jax import cli
+sys.exit(cli.main())
+"""
+
+
+def test_ctrl_c_during_an_xla_compilation_ends_the_process_with_status_130(csv_path, tmp_path):
+    # Before: the process printed its one line, then died in interpreter shutdown with
+    # "Fatal Python error: Segmentation fault" (status -11): JAX's exit handler dropped
+    # the XLA client, and the compilation still running in a jaxlib thread used it.
+    env = dict(os.environ, PYTHONFAULTHANDLER="1")
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # a cached step would not compile
+    # The allocator the console script relaunches with, so that it does not relaunch.
+    env["GLIBC_TUNABLES"] = "glibc.malloc.hugetlb=1"
+    out = tmp_path / "run"
+    argv = ["train", *table_args(csv_path), "--out", str(out), *TINY_MODEL, *TINY_RUN]
+    done = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_COMPILE, "0.2", *argv],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert "SIGINT while compiling jit__train_step" in done.stderr, done.stderr[-3000:]
+    assert "Fatal Python error" not in done.stderr, done.stderr[-3000:]
+    assert done.returncode == cli.INTERRUPTED, done.stderr[-3000:]
+    assert "tft-jax train: interrupted before the first checkpoint; train again with --resume" in (
+        done.stderr
+    )
+
+
 # What JAX 0.10 raised in the survivor when process 1 of a 2-process `train` was killed mid-run.
 GLOO_LOST = (
     "UNKNOWN: Gloo all-reduce failed: [external/gloo/gloo/transport/tcp/pair.cc:538] Read "

@@ -35,8 +35,10 @@ each difference.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import logging
 import os
 import pathlib
 import re
@@ -46,7 +48,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import jax
 import numpy as np
@@ -1509,7 +1511,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+    if code == INTERRUPTED and argv is None:
+        end_interrupted_process()
     return code
+
+
+def end_interrupted_process() -> NoReturn:
+    """Ends this process, stopped by Ctrl-C, with `INTERRUPTED` and without Python's teardown.
+
+    Ctrl-C during an XLA compilation (the train step's, or a validation
+    step's mid-training) raises KeyboardInterrupt from JAX's wait for it,
+    but the compilation goes on in a jaxlib thread, and nothing can wait
+    for it or stop it. Python's teardown then ran JAX's exit handler, which
+    drops the XLA client, and the garbage collector destroyed the client
+    under that compilation: "Fatal Python error: Segmentation fault" (status
+    -11) after the command's one line. So the process ends here, as a
+    multi-host process that failed does (`main`). Nothing is lost: the
+    command's files are written and renamed whole as they go, checkpoints
+    are saved synchronously, and a save cut short leaves a temporary step
+    folder that the next `--resume` removes; the printed lines and the
+    log records are flushed first. Only for `main()` as a process's entry
+    point: `main(argv)` called in a Python program returns its status.
+    """
+    logging.shutdown()  # flushes the handlers (absl's, orbax's records) as teardown would
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe, a closed stream
+            stream.flush()
+    os._exit(INTERRUPTED)
 
 
 def run_parsed(args: argparse.Namespace, joined: list[bool]) -> int:
