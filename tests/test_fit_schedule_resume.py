@@ -282,11 +282,12 @@ def test_a_followed_cosine_ends_at_the_stop_in_applied_updates_after_skipped_ste
     # in updates (25), not at the update whose step the stop is (21: the last 4 at 0).
     schedule = in_state_schedule(state)
     assert result.schedule_steps == count and schedule.total_steps == count
-    # A cosine continued from the rate of its move: a rescaled peak, the same shape.
-    assert schedule.peak_lr != pytest.approx(PEAK)
+    # A cosine from the rate at its last move (its "warmup" ends there, its peak is that
+    # rate) to 0 at the stop.
+    assert WARMUP < schedule.warmup_steps < count and schedule.peak_lr < PEAK
     last_rate = float(schedule(count - 1))
     assert last_rate == pytest.approx(
-        closed_form_rate(count - 1, schedule.peak_lr, count, WARMUP), rel=1e-5
+        closed_form_rate(count - 1, schedule.peak_lr, count, schedule.warmup_steps), rel=1e-5
     )
     assert 0 < last_rate < 1e-2 * PEAK
 

@@ -241,6 +241,7 @@ def test_schedule_at_step_zero_warmup_end_total_and_beyond_is_the_closed_form(nu
         ((1e-3, 100, 10, 0.0), 40, 55),  # moved earlier
         ((3e-3, 600, 30, 1e-5), 500, 900),  # with an end rate, late in the decay
         ((0.1, 7, 0, 0.01), 3, 4),  # no warmup, one update left
+        ((1e-3, 200_000, 100, 0.0), 50_000, 50_002),  # a far end moved close
     ],
 )
 def test_a_moved_cosine_goes_on_from_the_rate_it_had_to_its_end_rate(
@@ -248,23 +249,23 @@ def test_a_moved_cosine_goes_on_from_the_rate_it_had_to_its_end_rate(
 ) -> None:
     peak, total, warmup, end = numbers
     moved = continued_to(WarmupCosine(*numbers), count, new_total)
-    assert (moved.total_steps, moved.warmup_steps, moved.end_lr) == (new_total, warmup, end)
-    # The rate where it moves is the old one's (the float64 closed form), then it
-    # decays monotonically along a cosine to the end rate at the new end.
-    np.testing.assert_allclose(
-        float(moved(count)), warmup_cosine(count, peak, total, warmup, end), rtol=2e-6
-    )
-    rates = [
-        warmup_cosine(c, moved.peak_lr, new_total, warmup, end) for c in range(count, new_total + 1)
+    assert (moved.total_steps, moved.end_lr) == (new_total, end)
+    # The float64 closed form: a cosine from the old schedule's rate at `count` to the
+    # end rate at the new end (half a cosine over the updates left), then the end rate.
+    start = warmup_cosine(count, peak, total, warmup, end)
+    want = [
+        end
+        + (start - end)
+        * 0.5
+        * (1 + math.cos(math.pi * (min(c, new_total) - count) / (new_total - count)))
+        for c in range(count, new_total + 2)
     ]
-    assert all(later <= earlier for earlier, later in itertools.pairwise(rates))
-    assert rates[-1] == pytest.approx(end, abs=1e-12)
-    # Moved back, the original schedule's rates from `count` on come back.
-    back = continued_to(moved, count, total)
-    for c in range(count, total + 1):
-        want = warmup_cosine(c, peak, total, warmup, end)
-        got = warmup_cosine(c, back.peak_lr, total, warmup, end)
-        assert got == pytest.approx(want, rel=1e-9, abs=1e-15), c
+    # As the optimizer state holds it (float32 scalars, under jit) and as Python numbers.
+    in_state = jax.jit(lambda c, schedule: schedule(c))
+    for label, schedule in [("numbers", moved), ("in state", moved.as_arrays())]:
+        got = [float(in_state(jnp.int32(c), schedule)) for c in range(count, new_total + 2)]
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6 * start, err_msg=label)
+    assert all(later <= earlier for earlier, later in itertools.pairwise(want))
 
 
 def test_a_cosine_moved_within_its_warmup_only_ends_elsewhere() -> None:

@@ -59,9 +59,10 @@ def interrupts_held() -> Iterator[None]:
     For a few renames that must all happen or none (a run folder's files,
     whose config.json lists the others' hashes): an interrupt between two
     of them would leave a folder of two runs, which loads as neither.
-    Python runs signal handlers in the main thread only, and only Python
-    handlers raise there: in another thread, or with SIGINT ignored or left
-    to the system, the block runs as it is.
+    An error that ends the block goes on instead (it says more). Python
+    runs signal handlers in the main thread only, and only Python handlers
+    raise there: in another thread, or with SIGINT ignored or left to the
+    system, the block runs as it is.
     """
     previous = signal.getsignal(signal.SIGINT)
     if threading.current_thread() is not threading.main_thread() or not callable(previous):
@@ -71,7 +72,11 @@ def interrupts_held() -> Iterator[None]:
     signal.signal(signal.SIGINT, lambda signum, frame: held.append((signum, frame)))
     try:
         yield
-    finally:
+    except BaseException:
+        # An error already ends the block (a failed rename): it stops the caller as
+        # the interrupt would, and says what became of the files.
         signal.signal(signal.SIGINT, previous)
-        if held:
-            previous(*held[0])
+        raise
+    signal.signal(signal.SIGINT, previous)
+    if held:
+        previous(*held[0])

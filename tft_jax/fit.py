@@ -589,14 +589,15 @@ def fit(
         loop.schedule_steps = loop.schedule_budget = None
     elif loop.schedule_steps is not None and planned_schedule is not None and trains_on:
         # Kept as the budget refitted it (see `fit`): say what the rest trains at.
+        if loop.schedule_budget == time_budget:
+            rest = "; its end follows the measured step time"
+        elif total is None or total > loop.schedule_steps:
+            rest = "; steps past it train at its end rate"
+        else:
+            rest = ""
         progress.note(
             f"the learning rate follows the schedule the time budget refitted to end at "
-            f"step {loop.schedule_steps}"
-            + (
-                "; steps past it train at its end rate"
-                if total is None or total > loop.schedule_steps
-                else ""
-            )
+            f"step {loop.schedule_steps}{rest}"
         )
     if resumed and trains_on and checkpoint_schedule is not None:
         now_schedule = in_state_schedule(state)
@@ -743,7 +744,7 @@ def fit(
         budget_fits = refit.fits
         if refit.follows:
             follow_the_pace(fitted)
-            refit.again(loop.step, clock())
+            refit.again(loop.step, clock(), _cosine_end_step(state, loop.step))
             return
         # The schedule reads the count of applied updates, which the steps
         # skipped so far left behind the step: the cosine ends at the update
@@ -761,7 +762,7 @@ def fit(
             # A resume's first guess (see above) was short: the whole schedule fits.
             state = with_schedule_steps(state, planned_schedule.total_steps)
         refit.follows = True
-        refit.again(loop.step, clock())
+        refit.again(loop.step, clock(), _cosine_end_step(state, loop.step))
 
     def follow_the_pace(fitted: int) -> None:
         """Moves the cosine's end to `fitted`, the rate going on from where it is.
@@ -769,10 +770,12 @@ def fit(
         The step time measured at the refit may change (another load, a
         shorter evaluation): a cosine ended too early would train the last
         steps at its end rate (0: uselessly), one ended too late would stop
-        undecayed. Re-estimated over each later tenth of the budget; moved
-        when the end moves by more than a tenth of the steps left, along a
-        cosine starting at the current rate (`continued_to`), so the rate
-        never jumps. An ended cosine stays ended.
+        undecayed. Re-estimated over each later tenth of the budget, or
+        sooner, over a tenth of the cosine's steps left (steps that got
+        faster close it sooner); moved when the end moves by more than a
+        tenth of the steps left, along a cosine from the current rate
+        (`continued_to`), so that the rate does not jump. An ended cosine
+        stays ended.
         """
         nonlocal state
         assert refit is not None and planned_schedule is not None
@@ -780,9 +783,12 @@ def fit(
         assert schedule is not None
         if count >= schedule.total_steps:
             return
-        fitted = min(fitted, refit.planned)
-        updates = _updates_until(fitted, loop.step, count, schedule.warmup_steps)
-        updates = max(min(updates, planned_schedule.total_steps), count + 1)
+        if fitted >= refit.planned:  # the whole schedule fits, as at the refit
+            updates = planned_schedule.total_steps
+        else:
+            updates = _updates_until(fitted, loop.step, count, schedule.warmup_steps)
+            updates = min(updates, planned_schedule.total_steps)
+        updates = max(updates, count + 1)
         noise = max(_FOLLOW_MIN_STEPS, _FOLLOW_MIN_FRACTION * (schedule.total_steps - count))
         if abs(updates - schedule.total_steps) <= noise:
             return
@@ -915,8 +921,10 @@ def fit(
             unfitted = _undecayed_note(
                 schedule_update_count(state) or 0,
                 round(ended.total_steps),
-                round(ended.warmup_steps),
-                measured=refit is None or refit.fits is not None,
+                # The caller's: a cosine moved with the pace starts its own at the move.
+                round(planned_schedule.warmup_steps),
+                # A resumed run that follows the pace: its checkpoint's run measured it.
+                measured=refit is None or refit.follows or refit.fits is not None,
                 fits=budget_fits,
             )
         progress.note(
@@ -943,6 +951,15 @@ def fit(
         schedule_steps=None if schedule is None else schedule.total_steps,
         resumed=tuple(loop.resumed),
     )
+
+
+def _cosine_end_step(state: TrainState, step: int) -> int | None:
+    """The step at which `state`'s in-state cosine ends, none skipped from `step` on
+    (None when it has ended)."""
+    schedule, count = in_state_schedule(state), schedule_update_count(state) or 0
+    if schedule is None or count >= schedule.total_steps:
+        return None
+    return step + schedule.total_steps - count
 
 
 def _refit_note(fits: int | None, fitted: int, warmup_steps: int) -> str:
@@ -1002,10 +1019,10 @@ _REFIT_MIN_SECONDS = 2.0
 _REFIT_MAX_BUDGET_FRACTION = 0.05
 # After it, the step time is measured anew over each tenth of the budget; the
 # cosine's end follows when it moves by more than a tenth of the steps left
-# (and more than 2 steps): noise in the step time leaves it alone.
+# (and more than 1 step): noise in the step time leaves it alone.
 _FOLLOW_BUDGET_FRACTION = 0.1
 _FOLLOW_MIN_FRACTION = 0.1
-_FOLLOW_MIN_STEPS = 2
+_FOLLOW_MIN_STEPS = 1
 
 
 class _ScheduleRefit:
@@ -1041,15 +1058,18 @@ class _ScheduleRefit:
         self.first_evaluation: float | None = None  # seconds, its compilation included
         self.evaluations, self.evaluation_seconds = 0, 0.0  # the later ones
         self.min_seconds = min(_REFIT_MIN_SECONDS, _REFIT_MAX_BUDGET_FRACTION * time_budget)
-        if follows:
-            self.min_seconds = _FOLLOW_BUDGET_FRACTION * time_budget
+        # Once following: the steps that also end a window (`again`); None: seconds only.
+        self.window_steps: int | None = None
         # The step the budget ends at, before `estimate` raises it above the warmup.
         self.fits: int | None = None
 
-    def again(self, step: int, now: float) -> None:
-        """Estimated at `step`: the next estimate measures from here, over a tenth of the budget."""
+    def again(self, step: int, now: float, cosine_end: int | None) -> None:
+        """Estimated at `step`: the next estimate measures from here, over a tenth of the
+        budget or a tenth of the steps to `cosine_end` (the step the cosine ends at, None
+        when it has ended), whichever comes first."""
         self.start, self.window_evaluations = (step, now), 0.0
-        self.min_seconds = max(self.min_seconds, _FOLLOW_BUDGET_FRACTION * self.time_budget)
+        left = 0 if cosine_end is None else max(0, cosine_end - step)
+        self.window_steps = max(_REFIT_MIN_STEPS, math.ceil(_FOLLOW_BUDGET_FRACTION * left))
 
     def compiled(self, step: int, now: float) -> None:
         """A newly compiled step has run up to `step` at `now`: measure from here."""
@@ -1083,6 +1103,9 @@ class _ScheduleRefit:
         stepping = max(0.0, seconds - self.window_evaluations)  # the steps' own seconds
         if steps < _REFIT_MIN_STEPS or stepping < self.min_seconds:
             return None
+        short = self.window_steps is None or steps < self.window_steps
+        if self.follows and short and stepping < _FOLLOW_BUDGET_FRACTION * self.time_budget:
+            return None  # following: over a tenth of the budget, or of the cosine's steps
         first_only = self.first_evaluation is not None and not self.evaluations
         if first_only and stepping < _REFIT_MIN_SECONDS:
             return None  # the first evaluation compiled: a later one says what one costs

@@ -162,12 +162,14 @@ def continued_to(schedule: WarmupCosine, count: int, total_steps: int) -> Warmup
     """`schedule` ending at `total_steps` instead, its rate going on from update `count`.
 
     Moving a cosine's end mid-decay changes the rate at once (a later end
-    raises it, an earlier one drops it). The schedule returned keeps the
-    rate of update `count` and decays from it to `end_lr` at `total_steps`:
-    past the warmup its `peak_lr` is rescaled (the rate the stretched or
-    shrunk cosine would have had at the warmup's end, which lies behind);
-    within the warmup only the end moves (the warmup's rates do not depend
-    on it). Computed in float64 from `schedule`'s numbers.
+    raises it, an earlier one drops it). Past the warmup, the schedule
+    returned is a cosine from the rate of update `count` to `end_lr` at
+    `total_steps`: its "warmup" ends at `count` (the count never goes back,
+    so the warmup's rates are never read again) and its peak is that rate.
+    Written so, the rates are as exact in float32 as any cosine's (a peak
+    rescaled to stretch the old cosine's phase would need `1 + cos` near
+    -1, which float32 loses). Within the warmup only the end moves (the
+    warmup's rates do not depend on it).
 
     Args:
       schedule: the schedule the updates so far followed.
@@ -190,15 +192,12 @@ def continued_to(schedule: WarmupCosine, count: int, total_steps: int) -> Warmup
             "rate cannot go on along a cosine"
         )
     moved = dataclasses.replace(numbers_, total_steps=int(total_steps))
-    if count < warmup or numbers_.peak_lr == 0.0:
+    if count <= warmup or numbers_.peak_lr == 0.0:
         return moved
-
-    def cosine(end: int) -> float:
-        return 0.5 * (1.0 + math.cos(math.pi * (count - warmup) / (end - warmup)))
-
+    progress = (count - warmup) / (total - warmup)
     end_lr = numbers_.end_lr
-    rate = (numbers_.peak_lr - end_lr) * cosine(total) + end_lr
-    return dataclasses.replace(moved, peak_lr=end_lr + (rate - end_lr) / cosine(total_steps))
+    rate = end_lr + (numbers_.peak_lr - end_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return dataclasses.replace(moved, peak_lr=rate, warmup_steps=int(count))
 
 
 # A train state holding a schedule (the default optimizer's) serializes with flax as
