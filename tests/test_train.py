@@ -1724,6 +1724,24 @@ def test_no_refit_when_the_planned_steps_fit_in_the_budget(capsys) -> None:
     np.testing.assert_allclose(rates, want, rtol=1e-5, atol=1e-9)
 
 
+def test_a_budget_that_never_binds_leaves_the_planned_cosine_under_a_lower_max_steps(
+    capsys,
+) -> None:
+    # max_steps=30 below the 40-step schedule, 1 s a step, a 100 s budget: the budget
+    # never stops the run. The pace's re-estimates cut the cosine to step 30 (the cap),
+    # saying "the step time changed", where a run without a budget keeps 40.
+    clock, rates = FakeClock(), []
+    result = fit(
+        recording_state(rates), ticking(clock, [far_batch(90 + i) for i in range(4)]),
+        epochs=20, max_steps=30, time_budget=100.0, clock=clock, label="FP32",
+        log_seconds=1e9,
+    )  # fmt: skip
+    assert result.stop_reason == "completed" and result.schedule_steps == PLANNED
+    assert "step time changed" not in capsys.readouterr().err
+    want = [numpy_schedule(count, PEAK, PLANNED, WARMUP) for count in range(30)]
+    np.testing.assert_allclose(rates, want, rtol=1e-5, atol=1e-9)
+
+
 def test_a_learning_rate_compiled_into_the_step_is_neither_refitted_nor_reported() -> None:
     clock = FakeClock()
     result = fit(
