@@ -343,8 +343,9 @@ def fit(
         rest of the budget allows; when that is fewer than planned, the
         cosine is made to end there (`with_schedule_steps`, announced unless
         `quiet`), so that the last steps train at the low learning rate.
-        The step time is then measured anew over each tenth of the budget
-        (the load may change): when the stop it foretells moves by more
+        The step time is then measured anew over each tenth of the budget,
+        or sooner over a tenth of the cosine's steps left (the load may
+        change): when the stop it foretells moves by more
         than a tenth of the steps left, the cosine's end follows it, the
         rate going on from where it is (`schedules.continued_to`: no jump;
         announced), within the planned schedule; an ended cosine stays
@@ -1068,8 +1069,11 @@ class _ScheduleRefit:
         budget or a tenth of the steps to `cosine_end` (the step the cosine ends at, None
         when it has ended), whichever comes first."""
         self.start, self.window_evaluations = (step, now), 0.0
-        left = 0 if cosine_end is None else max(0, cosine_end - step)
-        self.window_steps = max(_REFIT_MIN_STEPS, math.ceil(_FOLLOW_BUDGET_FRACTION * left))
+        if cosine_end is None:  # an ended cosine stays ended: nothing to hurry for
+            self.window_steps = None
+        else:
+            left = max(0, cosine_end - step)
+            self.window_steps = max(_REFIT_MIN_STEPS, math.ceil(_FOLLOW_BUDGET_FRACTION * left))
 
     def compiled(self, step: int, now: float) -> None:
         """A newly compiled step has run up to `step` at `now`: measure from here."""
