@@ -711,7 +711,6 @@ def fit(
 
     single_process = jax.process_count() == 1
     refit: _ScheduleRefit | None = None
-    budget_fits: int | None = None  # the step the refit found the budget ends at
     # A schedule refitted to this budget (a resume keeping the checkpoint's) follows
     # the pace from its first estimate on; any other is refitted first.
     follows = loop.schedule_steps is not None and loop.schedule_budget == time_budget
@@ -733,7 +732,7 @@ def fit(
 
     def refit_schedule() -> None:
         """Ends the schedule where the budget will, once the step time is known (see `fit`)."""
-        nonlocal state, refit, budget_fits
+        nonlocal state
         assert refit is not None
         if not single_process and loop.step % _SHARED_CLOCK_STEPS:
             return
@@ -742,10 +741,9 @@ def fit(
             fitted = _int_from_process_0(fitted)
         if fitted is None:
             return
-        budget_fits = refit.fits
         if refit.follows:
-            follow_the_pace(fitted)
-            refit.again(loop.step, clock(), _cosine_end_step(state, loop.step))
+            cosine_end = follow_the_pace(fitted)
+            refit.again(loop.step, clock(), cosine_end)
             return
         # The schedule reads the count of applied updates, which the steps
         # skipped so far left behind the step: the cosine ends at the update
@@ -763,10 +761,12 @@ def fit(
             # A resume's first guess (see above) was short: the whole schedule fits.
             state = with_schedule_steps(state, planned_schedule.total_steps)
         refit.follows = True
-        refit.again(loop.step, clock(), _cosine_end_step(state, loop.step))
+        cosine_end = _cosine_end_step(in_state_schedule(state), count, loop.step)
+        refit.again(loop.step, clock(), cosine_end)
 
-    def follow_the_pace(fitted: int) -> None:
-        """Moves the cosine's end to `fitted`, the rate going on from where it is.
+    def follow_the_pace(fitted: int) -> int | None:
+        """Moves the cosine's end to `fitted`, the rate going on from where it is; returns
+        the step the cosine ends at (`_cosine_end_step`), moved or not.
 
         The step time measured at the refit may change (another load, a
         shorter evaluation): a cosine ended too early would train the last
@@ -783,7 +783,7 @@ def fit(
         schedule, count = in_state_schedule(state), schedule_update_count(state) or 0
         assert schedule is not None
         if count >= schedule.total_steps:
-            return
+            return None
         if fitted >= refit.planned:  # the whole schedule fits, as at the refit
             updates = planned_schedule.total_steps
         else:
@@ -792,9 +792,11 @@ def fit(
         updates = max(updates, count + 1)
         noise = max(_FOLLOW_MIN_STEPS, _FOLLOW_MIN_FRACTION * (schedule.total_steps - count))
         if abs(updates - schedule.total_steps) <= noise:
-            return
-        state = _with_schedule(state, continued_to(schedule, count, updates))
-        ends = updates + loop.step - count  # the step of its last update, none skipped
+            return _cosine_end_step(schedule, count, loop.step)
+        moved = continued_to(schedule, count, updates)
+        state = _with_schedule(state, moved)
+        ends = _cosine_end_step(moved, count, loop.step)
+        assert ends is not None  # `updates` is above `count`
         old_end = loop.schedule_steps
         loop.schedule_steps, loop.schedule_budget = ends, time_budget
         progress.note(
@@ -926,7 +928,7 @@ def fit(
                 round(planned_schedule.warmup_steps),
                 # A resumed run that follows the pace: its checkpoint's run measured it.
                 measured=refit is None or refit.follows or refit.fits is not None,
-                fits=budget_fits,
+                fits=None if refit is None else refit.fits,
             )
         progress.note(
             f"stopped on the time budget of {duration_text(time_budget)} at step "
@@ -954,13 +956,12 @@ def fit(
     )
 
 
-def _cosine_end_step(state: TrainState, step: int) -> int | None:
-    """The step at which `state`'s in-state cosine ends, none skipped from `step` on
-    (None when it has ended)."""
-    schedule, count = in_state_schedule(state), schedule_update_count(state) or 0
+def _cosine_end_step(schedule: WarmupCosine | None, count: int, step: int) -> int | None:
+    """The step of the last update of `schedule`'s cosine, at update `count` at `step`, were
+    no more steps skipped (None when it has ended)."""
     if schedule is None or count >= schedule.total_steps:
         return None
-    return step + schedule.total_steps - count
+    return step + round(schedule.total_steps) - count
 
 
 def _refit_note(fits: int | None, fitted: int, warmup_steps: int) -> str:
