@@ -255,7 +255,7 @@ def test_an_incomplete_or_foreign_run_folder_is_refused(fitted, tmp_path):
     config["format_version"] = 99
     (foreign / "config.json").write_text(json.dumps(config))
     with pytest.raises(
-        RunFolderError, match=r"version 99, .* reads 'tft-jax-forecaster' version 1"
+        RunFolderError, match=r"version 99, .* reads 'tft-jax-forecaster' versions 1 to 2"
     ):
         Forecaster.load(foreign)
     with pytest.raises(RunFolderError, match=r"config.json does not exist"):
@@ -388,7 +388,7 @@ def test_a_config_json_whose_sections_disagree_or_a_bad_history_json_is_refused(
          r"model.quantiles is \(0.1, 0.5, 0.9\)"),
         (lambda c: c["data"].update(history=HISTORY + 1),
          rf"tft_config.sequence_length is {HISTORY}, data.history is {HISTORY + 1}"),
-        (lambda c: c.update(format_version=2, versions="0.1"), r"version 2, written by tft-jax an "
+        (lambda c: c.update(format_version=9, versions="0.1"), r"version 9, written by tft-jax an "
          r"unknown version"),
         (lambda c: c.update(season_period=7.9), r"season_period must be an int >= 1, got 7.9"),
         (lambda c: c.update(season_period=-1), r"season_period must be an int >= 1, got -1"),

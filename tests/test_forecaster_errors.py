@@ -96,13 +96,13 @@ def test_a_field_deleted_from_a_section_of_config_json_is_refused_by_name(
     folder = edited(saved, tmp_path / "run", lambda c: c[section].pop(field))
     with pytest.raises(
         RunFolderError,
-        match=rf"config.json is damaged: ValueError\('{section}\.{field} is missing: "
-        "Forecaster.save writes every field",
+        match=rf"config.json is damaged: ValueError\('{section}\.{field} is missing from a "
+        "folder of format version 2: Forecaster.save writes every field",
     ):
         Forecaster.load(folder)
-    # A field that runs saved before it existed lack takes the value listed for them.
-    allowed = {f"{section}.{field}": kept}
-    monkeypatch.setattr(run_folder, "FIELDS_ABSENT_FROM_EARLIER_RUNS", allowed)
+    # A field that folders of earlier versions lack takes the value listed for them.
+    added = {run_folder.FORMAT_VERSION + 1: {f"{section}.{field}": kept}}
+    monkeypatch.setattr(run_folder, "FIELDS_ADDED", added)
     assert Forecaster.load(folder).models == ("fp32",)
 
 
@@ -114,16 +114,51 @@ def test_fields_added_since_the_first_runs_take_the_values_those_runs_were_train
     # normalization on, a 3-minute time budget), which those runs never had.
     _, _, saved = fitted
     config = json.loads((saved / "config.json").read_text())
-    for key in run_folder.FIELDS_ABSENT_FROM_EARLIER_RUNS:
+    for key in run_folder.fields_absent_before(1):
         section, field = key.split(".")
         if config[section] is not None:  # qat: null for an FP32 run
             config[section].pop(field)
-    completed = run_folder.complete_sections(config, {**SECTIONS, "tft_config": TFTConfig})
+    sections = {**SECTIONS, "tft_config": TFTConfig}
+    completed = run_folder.complete_sections(config, sections, 1)
     assert completed["data"]["window_normalization"] is False
     assert completed["data"]["nonnegative"] is False
     assert completed["training"]["time_budget"] is None
     assert completed["tft_config"]["known_categorical_cardinalities"] == []
     assert "window_normalization" not in config["data"]  # the config read is left as it was
+    # From format version 2 on every folder holds them: one that lacks them was edited.
+    with pytest.raises(
+        ValueError,
+        match=r"data\.window_normalization, .* missing from a folder of format version 2",
+    ):
+        run_folder.complete_sections(config, sections, 2)
+
+
+def test_a_folder_of_format_version_1_without_the_later_fields_loads_and_forecasts_alike(
+    fitted, tmp_path
+):
+    # Folders of version 1 written before these fields existed lack them; one of version
+    # 2 never does, and an older tft-jax (which reads version 1 only) refuses it by name.
+    forecaster, table, saved = fitted
+
+    def as_version_1(config):
+        config["format_version"] = 1
+        for key, value in run_folder.fields_absent_before(1).items():
+            section, field = key.split(".")
+            if config[section] is not None and config[section][field] == value:
+                config[section].pop(field)
+
+    folder = edited(saved, tmp_path / "v1", as_version_1)
+    assert json.loads((saved / "config.json").read_text())["format_version"] == 2
+    loaded = Forecaster.load(folder)
+    assert loaded.config == forecaster.config
+    history, future = cut(table, "2024-03-30")
+    expected = forecaster.predict(history, future)
+    pd.testing.assert_frame_equal(loaded.predict(history, future), expected)
+    # Saved again, it is a folder of this version with every field.
+    again = loaded.save(tmp_path / "again")
+    config = json.loads((again / "config.json").read_text())
+    assert config["format_version"] == run_folder.FORMAT_VERSION
+    assert config["data"]["window_normalization"] == forecaster.config.data.window_normalization
 
 
 @pytest.mark.parametrize(

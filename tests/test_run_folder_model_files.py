@@ -331,12 +331,12 @@ def test_a_folder_of_a_later_format_version_is_refused_naming_both_versions(quan
     folder, _ = quantized
     later = tmp_path / "later"
     shutil.copytree(folder, later)
-    _edit_config(later, lambda config: config.update(format_version=2))
+    _edit_config(later, lambda config: config.update(format_version=3))
     _edit_config(later, lambda config: config["versions"].update(tft_jax="9.0"))
     with pytest.raises(
         RunFolderError,
-        match=rf"config.json is format 'tft-jax-forecaster' version 2, written by tft-jax 9.0; "
+        match=rf"config.json is format 'tft-jax-forecaster' version 3, written by tft-jax 9.0; "
         rf"this tft-jax \({re.escape(tft_jax.__version__)}\) reads 'tft-jax-forecaster' "
-        "version 1. Load it with the tft-jax that wrote it, or train again",
+        "versions 1 to 2. Upgrade tft-jax to load it, or train again",
     ):
         Forecaster.load(later)

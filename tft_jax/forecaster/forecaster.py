@@ -1695,11 +1695,13 @@ class Forecaster:
             raise run_folder.RunFolderError(
                 f"{config_file} is damaged: it holds a JSON {type(config).__name__}, not an object"
             )
-        run_folder.check_format(config, root)
+        version = run_folder.check_format(config, root)
         try:
             # A field deleted from a section would take its default without a word; one
             # that runs saved before it existed lack takes the value they were trained with.
-            config = run_folder.complete_sections(config, {**SECTIONS, "tft_config": TFTConfig})
+            config = run_folder.complete_sections(
+                config, {**SECTIONS, "tft_config": TFTConfig}, version
+            )
             forecaster = cls.from_config(ForecasterConfig.from_json(config))
             tft_config = TFTConfig(
                 **{

@@ -51,7 +51,11 @@ if TYPE_CHECKING:
     from tft_jax.data.preprocessing import Preprocessor
 
 FORMAT = "tft-jax-forecaster"
-FORMAT_VERSION = 1
+# Raised with every change that adds a config.json field (`FIELDS_ADDED`) or changes
+# what a saved field or model file means, so that an older tft-jax refuses a newer
+# folder naming both versions instead of calling it damaged. `load` reads every version
+# from 1 to this one.
+FORMAT_VERSION = 2
 CONFIG_FILE = "config.json"
 HISTORY_FILE = "history.json"
 # config.json's record of the SHA-256 of each model file's bytes, by model name.
@@ -649,21 +653,30 @@ def check_trained_windows(summary: dict[str, Any], settings: Any) -> None:
         )
 
 
-def check_format(config: dict[str, Any], root: pathlib.Path) -> None:
-    """Raises `RunFolderError` unless `config` is of this format version."""
+def check_format(config: dict[str, Any], root: pathlib.Path) -> int:
+    """The format version of `config`; `RunFolderError` unless it is one this tft-jax
+    reads (1 to `FORMAT_VERSION`)."""
     found = (config.get("format"), config.get("format_version"))
-    if found != (FORMAT, FORMAT_VERSION):
-        versions = config.get("versions")
-        written = "an unknown version"
-        if isinstance(versions, dict):  # a hand-edited file may hold anything here
-            written = versions.get("tft_jax", written)
-        import tft_jax
+    version = found[1]
+    readable = isinstance(version, int) and not isinstance(version, bool)
+    if found[0] == FORMAT and readable and 1 <= version <= FORMAT_VERSION:
+        return version
+    versions = config.get("versions")
+    written = "an unknown version"
+    if isinstance(versions, dict):  # a hand-edited file may hold anything here
+        written = versions.get("tft_jax", written)
+    import tft_jax
 
-        raise RunFolderError(
-            f"{root / CONFIG_FILE} is format {found[0]!r} version {found[1]!r}, written by "
-            f"tft-jax {written}; this tft-jax ({tft_jax.__version__}) reads {FORMAT!r} version "
-            f"{FORMAT_VERSION}. Load it with the tft-jax that wrote it, or train again"
-        )
+    advice = (
+        "Upgrade tft-jax to load it, or train again"
+        if found[0] == FORMAT and readable and version > FORMAT_VERSION
+        else "Load it with the tft-jax that wrote it, or train again"
+    )
+    raise RunFolderError(
+        f"{root / CONFIG_FILE} is format {found[0]!r} version {found[1]!r}, written by "
+        f"tft-jax {written}; this tft-jax ({tft_jax.__version__}) reads {FORMAT!r} versions "
+        f"1 to {FORMAT_VERSION}. {advice}"
+    )
 
 
 def check_not_a_file(root: pathlib.Path, label: str) -> None:
@@ -681,40 +694,59 @@ def check_not_a_file(root: pathlib.Path, label: str) -> None:
     raise RunFolderError(f"{label} {root} is a file, not a run folder{hint}")
 
 
-# Fields of config.json's sections added after format version 1's first runs (which lack
-# them), with the value that means what those runs did: not always today's default (a run
-# saved before window normalization existed scaled by its series' scaler alone, and one
-# saved before time budgets trained without one). Every other field must be there:
-# `Forecaster.save` writes all of them (`dataclasses.asdict`), so a missing one was
-# deleted by hand, and its default may be another setting than the run's (another seed,
-# clipping of negative forecasts). Add an entry with the change that adds a field.
-FIELDS_ABSENT_FROM_EARLIER_RUNS: dict[str, Any] = {
-    "data.categorical_cols": [],
-    "data.time_format": None,
-    "data.dayfirst": False,
-    "data.encoding": "utf-8",
-    "data.max_missing_fraction": 0.5,
-    "data.min_series_length": None,
-    "data.target_transform": "none",
-    "data.window_normalization": False,
-    "data.nonnegative": False,
-    "training.time_budget": None,
-    "qat.time_budget": None,
-    "tft_config.known_categorical_cardinalities": [],
-    "tft_config.observed_categorical_cardinalities": [],
+# Fields of config.json's sections that folders of earlier format versions may lack,
+# by the version from which every folder holds them, with the value that means what
+# those runs did: not always today's default (a run saved before window normalization
+# existed scaled by its series' scaler alone, and one saved before time budgets trained
+# without one). Every other field must be there: `Forecaster.save` writes all of them
+# (`dataclasses.asdict`), so a missing one was deleted by hand, and its default may be
+# another setting than the run's (another seed, clipping of negative forecasts). A
+# change that adds a field raises `FORMAT_VERSION` and lists the field under it.
+FIELDS_ADDED: dict[int, dict[str, Any]] = {
+    # Added while version 1 was written: some version 1 folders hold them, some not.
+    2: {
+        "data.categorical_cols": [],
+        "data.time_format": None,
+        "data.dayfirst": False,
+        "data.encoding": "utf-8",
+        "data.max_missing_fraction": 0.5,
+        "data.min_series_length": None,
+        "data.target_transform": "none",
+        "data.window_normalization": False,
+        "data.nonnegative": False,
+        "training.time_budget": None,
+        "qat.time_budget": None,
+        "tft_config.known_categorical_cardinalities": [],
+        "tft_config.observed_categorical_cardinalities": [],
+    },
 }
 
 
-def complete_sections(config: dict[str, Any], sections: dict[str, type]) -> dict[str, Any]:
-    """`config` with the fields earlier runs lack filled in (`FIELDS_ABSENT_FROM_EARLIER_RUNS`);
-    `ValueError` naming `section.field` for any other field of `sections` (config.json's
-    section name: its dataclass) that config.json's section lacks.
+def fields_absent_before(version: int) -> dict[str, Any]:
+    """The fields a folder of format `version` may lack (`section.field`), with the
+    value that means what its run did."""
+    return {
+        key: value
+        for added, fields in FIELDS_ADDED.items()
+        if added > version
+        for key, value in fields.items()
+    }
+
+
+def complete_sections(
+    config: dict[str, Any], sections: dict[str, type], version: int
+) -> dict[str, Any]:
+    """`config`, a folder of format `version`, with the fields its version may lack
+    filled in (`FIELDS_ADDED`); `ValueError` naming `section.field` for any other field
+    of `sections` (config.json's section name: its dataclass) that config.json's
+    section lacks.
 
     The dataclasses would take their defaults for them without a word (a
     missing `data.nonnegative` loaded as False, `tft_config.dtype` as
     float32). A section that is absent or null is left to the reader that
     needs it (`qat` may be null). Unknown keys are refused by the dataclasses.
     """
+    absent = fields_absent_before(version)
     missing, completed = [], dict(config)
     for name, kind in sections.items():
         section = config.get(name)
@@ -724,18 +756,16 @@ def complete_sections(config: dict[str, Any], sections: dict[str, type]) -> dict
             key = f"{name}.{field.name}"
             if not field.init or field.name in section:
                 continue
-            if key in FIELDS_ABSENT_FROM_EARLIER_RUNS:
-                completed[name] = {
-                    **completed[name],
-                    field.name: FIELDS_ABSENT_FROM_EARLIER_RUNS[key],
-                }
+            if key in absent:
+                completed[name] = {**completed[name], field.name: absent[key]}
             else:
                 missing.append(key)
     if missing:
         raise ValueError(
-            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing: "
-            "Forecaster.save writes every field, and the default would load the run with "
-            "another setting than it was trained with; was config.json edited by hand?"
+            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing from a "
+            f"folder of format version {version}: Forecaster.save writes every field, and "
+            "the default would load the run with another setting than it was trained with; "
+            "was config.json edited by hand?"
         )
     return completed
 
