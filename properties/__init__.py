@@ -19,14 +19,18 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 __all__ = ["backends", "checks", "faults", "profiles", "strategies", "suite"]
 
+if TYPE_CHECKING:  # what a type checker reads: the submodules, each with its own types
+    from properties import backends, checks, faults, profiles, strategies, suite
+else:  # what runs: each imported on first access
 
-def __getattr__(name: str) -> ModuleType:
-    if name not in __all__:
-        raise AttributeError(f"module 'properties' has no attribute {name!r}")
-    return importlib.import_module(f"properties.{name}")
+    def __getattr__(name: str) -> ModuleType:
+        if name not in __all__:
+            raise AttributeError(f"module 'properties' has no attribute {name!r}")
+        return importlib.import_module(f"properties.{name}")
 
 
 def __dir__() -> list[str]:

@@ -17,7 +17,7 @@ import numpy as np
 import optax
 
 from tft_jax.flat_optimizer import (
-    flat_adamw,
+    flat_adamw as flat_adamw,  # re-exported: code patches `tft_jax.optimizer.flat_adamw` (faults)
 )
 from tft_jax.schedules import WarmupCosine
 

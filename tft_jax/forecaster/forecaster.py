@@ -24,7 +24,7 @@ import shutil
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import jax
 import numpy as np
@@ -88,7 +88,7 @@ from tft_jax.losses import ZeroTargetError
 from tft_jax.model import TemporalFusionTransformer
 from tft_jax.paths import expanded
 
-Table = pd.DataFrame | str | os.PathLike
+Table: TypeAlias = pd.DataFrame | str | os.PathLike
 
 
 def _check_zero_target_cutoffs(cutoffs: list[pd.Timestamp], count: int, horizon: int) -> None:
