@@ -51,7 +51,7 @@ import dataclasses
 import inspect
 import numbers
 from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import hypothesis.extra.numpy as hnp
 import hypothesis.strategies as st
@@ -60,6 +60,9 @@ import numpy as np
 from hypothesis.strategies import data
 
 from tft_jax.config import TFTConfig
+
+if TYPE_CHECKING:  # imported at use: `properties.strategies` works without `qat`
+    from qat.config import QATConfig
 
 __all__ = [
     "ATTENTION_HIDDEN_DIMS",
@@ -685,7 +688,7 @@ def tft_inputs(
         return float_arrays(shape, kinds=kinds, dtype=resolved, constant_axis=1)
 
     def codes(
-        draw: st.DrawFn, leading: tuple[int, ...], cardinalities: tuple[int, ...]
+        draw: st.DrawFn, leading: tuple[int, ...], cardinalities: Sequence[int]
     ) -> np.ndarray | None:
         """`(*leading, len(cardinalities))` int32, column `c` in `[0, cardinality_c)`."""
         if not cardinalities:
@@ -734,7 +737,7 @@ def qat_configs(
     averaging_constants: Sequence[float] = (0.01, 0.5),
     calibration_batches: Sequence[int] = (100,),
     learnable_scale: Sequence[bool] = (False,),
-) -> st.SearchStrategy[Any]:
+) -> st.SearchStrategy[QATConfig]:
     """`qat.config.QATConfig`s drawn from buckets.
 
     `channel_axis` is drawn only for per-channel configs (per-tensor ones keep

@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import warnings
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import numpy as np
 
 ObserverKind = Literal["minmax", "moving_average"]
 _OBSERVERS = ("minmax", "moving_average")
@@ -53,6 +56,8 @@ class QATConfig:
     Attributes:
       bits: integer width in 2..8, or None to disable quantization entirely
         (the QAT model then computes exactly what the FP32 model computes).
+        A NumPy integer is stored as a Python int, here and in
+        `calibration_batches`.
       symmetric: signed range with zero point 0 (True) or unsigned affine range
         with a learned-from-data zero point (False).
       per_channel: one scale per slice along `channel_axis` instead of one per tensor.
@@ -89,13 +94,13 @@ class QATConfig:
     `observer` configure stand-alone observers and fake quantizers.
     """
 
-    bits: int | None = 8
+    bits: int | np.integer | None = 8
     symmetric: bool = True
     per_channel: bool = False
     channel_axis: int = -1
     observer: ObserverKind = "minmax"
     averaging_constant: float = 0.01
-    calibration_batches: int = 100
+    calibration_batches: int | np.integer = 100
     learnable_scale: bool = False
     lsq_clip_from: ClipFrom = "rounded"
 
@@ -154,7 +159,7 @@ class QATConfig:
     def _required_bits(self) -> int:
         if self.bits is None:
             raise ValueError("QATConfig.bits is None (quantization disabled): there is no grid")
-        return self.bits
+        return int(self.bits)  # already an int (`__post_init__`); typed for the checker
 
 
 # The QATConfig fields that configure stand-alone observers and fake quantizers;

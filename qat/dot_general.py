@@ -216,6 +216,27 @@ def non_finite_range_message(where: str) -> str:
     )
 
 
+def check_calibrate_flag(owner: str, calibrate: Any) -> None:
+    """Raises `TypeError` naming `calibrate` unless it is a bool (or a concrete boolean scalar).
+
+    The flag chooses in Python whether the observers update: a string such as
+    `"False"`, or any other truthy value, would silently switch calibration
+    on. A NumPy bool and a 0-d boolean array (both read with `bool`) pass; a
+    traced value is left to the use that reads it.
+    """
+    if isinstance(calibrate, bool | np.bool_ | jax.core.Tracer):
+        return
+    if (
+        hasattr(calibrate, "dtype")
+        and np.ndim(calibrate) == 0
+        and np.dtype(calibrate.dtype) == np.bool_
+    ):
+        return
+    raise TypeError(
+        f"{owner}: calibrate must be a bool, got {type(calibrate).__name__} {calibrate!r}"
+    )
+
+
 class EmptyCalibrationInput(ValueError):
     """A layer met an empty activation while calibrating (its range would be of nothing)."""
 
@@ -826,9 +847,10 @@ def qat_dot_general(config: QATConfig, calibrate: bool = False) -> Callable[...,
     stand-alone observers and fake quantizers only).
 
     Raises:
-      TypeError: `config` is not a `QATConfig`.
+      TypeError: `config` is not a `QATConfig`, or `calibrate` is not a bool.
     """
     check_fixed_layout_config(config, "qat_dot_general", "config")
+    check_calibrate_flag("qat_dot_general", calibrate)
     return quantizing_factory(config, calibrate)
 
 

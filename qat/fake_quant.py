@@ -30,7 +30,7 @@ function `jax.linearize` returns) raises `ForwardModeError` naming
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 import jax
 import jax.numpy as jnp
@@ -237,7 +237,9 @@ def _fake_quantize_jvp(qmin, qmax, primals, tangents):
 _fake_quantize.defjvp(_fake_quantize_jvp, symbolic_zeros=True)
 
 
-def fake_quantize(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: int) -> Array:
+def fake_quantize(
+    x: Array, scale: Array, zero_point: Array, qmin: int | np.integer, qmax: int | np.integer
+) -> Array:
     """Quantizes `x` onto `[qmin, qmax]` and back, with the clipped straight-through gradient.
 
     Forward: `(clip(round(x * (1/s)) + zp, qmin, qmax) - zp) * s`, rounding
@@ -253,8 +255,8 @@ def fake_quantize(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: in
       scale: positive finite step size, broadcastable to `x` (a scalar per tensor,
         or e.g. shape `(1, C)` for per-channel along the last axis of `(N, C)`).
       zero_point: integer-valued zero point in `[qmin, qmax]`, broadcastable to `x`.
-      qmin: lowest integer of the grid (a Python int, at least `-2**24`).
-      qmax: highest integer of the grid (a Python int, at most `2**24`).
+      qmin: lowest integer of the grid (a Python or NumPy int, at least `-2**24`).
+      qmax: highest integer of the grid (a Python or NumPy int, at most `2**24`).
 
     Returns:
       An array of `x`'s shape and dtype. The arithmetic runs in at least float32.
@@ -335,6 +337,12 @@ class FakeQuantize:
     qmax: int = struct.field(pytree_node=False)
     channel_axis: int | None = struct.field(pytree_node=False, default=None)
 
+    if TYPE_CHECKING:  # added by `flax.struct.dataclass` at runtime; declared for type checkers
+
+        def replace(self, **changes: Any) -> Self:
+            """A copy with the given fields replaced (`dataclasses.replace`)."""
+            ...
+
     @classmethod
     def create(cls, cfg: QATConfig, *, scale: Any, zero_point: Any = 0) -> FakeQuantize:
         """A fake quantizer on `cfg`'s grid with the given qparams.
@@ -373,7 +381,7 @@ class FakeQuantize:
         )
 
     @classmethod
-    def from_observer(cls, observer: Any) -> FakeQuantize:
+    def from_observer(cls, observer: QuantizationObserver) -> FakeQuantize:
         """A fake quantizer with the qparams a `QuantizationObserver` has computed.
 
         Raises `ValueError` for an observer that has not observed a batch: its

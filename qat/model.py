@@ -38,7 +38,7 @@ import numbers
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, overload
 
 import jax
 import jax.numpy as jnp
@@ -57,6 +57,7 @@ from qat.dot_general import (
     QUANT_STATS,
     EmptyCalibrationInput,
     calibration_pass,
+    check_calibrate_flag,
     int8_scale_shape,
     integer_factory,
     non_finite_range_message,
@@ -154,6 +155,7 @@ class _QuantizedModel(nn.Module):
         return kwargs
 
     def _quantized_call(self, calibrate: bool, args: tuple[Any, ...], kwargs: dict[str, Any]):
+        check_calibrate_flag(type(self).__name__, calibrate)
         if calibrate and not self.is_mutable_collection(QUANT_STATS):
             raise ValueError(
                 "calibrate=True updates the observers: apply with mutable=['quant_stats']"
@@ -247,7 +249,7 @@ class QATModel(_QuantizedModel):
         layout is `QATTemporalFusionTransformer`'s (weights per-channel
         symmetric, activations per-tensor affine with a moving-average observer).
 
-    Call: the model's own arguments plus `calibrate` (True updates the
+    Call: the model's own arguments plus `calibrate`, a bool (True updates the
     observers; apply with `mutable=['quant_stats']`). A hooked layer called
     more than once per call is observed once, with the range of all its
     calls, except across JAX traces (under `nn.remat` or `nn.jit` each call
@@ -322,7 +324,7 @@ class QATTemporalFusionTransformer(_QuantizedModel):
     a training step then differentiates `'params'` and `'quant_params'`.
 
     Call arguments are the FP32 model's (categorical inputs over time
-    included) plus `calibrate`: True updates the
+    included) plus `calibrate`, a bool: True updates the
     activation observers (apply with `mutable=['quant_stats']`), False freezes
     them; frozen, the variable selection networks run over chunks of rows with
     each layer quantized exactly as layer by layer
@@ -729,7 +731,7 @@ def calibrate(
     qat_model: _QuantizedModel,
     qat_variables: Variables,
     batches: Iterable[Any],
-    num_batches: int | None = None,
+    num_batches: int | np.integer | None = None,
 ) -> dict[str, Any]:
     """Runs the observers over at most `num_batches` batches (default `calibration_batches`).
 
@@ -1107,6 +1109,21 @@ def _check_int8_variables(qat_model: _QuantizedModel, int8_variables: Variables)
     _check_ranges_finite(int8_variables, "int8_variables")
 
 
+@overload
+def int8_apply(
+    qat_model: QATTemporalFusionTransformer,
+    int8_variables: Variables,
+    *inputs: Any,
+    **kwargs: Any,
+) -> TFTOutput: ...
+
+
+@overload
+def int8_apply(
+    qat_model: _QuantizedModel, int8_variables: Variables, *inputs: Any, **kwargs: Any
+) -> Any: ...
+
+
 def int8_apply(
     qat_model: _QuantizedModel, int8_variables: Variables, *inputs: Any, **kwargs: Any
 ) -> Any:
@@ -1137,6 +1154,9 @@ def int8_apply(
     bfloat16 TFT the outputs differ by up to about two output steps on
     average and by far more in single elements, as the bfloat16 and float32
     FP32 models do.
+
+    Returns:
+      The model's output: a `TFTOutput` for a `QATTemporalFusionTransformer`.
 
     Raises:
       ValueError: quantization is off, the variables are not `convert`'s

@@ -142,3 +142,65 @@ def test_attention_inputs_of_the_wrong_rank_are_named():
         layer.apply(variables, X, jnp.ones((3, 4)))
     with pytest.raises(ValueError, match=r"features \(4\) must be divisible by num_heads \(3\)"):
         InterpretableMultiHeadAttention(3, 4).init(jax.random.key(0), X, X)
+
+
+def test_struct_dataclasses_keep_their_runtime_replace_and_pytree_fields():
+    # `replace` is declared for type checkers under TYPE_CHECKING only: at runtime
+    # it stays flax.struct's, and the fields (leaves and static ones) are unchanged.
+    import dataclasses
+
+    from qat import FakeQuantize, QATConfig
+    from tft_jax import TFTOutput
+
+    output = TFTOutput(*(np.full((2,), i, np.float32) for i in range(5)))
+    assert [f.name for f in dataclasses.fields(TFTOutput)] == [
+        "quantiles",
+        "attention",
+        "static_weights",
+        "history_weights",
+        "future_weights",
+    ]
+    replaced = output.replace(quantiles=np.zeros(3, np.float32))
+    assert type(replaced) is TFTOutput and replaced.quantiles.shape == (3,)
+    assert replaced.attention is output.attention and len(jax.tree.leaves(output)) == 5
+
+    quantizer = FakeQuantize.create(QATConfig(), scale=0.5)
+    static = {f.name: f.metadata.get("pytree_node", True) for f in dataclasses.fields(FakeQuantize)}
+    assert static == {
+        "scale": True,
+        "zero_point": True,
+        "qmin": False,
+        "qmax": False,
+        "channel_axis": False,
+    }
+    moved = quantizer.replace(scale=jnp.float32(0.25))
+    assert type(moved) is FakeQuantize and float(moved.scale) == 0.25
+    assert (moved.qmin, moved.qmax) == (quantizer.qmin, quantizer.qmax) == (-128, 127)
+    assert len(jax.tree.leaves(quantizer)) == 2
+
+
+def test_sequence_config_fields_given_as_lists_are_stored_as_tuples():
+    # Annotated `Sequence[...]` (what the constructors take); stored as tuples, so
+    # equality, hashing (configs are static arguments under jax.jit) and JSON keep working.
+    import dataclasses
+
+    from tft_jax.forecaster.config import DataConfig, ForecasterConfig, ModelConfig
+
+    config = TFTConfig(quantiles=[0.1, 0.5, 0.9], static_categorical_cardinalities=[3, 4])
+    same = TFTConfig(quantiles=(0.1, 0.5, 0.9), static_categorical_cardinalities=(3, 4))
+    assert config == same and hash(config) == hash(same)
+    assert config.quantiles == (0.1, 0.5, 0.9) and config.static_categorical_cardinalities == (3, 4)
+    assert dataclasses.replace(config, known_categorical_cardinalities=[2]) == dataclasses.replace(
+        same, known_categorical_cardinalities=(2,)
+    )
+
+    data = DataConfig(
+        id_col="id", time_col="t", target="y", freq="h", known_cols=["k"], categorical_cols=["k"]
+    )
+    assert data.known_cols == ("k",) and data.categorical_cols == ("k",)
+    assert data.table_spec().known_cols == ("k",)
+    model = ModelConfig(quantiles=[0.1, 0.5, 0.9])
+    assert model.quantiles == (0.1, 0.5, 0.9) and hash(model) == hash(ModelConfig())
+    full = ForecasterConfig(data=data, model=model)
+    assert ForecasterConfig.from_json(full.to_json()) == full
+    assert hash(ForecasterConfig.from_json(full.to_json())) == hash(full)

@@ -361,3 +361,14 @@ def test_int8_layer_refuses_non_finite_input_bounds():
     module = Linear(4, dot_general_cls=int8_cls, input_bounds=(-1.0, np.inf))
     with pytest.raises(ValueError, match=r"lhs_bounds must be finite with low < high"):
         jax.jit(module.apply)(converted, X)
+
+
+@pytest.mark.parametrize("flag", ["yes", "", 1, None])
+def test_qat_dot_general_refuses_a_calibrate_flag_that_is_not_a_bool(flag):
+    # Before: any value was kept, and a truthy one (the string "False" too) calibrated.
+    from qat import qat_dot_general
+
+    with pytest.raises(TypeError, match=r"qat_dot_general: calibrate must be a bool, got "):
+        qat_dot_general(INT8_CONFIG, calibrate=flag)
+    for accepted in (True, False, np.True_, np.bool_(False)):
+        assert qat_dot_general(INT8_CONFIG, calibrate=accepted) is not None

@@ -373,3 +373,15 @@ def test_calibrate_refuses_a_tft_batch_given_as_a_plain_tuple():
     batch = (inputs["static"], inputs["historical"], inputs["future"])
     with pytest.raises(TypeError, match=r"mapping or an object .* got a tuple of 3 items"):
         calibrate(model, fresh, [batch])
+
+
+@pytest.mark.parametrize("flag", ["yes", "False", 1, None])
+def test_apply_refuses_a_calibrate_flag_that_is_not_a_bool(flag):
+    # Before: any truthy value (the string "False" too) switched calibration on silently.
+    model, fresh, _ = qat_setup()
+    with pytest.raises(TypeError, match=r"QATTemporalFusionTransformer: calibrate must be a bool"):
+        model.apply(fresh, **INPUTS[0], deterministic=True, calibrate=flag, mutable=["quant_stats"])
+    # A NumPy bool is a bool: the same forward as with False.
+    output = model.apply(fresh, **INPUTS[0], deterministic=True, calibrate=np.False_)
+    expected = model.apply(fresh, **INPUTS[0], deterministic=True, calibrate=False)
+    np.testing.assert_array_equal(output.quantiles, expected.quantiles)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import numbers
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -97,7 +97,8 @@ class TFTConfig:
       num_heads: attention heads; must divide `hidden_dim`.
       sequence_length: history length `T`.
       prediction_horizon: forecast horizon `H`.
-      quantiles: strictly increasing levels in (0, 1).
+      quantiles: strictly increasing levels in (0, 1); any sequence (a list
+        too), stored as a tuple of floats, as are the cardinalities as ints.
       dropout_rate: dropout probability in [0, 1).
       static_categorical_cardinalities: one cardinality per categorical static,
         each embedded into `variable_width` dimensions.
@@ -137,17 +138,17 @@ class TFTConfig:
     num_heads: int = 4
     sequence_length: int = 10
     prediction_horizon: int = 5
-    quantiles: tuple[float, ...] = (0.1, 0.5, 0.9)
+    quantiles: Sequence[float] = (0.1, 0.5, 0.9)
     dropout_rate: float = 0.1
-    static_categorical_cardinalities: tuple[int, ...] = ()
+    static_categorical_cardinalities: Sequence[int] = ()
     variable_hidden_dim: int | None = None
     compact_selection: bool = False
     attend_to_self: bool = True
     use_known_history: bool = False
     dtype: str = "float32"
     param_dtype: str = "float32"
-    known_categorical_cardinalities: tuple[int, ...] = ()
-    observed_categorical_cardinalities: tuple[int, ...] = ()
+    known_categorical_cardinalities: Sequence[int] = ()
+    observed_categorical_cardinalities: Sequence[int] = ()
 
     def __post_init__(self) -> None:
         for field, minimum in (

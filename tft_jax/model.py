@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +55,12 @@ class TFTOutput:
     static_weights: Array
     history_weights: Array
     future_weights: Array
+
+    if TYPE_CHECKING:  # added by `flax.struct.dataclass` at runtime; declared for type checkers
+
+        def replace(self, **changes: Any) -> Self:
+            """A copy with the given fields replaced (`dataclasses.replace`)."""
+            ...
 
 
 def _shape(value: Any) -> tuple[int, ...]:

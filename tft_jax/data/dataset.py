@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
 from tft_jax.data.calendar import TIME_INDEX, calendar_feature_names
@@ -229,8 +230,12 @@ class PreparedDataset:
             },
         }  # fmt: skip
 
-    def inverse_transform(self, values: np.ndarray, series_code: np.ndarray) -> np.ndarray:
-        """Scaled values (B, ...), e.g. quantile forecasts (B, H, Q), in the target's units."""
+    def inverse_transform(self, values: npt.ArrayLike, series_code: npt.ArrayLike) -> np.ndarray:
+        """Scaled values (B, ...), e.g. quantile forecasts (B, H, Q), in the target's units.
+
+        `values` may be the model's output (a JAX array) and `series_code` a
+        batch's codes (B,): both are read as NumPy arrays.
+        """
         return self.target_scaler.inverse_transform(values, series_code)
 
     def summary(self) -> dict[str, Any]:

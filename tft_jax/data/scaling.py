@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from tft_jax.data.listing import first_few
 
@@ -345,7 +346,7 @@ def _location_scale(values: np.ndarray, method: str) -> tuple[float, float]:
     return loc, 1.0 if _negligible(scale, loc) else scale
 
 
-def _check_codes(codes: np.ndarray, leading: int, num_series: int) -> np.ndarray:
+def _check_codes(codes: npt.ArrayLike, leading: int, num_series: int) -> np.ndarray:
     codes = np.asarray(codes)
     if codes.ndim != 1 or codes.shape[0] != leading:
         raise ValueError(
@@ -480,7 +481,7 @@ class TargetScaler:
         """Number of series the scaler covers."""
         return int(self.loc.shape[0])
 
-    def _broadcast(self, values: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _broadcast(self, values: np.ndarray, codes: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
         if values.ndim == 0:
             raise ValueError("values must have a leading batch axis (B, ...), got a scalar")
         codes = _check_codes(codes, values.shape[0], self.num_series)
@@ -495,8 +496,8 @@ class TargetScaler:
 
     def inverse_transform(
         self,
-        values: np.ndarray,
-        series_code: np.ndarray,
+        values: npt.ArrayLike,
+        series_code: npt.ArrayLike,
         where: Callable[[tuple[int, ...]], str] | None = None,
     ) -> np.ndarray:
         """Maps scaled `values` (B, ...), e.g. forecasts (B, H, Q), back to the target's units.
@@ -508,8 +509,9 @@ class TargetScaler:
         metrics.json writes as null.
 
         Args:
-          values: (B, ...) scaled values; any trailing shape.
-          series_code: (B,) int series code of each row.
+          values: (B, ...) scaled values; any trailing shape. Any array
+            (a JAX array: the model's output) or nested sequence.
+          series_code: (B,) int series code of each row, as an array or sequence.
           where: optional description of an element for the error message,
             from its index (e.g. "the forecast of series 'a' at 2024-01-01");
             default: its series code and index.

@@ -12,9 +12,10 @@ import codecs
 import dataclasses
 import math
 import numbers
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from tft_jax.data import TARGET_SCALERS, TableSpec
@@ -138,6 +139,8 @@ class DataConfig:
       freq: pandas offset alias of the sampling, e.g. 'h', 'D', 'MS'.
       static_cols, known_cols, observed_cols: real-valued inputs by role (see
         `tft_jax.data.TableSpec`); calendar inputs are generated from `freq`.
+        Like `categorical_cols`, a list or any sequence of column names,
+        stored as a tuple.
       timezone: IANA zone calendar inputs are read in (aware times only).
       history: T, steps of history per window.
       horizon: H, steps forecast per window.
@@ -171,9 +174,9 @@ class DataConfig:
     time_col: str
     target: str
     freq: str
-    static_cols: tuple[str, ...] = ()
-    known_cols: tuple[str, ...] = ()
-    observed_cols: tuple[str, ...] = ()
+    static_cols: Sequence[str] = ()
+    known_cols: Sequence[str] = ()
+    observed_cols: Sequence[str] = ()
     timezone: str | None = None
     history: int = 168
     horizon: int = 24
@@ -184,7 +187,7 @@ class DataConfig:
     scaler: str = "standard"
     train_stride: int = 1
     season_period: int | None = None
-    categorical_cols: tuple[str, ...] = ()
+    categorical_cols: Sequence[str] = ()
     time_format: str | None = None
     dayfirst: bool = False
     encoding: str = "utf-8"
@@ -280,12 +283,13 @@ class DataConfig:
             id_col=self.id_col,
             time_col=self.time_col,
             target=self.target,
-            static_cols=self.static_cols,
-            known_cols=self.known_cols,
-            observed_cols=self.observed_cols,
+            # Tuples already (`__post_init__`); `tuple` gives the checker the stored type.
+            static_cols=tuple(self.static_cols),
+            known_cols=tuple(self.known_cols),
+            observed_cols=tuple(self.observed_cols),
             freq=self.freq,
             timezone=self.timezone,
-            categorical_cols=self.categorical_cols,
+            categorical_cols=tuple(self.categorical_cols),
             time_format=self.time_format,
             dayfirst=self.dayfirst,
         )
@@ -326,7 +330,8 @@ class ModelConfig:
       variable_hidden_dim: width of each input variable's GRN; None = `hidden_dim`.
       compact_selection: selection GRNs of width min(hidden_dim, V) (pytorch-forecasting).
       quantiles: increasing levels in (0, 1), including 0.5 and 0.9 (the
-        metrics report P50 and P90 q-risk).
+        metrics report P50 and P90 q-risk); a list or any sequence, stored as
+        a tuple of floats.
     """
 
     hidden_dim: int = 32
@@ -334,7 +339,7 @@ class ModelConfig:
     dropout_rate: float = 0.1
     variable_hidden_dim: int | None = None
     compact_selection: bool = False
-    quantiles: tuple[float, ...] = (0.1, 0.5, 0.9)
+    quantiles: Sequence[float] = (0.1, 0.5, 0.9)
 
     def __post_init__(self) -> None:
         owner = "ModelConfig"
@@ -488,12 +493,14 @@ class QATTrainingConfig:
         included, with the schedule fitted to it as in FP32 training (None:
         `steps` alone). One minute by default: with the FP32 budget, a
         default run stays within minutes.
+
+    NumPy integers are taken for the integer fields, stored as Python ints.
     """
 
     bits: int = 8
-    steps: int = 300
+    steps: int | np.integer = 300
     learning_rate: float = 1e-4
-    calibration_batches: int = 50
+    calibration_batches: int | np.integer = 50
     observer_steps: int = 0
     time_budget: float | None = 60.0
 

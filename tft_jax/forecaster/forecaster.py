@@ -821,7 +821,7 @@ class Forecaster:
             )
         return self._predictors[model]
 
-    def _batch_size(self, batch_size: int | None, where: str) -> int:
+    def _batch_size(self, batch_size: int | np.integer | None, where: str) -> int:
         """`batch_size` checked (an int >= 1), or the training eval batch size for None."""
         if batch_size is None:
             return self.config.training.eval_batch_size
@@ -1084,7 +1084,7 @@ class Forecaster:
         table: Table,
         future: pd.DataFrame | None = None,
         model: str = "fp32",
-        batch_size: int | None = None,
+        batch_size: int | np.integer | None = None,
     ) -> pd.DataFrame:
         """Quantile forecasts of the `H` steps after each series' last time in `table`.
 
@@ -1412,8 +1412,8 @@ class Forecaster:
     def backtest(
         self,
         table: Table,
-        n_windows: int = 3,
-        step: int | None = None,
+        n_windows: int | np.integer = 3,
+        step: int | np.integer | None = None,
         models: Sequence[str] | None = None,
     ) -> pd.DataFrame:
         """Rolling-origin evaluation over `n_windows` cutoffs, without retraining.
