@@ -115,6 +115,8 @@ def test_seasonal_period_follows_the_documented_table(freq, period):
         ("3D", 7),
         ("36h", 14),
         ("2B", 5),
+        ("5B", 52),  # a working week per step: a year of 260 working days, as 'W' has 52
+        ("10B", 26),
         ("SMS", 24),
     ],
 )

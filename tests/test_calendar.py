@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from tft_jax.data import calendar_features, steps_since
+from tft_jax.data.calendar import calendar_feature_names
 
 
 def reference_calendar(times: pd.DatetimeIndex, zone: str | None, cycles: tuple[str, ...]):
@@ -43,6 +44,7 @@ ALL = ("hour", "week", "year")
         ("h", "2024-03-30 20:00", "Europe/Berlin", 60, ALL),  # spring forward
         ("h", "2024-10-26 20:00", "Europe/Berlin", 60, ALL),  # fall back
         ("30min", "2023-04-01 12:00", "Australia/Melbourne", 40, ALL),
+        ("45s", "2024-03-31 00:55:00", "Europe/Berlin", 30, ALL),  # seconds count in the hour
         ("D", "2024-02-26", "Europe/Berlin", 10, ("week", "year")),  # leap day
         ("D", "1900-02-26", None, 10, ("week", "year")),  # no leap year
         ("D", "2000-02-26", None, 10, ("week", "year")),  # leap year by 400
@@ -78,3 +80,41 @@ def test_steps_since_reads_a_text_origin_and_names_one_that_is_no_timestamp():
     for origin in (None, "soon"):
         with pytest.raises(ValueError, match=r"origin=.* is not a timestamp"):
             steps_since(hours, origin, "h")
+
+
+@pytest.mark.parametrize(
+    ("freq", "cycles"),
+    [("7D", ("year",)), ("363D", ("year",)), ("52W", ()), ("364D", ()), ("YS", ())],
+)
+def test_a_step_of_52_weeks_is_a_year_and_gets_no_calendar_cycle(freq, cycles):
+    # The module docstring: a week up to under a year gets day of year; the 364 days of
+    # '52W' step onto the same day of the year give or take one, so they count as a year.
+    names = {"year": ["day_of_year_sin", "day_of_year_cos"]}
+    want = tuple(name for cycle in cycles for name in names[cycle])
+    assert calendar_feature_names(freq) == want
+    times = pd.date_range("2020-01-06", periods=3, freq=freq)
+    assert calendar_features(times, freq).shape == (3, 2 * len(cycles))
+
+
+@pytest.mark.parametrize("first", ["2023-10-01", "2024-03-01"])  # both sides of, and after
+def test_steps_since_counts_calendar_months_as_grid_points_from_the_origin(first):
+    times = pd.date_range(first, periods=5, freq="MS")
+    origin = pd.Timestamp("2024-01-01")
+    want = [(stamp.year - origin.year) * 12 + stamp.month - origin.month for stamp in times]
+    np.testing.assert_array_equal(steps_since(times, origin, "MS"), want)
+
+
+@pytest.mark.parametrize("given_in", ["Europe/Berlin", "UTC"])
+@pytest.mark.parametrize("first", ["2024-03-28", "2024-10-24"])  # spring forward, fall back
+def test_steps_since_counts_aware_days_as_local_calendar_days_across_daylight_saving(
+    first, given_in
+):
+    # A day of aware times is a calendar day of 23 or 25 hours at a change; times given
+    # in another zone than the origin are the same instants read in the origin's zone.
+    zone = zoneinfo.ZoneInfo("Europe/Berlin")
+    local = pd.date_range(first, periods=7, freq="D", tz="Europe/Berlin")
+    origin = local[1]
+    start = origin.to_pydatetime().astimezone(zone).date()
+    want = [(stamp.to_pydatetime().astimezone(zone).date() - start).days for stamp in local]
+    got = steps_since(local.tz_convert(given_in), origin, "D")
+    np.testing.assert_array_equal(got, want)

@@ -8,7 +8,17 @@ import argparse
 
 import pytest
 
-from tft_jax.cli_parser import build_parser, flag_message
+from tft_jax.cli_parser import (
+    build_parser,
+    duration,
+    flag_message,
+    fraction,
+    fraction_or_one,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from tft_jax.data.dataset import SPLITS
 from tft_jax.forecaster.predictors import MODEL_NAMES
 
@@ -62,3 +72,34 @@ def test_flag_message_says_a_keyword_and_its_flag_once():
     # A command without the flag keeps the data layer's text.
     text = "pass dayfirst=True (--dayfirst) or time_format='%d' (--time-format)"
     assert flag_message(text, {"encoding"}) == text
+
+
+@pytest.mark.parametrize(
+    ("parse", "text", "want"),
+    [
+        (positive_float, "0", None),  # > 0: zero is refused
+        (positive_float, "1e-300", 1e-300),
+        (non_negative_float, "0", 0.0),
+        (non_negative_float, "-1e-9", None),
+        (fraction, "0", 0.0),
+        (fraction, "0.999", 0.999),
+        (fraction, "1", None),  # [0, 1)
+        (fraction_or_one, "1", 1.0),  # [0, 1]
+        (fraction_or_one, "1.0001", None),
+        (duration, "0", None),  # a duration > 0
+        (duration, "0s", None),
+        (duration, "90s", 90.0),
+        (duration, "1.5h", 5400.0),
+        (duration, "3m", 180.0),
+        (positive_int, str(2**31 - 1), 2**31 - 1),  # an int32, as shapes and indices need
+        (positive_int, str(2**31), None),
+        (positive_int, "0", None),
+        (non_negative_int, "0", 0),
+    ],
+)
+def test_flag_value_types_accept_and_refuse_at_their_bounds(parse, text, want):
+    if want is None:
+        with pytest.raises(argparse.ArgumentTypeError, match="expected"):
+            parse(text)
+    else:
+        assert parse(text) == want

@@ -79,6 +79,14 @@ def test_fsdp_splits_the_largest_divisible_axis_and_replicates_small_leaves():
     assert fsdp_spec((161, 163), 8, min_size=1) == jax.sharding.PartitionSpec()
 
 
+def test_fsdp_replicates_only_leaves_below_min_size_and_splits_one_of_exactly_that_size():
+    data, replicated = jax.sharding.PartitionSpec("data"), jax.sharding.PartitionSpec()
+    assert fsdp_spec((2**14,), 2) == data  # the default min_size, 2**14 elements
+    assert fsdp_spec((2**14 - 2,), 2) == replicated
+    assert fsdp_spec((2, 3), 2, min_size=6) == data
+    assert fsdp_spec((2, 2), 2, min_size=6) == replicated
+
+
 @pytest.mark.parametrize(
     "coordinator, processes, index, message",
     [

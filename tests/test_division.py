@@ -105,6 +105,18 @@ def test_zeros_infinities_nans_and_subnormals_get_the_backends_division():
         assert same_bits(actual, a / b)[exact].all()
 
 
+def test_a_subnormal_dividend_with_a_normal_quotient_is_not_read_as_a_normal_number():
+    # A subnormal has no implicit bit: read as a normal number, 1e-40 / 1e-30 came out
+    # about 1.7e-8 instead of 1e-10. Whatever the backend does with subnormals (divide or
+    # flush them to zero), the quotient is NumPy's correctly rounded one or a zero.
+    a = np.float32([1e-40, -3e-39, 5e-45, 1e-40])
+    b = np.float32([1e-30, 2e-35, 1e-37, -2e-38])  # normal divisors
+    actual = np.asarray(jax.jit(division.integer_divide)(a, b))
+    exact = a / b
+    assert np.all(np.isfinite(exact)) and np.all(np.abs(exact) >= np.finfo(np.float32).tiny)
+    assert np.all(same_bits(actual, exact) | (actual == 0.0)), (actual, exact)
+
+
 def test_signs_dtypes_and_shapes():
     assert float(division.divide(-3.0, 7.0)) == float(np.float32(-3) / np.float32(7))
     assert float(division.divide(3.0, -7.0)) == float(np.float32(3) / np.float32(-7))

@@ -6,8 +6,10 @@ import jax
 import numpy as np
 import pytest
 from flax import linen as nn
+from hypothesis import strategies as st
 
 from properties import faults
+from properties.suite import Property
 from qat import dot_general, fake_quant, lsq, observers
 from qat.config import QATConfig
 from tft_jax import attention, interpretable_attention, layer_norm, optimizer
@@ -146,3 +148,33 @@ def test_command_line_uses_no_compilation_cache_unless_given_one(monkeypatch, tm
     assert "by default none (nothing is written to the current folder)" in " ".join(
         capsys.readouterr().out.split()
     )
+
+
+def _property(name: str, error: BaseException | None) -> Property:
+    def check(case: int) -> None:
+        if error is not None:
+            raise error
+
+    return Property(name, st.integers(0, 3), check)
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (None, "passed"),
+        (AssertionError("wrong"), "caught"),
+        (TypeError("crashed"), "error"),  # a property must fail by assertion, not by crashing
+        (ExceptionGroup("two", [AssertionError("a"), AssertionError("b")]), "caught"),
+        (ExceptionGroup("mixed", [AssertionError("a"), ValueError("b")]), "error"),
+    ],
+)
+def test_run_property_tells_an_assertion_from_a_crash(error, status):
+    assert faults.run_property(_property("p", error), examples=2).status == status
+
+
+@pytest.mark.parametrize("stop", [False, True])
+def test_run_fault_stops_at_the_first_catch_only_when_asked(stop):
+    props = [_property("catches", AssertionError("x")), _property("passes", None)]
+    report = faults.run_fault(None, props, examples=2, stop_at_first_catch=stop)
+    assert list(report.outcomes) == (["catches"] if stop else ["catches", "passes"])
+    assert report.outcomes["catches"].status == "caught"

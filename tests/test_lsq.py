@@ -455,7 +455,7 @@ def test_initial_step_size_per_tensor_is_twice_the_mean_magnitude_over_sqrt_qmax
     np.testing.assert_allclose(float(got), expected, rtol=1e-6)
 
 
-@pytest.mark.parametrize("channel_axis", [0, 1, -1])
+@pytest.mark.parametrize("channel_axis", [0, 1, -1, -3])  # -3: the first axis, counted back
 def test_initial_step_size_per_channel_reduces_every_other_axis(channel_axis):
     x = RNG.normal(size=(6, 5, 4)) * np.array([0.1, 1.0, 3.0, 10.0])
     x = x.astype(np.float32)

@@ -138,3 +138,45 @@ def test_lstm_takes_nested_lists_like_arrays():
     got = lstm.apply(variables, _X.tolist(), [state[0].tolist(), state[1].tolist()])
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_lstm_initial_bias_is_one_on_the_forget_gate_only() -> None:
+    # Jozefowicz et al. (2015): gate order i, f, g, o; only f's bias starts at 1.
+    module = LSTM(FEATURES)
+    x = np.zeros((BATCH, STEPS, INPUTS), np.float32)
+    bias = np.asarray(module.init(jax.random.key(0), x)["params"]["input"]["bias"])
+    want = np.concatenate(
+        [np.zeros(FEATURES), np.ones(FEATURES), np.zeros(FEATURES), np.zeros(FEATURES)]
+    )
+    np.testing.assert_array_equal(bias, want)
+
+
+def test_an_initial_h_beyond_the_unit_range_is_scaled_by_the_smallest_power_of_two():
+    # The quantized recurrent projection reads h / scale on a fixed [-1, 1] grid: the
+    # smallest power of two that brings the row's largest |h| within it (1 when it is
+    # already), so that a row reaching exactly 2 or 4 uses the whole grid.
+    from tft_jax.lstm import _scaled_into_unit_range
+
+    largest = np.array([0.0, 1e-3, 0.3, 1.0, 1.5, 2.0, 3.0, 4.0, 4.5, 1024.0])
+    hidden = np.stack([largest, -0.5 * largest, 0.25 * largest], axis=-1).astype(np.float32)
+    hidden[:, 1] *= -1.0
+    want = np.where(largest <= 1.0, 1.0, 2.0 ** np.ceil(np.log2(np.maximum(largest, 1.0))))
+    scaled, scale = _scaled_into_unit_range(jnp.asarray(hidden))
+    np.testing.assert_array_equal(np.asarray(scale)[:, 0], want)
+    np.testing.assert_array_equal(np.asarray(scaled), hidden / want[:, None])
+
+
+def test_a_quantized_lstm_over_zero_steps_returns_an_initial_h_beyond_the_unit_range():
+    # The quantized path carries h / scale through the scan; with no step the scale was
+    # never reset to 1, so it must be multiplied back.
+    from qat import QATConfig, QATModel
+
+    h0 = np.array([[3.0, -0.5, 2.0, 1.0, -6.0], [0.1, 0.2, 0.3, 0.4, 0.5]], np.float32)
+    c0 = -h0
+    x = np.zeros((BATCH, STEPS, INPUTS), np.float32)
+    model = QATModel(LSTM(FEATURES), QATConfig(bits=8))
+    variables = model.init(jax.random.key(0), x, (h0, c0))
+    outputs, (h, c) = model.apply(variables, x[:, :0], (h0, c0))
+    assert outputs.shape == (BATCH, 0, FEATURES)
+    np.testing.assert_array_equal(np.asarray(h), h0)
+    np.testing.assert_array_equal(np.asarray(c), c0)

@@ -32,6 +32,7 @@ from tft_jax.forecaster import (
     QATTrainingConfig,
     RunFolderError,
     TrainingConfig,
+    run_folder,
 )
 from tft_jax.forecaster.run_folder import RunFolderWriteError, check_form
 
@@ -340,3 +341,27 @@ def test_a_folder_of_a_later_format_version_is_refused_naming_both_versions(quan
         "versions 1 to 2. Upgrade tft-jax to load it, or train again",
     ):
         Forecaster.load(later)
+
+
+@pytest.mark.parametrize(
+    ("extra", "place"),
+    [
+        ({"loss": np.float32("nan")}, r"extra\['loss'\] is nan"),  # NumPy float32: no float
+        ({"scores": [1.0, np.float16("inf")]}, r"extra\['scores'\]\[1\] is inf"),
+        ({"pair": (0.5, {"x": -np.inf})}, r"extra\['pair'\]\[1\]\['x'\] is -inf"),
+    ],
+)
+def test_save_extra_refuses_a_non_finite_float_of_any_float_type_naming_its_place(extra, place):
+    # JSON writes NaN and infinities as null, which reads back as None.
+    with pytest.raises(ValueError, match=place):
+        run_folder.check_finite_extra(extra)
+    run_folder.check_finite_extra({"loss": np.float32(0.25), "scores": [1.0, np.float16(2)]})
+
+
+@pytest.mark.parametrize("digest", ["a" * 63, "a" * 65, "A" * 64, "g" * 64])
+def test_a_recorded_digest_must_be_64_lowercase_hex_digits(digest):
+    # A SHA-256 hex digest is 64 digits: a longer one can never match a model file's.
+    config = {run_folder.DIGESTS_KEY: {"fp32": "0123456789abcdef" * 4, "qat": digest}}
+    assert run_folder.recorded_digests(config, ["fp32"]) == config[run_folder.DIGESTS_KEY]
+    with pytest.raises(ValueError, match=r"models_sha256.qat must be a SHA-256 digest"):
+        run_folder.recorded_digests(config, ["fp32", "qat"])

@@ -27,6 +27,7 @@ from tft_jax.data.tables import (
     read_table,
     series_grid,
     to_regular_grid,
+    typical_step,
     validate_table,
 )
 
@@ -486,3 +487,18 @@ def test_text_ids_become_categories_for_the_groupings_and_other_ids_stay_as_give
     for kept in (mixed, numbers):  # mixed types are validate_table's to refuse
         assert ids_as_categories(kept, "id") is kept
     assert ids_as_categories(table, "store") is table  # no such column: the check names it
+
+
+@pytest.mark.parametrize(
+    ("freq", "days"),
+    [
+        ("h", 1 / 24),
+        ("D", 1),
+        ("W", 7),
+        ("MS", 28),  # the docstring's example: February 2001's 28 days
+        ("QS", 91),  # April to July 2001: 30 + 31 + 30
+        ("YS", 365),
+    ],
+)
+def test_typical_step_is_the_usual_length_of_one_step(freq, days):
+    assert typical_step(freq) == pd.Timedelta(days=days)

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from tft_jax.data import window_starts
-from tft_jax.data.windows import Panel, filled_history_steps
+from tft_jax.data.windows import Panel, batch_indices, filled_history_steps
 
 from .prepared_tables import HISTORY, HORIZON, quiet_prepare
 
@@ -199,3 +199,17 @@ def test_window_stats_are_the_mean_and_floored_std_of_the_observed_history_only(
                 seen_all_filled = True
             np.testing.assert_allclose([loc[i], scale[i]], want, rtol=1e-5, atol=1e-6)
     assert seen_all_filled and seen_partly_filled
+
+
+def test_batch_indices_without_shuffling_are_consecutive_slices_and_drop_only_a_short_last():
+    # Enumerated: batches of `size` from 0 up; with drop_last the final batch goes only
+    # when it is short, so a count divisible by the size keeps every batch.
+    for count in range(10):
+        for size in range(1, 5):
+            for drop_last in (False, True):
+                starts = range(0, count, size)
+                want = [list(range(s, min(s + size, count))) for s in starts]
+                if drop_last and want and len(want[-1]) < size:
+                    want = want[:-1]
+                got = batch_indices(count, size, shuffle=False, drop_last=drop_last)
+                assert [b.tolist() for b in got] == want, (count, size, drop_last)
