@@ -54,8 +54,10 @@ from tft_jax.data.tables import (
     file_rows,
     first_duplicate,
     ids_as_categories,
+    index_hint,
     missing_texts,
     parse_frequency,
+    plain_columns,
     plain_value,
     read_announced,
     recorded_frequency_hint,
@@ -253,7 +255,8 @@ def _future_table(
     absent = [column for column in needed if column not in future.columns]
     if absent:
         raise ValueError(
-            f"future lacks the columns {absent}; it needs {needed} (it has {list(future.columns)})"
+            f"future lacks the columns {absent}; it needs {needed} (it has "
+            f"{list(future.columns)}){index_hint(future, absent)}"
         )
     check_unique_columns(future, needed, "future")
     announce_unused_columns(future, spec, stacklevel=5)  # the caller of Forecaster.predict
@@ -261,7 +264,9 @@ def _future_table(
     # refused below as one, not as a text that is no number; 'none' throughout a
     # categorical column is that category, as in the history.
     lines = file_rows(future)
-    table, _ = missing_texts(future[needed].reset_index(drop=True), known, spec.categorical_cols)
+    # Arrow times and dictionary-encoded columns are read as their values, as the history's.
+    needed_columns = plain_columns(future[needed], spec).reset_index(drop=True)
+    table, _ = missing_texts(needed_columns, known, spec.categorical_cols)
     ids = table[spec.id_col]
     empty_ids = ids.isna().to_numpy()
     if empty_ids.any():  # else named as a series 'nan' that the history lacks

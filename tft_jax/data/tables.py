@@ -76,22 +76,48 @@ class TableContentError(ValueError):
 
 
 class MissingColumnsError(ValueError):
-    """A table lacks columns its spec names; `missing` and their `roles` ("target='sales'")."""
+    """A table lacks columns its spec names; `missing` and their `roles` ("target='sales'").
 
-    def __init__(self, message: str, missing: list[str], roles: str) -> None:
+    `in_index`: what to say of missing columns that are the table's index
+    (`index_hint`), '' if none is.
+    """
+
+    def __init__(self, message: str, missing: list[str], roles: str, in_index: str = "") -> None:
         super().__init__(message)
         self.missing = missing
         self.roles = roles
+        self.in_index = in_index
 
     def for_fitted_model(self, columns: Sequence[Any]) -> MissingColumnsError:
         """The same error for a table read by a fitted model, whose names cannot change."""
         return MissingColumnsError(
             f"table lacks columns {self.missing} that the model was trained with ({self.roles}); "
             f"it has {list(columns)}{label_type_hint(self.missing, columns)}: add them to the "
-            "table",
+            f"table{self.in_index}",
             self.missing,
             self.roles,
+            self.in_index,
         )
+
+
+def index_hint(frame: pd.DataFrame, missing: Sequence[Any]) -> str:
+    """'; ['day'] is the table's index ...': the `missing` columns that are levels of
+    `frame`'s index, and how to make them columns again; '' if none is.
+
+    `df.set_index('day')` (or a (store, day) MultiIndex) moves the columns
+    out of `frame.columns`: a message listing only the columns leaves the
+    user looking for a column that is there.
+    """
+    levels = [name for name in frame.index.names if name is not None]
+    inside = [column for column in missing if column in levels]
+    if not inside:
+        return ""
+    one = len(inside) == 1
+    return (
+        f"; {inside} {'is' if one else 'are'} in the table's index (its levels: {levels}), not "
+        f"among its columns: make {'it a column' if one else 'them columns'} again with "
+        "df.reset_index()"
+    )
 
 
 def label_type_hint(missing: Sequence[Any], columns: Sequence[Any]) -> str:
@@ -293,6 +319,56 @@ def row_text(row: int, rows: FileRows | None, nested: bool = False) -> str:
     return f"row {row}, {line}" if nested else f"row {row} ({line})"
 
 
+def _numbers_in(values: pd.Series) -> pd.Series:
+    """`pd.to_numeric(values, errors="coerce")`, a cell that is no number missing (`isna`).
+
+    Of Arrow texts (`read_csv(dtype_backend="pyarrow")`), pandas returns
+    `double[pyarrow]` holding NaN where a text is no number, a value that
+    `isna` does not count as missing (only a null is): a column of category
+    texts read as numbers. Read as objects, each text is missing or a number,
+    as of every other dtype.
+    """
+    if isinstance(values.dtype, pd.ArrowDtype):
+        values = values.astype(object)
+    return pd.to_numeric(values, errors="coerce")
+
+
+def plain_columns(frame: pd.DataFrame, spec: TableSpec) -> pd.DataFrame:
+    """`frame` (a copy where changed) with its spec's columns in dtypes the checks read.
+
+    `read_parquet(dtype_backend="pyarrow")` reads a column Arrow stores
+    dictionary-encoded (a parquet file's texts, often) as
+    `dictionary<values=string, ...>[pyarrow]`, a dtype pandas counts as
+    neither text nor category: decoded to its values' Arrow dtype, it is read
+    as the same column written plainly. A time column of Arrow dates or
+    timestamps, or of categories, is read as its values (`_plain_times`). The
+    values are the same; a column the table repeats is left to
+    `check_unique_columns` to name.
+    """
+    changed = {}
+    for column in dict.fromkeys(spec.columns):
+        values = frame.get(column)
+        if not isinstance(values, pd.Series):
+            continue
+        plain = _plain_times(values) if column == spec.time_col else _decoded(values)
+        if plain is not values:
+            changed[column] = plain
+    return frame.assign(**changed) if changed else frame
+
+
+def _dictionary_encoded(values: pd.Series) -> bool:
+    """Whether `values` is an Arrow dictionary-encoded column (`plain_columns`)."""
+    dtype = values.dtype
+    return isinstance(dtype, pd.ArrowDtype) and hasattr(dtype.pyarrow_dtype, "value_type")
+
+
+def _decoded(values: pd.Series) -> pd.Series:
+    """An Arrow dictionary-encoded column as its values' Arrow dtype; else `values`."""
+    if not _dictionary_encoded(values):
+        return values
+    return values.astype(pd.ArrowDtype(values.dtype.pyarrow_dtype.value_type))
+
+
 def missing_texts(
     frame: pd.DataFrame, columns: Sequence[str], categorical: Sequence[str] = ()
 ) -> tuple[pd.DataFrame, dict]:
@@ -323,7 +399,7 @@ def missing_texts(
         rest = values[~hits & present]
         if column in categorical and rest.empty:
             continue
-        if hits.any() and pd.to_numeric(rest.drop_duplicates(), errors="coerce").notna().all():
+        if hits.any() and _numbers_in(rest.drop_duplicates()).notna().all():
             frame.loc[hits, column] = np.nan
             counts[column] = int(hits.sum())
     return frame, counts
@@ -397,6 +473,8 @@ def read_announced(
 
     `fitted`: `read_table`'s, the fitted values of a preprocessor
     (`Preprocessor.fitted_values`), so a CSV's columns read as at fit.
+    Arrow dictionary-encoded columns and Arrow times are read as their values
+    (`plain_columns`).
 
     A missing-value text that an input column of text keeps as a category
     ('n/a' among 'rain', 'sun') is announced too, once for the table
@@ -408,6 +486,7 @@ def read_announced(
     """
     raw = read_table(table, encoding, spec.id_col, fitted, spec.categorical_cols, stacklevel=4)
     check_unique_columns(raw, spec.columns)
+    raw = plain_columns(raw, spec)
     columns = [c for c in spec.columns if c != spec.time_col and c in raw.columns]
     raw, counts = missing_texts(raw, columns, spec.categorical_cols)
     if counts:
@@ -439,7 +518,7 @@ def _holds_category_values(values: pd.Series) -> bool:
     present = values.dropna()
     if ptypes.is_numeric_dtype(present) or ptypes.is_bool_dtype(present) or present.empty:
         return False
-    return bool(pd.to_numeric(present.drop_duplicates(), errors="coerce").isna().all())
+    return bool(_numbers_in(present.drop_duplicates()).isna().all())
 
 
 def kept_placeholders(
@@ -592,7 +671,7 @@ class _DistinctTexts:
         counts = np.bincount(codes[present], minlength=len(distinct))
         text = pd.Series(distinct, dtype=object).astype(str).str.strip()
         counted = ~text.str.lower().isin(MISSING_TEXTS).to_numpy()
-        plain = pd.to_numeric(text, errors="coerce").notna().to_numpy()
+        plain = _numbers_in(text).notna().to_numpy()
         return cls(codes, counts, text, counted, plain)
 
     def fitting(self, pattern: str) -> np.ndarray:
@@ -1666,6 +1745,27 @@ def _announce_one_by_one(values: pd.Series, parsed: pd.Series, column: str) -> N
     )
 
 
+def _plain_times(values: pd.Series) -> pd.Series:
+    """A time column of Arrow dates or timestamps, of categories or dictionary-encoded, as
+    the plain column of its values; else `values`.
+
+    pandas counts Arrow dates and timestamps (`read_parquet(dtype_backend=
+    "pyarrow")`) as datetimes, yet their `.dt` has no `tz` (dates) and they
+    merge with no NumPy datetime (a future's times with the history's grid):
+    they become NumPy datetimes of the same instants, their zone kept. A
+    `category` column is read as its categories' dtype: texts are parsed and
+    numbers refused as those of a plain column are (`pd.to_datetime` would
+    read integer categories as nanoseconds since 1970).
+    """
+    values = _decoded(values)
+    if isinstance(values.dtype, pd.CategoricalDtype):  # integers with empty cells as objects
+        empty = values.isna().to_numpy().any()
+        values = values.astype(object if empty else values.cat.categories.dtype)
+    if isinstance(values.dtype, pd.ArrowDtype) and ptypes.is_datetime64_any_dtype(values):
+        return pd.Series(pd.DatetimeIndex(values), index=values.index, name=values.name)
+    return values
+
+
 def _parse_time_values(
     values: pd.Series,
     column: str,
@@ -1683,6 +1783,7 @@ def _parse_time_values(
             f"column {column!r} has {int(empty.sum())} empty timestamps, the first in series "
             f"{plain_value(ids.iloc[row])!r} at {row_text(row, rows)}; drop or fill those rows"
         )
+    values = _plain_times(values)
     if ptypes.is_datetime64_any_dtype(values):
         return values
     if isinstance(values.dtype, pd.PeriodDtype):  # not "unparseable": a period has two ends
@@ -1855,7 +1956,7 @@ def _to_float(
     if ptypes.is_bool_dtype(values) or ptypes.is_numeric_dtype(values):
         numbers = values.astype("float64")
     else:
-        numbers = pd.to_numeric(values, errors="coerce")
+        numbers = _numbers_in(values)
         if ptypes.is_complex_dtype(numbers):  # objects among which a complex number
             row = int(np.flatnonzero([isinstance(v, complex | np.complexfloating)
                                       for v in values])[0])  # fmt: skip
@@ -2616,13 +2717,40 @@ def _warn_id_twins(ids: pd.Series, column: str) -> None:
     )
 
 
+def _category_ids(ids: pd.Series) -> pd.Series:
+    """A `category` id column read as its values: its text categories sorted, none unused;
+    other categories (numbers) as a column of their dtype.
+
+    The series are sorted by id (`validate_table`), and a category column
+    sorts by its categories' order ('south', 'north', 'east' as given):
+    the same ids as texts trained another model and listed the rows in
+    another order. Text ids stay categories (`ids_as_categories`), in the
+    order of their values; numbers are read as a plain column of them is.
+    """
+    categories = ids.cat.categories
+    if not ptypes.is_string_dtype(categories):  # all texts, read from the categories
+        return ids.astype(categories.dtype)
+    used = np.zeros(len(categories), dtype=bool)
+    used[ids.cat.codes.to_numpy()] = True  # no code is -1: empty ids are refused before
+    if not used.all():
+        ids = ids.cat.remove_unused_categories()
+    if ids.cat.categories.is_monotonic_increasing:
+        return ids
+    return ids.cat.reorder_categories(ids.cat.categories.sort_values())
+
+
 def _id_values(ids: pd.Series, column: str) -> pd.Series:
     """The ids as texts or numbers, the kinds a saved run can list; unsigned ints as int64.
 
     An id of another kind (a timestamp, a tuple) trained but could not be
     saved (JSON) or loaded again. Unsigned integer ids would turn into
     floats where the future rows (int64) join them: ids above 2^53 then merge.
+    Ids of a `category` column are read as its values (`_category_ids`), and
+    Arrow dictionary-encoded ids decoded (`_decoded`).
     """
+    ids = _decoded(ids)
+    if isinstance(ids.dtype, pd.CategoricalDtype):
+        ids = _category_ids(ids)
     if ptypes.is_unsigned_integer_dtype(ids.dtype):
         if len(ids) and int(ids.max()) > np.iinfo(np.int64).max:
             raise ValueError(
@@ -2700,11 +2828,13 @@ def validate_table(
         reading = f"pandas.read_csv(path, sep={sep!r}) (and decimal=',' for decimal commas)"
         hint = "" if sep is None else f"; it looks separated by {sep!r}: read it with {reading}"
         hint += label_type_hint(missing, frame.columns)
+        in_index = index_hint(frame, missing)
         raise MissingColumnsError(
             f"table lacks columns {missing} ({roles}); it has {list(frame.columns)}{hint}. "
-            "Rename the columns or pass the right names",
+            f"Rename the columns or pass the right names{in_index}",
             missing,
             roles,
+            in_index,
         )
     check_unique_columns(frame, spec.columns)
     if len(frame) == 0:
@@ -2720,8 +2850,8 @@ def validate_table(
             f"id column {spec.id_col!r} is empty at {row_text(row, rows)}; give every row a "
             "series id"
         )
-    _check_id_types(ids, spec.id_col)
     clean[spec.id_col] = ids = _id_values(ids, spec.id_col)
+    _check_id_types(ids, spec.id_col)  # of the values of a category column too
     if not fitted:  # a fitted model's ids were announced at fit
         _warn_id_twins(ids, spec.id_col)
     day_month = _ambiguous_day_month(clean[spec.time_col], spec)
