@@ -17,7 +17,7 @@ gives the qparams a CPU and PyTorch give.
 from __future__ import annotations
 
 import numbers
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +25,9 @@ from flax import struct
 
 from qat.config import QATConfig, integer_range
 from qat.division import divide
+
+if TYPE_CHECKING:
+    from typing import Self
 
 Array = Any
 EPS = float(jnp.finfo(jnp.float32).eps)
@@ -145,6 +148,10 @@ class QuantizationObserver:
     channel_axis: int = struct.field(pytree_node=False)
     kind: str = struct.field(pytree_node=False)
     averaging_constant: float = struct.field(pytree_node=False)
+
+    if TYPE_CHECKING:
+
+        def replace(self, **changes: Any) -> Self: ...
 
     @classmethod
     def create(cls, cfg: QATConfig, num_channels: int | None = None) -> QuantizationObserver:

@@ -538,3 +538,39 @@ def test_sizes_and_temperatures_that_would_change_the_shapes_are_refused():
     per_example = np.array([1.0, 2.0], np.float32).reshape(2, 1, 1, 1)
     output, _ = scaled_dot_product_attention(q, q, q, temperature=per_example)
     assert output.shape == q.shape
+
+
+# ---------------------------------------------------------------------------
+# Input-validation gaps: flags that are not bools, dtypes that are not floating
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("use_flash_attention", "no"),
+        ("use_flash_attention", 1),
+        ("use_positional_encoding", None),
+        ("use_positional_encoding", "False"),
+    ],
+)
+def test_temporal_self_attention_refuses_flags_that_are_not_bools(field: str, value: object):
+    # Before: "no" was truthy (the fused path), None falsy (no positional encoding).
+    with pytest.raises(
+        TypeError,
+        match=rf"TemporalSelfAttention: {field} must be a bool, got {type(value).__name__}",
+    ):
+        TemporalSelfAttention(hidden_dim=8, num_heads=2, **{field: value})
+    assert getattr(TemporalSelfAttention(8, 2, **{field: np.bool_(True)}), field)
+
+
+def test_temporal_self_attention_refuses_a_dtype_that_is_not_floating():
+    # Before: accepted; "floaty" failed deep inside JAX at the first call.
+    with pytest.raises(
+        TypeError, match=r"TemporalSelfAttention: dtype must be a floating dtype, got 'floaty'"
+    ):
+        TemporalSelfAttention(hidden_dim=8, num_heads=2, dtype="floaty")
+    with pytest.raises(
+        ValueError, match=r"TemporalSelfAttention: dtype must be one of .*, got 'int32'"
+    ):
+        TemporalSelfAttention(hidden_dim=8, num_heads=2, dtype=jnp.int32)
+    assert TemporalSelfAttention(8, 2, dtype="bfloat16").dtype == "bfloat16"

@@ -146,3 +146,122 @@ def test_an_input_of_another_width_than_at_init_is_named():
     for width in (6, 8):
         with pytest.raises(ValueError, match=rf"x has width {width} .* inputs of width 5"):
             network.apply(variables, jnp.ones((2, width)))
+
+
+# ---------------------------------------------------------------------------
+# Per-variable networks: variable-major inputs with a context, and the batch axis
+
+
+def _random_variables(module: Any, *args: Any) -> dict:
+    variables = module.init(jax.random.key(0), *args)
+    leaves, tree = jax.tree.flatten(variables)
+    keys = jax.random.split(jax.random.key(1), len(leaves))
+    return jax.tree.unflatten(
+        tree,
+        [
+            jax.random.normal(k, leaf.shape, leaf.dtype)
+            for k, leaf in zip(keys, leaves, strict=True)
+        ],
+    )
+
+
+def test_variable_major_grn_with_a_context_and_a_narrowing_skip_is_one_grn_per_variable():
+    # x (V, B, T, I) with V != B and I > features (a learned skip): variable v is the
+    # paper's GRN with its own weights on x[v], the context (B, C) shared by all.
+    num_variables, batch, steps, inputs, features = 3, 2, 4, 5, 3
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(num_variables, batch, steps, inputs)).astype(np.float32)
+    context = rng.normal(size=(batch, 6)).astype(np.float32)
+    grn = GatedResidualNetwork(
+        features, hidden_features=2, num_variables=num_variables, variable_major=True
+    )
+    variables = _random_variables(grn, x, context)
+    got = np.asarray(grn.apply(variables, x, context))
+    params = variables["params"]
+    assert got.shape == (num_variables, batch, steps, features)
+    for v in range(num_variables):
+        mine = {
+            name: {key: value[v] for key, value in params[name].items()}
+            for name in ("input", "hidden", "skip")
+        }
+        mine["context"] = params["context"]
+        glu = params["gate_add_norm"]["glu"]["projection"]
+        norm = params["gate_add_norm"]["layer_norm"]
+        mine["gate_add_norm"] = {
+            "glu": {"projection": {key: value[v] for key, value in glu.items()}},
+            "layer_norm": {key: value[v] for key, value in norm.items()},
+        }
+        expected = _numpy_grn(mine, x[v], context)
+        np.testing.assert_allclose(got[v], expected, rtol=1e-5, atol=1e-5, err_msg=f"v={v}")
+
+
+def test_per_variable_grn_with_a_context_refuses_an_input_without_a_batch_axis():
+    # (V, I) has no batch axis: with V equal to the context's rows, the variables were
+    # taken for the batch, silently.
+    grn = GatedResidualNetwork(3, num_variables=3)
+    variables = grn.init(jax.random.key(0), np.ones((2, 3, 5), np.float32), np.ones((2, 4)))
+    with pytest.raises(ValueError, match="must have a batch axis"):
+        grn.apply(variables, np.ones((3, 5), np.float32), np.ones((3, 4), np.float32))
+
+
+# ---------------------------------------------------------------------------
+# Input-validation gaps: scalar and zero-width inputs, dtypes that are not floating
+
+
+def _gate_add_norm() -> Any:
+    from tft_jax.gating import GateAddNorm
+
+    return GateAddNorm(4)
+
+
+def test_glu_and_gate_add_norm_refuse_a_scalar_x() -> None:
+    # Before: IndexError reading x.shape[-1] (check_input_width in linear.py).
+    glu = GatedLinearUnit(4)
+    variables = glu.init(jax.random.key(0), np.ones((2, 3), np.float32))
+    with pytest.raises(
+        ValueError,
+        match=r"GatedLinearUnit: x must have a feature axis \(\.\.\., I\), got shape \(\)",
+    ):
+        glu.apply(variables, np.float32(1.0))
+    with pytest.raises(ValueError, match=r"GatedLinearUnit: x must have a feature axis"):
+        glu.init(jax.random.key(0), np.float32(1.0))
+    gan = _gate_add_norm()
+    variables = gan.init(jax.random.key(0), np.ones((2, 3), np.float32), np.ones((2, 4)))
+    with pytest.raises(
+        ValueError, match=r"GateAddNorm: x must have a feature axis \(\.\.\., I\), got shape \(\)"
+    ):
+        gan.apply(variables, np.float32(1.0), np.ones((4,), np.float32))
+
+
+@pytest.mark.parametrize("block", ["glu", "gate_add_norm", "grn"])
+def test_gating_blocks_refuse_a_zero_width_x_at_init(block: str) -> None:
+    # Before: ZeroDivisionError from the kernel initializer (its fan-in).
+    x = jnp.ones((2, 4, 0))
+    owner, init = {
+        "glu": ("GatedLinearUnit", lambda: GatedLinearUnit(4).init(jax.random.key(0), x)),
+        "gate_add_norm": (
+            "GateAddNorm",
+            lambda: _gate_add_norm().init(jax.random.key(0), x, jnp.ones((2, 4, 4))),
+        ),
+        "grn": ("GatedResidualNetwork", lambda: GatedResidualNetwork(4).init(jax.random.key(0), x)),
+    }[block]
+    with pytest.raises(
+        ValueError,
+        match=rf"{owner}: x must have a positive width \(its last axis\), got shape \(2, 4, 0\)",
+    ):
+        init()
+
+
+@pytest.mark.parametrize("block", [GatedLinearUnit, GatedResidualNetwork])
+def test_gating_blocks_refuse_dtypes_that_are_not_floating(block: Any) -> None:
+    # Before: accepted; "floaty" failed deep in JAX at the first call, int32 parameters
+    # were initialized as integers.
+    owner = block.__name__
+    with pytest.raises(TypeError, match=rf"{owner}: dtype must be a floating dtype, got 'floaty'"):
+        block(4, dtype="floaty")
+    with pytest.raises(
+        ValueError, match=rf"{owner}: param_dtype must be one of \[.*'float32'.*\], got 'int32'"
+    ):
+        block(4, param_dtype=jnp.int32)
+    assert block(4, dtype=jnp.bfloat16, param_dtype="float32").dtype == jnp.bfloat16
+    assert block(4, dtype=None).dtype is None

@@ -284,3 +284,21 @@ def test_device_q_risk_of_mixed_sign_targets_divides_by_the_sum_of_their_magnitu
         eager = q_risk(jnp.asarray(pred), jnp.asarray(target), q)
         traced = jitted(jnp.asarray(pred), jnp.asarray(target), q)
         np.testing.assert_allclose([float(eager), float(traced)], reference, rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# Input-validation gaps: a boolean prediction
+
+
+def test_a_boolean_prediction_is_refused() -> None:
+    # Before: cast to 0.0/1.0 silently (the docstring promised TypeError for non-reals).
+    pred, target = _data()
+    flags = pred > 0
+    with pytest.raises(
+        TypeError, match=r"quantile_loss: pred must hold real numbers .*, got dtype bool"
+    ):
+        quantile_loss(flags, target, QUANTILES)
+    with pytest.raises(TypeError, match=r"q_risk: pred must hold real numbers .*, got dtype bool"):
+        q_risk(jnp.asarray(flags[..., 0]), target, 0.5)
+    # A NumPy float level is a level.
+    assert np.isfinite(float(q_risk(pred[..., 0], target, np.float32(0.5))))

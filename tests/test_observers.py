@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from qat import FakeQuantize, QATConfig, QuantizationObserver
+from qat.observers import compute_qparams
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
@@ -451,3 +452,18 @@ def test_a_mask_of_all_true_observes_exactly_as_no_mask():
 def test_masked_observe_names_a_bad_mask_and_selected_non_finite_values(x, mask, error, match):
     with pytest.raises(error, match=match):
         QuantizationObserver.create(QATConfig()).observe(x, mask=mask)
+
+
+@pytest.mark.parametrize(("qmin", "qmax"), [(0, 255), (-128, 127), (0, 15)])
+def test_affine_qparams_of_ranges_reaching_float32_max_keep_both_grid_ends_finite(qmin, qmax):
+    # Every grid point `(q - zero_point) * scale` must be a finite float32 (the module
+    # docstring), for any zero point the range gives: checked in NumPy float32 products.
+    top = np.float32(FLOAT32_MAX)
+    for fraction in np.linspace(0.0, 1.0, 41):
+        far = np.float32(top * fraction)
+        for low, high in ((-far, top), (-top, far)):
+            scale, zero_point = compute_qparams(low, high, qmin, qmax, symmetric=False)
+            scale, zero_point = np.float32(scale), int(zero_point)
+            with np.errstate(over="ignore"):
+                ends = np.float32([qmin - zero_point, qmax - zero_point]) * scale
+            assert np.all(np.isfinite(ends)), (qmin, qmax, float(low), float(high), zero_point)

@@ -702,7 +702,9 @@ def test_create_train_state_needs_quantiles_from_the_model_or_the_caller() -> No
 def test_masked_loss_refuses_fewer_quantile_levels_than_the_model_outputs() -> None:
     # Before: with a target mask, one level broadcast over the model's three
     # outputs and the loss came out as a number (the unmasked path raised).
-    state = create_train_state(TINY, TINY_TX, jax.random.key(0), make_batch(0), quantiles=(0.5,))
+    # (create_train_state refuses levels other than the model's own: set on the state.)
+    state = create_train_state(TINY, TINY_TX, jax.random.key(0), make_batch(0))
+    state = state.replace(quantiles=(0.5,))
     masked = make_batch(1).replace(target_mask=np.ones((B, H), np.float32))
     with pytest.raises(
         ValueError, match=r"batch_loss: output\.quantiles must have shape \(\.\.\., 1\)"
@@ -1820,3 +1822,147 @@ def test_a_resumed_run_without_a_refit_takes_the_callers_schedule(tmp_path) -> N
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fit(schedule_state(PEAK, 12, WARMUP), batches, max_steps=12, resume=True, **common)
+
+
+# ---------------------------------------------------------------------------
+# Input-validation gaps: create_train_state levels and clip_norm, params that are
+# not the model's, NaN NumPy targets in eval_step, mixed batches in predict
+
+
+@pytest.mark.parametrize("levels", [(0.9, 0.5, 0.1), (0.2, 0.5, 0.8), (0.1, 0.9), (0.5,)])
+def test_create_train_state_refuses_levels_other_than_the_models(levels: Any) -> None:
+    # Before: accepted, and the loss trained each output column as another level.
+    shown = re.escape(str(tuple(float(q) for q in levels)))
+    with pytest.raises(
+        ValueError,
+        match=rf"create_train_state: quantiles {shown} differ from model\.config\.quantiles "
+        r"\(0\.1, 0\.5, 0\.9\); the loss would train each output column as another level",
+    ):
+        create_train_state(TINY, TINY_TX, jax.random.key(0), make_batch(0), quantiles=levels)
+
+
+def test_create_train_state_takes_the_models_own_levels_given_again() -> None:
+    given = np.asarray(QUANTILES, np.float32)  # float32 spellings of the same levels
+    state = create_train_state(TINY, TINY_TX, jax.random.key(0), make_batch(0), quantiles=given)
+    assert state.quantiles == tuple(float(q) for q in given)
+
+
+@pytest.mark.parametrize("clip_norm", [-1.0, 0.0, float("nan"), float("inf")])
+def test_create_train_state_refuses_a_clip_norm_that_is_not_positive(clip_norm: float) -> None:
+    # Before: accepted, and every step reported clipped_grad_norm == clip_norm.
+    with pytest.raises(ValueError, match=r"create_train_state: clip_norm must be finite and > 0"):
+        create_train_state(TINY, TINY_TX, jax.random.key(0), make_batch(0), clip_norm=clip_norm)
+    with pytest.raises(TypeError, match=r"create_train_state: clip_norm must be a float"):
+        create_train_state(TINY, TINY_TX, jax.random.key(0), make_batch(0), clip_norm="1")
+    state = create_train_state(TINY, TINY_TX, jax.random.key(0), make_batch(0), clip_norm=None)
+    assert state.clip_norm is None
+
+
+@pytest.fixture(scope="module")
+def kept_state() -> TrainState:
+    """A TINY train state that no test donates (eval_step and predict only)."""
+    return create_train_state(TINY, TINY_TX, jax.random.key(0), make_batch(0))
+
+
+def _other_params(state: TrainState) -> dict[str, Any]:
+    params = dict(state.params)
+    hidden = dict(params["hidden"])
+    hidden["kernel"] = jnp.zeros((hidden["kernel"].shape[0], 16), jnp.float32)
+    params["hidden"] = hidden
+    return params
+
+
+@pytest.mark.parametrize("call", ["train_step", "eval_step", "predict"])
+def test_steps_refuse_params_of_another_shape(kept_state: TrainState, call: str) -> None:
+    # Before: Flax's ScopeParamShapeError from deep inside the jitted step.
+    state = kept_state.replace(params=_other_params(kept_state))
+    width = kept_state.params["hidden"]["kernel"].shape[0]
+    run = {
+        "train_step": lambda: train_step(state, make_batch(1), jax.random.key(1)),
+        "eval_step": lambda: eval_step(state, make_batch(1)),
+        "predict": lambda: predict(state, make_batch(1)),
+    }[call]
+    with pytest.raises(
+        ValueError,
+        match=rf"{call}: state\.params do not match the model: params/hidden/kernel has shape "
+        rf"\({width}, 16\), the model needs \({width}, 8\)",
+    ):
+        run()
+
+
+def test_steps_refuse_params_missing_a_leaf_naming_it(kept_state: TrainState) -> None:
+    # Before: Flax's ScopeParamNotFoundError from inside the traced step.
+    params = dict(kept_state.params)
+    del params["head"]
+    with pytest.raises(
+        ValueError, match=r"eval_step: state\.params do not match the model: params/head/bias is"
+    ):
+        eval_step(kept_state.replace(params=params), make_batch(1))
+
+
+def test_steps_refuse_the_params_of_a_wider_tft() -> None:
+    config = TFTConfig(
+        num_static_features=S,
+        num_known_features=K,
+        num_observed_features=U,
+        hidden_dim=8,
+        num_heads=2,
+        sequence_length=T,
+        prediction_horizon=H,
+        dropout_rate=0.0,
+    )
+    wider = dataclasses.replace(config, hidden_dim=16)
+    tx = make_optimizer(1e-2)
+    narrow_state = create_train_state(
+        TemporalFusionTransformer(config), tx, jax.random.key(0), make_batch(0)
+    )
+    wide_params = jax.eval_shape(
+        lambda: (
+            create_train_state(
+                TemporalFusionTransformer(wider), tx, jax.random.key(0), make_batch(0)
+            ).params
+        )
+    )
+    wide_params = jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), wide_params)
+    with pytest.raises(
+        ValueError,
+        match=r"predict: state\.params do not match the model: params/\S+ has shape \(.*16.*\), "
+        r"the model needs \(.*8.*\)",
+    ):
+        predict(narrow_state.replace(params=wide_params), make_batch(1))
+
+
+def test_the_params_of_another_container_run_as_the_models(kept_state: TrainState) -> None:
+    frozen = kept_state.replace(params=nn.FrozenDict(kept_state.params))
+    np.testing.assert_allclose(
+        float(eval_step(frozen, make_batch(1))), float(eval_step(kept_state, make_batch(1)))
+    )
+
+
+def test_eval_step_refuses_a_nan_numpy_target_as_evaluate_does(kept_state: TrainState) -> None:
+    # Before: eval_step returned NaN where evaluate raised.
+    batch = make_batch(1)
+    target = batch.target.copy()
+    target[1, 0] = np.nan
+    message = r"holds 1 NaN or inf targets \(the first at window 1, horizon step 0\)"
+    with pytest.raises(ValueError, match=rf"eval_step: batch {message}"):
+        eval_step(kept_state, batch.replace(target=target))
+    with pytest.raises(ValueError, match=rf"evaluate: batch 0 {message}"):
+        evaluate(kept_state, [batch.replace(target=target)])
+    # Masked out, the NaN is no observed target.
+    mask = np.ones_like(target)
+    mask[1, 0] = 0.0
+    assert np.isfinite(float(eval_step(kept_state, batch.replace(target=target, target_mask=mask))))
+
+
+def test_predict_checks_the_numpy_inputs_of_a_batch_that_mixes_numpy_and_jax(
+    kept_state: TrainState,
+) -> None:
+    # Before: any JAX field turned the check off, and the output was NaN.
+    batch = make_batch(1)
+    historical = batch.historical.copy()
+    historical[0, 1, 0] = np.nan
+    mixed = batch.replace(historical=historical, future=jnp.asarray(batch.future))
+    with pytest.raises(ValueError, match=r"predict: batch\.historical holds 1 NaN or inf values"):
+        predict(kept_state, mixed)
+    assert predict(kept_state, batch.replace(future=jnp.asarray(batch.future))).quantiles.shape

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import Any, Literal, overload
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +19,7 @@ from flax import linen as nn
 from tft_jax import fused_attention
 from tft_jax._dropout import resolve_deterministic
 from tft_jax.gating import check_dropout_rate, check_positive_int
-from tft_jax.linear import check_floating
+from tft_jax.linear import check_float_dtype, check_floating
 
 Array = Any
 Dtype = Any
@@ -323,6 +323,7 @@ class AttentionHead(nn.Module):
     def __post_init__(self) -> None:
         for name in ("hidden_dim", "head_dim"):
             check_positive_int("AttentionHead", name, getattr(self, name))
+        check_float_dtype("AttentionHead", "dtype", self.dtype, optional=True)
         super().__post_init__()
 
     @nn.compact
@@ -408,11 +409,60 @@ class TemporalSelfAttention(nn.Module):
                 f"num_heads ({self.num_heads})"
             )
         check_dropout_rate("TemporalSelfAttention", self.dropout_rate)
+        # Truthiness would pick the path: "no" fused, None no positional encoding.
+        for name in ("use_flash_attention", "use_positional_encoding"):
+            _check_flag("TemporalSelfAttention", name, getattr(self, name))
+        check_float_dtype("TemporalSelfAttention", "dtype", self.dtype, optional=True)
         super().__post_init__()
 
     @property
     def head_dim(self) -> int:
         return self.hidden_dim // self.num_heads
+
+    @overload
+    def __call__(
+        self,
+        x: Array,
+        causal: bool = ...,
+        deterministic: bool | None = ...,
+        return_weights: Literal[False] = ...,
+        temperature: float | Array = ...,
+        mask: Array | None = ...,
+    ) -> Array: ...
+
+    @overload
+    def __call__(
+        self,
+        x: Array,
+        causal: bool,
+        deterministic: bool | None,
+        return_weights: Literal[True],
+        temperature: float | Array = ...,
+        mask: Array | None = ...,
+    ) -> tuple[Array, Array]: ...
+
+    @overload
+    def __call__(
+        self,
+        x: Array,
+        causal: bool = ...,
+        deterministic: bool | None = ...,
+        *,
+        return_weights: Literal[True],
+        temperature: float | Array = ...,
+        mask: Array | None = ...,
+    ) -> tuple[Array, Array]: ...
+
+    @overload
+    def __call__(
+        self,
+        x: Array,
+        causal: bool = ...,
+        deterministic: bool | None = ...,
+        return_weights: bool = ...,
+        temperature: float | Array = ...,
+        mask: Array | None = ...,
+    ) -> Array | tuple[Array, Array]: ...
 
     @nn.compact
     def __call__(

@@ -23,6 +23,8 @@ from tft_jax.layer_norm import DEFAULT_EPSILON, layer_norm
 from tft_jax.linear import (
     Linear,
     VariableLinear,
+    check_feature_axis,
+    check_float_dtype,
     check_floating,
     check_input_width,
     check_positive_int,
@@ -60,6 +62,8 @@ def _check_gated_config(owner: str, module: nn.Module) -> None:
     check_positive_int(owner, "features", module.features)
     check_positive_int(owner, "num_variables", module.num_variables, optional=True)
     check_dropout_rate(owner, module.dropout_rate)
+    check_float_dtype(owner, "dtype", module.dtype, optional=True)
+    check_float_dtype(owner, "param_dtype", module.param_dtype)
 
 
 def make_dense(
@@ -145,6 +149,7 @@ class GatedLinearUnit(nn.Module):
             "GatedLinearUnit", deterministic, self.dropout_rate, self.is_initializing()
         )
         x = jnp.asarray(x)
+        check_feature_axis("GatedLinearUnit", "x", x)
         check_floating("GatedLinearUnit", "x", x)
         params = self.variables.get("params", {})
         check_input_width("GatedLinearUnit", x, params, ("projection", "kernel"), what="unit")
@@ -186,6 +191,7 @@ class GateAddNorm(nn.Module):
             "GateAddNorm", deterministic, self.dropout_rate, self.is_initializing()
         )
         x, skip = jnp.asarray(x), jnp.asarray(skip)
+        check_feature_axis("GateAddNorm", "x", x)
         check_floating("GateAddNorm", "x", x)
         check_floating("GateAddNorm", "skip", skip)
         params = self.variables.get("params", {})
@@ -340,10 +346,7 @@ class GatedResidualNetwork(nn.Module):
         )
         hidden = self.hidden_features or self.features
         x = jnp.asarray(x)
-        if x.ndim < 1:
-            raise ValueError(
-                f"GatedResidualNetwork: x must have a feature axis (..., I), got shape {x.shape}"
-            )
+        check_feature_axis("GatedResidualNetwork", "x", x)
         check_floating("GatedResidualNetwork", "x", x)
         if not self.is_initializing():
             _check_input_width(x, self.variables.get("params", {}))

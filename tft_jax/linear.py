@@ -27,6 +27,8 @@ import numpy as np
 from flax import linen as nn
 from jax import lax
 
+from tft_jax.config import canonical_dtype
+
 Array = Any
 Dtype = Any
 Initializer = Callable[..., Array]
@@ -62,6 +64,35 @@ def check_floating(owner: str, name: str, x: Array) -> None:
         )
 
 
+def check_float_dtype(owner: str, name: str, value: Any, optional: bool = False) -> None:
+    """Raises unless `value` names a floating dtype (float32, bfloat16, ...), or is None when
+    `optional`.
+
+    A string that is no dtype failed deep inside JAX at the first call, and an
+    integer `param_dtype` made integer parameters that the initializers
+    truncate. `TFTConfig`'s own check (`canonical_dtype`), with the owner.
+    """
+    if optional and value is None:
+        return
+    canonical_dtype(f"{owner}: {name}", value)
+
+
+def check_feature_axis(owner: str, name: str, x: Array) -> None:
+    """Raises `ValueError` unless `x` has a last (feature) axis of positive width.
+
+    A scalar failed with an `IndexError` reading `x.shape[-1]`, and a width of
+    0 with a `ZeroDivisionError` inside the kernel initializer (its fan-in).
+    Shapes only: works under `jax.jit`.
+    """
+    shape = tuple(np.shape(x))
+    if not shape:
+        raise ValueError(f"{owner}: {name} must have a feature axis (..., I), got shape {shape}")
+    if shape[-1] == 0:
+        raise ValueError(
+            f"{owner}: {name} must have a positive width (its last axis), got shape {shape}"
+        )
+
+
 class InputWidthError(ValueError):
     """An input whose last axis is not the width the layer's parameters were made for."""
 
@@ -87,6 +118,7 @@ def check_input_width(
     exists (during `init`) or when it is absent. Shapes only: no cost in a
     compiled program.
     """
+    check_feature_axis(owner, name, x)  # a scalar has no width to compare
     node = params
     for key in path:
         node = node.get(key) if hasattr(node, "get") else None
@@ -134,6 +166,8 @@ class Linear(nn.Module):
 
     def __post_init__(self) -> None:
         check_positive_int("Linear", "features", self.features)
+        check_float_dtype("Linear", "dtype", self.dtype, optional=True)
+        check_float_dtype("Linear", "param_dtype", self.param_dtype)
         super().__post_init__()
 
     @nn.compact
@@ -141,6 +175,9 @@ class Linear(nn.Module):
         x = jnp.asarray(x)  # a nested list or a scalar: no `.shape` to read otherwise
         if x.ndim < 1:
             raise ValueError(f"Linear expects x of shape (..., I), got a scalar of shape {x.shape}")
+        check_feature_axis("Linear", "x", x)
+        # An integer or boolean x would be cast to the compute dtype silently.
+        check_floating("Linear", "x", x)
         check_input_width("Linear", x, self.variables.get("params", {}), ("kernel",))
         kernel = self.param(
             "kernel", self.kernel_init, (x.shape[-1], self.features), self.param_dtype
@@ -192,6 +229,8 @@ class VariableLinear(nn.Module):
     def __post_init__(self) -> None:
         for name in ("num_variables", "features"):
             check_positive_int("VariableLinear", name, getattr(self, name))
+        check_float_dtype("VariableLinear", "dtype", self.dtype, optional=True)
+        check_float_dtype("VariableLinear", "param_dtype", self.param_dtype)
         super().__post_init__()
 
     @nn.compact
@@ -205,6 +244,7 @@ class VariableLinear(nn.Module):
                 else f"(..., {self.num_variables}, I)"
             )
             raise ValueError(f"VariableLinear expects x of shape {expected}, got {tuple(x.shape)}")
+        check_feature_axis("VariableLinear", "x", x)
         check_input_width("VariableLinear", x, self.variables.get("params", {}), ("kernel",))
         kernel = self.param(
             "kernel",

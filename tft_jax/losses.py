@@ -12,8 +12,11 @@ import numpy as np
 Array = Any
 
 
-def _as_float(function: str, name: str, value: Any) -> Array:
+def _as_float(function: str, name: str, value: Any, allow_bool: bool = True) -> Array:
     """`value` as an array, integers and booleans as float32.
+
+    Booleans only with `allow_bool` (a target of flags is 0/1 data; a boolean
+    prediction is no forecast: `TypeError`).
 
     Integers are converted on the host: `jnp.asarray` of an int64 NumPy
     array wraps values beyond int32 (bytes, cents) around silently.
@@ -30,8 +33,12 @@ def _as_float(function: str, name: str, value: Any) -> Array:
             raise TypeError(
                 f"{function}: {name} must be a real-valued array, got {kind}"
             ) from error
-        if array.dtype.kind in "iub":
-            array = array.astype(np.float32)
+    if not allow_bool and array.dtype == np.bool_:
+        raise TypeError(
+            f"{function}: {name} must hold real numbers (a float or int dtype), got dtype bool"
+        )
+    if not isinstance(value, jax.Array | jax.core.Tracer) and array.dtype.kind in "iub":
+        array = array.astype(np.float32)
     dtype = array.dtype
     if not (
         jnp.issubdtype(dtype, jnp.floating)
@@ -210,10 +217,11 @@ def quantile_loss(pred: Array, target: Array, quantiles: Sequence[float]) -> Arr
         concrete `pred` or `target` (traced values are not checked), a
         finite float64 input beyond float32's range (it would become ±inf),
         or a concrete result beyond the result dtype's range.
-      TypeError: `pred` or `target` not real numbers, or `quantiles` traced.
+      TypeError: `pred` or `target` not real numbers (a boolean `pred` included),
+        or `quantiles` traced.
     """
     raw_pred, raw_target = pred, target
-    pred = _as_float("quantile_loss", "pred", pred)
+    pred = _as_float("quantile_loss", "pred", pred, allow_bool=False)
     target = _as_float("quantile_loss", "target", target)
     levels = _concrete_levels("quantile_loss", "quantiles", quantiles).reshape(-1)
     if levels.size == 0:
@@ -256,7 +264,7 @@ class ZeroTargetError(ValueError):
 _ZERO_TARGET = "q_risk: sum(|target|) is zero, so the normalized risk is undefined"
 
 
-def q_risk(pred: Array, target: Array, q: float) -> Array:
+def q_risk(pred: Array, target: Array, q: float | np.floating) -> Array:
     """The paper's normalized quantile loss `2 Σ QL_q(y, ŷ) / Σ |y|` (Lim et al. 2021).
 
     Args:
@@ -280,7 +288,7 @@ def q_risk(pred: Array, target: Array, q: float) -> Array:
         concrete result beyond the result dtype's range.
     """
     raw_pred, raw_target = pred, target
-    pred = _as_float("q_risk", "pred", pred)
+    pred = _as_float("q_risk", "pred", pred, allow_bool=False)
     target = _as_float("q_risk", "target", target)
     if pred.shape != target.shape:
         raise ValueError(

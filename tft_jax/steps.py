@@ -48,6 +48,7 @@ from tft_jax.train_state import (
     _is_traced,
     computes_in_float32,
     model_inputs,
+    params_named,
     prepare_batch,
 )
 
@@ -438,7 +439,8 @@ def train_step(
       and the int32 `skipped` (1 when the step was skipped).
     """
     step, batch = _checked_train_step("train_step", state, batch, rng, calibrate, compiler_options)
-    return step(state, batch, rng, calibrate)
+    with params_named("train_step", state, batch):
+        return step(state, batch, rng, calibrate)
 
 
 def lower_train_step(
@@ -472,7 +474,8 @@ def lower_train_step(
     step, batch = _checked_train_step(
         "lower_train_step", state, batch, rng, calibrate, compiler_options
     )
-    return step.lower(state, batch, rng, calibrate)
+    with params_named("lower_train_step", state, batch):
+        return step.lower(state, batch, rng, calibrate)
 
 
 @partial(jax.jit, static_argnums=(0, 1))
@@ -518,15 +521,25 @@ def eval_step(state: TrainState, batch: Batch, calibrate: bool | None = None) ->
     batch without any, so a mean of these over batches is not the loss per
     target; `evaluate` weighs each batch by its observed targets.
     `calibrate` may be None or False (evaluation never updates observers).
+    A NaN or inf observed target in a NumPy `batch.target` raises `ValueError`
+    (as in `evaluate`); a device target is not read back. Parameters that do
+    not match the model (`state.replace(params=...)` of another model) raise
+    `ValueError`, in `train_step` and `predict` too.
     """
     _check_state("eval_step", state)
     _check_batch("eval_step", batch, state)
     _check_frozen("eval_step", calibrate, state)
-    return _eval_loss(state, prepare_batch("eval_step", batch, state), calibrate)[0]
+    batch = prepare_batch("eval_step", batch, state)
+    # A NumPy target is on the host already: its NaN is refused, as `evaluate` does,
+    # rather than returned as a NaN loss. A device one (or mask) is not read back.
+    if isinstance(batch.target, np.ndarray) and isinstance(batch.target_mask, np.ndarray | None):
+        _check_finite_targets(None, batch, "eval_step", state)
+    with params_named("eval_step", state, batch):
+        return _eval_loss(state, batch, calibrate)[0]
 
 
 def _check_finite_targets(
-    index: int, batch: Batch, caller: str = "evaluate", state: Any = None
+    index: int | None, batch: Batch, caller: str = "evaluate", state: Any = None
 ) -> None:
     """Raises `ValueError` when batch `index` holds a NaN or inf target where it is observed.
 
@@ -535,9 +548,10 @@ def _check_finite_targets(
     A finite NumPy float64 target beyond float32's range, which the step
     (`computes_in_float32(state)`) would make inf, is refused as well.
     """
+    which = "batch" if index is None else f"batch {index}"  # None: the one batch of a step
     observed = None if batch.target_mask is None else np.asarray(batch.target_mask) != 0
     if computes_in_float32(state):
-        check_float32_range(f"{caller}: batch {index}", "batch.target", batch.target, observed)
+        check_float32_range(f"{caller}: {which}", "batch.target", batch.target, observed)
     target = np.asarray(batch.target, np.float64)
     bad = ~np.isfinite(target)
     if observed is not None:
@@ -545,21 +559,23 @@ def _check_finite_targets(
     if bad.any():
         row, step = (int(i[0]) for i in np.nonzero(bad))
         raise ValueError(
-            f"{caller}: batch {index} holds {int(bad.sum())} NaN or inf targets (the first at "
+            f"{caller}: {which} holds {int(bad.sum())} NaN or inf targets (the first at "
             f"window {row}, horizon step {step}): mark missing targets with batch.target_mask"
         )
 
 
-def _check_finite_inputs(caller: str, batch: Batch) -> None:
+def _check_finite_inputs(caller: str, batch: Batch, host_only: bool = False) -> None:
     """Raises `ValueError` naming the first NaN or inf among `batch`'s real-valued inputs.
 
     A non-finite input makes the model's output NaN without an error; reads
-    the inputs on the host. (Finite inputs beyond float32's range were
-    refused before, by `prepare_batch`, as the batch entered the step.)
+    the inputs on the host (with `host_only`, only those held in NumPy
+    arrays: a device array is not read back). (Finite inputs beyond
+    float32's range were refused before, by `prepare_batch`, as the batch
+    entered the step.)
     """
     for name in REAL_INPUTS:
         value = getattr(batch, name)
-        if value is None:
+        if value is None or (host_only and not isinstance(value, np.ndarray | np.generic)):
             continue
         values = np.asarray(value)
         bad = ~np.isfinite(values) if jnp.issubdtype(values.dtype, jnp.inexact) else None
@@ -660,8 +676,9 @@ def predict(state: TrainState, batch: Batch, calibrate: bool | None = None) -> A
     _check_batch("predict", batch, state)
     _check_frozen("predict", calibrate, state)
     batch = prepare_batch("predict", batch, state, reads_target=False)
-    if all(isinstance(getattr(batch, name), np.ndarray | None) for name in REAL_INPUTS):
-        _check_finite_inputs("predict", batch)
-    output = deterministic_output(state.apply_fn, calibrate, state.variables, batch)
+    # The NumPy-held inputs, also in a batch that mixes them with device arrays.
+    _check_finite_inputs("predict", batch, host_only=True)
+    with params_named("predict", state, batch):
+        output = deterministic_output(state.apply_fn, calibrate, state.variables, batch)
     _check_output_shape("predict", output, batch, state.quantiles)  # the loss's contract
     return output

@@ -6,12 +6,13 @@ Also the learning-rate schedule a `flat_adamw` state keeps
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import numbers
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import cache, partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -19,14 +20,19 @@ import numpy as np
 import optax
 from flax import struct
 from flax.core import unfreeze
+from flax.errors import FlaxError
 
 from tft_jax.config import TFTConfig
 from tft_jax.flat_optimizer import (
     FlatAdamWState,
 )
 from tft_jax.model import check_float32_range, validate_inputs
+from tft_jax.optimizer import _require_positive_float
 from tft_jax.schedules import WarmupCosine
 from tft_jax.static_arguments import is_hashable
+
+if TYPE_CHECKING:
+    from typing import Self
 
 Array = Any
 PyTree = Any
@@ -72,6 +78,10 @@ class Batch:
     future_categorical: Array | None = None
     observed_categorical: Array | None = None
 
+    if TYPE_CHECKING:
+
+        def replace(self, **changes: Any) -> Self: ...
+
     @property
     def batch_size(self) -> int:
         """The leading dimension `B` of `target`."""
@@ -111,6 +121,10 @@ class TrainState:
     tx: optax.GradientTransformation = struct.field(pytree_node=False)
     quantiles: tuple[float, ...] = struct.field(pytree_node=False)
     clip_norm: float | None = struct.field(pytree_node=False, default=None)
+
+    if TYPE_CHECKING:
+
+        def replace(self, **changes: Any) -> Self: ...
 
     def trainables(self) -> dict[str, PyTree]:
         """The trained collections, `{'params': params, **extra_params}` (what `tx` sees)."""
@@ -174,6 +188,31 @@ def _model_quantiles(model: Any) -> tuple[float, ...]:
         f"create_train_state: cannot find the quantile levels of {type(model).__name__} "
         "(no .config.quantiles); pass quantiles=..."
     )
+
+
+def _check_model_levels(model: Any, quantiles: Any, levels: tuple[float, ...]) -> None:
+    """Raises `ValueError` when given `quantiles` differ from the model's own levels.
+
+    The model's output column `i` is its `config.quantiles[i]`: the loss of
+    other (or reordered) levels would train each column as another level,
+    silently. A model without `.config.quantiles` takes the given levels.
+    """
+    if quantiles is None:
+        return
+    try:
+        own = _model_quantiles(model)
+    except TypeError:
+        return
+    # float32 levels (np.float32(0.1)) are the same levels: compared to a float32 spacing.
+    same = len(own) == len(levels) and all(
+        abs(a - b) <= 1e-6 for a, b in zip(own, levels, strict=True)
+    )
+    if not same:
+        raise ValueError(
+            f"create_train_state: quantiles {levels} differ from model.config.quantiles {own}; "
+            "the loss would train each output column as another level (leave quantiles out "
+            "to use the model's)"
+        )
 
 
 def _tft_config(state: Any) -> TFTConfig | None:
@@ -544,6 +583,85 @@ def _check_state(name: str, state: Any) -> None:
         )
 
 
+def _leaf_signature(leaf: Any) -> tuple[tuple[int, ...], Any]:
+    aval = getattr(leaf, "aval", None)  # a JAX array or tracer
+    if aval is not None:
+        return tuple(aval.shape), jnp.dtype(aval.dtype)
+    return tuple(np.shape(leaf)), jnp.dtype(jnp.result_type(leaf))
+
+
+def _path_signatures(tree: PyTree) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """`'params/a/kernel' -> (shape, dtype)` for every leaf of `tree`."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {
+        "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path): _leaf_signature(leaf)
+        for path, leaf in leaves
+    }
+
+
+def _params_mismatch(state: TrainState, batch: Batch) -> str | None:
+    """The first difference between `state`'s trainables and those `model.init` gives
+    for `batch`'s input shapes (a missing, reshaped or extra leaf), or None."""
+    if not isinstance(state.apply_fn, ModelApply):
+        return None  # an `apply_fn` of its own: its model is not known here
+    trainables = state.trainables()
+    args, kwargs = model_inputs(batch)
+
+    def abstract(value: Any) -> Any:
+        if value is None:
+            return None
+        dtype = jax.dtypes.canonicalize_dtype(jnp.result_type(value))
+        return jax.ShapeDtypeStruct(tuple(np.shape(value)), dtype)
+
+    key = jax.random.key(0)
+    try:
+        shapes = _init_shapes(
+            state.apply_fn.model,
+            {"params": key, "dropout": key},
+            tuple(abstract(a) for a in args),
+            {n: abstract(v) for n, v in kwargs.items()},
+        )
+    except Exception:  # the model's own error is the one to show
+        return None
+    expected = _path_signatures({name: unfreeze(shapes.get(name, {})) for name in trainables})
+    got = _path_signatures(trainables)
+
+    def shown(path: str) -> str:
+        return path if path.split("/")[0] == "params" else f"extra_params/{path}"
+
+    for path, (shape, dtype) in expected.items():
+        if path not in got:
+            return f"{shown(path)} is missing (the model needs shape {shape})"
+        if got[path][0] != shape:
+            return f"{shown(path)} has shape {got[path][0]}, the model needs {shape}"
+        if got[path][1] != dtype:
+            return f"{shown(path)} has dtype {got[path][1]}, the model needs {dtype}"
+    extra = next((path for path in got if path not in expected), None)
+    return None if extra is None else f"{shown(extra)} is not a parameter of the model"
+
+
+@contextlib.contextmanager
+def params_named(name: str, state: TrainState, batch: Batch) -> Iterator[None]:
+    """Re-raises Flax's error for parameters that do not fit the model (those of another
+    model: `state.replace(params=...)`) as a `ValueError` naming the first parameter
+    that differs.
+
+    Flax raises `ScopeParamShapeError` or `ScopeParamNotFoundError` from
+    inside the traced step; the parameters are compared with the model's
+    `init` only then, so a step that runs pays nothing.
+    """
+    try:
+        yield
+    except FlaxError as error:
+        problem = _params_mismatch(state, batch)
+        if problem is None:
+            raise
+        raise ValueError(
+            f"{name}: state.params do not match the model: {problem} (pass the params of "
+            "create_train_state for this model)"
+        ) from error
+
+
 def _raw_key_shape() -> tuple[int, ...]:
     """The shape of one raw key of the default PRNG implementation (`(2,)` for threefry)."""
     return tuple(jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))).shape)
@@ -595,9 +713,13 @@ def create_train_state(
         which donates the state, leaves the caller's arrays alive.
       trainable: the collections that are trained (those present); every
         other collection goes to `model_state`.
-      clip_norm: the clipping threshold for the reported clipped gradient norm;
-        by default `tx.clip_norm` (set by `make_optimizer`), else None.
-      quantiles: the quantile levels; by default `model.config.quantiles`.
+      clip_norm: the clipping threshold for the reported clipped gradient norm
+        (a float > 0, or None); by default `tx.clip_norm` (set by
+        `make_optimizer`), else None.
+      quantiles: the quantile levels; by default `model.config.quantiles`. For
+        a model with `.config.quantiles`, they must be those levels, in order
+        (`ValueError` otherwise: the loss would train each output column as
+        another level).
 
     Returns:
       A `TrainState` at step 0: `params` holds the `'params'` collection,
@@ -632,8 +754,12 @@ def create_train_state(
         raise ValueError(
             f"create_train_state: quantiles must be one or more levels in (0, 1), got {levels}"
         )
+    _check_model_levels(model, quantiles, levels)
     if clip_norm is _FROM_TX:
         clip_norm = getattr(tx, "clip_norm", None)
+    elif clip_norm is not None:
+        # A negative or zero threshold made every reported clipped norm that number.
+        clip_norm = _require_positive_float("create_train_state: clip_norm", clip_norm)
     params_rng, dropout_rng = jax.random.split(rng)
     args, kwargs = model_inputs(sample_batch)
     _check_model_call(model, args, kwargs)
