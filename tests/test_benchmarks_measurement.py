@@ -84,6 +84,21 @@ def test_count_flops_says_when_a_loop_has_no_known_trip_count():
     assert count.fields(1.0, None)["flops_loops_counted_once"] == 1
 
 
+def test_count_flops_counts_a_scan_inside_a_cond_branch_once():
+    # The branch taken is known only at run time: its scan may run 0 or `length`
+    # times, so it is not multiplied out but reported as counted once.
+    x, w = jnp.ones((_B, _D)), jnp.ones((_D, _D))
+    scanned = _scanned_matmul(50)
+
+    def maybe_scan(x, w):
+        return lax.cond(x.sum() > 0, lambda x, w: scanned(x, w), lambda x, w: x.sum(), x, w)
+
+    count = common.count_flops(maybe_scan, x, w)
+    assert count.loops_counted_once == 1
+    assert count.flops == count.xla_flops  # nothing multiplied: a lower bound
+    assert count.flops < 2 * _B * _D * _D * 50  # well below 50 matmuls
+
+
 def test_count_flops_leaves_a_jitted_functions_trace_cache_alone():
     calls = []
 

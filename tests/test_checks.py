@@ -196,6 +196,23 @@ def test_nonzero_grads_treats_nan_norm_as_dead_and_rejects_negative_min_norm():
         checks.assert_nonzero_grads({"w": np.ones(2)}, min_norm=-1.0)
 
 
+def test_nonzero_grads_default_min_norm_reports_an_exactly_zero_gradient():
+    # Dead means a norm <= min_norm: with the default 0 an all-zero leaf is dead.
+    grads = {"w": np.ones(3), "b": np.zeros(2)}
+    assert float(np.linalg.norm(grads["b"])) == 0.0
+    with pytest.raises(AssertionError, match=r"\['b'\]: norm 0"):
+        checks.assert_nonzero_grads(grads)
+    # At a threshold equal to a leaf's norm (|3| = 3 with min_norm=3) the leaf is dead too.
+    with pytest.raises(AssertionError, match=r"\['w'\]"):
+        checks.assert_nonzero_grads({"w": np.array([3.0, 0.0])}, min_norm=3.0)
+
+
+def test_nonzero_grads_per_element_treats_an_infinite_element_as_dead():
+    # |inf| exceeds every threshold, yet an infinite gradient is not a live one.
+    with pytest.raises(AssertionError, match=r"1 of 3 elements dead at \(1,\)|1 of 3 elements"):
+        checks.assert_nonzero_grads({"w": np.array([1.0, np.inf, 2.0])}, per_element=True)
+
+
 def test_nonzero_grads_min_relative_catches_a_gradient_that_is_rounding_noise():
     # The key bias shifts every attention logit of a row alike, which the softmax
     # ignores: its gradient is zero in exact arithmetic and rounding noise in float32,

@@ -66,6 +66,13 @@ def test_clipping_eval_every_within_steps_is_kept_without_a_warning(recwarn):
     assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
 
 
+def test_clipping_eval_every_equal_to_steps_is_kept_without_a_warning(recwarn):
+    # One point after the last step is what was asked: nothing to announce.
+    settings = _clipping_settings(_clipping_args("--steps", "4", "--eval-every", "4"))
+    assert settings.eval_every == 4
+    assert [str(w.message) for w in recwarn if issubclass(w.category, UserWarning)] == []
+
+
 def test_clipping_json_tells_nan_from_inf_and_stays_strict_json(capsys, tmp_path, monkeypatch):
     """A run whose loss overflowed and whose norm went NaN: null for both said neither."""
 

@@ -26,6 +26,7 @@ from tft_jax.data import (
     to_regular_grid,
     validate_table,
 )
+from tft_jax.data.dataset import split_times
 from tft_jax.data.windows import WINDOW_SCALE_FLOOR
 
 SPEC = dict(
@@ -890,3 +891,29 @@ def test_batch_indices_refuses_a_negative_or_non_integer_count():
     with pytest.raises(TypeError, match=r"num_items must be an int, got 2.5"):
         list(batch_indices(2.5, 2))
     assert [batch.tolist() for batch in batch_indices(5, 2, shuffle=False)] == [[0, 1], [2, 3], [4]]
+
+
+def _first_time_at_or_after(times, moment, end):
+    """The first of `times` at or after `moment`, else `end`: a scan, no searchsorted."""
+    later = [t for t in sorted(set(times)) if t >= moment]
+    return later[0] if later else end
+
+
+@pytest.mark.parametrize(("validation", "test"), [(0.2, 0.1), (0.3, 0.3), (0.25, 0.0)])
+def test_split_times_snap_each_cut_to_the_first_time_at_or_after_its_fraction(validation, test):
+    # Ten days and the end a day after the last: fractions of 0.1 land exactly on days.
+    times = pd.date_range("2024-01-01", periods=10, freq="D")
+    end = times[-1] + pd.Timedelta(days=1)
+    span = end - times[0]
+    expected = tuple(
+        _first_time_at_or_after(times, times[0] + span * fraction, end)
+        for fraction in (1.0 - validation - test, 1.0 - test)
+    )
+    assert split_times(times, end, validation, test) == expected
+
+
+@pytest.mark.parametrize(("validation", "test"), [(0.5, 0.5), (0.75, 0.25), (1.0, 0.0)])
+def test_split_times_refuse_fractions_that_leave_no_training_span(validation, test):
+    times = pd.date_range("2024-01-01", periods=10, freq="D")
+    with pytest.raises(ValueError, match=r"must be < 1|in \[0, 1\)"):
+        split_times(times, times[-1] + pd.Timedelta(days=1), validation, test)

@@ -196,6 +196,28 @@ def test_thresholds_accept_numpy_numbers():
     assert experiments.clipped_fraction(history, clip_norm=np.float64(0.05)) == 1.0
 
 
+def test_divergence_rule_reads_the_first_validation_loss_after_training():
+    # Validation 2.5 > 3 x 0.8 at the first point, back to 0.6 at the second: the
+    # explosion at the first point is divergence, whatever the later losses.
+    history = record([0.5, 0.45, 0.4, 0.35], [2, 4], [2.5, 0.6], initial_val=0.8)
+    assert diverged(history, explode_factor=3.0) is True
+
+
+def test_divergence_rule_counts_step_0_in_the_first_interval():
+    # The first point is at step 1: its interval is step 0 alone, applied, so its
+    # NaN training loss is a diverged loss, not an interval without data.
+    history = record([0.5, 0.4], [1, 2], [0.5, 0.4], train=[math.nan, 0.4])
+    assert diverged(history, explode_factor=3.0) is True
+
+
+def test_clipped_fraction_counts_norms_above_the_threshold_not_at_it():
+    # A norm equal to clip_norm is not scaled down by clipping (factor 1): it did
+    # not exceed it. Of 0.5, 0.75 and 0.25 against 0.5, one exceeds it.
+    history = {"step_grad_norm": [0.5, 0.75, 0.25], "step_observed": [8, 8, 8],
+               "step_skipped": [0, 0, 0]}  # fmt: skip
+    assert experiments.clipped_fraction(history, clip_norm=0.5) == pytest.approx(1 / 3)
+
+
 @pytest.mark.parametrize(
     ("norms", "observed", "skipped", "expected"),
     [

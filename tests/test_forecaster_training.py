@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 
 from tft_jax.data import prepare_dataset
 from tft_jax.evaluation import subset
-from tft_jax.forecaster.training import validation_batches
+from tft_jax.forecaster.training import schedule_of, steps_of, validation_batches
 
 from .cli_tables import TINY_TRAINING, write_table
 from .forecaster_stores import DATA
@@ -104,3 +105,26 @@ def test_a_validation_split_without_windows_asks_for_a_larger_fraction_only(data
     empty = dataclasses.replace(dataset, validation=subset(dataset.validation, np.arange(0)))
     with pytest.raises(ValueError, match=r"validation split has no windows .* raise the valid"):
         validation_batches(empty, TINY_TRAINING)
+
+
+@pytest.mark.parametrize("max_steps", [None, 3, 10**6])
+def test_steps_are_whole_batches_per_epoch_times_epochs_capped_by_max_steps(dataset, max_steps):
+    training = dataclasses.replace(TINY_TRAINING, epochs=3, max_steps=max_steps)
+    per_epoch = len(dataset.train) // training.batch_size  # whole batches only
+    total = 3 * per_epoch
+    expected = total if max_steps is None else min(total, max_steps)
+    assert steps_of(dataset, training) == (per_epoch, expected)
+
+
+@pytest.mark.parametrize(("total", "expected"), [(10, 0), (100, 5), (1000, 50), (100_000, 200)])
+def test_default_warmup_is_5_percent_of_the_steps_at_most_200(total, expected):
+    assert expected == min(200, math.floor(0.05 * total))
+    assert schedule_of(1e-3, total, None)[1] == expected
+    assert schedule_of(1e-3, total, 7)[1] == 7  # given: kept
+
+
+@pytest.mark.parametrize("warmup", [10, 11])
+def test_a_warmup_of_all_the_steps_or_more_is_refused(warmup):
+    # The cosine after a warmup of every step would divide by a span of 0.
+    with pytest.raises(ValueError, match=rf"warmup_steps \({warmup}\) must be below the total"):
+        schedule_of(1e-3, 10, warmup)

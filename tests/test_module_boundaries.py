@@ -140,6 +140,19 @@ def test_gating_blocks_name_a_dropout_rate_that_is_not_a_number(module, rate):
         module(4, dropout_rate=rate)
 
 
+@pytest.mark.parametrize("deterministic", [2, -1, 0.5])
+def test_gating_blocks_refuse_a_deterministic_that_is_not_a_bool(deterministic):
+    # 0 and 1 read as bools; 2 or -1 is no answer to "is dropout off?" and would have
+    # switched dropout off silently (truthy), as the string "False" would.
+    module = GatedLinearUnit(4, dropout_rate=0.5)
+    x = jnp.ones((2, 3, 4))
+    variables = module.init(jax.random.key(0), x, deterministic=True)
+    for ok in (0, 1, True, np.bool_(False)):
+        module.apply(variables, x, deterministic=ok, rngs={"dropout": jax.random.key(1)})
+    with pytest.raises(TypeError, match="GatedLinearUnit: deterministic must be a bool"):
+        module.apply(variables, x, deterministic=deterministic)
+
+
 @pytest.mark.parametrize("chunk_rows", [0, -1, 2.5])
 def test_variable_selection_rejects_a_chunk_size_that_is_not_a_positive_int(chunk_rows):
     # 0 used to divide by zero in the chunk count, -1 to run as one chunk, silently.

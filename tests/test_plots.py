@@ -168,6 +168,17 @@ def test_smoothing_is_a_trailing_mean_that_skips_non_finite_values():
     np.testing.assert_allclose(plots._smooth(values, 2), expected)
 
 
+def test_gaps_are_steps_over_1_5_times_the_most_common_step_not_the_smallest():
+    # Steps of 1, then mostly 2, then one of 6: the usual step is 2 (the mode), so only
+    # the 6 is a gap; measured from the smallest step (1), every 2 would be one.
+    steps = np.array([1.0, 2.0, 2.0, 2.0, 6.0, 0.0])
+    positive = [s for s in steps.tolist() if s > 0]
+    mode = max(set(positive), key=positive.count)
+    expected = [i for i, s in enumerate(steps.tolist()) if s > 1.5 * mode]
+    assert expected == [4]
+    np.testing.assert_array_equal(plots._wide_steps(steps), expected)
+
+
 def test_plots_create_missing_directories(tmp_path):
     path = tmp_path / "a" / "b" / "attention.png"
     plots.plot_attention(path, np.full((2, 5), 0.2), history=3)

@@ -237,3 +237,62 @@ def test_a_new_constant_series_is_scaled_by_its_level_and_announced():
     scaler = result.transformed.target_scaler
     code = result.transformed.series_ids.index("tiny")
     assert (scaler.loc[code], scaler.scale[code]) == (3e-9, 3e-9)
+
+
+@pytest.mark.parametrize("scaler", ["target_scaler", "static_scaler"])
+@pytest.mark.parametrize("scale", [0.0, -1.0])
+def test_a_saved_scale_of_zero_or_below_is_refused_at_load(scaler, scale):
+    # A zero scale divides by zero at the first forecast: a scale must be > 0.
+    described = fitted_on(statics_table(), static_cols=["region", "size"]).to_json()
+    described[scaler]["scale"][0] = scale
+    with pytest.raises(ValueError, match=rf"preprocessor.{scaler}.scale must be positive"):
+        Preprocessor.from_json(described)
+
+
+def test_categorical_cardinalities_are_the_training_values_plus_the_unknown_code():
+    # Codes run 0..len(vocabulary), the last one for unseen values: an embedding table
+    # of len(vocabulary) rows would have no row for it.
+    table = statics_table(ids=("s0", "s1", "s2"))
+    table["promo"] = np.where(np.arange(len(table)) % 3 == 0, "on", "off")
+    table["code"] = np.arange(len(table)) % 4
+    dataset = quiet_prepare(
+        table, freq="D", history=HISTORY, horizon=HORIZON, static_cols=["region"],
+        known_cols=["promo", "code"], categorical_cols=["code"],
+    )  # fmt: skip
+    preprocessor = dataset.preprocessor
+    train = table[table["time"] < dataset.validation_start]
+    expected_known = tuple(
+        train[name].nunique() + 1 for name in preprocessor.known_categorical_names
+    )
+    assert sorted(preprocessor.known_categorical_names) == ["code", "promo"]
+    assert preprocessor.known_categorical_cardinalities == expected_known
+    # Statics: the series id (3 ids + unknown), then 'region' (north, south + unknown).
+    assert preprocessor.static_categorical_cardinalities == (4, 3)
+
+
+def test_missing_inputs_are_zero_the_scaled_location_not_the_scaled_raw_zero():
+    # Series 'b' (levels near 110) has no target on its first 5 days and an observed
+    # input 'temp' missing on its first 3 days (nothing before to carry forward): those
+    # model inputs are 0 (the scaler's location), not (0 - mean) / std, nor NaN.
+    table = statics_table(ids=("a", "b"))[["id", "time", "y"]]
+    table.loc[table["id"] == "b", "y"] += 100.0
+    late = (table["id"] == "b") & (table["time"] < pd.Timestamp("2024-01-06"))
+    table.loc[late, "y"] = np.nan
+    table["temp"] = 20.0 + np.arange(len(table)) % 7
+    gap = (table["id"] == "b") & (table["time"] < pd.Timestamp("2024-01-04"))
+    table.loc[gap, "temp"] = np.nan
+    dataset = quiet_prepare(
+        table, freq="D", history=HISTORY, horizon=HORIZON, observed_cols=["temp"]
+    )
+    panel = dataset.train.panel
+    b = int(dataset.preprocessor.series_ids.index("b"))
+    start = int(panel.series_start[b])
+    rows = start + np.arange(int(panel.series_length[b]))
+    days = (
+        pd.DatetimeIndex(table.loc[table["id"] == "b", "time"]) - pd.Timestamp("2024-01-01")
+    ).days
+    assert int(panel.series_length[b]) == 30 and list(days) == list(range(30))
+    target_input, temp_input = panel.observed[rows, 0], panel.observed[rows, 1]
+    np.testing.assert_array_equal(target_input[:5], 0.0)
+    np.testing.assert_array_equal(temp_input[:3], 0.0)
+    assert np.isfinite(panel.observed).all()

@@ -209,6 +209,19 @@ def test_calibration_observes_each_layer_once_on_its_whole_activation():
         assert float(flat_stats[f"{path}/max"]) == float(high), path
 
 
+def test_frozen_quantizers_announce_operand_quantizers_and_calibrating_ones_do_not():
+    # The chunked quantized selection runs only when the factory announces them: a
+    # frozen QAT contraction does (else the model silently takes the slow path), an
+    # observer being calibrated must not, nor a float layer.
+    from qat.dot_general import quantizing_factory
+    from tft_jax.operand_quantizers import supports_operand_quantizers
+
+    assert supports_operand_quantizers(quantizing_factory(QATConfig()))
+    assert not supports_operand_quantizers(quantizing_factory(QATConfig(), calibrate=True))
+    assert not supports_operand_quantizers(None)
+    assert not supports_operand_quantizers(jax.lax.dot_general)
+
+
 def test_operand_quantizers_refuse_to_calibrate_without_the_whole_activation():
     module = QATDotGeneral(QATConfig(), calibrate=True)
     kernel = jnp.ones((3, 2))
