@@ -221,11 +221,16 @@ def check_calibrate_flag(owner: str, calibrate: Any) -> None:
 
     The flag chooses in Python whether the observers update: a string such as
     `"False"`, or any other truthy value, would silently switch calibration
-    on. A NumPy bool and a 0-d boolean array (both read with `bool`) pass; a
-    traced value is left to the use that reads it.
+    on. A NumPy bool and a concrete 0-d boolean array (both read with `bool`)
+    pass; a traced value cannot choose in Python (pass it as a static argument).
     """
-    if isinstance(calibrate, bool | np.bool_ | jax.core.Tracer):
+    if isinstance(calibrate, bool | np.bool_):
         return
+    if isinstance(calibrate, jax.core.Tracer):
+        raise TypeError(
+            f"{owner}: calibrate must be a concrete bool, got a traced value (it chooses in "
+            "Python whether the observers update: make it a static argument of the jit)"
+        )
     if (
         hasattr(calibrate, "dtype")
         and np.ndim(calibrate) == 0

@@ -42,6 +42,8 @@ def test_linear_refuses_an_x_that_is_not_floating(dtype: object) -> None:
         layer.apply(variables, jnp.ones((2, 3), dtype))
     with pytest.raises(TypeError, match=r"Linear: x must be floating point"):
         layer.init(jax.random.key(0), np.ones((2, 3), dtype))
+    with pytest.raises(TypeError, match=r"VariableLinear: x must be floating point"):
+        VariableLinear(3, 2).init(jax.random.key(0), jnp.ones((2, 3, 4), dtype))
 
 
 @pytest.mark.parametrize("layer", [Linear, lambda **kw: VariableLinear(2, **kw)])

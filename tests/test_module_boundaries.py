@@ -222,13 +222,13 @@ def test_layers_reject_non_positive_sizes_when_built(build, message):
 
 
 def test_linear_rejects_a_scalar():
-    with pytest.raises(ValueError, match="Linear expects x of shape"):
+    with pytest.raises(ValueError, match=r"Linear: x must have a feature axis \(\.\.\., I\)"):
         init(Linear(3), jnp.ones(()))
 
 
 @pytest.mark.parametrize("scalar", [3.0, 3, np.float32(3.0)])
 def test_linear_rejects_a_python_or_numpy_scalar_with_value_error(scalar):
-    with pytest.raises(ValueError, match=r"Linear expects x of shape \(\.\.\., I\)"):
+    with pytest.raises(ValueError, match=r"Linear: x must have a feature axis \(\.\.\., I\)"):
         Linear(4).init(jax.random.key(0), scalar)
 
 

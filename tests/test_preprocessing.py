@@ -4,6 +4,7 @@ order transforms as the sorted one."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 
@@ -296,3 +297,20 @@ def test_missing_inputs_are_zero_the_scaled_location_not_the_scaled_raw_zero():
     np.testing.assert_array_equal(target_input[:5], 0.0)
     np.testing.assert_array_equal(temp_input[:3], 0.0)
     assert np.isfinite(panel.observed).all()
+
+
+def test_a_saved_preprocessor_holds_every_key_null_for_a_part_it_has_not():
+    # Absent keys are read as the runs saved before them (no static scaler: raw statics),
+    # so in a folder of format version 2 (`complete`) a deleted key is refused.
+    fitted = fitted_on(statics_table())
+    without = dataclasses.replace(fitted, static_scaler=None, statics=None)
+    described = json.loads(json.dumps(without.to_json()))
+    assert described["static_scaler"] is None and described["statics"] is None
+    assert set(described["feature_scaler"]) == {"loc", "scale", "low", "high"}
+    loaded = Preprocessor.from_json(described, complete=True)
+    assert loaded.static_scaler is None and loaded.statics is None
+    assert json.loads(json.dumps(loaded.to_json())) == described
+    del described["statics"]
+    Preprocessor.from_json(described)  # a folder of format version 1 may lack it
+    with pytest.raises(ValueError, match=r"preprocessor lacks the keys \['statics'\]"):
+        Preprocessor.from_json(described, complete=True)

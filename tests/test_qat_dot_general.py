@@ -372,3 +372,16 @@ def test_qat_dot_general_refuses_a_calibrate_flag_that_is_not_a_bool(flag):
         qat_dot_general(INT8_CONFIG, calibrate=flag)
     for accepted in (True, False, np.True_, np.bool_(False)):
         assert qat_dot_general(INT8_CONFIG, calibrate=accepted) is not None
+
+
+def test_a_traced_calibrate_flag_is_refused_naming_it():
+    # It passed the check, then failed reading its truth with JAX's
+    # TracerBoolConversionError, which does not name the argument.
+    from qat import qat_dot_general
+
+    def build(flag):
+        qat_dot_general(INT8_CONFIG, calibrate=flag)
+        return flag
+
+    with pytest.raises(TypeError, match=r"calibrate must be a concrete bool, got a traced value"):
+        jax.jit(build)(True)

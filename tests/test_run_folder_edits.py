@@ -113,11 +113,24 @@ def test_real_statics_are_standardised_over_the_training_series_and_saved(saved,
 
     fed, expected = static_inputs(saved)
     np.testing.assert_allclose(fed, (expected - mean) / std, rtol=1e-6, atol=1e-6)
+
     # A run saved before statics were scaled has no static_scaler: its model was
     # trained on the raw values, which it still gets.
-    old = edited(saved, tmp_path, lambda c: c["preprocessor"].pop("static_scaler"))
-    fed, expected = static_inputs(old)
+    def as_older_run(config):
+        config["preprocessor"].pop("static_scaler")
+        config["format_version"] = 1
+
+    fed, expected = static_inputs(edited(saved, tmp_path, as_older_run))
     np.testing.assert_allclose(fed, expected, rtol=1e-6)
+    # A folder of format version 2 holds every key: one without it was edited (it loaded
+    # and fed the raw values to a model trained on scaled ones).
+    refused(
+        saved,
+        tmp_path,
+        [
+            (lambda p: p.pop("static_scaler"), r"preprocessor lacks the keys \['static_scaler'\]"),
+        ],
+    )
     refused(saved, tmp_path, [
         (lambda p: p["static_scaler"].update(loc=[0.0, 1.0]),
          r"preprocessor.static_scaler.loc has 2 entries, it must have one per real static "

@@ -109,3 +109,14 @@ def test_another_format_or_version_is_refused_naming_both_versions(format_name, 
         rf"'tft-jax-forecaster' versions 1 to 2. {advice}, or train again",
     ):
         run_folder.check_format(config, pathlib.Path("run"))
+
+
+def test_digests_and_summary_are_required_from_version_2_on():
+    config = {"format": run_folder.FORMAT, "format_version": 2}
+    run_folder.check_complete(config, 1)
+    with pytest.raises(
+        ValueError,
+        match=r"models_sha256, summary are missing from a folder of format version 2",
+    ):
+        run_folder.check_complete(config, 2)
+    run_folder.check_complete({**config, "models_sha256": {}, "summary": {}}, 2)

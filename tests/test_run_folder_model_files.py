@@ -281,10 +281,14 @@ def test_a_model_file_whose_bytes_differ_from_the_recorded_digest_is_refused(qua
         rf"SHA-256 is {actual}, config.json's models_sha256.fp32 is {recorded['fp32']}",
     ):
         Forecaster.load(damaged)
-    # A run saved before the digests were recorded loads as it did.
+    # A run saved before the digests were recorded (format version 1) loads as it did;
+    # from version 2 on, deleting them would turn the check off: refused.
     legacy = tmp_path / "legacy"
     shutil.copytree(folder, legacy)
     _edit_config(legacy, lambda config: config.pop("models_sha256"))
+    with pytest.raises(RunFolderError, match=r"models_sha256 is missing from a folder of format"):
+        Forecaster.load(legacy)
+    _edit_config(legacy, lambda config: config.update(format_version=1))
     assert Forecaster.load(legacy).models == ("fp32", "qat", "int8")
 
 

@@ -1898,6 +1898,10 @@ def test_steps_refuse_params_missing_a_leaf_naming_it(kept_state: TrainState) ->
         ValueError, match=r"eval_step: state\.params do not match the model: params/head/bias is"
     ):
         eval_step(kept_state.replace(params=params), make_batch(1))
+    with pytest.raises(
+        ValueError, match=r"evaluate: batch 0: state\.params do not match the model: params/head"
+    ):
+        evaluate(kept_state.replace(params=params), [make_batch(1)])
 
 
 def test_steps_refuse_the_params_of_a_wider_tft() -> None:

@@ -173,8 +173,6 @@ class Linear(nn.Module):
     @nn.compact
     def __call__(self, x: Array) -> Array:
         x = jnp.asarray(x)  # a nested list or a scalar: no `.shape` to read otherwise
-        if x.ndim < 1:
-            raise ValueError(f"Linear expects x of shape (..., I), got a scalar of shape {x.shape}")
         check_feature_axis("Linear", "x", x)
         # An integer or boolean x would be cast to the compute dtype silently.
         check_floating("Linear", "x", x)
@@ -245,6 +243,7 @@ class VariableLinear(nn.Module):
             )
             raise ValueError(f"VariableLinear expects x of shape {expected}, got {tuple(x.shape)}")
         check_feature_axis("VariableLinear", "x", x)
+        check_floating("VariableLinear", "x", x)  # cast silently otherwise, as in `Linear`
         check_input_width("VariableLinear", x, self.variables.get("params", {}), ("kernel",))
         kernel = self.param(
             "kernel",

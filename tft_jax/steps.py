@@ -650,7 +650,8 @@ def evaluate(state: TrainState, batches: Iterable[Batch], calibrate: bool | None
     for index, batch in enumerate(batches):
         _check_batch("evaluate", batch, state)
         batch = prepare_batch(f"evaluate: batch {index}", batch, state)
-        loss, observed = _eval_loss(state, batch, calibrate)
+        with params_named(f"evaluate: batch {index}", state, batch):
+            loss, observed = _eval_loss(state, batch, calibrate)
         loss, observed = float(loss), float(observed)
         if observed and not math.isfinite(loss):
             _check_finite_targets(index, batch, state=state)

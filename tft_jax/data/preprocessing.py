@@ -828,7 +828,7 @@ class Preprocessor:
                 "scale": self.feature_scaler.scale.tolist(),
                 # The training range `predict` compares future known values with.
                 **(
-                    {}
+                    {"low": None, "high": None}
                     if self.feature_scaler.low is None or self.feature_scaler.high is None
                     else {
                         "low": self.feature_scaler.low.tolist(),
@@ -839,25 +839,23 @@ class Preprocessor:
             "vocabularies": {name: list(values) for name, values in self.vocabularies.items()},
             "missing_flag": self.missing_flag,
             "time_zone": self.time_zone,
-            **(
-                {}
+            "static_scaler": (
+                None
                 if self.static_scaler is None
                 else {
-                    "static_scaler": {
-                        "loc": self.static_scaler.loc.tolist(),
-                        "scale": self.static_scaler.scale.tolist(),
-                    }
+                    "loc": self.static_scaler.loc.tolist(),
+                    "scale": self.static_scaler.scale.tolist(),
                 }
             ),
-            **(
-                {}
+            "statics": (
+                None
                 if self.statics is None
-                else {"statics": [[series, *values] for series, values in self.statics.items()]}
+                else [[series, *values] for series, values in self.statics.items()]
             ),
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Preprocessor:
+    def from_json(cls, data: dict[str, Any], complete: bool = False) -> Preprocessor:
         """The preprocessor `to_json` described, refused unless it is one `fit` could make.
 
         A hand-edited or damaged description would otherwise load and fail deep
@@ -869,16 +867,24 @@ class Preprocessor:
         are refused, as in the other sections of config.json (a mistyped
         `transform` would otherwise be ignored); `vocabularies`,
         `missing_flag`, `time_zone`, `static_scaler` and the scaler's
-        `transform` and `statics` may be absent (runs saved before they were kept).
+        `transform` and `statics` may be absent (runs saved before they were kept),
+        unless `complete` (a run folder of format version 2 or later, whose
+        `to_json` wrote every key: null for a part the run has not).
 
         Raises:
           ValueError, TypeError: naming the key (`preprocessor.<key>`), what it
             must be and what it holds.
         """
-        _check_keys(data, "preprocessor", _PREPROCESSOR_KEYS, _PREPROCESSOR_OPTIONAL)
+
+        def check_keys(data: Any, where: str, required: set[str], optional: set[str]) -> None:
+            if complete:
+                required, optional = required | optional, set()
+            _check_keys(data, where, required, optional)
+
+        check_keys(data, "preprocessor", _PREPROCESSOR_KEYS, _PREPROCESSOR_OPTIONAL)
         target, features = data["target_scaler"], data["feature_scaler"]
-        _check_keys(target, "preprocessor.target_scaler", _TARGET_SCALER_KEYS, {"transform"})
-        _check_keys(features, "preprocessor.feature_scaler", {"loc", "scale"}, {"low", "high"})
+        check_keys(target, "preprocessor.target_scaler", _TARGET_SCALER_KEYS, {"transform"})
+        check_keys(features, "preprocessor.feature_scaler", {"loc", "scale"}, {"low", "high"})
         if not isinstance(data["spec"], dict):
             raise TypeError(f"preprocessor.spec must be an object, got {data['spec']!r}")
         spec = TableSpec(**data["spec"])
@@ -920,7 +926,7 @@ class Preprocessor:
             )
         zone = data.get("time_zone")
         static_scaler = None
-        if "static_scaler" in data:
+        if data.get("static_scaler") is not None:
             statics = data["static_scaler"]
             _check_keys(statics, "preprocessor.static_scaler", {"loc", "scale"}, set())
             count = len(spec.real(spec.static_cols))
@@ -931,7 +937,8 @@ class Preprocessor:
                     statics["scale"], "preprocessor.static_scaler.scale", count, per, positive=True
                 ),
             )
-        statics = _statics(data["statics"], spec, series_ids) if "statics" in data else None
+        statics = data.get("statics")
+        statics = None if statics is None else _statics(statics, spec, series_ids)
         return cls(
             spec=spec,
             series_ids=series_ids,
@@ -966,7 +973,7 @@ class Preprocessor:
                         features[bound], f"preprocessor.feature_scaler.{bound}", user, columns
                     )
                     for bound in ("low", "high")
-                    if bound in features
+                    if features.get(bound) is not None
                 },
             ),
             vocabularies={

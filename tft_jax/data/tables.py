@@ -92,8 +92,8 @@ class MissingColumnsError(ValueError):
         """The same error for a table read by a fitted model, whose names cannot change."""
         return MissingColumnsError(
             f"table lacks columns {self.missing} that the model was trained with ({self.roles}); "
-            f"it has {list(columns)}{label_type_hint(self.missing, columns)}: add them to the "
-            f"table{self.in_index}",
+            f"it has {list(columns)}{label_type_hint(self.missing, columns)}"
+            + (self.in_index if self.in_index else ": add them to the table"),
             self.missing,
             self.roles,
             self.in_index,
@@ -2728,7 +2728,7 @@ def _category_ids(ids: pd.Series) -> pd.Series:
     order of their values; numbers are read as a plain column of them is.
     """
     categories = ids.cat.categories
-    if not ptypes.is_string_dtype(categories):  # all texts, read from the categories
+    if not ptypes.is_string_dtype(categories):  # numbers (or times): a column of them
         return ids.astype(categories.dtype)
     used = np.zeros(len(categories), dtype=bool)
     used[ids.cat.codes.to_numpy()] = True  # no code is -1: empty ids are refused before
@@ -2830,8 +2830,8 @@ def validate_table(
         hint += label_type_hint(missing, frame.columns)
         in_index = index_hint(frame, missing)
         raise MissingColumnsError(
-            f"table lacks columns {missing} ({roles}); it has {list(frame.columns)}{hint}. "
-            f"Rename the columns or pass the right names{in_index}",
+            f"table lacks columns {missing} ({roles}); it has {list(frame.columns)}{hint}"
+            + (in_index if in_index else ". Rename the columns or pass the right names"),
             missing,
             roles,
             in_index,

@@ -1699,6 +1699,7 @@ class Forecaster:
         try:
             # A field deleted from a section would take its default without a word; one
             # that runs saved before it existed lack takes the value they were trained with.
+            run_folder.check_complete(config, version)
             config = run_folder.complete_sections(
                 config, {**SECTIONS, "tft_config": TFTConfig}, version
             )
@@ -1709,7 +1710,9 @@ class Forecaster:
                     for key, value in config["tft_config"].items()
                 }
             )
-            preprocessor = Preprocessor.from_json(config["preprocessor"])
+            preprocessor = Preprocessor.from_json(
+                config["preprocessor"], complete=version >= run_folder.COMPLETE_FROM_VERSION
+            )
             season_period = config["season_period"]
             # int() would truncate 7.9 to 7 and accept -1.
             if isinstance(season_period, bool) or not isinstance(season_period, int):

@@ -722,6 +722,27 @@ FIELDS_ADDED: dict[int, dict[str, Any]] = {
 }
 
 
+# From this format version on, config.json holds every key `Forecaster.save` writes (null
+# for a part the run has not): a missing one was deleted by hand. Folders of earlier
+# versions may lack those added while they were written (the digests, the summary, parts
+# of the preprocessor), read with the meaning they had for those runs.
+COMPLETE_FROM_VERSION = 2
+KEYS_ABSENT_FROM_EARLIER_RUNS = (DIGESTS_KEY, "summary")
+
+
+def check_complete(config: dict[str, Any], version: int) -> None:
+    """Raises `ValueError` naming the keys of `KEYS_ABSENT_FROM_EARLIER_RUNS` that a folder
+    of format `version` lacks, from `COMPLETE_FROM_VERSION` on (without its digests a
+    flipped byte of a model file would load; without its summary, unchecked windows)."""
+    missing = [key for key in KEYS_ABSENT_FROM_EARLIER_RUNS if key not in config]
+    if version >= COMPLETE_FROM_VERSION and missing:
+        raise ValueError(
+            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing from a "
+            f"folder of format version {version}: Forecaster.save writes them; was "
+            "config.json edited by hand?"
+        )
+
+
 def fields_absent_before(version: int) -> dict[str, Any]:
     """The fields a folder of format `version` may lack (`section.field`), with the
     value that means what its run did."""
