@@ -1890,6 +1890,27 @@ def test_steps_refuse_params_of_another_shape(kept_state: TrainState, call: str)
         run()
 
 
+def test_create_train_state_names_the_first_variable_that_does_not_fit(
+    kept_state: TrainState,
+) -> None:
+    # The message listed both whole trees of (shape, dtype) pairs.
+    width = kept_state.params["hidden"]["kernel"].shape[0]
+    with pytest.raises(
+        ValueError,
+        match=rf"create_train_state: variables\['params'\] does not match the model: "
+        rf"hidden/kernel has shape \({width}, 16\), the model needs \({width}, 8\)$",
+    ):
+        create_train_state(
+            TINY, TINY_TX, jax.random.key(0), make_batch(0),
+            variables={"params": _other_params(kept_state)},
+        )  # fmt: skip
+    wide = jax.tree.map(lambda leaf: np.asarray(leaf, np.float64), kept_state.params)
+    with pytest.raises(ValueError, match=r"has dtype float64, the model needs float32$"):
+        create_train_state(
+            TINY, TINY_TX, jax.random.key(0), make_batch(0), variables={"params": wide}
+        )
+
+
 def test_steps_refuse_params_missing_a_leaf_naming_it(kept_state: TrainState) -> None:
     # Before: Flax's ScopeParamNotFoundError from inside the traced step.
     params = dict(kept_state.params)

@@ -23,21 +23,17 @@ def _as_float(function: str, name: str, value: Any, allow_bool: bool = True) -> 
     Raises `TypeError` naming the argument for anything else: a complex array
     would lose its imaginary part silently, strings would fail deep in JAX.
     """
-    if isinstance(value, jax.Array | jax.core.Tracer):
-        array = value
-    else:
-        try:
-            array = np.asarray(value)
-        except (TypeError, ValueError) as error:
-            kind = getattr(value, "dtype", type(value).__name__)
-            raise TypeError(
-                f"{function}: {name} must be a real-valued array, got {kind}"
-            ) from error
+    on_host = not isinstance(value, jax.Array | jax.core.Tracer)
+    try:
+        array = np.asarray(value) if on_host else value
+    except (TypeError, ValueError) as error:
+        kind = getattr(value, "dtype", type(value).__name__)
+        raise TypeError(f"{function}: {name} must be a real-valued array, got {kind}") from error
     if not allow_bool and array.dtype == np.bool_:
         raise TypeError(
             f"{function}: {name} must hold real numbers (a float or int dtype), got dtype bool"
         )
-    if not isinstance(value, jax.Array | jax.core.Tracer) and array.dtype.kind in "iub":
+    if on_host and array.dtype.kind in "iub":
         array = array.astype(np.float32)
     dtype = array.dtype
     if not (

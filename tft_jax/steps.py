@@ -524,7 +524,7 @@ def eval_step(state: TrainState, batch: Batch, calibrate: bool | None = None) ->
     A NaN or inf observed target in a NumPy `batch.target` raises `ValueError`
     (as in `evaluate`); a device target is not read back. Parameters that do
     not match the model (`state.replace(params=...)` of another model) raise
-    `ValueError`, in `train_step` and `predict` too.
+    `ValueError`, in `train_step`, `evaluate` and `predict` too.
     """
     _check_state("eval_step", state)
     _check_batch("eval_step", batch, state)

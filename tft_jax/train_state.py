@@ -351,6 +351,35 @@ def _check_batch(name: str, batch: Any, state: Any = None) -> None:
             raise error from None
 
 
+def _leaf_signature(leaf: Any) -> tuple[tuple[int, ...], Any]:
+    dtype = getattr(leaf, "dtype", None)  # an array's own (a NumPy float64 stays float64)
+    return tuple(np.shape(leaf)), jnp.dtype(jnp.result_type(leaf) if dtype is None else dtype)
+
+
+def _path_signatures(tree: PyTree) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """`'params/a/kernel' -> (shape, dtype)` for every leaf of `tree`."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {
+        "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path): _leaf_signature(leaf)
+        for path, leaf in leaves
+    }
+
+
+def _first_difference(got: PyTree, expected: PyTree) -> str | None:
+    """The first leaf (`'params/a/kernel'`) that `got` lacks, shapes or types otherwise than
+    `expected`, or holds beyond it; None when their leaves agree."""
+    have, want = _path_signatures(got), _path_signatures(expected)
+    for path, (shape, dtype) in want.items():
+        if path not in have:
+            return f"{path} is missing (the model needs shape {shape})"
+        if have[path][0] != shape:
+            return f"{path} has shape {have[path][0]}, the model needs {shape}"
+        if have[path][1] != dtype:
+            return f"{path} has dtype {have[path][1]}, the model needs {dtype}"
+    extra = next((path for path in have if path not in want), None)
+    return None if extra is None else f"{extra} is not one of the model's"
+
+
 def _check_variables(variables: Any, expected: Mapping[str, PyTree]) -> dict[str, PyTree]:
     """`variables` without empty collections the model does not make; raises `ValueError`
     unless it then has `expected`'s collections and leaf shapes.
@@ -375,15 +404,11 @@ def _check_variables(variables: Any, expected: Mapping[str, PyTree]) -> dict[str
             f"got {sorted(variables)}"
         )
 
-    def signature(tree: PyTree) -> PyTree:
-        return jax.tree.map(lambda leaf: (tuple(np.shape(leaf)), jnp.dtype(leaf.dtype).name), tree)
-
     for name, tree in expected.items():
-        got, want = signature(unfreeze(variables[name])), signature(unfreeze(tree))
-        if got != want:
+        problem = _first_difference(unfreeze(variables[name]), unfreeze(tree))
+        if problem is not None:
             raise ValueError(
-                f"create_train_state: variables[{name!r}] does not match the model: "
-                f"got {got}, expected {want}"
+                f"create_train_state: variables[{name!r}] does not match the model: {problem}"
             )
     return variables
 
@@ -583,28 +608,11 @@ def _check_state(name: str, state: Any) -> None:
         )
 
 
-def _leaf_signature(leaf: Any) -> tuple[tuple[int, ...], Any]:
-    aval = getattr(leaf, "aval", None)  # a JAX array or tracer
-    if aval is not None:
-        return tuple(aval.shape), jnp.dtype(aval.dtype)
-    return tuple(np.shape(leaf)), jnp.dtype(jnp.result_type(leaf))
-
-
-def _path_signatures(tree: PyTree) -> dict[str, tuple[tuple[int, ...], Any]]:
-    """`'params/a/kernel' -> (shape, dtype)` for every leaf of `tree`."""
-    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return {
-        "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path): _leaf_signature(leaf)
-        for path, leaf in leaves
-    }
-
-
 def _params_mismatch(state: TrainState, batch: Batch) -> str | None:
     """The first difference between `state`'s trainables and those `model.init` gives
     for `batch`'s input shapes (a missing, reshaped or extra leaf), or None."""
     if not isinstance(state.apply_fn, ModelApply):
         return None  # an `apply_fn` of its own: its model is not known here
-    trainables = state.trainables()
     args, kwargs = model_inputs(batch)
 
     def abstract(value: Any) -> Any:
@@ -623,21 +631,11 @@ def _params_mismatch(state: TrainState, batch: Batch) -> str | None:
         )
     except Exception:  # the model's own error is the one to show
         return None
-    expected = _path_signatures({name: unfreeze(shapes.get(name, {})) for name in trainables})
-    got = _path_signatures(trainables)
-
-    def shown(path: str) -> str:
-        return path if path.split("/")[0] == "params" else f"extra_params/{path}"
-
-    for path, (shape, dtype) in expected.items():
-        if path not in got:
-            return f"{shown(path)} is missing (the model needs shape {shape})"
-        if got[path][0] != shape:
-            return f"{shown(path)} has shape {got[path][0]}, the model needs {shape}"
-        if got[path][1] != dtype:
-            return f"{shown(path)} has dtype {got[path][1]}, the model needs {dtype}"
-    extra = next((path for path in got if path not in expected), None)
-    return None if extra is None else f"{shown(extra)} is not a parameter of the model"
+    expected = {
+        "params": unfreeze(shapes.get("params", {})),
+        "extra_params": {name: unfreeze(shapes.get(name, {})) for name in state.extra_params},
+    }
+    return _first_difference({"params": state.params, "extra_params": state.extra_params}, expected)
 
 
 @contextlib.contextmanager

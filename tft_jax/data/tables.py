@@ -2730,10 +2730,7 @@ def _category_ids(ids: pd.Series) -> pd.Series:
     categories = ids.cat.categories
     if not ptypes.is_string_dtype(categories):  # numbers (or times): a column of them
         return ids.astype(categories.dtype)
-    used = np.zeros(len(categories), dtype=bool)
-    used[ids.cat.codes.to_numpy()] = True  # no code is -1: empty ids are refused before
-    if not used.all():
-        ids = ids.cat.remove_unused_categories()
+    ids = ids.cat.remove_unused_categories()
     if ids.cat.categories.is_monotonic_increasing:
         return ids
     return ids.cat.reorder_categories(ids.cat.categories.sort_values())
