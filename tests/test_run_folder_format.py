@@ -105,7 +105,7 @@ def test_another_format_or_version_is_refused_naming_both_versions(format_name, 
     with pytest.raises(
         RunFolderError,
         match=rf"run/config.json is format '{format_name}' version {re.escape(repr(version))}, "
-        rf"written by tft-jax 9.1; this tft-jax \({re.escape(tft_jax.__version__)}\) reads "
+        rf"trained with tft-jax 9.1; this tft-jax \({re.escape(tft_jax.__version__)}\) reads "
         rf"'tft-jax-forecaster' versions 1 to 2. {advice}, or train again",
     ):
         run_folder.check_format(config, pathlib.Path("run"))

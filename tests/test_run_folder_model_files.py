@@ -337,14 +337,32 @@ def test_a_folder_of_a_later_format_version_is_refused_naming_both_versions(quan
     later = tmp_path / "later"
     shutil.copytree(folder, later)
     _edit_config(later, lambda config: config.update(format_version=3))
-    _edit_config(later, lambda config: config["versions"].update(tft_jax="9.0"))
+    _edit_config(later, lambda config: config["saved_by"].update(tft_jax="9.0"))
     with pytest.raises(
         RunFolderError,
-        match=rf"config.json is format 'tft-jax-forecaster' version 3, written by tft-jax 9.0; "
+        match=rf"config.json is format 'tft-jax-forecaster' version 3, saved by tft-jax 9.0; "
         rf"this tft-jax \({re.escape(tft_jax.__version__)}\) reads 'tft-jax-forecaster' "
         "versions 1 to 2. Upgrade tft-jax to load it, or train again",
     ):
         Forecaster.load(later)
+
+
+def test_a_folder_saved_again_by_a_later_tft_jax_names_that_one_not_the_trainer(
+    quantized, tmp_path, monkeypatch
+):
+    # config.json's `versions` is where the model was trained and is kept on a re-save, so
+    # the refusal of a newer folder named the trainer's tft-jax, not the one to upgrade to.
+    folder, _ = quantized
+    trained = json.loads((folder / "config.json").read_text())["versions"]["tft_jax"]
+    monkeypatch.setattr(tft_jax, "__version__", "9.5")
+    Forecaster.load(folder).save(tmp_path / "again")
+    monkeypatch.undo()
+    config = json.loads((tmp_path / "again" / "config.json").read_text())
+    assert config["versions"]["tft_jax"] == trained
+    assert config["saved_by"] == {"tft_jax": "9.5"}
+    _edit_config(tmp_path / "again", lambda c: c.update(format_version=3))
+    with pytest.raises(RunFolderError, match=r"version 3, saved by tft-jax 9\.5; this tft-jax"):
+        Forecaster.load(tmp_path / "again")
 
 
 @pytest.mark.parametrize(

@@ -1637,6 +1637,8 @@ class Forecaster:
             "summary": fitted.summary,
             # Where the model was trained: its numbers depend on it, not on where it is saved.
             "versions": fitted.versions or run_folder.versions(),
+            # Which tft-jax wrote this file: what an older one names when it refuses it.
+            run_folder.SAVED_BY_KEY: run_folder.saved_by(),
         }
         if extra is not None and not isinstance(extra, dict):
             raise TypeError(f"save: extra must be a dict of sections, got {type(extra).__name__}")

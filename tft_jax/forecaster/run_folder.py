@@ -60,6 +60,9 @@ CONFIG_FILE = "config.json"
 HISTORY_FILE = "history.json"
 # config.json's record of the SHA-256 of each model file's bytes, by model name.
 DIGESTS_KEY = "models_sha256"
+# config.json's record of the tft-jax that saved it (`versions` records the one that
+# trained the model, kept when a later one loads and saves it again).
+SAVED_BY_KEY = "saved_by"
 
 
 class RunFolderError(ValueError):
@@ -661,11 +664,9 @@ def check_format(config: dict[str, Any], root: pathlib.Path) -> int:
     readable = isinstance(version, int) and not isinstance(version, bool)
     if found[0] == FORMAT and readable and 1 <= version <= FORMAT_VERSION:
         return version
-    versions = config.get("versions")
-    written = "an unknown version"
-    if isinstance(versions, dict):  # a hand-edited file may hold anything here
-        written = versions.get("tft_jax", written)
     import tft_jax
+
+    written = writer(config)
 
     advice = (
         "Upgrade tft-jax to load it, or train again"
@@ -673,10 +674,28 @@ def check_format(config: dict[str, Any], root: pathlib.Path) -> int:
         else "Load it with the tft-jax that wrote it, or train again"
     )
     raise RunFolderError(
-        f"{root / CONFIG_FILE} is format {found[0]!r} version {found[1]!r}, written by "
-        f"tft-jax {written}; this tft-jax ({tft_jax.__version__}) reads {FORMAT!r} versions "
+        f"{root / CONFIG_FILE} is format {found[0]!r} version {found[1]!r}, {written}; "
+        f"this tft-jax ({tft_jax.__version__}) reads {FORMAT!r} versions "
         f"1 to {FORMAT_VERSION}. {advice}"
     )
+
+
+def saved_by() -> dict[str, str]:
+    """config.json's `saved_by`: the tft-jax that writes the file."""
+    import tft_jax
+
+    return {"tft_jax": tft_jax.__version__}
+
+
+def writer(config: dict[str, Any]) -> str:
+    """Which tft-jax wrote `config`, in words: the one that saved it (`saved_by`), or, in
+    folders saved before that was recorded, the one that trained the model (`versions`,
+    which a later tft-jax keeps when it saves the model again)."""
+    for key, verb in ((SAVED_BY_KEY, "saved by"), ("versions", "trained with")):
+        record = config.get(key)
+        if isinstance(record, dict) and isinstance(record.get("tft_jax"), str):
+            return f"{verb} tft-jax {record['tft_jax']}"
+    return "written by an unknown version of tft-jax"
 
 
 def check_not_a_file(root: pathlib.Path, label: str) -> None:
