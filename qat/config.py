@@ -7,6 +7,8 @@ import numbers
 import warnings
 from typing import TYPE_CHECKING, Any, Literal
 
+from tft_jax.caller_frame import user_stacklevel
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -170,17 +172,14 @@ FIXED_LAYOUT_FIELDS = ("symmetric", "per_channel", "channel_axis", "observer")
 _ANNOUNCED_LAYOUTS: set[tuple[str, tuple[str, ...]]] = set()
 
 
-def check_fixed_layout_config(
-    config: Any, owner: str, argument: str = "qat_config", stacklevel: int = 3
-) -> None:
+def check_fixed_layout_config(config: Any, owner: str, argument: str = "qat_config") -> None:
     """Raises `TypeError` unless `config` is a `QATConfig`; warns once if it sets a layout field.
 
     For the quantizers with the fixed QAT layout (`QATModel`,
     `QATTemporalFusionTransformer`, `qat_dot_general`, `int8_dot_general`):
     a `FIXED_LAYOUT_FIELDS` value away from its default would otherwise be
     ignored without a word. `owner` names the quantizer, `argument` the
-    parameter `config` was given as; `stacklevel` is `warnings.warn`'s, seen
-    from this function.
+    parameter `config` was given as.
     """
     if not isinstance(config, QATConfig):
         raise TypeError(f"{owner}: {argument} must be a QATConfig, got {type(config).__name__}")
@@ -198,5 +197,5 @@ def check_fixed_layout_config(
             f"{argument}'s {', '.join(ignored)} configure stand-alone observers and fake "
             "quantizers only, and change nothing here",
             UserWarning,
-            stacklevel=stacklevel,
+            stacklevel=user_stacklevel(),
         )

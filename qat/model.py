@@ -66,6 +66,7 @@ from qat.dot_general import (
     quantizing_factory,
 )
 from qat.fake_quant import is_concrete
+from tft_jax.caller_frame import user_stacklevel
 from tft_jax.config import TFTConfig
 from tft_jax.data.listing import first_few
 from tft_jax.linear import InputWidthError
@@ -92,7 +93,7 @@ def _check_qat_config(qat_config: Any, owner: str) -> None:
     A layout field set away from its default would otherwise be ignored without a word.
     """
     # The warning points at the line that builds the model, past Flax's dataclass __init__.
-    check_fixed_layout_config(qat_config, owner, "qat_config", stacklevel=6)
+    check_fixed_layout_config(qat_config, owner, "qat_config")
 
 
 def _accepts_deterministic(module: nn.Module, num_args: int = 0) -> bool:
@@ -780,7 +781,7 @@ def calibrate(
             "calibrate: qat_model's QATConfig.bits is None (quantization off): there are no "
             "activation observers to calibrate, and the variables come back unchanged",
             UserWarning,
-            stacklevel=2,
+            stacklevel=user_stacklevel(),
         )
 
     variables = dict(qat_variables)
@@ -832,7 +833,7 @@ def _warn_zero_ranges(variables: Mapping[str, Any]) -> None:
             "range is [0, 0], so every nonzero input of those layers will quantize to about 0. "
             "Calibrate on batches that exercise those inputs",
             UserWarning,
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
 
 
@@ -933,7 +934,7 @@ def _warn_uncalibrated(qat_variables: Variables) -> None:
             "their activations stay float in the converted model (weights are int8, but those "
             "matmuls are not integer ones); run qat.calibrate before qat.convert",
             UserWarning,
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
 
 

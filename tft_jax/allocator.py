@@ -28,6 +28,8 @@ import sys
 import warnings
 from collections.abc import Mapping, Sequence
 
+from tft_jax.caller_frame import user_stacklevel
+
 TUNABLE = "glibc.malloc.hugetlb"
 TUNED_VALUE = "1"
 OPT_OUT_VARIABLE = "TFT_JAX_ALLOCATOR"
@@ -110,7 +112,7 @@ def relaunch_with_tuned_allocator(argv: Sequence[str] | None = None) -> None:
             "typed interactively and cannot be started again, so it keeps its allocator; "
             f"set GLIBC_TUNABLES={TUNABLE}={TUNED_VALUE} in its environment instead",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=user_stacklevel(),
         )
         return
     argv = list(sys.orig_argv if argv is None else argv)

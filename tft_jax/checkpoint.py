@@ -69,6 +69,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from tft_jax.caller_frame import user_stacklevel
 from tft_jax.distributed import barrier, is_primary, to_host
 from tft_jax.paths import expanded
 
@@ -577,7 +578,7 @@ class TrainingCheckpointer:
                 "its best until a validation loss beats the lost best's, and load_state "
                 "falls back to the latest step",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=user_stacklevel(),
             )
         return None
 
@@ -608,7 +609,7 @@ class TrainingCheckpointer:
                 f"best checkpoint step {step} restored from the latest checkpoint of the "
                 f"same step{saved}",
                 UserWarning,
-                stacklevel=4,
+                stacklevel=user_stacklevel(),
             )
         return restored
 
@@ -710,13 +711,13 @@ class TrainingCheckpointer:
                     f"{where}; left in place, as the folder is opened for reading only "
                     "(a fit that resumes from it moves it aside)",
                     UserWarning,
-                    stacklevel=5,
+                    stacklevel=user_stacklevel(),
                 )
             return
         target = self._quarantine(kind, step)
         if target is not None:
             # A repair of the user's run: announced (a warning, shown even when quiet).
-            warnings.warn(f"{where}; moved to {target}", UserWarning, stacklevel=5)
+            warnings.warn(f"{where}; moved to {target}", UserWarning, stacklevel=user_stacklevel())
 
     def _quarantine(self, kind: str, step: int) -> pathlib.Path | None:
         """Moves step `step` of `kind` into `corrupt/`; where to (None outside process 0)."""

@@ -57,6 +57,7 @@ import pandas as pd
 from tft_jax import plots
 from tft_jax.allocator import relaunch_with_tuned_allocator
 from tft_jax.atomic_files import temporary_sibling
+from tft_jax.caller_frame import user_stacklevel
 from tft_jax.checkpoint import BEST, LATEST, TrainingCheckpointer
 from tft_jax.cli_experiments import command_experiment
 from tft_jax.cli_parser import (
@@ -790,7 +791,7 @@ def save_run(forecaster: Forecaster, out: pathlib.Path, extra: dict[str, Any]) -
         if issubclass(caught_warning.category, EarlierResultsWarning):
             replaced = True
         else:
-            warnings.warn(caught_warning.message, stacklevel=2)
+            warnings.warn(caught_warning.message, stacklevel=user_stacklevel())
     left = outputs_train_leaves(out) if replaced else []
     if left:
         warnings.warn(
@@ -798,7 +799,7 @@ def save_run(forecaster: Forecaster, out: pathlib.Path, extra: dict[str, Any]) -
             "plot from the models this run replaced: they describe those, not the new "
             "ones; run those commands again, or delete them",
             UserWarning,
-            stacklevel=2,
+            stacklevel=user_stacklevel(),
         )
 
 

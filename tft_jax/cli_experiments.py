@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from tft_jax import plots
+from tft_jax.caller_frame import user_stacklevel
 from tft_jax.cli_parser import (
     UsageError,
     check_batch_flags,
@@ -105,7 +106,7 @@ def _clipping_settings(args: argparse.Namespace) -> ClippingSettings:
             f"{given} more than --steps {args.steps}: each run records one point, after its "
             f"last step (--eval-every {args.steps})",
             UserWarning,
-            stacklevel=2,
+            stacklevel=user_stacklevel(),
         )
     return settings
 

@@ -24,6 +24,7 @@ import warnings
 from collections.abc import Callable, Container, Sequence
 from typing import Any
 
+from tft_jax.caller_frame import user_stacklevel
 from tft_jax.data import TARGET_SCALERS
 from tft_jax.data.dataset import SPLITS
 from tft_jax.data.scaling import TARGET_TRANSFORMS
@@ -245,7 +246,7 @@ def check_output_suffix(path: pathlib.Path, label: str, written: str) -> None:
         f"{label} {path}: written as {what} text, which its {suffix} name does not say "
         f"(a {written} name does)",
         UserWarning,
-        stacklevel=3,
+        stacklevel=user_stacklevel(),
     )
 
 

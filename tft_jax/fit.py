@@ -23,6 +23,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
+from tft_jax.caller_frame import user_stacklevel
 from tft_jax.checkpoint import BEST, TrainingCheckpointer
 from tft_jax.distributed import check_mesh, data_mesh, is_primary, place_state, shard_batch
 from tft_jax.fit_progress import Progress, duration_text, step_text
@@ -416,7 +417,11 @@ def fit(
 
     def warn(message: str) -> None:
         """A repair or surprise of this run, said even when quiet, at the caller of `fit`."""
-        warnings.warn(f"fit{f' ({label})' if label else ''}: {message}", UserWarning, stacklevel=3)
+        warnings.warn(
+            f"fit{f' ({label})' if label else ''}: {message}",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
 
     _check_state("fit", state)
     _check_fit_args(

@@ -22,6 +22,8 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 
+from tft_jax.caller_frame import user_stacklevel
+
 Array = Any
 Implementation = Literal["cudnn"] | None
 
@@ -139,7 +141,7 @@ def dot_product_attention(
                 f"TemporalSelfAttention: cuDNN's fused attention refused these operands "
                 f"({error}); XLA's attention runs instead (same function)",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=user_stacklevel(),
             )
     return jax.nn.dot_product_attention(
         query, key, value, scale=scale, is_causal=is_causal, mask=mask

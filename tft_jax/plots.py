@@ -22,6 +22,7 @@ from matplotlib import dates as mdates
 from matplotlib.figure import Figure
 
 from tft_jax.atomic_files import replaced_atomically
+from tft_jax.caller_frame import user_stacklevel
 from tft_jax.data import PreparedDataset
 from tft_jax.data.listing import first_few, repeated
 from tft_jax.data.tables import (
@@ -1050,7 +1051,7 @@ def _fan_series_codes(
     if without:
         text = f"{split} fan charts: series {without} have no {split} windows, not drawn"
         if announce is None:
-            warnings.warn(text, UserWarning, stacklevel=3)
+            warnings.warn(text, UserWarning, stacklevel=user_stacklevel())
         else:
             announce(text)
     return [code for code in codes if code in present], ""

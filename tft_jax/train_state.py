@@ -126,6 +126,21 @@ class TrainState:
 
         def replace(self, **changes: Any) -> Self: ...
 
+    def __repr__(self) -> str:
+        """One line: the counts, the parameters' size and the static settings, not the
+        arrays (a notebook showed 100,000 characters), and a state whose arrays a step has
+        consumed shows so instead of failing."""
+        arrays = jax.tree.leaves(self.trainables())
+        size = sum(int(np.prod(leaf.shape)) for leaf in arrays)
+        extra = f", extra {sorted(self.extra_params)}" if self.extra_params else ""
+        state = f", model state {sorted(self.model_state)}" if self.model_state else ""
+        return (
+            f"TrainState(step {_shown_count(self.step)}, skipped "
+            f"{_shown_count(self.skipped_steps)}; {size:,} trained values in {len(arrays)} "
+            f"arrays{extra}{state}; quantiles {self.quantiles}, clip_norm {self.clip_norm}; "
+            f"model {type(getattr(self.apply_fn, 'model', self.apply_fn)).__name__})"
+        )
+
     def trainables(self) -> dict[str, PyTree]:
         """The trained collections, `{'params': params, **extra_params}` (what `tx` sees)."""
         return {"params": self.params, **self.extra_params}
@@ -173,6 +188,16 @@ class ModelApply:
 
     def __repr__(self) -> str:
         return f"ModelApply({self.model!r})"
+
+
+def _shown_count(value: Any) -> str:
+    """A state's step count as `TrainState`'s repr shows it: its value, or why it has none
+    (donated to a step, or a tracer inside a jitted function)."""
+    if isinstance(value, jax.core.Tracer):
+        return "(traced)"
+    if isinstance(value, jax.Array) and value.is_deleted():
+        return "(donated to a step)"
+    return str(int(value))
 
 
 _FROM_TX = object()

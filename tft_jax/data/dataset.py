@@ -38,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from tft_jax.caller_frame import user_stacklevel
 from tft_jax.data.calendar import TIME_INDEX, calendar_feature_names
 from tft_jax.data.listing import first_few
 from tft_jax.data.preprocessing import Preprocessor, RowSources, missing_column, table_name
@@ -121,6 +122,23 @@ class PreparedDataset:
     missing_texts: dict[str, int] = dataclasses.field(default_factory=dict)
     require_observed_target: bool = True
     scored: str | int | None = None
+
+    def __repr__(self) -> str:
+        """One line: the series, windows and inputs, not the arrays and the frame (a
+        notebook cell showing a dataset of a few series printed a thousand lines)."""
+
+        def named(names: Sequence[str]) -> str:
+            return f"[{first_few([repr(name) for name in names])}]"
+
+        return (
+            f"PreparedDataset({len(self.series_ids)} series, history {self.history}, horizon "
+            f"{self.horizon}; windows train {len(self.train)}, validation "
+            f"{len(self.validation)}, test {len(self.test)}; validation from "
+            f"{self.validation_start}, test from {self.test_start}; statics "
+            f"{named(self.static_feature_names)}, categorical statics "
+            f"{named(self.static_categorical_names)}, known {named(self.known_feature_names)}, "
+            f"observed {named(self.observed_feature_names)})"
+        )
 
     @property
     def new_series(self) -> tuple[Any, ...]:
@@ -790,7 +808,7 @@ def prepare_dataset(
                 f"{first_few([repr(series) for series in late])}; a fitted model forecasts them "
                 "as new series, scaled on their own history",
                 UserWarning,
-                stacklevel=2,
+                stacklevel=user_stacklevel(),
             )
         preprocessor = Preprocessor.fit(
             grid,
@@ -857,7 +875,7 @@ def prepare_dataset(
     zone_back = zone_to_give_back(spec, reading, raw[spec.time_col])
     if zone_back is not None:
         dataset = _dataset_in_zone(dataset, zone_back)
-    announce_empty_inputs(empty_inputs, clean[spec.id_col].nunique(), stacklevel=3)
+    announce_empty_inputs(empty_inputs, clean[spec.id_col].nunique())
     filled = grid.groupby(spec.id_col, sort=True)[missing_col].sum()
     if filled.sum():
         report = first_few([f"{series!r} {int(n)}" for series, n in filled[filled > 0].items()])
@@ -878,6 +896,6 @@ def prepare_dataset(
             f"{int((filled > 0).sum())} of {len(filled)} series: {report}; {horizons} "
             f"(PreparedDataset.missing_report()){recorded}",
             UserWarning,
-            stacklevel=2,
+            stacklevel=user_stacklevel(),
         )
     return dataset

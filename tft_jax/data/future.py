@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tft_jax.caller_frame import user_stacklevel
 from tft_jax.data.listing import first_few
 from tft_jax.data.preprocessing import (
     Preprocessor,
@@ -172,7 +173,7 @@ def _zone_fix(spec: TableSpec, zone: Any) -> str:
     )
 
 
-def announce_unused_columns(future: pd.DataFrame, spec: TableSpec, stacklevel: int) -> None:
+def announce_unused_columns(future: pd.DataFrame, spec: TableSpec) -> None:
     """Warns of the columns of `future` holding values that the forecast does not read.
 
     The model reads the id, time and known columns of `future`; the target
@@ -181,7 +182,7 @@ def announce_unused_columns(future: pd.DataFrame, spec: TableSpec, stacklevel: i
     all. Columns that are empty throughout (a table's future rows whose
     target is not observed yet) are left unsaid. A model with no known
     columns reads nothing of `future`: that is said, whatever it holds.
-    One warning, naming the columns (`stacklevel`: `warnings.warn`'s, from here).
+    One warning, naming the columns.
     """
     known = list(spec.known_cols)
     read = {spec.id_col, spec.time_col, *known}
@@ -220,7 +221,7 @@ def announce_unused_columns(future: pd.DataFrame, spec: TableSpec, stacklevel: i
         message = f"future adds nothing: {nothing}; leave it out"
     else:
         return
-    warnings.warn(message, UserWarning, stacklevel=stacklevel)
+    warnings.warn(message, UserWarning, stacklevel=user_stacklevel())
 
 
 def _future_table(
@@ -259,7 +260,7 @@ def _future_table(
             f"{list(future.columns)}){index_hint(future, absent)}"
         )
     check_unique_columns(future, needed, "future")
-    announce_unused_columns(future, spec, stacklevel=5)  # the caller of Forecaster.predict
+    announce_unused_columns(future, spec)
     # 'n/a' in a column of numbers is an empty cell, as in the history, so it is
     # refused below as one, not as a text that is no number; 'none' throughout a
     # categorical column is that category, as in the history.
@@ -363,9 +364,7 @@ def _future_table(
     return merged
 
 
-def announce_unseen_known_values(
-    ahead: pd.DataFrame, preprocessor: Preprocessor, stacklevel: int
-) -> None:
+def announce_unseen_known_values(ahead: pd.DataFrame, preprocessor: Preprocessor) -> None:
     """Warns of the real known values of `ahead` far from the column's training values.
 
     `ahead`: the forecast steps, `(id, time, known...)` (`_future_table`).
@@ -418,7 +417,7 @@ def announce_unseen_known_values(
                 f"{listed}; the model extrapolates there and its forecasts can be anything. "
                 "Check those values (units, a typo), or retrain on data that covers them"
             )
-        warnings.warn(message, UserWarning, stacklevel=stacklevel)
+        warnings.warn(message, UserWarning, stacklevel=user_stacklevel())
 
 
 def _series_blocks(grid: pd.DataFrame, id_col: str) -> tuple[pd.Index, np.ndarray, np.ndarray]:
@@ -533,7 +532,7 @@ def _announce_history(
             "those before a series' first observed target its scaler's location; "
             f"{reading}) in {len(filled)} of {len(total)} series: {report}{recorded}",
             UserWarning,
-            stacklevel=4,
+            stacklevel=user_stacklevel(),
         )
     if trailing:
         offset = parse_frequency(freq)
@@ -549,7 +548,7 @@ def _announce_history(
             f"{report}; the forecast starts after those rows, which are filled (forward fill); "
             "drop them to forecast from the step after the last observed target",
             UserWarning,
-            stacklevel=4,
+            stacklevel=user_stacklevel(),
         )
 
 
@@ -610,7 +609,7 @@ def future_windows(
     trailing = trailing_empty_targets(grid, spec, missing_col)
     recent = recent_filled(grid, spec, missing_col, history)
     _check_recent_missing(recent, trailing, history, max_missing_fraction)
-    announce_empty_inputs(empty_inputs, len(recent), " in the history", stacklevel=3)
+    announce_empty_inputs(empty_inputs, len(recent), " in the history")
     by_series = grid.groupby(spec.id_col, sort=True)  # its codes are counted once
     total = by_series[missing_col].sum()
     recorded = recorded_frequency_hint(clean, spec, total[total > 0].index)
@@ -621,7 +620,7 @@ def future_windows(
     expected = forecast_steps(last, spec.freq, horizon)
     zone = pd.DatetimeIndex(grid[spec.time_col]).tz
     ahead = _future_table(future, preprocessor, expected, zone)
-    announce_unseen_known_values(ahead, preprocessor, stacklevel=4)  # the caller of predict
+    announce_unseen_known_values(ahead, preprocessor)
     statics = by_series[list(spec.static_cols)].first()
     for column in spec.static_cols:
         ahead[column] = ahead[spec.id_col].map(statics[column])

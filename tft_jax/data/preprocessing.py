@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tft_jax.caller_frame import user_stacklevel
 from tft_jax.data.calendar import TIME_INDEX, calendar_feature_names, calendar_features, steps_since
 from tft_jax.data.listing import first_few
 from tft_jax.data.scaling import (
@@ -454,7 +455,7 @@ class Preprocessor:
         )
 
     def announce_changed_statics(
-        self, ids: Sequence[Any], given: Sequence[tuple[Any, ...]], stacklevel: int = 2
+        self, ids: Sequence[Any], given: Sequence[tuple[Any, ...]]
     ) -> None:
         """Warns naming the trained series among `ids` whose statics `given` are not their own.
 
@@ -487,7 +488,7 @@ class Preprocessor:
                 f"trained with, and their forecasts follow the new ones: "
                 f"{first_few(changes, separator='; ')}",
                 UserWarning,
-                stacklevel=stacklevel + 1,
+                stacklevel=user_stacklevel(),
             )
 
     def check_time_zone(self, times: pd.Series | pd.DatetimeIndex, what: str = "table") -> None:
@@ -584,7 +585,7 @@ class Preprocessor:
                 f"categorical column {column!r} has values not seen in training, coded as "
                 f"unknown: [{first_few(named, limit=_NAMED)}]{located}{hint}",
                 UserWarning,
-                stacklevel=4,
+                stacklevel=user_stacklevel(),
             )
         return codes
 
@@ -662,13 +663,11 @@ class Preprocessor:
                 "untrained 'unknown' entry and their target scaler is fitted on the "
                 f"{source}{hint}",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=user_stacklevel(),
             )
-            announce_spread_fallbacks(fallbacks, f"the {source}", stacklevel=4)
-            announce_constant_series(constants, f"the {source}", stacklevel=4)
-            announce_extreme_values(
-                extremes, self.target_scaler.method, f"the {source}", stacklevel=4
-            )
+            announce_spread_fallbacks(fallbacks, f"the {source}")
+            announce_constant_series(constants, f"the {source}")
+            announce_extreme_values(extremes, self.target_scaler.method, f"the {source}")
         return TargetScaler(
             loc=loc,
             scale=scale,
@@ -778,7 +777,7 @@ class Preprocessor:
 
         observed = _float32_inputs(observed, self.observed_feature_names, grid, every_row, at)
         known = _float32_inputs(known, self.known_feature_names, grid, every_row, at)
-        self.announce_changed_statics(ids, _static_values(grid, spec, first_rows), stacklevel=3)
+        self.announce_changed_statics(ids, _static_values(grid, spec, first_rows))
         static = grid[list(self.static_feature_names)].to_numpy(np.float64)[first_rows]
         if self.static_scaler is not None:
             static = self.static_scaler.transform(static)

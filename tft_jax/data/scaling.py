@@ -41,6 +41,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from tft_jax.caller_frame import user_stacklevel
 from tft_jax.data.listing import first_few
 
 TARGET_SCALERS = ("standard", "robust", "mean_abs", "none")
@@ -267,9 +268,7 @@ def extreme_series(
     return first, ExtremeSeries(name, "", value, int(extreme.size), scale, rest)
 
 
-def announce_extreme_values(
-    extremes: Sequence[ExtremeSeries], method: str, period: str, stacklevel: int
-) -> None:
+def announce_extreme_values(extremes: Sequence[ExtremeSeries], method: str, period: str) -> None:
     """Warns that a few values set the `method` scale of the series `extremes`.
 
     One warning for all of them, naming the first few with the first such
@@ -296,7 +295,7 @@ def announce_extreme_values(
         "are errors, or fit with scaler='robust' (--scaler robust), "
         "whose median and interquartile range they do not move",
         UserWarning,
-        stacklevel=stacklevel,
+        stacklevel=user_stacklevel(),
     )
 
 
@@ -305,7 +304,7 @@ def _shown(names: Sequence[object]) -> str:
     return first_few([repr(name) for name in names])
 
 
-def announce_spread_fallbacks(names: Sequence[object], period: str, stacklevel: int) -> None:
+def announce_spread_fallbacks(names: Sequence[object], period: str) -> None:
     """Warns that the robust scale of the series `names` is their mean absolute deviation.
 
     `period` names the values they were fitted on ('the training period');
@@ -318,11 +317,11 @@ def announce_spread_fallbacks(names: Sequence[object], period: str, stacklevel: 
         f"(mostly one value, e.g. intermittent demand): {_shown(names)}; their scale is the "
         "mean absolute deviation from the median instead",
         UserWarning,
-        stacklevel=stacklevel,
+        stacklevel=user_stacklevel(),
     )
 
 
-def announce_constant_series(names: Sequence[object], period: str, stacklevel: int) -> None:
+def announce_constant_series(names: Sequence[object], period: str) -> None:
     """Warns that the series `names` are constant in `period`, so scaled by their level.
 
     A constant has no spread to scale by: its forecasts' spread is then a
@@ -336,7 +335,7 @@ def announce_constant_series(names: Sequence[object], period: str, stacklevel: i
         "on its value and scaled by its size |value| (by 1 where the value is 0), so its "
         "forecast spread is relative to its level",
         UserWarning,
-        stacklevel=stacklevel,
+        stacklevel=user_stacklevel(),
     )
 
 
@@ -471,9 +470,9 @@ class TargetScaler:
                     else f"at position {position} of its values"
                 )  # fmt: skip
                 extremes.append(extreme._replace(place=place))
-        announce_spread_fallbacks(spread_fallbacks, "the training period", stacklevel=3)
-        announce_constant_series(constants, "the training period", stacklevel=3)
-        announce_extreme_values(extremes, method, "the training period", stacklevel=3)
+        announce_spread_fallbacks(spread_fallbacks, "the training period")
+        announce_constant_series(constants, "the training period")
+        announce_extreme_values(extremes, method, "the training period")
         return cls(loc=loc, scale=scale, method=method, target_transform=transform)
 
     @property

@@ -31,6 +31,7 @@ import pandas as pd
 from pandas.api import types as ptypes
 from pandas.tseries.frequencies import to_offset
 
+from tft_jax.caller_frame import user_stacklevel
 from tft_jax.data.listing import first_few
 from tft_jax.data.zone_candidates import describe, zones_keeping_time_of_day, zones_with_offsets
 
@@ -484,7 +485,7 @@ def read_announced(
       ValueError: also for a spec column whose label the table repeats
         (`check_unique_columns`).
     """
-    raw = read_table(table, encoding, spec.id_col, fitted, spec.categorical_cols, stacklevel=4)
+    raw = read_table(table, encoding, spec.id_col, fitted, spec.categorical_cols)
     check_unique_columns(raw, spec.columns)
     raw = plain_columns(raw, spec)
     columns = [c for c in spec.columns if c != spec.time_col and c in raw.columns]
@@ -494,11 +495,11 @@ def read_announced(
             "read cells holding a missing-value text as missing: "
             + ", ".join(f"{count} in {column!r}" for column, count in counts.items()),
             UserWarning,
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
     kept = kept_placeholders(raw, spec, fitted)
     if kept:
-        warnings.warn(_kept_placeholders_text(kept), UserWarning, stacklevel=3)
+        warnings.warn(_kept_placeholders_text(kept), UserWarning, stacklevel=user_stacklevel())
     return raw, counts
 
 
@@ -820,8 +821,6 @@ def read_table(
     id_col: str | None = None,
     fitted: Mapping[str, Sequence[Any]] | None = None,
     categorical: Sequence[str] = (),
-    *,
-    stacklevel: int = 2,
 ) -> pd.DataFrame:
     """Returns `table` itself if it is a DataFrame, else reads it as a CSV file.
 
@@ -846,8 +845,7 @@ def read_table(
 
     Rows that end with an extra empty field (a delimiter after the last
     field; pandas would make the first field the index and shift every
-    column) are read without it, announced by a warning (`stacklevel` as
-    `warnings.warn`'s, from `read_table`'s frame). Rows whose distinct first
+    column) are read without it, announced by a warning. Rows whose distinct first
     fields the header does not name are row labels (R's `write.table`): the
     index, as pandas reads them. A header that repeats a name is recorded for
     `check_unique_columns` (pandas renames the second 'sales' to 'sales.1').
@@ -896,7 +894,7 @@ def read_table(
                     f"after the last of the header's {len(frame.columns)} names, e.g. line 2); "
                     "read without it",
                     UserWarning,
-                    stacklevel=stacklevel,
+                    stacklevel=user_stacklevel(),
                 )
         frame.attrs[_READ_FROM] = (os.fspath(table), len(frame))  # for `file_rows`
         _record_header(table, encoding, frame, options)
@@ -1522,7 +1520,7 @@ def _in_zone(parsed: pd.Series, timezone: str | None, column: str, values: pd.Se
         f"saving changes the offset), pass it as timezone= (--timezone), "
         f"{_offset_zones(values)}",
         UserWarning,
-        stacklevel=5,
+        stacklevel=user_stacklevel(),
     )
     return parsed
 
@@ -1741,7 +1739,7 @@ def _announce_one_by_one(values: pd.Series, parsed: pd.Series, column: str) -> N
         f"column {column!r} holds times in no format pandas infers (e.g. {example!r}), so "
         f"each was read on its own (dateutil), slowly on a large table; {way}",
         UserWarning,
-        stacklevel=6,
+        stacklevel=user_stacklevel(),
     )
 
 
@@ -1951,7 +1949,7 @@ def _to_float(
             f"the target {column!r} holds booleans: read as 0/1 numbers; quantile forecasts "
             "of a yes/no target may lie outside [0, 1]",
             UserWarning,
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
     if ptypes.is_bool_dtype(values) or ptypes.is_numeric_dtype(values):
         numbers = values.astype("float64")
@@ -2713,7 +2711,7 @@ def _warn_id_twins(ids: pd.Series, column: str) -> None:
         f"group is one series, {' and '.join(f for f in fix if f)} before fitting (for the "
         "CLI, write a copy so cleaned)",
         UserWarning,
-        stacklevel=4,
+        stacklevel=user_stacklevel(),
     )
 
 
@@ -2917,7 +2915,7 @@ def validate_table(
             f"left out {len(short)} of {len(lengths)} series shorter than {min_length} steps "
             f"({need}): {_short_series_text(short)}",
             UserWarning,
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
         clean = clean[~clean[spec.id_col].isin(list(short))].reset_index(drop=True)
     return clean
@@ -3109,9 +3107,7 @@ def empty_input_cells(clean: pd.DataFrame, spec: TableSpec) -> dict[str, EmptyCe
     return found
 
 
-def announce_empty_inputs(
-    found: dict[str, EmptyCells], num_series: int, where: str = "", stacklevel: int = 3
-) -> None:
+def announce_empty_inputs(found: dict[str, EmptyCells], num_series: int, where: str = "") -> None:
     """A `UserWarning` listing, per column of `found`, the cells filled and the series holding them.
 
     `where` (e.g. ' in the history') follows 'inputs' in the message.
@@ -3135,7 +3131,7 @@ def announce_empty_inputs(
         "values are the future, set to the training mean, or to unknown if categorical): "
         + "; ".join(describe(column, empty) for column, empty in found.items()),
         UserWarning,
-        stacklevel=stacklevel,
+        stacklevel=user_stacklevel(),
     )
 
 

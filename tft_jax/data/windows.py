@@ -66,6 +66,13 @@ class Panel:
     def __len__(self) -> int:
         return int(self.series_code.shape[0])
 
+    def __repr__(self) -> str:
+        """One line: its sizes, not its arrays (a notebook showed every row's index)."""
+        return (
+            f"Panel({len(self.series_length)} series, {len(self)} rows, "
+            f"{self.observed.shape[1]} observed and {self.known.shape[1]} known inputs)"
+        )
+
 
 def _bound(name: str, value: Any, times: pd.DatetimeIndex) -> pd.Timestamp:
     """`value` as a timestamp comparable with `times`, or a ValueError naming `name`.
@@ -232,6 +239,14 @@ class WindowSet:
 
     def __len__(self) -> int:
         return int(self.starts.shape[0])
+
+    def __repr__(self) -> str:
+        """One line: its sizes, not its arrays."""
+        scale = ", normalized" if self.normalized else ""
+        return (
+            f"WindowSet({len(self)} windows over a panel of {len(self.panel)} rows, history "
+            f"{self.history}, horizon {self.horizon}{scale})"
+        )
 
     @property
     def series_code(self) -> np.ndarray:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from tft_jax.caller_frame import user_stacklevel
 from tft_jax.data.preprocessing import Preprocessor
 from tft_jax.data.tables import TableSpec, _is_aware, typical_step
 from tft_jax.data.windows import Panel
@@ -85,7 +86,7 @@ def _warn_off_the_days(texts: pd.Series, preprocessor: Preprocessor, spec: Table
             "localized in their zone (e.g. pd.to_datetime(df[col], utc=True)"
             ".dt.tz_convert('Europe/Berlin'))",
             UserWarning,
-            stacklevel=4,
+            stacklevel=user_stacklevel(),
         )
 
 
@@ -124,7 +125,7 @@ def _warn_other_local_offsets(texts: pd.Series, origin: pd.Timestamp, spec: Tabl
             "localized in their zone (e.g. pd.to_datetime(df[col], utc=True)"
             ".dt.tz_convert('Europe/Berlin'))",
             UserWarning,
-            stacklevel=5,
+            stacklevel=user_stacklevel(),
         )
 
 

@@ -15,6 +15,7 @@ crossing quantiles are not a forecast anyone can use.
 from __future__ import annotations
 
 import codecs
+import copy
 import dataclasses
 import json
 import numbers
@@ -32,6 +33,7 @@ import pandas as pd
 
 import qat
 from tft_jax.baselines import candidate_periods, seasonal_period
+from tft_jax.caller_frame import user_stacklevel
 from tft_jax.checkpoint import TrainingCheckpointer
 from tft_jax.checkpoint import digest as tree_digest
 from tft_jax.config import TFTConfig
@@ -112,7 +114,7 @@ def _check_zero_target_cutoffs(cutoffs: list[pd.Timestamp], count: int, horizon:
         "zero, so q-risk is undefined there: their p50_q_risk and p90_q_risk are NaN (the "
         "mean_quantile_loss is scored; best_baseline, chosen by q-risk, is NaN)",
         UserWarning,
-        stacklevel=3,
+        stacklevel=user_stacklevel(),
     )
 
 
@@ -146,6 +148,8 @@ class _Fitted:
     # `run_folder.versions()` where the model was trained (kept through save and load);
     # None for a folder whose config.json holds none.
     versions: dict[str, Any] | None = None
+    # The settings it was fitted (or loaded) with, as `_settings_record` writes them.
+    settings: dict[str, Any] | None = None
 
 
 # `qat.QATConfig` fields that configure stand-alone observers only: the QAT TFT's layout
@@ -167,13 +171,36 @@ RESUMABLE_FIELDS = {
 }
 
 
+# The settings a fitted forecaster may change before it forecasts, evaluates or saves: those
+# a resume may change, and how it reads and screens new tables. Every other one made the
+# model it holds (its windows, scale, size, levels or integer bits): a forecast with
+# another value read the model's inputs otherwise without a word (another window
+# normalization moved forecasts by 10%), and `save` wrote a folder that `load` refuses.
+FITTED_USE_FIELDS = {
+    **RESUMABLE_FIELDS,
+    "data": (
+        *RESUMABLE_FIELDS["data"],
+        "encoding",
+        "dayfirst",
+        "time_format",
+        "max_missing_fraction",
+        "min_series_length",
+    ),
+}
+
+
 def _settings_record(settings: ForecasterConfig) -> dict[str, Any]:
     """`settings.to_json()` as it reads back from JSON (tuples as lists)."""
     return json.loads(json.dumps(run_folder.json_ready(settings.to_json())))
 
 
-def _changed_settings(written: dict[str, Any], settings: ForecasterConfig) -> list[str]:
-    """`'Section.field OLD then, NEW now'` for each field a resume may not change.
+def _changed_settings(
+    written: dict[str, Any],
+    settings: ForecasterConfig,
+    free: dict[str, tuple[str, ...]] = RESUMABLE_FIELDS,
+) -> list[str]:
+    """`'Section.field OLD then, NEW now'` for each field a resume may not change (fields
+    outside `free`, by section).
 
     A field missing from `written` (recorded before the field existed) counts
     as its default. The QAT section may be added (the QAT phase has not
@@ -188,7 +215,7 @@ def _changed_settings(written: dict[str, Any], settings: ForecasterConfig) -> li
         if old is None or new is None:
             continue
         for field in dataclasses.fields(kind):
-            if field.name in RESUMABLE_FIELDS[section]:
+            if field.name in free[section]:
                 continue
             then, now = old.get(field.name, _settings_record_value(field.default)), new[field.name]
             if not _same_setting(field.name, then, now):
@@ -289,7 +316,7 @@ def _check_batch_stream(
                     f"resume: {path} was written before runs recorded their settings; the "
                     "settings of this resume cannot be checked against those the checkpoints "
                     "were trained with",
-                    stacklevel=3,
+                    stacklevel=user_stacklevel(),
                 )
             elif changed := _changed_settings(written["settings"], settings):
                 raise ValueError(
@@ -308,7 +335,7 @@ def _check_batch_stream(
                 f"{checkpoints} were trained on ({DIGEST_KEY} {written[DIGEST_KEY]} then, "
                 f"{digest} now): another table with as many windows, or the same one read on "
                 "another machine or library version; the run goes on with this table's",
-                stacklevel=3,
+                stacklevel=user_stacklevel(),
             )
         if differ:
             raise ValueError(
@@ -325,7 +352,7 @@ def _check_batch_stream(
             f"resume: {checkpoints} holds no {BATCH_STREAM_FILE} (written before runs "
             "recorded their settings); the settings and batch size of this resume cannot be "
             "checked against those the checkpoints were trained with",
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
         return
     if is_primary() and not holds:
@@ -444,7 +471,7 @@ def _check_qat_source(
             warnings.warn(
                 f"resume: {reason}: QAT starts again from it; its checkpoints of the earlier "
                 f"FP32 model in {folder} are replaced",
-                stacklevel=3,
+                stacklevel=user_stacklevel(),
             )
             # Renamed first: a run killed while deleting leaves no half of a folder behind.
             aside = folder.with_name(run_folder.REPLACED_QAT_FOLDER)
@@ -554,7 +581,7 @@ def _announce_negative_targets(frame: pd.DataFrame, spec: Any, nonnegative: bool
         "forecasts are clipped, and scored against negative actuals; set nonnegative=False "
         "for a quantity that can be negative",
         UserWarning,
-        stacklevel=3,
+        stacklevel=user_stacklevel(),
     )
 
 
@@ -625,7 +652,6 @@ def _announce_in_sample(
     scored: int,
     test_start: pd.Timestamp,
     remedy: str,
-    stacklevel: int,
 ) -> None:
     """Warns that `in_sample` of the `scored` windows of `scope` are scored on targets the
     model was fitted or selected on (before its test start `test_start`); `remedy` says how not.
@@ -640,7 +666,7 @@ def _announce_in_sample(
         "targets of its training or validation period, which it was fitted or selected on, so "
         f"their scores are in-sample (optimistic); {remedy}",
         UserWarning,
-        stacklevel=stacklevel,  # the user's call of `backtest`, `evaluate` or `evaluation`
+        stacklevel=user_stacklevel(),
     )
 
 
@@ -673,7 +699,6 @@ def _announce_in_sample_cutoffs(
         test_start,
         "for out-of-sample scores backtest a table that extends past the training data, or "
         f"use fewer or later cutoffs ({keep})",
-        stacklevel=4,  # backtest -> this -> _announce_in_sample -> warn
     )
 
 
@@ -729,6 +754,44 @@ class Forecaster:
         """
         return {**self.__dict__, "_predictors": {}}
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restores a pickled forecaster (one pickled before `config` was a property
+        holds it under that name)."""
+        if "config" in state:
+            state["_config"] = state.pop("config")
+        self.__dict__.update(state)
+
+    @property
+    def config(self) -> ForecasterConfig:
+        """The settings. They may be set anew (to `fit` with others); a fitted forecaster
+        forecasts, evaluates and saves only with those its model was fitted with, but for
+        the prediction batch, how it reads new tables and the training lengths
+        (`FITTED_USE_FIELDS`)."""
+        return self._config
+
+    @config.setter
+    def config(self, settings: ForecasterConfig) -> None:
+        if not isinstance(settings, ForecasterConfig):
+            raise TypeError(
+                f"Forecaster.config must be a ForecasterConfig, got {type(settings).__name__}"
+            )
+        self._config = settings
+
+    def __repr__(self) -> str:
+        """One line a notebook shows: the table's roles, the windows, the model's size and
+        levels, QAT, and what is fitted."""
+        settings = self.config
+        data, model = settings.data, settings.model
+        fitted = self._fitted
+        quantized = "no QAT" if settings.qat is None else f"QAT {settings.qat.bits} bits"
+        state = "not fitted" if fitted is None else f"fitted: {', '.join(fitted.variables)}"
+        return (
+            f"<Forecaster of {data.target!r} by {data.id_col!r} at {data.time_col!r} "
+            f"(freq {data.freq!r}), history {data.history}, horizon {data.horizon}; "
+            f"hidden_dim {model.hidden_dim}, quantiles {tuple(model.quantiles)}; {quantized}; "
+            f"{state}>"
+        )
+
     # ------------------------------------------------------------------ state
 
     @property
@@ -740,6 +803,23 @@ class Forecaster:
         if self._fitted is None:
             raise RuntimeError("this Forecaster is not fitted; call fit(df) or Forecaster.load")
         return self._fitted
+
+    def _fitted_as_configured(self) -> _Fitted:
+        """The fitted model, once `config` is known to hold the settings it was fitted with
+        (but those of `FITTED_USE_FIELDS`): `config` is an attribute a notebook may set
+        after `fit` to fit again."""
+        fitted = self._require_fitted()
+        changed = (
+            [] if fitted.settings is None
+            else _changed_settings(fitted.settings, self.config, FITTED_USE_FIELDS)
+        )  # fmt: skip
+        if changed:
+            raise ValueError(
+                "Forecaster.config holds other settings than its model was fitted with "
+                f"({'; '.join(changed)}); call fit to train a model with them, or set "
+                "config back"
+            )
+        return fitted
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -758,18 +838,19 @@ class Forecaster:
 
     @property
     def variables(self) -> dict[str, Any]:
-        """The trained variables of each model form, by name."""
-        return dict(self._require_fitted().variables)
+        """The trained variables of each model form, by name: a copy whose containers may
+        be edited (the arrays are JAX arrays, immutable) without changing the forecaster."""
+        return jax.tree.map(lambda leaf: leaf, self._require_fitted().variables)
 
     @property
     def history(self) -> dict[str, Any]:
-        """Training and validation losses per evaluation, by phase ('fp32', 'qat')."""
-        return self._require_fitted().history
+        """Training and validation losses per evaluation, by phase ('fp32', 'qat'): a copy."""
+        return copy.deepcopy(self._require_fitted().history)
 
     @property
     def summary(self) -> dict[str, Any]:
-        """Step counts, timings and sizes recorded by `fit`."""
-        return self._require_fitted().summary
+        """Step counts, timings and sizes recorded by `fit`: a copy."""
+        return copy.deepcopy(self._require_fitted().summary)
 
     @property
     def season_period(self) -> int:
@@ -815,7 +896,7 @@ class Forecaster:
         """The jitted `Batch -> TFTOutput` of one trained form (compiled on first use)."""
         model = self._check_model(model)
         if model not in self._predictors:
-            fitted = self._require_fitted()
+            fitted = self._fitted_as_configured()
             self._predictors[model] = make_predictor(
                 model, fitted.tft_config, fitted.variables[model], self.config.integer_bits
             )
@@ -847,7 +928,7 @@ class Forecaster:
         """
         if scored is not None and scored not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {scored!r}")
-        fitted = self._require_fitted()
+        fitted = self._fitted_as_configured()
         if isinstance(table, PreparedDataset):
             self._check_prepared(table, fitted.preprocessor)
             _check_new_series_scaled_for(table, scored)
@@ -1073,6 +1154,7 @@ class Forecaster:
             history=history,
             summary=summary,
             versions=run_folder.versions(),
+            settings=_settings_record(settings),
         )
         self._predictors = {}
         return self
@@ -1111,7 +1193,7 @@ class Forecaster:
           ordered by series then time.
         """
         batch_size = self._batch_size(batch_size, "predict")
-        fitted = self._require_fitted()
+        fitted = self._fitted_as_configured()
         predict = self.predictor(model)
         data = self.config.data
         ahead = future_windows(
@@ -1229,7 +1311,7 @@ class Forecaster:
         warnings.warn(
             f"{where}: left out of the scores {int(left_out.sum())} of {starts.size} windows "
             f"with {self._sparse_text(dataset, 'their')}, the histories predict refuses: {listed}",
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
 
     def _announce_in_sample_test(self, dataset: PreparedDataset, starts: np.ndarray) -> None:
@@ -1256,7 +1338,6 @@ class Forecaster:
             "for out-of-sample scores evaluate a table that extends past the training data "
             "by at least a test split, or backtest it with cutoffs at or after the model's "
             "test start",
-            stacklevel=5,  # evaluate or evaluation -> _evaluation -> this -> ... -> warn
         )
 
     def evaluation(
@@ -1610,7 +1691,7 @@ class Forecaster:
         naming them when this is another model (not the one loaded from there, or saved
         there before): they describe that one.
         """
-        fitted = self._require_fitted()
+        fitted = self._fitted_as_configured()
         root = expanded(path)  # "~/runs/x" is the user's, as in a shell
         # Refused before anything is written: pathlib's NotADirectoryError named no cause.
         existing = next(p for p in (root, *root.parents) if p.exists() or p == p.parent)
@@ -1680,7 +1761,7 @@ class Forecaster:
                 "before; they describe that model, not this one, and are left as they are "
                 "(delete them, or save into a new folder)",
                 run_folder.EarlierResultsWarning,
-                stacklevel=2,
+                stacklevel=user_stacklevel(),
             )
         return root
 
@@ -1758,5 +1839,6 @@ class Forecaster:
             history=history,
             summary=summary,
             versions=versions if isinstance(versions := config.get("versions"), dict) else None,
+            settings=_settings_record(forecaster.config),
         )
         return forecaster

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 import qat
+from tft_jax.caller_frame import user_stacklevel
 from tft_jax.data import PreparedDataset
 from tft_jax.distributed import (
     data_mesh,
@@ -238,7 +239,7 @@ def train_qat(
             f"QATTrainingConfig.calibration_batches is {settings.calibration_batches}, but one "
             f"epoch of training windows holds {seen} batches of {training.batch_size}: the "
             f"activation observers were calibrated on {seen}",
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
     announce(
         quiet,
