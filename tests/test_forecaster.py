@@ -537,6 +537,17 @@ def test_unfitted_forecaster_says_so():
 def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match=r"ModelConfig.hidden_dim \(10\) must be divisible"):
         ModelConfig(hidden_dim=10, num_heads=4)
+    # A width of 1 or 2 trained a model whose forecasts ignore the inputs (one or two values).
+    with pytest.raises(ValueError, match=r"ModelConfig.hidden_dim must be >= 3, got 2: every"):
+        ModelConfig(hidden_dim=2, num_heads=1)
+    assert ModelConfig(hidden_dim=3, num_heads=1).hidden_dim == 3
+    # One history step has no spread to normalize by: every window's history target read 0.
+    with pytest.raises(
+        ValueError,
+        match=r"DataConfig.history must be >= 2 with DataConfig.window_normalization=True, got 1",
+    ):
+        DataConfig(**{**DATA.__dict__, "history": 1})
+    assert DataConfig(**{**DATA.__dict__, "history": 1, "window_normalization": False})
     with pytest.raises(ValueError, match=r"DataConfig: give both validation_start and test_start"):
         DataConfig(**{**DATA.__dict__, "validation_start": "2024-03-01"})
     with pytest.raises(TypeError, match=r"DataConfig.known_cols must be a list of column names"):

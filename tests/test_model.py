@@ -308,6 +308,7 @@ def test_batched_variable_linear_equals_separate_linear_maps():
     "field, value, message",
     [
         ("hidden_dim", 10, r"hidden_dim \(10\) must be divisible by .*num_heads \(4\)"),
+        ("hidden_dim", 2, r"TFTConfig.hidden_dim must be >= 3, got 2: every gate, add & norm"),
         ("dropout_rate", 1.0, r"dropout_rate must be in \[0, 1\), got 1.0"),
         ("quantiles", (0.5, 0.1), "strictly increasing"),
         ("quantiles", (0.0, 0.5), r"must lie in \(0, 1\)"),

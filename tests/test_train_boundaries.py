@@ -351,6 +351,28 @@ def test_a_donated_state_is_named_not_an_xla_buffer_error(state: TrainState) -> 
         evaluate(copy, [make_batch()])
 
 
+def test_a_state_shows_its_counts_and_size_donated_or_traced_not_its_arrays(
+    state: TrainState,
+) -> None:
+    # Its dataclass repr printed every array (112,000 characters for a tiny model), and
+    # raised for a state a step had donated.
+    size = sum(leaf.size for leaf in jax.tree.leaves(state.params))
+    count = len(jax.tree.leaves(state.params))
+    described = (
+        f"{size:,} trained values in {count} arrays; quantiles (0.1, 0.5, 0.9), clip_norm "
+        f"{state.clip_norm}; model TemporalFusionTransformer)"
+    )
+    assert repr(state) == f"TrainState(step 0, skipped 0; {described}"
+    copy = jax.tree.map(jnp.copy, state)
+    train_step(copy, make_batch(), jax.random.key(0))
+    assert repr(copy) == (
+        f"TrainState(step (donated to a step), skipped (donated to a step); {described}"
+    )
+    shown = []
+    jax.jit(lambda traced: shown.append(repr(traced)) or traced.step)(state)
+    assert shown == [f"TrainState(step (traced), skipped (traced); {described}"]
+
+
 def test_fit_names_a_bad_batch_found_during_training(state: TrainState) -> None:
     # Before: "quantile_loss: target must have shape (4, 2) ..., got (4, 3)", no batch named.
     wide = make_batch(target=np.zeros((B, H + 1), np.float32))

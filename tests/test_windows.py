@@ -4,6 +4,8 @@ bounds are refused by name."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -199,6 +201,35 @@ def test_window_stats_are_the_mean_and_floored_std_of_the_observed_history_only(
                 seen_all_filled = True
             np.testing.assert_allclose([loc[i], scale[i]], want, rtol=1e-5, atol=1e-6)
     assert seen_all_filled and seen_partly_filled
+
+
+def test_window_normalization_over_one_history_step_is_refused_by_name():
+    # One step has no spread: every window's history target read 0 at the floor scale.
+    table = ragged_table("D", 0)
+    message = r"history must be >= 2 with window_normalization=True, got 1"
+    with pytest.raises(ValueError, match=message):
+        quiet_prepare(table, freq="D", history=1, horizon=HORIZON, window_normalization=True)
+    data = quiet_prepare(table, freq="D", history=1, horizon=HORIZON)
+    assert data.train.history == 1 and not data.train.normalized
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(data.train, normalized=True)
+
+
+def test_a_prepared_dataset_and_its_windows_show_their_sizes_not_their_arrays():
+    data = quiet_prepare(ragged_table("D", 0), freq="D", history=HISTORY, horizon=HORIZON)
+    shown = repr(data)
+    assert shown.startswith(f"PreparedDataset(3 series, history {HISTORY}, horizon {HORIZON}; ")
+    assert f"windows train {len(data.train)}, validation {len(data.validation)}, " in shown
+    assert len(shown) < 400 and "\n" not in shown
+    assert repr(data.train) == (
+        f"WindowSet({len(data.train)} windows over a panel of {len(data.train.panel)} rows, "
+        f"history {HISTORY}, horizon {HORIZON})"
+    )
+    panel = data.train.panel
+    assert repr(panel) == (
+        f"Panel(3 series, {len(panel)} rows, {panel.observed.shape[1]} observed and "
+        f"{panel.known.shape[1]} known inputs)"
+    )
 
 
 def test_batch_indices_without_shuffling_are_consecutive_slices_and_drop_only_a_short_last():

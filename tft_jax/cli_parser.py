@@ -367,7 +367,8 @@ DATA_OPTIONS = (
     Option("--freq", "data", "freq",
            "pandas frequency alias, e.g. h, D, 15min, W, MS (required with --csv)"),
     Option("--timezone", "data", "timezone", "IANA zone calendar inputs are read in"),
-    Option("--history", "data", "history", "history length T in steps", {"type": positive_int}),
+    Option("--history", "data", "history",
+           "history length T in steps (>= 2 with window normalization)", {"type": positive_int}),
     Option("--horizon", "data", "horizon", "forecast horizon H in steps", {"type": positive_int}),
     Option("--validation-fraction", "data", "validation_fraction",
            "share of the time span for validation", {"type": fraction}),
@@ -412,7 +413,7 @@ DATA_OPTIONS = (
            "5 business-daily, 52 weekly, 12 monthly, 4 quarterly)", {"type": positive_int}),
 )  # fmt: skip
 MODEL_OPTIONS = (
-    Option("--hidden-dim", "model", "hidden_dim", "model width D", {"type": positive_int}),
+    Option("--hidden-dim", "model", "hidden_dim", "model width D (>= 3)", {"type": positive_int}),
     Option("--heads", "model", "num_heads", "attention heads, dividing --hidden-dim",
            {"type": positive_int}),
     Option("--dropout", "model", "dropout_rate", "dropout", {"type": fraction}),

@@ -33,6 +33,22 @@ def _require_int(name: str, value: Any, minimum: int) -> int:
     return int(value)
 
 
+# Each gate, add & norm normalizes over the model's D features: one feature normalizes to
+# 0 and two to +-1, so a TFT of width 1 forecasts one value whatever its inputs and one of
+# width 2 at most two values.
+MIN_HIDDEN_DIM = 3
+
+
+def check_hidden_dim(hidden_dim: int, owner: str) -> None:
+    """Raises `ValueError` naming `{owner}.hidden_dim` when it is below `MIN_HIDDEN_DIM`."""
+    if hidden_dim < MIN_HIDDEN_DIM:
+        raise ValueError(
+            f"{owner}.hidden_dim must be >= {MIN_HIDDEN_DIM}, got {hidden_dim}: every gate, "
+            f"add & norm normalizes over the {hidden_dim} feature(s), so the forecasts would "
+            f"take at most {hidden_dim} value(s) whatever the inputs"
+        )
+
+
 def _is_real_scalar(value: Any) -> bool:
     """Whether `value` is a real number: Python, NumPy or a 0-d array; not a bool or a string."""
     # Checked first: `result_type` would read a string as a dtype name.
@@ -93,7 +109,7 @@ class TFTConfig:
       num_known_features: known-future inputs `K` (at least 1).
       num_observed_features: observed-only past inputs `U`, the target included
         by the caller (at least 1).
-      hidden_dim: model width `D`.
+      hidden_dim: model width `D`, >= 3 (`MIN_HIDDEN_DIM`).
       num_heads: attention heads; must divide `hidden_dim`.
       sequence_length: history length `T`.
       prediction_horizon: forecast horizon `H`.
@@ -161,6 +177,7 @@ class TFTConfig:
             ("prediction_horizon", 1),
         ):
             object.__setattr__(self, field, _require_int(field, getattr(self, field), minimum))
+        check_hidden_dim(self.hidden_dim, "TFTConfig")
         if self.hidden_dim % self.num_heads:
             raise ValueError(
                 f"TFTConfig.hidden_dim ({self.hidden_dim}) must be divisible by "

@@ -214,6 +214,23 @@ def batch_indices(
         yield order[first : first + batch_size]
 
 
+def check_normalized_history(history: int, normalized: bool, where: str = "") -> None:
+    """Raises `ValueError` for window normalization over a history of one step.
+
+    Each window is scaled by the mean and spread of its own history's target:
+    one step has no spread, so every window's history target would read 0 and
+    its scale the floor, and the model would forecast from nothing but its
+    other inputs, silently. `where` prefixes the names (`DataConfig.`).
+    """
+    if normalized and history < 2:
+        raise ValueError(
+            f"{where}history must be >= 2 with {where}window_normalization=True, got "
+            f"{history}: each window is scaled by the mean and spread of its history's "
+            "target, which one step cannot give (every window's history target would read "
+            "0); give a longer history or window_normalization=False"
+        )
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class WindowSet:
     """The windows of one split (N of them) over a shared panel.
@@ -236,6 +253,9 @@ class WindowSet:
     history: int
     horizon: int
     normalized: bool = False
+
+    def __post_init__(self) -> None:
+        check_normalized_history(self.history, self.normalized)
 
     def __len__(self) -> int:
         return int(self.starts.shape[0])

@@ -18,11 +18,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tft_jax.config import check_hidden_dim
 from tft_jax.data import TARGET_SCALERS, TableSpec
 from tft_jax.data.listing import repeated
 from tft_jax.data.pedestrian import PEDESTRIAN_SPEC
 from tft_jax.data.scaling import TARGET_TRANSFORMS
 from tft_jax.data.tables import parse_time_text
+from tft_jax.data.windows import check_normalized_history
 
 
 def _require_int(owner: str, name: str, value: Any, minimum: int, optional: bool = False) -> None:
@@ -142,7 +144,7 @@ class DataConfig:
         Like `categorical_cols`, a list or any sequence of column names,
         stored as a tuple.
       timezone: IANA zone calendar inputs are read in (aware times only).
-      history: T, steps of history per window.
+      history: T, steps of history per window (>= 2 with `window_normalization`).
       horizon: H, steps forecast per window.
       validation_fraction, test_fraction: shares of the time span at the end.
       validation_start, test_start: cut times instead of the fractions (both or neither).
@@ -216,6 +218,8 @@ class DataConfig:
             )
         self.table_spec()  # roles, frequency and timezone are checked there
         _require_int(owner, "history", self.history, 1)
+        if isinstance(self.window_normalization, bool):  # else refused as a non-bool below
+            check_normalized_history(self.history, self.window_normalization, f"{owner}.")
         _require_int(owner, "horizon", self.horizon, 1)
         _require_int(owner, "train_stride", self.train_stride, 1)
         _require_int(owner, "season_period", self.season_period, 1, optional=True)
@@ -324,7 +328,7 @@ class ModelConfig:
     """The TFT's size and quantiles; the data fills in the input counts (`TFTConfig`).
 
     Attributes:
-      hidden_dim: model width D.
+      hidden_dim: model width D, >= 3 (`tft_jax.config.MIN_HIDDEN_DIM`).
       num_heads: attention heads, dividing `hidden_dim`.
       dropout_rate: dropout probability.
       variable_hidden_dim: width of each input variable's GRN; None = `hidden_dim`.
@@ -345,6 +349,7 @@ class ModelConfig:
         owner = "ModelConfig"
         _plain_numbers(self)
         _require_int(owner, "hidden_dim", self.hidden_dim, 1)
+        check_hidden_dim(self.hidden_dim, owner)
         _require_int(owner, "num_heads", self.num_heads, 1)
         _require_int(owner, "variable_hidden_dim", self.variable_hidden_dim, 1, optional=True)
         _require_float(owner, "dropout_rate", self.dropout_rate, 0.0, 1.0, open_low=False)
