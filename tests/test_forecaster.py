@@ -534,6 +534,15 @@ def test_unfitted_forecaster_says_so():
         Forecaster(DATA).predict(pd.DataFrame())
 
 
+def test_a_config_of_a_reloaded_module_is_named_as_such():
+    # A notebook's importlib.reload made "data must be a DataConfig, got DataConfig".
+    reloaded = type("DataConfig", (), {"__module__": "tft_jax.forecaster.config"})
+    with pytest.raises(TypeError, match=r"got DataConfig \(two imports of tft_jax.forecaster"):
+        Forecaster(reloaded())
+    with pytest.raises(TypeError, match=r"data must be a DataConfig, got dict \{\}$"):
+        ForecasterConfig({}, ModelConfig(), None)
+
+
 def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match=r"ModelConfig.hidden_dim \(10\) must be divisible"):
         ModelConfig(hidden_dim=10, num_heads=4)

@@ -528,6 +528,20 @@ def quantile_name(level: float) -> str:
     return f"q{float(level):g}"
 
 
+def another_class_hint(value: Any, kind: type) -> str:
+    """Why `value` is not a `kind` although its class has that name: a class of another
+    import of the module (a notebook's `importlib.reload`, say), or '' when the names
+    differ. "must be a DataConfig, got DataConfig" said nothing."""
+    other = type(value)
+    if other is kind or other.__name__ != kind.__name__:
+        return ""
+    return (
+        f" (two imports of {other.__module__}'s {other.__name__}: a module reloaded with "
+        "importlib.reload makes new classes the modules importing it do not know; restart "
+        "the interpreter, or reload those modules too)"
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class ForecasterConfig:
     """All settings of a `Forecaster`; `qat=None` trains FP32 only."""
@@ -546,7 +560,7 @@ class ForecasterConfig:
                 optional = " or None" if name == "qat" else ""
                 raise TypeError(
                     f"{name} must be a {kind.__name__}{optional}, got {type(value).__name__} "
-                    f"{value!r}"
+                    f"{value!r}{another_class_hint(value, kind)}"
                 )
         # `predict` writes the id, the time and one column per quantile level.
         outputs = {quantile_name(level) for level in self.model.quantiles}

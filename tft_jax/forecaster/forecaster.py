@@ -80,6 +80,7 @@ from tft_jax.forecaster.config import (
     ModelConfig,
     QATTrainingConfig,
     TrainingConfig,
+    another_class_hint,
     quantile_name,
 )
 from tft_jax.forecaster.interpretation import interpretation_tables
@@ -729,7 +730,10 @@ class Forecaster:
         qat: QATTrainingConfig | None = None,
     ) -> None:
         if not isinstance(data, DataConfig):
-            raise TypeError(f"Forecaster: data must be a DataConfig, got {type(data).__name__}")
+            raise TypeError(
+                f"Forecaster: data must be a DataConfig, got {type(data).__name__}"
+                f"{another_class_hint(data, DataConfig)}"
+            )
         self.config = ForecasterConfig(
             data=data,
             model=ModelConfig() if model is None else model,
@@ -774,6 +778,7 @@ class Forecaster:
         if not isinstance(settings, ForecasterConfig):
             raise TypeError(
                 f"Forecaster.config must be a ForecasterConfig, got {type(settings).__name__}"
+                f"{another_class_hint(settings, ForecasterConfig)}"
             )
         self._config = settings
 
