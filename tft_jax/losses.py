@@ -279,9 +279,11 @@ def q_risk(pred: Array, target: Array, q: float | np.floating) -> Array:
     Raises:
       ZeroTargetError: (a `ValueError`) `Σ|y|` is zero for concrete inputs
         (the risk is undefined there).
-      ValueError: a NaN or ±inf in a concrete `pred` or `target`, a finite
-        float64 input beyond float32's range (it would become ±inf), or a
-        concrete result beyond the result dtype's range.
+      ValueError: mismatched shapes, a NaN or ±inf in a concrete `pred` or
+        `target`, a finite float64 input beyond float32's range (it would
+        become ±inf), or a concrete result beyond the result dtype's range.
+      TypeError: `pred` or `target` not real numbers (a boolean `pred`
+        included), or `q` traced.
     """
     raw_pred, raw_target = pred, target
     pred = _as_float("q_risk", "pred", pred, allow_bool=False)

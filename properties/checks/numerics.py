@@ -434,7 +434,7 @@ def assert_grads_match_finite_differences(
       use_x64: run in float64.
       jit: wrap `fn` in `jax.jit` (unless it already is one), so that each of
         `check_grads`' evaluations compiles once instead of primitive by
-        primitive (a Flax block: ~6 s instead of ~19 s on a small CPU).
+        primitive (several times faster for a Flax block on a CPU).
 
     Raises:
       AssertionError: with `check_grads`' report of the differing derivative.

@@ -470,7 +470,7 @@ def check_jit_matches_eager(case: ModelCase) -> None:
     """The compiled forward and backward equal their op-by-op execution (float32 tolerance).
 
     Op by op, the TFT's backward pass runs a thousand primitives, each
-    compiled on first use: about 40 s on a small CPU.
+    compiled on first use: slow, so the `thorough` profile runs it.
     """
     functions = model_functions(case.config)
     floats, integers = split_inputs(case.inputs)
