@@ -3,8 +3,10 @@
 A QAT or int8 file whose observer range or weight scale is NaN or infinite is
 refused naming the leaf; an observer that saw no batch keeps its fresh infinite
 range. A file whose bytes differ from the SHA-256 config.json records is
-refused; a `models` list or `qat` section edited by hand is refused by name. A
-save cut short leaves the earlier run loadable. One tiny run with all three
+refused, as is a history.json whose bytes differ from its recorded SHA-256 (a
+load overlapping a save, which the message says); a `models` list or `qat`
+section edited by hand is refused by name. A save cut short leaves the earlier
+run loadable, and a Ctrl-C or SIGTERM during its renames waits for them. One tiny run with all three
 forms is fitted once; each test edits copies.
 """
 
@@ -16,6 +18,9 @@ import pathlib
 import re
 import shutil
 import signal
+import subprocess
+import sys
+import textwrap
 
 import jax
 import numpy as np
@@ -243,6 +248,80 @@ def test_a_ctrl_c_between_the_renames_waits_for_them_and_leaves_the_new_run_whol
     assert _folder_bytes(earlier) == files  # and no temporary file left
     forecasts = _forecasts(earlier, table)
     assert not np.array_equal(forecasts["fp32"], _forecasts(folder, table)["fp32"])
+
+
+# Writes a run's three files into the folder argv[1], sending itself a SIGTERM (what job
+# schedulers send) right after the first rename, the config.json's.
+_TERMINATED_SAVE = textwrap.dedent(
+    """
+    import os, pathlib, signal, sys
+    from tft_jax.forecaster import run_folder
+    root = pathlib.Path(sys.argv[1])
+    replace = pathlib.Path.replace
+    def terminated_after_the_config(path, target):
+        result = replace(path, target)
+        if pathlib.Path(target).name == "config.json":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return result
+    pathlib.Path.replace = terminated_after_the_config
+    files = {root / "models" / "fp32.msgpack": b"new model", root / "history.json": b"new history",
+             root / "config.json": b"new config"}
+    run_folder.write_run_files(root, files)
+    print("returned", flush=True)
+    """
+)
+
+
+def test_a_sigterm_between_the_renames_waits_for_them_and_leaves_the_new_run_whole(tmp_path):
+    # The process ended at once: config.json of the new run over the model of the old one
+    # (refused as damaged), the complete new files left as `*.<pid>.tmp`.
+    root = tmp_path / "run"
+    (root / "models").mkdir(parents=True)
+    for name in ("models/fp32.msgpack", "history.json", "config.json"):
+        (root / name).write_bytes(b"old")
+    ended = subprocess.run(
+        [sys.executable, "-c", _TERMINATED_SAVE, str(root)],
+        capture_output=True,
+        text=True,
+        cwd=pathlib.Path(__file__).resolve().parent.parent,
+        timeout=120,
+    )
+    assert ended.returncode == -signal.SIGTERM, ended.stderr  # delivered once renamed
+    assert "returned" not in ended.stdout
+    assert _folder_bytes(root) == {
+        "config.json": b"new config",
+        "history.json": b"new history",
+        "models/fp32.msgpack": b"new model",
+    }
+
+
+def test_a_history_json_that_differs_from_its_recorded_digest_is_refused(quantized, tmp_path):
+    # A load overlapping a save loaded the weights and config.json of one run with the
+    # history.json of another, without a word (history.json had no digest).
+    folder, _ = quantized
+    config = json.loads((folder / "config.json").read_text())
+    recorded = config["history_sha256"]
+    assert recorded == hashlib.sha256((folder / "history.json").read_bytes()).hexdigest()
+    assert config["format_version"] == run_folder.FORMAT_VERSION == 2  # an optional key
+    other = tmp_path / "other"
+    shutil.copytree(folder, other)
+    history = json.loads((other / "history.json").read_text())
+    history["fp32"]["step"] = [step + 1 for step in history["fp32"]["step"]]
+    (other / "history.json").write_text(json.dumps(history))
+    (other / "history.json.4242.tmp").write_text("{}")  # what a save cut short leaves
+    actual = hashlib.sha256((other / "history.json").read_bytes()).hexdigest()
+    with pytest.raises(
+        RunFolderError,
+        match=rf"{re.escape(str(other / 'history.json'))} is damaged or was replaced after the "
+        rf"run was saved: its SHA-256 is {actual}, config.json's history_sha256 is {recorded}; "
+        r"the folder may be being saved by another process, or a save into it was interrupted "
+        r"\(it holds history.json.4242.tmp, left by a save cut short\): retry the load; if "
+        "this persists, save the forecaster or train the run again",
+    ):
+        Forecaster.load(other)
+    # Saved before the digest was recorded: loads unchecked, as it did.
+    _edit_config(other, lambda config: config.pop("history_sha256"))
+    assert Forecaster.load(other).history == history
 
 
 def _with_one_ulp_moved(path: pathlib.Path) -> None:

@@ -52,31 +52,59 @@ def replaced_atomically(path: str | os.PathLike[str]) -> Iterator[pathlib.Path]:
         raise
 
 
+# The signals that stop a process and are held during renames that must all happen or
+# none: Ctrl-C, what job schedulers and `kill` send, and a closed terminal (not on Windows).
+HELD_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+
+
 @contextlib.contextmanager
 def interrupts_held() -> Iterator[None]:
-    """Holds a Ctrl-C (SIGINT) that arrives within the block, and raises it once the block ends.
+    """Holds a Ctrl-C (SIGINT), SIGTERM or SIGHUP that arrives within the block, and
+    delivers it once the block ends.
 
     For a few renames that must all happen or none (a run folder's files,
-    whose config.json lists the others' hashes): an interrupt between two
-    of them would leave a folder of two runs, which loads as neither.
-    An error that ends the block goes on instead (it says more). Python
-    runs signal handlers in the main thread only, and only Python handlers
-    raise there: in another thread, or with SIGINT ignored or left to the
-    system, the block runs as it is.
+    whose config.json lists the others' hashes): a signal between two of
+    them would leave a folder of two runs, which loads as neither. A held
+    signal is delivered as it would have been: to the Python handler there
+    was (a KeyboardInterrupt for Ctrl-C), or, left to the system, raised
+    again, which ends the process as it would have ended. An error that ends
+    the block goes on instead (it says more). Python runs signal handlers in
+    the main thread only: in another thread the block runs as it is, and so
+    does a signal that was ignored.
     """
-    previous = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
+    previous = {
+        number: handler
+        for number in HELD_SIGNALS
+        if (handler := signal.getsignal(number)) is not None and handler != signal.SIG_IGN
+    }
     held: list[tuple[int, object]] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: held.append((signum, frame)))
+    for number in previous:
+        signal.signal(number, lambda signum, frame: held.append((signum, frame)))
     try:
         yield
     except BaseException:
         # An error already ends the block (a failed rename): it stops the caller as
-        # the interrupt would, and says what became of the files.
-        signal.signal(signal.SIGINT, previous)
+        # the signal would, and says what became of the files.
+        _restore(previous)
         raise
-    signal.signal(signal.SIGINT, previous)
-    if held:
-        previous(*held[0])
+    _restore(previous)
+    # Each once, those that end the process first: a KeyboardInterrupt raised first
+    # would lose a SIGTERM held after it.
+    arrived = dict.fromkeys(signum for signum, _ in held)
+    for number in sorted(arrived, key=lambda number: callable(previous[number])):
+        handler, frame = previous[number], next(frame for signum, frame in held if signum == number)
+        if callable(handler):
+            handler(number, frame)
+        else:  # the system's default action: ends the process, for these signals
+            signal.raise_signal(number)
+
+
+def _restore(handlers: dict[int, object]) -> None:
+    """Sets each signal's handler back (`signal.getsignal`'s values, by signal number)."""
+    for number, handler in handlers.items():
+        signal.signal(number, handler)  # type: ignore[arg-type]

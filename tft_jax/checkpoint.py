@@ -61,6 +61,7 @@ import shutil
 import sys
 import traceback
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple, TypeVar
 
@@ -71,6 +72,7 @@ import orbax.checkpoint as ocp
 
 from tft_jax.caller_frame import user_stacklevel
 from tft_jax.distributed import barrier, is_primary, to_host
+from tft_jax.folder_lock import folder_locked
 from tft_jax.paths import expanded
 
 PyTree = Any
@@ -390,7 +392,12 @@ class TrainingCheckpointer:
             temporary step directories left by an interrupted save, and move
             damaged steps aside; False for reading only (`load_state`), which
             writes and deletes nothing (a `fit` may be writing the folder):
-            saving through it raises `ValueError`.
+            saving through it raises `ValueError`. A checkpointer that writes
+            holds `directory`'s lock (`tft_jax.folder_lock`, process 0 of a
+            multi-host run) until `close`: opened while another process
+            writes there, it raises `FolderLockedError` naming that process,
+            before removing anything (the temporary step directories there
+            are that writer's steps in progress).
         """
         if (
             isinstance(max_to_keep, bool)
@@ -403,10 +410,20 @@ class TrainingCheckpointer:
         self.directory = _expanded(directory, "TrainingCheckpointer").resolve()
         _check_directory(self.directory)
         self._create = bool(create)
-        self._managers = {
-            LATEST: self._manager(LATEST, int(max_to_keep)),
-            BEST: self._manager(BEST, 1),
-        }
+        self._lock = contextlib.ExitStack()
+        if self._create:
+            label = "TrainingCheckpointer: "
+            self._lock.enter_context(folder_locked(self.directory, label, enabled=is_primary()))
+        # Released at `close`, or when a checkpointer left open is collected.
+        self._unlock = weakref.finalize(self, self._lock.close)
+        try:
+            self._managers = {
+                LATEST: self._manager(LATEST, int(max_to_keep)),
+                BEST: self._manager(BEST, 1),
+            }
+        except BaseException:
+            self._unlock()
+            raise
 
     def _manager(self, kind: str, max_to_keep: int) -> ocp.CheckpointManager:
         """The orbax manager of `directory/kind`; one opened for reading only deletes nothing.
@@ -740,9 +757,12 @@ class TrainingCheckpointer:
         return target
 
     def close(self) -> None:
-        """Waits for pending writes and releases the managers."""
-        for manager in self._managers.values():
-            manager.close()
+        """Waits for pending writes and releases the managers, then the folder's lock."""
+        try:
+            for manager in self._managers.values():
+                manager.close()
+        finally:
+            self._unlock()
 
     def __enter__(self) -> TrainingCheckpointer:
         return self

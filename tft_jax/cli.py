@@ -47,7 +47,7 @@ import sys
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 import jax
@@ -97,12 +97,14 @@ from tft_jax.evaluation import (
     to_original_units,
     write_forecasts,
 )
+from tft_jax.folder_lock import FolderLockedError, folder_locked
 from tft_jax.forecaster import DEMO, DataConfig, Forecaster, ForecasterConfig, RunFolderError
 from tft_jax.forecaster.process_agreement import table_digest
 from tft_jax.forecaster.run_folder import (
     ATTENTION_PLOT,
     BATCH_STREAM_FILE,
     CONFIG_FILE,
+    DIGESTS_KEY,
     HISTORY_FILE,
     LOSS_CURVES_PLOT,
     OTHER_TABLES_FILE,
@@ -113,8 +115,11 @@ from tft_jax.forecaster.run_folder import (
     check_not_a_file,
     forecast_plot,
     future_plot,
+    holds_models,
     json_ready,
     read_json,
+    sha256_hex,
+    variables_bytes,
     write_json,
 )
 from tft_jax.forecaster.training import announce
@@ -812,6 +817,18 @@ def run_training(args: argparse.Namespace, command: str = "train") -> dict[str, 
     check_train_flags(args)
     check_output_folder(args.out, "--out")
     check_run_outputs(pathlib.Path(args.out), args.qat)
+    # One process writes a run folder at a time, for the whole command: taken before the
+    # "already holds a run" check and before `--overwrite` deletes anything, so that a
+    # second `train` into the folder is refused, naming the first, and touches nothing.
+    with folder_locked(pathlib.Path(args.out), "--out ", enabled=is_primary()):
+        return _train_into_out(args, command, started)
+
+
+def _train_into_out(
+    args: argparse.Namespace, command: str, started: float
+) -> dict[str, Any] | None:
+    """`run_training` once `--out` is checked and locked: reads the table, trains and
+    writes the run's files; the metrics (process 0)."""
     settings = forecaster_config(args, qat=args.qat)
     check_forecast_columns(
         settings.data, settings.model.quantiles, ("--id-col", "--time-col"), model_column=True
@@ -1118,6 +1135,54 @@ def check_same_split(
     )
 
 
+def is_inside(path: pathlib.Path, folder: pathlib.Path) -> bool:
+    """Whether `path` lies in `folder` (however either is spelled)."""
+    return pathlib.Path(path).resolve().is_relative_to(pathlib.Path(folder).resolve())
+
+
+def check_run_unchanged(run: pathlib.Path, forecaster: Forecaster) -> None:
+    """Raises `UsageError` unless the run folder `run` still holds the models `forecaster`
+    was loaded with: the digests its config.json records (or, in a folder saved before
+    they were, the model files themselves).
+
+    Checked, under the folder's lock, just before a command writes its results
+    there: a `train --resume` that saved another model there meanwhile would
+    otherwise be left with metrics or forecasts of the model before it.
+    """
+    models = {name: variables_bytes(variables) for name, variables in forecaster.variables.items()}
+    try:
+        config = read_json(run / CONFIG_FILE)
+    except RunFolderError:
+        config = None
+    recorded = config.get(DIGESTS_KEY) if isinstance(config, dict) else None
+    if isinstance(recorded, dict):
+        same = recorded == {name: sha256_hex(data) for name, data in models.items()}
+    else:
+        same = isinstance(config, dict) and holds_models(run, models)
+    if not same:
+        raise UsageError(
+            f"--run {run} was saved again while this command ran (its config.json records "
+            "other models than the ones it loaded): its results would describe the earlier "
+            "model in the folder of the new one, so none were written; run the command again"
+        )
+
+
+@contextlib.contextmanager
+def writing_into_run(run: pathlib.Path, forecaster: Forecaster, writes: bool) -> Iterator[None]:
+    """Holds the lock of the run folder `run` while a command writes its results there
+    (`writes`), once it has checked that the run still holds the models it loaded.
+
+    Another process writing the run (a `train --resume`) refuses the command,
+    naming that process; a run saved again since the load refuses it too
+    (`check_run_unchanged`). Nothing is locked when the command writes
+    elsewhere only (`--output` outside the folder).
+    """
+    with folder_locked(run, "--run ", enabled=writes):
+        if writes:
+            check_run_unchanged(run, forecaster)
+        yield
+
+
 def command_evaluate(args: argparse.Namespace) -> int:
     check_reading_flags(args)
     forecaster, config = load_run(args.run, args.eval_batch_size)
@@ -1144,9 +1209,11 @@ def command_evaluate(args: argparse.Namespace) -> int:
     metrics.pop("table", None)  # an earlier evaluation's table does not describe these
     if args.csv is not None:
         metrics["table"] = str(args.csv)
-    record_other_table_name(args, config)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    write_json(target, metrics)
+    writes = is_inside(target, args.run) or other_table(args, config)
+    with writing_into_run(args.run, forecaster, writes):
+        record_other_table_name(args, config)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_json(target, metrics)
     print(metrics_table(metrics))
     print(f"metrics: {target}")
     return 0
@@ -1167,8 +1234,10 @@ def command_forecast(args: argparse.Namespace) -> int:
     dataset = forecaster.prepare(run_table(args, config, forecaster), args.split)
     windows = dataset.split(args.split)
     prediction = forecaster.predictions(dataset, windows, [name])[name]
-    record_other_table_name(args, config)
-    write_split_forecasts(forecaster, dataset, args.split, prediction, name, output)
+    writes = is_inside(output, args.run) or other_table(args, config)
+    with writing_into_run(args.run, forecaster, writes):
+        record_other_table_name(args, config)
+        write_split_forecasts(forecaster, dataset, args.split, prediction, name, output)
     print(f"{len(windows) * dataset.horizon} forecast rows ({len(windows)} windows): {output}")
     return 0
 
@@ -1224,58 +1293,60 @@ def command_plot(args: argparse.Namespace) -> int:
     )
     dataset = forecaster.prepare(table, args.split)
     predictions = forecaster.predictions(dataset, dataset.split(args.split))
-    record_other_table_name(args, config)
-    figures = plots.draw_run_plots(
-        dataset,
-        args.split,
-        predictions,
-        forecaster.tft_config.quantiles,
-        forecaster.history or None,
-        folder,
-        interpret=model,
-        postprocess=forecaster.postprocess,
-        series=series,
-        bits=forecaster.config.integer_bits,
-        announce=lambda line: print(
-            line if series is not None else f"{line} (choose them with --series)"
-        ),
-    )
-    if spec.known_cols and forecast is None:
-        print(
-            f"future chart skipped: the model uses known columns {list(spec.known_cols)}; "
-            "pass --future-csv with their values after the table's end"
+    # Every plot lies in the run folder: drawn while holding it, for the model it holds.
+    with writing_into_run(args.run, forecaster, True):
+        record_other_table_name(args, config)
+        figures = plots.draw_run_plots(
+            dataset,
+            args.split,
+            predictions,
+            forecaster.tft_config.quantiles,
+            forecaster.history or None,
+            folder,
+            interpret=model,
+            postprocess=forecaster.postprocess,
+            series=series,
+            bits=forecaster.config.integer_bits,
+            announce=lambda line: print(
+                line if series is not None else f"{line} (choose them with --series)"
+            ),
         )
-    else:
-        if forecast is None:
-            forecast = predict_from_files(forecaster, table, future, model, args)
-        count = forecast[spec.id_col].nunique()
-        if series is None and count > plots.MAX_FAN_SERIES:
+        if spec.known_cols and forecast is None:
             print(
-                f"future chart: the first {plots.MAX_FAN_SERIES} of {count} series "
-                "(choose them with --series)"
+                f"future chart skipped: the model uses known columns {list(spec.known_cols)}; "
+                "pass --future-csv with their values after the table's end"
             )
-        # Times left as texts in `table` are in the run's format (`read_given_csv` parsed
-        # a --csv read with other flags): those flags may describe a --future-csv only.
-        run_data = forecaster.config.data
-        label = plots.model_label(model, forecaster.config.integer_bits)
-        figures.append(
-            plots.plot_future(
-                folder / future_plot(model),
-                forecast,
-                table,
-                id_col=spec.id_col,
-                time_col=spec.time_col,
-                target=spec.target,
-                quantiles=forecaster.tft_config.quantiles,
-                tail=min(run_data.history, 3 * run_data.horizon),
-                series=series,
-                title=f"{label}: forecast after the data",
-                time_format=run_data.time_format,
-                dayfirst=run_data.dayfirst,
-                timezone=run_data.timezone,
-                freq=run_data.freq,
+        else:
+            if forecast is None:
+                forecast = predict_from_files(forecaster, table, future, model, args)
+            count = forecast[spec.id_col].nunique()
+            if series is None and count > plots.MAX_FAN_SERIES:
+                print(
+                    f"future chart: the first {plots.MAX_FAN_SERIES} of {count} series "
+                    "(choose them with --series)"
+                )
+            # Times left as texts in `table` are in the run's format (`read_given_csv` parsed
+            # a --csv read with other flags): those flags may describe a --future-csv only.
+            run_data = forecaster.config.data
+            label = plots.model_label(model, forecaster.config.integer_bits)
+            figures.append(
+                plots.plot_future(
+                    folder / future_plot(model),
+                    forecast,
+                    table,
+                    id_col=spec.id_col,
+                    time_col=spec.time_col,
+                    target=spec.target,
+                    quantiles=forecaster.tft_config.quantiles,
+                    tail=min(run_data.history, 3 * run_data.horizon),
+                    series=series,
+                    title=f"{label}: forecast after the data",
+                    time_format=run_data.time_format,
+                    dayfirst=run_data.dayfirst,
+                    timezone=run_data.timezone,
+                    freq=run_data.freq,
+                )
             )
-        )
     for path in figures:
         print(path)
     return 0
@@ -1310,6 +1381,14 @@ def is_demo_run(out: pathlib.Path) -> bool:
 
 def command_demo(args: argparse.Namespace) -> int:
     check_output_folder(args.out, "--out")
+    # Held through the training (`run_training` takes it again): the demo's marker and
+    # its check are written and made by the one process writing the folder.
+    with folder_locked(pathlib.Path(args.out), "--out ", enabled=is_primary()):
+        return _run_demo(args)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    """`tft-jax demo` once `--out` is checked and locked."""
     if holds_run(args.out):
         if not is_demo_run(args.out):
             raise UsageError(
@@ -1573,7 +1652,7 @@ def run_parsed(args: argparse.Namespace, joined: list[bool]) -> int:
             check_processes_agree(args, agreed)
         enable_compile_cache(args.compile_cache)
         return COMMANDS[args.command](args)
-    except (UsageError, RunFolderError) as error:
+    except (UsageError, RunFolderError, FolderLockedError) as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return 2
     except (ValueError, TypeError) as error:  # a TypeError only from the data layer

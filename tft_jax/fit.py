@@ -361,6 +361,9 @@ def fit(
       checkpoint_dir: where the latest and best checkpoints go (see
         `tft_jax.checkpoint`); None keeps no checkpoints. A fresh start
         (`resume=False`) refuses a folder holding another run's checkpoints.
+        The folder is locked for the whole training (`tft_jax.folder_lock`):
+        a `fit` into a folder that another process is training into raises
+        `FolderLockedError` naming that process, before touching its files.
       checkpoint_every: also save the latest checkpoint every this many steps
         (it is always saved after each evaluation, at each epoch's end and
         at the end).

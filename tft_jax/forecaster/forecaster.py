@@ -72,6 +72,7 @@ from tft_jax.evaluation import (
     to_original_units,
     window_scales,
 )
+from tft_jax.folder_lock import folder_locked
 from tft_jax.forecaster import run_folder
 from tft_jax.forecaster.config import (
     SECTIONS,
@@ -1195,7 +1196,7 @@ class Forecaster:
         Returns:
           A long DataFrame: the id and time columns, then one column per
           quantile level (`q0.1`, `q0.5`, ...), in the target's units, rows
-          ordered by series then time.
+          ordered by series (in sorted id order, not the table's) then time.
         """
         batch_size = self._batch_size(batch_size, "predict")
         fitted = self._fitted_as_configured()
@@ -1695,6 +1696,10 @@ class Forecaster:
         plots, checkpoints) are left as they are, with a `run_folder.EarlierResultsWarning`
         naming them when this is another model (not the one loaded from there, or saved
         there before): they describe that one.
+
+        The folder is locked for the write (`tft_jax.folder_lock`, by process 0 of a
+        multi-host run): a save while another process writes it (a save, a `tft-jax
+        train`) raises `FolderLockedError` naming that process and writes nothing.
         """
         fitted = self._fitted_as_configured()
         root = expanded(path)  # "~/runs/x" is the user's, as in a shell
@@ -1709,6 +1714,7 @@ class Forecaster:
             name: run_folder.variables_bytes(variables)
             for name, variables in fitted.variables.items()
         }
+        history = run_folder.history_bytes(fitted.history)
         config = {
             "format": run_folder.FORMAT,
             "format_version": run_folder.FORMAT_VERSION,
@@ -1720,6 +1726,7 @@ class Forecaster:
             run_folder.DIGESTS_KEY: {
                 name: run_folder.sha256_hex(data) for name, data in model_files.items()
             },
+            run_folder.HISTORY_DIGEST_KEY: run_folder.sha256_hex(history),
             "summary": fitted.summary,
             # Where the model was trained: its numbers depend on it, not on where it is saved.
             "versions": fitted.versions or run_folder.versions(),
@@ -1741,25 +1748,26 @@ class Forecaster:
         except (TypeError, ValueError) as error:
             raise TypeError(f"save: extra must hold JSON values: {error}") from None
         run_folder.check_finite_extra(extra)  # null in config.json: another value
-        # Results beside a model saved there before describe it: named below, unless this
-        # is that very model (loaded from the folder, or saved twice).
-        earlier = (
-            run_folder.earlier_results(root)
-            if (root / run_folder.CONFIG_FILE).is_file()
-            and not run_folder.holds_models(root, model_files)
-            else []
-        )
         # The config.json last: `write_run_files` replaces it first. Model files of forms
         # this forecaster lacks are another run's: deleted once the config.json is new.
         files = {run_folder.model_path(root, name): data for name, data in model_files.items()}
-        files[root / run_folder.HISTORY_FILE] = run_folder.json_text(fitted.history).encode()
+        files[root / run_folder.HISTORY_FILE] = history
         files[root / run_folder.CONFIG_FILE] = run_folder.json_text(
             {**config, **(extra or {})}
         ).encode()
         stale = [
             run_folder.model_path(root, name) for name in MODEL_NAMES if name not in model_files
         ]
-        run_folder.write_run_files(root, files, stale)
+        with folder_locked(root, "save: ", enabled=is_primary()):
+            # Results beside a model saved there before describe it: named below, unless
+            # this is that very model (loaded from the folder, or saved twice).
+            earlier = (
+                run_folder.earlier_results(root)
+                if (root / run_folder.CONFIG_FILE).is_file()
+                and not run_folder.holds_models(root, model_files)
+                else []
+            )
+            run_folder.write_run_files(root, files, stale)
         if earlier:
             warnings.warn(
                 f"save: {root} also holds {', '.join(earlier)} of the model saved there "
@@ -1772,7 +1780,12 @@ class Forecaster:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Forecaster:
-        """The forecaster `save` wrote into `path` (a leading `~` is the home folder)."""
+        """The forecaster `save` wrote into `path` (a leading `~` is the home folder).
+
+        Takes no lock: a load that overlaps another process's save finds files of two
+        runs, which the digests config.json records refuse (`RunFolderError` saying
+        that the folder may be being saved: load again).
+        """
         root = expanded(path)
         run_folder.check_not_a_file(root, "Forecaster.load:")
         if not root.is_dir():
@@ -1829,13 +1842,9 @@ class Forecaster:
             # After the checks above, which say more of a file edited on purpose.
             if digests is not None:
                 run_folder.check_model_digest(path, data, name, digests[name])
-        history_file = root / run_folder.HISTORY_FILE
-        history = run_folder.read_json(history_file)
-        if not isinstance(history, dict):
-            raise run_folder.RunFolderError(
-                f"{history_file} is damaged: it holds a JSON {type(history).__name__}, "
-                "not an object of losses by phase"
-            )
+        # Checked against config.json's digest where recorded: another run's (a save
+        # overlapping this load) loaded with this run's model otherwise.
+        history = run_folder.read_history(root, config)
         forecaster._fitted = _Fitted(
             preprocessor=preprocessor,
             tft_config=tft_config,

@@ -18,8 +18,14 @@ refused with an error that names the folder and the file.
 the earlier run's files only once all are written (`write_run_files`): a
 write that fails (a full disk, a read-only folder) leaves the earlier run
 loadable. A model file whose bytes differ from the digest config.json records
-for it is refused at load (`check_model_digest`); runs saved before the
-digests were recorded load as before.
+for it is refused at load (`check_model_digest`), and so is a history.json
+whose bytes differ from `history_sha256` (`read_history`); runs saved before
+the digests were recorded load as before.
+
+One process writes a folder at a time (`folder_lock`); `Forecaster.load`
+takes no lock. A load that overlaps a save, or finds a save that was cut
+short (its complete files left as `*.<pid>.tmp` siblings), finds files of
+two runs: their digests refuse them, saying so (`interrupted_save_text`).
 """
 
 from __future__ import annotations
@@ -60,6 +66,13 @@ CONFIG_FILE = "config.json"
 HISTORY_FILE = "history.json"
 # config.json's record of the SHA-256 of each model file's bytes, by model name.
 DIGESTS_KEY = "models_sha256"
+# config.json's record of the SHA-256 of history.json's bytes, checked at load where present.
+# Not a format version change (`FORMAT_VERSION`): a top-level key that an older tft-jax
+# reads past (it ignores unknown top-level keys, as it ignores the CLI's `source` and
+# `arguments` sections), so that older tft-jax loads these folders as before, unchecked;
+# raising the version would make it refuse them for a check it cannot make. Folders saved
+# before it lack it and load unchecked (hence not in `KEYS_ABSENT_FROM_EARLIER_RUNS`).
+HISTORY_DIGEST_KEY = "history_sha256"
 # config.json's record of the tft-jax that saved it (`versions` records the one that
 # trained the model, kept when a later one loads and saves it again).
 SAVED_BY_KEY = "saved_by"
@@ -225,9 +238,9 @@ def write_run_files(
     earlier files in the reverse order of `files`, so the last entry (the
     config.json) first: should a later replace fail, its `models_sha256`
     refuses the model files not replaced yet, instead of loading them under
-    the new settings. A Ctrl-C during the renames is held until they are
-    done (`interrupts_held`), then raised: the folder holds the new run
-    whole. `stale` (model files of forms the new run lacks) go once the new
+    the new settings. A Ctrl-C, SIGTERM or SIGHUP during the renames is held
+    until they are done (`interrupts_held`), then delivered: the folder holds
+    the new run whole. `stale` (model files of forms the new run lacks) go once the new
     config.json no longer lists them. Raises
     `RunFolderWriteError` naming the file and what became of the earlier run.
     """
@@ -243,7 +256,7 @@ def write_run_files(
     targets = {temporary_sibling(path): path for path in files}
     written = False
     # A Ctrl-C during the writes removes the temporary files (the earlier run stays);
-    # one during the renames waits for them (the new run is whole), then is raised.
+    # a signal during the renames waits for them (the new run is whole), then is delivered.
     with contextlib.ExitStack() as renaming:
         try:
             with contextlib.ExitStack() as stack:
@@ -876,9 +889,61 @@ def check_model_digest(path: pathlib.Path, data: bytes, name: str, expected: str
     if actual != expected:
         raise RunFolderError(
             f"{path} is damaged or was replaced after the run was saved: its SHA-256 is "
-            f"{actual}, config.json's {DIGESTS_KEY}.{name} is {expected}; save the forecaster "
-            "or train the run again"
+            f"{actual}, config.json's {DIGESTS_KEY}.{name} is {expected}; "
+            + interrupted_save_text(path.parent.parent)
         )
+
+
+def interrupted_save_text(root: pathlib.Path) -> str:
+    """What a digest that does not match says of the run folder `root`: it may be being
+    saved (a load reads its files one by one, without a lock), or a save into it was cut
+    short, whose complete files (`*.<pid>.tmp`) are named; then what to do."""
+    left = sorted(
+        str(path.relative_to(root))
+        for folder in (root, root / "models")
+        for path in folder.glob("*.tmp")
+        if path.is_file()
+    )
+    found = f" (it holds {', '.join(left)}, left by a save cut short)" if left else ""
+    return (
+        f"the folder may be being saved by another process, or a save into it was "
+        f"interrupted{found}: retry the load; if this persists, save the forecaster or "
+        "train the run again"
+    )
+
+
+def history_bytes(history: Any) -> bytes:
+    """history.json's bytes, as `Forecaster.save` writes them (`HISTORY_DIGEST_KEY` is
+    their digest)."""
+    return json_text(history).encode()
+
+
+def read_history(root: pathlib.Path, config: dict[str, Any]) -> dict[str, Any]:
+    """history.json of the run folder `root`, checked against config.json's
+    `history_sha256` where recorded (`RunFolderError` naming both digests): one of another
+    run (a save overlapping the load) loaded with this run's model without a word."""
+    path = pathlib.Path(root) / HISTORY_FILE
+    if not path.is_file():
+        read_json(path)  # raises, naming the folder
+    data = path.read_bytes()
+    try:
+        history = json.loads(data.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise RunFolderError(f"{path} is damaged (not JSON): {error}") from None
+    if not isinstance(history, dict):
+        raise RunFolderError(
+            f"{path} is damaged: it holds a JSON {type(history).__name__}, "
+            "not an object of losses by phase"
+        )
+    # After the checks above, which say more of a file edited on purpose.
+    expected = config.get(HISTORY_DIGEST_KEY)
+    if expected is not None and sha256_hex(data) != expected:
+        raise RunFolderError(
+            f"{path} is damaged or was replaced after the run was saved: its SHA-256 is "
+            f"{sha256_hex(data)}, config.json's {HISTORY_DIGEST_KEY} is {expected}; "
+            + interrupted_save_text(pathlib.Path(root))
+        )
+    return history
 
 
 def versions() -> dict[str, Any]:
