@@ -138,6 +138,21 @@ def test_a_writing_checkpointer_refuses_a_folder_another_process_trains_into(hol
     assert not _is_locked(checkpoints) and not (checkpoints / LOCK_FILE).exists()
 
 
+def test_a_fit_into_checkpoints_another_process_trains_into_is_refused_before_training(
+    saved, holder, tmp_path
+):
+    # The phases' checkpointers lock their own folders; the batch-stream record beside them
+    # was written by both processes.
+    forecaster, csv, _ = saved
+    checkpoints = tmp_path / "checkpoints"
+    process = holder(checkpoints)
+    with pytest.raises(
+        FolderLockedError, match=rf"fit: checkpoint_dir {checkpoints} {_held_by(process)}"
+    ):
+        Forecaster.from_config(forecaster.config).fit(csv, checkpoint_dir=checkpoints, quiet=True)
+    assert sorted(path.name for path in checkpoints.iterdir()) == [LOCK_FILE]
+
+
 def test_train_overwrite_of_a_run_another_process_writes_is_refused_and_deletes_nothing(
     saved, holder, tmp_path, capsys
 ):

@@ -15,6 +15,7 @@ crossing quantiles are not a forecast anyone can use.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import copy
 import dataclasses
 import json
@@ -1073,83 +1074,91 @@ class Forecaster:
         timing = {"data": time.perf_counter() - started}
         if before_training is not None:
             before_training()
-        if checkpoints is not None:
-            _check_batch_stream(
-                checkpoints, resume, settings.training.batch_size, dataset, settings
-            )
-        # Where the FP32 phase goes on from: whether it trained in this call tells whether
-        # QAT checkpoints that do not record their FP32 model may be kept.
-        resumed_from = (
-            _newest_step(checkpoints / "fp32") if checkpoints is not None and resume else 0
+        # The checkpoints' folder is this process's to write until training ends: another
+        # process training into it would interleave its checkpoints with these.
+        writing = (
+            contextlib.nullcontext()
+            if checkpoints is None
+            else folder_locked(checkpoints, "fit: checkpoint_dir ", enabled=is_primary())
         )
-        phase = time.perf_counter()
-        fp32 = train_fp32(
-            TemporalFusionTransformer(tft_config),
-            dataset,
-            settings.training,
-            val_batches,
-            checkpoints,
-            resume,
-            quiet,
-            rows,
-        )
-        timing["fp32_training"] = time.perf_counter() - phase
-        variables = {"fp32": fp32.variables}
-        history = {"fp32": fp32.history}
-        summary: dict[str, Any] = {"fp32": fp32.settings, "dataset": dataset.summary()}
-        if settings.qat is not None:
-            phase = time.perf_counter()
-            # The model the predictors build (calibration takes its batch count as an
-            # argument): the QAT forward that validated it then serves its forecasts.
-            qat_model = qat_model_for(tft_config, settings.qat.bits)
+        with writing:
             if checkpoints is not None:
-                _check_qat_source(
-                    checkpoints,
-                    resume,
-                    fp32.variables,
-                    fp32.settings["steps_trained"],
-                    resumed_from,
-                    quiet,
+                _check_batch_stream(
+                    checkpoints, resume, settings.training.batch_size, dataset, settings
                 )
-            tuned = train_qat(
-                qat_model,
-                fp32.variables,
+            # Where the FP32 phase goes on from: whether it trained in this call tells whether
+            # QAT checkpoints that do not record their FP32 model may be kept.
+            resumed_from = (
+                _newest_step(checkpoints / "fp32") if checkpoints is not None and resume else 0
+            )
+            phase = time.perf_counter()
+            fp32 = train_fp32(
+                TemporalFusionTransformer(tft_config),
                 dataset,
                 settings.training,
-                settings.qat,
                 val_batches,
                 checkpoints,
                 resume,
                 quiet,
                 rows,
             )
-            variables["qat"] = tuned.variables
-            converting = time.perf_counter()
-            variables["int8"] = jax.block_until_ready(
-                qat.convert(tuned.variables, bits=settings.qat.bits)
-            )
-            announce(
-                quiet,
-                f"int8: converted the QAT model in {time.perf_counter() - converting:.1f}s",
-            )
-            history["qat"] = tuned.history
-            summary["qat"] = {
-                **tuned.settings,
-                # The fields the TFT's QAT model reads: its layout is fixed (below), so
-                # `symmetric`, `per_channel`, `channel_axis` and `observer` would misstate it.
-                "qat_config": {
-                    **{
-                        key: value
-                        for key, value in dataclasses.asdict(qat_model.qat_config).items()
-                        if key not in QAT_LAYOUT_FIELDS
+            timing["fp32_training"] = time.perf_counter() - phase
+            variables = {"fp32": fp32.variables}
+            history = {"fp32": fp32.history}
+            summary: dict[str, Any] = {"fp32": fp32.settings, "dataset": dataset.summary()}
+            if settings.qat is not None:
+                phase = time.perf_counter()
+                # The model the predictors build (calibration takes its batch count as an
+                # argument): the QAT forward that validated it then serves its forecasts.
+                qat_model = qat_model_for(tft_config, settings.qat.bits)
+                if checkpoints is not None:
+                    _check_qat_source(
+                        checkpoints,
+                        resume,
+                        fp32.variables,
+                        fp32.settings["steps_trained"],
+                        resumed_from,
+                        quiet,
+                    )
+                tuned = train_qat(
+                    qat_model,
+                    fp32.variables,
+                    dataset,
+                    settings.training,
+                    settings.qat,
+                    val_batches,
+                    checkpoints,
+                    resume,
+                    quiet,
+                    rows,
+                )
+                variables["qat"] = tuned.variables
+                converting = time.perf_counter()
+                variables["int8"] = jax.block_until_ready(
+                    qat.convert(tuned.variables, bits=settings.qat.bits)
+                )
+                announce(
+                    quiet,
+                    f"int8: converted the QAT model in {time.perf_counter() - converting:.1f}s",
+                )
+                history["qat"] = tuned.history
+                summary["qat"] = {
+                    **tuned.settings,
+                    # The fields the TFT's QAT model reads: its layout is fixed (below), so
+                    # `symmetric`, `per_channel`, `channel_axis` and `observer` would misstate it.
+                    "qat_config": {
+                        **{
+                            key: value
+                            for key, value in dataclasses.asdict(qat_model.qat_config).items()
+                            if key not in QAT_LAYOUT_FIELDS
+                        },
+                        "calibration_batches": settings.qat.calibration_batches,
                     },
-                    "calibration_batches": settings.qat.calibration_batches,
-                },
-                "layout": "weights per-channel symmetric, activations per-tensor affine "
-                "(moving-average observers)",
-                "size": qat.model_size(variables["qat"], variables["int8"]),
-            }
-            timing["qat_training"] = time.perf_counter() - phase
+                    "layout": "weights per-channel symmetric, activations per-tensor affine "
+                    "(moving-average observers)",
+                    "size": qat.model_size(variables["qat"], variables["int8"]),
+                }
+                timing["qat_training"] = time.perf_counter() - phase
         summary["seconds"] = timing
         self.dataset = dataset
         self._fitted = _Fitted(
