@@ -263,3 +263,91 @@ def test_finite_differences_at_order_2_catch_a_wrong_second_derivative_at_both_s
     with pytest.raises(AssertionError, match=r"eps 1e-06, in float64") as error:
         checks.assert_grads_match_finite_differences(sine, (x,), order=2)
     assert "and at 10 times the step, eps 1e-05" in str(error.value)
+
+
+def _scaled_under_jit(factor: float):
+    """`x` op by op, `x * factor` when traced: a compiled result off by `factor - 1`."""
+
+    def fn(x: jax.Array) -> jax.Array:
+        return x * (factor if isinstance(x, jax.core.Tracer) else 1.0)
+
+    return fn
+
+
+# Mutant N1 (numerics.py:53, float32 default `(1e-5, 1e-6)` -> `(1e-3, 1e-6)`): the
+# documented float32 default is rtol 1e-5, atol 1e-6 times the output's scale.
+def test_jit_matches_eager_float32_default_rtol_is_1e_5() -> None:
+    x = np.linspace(1.0, 2.0, 8, dtype=np.float32)
+    with pytest.raises(AssertionError, match="differs from fn run op by op"):
+        checks.assert_jit_matches_eager(_scaled_under_jit(1.0 + 1e-4), x)  # 1e-4 relative
+    checks.assert_jit_matches_eager(_scaled_under_jit(1.0 + 4e-6), x)  # within 1e-5 + 1e-6
+
+
+# Mutant N2 (numerics.py:176, the compute_dtype floor takes `min(rtol, floor_rtol)`):
+# with compute_dtype=bfloat16 every default tolerance must be at least bfloat16's
+# (rtol 2e-2, atol 2e-2 x scale), so a float32 output 3% off at the output's scale
+# passes (3e-2 <= 2e-2 + 2e-2) while 5% does not; with rtol floored to float32's 1e-5
+# the 3% one failed.
+def test_jit_matches_eager_compute_dtype_floors_rtol_as_well_as_atol() -> None:
+    x = np.ones(8, np.float32)
+    checks.assert_jit_matches_eager(_scaled_under_jit(1.03), x, compute_dtype=jnp.bfloat16)
+    with pytest.raises(AssertionError, match="differs from fn run op by op"):
+        checks.assert_jit_matches_eager(_scaled_under_jit(1.05), x, compute_dtype=jnp.bfloat16)
+
+
+# Mutant N5 (numerics.py:123, `fn if hasattr(fn, "lower") else jax.jit(fn)` -> always
+# `jax.jit(fn)`): a function already jitted with a static argument is the compiled side as
+# is; wrapped again, its static argument became a tracer and the check failed to trace it.
+def test_jit_matches_eager_uses_an_already_jitted_function_with_its_static_arguments() -> None:
+    first = jax.jit(lambda x, n: x[:n] * 2.0, static_argnums=1)
+    x = np.arange(6, dtype=np.float32)
+    checks.assert_jit_matches_eager(first, x, 3)
+    assert first._cache_size() == 1  # the given function itself compiled, once
+
+
+# Mutant N9 (numerics.py:447, `order < 1` -> `order < 0`): order 0 (no derivative at all:
+# nothing checked) must be refused like any order below 1.
+@pytest.mark.parametrize("order", [0, -1])
+def test_finite_differences_refuse_an_order_below_one(order) -> None:
+    with pytest.raises(ValueError, match=r"order must be an int >= 1, got " + str(order)):
+        checks.assert_grads_match_finite_differences(jnp.sin, (np.ones(2),), order=order)
+
+
+# Mutant N10 (numerics.py:345, `wide = all(...)` -> `any(...)`): a function that returns
+# float32 for its float64 arguments computes at float32 precision and must be differenced
+# at float32's step (1e-4, documented); at float64's 1e-6 float32 round-off of a value ~3
+# (3 * 6e-8 / 2e-6 ~ 0.1 of a slope ~0.1) failed this correct function.
+def test_finite_differences_take_float32_step_for_a_function_returning_float32() -> None:
+    def fn(x: jax.Array) -> jax.Array:
+        return (3.0 + 0.1 * jnp.sin(x)).astype(jnp.float32)
+
+    checks.assert_grads_match_finite_differences(fn, (np.linspace(0.1, 1.0, 4),))
+
+
+# Mutant N15 (numerics.py:600, the divisor's clamp `max(floor(log2 s), -60)` -> `min(...)`:
+# every leaf with slopes below 1 divided by 2**-60): a leaf of slope ~1e-3 is divided by a
+# power of two near 1e-3, not blown up by 2**60, where float64 round-off of a nearly constant
+# element (cos^2 + sin^2 + e^x e^-x, derivative ~0) swamped the tolerance and failed a correct fn.
+def test_finite_differences_pass_a_small_leaf_holding_a_nearly_constant_element() -> None:
+    def fn(x: jax.Array) -> jax.Array:
+        flat = jnp.cos(x[1:]) ** 2 + jnp.sin(x[1:]) ** 2 + jnp.exp(x[1:]) * jnp.exp(-x[1:])
+        return 1e-3 * jnp.concatenate([jnp.sin(x[:1]), flat])
+
+    point = (np.linspace(0.3, 2.9, 16),)
+    checks.assert_grads_match_finite_differences(fn, point)
+    # ... while a wrong derivative of such a small function is still caught (the division's
+    # purpose): the derivative of 1e-3 sin replaced by 0.
+    wrong = jax.custom_jvp(fn)
+    wrong.defjvp(lambda primals, tangents: (fn(*primals), jnp.zeros(16)))
+    with pytest.raises(AssertionError, match="differ from central finite differences"):
+        checks.assert_grads_match_finite_differences(wrong, point, modes=("fwd",))
+
+
+# Mutant N18 (numerics.py:330, `if not any(prod(shape))` -> `if not all(...)`): only an
+# output with no element at all is refused; an empty leaf beside a non-empty one is fine.
+def test_finite_differences_accept_an_empty_output_leaf_beside_a_non_empty_one() -> None:
+    checks.assert_grads_match_finite_differences(
+        lambda x: (jnp.sin(x), x[:0] * 2.0), (np.linspace(0.1, 1.0, 4),)
+    )
+    with pytest.raises(ValueError, match="fn must return at least one non-empty array"):
+        checks.assert_grads_match_finite_differences(lambda x: x[:0] * 2.0, (np.ones(3),))

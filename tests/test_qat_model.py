@@ -20,38 +20,11 @@ from qat import (
     model_size,
 )
 from qat.model import tree_bytes
-from tft_jax import TemporalFusionTransformer, TFTConfig
+from tft_jax import TemporalFusionTransformer
 from tft_jax.losses import quantile_loss
 
-CONFIG = TFTConfig(
-    num_static_features=1,
-    num_known_features=1,
-    num_observed_features=2,
-    hidden_dim=4,
-    num_heads=2,
-    sequence_length=3,
-    prediction_horizon=2,
-    dropout_rate=0.1,
-    static_categorical_cardinalities=(3,),
-    use_known_history=True,
-)
-QAT_CONFIG = QATConfig(calibration_batches=2, averaging_constant=0.1)
-BATCH = 4
+from .qat_tiny_tft import BATCH, CONFIG, INPUTS, QAT_CONFIG, fp32_variables, qat_setup, shape_args
 
-
-def make_inputs(seed: int) -> dict:
-    rng = np.random.default_rng(seed)
-    normal = lambda *shape: rng.normal(size=shape).astype(np.float32)  # noqa: E731
-    return dict(
-        static=normal(BATCH, 1),
-        historical=normal(BATCH, 3, 2),
-        future=normal(BATCH, 2, 1),
-        known_history=normal(BATCH, 3, 1),
-        static_categorical=rng.integers(0, 3, size=(BATCH, 1)).astype(np.int32),
-    )
-
-
-INPUTS = [make_inputs(seed) for seed in range(3)]
 TARGET = np.random.default_rng(9).normal(size=(BATCH, 2)).astype(np.float32)
 
 
@@ -95,28 +68,6 @@ def step_size_grads(qat_model, variables, inputs):
 @functools.partial(jax.jit, static_argnums=0)
 def int8_forward(qat_model, int8_variables, inputs):
     return int8_apply(qat_model, int8_variables, **inputs)
-
-
-@functools.cache
-def fp32_variables():
-    model = TemporalFusionTransformer(CONFIG)
-    return jax.jit(model.init)({"params": jax.random.key(0)}, **INPUTS[0])
-
-
-def shape_args(inputs):
-    return (inputs["static"], inputs["historical"], inputs["future"]), {
-        "known_history": inputs["known_history"],
-        "static_categorical": inputs["static_categorical"],
-    }
-
-
-@functools.cache
-def qat_setup(qat_config: QATConfig = QAT_CONFIG):
-    """`(model, fresh variables, calibrated variables)`; three batches offered, two used."""
-    model = QATTemporalFusionTransformer(CONFIG, qat_config)
-    args, kwargs = shape_args(INPUTS[0])
-    fresh = from_fp32(fp32_variables(), model, *args, **kwargs)
-    return model, fresh, calibrate(model, fresh, INPUTS)
 
 
 def flat(tree):

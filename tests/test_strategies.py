@@ -230,3 +230,80 @@ def test_constant_axis_is_validated_when_the_strategy_is_built():
         st_tft.float_arrays((2, 3), kinds=("constant",), constant_axis=1.0)
     last = find(st_tft.float_arrays((2, 3), kinds=("constant",), constant_axis=-1), lambda a: True)
     assert (last == last[:, :1]).all()
+
+
+# Mutants T4 (strategies.py:202, "large" drawn from uniform(0, 1e4): one-signed) and
+# T5 (strategies.py:211, "huge" signs drawn from (1.0, 1.0): all positive). The docstring
+# promises "uniform in ±1e4" and "random signs"; 64 draws of one sign have probability 2^-63.
+@settings(max_examples=5, deadline=None, database=None)
+@given(st.sampled_from(["large", "huge"]), st.data())
+def test_large_and_huge_kinds_take_both_signs(kind, data):
+    x = data.draw(st_tft.float_arrays((64,), kinds=(kind,), dtype=np.float64))
+    assert x.min() < 0 < x.max()
+    magnitude = st_tft.LARGE_MAGNITUDE if kind == "large" else st_tft.HUGE_MAGNITUDE
+    assert np.abs(x).max() > magnitude / 10  # spread over the range, not near 0
+
+
+# Mutant T6 (strategies.py:213, `len(shape) <= constant_axis` -> `<`): an axis one past the
+# last (documented: "an axis beyond the shape's last: one value for the whole array") raised
+# IndexError when drawn.
+@pytest.mark.parametrize(("shape", "axis"), [((3,), 1), ((2, 3), 2), ((2, 3), 5)])
+def test_a_constant_axis_beyond_the_last_gives_one_value_everywhere(shape, axis):
+    x = find(st_tft.float_arrays(shape, kinds=("constant",), constant_axis=axis), lambda a: True)
+    assert x.shape == shape
+    assert (x == x.flat[0]).all()
+
+
+# Mutant T7 (strategies.py:258, `constant_axis < -len(shape)` -> `<=`): the first axis given
+# as -ndim was refused.
+def test_a_constant_axis_of_minus_ndim_is_the_first_axis():
+    x = find(st_tft.float_arrays((2, 3), kinds=("constant",), constant_axis=-2), lambda a: True)
+    assert (x == x[:1]).all()  # constant along axis 0 ...
+    y = find(
+        st_tft.float_arrays((2, 3), kinds=("constant",), constant_axis=-2),
+        lambda a: a[0, 0] != a[0, 1],
+    )
+    assert (y == y[:1]).all()  # ... and not merely one value everywhere
+
+
+# Mutants T10 (strategies.py:434, right: `steps < n` -> `steps <= n`: never an empty row),
+# T11 (strategies.py:436, left: `steps >= T - n` -> `steps > T - n`: never a full row) and
+# T12 (strategies.py:438, one: position drawn in [0, T] -> may be no real step). Reference:
+# the documented shapes -- right is a real prefix of length in [0, T], left a real suffix of
+# length in [0, T], one exactly one real step.
+_MASK_CONFIG = st_tft.AttentionConfig(hidden_dim=8, num_heads=1, sequence_length=4, batch_size=1)
+
+
+def _real_steps(kind):
+    return st_tft.padding_masks(_MASK_CONFIG, kinds=(kind,)).map(lambda m: m[0])
+
+
+@pytest.mark.parametrize("kind", ["right", "left"])
+def test_right_and_left_padding_reach_every_length_from_none_to_all(kind):
+    for length in range(5):
+        row = find(_real_steps(kind), lambda r, n=length: r.sum() == n)
+        expected = np.arange(4) < length if kind == "right" else np.arange(4) >= 4 - length
+        np.testing.assert_array_equal(row, expected)
+
+
+@settings(max_examples=30, deadline=None, database=None)
+@given(st_tft.padding_masks(st_tft.AttentionConfig(8, 1, 4, 3), kinds=("one",)))
+def test_one_kind_masks_hold_exactly_one_real_step_per_row(mask):
+    np.testing.assert_array_equal(mask.sum(axis=1), np.ones(3))
+
+
+# Mutant T16 (strategies.py:868, `max(bits) > 16` -> `>= 16`): 16 bits, documented as
+# allowed ("bits lie in [1, 16]"), was refused.
+def test_fake_quantize_cases_take_16_bits_with_every_grid_point():
+    case = find(st_tft.fake_quantize_cases(bits=(16,), symmetric=(True,)), lambda c: True)
+    assert (case.qmin, case.qmax, case.zero_point) == (-(2**15), 2**15 - 1, 0)
+    codes = np.round(case.x.astype(np.float64) / np.float64(case.scale))
+    assert np.isin(np.arange(-(2**15), 2**15), codes).all()
+
+
+# Mutant T17 (strategies.py:889, affine zero point drawn from [qmin, qmax - 1]): the
+# docstring's "a drawn zero point in the grid" includes qmax (a grid entirely below zero).
+def test_affine_fake_quantize_cases_reach_a_zero_point_at_either_end_of_the_grid():
+    cases = st_tft.fake_quantize_cases(bits=(2,), symmetric=(False,))
+    assert find(cases, lambda c: c.zero_point == c.qmax).qmax == 3
+    assert find(cases, lambda c: c.zero_point == c.qmin).qmin == 0
