@@ -27,6 +27,7 @@ from flax import serialization
 from tft_jax.checkpoint import TrainingCheckpointer
 from tft_jax.config import TFTConfig
 from tft_jax.data import WindowSet, prepare_dataset
+from tft_jax.data.tables import TableContentError
 from tft_jax.evaluation import to_original_units
 from tft_jax.forecaster import (
     DataConfig,
@@ -249,6 +250,37 @@ def test_backtest_scores_each_cutoff_step_apart(fitted):
     assert set(result["model"]) == {"seasonal_naive", "best_baseline", "fp32"}
     assert (result["windows"] == 3).all()
     assert np.isfinite(result[["p50_q_risk", "p90_q_risk"]].to_numpy()).all()
+
+
+def _backtest_warnings(forecaster, table, **options):
+    """`(result, the text of its UserWarnings)` of a 3-cutoff backtest of `table`."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = forecaster.backtest(table, n_windows=3, **options)
+    return result, " | ".join(str(w.message) for w in caught if w.category is UserWarning)
+
+
+def test_backtest_names_each_series_it_cannot_score_at_a_cutoff_and_scores_the_others(fitted):
+    # A series left out of a cutoff changed which series that cutoff's scores averaged, and
+    # nothing named it; a cutoff that scored no series failed the whole backtest.
+    forecaster, table, _ = fitted
+    edited = table[~((table["store"] == "beta") & (table["day"] == "2024-04-09"))].copy()
+    edited.loc[(edited["store"] == "gamma") & (edited["day"] == "2024-03-29"), "sales"] = np.nan
+    edited.loc[edited["day"] == "2024-03-22", "sales"] = np.nan  # every series, cutoff 03-20
+    result, said = _backtest_warnings(forecaster, edited)
+    windows = result.groupby("cutoff")["windows"].first()
+    assert windows.to_dict() == {pd.Timestamp("2024-03-27"): 2, pd.Timestamp("2024-04-03"): 2}
+    ends = "'beta' (its data ends at 2024-04-08 00:00:00, within the 7 steps from it)"
+    assert f"at 2024-04-03 00:00:00: {ends}" in said
+    assert "at 2024-03-27 00:00:00: 'gamma' (its target at 2024-03-29 00:00:00 is missing)" in said
+    assert "'alpha' (its target at 2024-03-22 00:00:00 is missing)" in said
+    assert "the cutoffs 2024-03-20 00:00:00 score no series and have no rows" in said
+    # No cutoff with a series to score: refused, saying why at the last one.
+    for day in ("2024-03-29", "2024-04-05"):
+        edited.loc[edited["day"] == day, "sales"] = np.nan
+    why = r"\(at the last cutoff 2024-04-03 00:00:00: 'alpha' \(its target at 2024-04-05"
+    with pytest.raises(TableContentError, match=r"no cutoff scores a series: .* " + why):
+        _backtest_warnings(forecaster, edited)
 
 
 def test_a_series_unseen_in_training_is_forecast_with_a_warning(fitted):

@@ -879,11 +879,11 @@ def prepare_dataset(
     filled = grid.groupby(spec.id_col, sort=True)[missing_col].sum()
     if filled.sum():
         report = first_few([f"{series!r} {int(n)}" for series, n in filled[filled > 0].items()])
-        horizons = (
-            "windows whose horizon holds one are left out"
-            if require_observed_target
-            else "windows whose horizon holds one are kept, those steps with target_mask 0"
-        )
+        if require_observed_target:  # each filled step leaves out up to H windows: counted
+            left = int(dataset.missing_report()["windows_left_out"].sum())
+            horizons = f"the {left} windows whose horizon holds one are left out"
+        else:
+            horizons = "windows whose horizon holds one are kept, those steps with target_mask 0"
         flagged = (
             "flagged as missing to the model"
             if dataset.preprocessor.missing_flag

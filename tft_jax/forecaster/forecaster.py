@@ -705,6 +705,56 @@ def _announce_in_sample_cutoffs(
     )
 
 
+def _unscored_series(
+    dataset: PreparedDataset, starts: np.ndarray, cutoff: pd.Timestamp, history: int, horizon: int
+) -> dict[Any, str]:
+    """Why each series of `dataset` without a window among `starts` (those forecasting
+    from `cutoff`) is not scored there, by series id: too little data before the cutoff,
+    data ending before its horizon does, or a missing target in that horizon."""
+    panel = dataset.panel
+    scored = set(panel.series_code[starts].tolist())
+    reasons = {}
+    for code, (first, length) in enumerate(
+        zip(panel.series_start, panel.series_length, strict=True)
+    ):
+        if code in scored:
+            continue
+        times = panel.times[first : first + length]
+        before = int(np.searchsorted(times, cutoff))  # its rows before the cutoff
+        after = times[before : before + horizon]
+        if before < history:
+            reason = f"{before} of the {history} steps of history before it"
+        elif after.size < horizon or after[0] != cutoff:
+            reason = f"its data ends at {times[-1]}, within the {horizon} steps from it"
+        else:
+            mask = panel.target_mask[first + before : first + before + horizon]
+            reason = f"its target at {after[int(np.argmin(mask))]} is missing"
+        reasons[dataset.series_ids[code]] = reason
+    return reasons
+
+
+def _announce_unscored_series(unscored: dict[pd.Timestamp, dict[Any, str]], count: int) -> None:
+    """Warns once naming, by cutoff, the series `backtest` could not score there (their
+    reasons), and the cutoffs where it scored none: each cutoff's scores average the
+    series scored there, so two cutoffs' scores may describe other series."""
+    if not unscored:
+        return
+    parts = []
+    for cutoff, reasons in unscored.items():
+        named = first_few([f"{series!r} ({reason})" for series, reason in reasons.items()], 3)
+        parts.append(f"at {cutoff}: {named}")
+    empty = [str(cutoff) for cutoff, reasons in unscored.items() if len(reasons) == count]
+    none_scored = (
+        f"; the cutoffs {first_few(empty, 3)} score no series and have no rows" if empty else ""
+    )
+    warnings.warn(
+        f"backtest: not every series is scored at every cutoff, so each cutoff's scores "
+        f"average other series (its `windows`): {first_few(parts, 5, '; ')}{none_scored}",
+        UserWarning,
+        stacklevel=user_stacklevel(),
+    )
+
+
 class Forecaster:
     """A TFT forecasting pipeline for long-format tables (one row per series and time).
 
@@ -1521,9 +1571,13 @@ class Forecaster:
         every series with `history` steps before it and an observed target
         over the next `H` steps is forecast once, unless more than
         `DataConfig.max_missing_fraction` of that history is filled (as
-        `predict` refuses it: left out, announced). A series not in the training
-        data is scaled by its target before the first cutoff (a ValueError
-        names it if it has none), never by the steps it is scored on.
+        `predict` refuses it: left out, announced). A series not scored at a
+        cutoff (too short a history before it, data ending within its horizon,
+        a missing target there) is named with its reason in one `UserWarning`,
+        since each cutoff's scores average the series scored there (`windows`);
+        a cutoff that scores no series has no rows. A series not in the
+        training data is scaled by its target before the first cutoff (a
+        ValueError names it if it has none), never by the steps it is scored on.
 
         The model is not retrained, so a cutoff before the model's test start
         (recorded by `fit` in `summary['dataset']`) scores the series it was
@@ -1547,9 +1601,9 @@ class Forecaster:
           scored. Aggregate with `skipna` (pandas' default) or drop them.
 
         Raises:
-          TableContentError: every cutoff's targets are all zero, a cutoff
-            has no window to score, or every window there has a history
-            `predict` refuses.
+          TableContentError: every scored cutoff's targets are all zero, no
+            cutoff has a window to score, or every window at a cutoff has a
+            history `predict` refuses.
           ValueError: bad `n_windows`/`step`, too short a table, a new
             series without a target before the first cutoff.
         """
@@ -1597,6 +1651,8 @@ class Forecaster:
         test_start = _model_test_start(self.summary)
         in_sample: dict[pd.Timestamp, int] = {}  # cutoff -> its windows scored in-sample
         scored_at: dict[pd.Timestamp, int] = {}
+        # Series not scored at a cutoff, by cutoff, with why: each cutoff averages its own.
+        unscored: dict[pd.Timestamp, dict[Any, str]] = {}
         for position in positions:
             cutoff = grid_times[position]
             last = grid_times[position + data.horizon - 1]
@@ -1607,6 +1663,9 @@ class Forecaster:
             )
             starts = window_starts(panel, data.history, data.horizon, cutoff, end)
             starts = starts[panel.times[starts] == cutoff]
+            reasons = _unscored_series(dataset, starts, cutoff, data.history, data.horizon)
+            if reasons:
+                unscored[cutoff] = reasons
             left_out = self._sparse_histories(dataset, starts)
             if left_out.size and left_out.all():
                 raise TableContentError(
@@ -1617,11 +1676,8 @@ class Forecaster:
             if left_out.any():
                 self._announce_left_out(f"backtest: the cutoff {cutoff}", dataset, starts, left_out)
                 starts = starts[~left_out]
-            if starts.size == 0:
-                raise TableContentError(
-                    f"backtest: no series has {data.history} steps of history before the cutoff "
-                    f"{cutoff} and an observed target over the {data.horizon} steps after it"
-                )
+            if starts.size == 0:  # named below; the other cutoffs are scored
+                continue
             if test_start is not None:
                 flagged = _in_sample_windows(dataset, starts, test_start)
                 if flagged.any():
@@ -1652,7 +1708,18 @@ class Forecaster:
             _announce_in_sample_cutoffs(
                 in_sample, scored_at, len(positions), fitting, step, test_start
             )
-        _check_zero_target_cutoffs(zero_cutoffs, len(positions), data.horizon)
+        if not records:
+            last = grid_times[positions[-1]]
+            why = first_few([f"{k!r} ({v})" for k, v in unscored.get(last, {}).items()], 3)
+            raise TableContentError(
+                f"backtest: no cutoff scores a series: no series has {data.history} steps of "
+                f"history before a cutoff and an observed target over the {data.horizon} steps "
+                f"after it (at the last cutoff {last}: {why}); choose other cutoffs with "
+                "n_windows and step"
+            )
+        _announce_unscored_series(unscored, len(dataset.series_ids))
+        scored_cutoffs = len({record["cutoff"] for record in records})
+        _check_zero_target_cutoffs(zero_cutoffs, scored_cutoffs, data.horizon)
         return pd.DataFrame.from_records(records)
 
     def _zero_target_metrics(
