@@ -4,10 +4,13 @@ all name the caller."""
 
 from __future__ import annotations
 
+import os
 import pathlib
+import sys
 import warnings
 
 import tft_jax
+from tft_jax import caller_frame
 from tft_jax.caller_frame import user_stacklevel
 
 LIBRARY = pathlib.Path(tft_jax.__file__).parent
@@ -70,3 +73,55 @@ def _marked(name: str) -> int:
     """The number of the line of this file that ends with the comment `# named: {name}`."""
     lines = pathlib.Path(__file__).read_text().splitlines()
     return next(i for i, line in enumerate(lines) if line.endswith(f"# named: {name}")) + 1
+
+
+# C02: caller_frame.py user_stacklevel: the import system's frames counted (`warnings`
+# steps over them without counting): a warning raised while a library module is imported
+# named a frame above the user's `import` line.
+def test_a_warning_raised_while_a_library_module_is_imported_names_the_users_import(
+    tmp_path, monkeypatch
+):
+    (tmp_path / "_probe_imported.py").write_text(
+        "import warnings\n"
+        "from tft_jax.caller_frame import user_stacklevel\n"
+        "warnings.warn('on import', UserWarning, stacklevel=user_stacklevel())\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "_probe_imported", raising=False)
+    # The probe's folder counts as a library's, as tft_jax's own modules do.
+    monkeypatch.setattr(caller_frame, "_library_folders", lambda: (str(tmp_path) + os.sep,))
+
+    def users_import():
+        import _probe_imported  # noqa: F401  # named: import
+
+    try:
+        caught = _caught(users_import)
+    finally:
+        sys.modules.pop("_probe_imported", None)
+    assert [(w.filename, w.lineno) for w in caught] == [(__file__, _marked("import"))]
+
+
+# C03: caller_frame.py _in_library: contextlib's frames not stepped over: a warning of a
+# library context manager's entry named contextlib.py instead of the user's `with`.
+_CONTEXT_SOURCE = """
+import contextlib
+import warnings
+from tft_jax.caller_frame import user_stacklevel
+
+@contextlib.contextmanager
+def warning_context():
+    warnings.warn("entered", UserWarning, stacklevel=user_stacklevel())
+    yield
+"""
+
+
+def test_a_warning_of_a_library_context_manager_names_the_users_with():
+    namespace: dict[str, object] = {}
+    exec(compile(_CONTEXT_SOURCE, str(LIBRARY / "_probe_context.py"), "exec"), namespace)
+
+    def users_with():
+        with namespace["warning_context"]():  # named: with
+            pass
+
+    caught = _caught(users_with)
+    assert [(w.filename, w.lineno) for w in caught] == [(__file__, _marked("with"))]

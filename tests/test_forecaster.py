@@ -996,3 +996,59 @@ def test_scored_windows_whose_history_is_mostly_filled_are_left_out_as_predict_r
         pytest.raises(ValueError, match=r"every one of the 3 windows at the cutoff .* more than"),
     ):
         forecaster.backtest(table.assign(sales=table["sales"].where(~blank)), n_windows=1)
+
+
+# FC02 (dayfirst dropped from FITTED_USE_FIELDS), FC03 (min_series_length dropped): every
+# setting of how new tables are read and screened may change after fit (the docstring's
+# "how it reads new tables"), not only the two the test above sets.
+def test_a_fitted_forecaster_forecasts_with_other_table_reading_settings(fitted):
+    forecaster, table, _ = fitted
+    history, future = cut(table, "2024-03-30")
+    expected = forecaster.predict(history, future)
+    edited = copy.copy(forecaster)
+    settings = forecaster.config
+    for data in (
+        dataclasses.replace(settings.data, dayfirst=True),
+        dataclasses.replace(settings.data, time_format="%Y-%m-%d"),
+        dataclasses.replace(settings.data, min_series_length=1),
+    ):
+        edited.config = dataclasses.replace(settings, data=data)
+        pd.testing.assert_frame_equal(edited.predict(history, future), expected)
+
+
+# FC07: forecaster.py predictor: the jitted model of a forecaster whose config was set to
+# other settings built without the check (the public `predictor` on a fresh forecaster).
+def test_the_predictor_of_a_forecaster_set_to_other_settings_is_refused(fitted):
+    forecaster, _, _ = fitted
+    fresh = pickle.loads(pickle.dumps(forecaster))  # no predictor compiled yet
+    settings = fresh.config
+    fresh.config = dataclasses.replace(
+        settings, data=dataclasses.replace(settings.data, window_normalization=False)
+    )
+    with pytest.raises(ValueError, match=r"DataConfig.window_normalization True then, False"):
+        fresh.predictor("fp32")
+
+
+# FC08: forecaster.py load: a loaded forecaster records no settings, so a config set after
+# load to others than its model's is never refused.
+def test_a_loaded_forecaster_refuses_settings_its_model_was_not_fitted_with(fitted):
+    _, table, saved = fitted
+    loaded = Forecaster.load(saved)
+    settings = loaded.config
+    loaded.config = dataclasses.replace(
+        settings, data=dataclasses.replace(settings.data, window_normalization=False)
+    )
+    with pytest.raises(ValueError, match=r"DataConfig.window_normalization True then, False"):
+        loaded.predict(*cut(table, "2024-03-30"))
+
+
+# FC13: forecaster.py __setstate__: a forecaster pickled before `config` was a property
+# (its state holds "config", not "_config") unpickled without its settings.
+def test_a_forecaster_pickled_before_config_was_a_property_unpickles_with_its_settings(fitted):
+    forecaster, _, _ = fitted
+    state = pickle.loads(pickle.dumps(forecaster)).__dict__.copy()
+    state["config"] = state.pop("_config")  # the attribute's name in such a pickle
+    old = Forecaster.__new__(Forecaster)
+    old.__setstate__(state)
+    assert old.config == forecaster.config and "config" not in old.__dict__
+    assert old.models == ("fp32",)

@@ -120,3 +120,15 @@ def test_digests_and_summary_are_required_from_version_2_on():
     ):
         run_folder.check_complete(config, 2)
     run_folder.check_complete({**config, "models_sha256": {}, "summary": {}}, 2)
+
+
+# R05: run_folder.py writer: a saved_by whose tft_jax is no string (a hand edit) taken for
+# the writer ("saved by tft-jax None") instead of falling back to the trainer's version.
+def test_the_writer_named_is_the_saver_else_the_trainer_and_only_by_a_version_text():
+    trained = {"versions": {"tft_jax": "0.2"}}
+    assert run_folder.writer({**trained, "saved_by": {"tft_jax": "0.3"}}) == "saved by tft-jax 0.3"
+    for saved_by in ({"tft_jax": None}, {"tft_jax": 3}, "0.3", None):
+        assert run_folder.writer({**trained, "saved_by": saved_by}) == "trained with tft-jax 0.2"
+    assert run_folder.writer({"versions": {"tft_jax": 2}}) == (
+        "written by an unknown version of tft-jax"
+    )

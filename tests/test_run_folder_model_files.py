@@ -466,3 +466,21 @@ def test_a_recorded_digest_must_be_64_lowercase_hex_digits(digest):
     assert run_folder.recorded_digests(config, ["fp32"]) == config[run_folder.DIGESTS_KEY]
     with pytest.raises(ValueError, match=r"models_sha256.qat must be a SHA-256 digest"):
         run_folder.recorded_digests(config, ["fp32", "qat"])
+
+
+# R06 (only the run folder searched for *.tmp, not models/), R07 (a model file's digest
+# mismatch searches models/ as if it were the run folder): the refusal names every file a
+# save cut short left, in the run folder and in models/, by their paths in the run.
+def test_a_model_digest_mismatch_names_the_files_a_save_cut_short_left(quantized, tmp_path):
+    folder, _ = quantized
+    damaged = tmp_path / "damaged"
+    shutil.copytree(folder, damaged)
+    _with_one_ulp_moved(damaged / "models" / "fp32.msgpack")
+    (damaged / "models" / "qat.msgpack.4242.tmp").write_bytes(b"left")
+    (damaged / "config.json.4242.tmp").write_text("{}")
+    with pytest.raises(
+        RunFolderError,
+        match=r"a save into it was interrupted \(it holds config.json.4242.tmp, "
+        r"models/qat.msgpack.4242.tmp, left by a save cut short\): retry the load",
+    ):
+        Forecaster.load(damaged)

@@ -638,3 +638,13 @@ def test_checkpointer_takes_numpy_max_to_keep_and_names_a_bad_kind(
         assert checkpointer.steps() == []
         with pytest.raises(ValueError, match="kind must be 'latest' or 'best', got 'newest'"):
             checkpointer.steps("newest")
+
+
+# T02: train_state.py __repr__: the size counted over `params` only, not every trained
+# collection (a QAT state's quant_params are trained too, `trainables()`).
+def test_a_state_counts_the_values_of_its_extra_trained_collections(state: TrainState) -> None:
+    extra = {"quant_params": {"scale": jnp.ones((2, 3)), "zero": jnp.zeros(())}}
+    size = sum(leaf.size for leaf in jax.tree.leaves(state.params)) + 7
+    count = len(jax.tree.leaves(state.params)) + 2
+    shown = repr(state.replace(extra_params=extra))
+    assert f"; {size:,} trained values in {count} arrays, extra ['quant_params']; " in shown

@@ -118,6 +118,8 @@ def _taken(folder: pathlib.Path, label: str) -> _Hold | None:
             try:
                 created = _made(folder)
                 key = _identity(folder)
+            except FileNotFoundError:
+                continue  # removed by the holder releasing it meanwhile: again
             except OSError:
                 return None  # a path that is no folder, or not ours: the caller's write says
             hold = _HOLDS.get(key)
@@ -150,6 +152,8 @@ def _made(folder: pathlib.Path) -> list[pathlib.Path]:
         except FileExistsError:
             continue
         made.append(path)
+    if not folder.exists():  # made, then removed by a holder releasing it: try again
+        raise FileNotFoundError(errno.ENOENT, "removed meanwhile", str(folder))
     if not folder.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(folder))
     return made[::-1]
