@@ -7,6 +7,9 @@ the user's Ctrl-C; the handler in place before the block is checked to be back.
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 
 import pytest
@@ -61,3 +64,24 @@ def test_outside_the_main_thread_the_block_runs_as_it_is() -> None:
     thread.start()
     thread.join()
     assert outcome == [signal.getsignal(signal.SIGINT)]
+
+
+def test_a_sigterm_held_when_an_error_ends_the_block_still_ends_the_process() -> None:
+    # The error went on and the held SIGTERM was dropped: a caller that caught the failed
+    # save's error outlived the scheduler's kill request.
+    script = textwrap.dedent(
+        """
+        import os, signal
+        from tft_jax.atomic_files import interrupts_held
+        try:
+            with interrupts_held():
+                os.kill(os.getpid(), signal.SIGTERM)
+                raise OSError("a rename failed")
+        except OSError:
+            print("caught", flush=True)
+        print("alive", flush=True)
+        """
+    )
+    ended = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert ended.returncode == -signal.SIGTERM, (ended.stdout, ended.stderr)
+    assert "alive" not in ended.stdout

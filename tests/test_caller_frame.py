@@ -125,3 +125,40 @@ def test_a_warning_of_a_library_context_manager_names_the_users_with():
 
     caught = _caught(users_with)
     assert [(w.filename, w.lineno) for w in caught] == [(__file__, _marked("with"))]
+
+
+# A Flax module's (a dataclass's) generated `__init__` has the file "<string>" but runs in
+# its class's module: it counts as the library's.
+_GENERATED = """
+import warnings
+from tft_jax.caller_frame import user_stacklevel
+
+def __init__():
+    warnings.warn("built", UserWarning, stacklevel=user_stacklevel())
+"""
+
+
+def test_a_frame_of_generated_code_counts_by_its_module_not_its_file():
+    namespace: dict[str, object] = {"__name__": "qat.model"}
+    exec(compile(_GENERATED, "<string>", "exec"), namespace)
+    caught = _caught(lambda: namespace["__init__"]())  # named: generated
+    assert [(w.filename, w.lineno) for w in caught] == [(__file__, _marked("generated"))]
+
+
+def test_a_qat_tft_built_with_a_layout_field_names_the_users_line(monkeypatch):
+    # It named "<string>" (Flax's dataclass __init__) after the stacklevels were counted.
+    import qat
+    import qat.config
+    from tft_jax import TFTConfig
+
+    monkeypatch.setattr(qat.config, "_ANNOUNCED_LAYOUTS", set())
+
+    layout = qat.QATConfig(symmetric=False)
+
+    def build():
+        return qat.QATTemporalFusionTransformer(TFTConfig(), layout)  # named: qat
+
+    caught = _caught(build)
+    assert [(w.filename, w.lineno) for w in caught] == [(__file__, _marked("qat"))], [
+        str(w.message) for w in caught
+    ]

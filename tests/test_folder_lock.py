@@ -412,3 +412,15 @@ def test_a_folder_its_last_holder_removes_meanwhile_is_made_again_and_locked(tmp
     monkeypatch.setattr(folder_lock, "_made", made_then_removed)
     with folder_locked(folder):
         assert folder.is_dir() and _is_locked(folder)
+
+
+def test_a_link_to_nothing_is_left_to_the_callers_write_not_retried_as_a_lock(tmp_path):
+    # `mkdir` met the link, the folder never existed, and the lock retried 20 times to say
+    # its lock file "kept being replaced".
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "gone")
+    with folder_locked(link, "--out "):
+        assert not os.path.lexists(tmp_path / "gone")  # nothing made, nothing locked
+    with pytest.raises(OSError) as raised, folder_locked(link, "--out "):
+        (link / "config.json").write_text("{}")  # the caller's own write says why
+    assert "kept being replaced" not in str(raised.value)

@@ -141,6 +141,17 @@ def test_settings_the_model_was_not_fitted_with_are_refused_until_it_is_fitted_a
         edited.config = "settings"
 
 
+def test_a_qat_section_set_after_an_fp32_fit_is_refused(fitted, tmp_path):
+    # A resume may add it; a fitted FP32 model saved with it claimed to be QAT-trained.
+    forecaster, table, _ = fitted
+    edited = copy.copy(forecaster)
+    edited.config = dataclasses.replace(forecaster.config, qat=QATTrainingConfig())
+    with pytest.raises(ValueError, match=r"ForecasterConfig.qat None then, QAT settings now"):
+        edited.save(tmp_path / "run")
+    with pytest.raises(ValueError, match=r"ForecasterConfig.qat None then"):
+        edited.predict(*cut(table, "2024-03-30"))
+
+
 def test_variables_summary_and_history_are_copies_an_edit_of_which_changes_nothing(fitted):
     # Edits of the returned dicts reached the forecaster: its cached predictor kept the old
     # parameters while pickle and save took the edited ones.
@@ -281,6 +292,19 @@ def test_backtest_names_each_series_it_cannot_score_at_a_cutoff_and_scores_the_o
     why = r"\(at the last cutoff 2024-04-03 00:00:00: 'alpha' \(its target at 2024-04-05"
     with pytest.raises(TableContentError, match=r"no cutoff scores a series: .* " + why):
         _backtest_warnings(forecaster, edited)
+
+
+def test_backtest_says_a_series_whose_data_ends_before_a_cutoff_ends_before_it(fitted):
+    # It said "ends at 2024-03-19, within the 7 steps from" cutoffs after that day.
+    forecaster, table, _ = fitted
+    cut_short = table[~((table["store"] == "beta") & (table["day"] > "2024-03-19"))]
+    result, said = _backtest_warnings(forecaster, cut_short)
+    assert set(result["windows"]) == {2}
+    for cutoff in ("2024-03-20", "2024-03-27", "2024-04-03"):
+        assert (
+            f"at {cutoff} 00:00:00: 'beta' (its data ends at 2024-03-19 00:00:00, before it)"
+            in said
+        )
 
 
 def test_a_series_unseen_in_training_is_forecast_with_a_warning(fitted):
@@ -993,7 +1017,11 @@ def test_scored_windows_whose_history_is_mostly_filled_are_left_out_as_predict_r
     every = "'alpha' 13, 'beta' 13, 'gamma' 13"
     with (
         pytest.warns(UserWarning, match=filled.format(39, 3, every)),
-        pytest.raises(ValueError, match=r"every one of the 3 windows at the cutoff .* more than"),
+        pytest.raises(
+            ValueError,
+            match=r"no cutoff scores a series: .* \(at most 50% of them filled\) .* every window "
+            r"has a history predict refuses",
+        ),
     ):
         forecaster.backtest(table.assign(sales=table["sales"].where(~blank)), n_windows=1)
 

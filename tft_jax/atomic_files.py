@@ -70,7 +70,9 @@ def interrupts_held() -> Iterator[None]:
     signal is delivered as it would have been: to the Python handler there
     was (a KeyboardInterrupt for Ctrl-C), or, left to the system, raised
     again, which ends the process as it would have ended. An error that ends
-    the block goes on instead (it says more). Python runs signal handlers in
+    the block goes on instead of a held Python handler's signal (it says
+    more), but not instead of one left to the system: a scheduler's SIGTERM
+    still ends the process. Python runs signal handlers in
     the main thread only: in another thread the block runs as it is, and so
     does a signal that was ignored.
     """
@@ -88,9 +90,14 @@ def interrupts_held() -> Iterator[None]:
     try:
         yield
     except BaseException:
-        # An error already ends the block (a failed rename): it stops the caller as
-        # the signal would, and says what became of the files.
+        # An error already ends the block (a failed rename): it stops the caller as a
+        # KeyboardInterrupt would, and says what became of the files. A signal left to
+        # the system ends the process even so: a caller that catches the error must not
+        # outlive a kill request.
         _restore(previous)
+        for number in dict.fromkeys(signum for signum, _ in held):
+            if not callable(previous[number]):
+                signal.raise_signal(number)
         raise
     _restore(previous)
     # Each once, those that end the process first: a KeyboardInterrupt raised first

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+from types import FrameType
 
 _LIBRARIES = ("tft_jax", "qat", "properties", "jax", "jaxlib", "flax", "optax", "orbax", "chex")
 
@@ -30,7 +31,14 @@ def _library_folders() -> tuple[str, ...]:
     return tuple(folders)
 
 
-def _in_library(filename: str, folders: tuple[str, ...]) -> bool:
+def _in_library(frame: FrameType, folders: tuple[str, ...]) -> bool:
+    """Whether `frame` runs code of the libraries: by its module (a dataclass's generated
+    `__init__`, whose file is `<string>`, runs in its class's module; a namespace package
+    such as orbax has no folder), else by its file."""
+    module = frame.f_globals.get("__name__")
+    if isinstance(module, str) and module.partition(".")[0] in _LIBRARIES:
+        return True
+    filename = frame.f_code.co_filename
     return os.path.basename(filename) == "contextlib.py" or os.path.abspath(filename).startswith(
         folders
     )
@@ -43,8 +51,7 @@ def user_stacklevel() -> int:
     frame = sys._getframe(1)
     level = 1
     while frame.f_back is not None and (
-        _in_library(frame.f_code.co_filename, folders)
-        or _in_import_system(frame.f_code.co_filename)
+        _in_library(frame, folders) or _in_import_system(frame.f_code.co_filename)
     ):
         frame = frame.f_back
         # `warnings` steps over the import system's frames without counting them.

@@ -994,8 +994,9 @@ def command_predict(args: argparse.Namespace) -> int:
         else read_given_csv(args.future_csv, "--future-csv", forecaster, args)
     )
     forecast = predict_from_files(forecaster, history, future, model, args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_forecasts(forecast, str(args.out))
+    with writing_into_run(args.run, forecaster, is_inside(args.out, args.run)):
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        write_forecasts(forecast, str(args.out))
     series = forecast.iloc[:, 0].nunique()
     print(f"{model}: {len(forecast)} forecast rows ({series} series): {args.out}")
     return 0

@@ -32,8 +32,10 @@ from tft_jax.cli_parser import (
     given_flags,
 )
 from tft_jax.config import TFTConfig
-from tft_jax.data import load_pedestrian, prepare_dataset, read_table
+from tft_jax.data import PreparedDataset, load_pedestrian, prepare_dataset, read_table
 from tft_jax.experiments import ClippingSettings, check_splits, clipping_experiment
+from tft_jax.folder_lock import folder_locked
+from tft_jax.forecaster.config import ForecasterConfig
 from tft_jax.forecaster.predictors import qat_model_for
 from tft_jax.forecaster.run_folder import write_json
 
@@ -190,6 +192,19 @@ def command_experiment(args: argparse.Namespace) -> int:
         check_splits(dataset.train, dataset.validation, experiment)
     except ValueError as error:
         raise UsageError(flag_message(_setting_flags(str(error)), vars(args))) from None
+    # One process writes the folder: another experiment into it would mix the two.
+    with folder_locked(args.out, "--out "):
+        return _clipping_runs(args, settings, dataset, experiment)
+
+
+def _clipping_runs(
+    args: argparse.Namespace,
+    settings: ForecasterConfig,
+    dataset: PreparedDataset,
+    experiment: ClippingSettings,
+) -> int:
+    """`command_experiment` once its flags, table and `--out` are checked (and locked):
+    trains the paired runs and writes their summary and plot into `--out`."""
     _make_out(args.out)
     _announce_replaced(args.out)  # the flags and table are good: the runs start now
     model = settings.model

@@ -142,7 +142,9 @@ def _made(folder: pathlib.Path) -> list[pathlib.Path]:
     """Makes `folder` and its missing parents; the folders made, innermost first."""
     missing = []
     path = folder
-    while not path.exists() and path != path.parent:
+    # `lexists`: a link to nothing is no missing folder (mkdir fails on it), but a path
+    # that is not a folder, for the caller's own write to report.
+    while not os.path.lexists(path) and path != path.parent:
         missing.append(path)
         path = path.parent
     made = []
@@ -152,7 +154,7 @@ def _made(folder: pathlib.Path) -> list[pathlib.Path]:
         except FileExistsError:
             continue
         made.append(path)
-    if not folder.exists():  # made, then removed by a holder releasing it: try again
+    if not os.path.lexists(folder):  # made, then removed by a holder releasing it: again
         raise FileNotFoundError(errno.ENOENT, "removed meanwhile", str(folder))
     if not folder.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(folder))

@@ -722,9 +722,13 @@ def _unscored_series(
         times = panel.times[first : first + length]
         before = int(np.searchsorted(times, cutoff))  # its rows before the cutoff
         after = times[before : before + horizon]
-        if before < history:
+        if times[-1] < cutoff:
+            reason = f"its data ends at {times[-1]}, before it"
+        elif before < history:
             reason = f"{before} of the {history} steps of history before it"
-        elif after.size < horizon or after[0] != cutoff:
+        elif after[0] != cutoff:
+            reason = f"it has no row at the cutoff (its next is at {after[0]})"
+        elif after.size < horizon:
             reason = f"its data ends at {times[-1]}, within the {horizon} steps from it"
         else:
             mask = panel.target_mask[first + before : first + before + horizon]
@@ -733,17 +737,19 @@ def _unscored_series(
     return reasons
 
 
-def _announce_unscored_series(unscored: dict[pd.Timestamp, dict[Any, str]], count: int) -> None:
+def _announce_unscored_series(
+    unscored: dict[pd.Timestamp, dict[Any, str]], skipped: list[pd.Timestamp]
+) -> None:
     """Warns once naming, by cutoff, the series `backtest` could not score there (their
-    reasons), and the cutoffs where it scored none: each cutoff's scores average the
-    series scored there, so two cutoffs' scores may describe other series."""
-    if not unscored:
+    reasons), and the cutoffs `skipped`, where it scored none: each cutoff's scores
+    average the series scored there, so two cutoffs' scores may describe other series."""
+    if not unscored and not skipped:
         return
     parts = []
     for cutoff, reasons in unscored.items():
         named = first_few([f"{series!r} ({reason})" for series, reason in reasons.items()], 3)
         parts.append(f"at {cutoff}: {named}")
-    empty = [str(cutoff) for cutoff, reasons in unscored.items() if len(reasons) == count]
+    empty = [str(cutoff) for cutoff in skipped]
     none_scored = (
         f"; the cutoffs {first_few(empty, 3)} score no series and have no rows" if empty else ""
     )
@@ -870,6 +876,11 @@ class Forecaster:
             [] if fitted.settings is None
             else _changed_settings(fitted.settings, self.config, FITTED_USE_FIELDS)
         )  # fmt: skip
+        # A resume may add the QAT section (its phase has not started); a fitted model has
+        # no QAT form to go with it, and `save` would write one that it was QAT-trained.
+        added_qat = self.config.qat is not None and fitted.settings is not None
+        if added_qat and fitted.settings.get("qat") is None:
+            changed.append("ForecasterConfig.qat None then, QAT settings now")
         if changed:
             raise ValueError(
                 "Forecaster.config holds other settings than its model was fitted with "
@@ -1306,6 +1317,7 @@ class Forecaster:
         self, dataset: PreparedDataset, windows: WindowSet, models: Sequence[str] | None = None
     ) -> dict[str, Predictions]:
         """Each model's `Predictions` over `windows` of `dataset` (model-scale quantiles)."""
+        self._fitted_as_configured()  # a predictor compiled before is returned unchecked
         names = self._model_names(models)
         batch_size = self.config.training.eval_batch_size
         return {name: predict_windows(self.predictor(name), windows, batch_size) for name in names}
@@ -1601,9 +1613,8 @@ class Forecaster:
           scored. Aggregate with `skipna` (pandas' default) or drop them.
 
         Raises:
-          TableContentError: every scored cutoff's targets are all zero, no
-            cutoff has a window to score, or every window at a cutoff has a
-            history `predict` refuses.
+          TableContentError: every scored cutoff's targets are all zero, or no
+            cutoff has a window to score (with a history `predict` takes).
           ValueError: bad `n_windows`/`step`, too short a table, a new
             series without a target before the first cutoff.
         """
@@ -1653,6 +1664,7 @@ class Forecaster:
         scored_at: dict[pd.Timestamp, int] = {}
         # Series not scored at a cutoff, by cutoff, with why: each cutoff averages its own.
         unscored: dict[pd.Timestamp, dict[Any, str]] = {}
+        skipped: list[pd.Timestamp] = []  # cutoffs that score no series
         for position in positions:
             cutoff = grid_times[position]
             last = grid_times[position + data.horizon - 1]
@@ -1667,16 +1679,11 @@ class Forecaster:
             if reasons:
                 unscored[cutoff] = reasons
             left_out = self._sparse_histories(dataset, starts)
-            if left_out.size and left_out.all():
-                raise TableContentError(
-                    f"backtest: every one of the {starts.size} windows at the cutoff {cutoff} "
-                    f"has {self._sparse_text(dataset)}, the histories predict refuses; choose "
-                    "other cutoffs with n_windows and step"
-                )
             if left_out.any():
                 self._announce_left_out(f"backtest: the cutoff {cutoff}", dataset, starts, left_out)
                 starts = starts[~left_out]
             if starts.size == 0:  # named below; the other cutoffs are scored
+                skipped.append(cutoff)
                 continue
             if test_start is not None:
                 flagged = _in_sample_windows(dataset, starts, test_start)
@@ -1713,11 +1720,13 @@ class Forecaster:
             why = first_few([f"{k!r} ({v})" for k, v in unscored.get(last, {}).items()], 3)
             raise TableContentError(
                 f"backtest: no cutoff scores a series: no series has {data.history} steps of "
-                f"history before a cutoff and an observed target over the {data.horizon} steps "
-                f"after it (at the last cutoff {last}: {why}); choose other cutoffs with "
-                "n_windows and step"
+                f"history before a cutoff (at most {100 * data.max_missing_fraction:g}% of "
+                f"them filled) and an observed target over the {data.horizon} steps after it "
+                f"(at the last cutoff {last}: "
+                f"{why or 'every window has a history predict refuses'}); choose other "
+                "cutoffs with n_windows and step"
             )
-        _announce_unscored_series(unscored, len(dataset.series_ids))
+        _announce_unscored_series(unscored, skipped)
         scored_cutoffs = len({record["cutoff"] for record in records})
         _check_zero_target_cutoffs(zero_cutoffs, scored_cutoffs, data.horizon)
         return pd.DataFrame.from_records(records)
