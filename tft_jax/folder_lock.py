@@ -117,11 +117,16 @@ def _taken(folder: pathlib.Path, label: str) -> _Hold | None:
         for _ in range(_TRIES):
             try:
                 created = _made(folder)
-                key = _identity(folder)
-            except FileNotFoundError:
+            except _Vanished:
                 continue  # removed by the holder releasing it meanwhile: again
             except OSError:
                 return None  # a path that is no folder, or not ours: the caller's write says
+            try:
+                key = _identity(folder)
+            except FileNotFoundError:
+                continue  # removed meanwhile, as above
+            except OSError:
+                return None
             hold = _HOLDS.get(key)
             if hold is not None:
                 hold.count += 1
@@ -136,6 +141,10 @@ def _taken(folder: pathlib.Path, label: str) -> _Hold | None:
             _HOLDS[key] = hold
             return hold
     raise OSError(f"could not lock {folder}: its lock file {LOCK_FILE} kept being replaced")
+
+
+class _Vanished(Exception):
+    """A folder `_made` made (or found) that was removed before it returned."""
 
 
 def _made(folder: pathlib.Path) -> list[pathlib.Path]:
@@ -155,7 +164,7 @@ def _made(folder: pathlib.Path) -> list[pathlib.Path]:
             continue
         made.append(path)
     if not os.path.lexists(folder):  # made, then removed by a holder releasing it: again
-        raise FileNotFoundError(errno.ENOENT, "removed meanwhile", str(folder))
+        raise _Vanished(str(folder))
     if not folder.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(folder))
     return made[::-1]
