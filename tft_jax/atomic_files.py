@@ -95,20 +95,25 @@ def interrupts_held() -> Iterator[None]:
         # the system ends the process even so: a caller that catches the error must not
         # outlive a kill request.
         _restore(previous)
-        for number in dict.fromkeys(signum for signum, _ in held):
-            if not callable(previous[number]):
-                signal.raise_signal(number)
+        _deliver(held, previous, python_handlers=False)
         raise
     _restore(previous)
-    # Each once, those that end the process first: a KeyboardInterrupt raised first
-    # would lose a SIGTERM held after it.
+    _deliver(held, previous, python_handlers=True)
+
+
+def _deliver(
+    held: list[tuple[int, object]], handlers: dict[int, object], python_handlers: bool
+) -> None:
+    """Delivers each signal of `held` once to its handler of `handlers`, those that end the
+    process first (a KeyboardInterrupt raised first would lose a SIGTERM held after it);
+    signals with a Python handler only where `python_handlers`."""
     arrived = dict.fromkeys(signum for signum, _ in held)
-    for number in sorted(arrived, key=lambda number: callable(previous[number])):
-        handler, frame = previous[number], next(frame for signum, frame in held if signum == number)
-        if callable(handler):
-            handler(number, frame)
-        else:  # the system's default action: ends the process, for these signals
+    for number in sorted(arrived, key=lambda number: callable(handlers[number])):
+        handler = handlers[number]
+        if not callable(handler):  # the system's default action: ends the process
             signal.raise_signal(number)
+        elif python_handlers:
+            handler(number, next(frame for signum, frame in held if signum == number))
 
 
 def _restore(handlers: dict[int, object]) -> None:

@@ -201,18 +201,22 @@ def _changed_settings(
     written: dict[str, Any],
     settings: ForecasterConfig,
     free: dict[str, tuple[str, ...]] = RESUMABLE_FIELDS,
+    qat_may_be_added: bool = True,
 ) -> list[str]:
     """`'Section.field OLD then, NEW now'` for each field a resume may not change (fields
     outside `free`, by section).
 
     A field missing from `written` (recorded before the field existed) counts
-    as its default. The QAT section may be added (the QAT phase has not
-    started when the recorded run had none), not removed.
+    as its default. The QAT section may be added where `qat_may_be_added`
+    (a resume: the QAT phase has not started when the recorded run had none;
+    not a fitted model, which has no QAT form to go with it), never removed.
     """
     current = _settings_record(settings)
     changed = []
     if written.get("qat") is not None and current.get("qat") is None:
         changed.append("ForecasterConfig.qat QAT settings then, None now")
+    if not qat_may_be_added and written.get("qat") is None and current.get("qat") is not None:
+        changed.append("ForecasterConfig.qat None then, QAT settings now")
     for section, kind in SECTIONS.items():
         old, new = written.get(section), current.get(section)
         if old is None or new is None:
@@ -872,15 +876,13 @@ class Forecaster:
         (but those of `FITTED_USE_FIELDS`): `config` is an attribute a notebook may set
         after `fit` to fit again."""
         fitted = self._require_fitted()
+        # No QAT section added either: `save` would write that the model was QAT-trained.
         changed = (
             [] if fitted.settings is None
-            else _changed_settings(fitted.settings, self.config, FITTED_USE_FIELDS)
+            else _changed_settings(
+                fitted.settings, self.config, FITTED_USE_FIELDS, qat_may_be_added=False
+            )
         )  # fmt: skip
-        # A resume may add the QAT section (its phase has not started); a fitted model has
-        # no QAT form to go with it, and `save` would write one that it was QAT-trained.
-        added_qat = self.config.qat is not None and fitted.settings is not None
-        if added_qat and fitted.settings.get("qat") is None:
-            changed.append("ForecasterConfig.qat None then, QAT settings now")
         if changed:
             raise ValueError(
                 "Forecaster.config holds other settings than its model was fitted with "
@@ -1399,7 +1401,7 @@ class Forecaster:
         model's training or validation period, whose targets it was fitted or
         selected on.
         """
-        test_start = _model_test_start(self.summary)
+        test_start = _model_test_start(self._require_fitted().summary)  # read, not copied
         if test_start is None:
             return
         in_sample = _in_sample_windows(dataset, starts, test_start)
@@ -1659,7 +1661,7 @@ class Forecaster:
         offset = parse_frequency(data.freq)
         records = []
         zero_cutoffs: list[pd.Timestamp] = []
-        test_start = _model_test_start(self.summary)
+        test_start = _model_test_start(self._require_fitted().summary)  # read, not copied
         in_sample: dict[pd.Timestamp, int] = {}  # cutoff -> its windows scored in-sample
         scored_at: dict[pd.Timestamp, int] = {}
         # Series not scored at a cutoff, by cutoff, with why: each cutoff averages its own.
@@ -1727,8 +1729,7 @@ class Forecaster:
                 "cutoffs with n_windows and step"
             )
         _announce_unscored_series(unscored, skipped)
-        scored_cutoffs = len({record["cutoff"] for record in records})
-        _check_zero_target_cutoffs(zero_cutoffs, scored_cutoffs, data.horizon)
+        _check_zero_target_cutoffs(zero_cutoffs, len(positions) - len(skipped), data.horizon)
         return pd.DataFrame.from_records(records)
 
     def _zero_target_metrics(
