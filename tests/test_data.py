@@ -104,13 +104,19 @@ def test_missing_target_windows_are_left_out_unless_asked():
         r"in 1 of 1 series: 'a' 1; "
     )
     # Step 30 lies in the horizons of the 3 windows forecasting from steps 28, 29 and 30.
-    left_out = "the 3 windows whose horizon holds one are left out"
+    left_out = (
+        r"the 3 windows whose horizon holds one are left out \(prepare_dataset's "
+        r"require_observed_target=False keeps them"
+    )
     with pytest.warns(UserWarning, match=filled + left_out):
         strict = prepare(table, validation_fraction=0.0, test_fraction=0.0)
     horizons = strict.train.starts[:, None] + np.arange(3)
     assert not np.isin(30, horizons)
     assert strict.train.arrays()["target_mask"].min() == 1.0
-    kept = "windows whose horizon holds one are kept, those steps with target_mask 0"
+    kept = (
+        r"the 3 windows whose horizon holds one are kept, their 3 filled forecast steps masked "
+        r"\(target_mask 0: left out of the loss and the scores\)"
+    )
     with pytest.warns(UserWarning, match=filled + kept):
         loose = prepare(
             table, validation_fraction=0.0, test_fraction=0.0, require_observed_target=False

@@ -78,6 +78,7 @@ from tft_jax.cli_parser import (
     multihost_arguments,
 )
 from tft_jax.data import load_pedestrian, read_table
+from tft_jax.data.dataset import KEEP_FILLED_HORIZONS
 from tft_jax.data.future import RAISE_MISSING_LIMIT
 from tft_jax.data.listing import first_few, repeated
 from tft_jax.data.pedestrian import PEDESTRIAN_SPEC
@@ -99,6 +100,7 @@ from tft_jax.evaluation import (
 )
 from tft_jax.folder_lock import FolderLockedError, folder_locked
 from tft_jax.forecaster import DEMO, DataConfig, Forecaster, ForecasterConfig, RunFolderError
+from tft_jax.forecaster.forecaster import KEEP_FILLED_SETTING
 from tft_jax.forecaster.process_agreement import table_digest
 from tft_jax.forecaster.run_folder import (
     ATTENTION_PLOT,
@@ -229,6 +231,13 @@ def cli_text(message: str, args: argparse.Namespace) -> str:
             "DataConfig.nonnegative=True", "the run's --nonnegative (set when it trained)"
         ).replace("set nonnegative=False", "train again without --nonnegative")
     message = message.replace(" (PreparedDataset.missing_report())", "")
+    # Said as the setting, which `flag_message` says as the flag; a command without the flag
+    # reads a run, whose setting only training again changes.
+    message = message.replace(KEEP_FILLED_HORIZONS, KEEP_FILLED_SETTING)
+    if "require_observed_target" not in vars(args):
+        message = message.replace(
+            KEEP_FILLED_SETTING, "a run trained with --no-require-observed-target"
+        )
     if "run" in vars(args) and getattr(args, "time_format", None) is None:
         # The run's format, in a command given none: it is no flag of the user's.
         message = re.sub(
@@ -509,7 +518,8 @@ def default_model(forecaster: Forecaster, requested: str | None) -> str:
 def metrics_table(metrics: dict[str, Any]) -> str:
     """A short text table of each model's P50/P90 q-risk and mean quantile loss.
 
-    The integer model is labelled with its width, `metrics['qat_bits']` (8 if absent).
+    The integer model is labelled with its width, `metrics['qat_bits']` (8 if absent);
+    the forecast steps left out of the scores (`masked_steps`), if any, are counted.
     """
     bits = metrics.get("qat_bits", 8)
     lines = [f"{'model':<26}{'P50 q-risk':>12}{'P90 q-risk':>12}{'mean QL':>12}"]
@@ -532,6 +542,8 @@ def metrics_table(metrics: dict[str, Any]) -> str:
     if (value := comparison.get("int8_vs_fp32_p50_q_risk_relative")) is not None:
         integer = "int8" if bits == 8 else f"int{bits}"
         notes.append(f"{integer} vs fp32 (P50): {100 * value:+.2f}%")
+    if masked := metrics.get("masked_steps"):  # --no-require-observed-target
+        notes.append(f"{masked} forecast steps without an observed target not scored")
     return "\n".join([*lines, "; ".join(notes)] if notes else lines)
 
 
@@ -861,7 +873,12 @@ def _train_into_out(
         return None
     report = forecaster.dataset.missing_report()
     if not args.quiet and report["filled_target_steps"].any():
-        print("missing target steps filled per series (windows with one in the horizon left out):")
+        fate = (
+            "left out"
+            if forecaster.dataset.require_observed_target
+            else "kept, those steps masked out of the loss and the scores"
+        )
+        print(f"missing target steps filled per series (windows with one in the horizon {fate}):")
         print(report.to_string(index=False, float_format=lambda x: f"{x:.3f}"), flush=True)
     arguments = {
         key: value for key, value in vars(args).items() if key not in ("func", "given_flags")

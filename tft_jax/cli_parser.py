@@ -391,6 +391,10 @@ DATA_OPTIONS = (
     Option("--nonnegative", "data", "nonnegative",
            "clip forecasts at 0 (counts, quantities that cannot be negative)",
            {"action": "store_true"}),
+    Option("--require-observed-target", "data", "require_observed_target",
+           "leave out every window whose forecast horizon holds a missing (filled) target; "
+           "--no-require-observed-target: keep them, those steps left out of the loss and of "
+           "every score", {"action": argparse.BooleanOptionalAction}),
     Option("--train-stride", "data", "train_stride", "keep every n-th training window per series",
            {"type": positive_int}),
     Option("--categorical-cols", "data", "categorical_cols",

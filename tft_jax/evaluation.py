@@ -26,6 +26,15 @@ so errors of a few units (and the q-risk of a good forecast) would be lost.
 
 A point forecast (the seasonal naive baseline) is scored as if it predicted
 every quantile level with that one value.
+
+Windows prepared with `require_observed_target=False` may hold forecast
+steps whose target was missing in the table (forward-filled, `target_mask`
+0). Those are scored only when asked: `observed_steps` gives the `(N, H)`
+mask of the observed steps, and `actuals`, `forecast_metrics`,
+`mean_quantile_loss` and `baseline_metrics` take it as `observed`, scoring
+the observed steps alone: q-risk is `2 Σ_observed QL_q / Σ_observed |y|`,
+the mean losses are means over the observed steps (and levels). Without
+`observed` a missing target is an error, never skipped.
 """
 
 from __future__ import annotations
@@ -225,19 +234,62 @@ def horizon_rows(windows: WindowSet) -> np.ndarray:
     return windows.starts[:, None] + np.arange(windows.horizon)
 
 
-def actuals(dataset: PreparedDataset, windows: WindowSet) -> np.ndarray:
+def observed_steps(windows: WindowSet) -> np.ndarray:
+    """`(N, H)` bool: True at the windows' forecast steps whose target was observed, False
+    where it was missing in the table and filled (`target_mask` 0)."""
+    return np.asarray(windows.panel.target_mask[horizon_rows(windows)] != 0)
+
+
+def actuals(
+    dataset: PreparedDataset, windows: WindowSet, observed: np.ndarray | None = None
+) -> np.ndarray:
     """`(N, H)` observed targets of the windows' forecast steps in the target's units.
 
-    Raises `ValueError` if a forecast step has no observed target (windows
-    built with `require_observed_target=False`).
+    Args:
+      dataset: the prepared table the windows belong to.
+      windows: the windows.
+      observed: optional `(N, H)` bool mask of the steps to score (`observed_steps`):
+        the steps it marks False come back NaN, for `forecast_metrics` given the
+        same mask to leave out. Without it every step must have an observed
+        target.
+
+    Raises:
+      ValueError: without `observed`, a forecast step with no observed target
+        (windows prepared with `require_observed_target=False`); with it, a
+        step it marks True that has none, or a mask of another shape.
+      TypeError: an `observed` that is not boolean.
     """
     values = dataset.frame[dataset.spec.target].to_numpy(dtype=np.float64)[horizon_rows(windows)]
-    if np.isnan(values).any():
+    missing = np.isnan(values)
+    if observed is None:
+        if missing.any():
+            raise ValueError(
+                f"{int(missing.sum())} forecast steps have no observed target; evaluate on "
+                "windows prepared with require_observed_target=True, or pass "
+                "observed=observed_steps(windows) to score the observed steps only"
+            )
+        return values
+    mask = _observed_mask(observed, values.shape)
+    if (missing & mask).any():
+        window, step = (int(i) for i in np.argwhere(missing & mask)[0])
         raise ValueError(
-            f"{int(np.isnan(values).sum())} forecast steps have no observed target; "
-            "evaluate on windows prepared with require_observed_target=True"
+            f"observed marks {int((missing & mask).sum())} forecast steps without an observed "
+            f"target as observed (the first at window {window}, step {step}); build it with "
+            "observed_steps(windows)"
         )
-    return values
+    return np.where(mask, values, np.nan)
+
+
+def _observed_mask(observed: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """`observed` checked to be a bool array of `shape` (that of `actual`)."""
+    mask = np.asarray(observed)
+    if mask.dtype != np.bool_:
+        raise TypeError(
+            f"observed must be a bool array (True where the target was observed), got {mask.dtype}"
+        )
+    if mask.shape != shape:
+        raise ValueError(f"observed must have the shape of actual {shape}, got {mask.shape}")
+    return mask
 
 
 def filled_history(dataset: PreparedDataset, windows: WindowSet) -> np.ndarray:
@@ -270,16 +322,19 @@ def baseline_metrics(
     quantiles: Sequence[float],
     periods: Sequence[int],
     nonnegative: bool = False,
+    observed: np.ndarray | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Metrics of seasonal naive and seasonal naive with drift at each of `periods`.
 
     Keys `seasonal_naive_<m>` and `drift_<m>` (the latter where the history
     holds two whole seasons of `m`); point forecasts score every level.
     `nonnegative`: forecasts clipped at 0 first, as the models' are (a drift
-    extrapolates a falling series below 0).
+    extrapolates a falling series below 0). `observed`: the `(N, H)` mask of
+    the steps to score (see `actuals`), as the models are scored; the
+    baselines read the filled history as the model does (`filled_history`).
     """
     history = filled_history(dataset, windows)
-    actual = actuals(dataset, windows)
+    actual = actuals(dataset, windows, observed)
     scale = window_scales(dataset, windows)
     results = {}
     for period in sorted(set(periods)):
@@ -292,7 +347,12 @@ def baseline_metrics(
             if nonnegative:
                 forecast = np.maximum(forecast, 0.0)
             results[name] = forecast_metrics(
-                forecast, actual, quantiles, scale, dataset.target_scaler.target_transform
+                forecast,
+                actual,
+                quantiles,
+                scale,
+                dataset.target_scaler.target_transform,
+                observed=observed,
             )
     return results
 
@@ -368,14 +428,16 @@ def _pinball64(forecast: np.ndarray, actual: np.ndarray, levels: Sequence[float]
 
 
 def _scored_arrays(
-    forecast: Any, actual: Any, quantiles: Any
+    forecast: Any, actual: Any, quantiles: Any, observed: Any = None
 ) -> tuple[np.ndarray, np.ndarray, tuple[float, ...]]:
     """`(forecast (N, H, Q), actual (N, H), levels)` in float64, checked as the metrics need.
 
     A point forecast `(N, H)` is used for every level. Raises `ValueError`
     for mismatched shapes, no level or one outside (0, 1), levels sharing a
     q-risk key, no value, or a value that is not finite (naming the first);
-    `TypeError` for `quantiles` that are not numbers.
+    `TypeError` for `quantiles` that are not numbers. With `observed` (a bool
+    mask of `actual`'s shape, checked) only the actuals it marks must be
+    finite, at least one of them; every forecast must be.
     """
     levels = _levels(quantiles)
     forecast = np.asarray(forecast, dtype=np.float64)
@@ -398,34 +460,64 @@ def _scored_arrays(
         )
     if actual.size == 0:
         raise ValueError(f"actual holds no values (shape {actual.shape}): nothing to score")
+    mask = None if observed is None else _observed_mask(observed, actual.shape)
+    if mask is not None and not mask.any():
+        raise ValueError(
+            f"observed marks none of the {actual.size} steps of actual as observed: nothing "
+            "to score"
+        )
     for name, values in (("actual", actual), ("forecast", forecast)):
         # A NaN or inf made every metric NaN or inf (null in metrics.json) without a word.
         bad = ~np.isfinite(values)
+        if name == "actual" and mask is not None:
+            bad &= mask  # the steps left out may hold anything
         if bad.any():
             raise ValueError(
                 f"{name} holds {int(bad.sum())} values that are not finite (the first "
                 f"{values[bad][0]} at index {tuple(int(i) for i in np.argwhere(bad)[0])}); "
-                "metrics need finite values: leave out steps without an observed target "
-                "(`actuals`), and check the model of a NaN forecast"
+                "metrics need finite values: pass observed (`observed_steps`) to leave out "
+                "steps without an observed target, and check the model of a NaN forecast"
             )
     return forecast, actual, levels
 
 
+def _observed_only(
+    forecast: np.ndarray, actual: np.ndarray, scale: Any, observed: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """`(forecast (M, Q), actual (M,), scale (M,) or None)`: the `M` steps `observed` marks.
+
+    `scale` (one per row of `actual`, checked as `_window_divisor` checks it)
+    is repeated for each step of its row, so that the scores of the steps
+    taken are those of the whole arrays restricted to them.
+    """
+    mask = _observed_mask(observed, actual.shape)
+    if scale is not None:
+        scale = np.broadcast_to(_window_divisor(scale, actual.shape), actual.shape)[mask]
+    return forecast[mask], actual[mask], scale
+
+
 def mean_quantile_loss(
-    forecast: np.ndarray, actual: np.ndarray, quantiles: Sequence[float]
+    forecast: np.ndarray,
+    actual: np.ndarray,
+    quantiles: Sequence[float],
+    observed: np.ndarray | None = None,
 ) -> float:
     """The float64 mean pinball loss of `forecast` against `actual`, as `forecast_metrics` gives.
 
     Defined where q-risk is not (targets all zero), so `Forecaster.backtest`
     still reports it at such a cutoff. `forecast`: `(N, H, Q)` quantile
     forecasts, or `(N, H)` a point forecast used for every level.
+    `observed`: optional `(N, H)` bool mask; the mean runs over the steps it
+    marks True only (the others' actuals are never read).
 
     Raises:
       ValueError: mismatched shapes, no level or one outside (0, 1), no
-        value, or a value that is not finite.
-      TypeError: `quantiles` not numbers.
+        value (no step marked observed), or a value that is not finite.
+      TypeError: `quantiles` not numbers, or `observed` not bool.
     """
-    forecast, actual, levels = _scored_arrays(forecast, actual, quantiles)
+    forecast, actual, levels = _scored_arrays(forecast, actual, quantiles, observed)
+    if observed is not None:
+        forecast, actual, _ = _observed_only(forecast, actual, None, observed)
     return float(np.mean(_pinball64(forecast, actual, levels)))
 
 
@@ -435,6 +527,7 @@ def forecast_metrics(
     quantiles: Sequence[float],
     scale: np.ndarray | None = None,
     target_transform: str = "none",
+    observed: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """q-risk per level, P50/P90 q-risk and mean quantile losses (see the module docstring).
 
@@ -449,22 +542,31 @@ def forecast_metrics(
       target_transform: the target transform the scale belongs to (one of
         `tft_jax.data.scaling.TARGET_TRANSFORMS`): the scaled loss is that of
         `transform(forecast) / scale` against `transform(actual) / scale`.
+      observed: optional `(N, H)` bool mask of `actual`'s shape
+        (`observed_steps`): every metric is computed over the steps it marks
+        True only, `2 Σ_observed QL_q / Σ_observed |actual|` and means over
+        those steps, and the actuals of the other steps (missing targets,
+        NaN from `actuals`) are never read. None scores every step.
 
     Returns:
       A JSON-ready dict of floats (float64 sums, see the module docstring).
 
     Raises:
-      ValueError: mismatched shapes, no level or one outside (0, 1), no value,
-        a NaN or infinite value in `forecast` or `actual`, a `scale` not
-        `(N,)` positive and finite, an unknown `target_transform`, or with
-        a `scale` and `target_transform='log1p'` an `actual` at or below -1
-        (outside log1p's domain; a forecast there gives a None scaled loss);
-        `tft_jax.losses.ZeroTargetError` (a `ValueError`) when `Σ|actual|` is
-        zero (q-risk is undefined).
-      TypeError: `quantiles` not numbers.
+      ValueError: mismatched shapes, no level or one outside (0, 1), no value
+        (with `observed`, no step marked True, or a mask of another shape),
+        a NaN or infinite value in `forecast` or (at a scored step) `actual`,
+        a `scale` not `(N,)` positive and finite, an unknown
+        `target_transform`, or with a `scale` and `target_transform='log1p'`
+        an `actual` at or below -1 (outside log1p's domain; a forecast there
+        gives a None scaled loss); `tft_jax.losses.ZeroTargetError` (a
+        `ValueError`) when `Σ|actual|` over the scored steps is zero (q-risk
+        is undefined).
+      TypeError: `quantiles` not numbers, or `observed` not bool.
     """
-    forecast, actual, levels = _scored_arrays(forecast, actual, quantiles)
-    losses = _pinball64(forecast, actual, levels)  # (N, H, Q), float64
+    forecast, actual, levels = _scored_arrays(forecast, actual, quantiles, observed)
+    if observed is not None:  # the steps scored, as flat (M, Q) and (M,) arrays
+        forecast, actual, scale = _observed_only(forecast, actual, scale, observed)
+    losses = _pinball64(forecast, actual, levels)  # (N, H, Q) or (M, Q), float64
     total = float(np.sum(np.abs(actual)))
     if total == 0.0:
         raise ZeroTargetError("q_risk: sum(|target|) is zero, so the normalized risk is undefined")
@@ -612,7 +714,8 @@ def forecast_frame(
     Columns: the id column, `forecast_start` (the first forecast step of the
     window), the time column (the step forecast), `horizon` (1..H), one
     column per quantile (`quantile_column`) and `actual` (NaN where the
-    target is missing).
+    target is missing: a step of a window kept with `require_observed_target=False`,
+    not scored; an empty cell in the CSV `write_forecasts` writes).
 
     Raises:
       ValueError: `forecast` not `(N, H, Q)`, or a column name taken twice

@@ -21,17 +21,21 @@ are not used); its history may reach back into earlier periods. Train
 targets therefore all precede the validation start and validation targets
 the test start. By default windows whose horizon contains a filled target
 are left out of every split (they would teach and score made-up values);
-their timestamps stay in the grid, flagged.
+their timestamps stay in the grid, flagged. `require_observed_target=False`
+keeps them: their filled steps carry `target_mask` 0, which the training
+loss and the scores (`tft_jax.evaluation.observed_steps`) leave out.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import itertools
 import numbers
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -67,6 +71,28 @@ from tft_jax.data.windows import Panel, WindowSet, window_starts
 from tft_jax.data.zones import frame_in_zone, in_training_zone, panel_in_zone, zone_to_give_back
 
 SPLITS = ("train", "validation", "test")
+# The option that keeps the windows whose horizon holds a filled target, as a caller of
+# `prepare_dataset` passes it; messages name it so (`keep_option_named` changes the name for
+# a caller that sets it otherwise: the `Forecaster`'s `DataConfig`, the CLI's flag).
+KEEP_FILLED_HORIZONS = "prepare_dataset's require_observed_target=False"
+_KEEP_OPTION: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "keep_option", default=KEEP_FILLED_HORIZONS
+)
+
+
+@contextlib.contextmanager
+def keep_option_named(name: str) -> Iterator[None]:
+    """Within it, `prepare_dataset`'s messages name the option that keeps windows whose
+    horizon holds a filled target as `name` (the caller's own setting, e.g.
+    'DataConfig.require_observed_target=False') instead of `KEEP_FILLED_HORIZONS`.
+
+    A context variable: other threads and tasks are not affected.
+    """
+    token = _KEEP_OPTION.set(name)
+    try:
+        yield
+    finally:
+        _KEEP_OPTION.reset(token)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -272,6 +298,12 @@ class PreparedDataset:
             "windows": {name: len(self.split(name)) for name in SPLITS},
             "window_normalization": self.train.normalized,
             "missing_texts": dict(self.missing_texts),
+            "require_observed_target": self.require_observed_target,
+            # Forecast steps without an observed target over each split's windows: left out
+            # of the loss and the scores (0 where such windows were left out).
+            "masked_target_steps": {
+                name: int(_filled_horizon_steps(self.split(name)).sum()) for name in SPLITS
+            },
         }
 
     @property
@@ -285,7 +317,11 @@ class PreparedDataset:
         Windows left out are those whose horizon holds a filled target (they
         would teach and score made-up values), counted over all splits before
         any stride (`train_stride`/`eval_stride` thin out the windows kept,
-        which leaves none out for a filled target).
+        which leaves none out for a filled target). With
+        `require_observed_target=False` none is left out: `windows_masked`
+        counts the windows kept whose horizon holds a filled target, and
+        `masked_steps` those steps over them (each filled step once per
+        window it lies in), left out of the loss and the scores.
         """
         panel = self.panel
         frame = self.frame
@@ -305,6 +341,7 @@ class PreparedDataset:
         every = every_window(False)
         eligible = every_window(True) if self.require_observed_target else every
         kept = np.concatenate([self.split(name).starts for name in SPLITS])
+        masked = np.concatenate([_filled_horizon_steps(self.split(name)) for name in SPLITS])
         codes = np.arange(self.num_series)
         return pd.DataFrame(
             {
@@ -316,8 +353,20 @@ class PreparedDataset:
                 "windows": np.bincount(panel.series_code[kept], minlength=self.num_series),
                 "windows_left_out": np.bincount(panel.series_code[every], minlength=self.num_series)
                 - np.bincount(panel.series_code[eligible], minlength=self.num_series),
+                "windows_masked": np.bincount(
+                    panel.series_code[kept[masked > 0]], minlength=self.num_series
+                ),
+                "masked_steps": np.bincount(
+                    panel.series_code[kept], weights=masked, minlength=self.num_series
+                ).astype(np.int64),
             }
         )
+
+
+def _filled_horizon_steps(windows: WindowSet) -> np.ndarray:
+    """(N,) int64: how many forecast steps of each window have a filled target (`target_mask` 0)."""
+    rows = windows.starts[:, None] + np.arange(windows.horizon)
+    return np.sum(windows.panel.target_mask[rows] == 0, axis=1, dtype=np.int64)
 
 
 def _to_timestamp(value: Any, name: str, tz: Any, spec: TableSpec) -> pd.Timestamp:
@@ -466,9 +515,9 @@ def _filled_windows_hint(count: int, scoring: bool) -> str:
     Empty when there were none. `scoring`: a fitted model reads the table to
     score it (`Forecaster.evaluate`, `backtest`, `tft-jax evaluate`), where a
     filled target step has no actual to score against, so keeping those
-    windows is no way out, and those callers have no
-    `require_observed_target` option to pass: the hint names it only when
-    a table is prepared for fitting (`prepare_dataset` takes it).
+    windows is no way out: the hint names `require_observed_target` only
+    when a table is prepared for fitting, as the caller sets it
+    (`keep_option_named`).
     """
     if count == 0:
         return ""
@@ -484,7 +533,8 @@ def _filled_windows_hint(count: int, scoring: bool) -> str:
         )
     return (
         f"{filled} and were left out: check that freq is the frequency the data is recorded "
-        "at, or pass prepare_dataset's require_observed_target=False to keep them"
+        f"at, or pass {_KEEP_OPTION.get()} to keep them (their filled steps then left out "
+        "of the loss and the scores)"
     )
 
 
@@ -879,11 +929,19 @@ def prepare_dataset(
     filled = grid.groupby(spec.id_col, sort=True)[missing_col].sum()
     if filled.sum():
         report = first_few([f"{series!r} {int(n)}" for series, n in filled[filled > 0].items()])
+        counts = dataset.missing_report()
         if require_observed_target:  # each filled step leaves out up to H windows: counted
-            left = int(dataset.missing_report()["windows_left_out"].sum())
-            horizons = f"the {left} windows whose horizon holds one are left out"
+            left = int(counts["windows_left_out"].sum())
+            horizons = (
+                f"the {left} windows whose horizon holds one are left out ({_KEEP_OPTION.get()} "
+                "keeps them, leaving those steps out of the loss and the scores)"
+            )
         else:
-            horizons = "windows whose horizon holds one are kept, those steps with target_mask 0"
+            horizons = (
+                f"the {int(counts['windows_masked'].sum())} windows whose horizon holds one are "
+                f"kept, their {int(counts['masked_steps'].sum())} filled forecast steps masked "
+                "(target_mask 0: left out of the loss and the scores)"
+            )
         flagged = (
             "flagged as missing to the model"
             if dataset.preprocessor.missing_flag

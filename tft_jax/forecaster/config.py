@@ -170,6 +170,14 @@ class DataConfig:
         where they do not; the bundled pedestrian counts are better without.
       nonnegative: clip forecasts at 0 in original units (counts, quantities
         that cannot be negative).
+      require_observed_target: leave out of training, validation and scoring
+        every window whose forecast horizon holds a filled target step (one
+        missing from the table). False keeps those windows: their filled steps
+        (`target_mask` 0) are left out of the training and validation loss
+        and of every score (`evaluate`, `backtest`): a filled step leaves out
+        up to `horizon` windows, so a table with a few scattered missing
+        steps loses most of its windows by default. As `prepare_dataset`'s
+        keyword of that name.
     """
 
     id_col: str
@@ -198,6 +206,7 @@ class DataConfig:
     target_transform: str = "none"
     window_normalization: bool = True
     nonnegative: bool = False
+    require_observed_target: bool = True
 
     def __post_init__(self) -> None:
         owner = "DataConfig"
@@ -245,7 +254,8 @@ class DataConfig:
                     f"{owner}.encoding {self.encoding!r} is not a text encoding Python knows "
                     "(e.g. 'utf-8', 'latin-1', 'cp1252')"
                 ) from None
-        for name in ("dayfirst", "window_normalization", "nonnegative"):
+        switches = ("dayfirst", "window_normalization", "nonnegative", "require_observed_target")
+        for name in switches:
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{owner}.{name} must be a bool, got {getattr(self, name)!r}")
         if self.target_transform not in TARGET_TRANSFORMS:
@@ -315,6 +325,7 @@ class DataConfig:
             "min_series_length": self.min_series_length,
             "target_transform": self.target_transform,
             "window_normalization": self.window_normalization,
+            "require_observed_target": self.require_observed_target,
         }
 
     @classmethod

@@ -39,7 +39,7 @@ from tft_jax.checkpoint import TrainingCheckpointer
 from tft_jax.checkpoint import digest as tree_digest
 from tft_jax.config import TFTConfig
 from tft_jax.data import PreparedDataset, WindowSet, prepare_dataset, window_starts
-from tft_jax.data.dataset import SPLITS
+from tft_jax.data.dataset import SPLITS, keep_option_named
 from tft_jax.data.future import future_windows
 from tft_jax.data.listing import first_few
 from tft_jax.data.preprocessing import NewSeriesWithoutTargetError, Preprocessor
@@ -68,6 +68,7 @@ from tft_jax.evaluation import (
     forecast_metrics,
     mean_quantile_loss,
     monotone,
+    observed_steps,
     predict_windows,
     seasonal_naive_forecast,
     to_original_units,
@@ -179,6 +180,12 @@ RESUMABLE_FIELDS = {
 # model it holds (its windows, scale, size, levels or integer bits): a forecast with
 # another value read the model's inputs otherwise without a word (another window
 # normalization moved forecasts by 10%), and `save` wrote a folder that `load` refuses.
+# `require_observed_target` chooses the training windows, so a resume may not change it
+# (the run would go on over other windows), but it changes nothing the model reads: for
+# a fitted model it only chooses which windows of a table `evaluate` and `backtest` score
+# (with False, also those whose horizon holds a filled target, on their observed steps),
+# as `max_missing_fraction` screens them. What the model was trained with stays in
+# `summary['dataset']`.
 FITTED_USE_FIELDS = {
     **RESUMABLE_FIELDS,
     "data": (
@@ -188,8 +195,20 @@ FITTED_USE_FIELDS = {
         "time_format",
         "max_missing_fraction",
         "min_series_length",
+        "require_observed_target",
     ),
 }
+
+# How the `Forecaster`'s user keeps the windows whose horizon holds a filled target, as the
+# data layer's messages name it for it (`keep_option_named`).
+KEEP_FILLED_SETTING = "DataConfig.require_observed_target=False"
+
+
+def _prepared(table: Table, **options: Any) -> PreparedDataset:
+    """`prepare_dataset(table, **options)`, whose errors and warnings name the setting that
+    keeps windows with a filled target as the `Forecaster`'s user sets it (`DataConfig`)."""
+    with keep_option_named(KEEP_FILLED_SETTING):
+        return prepare_dataset(table, **options)
 
 
 def _settings_record(settings: ForecasterConfig) -> dict[str, Any]:
@@ -490,6 +509,14 @@ def _check_qat_source(
     barrier("tft-jax qat source written")
 
 
+def _scored_steps(dataset: PreparedDataset, windows: WindowSet) -> np.ndarray | None:
+    """The `(N, H)` mask of the forecast steps of `windows` to score (`observed_steps`) when
+    `dataset` keeps windows whose horizon holds a filled target (prepared with
+    `require_observed_target=False`); None otherwise, where every step has an observed
+    target (`actuals` refuses one without)."""
+    return None if dataset.require_observed_target else observed_steps(windows)
+
+
 def _split_windows(dataset: PreparedDataset, split: str, where: str) -> WindowSet:
     """The windows of `split`; `TableContentError` naming `where` when it holds none."""
     windows = dataset.split(split)
@@ -714,7 +741,8 @@ def _unscored_series(
 ) -> dict[Any, str]:
     """Why each series of `dataset` without a window among `starts` (those forecasting
     from `cutoff`) is not scored there, by series id: too little data before the cutoff,
-    data ending before its horizon does, or a missing target in that horizon."""
+    data ending before its horizon does, or a missing target in that horizon (with
+    `require_observed_target=False`, every target of it)."""
     panel = dataset.panel
     scored = set(panel.series_code[starts].tolist())
     reasons = {}
@@ -736,7 +764,11 @@ def _unscored_series(
             reason = f"its data ends at {times[-1]}, within the {horizon} steps from it"
         else:
             mask = panel.target_mask[first + before : first + before + horizon]
-            reason = f"its target at {after[int(np.argmin(mask))]} is missing"
+            reason = (
+                f"its target at {after[int(np.argmin(mask))]} is missing"
+                if mask.any()
+                else f"its target is missing at all {horizon} steps from it"
+            )
         reasons[dataset.series_ids[code]] = reason
     return reasons
 
@@ -831,8 +863,8 @@ class Forecaster:
     def config(self) -> ForecasterConfig:
         """The settings. They may be set anew (to `fit` with others); a fitted forecaster
         forecasts, evaluates and saves only with those its model was fitted with, but for
-        the prediction batch, how it reads new tables and the training lengths
-        (`FITTED_USE_FIELDS`)."""
+        the prediction batch, how it reads new tables and which of their windows it scores,
+        and the training lengths (`FITTED_USE_FIELDS`)."""
         return self._config
 
     @config.setter
@@ -1003,7 +1035,7 @@ class Forecaster:
             self._check_prepared(table, fitted.preprocessor)
             _check_new_series_scaled_for(table, scored)
             return table
-        dataset = prepare_dataset(
+        dataset = _prepared(
             table,
             **self.config.data.prepare_options(),
             preprocessor=fitted.preprocessor,
@@ -1116,7 +1148,7 @@ class Forecaster:
                 "and JAX",
             )
         check_global_batch(settings.training.batch_size)
-        dataset = prepare_dataset(table, **settings.data.prepare_options())
+        dataset = _prepared(table, **settings.data.prepare_options())
         _announce_negative_targets(dataset.frame, dataset.spec, settings.data.nonnegative)
         period = self._season_period(dataset)
         tft_config = TFTConfig(
@@ -1334,11 +1366,12 @@ class Forecaster:
         """`(models, baselines)`: metrics of the models (with `seasonal_naive` and
         `best_baseline`, the baseline of lowest P50 q-risk) and of every baseline."""
         quantiles = self.tft_config.quantiles
-        actual = actuals(dataset, windows)
+        observed = _scored_steps(dataset, windows)
+        actual = actuals(dataset, windows, observed)
         scale = window_scales(dataset, windows)
         periods = (*candidate_periods(self.config.data.freq, dataset.history), self.season_period)
         baselines = baseline_metrics(
-            dataset, windows, quantiles, periods, self.config.data.nonnegative
+            dataset, windows, quantiles, periods, self.config.data.nonnegative, observed
         )
         best = best_of(baselines)
         models = {
@@ -1349,7 +1382,12 @@ class Forecaster:
             forecast = self.postprocess(to_original_units(dataset, windows, prediction.quantiles))
             try:
                 models[name] = forecast_metrics(
-                    forecast, actual, quantiles, scale, dataset.target_scaler.target_transform
+                    forecast,
+                    actual,
+                    quantiles,
+                    scale,
+                    dataset.target_scaler.target_transform,
+                    observed=observed,
                 )
             except ValueError as error:  # a non-finite forecast: say whose
                 raise ValueError(f"the {name} model's forecasts: {error}") from error
@@ -1460,6 +1498,13 @@ class Forecaster:
             predictions.update(self.predictions(dataset, windows, [name]))
             seconds[name] = time.perf_counter() - started
         scored = dataclasses.replace(windows, starts=windows.starts[~left_out])
+        observed = _scored_steps(dataset, scored)
+        if observed is not None and not observed.any():
+            raise TableContentError(
+                f"evaluate: no forecast step of the {len(scored)} windows of the {split} split "
+                "has an observed target (every one is missing in the table and filled), so "
+                "nothing is left to score; evaluate another split or table"
+            )
         kept = {
             name: dataclasses.replace(prediction, quantiles=prediction.quantiles[~left_out])
             for name, prediction in predictions.items()
@@ -1474,6 +1519,9 @@ class Forecaster:
         metrics = {
             "split": split,
             "windows": len(scored),
+            # Forecast steps of those windows without an observed target, left out of every
+            # score (windows kept with require_observed_target=False; else 0).
+            "masked_steps": 0 if observed is None else int((~observed).sum()),
             "horizon": dataset.horizon,
             "history": dataset.history,
             "units": f"{dataset.spec.target} (original units)",
@@ -1503,7 +1551,11 @@ class Forecaster:
         when prepared with another preprocessor, window length or window
         normalization than the model reads. Windows whose history is more than
         `DataConfig.max_missing_fraction` filled, those `predict` refuses, are
-        left out of the metrics with a warning.
+        left out of the metrics with a warning. With
+        `DataConfig.require_observed_target=False` the split keeps the windows
+        whose horizon holds a target missing in the table (filled): every
+        model and baseline is scored on the same observed steps only, and
+        `masked_steps` counts the forecast steps left out (0 otherwise).
 
         The test split of another table is that table's: where it holds
         windows of series the model was trained on that forecast steps before
@@ -1583,8 +1635,10 @@ class Forecaster:
         on the grid from the table's first time (a series recorded off it, at
         another offset, is refused naming it). At each cutoff
         every series with `history` steps before it and an observed target
-        over the next `H` steps is forecast once, unless more than
-        `DataConfig.max_missing_fraction` of that history is filled (as
+        over the next `H` steps (with `DataConfig.require_observed_target=False`,
+        at least one there: the others are left out of its scores) is
+        forecast once, unless more than `DataConfig.max_missing_fraction` of
+        that history is filled (as
         `predict` refuses it: left out, announced). A series not scored at a
         cutoff (too short a history before it, data ending within its horizon,
         a missing target there) is named with its reason in one `UserWarning`,
@@ -1605,7 +1659,10 @@ class Forecaster:
           included: `cutoff` (the first forecast step), `model`, `baseline`
           (for the `best_baseline` rows, the baseline chosen at that cutoff,
           e.g. 'drift_7'; NaN for the others), `windows`, `p50_q_risk`,
-          `p90_q_risk`, `mean_quantile_loss`.
+          `p90_q_risk`, `mean_quantile_loss`; with
+          `DataConfig.require_observed_target=False` also `masked_steps`, the
+          forecast steps of the cutoff's windows whose target is missing in
+          the table, left out of its scores.
 
           A cutoff whose targets over the next `H` steps are all zero has no
           q-risk (it divides by their absolute sum): its rows are kept with
@@ -1632,9 +1689,7 @@ class Forecaster:
         options.update(validation_start=None, test_start=None)
         scored = data.horizon + (n_windows - 1) * step  # the grid steps from the first cutoff
         try:
-            dataset = prepare_dataset(
-                table, **options, preprocessor=self.preprocessor, scored=scored
-            )
+            dataset = _prepared(table, **options, preprocessor=self.preprocessor, scored=scored)
         except NewSeriesWithoutTargetError as error:
             raise ValueError(
                 f"backtest: series {error.series!r} is not in the training data and has no "
@@ -1675,8 +1730,14 @@ class Forecaster:
                 if last.tz is None or zone is None
                 else step_after(last.tz_convert(zone), offset).tz_convert(last.tz)
             )
-            starts = window_starts(panel, data.history, data.horizon, cutoff, end)
+            starts = window_starts(
+                panel, data.history, data.horizon, cutoff, end,
+                require_observed_target=dataset.require_observed_target,
+            )  # fmt: skip
             starts = starts[panel.times[starts] == cutoff]
+            if not dataset.require_observed_target:  # a window with no observed step scores nothing
+                ahead = starts[:, None] + np.arange(data.horizon)
+                starts = starts[(panel.target_mask[ahead] != 0).any(axis=1)]
             reasons = _unscored_series(dataset, starts, cutoff, data.history, data.horizon)
             if reasons:
                 unscored[cutoff] = reasons
@@ -1700,6 +1761,8 @@ class Forecaster:
             except ZeroTargetError:
                 zero_cutoffs.append(cutoff)
                 metrics = self._zero_target_metrics(dataset, windows, predictions)
+            observed = _scored_steps(dataset, windows)
+            masked = {} if observed is None else {"masked_steps": int((~observed).sum())}
             for name, row in metrics.items():
                 records.append(
                     {
@@ -1710,6 +1773,7 @@ class Forecaster:
                         "p50_q_risk": row["p50_q_risk"],
                         "p90_q_risk": row["p90_q_risk"],
                         "mean_quantile_loss": row["mean_quantile_loss"],
+                        **masked,
                     }
                 )
         if in_sample and test_start is not None:
@@ -1720,10 +1784,11 @@ class Forecaster:
         if not records:
             last = grid_times[positions[-1]]
             why = first_few([f"{k!r} ({v})" for k, v in unscored.get(last, {}).items()], 3)
+            needed = "an observed target" if data.require_observed_target else "one observed"
             raise TableContentError(
                 f"backtest: no cutoff scores a series: no series has {data.history} steps of "
                 f"history before a cutoff (at most {100 * data.max_missing_fraction:g}% of "
-                f"them filled) and an observed target over the {data.horizon} steps after it "
+                f"them filled) and {needed} target over the {data.horizon} steps after it "
                 f"(at the last cutoff {last}: "
                 f"{why or 'every window has a history predict refuses'}); choose other "
                 "cutoffs with n_windows and step"
@@ -1743,7 +1808,8 @@ class Forecaster:
         whose choice by P50 q-risk is undefined (NaN, no `name`).
         """
         quantiles = self.tft_config.quantiles
-        actual = actuals(dataset, windows)
+        observed = _scored_steps(dataset, windows)
+        actual = actuals(dataset, windows, observed)
         naive = seasonal_naive_forecast(dataset, windows, self.season_period)
         if self.config.data.nonnegative:
             naive = np.maximum(naive, 0.0)  # as `baseline_metrics` clips the baselines
@@ -1759,7 +1825,7 @@ class Forecaster:
                 "mean_quantile_loss": (
                     float("nan")
                     if forecast is None
-                    else mean_quantile_loss(forecast, actual, quantiles)
+                    else mean_quantile_loss(forecast, actual, quantiles, observed)
                 ),
             }
             for name, forecast in forecasts.items()

@@ -61,7 +61,7 @@ FORMAT = "tft-jax-forecaster"
 # what a saved field or model file means, so that an older tft-jax refuses a newer
 # folder naming both versions instead of calling it damaged. `load` reads every version
 # from 1 to this one.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 CONFIG_FILE = "config.json"
 HISTORY_FILE = "history.json"
 # config.json's record of the SHA-256 of each model file's bytes, by model name.
@@ -750,6 +750,10 @@ FIELDS_ADDED: dict[int, dict[str, Any]] = {
         "qat.time_budget": None,
         "tft_config.known_categorical_cardinalities": [],
         "tft_config.observed_categorical_cardinalities": [],
+    },
+    # Runs saved before it left out every window whose horizon held a filled target.
+    3: {
+        "data.require_observed_target": True,
     },
 }
 
