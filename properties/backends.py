@@ -82,7 +82,7 @@ def on_platform(platform: str) -> Iterator[Any]:
 
 def current_platform() -> str:
     """The platform jitted computations run on now (the default device's)."""
-    default = jax.config.jax_default_device
+    default = jax.config.jax_default_device  # type: ignore[attr-defined]  # a flag jax adds at runtime
     if default is None:
         return jax.devices()[0].platform
     if isinstance(default, str):

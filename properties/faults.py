@@ -315,7 +315,7 @@ class _PerHeadValues(interpretable_attention.InterpretableMultiHeadAttention):
 
     @nn.compact
     def __call__(
-        self, queries: Any, keys_values: Any, mask: Any = None, deterministic: bool = True
+        self, queries: Any, keys_values: Any, mask: Any = None, deterministic: bool | None = True
     ) -> tuple[Any, Any]:
         del deterministic
         head_dim = self.features // self.num_heads

@@ -117,6 +117,8 @@ VARIABLE_HIDDEN_DIMS = (None, 4)
 INPUT_KINDS = ("normal", "large", "tiny", "constant", "elements")
 OBSERVER_KINDS = ("normal", "constant", "zeros", "single", "huge", "tiny", "positive", "elements")
 OBSERVER_SHAPES = ((16,), (4, 8), (2, 3, 4))
+# A sequence's batches share one shape: no "single" batch among them.
+_SEQUENCE_KINDS = tuple(kind for kind in OBSERVER_KINDS if kind != "single")
 
 _SEEDED_KINDS = ("normal", "large", "tiny", "constant", "zeros", "positive", "huge")
 _ALL_KINDS = (*_SEEDED_KINDS, "elements")
@@ -310,7 +312,7 @@ class AttentionConfig:
         return (self.batch_size, self.sequence_length, self.hidden_dim)
 
 
-def _divisors_in(value: int, candidates: Sequence[int]) -> list[int]:
+def _divisors_in(value: int | numbers.Integral, candidates: Sequence[int]) -> list[int]:
     return [candidate for candidate in candidates if value % candidate == 0]
 
 
@@ -363,7 +365,7 @@ def attention_configs(
     bad_rates = [
         rate
         for rate in dropout_rates
-        if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0 <= rate < 1
+        if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0 <= float(rate) < 1
     ]
     if bad_rates:
         raise ValueError(f"dropout_rates must lie in [0, 1), got {bad_rates} in {dropout_rates}")
@@ -810,7 +812,7 @@ def observer_batch_sequences(
     *,
     shapes: Sequence[tuple[int, ...]] = OBSERVER_SHAPES,
     lengths: Sequence[int] = (1, 3),
-    kinds: Sequence[str] = tuple(kind for kind in OBSERVER_KINDS if kind != "single"),
+    kinds: Sequence[str] = _SEQUENCE_KINDS,
     dtype: Any = np.float32,
 ) -> st.SearchStrategy[list[np.ndarray]]:
     """Lists of same-shaped observer batches (one kind drawn per batch), for running statistics.

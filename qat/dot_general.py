@@ -263,13 +263,13 @@ class _ActivationQParams(nn.Module):
 
     @property
     def activation_grid(self) -> tuple[int, int]:
-        return integer_range(self.config.bits, symmetric=False)
+        return integer_range(self.config._required_bits(), symmetric=False)
 
     def _observer(self) -> QuantizationObserver:
         """The observer held in `'quant_stats'` (created fresh on init)."""
         if not (self.has_variable(QUANT_STATS, "min") or self.is_mutable_collection(QUANT_STATS)):
             raise ValueError(
-                f"{'/'.join(self.scope.path)}: no '{QUANT_STATS}' observer is visible here: "
+                f"{'/'.join(self.path)}: no '{QUANT_STATS}' observer is visible here: "
                 "either the variables lack it (make them with qat.from_fp32, and the int8 "
                 f"ones with qat.convert) or {_LIFT_ADVICE}"
             )
@@ -290,7 +290,7 @@ class _ActivationQParams(nn.Module):
         if not all(is_concrete(value) for value in (low, high, count)):
             return
         if not observed_range_finite(low, high, count):
-            where = f"the activation observer of layer '{'/'.join(self.scope.path)}' holds"
+            where = f"the activation observer of layer '{'/'.join(self.path)}' holds"
             raise ValueError(non_finite_range_message(where))
 
     def _store(self, observer: QuantizationObserver) -> None:
@@ -307,7 +307,7 @@ class _ActivationQParams(nn.Module):
         traces its body more than once (`nn.scan` does) starts afresh in each.
         """
         seen = _CALIBRATION_PASS.get()
-        path = tuple(self.scope.path)
+        path = tuple(self.path)
         if x.size == 0:  # the range of nothing: min/max of an empty array, deep in JAX
             raise EmptyCalibrationInput(
                 f"calibrating {'/'.join(path)}: its input must hold at least one element, got "
@@ -323,8 +323,8 @@ class _ActivationQParams(nn.Module):
         seen[path] = (trace, observer, low, high)
         return observer.observe(jnp.stack([low, high]))
 
-    def _bounded_qparams(self) -> tuple[Array, Array]:
-        low, high = self.lhs_bounds
+    def _bounded_qparams(self, bounds: tuple[float, float]) -> tuple[Array, Array]:
+        low, high = bounds
         qmin, qmax = self.activation_grid
         return compute_qparams(low, high, qmin, qmax, symmetric=False)
 
@@ -351,7 +351,7 @@ class _ActivationQParams(nn.Module):
         ]
         if hidden:
             raise ValueError(
-                f"{'/'.join(self.scope.path)}: the quantized layer cannot create its "
+                f"{'/'.join(self.path)}: the quantized layer cannot create its "
                 f"{' and '.join(repr(c) for c in hidden)} variables during init: "
                 f"{_LIFT_ADVICE}"
             )
@@ -462,7 +462,7 @@ class QATDotGeneral(_ActivationQParams):
         ):
             mask = [int(axis in contracting) for axis in range(rhs.ndim)]
             self.variable(QUANT_STATS, CONTRACTED_AXES, lambda: jnp.asarray(mask, jnp.int32))
-        rhs = fake_quantize_weight(rhs, contracting, self.config.bits)
+        rhs = fake_quantize_weight(rhs, contracting, self.config._required_bits())
         return rhs, self._activation_quantizer(lhs_shape, observed)
 
     def _check_variables_fit(self) -> None:
@@ -476,7 +476,7 @@ class QATDotGeneral(_ActivationQParams):
         """
         if self.is_initializing():
             return
-        path = "/".join(self.scope.path)
+        path = "/".join(self.path)
         if not self.has_variable(QUANT_STATS, "min") and not self.is_mutable_collection(
             QUANT_STATS
         ):
@@ -494,7 +494,7 @@ class QATDotGeneral(_ActivationQParams):
                 "them with the QATConfig they were made with (qat.from_fp32 makes them)"
             )
         if self.has_variable(QUANT_STATS, BITS):
-            marker = self.get_variable(QUANT_STATS, BITS)
+            marker: Array = self.get_variable(QUANT_STATS, BITS)
             if is_concrete(marker) and np.any(np.asarray(marker) != self.config.bits):
                 raise ValueError(
                     f"{path}: the variables were made for {np.unique(np.asarray(marker)).tolist()} "
@@ -507,7 +507,7 @@ class QATDotGeneral(_ActivationQParams):
     ) -> Callable[[Array], Array]:
         qmin, qmax = self.activation_grid
         if self.lhs_bounds is not None:
-            scale, zero_point = self._bounded_qparams()
+            scale, zero_point = self._bounded_qparams(self.lhs_bounds)
             return lambda lhs: fake_quantize(lhs, scale, zero_point, qmin, qmax)
         if self.calibrate and not self.is_mutable_collection(QUANT_STATS):
             raise ValueError(
@@ -581,7 +581,7 @@ class Int8DotGeneral(_ActivationQParams):
         _check_bounds(self.lhs_bounds)
         if jnp.issubdtype(rhs.dtype, jnp.floating):
             # nn.Dense cast the int8 codes to its compute dtype: exact, so cast them back.
-            _check_float_codes(rhs, self.config.bits, self.scope.path)
+            _check_float_codes(rhs, self.config._required_bits(), self.path)
             rhs = rhs.astype(jnp.int8)
         elif rhs.dtype != jnp.int8:
             raise TypeError(
@@ -593,7 +593,7 @@ class Int8DotGeneral(_ActivationQParams):
         scale_shape = int8_scale_shape(tuple(rhs.shape), contracting)
         if not (self.is_initializing() or self.has_variable(INT8, "weight_scale")):
             raise ValueError(
-                f"no int8 weight_scale for the layer at '{'/'.join(self.scope.path)}': the "
+                f"no int8 weight_scale for the layer at '{'/'.join(self.path)}': the "
                 "variables must come from qat.convert, and the layers' contraction must carry "
                 "the QAT one's name (build it with qat.int8_dot_general and the QAT side with "
                 "qat.qat_dot_general, both named 'dot_general', or run qat.int8_apply); if "
@@ -601,7 +601,7 @@ class Int8DotGeneral(_ActivationQParams):
             )
         stored = self.variable(INT8, "weight_scale", lambda: jnp.ones(scale_shape, jnp.float32))
         _check_scale_fits(
-            tuple(stored.value.shape), tuple(rhs.shape), contracting, "/".join(self.scope.path)
+            tuple(stored.value.shape), tuple(rhs.shape), contracting, "/".join(self.path)
         )
         out_dtype = preferred_element_type or lhs.dtype
         weight_scale_out = rhs_channels_to_output(
@@ -609,7 +609,7 @@ class Int8DotGeneral(_ActivationQParams):
         )
 
         if self.lhs_bounds is not None:
-            scale, zero_point = self._bounded_qparams()
+            scale, zero_point = self._bounded_qparams(self.lhs_bounds)
             y = self._integer_contraction(lhs, rhs, scale, zero_point, dimension_numbers)
             return (y * weight_scale_out).astype(out_dtype)
 
@@ -650,9 +650,10 @@ class Int8DotGeneral(_ActivationQParams):
         forward (a NaN has no integer code).
         """
         qmin, qmax = self.activation_grid
-        shift = 2 ** (self.config.bits - 1)
+        bits = self.config._required_bits()
+        shift = 2 ** (bits - 1)
         codes = (quantize(lhs, scale, zero_point, qmin, qmax) - shift).astype(jnp.int8)
-        chunk = max_int32_contraction(self.config.bits)
+        chunk = max_int32_contraction(bits)
         (_, rhs_contract), _ = dimension_numbers
         terms = math.prod(rhs.shape[axis % rhs.ndim] for axis in rhs_contract)
         operands = (codes, rhs, dimension_numbers)

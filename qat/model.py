@@ -506,8 +506,8 @@ def _initial_variables(
     flags: _Static,
 ) -> dict[str, Any]:
     """The QAT model's `init`; `from_fp32` takes its shapes, traced once per equal model."""
-    args, kwargs = _join_flags(args, kwargs, flags)
-    return from_static_argument(qat_model).init(rngs, *args, **kwargs)
+    joined, kwargs = _join_flags(args, kwargs, flags)
+    return from_static_argument(qat_model).init(rngs, *joined, **kwargs)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 5))
@@ -644,9 +644,9 @@ def _calibration_step(
     Also returns whether every observed range is still finite (NaN or inf in
     the batch, or an overflowing activation, would poison the scales).
     """
-    args, kwargs = _join_flags(args, kwargs, flags)
+    joined, kwargs = _join_flags(args, kwargs, flags)
     _, updates = from_static_argument(qat_model).apply(
-        variables, *args, **kwargs, calibrate=True, mutable=[QUANT_STATS]
+        variables, *joined, **kwargs, calibrate=True, mutable=[QUANT_STATS]
     )
     stats = updates.get(QUANT_STATS, {})  # none when no layer is quantized
     return {**variables, QUANT_STATS: stats}, _observed_ranges_finite(stats)

@@ -180,7 +180,7 @@ class QuantizationObserver:
             min_val=jnp.full(shape, jnp.inf, jnp.float32),
             max_val=jnp.full(shape, -jnp.inf, jnp.float32),
             num_batches=jnp.zeros((), jnp.int32),
-            bits=cfg.bits,
+            bits=cfg._required_bits(),
             symmetric=cfg.symmetric,
             per_channel=cfg.per_channel,
             channel_axis=cfg.channel_axis,

@@ -12,11 +12,17 @@ import os
 import pathlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any
 
 from tft_jax.paths import expanded
 
 __all__ = ["interrupts_held", "replaced_atomically", "temporary_sibling"]
+
+# A signal's handler as `signal.getsignal` gives it, None (not set from Python) left out:
+# a Python callable, or `SIG_DFL`/`SIG_IGN` (ints).
+_Handler = Callable[[int, FrameType | None], Any] | int
 
 
 def temporary_sibling(path: str | os.PathLike[str]) -> pathlib.Path:
@@ -84,7 +90,7 @@ def interrupts_held() -> Iterator[None]:
         for number in HELD_SIGNALS
         if (handler := signal.getsignal(number)) is not None and handler != signal.SIG_IGN
     }
-    held: list[tuple[int, object]] = []
+    held: list[tuple[int, FrameType | None]] = []
     for number in previous:
         signal.signal(number, lambda signum, frame: held.append((signum, frame)))
     try:
@@ -102,7 +108,7 @@ def interrupts_held() -> Iterator[None]:
 
 
 def _deliver(
-    held: list[tuple[int, object]], handlers: dict[int, object], python_handlers: bool
+    held: list[tuple[int, FrameType | None]], handlers: dict[int, _Handler], python_handlers: bool
 ) -> None:
     """Delivers each signal of `held` once to its handler of `handlers`, those that end the
     process first (a KeyboardInterrupt raised first would lose a SIGTERM held after it);
@@ -116,7 +122,7 @@ def _deliver(
             handler(number, next(frame for signum, frame in held if signum == number))
 
 
-def _restore(handlers: dict[int, object]) -> None:
+def _restore(handlers: dict[int, _Handler]) -> None:
     """Sets each signal's handler back (`signal.getsignal`'s values, by signal number)."""
     for number, handler in handlers.items():
-        signal.signal(number, handler)  # type: ignore[arg-type]
+        signal.signal(number, handler)

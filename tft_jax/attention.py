@@ -507,6 +507,7 @@ class TemporalSelfAttention(nn.Module):
                 else 1.0 / (math.sqrt(self.head_dim) * jnp.asarray(temperature, jnp.float32))
             )
             # Without a user mask the kernel builds the causal one itself.
+            user_allowed = None if mask is None else allowed  # an array when mask is given
             attended = fused_attention.dot_product_attention(
                 query,
                 key,
@@ -514,16 +515,19 @@ class TemporalSelfAttention(nn.Module):
                 scale=scale,
                 implementation=implementation,
                 is_causal=causal and mask is None,
-                mask=None if mask is None else allowed,
+                mask=user_allowed,
             )
-            if mask is not None:
+            if user_allowed is not None:
                 # The fused softmax spreads a fully masked row uniformly; the contract is zeros.
-                any_allowed = jnp.swapaxes(jnp.any(allowed, axis=-1), 1, 2)[..., None]
+                any_allowed = jnp.swapaxes(jnp.any(user_allowed, axis=-1), 1, 2)[..., None]
                 attended = jnp.where(any_allowed, attended, jnp.zeros((), attended.dtype))
         else:
             # (B, heads, T, head_dim) layout for the explicit kernel.
+            q, k, v = (jnp.swapaxes(t, 1, 2) for t in (query, key, value))
             attended, weights = scaled_dot_product_attention(
-                *(jnp.swapaxes(t, 1, 2) for t in (query, key, value)),
+                q,
+                k,
+                v,
                 mask=allowed,
                 temperature=temperature,
                 dropout_rate=self.dropout_rate,
@@ -540,10 +544,9 @@ class TemporalSelfAttention(nn.Module):
         if not return_weights:
             return y
         if weights is None:
+            q, k, v = (jnp.swapaxes(t, 1, 2) for t in (query, key, value))
             _, weights = scaled_dot_product_attention(
-                *(jnp.swapaxes(t, 1, 2) for t in (query, key, value)),
-                mask=allowed,
-                temperature=temperature,
+                q, k, v, mask=allowed, temperature=temperature
             )
         return y, weights
 

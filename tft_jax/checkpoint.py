@@ -369,6 +369,19 @@ def _loop_json(loop: Any) -> dict[str, Any]:
     return dict(loop)
 
 
+def _max_to_keep(value: object) -> int:
+    """`TrainingCheckpointer`'s `max_to_keep` as an int >= 2 (a NumPy integer too), or `ValueError`.
+
+    Typed `object`, as it checks what callers really pass: run on the `int`
+    parameter, the check read to mypy as always failing (typeshed's `int` is
+    no `numbers.Integral`), so it skipped the rest of `__init__` and could
+    not type the checkpointer's attributes.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 2:
+        raise ValueError(f"TrainingCheckpointer: max_to_keep must be an int >= 2, got {value!r}")
+    return int(value)
+
+
 class TrainingCheckpointer:
     """The latest and best checkpoints of one training run under `directory`.
 
@@ -399,14 +412,7 @@ class TrainingCheckpointer:
             before removing anything (the temporary step directories there
             are that writer's steps in progress).
         """
-        if (
-            isinstance(max_to_keep, bool)
-            or not isinstance(max_to_keep, numbers.Integral)
-            or max_to_keep < 2
-        ):
-            raise ValueError(
-                f"TrainingCheckpointer: max_to_keep must be an int >= 2, got {max_to_keep!r}"
-            )
+        kept = _max_to_keep(max_to_keep)
         self.directory = _expanded(directory, "TrainingCheckpointer").resolve()
         _check_directory(self.directory)
         self._create = bool(create)
@@ -418,7 +424,7 @@ class TrainingCheckpointer:
         self._unlock = weakref.finalize(self, self._lock.close)
         try:
             self._managers = {
-                LATEST: self._manager(LATEST, int(max_to_keep)),
+                LATEST: self._manager(LATEST, kept),
                 BEST: self._manager(BEST, 1),
             }
         except BaseException:

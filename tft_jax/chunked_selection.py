@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -101,7 +101,8 @@ class _DenseParams(nn.Module):
     @nn.compact
     def __call__(self, lhs_shape: tuple[int, ...] | None = None) -> DenseLayer:
         if self.num_variables is None:
-            shape, init = (self.in_features, self.features), default_kernel_init
+            shape: tuple[int, ...] = (self.in_features, self.features)
+            init = default_kernel_init
             bias_shape: tuple[int, ...] = (self.features,)
         else:
             shape = (self.num_variables, self.in_features, self.features)
@@ -246,7 +247,8 @@ class GRNParams(nn.Module):
                 self.context_features,
                 hidden,
                 "context",
-                (context_batch, self.context_features),
+                # Both callers pass the batch size along with a context.
+                (cast(int, context_batch), self.context_features),
                 num_variables=None,
                 use_bias=False,
             )
@@ -309,7 +311,14 @@ def dense(x: Array, layer: DenseLayer) -> Array:
 def per_variable_dense(x: Array, layer: DenseLayer) -> Array:
     """The per-variable layer on variable-major rows: `(V, R, I) -> (V, R, F)`."""
     y = lax.dot_general(layer.quantize_input(x), layer.kernel, _PER_VARIABLE)
-    return y + layer.bias[:, None]
+    return y + layer_bias(layer)[:, None]
+
+
+def layer_bias(layer: DenseLayer) -> Array:
+    """`layer.bias`, of a layer built with one (every layer but a GRN's context projection)."""
+    if layer.bias is None:
+        raise ValueError("this layer needs a bias (made with use_bias=True)")
+    return layer.bias
 
 
 def gated_linear_unit(
@@ -321,12 +330,11 @@ def gated_linear_unit(
     per output channel, so they equal the halves the fused contraction would
     use. `dense_op` is `dense` or `per_variable_dense`.
     """
+    bias = layer_bias(layer)
     quantized = layer.quantize_input(x)
     features = layer.kernel.shape[-1] // 2
-    value = dense_op(
-        quantized, DenseLayer(layer.kernel[..., :features], layer.bias[..., :features])
-    )
-    gate = dense_op(quantized, DenseLayer(layer.kernel[..., features:], layer.bias[..., features:]))
+    value = dense_op(quantized, DenseLayer(layer.kernel[..., :features], bias[..., :features]))
+    gate = dense_op(quantized, DenseLayer(layer.kernel[..., features:], bias[..., features:]))
     return value * nn.sigmoid(gate)
 
 

@@ -303,7 +303,7 @@ def initialize_multihost(
     check_multihost_arguments(coordinator, num_processes, process_id)
     if not isinstance(preemption_service, bool):
         raise TypeError(f"preemption_service must be a bool, got {preemption_service!r}")
-    previous = jax.config.jax_enable_preemption_service
+    previous = jax.config.jax_enable_preemption_service  # type: ignore[attr-defined]  # a flag jax adds at runtime
     jax.config.update("jax_enable_preemption_service", preemption_service)
     try:
         jax.distributed.initialize(
@@ -446,6 +446,7 @@ def check_settings_agree(settings: Mapping[str, tuple[str, str]], owner: str, ad
         f"{name} differs between the processes (this process, {this} of {count}: "
         f"{settings[name][1]}; {other_processes(indices)})"
         for name, indices in differing.items()
+        if name is not None  # a differing set of names was raised above
     ]
     raise ProcessesDisagreeError(lead + "; ".join(parts) + f": {advice}", differing)
 

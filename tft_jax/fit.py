@@ -203,8 +203,10 @@ class _BadTrainingData:
     batch holding an observed NaN or inf target or a non-finite input.
     """
 
+    found: str | None  # None: not read yet
+
     def __init__(self, source: Any) -> None:
-        self.source, self.found = source, None  # found: None = not read yet
+        self.source, self.found = source, None
 
     def text(self) -> str:
         """`'; <the first bad batch>'`, or `''` when none is found or they cannot be read."""

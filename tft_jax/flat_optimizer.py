@@ -73,7 +73,7 @@ class FlatAdamWState(NamedTuple):
     leaves).
     """
 
-    count: Array
+    count: Array  # type: ignore[assignment]  # the field replaces tuple.count, as in optax
     mu: Array
     nu: Array
     schedule: WarmupCosine | None = None

@@ -32,7 +32,13 @@ from typing import Any
 import jax.numpy as jnp
 from flax import linen as nn
 
-from tft_jax.chunked_selection import DenseLayer, FirstLayers, chunked_selection, dense
+from tft_jax.chunked_selection import (
+    DenseLayer,
+    FirstLayers,
+    chunked_selection,
+    dense,
+    layer_bias,
+)
 from tft_jax.embeddings import AffineEmbedding
 
 Array = Any
@@ -44,7 +50,7 @@ def _fold_per_variable(
     """`(a_v W_v, b_v W_v + c_v)` for `e_v = s a_v + b_v`: `(V, F)` each; None is the identity."""
     if layer is None:
         return slope, intercept
-    kernel, bias = layer.kernel, layer.bias
+    kernel, bias = layer.kernel, layer_bias(layer)
     return (
         jnp.einsum("vw,vwf->vf", slope, kernel),
         jnp.einsum("vw,vwf->vf", intercept, kernel) + bias,
@@ -59,7 +65,7 @@ def _fold_flat(slope: Array, intercept: Array, layer: DenseLayer | None) -> Dens
     num_variables, width = slope.shape
     if layer is None:  # width 1: the flattened embedding itself
         return DenseLayer(jnp.diag(slope[:, 0]), intercept[:, 0])
-    kernel, bias = layer.kernel, layer.bias
+    kernel, bias = layer.kernel, layer_bias(layer)
     kernel = kernel.reshape(num_variables, width, kernel.shape[-1])
     return DenseLayer(
         jnp.einsum("vw,vwf->vf", slope, kernel),

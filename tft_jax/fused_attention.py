@@ -87,7 +87,7 @@ def cudnn_unsupported_reason(
 
 def default_device() -> Any:
     """The device JAX places new computations on: `jax.default_device`'s, else the first."""
-    chosen = jax.config.jax_default_device
+    chosen = jax.config.jax_default_device  # type: ignore[attr-defined]  # a flag jax adds at runtime
     if chosen is None:
         return jax.devices()[0]
     if isinstance(chosen, str):

@@ -88,7 +88,7 @@ def _random_bits(key: Array, bit_width: int, shape: tuple[int, ...]) -> Array:
     inline = (
         bit_width in _UINT_DTYPES
         and INLINE_MIN_SIZE <= size < 2**32
-        and jax.config.jax_threefry_partitionable
+        and jax.config.jax_threefry_partitionable  # type: ignore[attr-defined]  # a flag jax adds at runtime
     )
     if not inline:
         dtype = np.dtype(f"uint{bit_width}")
@@ -130,7 +130,7 @@ def _is_builtin_threefry(key: Array) -> bool:
     return (
         key.dtype == np.uint32
         and key.shape[-1:] == (2,)
-        and str(jax.config.jax_default_prng_impl) == _BUILTIN
+        and str(jax.config.jax_default_prng_impl) == _BUILTIN  # type: ignore[attr-defined]  # a flag jax adds at runtime
     )
 
 

@@ -312,11 +312,11 @@ def q_risk(pred: Array, target: Array, q: float | np.floating) -> Array:
     dtype = _result_dtype(pred, target)
     host = _host_error(raw_pred, raw_target, target.shape, dtype)
     if host is not None:
-        numerator = 2.0 * float(np.sum(pinball_of_error64(host, level)))
-        denominator = float(np.sum(np.abs(np.asarray(raw_target, np.float64))))
-        if denominator == 0.0:
+        host_numerator = 2.0 * float(np.sum(pinball_of_error64(host, level)))
+        host_denominator = float(np.sum(np.abs(np.asarray(raw_target, np.float64))))
+        if host_denominator == 0.0:
             raise ZeroTargetError(_ZERO_TARGET)
-        return _host_result("q_risk", numerator / denominator, dtype)
+        return _host_result("q_risk", host_numerator / host_denominator, dtype)
     error = _device_error(pred, target, dtype)
     numerator = 2.0 * jnp.sum(_pinball_of_error(error, jnp.asarray(level, dtype)))
     denominator = jnp.sum(jnp.abs(target.astype(dtype)))

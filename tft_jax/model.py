@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 import jax
@@ -107,7 +107,7 @@ def check_x64_dtypes(config: TFTConfig) -> None:
     says float64. Checked when the model runs, not when the config is built:
     a config may be built before x64 is enabled.
     """
-    if jax.config.jax_enable_x64:
+    if jax.config.jax_enable_x64:  # type: ignore[attr-defined]  # a flag jax adds at runtime
         return
     for field in ("dtype", "param_dtype"):
         if getattr(config, field) == "float64":
@@ -256,7 +256,7 @@ def _check_codes(
     name: str,
     codes: Any,
     leading: tuple[int, ...],
-    cardinalities: tuple[int, ...],
+    cardinalities: Sequence[int],
     field: str,
 ) -> None:
     """Checks categorical `codes (*leading, len(cardinalities))`: shape, integer dtype, range.
@@ -389,7 +389,7 @@ class TemporalFusionTransformer(nn.Module):
         def grn(name: str) -> GatedResidualNetwork:
             return GatedResidualNetwork(hidden, name=name, **gated)
 
-        def categorical_embedding(cardinalities: tuple[int, ...], name: str) -> nn.Module:
+        def categorical_embedding(cardinalities: Sequence[int], name: str) -> nn.Module:
             return CategoricalEmbedding(
                 cardinalities, width, dtype=dtype, param_dtype=cfg.parameter_dtype, name=name
             )
@@ -397,7 +397,7 @@ class TemporalFusionTransformer(nn.Module):
         # Static covariate encoders: four contexts, each routed to one place.
         contexts: dict[str, Array | None] = dict.fromkeys(STATIC_CONTEXTS)
         if cfg.num_static_inputs:
-            parts = []
+            parts: list[Array] = []  # arrays: the static RealEmbedding is not lazy
             if cfg.num_static_features:
                 parts.append(
                     RealEmbedding(

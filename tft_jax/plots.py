@@ -14,12 +14,13 @@ import os
 import pathlib
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 from matplotlib import dates as mdates
 from matplotlib.figure import Figure
+from matplotlib.layout_engine import ConstrainedLayoutEngine
 
 from tft_jax.atomic_files import replaced_atomically
 from tft_jax.caller_frame import user_stacklevel
@@ -111,8 +112,9 @@ def _save(figure: Figure, path: PathLike) -> pathlib.Path:
                 raise ValueError(f"path {str(path)!r}: its parent {str(parent)!r} is not a folder")
             break
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Room between stacked panels for the tick labels of one and the title of the next.
-    figure.get_layout_engine().set(h_pad=0.12)
+    # Room between stacked panels for the tick labels of one and the title of the next
+    # (every figure here is made with layout="constrained").
+    cast(ConstrainedLayoutEngine, figure.get_layout_engine()).set(h_pad=0.12)
     with replaced_atomically(path) as temporary:
         figure.savefig(temporary, dpi=110, format="png")
     return path

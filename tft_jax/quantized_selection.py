@@ -84,11 +84,11 @@ def quantized_selection(
         dtype = module.dtype or jnp.result_type(embedded, module.param_dtype)
         rows = embedded.astype(dtype).reshape(-1, num_variables, width)
 
-        def row_major(embedded: Array) -> Array:
-            return embedded
+        def row_major(values: Array) -> Array:
+            return values
 
-        def variable_major(embedded: Array) -> Array:
-            return jnp.swapaxes(embedded, 0, 1)
+        def variable_major(values: Array) -> Array:
+            return jnp.swapaxes(values, 0, 1)
 
     def first_layers(
         variable: dict[str, Any], selection: dict[str, Any] | None

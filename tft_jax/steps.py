@@ -362,7 +362,8 @@ def _check_calibrate(name: str, calibrate: Any, state: TrainState) -> None:
             "(e.g. 'quant_stats'), but state.model_state is empty"
         )
     if calibrate is not None and not _takes_calibrate(state.apply_fn):
-        model = type(state.apply_fn.model).__name__
+        # Only an `apply_fn` with a `model` can say it takes no calibrate argument.
+        model = type(getattr(state.apply_fn, "model", None)).__name__
         raise ValueError(
             f"{name}: calibrate must be None for a model without calibration ({model} takes "
             f"no calibrate argument), got {calibrate!r}"

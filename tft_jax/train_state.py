@@ -254,7 +254,7 @@ def computes_in_float32(state: Any = None) -> bool:
     its inputs to its compute dtype and forecasts in it: float32 or narrower
     unless its config says float64. Another model's dtype is not known: False.
     """
-    if not jax.config.jax_enable_x64:
+    if not jax.config.jax_enable_x64:  # type: ignore[attr-defined]  # a flag jax adds at runtime
         return True
     config = _tft_config(state)
     return config is not None and config.dtype != "float64"
@@ -288,7 +288,7 @@ def prepare_batch(
     integers enter unchanged too: nothing wraps, and the model casts them
     to its compute dtype.
     """
-    convert = not jax.config.jax_enable_x64
+    convert = not jax.config.jax_enable_x64  # type: ignore[attr-defined]  # a flag jax adds at runtime
     bounded = computes_in_float32(state)
     checked = (*REAL_INPUTS, "target") if reads_target else REAL_INPUTS  # a mask is read as != 0
     mask = batch.target_mask if isinstance(batch.target_mask, np.ndarray) else None

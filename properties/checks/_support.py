@@ -210,8 +210,12 @@ def _summarize(header: str, problems: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def _mismatch(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> str | None:
+def _mismatch(
+    actual: np.ndarray, expected: np.ndarray, atol: float | np.ndarray, rtol: float
+) -> str | None:
     """Describes where `actual` is not within `atol + rtol*|expected|` of `expected`, or None.
+
+    `atol` may be an array that broadcasts against `expected` (one tolerance per sample).
 
     NaN matches NaN and equal infinities match; shapes must agree exactly.
     """
@@ -268,7 +272,7 @@ def _compare_trees(
     """
     actual_structure = jax.tree_util.tree_structure(actual)
     expected_structure = jax.tree_util.tree_structure(expected)
-    if actual_structure != expected_structure:
+    if actual_structure != expected_structure:  # type: ignore[operator]  # no jaxlib stub
         return [f"tree structure {actual_structure} != expected {expected_structure}"]
     problems = []
     expected_leaves = _named_leaves("expected", expected)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -196,13 +196,13 @@ def _leaf_axes(out_axis: Any, output: PyTree, default: int) -> list[int]:
             f"{_short_repr(out_axis)}"
         )
     try:
-        subtrees = treedef.flatten_up_to(output)
+        subtrees = treedef.flatten_up_to(output)  # type: ignore[attr-defined]  # no jaxlib stub
     except (TypeError, ValueError):
         # JAX's error quotes the whole output, arrays and all (6,000 characters for
         # a (4, 64, 32) pair): say it again on leaves shown by dtype and shape.
         shapes = jax.tree_util.tree_map(_LeafShape, output)
         try:
-            treedef.flatten_up_to(shapes)
+            treedef.flatten_up_to(shapes)  # type: ignore[attr-defined]  # no jaxlib stub
             detail = ""
         except (TypeError, ValueError) as error:
             detail = str(error).splitlines()[0] if str(error) else type(error).__name__
@@ -517,10 +517,10 @@ def _batched_leaves(x: PyTree, axis: int) -> tuple[list[tuple[str, np.ndarray]],
     if not named:
         raise ValueError("x must hold at least one array")
     sizes = {}
-    for path, leaf in named:
-        _require_finite(f"x{path}", leaf)
-        leaf_axis = _normalize_axis(f"axis for input leaf {path}", axis, leaf.ndim)
-        sizes[path] = leaf.shape[leaf_axis]
+    for name, leaf in named:
+        _require_finite(f"x{name}", leaf)
+        leaf_axis = _normalize_axis(f"axis for input leaf {name}", axis, leaf.ndim)
+        sizes[name] = leaf.shape[leaf_axis]
     if len(set(sizes.values())) != 1:
         raise ValueError(
             f"every leaf of x must have the same batch size along axis {axis}, got {sizes}"
@@ -1092,7 +1092,10 @@ def assert_batch_order_equivariant(
         for (path, before), (_, after), out in zip(baseline, outputs, output_axes, strict=True):
             expected = _take(before, permutation, out)
             leaf_atol = (
-                atol if sample_atol is None else _along(sample_atol[permutation], out, before)
+                # atol is a float whenever sample_atol is None (set just above the loop).
+                cast(float, atol)
+                if sample_atol is None
+                else _along(sample_atol[permutation], out, before)
             )
             problem = _mismatch(after, expected, leaf_atol, rtol)
             if problem is not None:

@@ -209,7 +209,8 @@ def _full_float32_matmuls_off_cpu() -> contextlib.AbstractContextManager[Any]:
     may pick different kernels for one product: a correct `fn` would differ
     by far more than the float32 tolerance. CPUs compute float32 in full.
     """
-    if jax.default_backend() == "cpu" or jax.config.jax_default_matmul_precision is not None:
+    chosen = jax.config.jax_default_matmul_precision  # type: ignore[attr-defined]  # a flag jax adds at runtime
+    if jax.default_backend() == "cpu" or chosen is not None:
         return contextlib.nullcontext()
     return jax.default_matmul_precision("highest")
 
@@ -252,7 +253,7 @@ def _enable_x64() -> contextlib.AbstractContextManager[Any]:
     """The 64-bit context manager (`jax.enable_x64` in JAX >= 0.7, else `jax.experimental`)."""
     if callable(getattr(jax, "enable_x64", None)):
         return jax.enable_x64(True)
-    from jax.experimental import enable_x64
+    from jax.experimental import enable_x64  # type: ignore[attr-defined]  # JAX < 0.7 only
 
     return enable_x64()
 

@@ -70,7 +70,7 @@ def _round_half_away(values: np.ndarray) -> np.ndarray:
     return np.copysign(np.floor(np.abs(values) + 0.5), values)
 
 
-_TIES = {"even": np.round, "away": _round_half_away}
+_TIES: dict[str, Callable[[np.ndarray], np.ndarray]] = {"even": np.round, "away": _round_half_away}
 
 
 def _quantization_ways(

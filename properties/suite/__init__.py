@@ -74,7 +74,10 @@ def examples(ci_examples: int) -> int:
     """
     from hypothesis import settings
 
-    return max(1, settings.default.max_examples * ci_examples // CI_EXAMPLES)
+    active = settings.default
+    if active is None:  # None only before hypothesis loads its first profile
+        raise RuntimeError("examples: hypothesis has no settings profile loaded")
+    return max(1, active.max_examples * ci_examples // CI_EXAMPLES)
 
 
 def full_float32_matmuls() -> contextlib.AbstractContextManager[None]:
@@ -174,7 +177,7 @@ def _check_only_sample(only_sample: Any, like: Any) -> None:
         raise TypeError(f"only_sample must be an int or None, got {only_sample!r}")
     for leaf in jax.tree.leaves(like):
         shape = np.shape(leaf)
-        if not shape or not 0 <= only_sample < shape[0]:
+        if not shape or not 0 <= int(only_sample) < shape[0]:
             raise ValueError(
                 f"only_sample={only_sample} must index the first axis of every leaf "
                 f"(0 <= only_sample < its length), got a leaf of shape {shape}"
@@ -260,7 +263,7 @@ def _check_pullback_arguments(leaves: list[np.ndarray], axis: Any, seed: Any) ->
         raise ValueError("outputs must hold at least one array, got an empty pytree")
     if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
         raise TypeError(f"axis must be an int, got {axis!r}")
-    too_short = [leaf.shape for leaf in leaves if not -leaf.ndim <= axis < leaf.ndim]
+    too_short = [leaf.shape for leaf in leaves if not -leaf.ndim <= int(axis) < leaf.ndim]
     if too_short:
         raise ValueError(f"axis {axis} is out of range for an output of shape {too_short[0]}")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:

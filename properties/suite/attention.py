@@ -235,7 +235,9 @@ def _weighted_output(hidden_dim: int, num_heads: int) -> Any:
     block = attention.TemporalSelfAttention(hidden_dim, num_heads)
 
     def weighted(params: Any, x: Any) -> Any:
-        y = block.apply({"params": params}, x, causal=True, deterministic=True)
+        y: jax.Array = block.apply(  # type: ignore[assignment]  # flax: no mutable, the output alone
+            {"params": params}, x, causal=True, deterministic=True
+        )
         weights = np.cos(np.arange(math.prod(y.shape))).reshape(y.shape)
         return jnp.sum(y * jnp.asarray(weights, y.dtype))
 

@@ -202,8 +202,8 @@ def check_batch_order_equivariant(case: tft_suite.ModelCase) -> None:
     """Calibration ignores the batch order, and the frozen model's outputs follow it."""
     _, stats = _frozen(case)
     permutation = np.roll(np.arange(case.inputs.batch_size), 1)
-    permuted = st_tft.TFTInputs(
-        *(None if array is None else np.asarray(array)[permutation] for array in case.inputs)
+    permuted = st_tft.TFTInputs._make(
+        None if array is None else np.asarray(array)[permutation] for array in case.inputs
     )
     permuted_stats = calibrated_stats(case, permuted)
     expected = jax.tree_util.tree_flatten_with_path(stats)[0]

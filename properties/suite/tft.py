@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 import hypothesis.strategies as st
 import jax
@@ -77,6 +77,14 @@ __all__ = [
     "split_inputs",
 ]
 
+
+class _Tolerances(TypedDict):
+    """`rtol` and `atol` keywords of a check."""
+
+    rtol: float
+    atol: float
+
+
 BATCH_SIZE = 3
 # The GRNs' ELU has a second-derivative jump at 0: central differences with a step of
 # 1e-4 can miss by O(step) (3e-5 relative seen). With the presets' zero biases, a
@@ -86,7 +94,7 @@ BATCH_SIZE = 3
 FINITE_DIFFERENCE_EPS = 1e-8
 # Compiled and op-by-op float32 backward passes of the TFT differ by reassociation:
 # a gradient element of 5e-3 was seen 2.5e-6 apart.
-JIT_EAGER_TOLERANCE = dict(rtol=1e-4, atol=1e-5)
+JIT_EAGER_TOLERANCE = _Tolerances(rtol=1e-4, atol=1e-5)
 STATIC_CONTEXTS = ("selection", "enrichment", "state_h", "state_c")
 # The model's integer (categorical code) inputs, in `TFTInputs` and as keywords.
 INTEGER_INPUTS = (
@@ -325,7 +333,7 @@ def check_causal(case: ModelCase) -> None:
             _assert_causal_in_codes(name, outputs_of, inputs[name], _cardinalities(case, name))
 
 
-def _cardinalities(case: ModelCase, name: str) -> tuple[int, ...]:
+def _cardinalities(case: ModelCase, name: str) -> Sequence[int]:
     """The cardinalities of integer input `name` in the case's config."""
     config = case.config
     return {
@@ -491,7 +499,10 @@ def _weighted_forecast(config: TFTConfig) -> Any:
     model = tft_model.TemporalFusionTransformer(dataclasses.replace(config, dtype="float64"))
 
     def weighted(params: Any, floats: Any) -> Any:
-        quantiles = model.apply({"params": params}, **floats, deterministic=True).quantiles
+        output: tft_model.TFTOutput = model.apply(  # type: ignore[assignment]  # flax: no mutable, the output alone
+            {"params": params}, **floats, deterministic=True
+        )
+        quantiles = output.quantiles
         weights = np.cos(np.arange(math.prod(quantiles.shape))).reshape(quantiles.shape)
         return jnp.sum(quantiles * jnp.asarray(weights, quantiles.dtype))
 

@@ -613,13 +613,13 @@ class Preprocessor:
         loc = self.target_scaler.loc[known].copy()
         scale = self.target_scaler.scale[known].copy()
         if unknown.any():
-            names = [ids[code] for code in np.flatnonzero(unknown)]
+            names = [ids[code] for code in np.flatnonzero(unknown).tolist()]
             fallbacks, constants, cuts_used, extremes = [], [], [], []
             # `codes` are sorted (`transform`): a series' rows are one slice.
             bounds = np.searchsorted(codes, np.arange(len(ids) + 1))
             present = ~np.isnan(target)
             before = [np.asarray(times < cut) for cut in new_series_cuts]
-            for code in np.flatnonzero(unknown):
+            for code in np.flatnonzero(unknown).tolist():
                 rows = slice(bounds[code], bounds[code + 1])
                 used = present[rows]
                 for cut, earlier in zip(new_series_cuts, before, strict=True):

@@ -244,7 +244,7 @@ class ExtremeSeries(NamedTuple):
     name: object
     place: str
     value: float
-    count: int
+    count: int  # type: ignore[assignment]  # the field replaces tuple.count
     scale: float
     rest: float
 

@@ -15,6 +15,7 @@ import codecs
 import dataclasses
 import datetime
 import gzip
+import io
 import lzma
 import numbers
 import os
@@ -23,8 +24,8 @@ import tarfile
 import warnings
 import zipfile
 import zlib
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -1203,11 +1204,11 @@ def _check_file_kind(path: str, encoding: str) -> None:
             f"{endings[0]!r} (e.g. sales.csv{endings[0]}), or decompress it"
         )
     for _, kind in _MAGIC:
-        ending = next((e for e in _endings(kind) if name.endswith(e)), None)
-        if ending is not None and head:  # not of that kind: its magic is not at its start
+        named = next((e for e in _endings(kind) if name.endswith(e)), None)
+        if named is not None and head:  # not of that kind: its magic is not at its start
             raise ValueError(
-                f"{path} is named {ending!r} but is not {kind}-compressed (it begins with "
-                f"{head[:4]!r}): if it is plain CSV text, rename it without {ending!r}"
+                f"{path} is named {named!r} but is not {kind}-compressed (it begins with "
+                f"{head[:4]!r}): if it is plain CSV text, rename it without {named!r}"
             )
     utf16 = head.startswith((b"\xff\xfe", b"\xfe\xff"))
     try:
@@ -1264,7 +1265,12 @@ def _decompressed_head(path: str, kind: str) -> bytes:
     """The first `_TAR_BLOCK` bytes `path` decompresses to, for a compression `tarfile`
     opens (gzip, bzip2, xz); empty for another kind, or where they do not decompress
     (`read_table` names a damaged file when pandas fails to read it)."""
-    opener = {"gzip": gzip.open, "bzip2": bz2.open, "xz": lzma.open}.get(kind)
+    openers: dict[str, Callable[[str, Literal["rb"]], io.BufferedIOBase]] = {
+        "gzip": gzip.open,
+        "bzip2": bz2.open,
+        "xz": lzma.open,
+    }
+    opener = openers.get(kind)
     if opener is None:
         return b""
     try:

@@ -20,7 +20,13 @@ import pandas as pd
 import tft_jax
 from tft_jax.distributed import file_digest
 from tft_jax.forecaster import run_folder
-from tft_jax.forecaster.config import ForecasterConfig, QATTrainingConfig
+from tft_jax.forecaster.config import (
+    DataConfig,
+    ForecasterConfig,
+    ModelConfig,
+    QATTrainingConfig,
+    TrainingConfig,
+)
 from tft_jax.paths import expanded
 
 
@@ -39,19 +45,19 @@ def table_digest(table: Any) -> tuple[str, str]:
         digest = file_digest(expanded(table))
         return digest, f"{os.fspath(table)} (sha256 {digest[:16]})"
     if isinstance(table, pd.DataFrame):
-        digest = hashlib.sha256()
+        hasher = hashlib.sha256()
         columns = [[repr(name), str(dtype)] for name, dtype in table.dtypes.items()]
-        digest.update(json.dumps(columns).encode())
+        hasher.update(json.dumps(columns).encode())
         objects = table.loc[:, [dtype == np.dtype(object) for dtype in table.dtypes]]  # not str
         kinds = objects.map(lambda cell: type(cell).__name__)
         try:
             for part in (table, kinds):
                 rows = pd.util.hash_pandas_object(part, index=False).to_numpy()
-                digest.update(np.ascontiguousarray(rows).tobytes())
+                hasher.update(np.ascontiguousarray(rows).tobytes())
         except (TypeError, ValueError):  # unhashable cells (lists, dicts): their text
-            digest.update(table.to_csv(index=False).encode())
-            digest.update(kinds.to_csv(index=False).encode())
-        hexdigest = digest.hexdigest()
+            hasher.update(table.to_csv(index=False).encode())
+            hasher.update(kinds.to_csv(index=False).encode())
+        hexdigest = hasher.hexdigest()
         shape = f"{len(table)} rows x {table.shape[1]} columns"
         return hexdigest, f"a DataFrame of {shape} (content digest {hexdigest[:16]})"
     return f"a {type(table).__name__}", f"a {type(table).__name__}"
@@ -86,7 +92,11 @@ def fit_settings(
             "None" if checkpoint_dir is None else repr(os.fspath(checkpoint_dir)),
         ),
     }
-    sections = {"data": config.data, "model": config.model, "training": config.training}
+    sections: dict[str, DataConfig | ModelConfig | TrainingConfig] = {
+        "data": config.data,
+        "model": config.model,
+        "training": config.training,
+    }
     for section, values in sections.items():
         for field in dataclasses.fields(values):
             settings[f"{section}.{field.name}"] = _config_value(getattr(values, field.name))
