@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-peers lint clean
+.PHONY: demo test bench bench-peers lint typecheck clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+
+typecheck: $(STAMP)
+	$(PY) -m pip install --quiet mypy
+	$(PY) -m mypy
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.cpu

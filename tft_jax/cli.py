@@ -145,7 +145,7 @@ def enable_compile_cache(directory: str) -> None:
     if directory.strip().lower() == "none":
         return
     path = pathlib.Path(directory)
-    if jax.config.jax_compilation_cache_dir:
+    if jax.config.jax_compilation_cache_dir:  # type: ignore[attr-defined]  # a flag jax adds at runtime
         if directory != str(DEFAULT_COMPILE_CACHE):  # a folder given is still checked
             check_output_folder(path, "--compile-cache")
         return
@@ -279,6 +279,7 @@ def data_error_text(error: Exception, args: argparse.Namespace) -> str:
     """
     message = cli_text(str(error), args)
     path = getattr(args, "csv", None)
+    named: str | None
     if path is not None:
         named, label = str(path), f"--csv {path}"
     else:
@@ -871,11 +872,14 @@ def _train_into_out(
     if not is_primary():
         barrier("tft-jax train: files written")
         return None
-    report = forecaster.dataset.missing_report()
+    dataset = forecaster.dataset
+    if dataset is None:  # `fit` sets it or raises
+        raise RuntimeError("Forecaster.fit returned without setting Forecaster.dataset")
+    report = dataset.missing_report()
     if not args.quiet and report["filled_target_steps"].any():
         fate = (
             "left out"
-            if forecaster.dataset.require_observed_target
+            if dataset.require_observed_target
             else "kept, those steps masked out of the loss and the scores"
         )
         print(f"missing target steps filled per series (windows with one in the horizon {fate}):")
@@ -888,7 +892,6 @@ def _train_into_out(
         "command": command,
     }
     save_run(forecaster, out, {"source": source, "arguments": arguments})
-    dataset = forecaster.dataset
     metrics, predictions = evaluate_announced(forecaster, dataset, "test", args.quiet)
     final = "int8" if "int8" in predictions else "fp32"
     write_split_forecasts(
@@ -1437,6 +1440,8 @@ def _run_demo(args: argparse.Namespace) -> int:
         flush=True,
     )
     metrics = run_training(build_parser().parse_args(argv), command="demo")
+    if metrics is None:  # not process 0 (a caller set up jax.distributed): process 0 reports
+        return 0
     print(
         f"\ntest split: {metrics['windows']} windows of {metrics['horizon']} hours, "
         f"seasonal naive period {metrics['seasonal_naive_period']} h"

@@ -673,7 +673,7 @@ def forecaster_config(args: argparse.Namespace, qat: bool) -> ForecasterConfig:
             "encoding",
         ):
             data_values.pop(name)
-        make_data = DataConfig.pedestrian
+        make_data: Callable[..., DataConfig] = DataConfig.pedestrian
     else:
         missing = [
             option.flag
@@ -1051,7 +1051,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def multihost_arguments(args: argparse.Namespace) -> tuple[str, int, int] | None:
     """`(coordinator, num_processes, process_id)` of a multi-host run, None for one process."""
-    flags = {
+    flags: dict[str, Any] = {  # the parsed values; None where not given
         "coordinator": getattr(args, "coordinator", None),
         "num_processes": getattr(args, "num_processes", None),
         "process_id": getattr(args, "process_id", None),

@@ -366,7 +366,7 @@ class PreparedDataset:
 def _filled_horizon_steps(windows: WindowSet) -> np.ndarray:
     """(N,) int64: how many forecast steps of each window have a filled target (`target_mask` 0)."""
     rows = windows.starts[:, None] + np.arange(windows.horizon)
-    return np.sum(windows.panel.target_mask[rows] == 0, axis=1, dtype=np.int64)
+    return (windows.panel.target_mask[rows] == 0).sum(axis=1, dtype=np.int64)
 
 
 def _to_timestamp(value: Any, name: str, tz: Any, spec: TableSpec) -> pd.Timestamp:
@@ -589,7 +589,7 @@ def _check_preprocessor_spec(spec: TableSpec, fitted: TableSpec) -> None:
 
 
 def _is_count(value: Any) -> bool:
-    return isinstance(value, int | np.integer) and not isinstance(value, bool) and value >= 1
+    return isinstance(value, int | np.integer) and not isinstance(value, bool) and bool(value >= 1)
 
 
 def _check_options(options: dict[str, Any]) -> None:
@@ -790,8 +790,8 @@ def prepare_dataset(
     # inferred then, whose texts ('NA', 'none') are categories, not empty cells, and
     # a CSV's ids and categories fitted as text ('007') stay text.
     read_spec = preprocessor.spec if preprocessor is not None else spec
-    fitted = preprocessor.fitted_values if preprocessor is not None else None
-    raw, texts = read_announced(table, read_spec, encoding, fitted)
+    fitted_values = preprocessor.fitted_values if preprocessor is not None else None
+    raw, texts = read_announced(table, read_spec, encoding, fitted_values)
     raw = ids_as_categories(raw, read_spec.id_col)
     spec = preprocessor.spec if preprocessor is not None else infer_categorical(raw, spec)
     if min_series_length is not None and min_series_length > history + horizon:

@@ -13,7 +13,7 @@ import dataclasses
 import math
 import numbers
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -25,6 +25,9 @@ from tft_jax.data.pedestrian import PEDESTRIAN_SPEC
 from tft_jax.data.scaling import TARGET_TRANSFORMS
 from tft_jax.data.tables import parse_time_text
 from tft_jax.data.windows import check_normalized_history
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 
 def _require_int(owner: str, name: str, value: Any, minimum: int, optional: bool = False) -> None:
@@ -47,9 +50,10 @@ def _require_float(
 ) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{owner}.{name} must be a number, got {type(value).__name__} {value!r}")
-    # NaN compares False with everything, so it is refused by name, as is inf.
+    # NaN compares False with everything, so it is refused by name, as is inf. Past the
+    # finiteness check, `not value < high` is `value >= high` (numbers.Real declares no >=).
     below = value <= low if open_low else value < low
-    if not math.isfinite(value) or below or (high is not None and value >= high):
+    if not math.isfinite(value) or below or (high is not None and not value < high):
         bounds = f"{'(' if open_low else '['}{low}, {high if high is not None else 'inf'})"
         raise ValueError(f"{owner}.{name} must lie in {bounds} and be finite, got {value}")
 
@@ -604,7 +608,7 @@ class ForecasterConfig:
 
 
 # The sections of a `ForecasterConfig` (and of its `to_json`), by field name.
-SECTIONS: dict[str, type] = {
+SECTIONS: dict[str, type[DataclassInstance]] = {
     "data": DataConfig,
     "model": ModelConfig,
     "training": TrainingConfig,
@@ -612,7 +616,7 @@ SECTIONS: dict[str, type] = {
 }
 
 
-def field_default(config: type, name: str) -> Any:
+def field_default(config: type[DataclassInstance], name: str) -> Any:
     """The default of field `name` of a config dataclass (for argparse defaults and help)."""
     field = config.__dataclass_fields__[name]
     if field.default is dataclasses.MISSING:

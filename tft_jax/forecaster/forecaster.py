@@ -1957,12 +1957,11 @@ class Forecaster:
                 config, {**SECTIONS, "tft_config": TFTConfig}, version
             )
             forecaster = cls.from_config(ForecasterConfig.from_json(config))
-            tft_config = TFTConfig(
-                **{
-                    key: tuple(value) if isinstance(value, list) else value
-                    for key, value in config["tft_config"].items()
-                }
-            )
+            tft_fields: dict[str, Any] = {
+                key: tuple(value) if isinstance(value, list) else value
+                for key, value in config["tft_config"].items()
+            }
+            tft_config = TFTConfig(**tft_fields)
             preprocessor = Preprocessor.from_json(
                 config["preprocessor"], complete=version >= run_folder.COMPLETE_FROM_VERSION
             )

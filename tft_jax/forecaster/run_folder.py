@@ -673,9 +673,13 @@ def check_format(config: dict[str, Any], root: pathlib.Path) -> int:
     """The format version of `config`; `RunFolderError` unless it is one this tft-jax
     reads (1 to `FORMAT_VERSION`)."""
     found = (config.get("format"), config.get("format_version"))
-    version = found[1]
-    readable = isinstance(version, int) and not isinstance(version, bool)
-    if found[0] == FORMAT and readable and 1 <= version <= FORMAT_VERSION:
+    written_version = found[1]
+    version = (
+        written_version
+        if isinstance(written_version, int) and not isinstance(written_version, bool)
+        else None
+    )
+    if found[0] == FORMAT and version is not None and 1 <= version <= FORMAT_VERSION:
         return version
     import tft_jax
 
@@ -683,7 +687,7 @@ def check_format(config: dict[str, Any], root: pathlib.Path) -> int:
 
     advice = (
         "Upgrade tft-jax to load it, or train again"
-        if found[0] == FORMAT and readable and version > FORMAT_VERSION
+        if found[0] == FORMAT and version is not None and version > FORMAT_VERSION
         else "Load it with the tft-jax that wrote it, or train again"
     )
     raise RunFolderError(

@@ -216,7 +216,7 @@ def train_qat(
     fake-quantized model trains with the observers frozen, except during the first
     `observer_steps` steps, where they keep updating.
     """
-    total = settings.steps
+    total = int(settings.steps)  # an int already (`_plain_numbers`); the field admits np.integer
     schedule, warmup = schedule_of(settings.learning_rate, total, min(50, total // 10))
     tx = make_optimizer(schedule, clip_norm=training.clip_norm, weight_decay=training.weight_decay)
     sample = sample_batch(dataset, training.batch_size, rows)
