@@ -125,9 +125,8 @@ def seed_step():
     return body, state, batch, jax.random.key(1)
 
 
-def _loops(body, *args) -> int:
-    """The outermost loops of a traced step."""
-    closed = jax.make_jaxpr(lambda *a: body(*a))(*args)
+def _loops(closed) -> int:
+    """The outermost loops of a traced step (its closed jaxpr)."""
     return sum(1 for _ in common._outer_loops(closed.jaxpr))
 
 
@@ -138,9 +137,10 @@ def test_step_flops_do_not_depend_on_the_selection_chunks(seed_step, monkeypatch
     for chunk_bytes in (64, 4096, 1 << 40):
         monkeypatch.setattr(chunked_selection, "DEFAULT_CHUNK_BYTES", chunk_bytes)
         counts[chunk_bytes] = common.count_flops(*seed_step)
+        # One trace of the step at these chunks serves XLA's count and the loops.
         closed = jax.make_jaxpr(lambda *a: seed_step[0](*a))(*seed_step[1:])
         xla_chunked[chunk_bytes] = common._jaxpr_flops(closed)[0]
-        loops[chunk_bytes] = _loops(*seed_step)
+        loops[chunk_bytes] = _loops(closed)
     # The settings give several chunks, fewer, and one: XLA's own counts differ.
     assert loops[64] == loops[4096] > loops[1 << 40] > 0
     assert len(set(xla_chunked.values())) == 3

@@ -285,7 +285,8 @@ def test_train_predict_and_evaluate_refuse_codes_beyond_the_cardinality(field, c
     target = np.zeros((B, H), np.float32)
     tx = train.make_optimizer(learning_rate=1e-3, clip_norm=1.0, weight_decay=0.0)
     good = Batch(**{key: arrays[key] for key in arrays}, target=target)
-    state = train.create_train_state(MODEL, tx, jax.random.key(0), good)
+    # The module's variables (compiled once for the file), not a second init compiled here.
+    state = train.create_train_state(MODEL, tx, jax.random.key(0), good, variables=variables())
     codes = arrays[field].copy()
     codes.flat[0] = code
     bad = dataclasses.replace(good, **{field: codes})

@@ -3,6 +3,9 @@ run's integer width, against the QAT TFT applied directly."""
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import numpy as np
 import pytest
 
@@ -40,14 +43,14 @@ def test_qat_model_for_builds_the_qat_tft_of_the_config_at_the_given_bits(bits):
 # Mutants P3 (predictors.py:47, `qat_model_for(config, bits)` -> `qat_model_for(config, 8)`)
 # and P2 (`if name == "fp32"` -> `if name != "qat"`: int8 applied with the FP32 TFT), and P8
 # (predictors.py:35, int8_apply without the keyword inputs known_history/static_categorical).
-# Reference: the QAT model applied directly by flax / qat.int8_apply at 4 bits.
+# Reference: the QAT model applied directly by flax / qat.int8_apply at 4 bits, each under
+# one `jax.jit` (op by op they compiled ~600 single-primitive programs).
 def test_qat_and_int8_predictors_apply_the_qat_tft_at_the_given_bits():
     _, _, calibrated = qat_setup(_QAT4)
     inputs = INPUTS[2]
     reference_model = QATTemporalFusionTransformer(CONFIG, QATConfig(bits=4))
-    want_qat = reference_model.apply(
-        calibrated, **inputs, deterministic=True, calibrate=False
-    ).quantiles
+    qat_apply = functools.partial(reference_model.apply, deterministic=True, calibrate=False)
+    want_qat = jax.jit(qat_apply)(calibrated, **inputs).quantiles
     got_qat = make_predictor("qat", CONFIG, calibrated, bits=4)(_batch(inputs)).quantiles
     np.testing.assert_allclose(np.asarray(got_qat), np.asarray(want_qat), rtol=1e-5, atol=1e-6)
     # The check can tell the bit widths apart: at 8 bits the same variables forecast otherwise.
@@ -55,6 +58,6 @@ def test_qat_and_int8_predictors_apply_the_qat_tft_at_the_given_bits():
     assert np.abs(np.asarray(at_8) - np.asarray(want_qat)).max() > 1e-4
 
     integer = convert(calibrated)
-    want_int8 = int8_apply(reference_model, integer, **inputs).quantiles
+    want_int8 = jax.jit(int8_apply, static_argnums=0)(reference_model, integer, **inputs).quantiles
     got_int8 = make_predictor("int8", CONFIG, integer, bits=4)(_batch(inputs)).quantiles
     np.testing.assert_allclose(np.asarray(got_int8), np.asarray(want_int8), rtol=1e-5, atol=1e-6)

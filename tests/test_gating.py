@@ -7,6 +7,7 @@ ELU(W2 x + W3 c + b2) + b1)), with random LayerNorm parameters too.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -47,26 +48,28 @@ def _numpy_grn(params: dict, x: np.ndarray, context: np.ndarray | None) -> np.nd
     ) + np.asarray(norm["bias"], np.float64)
 
 
+# Inits, random variables and the forwards checked against NumPy run jitted: op by op each
+# compiled every primitive apart. The refusals are called as before, op by op.
+@functools.partial(jax.jit, static_argnums=0)
+def _init(module: Any, key: Any, *args: Any) -> dict:
+    return module.init(key, *args)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _apply(module: Any, variables: dict, *args: Any) -> Any:
+    return module.apply(variables, *args)
+
+
 @pytest.fixture(scope="module")
 def grn_with_context() -> tuple[GatedResidualNetwork, dict]:
     """A GRN `(2, 3, 4) -> (2, 3, 6)` with a `(2, 5)` context; random LayerNorm parameters too."""
     grn = GatedResidualNetwork(6, hidden_features=3)
-    variables = grn.init(jax.random.key(0), _X, _CONTEXT)
-    leaves, tree = jax.tree.flatten(variables)
-    keys = jax.random.split(jax.random.key(1), len(leaves))
-    variables = jax.tree.unflatten(
-        tree,
-        [
-            jax.random.normal(k, leaf.shape, leaf.dtype)
-            for k, leaf in zip(keys, leaves, strict=True)
-        ],
-    )
-    return grn, variables
+    return grn, _random_variables(grn, _X, _CONTEXT)
 
 
 def test_grn_with_context_and_a_learned_skip_matches_the_paper_equations(grn_with_context):
     grn, variables = grn_with_context
-    got = grn.apply(variables, _X, _CONTEXT)
+    got = _apply(grn, variables, _X, _CONTEXT)
     expected = _numpy_grn(variables["params"], _X, _CONTEXT)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
@@ -83,16 +86,16 @@ def test_grn_refuses_a_context_of_another_width_or_none_at_init(grn_with_context
     wider = np.ones((*_CONTEXT.shape[:-1], _CONTEXT.shape[-1] + 2), np.float32)
     with pytest.raises(ValueError, match=r"context has width \d+ \(its last axis\), but the "):
         grn.apply(variables, _X, wider)
-    without = grn.init(jax.random.key(1), _X)
+    without = _init(grn, jax.random.key(1), _X)
     with pytest.raises(ValueError, match=r"a context was given, but the network was initialized "):
         grn.apply(without, _X, _CONTEXT)
 
 
 def test_grn_initialized_without_a_context_still_runs_without_one():
     grn = GatedResidualNetwork(4)
-    variables = grn.init(jax.random.key(0), _X)
+    variables = _init(grn, jax.random.key(0), _X)
     np.testing.assert_allclose(
-        grn.apply(variables, _X), _numpy_grn(variables["params"], _X, None), rtol=1e-5, atol=1e-5
+        _apply(grn, variables, _X), _numpy_grn(variables["params"], _X, None), rtol=1e-5, atol=1e-5
     )
 
 
@@ -105,7 +108,7 @@ def test_deterministic_that_is_not_a_bool_raises_type_error_naming_it(value: Any
     # "False" is truthy: it used to switch dropout off without a word.
     module = GatedLinearUnit(4, dropout_rate=0.5)
     x = jnp.ones((2, 3))
-    variables = module.init(jax.random.key(0), x)
+    variables = _init(module, jax.random.key(0), x)
     with pytest.raises(TypeError, match="deterministic must be a bool"):
         module.apply(variables, x, deterministic=value, rngs={"dropout": jax.random.key(1)})
 
@@ -113,14 +116,14 @@ def test_deterministic_that_is_not_a_bool_raises_type_error_naming_it(value: Any
 def test_traced_deterministic_raises_type_error_naming_it_and_is_ignored_without_dropout() -> None:
     x = jnp.ones((2, 3))
     module = GatedLinearUnit(4, dropout_rate=0.5)
-    variables = module.init(jax.random.key(0), x)
+    variables = _init(module, jax.random.key(0), x)
     apply = jax.jit(
         lambda d: module.apply(variables, x, deterministic=d, rngs={"dropout": jax.random.key(1)})
     )
     with pytest.raises(TypeError, match=r"deterministic.*static"):
         apply(False)
     plain = GatedLinearUnit(4)
-    plain_variables = plain.init(jax.random.key(0), x)
+    plain_variables = _init(plain, jax.random.key(0), x)
     traced = jax.jit(lambda d: plain.apply(plain_variables, x, deterministic=d))(False)
     want = plain.apply(plain_variables, x, deterministic=True)
     np.testing.assert_allclose(traced, want, rtol=1e-6, atol=1e-7)
@@ -142,7 +145,7 @@ def test_an_input_of_another_width_than_at_init_is_named():
     # Flax said "Could not find parameter named "kernel" in scope "/skip"" (an input as
     # wide as the output skips the learned skip) or named an initializer at "/input".
     network = GatedResidualNetwork(8, dropout_rate=0.0)
-    variables = network.init(jax.random.key(0), jnp.ones((2, 5)))
+    variables = _init(network, jax.random.key(0), jnp.ones((2, 5)))
     for width in (6, 8):
         with pytest.raises(ValueError, match=rf"x has width {width} .* inputs of width 5"):
             network.apply(variables, jnp.ones((2, width)))
@@ -152,7 +155,9 @@ def test_an_input_of_another_width_than_at_init_is_named():
 # Per-variable networks: variable-major inputs with a context, and the batch axis
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def _random_variables(module: Any, *args: Any) -> dict:
+    """`module`'s variables at init, each drawn again from a standard normal."""
     variables = module.init(jax.random.key(0), *args)
     leaves, tree = jax.tree.flatten(variables)
     keys = jax.random.split(jax.random.key(1), len(leaves))
@@ -176,8 +181,8 @@ def test_variable_major_grn_with_a_context_and_a_narrowing_skip_is_one_grn_per_v
         features, hidden_features=2, num_variables=num_variables, variable_major=True
     )
     variables = _random_variables(grn, x, context)
-    got = np.asarray(grn.apply(variables, x, context))
-    params = variables["params"]
+    got = np.asarray(_apply(grn, variables, x, context))
+    params = jax.tree.map(np.asarray, variables["params"])  # sliced on the host below
     assert got.shape == (num_variables, batch, steps, features)
     for v in range(num_variables):
         mine = {
@@ -199,7 +204,7 @@ def test_per_variable_grn_with_a_context_refuses_an_input_without_a_batch_axis()
     # (V, I) has no batch axis: with V equal to the context's rows, the variables were
     # taken for the batch, silently.
     grn = GatedResidualNetwork(3, num_variables=3)
-    variables = grn.init(jax.random.key(0), np.ones((2, 3, 5), np.float32), np.ones((2, 4)))
+    variables = _init(grn, jax.random.key(0), np.ones((2, 3, 5), np.float32), np.ones((2, 4)))
     with pytest.raises(ValueError, match="must have a batch axis"):
         grn.apply(variables, np.ones((3, 5), np.float32), np.ones((3, 4), np.float32))
 
@@ -217,7 +222,7 @@ def _gate_add_norm() -> Any:
 def test_glu_and_gate_add_norm_refuse_a_scalar_x() -> None:
     # Before: IndexError reading x.shape[-1] (check_input_width in linear.py).
     glu = GatedLinearUnit(4)
-    variables = glu.init(jax.random.key(0), np.ones((2, 3), np.float32))
+    variables = _init(glu, jax.random.key(0), np.ones((2, 3), np.float32))
     with pytest.raises(
         ValueError,
         match=r"GatedLinearUnit: x must have a feature axis \(\.\.\., I\), got shape \(\)",
@@ -226,7 +231,7 @@ def test_glu_and_gate_add_norm_refuse_a_scalar_x() -> None:
     with pytest.raises(ValueError, match=r"GatedLinearUnit: x must have a feature axis"):
         glu.init(jax.random.key(0), np.float32(1.0))
     gan = _gate_add_norm()
-    variables = gan.init(jax.random.key(0), np.ones((2, 3), np.float32), np.ones((2, 4)))
+    variables = _init(gan, jax.random.key(0), np.ones((2, 3), np.float32), np.ones((2, 4)))
     with pytest.raises(
         ValueError, match=r"GateAddNorm: x must have a feature axis \(\.\.\., I\), got shape \(\)"
     ):

@@ -128,8 +128,9 @@ class HalfRMSNorm(nn.Module):
 
 
 def _bound(module: nn.Module, *args: Any) -> tuple[Any, Callable[..., Any]]:
-    """`(variables, jitted apply)` of `module` initialised on `args`."""
-    return module.init(jax.random.key(0), *args), jax.jit(module.apply)
+    """`(variables, jitted apply)` of `module` initialised on `args` (jitted: op by op, init
+    compiled each primitive apart)."""
+    return jax.jit(module.init)(jax.random.key(0), *args), jax.jit(module.apply)
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +157,8 @@ def attentions() -> dict[str, tuple[Any, Callable[..., Any]]]:
 
 def _parameter_grads(bound: tuple[Any, Callable[..., Any]], *args: Any) -> Any:
     variables, apply = bound
-    return jax.grad(lambda v: jnp.sum(jax.tree_util.tree_leaves(apply(v, *args))[0]))(variables)
+    loss = lambda v: jnp.sum(jax.tree_util.tree_leaves(apply(v, *args))[0])  # noqa: E731
+    return jax.jit(jax.grad(loss))(variables)
 
 
 def test_residual_mlp_detached_branch_and_dead_parameter_are_named(mlps):
@@ -325,7 +327,8 @@ def test_ignores_padding_refuses_bad_arguments():
 
 
 _ATTENTION = PaddedAttention()
-_ATTENTION_APPLY = jax.jit(_ATTENTION.apply)  # built once: one compile per drawn shape
+_ATTENTION_INIT = jax.jit(_ATTENTION.init)  # built once: one compile per drawn shape
+_ATTENTION_APPLY = jax.jit(_ATTENTION.apply)
 _SMALL = st_tft.attention_configs(
     hidden_dims=(8,), num_heads=(2,), sequence_lengths=(1, 4), batch_sizes=(1, 3)
 )
@@ -337,7 +340,7 @@ def test_padded_attention_holds_its_properties_on_drawn_masks(config, data):
     x = data.draw(st_tft.attention_inputs(config, kinds=("normal",)))
     valid = data.draw(st_tft.padding_masks(config))
     assert valid.shape == (config.batch_size, config.sequence_length) and valid.dtype == bool
-    variables = _ATTENTION.init(jax.random.key(0), x, valid)
+    variables = _ATTENTION_INIT(jax.random.key(0), x, valid)
     fn = lambda x: _ATTENTION_APPLY(variables, x, valid)  # noqa: E731
     checks.assert_finite(fn(x))
     checks.assert_ignores_padding(fn, x, valid, out_axis=(1, 2))
@@ -356,10 +359,11 @@ def test_padding_masks_draw_the_rows_that_break_attention():
     assert (one.sum(axis=1) == 1).all()
     x = _X[:, :4]
     module = PaddedAttention(nan_empty=True)
+    init, apply = jax.jit(module.init), jax.jit(module.apply)  # op by op: every primitive
     for valid in (empty, left):
-        variables = module.init(jax.random.key(0), x, valid)
+        variables = init(jax.random.key(0), x, valid)
         with pytest.raises(AssertionError, match=r"non-finite leaves:\n  \[0\]: \d+ NaN"):
-            checks.assert_finite(module.apply(variables, x, valid))
+            checks.assert_finite(apply(variables, x, valid))
     with pytest.raises(ValueError, match="kinds must be drawn from"):
         st_tft.padding_masks(config, kinds=("middle",))
 
@@ -372,7 +376,7 @@ def test_float16_overflow_that_zeroes_the_output_is_caught_by_the_gradient_check
     module = HalfRMSNorm(overflow=overflow)
     variables, apply = _bound(module, x)
     checks.assert_finite(apply(variables, x))  # the overflow is silent: 0, not inf
-    gradient = jax.grad(lambda v, x: jnp.sum(apply(v, x).astype(jnp.float32) ** 2), (0, 1))
+    gradient = jax.jit(jax.grad(lambda v, x: jnp.sum(apply(v, x).astype(jnp.float32) ** 2), (0, 1)))
     if not overflow:
         checks.assert_nonzero_grads(gradient(variables, x))
         return

@@ -83,6 +83,12 @@ def quantized(model_cls: type, bits: int = 8):
     return qat_model, fp32, qat_vars
 
 
+def init_jitted(model: nn.Module, seed: int, *args: Any) -> Any:
+    """`model.init(jax.random.key(seed), *args)` as one program: op by op it compiled every
+    primitive apart. The arguments are closed over (Python flags stay Python; any model)."""
+    return jax.jit(lambda key: model.init(key, *args))(jax.random.key(seed))
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def fake_forward(qat_model, variables, x):
     kwargs = {"deterministic": True} if isinstance(qat_model.model, DenseMLP) else {}
@@ -115,7 +121,7 @@ def test_mixed_model_int8_output_matches_fake_quant_within_one_output_step():
     assert np.max(np.abs(integer - fake)) <= step
     # The head really is float: the same hidden state through the float head is the output.
     params = qat_vars["params"]
-    body = Linear(HIDDEN).apply({"params": params["body"]}, x)
+    body = jax.jit(Linear(HIDDEN).apply)({"params": params["body"]}, x)
     assert not np.allclose(
         np.tanh(body) @ params["head"]["kernel"] + params["head"]["bias"], fake, atol=1e-6
     ), "the body is fake-quantized, so the float body must differ"
@@ -213,7 +219,7 @@ def test_layout_settings_the_qat_model_does_not_use_are_announced_once(monkeypat
     with pytest.warns(UserWarning, match=message) as caught:
         qat_model = QATModel(MixedModel(), config)
         x = batches()[0]
-        fp32 = MixedModel().init(jax.random.key(0), x)
+        fp32 = init_jitted(MixedModel(), 0, x)
         calibrate(qat_model, from_fp32(fp32, qat_model, x), [x])  # Flax clones the model
     assert len(caught) == 1
     with warnings.catch_warnings():
@@ -298,7 +304,7 @@ def test_a_kernel_contracted_over_other_axes_converts_and_runs_in_int8(
     x = rng.normal(size=x_shape).astype(np.float32)
     model = MultiAxisDense(features, axis)
     qat_model = QATModel(model, QATConfig(bits=8))
-    qat_vars = calibrate(qat_model, from_fp32(model.init(jax.random.key(0), x), qat_model, x), [x])
+    qat_vars = calibrate(qat_model, from_fp32(init_jitted(model, 0, x), qat_model, x), [x])
     int8_vars = convert(qat_vars)
     (layer,) = int8_vars["params"]
     kernel = np.asarray(qat_vars["params"][layer]["kernel"], np.float64)
@@ -310,7 +316,7 @@ def test_a_kernel_contracted_over_other_axes_converts_and_runs_in_int8(
     np.testing.assert_allclose(
         int8_vars[INT8][layer]["dot_general"]["weight_scale"], scale, rtol=1e-6
     )
-    want = np.asarray(qat_model.apply(qat_vars, x), np.float64)
+    want = np.asarray(fake_forward(qat_model, qat_vars, x), np.float64)
     got = np.asarray(int8_apply(qat_model, int8_vars, x), np.float64)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
@@ -321,7 +327,7 @@ def test_an_int8_scale_made_over_the_wrong_axes_is_refused():
     x = np.random.default_rng(0).normal(size=(4, 2)).astype(np.float32)
     model = MultiAxisDense((2, 4), (-1,))
     qat_model = QATModel(model, QATConfig(bits=8))
-    qat_vars = calibrate(qat_model, from_fp32(model.init(jax.random.key(0), x), qat_model, x), [x])
+    qat_vars = calibrate(qat_model, from_fp32(init_jitted(model, 0, x), qat_model, x), [x])
     int8_vars = convert(qat_vars)
     (layer,) = int8_vars["params"]
     stale = int8_vars[INT8][layer]["dot_general"]["weight_scale"]
@@ -383,7 +389,7 @@ def test_a_flag_given_by_position_stays_static_in_from_fp32_and_calibrate():
     x = batches(1)[0]
     model = FlaggedDense()
     qat_model = QATModel(model, QATConfig(bits=8))
-    qat_vars = from_fp32(model.init(jax.random.key(0), x, True), qat_model, x, True)
+    qat_vars = from_fp32(init_jitted(model, 0, x, True), qat_model, x, True)
     for squash in (True, False):
         calibrated = calibrate(qat_model, qat_vars, [(x, squash)])
         out = np.asarray(qat_model.apply(calibrated, x, squash))
@@ -526,7 +532,7 @@ def test_a_python_int_argument_stays_static_in_from_fp32_and_calibrate():
     # It was traced under their jit: `range(num_steps)` raised TracerIntegerConversionError.
     x = np.random.default_rng(0).normal(size=(4, 6)).astype(np.float32)
     fp32 = _Repeated()
-    variables = fp32.init(jax.random.key(0), x, 2)
+    variables = init_jitted(fp32, 0, x, 2)
     model = QATModel(fp32, QATConfig(bits=8))
     for given in ((x, 2), (x,)):
         kwargs = {} if len(given) == 2 else {"num_steps": 2}
@@ -540,7 +546,8 @@ def test_a_python_int_argument_stays_static_in_from_fp32_and_calibrate():
     hidden = np.maximum(x @ variables["params"]["Dense_0"]["kernel"], 0)  # zero biases
     np.testing.assert_allclose(stats["Dense_1"]["dot_general"]["max"], hidden.max(), rtol=1e-2)
     out = model.apply(calibrated, x, 2)
-    np.testing.assert_allclose(out, fp32.apply(variables, x, 2), atol=0.05)
+    reference = jax.jit(lambda v: fp32.apply(v, x, 2))(variables)
+    np.testing.assert_allclose(out, reference, atol=0.05)
 
 
 class SharedLayerModel(nn.Module):
@@ -561,7 +568,7 @@ def test_a_layer_called_twice_per_forward_observes_the_range_of_both_calls():
     config = QATConfig(bits=8, averaging_constant=0.25)
     qat_model = QATModel(SharedLayerModel(), config)
     data = batches(2)
-    fp32 = SharedLayerModel().init(jax.random.key(0), data[0])
+    fp32 = init_jitted(SharedLayerModel(), 0, data[0])
     variables = from_fp32(fp32, qat_model, data[0])
     step = jax.jit(lambda v, x: qat_model.apply(v, x, calibrate=True, mutable=["quant_stats"])[1])
     low = high = None
@@ -785,7 +792,7 @@ def test_a_lift_that_does_not_map_the_quantization_collections_is_named(
     x = RNG.normal(size=(8, 4)).astype(np.float32)
     model = PartlyMappedStack(mapped)
     qat_model = QATModel(model, QATConfig(bits=8, learnable_scale=learnable_scale))
-    fp32 = model.init(jax.random.key(0), x)
+    fp32 = init_jitted(model, 0, x)
     with pytest.raises(
         ValueError,
         match=rf"ScanScannedLayer_0/Dense_0/dot_general: .*cannot create its {hidden} "
@@ -836,7 +843,7 @@ def test_convert_names_a_contraction_it_cannot_convert(model, message):
     # ("quantized layer  needs a 'kernel' param"), and did not say why there was none.
     x = RNG.normal(size=(6, 4)).astype(np.float32)
     qat_model = QATModel(model, QATConfig(bits=8))
-    qat_vars = from_fp32(model.init(jax.random.key(0), x), qat_model, x)
+    qat_vars = from_fp32(init_jitted(model, 0, x), qat_model, x)
     with pytest.raises(ValueError, match=message):
         convert(qat_vars)
 
@@ -863,7 +870,7 @@ def test_layers_under_nn_vmap_calibrate_per_copy_and_run_jitted():
     model = VmappedEnsemble()
     qat_model = QATModel(model, QATConfig(bits=8))
     qat_vars = calibrate(
-        qat_model, from_fp32(model.init(jax.random.key(0), inputs), qat_model, inputs), [inputs]
+        qat_model, from_fp32(init_jitted(model, 0, inputs), qat_model, inputs), [inputs]
     )
     observed = qat_vars["quant_stats"]["VmapDense_0"]["dot_general"]
     np.testing.assert_array_equal(np.asarray(observed["min"]), inputs.min(axis=(1, 2)))
@@ -895,7 +902,7 @@ def test_a_model_with_an_unhashable_field_goes_through_the_whole_flow():
     qat_model = QATModel(model, QATConfig(bits=8))
     with pytest.raises(TypeError):
         hash(qat_model)
-    qat_vars = calibrate(qat_model, from_fp32(model.init(jax.random.key(1), x), qat_model, x), [x])
+    qat_vars = calibrate(qat_model, from_fp32(init_jitted(model, 1, x), qat_model, x), [x])
     observed = qat_vars["quant_stats"]["Dense_0"]["dot_general"]
     assert (float(observed["min"]), float(observed["max"])) == (x.min(), x.max())
     fake = np.asarray(qat_model.apply(qat_vars, x))

@@ -66,6 +66,12 @@ def make_batch(seed: int = 0, **fields: Any) -> Batch:
     return Batch(**{**values, **fields})
 
 
+@jax.jit
+def copied(state: TrainState) -> TrainState:
+    """A copy of `state` with buffers of its own, to donate: one program, not one per leaf."""
+    return jax.tree.map(jnp.copy, state)
+
+
 @pytest.fixture(scope="module")
 def state() -> TrainState:
     """One tiny train state for the module (never donated: no test here runs a step)."""
@@ -342,7 +348,7 @@ def test_a_qat_model_wrapping_a_model_of_another_call_signature_is_named_before_
 
 
 def test_a_donated_state_is_named_not_an_xla_buffer_error(state: TrainState) -> None:
-    copy = jax.tree.map(jnp.copy, state)
+    copy = copied(state)
     train_step(copy, make_batch(), jax.random.key(0))
     message = r"state was donated to an earlier train_step or fit, which deleted its buffers"
     with pytest.raises(ValueError, match="train_step: " + message):
@@ -363,7 +369,7 @@ def test_a_state_shows_its_counts_and_size_donated_or_traced_not_its_arrays(
         f"{state.clip_norm}; model TemporalFusionTransformer)"
     )
     assert repr(state) == f"TrainState(step 0, skipped 0; {described}"
-    copy = jax.tree.map(jnp.copy, state)
+    copy = copied(state)
     train_step(copy, make_batch(), jax.random.key(0))
     assert repr(copy) == (
         f"TrainState(step (donated to a step), skipped (donated to a step); {described}"
@@ -382,7 +388,7 @@ def test_fit_names_a_bad_batch_found_during_training(state: TrainState) -> None:
         r"\(B, 2\) \(the model's prediction_horizon\), got \(4, 3\)",
     ):
         fit(
-            jax.tree.map(jnp.copy, state), (make_batch(), wide), epochs=1, quiet=True,
+            copied(state), (make_batch(), wide), epochs=1, quiet=True,
             checkpoint_every_seconds=None,
         )  # fmt: skip
 
@@ -402,24 +408,33 @@ def test_checkpoint_saves_name_a_state_and_an_rng_of_another_kind(
         checkpointer.save_latest({}, jax.random.key(0), {})
 
 
+def template(state: TrainState, batch: Batch, **fields: Any) -> TrainState:
+    """A train state of the model of CONFIG with `fields` replaced, holding `state`'s params.
+
+    A restore checks the template's settings and shapes, not its values: the module
+    state's params (every model here has their shapes) spare an init per template.
+    """
+    model = TemporalFusionTransformer(dataclasses.replace(CONFIG, **fields))
+    return create_train_state(
+        model, make_optimizer(1e-2), jax.random.key(0), batch, variables={"params": state.params}
+    )
+
+
 def test_a_checkpoint_of_other_quantile_levels_is_refused_at_restore(
     state: TrainState, tmp_path: pathlib.Path
 ) -> None:
     # The levels shape no array: a run of (0.1, 0.5, 0.9) resumed as (0.1, 0.5, 0.8).
     checkpointer = TrainingCheckpointer(tmp_path / "ckpt")
     checkpointer.save_latest(state, jax.random.key(0), {"epoch": 0})
-    other = dataclasses.replace(CONFIG, quantiles=(0.1, 0.5, 0.8))
-    template = create_train_state(
-        TemporalFusionTransformer(other), make_optimizer(1e-2), jax.random.key(0), make_batch()
-    )
+    other = template(state, make_batch(), quantiles=(0.1, 0.5, 0.8))
     with pytest.raises(
         ValueError,
         match=r"was trained for quantile levels \(0.1, 0.5, 0.9\), the template's model "
         r"predicts \(0.1, 0.5, 0.8\)",
     ):
-        checkpointer.restore_latest(template)
+        checkpointer.restore_latest(other)
     with pytest.raises(ValueError, match=r"trained for quantile levels"):
-        load_state(tmp_path / "ckpt", template, prefer="latest")
+        load_state(tmp_path / "ckpt", other, prefer="latest")
     assert checkpointer.restore_latest(state).step == 0
 
 
@@ -451,30 +466,20 @@ def test_a_checkpoint_of_a_model_of_other_settings_is_refused_at_restore(
         ),
     ]
     for fields, batch, message in cases:
-        template = create_train_state(
-            TemporalFusionTransformer(dataclasses.replace(CONFIG, **fields)),
-            make_optimizer(1e-2),
-            jax.random.key(0),
-            batch,
-        )
+        other = template(state, batch, **fields)
         with pytest.raises(ValueError, match=rf"trained as a model of other settings: {message}"):
-            checkpointer.restore_latest(template)
+            checkpointer.restore_latest(other)
         with pytest.raises(ValueError, match=r"trained as a model of other settings"):
-            load_state(tmp_path / "ckpt", template, prefer="latest")
+            load_state(tmp_path / "ckpt", other, prefer="latest")
     # The dropout rate and the compute dtype are the template's to choose.
     for fields in (dict(dropout_rate=0.2), dict(dtype="bfloat16")):
-        template = create_train_state(
-            TemporalFusionTransformer(dataclasses.replace(CONFIG, **fields)),
-            make_optimizer(1e-2),
-            jax.random.key(0),
-            make_batch(),
-        )
-        assert checkpointer.restore_latest(template).step == 0
+        assert checkpointer.restore_latest(template(state, make_batch(), **fields)).step == 0
 
 
+@jax.jit
 def diverged(state: TrainState) -> TrainState:
     """A copy of `state` with every parameter NaN: a run that diverged (`fit` may donate it)."""
-    copy = jax.tree.map(jnp.copy, state)
+    copy = jax.tree.map(jnp.copy, state)  # every buffer its own (jit forwards bare inputs)
     return copy.replace(params=jax.tree.map(lambda p: jnp.full_like(p, jnp.nan), copy.params))
 
 

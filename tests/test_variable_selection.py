@@ -169,6 +169,17 @@ def test_dropout_masks_do_not_depend_on_the_chunking():
 # Argument errors
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def init_jitted(vsn: VariableSelectionNetwork, *args: Any) -> Any:
+    """`vsn.init` at key 0, jitted: op by op it compiled each primitive apart."""
+    return vsn.init(jax.random.key(0), *args)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def apply_jitted(vsn: VariableSelectionNetwork, variables: Any, *args: Any) -> Any:
+    return vsn.apply(variables, *args)
+
+
 def affine(values_variables: int, slope_shape: tuple[int, ...], intercept_shape: tuple[int, ...]):
     return AffineEmbedding(
         jnp.ones((2, 5, values_variables)), jnp.ones(slope_shape), jnp.zeros(intercept_shape)
@@ -209,11 +220,11 @@ def test_selection_initialized_with_a_context_refuses_a_call_without_one(
     # Flax ignores unused parameters: the context's term was silently dropped.
     embedded = affine(variables, (variables, WIDTH), (variables, WIDTH))
     vsn = VariableSelectionNetwork(variables, FEATURES, dot_general_cls=dot_general_cls)
-    params = vsn.init(jax.random.key(0), embedded, jnp.ones((2, CONTEXT)))
+    params = init_jitted(vsn, embedded, jnp.ones((2, CONTEXT)))
     with pytest.raises(ValueError, match="context is None, but the parameters hold a context"):
         vsn.apply(params, embedded)
     # Without a context at init, none is needed.
-    vsn.apply(vsn.init(jax.random.key(0), embedded), embedded)
+    apply_jitted(vsn, init_jitted(vsn, embedded), embedded)
 
 
 @pytest.mark.parametrize("variables", [3, 1])
@@ -223,10 +234,10 @@ def test_selection_refuses_a_context_it_was_not_initialized_with(variables, dot_
     # or named an initializer's shape for a context of another width.
     embedded = affine(variables, (variables, WIDTH), (variables, WIDTH))
     vsn = VariableSelectionNetwork(variables, FEATURES, dot_general_cls=dot_general_cls)
-    without = vsn.init(jax.random.key(0), embedded)
+    without = init_jitted(vsn, embedded)
     with pytest.raises(ValueError, match=r"a context was given, but the network was initialized "):
         vsn.apply(without, embedded, jnp.ones((2, CONTEXT)))
-    with_context = vsn.init(jax.random.key(0), embedded, jnp.ones((2, CONTEXT)))
+    with_context = init_jitted(vsn, embedded, jnp.ones((2, CONTEXT)))
     with pytest.raises(
         ValueError,
         match=rf"context has width {CONTEXT + 1} \(its last axis\), but the network was "
@@ -240,7 +251,7 @@ def test_selection_refuses_a_context_it_was_not_initialized_with(variables, dot_
 def test_selection_names_an_embedding_of_another_width_than_at_init(variables, dot_general_cls):
     # The folded path failed with Flax's ScopeParamShapeError at "/variable_grns/skip".
     vsn = VariableSelectionNetwork(variables, FEATURES, dot_general_cls=dot_general_cls)
-    params = vsn.init(jax.random.key(0), affine(variables, (variables, WIDTH), (variables, WIDTH)))
+    params = init_jitted(vsn, affine(variables, (variables, WIDTH), (variables, WIDTH)))
     wider = WIDTH + 2
     message = rf"embedded has width {wider} \(its last axis\), .* initialized with width {WIDTH}"
     with pytest.raises(ValueError, match=message):
@@ -254,6 +265,8 @@ def test_folded_selection_takes_a_context_given_as_nested_lists():
     embedded = affine(3, (3, WIDTH), (3, WIDTH))
     context = [[0.5] * CONTEXT, [-0.5] * CONTEXT]
     vsn = VariableSelectionNetwork(3, FEATURES)
-    params = vsn.init(jax.random.key(0), embedded, context)
-    combined, _ = vsn.apply(params, embedded, context)
-    np.testing.assert_array_equal(combined, vsn.apply(params, embedded, np.asarray(context))[0])
+    # Jitted with the inputs closed over: the network gets the very list, as called op by op.
+    params = jax.jit(lambda key: vsn.init(key, embedded, context))(jax.random.key(0))
+    combined, _ = jax.jit(lambda params: vsn.apply(params, embedded, context))(params)
+    as_array = jax.jit(lambda params: vsn.apply(params, embedded, np.asarray(context)))(params)
+    np.testing.assert_array_equal(combined, as_array[0])
