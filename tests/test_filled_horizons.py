@@ -30,7 +30,6 @@ from tests.linear_quantile_model import linear_batch
 from tft_jax.cli import cli_text, metrics_table
 from tft_jax.cli_parser import build_parser, forecaster_config
 from tft_jax.data import prepare_dataset
-from tft_jax.data.tables import TableContentError
 from tft_jax.evaluation import (
     actuals,
     baseline_metrics,
@@ -467,9 +466,16 @@ def test_a_window_or_split_without_an_observed_step_is_named_not_scored_as_nan(f
     assert (result["windows"] == 2).all() and np.isfinite(result["p50_q_risk"]).all()
     named = "'gamma' (its target is missing at all 7 steps from it)"
     assert any(named in str(warning.message) for warning in caught)
+    # Kept windows none of whose steps is observed: refused when the table is read, before
+    # any forecast (fitting on such a table would train a whole run, then fail to score).
     test_blank = table["sales"].where(~table["day"].isin(days[-15:]))
-    with pytest.raises(TableContentError, match=r"no forecast step of the \d+ windows of the test"):
+    with pytest.raises(
+        ValueError, match=r"the test period .* holds 27 windows, but no forecast step of theirs "
+        r"has an observed target"
+    ):  # fmt: skip
         _quiet(kept.evaluate, table.assign(sales=test_blank))
+    with pytest.raises(ValueError, match=r"the test period .* no forecast step of theirs"):
+        _quiet(Forecaster(KEEP, MODEL, TINY_TRAINING).fit, table.assign(sales=test_blank))
 
 
 # ---------------------------------------------------------------------------- run folders
@@ -547,12 +553,12 @@ def test_each_route_names_the_option_its_caller_has(table):
     with pytest.raises(ValueError) as caught:
         _quiet(Forecaster(DATA, MODEL, TINY_TRAINING).fit, blank, quiet=True)
     message = str(caught.value)
-    assert "pass DataConfig.require_observed_target=False to keep them" in message
+    assert "pass DataConfig.require_observed_target=False to keep the 27 of them" in message
     assert "prepare_dataset" not in message
     assert caught.traceback[-1].frame.f_globals["__name__"].startswith("tft_jax.data.")
     # The command line: its flag.
     train = build_parser().parse_args(["train", "--out", "run"])
-    assert "pass --no-require-observed-target to keep them" in cli_text(message, train)
+    assert "pass --no-require-observed-target to keep the 27 of them" in cli_text(message, train)
     # Kept, it prepares (each window has observed steps).
     assert len(_quiet_prepare(blank, **KEEP.prepare_options()).validation) > 0
 
@@ -588,3 +594,13 @@ def test_the_command_line_flag_reaches_the_settings_config_json_records():
         assert settings.to_json()["data"]["require_observed_target"] is expected
     args = parser.parse_args(["experiment", "clipping", "--no-require-observed-target"])
     assert forecaster_config(args, qat=False).data.require_observed_target is False
+
+
+def test_an_actual_outside_log1p_s_domain_is_named_by_window_and_step_under_a_mask():
+    # The check ran on the flattened observed steps and named index (10,), not (2, 3).
+    actual = np.ones((3, 4))
+    actual[2, 3], actual[0, 0] = -2.0, np.nan
+    observed = np.ones((3, 4), dtype=bool)
+    observed[0, 0] = False
+    with pytest.raises(ValueError, match=r"the first -2\.0 at index \(2, 3\)"):
+        forecast_metrics(np.ones((3, 4, 3)), actual, LEVELS, np.ones(3), "log1p", observed=observed)

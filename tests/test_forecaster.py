@@ -784,19 +784,29 @@ def test_a_backtest_cutoff_whose_targets_are_all_zero_is_nan_and_the_others_are_
     assert np.isfinite(by_model.loc["fp32", "mean_quantile_loss"])
 
 
-def test_a_scored_period_without_observed_targets_names_no_option_the_caller_lacks(fitted):
-    # The error ended "pass require_observed_target=False to keep them", an option
-    # neither Forecaster.evaluate nor `tft-jax evaluate` has (and unscoreable windows).
+def test_a_scored_period_without_observed_targets_names_the_option_only_where_it_scores(fitted):
+    # The error offered "pass require_observed_target=False to keep them", an option
+    # Forecaster.evaluate lacked, also where no kept window would have an observed step.
     forecaster, table, _ = fitted
     days = sorted(table["day"].unique())
+    # The last 10 days blank: each test window holds one, those starting in the first 5
+    # test days have observed steps, which the option scores.
     blank = table.assign(sales=table["sales"].where(~table["day"].isin(days[-10:])))
     with pytest.raises(ValueError, match=r"all have a filled target step") as caught:
         forecaster.evaluate(blank)
+    assert "no actual to score a forecast against; 15 of them have observed steps, which " in (
+        str(caught.value)
+    )
+    assert "DataConfig.require_observed_target=False scores alone" in str(caught.value)
+    # The whole test period blank: nothing the option could score, so it is not named.
+    empty = table.assign(sales=table["sales"].where(~table["day"].isin(days[-15:])))
+    with pytest.raises(ValueError, match=r"all have a filled target step") as caught:
+        forecaster.evaluate(empty)
     assert "require_observed_target" not in str(caught.value)
     assert "no observed target to score a forecast against" in str(caught.value)
-    # Preparing a table to fit on still offers the option, which prepare_dataset takes.
+    # Preparing a table to fit on offers the option, which prepare_dataset takes.
     with (
-        pytest.raises(ValueError, match=r"require_observed_target=False to keep them"),
+        pytest.raises(ValueError, match=r"require_observed_target=False to keep the 15 of them"),
         warnings.catch_warnings(),
     ):
         warnings.simplefilter("ignore")

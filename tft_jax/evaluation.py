@@ -564,6 +564,8 @@ def forecast_metrics(
       TypeError: `quantiles` not numbers, or `observed` not bool.
     """
     forecast, actual, levels = _scored_arrays(forecast, actual, quantiles, observed)
+    # (N, H), the steps left out at 0 (in every transform's domain): errors name (window, step).
+    scored_actual = actual if observed is None else np.where(observed, actual, 0.0)
     if observed is not None:  # the steps scored, as flat (M, Q) and (M,) arrays
         forecast, actual, scale = _observed_only(forecast, actual, scale, observed)
     losses = _pinball64(forecast, actual, levels)  # (N, H, Q) or (M, Q), float64
@@ -584,7 +586,7 @@ def forecast_metrics(
         )
     if scale is not None:
         divisor = _window_divisor(scale, actual.shape)
-        _check_actual_domain(actual, target_transform)
+        _check_actual_domain(scored_actual, target_transform)
         if target_transform == "log1p" and not np.all(forecast > -1.0):
             # log1p of a forecast at or below -1 is -inf or NaN: undefined, said as None.
             metrics["mean_quantile_loss_scaled"] = None

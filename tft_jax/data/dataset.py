@@ -485,12 +485,27 @@ def _check_windows(
     """
     for name, window_set in windows.items():
         begin, end = periods[name]
+        if len(window_set) and wanted[name] and not _observed_anywhere(window_set):
+            # Windows kept with their filled steps masked (require_observed_target=False),
+            # every step of them filled: nothing to train on, validate on or score.
+            raise ValueError(
+                f"the {name} period [{begin}, {end}) holds {len(window_set)} windows, but no "
+                "forecast step of theirs has an observed target (each is missing in the table "
+                "and filled), so they give nothing to train on, validate on or score: check "
+                "that freq is the frequency the data is recorded at and that the table holds "
+                "the period's targets"
+            )
         if len(window_set) == 0 and wanted[name]:
             every = window_starts(
                 window_set.panel, window_set.history, horizon, begin, end,
                 require_observed_target=False,
             )  # fmt: skip
-            filled = _filled_windows_hint(len(every), scoring=split_by is not None)
+            observable = dataclasses.replace(window_set, starts=every)
+            filled = _filled_windows_hint(
+                len(every),
+                int(np.sum(_filled_horizon_steps(observable) < horizon)),
+                scoring=split_by is not None,
+            )
             if split_by is not None:
                 times = window_set.panel.times
                 steps = len(times[(times >= begin) & (times < end)].unique())
@@ -509,15 +524,15 @@ def _check_windows(
             )
 
 
-def _filled_windows_hint(count: int, scoring: bool) -> str:
+def _filled_windows_hint(count: int, observable: int, scoring: bool) -> str:
     """The end of `_check_windows`' message when `count` windows were left out for a filled target.
 
-    Empty when there were none. `scoring`: a fitted model reads the table to
-    score it (`Forecaster.evaluate`, `backtest`, `tft-jax evaluate`), where a
-    filled target step has no actual to score against, so keeping those
-    windows is no way out: the hint names `require_observed_target` only
-    when a table is prepared for fitting, as the caller sets it
-    (`keep_option_named`).
+    Empty when there were none. `observable`: how many of them have an
+    observed target at some forecast step; only those would train or score
+    if kept, so the option that keeps them (`require_observed_target`, named
+    as the caller sets it: `keep_option_named`) is named only when there are
+    some. `scoring`: a fitted model reads the table to score it
+    (`Forecaster.evaluate`, `backtest`, `tft-jax evaluate`).
     """
     if count == 0:
         return ""
@@ -525,17 +540,28 @@ def _filled_windows_hint(count: int, scoring: bool) -> str:
         f"; its {count} windows all have a filled target step (a row missing from the table "
         "on the freq grid, or an empty target) in their horizon"
     )
+    check = "check that freq is the frequency the data is recorded at"
+    if observable == 0:
+        return (
+            f"{filled}, and none an observed one, so there is no observed target to score a "
+            f"forecast against or to train on: {check} and that the table holds the period's "
+            "targets"
+        )
     if scoring:
         return (
-            f"{filled}, which has no observed target to score a forecast against: check that "
-            "freq is the frequency the data is recorded at and that the table holds the "
-            "period's targets"
+            f"{filled}, which has no actual to score a forecast against; {observable} of them "
+            f"have observed steps, which {_KEEP_OPTION.get()} scores alone ({check})"
         )
     return (
-        f"{filled} and were left out: check that freq is the frequency the data is recorded "
-        f"at, or pass {_KEEP_OPTION.get()} to keep them (their filled steps then left out "
-        "of the loss and the scores)"
+        f"{filled} and were left out: {check}, or pass {_KEEP_OPTION.get()} to keep the "
+        f"{observable} of them with an observed step (their filled steps then left out of the "
+        "loss and the scores)"
     )
+
+
+def _observed_anywhere(windows: WindowSet) -> bool:
+    """Whether some forecast step of `windows` has an observed target (`target_mask` 1)."""
+    return bool(np.any(_filled_horizon_steps(windows) < windows.horizon))
 
 
 # The spec fields a fitted preprocessor fixes (the model's inputs and their grid).
