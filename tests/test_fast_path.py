@@ -140,12 +140,16 @@ def test_folded_selection_with_dropout_takes_an_empty_batch():
     embedding = RealEmbedding(num_variables, width, lazy=True)
     vsn = VariableSelectionNetwork(num_variables, features, dropout_rate=0.3, chunk_rows=4)
     values = jnp.zeros((0, 5, num_variables))
-    embedding_params = embedding.init(jax.random.key(0), values)
-    embedded = embedding.apply(embedding_params, values)
-    params = vsn.init(jax.random.key(1), embedded, deterministic=True)
-    combined, weights = vsn.apply(
-        params, embedded, deterministic=False, rngs={"dropout": jax.random.key(2)}
-    )
+
+    @jax.jit
+    def setup(values):  # the embedding and the selection's parameters, in one program
+        embedded = embedding.apply(embedding.init(jax.random.key(0), values), values)
+        return embedded, vsn.init(jax.random.key(1), embedded, deterministic=True)
+
+    embedded, params = setup(values)
+    combined, weights = jax.jit(
+        functools.partial(vsn.apply, deterministic=False, rngs={"dropout": jax.random.key(2)})
+    )(params, embedded)
     assert combined.shape == (0, 5, features) and weights.shape == (0, 5, num_variables)
 
 

@@ -63,7 +63,7 @@ def test_interpretable_attention_takes_a_per_example_mask_and_zeroes_a_row_witho
     queries, keys_values = jnp.ones((2, 3, 4)), jnp.ones((2, 5, 4))
     mask = np.ones((2, 1, 3, 5), bool)
     mask[1, 0, 2] = False
-    variables = init(layer, queries, keys_values, mask)
+    variables = jax.jit(lambda: init(layer, queries, keys_values, mask))()  # one program
     output, weights = layer.apply(variables, queries, keys_values, mask)
     assert weights.shape == (2, 2, 3, 5)
     np.testing.assert_array_equal(np.asarray(weights[1, :, 2]), 0.0)
@@ -330,8 +330,9 @@ def test_lstm_refuses_integer_or_boolean_inputs_with_the_building_blocks_message
 def test_lstm_half_precision_params_are_flax_s_orthogonal_kernel_rounded(dtype):
     # Before: the orthogonal initializer's QR raised NotImplementedError in half precision.
     inputs = jnp.ones((2, 5, 3), dtype)
-    half = init(LSTM(4, param_dtype=dtype), inputs)["params"]["cell"]["recurrent"]["kernel"]
-    full = init(LSTM(4), inputs.astype(jnp.float32))["params"]["cell"]["recurrent"]["kernel"]
+    half = jax.jit(LSTM(4, param_dtype=dtype).init)(KEY, inputs)
+    full = jax.jit(LSTM(4).init)(KEY, inputs.astype(jnp.float32))
+    half, full = (tree["params"]["cell"]["recurrent"]["kernel"] for tree in (half, full))
     assert half.dtype == dtype
     np.testing.assert_array_equal(np.asarray(half), np.asarray(full.astype(dtype)))
 

@@ -57,7 +57,7 @@ def sample(seed: int = 0) -> np.ndarray:
 def tiny(bits: int = 8):
     """`(qat_model, fp32 variables, fresh QAT variables)` of `TinyMLP`."""
     model = TinyMLP()
-    fp32 = model.init(jax.random.key(0), sample())
+    fp32 = jax.jit(model.init)(jax.random.key(0), sample())
     qat_model = QATModel(model, QATConfig(bits=bits))
     return qat_model, fp32, from_fp32(fp32, qat_model, sample())
 
@@ -329,7 +329,9 @@ def test_int8_apply_refuses_a_learnable_scale_mismatch():
     plain, fp32, _ = tiny()
     learned = QATModel(plain.model, QATConfig(learnable_scale=True))
     variables = calibrate(learned, from_fp32(fp32, learned, sample()), [sample()])
-    variables["quant_params"] = jax.tree.map(lambda a: a + 0.05, variables["quant_params"])
+    variables["quant_params"] = jax.jit(lambda tree: jax.tree.map(lambda a: a + 0.05, tree))(
+        variables["quant_params"]
+    )
     with pytest.raises(ValueError, match=r"int8_variables hold learned .*learnable_scale=False"):
         int8_apply(plain, convert(variables), sample())
     plain_variables = convert(calibrate(plain, tiny()[2], [sample()]))
@@ -337,7 +339,7 @@ def test_int8_apply_refuses_a_learnable_scale_mismatch():
         int8_apply(learned, plain_variables, sample())
     np.testing.assert_allclose(
         np.asarray(int8_apply(learned, convert(variables), sample())),
-        np.asarray(learned.apply(variables, sample())),
+        np.asarray(jax.jit(learned.apply)(variables, sample())),  # the QAT reference, jitted
         atol=1e-5,
     )
 
@@ -406,7 +408,7 @@ def test_a_model_whose_hook_reaches_no_layer_is_refused_not_run_as_fp32(model_cl
     # Before: from_fp32, calibrate, apply and training ran without a word, the
     # "4-bit QAT" output was the FP32 one, and only convert noticed, asking for bits.
     model, x = model_cls(), sample()
-    fp32 = model.init(jax.random.key(0), x)
+    fp32 = jax.jit(model.init)(jax.random.key(0), x)
     qat_model = QATModel(model, QATConfig(bits=4))
     name = model_cls.__name__
     message = (
@@ -497,7 +499,7 @@ def test_calibrate_names_a_batch_that_does_not_fit_the_model_and_a_bare_tuple_of
     # Before: the model's raw "__call__() missing 2 required positional arguments",
     # which named neither calibrate, the batch nor the forms a batch takes.
     model, (static, historical, future) = ThreeInputs(), three_inputs()
-    fp32 = model.init(jax.random.key(0), static, historical, future)
+    fp32 = jax.jit(model.init)(jax.random.key(0), static, historical, future)
     qat_model = QATModel(model, QATConfig())
     fresh = from_fp32(fp32, qat_model, static, historical, future)
     with pytest.raises(
@@ -520,7 +522,7 @@ def test_calibrate_takes_the_training_batch_of_a_qat_model():
     from tft_jax.train import Batch
 
     model, (static, historical, future) = ThreeInputs(), three_inputs()
-    fp32 = model.init(jax.random.key(0), static, historical, future)
+    fp32 = jax.jit(model.init)(jax.random.key(0), static, historical, future)
     qat_model = QATModel(model, QATConfig())
     fresh = from_fp32(fp32, qat_model, static, historical, future)
     batch = Batch(static=static, historical=historical, future=future, known_history=None,
@@ -551,6 +553,6 @@ def test_calibrate_still_passes_the_batch_to_a_model_that_takes_it_whole():
                   static_categorical=None, target=np.zeros((4, 2), np.float32))  # fmt: skip
     model = TakesTheBatch()
     qat_model = QATModel(model, QATConfig())
-    fresh = from_fp32(model.init(jax.random.key(0), batch), qat_model, batch)
+    fresh = from_fp32(jax.jit(model.init)(jax.random.key(0), batch), qat_model, batch)
     calibrated = calibrate(qat_model, fresh, [batch])
     assert int(calibrated["quant_stats"]["Dense_0"]["dot_general"]["num_batches"]) == 1

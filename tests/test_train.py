@@ -1948,7 +1948,9 @@ def test_steps_refuse_the_params_of_a_wider_tft() -> None:
             ).params
         )
     )
-    wide_params = jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), wide_params)
+    wide_params = jax.jit(
+        lambda: jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), wide_params)
+    )()
     with pytest.raises(
         ValueError,
         match=r"predict: state\.params do not match the model: params/\S+ has shape \(.*16.*\), "
