@@ -3,7 +3,11 @@ forecaster tests, and how they cut that table into a history and a future."""
 
 from __future__ import annotations
 
+import json
 import pathlib
+import shutil
+from collections.abc import Callable
+from typing import Any
 
 import pandas as pd
 
@@ -44,3 +48,14 @@ def cut(table: pd.DataFrame, day: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     days = pd.date_range(day, periods=HORIZON, freq="D").strftime("%Y-%m-%d")
     future = table[table["day"].isin(days)][["store", "day", "promo"]]
     return history, future
+
+
+def edited(
+    saved: pathlib.Path, folder: pathlib.Path, edit: Callable[[dict[str, Any]], Any]
+) -> pathlib.Path:
+    """A copy of the run folder `saved` in `folder` with `edit` applied to its config.json."""
+    shutil.copytree(saved, folder)
+    config = json.loads((folder / "config.json").read_text())
+    edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder

@@ -44,7 +44,7 @@ from tft_jax.forecaster import DataConfig, Forecaster, RunFolderError, run_folde
 from tft_jax.train import create_train_state, eval_step, train_step
 
 from .cli_tables import HORIZON, TINY_TRAINING, write_table
-from .forecaster_stores import DATA, MODEL
+from .forecaster_stores import DATA, MODEL, edited
 
 LEVELS = (0.1, 0.5, 0.9)
 KEEP = dataclasses.replace(DATA, require_observed_target=False)
@@ -495,14 +495,6 @@ def test_the_setting_survives_save_and_load_in_a_folder_of_format_version_3(fits
         assert again["models"]["fp32"][key] == pytest.approx(scores["models"]["fp32"][key])
 
 
-def _edited(folder, target, edit):
-    shutil.copytree(folder, target)
-    config = json.loads((target / "config.json").read_text())
-    edit(config)
-    (target / "config.json").write_text(json.dumps(config))
-    return target
-
-
 def test_an_earlier_folder_without_the_field_loads_as_it_trained_and_an_older_reader_refuses(
     fits, tmp_path, monkeypatch
 ):
@@ -513,18 +505,18 @@ def test_an_earlier_folder_without_the_field_loads_as_it_trained_and_an_older_re
         config["format_version"] = 2
         del config["data"]["require_observed_target"]
 
-    earlier = _edited(folder, tmp_path / "v2", as_version_2)
+    earlier = edited(folder, tmp_path / "v2", as_version_2)
     loaded = Forecaster.load(earlier)
     assert loaded.config.data.require_observed_target is True
     assert loaded.config == default.config
     # In a folder of version 3 it is always there: one without it was edited by hand.
-    edited = _edited(folder, tmp_path / "v3", lambda c: c["data"].pop("require_observed_target"))
+    by_hand = edited(folder, tmp_path / "v3", lambda c: c["data"].pop("require_observed_target"))
     with pytest.raises(
         RunFolderError,
         match=r"data\.require_observed_target is missing from a folder of format "
         "version 3",
     ):
-        Forecaster.load(edited)
+        Forecaster.load(by_hand)
     # A tft-jax that reads versions 1 to 2 refuses this folder by its version, not as damaged.
     monkeypatch.setattr(run_folder, "FORMAT_VERSION", 2)
     with pytest.raises(

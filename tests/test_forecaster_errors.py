@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 
 import numpy as np
 import pandas as pd
@@ -24,22 +23,13 @@ from tft_jax.forecaster import Forecaster, RunFolderError, run_folder
 from tft_jax.forecaster.config import SECTIONS
 
 from .cli_tables import HISTORY, HORIZON
-from .forecaster_stores import cut, fitted_stores
+from .forecaster_stores import cut, edited, fitted_stores
 
 
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory):
     """`(forecaster, table, saved folder)`."""
     return fitted_stores(tmp_path_factory.mktemp("forecaster_errors"))
-
-
-def edited(saved, folder, edit):
-    """A copy of the run folder `saved` in `folder` with `edit` applied to its config.json."""
-    shutil.copytree(saved, folder)
-    config = json.loads((folder / "config.json").read_text())
-    edit(config)
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
 
 
 @pytest.mark.parametrize(
