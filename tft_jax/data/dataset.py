@@ -67,7 +67,7 @@ from tft_jax.data.tables import (
     to_regular_grid,
     validate_table,
 )
-from tft_jax.data.windows import Panel, WindowSet, window_starts
+from tft_jax.data.windows import Panel, WindowSet, filled_horizon_steps, window_starts
 from tft_jax.data.zones import frame_in_zone, in_training_zone, panel_in_zone, zone_to_give_back
 
 SPLITS = ("train", "validation", "test")
@@ -365,8 +365,7 @@ class PreparedDataset:
 
 def _filled_horizon_steps(windows: WindowSet) -> np.ndarray:
     """(N,) int64: how many forecast steps of each window have a filled target (`target_mask` 0)."""
-    rows = windows.starts[:, None] + np.arange(windows.horizon)
-    return (windows.panel.target_mask[rows] == 0).sum(axis=1, dtype=np.int64)
+    return filled_horizon_steps(windows.panel, windows.starts, windows.horizon)
 
 
 def _to_timestamp(value: Any, name: str, tz: Any, spec: TableSpec) -> pd.Timestamp:
@@ -500,10 +499,9 @@ def _check_windows(
                 window_set.panel, window_set.history, horizon, begin, end,
                 require_observed_target=False,
             )  # fmt: skip
-            observable = dataclasses.replace(window_set, starts=every)
             filled = _filled_windows_hint(
                 len(every),
-                int(np.sum(_filled_horizon_steps(observable) < horizon)),
+                int(np.sum(filled_horizon_steps(window_set.panel, every, horizon) < horizon)),
                 scoring=split_by is not None,
             )
             if split_by is not None:

@@ -152,8 +152,7 @@ def window_starts(
     inside = (times[candidates] >= begin) & (times[last] < end)
     candidates = candidates[np.asarray(inside)]
     if require_observed_target:
-        filled = _filled_before(panel)
-        candidates = candidates[filled[candidates + horizon] - filled[candidates] == 0]
+        candidates = candidates[filled_horizon_steps(panel, candidates, horizon) == 0]
     if stride == 1 or candidates.size == 0:
         return candidates
     # The candidates of a series are contiguous (rows in series order): number each from
@@ -181,6 +180,16 @@ def filled_history_steps(panel: Panel, starts: np.ndarray, history: int) -> np.n
     """
     filled = _filled_before(panel)
     return filled[starts] - filled[starts - history]
+
+
+def filled_horizon_steps(panel: Panel, starts: np.ndarray, horizon: int) -> np.ndarray:
+    """(N,) int64: how many of each window's `horizon` forecast target steps were filled.
+
+    The windows start at rows `starts` (their first forecast step); filled
+    steps are those with `target_mask` 0 (missing in the table, forward-filled).
+    """
+    filled = _filled_before(panel)
+    return filled[starts + horizon] - filled[starts]
 
 
 def batch_indices(
