@@ -429,15 +429,16 @@ def _pinball64(forecast: np.ndarray, actual: np.ndarray, levels: Sequence[float]
 
 def _scored_arrays(
     forecast: Any, actual: Any, quantiles: Any, observed: Any = None
-) -> tuple[np.ndarray, np.ndarray, tuple[float, ...]]:
-    """`(forecast (N, H, Q), actual (N, H), levels)` in float64, checked as the metrics need.
+) -> tuple[np.ndarray, np.ndarray, tuple[float, ...], np.ndarray | None]:
+    """`(forecast (N, H, Q), actual (N, H), levels, mask)` in float64, checked as the metrics need.
 
     A point forecast `(N, H)` is used for every level. Raises `ValueError`
     for mismatched shapes, no level or one outside (0, 1), levels sharing a
     q-risk key, no value, or a value that is not finite (naming the first);
     `TypeError` for `quantiles` that are not numbers. With `observed` (a bool
-    mask of `actual`'s shape, checked) only the actuals it marks must be
-    finite, at least one of them; every forecast must be.
+    mask of `actual`'s shape, checked, returned as `mask`; None without it)
+    only the actuals it marks must be finite, at least one of them; every
+    forecast must be.
     """
     levels = _levels(quantiles)
     forecast = np.asarray(forecast, dtype=np.float64)
@@ -478,19 +479,18 @@ def _scored_arrays(
                 "metrics need finite values: pass observed (`observed_steps`) to leave out "
                 "steps without an observed target, and check the model of a NaN forecast"
             )
-    return forecast, actual, levels
+    return forecast, actual, levels, mask
 
 
 def _observed_only(
-    forecast: np.ndarray, actual: np.ndarray, scale: Any, observed: Any
+    forecast: np.ndarray, actual: np.ndarray, scale: Any, mask: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """`(forecast (M, Q), actual (M,), scale (M,) or None)`: the `M` steps `observed` marks.
+    """`(forecast (M, Q), actual (M,), scale (M,) or None)`: the `M` steps `mask` marks.
 
     `scale` (one per row of `actual`, checked as `_window_divisor` checks it)
     is repeated for each step of its row, so that the scores of the steps
     taken are those of the whole arrays restricted to them.
     """
-    mask = _observed_mask(observed, actual.shape)
     if scale is not None:
         scale = np.broadcast_to(_window_divisor(scale, actual.shape), actual.shape)[mask]
     return forecast[mask], actual[mask], scale
@@ -515,9 +515,9 @@ def mean_quantile_loss(
         value (no step marked observed), or a value that is not finite.
       TypeError: `quantiles` not numbers, or `observed` not bool.
     """
-    forecast, actual, levels = _scored_arrays(forecast, actual, quantiles, observed)
-    if observed is not None:
-        forecast, actual, _ = _observed_only(forecast, actual, None, observed)
+    forecast, actual, levels, mask = _scored_arrays(forecast, actual, quantiles, observed)
+    if mask is not None:
+        forecast, actual, _ = _observed_only(forecast, actual, None, mask)
     return float(np.mean(_pinball64(forecast, actual, levels)))
 
 
@@ -563,11 +563,11 @@ def forecast_metrics(
         is undefined).
       TypeError: `quantiles` not numbers, or `observed` not bool.
     """
-    forecast, actual, levels = _scored_arrays(forecast, actual, quantiles, observed)
+    forecast, actual, levels, mask = _scored_arrays(forecast, actual, quantiles, observed)
     # (N, H), the steps left out at 0 (in every transform's domain): errors name (window, step).
-    scored_actual = actual if observed is None else np.where(observed, actual, 0.0)
-    if observed is not None:  # the steps scored, as flat (M, Q) and (M,) arrays
-        forecast, actual, scale = _observed_only(forecast, actual, scale, observed)
+    scored_actual = actual if mask is None else np.where(mask, actual, 0.0)
+    if mask is not None:  # the steps scored, as flat (M, Q) and (M,) arrays
+        forecast, actual, scale = _observed_only(forecast, actual, scale, mask)
     losses = _pinball64(forecast, actual, levels)  # (N, H, Q) or (M, Q), float64
     total = float(np.sum(np.abs(actual)))
     if total == 0.0:
