@@ -224,6 +224,46 @@ def test_windows_over_a_missing_target_are_kept_with_only_those_steps_masked(tab
     assert strict.missing_report()["windows_masked"].sum() == 0
 
 
+def test_windows_whose_every_forecast_step_is_missing_are_left_out_and_counted(table, complete):
+    # Nine days of beta's training targets emptied: the 3 windows (H = 7) inside the gap have
+    # nothing to train on, the 12 that overlap it partly are kept with those steps masked.
+    gap = pd.date_range("2024-02-10", periods=9, freq="D")
+    days = pd.to_datetime(table["day"])
+    emptied = table.assign(
+        sales=table["sales"].where(~((table["store"] == "beta") & days.isin(gap)))
+    )
+    missing = MISSING | {("beta", day) for day in gap}
+    with pytest.warns(UserWarning) as caught:
+        kept = prepare_dataset(emptied, **KEEP.prepare_options())
+    every = _quiet_prepare(complete, **DATA.prepare_options())
+    blank = {"train": 0, "validation": 0, "test": 0}
+    for split in blank:
+        windows = every.split(split)
+        # By their times: a window is kept unless each of its forecast days is missing.
+        wanted, masked = [], 0
+        for code, start in zip(windows.series_code, windows.forecast_start, strict=True):
+            series = every.series_ids[code]
+            hits = sum((series, day) in missing for day in pd.date_range(start, periods=HORIZON))
+            if hits == HORIZON:
+                blank[split] += 1
+            else:
+                wanted.append((series, start))
+                masked += hits
+        got = kept.split(split)
+        assert [(kept.series_ids[c], s) for c, s in zip(got.series_code, got.forecast_start,
+                                                        strict=True)] == wanted  # fmt: skip
+        assert observed_steps(got).any(axis=1).all(), split
+        assert kept.summary()["masked_target_steps"][split] == masked, split
+    assert blank == {"train": 3, "validation": 0, "test": 0}
+    report = kept.missing_report().set_index("store")
+    assert report["windows_left_out"].to_dict() == {"alpha": 0, "beta": 3, "gamma": 0}
+    message = str(caught[0].message)
+    assert "and the 3 windows whose every forecast step is one are left out" in message
+    # The default leaves out every window that overlaps the gap.
+    strict = _quiet_prepare(emptied, **DATA.prepare_options())
+    assert strict.missing_report().set_index("store").loc["beta", "windows_left_out"] == 15 + 5
+
+
 def test_the_announcement_counts_the_windows_kept_and_the_steps_masked(table):
     # Windows of each split whose horizon holds a missing day (H = 7): alpha's 2024-01-31
     # in 7 training windows, beta's 2024-03-15 in 5 validation windows (from 2024-03-11),

@@ -43,7 +43,12 @@ def brute_force_starts(table, freq, begin, end, stride, observed_only):
             for i in range(HISTORY, len(grid) - HORIZON + 1)
             if grid[i] >= begin
             and grid[i + HORIZON - 1] < end
-            and (not observed_only or observed[i : i + HORIZON].all())
+            # Kept: every forecast step observed, or (not observed_only) one at least.
+            and (
+                observed[i : i + HORIZON].all()
+                if observed_only
+                else observed[i : i + HORIZON].any()
+            )
         ]
         if starts[::stride]:
             found[series] = starts[::stride]

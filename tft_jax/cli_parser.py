@@ -393,8 +393,8 @@ DATA_OPTIONS = (
            {"action": "store_true"}),
     Option("--require-observed-target", "data", "require_observed_target",
            "leave out every window whose forecast horizon holds a missing (filled) target; "
-           "--no-require-observed-target: keep them, those steps left out of the loss and of "
-           "every score", {"action": argparse.BooleanOptionalAction}),
+           "--no-require-observed-target: keep those with an observed step, the filled steps left "
+           "out of the loss and of every score", {"action": argparse.BooleanOptionalAction}),
     Option("--train-stride", "data", "train_stride", "keep every n-th training window per series",
            {"type": positive_int}),
     Option("--categorical-cols", "data", "categorical_cols",

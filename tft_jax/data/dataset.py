@@ -22,8 +22,9 @@ targets therefore all precede the validation start and validation targets
 the test start. By default windows whose horizon contains a filled target
 are left out of every split (they would teach and score made-up values);
 their timestamps stay in the grid, flagged. `require_observed_target=False`
-keeps them: their filled steps carry `target_mask` 0, which the training
-loss and the scores (`tft_jax.evaluation.observed_steps`) leave out.
+keeps them, but those whose every forecast step is filled: their filled
+steps carry `target_mask` 0, which the training loss and the scores
+(`tft_jax.evaluation.observed_steps`) leave out.
 """
 
 from __future__ import annotations
@@ -67,7 +68,13 @@ from tft_jax.data.tables import (
     to_regular_grid,
     validate_table,
 )
-from tft_jax.data.windows import Panel, WindowSet, filled_horizon_steps, window_starts
+from tft_jax.data.windows import (
+    Panel,
+    WindowSet,
+    filled_horizon_steps,
+    window_starts,
+    windows_in_period,
+)
 from tft_jax.data.zones import frame_in_zone, in_training_zone, panel_in_zone, zone_to_give_back
 
 SPLITS = ("train", "validation", "test")
@@ -318,10 +325,11 @@ class PreparedDataset:
         would teach and score made-up values), counted over all splits before
         any stride (`train_stride`/`eval_stride` thin out the windows kept,
         which leaves none out for a filled target). With
-        `require_observed_target=False` none is left out: `windows_masked`
-        counts the windows kept whose horizon holds a filled target, and
-        `masked_steps` those steps over them (each filled step once per
-        window it lies in), left out of the loss and the scores.
+        `require_observed_target=False` only the windows whose every forecast
+        step is filled are left out (nothing to train on or score):
+        `windows_masked` counts the windows kept whose horizon holds a filled
+        target, and `masked_steps` those steps over them (each filled step
+        once per window it lies in), left out of the loss and the scores.
         """
         panel = self.panel
         frame = self.frame
@@ -329,17 +337,17 @@ class PreparedDataset:
         end = step_after(panel.times.max(), self.spec.freq)
         bounds = (panel.times.min(), self.validation_start, self.test_start, end)
 
-        def every_window(observed_target: bool) -> np.ndarray:
-            return np.concatenate(
-                [
-                    window_starts(panel, self.history, self.horizon, begin, stop,
-                                  require_observed_target=observed_target)
-                    for begin, stop in itertools.pairwise(bounds)
-                ]
-            )  # fmt: skip
-
-        every = every_window(False)
-        eligible = every_window(True) if self.require_observed_target else every
+        periods = list(itertools.pairwise(bounds))
+        every = np.concatenate(
+            [windows_in_period(panel, self.history, self.horizon, *period) for period in periods]
+        )
+        eligible = np.concatenate(
+            [
+                window_starts(panel, self.history, self.horizon, *period,
+                              require_observed_target=self.require_observed_target)
+                for period in periods
+            ]
+        )  # fmt: skip
         kept = np.concatenate([self.split(name).starts for name in SPLITS])
         masked = np.concatenate([_filled_horizon_steps(self.split(name)) for name in SPLITS])
         codes = np.arange(self.num_series)
@@ -468,6 +476,7 @@ def _check_windows(
     periods: dict[str, tuple[pd.Timestamp, pd.Timestamp]],
     horizon: int,
     wanted: dict[str, bool],
+    require_observed_target: bool,
     split_by: str | None = None,
 ) -> None:
     """Raises if a period that was asked for (`wanted`) has no window.
@@ -484,42 +493,40 @@ def _check_windows(
     """
     for name, window_set in windows.items():
         begin, end = periods[name]
-        if len(window_set) and wanted[name] and not _observed_anywhere(window_set):
-            # Windows kept with their filled steps masked (require_observed_target=False),
-            # every step of them filled: nothing to train on, validate on or score.
+        if len(window_set) or not wanted[name]:
+            continue
+        every = windows_in_period(window_set.panel, window_set.history, horizon, begin, end)
+        if len(every) and not require_observed_target:
+            # Windows are kept with their filled steps masked, so each of these has a filled
+            # target at every forecast step: nothing to train on, validate on or score.
             raise ValueError(
-                f"the {name} period [{begin}, {end}) holds {len(window_set)} windows, but no "
+                f"the {name} period [{begin}, {end}) holds {len(every)} windows, but no "
                 "forecast step of theirs has an observed target (each is missing in the table "
                 "and filled), so they give nothing to train on, validate on or score: check "
                 "that freq is the frequency the data is recorded at and that the table holds "
                 "the period's targets"
             )
-        if len(window_set) == 0 and wanted[name]:
-            every = window_starts(
-                window_set.panel, window_set.history, horizon, begin, end,
-                require_observed_target=False,
-            )  # fmt: skip
-            filled = _filled_windows_hint(
-                len(every),
-                int(np.sum(filled_horizon_steps(window_set.panel, every, horizon) < horizon)),
-                scoring=split_by is not None,
-            )
-            if split_by is not None:
-                times = window_set.panel.times
-                steps = len(times[(times >= begin) & (times < end)].unique())
-                raise ValueError(
-                    f"the {name} period [{begin}, {end}) of this table holds no complete window: "
-                    f"it spans {steps} steps of the grid, and a window needs {horizon} horizon "
-                    f"steps inside it with an observed target and {window_set.history} history "
-                    f"steps before; the model splits a table by its data settings ({split_by}), "
-                    f"so give a table whose {name} period is long enough{filled}"
-                )
+        filled = _filled_windows_hint(
+            len(every),
+            int(np.sum(filled_horizon_steps(window_set.panel, every, horizon) < horizon)),
+            scoring=split_by is not None,
+        )
+        if split_by is not None:
+            times = window_set.panel.times
+            steps = len(times[(times >= begin) & (times < end)].unique())
             raise ValueError(
-                f"the {name} period [{begin}, {end}) holds no complete window (a window needs "
-                f"history steps before it and {horizon} horizon steps inside it with an observed "
-                "target); widen that period (validation_fraction/test_fraction, or "
-                f"validation_start/test_start) or shorten history/horizon{filled}"
+                f"the {name} period [{begin}, {end}) of this table holds no complete window: "
+                f"it spans {steps} steps of the grid, and a window needs {horizon} horizon "
+                f"steps inside it with an observed target and {window_set.history} history "
+                f"steps before; the model splits a table by its data settings ({split_by}), "
+                f"so give a table whose {name} period is long enough{filled}"
             )
+        raise ValueError(
+            f"the {name} period [{begin}, {end}) holds no complete window (a window needs "
+            f"history steps before it and {horizon} horizon steps inside it with an observed "
+            "target); widen that period (validation_fraction/test_fraction, or "
+            f"validation_start/test_start) or shorten history/horizon{filled}"
+        )
 
 
 def _filled_windows_hint(count: int, observable: int, scoring: bool) -> str:
@@ -555,11 +562,6 @@ def _filled_windows_hint(count: int, observable: int, scoring: bool) -> str:
         f"{observable} of them with an observed step (their filled steps then left out of the "
         "loss and the scores)"
     )
-
-
-def _observed_anywhere(windows: WindowSet) -> bool:
-    """Whether some forecast step of `windows` has an observed target (`target_mask` 1)."""
-    return bool(np.any(_filled_horizon_steps(windows) < windows.horizon))
 
 
 # The spec fields a fitted preprocessor fixes (the model's inputs and their grid).
@@ -716,7 +718,8 @@ def prepare_dataset(
         'standard', or with `preprocessor` its own).
       train_stride, eval_stride: keep every n-th window per series in
         training / in validation and test.
-      require_observed_target: leave out windows whose horizon has a filled target.
+      require_observed_target: leave out windows whose horizon has a filled target
+        (False: only those whose every forecast step is filled).
       preprocessor: a fitted `Preprocessor` of this spec to apply instead of
         fitting one on this table's training period: how a trained model is
         evaluated on a new table. The column roles, `freq` and `timezone`
@@ -919,9 +922,12 @@ def prepare_dataset(
             if validation_start is None
             else f"validation_start={cut_validation}, test_start={cut_test}"
         )
-        _check_windows(windows, periods, horizon, {**required, "train": scored == "train"}, how)
+        required = {**required, "train": scored == "train"}
+        _check_windows(windows, periods, horizon, required, require_observed_target, how)
     else:
-        _check_windows(windows, periods, horizon, {**wanted, "train": True})
+        _check_windows(
+            windows, periods, horizon, {**wanted, "train": True}, require_observed_target
+        )
 
     dataset = PreparedDataset(
         spec=spec,
@@ -966,6 +972,12 @@ def prepare_dataset(
                 f"kept, their {int(counts['masked_steps'].sum())} filled forecast steps masked "
                 "(target_mask 0: left out of the loss and the scores)"
             )
+            blank = int(counts["windows_left_out"].sum())
+            if blank:
+                horizons += (
+                    f", and the {blank} windows whose every forecast step is one are left out "
+                    "(nothing to train on or score)"
+                )
         flagged = (
             "flagged as missing to the model"
             if dataset.preprocessor.missing_flag

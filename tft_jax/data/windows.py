@@ -122,7 +122,10 @@ def window_starts(
       begin: earliest allowed time of the first forecast step.
       end: the last forecast step must be earlier than this.
       stride: keep every `stride`-th eligible window of each series, from its first.
-      require_observed_target: drop windows with a filled (missing) target in the horizon.
+      require_observed_target: True: leave out the windows with a filled
+        (missing) target at any forecast step; False: only those with a filled
+        target at every forecast step (nothing to train on or score).
+        `windows_in_period` lists them all.
 
     Returns:
       (N,) int64 start rows, ordered by series code then time.
@@ -134,13 +137,35 @@ def window_starts(
         or `begin`/`end` naive where the panel's times are timezone-aware or
         the reverse.
     """
+    candidates = windows_in_period(panel, history, horizon, begin, end)
+    if isinstance(stride, bool) or not isinstance(stride, int | np.integer) or stride < 1:
+        raise ValueError(f"stride must be an int >= 1, got {stride!r}")
+    filled = filled_horizon_steps(panel, candidates, horizon)
+    candidates = candidates[filled == 0 if require_observed_target else filled < horizon]
+    if stride == 1 or candidates.size == 0:
+        return candidates
+    # The candidates of a series are contiguous (rows in series order): number each from
+    # its series' first and keep every stride-th, in one pass over the candidates.
+    series = panel.series_code[candidates]
+    position = np.arange(candidates.shape[0])
+    first = np.concatenate([[True], series[1:] != series[:-1]])
+    since_first = position - np.maximum.accumulate(np.where(first, position, 0))
+    return candidates[since_first % stride == 0]
+
+
+def windows_in_period(
+    panel: Panel, history: int, horizon: int, begin: pd.Timestamp, end: pd.Timestamp
+) -> np.ndarray:
+    """`window_starts` of every window that fits in the period, whatever its targets.
+
+    (N,) int64 start rows, ordered by series code then time; raises as
+    `window_starts` does for `history`, `horizon`, `begin` and `end`.
+    """
     for name, value in (("history", history), ("horizon", horizon)):
         if isinstance(value, bool) or not isinstance(value, int | np.integer):
             raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
-    if isinstance(stride, bool) or not isinstance(stride, int | np.integer) or stride < 1:
-        raise ValueError(f"stride must be an int >= 1, got {stride!r}")
     begin, end = _bound("begin", begin, panel.times), _bound("end", end, panel.times)
     rows = np.arange(len(panel), dtype=np.int64)
     code = panel.series_code
@@ -150,18 +175,7 @@ def window_starts(
     last = candidates + horizon - 1
     times = panel.times
     inside = (times[candidates] >= begin) & (times[last] < end)
-    candidates = candidates[np.asarray(inside)]
-    if require_observed_target:
-        candidates = candidates[filled_horizon_steps(panel, candidates, horizon) == 0]
-    if stride == 1 or candidates.size == 0:
-        return candidates
-    # The candidates of a series are contiguous (rows in series order): number each from
-    # its series' first and keep every stride-th, in one pass over the candidates.
-    series = code[candidates]
-    position = np.arange(candidates.shape[0])
-    first = np.concatenate([[True], series[1:] != series[:-1]])
-    since_first = position - np.maximum.accumulate(np.where(first, position, 0))
-    return candidates[since_first % stride == 0]
+    return candidates[np.asarray(inside)]
 
 
 def _filled_before(panel: Panel) -> np.ndarray:

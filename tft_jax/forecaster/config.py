@@ -176,9 +176,10 @@ class DataConfig:
         that cannot be negative).
       require_observed_target: leave out of training, validation and scoring
         every window whose forecast horizon holds a filled target step (one
-        missing from the table). False keeps those windows: their filled steps
-        (`target_mask` 0) are left out of the training and validation loss
-        and of every score (`evaluate`, `backtest`): a filled step leaves out
+        missing from the table). False keeps those windows but the ones whose
+        every forecast step is filled: their filled steps (`target_mask` 0)
+        are left out of the training and validation loss and of every score
+        (`evaluate`, `backtest`): a filled step leaves out
         up to `horizon` windows, so a table with a few scattered missing
         steps loses most of its windows by default. As `prepare_dataset`'s
         keyword of that name.

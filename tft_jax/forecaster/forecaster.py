@@ -50,7 +50,7 @@ from tft_jax.data.tables import (
     step_after,
     time_grid,
 )
-from tft_jax.data.windows import filled_history_steps, filled_horizon_steps
+from tft_jax.data.windows import filled_history_steps
 from tft_jax.distributed import (
     barrier,
     check_local_devices_agree,
@@ -1735,8 +1735,6 @@ class Forecaster:
                 require_observed_target=dataset.require_observed_target,
             )  # fmt: skip
             starts = starts[panel.times[starts] == cutoff]
-            if not dataset.require_observed_target:  # a window with no observed step scores nothing
-                starts = starts[filled_horizon_steps(panel, starts, data.horizon) < data.horizon]
             reasons = _unscored_series(dataset, starts, cutoff, data.history, data.horizon)
             if reasons:
                 unscored[cutoff] = reasons
