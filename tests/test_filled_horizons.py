@@ -521,11 +521,11 @@ def test_a_window_or_split_without_an_observed_step_is_named_not_scored_as_nan(f
 # ---------------------------------------------------------------------------- run folders
 
 
-def test_the_setting_survives_save_and_load_in_a_folder_of_format_version_3(fits, table, tmp_path):
+def test_the_setting_survives_save_and_load(fits, table, tmp_path):
     _, kept, _ = fits
     folder = kept.save(tmp_path / "run")
     config = json.loads((folder / "config.json").read_text())
-    assert config["format_version"] == 3
+    assert config["format_version"] == run_folder.FORMAT_VERSION == 4
     assert config["data"]["require_observed_target"] is False
     loaded = Forecaster.load(folder)
     assert loaded.config == kept.config
@@ -549,19 +549,19 @@ def test_an_earlier_folder_without_the_field_loads_as_it_trained_and_an_older_re
     loaded = Forecaster.load(earlier)
     assert loaded.config.data.require_observed_target is True
     assert loaded.config == default.config
-    # In a folder of version 3 it is always there: one without it was edited by hand.
-    by_hand = edited(folder, tmp_path / "v3", lambda c: c["data"].pop("require_observed_target"))
+    # From version 3 on it is always there: one without it was edited by hand.
+    by_hand = edited(folder, tmp_path / "v4", lambda c: c["data"].pop("require_observed_target"))
     with pytest.raises(
         RunFolderError,
         match=r"data\.require_observed_target is missing from a folder of format "
-        "version 3",
+        "version 4",
     ):
         Forecaster.load(by_hand)
     # A tft-jax that reads versions 1 to 2 refuses this folder by its version, not as damaged.
     monkeypatch.setattr(run_folder, "FORMAT_VERSION", 2)
     with pytest.raises(
         RunFolderError,
-        match=r"version 3, saved by tft-jax .* reads 'tft-jax-forecaster' "
+        match=r"version 4, saved by tft-jax .* reads 'tft-jax-forecaster' "
         r"versions 1 to 2\. Upgrade tft-jax to load it",
     ):
         Forecaster.load(folder)

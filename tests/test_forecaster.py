@@ -397,7 +397,7 @@ def test_an_incomplete_or_foreign_run_folder_is_refused(fitted, tmp_path):
     config["format_version"] = 99
     (foreign / "config.json").write_text(json.dumps(config))
     with pytest.raises(
-        RunFolderError, match=r"version 99, .* reads 'tft-jax-forecaster' versions 1 to 3"
+        RunFolderError, match=r"version 99, .* reads 'tft-jax-forecaster' versions 1 to 4"
     ):
         Forecaster.load(foreign)
     with pytest.raises(RunFolderError, match=r"config.json does not exist"):

@@ -87,7 +87,7 @@ def test_a_field_deleted_from_a_section_of_config_json_is_refused_by_name(
     with pytest.raises(
         RunFolderError,
         match=rf"config.json is damaged: ValueError\('{section}\.{field} is missing from a "
-        "folder of format version 3: Forecaster.save writes every field",
+        "folder of format version 4: Forecaster.save writes every field",
     ):
         Forecaster.load(folder)
     # A field that folders of earlier versions lack takes the value listed for them.
@@ -138,7 +138,7 @@ def test_a_folder_of_format_version_1_without_the_later_fields_loads_and_forecas
                 config[section].pop(field)
 
     folder = edited(saved, tmp_path / "v1", as_version_1)
-    assert json.loads((saved / "config.json").read_text())["format_version"] == 3
+    assert json.loads((saved / "config.json").read_text())["format_version"] == 4
     loaded = Forecaster.load(folder)
     assert loaded.config == forecaster.config
     history, future = cut(table, "2024-03-30")

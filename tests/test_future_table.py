@@ -74,8 +74,6 @@ def test_a_future_time_off_the_grid_is_named_with_the_step_it_misses(preprocesso
         (lambda f: f.drop(index=[1]), r"no row for series 1 at 2021-04-01 13:00:00 \(1 missing\)"),
         (lambda f: f.assign(promo=f["promo"].mask(f.index == 2)),
          r"future column 'promo' is empty for series 2 at 2021-04-01 12:00:00"),
-        (lambda f: f.assign(holiday=f["holiday"].mask(f.index == 0)),
-         r"future column 'holiday' is empty for series 1"),
         (lambda f: f.assign(promo=f["promo"].astype(object).mask(f.index == 0, "lots")),
          r"'lots' in series 1 at row 0"),
         (lambda f: pd.concat([f, f.iloc[[1]]]), r"future repeats series 1 at 2021-04-01 13:00"),

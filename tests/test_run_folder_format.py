@@ -16,11 +16,11 @@ from tft_jax.data.tables import TableSpec
 from tft_jax.forecaster import RunFolderError, run_folder
 from tft_jax.forecaster.config import SECTIONS
 
-# config.json's fields at format version 3, by section. A change to them (a field added,
+# config.json's fields at format version 4, by section. A change to them (a field added,
 # renamed or removed) must raise `run_folder.FORMAT_VERSION`, list an added field in
 # `run_folder.FIELDS_ADDED` under the new version with the value that means what older
 # folders did, and then update this record.
-FORMAT_3_FIELDS = {
+FORMAT_4_FIELDS = {
     "data": (
         "id_col", "time_col", "target", "freq", "static_cols", "known_cols", "observed_cols",
         "timezone", "history", "horizon", "validation_fraction", "test_fraction",
@@ -64,17 +64,17 @@ def test_config_json_holds_the_fields_of_this_format_version():
     # A field added without raising the version was refused as "damaged" by every older
     # tft-jax (the dataclasses refuse unknown keys), which read the folder's version as
     # one they knew.
-    assert run_folder.FORMAT_VERSION == 3, "update FORMAT_3_FIELDS's name and the record"
+    assert run_folder.FORMAT_VERSION == 4, "update FORMAT_4_FIELDS's name and the record"
     found = {
         name: _init_fields(kind) for name, kind in {**SECTIONS, "tft_config": TFTConfig}.items()
     }
     found["preprocessor.spec"] = _init_fields(TableSpec)
-    assert found == FORMAT_3_FIELDS
+    assert found == FORMAT_4_FIELDS
     assert _init_fields(Preprocessor)[0] == "spec"
 
 
 def test_every_field_added_after_version_1_is_a_field_of_its_section():
-    known = {f"{name}.{field}" for name, fields in FORMAT_3_FIELDS.items() for field in fields}
+    known = {f"{name}.{field}" for name, fields in FORMAT_4_FIELDS.items() for field in fields}
     for version, fields in run_folder.FIELDS_ADDED.items():
         assert 1 < version <= run_folder.FORMAT_VERSION
         assert set(fields) <= known, set(fields) - known
@@ -84,7 +84,7 @@ def test_every_field_added_after_version_1_is_a_field_of_its_section():
     assert run_folder.fields_absent_before(2) == {"data.require_observed_target": True}
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 def test_every_version_up_to_this_one_is_read(version):
     config = {"format": run_folder.FORMAT, "format_version": version}
     assert run_folder.check_format(config, pathlib.Path("run")) == version
@@ -92,7 +92,7 @@ def test_every_version_up_to_this_one_is_read(version):
 
 @pytest.mark.parametrize(
     "format_name, version, advice",
-    [("tft-jax-forecaster", 4, "Upgrade tft-jax to load it"),
+    [("tft-jax-forecaster", 5, "Upgrade tft-jax to load it"),
      ("tft-jax-forecaster", 0, "Load it with the tft-jax that wrote it"),
      ("tft-jax-forecaster", True, "Load it with the tft-jax that wrote it"),
      ("tft-jax-forecaster", "2", "Load it with the tft-jax that wrote it"),
@@ -109,7 +109,7 @@ def test_another_format_or_version_is_refused_naming_both_versions(format_name, 
         RunFolderError,
         match=rf"run/config.json is format '{format_name}' version {re.escape(repr(version))}, "
         rf"trained with tft-jax 9.1; this tft-jax \({re.escape(tft_jax.__version__)}\) reads "
-        rf"'tft-jax-forecaster' versions 1 to 3. {advice}, or train again",
+        rf"'tft-jax-forecaster' versions 1 to 4. {advice}, or train again",
     ):
         run_folder.check_format(config, pathlib.Path("run"))
 

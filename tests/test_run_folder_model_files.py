@@ -302,7 +302,7 @@ def test_a_history_json_that_differs_from_its_recorded_digest_is_refused(quantiz
     config = json.loads((folder / "config.json").read_text())
     recorded = config["history_sha256"]
     assert recorded == hashlib.sha256((folder / "history.json").read_bytes()).hexdigest()
-    assert config["format_version"] == run_folder.FORMAT_VERSION == 3  # an optional key
+    assert config["format_version"] == run_folder.FORMAT_VERSION == 4  # an optional key
     other = tmp_path / "other"
     shutil.copytree(folder, other)
     history = json.loads((other / "history.json").read_text())
@@ -415,13 +415,14 @@ def test_a_folder_of_a_later_format_version_is_refused_naming_both_versions(quan
     folder, _ = quantized
     later = tmp_path / "later"
     shutil.copytree(folder, later)
-    _edit_config(later, lambda config: config.update(format_version=4))
+    newer = run_folder.FORMAT_VERSION + 1
+    _edit_config(later, lambda config: config.update(format_version=newer))
     _edit_config(later, lambda config: config["saved_by"].update(tft_jax="9.0"))
     with pytest.raises(
         RunFolderError,
-        match=rf"config.json is format 'tft-jax-forecaster' version 4, saved by tft-jax 9.0; "
-        rf"this tft-jax \({re.escape(tft_jax.__version__)}\) reads 'tft-jax-forecaster' "
-        "versions 1 to 3. Upgrade tft-jax to load it, or train again",
+        match=rf"config.json is format 'tft-jax-forecaster' version {newer}, saved by tft-jax "
+        rf"9.0; this tft-jax \({re.escape(tft_jax.__version__)}\) reads 'tft-jax-forecaster' "
+        rf"versions 1 to {newer - 1}. Upgrade tft-jax to load it, or train again",
     ):
         Forecaster.load(later)
 
@@ -439,8 +440,9 @@ def test_a_folder_saved_again_by_a_later_tft_jax_names_that_one_not_the_trainer(
     config = json.loads((tmp_path / "again" / "config.json").read_text())
     assert config["versions"]["tft_jax"] == trained
     assert config["saved_by"] == {"tft_jax": "9.5"}
-    _edit_config(tmp_path / "again", lambda c: c.update(format_version=4))
-    with pytest.raises(RunFolderError, match=r"version 4, saved by tft-jax 9\.5; this tft-jax"):
+    newer = run_folder.FORMAT_VERSION + 1
+    _edit_config(tmp_path / "again", lambda c: c.update(format_version=newer))
+    with pytest.raises(RunFolderError, match=rf"version {newer}, saved by tft-jax 9\.5; this"):
         Forecaster.load(tmp_path / "again")
 
 

@@ -63,7 +63,7 @@ def test_integer_categories_with_empty_cells_and_fractional_categories():
     table = shifts()
     codes = table["shift"].astype("float64")
     codes[codes.index[5]] = np.nan
-    with pytest.warns(UserWarning, match="filled 1 empty cells"):
+    with pytest.warns(UserWarning, match="coded 1 empty cells of categorical inputs"):
         fitted = prepare_dataset(table.assign(shift=codes.astype("category")), **SPEC)
     assert fitted.preprocessor.vocabularies["shift"] == (0, 1, 2)  # not '0.0', '1.0', '2.0'
     halves = table.assign(shift=(table["shift"] + 0.5).astype("category"))

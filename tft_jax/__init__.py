@@ -78,4 +78,4 @@ __all__ = [
     "sinusoidal_encoding",
 ]
 
-__version__ = "0.2.0.dev2"
+__version__ = "0.2.0.dev3"

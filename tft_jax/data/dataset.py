@@ -844,7 +844,10 @@ def prepare_dataset(
     if preprocessor is not None:
         preprocessor.check_time_zone(clean[spec.time_col])
     empty_inputs = empty_input_cells(clean, spec)
-    grid = to_regular_grid(clean, spec, missing_col)
+    # A fit leaves the empty cells of categorical inputs empty (coded unknown); a fitted
+    # model reads a table as its run did (runs saved by 0.2.0.dev2 and earlier filled them).
+    fills = preprocessor is not None and preprocessor.fills_empty_categoricals
+    grid = to_regular_grid(clean, spec, missing_col, fill_categoricals=fills)
     check_density(clean, grid, spec)
     if preprocessor is None:
         check_missing_fraction(grid, spec, missing_col, max_missing_fraction)
@@ -893,6 +896,7 @@ def prepare_dataset(
             cut_validation,
             "standard" if scaler is None else scaler,
             "none" if target_transform is None else target_transform,
+            fills_empty_categoricals=fills,
         )
     periods = {
         "train": (times.min(), cut_validation),
@@ -955,7 +959,9 @@ def prepare_dataset(
     zone_back = zone_to_give_back(spec, reading, raw[spec.time_col])
     if zone_back is not None:
         dataset = _dataset_in_zone(dataset, zone_back)
-    announce_empty_inputs(empty_inputs, clean[spec.id_col].nunique())
+    announce_empty_inputs(
+        empty_inputs, clean[spec.id_col].nunique(), coded=() if fills else spec.categorical_cols
+    )
     filled = grid.groupby(spec.id_col, sort=True)[missing_col].sum()
     if filled.sum():
         report = first_few([f"{series!r} {int(n)}" for series, n in filled[filled > 0].items()])

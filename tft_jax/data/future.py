@@ -42,6 +42,7 @@ from tft_jax.data.preprocessing import (
     type_hint,
 )
 from tft_jax.data.tables import (
+    EmptyCells,
     MissingColumnsError,
     TableSpec,
     _categorical_values,
@@ -351,9 +352,20 @@ def _future_table(
     if outside:
         raise ValueError(f"future has {outside}")
     merged = merged.drop(columns=flag)
+    coded = {}  # categorical known columns' empty cells, coded unknown as in the history
     for column in known:
         empty = merged[column].isna().to_numpy()
-        if empty.any():
+        if (
+            empty.any()
+            and column in spec.categorical_cols
+            and not preprocessor.fills_empty_categoricals
+        ):
+            coded[column] = EmptyCells(
+                cells=int(empty.sum()),
+                leading=0,
+                series=tuple(merged.loc[empty, spec.id_col].drop_duplicates()),
+            )
+        elif empty.any():
             row = int(np.flatnonzero(empty)[0])
             raise ValueError(
                 f"future column {column!r} is empty for series "
@@ -361,6 +373,7 @@ def _future_table(
                 f"at {merged[spec.time_col].iloc[row]} ({int(empty.sum())} empty cells); known "
                 "inputs need a value at every forecast step"
             )
+    announce_empty_inputs(coded, merged[spec.id_col].nunique(), " in future", coded)
     return merged
 
 
@@ -604,12 +617,14 @@ def future_windows(
         raise error.for_fitted_model(raw.columns) from None
     preprocessor.check_time_zone(clean[spec.time_col], "history")
     empty_inputs = empty_input_cells(clean, spec)
-    grid = to_regular_grid(clean, spec, missing_col)
+    fills = preprocessor.fills_empty_categoricals
+    grid = to_regular_grid(clean, spec, missing_col, fill_categoricals=fills)
     check_density(clean, grid, spec)
     trailing = trailing_empty_targets(grid, spec, missing_col)
     recent = recent_filled(grid, spec, missing_col, history)
     _check_recent_missing(recent, trailing, history, max_missing_fraction)
-    announce_empty_inputs(empty_inputs, len(recent), " in the history")
+    coded = () if fills else spec.categorical_cols
+    announce_empty_inputs(empty_inputs, len(recent), " in the history", coded)
     by_series = grid.groupby(spec.id_col, sort=True)  # its codes are counted once
     total = by_series[missing_col].sum()
     recorded = recorded_frequency_hint(clean, spec, total[total > 0].index)

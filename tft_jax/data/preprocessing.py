@@ -298,6 +298,12 @@ class Preprocessor:
         ints for categorical ones), so that a trained series given other
         statics later is announced (`transform`); None for a run saved
         before they were kept (nothing is then compared).
+      fills_empty_categoricals: whether the empty cells of categorical known
+        and observed columns are filled as the real ones' (`to_regular_grid`'s
+        `fill_categoricals`): True for runs saved by tft-jax 0.2.0.dev2 and
+        earlier (run folder format 3 and earlier); a fit now leaves them empty,
+        coded as unknown, so an event column empty on ordinary days keeps its
+        meaning (filled, every day read as the last event).
     """
 
     spec: TableSpec
@@ -311,6 +317,7 @@ class Preprocessor:
     time_zone: str | None = None
     static_scaler: FeatureScaler | None = None
     statics: dict[Any, tuple[Any, ...]] | None = None
+    fills_empty_categoricals: bool = True
 
     @property
     def missing_col(self) -> str:
@@ -385,8 +392,12 @@ class Preprocessor:
         validation_start: pd.Timestamp,
         scaler: str,
         target_transform: str = "none",
+        fills_empty_categoricals: bool = False,
     ) -> Preprocessor:
-        """Fits on the rows of `grid` (from `to_regular_grid`) before `validation_start`."""
+        """Fits on the rows of `grid` (from `to_regular_grid`) before `validation_start`.
+
+        `fills_empty_categoricals`: the `fill_categoricals` the grid was made with.
+        """
         times = pd.DatetimeIndex(grid[spec.time_col])
         train_rows = np.asarray(times < validation_start)
         codes, series_ids = pd.factorize(grid[spec.id_col], sort=True)
@@ -452,6 +463,7 @@ class Preprocessor:
                 plain_value(series): values
                 for series, values in zip(series_ids, trained_statics, strict=True)
             },
+            fills_empty_categoricals=fills_empty_categoricals,
         )
 
     def announce_changed_statics(
@@ -851,10 +863,13 @@ class Preprocessor:
                 if self.statics is None
                 else [[series, *values] for series, values in self.statics.items()]
             ),
+            "fills_empty_categoricals": self.fills_empty_categoricals,
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], complete: bool = False) -> Preprocessor:
+    def from_json(
+        cls, data: dict[str, Any], complete: bool = False, format_version: int | None = None
+    ) -> Preprocessor:
         """The preprocessor `to_json` described, refused unless it is one `fit` could make.
 
         A hand-edited or damaged description would otherwise load and fail deep
@@ -868,7 +883,10 @@ class Preprocessor:
         `missing_flag`, `time_zone`, `static_scaler` and the scaler's
         `transform` and `statics` may be absent (runs saved before they were kept),
         unless `complete` (a run folder of format version 2 or later, whose
-        `to_json` wrote every key: null for a part the run has not).
+        `to_json` wrote every key: null for a part the run has not). A key
+        added later (`_PREPROCESSOR_ADDED`, by the run folder format version
+        that added it) may be absent from a folder of an earlier
+        `format_version` (or with none given), and takes its old meaning.
 
         Raises:
           ValueError, TypeError: naming the key (`preprocessor.<key>`), what it
@@ -880,7 +898,21 @@ class Preprocessor:
                 required, optional = required | optional, set()
             _check_keys(data, where, required, optional)
 
-        check_keys(data, "preprocessor", _PREPROCESSOR_KEYS, _PREPROCESSOR_OPTIONAL)
+        added = {
+            key
+            for key, version in _PREPROCESSOR_ADDED.items()
+            if format_version is not None and format_version >= version
+        }
+        required, optional = _PREPROCESSOR_KEYS, _PREPROCESSOR_OPTIONAL | set(_PREPROCESSOR_ADDED)
+        if complete:
+            required, optional = required | _PREPROCESSOR_OPTIONAL | added, optional - added
+            optional -= _PREPROCESSOR_OPTIONAL
+        _check_keys(data, "preprocessor", required, optional)
+        fills = data.get("fills_empty_categoricals", True)
+        if not isinstance(fills, bool):
+            raise TypeError(
+                f"preprocessor.fills_empty_categoricals must be true or false, got {fills!r}"
+            )
         target, features = data["target_scaler"], data["feature_scaler"]
         check_keys(target, "preprocessor.target_scaler", _TARGET_SCALER_KEYS, {"transform"})
         check_keys(features, "preprocessor.feature_scaler", {"loc", "scale"}, {"low", "high"})
@@ -983,6 +1015,7 @@ class Preprocessor:
             time_zone=zone,
             static_scaler=static_scaler,
             statics=statics,
+            fills_empty_categoricals=fills,
         )
 
 
@@ -991,6 +1024,8 @@ _PREPROCESSOR_KEYS = {"spec", "series_ids", "origin", "train_steps", "target_sca
 # Absent from runs saved before they were kept: `from_json` takes their old meaning.
 _PREPROCESSOR_OPTIONAL = {"vocabularies", "missing_flag", "time_zone", "static_scaler",
                           "statics"}  # fmt: skip
+# Keys added since, by the run folder format version that added them (`from_json`).
+_PREPROCESSOR_ADDED = {"fills_empty_categoricals": 4}
 _TARGET_SCALER_KEYS = {"method", "loc", "scale"}
 
 

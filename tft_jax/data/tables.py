@@ -24,7 +24,7 @@ import tarfile
 import warnings
 import zipfile
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -3113,14 +3113,21 @@ def empty_input_cells(clean: pd.DataFrame, spec: TableSpec) -> dict[str, EmptyCe
     return found
 
 
-def announce_empty_inputs(found: dict[str, EmptyCells], num_series: int, where: str = "") -> None:
+def announce_empty_inputs(
+    found: dict[str, EmptyCells],
+    num_series: int,
+    where: str = "",
+    coded: Collection[str] = (),
+) -> None:
     """A `UserWarning` listing, per column of `found`, the cells filled and the series holding them.
 
-    `where` (e.g. ' in the history') follows 'inputs' in the message.
-    Silent when `found` is empty.
+    `where` (e.g. ' in the history') follows 'inputs' in the message. The
+    columns of `coded` (categorical ones that `to_regular_grid` leaves
+    empty) are listed in a warning of their own: their empty cells are coded
+    as unknown, not filled. Silent when `found` is empty.
     """
-    if not found:
-        return
+    unfilled = {column: empty for column, empty in found.items() if column in coded}
+    found = {column: empty for column, empty in found.items() if column not in coded}
 
     def describe(column: str, empty: EmptyCells) -> str:
         names = first_few([repr(series) for series in empty.series])
@@ -3130,25 +3137,43 @@ def announce_empty_inputs(found: dict[str, EmptyCells], num_series: int, where: 
             f"({names}){leading}"
         )
 
-    warnings.warn(
-        f"filled {sum(e.cells for e in found.values())} empty cells of known/observed "
-        f"inputs{where} (forward fill within each series; cells before a series' first value are "
-        "back-filled from its later values in known columns, and in observed ones, whose later "
-        "values are the future, set to the training mean, or to unknown if categorical): "
-        + "; ".join(describe(column, empty) for column, empty in found.items()),
-        UserWarning,
-        stacklevel=user_stacklevel(),
-    )
+    if unfilled:
+        warnings.warn(
+            f"coded {sum(e.cells for e in unfilled.values())} empty cells of categorical "
+            f"inputs{where} as a category of their own, the one values unseen in training "
+            "share (not filled: an empty cell, e.g. a day without an event, is a value; fill "
+            "them before to give them another): "
+            + "; ".join(describe(column, empty) for column, empty in unfilled.items()),
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
+    if found:
+        warnings.warn(
+            f"filled {sum(e.cells for e in found.values())} empty cells of known/observed "
+            f"inputs{where} (forward fill within each series; cells before a series' first value "
+            "are back-filled from its later values in known columns, and in observed ones, whose "
+            "later values are the future, set to the training mean, or to unknown if "
+            "categorical): "
+            + "; ".join(describe(column, empty) for column, empty in found.items()),
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
 
 
-def to_regular_grid(clean: pd.DataFrame, spec: TableSpec, missing_col: str) -> pd.DataFrame:
+def to_regular_grid(
+    clean: pd.DataFrame, spec: TableSpec, missing_col: str, fill_categoricals: bool = True
+) -> pd.DataFrame:
     """Puts every series of a validated table on its regular time grid.
 
     Each series keeps its own first and last timestamp; timestamps missing in
     between are inserted. Gaps are filled so no row is dropped: target,
     observed and known columns forward-fill within the series; statics are
-    constant. Cells before a series' first value are back-filled from its
-    later values in known columns only: in the target and observed columns
+    constant. Without `fill_categoricals`, the categorical known and observed
+    columns are not filled: their empty cells (and those of inserted rows)
+    stay empty, which `Preprocessor.encode` codes as unknown (an event column
+    empty on ordinary days, filled, would read every day as an event). Cells
+    before a series' first value are back-filled from its later values in
+    known columns only: in the target and observed columns
     that later value is the future of the steps it would fill (a window whose
     history is those steps would hold the target of its own horizon), so they
     stay empty (NaN) and `Preprocessor.transform` gives them the scaler's
@@ -3161,6 +3186,9 @@ def to_regular_grid(clean: pd.DataFrame, spec: TableSpec, missing_col: str) -> p
       clean: the output of `validate_table` (sorted by id, time).
       spec: the table spec.
       missing_col: name of the indicator column to add.
+      fill_categoricals: fill the categorical columns as the real ones
+        (`Preprocessor.fills_empty_categoricals`: runs saved by tft-jax 0.2.0.dev2
+        and earlier did).
 
     Returns:
       A DataFrame sorted by (id, time), with the spec's columns and `missing_col`.
@@ -3215,10 +3243,13 @@ def to_regular_grid(clean: pd.DataFrame, spec: TableSpec, missing_col: str) -> p
     # (rows of a series contiguous, in table order), without hashing the ids again.
     codes = np.repeat(np.arange(len(series)), lengths)
     by_series = grid.groupby(codes, sort=False)
-    filled = [spec.target, *spec.known_cols, *spec.observed_cols]
+    inputs = [*spec.known_cols, *spec.observed_cols]
+    if not fill_categoricals:
+        inputs = [column for column in inputs if column not in spec.categorical_cols]
+    filled = [spec.target, *inputs]
     grid[filled] = by_series[filled].ffill()
-    if spec.known_cols:  # known in advance: a later value is no leak
-        known = list(spec.known_cols)
+    known = [column for column in spec.known_cols if column in inputs]
+    if known:  # known in advance: a later value is no leak
         grid[known] = grid.groupby(codes, sort=False)[known].bfill()
     for column in spec.static_cols:
         grid[column] = by_series[column].transform("first")

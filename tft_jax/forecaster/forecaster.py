@@ -1960,7 +1960,9 @@ class Forecaster:
             }
             tft_config = TFTConfig(**tft_fields)
             preprocessor = Preprocessor.from_json(
-                config["preprocessor"], complete=version >= run_folder.COMPLETE_FROM_VERSION
+                config["preprocessor"],
+                complete=version >= run_folder.COMPLETE_FROM_VERSION,
+                format_version=version,
             )
             season_period = config["season_period"]
             # int() would truncate 7.9 to 7 and accept -1.

@@ -60,8 +60,10 @@ FORMAT = "tft-jax-forecaster"
 # Raised with every change that adds a config.json field (`FIELDS_ADDED`) or changes
 # what a saved field or model file means, so that an older tft-jax refuses a newer
 # folder naming both versions instead of calling it damaged. `load` reads every version
-# from 1 to this one.
-FORMAT_VERSION = 3
+# from 1 to this one. Version 4 added `preprocessor.fills_empty_categoricals` (False: the
+# empty cells of categorical inputs are coded unknown, not filled; folders of versions 1
+# to 3 filled them), which `Preprocessor.from_json` completes for earlier folders.
+FORMAT_VERSION = 4
 CONFIG_FILE = "config.json"
 HISTORY_FILE = "history.json"
 # config.json's record of the SHA-256 of each model file's bytes, by model name.
