@@ -63,7 +63,6 @@ from tft_jax.evaluation import (
     actuals,
     baseline_metrics,
     best_of,
-    bucketed_batch_size,
     comparisons,
     forecast_metrics,
     mean_quantile_loss,
@@ -1288,10 +1287,13 @@ class Forecaster:
             steps after each series' last time (calendar inputs are
             generated); not needed without known columns.
           model: 'fp32', 'qat' or 'int8'.
-          batch_size: series per batch (default the training eval batch size);
-            fewer series go in one batch of the next power of two, so that
-            forecasts of varying numbers of series share a few compiled
-            programs (`tft_jax.evaluation.bucketed_batch_size`).
+          batch_size: series per batch (default the training eval batch size),
+            the last batch padded: one compiled forward per model serves
+            every call, the one `fit`, `evaluate` and `backtest` run at the
+            default, and a series' forecast does not depend on how many
+            others are forecast with it. A smaller one computes fewer rows
+            for few series (lower latency per call) at the cost of its own
+            compile.
 
         The history gets the checks of training data: gaps and empty cells are
         forward-filled and announced, and a series whose last `history` steps
@@ -1315,9 +1317,7 @@ class Forecaster:
             ahead.transformed.frame, fitted.preprocessor.spec, data.nonnegative
         )
         windows = ahead.windows
-        predictions = predict_windows(
-            predict, windows, bucketed_batch_size(len(windows), batch_size)
-        )
+        predictions = predict_windows(predict, windows, batch_size)
         series_ids, times = ahead.transformed.series_ids, windows.panel.times
 
         def where(index: tuple[int, ...]) -> str:  # names an overflowing forecast
