@@ -353,3 +353,23 @@ def test_unseen_observed_and_static_categories_are_named_where_the_user_gave_the
         "categorical column 'weather' has values not seen in training, coded as unknown: "
         "['hail'] ('hail' in 1 row of the history, for series 1 at 2021-04-01 11:00:00)",
     ]
+
+
+def test_a_series_whose_whole_forecast_lies_before_the_tables_end_is_named(preprocessor):
+    # Each series is forecast from its own end: one that stopped long before the others
+    # (a discontinued product) was forecast over a past period without a word.
+    history = history_table(30, "2021-04-01")
+    times = history["time"]
+    early = times.max() - pd.Timedelta(hours=HORIZON + 1)
+    ended = history[(history["id"] == 1) | (times <= early)]
+    _, messages = forecast_inputs(preprocessor, ended, future_of(ended))
+    named = [m for m in messages if "series end so long before" in m]
+    assert named == [
+        "1 of 2 series end so long before the table's last time 2021-04-02 05:00:00 that their "
+        f"whole forecast (the {HORIZON} steps after each one's own last time) lies before it: "
+        "2 (ends 2021-04-02 02:00:00); drop the series that ended, or give their recent history"
+    ]
+    # One step later: its forecast reaches the table's last time (series end unevenly).
+    close = history[(history["id"] == 1) | (times <= early + pd.Timedelta(hours=1))]
+    _, messages = forecast_inputs(preprocessor, close, future_of(close))
+    assert not [m for m in messages if "series end so long before" in m]

@@ -633,6 +633,7 @@ def future_windows(
     )
     last = by_series[spec.time_col].max()
     expected = forecast_steps(last, spec.freq, horizon)
+    _announce_ended_series(last, expected)
     zone = pd.DatetimeIndex(grid[spec.time_col]).tz
     ahead = _future_table(future, preprocessor, expected, zone)
     announce_unseen_known_values(ahead, preprocessor)
@@ -660,6 +661,33 @@ def future_windows(
     result = FutureWindows(windows=windows, transformed=transformed, last_times=last_times)
     zone_back = zone_to_give_back(spec, reading, raw[spec.time_col])
     return result if zone_back is None else _times_in_zone(result, zone_back, spec.time_col)
+
+
+def _announce_ended_series(last: pd.Series, expected: _Steps) -> None:
+    """Warns naming the series whose forecast ends before the table's last time.
+
+    Each series is forecast from its own last time, so one that stopped
+    early (a discontinued product, a sensor taken down) is forecast over a
+    past period the other series already cover, in the same frame as theirs;
+    `backtest` names such series, and so does this.
+    """
+    horizon = expected.horizon
+    ends = expected.times[horizon - 1 :: horizon]
+    latest = last.max()
+    ended = np.asarray(ends < latest)
+    if not ended.any():
+        return
+    named = first_few(
+        [f"{plain_value(series)!r} (ends {end})" for series, end in last[ended].items()]
+    )
+    warnings.warn(
+        f"{int(ended.sum())} of {len(last)} series end so long before the table's last time "
+        f"{latest} that their whole forecast (the {horizon} steps after each one's own last "
+        f"time) lies before it: {named}; drop the series that ended, or give their recent "
+        "history",
+        UserWarning,
+        stacklevel=user_stacklevel(),
+    )
 
 
 def _times_in_zone(result: FutureWindows, zone: Any, time_col: str) -> FutureWindows:
