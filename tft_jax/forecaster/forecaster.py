@@ -1498,13 +1498,7 @@ class Forecaster:
             predictions.update(self.predictions(dataset, windows, [name]))
             seconds[name] = time.perf_counter() - started
         scored = dataclasses.replace(windows, starts=windows.starts[~left_out])
-        observed = _scored_steps(dataset, scored)
-        if observed is not None and not observed.any():
-            raise TableContentError(
-                f"evaluate: no forecast step of the {len(scored)} windows of the {split} split "
-                "has an observed target (every one is missing in the table and filled), so "
-                "nothing is left to score; evaluate another split or table"
-            )
+        observed = _scored_steps(dataset, scored)  # each window has an observed step
         kept = {
             name: dataclasses.replace(prediction, quantiles=prediction.quantiles[~left_out])
             for name, prediction in predictions.items()
