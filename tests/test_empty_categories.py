@@ -86,7 +86,8 @@ def test_a_fit_codes_empty_categorical_cells_as_unknown_and_fills_the_real_ones(
         "coded 56 empty cells of categorical inputs as a category of their own, the one "
         "values unseen in training share"
     )
-    assert "'event' 56 cells in 2 of 2 series" in coded[0]
+    assert "'event' 56 cells in 2 of 2 series ('a', 'b')" in coded[0]
+    assert "leading" not in coded[0]  # no cell is filled, before a first value or after
     assert len(filled) == 1 and "'promo' 1 cells" in filled[0] and "'event'" not in filled[0]
 
 

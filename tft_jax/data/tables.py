@@ -3131,7 +3131,8 @@ def announce_empty_inputs(
 
     def describe(column: str, empty: EmptyCells) -> str:
         names = first_few([repr(series) for series in empty.series])
-        leading = f", {empty.leading} of them leading" if empty.leading else ""
+        # Leading cells are filled otherwise (back, or with the mean): said of filled ones.
+        leading = f", {empty.leading} of them leading" if empty.leading and column in found else ""
         return (
             f"{column!r} {empty.cells} cells in {len(empty.series)} of {num_series} series "
             f"({names}){leading}"
