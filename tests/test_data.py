@@ -106,7 +106,7 @@ def test_missing_target_windows_are_left_out_unless_asked():
     # Step 30 lies in the horizons of the 3 windows forecasting from steps 28, 29 and 30.
     left_out = (
         r"the 3 windows whose horizon holds one are left out \(prepare_dataset's "
-        r"require_observed_target=False keeps them"
+        r"require_observed_target=False keeps the 3 of them with an observed step"
     )
     with pytest.warns(UserWarning, match=filled + left_out):
         strict = prepare(table, validation_fraction=0.0, test_fraction=0.0)

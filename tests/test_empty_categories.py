@@ -145,3 +145,19 @@ def test_the_setting_is_saved_and_a_folder_before_format_4_reads_as_filled():
         Preprocessor.from_json(earlier, complete=True, format_version=4)
     with pytest.raises(TypeError, match="fills_empty_categoricals must be true or false"):
         Preprocessor.from_json({**saved, "fills_empty_categoricals": "no"}, complete=True)
+
+
+def test_a_series_without_any_event_trains_and_forecasts_unless_the_run_filled():
+    # Empty throughout a series was refused ("no values at all for series 'b'"): a store
+    # that never had an event, or a history window without one, could not be used.
+    table = _table()
+    quiet = table.assign(event=table["event"].where(table["id"] == "a"))
+    data, _ = _prepare(quiet)
+    codes = data.panel.known_categorical[data.panel.series_code == 1, 0]
+    assert (codes == len(data.preprocessor.vocabularies["event"])).all()
+    history = quiet[quiet["time"] >= "2024-01-20"]  # no event left in either series
+    inputs, _ = forecast_inputs(data.preprocessor, history, _future(history, [None, None]))
+    assert (inputs.windows.arrays()["known_categorical_history"][..., 0] == 2).all()
+    older = dataclasses.replace(data.preprocessor, fills_empty_categoricals=True)
+    with pytest.raises(ValueError, match=r"column 'event' has no values at all for series 'a'"):
+        forecast_inputs(older, history, _future(history, ["xmas", "xmas"]))

@@ -138,8 +138,8 @@ def test_keep_option_named_is_undone_on_leaving_even_after_an_error():
     with keep_option_named("Setting.X=False"):
         _, inside = _prepare(table)
     _, outside = _prepare(table)
-    assert any("(Setting.X=False keeps them" in m for m in inside), inside
-    assert any(f"({KEEP_FILLED_HORIZONS} keeps them" in m for m in outside), outside
+    assert any("(Setting.X=False keeps the " in m for m in inside), inside
+    assert any(f"({KEEP_FILLED_HORIZONS} keeps the " in m for m in outside), outside
     assert not any("Setting.X" in m or "--my-flag" in m for m in outside)
 
 

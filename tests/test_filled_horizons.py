@@ -259,9 +259,15 @@ def test_windows_whose_every_forecast_step_is_missing_are_left_out_and_counted(t
     assert report["windows_left_out"].to_dict() == {"alpha": 0, "beta": 3, "gamma": 0}
     message = str(caught[0].message)
     assert "and the 3 windows whose every forecast step is one are left out" in message
-    # The default leaves out every window that overlaps the gap.
-    strict = _quiet_prepare(emptied, **DATA.prepare_options())
+    # The default leaves out every window that overlaps the gap (15), besides the 21 over
+    # the single missing days; the option would keep all but the 3 inside it.
+    with pytest.warns(UserWarning) as caught:
+        strict = prepare_dataset(emptied, **DATA.prepare_options())
     assert strict.missing_report().set_index("store").loc["beta", "windows_left_out"] == 15 + 5
+    assert (
+        "the 36 windows whose horizon holds one are left out (prepare_dataset's "
+        "require_observed_target=False keeps the 33 of them with an observed step"
+    ) in str(caught[0].message)
 
 
 def test_the_announcement_counts_the_windows_kept_and_the_steps_masked(table):
@@ -598,13 +604,13 @@ def test_each_route_names_the_option_its_caller_has(table):
 def test_the_forecasters_warning_names_its_setting_at_the_callers_line(fits, table):
     default, _, _ = fits
     with pytest.warns(UserWarning, match=r"left out \(DataConfig.require_observed_target=False "
-                      r"keeps them") as caught:  # fmt: skip
+                      r"keeps the 21 of them with an observed step") as caught:  # fmt: skip
         default.prepare(table, "test")
     ours = [w for w in caught if "require_observed_target" in str(w.message)]
     assert ours[0].filename == __file__
     assert "prepare_dataset" not in str(ours[0].message)
     evaluate = build_parser().parse_args(["evaluate", "--run", "run"])
-    assert "(a run trained with --no-require-observed-target keeps them" in cli_text(
+    assert "(a run trained with --no-require-observed-target keeps the 21 of them" in cli_text(
         str(ours[0].message), evaluate
     )
 

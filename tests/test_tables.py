@@ -121,7 +121,9 @@ def test_categorical_values_are_each_cell_converted_alone(values):
     assert got.dtype == object and got.index.equals(values.index)
 
 
-def grid_reference(clean: pd.DataFrame, spec: TableSpec, missing_col: str) -> pd.DataFrame:
+def grid_reference(
+    clean: pd.DataFrame, spec: TableSpec, missing_col: str, fill_categoricals: bool
+) -> pd.DataFrame:
     """`to_regular_grid` with one `date_range` per series and groups by the id column."""
     grids = [
         series_grid(pd.DatetimeIndex(group[spec.time_col]), spec.freq)
@@ -134,10 +136,13 @@ def grid_reference(clean: pd.DataFrame, spec: TableSpec, missing_col: str) -> pd
     )
     grid = clean.set_index([spec.id_col, spec.time_col]).reindex(index).reset_index()
     grid[missing_col] = grid[spec.target].isna().astype("float64")
-    filled = [spec.target, *spec.known_cols, *spec.observed_cols]
+    inputs = [*spec.known_cols, *spec.observed_cols]
+    if not fill_categoricals:
+        inputs = [column for column in inputs if column not in spec.categorical_cols]
+    filled = [spec.target, *inputs]
     grid[filled] = grid.groupby(spec.id_col, sort=False)[filled].ffill()
-    if spec.known_cols:
-        known = list(spec.known_cols)
+    known = [column for column in spec.known_cols if column in inputs]
+    if known:
         grid[known] = grid.groupby(spec.id_col, sort=False)[known].bfill()
     for column in spec.static_cols:
         grid[column] = grid.groupby(spec.id_col, sort=False)[column].transform("first")
@@ -189,9 +194,12 @@ def test_regular_grid_is_the_per_series_date_range_reference(case):
     }
     assert list(lengths.items()) == list(want.items())
     assert [type(s) for s in lengths] == [type(s) for s in want]  # 7, not np.int64(7)
-    pd.testing.assert_frame_equal(
-        to_regular_grid(clean, spec, "y_missing"), grid_reference(clean, spec, "y_missing")
-    )
+    for fill in (False, True):
+        pd.testing.assert_frame_equal(
+            to_regular_grid(clean, spec, "y_missing", fill_categoricals=fill),
+            grid_reference(clean, spec, "y_missing", fill),
+        )
+    assert to_regular_grid(clean, spec, "y_missing")["c"].isna().sum() > 0  # left empty
     # Not sorted by time: every grid was empty, silently; now refused, naming the series.
     unsorted = clean.iloc[::-1].reset_index(drop=True)
     last = unsorted.iloc[0]
@@ -225,7 +233,8 @@ def test_the_regular_grid_equals_a_pandas_reindex_with_fills_and_flags():
         part.loc[part.index[2], "c"] = None
         parts.append(part)
     table = pd.concat(parts).sample(frac=1.0, random_state=1)
-    grid = to_regular_grid(validate_table(table, spec, 2, 1), spec, "missing")
+    # Categoricals filled as the real columns (runs saved before 0.2.0.dev3).
+    grid = to_regular_grid(validate_table(table, spec, 2, 1), spec, "missing", True)
     expected = []
     for series, rows in table.groupby("id"):
         rows = rows.set_index("time").sort_index()

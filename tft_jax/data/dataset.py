@@ -318,6 +318,28 @@ class PreparedDataset:
         """Name of the missing indicator input."""
         return missing_column(self.spec)
 
+    def _periods(self) -> list[tuple[pd.Timestamp, pd.Timestamp]]:
+        """The `[begin, end)` times of the training, validation and test periods."""
+        end = step_after(self.panel.times.max(), self.spec.freq)
+        bounds = (self.panel.times.min(), self.validation_start, self.test_start, end)
+        return list(itertools.pairwise(bounds))
+
+    def _windows_kept_with_masks(self) -> int:
+        """How many windows `require_observed_target=False` keeps that the default leaves out.
+
+        Those whose horizon holds a filled target step and an observed one,
+        over all periods, before any stride.
+        """
+        panel, history, horizon = self.panel, self.history, self.horizon
+        kept = {
+            keep: sum(
+                len(window_starts(panel, history, horizon, *period, require_observed_target=keep))
+                for period in self._periods()
+            )
+            for keep in (False, True)
+        }
+        return kept[False] - kept[True]
+
     def missing_report(self) -> pd.DataFrame:
         """Per series: grid rows, filled target steps (and their share), windows kept and left out.
 
@@ -334,10 +356,7 @@ class PreparedDataset:
         panel = self.panel
         frame = self.frame
         filled = frame.groupby("series_code", sort=True)[self.missing_col].sum()
-        end = step_after(panel.times.max(), self.spec.freq)
-        bounds = (panel.times.min(), self.validation_start, self.test_start, end)
-
-        periods = list(itertools.pairwise(bounds))
+        periods = self._periods()
         every = np.concatenate(
             [windows_in_period(panel, self.history, self.horizon, *period) for period in periods]
         )
@@ -760,8 +779,10 @@ def prepare_dataset(
     Cells holding a missing-value text ('n/a', 'null', '-', ...) are read as
     missing, and filled target steps are announced with a `UserWarning`
     (`PreparedDataset.missing_report` has the numbers per series), as are
-    empty cells of known and observed columns (forward-filled within their
-    series, leading ones back-filled in known columns; counted per column).
+    empty cells of known and observed columns (the real ones forward-filled
+    within their series, leading ones back-filled in known columns; the
+    categorical ones coded unknown, the code unseen values share, unless
+    `preprocessor` was saved when they were filled; counted per column).
     Target and observed cells before a series' first value are never
     back-filled (that copies the target of a window's horizon into its
     history): they enter the model as 0, the scaler's location, flagged.
@@ -832,10 +853,13 @@ def prepare_dataset(
         if preprocessor is None
         else in_training_zone(spec, preprocessor, raw.get(spec.time_col))
     )
+    # A fit leaves the empty cells of categorical inputs empty (coded unknown); a fitted
+    # model reads a table as its run did (runs saved by 0.2.0.dev2 and earlier filled them).
+    fills = preprocessor is not None and preprocessor.fills_empty_categoricals
     try:
         clean = validate_table(
             raw, reading, history, horizon, min_length=minimum, drop_short=True, reason=reason,
-            fitted=preprocessor is not None,
+            fitted=preprocessor is not None, fill_categoricals=fills,
         )  # fmt: skip
     except MissingColumnsError as error:
         if preprocessor is None:
@@ -844,9 +868,6 @@ def prepare_dataset(
     if preprocessor is not None:
         preprocessor.check_time_zone(clean[spec.time_col])
     empty_inputs = empty_input_cells(clean, spec)
-    # A fit leaves the empty cells of categorical inputs empty (coded unknown); a fitted
-    # model reads a table as its run did (runs saved by 0.2.0.dev2 and earlier filled them).
-    fills = preprocessor is not None and preprocessor.fills_empty_categoricals
     grid = to_regular_grid(clean, spec, missing_col, fill_categoricals=fills)
     check_density(clean, grid, spec)
     if preprocessor is None:
@@ -968,10 +989,14 @@ def prepare_dataset(
         counts = dataset.missing_report()
         if require_observed_target:  # each filled step leaves out up to H windows: counted
             left = int(counts["windows_left_out"].sum())
-            horizons = (
-                f"the {left} windows whose horizon holds one are left out ({_KEEP_OPTION.get()} "
-                "keeps them, leaving those steps out of the loss and the scores)"
+            keepable = dataset._windows_kept_with_masks()
+            kept = (
+                f"{_KEEP_OPTION.get()} keeps the {keepable} of them with an observed step, "
+                "leaving the filled steps out of the loss and the scores"
+                if keepable
+                else "none has an observed step"
             )
+            horizons = f"the {left} windows whose horizon holds one are left out ({kept})"
         else:
             horizons = (
                 f"the {int(counts['windows_masked'].sum())} windows whose horizon holds one are "

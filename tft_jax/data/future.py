@@ -5,8 +5,10 @@ next `H` steps of every series with the known columns taken from a table of
 those steps (`future`), runs the fitted `Preprocessor` over both, and returns
 one window per series whose forecast starts one step after the series' last
 time. `future` must hold exactly those steps: a series or time missing, an
-extra or repeated time, a missing known column or an empty cell is an error
-naming the series, the time and the column. Columns holding values that
+extra or repeated time, a missing known column or an empty cell of a real
+column is an error naming the series, the time and the column (an empty
+categorical cell is coded unknown, as in the history, unless the run was
+saved when they were filled: `Preprocessor.fills_empty_categoricals`). Columns holding values that
 the model does not read from it (the target, observed and static columns,
 read from the history, and any other) are announced, and so is a future
 given to a model with no known columns, which reads nothing of it
@@ -587,7 +589,9 @@ def future_windows(
     the repairs said out loud: a `freq` finer than the data is an error
     (`check_density`); filled target steps (gaps and empty cells, counted per
     series, with how many fall in the last `history` steps) and filled empty
-    cells of known and observed columns are announced with a `UserWarning`;
+    cells of known and observed columns (categorical ones coded unknown) are
+    announced with a `UserWarning`; so are series whose whole forecast lies
+    before the table's last time;
     a series whose table ends in rows with an empty target (e.g. future rows
     appended to the history) is announced with its last observed time, since
     its forecast starts after those rows, not after that time.
@@ -612,7 +616,10 @@ def future_windows(
     raw = ids_as_categories(raw, spec.id_col)
     reading = in_training_zone(spec, preprocessor, raw.get(spec.time_col))
     try:
-        clean = validate_table(raw, reading, history, horizon, min_length=history, fitted=True)
+        clean = validate_table(
+            raw, reading, history, horizon, min_length=history, fitted=True,
+            fill_categoricals=preprocessor.fills_empty_categoricals,
+        )  # fmt: skip
     except MissingColumnsError as error:
         raise error.for_fitted_model(raw.columns) from None
     preprocessor.check_time_zone(clean[spec.time_col], "history")

@@ -317,7 +317,7 @@ class Preprocessor:
     time_zone: str | None = None
     static_scaler: FeatureScaler | None = None
     statics: dict[Any, tuple[Any, ...]] | None = None
-    fills_empty_categoricals: bool = True
+    fills_empty_categoricals: bool = False
 
     @property
     def missing_col(self) -> str:

@@ -2086,10 +2086,13 @@ def _check_statics(frame: pd.DataFrame, spec: TableSpec, rows: FileRows | None =
             )
 
 
-def _check_not_all_empty(frame: pd.DataFrame, spec: TableSpec) -> None:
+def _check_not_all_empty(frame: pd.DataFrame, spec: TableSpec, fill_categoricals: bool) -> None:
     # The series numbered once (in table order, as groupby's keys), not once per column.
     codes, ids = pd.factorize(frame[spec.id_col])
-    for column in (spec.target, *spec.known_cols, *spec.observed_cols):
+    inputs = [*spec.known_cols, *spec.observed_cols]
+    if not fill_categoricals:  # an empty categorical cell is a value (`to_regular_grid`)
+        inputs = [column for column in inputs if column not in spec.categorical_cols]
+    for column in (spec.target, *inputs):
         present = frame[column].notna().groupby(codes, sort=False).any().to_numpy()
         if not present.all():
             series = ids[np.flatnonzero(~present)[0]]
@@ -2786,6 +2789,7 @@ def validate_table(
     drop_short: bool = False,
     reason: str | None = None,
     fitted: bool = False,
+    fill_categoricals: bool = False,
 ) -> pd.DataFrame:
     """Checks a long-format table and returns a clean copy sorted by (id, time).
 
@@ -2803,7 +2807,9 @@ def validate_table(
     by surrounding spaces or letter case ('A', 'A ') are announced by a
     warning (`_warn_id_twins`). Times read month first from texts that read
     day first as well ('02/01/2024') make a density or grid refusal say so
-    (`_ambiguous_day_month`).
+    (`_ambiguous_day_month`). Without `fill_categoricals` (`to_regular_grid`'s),
+    a categorical known or observed column may be empty throughout a series:
+    empty is then a value of its own (a store that never had an event).
 
     Raises:
       ValueError: naming the column or series and the fix, for: missing
@@ -2812,9 +2818,10 @@ def validate_table(
         offset mixed with naive ones, non-numeric or infinite values or ones
         beyond float32 (`_to_float`; a boolean target is announced), statics
         that vary within a series or are empty, a column with no value at all
-        in a series, duplicate (id, time) rows, a fixed sub-daily `freq` much
-        finer than the table's steps (`check_density`, checked before any
-        grid is built), timestamps off the `freq` grid, or short series.
+        in a series (a categorical one only with `fill_categoricals`),
+        duplicate (id, time) rows, a fixed sub-daily `freq` much finer than
+        the table's steps (`check_density`, checked before any grid is
+        built), timestamps off the `freq` grid, or short series.
         A row a message names is its position among the table's rows, with
         its file line where `read_table` read the table from a CSV file
         (`file_rows`).
@@ -2881,7 +2888,7 @@ def validate_table(
             "times with a UTC offset"
         )
     _check_statics(clean, spec, rows)
-    _check_not_all_empty(clean, spec)
+    _check_not_all_empty(clean, spec, fill_categoricals)
     _check_duplicates(clean, spec)
     clean = clean.sort_values([spec.id_col, spec.time_col], kind="stable").reset_index(drop=True)
     grid_rows = _fixed_step_grid_rows(clean, spec)
@@ -3162,20 +3169,20 @@ def announce_empty_inputs(
 
 
 def to_regular_grid(
-    clean: pd.DataFrame, spec: TableSpec, missing_col: str, fill_categoricals: bool = True
+    clean: pd.DataFrame, spec: TableSpec, missing_col: str, fill_categoricals: bool = False
 ) -> pd.DataFrame:
     """Puts every series of a validated table on its regular time grid.
 
     Each series keeps its own first and last timestamp; timestamps missing in
-    between are inserted. Gaps are filled so no row is dropped: target,
-    observed and known columns forward-fill within the series; statics are
-    constant. Without `fill_categoricals`, the categorical known and observed
-    columns are not filled: their empty cells (and those of inserted rows)
-    stay empty, which `Preprocessor.encode` codes as unknown (an event column
-    empty on ordinary days, filled, would read every day as an event). Cells
-    before a series' first value are back-filled from its later values in
-    known columns only: in the target and observed columns
-    that later value is the future of the steps it would fill (a window whose
+    between are inserted. Gaps are filled so no row is dropped: the target
+    and the real observed and known columns forward-fill within the series;
+    statics are constant. The categorical known and observed columns are
+    filled so only with `fill_categoricals`: else their empty cells (and
+    those of inserted rows) stay empty, which `Preprocessor.encode` codes as
+    unknown (an event column empty on ordinary days, filled, would read every
+    day as an event). Cells before a series' first value are back-filled
+    from its later values in known columns only: in the target and observed
+    columns that later value is the future of the steps it would fill (a window whose
     history is those steps would hold the target of its own horizon), so they
     stay empty (NaN) and `Preprocessor.transform` gives them the scaler's
     location (0 as a model input). It announces nothing: callers count the

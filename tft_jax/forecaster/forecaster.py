@@ -1296,8 +1296,10 @@ class Forecaster:
             compile.
 
         The history gets the checks of training data: gaps and empty cells are
-        forward-filled and announced, and a series whose last `history` steps
-        are more than `data.max_missing_fraction` filled is refused.
+        forward-filled (empty categorical cells coded unknown) and announced,
+        a series whose last `history` steps are more than
+        `data.max_missing_fraction` filled is refused, and series whose whole
+        forecast lies before the table's last time are named.
 
         Returns:
           A long DataFrame: the id and time columns, then one column per
