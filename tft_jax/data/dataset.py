@@ -500,6 +500,9 @@ def _check_windows(
 ) -> None:
     """Raises if a period that was asked for (`wanted`) has no window.
 
+    `require_observed_target`: the setting the windows were chosen with; with
+    False, a period whose windows all have no observed step says so.
+
     `split_by` says how a fitted model's settings split the table (its
     fractions or cuts): the caller of evaluation cannot widen the period,
     so the message gives its length against what a window needs instead.

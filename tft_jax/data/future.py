@@ -8,11 +8,11 @@ time. `future` must hold exactly those steps: a series or time missing, an
 extra or repeated time, a missing known column or an empty cell of a real
 column is an error naming the series, the time and the column (an empty
 categorical cell is coded unknown, as in the history, unless the run was
-saved when they were filled: `Preprocessor.fills_empty_categoricals`). Columns holding values that
-the model does not read from it (the target, observed and static columns,
-read from the history, and any other) are announced, and so is a future
-given to a model with no known columns, which reads nothing of it
-(`announce_unused_columns`).
+saved when they were filled: `Preprocessor.fills_empty_categoricals`).
+Columns holding values that the model does not read from it (the target,
+observed and static columns, read from the history, and any other) are
+announced, and so is a future given to a model with no known columns, which
+reads nothing of it (`announce_unused_columns`).
 
 A known value far from what the model was trained on (beyond a column's
 training range by more than its width, or any other value of a column that
