@@ -334,8 +334,7 @@ def baseline_metrics(
     baselines read the filled history as the model does (`filled_history`).
     """
     history = filled_history(dataset, windows)
-    actual = actuals(dataset, windows, observed)
-    scale = window_scales(dataset, windows)
+    score = window_scorer(dataset, windows, quantiles, observed)
     results = {}
     for period in sorted(set(periods)):
         forecasts = {f"seasonal_naive_{period}": seasonal_naive(history, windows.horizon, period)}
@@ -346,15 +345,30 @@ def baseline_metrics(
         for name, forecast in forecasts.items():
             if nonnegative:
                 forecast = np.maximum(forecast, 0.0)
-            results[name] = forecast_metrics(
-                forecast,
-                actual,
-                quantiles,
-                scale,
-                dataset.target_scaler.target_transform,
-                observed=observed,
-            )
+            results[name] = score(forecast)
     return results
+
+
+def window_scorer(
+    dataset: PreparedDataset,
+    windows: WindowSet,
+    quantiles: Sequence[float],
+    observed: np.ndarray | None = None,
+) -> Callable[[np.ndarray], dict[str, Any]]:
+    """`forecast -> forecast_metrics(...)` against the actuals of `windows`.
+
+    The actuals (`observed`: the `(N, H)` mask of the steps scored, see
+    `actuals`), the windows' scales and the target transform are read once,
+    so that every model and baseline of `windows` is scored alike.
+    """
+    actual = actuals(dataset, windows, observed)
+    scale = window_scales(dataset, windows)
+    transform = dataset.target_scaler.target_transform
+
+    def score(forecast: np.ndarray) -> dict[str, Any]:
+        return forecast_metrics(forecast, actual, quantiles, scale, transform, observed=observed)
+
+    return score
 
 
 def best_of(models: dict[str, dict[str, Any]]) -> str:

@@ -64,14 +64,13 @@ from tft_jax.evaluation import (
     baseline_metrics,
     best_of,
     comparisons,
-    forecast_metrics,
     mean_quantile_loss,
     monotone,
     observed_steps,
     predict_windows,
     seasonal_naive_forecast,
     to_original_units,
-    window_scales,
+    window_scorer,
 )
 from tft_jax.folder_lock import folder_locked
 from tft_jax.forecaster import run_folder
@@ -1369,8 +1368,7 @@ class Forecaster:
         `best_baseline`, the baseline of lowest P50 q-risk) and of every baseline."""
         quantiles = self.tft_config.quantiles
         observed = _scored_steps(dataset, windows)
-        actual = actuals(dataset, windows, observed)
-        scale = window_scales(dataset, windows)
+        score = window_scorer(dataset, windows, quantiles, observed)
         periods = (*candidate_periods(self.config.data.freq, dataset.history), self.season_period)
         baselines = baseline_metrics(
             dataset, windows, quantiles, periods, self.config.data.nonnegative, observed
@@ -1383,14 +1381,7 @@ class Forecaster:
         for name, prediction in predictions.items():
             forecast = self.postprocess(to_original_units(dataset, windows, prediction.quantiles))
             try:
-                models[name] = forecast_metrics(
-                    forecast,
-                    actual,
-                    quantiles,
-                    scale,
-                    dataset.target_scaler.target_transform,
-                    observed=observed,
-                )
+                models[name] = score(forecast)
             except ValueError as error:  # a non-finite forecast: say whose
                 raise ValueError(f"the {name} model's forecasts: {error}") from error
             if seconds is not None:
