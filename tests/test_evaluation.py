@@ -13,7 +13,6 @@ from tft_jax.evaluation import (
     actuals,
     baseline_metrics,
     best_of,
-    bucketed_batch_size,
     evenly_spaced,
     fan_window_indices,
     filled_history,
@@ -163,27 +162,6 @@ def test_padded_batches_cover_every_window_once_with_one_shape(dataset):
         seen.append(np.asarray(batch.target)[:valid])
     assert shapes == {(8, HORIZON)}
     np.testing.assert_array_equal(np.concatenate(seen), windows.arrays()["target"])
-
-
-@pytest.mark.parametrize(
-    ("count", "batch_size", "expected"),
-    [(1, 256, 1), (2, 256, 2), (3, 256, 4), (5, 256, 8), (129, 256, 256), (256, 256, 256),
-     (1000, 256, 256), (3, 3, 3), (5, 6, 6), (7, 100, 8), (65, 100, 100), (4, 5, 4)],
-)  # fmt: skip
-def test_fewer_windows_than_a_batch_are_predicted_in_the_next_power_of_two(
-    count, batch_size, expected
-):
-    assert bucketed_batch_size(count, batch_size) == expected
-
-
-@pytest.mark.parametrize(
-    ("count", "batch_size", "message"),
-    [(0, 8, "count must be an int >= 1, got 0"), (3, 0, "batch_size must be an int >= 1, got 0"),
-     (True, 8, "count must be an int"), (3, 2.0, "batch_size must be an int")],
-)  # fmt: skip
-def test_a_bucket_of_no_windows_or_no_rows_is_refused(count, batch_size, message):
-    with pytest.raises(ValueError, match=message):
-        bucketed_batch_size(count, batch_size)
 
 
 def test_predict_windows_averages_weights_over_windows_heads_and_steps(dataset):

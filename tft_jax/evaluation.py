@@ -92,23 +92,6 @@ def padded_batches(windows: WindowSet, batch_size: int) -> Iterator[tuple[Batch,
         yield to_batch(windows.take(indices)), valid
 
 
-def bucketed_batch_size(count: int, batch_size: int) -> int:
-    """The batch size to predict `count` windows with, at most `batch_size`.
-
-    `batch_size` when there are that many windows; fewer windows go in one
-    batch of the next power of two (capped at `batch_size`). A jitted
-    predictor compiles once per batch size, so forecasts of any number of
-    series compile at most `log2(batch_size) + 2` programs, each computing
-    fewer than twice the rows asked for.
-    """
-    for name, value in (("count", count), ("batch_size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    if count >= batch_size:
-        return batch_size
-    return min(1 << (count - 1).bit_length(), batch_size)
-
-
 def evenly_spaced(windows: WindowSet, count: int) -> WindowSet:
     """At most `count` windows of `windows`, evenly spaced over it (all of them if fewer)."""
     if len(windows) <= count:
