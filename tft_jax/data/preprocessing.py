@@ -903,10 +903,14 @@ class Preprocessor:
             for key, version in _PREPROCESSOR_ADDED.items()
             if format_version is not None and format_version >= version
         }
-        required, optional = _PREPROCESSOR_KEYS, _PREPROCESSOR_OPTIONAL | set(_PREPROCESSOR_ADDED)
-        if complete:
-            required, optional = required | _PREPROCESSOR_OPTIONAL | added, optional - added
-            optional -= _PREPROCESSOR_OPTIONAL
+        if complete:  # every key its version wrote; those added later absent or not
+            required = _PREPROCESSOR_KEYS | _PREPROCESSOR_OPTIONAL | added
+            optional = set(_PREPROCESSOR_ADDED) - added
+        else:
+            required, optional = (
+                _PREPROCESSOR_KEYS,
+                _PREPROCESSOR_OPTIONAL | set(_PREPROCESSOR_ADDED),
+            )
         _check_keys(data, "preprocessor", required, optional)
         fills = data.get("fills_empty_categoricals", True)
         if not isinstance(fills, bool):
