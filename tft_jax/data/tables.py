@@ -2086,13 +2086,22 @@ def _check_statics(frame: pd.DataFrame, spec: TableSpec, rows: FileRows | None =
             )
 
 
+def filled_inputs(spec: TableSpec, fill_categoricals: bool) -> list[str]:
+    """The known and observed columns whose empty cells `to_regular_grid` fills.
+
+    The real ones, and the categorical ones only with `fill_categoricals`
+    (else an empty categorical cell is a value of its own, coded unknown).
+    """
+    inputs = [*spec.known_cols, *spec.observed_cols]
+    if fill_categoricals:
+        return inputs
+    return [column for column in inputs if column not in spec.categorical_cols]
+
+
 def _check_not_all_empty(frame: pd.DataFrame, spec: TableSpec, fill_categoricals: bool) -> None:
     # The series numbered once (in table order, as groupby's keys), not once per column.
     codes, ids = pd.factorize(frame[spec.id_col])
-    inputs = [*spec.known_cols, *spec.observed_cols]
-    if not fill_categoricals:  # an empty categorical cell is a value (`to_regular_grid`)
-        inputs = [column for column in inputs if column not in spec.categorical_cols]
-    for column in (spec.target, *inputs):
+    for column in (spec.target, *filled_inputs(spec, fill_categoricals)):
         present = frame[column].notna().groupby(codes, sort=False).any().to_numpy()
         if not present.all():
             series = ids[np.flatnonzero(~present)[0]]
@@ -3251,9 +3260,7 @@ def to_regular_grid(
     # (rows of a series contiguous, in table order), without hashing the ids again.
     codes = np.repeat(np.arange(len(series)), lengths)
     by_series = grid.groupby(codes, sort=False)
-    inputs = [*spec.known_cols, *spec.observed_cols]
-    if not fill_categoricals:
-        inputs = [column for column in inputs if column not in spec.categorical_cols]
+    inputs = filled_inputs(spec, fill_categoricals)
     filled = [spec.target, *inputs]
     grid[filled] = by_series[filled].ffill()
     known = [column for column in spec.known_cols if column in inputs]
