@@ -194,6 +194,19 @@ def check_clear_errors() -> None:
     assert replicated(mesh).is_fully_replicated
 
 
+def check_placement_commits_unless_the_mesh_is_the_default_device_alone() -> None:
+    """Uncommitted on `data_mesh(1)` (the programs of direct calls); committed to a
+    mesh of another device, or split over several."""
+    tree, batch = {"w": np.ones((4, 2), np.float32)}, make_batch(0)
+    on_default = place_state(tree, data_mesh(1))["w"], shard_batch(batch, data_mesh(1)).target
+    assert not any(leaf.committed for leaf in on_default)
+    third = data_mesh(devices=[jax.devices()[3]])
+    on_third = place_state(tree, third)["w"], shard_batch(batch, third).target
+    assert all(leaf.committed and leaf.devices() == {jax.devices()[3]} for leaf in on_third)
+    split = shard_batch(batch, data_mesh(8)).target
+    assert split.committed and len(split.sharding.device_set) == 8
+
+
 CHECKS = [
     check_fp32_sharded_step_equals_single_device,
     check_fsdp_sharded_step_equals_single_device,
@@ -201,6 +214,7 @@ CHECKS = [
     check_checkpoint_from_8_devices_restores_on_1_and_continues_identically,
     check_predictors_split_what_the_devices_can_and_forecast_as_one_device,
     check_clear_errors,
+    check_placement_commits_unless_the_mesh_is_the_default_device_alone,
 ]
 
 

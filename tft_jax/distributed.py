@@ -7,6 +7,12 @@ each), and XLA's partitioner inserts the gradient all-reduce. The same code
 serves one device (a mesh of size 1) and many hosts (after
 `initialize_multihost`, each process contributes its own slice of the batch).
 
+On a mesh of the default device alone (one device, one process), placement
+leaves arrays uncommitted, as `jax.device_put` without a device and NumPy
+inputs are: `jax.jit` keys its programs by whether inputs are committed, so
+the programs `fit` compiles are then the ones a direct `train_step`,
+`evaluate` or `predict` on its result runs, not a second set.
+
 Because the batch is one global array, every reduction over it is global:
 quantization observers calibrated inside the step see the min/max of the
 whole batch, so every replica holds the same ranges.
@@ -155,6 +161,8 @@ def shard_batch(batch: PyTree, mesh: Mesh) -> PyTree:
     processes = jax.process_count()
     global_size = local_size * processes
     check_divisible(global_size, mesh)
+    if default_device_only(mesh):
+        return jax.device_put(batch)  # NumPy leaves go uncommitted, as a direct call's do
     if processes == 1:
         return jax.device_put(batch, sharding)
 
@@ -230,8 +238,47 @@ def state_shardings(tree: PyTree, mesh: Mesh, fsdp: bool = False) -> PyTree:
 
 
 def place_state(tree: PyTree, mesh: Mesh, fsdp: bool = False) -> PyTree:
-    """Puts a train state (or any pytree of arrays) on the mesh."""
+    """Puts a train state (or any pytree of arrays) on the mesh.
+
+    On a mesh of the default device alone the arrays are left uncommitted
+    (see the module's docstring); a committed one (a restored checkpoint's)
+    is copied through the host, JAX having no call that uncommits in place.
+    """
+    if default_device_only(mesh):
+        return jax.tree.map(_uncommitted, tree)
     return jax.device_put(tree, state_shardings(tree, mesh, fsdp))
+
+
+def default_device_only(mesh: Mesh) -> bool:
+    """Whether `mesh` is this single process's default device alone.
+
+    Arrays there need not be committed: an uncommitted array lives on that
+    device, and a one-device mesh splits nothing (FSDP included).
+    """
+    if not isinstance(mesh, Mesh) or mesh.size != 1 or jax.process_count() != 1:
+        return False
+    return bool(mesh.devices.flat[0] == _default_device())
+
+
+def _default_device() -> jax.Device:
+    """The device that uncommitted arrays live on (`jax_default_device`, else the first)."""
+    chosen = jax.config.jax_default_device  # type: ignore[attr-defined]  # added at runtime
+    if chosen is None:
+        return jax.local_devices()[0]
+    if isinstance(chosen, str):  # a platform name
+        return jax.local_devices(backend=chosen)[0]
+    return chosen
+
+
+def _uncommitted(leaf: Any) -> Any:
+    """`leaf` on the default device, uncommitted (a typed PRNG key through its data)."""
+    if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        return jax.random.wrap_key_data(
+            _uncommitted(jax.random.key_data(leaf)), impl=jax.random.key_impl(leaf)
+        )
+    if isinstance(leaf, jax.Array) and leaf.committed:
+        return jax.device_put(np.asarray(leaf))
+    return jax.device_put(leaf)
 
 
 class MultihostArgumentError(ValueError):

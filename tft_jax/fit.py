@@ -23,6 +23,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
+from tft_jax.batch_padding import fillable, filled_to
 from tft_jax.caller_frame import user_stacklevel
 from tft_jax.checkpoint import BEST, TrainingCheckpointer
 from tft_jax.distributed import check_mesh, data_mesh, is_primary, place_state, shard_batch
@@ -320,7 +321,13 @@ def fit(
         one-shot iterator, such as a generator, only with `epochs=1`), or a
         callable `epoch -> iterable of Batch` (shuffle inside it with a
         generator seeded by `(seed, epoch)` so that `resume` is exact).
-      val_batches: a re-iterable of validation batches (at least one), or None.
+        A NumPy batch with a `target_mask` (as `WindowSet` makes) that is
+        shorter than the widest (of a list or tuple; else the widest yet) is
+        filled up with unobserved rows (`tft_jax.batch_padding`), outside
+        calibration steps: it runs the wider batches' compiled step, with the
+        same loss and gradient (dropout draws for the filled shape).
+      val_batches: a re-iterable of validation batches (at least one), or None;
+        short ones filled up as the training batches are.
       epochs: number of passes over `train_batches`.
       seed: the seed of the dropout keys (`fold_in(key(seed), step)`).
       patience: stop after this many evaluations without a lower validation
@@ -517,7 +524,10 @@ def fit(
             progress.note(f"no checkpoint in {checkpoint_dir}: starting from step 0")
         else:
             _check_resume_seed(restored.rng, seed_key, seed)
-            state, loop = restored.state, LoopState.from_json(restored.loop)
+            # Placed again: on the default device alone, restored arrays come back
+            # committed, and would key programs of their own (`place_state`).
+            state = place_state(restored.state, mesh, fsdp)
+            loop = LoopState.from_json(restored.loop)
             resumed = True
             earlier_seconds = loop.seconds
             # What the steps so far trained on, before this run's schedule replaces it.
@@ -550,7 +560,7 @@ def fit(
                 )
             checkpointer.discard_best_after(loop.step)
             best = checkpointer.restore_best(state)
-            best_state = None if best is None else best.state
+            best_state = None if best is None else place_state(best.state, mesh, fsdp)
             if best is None and loop.best_val_loss is not None and val_batches is not None:
                 # The best state is gone (deleted, or moved aside as corrupt):
                 # the resumed state stands in for it, a repair said even when quiet.
@@ -836,6 +846,7 @@ def fit(
 
     compiled: set[bool | None] = set()  # the `calibrate` values whose step has run
     previous_loss: Array | None = None
+    fill_up = _FillUp(train_batches)
     try:
         while not done():
             iterator = iter(_batches_for_epoch(train_batches, loop.epoch))
@@ -857,7 +868,10 @@ def fit(
                 try:
                     # Converted on the host first: placed on the mesh, an int64 array
                     # would wrap to int32 before `train_step` could (`prepare_batch`).
-                    placed = shard_batch(prepare_batch("train_step", batch, state), mesh)
+                    prepared = prepare_batch("train_step", batch, state)
+                    if calibrate is not True:  # an observer would see the copies
+                        prepared = fill_up(prepared)
+                    placed = shard_batch(prepared, mesh)
                     state, metrics = train_step(
                         state, placed, step_key(seed_key, loop.step), calibrate
                     )
@@ -1149,18 +1163,41 @@ def _from_process_0(*flags: bool) -> tuple[bool, ...]:
     return tuple(bool(flag) for flag in np.asarray(shared))
 
 
+class _FillUp:
+    """`batch -> batch`: a short batch filled up to the widest one so far (`batch_padding`).
+
+    The widest of a sequence of batches is known before the first; of other
+    sources, it is the widest seen yet. Several processes pass their own
+    rows, and would have to agree on the filling: they fill nothing.
+    """
+
+    def __init__(self, batches: Any) -> None:
+        self.widest = 0
+        if isinstance(batches, Sequence) and len(batches):
+            self.widest = max(batches[index].batch_size for index in range(len(batches)))
+        self.enabled = jax.process_count() == 1
+
+    def __call__(self, batch: Batch) -> Batch:
+        self.widest = max(self.widest, batch.batch_size)
+        if self.enabled and batch.batch_size < self.widest and fillable(batch):
+            return filled_to(batch, self.widest)
+        return batch
+
+
 class _ShardedBatches:
-    """Re-iterable view of validation batches, each placed on the mesh when reached."""
+    """Re-iterable view of validation batches, each filled up (`_FillUp`) and placed on the
+    mesh when reached."""
 
     def __init__(self, batches: Sequence[Batch], mesh: Mesh, state: TrainState) -> None:
         # The model (`apply_fn`) tells `prepare_batch` its compute dtype, for the range
         # check; the state's arrays are not kept (the train step donates them).
         self.batches, self.mesh = batches, mesh
         self.model = SimpleNamespace(apply_fn=state.apply_fn)
+        self.fill_up = _FillUp(batches)
 
     def __iter__(self) -> Iterator[Batch]:
         return (
-            shard_batch(prepare_batch("evaluate", batch, self.model), self.mesh)
+            shard_batch(self.fill_up(prepare_batch("evaluate", batch, self.model)), self.mesh)
             for batch in self.batches
         )
 

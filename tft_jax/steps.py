@@ -26,6 +26,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
+from tft_jax.batch_padding import fillable, filled_to
 from tft_jax.flat_optimizer import (
     FlatAdamWState,
     flat_updates,
@@ -638,7 +639,10 @@ def evaluate(state: TrainState, batches: Iterable[Batch], calibrate: bool | None
     """The mean quantile loss over every observed target of `batches`.
 
     Each batch's mean is weighted by its number of observed targets, so the
-    result does not depend on how the data is split into batches. Raises
+    result does not depend on how the data is split into batches. A NumPy
+    batch with a `target_mask` that is shorter than one before it is filled
+    up with unobserved rows (`tft_jax.batch_padding`): it runs the wider
+    batches' compiled forward, with the same result. Raises
     `ValueError` when `batches` holds no observed target, or an observed
     target or an input that is NaN or infinite (naming the batch; read only
     when a batch's loss is not finite) or a finite float64 one beyond
@@ -648,9 +652,13 @@ def evaluate(state: TrainState, batches: Iterable[Batch], calibrate: bool | None
     _check_state("evaluate", state)
     _check_frozen("evaluate", calibrate, state)
     total, count = 0.0, 0.0
+    widest = 0
     for index, batch in enumerate(batches):
         _check_batch("evaluate", batch, state)
         batch = prepare_batch(f"evaluate: batch {index}", batch, state)
+        widest = max(widest, batch.batch_size)
+        if batch.batch_size < widest and fillable(batch) and jax.process_count() == 1:
+            batch = filled_to(batch, widest)  # the wider batches' program (`batch_padding`)
         with params_named(f"evaluate: batch {index}", state, batch):
             loss, observed = _eval_loss(state, batch, calibrate)
         loss, observed = float(loss), float(observed)

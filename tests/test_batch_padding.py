@@ -1,0 +1,168 @@
+"""A short batch filled up with unobserved rows: the wider batches' programs, the same numbers."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+from flax import struct
+
+from tft_jax.batch_padding import fillable, filled_to
+from tft_jax.train import (
+    Batch,
+    copy_state,
+    create_train_state,
+    evaluate,
+    fit,
+    make_optimizer,
+    step_key,
+    train_step,
+)
+
+LEVELS = (0.1, 0.5, 0.9)
+_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/backend_compile_duration")
+_active: list[list[str]] = []
+
+
+def _record(event: str, duration: float, **kwargs: object) -> None:
+    if event in _EVENTS:
+        for names in _active:
+            names.append(str(kwargs.get("fun_name")))
+
+
+jax.monitoring.register_event_duration_secs_listener(_record)
+
+
+@contextlib.contextmanager
+def model_programs() -> Iterator[list[str]]:
+    """Names of the train steps and forwards traced or compiled in the block."""
+    names: list[str] = []
+    _active.append(names)
+    try:
+        yield names
+    finally:
+        _active.remove(names)
+        names[:] = [name for name in names if "_train_step" in name or "output" in name]
+
+
+@struct.dataclass
+class Output:
+    quantiles: jnp.ndarray
+
+
+class Config:
+    quantiles = LEVELS
+
+
+class Linear(nn.Module):
+    """Inputs flattened -> Dense -> (B, H, Q); no dropout, so a filled step is exact."""
+
+    config: Config = Config()
+
+    @nn.compact
+    def __call__(
+        self, static, historical, future, known_history=None, static_categorical=None,
+        deterministic=True,
+    ):  # fmt: skip
+        rows = historical.shape[0]
+        x = jnp.concatenate([static, historical.reshape(rows, -1), future.reshape(rows, -1)], -1)
+        return Output(nn.Dense(future.shape[1] * 3)(x).reshape(rows, -1, 3))
+
+
+def make_batch(seed: int, rows: int, mask: bool = True) -> Batch:
+    rng = np.random.default_rng(seed)
+    return Batch(
+        static=rng.normal(size=(rows, 1)).astype(np.float32),
+        historical=rng.normal(size=(rows, 3, 2)).astype(np.float32),
+        future=rng.normal(size=(rows, 2, 1)).astype(np.float32),
+        known_history=None,
+        static_categorical=rng.integers(0, 3, size=(rows, 1)).astype(np.int32),
+        target=rng.normal(size=(rows, 2)).astype(np.float32),
+        target_mask=(rng.random((rows, 2)) > 0.2).astype(np.float32) if mask else None,
+    )
+
+
+def fresh_state():
+    tx = make_optimizer(1e-2, clip_norm=1.0, weight_decay=0.0)
+    return create_train_state(Linear(), tx, jax.random.key(0), make_batch(0, 8))
+
+
+def reference_loss(state, batches: list[Batch]) -> float:
+    """The mean pinball loss over every observed target, in float64 NumPy."""
+    kernel = np.asarray(state.params["Dense_0"]["kernel"], np.float64)
+    bias = np.asarray(state.params["Dense_0"]["bias"], np.float64)
+    total, count = 0.0, 0
+    for b in batches:
+        x = np.concatenate([b.static, b.historical.reshape(len(b.static), -1), b.future[..., 0]], 1)
+        pred = (x.astype(np.float64) @ kernel + bias).reshape(len(x), -1, 3)
+        error = b.target[..., None] - pred
+        losses = np.maximum(np.asarray(LEVELS) * error, (np.asarray(LEVELS) - 1) * error)
+        observed = b.target_mask != 0
+        total += losses[observed].sum()
+        count += observed.sum() * len(LEVELS)
+    return total / count
+
+
+def test_filled_to_appends_unobserved_copies_of_the_last_row() -> None:
+    batch = make_batch(1, 5)
+    filled = filled_to(batch, 8)
+    assert filled.batch_size == 8 and filled.known_history is None
+    for name in ("static", "historical", "future", "static_categorical", "target"):
+        value, original = getattr(filled, name), getattr(batch, name)
+        np.testing.assert_array_equal(value[:5], original)
+        np.testing.assert_array_equal(value[5:], np.repeat(original[-1:], 3, axis=0))
+        assert value.dtype == original.dtype
+    np.testing.assert_array_equal(filled.target_mask[:5], batch.target_mask)
+    assert not filled.target_mask[5:].any()
+    assert filled_to(batch, 5) is batch and filled_to(batch, 3) is batch
+    assert batch.target_mask.shape == (5, 2)  # the caller's arrays are not written
+
+
+def test_only_host_batches_with_a_mask_are_filled() -> None:
+    assert fillable(make_batch(1, 5))
+    assert not fillable(make_batch(1, 5, mask=False))
+    assert not fillable(make_batch(1, 5).replace(target=jnp.zeros((5, 2))))
+    with pytest.raises(
+        ValueError, match="filled_to: the batch needs NumPy arrays and a target_mask"
+    ):
+        filled_to(make_batch(1, 5, mask=False), 8)
+
+
+def test_evaluate_runs_a_short_batch_on_the_wider_batches_forward() -> None:
+    state = fresh_state()
+    full, short = make_batch(2, 8), make_batch(3, 5)
+    evaluate(state, [full])
+    with model_programs() as programs:
+        loss = evaluate(state, [full, short])
+    assert programs == []
+    assert loss == pytest.approx(reference_loss(state, [full, short]), rel=1e-5)
+    # A short batch first is not filled (its width is the widest yet): its own program.
+    with model_programs() as programs:
+        assert evaluate(state, [short, full]) == pytest.approx(loss, rel=1e-6)
+    assert programs
+
+
+def test_fit_trains_a_short_batch_on_the_wider_batches_step_with_the_same_update() -> None:
+    train = [make_batch(4, 8), make_batch(5, 5), make_batch(6, 8)]
+    val = [make_batch(7, 8), make_batch(8, 3)]
+    warm = fresh_state()  # the 8-row step and forward compiled before counting
+    evaluate(warm, [val[0]])
+    train_step(warm, train[0], jax.random.key(0))
+    with model_programs() as programs:
+        result = fit(fresh_state(), train, val, epochs=1, seed=3, quiet=True)
+    assert programs == []
+    # The same updates, batch by batch, without filling (the model has no dropout).
+    state = fresh_state()
+    for step, batch in enumerate(train):
+        state, _ = train_step(state, batch, step_key(jax.random.key(3), step))
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+        result.state.params,
+        copy_state(state).params,
+    )
+    assert result.history["val_loss"][-1] == pytest.approx(reference_loss(state, val), rel=1e-5)
