@@ -13,9 +13,9 @@ the test split are scored: an earlier one would score targets the model was
 trained or selected on, so fewer are used where the test split is shorter
 than `--cutoffs` horizons (tourism's 11 quarters hold 2 cutoffs of 4), and
 the record says how many (`backtest.cutoffs`, of `cutoffs_requested`). Each
-record holds P50/P90 q-risk of the best baseline (seasonal naive and
-seasonal naive with drift at the frequency's periods), FP32 and int8, and
-the training time.
+record holds P50/P90 q-risk of the best baseline (seasonal naive,
+seasonal naive with drift and the empirical quantiles at the frequency's
+periods), FP32 and int8, and the training time.
 
 Each record is printed as one JSON line (the records are nested, so there is
 no table), with the fields every benchmark's record carries

@@ -121,7 +121,8 @@ def scores(forecasts: list[np.ndarray], actuals: list[np.ndarray]) -> dict:
 
 def hand_baselines(history: np.ndarray) -> dict[str, np.ndarray]:
     """Seasonal naive and seasonal naive with drift (the mean seasonal difference) at the
-    daily candidate periods that fit 14 days: 1 and 7."""
+    daily candidate periods that fit 14 days, 1 and 7, and the empirical quantiles of the
+    last 7 days (`(H, Q)`: the ceil(q · 7)-th smallest, the 1st, 4th and 7th, every step)."""
     steps = np.arange(HORIZON)
     out = {}
     for period in (1, 7):
@@ -129,6 +130,7 @@ def hand_baselines(history: np.ndarray) -> dict[str, np.ndarray]:
         drift = np.mean(history[period:] - history[:-period])
         out[f"seasonal_naive_{period}"] = naive
         out[f"drift_{period}"] = naive + (steps // period + 1) * drift
+    out["empirical_7"] = np.tile(np.sort(history[-7:])[[0, 3, 6]], (HORIZON, 1))
     return out
 
 

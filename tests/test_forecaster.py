@@ -588,7 +588,7 @@ def test_evaluate_on_the_training_table_reports_every_model_and_the_baseline(fit
     assert set(metrics["models"]) == {"seasonal_naive", "best_baseline", "fp32"}
     assert metrics["models"]["best_baseline"]["name"] in metrics["baselines"]
     assert set(metrics["baselines"]) == {"seasonal_naive_1", "drift_1", "seasonal_naive_7",
-                                         "drift_7"}  # fmt: skip
+                                         "drift_7", "empirical_7"}  # fmt: skip
     assert metrics["windows"] == len(forecaster.prepare(table).test)
     assert metrics["seasonal_naive_period"] == 7
 

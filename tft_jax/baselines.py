@@ -1,4 +1,6 @@
-"""Seasonal naive forecasts: the last seasonal period of the history, repeated.
+"""Baseline forecasts: seasonal naive (with and without drift) and empirical quantiles.
+
+Seasonal naive forecasts: the last seasonal period of the history, repeated.
 
 For a season of `m` steps the forecast of horizon step `h` (0-based) is the
 observation `m · (h // m + 1) - h` steps before it, i.e. the value at the
@@ -36,6 +38,31 @@ week 40 by default, and a multiple takes the fewest steps that make whole
 business days ('2bh': 4, '3bh': 8, three days). A step of a business day or
 more ('8bh') takes the business week as its season. Holidays are not
 counted: around one the grid shifts by a day.
+
+Empirical quantiles (`empirical_quantiles`): a probabilistic baseline for
+a probabilistic model. The forecast of every horizon step at level `q` is
+the `q`-quantile of the last `m` history values (one season), the same for
+each step: `ŷ_q[h] = Q_q(y[T - m], ..., y[T - 1])`. A point forecast scores
+every quantile level with its one value; these quantiles spread as the
+recent values do, which matters most on intermittent demand (many zeros),
+where the last season repeated step by step is a poor guess of any level.
+
+The quantile is the inverted empirical CDF (Hyndman & Fan's definition 1,
+NumPy's `method='inverted_cdf'`): the `k`-th smallest of the `n` values
+with `k = ceil(q · n)`, always one of the sample values. That is the value
+that minimises the pinball loss of level `q` over the sample:
+`Σ_i max(q (y_i - x), (q - 1)(y_i - x))` is piecewise linear in `x` with
+slope `#{y_i <= x} - q n` between sample values, so it is least where that
+count first reaches `q n`: the in-sample fit of the loss the models are
+trained and scored on. Where `q · n` is a whole number `k`, every value
+between the `k`-th and `(k+1)`-th smallest minimises it and the lower (the
+`k`-th) is taken; a product `q · n` within 1e-9 of a whole number counts
+as that number, so that a level written in decimals ranks as its decimal
+says (0.28 · 25, 7.000000000000001 in floats, ranks 7th, where NumPy's
+`inverted_cdf` takes the 8th value). NumPy's default, linear
+interpolation, gives values between two observations that need not
+minimise the loss (0.8 for the 0.9-quantile of 0, 0, 1, whose minimiser
+is 1).
 """
 
 from __future__ import annotations
@@ -248,6 +275,87 @@ def seasonal_naive_with_drift(history: Any, horizon: int, period: int) -> np.nda
     drift = np.mean(history[:, period:] - history[:, :-period], axis=1)
     ahead = np.arange(horizon) // period + 1
     return forecast + drift[:, None] * ahead[None, :]
+
+
+_WHOLE_RANK_TOLERANCE = 1e-9
+
+
+def _quantile_levels(quantiles: Any) -> np.ndarray:
+    """`quantiles` as a 1-D float64 array of levels, each in (0, 1), at least one.
+
+    Raises:
+      TypeError: not a sequence of numbers (a string, None, nested or ragged
+        lists, booleans).
+      ValueError: no level, or one outside (0, 1) (NaN included).
+    """
+    message = f"quantiles must be a sequence of numbers in (0, 1), got {quantiles!r}"
+    if quantiles is None or isinstance(quantiles, str | bytes):
+        raise TypeError(message)
+    try:
+        levels = np.asarray(quantiles)
+    except (TypeError, ValueError) as error:  # ragged nesting
+        raise TypeError(message) from error
+    numeric = np.issubdtype(levels.dtype, np.number) and not np.issubdtype(levels.dtype, np.bool_)
+    if levels.ndim != 1 or not numeric or np.iscomplexobj(levels):
+        raise TypeError(message)
+    levels = levels.astype(np.float64)
+    if levels.size == 0 or not np.all((levels > 0.0) & (levels < 1.0)):  # NaN fails too
+        raise ValueError(f"quantiles must be at least one level in (0, 1), got {levels.tolist()}")
+    return levels
+
+
+def _inverted_cdf_ranks(levels: np.ndarray, count: int) -> np.ndarray:
+    """`(Q,)` 0-based positions in `count` sorted values of the inverted-CDF quantiles of `levels`.
+
+    `ceil(q · count) - 1`, a product within 1e-9 of a whole number taken as
+    that number (module docstring), kept in `[0, count - 1]`.
+    """
+    product = np.asarray(levels, dtype=np.float64) * count
+    whole = np.rint(product)
+    product = np.where(np.abs(product - whole) <= _WHOLE_RANK_TOLERANCE, whole, product)
+    return np.clip(np.ceil(product).astype(np.int64) - 1, 0, count - 1)
+
+
+def empirical_quantiles(history: Any, horizon: int, period: int, quantiles: Any) -> np.ndarray:
+    """Forecasts `(B, H, Q)`: the quantiles of the last `period` values of `history`, every step.
+
+    Args:
+      history: `(B, T)` past values (real numbers), the last column just before
+        the forecast start; the last `period` of them must be finite.
+      horizon: `H`, steps to forecast.
+      period: `m`, how many of the last history values make the sample (one
+        season), at most `T`.
+      quantiles: the `Q` levels, each in (0, 1), in the order of the output's
+        last axis (unsorted levels give columns in that order).
+
+    Returns:
+      float64 `(B, H, Q)`, `out[b, h, j]` the inverted-CDF `quantiles[j]`-quantile
+      of `history[b, T - m:]` (module docstring): its `ceil(q · m)`-th
+      smallest value, the value that minimises the pinball loss of that level
+      over the sample. The same for every `h`.
+
+    Raises:
+      TypeError: `history` not real numbers, `horizon` or `period` not ints,
+        `quantiles` not a sequence of numbers.
+      ValueError: `history` not 2-D, `period` longer than it, a NaN or inf
+        among its last `period` values, `horizon`/`period` below 1, or no
+        level or one outside (0, 1).
+    """
+    history = _real_history(history)
+    horizon = _require_positive_int("horizon", horizon)
+    period = _require_positive_int("period", period)
+    levels = _quantile_levels(quantiles)
+    steps = history.shape[1]
+    if period > steps:
+        raise ValueError(
+            f"the period ({period}) of the empirical quantiles is longer than the history "
+            f"({steps} steps); lengthen the history or choose a shorter period"
+        )
+    read = np.arange(steps - period, steps)
+    sample = history[:, read].astype(np.float64)
+    _require_finite(sample, read, "the empirical quantile forecast")
+    ranked = np.sort(sample, axis=1)[:, _inverted_cdf_ranks(levels, period)]  # (B, Q)
+    return np.repeat(ranked[:, None, :], horizon, axis=1)
 
 
 def candidate_periods(freq: str, history: int) -> tuple[int, ...]:

@@ -24,8 +24,9 @@ The metrics are computed in float64 NumPy, not with the float32 JAX losses:
 a float32 copy of a target at a level of 1e8 is rounded to a multiple of 8,
 so errors of a few units (and the q-risk of a good forecast) would be lost.
 
-A point forecast (the seasonal naive baseline) is scored as if it predicted
-every quantile level with that one value.
+A point forecast (the seasonal naive baselines) is scored as if it predicted
+every quantile level with that one value; a quantile forecast (the models,
+the empirical quantile baseline) scores each level with its own column.
 
 Windows prepared with `require_observed_target=False` may hold forecast
 steps whose target was missing in the table (forward-filled, `target_mask`
@@ -48,7 +49,7 @@ import numpy as np
 import pandas as pd
 
 from tft_jax.atomic_files import replaced_atomically
-from tft_jax.baselines import seasonal_naive, seasonal_naive_with_drift
+from tft_jax.baselines import empirical_quantiles, seasonal_naive, seasonal_naive_with_drift
 from tft_jax.data import PreparedDataset, WindowSet, batch_indices
 from tft_jax.data.listing import repeated
 from tft_jax.data.scaling import TARGET_TRANSFORMS, forward_transform
@@ -307,10 +308,17 @@ def baseline_metrics(
     nonnegative: bool = False,
     observed: np.ndarray | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Metrics of seasonal naive and seasonal naive with drift at each of `periods`.
+    """Metrics of seasonal naive, seasonal naive with drift and empirical quantiles at `periods`.
 
-    Keys `seasonal_naive_<m>` and `drift_<m>` (the latter where the history
-    holds two whole seasons of `m`); point forecasts score every level.
+    Keys `seasonal_naive_<m>`, `drift_<m>` (where the history holds two
+    whole seasons of `m`) and `empirical_<m>` (`baselines.empirical_quantiles`:
+    the inverted-CDF quantiles of the last `m` history values at every step,
+    for `m` >= 2 only: the quantiles of one value are that value, the
+    forecast of `seasonal_naive_1`, which an `empirical_1` would duplicate
+    and, named first in sorted order, take `best_of`'s ties from). The point
+    forecasts score every level with their one value, the empirical
+    quantiles each level with its own column. Every period must fit in the
+    history (`seasonal_naive` raises otherwise).
     `nonnegative`: forecasts clipped at 0 first, as the models' are (a drift
     extrapolates a falling series below 0). `observed`: the `(N, H)` mask of
     the steps to score (see `actuals`), as the models are scored; the
@@ -324,6 +332,10 @@ def baseline_metrics(
         if history.shape[1] // period >= 2:
             forecasts[f"drift_{period}"] = seasonal_naive_with_drift(
                 history, windows.horizon, period
+            )
+        if period >= 2:
+            forecasts[f"empirical_{period}"] = empirical_quantiles(
+                history, windows.horizon, period, quantiles
             )
         for name, forecast in forecasts.items():
             if nonnegative:
