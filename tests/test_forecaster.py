@@ -653,7 +653,8 @@ def test_nonnegative_clips_forecasts_at_zero(fitted, tmp_path):
         scaler["loc"] = [value - 1000.0 for value in scaler["loc"]]
         (runs[name] / "config.json").write_text(json.dumps(config))
     history, future = cut(table, "2024-03-30")
-    raw = Forecaster.load(runs["raw"]).predict(history, future)[QUANTILES].to_numpy()
+    with pytest.warns(UserWarning, match=r"^predict: forecasts of 'sales' below 0"):
+        raw = Forecaster.load(runs["raw"]).predict(history, future)[QUANTILES].to_numpy()
     assert (raw < 0).all()
     clipped = Forecaster.load(runs["clipped"]).predict(history, future)[QUANTILES].to_numpy()
     np.testing.assert_array_equal(clipped, 0.0)

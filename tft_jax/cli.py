@@ -101,6 +101,13 @@ from tft_jax.evaluation import (
 from tft_jax.folder_lock import FolderLockedError, folder_locked
 from tft_jax.forecaster import DEMO, DataConfig, Forecaster, ForecasterConfig, RunFolderError
 from tft_jax.forecaster.forecaster import KEEP_FILLED_SETTING
+from tft_jax.forecaster.negative_forecasts import (
+    CLIP_REMEDY,
+    LOG_REMEDY,
+    announce_negative_forecasts,
+    count_negative,
+    forecast_place,
+)
 from tft_jax.forecaster.process_agreement import table_digest
 from tft_jax.forecaster.run_folder import (
     ATTENTION_PLOT,
@@ -226,6 +233,13 @@ def cli_text(message: str, args: argparse.Namespace) -> str:
     """
     if "max_missing_fraction" not in vars(args):
         message = message.replace("DataConfig.max_missing_fraction", _RUN_MISSING_LIMIT)
+    # Forecasts below 0 (`negative_forecasts`): both remedies are training flags, which a
+    # command that reads a run has not (nor has a fitted run's folder a Python config to set).
+    trains = "nonnegative" in vars(args)
+    message = message.replace(
+        CLIP_REMEDY,
+        f"{'pass' if trains else 'train again with'} --nonnegative to clip the forecasts at 0",
+    ).replace(LOG_REMEDY, f"{'' if trains else 'with '}--target-transform log1p")
     if "nonnegative" not in vars(args):  # the run's setting, in a command that reads a run
         message = message.replace(
             "DataConfig.nonnegative=True", "the run's --nonnegative (set when it trained)"
@@ -586,10 +600,24 @@ def check_forecast_columns(
             )
 
 
-def write_split_forecasts(forecaster, dataset, split, predictions, model, path) -> pathlib.Path:
-    """Writes the forecasts of one model on `split`'s windows as CSV (with a `model` column)."""
+def write_split_forecasts(
+    forecaster, dataset, split, predictions, model, path, announce_negative: bool = False
+) -> pathlib.Path:
+    """Writes the forecasts of one model on `split`'s windows as CSV (with a `model` column).
+
+    `announce_negative`: warn of forecasts below 0 of a target the table never holds below
+    0 (`negative_forecasts`), as `evaluate` does of those it scores.
+    """
     windows = dataset.split(split)
     forecast = forecaster.postprocess(to_original_units(dataset, windows, predictions.quantiles))
+    if announce_negative:
+        announce_negative_forecasts(
+            forecaster.config.data,
+            dataset.frame[dataset.spec.target].to_numpy(),
+            {model: count_negative(forecast, forecast_place(dataset.series_ids, windows))},
+            forecaster.tft_config.quantiles,
+            f"forecast: the {split} split",
+        )
     table = forecast_frame(dataset, windows, forecast, forecaster.tft_config.quantiles)
     table.insert(0, "model", model)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -1258,7 +1286,9 @@ def command_forecast(args: argparse.Namespace) -> int:
     writes = is_inside(output, args.run) or other_table(args, config)
     with writing_into_run(args.run, forecaster, writes):
         record_other_table_name(args, config)
-        write_split_forecasts(forecaster, dataset, args.split, prediction, name, output)
+        write_split_forecasts(
+            forecaster, dataset, args.split, prediction, name, output, announce_negative=True
+        )
     print(f"{len(windows) * dataset.horizon} forecast rows ({len(windows)} windows): {output}")
     return 0
 

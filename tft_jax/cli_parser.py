@@ -792,6 +792,9 @@ def demo_argv() -> list[str]:
         if option.kwargs.get("action") is argparse.BooleanOptionalAction:
             argv.append(option.flag if value else f"--no-{option.flag[2:]}")
             continue
+        if option.kwargs.get("action") == "store_true":  # on: its default is off
+            argv.append(option.flag)
+            continue
         argv += (
             [option.flag, *map(str, value)]
             if isinstance(value, tuple)

@@ -85,6 +85,12 @@ from tft_jax.forecaster.config import (
     quantile_name,
 )
 from tft_jax.forecaster.interpretation import interpretation_tables
+from tft_jax.forecaster.negative_forecasts import (
+    NegativeForecasts,
+    announce_negative_forecasts,
+    count_negative,
+    forecast_place,
+)
 from tft_jax.forecaster.predictors import MODEL_NAMES, Predictor, make_predictor, qat_model_for
 from tft_jax.forecaster.process_agreement import fit_settings
 from tft_jax.forecaster.training import announce, train_fp32, train_qat, validation_batches
@@ -1298,7 +1304,10 @@ class Forecaster:
         forward-filled (empty categorical cells coded unknown) and announced,
         a series whose last `history` steps are more than
         `data.max_missing_fraction` filled is refused, and series whose whole
-        forecast lies before the table's last time are named.
+        forecast lies before the table's last time are named. Forecasts below 0
+        of a table whose target is never below 0 (a count) are announced with a
+        `UserWarning`, counted by quantile level, unless `data.nonnegative`
+        clips them (`tft_jax.forecaster.negative_forecasts`).
 
         Returns:
           A long DataFrame: the id and time columns, then one column per
@@ -1335,9 +1344,14 @@ class Forecaster:
                 windows.denormalize(predictions.quantiles), windows.series_code, where
             )
         )
+        spec = fitted.preprocessor.spec
+        self._announce_negative_forecasts(
+            ahead.transformed.frame[spec.target].to_numpy(),
+            {model: count_negative(forecast, forecast_place(series_ids, windows))},
+            "predict",
+        )
         horizon = data.horizon
         rows = (windows.starts[:, None] + np.arange(horizon)).reshape(-1)
-        spec = fitted.preprocessor.spec
         # An Index infers the ids' dtype (int64 ids stay int64, not object), so that the
         # forecasts merge and compare with the user's tables as their ids do.
         ids = pd.Index(list(ahead.transformed.series_ids)).repeat(horizon)
@@ -1357,15 +1371,35 @@ class Forecaster:
         batch_size = self.config.training.eval_batch_size
         return {name: predict_windows(self.predictor(name), windows, batch_size) for name in names}
 
+    def _forecasts(
+        self, dataset: PreparedDataset, windows: WindowSet, predictions: dict[str, Predictions]
+    ) -> dict[str, np.ndarray]:
+        """Each model's `(N, H, Q)` forecasts over `windows` in original units, as returned
+        (`postprocess`): those `_metrics` scores."""
+        return {
+            name: self.postprocess(to_original_units(dataset, windows, prediction.quantiles))
+            for name, prediction in predictions.items()
+        }
+
+    def _announce_negative_forecasts(
+        self, targets: np.ndarray, found: dict[str, NegativeForecasts], scope: str
+    ) -> None:
+        """Warns of forecasts in `found` below 0 when no value of `targets` (the target of
+        the table forecast) is, unless `DataConfig.nonnegative` (`negative_forecasts`)."""
+        announce_negative_forecasts(
+            self.config.data, targets, found, self.tft_config.quantiles, scope
+        )
+
     def _metrics(
         self,
         dataset: PreparedDataset,
         windows: WindowSet,
-        predictions: dict[str, Predictions],
+        forecasts: dict[str, np.ndarray],
         seconds: dict[str, float] | None = None,
     ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
-        """`(models, baselines)`: metrics of the models (with `seasonal_naive` and
-        `best_baseline`, the baseline of lowest P50 q-risk) and of every baseline."""
+        """`(models, baselines)`: metrics of the models' `forecasts` (`_forecasts`; with
+        `seasonal_naive` and `best_baseline`, the baseline of lowest P50 q-risk) and of every
+        baseline."""
         quantiles = self.tft_config.quantiles
         observed = _scored_steps(dataset, windows)
         score = window_scorer(dataset, windows, quantiles, observed)
@@ -1378,8 +1412,7 @@ class Forecaster:
             "seasonal_naive": baselines[f"seasonal_naive_{self.season_period}"],
             "best_baseline": {**baselines[best], "name": best},
         }
-        for name, prediction in predictions.items():
-            forecast = self.postprocess(to_original_units(dataset, windows, prediction.quantiles))
+        for name, forecast in forecasts.items():
             try:
                 models[name] = score(forecast)
             except ValueError as error:  # a non-finite forecast: say whose
@@ -1496,13 +1529,20 @@ class Forecaster:
             name: dataclasses.replace(prediction, quantiles=prediction.quantiles[~left_out])
             for name, prediction in predictions.items()
         }
+        forecasts = self._forecasts(dataset, scored, kept)
         try:
-            models_metrics, baselines = self._metrics(dataset, scored, kept, seconds)
+            models_metrics, baselines = self._metrics(dataset, scored, forecasts, seconds)
         except ZeroTargetError:
             raise TableContentError(
                 f"evaluate: every target of the {split} split ({len(scored)} windows) is zero, "
                 "so q-risk is undefined there; evaluate another split or table"
             ) from None
+        place = forecast_place(dataset.series_ids, scored)
+        self._announce_negative_forecasts(
+            dataset.frame[dataset.spec.target].to_numpy(),
+            {name: count_negative(forecast, place) for name, forecast in forecasts.items()},
+            f"evaluate: the {split} split",
+        )
         metrics = {
             "split": split,
             "windows": len(scored),
@@ -1549,7 +1589,9 @@ class Forecaster:
         the model's own test start (a table ending earlier than the training
         table), a `UserWarning` says how many: they are scored on targets the
         model was fitted or selected on, in-sample. 'train' and 'validation'
-        are in-sample by name, and not announced.
+        are in-sample by name, and not announced. Scored forecasts below 0 of a
+        table whose target is never below 0 are announced in one `UserWarning`
+        naming each model's count by level, as `predict` does.
         """
         return self._evaluation(table, split, models)[0]
 
@@ -1640,6 +1682,8 @@ class Forecaster:
         `UserWarning` names such cutoffs, counts their windows and says which
         `n_windows` keeps the cutoffs at or after the test start. The scores
         are left as they are; a new series is out of sample at any cutoff.
+        Forecasts below 0 of a table whose target is never below 0 are counted
+        over every cutoff and announced once, as `predict` does.
 
         Returns:
           A DataFrame, one row per (cutoff, model), the seasonal naive baseline
@@ -1709,6 +1753,7 @@ class Forecaster:
         # Series not scored at a cutoff, by cutoff, with why: each cutoff averages its own.
         unscored: dict[pd.Timestamp, dict[Any, str]] = {}
         skipped: list[pd.Timestamp] = []  # cutoffs that score no series
+        negative: dict[str, NegativeForecasts] = {}  # forecasts below 0, over the cutoffs
         for position in positions:
             cutoff = grid_times[position]
             last = grid_times[position + data.horizon - 1]
@@ -1739,12 +1784,18 @@ class Forecaster:
             windows = WindowSet(
                 panel, starts, data.history, data.horizon, normalized=data.window_normalization
             )
-            predictions = self.predictions(dataset, windows, models)
+            forecasts = self._forecasts(
+                dataset, windows, self.predictions(dataset, windows, models)
+            )
             try:
-                metrics, _ = self._metrics(dataset, windows, predictions)
+                metrics, _ = self._metrics(dataset, windows, forecasts)
             except ZeroTargetError:
                 zero_cutoffs.append(cutoff)
-                metrics = self._zero_target_metrics(dataset, windows, predictions)
+                metrics = self._zero_target_metrics(dataset, windows, forecasts)
+            place = forecast_place(dataset.series_ids, windows)
+            for name, forecast in forecasts.items():
+                found = count_negative(forecast, place)
+                negative[name] = negative[name] + found if name in negative else found
             observed = _scored_steps(dataset, windows)
             masked = {} if observed is None else {"masked_steps": int((~observed).sum())}
             for name, row in metrics.items():
@@ -1779,10 +1830,16 @@ class Forecaster:
             )
         _announce_unscored_series(unscored, skipped)
         _check_zero_target_cutoffs(zero_cutoffs, len(positions) - len(skipped), data.horizon)
+        scored_cutoffs = len(positions) - len(skipped)
+        self._announce_negative_forecasts(
+            dataset.frame[dataset.spec.target].to_numpy(),
+            negative,
+            f"backtest ({scored_cutoffs} cutoff{'s' if scored_cutoffs != 1 else ''})",
+        )
         return pd.DataFrame.from_records(records)
 
     def _zero_target_metrics(
-        self, dataset: PreparedDataset, windows: WindowSet, predictions: dict[str, Predictions]
+        self, dataset: PreparedDataset, windows: WindowSet, forecasts: dict[str, np.ndarray]
     ) -> dict[str, dict[str, Any]]:
         """`backtest`'s metrics at a cutoff whose targets are all zero, where q-risk is undefined.
 
@@ -1797,11 +1854,11 @@ class Forecaster:
         naive = seasonal_naive_forecast(dataset, windows, self.season_period)
         if self.config.data.nonnegative:
             naive = np.maximum(naive, 0.0)  # as `baseline_metrics` clips the baselines
-        forecasts = {"seasonal_naive": naive, "best_baseline": None}
-        for name, prediction in predictions.items():
-            forecasts[name] = self.postprocess(
-                to_original_units(dataset, windows, prediction.quantiles)
-            )
+        scored: dict[str, np.ndarray | None] = {
+            "seasonal_naive": naive,
+            "best_baseline": None,
+            **forecasts,
+        }
         return {
             name: {
                 "p50_q_risk": float("nan"),
@@ -1812,7 +1869,7 @@ class Forecaster:
                     else mean_quantile_loss(forecast, actual, quantiles, observed)
                 ),
             }
-            for name, forecast in forecasts.items()
+            for name, forecast in scored.items()
         }
 
     # ------------------------------------------------------------------ save / load
