@@ -166,3 +166,62 @@ def test_fit_trains_a_short_batch_on_the_wider_batches_step_with_the_same_update
         copy_state(state).params,
     )
     assert result.history["val_loss"][-1] == pytest.approx(reference_loss(state, val), rel=1e-5)
+
+
+def test_a_resumed_fit_over_a_callable_fills_as_the_uninterrupted_run(tmp_path) -> None:
+    epoch = [make_batch(10 + i, 8) for i in range(3)] + [make_batch(13, 6)]
+    whole = fit(fresh_state(), lambda e: epoch, None, epochs=1, seed=5, quiet=True)
+    run = tmp_path / "run"
+    fit(fresh_state(), lambda e: epoch, None, epochs=1, seed=5, quiet=True, max_steps=3,
+        checkpoint_dir=run)  # fmt: skip
+    with model_programs() as programs:  # the 6-row batch: filled to 8, no program of its own
+        resumed = fit(fresh_state(), lambda e: epoch, None, epochs=1, seed=5, quiet=True,
+                      checkpoint_dir=run, resume=True)  # fmt: skip
+    assert programs == []
+    jax.tree.map(np.testing.assert_array_equal, resumed.state.params, whole.state.params)
+
+
+def test_a_short_batch_splits_over_a_mesh_at_the_width_it_is_filled_to() -> None:
+    from jax.sharding import AbstractMesh
+
+    from tft_jax.steps import _check_mesh_divides
+
+    mesh = AbstractMesh((4,), ("data",))
+    _check_mesh_divides("train_batches", [make_batch(0, 8), make_batch(1, 5)], mesh, fills=True)
+    refused = r"fit: train_batches\[1\] is a global batch of 5 windows"
+    with pytest.raises(ValueError, match=refused):  # no mask to mark the copies
+        _check_mesh_divides(
+            "train_batches", [make_batch(0, 8), make_batch(1, 5, False)], mesh, True
+        )
+    with pytest.raises(ValueError, match=refused):
+        _check_mesh_divides("train_batches", [make_batch(0, 8), make_batch(1, 5)], mesh, False)
+
+
+class BatchStandardized(nn.Module):
+    """Standardizes its inputs by the batch's own mean: rows depend on each other."""
+
+    config: Config = Config()
+
+    @nn.compact
+    def __call__(
+        self, static, historical, future, known_history=None, static_categorical=None,
+        deterministic=True,
+    ):  # fmt: skip
+        rows = historical.shape[0]
+        x = jnp.concatenate([static, historical.reshape(rows, -1), future.reshape(rows, -1)], -1)
+        x = x - x.mean(axis=0)
+        return Output(nn.Dense(future.shape[1] * 3)(x).reshape(rows, -1, 3))
+
+
+def test_fill_short_batches_false_leaves_a_model_with_batch_statistics_exact() -> None:
+    tx = make_optimizer(1e-2, clip_norm=1.0, weight_decay=0.0)
+    state = create_train_state(BatchStandardized(), tx, jax.random.key(0), make_batch(0, 8))
+    full, short = make_batch(2, 8), make_batch(3, 5)
+    weights = [float(np.count_nonzero(b.target_mask)) for b in (full, short)]
+    apart = np.average([evaluate(state, [full]), evaluate(state, [short])], weights=weights)
+    assert evaluate(state, [full, short], fill_short_batches=False) == pytest.approx(apart)
+    assert evaluate(state, [full, short]) != pytest.approx(apart, rel=1e-6)  # what filling does
+    with pytest.raises(TypeError, match="evaluate: fill_short_batches must be a bool"):
+        evaluate(state, [full], fill_short_batches="no")
+    with pytest.raises(TypeError, match="fit: fill_short_batches must be a bool"):
+        fit(state, [full], None, epochs=1, quiet=True, fill_short_batches=None)

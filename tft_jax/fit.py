@@ -41,6 +41,7 @@ from tft_jax.steps import (
 from tft_jax.train_state import (
     Batch,
     TrainState,
+    _check_batch,
     _check_state,
     _with_schedule,
     copy_state,
@@ -186,12 +187,18 @@ def _epoch_length(source: BatchSource) -> int | None:
         return None
 
 
-def _skip(iterator: Iterator[Batch], count: int) -> int:
-    """Skips up to `count` batches of `iterator`; returns how many there were."""
+def _skip(iterator: Iterator[Batch], count: int, fill_up: _FillUp) -> int:
+    """Skips up to `count` batches of `iterator`; returns how many there were.
+
+    Their widths are told to `fill_up`: a resumed run fills the short batch
+    that follows as the uninterrupted run did.
+    """
     skipped = 0
     for _ in range(count):
-        if next(iterator, None) is None:
+        batch = next(iterator, None)
+        if batch is None:
             break
+        fill_up.saw(batch)
         skipped += 1
     return skipped
 
@@ -312,6 +319,7 @@ def fit(
     clock: Callable[[], float] = time.monotonic,
     mesh: Mesh | None = None,
     fsdp: bool = False,
+    fill_short_batches: bool = True,
 ) -> FitResult:
     """Trains `state` for `epochs` epochs with validation, early stopping and checkpoints.
 
@@ -420,6 +428,11 @@ def fit(
         `train_batches` given as a list or tuple), the state is replicated, or
         with `fsdp=True` split too.
       fsdp: shard parameters and optimizer state over the mesh (large models).
+      fill_short_batches: fill short training and validation batches up with
+        unobserved rows (see `train_batches`). The same loss and gradient
+        hold for a model that computes each row from that row alone, as the
+        TFT does; pass False for one that looks across the batch (batch
+        statistics): its short batches then compile programs of their own.
 
     Returns:
       A `FitResult(state, best_state, history, stop_reason, schedule_steps, resumed)`.
@@ -446,6 +459,12 @@ def fit(
     if not isinstance(fsdp, bool | np.bool_):
         raise TypeError(f"fit: fsdp must be a bool, got {type(fsdp).__name__} {fsdp!r}")
     fsdp = bool(fsdp)
+    if not isinstance(fill_short_batches, bool | np.bool_):
+        raise TypeError(
+            f"fit: fill_short_batches must be a bool, got {type(fill_short_batches).__name__} "
+            f"{fill_short_batches!r}"
+        )
+    fills = bool(fill_short_batches) and jax.process_count() == 1
     if calibrate_steps is not None and not state.model_state:
         # Else the first step fails: calibrate=True named as `train_step`'s, or the
         # model refusing a `calibrate` argument inside the trace (calibrate_steps=0).
@@ -468,13 +487,13 @@ def fit(
         # Checked now: `evaluate` would raise only after the first epoch's training.
         raise ValueError("fit: val_batches is empty; pass None to train without validation")
     if val_batches is not None:
-        _check_validation_targets(val_batches)
+        _check_validation_targets(val_batches, state)
     mesh = data_mesh() if mesh is None else mesh
     check_mesh("fit", mesh)
     if val_batches is not None:
-        _check_mesh_divides("val_batches", val_batches, mesh)
+        _check_mesh_divides("val_batches", val_batches, mesh, fills)
     if isinstance(train_batches, list | tuple):
-        _check_mesh_divides("train_batches", train_batches, mesh)
+        _check_mesh_divides("train_batches", train_batches, mesh, fills)
     eval_calibrate = None if calibrate_steps is None else False
 
     per_epoch = _epoch_length(train_batches)
@@ -634,7 +653,7 @@ def fit(
     if best_state is None:
         best_state = copy_state(state)
     if val_batches is not None:
-        val_batches = _ShardedBatches(val_batches, mesh, state)
+        val_batches = _ShardedBatches(val_batches, mesh, state, fills)
 
     # Step metrics wait on the device until an evaluation or a checkpoint needs
     # them (no host sync per step); they are then added in step order, so a
@@ -846,11 +865,11 @@ def fit(
 
     compiled: set[bool | None] = set()  # the `calibrate` values whose step has run
     previous_loss: Array | None = None
-    fill_up = _FillUp(train_batches)
+    fill_up = _FillUp(train_batches, fills)
     try:
         while not done():
             iterator = iter(_batches_for_epoch(train_batches, loop.epoch))
-            seen = _skip(iterator, loop.batches_done)
+            seen = _skip(iterator, loop.batches_done, fill_up)
             if seen < loop.batches_done:  # resumed over data with fewer batches an epoch
                 warn(
                     f"epoch {loop.epoch} now has {seen} batches, but the checkpoint had "
@@ -869,6 +888,9 @@ def fit(
                     # Converted on the host first: placed on the mesh, an int64 array
                     # would wrap to int32 before `train_step` could (`prepare_batch`).
                     prepared = prepare_batch("train_step", batch, state)
+                    # Checked on the host: placed first, its categorical codes would not be
+                    # read back, and the embeddings would clip one out of range silently.
+                    _check_batch("train_step", prepared, state)
                     if calibrate is not True:  # an observer would see the copies
                         prepared = fill_up(prepared)
                     placed = shard_batch(prepared, mesh)
@@ -1167,18 +1189,23 @@ class _FillUp:
     """`batch -> batch`: a short batch filled up to the widest one so far (`batch_padding`).
 
     The widest of a sequence of batches is known before the first; of other
-    sources, it is the widest seen yet. Several processes pass their own
-    rows, and would have to agree on the filling: they fill nothing.
+    sources, it is the widest seen yet. Not `enabled` (`fill_short_batches`
+    off, or several processes, which pass their own rows and would have to
+    agree on the filling), it fills nothing.
     """
 
-    def __init__(self, batches: Any) -> None:
+    def __init__(self, batches: Any, enabled: bool) -> None:
         self.widest = 0
         if isinstance(batches, Sequence) and len(batches):
             self.widest = max(batches[index].batch_size for index in range(len(batches)))
-        self.enabled = jax.process_count() == 1
+        self.enabled = enabled
+
+    def saw(self, batch: Batch) -> None:
+        """Counts a batch trained before (skipped on resuming) toward the widest."""
+        self.widest = max(self.widest, batch.batch_size)
 
     def __call__(self, batch: Batch) -> Batch:
-        self.widest = max(self.widest, batch.batch_size)
+        self.saw(batch)
         if self.enabled and batch.batch_size < self.widest and fillable(batch):
             return filled_to(batch, self.widest)
         return batch
@@ -1188,18 +1215,20 @@ class _ShardedBatches:
     """Re-iterable view of validation batches, each filled up (`_FillUp`) and placed on the
     mesh when reached."""
 
-    def __init__(self, batches: Sequence[Batch], mesh: Mesh, state: TrainState) -> None:
+    def __init__(
+        self, batches: Sequence[Batch], mesh: Mesh, state: TrainState, fills: bool
+    ) -> None:
         # The model (`apply_fn`) tells `prepare_batch` its compute dtype, for the range
         # check; the state's arrays are not kept (the train step donates them).
         self.batches, self.mesh = batches, mesh
         self.model = SimpleNamespace(apply_fn=state.apply_fn)
-        self.fill_up = _FillUp(batches)
+        self.fill_up = _FillUp(batches, fills)
 
     def __iter__(self) -> Iterator[Batch]:
-        return (
-            shard_batch(self.fill_up(prepare_batch("evaluate", batch, self.model)), self.mesh)
-            for batch in self.batches
-        )
+        for index, batch in enumerate(self.batches):
+            prepared = prepare_batch(f"evaluate: batch {index}", batch, self.model)
+            _check_batch(f"evaluate: batch {index}", prepared, self.model)  # on the host
+            yield shard_batch(self.fill_up(prepared), self.mesh)
 
 
 def _evaluated_at(loop: LoopState) -> bool:

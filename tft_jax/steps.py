@@ -589,19 +589,27 @@ def _check_finite_inputs(caller: str, batch: Batch, host_only: bool = False) -> 
             )
 
 
-def _check_mesh_divides(name: str, batches: Sequence[Batch], mesh: Mesh) -> None:
+def _check_mesh_divides(
+    name: str, batches: Sequence[Batch], mesh: Mesh, fills: bool = False
+) -> None:
     """Raises `ValueError` naming the first of `fit`'s `batches` that `mesh` cannot split evenly.
 
     Checked before training: `shard_batch` raises only when it reaches such a
     batch (a validation batch at the first evaluation, after an epoch of
     training), without saying which batch. A batch's global size is its rows
-    times the number of processes (each passes its own rows).
+    times the number of processes (each passes its own rows). With `fills`
+    (`fit` fills short batches), a `fillable` batch narrower than the widest
+    is split at the widest's size.
     """
     processes = jax.process_count()
     for index in range(len(batches)):  # by index: a look at the shapes only
+        _check_batch("fit", batches[index])
+    widest = max((batches[index].batch_size for index in range(len(batches))), default=0)
+    for index in range(len(batches)):
         batch = batches[index]
-        _check_batch("fit", batch)
         rows = batch.batch_size * processes
+        if fills and batch.batch_size < widest and fillable(batch):
+            rows = widest * processes  # filled up to it (`tft_jax.batch_padding`)
         if rows % mesh.size:
             raise ValueError(
                 f"fit: {name}[{index}] is a global batch of {rows} windows, which the "
@@ -610,8 +618,9 @@ def _check_mesh_divides(name: str, batches: Sequence[Batch], mesh: Mesh) -> None
             )
 
 
-def _check_validation_targets(batches: Sequence[Batch]) -> None:
-    """Raises `ValueError` unless `fit`'s validation batches hold observed, finite targets.
+def _check_validation_targets(batches: Sequence[Batch], state: Any = None) -> None:
+    """Raises `ValueError` unless `fit`'s validation batches hold observed, finite targets
+    (and, with a TFT's `state`, categorical codes its embeddings hold).
 
     Checked before training: `evaluate` finds either problem only at the first
     evaluation, after an epoch of training. One process's rows only, so it
@@ -622,7 +631,7 @@ def _check_validation_targets(batches: Sequence[Batch]) -> None:
     observed = 0
     for index in range(len(batches)):  # by index: a look at the arrays, not an evaluation pass
         batch = batches[index]
-        _check_batch("fit", batch)
+        _check_batch(f"fit: val_batches[{index}]", batch, state)
         _check_finite_targets(index, batch, "fit: val_batches")
         mask = batch.target_mask
         observed += (
@@ -635,14 +644,22 @@ def _check_validation_targets(batches: Sequence[Batch]) -> None:
         )
 
 
-def evaluate(state: TrainState, batches: Iterable[Batch], calibrate: bool | None = None) -> float:
+def evaluate(
+    state: TrainState,
+    batches: Iterable[Batch],
+    calibrate: bool | None = None,
+    *,
+    fill_short_batches: bool = True,
+) -> float:
     """The mean quantile loss over every observed target of `batches`.
 
     Each batch's mean is weighted by its number of observed targets, so the
     result does not depend on how the data is split into batches. A NumPy
     batch with a `target_mask` that is shorter than one before it is filled
     up with unobserved rows (`tft_jax.batch_padding`): it runs the wider
-    batches' compiled forward, with the same result. Raises
+    batches' compiled forward, with the same result for a model that
+    computes each row from that row alone, as the TFT does
+    (`fill_short_batches=False` for one that looks across the batch). Raises
     `ValueError` when `batches` holds no observed target, or an observed
     target or an input that is NaN or infinite (naming the batch; read only
     when a batch's loss is not finite) or a finite float64 one beyond
@@ -651,13 +668,19 @@ def evaluate(state: TrainState, batches: Iterable[Batch], calibrate: bool | None
     """
     _check_state("evaluate", state)
     _check_frozen("evaluate", calibrate, state)
+    if not isinstance(fill_short_batches, bool | np.bool_):
+        raise TypeError(
+            f"evaluate: fill_short_batches must be a bool, got "
+            f"{type(fill_short_batches).__name__} {fill_short_batches!r}"
+        )
+    fills = bool(fill_short_batches) and jax.process_count() == 1
     total, count = 0.0, 0.0
     widest = 0
     for index, batch in enumerate(batches):
         _check_batch("evaluate", batch, state)
         batch = prepare_batch(f"evaluate: batch {index}", batch, state)
         widest = max(widest, batch.batch_size)
-        if batch.batch_size < widest and fillable(batch) and jax.process_count() == 1:
+        if fills and batch.batch_size < widest and fillable(batch):
             batch = filled_to(batch, widest)  # the wider batches' program (`batch_padding`)
         with params_named(f"evaluate: batch {index}", state, batch):
             loss, observed = _eval_loss(state, batch, calibrate)

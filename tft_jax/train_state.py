@@ -336,9 +336,22 @@ def _check_batch(name: str, batch: Any, state: Any = None) -> None:
             jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)
         ):
             raise TypeError(f"{name}: batch.{field.name} must hold numbers, got dtype {dtype}")
+    if batch.target is None:
+        raise TypeError(
+            f"{name}: batch.target must be a (B, H) array, got None (predict does not read "
+            "it: any array of that shape will do, e.g. np.zeros((B, H)))"
+        )
     target_shape = np.shape(batch.target)
     if len(target_shape) != 2:
         raise ValueError(f"{name}: batch.target must have shape (B, H), got {target_shape}")
+    for field in dataclasses.fields(batch):  # one B: else a deep error of the model's
+        value = getattr(batch, field.name)
+        shape = None if value is None else np.shape(value)
+        if shape is not None and (not shape or shape[0] != target_shape[0]):
+            raise ValueError(
+                f"{name}: batch.{field.name} must have the batch's B = {target_shape[0]} rows "
+                f"first (batch.target is {target_shape}), got shape {shape}"
+            )
     # Metadata only (no device read): a bool or complex target would be cast to
     # float32 by the loss, silently (a complex one losing its imaginary part).
     target_dtype = batch.target.dtype
