@@ -24,30 +24,18 @@ from tft_jax.train import (
     train_step,
 )
 
+from .tracing import recorded_programs
+
 LEVELS = (0.1, 0.5, 0.9)
-_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/backend_compile_duration")
-_active: list[list[str]] = []
-
-
-def _record(event: str, duration: float, **kwargs: object) -> None:
-    if event in _EVENTS:
-        for names in _active:
-            names.append(str(kwargs.get("fun_name")))
-
-
-jax.monitoring.register_event_duration_secs_listener(_record)
 
 
 @contextlib.contextmanager
 def model_programs() -> Iterator[list[str]]:
-    """Names of the train steps and forwards traced or compiled in the block."""
-    names: list[str] = []
-    _active.append(names)
-    try:
+    """The train steps and forwards traced or compiled in the block (`recorded_programs`)."""
+    with recorded_programs() as programs:
+        names: list[str] = []
         yield names
-    finally:
-        _active.remove(names)
-        names[:] = [name for name in names if "_train_step" in name or "output" in name]
+    names[:] = [name for name in programs if "_train_step" in name or "output" in name]
 
 
 @struct.dataclass
@@ -60,9 +48,13 @@ class Config:
 
 
 class Linear(nn.Module):
-    """Inputs flattened -> Dense -> (B, H, Q); no dropout, so a filled step is exact."""
+    """Inputs flattened -> Dense -> (B, H, Q); no dropout, so a filled step is exact.
+
+    `centered`: inputs less the batch's mean first, so rows depend on each other.
+    """
 
     config: Config = Config()
+    centered: bool = False
 
     @nn.compact
     def __call__(
@@ -71,6 +63,8 @@ class Linear(nn.Module):
     ):  # fmt: skip
         rows = historical.shape[0]
         x = jnp.concatenate([static, historical.reshape(rows, -1), future.reshape(rows, -1)], -1)
+        if self.centered:
+            x = x - x.mean(axis=0)
         return Output(nn.Dense(future.shape[1] * 3)(x).reshape(rows, -1, 3))
 
 
@@ -197,25 +191,9 @@ def test_a_short_batch_splits_over_a_mesh_at_the_width_it_is_filled_to() -> None
         _check_mesh_divides("train_batches", [make_batch(0, 8), make_batch(1, 5)], mesh, False)
 
 
-class BatchStandardized(nn.Module):
-    """Standardizes its inputs by the batch's own mean: rows depend on each other."""
-
-    config: Config = Config()
-
-    @nn.compact
-    def __call__(
-        self, static, historical, future, known_history=None, static_categorical=None,
-        deterministic=True,
-    ):  # fmt: skip
-        rows = historical.shape[0]
-        x = jnp.concatenate([static, historical.reshape(rows, -1), future.reshape(rows, -1)], -1)
-        x = x - x.mean(axis=0)
-        return Output(nn.Dense(future.shape[1] * 3)(x).reshape(rows, -1, 3))
-
-
 def test_fill_short_batches_false_leaves_a_model_with_batch_statistics_exact() -> None:
     tx = make_optimizer(1e-2, clip_norm=1.0, weight_decay=0.0)
-    state = create_train_state(BatchStandardized(), tx, jax.random.key(0), make_batch(0, 8))
+    state = create_train_state(Linear(centered=True), tx, jax.random.key(0), make_batch(0, 8))
     full, short = make_batch(2, 8), make_batch(3, 5)
     weights = [float(np.count_nonzero(b.target_mask)) for b in (full, short)]
     apart = np.average([evaluate(state, [full]), evaluate(state, [short])], weights=weights)

@@ -8,9 +8,6 @@ program again (seconds each), and so did a resumed `fit` in the same process.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import jax
 import numpy as np
 
@@ -18,30 +15,7 @@ from tft_jax.distributed import data_mesh, default_device_only, place_state, sha
 from tft_jax.train import copy_state, create_train_state, evaluate, fit, predict, train_step
 
 from .checkpoint_states import STAND_IN_TX, TRAIN, VAL, StandIn
-
-# Traced, and compiled (a persistent-cache hit counts: it is reported as a compile).
-_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/backend_compile_duration")
-_active: list[list[str]] = []
-
-
-def _record(event: str, duration: float, **kwargs: object) -> None:
-    if event in _EVENTS:
-        for names in _active:
-            names.append(f"{event.rsplit('/', 1)[-1]}: {kwargs.get('fun_name')}")
-
-
-jax.monitoring.register_event_duration_secs_listener(_record)
-
-
-@contextlib.contextmanager
-def traced_or_compiled() -> Iterator[list[str]]:
-    """Yields a list of `"<event>: <function>"` for each trace and compile in the block."""
-    names: list[str] = []
-    _active.append(names)
-    try:
-        yield names
-    finally:
-        _active.remove(names)
+from .tracing import recorded_programs
 
 
 def _fresh_state():
@@ -52,7 +26,7 @@ def test_direct_calls_and_a_resumed_fit_after_fit_compile_nothing_new(tmp_path) 
     run = tmp_path / "run"
     result = fit(_fresh_state(), TRAIN, VAL, epochs=1, quiet=True, checkpoint_dir=run)
     state = _fresh_state()
-    with traced_or_compiled() as programs:
+    with recorded_programs() as programs:
         loss = evaluate(result.state, VAL)
         output = predict(result.best_state, VAL[0])
         stepped, metrics = train_step(copy_state(result.state), TRAIN[0], jax.random.key(1))

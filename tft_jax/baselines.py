@@ -75,6 +75,7 @@ import numpy as np
 import pandas as pd
 
 from tft_jax.data.tables import parse_frequency, typical_step
+from tft_jax.quantile_levels import numeric_levels
 
 _DAY = pd.Timedelta(days=1)
 _WEEK = pd.Timedelta(days=7)
@@ -288,17 +289,7 @@ def _quantile_levels(quantiles: Any) -> np.ndarray:
         lists, booleans).
       ValueError: no level, or one outside (0, 1) (NaN included).
     """
-    message = f"quantiles must be a sequence of numbers in (0, 1), got {quantiles!r}"
-    if quantiles is None or isinstance(quantiles, str | bytes):
-        raise TypeError(message)
-    try:
-        levels = np.asarray(quantiles)
-    except (TypeError, ValueError) as error:  # ragged nesting
-        raise TypeError(message) from error
-    numeric = np.issubdtype(levels.dtype, np.number) and not np.issubdtype(levels.dtype, np.bool_)
-    if levels.ndim != 1 or not numeric or np.iscomplexobj(levels):
-        raise TypeError(message)
-    levels = levels.astype(np.float64)
+    levels = numeric_levels(quantiles)
     if levels.size == 0 or not np.all((levels > 0.0) & (levels < 1.0)):  # NaN fails too
         raise ValueError(f"quantiles must be at least one level in (0, 1), got {levels.tolist()}")
     return levels

@@ -54,6 +54,7 @@ from tft_jax.data import PreparedDataset, WindowSet, batch_indices
 from tft_jax.data.listing import repeated
 from tft_jax.data.scaling import TARGET_TRANSFORMS, forward_transform
 from tft_jax.losses import ZeroTargetError, pinball_of_error64
+from tft_jax.quantile_levels import numeric_levels
 from tft_jax.train import Batch
 
 Predictor = Callable[[Batch], Any]
@@ -613,24 +614,8 @@ def forecast_metrics(
 
 
 def _levels(quantiles: Any) -> tuple[float, ...]:
-    """`quantiles` as a tuple of floats; `TypeError` naming `quantiles` when they are not numbers.
-
-    `float('a')` failed with a bare "could not convert string to float"
-    naming no argument, and a string of one level was read character by
-    character.
-    """
-    message = f"quantiles must be a sequence of numbers in (0, 1), got {quantiles!r}"
-    if quantiles is None or isinstance(quantiles, str | bytes):
-        raise TypeError(message)
-    try:
-        levels = np.asarray(quantiles)
-    except (TypeError, ValueError) as error:  # ragged nesting
-        raise TypeError(message) from error
-    # Texts ('0.5') would convert: numbers only, one level per element, one axis.
-    numeric = np.issubdtype(levels.dtype, np.number) and not np.issubdtype(levels.dtype, np.bool_)
-    if levels.ndim != 1 or not numeric:
-        raise TypeError(message)
-    return tuple(float(q) for q in levels.astype(np.float64))
+    """`quantiles` as a tuple of floats (`numeric_levels`)."""
+    return tuple(float(q) for q in numeric_levels(quantiles))
 
 
 def _check_actual_domain(actual: np.ndarray, target_transform: str) -> None:
