@@ -26,10 +26,11 @@ import optax  # noqa: E402
 
 from qat import QATConfig, QATTemporalFusionTransformer  # noqa: E402
 from tft_jax import TemporalFusionTransformer, TFTConfig  # noqa: E402
+from tft_jax.batch_padding import filled_to  # noqa: E402
 from tft_jax.checkpoint import TrainingCheckpointer  # noqa: E402
 from tft_jax.distributed import data_mesh, place_state, replicated, shard_batch  # noqa: E402
 from tft_jax.forecaster.predictors import make_predictor  # noqa: E402
-from tft_jax.train import Batch, create_train_state, train_step  # noqa: E402
+from tft_jax.train import Batch, create_train_state, fit, step_key, train_step  # noqa: E402
 
 CONFIG = TFTConfig(
     num_static_features=2,
@@ -205,6 +206,28 @@ def check_placement_commits_unless_the_mesh_is_the_default_device_alone() -> Non
     assert all(leaf.committed and leaf.devices() == {jax.devices()[3]} for leaf in on_third)
     split = shard_batch(batch, data_mesh(8)).target
     assert split.committed and len(split.sharding.device_set) == 8
+    elsewhere = jax.device_put(batch.target, jax.devices()[3])  # committed: moved to the mesh
+    assert shard_batch(elsewhere, data_mesh(1)).devices() == {jax.devices()[0]}
+
+
+def check_fit_fills_a_short_batch_that_the_mesh_then_splits() -> None:
+    """[16, 16, 5] over 8 devices: the 5 filled up to 16 with unobserved rows trains as the
+    one-device steps on the filled batches do."""
+    batches = [make_batch(1), make_batch(2), filled_to_mask(make_batch(3), 5)]
+    model = TemporalFusionTransformer(CONFIG)
+    result = fit(fresh_state(model, data_mesh(8)), batches, None, epochs=1, seed=0, quiet=True,
+                 mesh=data_mesh(8))  # fmt: skip
+    state = fresh_state(model, data_mesh(1))
+    for step, batch in enumerate(batches):
+        wide = filled_to(batch, GLOBAL_BATCH) if batch.target_mask is not None else batch
+        state, _ = train_step(state, wide, step_key(jax.random.key(0), step))
+    assert_trees_close(result.state.params, state.params, "filled-batch params", atol=1e-5)
+
+
+def filled_to_mask(batch: Batch, rows: int) -> Batch:
+    """The first `rows` rows of `batch`, with a target_mask (all observed)."""
+    first = jax.tree.map(lambda x: x[:rows], batch)
+    return first.replace(target_mask=np.ones_like(first.target))
 
 
 CHECKS = [
@@ -215,6 +238,7 @@ CHECKS = [
     check_predictors_split_what_the_devices_can_and_forecast_as_one_device,
     check_clear_errors,
     check_placement_commits_unless_the_mesh_is_the_default_device_alone,
+    check_fit_fills_a_short_batch_that_the_mesh_then_splits,
 ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +13,7 @@ import pytest
 from flax import linen as nn
 from flax import struct
 
+from qat import QATConfig, QATModel
 from tft_jax.batch_padding import fillable, filled_to
 from tft_jax.train import (
     Batch,
@@ -31,11 +33,13 @@ LEVELS = (0.1, 0.5, 0.9)
 
 @contextlib.contextmanager
 def model_programs() -> Iterator[list[str]]:
-    """The train steps and forwards traced or compiled in the block (`recorded_programs`)."""
+    """The train steps and forwards compiled in the block (`recorded_programs`; a trace that
+    finds its program compiled, which JAX may do deep in a long run, is not counted)."""
     with recorded_programs() as programs:
         names: list[str] = []
         yield names
-    names[:] = [name for name in programs if "_train_step" in name or "output" in name]
+    compiled = [name for name in programs if name.startswith("backend_compile")]
+    names[:] = [name for name in compiled if "_train_step" in name or "output" in name]
 
 
 @struct.dataclass
@@ -55,6 +59,7 @@ class Linear(nn.Module):
 
     config: Config = Config()
     centered: bool = False
+    dot_general_cls: Any = None  # the hook `qat.QATModel` fills
 
     @nn.compact
     def __call__(
@@ -65,7 +70,8 @@ class Linear(nn.Module):
         x = jnp.concatenate([static, historical.reshape(rows, -1), future.reshape(rows, -1)], -1)
         if self.centered:
             x = x - x.mean(axis=0)
-        return Output(nn.Dense(future.shape[1] * 3)(x).reshape(rows, -1, 3))
+        dense = nn.Dense(future.shape[1] * 3, dot_general_cls=self.dot_general_cls)
+        return Output(dense(x).reshape(rows, -1, 3))
 
 
 def make_batch(seed: int, rows: int, mask: bool = True) -> Batch:
@@ -203,3 +209,36 @@ def test_fill_short_batches_false_leaves_a_model_with_batch_statistics_exact() -
         evaluate(state, [full], fill_short_batches="no")
     with pytest.raises(TypeError, match="fit: fill_short_batches must be a bool"):
         fit(state, [full], None, epochs=1, quiet=True, fill_short_batches=None)
+
+
+def test_a_resume_fills_as_the_uninterrupted_run_whose_widest_batch_came_an_epoch_before(
+    tmp_path,
+) -> None:
+    wide = [make_batch(20 + i, 8) for i in range(3)]
+    short = make_batch(23, 7)
+    epochs = {0: [*wide, short], 1: [short, *wide]}  # the short one first in epoch 1
+
+    def source(epoch: int) -> list[Batch]:
+        return epochs[epoch]
+
+    whole = fit(fresh_state(), source, None, epochs=2, seed=5, quiet=True)
+    run = tmp_path / "run"
+    fit(fresh_state(), source, None, epochs=1, seed=5, quiet=True,
+        checkpoint_dir=run)  # fmt: skip  # saved at epoch 0's end (a constant rate)
+    with model_programs() as programs:  # epoch 1's 7 rows: filled to 8, as in `whole`
+        resumed = fit(fresh_state(), source, None, epochs=2, seed=5, quiet=True,
+                      checkpoint_dir=run, resume=True)  # fmt: skip
+    assert programs == []
+    jax.tree.map(np.testing.assert_array_equal, resumed.state.params, whole.state.params)
+
+
+def test_calibration_steps_need_batches_the_mesh_splits_as_they_are() -> None:
+    from jax.sharding import AbstractMesh
+
+    batches = [make_batch(0, 8), make_batch(1, 5)]  # not filled while observers calibrate
+    model = QATModel(Linear(), QATConfig(bits=8))
+    tx, key = make_optimizer(1e-2), jax.random.key(0)
+    state = create_train_state(model, tx, key, batches[0], quantiles=LEVELS)
+    with pytest.raises(ValueError, match=r"fit: train_batches\[1\] is a global batch of 5"):
+        fit(state, batches, None, epochs=1, quiet=True, calibrate_steps=1,
+            mesh=AbstractMesh((4,), ("data",)))  # fmt: skip

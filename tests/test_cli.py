@@ -369,6 +369,10 @@ def test_a_demo_run_is_recognised_by_its_source_or_its_settings(tmp_path):
     old = json.loads(json.dumps(dataclasses.replace(DEMO, training=training).to_json()))
     config.write_text(json.dumps({**old, "source": {"csv": None}}))
     assert cli.is_demo_run(tmp_path)
+    # ... and from before the demo clipped its forecasts at 0, a setting read after training.
+    old["data"]["nonnegative"] = False
+    config.write_text(json.dumps({**old, "source": {"csv": None}}))
+    assert cli.is_demo_run(tmp_path)
     old["model"]["hidden_dim"] = 16
     config.write_text(json.dumps({**old, "source": {"csv": None}}))
     assert not cli.is_demo_run(tmp_path)

@@ -41,7 +41,7 @@ def test_sharded_training_matches_single_device_on_8_simulated_devices():
     )
     assert result.returncode == 0, result.stdout + result.stderr[-4000:]
     passed = [line for line in result.stdout.splitlines() if line.startswith("passed ")]
-    assert len(passed) == 7, result.stdout
+    assert len(passed) == 8, result.stdout
 
 
 def test_mesh_larger_than_the_devices_is_rejected():

@@ -33,7 +33,10 @@ def test_direct_calls_and_a_resumed_fit_after_fit_compile_nothing_new(tmp_path) 
         resumed = fit(state, TRAIN, VAL, epochs=2, quiet=True, checkpoint_dir=run, resume=True)
         evaluate(resumed.state, VAL)
     # (fit's own `jax.random.key` and checkpoint reads trace small helpers each call.)
-    assert not [name for name in programs if "_train_step" in name or "output" in name], programs
+    # Compiles (a persistent-cache hit included); deep in a long run JAX may trace again
+    # and find the compiled program, which the old placement never did.
+    compiled = [name for name in programs if name.startswith("backend_compile")]
+    assert not [name for name in compiled if "_train_step" in name or "output" in name], programs
     # The programs reused are the right ones: a fresh process's numbers.
     assert np.isfinite(loss) and np.isfinite(float(metrics["loss"]))
     assert output.quantiles.shape == (VAL[0].batch_size, 2, 3)

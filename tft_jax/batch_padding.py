@@ -4,9 +4,9 @@ A jitted step compiles one program per batch shape, so the short last batch
 of an epoch (`WindowSet.batches(..., drop_last=False)` yields one) compiled a
 train step and a forward of its own, seconds each. Filled up to the full
 size with copies of its last row whose `target_mask` is 0, it runs the full
-batches' programs and gives the same loss and gradient: `batch_loss`
-averages over the observed targets only, and the model computes each row
-from that row alone.
+batches' programs and gives the same loss and gradient up to rounding (a
+wider sum adds in another order): `batch_loss` averages over the observed
+targets only, and the model computes each row from that row alone.
 
 Only a host (NumPy) batch that carries a `target_mask` is filled: without
 one, a mask added to the filled batch would change the batch's pytree and

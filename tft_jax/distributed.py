@@ -147,6 +147,10 @@ def check_divisible(global_batch_size: int, mesh: Mesh) -> None:
 def shard_batch(batch: PyTree, mesh: Mesh) -> PyTree:
     """Places a batch pytree (leaves `(B, ...)`, None allowed) split over `data`.
 
+    On a mesh of the default device alone, NumPy and uncommitted leaves are
+    placed uncommitted (the module's docstring says why), committed ones
+    on the mesh's device.
+
     In a single process `batch` is the global batch. With several processes
     each passes its own `(B / num_processes, ...)` slice, rows
     `process_rows(B, process_index, num_processes)` of the global batch, and
@@ -162,7 +166,8 @@ def shard_batch(batch: PyTree, mesh: Mesh) -> PyTree:
     global_size = local_size * processes
     check_divisible(global_size, mesh)
     if default_device_only(mesh):
-        return jax.device_put(batch)  # NumPy leaves go uncommitted, as a direct call's do
+        # NumPy leaves go uncommitted, as a direct call's do; committed ones to the mesh.
+        return jax.tree.map(lambda leaf: _placed_leaf(leaf, sharding), batch)
     if processes == 1:
         return jax.device_put(batch, sharding)
 
@@ -268,6 +273,14 @@ def _default_device() -> jax.Device:
     if isinstance(chosen, str):  # a platform name
         return jax.local_devices(backend=chosen)[0]
     return chosen
+
+
+def _placed_leaf(leaf: Any, sharding: NamedSharding) -> Any:
+    """A batch leaf on a mesh of the default device alone: committed ones onto it (one
+    committed to another device moves), the others uncommitted."""
+    if isinstance(leaf, jax.Array) and leaf.committed:
+        return jax.device_put(leaf, sharding)
+    return jax.device_put(leaf)
 
 
 def _uncommitted(leaf: Any) -> Any:

@@ -107,6 +107,9 @@ class LoopState:
         schedule, so the model differs from an uninterrupted run's (see
         `_resume_record`). Empty for a run never so resumed (and in
         checkpoints written before it was kept).
+      widest_batch: the most rows of a training batch so far, the width a
+        short one is filled up to (`fill_short_batches`); 0 in checkpoints
+        written before it was kept.
     """
 
     epoch: int = 0
@@ -124,6 +127,7 @@ class LoopState:
     schedule_budget: float | None = None
     announced_skips: int | None = None
     resumed: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    widest_batch: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict of the fields."""
@@ -330,10 +334,12 @@ def fit(
         callable `epoch -> iterable of Batch` (shuffle inside it with a
         generator seeded by `(seed, epoch)` so that `resume` is exact).
         A NumPy batch with a `target_mask` (as `WindowSet` makes) that is
-        shorter than the widest (of a list or tuple; else the widest yet) is
-        filled up with unobserved rows (`tft_jax.batch_padding`), outside
-        calibration steps: it runs the wider batches' compiled step, with the
-        same loss and gradient (dropout draws for the filled shape).
+        shorter than the widest (of a list or tuple; else the widest yet,
+        which a checkpoint keeps) is filled up with unobserved rows
+        (`tft_jax.batch_padding`), outside calibration steps: it runs the
+        wider batches' compiled step, with the same loss and gradient up to
+        rounding (the wider sums add in another order; dropout draws for
+        the filled shape).
       val_batches: a re-iterable of validation batches (at least one), or None;
         short ones filled up as the training batches are.
       epochs: number of passes over `train_batches`.
@@ -493,7 +499,8 @@ def fit(
     if val_batches is not None:
         _check_mesh_divides("val_batches", val_batches, mesh, fills)
     if isinstance(train_batches, list | tuple):
-        _check_mesh_divides("train_batches", train_batches, mesh, fills)
+        # Calibration steps are not filled: their short batches must split as they are.
+        _check_mesh_divides("train_batches", train_batches, mesh, fills and not calibrate_steps)
     eval_calibrate = None if calibrate_steps is None else False
 
     per_epoch = _epoch_length(train_batches)
@@ -865,7 +872,8 @@ def fit(
 
     compiled: set[bool | None] = set()  # the `calibrate` values whose step has run
     previous_loss: Array | None = None
-    fill_up = _FillUp(train_batches, fills)
+    listed = _widest(train_batches) if isinstance(train_batches, list | tuple) else 0
+    fill_up = _FillUp(max(listed, loop.widest_batch), fills)
     try:
         while not done():
             iterator = iter(_batches_for_epoch(train_batches, loop.epoch))
@@ -891,6 +899,8 @@ def fit(
                     # Checked on the host: placed first, its categorical codes would not be
                     # read back, and the embeddings would clip one out of range silently.
                     _check_batch("train_step", prepared, state)
+                    fill_up.saw(prepared)
+                    loop.widest_batch = fill_up.widest  # checkpointed: a resume fills alike
                     if calibrate is not True:  # an observer would see the copies
                         prepared = fill_up(prepared)
                     placed = shard_batch(prepared, mesh)
@@ -1186,22 +1196,20 @@ def _from_process_0(*flags: bool) -> tuple[bool, ...]:
 
 
 class _FillUp:
-    """`batch -> batch`: a short batch filled up to the widest one so far (`batch_padding`).
+    """`batch -> batch`: a short batch filled up to the widest one yet (`batch_padding`).
 
-    The widest of a sequence of batches is known before the first; of other
-    sources, it is the widest seen yet. Not `enabled` (`fill_short_batches`
-    off, or several processes, which pass their own rows and would have to
-    agree on the filling), it fills nothing.
+    `widest` starts at what is known before the first batch: the widest of a
+    list of batches, and a resumed run's widest so far (`LoopState`), so
+    that it fills as the uninterrupted run did. Not `enabled`
+    (`fill_short_batches` off, or several processes, which pass their own
+    rows and would have to agree on the filling), it fills nothing.
     """
 
-    def __init__(self, batches: Any, enabled: bool) -> None:
-        self.widest = 0
-        if isinstance(batches, Sequence) and len(batches):
-            self.widest = max(batches[index].batch_size for index in range(len(batches)))
-        self.enabled = enabled
+    def __init__(self, widest: int, enabled: bool) -> None:
+        self.widest, self.enabled = widest, enabled
 
     def saw(self, batch: Batch) -> None:
-        """Counts a batch trained before (skipped on resuming) toward the widest."""
+        """Counts `batch` toward the widest (also one not filled: calibration, skipped)."""
         self.widest = max(self.widest, batch.batch_size)
 
     def __call__(self, batch: Batch) -> Batch:
@@ -1209,6 +1217,11 @@ class _FillUp:
         if self.enabled and batch.batch_size < self.widest and fillable(batch):
             return filled_to(batch, self.widest)
         return batch
+
+
+def _widest(batches: Sequence[Batch]) -> int:
+    """The most rows of a batch of `batches` (0 for none)."""
+    return max((batches[index].batch_size for index in range(len(batches))), default=0)
 
 
 class _ShardedBatches:
@@ -1222,7 +1235,8 @@ class _ShardedBatches:
         # check; the state's arrays are not kept (the train step donates them).
         self.batches, self.mesh = batches, mesh
         self.model = SimpleNamespace(apply_fn=state.apply_fn)
-        self.fill_up = _FillUp(batches, fills)
+        # Every batch is read before training anyway (`_check_validation_targets`).
+        self.fill_up = _FillUp(_widest(batches) if isinstance(batches, Sequence) else 0, fills)
 
     def __iter__(self) -> Iterator[Batch]:
         for index, batch in enumerate(self.batches):

@@ -656,9 +656,10 @@ def evaluate(
     Each batch's mean is weighted by its number of observed targets, so the
     result does not depend on how the data is split into batches. A NumPy
     batch with a `target_mask` that is shorter than one before it is filled
-    up with unobserved rows (`tft_jax.batch_padding`): it runs the wider
-    batches' compiled forward, with the same result for a model that
-    computes each row from that row alone, as the TFT does
+    up to the widest before it with unobserved rows (`tft_jax.batch_padding`):
+    it runs the wider batches' compiled forward, with the same result (up
+    to rounding) for a model that computes each row from that row alone, as
+    the TFT does
     (`fill_short_batches=False` for one that looks across the batch). Raises
     `ValueError` when `batches` holds no observed target, or an observed
     target or an input that is NaN or infinite (naming the batch; read only

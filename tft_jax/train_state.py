@@ -337,9 +337,10 @@ def _check_batch(name: str, batch: Any, state: Any = None) -> None:
         ):
             raise TypeError(f"{name}: batch.{field.name} must hold numbers, got dtype {dtype}")
     if batch.target is None:
+        unread = " (predict does not read it: any, e.g. np.zeros((B, H)))"
         raise TypeError(
-            f"{name}: batch.target must be a (B, H) array, got None (predict does not read "
-            "it: any array of that shape will do, e.g. np.zeros((B, H)))"
+            f"{name}: batch.target must be a (B, H) array, got None"
+            + (unread if name.startswith("predict") else "")
         )
     target_shape = np.shape(batch.target)
     if len(target_shape) != 2:

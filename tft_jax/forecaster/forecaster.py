@@ -1328,15 +1328,13 @@ class Forecaster:
         )
         windows = ahead.windows
         predictions = predict_windows(predict, windows, batch_size)
-        series_ids, times = ahead.transformed.series_ids, windows.panel.times
+        series_ids = ahead.transformed.series_ids
+        place = forecast_place(series_ids, windows)
 
         def where(index: tuple[int, ...]) -> str:  # names an overflowing forecast
-            window, step = index[0], index[1]
             level = fitted.tft_config.quantiles[index[2]] if len(index) > 2 else None
-            return (
-                f"the forecast of series {series_ids[int(windows.series_code[window])]!r} at "
-                f"{times[windows.starts[window] + step]}"
-                + (f" (quantile {level})" if level is not None else "")
+            return f"the forecast of {place(index[0], index[1])}" + (
+                f" (quantile {level})" if level is not None else ""
             )
 
         forecast = self.postprocess(
@@ -1347,7 +1345,7 @@ class Forecaster:
         spec = fitted.preprocessor.spec
         self._announce_negative_forecasts(
             ahead.transformed.frame[spec.target].to_numpy(),
-            {model: count_negative(forecast, forecast_place(series_ids, windows))},
+            {model: count_negative(forecast, place)},
             "predict",
         )
         horizon = data.horizon
