@@ -631,8 +631,8 @@ def field_default(config: type[DataclassInstance], name: str) -> Any:
 DEMO = ForecasterConfig(
     # Pedestrian counts keep their level: the per-series scaler alone forecasts them
     # better than with window normalization (BENCHMARKS.md, "Forecast quality"). Counts
-    # cannot be negative: the forecasts are clipped at 0 (about a tenth of the test split's
-    # P10 forecasts went below 0 unclipped, and `evaluate` would say so).
+    # cannot be negative: the forecasts are clipped at 0 (unclipped, some low quantiles go
+    # below 0, and `evaluate` would say so; README.md has the figures).
     data=DataConfig.pedestrian(
         history=72, horizon=24, window_normalization=False, nonnegative=True
     ),
