@@ -23,7 +23,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from tft_jax.batch_padding import fillable, filled_to
+from tft_jax.batch_padding import ShortBatchFiller, fill_setting, widest
 from tft_jax.caller_frame import user_stacklevel
 from tft_jax.checkpoint import BEST, TrainingCheckpointer
 from tft_jax.distributed import check_mesh, data_mesh, is_primary, place_state, shard_batch
@@ -191,7 +191,7 @@ def _epoch_length(source: BatchSource) -> int | None:
         return None
 
 
-def _skip(iterator: Iterator[Batch], count: int, fill_up: _FillUp) -> int:
+def _skip(iterator: Iterator[Batch], count: int, fill_up: ShortBatchFiller) -> int:
     """Skips up to `count` batches of `iterator`; returns how many there were.
 
     Their widths are told to `fill_up`: a resumed run fills the short batch
@@ -465,12 +465,7 @@ def fit(
     if not isinstance(fsdp, bool | np.bool_):
         raise TypeError(f"fit: fsdp must be a bool, got {type(fsdp).__name__} {fsdp!r}")
     fsdp = bool(fsdp)
-    if not isinstance(fill_short_batches, bool | np.bool_):
-        raise TypeError(
-            f"fit: fill_short_batches must be a bool, got {type(fill_short_batches).__name__} "
-            f"{fill_short_batches!r}"
-        )
-    fills = bool(fill_short_batches) and jax.process_count() == 1
+    fills = fill_setting("fit", fill_short_batches)
     if calibrate_steps is not None and not state.model_state:
         # Else the first step fails: calibrate=True named as `train_step`'s, or the
         # model refusing a `calibrate` argument inside the trace (calibrate_steps=0).
@@ -872,8 +867,9 @@ def fit(
 
     compiled: set[bool | None] = set()  # the `calibrate` values whose step has run
     previous_loss: Array | None = None
-    listed = _widest(train_batches) if isinstance(train_batches, list | tuple) else 0
-    fill_up = _FillUp(max(listed, loop.widest_batch), fills)
+    # The widest known before the first batch: a list's, and a resumed run's so far.
+    listed = widest(train_batches) if isinstance(train_batches, list | tuple) else 0
+    fill_up = ShortBatchFiller(max(listed, loop.widest_batch), fills)
     try:
         while not done():
             iterator = iter(_batches_for_epoch(train_batches, loop.epoch))
@@ -899,10 +895,9 @@ def fit(
                     # Checked on the host: placed first, its categorical codes would not be
                     # read back, and the embeddings would clip one out of range silently.
                     _check_batch("train_step", prepared, state)
-                    fill_up.saw(prepared)
+                    # Not filled in calibration: an observer would see the copies.
+                    prepared = fill_up(prepared, fill=calibrate is not True)
                     loop.widest_batch = fill_up.widest  # checkpointed: a resume fills alike
-                    if calibrate is not True:  # an observer would see the copies
-                        prepared = fill_up(prepared)
                     placed = shard_batch(prepared, mesh)
                     state, metrics = train_step(
                         state, placed, step_key(seed_key, loop.step), calibrate
@@ -1195,38 +1190,9 @@ def _from_process_0(*flags: bool) -> tuple[bool, ...]:
     return tuple(bool(flag) for flag in np.asarray(shared))
 
 
-class _FillUp:
-    """`batch -> batch`: a short batch filled up to the widest one yet (`batch_padding`).
-
-    `widest` starts at what is known before the first batch: the widest of a
-    list of batches, and a resumed run's widest so far (`LoopState`), so
-    that it fills as the uninterrupted run did. Not `enabled`
-    (`fill_short_batches` off, or several processes, which pass their own
-    rows and would have to agree on the filling), it fills nothing.
-    """
-
-    def __init__(self, widest: int, enabled: bool) -> None:
-        self.widest, self.enabled = widest, enabled
-
-    def saw(self, batch: Batch) -> None:
-        """Counts `batch` toward the widest (also one not filled: calibration, skipped)."""
-        self.widest = max(self.widest, batch.batch_size)
-
-    def __call__(self, batch: Batch) -> Batch:
-        self.saw(batch)
-        if self.enabled and batch.batch_size < self.widest and fillable(batch):
-            return filled_to(batch, self.widest)
-        return batch
-
-
-def _widest(batches: Sequence[Batch]) -> int:
-    """The most rows of a batch of `batches` (0 for none)."""
-    return max((batches[index].batch_size for index in range(len(batches))), default=0)
-
-
 class _ShardedBatches:
-    """Re-iterable view of validation batches, each filled up (`_FillUp`) and placed on the
-    mesh when reached."""
+    """Re-iterable view of validation batches, each filled up (`ShortBatchFiller`) and placed
+    on the mesh when reached."""
 
     def __init__(
         self, batches: Sequence[Batch], mesh: Mesh, state: TrainState, fills: bool
@@ -1236,12 +1202,12 @@ class _ShardedBatches:
         self.batches, self.mesh = batches, mesh
         self.model = SimpleNamespace(apply_fn=state.apply_fn)
         # Every batch is read before training anyway (`_check_validation_targets`).
-        self.fill_up = _FillUp(_widest(batches) if isinstance(batches, Sequence) else 0, fills)
+        self.fill_up = ShortBatchFiller(widest(batches), fills)
 
     def __iter__(self) -> Iterator[Batch]:
         for index, batch in enumerate(self.batches):
+            # (Checked on the host before training: `_check_validation_targets`.)
             prepared = prepare_batch(f"evaluate: batch {index}", batch, self.model)
-            _check_batch(f"evaluate: batch {index}", prepared, self.model)  # on the host
             yield shard_batch(self.fill_up(prepared), self.mesh)
 
 

@@ -26,7 +26,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from tft_jax.batch_padding import fillable, filled_to
+from tft_jax.batch_padding import ShortBatchFiller, fill_setting, widest
 from tft_jax.flat_optimizer import (
     FlatAdamWState,
     flat_updates,
@@ -604,12 +604,11 @@ def _check_mesh_divides(
     processes = jax.process_count()
     for index in range(len(batches)):  # by index: a look at the shapes only
         _check_batch("fit", batches[index])
-    widest = max((batches[index].batch_size for index in range(len(batches))), default=0)
+    filler = ShortBatchFiller(widest(batches), fills)
     for index in range(len(batches)):
         batch = batches[index]
-        rows = batch.batch_size * processes
-        if fills and batch.batch_size < widest and fillable(batch):
-            rows = widest * processes  # filled up to it (`tft_jax.batch_padding`)
+        # Filled up to the widest (`tft_jax.batch_padding`), else split as it is.
+        rows = (filler.widest if filler.fills(batch) else batch.batch_size) * processes
         if rows % mesh.size:
             raise ValueError(
                 f"fit: {name}[{index}] is a global batch of {rows} windows, which the "
@@ -623,21 +622,25 @@ def _check_validation_targets(batches: Sequence[Batch], state: Any = None) -> No
     (and, with a TFT's `state`, categorical codes its embeddings hold).
 
     Checked before training: `evaluate` finds either problem only at the first
-    evaluation, after an epoch of training. One process's rows only, so it
-    is left to `evaluate` (which sees the global batches) in a multi-process run.
+    evaluation, after an epoch of training (and, the batches placed on the
+    mesh first, would not read the codes at all). The targets are one
+    process's rows only, so in a multi-process run they are left to
+    `evaluate` (which sees the global batches); each process checks the
+    codes of its own rows.
     """
-    if jax.process_count() > 1:
-        return
+    single = jax.process_count() == 1
     observed = 0
     for index in range(len(batches)):  # by index: a look at the arrays, not an evaluation pass
         batch = batches[index]
         _check_batch(f"fit: val_batches[{index}]", batch, state)
+        if not single:
+            continue
         _check_finite_targets(index, batch, "fit: val_batches")
         mask = batch.target_mask
         observed += (
             int(np.size(batch.target)) if mask is None else int(np.count_nonzero(np.asarray(mask)))
         )
-    if observed == 0:
+    if single and observed == 0:
         raise ValueError(
             "fit: val_batches hold no observed target (every target_mask is zero); "
             "pass None to train without validation"
@@ -669,20 +672,12 @@ def evaluate(
     """
     _check_state("evaluate", state)
     _check_frozen("evaluate", calibrate, state)
-    if not isinstance(fill_short_batches, bool | np.bool_):
-        raise TypeError(
-            f"evaluate: fill_short_batches must be a bool, got "
-            f"{type(fill_short_batches).__name__} {fill_short_batches!r}"
-        )
-    fills = bool(fill_short_batches) and jax.process_count() == 1
+    fill_up = ShortBatchFiller(enabled=fill_setting("evaluate", fill_short_batches))
     total, count = 0.0, 0.0
-    widest = 0
     for index, batch in enumerate(batches):
         _check_batch("evaluate", batch, state)
         batch = prepare_batch(f"evaluate: batch {index}", batch, state)
-        widest = max(widest, batch.batch_size)
-        if fills and batch.batch_size < widest and fillable(batch):
-            batch = filled_to(batch, widest)  # the wider batches' program (`batch_padding`)
+        batch = fill_up(batch)  # a short one: the wider batches' program (`batch_padding`)
         with params_named(f"evaluate: batch {index}", state, batch):
             loss, observed = _eval_loss(state, batch, calibrate)
         loss, observed = float(loss), float(observed)
