@@ -330,15 +330,10 @@ class PreparedDataset:
         Those whose horizon holds a filled target step and an observed one,
         over all periods, before any stride.
         """
-        panel, history, horizon = self.panel, self.history, self.horizon
-        kept = {
-            keep: sum(
-                len(window_starts(panel, history, horizon, *period, require_observed_target=keep))
-                for period in self._periods()
-            )
-            for keep in (False, True)
-        }
-        return kept[False] - kept[True]
+        panel, horizon = self.panel, self.horizon
+        every = [windows_in_period(panel, self.history, horizon, *p) for p in self._periods()]
+        filled = filled_horizon_steps(panel, np.concatenate(every), horizon)
+        return int(np.count_nonzero((filled > 0) & (filled < horizon)))
 
     def missing_report(self) -> pd.DataFrame:
         """Per series: grid rows, filled target steps (and their share), windows kept and left out.
