@@ -26,19 +26,18 @@ from tft_jax.train import (
     train_step,
 )
 
-from .tracing import recorded_programs
+from .tracing import recorded_compiles
 
 LEVELS = (0.1, 0.5, 0.9)
 
 
 @contextlib.contextmanager
 def model_programs() -> Iterator[list[str]]:
-    """The train steps and forwards compiled in the block (`recorded_programs`; a trace that
+    """The train steps and forwards compiled in the block (`recorded_compiles`; a trace that
     finds its program compiled, which JAX may do deep in a long run, is not counted)."""
-    with recorded_programs() as programs:
+    with recorded_compiles() as compiled:
         names: list[str] = []
         yield names
-    compiled = [name for name in programs if name.startswith("backend_compile")]
     names[:] = [name for name in compiled if "_train_step" in name or "output" in name]
 
 

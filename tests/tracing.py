@@ -1,4 +1,4 @@
-"""`recorded_traces()` and `recorded_programs()`: what JAX traces and compiles in a block.
+"""`recorded_traces()` and `recorded_compiles()`: what JAX traces and compiles in a block.
 
 The tests that check that a refit or a reload reuses the compiled programs
 read JAX's own monitoring events, so they hold whatever the caching
@@ -15,18 +15,12 @@ import jax
 _TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
 # Reported for a compile, and for a persistent-cache hit (an in-memory one reports nothing).
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-_traces: list[list[str]] = []
-_programs: list[list[str]] = []
+_active: dict[str, list[list[str]]] = {_TRACE_EVENT: [], _COMPILE_EVENT: []}
 
 
 def _record(event: str, duration: float, **kwargs: object) -> None:
-    name = str(kwargs.get("fun_name"))
-    if event == _TRACE_EVENT:
-        for names in _traces:
-            names.append(name)
-    if event in (_TRACE_EVENT, _COMPILE_EVENT):
-        for names in _programs:
-            names.append(f"{event.rsplit('/', 1)[-1]}: {name}")
+    for names in _active.get(event, ()):
+        names.append(str(kwargs.get("fun_name")))
 
 
 jax.monitoring.register_event_duration_secs_listener(_record)
@@ -44,10 +38,10 @@ def _collected(active: list[list[str]]) -> Iterator[list[str]]:
 
 def recorded_traces() -> contextlib.AbstractContextManager[list[str]]:
     """Yields a list that collects the name of every function traced in the block."""
-    return _collected(_traces)
+    return _collected(_active[_TRACE_EVENT])
 
 
-def recorded_programs() -> contextlib.AbstractContextManager[list[str]]:
-    """Yields a list of `'<event>: <function>'`, one per trace and per compile in the block
-    (`jaxpr_trace_duration: _train_step`, `backend_compile_duration: jit(_train_step)`)."""
-    return _collected(_programs)
+def recorded_compiles() -> contextlib.AbstractContextManager[list[str]]:
+    """Yields a list that collects the name of every program compiled in the block
+    (`jit(_train_step)`; a persistent-cache hit counts, an in-memory one does not)."""
+    return _collected(_active[_COMPILE_EVENT])
